@@ -1,0 +1,73 @@
+//! Backends execute [`DecodeJob`]s. The CPU backend is the reference; every
+//! other backend must produce the same bytes.
+
+mod cpu;
+
+use std::ops::Range;
+
+pub use cpu::Cpu;
+
+use crate::error::{Error, Result, Rule};
+use crate::job::DecodeJob;
+
+/// Something that turns a [`DecodeJob`] into dense bytes.
+pub trait Backend: Send + Sync {
+    /// Name and device, for people (`cpu (16 threads)`).
+    fn name(&self) -> String;
+
+    /// Decodes rows `rows` (counted over all slices) of `job` into `out`,
+    /// which holds exactly `rows.len() · cols · out.size()` bytes.
+    fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()>;
+
+    /// Decodes a whole tensor into a new buffer.
+    fn decode(&self, job: &DecodeJob<'_>) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; job.out_bytes()];
+        self.decode_rows(job, 0..job.dims.total_rows(), &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Which backend to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// A hardware GPU when there is one, else the CPU.
+    #[default]
+    Auto,
+    /// The GPU; an error when no adapter is found.
+    Gpu,
+    /// The CPU.
+    Cpu,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendChoice::Auto),
+            "gpu" => Ok(BackendChoice::Gpu),
+            "cpu" => Ok(BackendChoice::Cpu),
+            _ => Err(Error::new(
+                Rule::Argument,
+                "--backend",
+                format!("{s:?} is not one of auto, gpu, cpu"),
+            )),
+        }
+    }
+}
+
+/// The backend `choice` asks for. Returns it with a note for people when the
+/// choice fell back to something else.
+pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>)> {
+    match choice {
+        BackendChoice::Cpu => Ok((Box::new(Cpu::new()), None)),
+        BackendChoice::Auto => Ok((
+            Box::new(Cpu::new()),
+            Some("no GPU backend in this build; decoding on the CPU".into()),
+        )),
+        BackendChoice::Gpu => Err(Error::new(
+            Rule::Argument,
+            "--backend",
+            "gpu: this build has no GPU backend yet; use --backend cpu or auto",
+        )),
+    }
+}

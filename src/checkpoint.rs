@@ -1,0 +1,302 @@
+//! A checkpoint on disk: memory-mapped safetensors shards and sidecar configs.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use crate::error::{Error, Result, Rule};
+
+/// The shard index file name Hugging Face uses.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// One memory-mapped `.safetensors` file whose header has been validated.
+pub struct Shard {
+    /// Path of the file.
+    pub path: PathBuf,
+    /// File name (what an index and the output use).
+    pub file_name: String,
+    map: Mmap,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl Shard {
+    fn open(path: &Path) -> Result<Shard> {
+        let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+        // SAFETY: the map is read-only; as with every mmap-based reader, a file
+        // truncated by another process while we run is outside our contract.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map", e))?;
+        let (n, metadata) = SafeTensors::read_metadata(&map)
+            .map_err(|e| Error::new(Rule::Container, path, format!("invalid safetensors: {e}")))?;
+        let file_name = path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(Shard {
+            path: path.to_path_buf(),
+            file_name,
+            map,
+            data_start: 8 + n,
+            metadata,
+        })
+    }
+
+    /// Tensor names in file order.
+    pub fn names(&self) -> Vec<String> {
+        self.metadata.offset_keys()
+    }
+
+    /// The free-form `__metadata__` of the header.
+    pub fn header_metadata(&self) -> Option<&HashMap<String, String>> {
+        self.metadata.metadata().as_ref()
+    }
+}
+
+/// A tensor inside a shard. `data` is exactly the bytes the header describes.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorRef<'a> {
+    /// Tensor name.
+    pub name: &'a str,
+    /// Index of the shard that holds it.
+    pub shard: usize,
+    /// Path of that shard.
+    pub file: &'a Path,
+    /// Stored dtype.
+    pub dtype: Dtype,
+    /// Stored shape.
+    pub shape: &'a [usize],
+    /// Stored bytes.
+    pub data: &'a [u8],
+}
+
+impl TensorRef<'_> {
+    /// Number of elements.
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// An error about this tensor.
+    pub fn error(&self, rule: Rule, detail: impl Into<String>) -> Error {
+        Error::tensor(rule, self.file, self.name, detail)
+    }
+}
+
+/// A JSON sidecar file and its parsed contents.
+#[derive(Debug, Clone)]
+pub struct JsonFile {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// What it holds.
+    pub value: Value,
+}
+
+/// A checkpoint: a directory (single file or shards + index, sidecars) or a
+/// single `.safetensors` file.
+pub struct Checkpoint {
+    /// The directory holding the checkpoint.
+    pub dir: PathBuf,
+    /// True when the user named a single `.safetensors` file.
+    pub single_file: bool,
+    /// Shards in index order (or file-name order).
+    pub shards: Vec<Shard>,
+    /// The shard index, when the checkpoint has one.
+    pub index: Option<JsonFile>,
+    /// `config.json`, when present.
+    pub config: Option<JsonFile>,
+    /// `hf_quant_config.json` (ModelOpt), when present.
+    pub hf_quant_config: Option<JsonFile>,
+    /// Tensor name → index of the shard that stores it.
+    lookup: HashMap<String, usize>,
+}
+
+fn read_json(path: &Path) -> Result<Option<JsonFile>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    let value = serde_json::from_slice(&text)
+        .map_err(|e| Error::new(Rule::Config, path, format!("invalid JSON: {e}")))?;
+    Ok(Some(JsonFile {
+        path: path.to_path_buf(),
+        value,
+    }))
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint directory or a single `.safetensors` file and
+    /// validates every shard header and the index.
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot open", e))?;
+        let (dir, single_file) = if meta.is_dir() {
+            (path.to_path_buf(), false)
+        } else {
+            let parent = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            (parent.to_path_buf(), true)
+        };
+        let config = read_json(&dir.join("config.json"))?;
+        let hf_quant_config = read_json(&dir.join("hf_quant_config.json"))?;
+
+        let mut index = None;
+        let shard_paths: Vec<PathBuf> = if single_file {
+            vec![path.to_path_buf()]
+        } else if let Some(idx) = read_json(&dir.join(INDEX_FILE))? {
+            let files = index_files(&idx)?;
+            index = Some(idx);
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else if dir.join("model.safetensors").is_file() {
+            vec![dir.join("model.safetensors")]
+        } else {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map_err(|e| Error::io(&dir, "cannot list", e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(Error::new(
+                    Rule::Container,
+                    &dir,
+                    "no .safetensors file in this directory",
+                ));
+            }
+            found
+        };
+
+        let shards = shard_paths
+            .iter()
+            .map(|p| Shard::open(p))
+            .collect::<Result<Vec<_>>>()?;
+        let mut lookup = HashMap::new();
+        for (i, shard) in shards.iter().enumerate() {
+            for name in shard.names() {
+                if let Some(prev) = lookup.insert(name.clone(), i) {
+                    return Err(Error::tensor(
+                        Rule::DuplicateTensor,
+                        &shard.path,
+                        name,
+                        format!("also stored in {}", shards[prev].file_name),
+                    ));
+                }
+            }
+        }
+        let ckpt = Checkpoint {
+            dir,
+            single_file,
+            shards,
+            index,
+            config,
+            hf_quant_config,
+            lookup,
+        };
+        ckpt.check_index()?;
+        Ok(ckpt)
+    }
+
+    /// Every name the index maps must be stored in the shard it names.
+    fn check_index(&self) -> Result<()> {
+        let Some(idx) = &self.index else {
+            return Ok(());
+        };
+        let map = idx.value.get("weight_map").and_then(Value::as_object);
+        for (name, file) in map.into_iter().flatten() {
+            let file = file.as_str().unwrap_or_default();
+            match self.lookup.get(name) {
+                Some(&s) if self.shards[s].file_name == file => {}
+                Some(&s) => {
+                    return Err(Error::tensor(
+                        Rule::Index,
+                        &idx.path,
+                        name,
+                        format!(
+                            "index says {file}, but it is stored in {}",
+                            self.shards[s].file_name
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(Error::tensor(
+                        Rule::Index,
+                        &idx.path,
+                        name,
+                        format!("index says {file}, but no shard stores it"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor called `name`, if any shard stores it.
+    pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
+        let (name, &shard) = self.lookup.get_key_value(name)?;
+        let s = &self.shards[shard];
+        let info = s.metadata.info(name)?;
+        let (a, b) = info.data_offsets;
+        // read_metadata checked that the offsets tile the file exactly.
+        let data = s.map.get(s.data_start + a..s.data_start + b)?;
+        Some(TensorRef {
+            name,
+            shard,
+            file: &s.path,
+            dtype: info.dtype,
+            shape: &info.shape,
+            data,
+        })
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.lookup.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The path rejections should name when a fault concerns the whole checkpoint.
+    pub fn display_path(&self) -> &Path {
+        match (self.single_file, self.shards.first()) {
+            (true, Some(s)) => &s.path,
+            _ => &self.dir,
+        }
+    }
+}
+
+/// Shard file names listed by an index, in first-seen order; each must be a
+/// plain file name (an index cannot point outside its directory).
+fn index_files(idx: &JsonFile) -> Result<Vec<String>> {
+    let map = idx
+        .value
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| Error::new(Rule::Index, &idx.path, "no \"weight_map\" object"))?;
+    let mut files: Vec<String> = Vec::new();
+    for (name, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            Error::tensor(Rule::Index, &idx.path, name, "shard name is not a string")
+        })?;
+        let plain = Path::new(file)
+            .file_name()
+            .is_some_and(|f| f == std::ffi::OsStr::new(file));
+        if !plain || file == ".." {
+            return Err(Error::tensor(
+                Rule::Index,
+                &idx.path,
+                name,
+                format!("shard name {file:?} is not a plain file name"),
+            ));
+        }
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_string());
+        }
+    }
+    files.sort();
+    Ok(files)
+}

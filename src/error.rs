@@ -1,0 +1,145 @@
+//! The one error type: every rejection names the file, the tensor and the rule it broke.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A rule a checkpoint (or a request) must follow. Each has a stable id that
+/// scripts can match on; `CT-*` ids are the seed's, the others are ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
+pub enum Rule {
+    /// CT-001: pack-quantized `num_bits` is in 1..=8 and the packed carrier is int32.
+    Ct001,
+    /// CT-002: stored fields are unsigned (int8 code + 2^(b-1)); a zero point out of range breaks it.
+    Ct002,
+    /// CT-003: element i starts at bit i·b, including across int32 words.
+    Ct003,
+    /// CT-004: `weight_shape` is the logical shape; the packed width must fit it.
+    Ct004,
+    /// CT-005: ModelOpt → compressed-tensors conversion (bytes copied, global scales inverted).
+    Ct005,
+    /// IO-001: a file could not be read or written.
+    Io,
+    /// ST-001: a safetensors container is malformed (header, offsets, sizes).
+    Container,
+    /// ST-002: `model.safetensors.index.json` is malformed or names a missing shard or tensor.
+    Index,
+    /// CFG-001: a sidecar config (`config.json`, `hf_quant_config.json`) is malformed.
+    Config,
+    /// CFG-002: the checkpoint uses a format or scheme this tool does not decode.
+    Unsupported,
+    /// TEN-001: a tensor the format requires is missing.
+    MissingTensor,
+    /// TEN-002: a tensor has a dtype the format does not allow.
+    TensorDtype,
+    /// TEN-003: a tensor's shape disagrees with the logical shape and scheme.
+    TensorShape,
+    /// TEN-004: a tensor's values are out of range (`weight_shape`, `g_idx`).
+    TensorValue,
+    /// TEN-005: the same tensor name appears in two shards.
+    DuplicateTensor,
+    /// OUT-001: the output location is not usable (exists and is not empty, or is the input).
+    Output,
+    /// ARG-001: a command-line or API argument is invalid.
+    Argument,
+}
+
+impl Rule {
+    /// The stable id printed in messages, e.g. `CT-004`.
+    pub fn id(self) -> &'static str {
+        match self {
+            Rule::Ct001 => "CT-001",
+            Rule::Ct002 => "CT-002",
+            Rule::Ct003 => "CT-003",
+            Rule::Ct004 => "CT-004",
+            Rule::Ct005 => "CT-005",
+            Rule::Io => "IO-001",
+            Rule::Container => "ST-001",
+            Rule::Index => "ST-002",
+            Rule::Config => "CFG-001",
+            Rule::Unsupported => "CFG-002",
+            Rule::MissingTensor => "TEN-001",
+            Rule::TensorDtype => "TEN-002",
+            Rule::TensorShape => "TEN-003",
+            Rule::TensorValue => "TEN-004",
+            Rule::DuplicateTensor => "TEN-005",
+            Rule::Output => "OUT-001",
+            Rule::Argument => "ARG-001",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+/// Why a checkpoint was refused or an operation failed.
+///
+/// Displayed on one line: `FILE: TENSOR: [RULE] what is wrong`.
+#[derive(Debug, thiserror::Error)]
+pub struct Error {
+    /// The rule that was broken.
+    pub rule: Rule,
+    /// The file the fault is in (or the output path for output faults).
+    pub file: PathBuf,
+    /// The tensor concerned, when there is one.
+    pub tensor: Option<String>,
+    /// What is wrong, in a few words.
+    pub detail: String,
+    /// The underlying I/O error, when there is one.
+    #[source]
+    pub source: Option<std::io::Error>,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(t) = &self.tensor {
+            write!(f, ": {t}")?;
+        }
+        write!(f, ": [{}] {}", self.rule, self.detail)?;
+        if let Some(e) = &self.source {
+            write!(f, ": {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    /// A rule violation in `file`, not tied to one tensor.
+    pub fn new(rule: Rule, file: impl AsRef<Path>, detail: impl Into<String>) -> Self {
+        Error {
+            rule,
+            file: file.as_ref().to_path_buf(),
+            tensor: None,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// A rule violation by tensor `tensor` of `file`.
+    pub fn tensor(
+        rule: Rule,
+        file: impl AsRef<Path>,
+        tensor: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Error {
+            tensor: Some(tensor.into()),
+            ..Error::new(rule, file, detail)
+        }
+    }
+
+    /// An I/O failure on `file` while doing `what`.
+    pub fn io(file: impl AsRef<Path>, what: &str, source: std::io::Error) -> Self {
+        Error {
+            source: Some(source),
+            ..Error::new(Rule::Io, file, what)
+        }
+    }
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,715 @@
+//! compressed-tensors: `pack-quantized`, `nvfp4-pack-quantized`,
+//! `mxfp4-pack-quantized`, `int-quantized`, `float-quantized`, `naive-quantized`.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{
+    byte_codes, byte_table, check_extent, decoded_output, e2m1_values, expect_dtype, float_kind,
+    fp4_codes, grid_values, modules_with, require, scalar_f32, split_shape, stored_kind,
+    ScaleLayout, Target,
+};
+use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Dims, Fields, ZeroPoint};
+use crate::numerics::{self, OutDtype};
+use crate::plan::{Output, Plan, Warning};
+
+/// Weight parameters of a compressed-tensors module (besides `weight` itself).
+const WEIGHT_PARAMS: &[&str] = &[
+    "weight_packed",
+    "weight_scale",
+    "weight_shape",
+    "weight_zero_point",
+    "weight_g_idx",
+    "weight_global_scale",
+];
+
+/// The formats this module decodes.
+const FORMATS: &[&str] = &[
+    "pack-quantized",
+    "nvfp4-pack-quantized",
+    "mxfp4-pack-quantized",
+    "int-quantized",
+    "float-quantized",
+    "naive-quantized",
+];
+
+/// The weight quantization of one config group.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Scheme {
+    /// Bits per code.
+    pub num_bits: u32,
+    /// `int` or `float`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `tensor`, `channel`, `group`, `tensor_group`, `block`.
+    pub strategy: String,
+    /// Columns per group.
+    pub group_size: Option<usize>,
+    /// `[BH, BW]` for block strategy.
+    pub block_structure: Option<[usize; 2]>,
+    /// Symmetric (no zero point).
+    pub symmetric: bool,
+    /// Activation ordering (`group`, `weight`, …), when set.
+    pub actorder: Option<String>,
+}
+
+/// One `config_groups` entry.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Group {
+    /// Its key in `config_groups`.
+    pub name: String,
+    /// Its format (its own, else the config's top-level one).
+    pub format: String,
+    /// Modules it selects.
+    pub targets: Vec<Target>,
+    /// Weight quantization, when it quantizes weights.
+    pub weights: Option<Scheme>,
+}
+
+/// A compressed-tensors `quantization_config`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// The file it came from.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// compressed-tensors version that wrote it.
+    pub version: Option<String>,
+    /// Config groups, in file order.
+    pub groups: Vec<Group>,
+    /// Modules left unquantized.
+    pub ignore: Vec<Target>,
+}
+
+fn cfg_err(path: &Path, detail: impl Into<String>) -> Error {
+    Error::new(Rule::Config, path, detail)
+}
+
+fn targets(path: &Path, v: Option<&Value>) -> Result<Vec<Target>> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let list = v
+        .as_array()
+        .ok_or_else(|| cfg_err(path, "targets/ignore must be a list"))?;
+    list.iter()
+        .map(|t| {
+            let s = t
+                .as_str()
+                .ok_or_else(|| cfg_err(path, "targets/ignore entries must be strings"))?;
+            Target::parse(s).map_err(|e| cfg_err(path, e))
+        })
+        .collect()
+}
+
+fn parse_scheme(path: &Path, group: &str, w: &Value) -> Result<Scheme> {
+    let err = |what: &str| cfg_err(path, format!("config group {group}: weights.{what}"));
+    let num_bits = w
+        .get("num_bits")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| err("num_bits is missing or not a number"))?;
+    let num_bits = u32::try_from(num_bits).map_err(|_| err("num_bits is out of range"))?;
+    let usize_of = |v: &Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
+    let group_size = match w.get("group_size") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            usize_of(v)
+                .filter(|&g| g > 0)
+                .ok_or_else(|| err("group_size must be a positive integer"))?,
+        ),
+    };
+    let block_structure = match w.get("block_structure") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) if a.len() == 2 => {
+            let h = usize_of(&a[0]).filter(|&x| x > 0);
+            let b = usize_of(&a[1]).filter(|&x| x > 0);
+            Some([
+                h.ok_or_else(|| err("block_structure"))?,
+                b.ok_or_else(|| err("block_structure"))?,
+            ])
+        }
+        Some(Value::String(s)) => {
+            // Older configs write "128x128".
+            let mut it = s
+                .split('x')
+                .map(|p| p.trim().parse::<usize>().ok().filter(|&x| x > 0));
+            match (it.next().flatten(), it.next().flatten(), it.next()) {
+                (Some(h), Some(b), None) => Some([h, b]),
+                _ => return Err(err("block_structure")),
+            }
+        }
+        Some(_) => return Err(err("block_structure must be [rows, cols]")),
+    };
+    Ok(Scheme {
+        num_bits,
+        kind: w
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("int")
+            .to_string(),
+        strategy: w
+            .get("strategy")
+            .and_then(Value::as_str)
+            .unwrap_or("tensor")
+            .to_string(),
+        group_size,
+        block_structure,
+        symmetric: w.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
+        actorder: w
+            .get("actorder")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    })
+}
+
+impl Config {
+    /// Parses `quantization_config` of `path`.
+    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
+        let top_format = qc.get("format").and_then(Value::as_str);
+        let groups_v = qc
+            .get("config_groups")
+            .and_then(Value::as_object)
+            .ok_or_else(|| cfg_err(path, "quantization_config has no config_groups object"))?;
+        let mut groups = Vec::new();
+        for (name, g) in groups_v {
+            let format = g
+                .get("format")
+                .and_then(Value::as_str)
+                .or(top_format)
+                .ok_or_else(|| cfg_err(path, format!("config group {name} has no format")))?
+                .to_string();
+            let weights = match g.get("weights") {
+                None | Some(Value::Null) => None,
+                Some(w) => Some(parse_scheme(path, name, w)?),
+            };
+            groups.push(Group {
+                name: name.clone(),
+                format,
+                targets: targets(path, g.get("targets"))?,
+                weights,
+            });
+        }
+        if let Some(sp) = qc.get("sparsity_config").and_then(Value::as_object) {
+            if let Some(f) = sp
+                .get("format")
+                .and_then(Value::as_str)
+                .filter(|f| *f != "dense")
+            {
+                return Err(Error::new(
+                    Rule::Unsupported,
+                    path,
+                    format!("sparsity format {f:?} is not decoded (only dense)"),
+                ));
+            }
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            version: qc
+                .get("version")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            groups,
+            ignore: targets(path, qc.get("ignore"))?,
+        })
+    }
+
+    /// The distinct formats of the groups.
+    pub fn formats(&self) -> Vec<String> {
+        let set: BTreeSet<&str> = self.groups.iter().map(|g| g.format.as_str()).collect();
+        set.into_iter().map(str::to_string).collect()
+    }
+
+    /// True for compressed-tensors 0.17.x and older, which padded 3/5/6/7-bit
+    /// rows (no field crosses an int32 word).
+    fn legacy_packing(&self) -> bool {
+        let Some(v) = &self.version else { return false };
+        let mut it = v.split('.').map(|p| p.trim().parse::<u64>().unwrap_or(0));
+        let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        (major, minor) < (0, 18)
+    }
+
+    /// The config group that quantizes `module`: the most specific target wins.
+    fn group_for(&self, module: &str) -> Option<&Group> {
+        self.groups
+            .iter()
+            .filter(|g| g.weights.is_some())
+            .filter_map(|g| Some((g.targets.iter().filter_map(|t| t.rank(module)).max()?, g)))
+            .fold(None, |best: Option<(u8, &Group)>, (r, g)| match best {
+                Some((br, _)) if br >= r => best,
+                _ => Some((r, g)),
+            })
+            .map(|(_, g)| g)
+    }
+}
+
+/// Adds the decoded modules of a compressed-tensors checkpoint to `plan`.
+pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
+    let ckpt = plan.checkpoint;
+    let mut modules: BTreeSet<&str> = modules_with(ckpt, "weight_packed").into_iter().collect();
+    modules.extend(modules_with(ckpt, "weight_scale"));
+
+    for module in modules {
+        for p in WEIGHT_PARAMS {
+            let n = format!("{module}.{p}");
+            if ckpt.get(&n).is_some() {
+                consumed.insert(n);
+            }
+        }
+        if cfg
+            .ignore
+            .iter()
+            .any(|t| !matches!(t, Target::Class(_)) && t.rank(module).is_some())
+        {
+            plan.warnings.push(Warning {
+                subject: module.to_string(),
+                detail: "listed in ignore but stored quantized; decoded anyway".into(),
+            });
+        }
+        match plan_module(cfg, ckpt, module, plan.dtype, &mut plan.warnings) {
+            Ok(out) => {
+                if matches!(out.source, crate::plan::Source::Decode(_)) {
+                    consumed.insert(out.name.clone());
+                }
+                plan.outputs.push(out);
+            }
+            Err(e) => plan.errors.push(e),
+        }
+    }
+}
+
+fn plan_module<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    out: OutDtype,
+    warnings: &mut Vec<Warning>,
+) -> Result<Output<'c>> {
+    let group = cfg.group_for(module).ok_or_else(|| {
+        Error::tensor(
+            Rule::Config,
+            &cfg.path,
+            module,
+            "stored quantized, but no config group with weights targets it",
+        )
+    })?;
+    let scheme = group
+        .weights
+        .as_ref()
+        .ok_or_else(|| cfg_err(&cfg.path, "group without weights"))?;
+    if !FORMATS.contains(&group.format.as_str()) {
+        return Err(Error::tensor(
+            Rule::Unsupported,
+            &cfg.path,
+            module,
+            format!(
+                "format {:?} of config group {} is not decoded",
+                group.format, group.name
+            ),
+        ));
+    }
+    let layout = scale_layout(cfg, module, scheme)?;
+    let describe = |what: &str| {
+        format!(
+            "{} {what} {}{}",
+            group.format,
+            layout.describe(),
+            if scheme.symmetric { "" } else { " asym" }
+        )
+    };
+    match group.format.as_str() {
+        "pack-quantized" => {
+            let (job, shape, shard) =
+                pack_quantized(cfg, ckpt, module, scheme, layout, out, warnings)?;
+            Ok(decoded_output(
+                module,
+                shard,
+                shape,
+                job,
+                describe(&format!("int{}", scheme.num_bits)),
+            ))
+        }
+        "nvfp4-pack-quantized" | "mxfp4-pack-quantized" => {
+            let nv = group.format.starts_with("nvfp4");
+            let (job, shape, shard) = fp4_packed(ckpt, module, nv, layout, out)?;
+            let what = if nv {
+                "fp4 e4m3-scale/global"
+            } else {
+                "fp4 e8m0-scale"
+            };
+            Ok(decoded_output(module, shard, shape, job, describe(what)))
+        }
+        _ => {
+            let (job, shape, shard, kind) = byte_weight(ckpt, module, scheme, layout, out)?;
+            Ok(decoded_output(module, shard, shape, job, describe(kind)))
+        }
+    }
+}
+
+fn scale_layout(cfg: &Config, module: &str, s: &Scheme) -> Result<ScaleLayout> {
+    let err = |d: String| Error::tensor(Rule::Config, &cfg.path, module, d);
+    match s.strategy.as_str() {
+        "tensor" => Ok(ScaleLayout::Tensor),
+        "channel" => Ok(ScaleLayout::Channel),
+        "group" | "tensor_group" => s
+            .group_size
+            .map(ScaleLayout::Group)
+            .ok_or_else(|| err(format!("strategy {} without group_size", s.strategy))),
+        "block" => s
+            .block_structure
+            .map(|[h, w]| ScaleLayout::Block(h, w))
+            .ok_or_else(|| err("strategy block without block_structure".into())),
+        other => Err(Error::tensor(
+            Rule::Unsupported,
+            &cfg.path,
+            module,
+            format!("weight strategy {other:?} is not decoded"),
+        )),
+    }
+}
+
+/// Reads `weight_shape`: 2 or 3 positive integers.
+fn logical_shape(t: &TensorRef<'_>) -> Result<Vec<usize>> {
+    expect_dtype(t, &[Dtype::I64, Dtype::I32])?;
+    let vals: Vec<i64> = match t.dtype {
+        Dtype::I64 => t
+            .data
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+        _ => t
+            .data
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
+            .collect(),
+    };
+    if !(2..=3).contains(&vals.len()) || t.shape.len() != 1 {
+        return Err(t.error(
+            Rule::TensorShape,
+            format!(
+                "holds {} values; a 2-D or 3-D shape is expected",
+                vals.len()
+            ),
+        ));
+    }
+    vals.iter()
+        .map(|&v| usize::try_from(v).ok().filter(|&v| v > 0 && v <= 1 << 40))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            t.error(
+                Rule::TensorValue,
+                format!("shape {vals:?} has a value out of range"),
+            )
+        })
+}
+
+/// Whether rows of `cols` b-bit fields take `width` words dense (`Some(0)`)
+/// or padded (`Some(32 div b)`), or neither (`None`).
+fn packing_of(width: usize, cols: usize, bits: u32, legacy: bool) -> Option<u32> {
+    let per_word = 32 / bits;
+    let dense = (cols * bits as usize).div_ceil(32);
+    let padded = cols.div_ceil(per_word as usize);
+    match (width == dense, width == padded) {
+        // Same width: the layouts differ only where a field would cross a word.
+        (true, true) => Some(if legacy { per_word } else { 0 }),
+        (true, false) => Some(0),
+        (false, true) => Some(per_word),
+        (false, false) => None,
+    }
+}
+
+fn pack_quantized<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    scheme: &Scheme,
+    layout: ScaleLayout,
+    out: OutDtype,
+    warnings: &mut Vec<Warning>,
+) -> Result<(DecodeJob<'c>, Vec<usize>, usize)> {
+    let packed = require(ckpt, module, "weight_packed")?;
+    let b = scheme.num_bits;
+    if !(1..=8).contains(&b) {
+        return Err(packed.error(Rule::Ct001, format!("num_bits {b} is outside 1..=8")));
+    }
+    if scheme.kind != "int" {
+        return Err(packed.error(
+            Rule::Unsupported,
+            format!("pack-quantized of type {:?}", scheme.kind),
+        ));
+    }
+    if packed.dtype != Dtype::I32 {
+        return Err(packed.error(
+            Rule::Ct001,
+            format!(
+                "packed dtype {:?}; pack-quantized stores int32",
+                packed.dtype
+            ),
+        ));
+    }
+    let shape_t = require(ckpt, module, "weight_shape")?;
+    let shape = logical_shape(&shape_t)?;
+    let (slices, rows, cols) = split_shape(&shape_t, &shape)?;
+    let dims = Dims { slices, rows, cols };
+    let (ps, pr, width) = split_shape(&packed, packed.shape)?;
+    if packed.shape.len() != shape.len() || (ps, pr) != (slices, rows) {
+        return Err(packed.error(
+            Rule::Ct004,
+            format!(
+                "packed shape {:?} does not match weight_shape {shape:?}",
+                packed.shape
+            ),
+        ));
+    }
+    let legacy = cfg.legacy_packing();
+    let per_word = packing_of(width, cols, b, legacy).ok_or_else(|| {
+        packed.error(
+            Rule::Ct004,
+            format!(
+                "packed width {width} fits neither {cols} {b}-bit fields dense ({}) nor padded ({})",
+                (cols * b as usize).div_ceil(32),
+                cols.div_ceil(32 / b as usize)
+            ),
+        )
+    })?;
+    if 32 % b != 0 && per_word != 0 && !legacy {
+        warnings.push(Warning {
+            subject: packed.name.to_string(),
+            detail: format!(
+                "{b}-bit rows use the 0.17.x padded layout (no field crosses an int32)"
+            ),
+        });
+    }
+    let codes = Fields {
+        data: packed.data,
+        bits: b,
+        per_word,
+        lane_bits: width as u64 * 32,
+        word_bits: 32,
+        slice_bits: (rows * width) as u64 * 32,
+    };
+    check_extent(&packed, &codes, slices, rows, cols)?;
+    let offset = 1i32 << (b - 1);
+    let code_values: Vec<f32> = (0..1i32 << b).map(|f| (f - offset) as f32).collect();
+
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    let scale = grid_values(scale_t, float_kind(&scale_t)?, layout, dims)?;
+    let g_idx = g_idx(ckpt, module, layout, dims)?;
+    let zero = if scheme.symmetric {
+        None
+    } else {
+        Some(zero_point(ckpt, module, b, per_word, layout, dims)?)
+    };
+    let job = DecodeJob {
+        dims,
+        codes,
+        code_values,
+        zero,
+        scale: Some(scale),
+        g_idx,
+        out,
+    };
+    Ok((job, shape, packed.shard))
+}
+
+/// Asymmetric zero points: b-bit fields packed along rows (int32), or one
+/// stored integer per scale entry.
+fn zero_point<'c>(
+    ckpt: &'c Checkpoint,
+    module: &str,
+    b: u32,
+    weight_per_word: u32,
+    layout: ScaleLayout,
+    dims: Dims,
+) -> Result<ZeroPoint<'c>> {
+    let t = require(ckpt, module, "weight_zero_point")?;
+    let groups = layout.groups(dims.cols);
+    if t.dtype == Dtype::I32 && matches!(layout, ScaleLayout::Group(_) | ScaleLayout::Channel) {
+        if let Ok((s, zrows, g)) = split_shape(&t, t.shape) {
+            let legacy = weight_per_word != 0;
+            if let (Some(per_word), true) = (
+                packing_of(zrows, dims.rows, b, legacy),
+                (s, g) == (dims.slices, groups),
+            ) {
+                let fields = Fields {
+                    data: t.data,
+                    bits: b,
+                    per_word,
+                    lane_bits: 32,
+                    word_bits: 32 * groups as u64,
+                    slice_bits: (zrows * groups) as u64 * 32,
+                };
+                check_extent(&t, &fields, dims.slices, groups, dims.rows)?;
+                return Ok(ZeroPoint::Packed { fields });
+            }
+        }
+    }
+    Ok(ZeroPoint::Plain(grid_values(
+        t,
+        stored_kind(&t)?,
+        layout,
+        dims,
+    )?))
+}
+
+/// Activation-order group indices: one per column, each below the group count.
+fn g_idx(
+    ckpt: &Checkpoint,
+    module: &str,
+    layout: ScaleLayout,
+    dims: Dims,
+) -> Result<Option<Vec<u32>>> {
+    let Some(t) = ckpt.get(&format!("{module}.weight_g_idx")) else {
+        return Ok(None);
+    };
+    expect_dtype(&t, &[Dtype::I32, Dtype::I64])?;
+    if !matches!(layout, ScaleLayout::Group(_)) || dims.slices != 1 {
+        return Err(t.error(
+            Rule::Unsupported,
+            "g_idx only applies to 2-D group quantization",
+        ));
+    }
+    if t.shape != [dims.cols] {
+        return Err(t.error(
+            Rule::TensorShape,
+            format!("shape {:?}, expected [{}]", t.shape, dims.cols),
+        ));
+    }
+    let groups = layout.groups(dims.cols) as i64;
+    let vals: Vec<i64> = match t.dtype {
+        Dtype::I64 => t
+            .data
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+        _ => t
+            .data
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
+            .collect(),
+    };
+    vals.iter()
+        .enumerate()
+        .map(|(c, &g)| {
+            if (0..groups).contains(&g) {
+                Ok(g as u32)
+            } else {
+                Err(t.error(
+                    Rule::TensorValue,
+                    format!("g_idx[{c}] = {g} is outside 0..{groups}"),
+                ))
+            }
+        })
+        .collect::<Result<Vec<u32>>>()
+        .map(Some)
+}
+
+fn fp4_packed<'c>(
+    ckpt: &'c Checkpoint,
+    module: &str,
+    nvfp4: bool,
+    layout: ScaleLayout,
+    out: OutDtype,
+) -> Result<(DecodeJob<'c>, Vec<usize>, usize)> {
+    let packed = require(ckpt, module, "weight_packed")?;
+    let shape = match ckpt.get(&format!("{module}.weight_shape")) {
+        Some(t) => logical_shape(&t)?,
+        None => {
+            let mut s = packed.shape.to_vec();
+            if let Some(last) = s.last_mut() {
+                *last *= 2;
+            }
+            s
+        }
+    };
+    let (slices, rows, cols) = split_shape(&packed, &shape)?;
+    let dims = Dims { slices, rows, cols };
+    let codes = fp4_codes(&packed, dims)?;
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    let kind = if nvfp4 {
+        expect_dtype(&scale_t, &[Dtype::F8_E4M3, Dtype::U8])?;
+        let global = scalar_f32(&require(ckpt, module, "weight_global_scale")?)?;
+        byte_table(|b| numerics::e4m3(b) / global)
+    } else {
+        expect_dtype(&scale_t, &[Dtype::U8, Dtype::F8_E8M0])?;
+        byte_table(numerics::e8m0)
+    };
+    let scale = grid_values(scale_t, kind, layout, dims)?;
+    let job = DecodeJob {
+        dims,
+        codes,
+        code_values: e2m1_values(),
+        zero: None,
+        scale: Some(scale),
+        g_idx: None,
+        out,
+    };
+    Ok((job, shape, packed.shard))
+}
+
+/// int8 / fp8 weights stored one byte per element.
+fn byte_weight<'c>(
+    ckpt: &'c Checkpoint,
+    module: &str,
+    scheme: &Scheme,
+    layout: ScaleLayout,
+    out: OutDtype,
+) -> Result<(DecodeJob<'c>, Vec<usize>, usize, &'static str)> {
+    let w = require(ckpt, module, "weight")?;
+    let (code_values, kind): (Vec<f32>, _) = match w.dtype {
+        Dtype::I8 => ((0..=255u8).map(|b| b as i8 as f32).collect(), "int8"),
+        Dtype::F8_E4M3 => ((0..=255u8).map(numerics::e4m3).collect(), "fp8 e4m3"),
+        other => {
+            return Err(w.error(
+                Rule::TensorDtype,
+                format!("dtype {other:?}; {} weights are I8 or F8_E4M3", scheme.kind),
+            ))
+        }
+    };
+    let (slices, rows, cols) = split_shape(&w, w.shape)?;
+    let dims = Dims { slices, rows, cols };
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    let scale = grid_values(scale_t, float_kind(&scale_t)?, layout, dims)?;
+    let zero = if scheme.symmetric {
+        None
+    } else {
+        let t = require(ckpt, module, "weight_zero_point")?;
+        Some(ZeroPoint::Plain(grid_values(
+            t,
+            stored_kind(&t)?,
+            layout,
+            dims,
+        )?))
+    };
+    let job = DecodeJob {
+        dims,
+        codes: byte_codes(&w, dims),
+        code_values,
+        zero,
+        scale: Some(scale),
+        g_idx: g_idx(ckpt, module, layout, dims)?,
+        out,
+    };
+    Ok((job, w.shape.to_vec(), w.shard, kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::packing_of;
+
+    #[test]
+    fn packed_width_tells_layouts_apart() {
+        // 3-bit, 523 columns: dense 50 words, padded 53.
+        assert_eq!(packing_of(50, 523, 3, false), Some(0));
+        assert_eq!(packing_of(53, 523, 3, false), Some(10));
+        assert_eq!(packing_of(51, 523, 3, false), None);
+        // 11 columns: both take 2 words; the version decides.
+        assert_eq!(packing_of(2, 11, 3, false), Some(0));
+        assert_eq!(packing_of(2, 11, 3, true), Some(10));
+        // 4-bit: one layout.
+        assert_eq!(packing_of(96, 768, 4, true), Some(8));
+    }
+}

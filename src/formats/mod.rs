@@ -1,0 +1,461 @@
+//! Formats: what the files say, mapped onto format-free [`DecodeJob`]s.
+//!
+//! Each format module reads its config, finds its quantized modules by their
+//! tensor names and builds one job per module with the helpers below; no
+//! format has decode code of its own.
+
+pub mod compressed_tensors;
+pub mod modelopt;
+mod targets;
+
+use std::collections::HashSet;
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
+use crate::numerics::{self, OutDtype};
+use crate::plan::{Output, Plan, Source};
+
+pub use targets::Target;
+
+/// What kind of checkpoint this is.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Format {
+    /// A compressed-tensors checkpoint.
+    CompressedTensors(compressed_tensors::Config),
+    /// An NVIDIA ModelOpt export.
+    Modelopt(modelopt::Config),
+    /// No quantization: every tensor is copied.
+    Dense,
+}
+
+impl Format {
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match self {
+            Format::CompressedTensors(c) => format!(
+                "compressed-tensors {} ({})",
+                c.version.as_deref().unwrap_or("(no version)"),
+                c.formats().join(", ")
+            ),
+            Format::Modelopt(c) => format!(
+                "modelopt {} ({})",
+                c.producer_version.as_deref().unwrap_or("?"),
+                c.quant_algo
+            ),
+            Format::Dense => "dense (no quantization config)".into(),
+        }
+    }
+}
+
+/// Reads the sidecar configs and tells which format the checkpoint is.
+pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
+    if let Some(f) = &ckpt.hf_quant_config {
+        return Ok(Format::Modelopt(modelopt::Config::from_hf_quant_config(f)?));
+    }
+    let qc = ckpt
+        .config
+        .as_ref()
+        .and_then(|c| c.value.get("quantization_config").map(|q| (c, q)));
+    if let Some((file, qc)) = qc {
+        let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("");
+        return match method {
+            "compressed-tensors" => Ok(Format::CompressedTensors(compressed_tensors::Config::parse(
+                &file.path, qc,
+            )?)),
+            "modelopt" => Ok(Format::Modelopt(modelopt::Config::from_config_json(&file.path, qc)?)),
+            other => Err(Error::new(
+                Rule::Unsupported,
+                &file.path,
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt)"),
+            )),
+        };
+    }
+    for shard in &ckpt.shards {
+        if let Some(meta) = shard.header_metadata() {
+            if meta
+                .get("quantization_config")
+                .is_some_and(|q| q.contains("svdquant"))
+            {
+                return Err(Error::new(
+                    Rule::Unsupported,
+                    &shard.path,
+                    "SVDQuant checkpoints are not decoded yet",
+                ));
+            }
+        }
+    }
+    if let Some(t) = ckpt
+        .names()
+        .into_iter()
+        .find(|n| n.ends_with(".weight_packed"))
+    {
+        return Err(Error::tensor(
+            Rule::Config,
+            ckpt.display_path(),
+            t,
+            "quantized tensors but no config.json with a quantization_config beside them",
+        ));
+    }
+    Ok(Format::Dense)
+}
+
+/// The checkpoint's own dtype: `torch_dtype`/`dtype` in config.json, else the
+/// dtype of the first floating-point scale, else bf16.
+pub fn default_dtype(ckpt: &Checkpoint) -> OutDtype {
+    let from_config = ckpt.config.as_ref().and_then(|c| {
+        ["torch_dtype", "dtype"].iter().find_map(|k| {
+            c.value
+                .get(*k)
+                .and_then(Value::as_str)
+                .and_then(OutDtype::from_name)
+        })
+    });
+    from_config
+        .or_else(|| {
+            ckpt.names()
+                .iter()
+                .filter(|n| n.ends_with(".weight_scale"))
+                .find_map(|n| match ckpt.get(n)?.dtype {
+                    Dtype::BF16 => Some(OutDtype::Bf16),
+                    Dtype::F16 => Some(OutDtype::F16),
+                    Dtype::F32 => Some(OutDtype::F32),
+                    _ => None,
+                })
+        })
+        .unwrap_or(OutDtype::Bf16)
+}
+
+/// Adds one output per quantized module to `plan` (or an error for modules
+/// that cannot be decoded) and records every input tensor the modules used.
+pub fn plan_modules(plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
+    let format = plan.format.clone();
+    if !matches!(format, Format::Dense) {
+        for name in plan.checkpoint.names() {
+            let last = name.rsplit('.').next().unwrap_or(name);
+            if ACTIVATION_PARAMS.contains(&last) {
+                consumed.insert(name.to_string());
+            }
+        }
+    }
+    match &format {
+        Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, plan, consumed),
+        Format::Modelopt(cfg) => modelopt::plan(cfg, plan, consumed),
+        Format::Dense => {}
+    }
+}
+
+/// Tensor names that never belong in a dense checkpoint: activation and KV
+/// cache quantization parameters.
+pub const ACTIVATION_PARAMS: &[&str] = &[
+    "input_scale",
+    "input_zero_point",
+    "input_global_scale",
+    "output_scale",
+    "output_zero_point",
+    "k_scale",
+    "v_scale",
+];
+
+/// The modules that carry tensor `suffix` (`<module>.<suffix>`), sorted.
+pub fn modules_with<'c>(ckpt: &'c Checkpoint, suffix: &str) -> Vec<&'c str> {
+    ckpt.names()
+        .into_iter()
+        .filter_map(|n| n.strip_suffix(suffix)?.strip_suffix('.'))
+        .collect()
+}
+
+/// A module's tensor `<module>.<param>`, or a missing-tensor error.
+pub fn require<'c>(ckpt: &'c Checkpoint, module: &str, param: &str) -> Result<TensorRef<'c>> {
+    let name = format!("{module}.{param}");
+    ckpt.get(&name).ok_or_else(|| {
+        Error::tensor(
+            Rule::MissingTensor,
+            ckpt.display_path(),
+            name,
+            format!("module {module} is quantized but has no {param}"),
+        )
+    })
+}
+
+/// Fails unless `t` has one of `allowed` dtypes.
+pub fn expect_dtype(t: &TensorRef<'_>, allowed: &[Dtype]) -> Result<()> {
+    if allowed.contains(&t.dtype) {
+        Ok(())
+    } else {
+        Err(t.error(
+            Rule::TensorDtype,
+            format!("dtype {:?}, expected one of {:?}", t.dtype, allowed),
+        ))
+    }
+}
+
+/// The (slices, rows, last) view of a 2-D or 3-D shape.
+pub fn split_shape(t: &TensorRef<'_>, shape: &[usize]) -> Result<(usize, usize, usize)> {
+    match *shape {
+        [r, c] => Ok((1, r, c)),
+        [e, r, c] => Ok((e, r, c)),
+        _ => Err(t.error(
+            Rule::TensorShape,
+            format!("shape {shape:?}: only 2-D and 3-D weights are quantized"),
+        )),
+    }
+}
+
+/// A scale/zero-point layout: what one entry covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleLayout {
+    /// One entry for the whole tensor.
+    Tensor,
+    /// One entry per row.
+    Channel,
+    /// One entry per row per group of `G` columns.
+    Group(usize),
+    /// One entry per `BH × BW` block.
+    Block(usize, usize),
+}
+
+impl ScaleLayout {
+    /// The grid for `dims`, and how many entries the stored tensor must hold.
+    pub fn grid(self, dims: Dims) -> (Grid, usize) {
+        let Dims { slices, rows, cols } = dims;
+        match self {
+            ScaleLayout::Tensor => (
+                Grid {
+                    row_div: 1,
+                    col_div: cols.max(1),
+                    row_stride: 0,
+                    slice_stride: 0,
+                },
+                1,
+            ),
+            ScaleLayout::Channel => (
+                Grid {
+                    row_div: 1,
+                    col_div: cols.max(1),
+                    row_stride: 1,
+                    slice_stride: rows,
+                },
+                slices * rows,
+            ),
+            ScaleLayout::Group(g) => {
+                let ng = cols.div_ceil(g);
+                (
+                    Grid {
+                        row_div: 1,
+                        col_div: g,
+                        row_stride: ng,
+                        slice_stride: rows * ng,
+                    },
+                    slices * rows * ng,
+                )
+            }
+            ScaleLayout::Block(bh, bw) => {
+                let (nr, nc) = (rows.div_ceil(bh), cols.div_ceil(bw));
+                (
+                    Grid {
+                        row_div: bh,
+                        col_div: bw,
+                        row_stride: nc,
+                        slice_stride: nr * nc,
+                    },
+                    slices * nr * nc,
+                )
+            }
+        }
+    }
+
+    /// Number of column groups per row.
+    pub fn groups(self, cols: usize) -> usize {
+        match self {
+            ScaleLayout::Tensor | ScaleLayout::Channel => 1,
+            ScaleLayout::Group(g) => cols.div_ceil(g),
+            ScaleLayout::Block(_, bw) => cols.div_ceil(bw),
+        }
+    }
+
+    /// For people.
+    pub fn describe(self) -> String {
+        match self {
+            ScaleLayout::Tensor => "per-tensor".into(),
+            ScaleLayout::Channel => "per-channel".into(),
+            ScaleLayout::Group(g) => format!("group {g}"),
+            ScaleLayout::Block(h, w) => format!("block {h}x{w}"),
+        }
+    }
+}
+
+/// Reads a scale (or plain zero-point) tensor on `layout`, checking that it
+/// holds exactly the entries the layout needs.
+pub fn grid_values<'c>(
+    t: TensorRef<'c>,
+    kind: ValueKind,
+    layout: ScaleLayout,
+    dims: Dims,
+) -> Result<Values<'c>> {
+    if matches!(
+        layout,
+        ScaleLayout::Group(0) | ScaleLayout::Block(0, _) | ScaleLayout::Block(_, 0)
+    ) {
+        return Err(t.error(Rule::Config, "group or block size 0"));
+    }
+    let (grid, want) = layout.grid(dims);
+    let groups = layout.groups(dims.cols);
+    let last_ok = match layout {
+        ScaleLayout::Tensor => true,
+        ScaleLayout::Channel => t.shape.last().is_none_or(|&l| l == 1 || t.shape.len() == 1),
+        _ => t.shape.last() == Some(&groups),
+    };
+    if t.elements() != want || !last_ok {
+        return Err(t.error(
+            Rule::TensorShape,
+            format!(
+                "shape {:?} does not fit {} scales of a {}x{}{} weight ({want} entries)",
+                t.shape,
+                layout.describe(),
+                dims.rows,
+                dims.cols,
+                if dims.slices > 1 {
+                    format!(" x{}", dims.slices)
+                } else {
+                    String::new()
+                },
+            ),
+        ));
+    }
+    Ok(Values {
+        data: t.data,
+        kind,
+        grid,
+    })
+}
+
+/// The f32 reading of a float scale dtype.
+pub fn float_kind(t: &TensorRef<'_>) -> Result<ValueKind> {
+    match t.dtype {
+        Dtype::BF16 => Ok(ValueKind::Bf16),
+        Dtype::F16 => Ok(ValueKind::F16),
+        Dtype::F32 => Ok(ValueKind::F32),
+        _ => Err(t.error(
+            Rule::TensorDtype,
+            format!("dtype {:?}, expected BF16, F16 or F32", t.dtype),
+        )),
+    }
+}
+
+/// The f32 reading of a stored zero point: an integer or a float.
+pub fn stored_kind(t: &TensorRef<'_>) -> Result<ValueKind> {
+    match t.dtype {
+        Dtype::I8 => Ok(ValueKind::I8),
+        Dtype::I32 => Ok(ValueKind::I32),
+        _ => float_kind(t),
+    }
+}
+
+/// A single f32 stored as `[]` or `[1]` (global scales).
+pub fn scalar_f32(t: &TensorRef<'_>) -> Result<f32> {
+    if t.dtype != Dtype::F32 || t.elements() != 1 {
+        return Err(t.error(
+            Rule::TensorShape,
+            format!("expected one F32 value, found {:?} {:?}", t.dtype, t.shape),
+        ));
+    }
+    Ok(f32::from_le_bytes([
+        t.data[0], t.data[1], t.data[2], t.data[3],
+    ]))
+}
+
+/// A 256-entry table from one byte to its effective scale.
+pub fn byte_table(f: impl Fn(u8) -> f32) -> ValueKind {
+    let mut t = Box::new([0f32; 256]);
+    for (b, v) in t.iter_mut().enumerate() {
+        *v = f(b as u8);
+    }
+    ValueKind::Table(t)
+}
+
+/// Values of the 16 E2M1 codes.
+pub fn e2m1_values() -> Vec<f32> {
+    (0..16u8).map(numerics::e2m1).collect()
+}
+
+/// Fails unless every field of `fields` lies inside its bytes.
+pub fn check_extent(
+    t: &TensorRef<'_>,
+    fields: &Fields<'_>,
+    slices: usize,
+    lanes: usize,
+    len: usize,
+) -> Result<()> {
+    match fields.extent_bits(slices, lanes, len) {
+        Some(end) if end <= t.data.len() as u64 * 8 => Ok(()),
+        _ => Err(t.error(
+            Rule::TensorShape,
+            format!(
+                "{} bytes are too few for {slices}x{lanes}x{len} {}-bit fields",
+                t.data.len(),
+                fields.bits
+            ),
+        )),
+    }
+}
+
+/// Two FP4 (E2M1) codes per byte, low nibble first: `[.., rows, ceil(cols/2)]`.
+pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
+    expect_dtype(packed, &[Dtype::U8, Dtype::I8])?;
+    let row_bytes = dims.cols.div_ceil(2);
+    let (s, r, w) = split_shape(packed, packed.shape)?;
+    if (s, r, w) != (dims.slices, dims.rows, row_bytes) {
+        return Err(packed.error(
+            Rule::TensorShape,
+            format!(
+                "shape {:?} does not hold {}x{} FP4 values",
+                packed.shape, dims.rows, dims.cols
+            ),
+        ));
+    }
+    let fields = Fields {
+        data: packed.data,
+        bits: 4,
+        per_word: 0,
+        lane_bits: row_bytes as u64 * 8,
+        word_bits: 32,
+        slice_bits: (dims.rows * row_bytes) as u64 * 8,
+    };
+    check_extent(packed, &fields, dims.slices, dims.rows, dims.cols)?;
+    Ok(fields)
+}
+
+/// One byte per element (int8 or FP8 weights), row-major.
+pub fn byte_codes<'c>(t: &TensorRef<'c>, dims: Dims) -> Fields<'c> {
+    Fields {
+        data: t.data,
+        bits: 8,
+        per_word: 0,
+        lane_bits: dims.cols as u64 * 8,
+        word_bits: 32,
+        slice_bits: (dims.rows * dims.cols) as u64 * 8,
+    }
+}
+
+/// The dense output entry for a decoded module.
+pub fn decoded_output<'c>(
+    module: &str,
+    shard: usize,
+    shape: Vec<usize>,
+    job: DecodeJob<'c>,
+    scheme: String,
+) -> Output<'c> {
+    Output {
+        name: format!("{module}.weight"),
+        shard,
+        shape,
+        dtype: job.out.safetensors(),
+        source: Source::Decode(Box::new(job)),
+        scheme: Some(scheme),
+    }
+}

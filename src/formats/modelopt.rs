@@ -1,0 +1,202 @@
+//! NVIDIA ModelOpt NVFP4 exports (`hf_quant_config.json`, or `config.json`
+//! with `quant_method: "modelopt"`).
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{
+    byte_table, decoded_output, e2m1_values, expect_dtype, fp4_codes, grid_values, modules_with,
+    require, scalar_f32, split_shape, ScaleLayout, Target,
+};
+use crate::checkpoint::{Checkpoint, JsonFile};
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Dims};
+use crate::numerics::{self, OutDtype};
+use crate::plan::{Output, Plan, Warning};
+
+/// A ModelOpt quantization config.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// The file it came from.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// ModelOpt version that wrote it.
+    pub producer_version: Option<String>,
+    /// `NVFP4` (the only algorithm decoded).
+    pub quant_algo: String,
+    /// Columns per e4m3 scale.
+    pub group_size: usize,
+    /// Modules left unquantized.
+    pub exclude_modules: Vec<Target>,
+}
+
+fn group_size(path: &Path, v: Option<&Value>) -> Result<usize> {
+    match v {
+        None | Some(Value::Null) => Ok(16),
+        Some(v) => v
+            .as_u64()
+            .and_then(|g| usize::try_from(g).ok())
+            .filter(|&g| g > 0)
+            .ok_or_else(|| Error::new(Rule::Config, path, "group_size must be a positive integer")),
+    }
+}
+
+fn globs(v: Option<&Value>) -> Vec<Target> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(|s| Target::Glob(s.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Config {
+    fn checked(self) -> Result<Config> {
+        if self.quant_algo != "NVFP4" {
+            return Err(Error::new(
+                Rule::Unsupported,
+                &self.path,
+                format!(
+                    "ModelOpt quant_algo {:?} is not decoded (only NVFP4)",
+                    self.quant_algo
+                ),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Reads `hf_quant_config.json`.
+    pub fn from_hf_quant_config(f: &JsonFile) -> Result<Config> {
+        let q = f
+            .value
+            .get("quantization")
+            .ok_or_else(|| Error::new(Rule::Config, &f.path, "no \"quantization\" object"))?;
+        Config {
+            path: f.path.clone(),
+            producer_version: f
+                .value
+                .pointer("/producer/version")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            quant_algo: q
+                .get("quant_algo")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            group_size: group_size(&f.path, q.get("group_size"))?,
+            exclude_modules: globs(q.get("exclude_modules")),
+        }
+        .checked()
+    }
+
+    /// Reads the `quantization_config` of a `config.json` written by ModelOpt.
+    pub fn from_config_json(path: &Path, qc: &Value) -> Result<Config> {
+        let g = qc
+            .get("config_groups")
+            .and_then(Value::as_object)
+            .and_then(|groups| {
+                groups
+                    .values()
+                    .find_map(|g| g.pointer("/weights/group_size"))
+            });
+        Config {
+            path: path.to_path_buf(),
+            producer_version: qc
+                .pointer("/producer/version")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            quant_algo: qc
+                .get("quant_algo")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            group_size: group_size(path, g)?,
+            exclude_modules: globs(qc.get("ignore").or_else(|| qc.get("exclude_modules"))),
+        }
+        .checked()
+    }
+}
+
+/// Adds the decoded NVFP4 modules to `plan`: every module with a uint8
+/// `weight` beside `weight_scale_2`. Other `weight`s pass through.
+pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
+    let ckpt = plan.checkpoint;
+    let modules: BTreeSet<&str> = modules_with(ckpt, "weight_scale_2")
+        .into_iter()
+        .chain(modules_with(ckpt, "weight").into_iter().filter(|m| {
+            ckpt.get(&format!("{m}.weight"))
+                .is_some_and(|t| t.dtype == Dtype::U8)
+        }))
+        .collect();
+    for module in modules {
+        for p in ["weight", "weight_scale", "weight_scale_2"] {
+            let n = format!("{module}.{p}");
+            if ckpt.get(&n).is_some() {
+                consumed.insert(n);
+            }
+        }
+        if cfg.exclude_modules.iter().any(|t| t.rank(module).is_some()) {
+            plan.warnings.push(Warning {
+                subject: module.to_string(),
+                detail: "listed in exclude_modules but stored as NVFP4; decoded anyway".into(),
+            });
+        }
+        match plan_module(cfg, ckpt, module, plan.dtype) {
+            Ok(out) => plan.outputs.push(out),
+            Err(e) => plan.errors.push(e),
+        }
+    }
+}
+
+fn plan_module<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    out: OutDtype,
+) -> Result<Output<'c>> {
+    let packed = require(ckpt, module, "weight")?;
+    expect_dtype(&packed, &[Dtype::U8])?;
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    expect_dtype(&scale_t, &[Dtype::F8_E4M3, Dtype::U8])?;
+    let scale_2 = scalar_f32(&require(ckpt, module, "weight_scale_2")?)?;
+    let (slices, rows, width) = split_shape(&packed, packed.shape)?;
+    let dims = Dims {
+        slices,
+        rows,
+        cols: width * 2,
+    };
+    let layout = ScaleLayout::Group(cfg.group_size);
+    let job = DecodeJob {
+        dims,
+        codes: fp4_codes(&packed, dims)?,
+        code_values: e2m1_values(),
+        zero: None,
+        scale: Some(grid_values(
+            scale_t,
+            byte_table(|b| numerics::e4m3(b) * scale_2),
+            layout,
+            dims,
+        )?),
+        g_idx: None,
+        out,
+    };
+    let mut shape = packed.shape.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = dims.cols;
+    }
+    Ok(decoded_output(
+        module,
+        packed.shard,
+        shape,
+        job,
+        format!(
+            "modelopt NVFP4 fp4 e4m3-scale·scale_2 {}",
+            layout.describe()
+        ),
+    ))
+}

@@ -1,0 +1,488 @@
+//! The format-free description of one dense output tensor.
+//!
+//! Every format maps onto the same few pieces: a stream of b-bit codes, a table
+//! giving each code's value, an optional zero point and scale looked up on a
+//! (row, column-group) grid, and the output dtype. The value of element
+//! (slice, row, col) is
+//!
+//! ```text
+//! round_to_out( (code_values[code] − zero) · scale )
+//! ```
+//!
+//! computed in f32. Backends execute exactly this; the accessors below are the
+//! reference semantics the CPU backend runs and the shaders mirror.
+
+use crate::numerics::OutDtype;
+
+/// Logical size of a decode: `slices` independent `rows × cols` matrices
+/// (3-D expert weights have one slice per expert; 2-D weights have one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Number of stacked matrices.
+    pub slices: usize,
+    /// Rows per matrix.
+    pub rows: usize,
+    /// Columns per matrix.
+    pub cols: usize,
+}
+
+impl Dims {
+    /// Rows of all slices together (the unit backends split work by).
+    pub fn total_rows(&self) -> usize {
+        self.slices * self.rows
+    }
+
+    /// Number of output elements.
+    pub fn elements(&self) -> usize {
+        self.slices * self.rows * self.cols
+    }
+}
+
+/// b-bit unsigned fields in a little-endian, LSB-first byte stream.
+///
+/// A stream is a set of *lanes* (one per row for weight codes, one per group
+/// column for zero points packed along rows). Inside a lane, field `i` starts
+/// at bit `i·b` (dense, may cross 32-bit words) or, for the padded layout, at
+/// bit `(i div per_word)·32 + (i mod per_word)·b` of the lane's 32-bit words.
+/// The lane's 32-bit words need not be adjacent: `word_bits` apart.
+#[derive(Debug, Clone, Copy)]
+pub struct Fields<'a> {
+    /// The raw bytes.
+    pub data: &'a [u8],
+    /// Field width, 1..=8.
+    pub bits: u32,
+    /// Fields per 32-bit word in the padded layout; 0 for the dense layout.
+    pub per_word: u32,
+    /// Bits from the start of one lane to the next.
+    pub lane_bits: u64,
+    /// Bits from one 32-bit word of a lane to the next (32 when contiguous).
+    pub word_bits: u64,
+    /// Bits from one slice to the next.
+    pub slice_bits: u64,
+}
+
+impl Fields<'_> {
+    /// Bit position inside a lane's words: (word, offset in word).
+    #[inline]
+    fn locate(&self, i: usize) -> (u64, u32) {
+        let i = i as u64;
+        let b = self.bits as u64;
+        if self.per_word == 0 {
+            ((i * b) / 32, ((i * b) % 32) as u32)
+        } else {
+            let pw = self.per_word as u64;
+            (i / pw, ((i % pw) * b) as u32)
+        }
+    }
+
+    /// Reads `n` (≤ 8) bits starting at absolute bit `pos`.
+    #[inline]
+    fn read_bits(&self, pos: u64, n: u32) -> u32 {
+        let byte = (pos / 8) as usize;
+        let shift = (pos % 8) as u32;
+        let lo = self.data[byte] as u32;
+        let hi = if shift + n > 8 {
+            self.data[byte + 1] as u32
+        } else {
+            0
+        };
+        ((lo | hi << 8) >> shift) & ((1 << n) - 1)
+    }
+
+    /// The last bit (exclusive) any field of a `slices × lanes × len` stream
+    /// touches; planners check it against `data.len()` before a job exists.
+    pub fn extent_bits(&self, slices: usize, lanes: usize, len: usize) -> Option<u64> {
+        if slices == 0 || lanes == 0 || len == 0 {
+            return Some(0);
+        }
+        let (w, off) = self.locate(len - 1);
+        let base = (slices as u64 - 1)
+            .checked_mul(self.slice_bits)?
+            .checked_add((lanes as u64 - 1).checked_mul(self.lane_bits)?)?;
+        let end_in_word = off as u64 + self.bits as u64;
+        let end = if end_in_word > 32 {
+            (w + 1).checked_mul(self.word_bits)? + (end_in_word - 32)
+        } else {
+            w.checked_mul(self.word_bits)? + end_in_word
+        };
+        base.checked_add(end)
+    }
+
+    /// The field of `lane`, index `i`, in `slice`.
+    #[inline]
+    pub fn get(&self, slice: usize, lane: usize, i: usize) -> u32 {
+        let base = slice as u64 * self.slice_bits + lane as u64 * self.lane_bits;
+        let (w, off) = self.locate(i);
+        let lo_n = (32 - off).min(self.bits);
+        let lo = self.read_bits(base + w * self.word_bits + off as u64, lo_n);
+        if lo_n == self.bits {
+            lo
+        } else {
+            let hi = self.read_bits(base + (w + 1) * self.word_bits, self.bits - lo_n);
+            lo | hi << lo_n
+        }
+    }
+}
+
+/// How the stored elements of a scale or plain zero-point tensor read as f32.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValueKind {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// IEEE single.
+    F32,
+    /// Signed 8-bit integer.
+    I8,
+    /// Signed 32-bit integer.
+    I32,
+    /// One byte indexing a 256-entry table of f32 (e4m3 or e8m0 scales, with
+    /// any per-tensor factor already folded in on the host).
+    Table(Box<[f32; 256]>),
+}
+
+impl ValueKind {
+    /// Bytes per stored element.
+    pub fn size(&self) -> usize {
+        match self {
+            ValueKind::Bf16 | ValueKind::F16 => 2,
+            ValueKind::F32 | ValueKind::I32 => 4,
+            ValueKind::I8 | ValueKind::Table(_) => 1,
+        }
+    }
+}
+
+/// Where element (slice, row, col) finds its scale or zero point:
+/// `slice·slice_stride + (row div row_div)·row_stride + group(col)`, with
+/// `group(col) = g_idx[col]` when the job has one, else `col div col_div`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    /// Rows sharing one entry (1 per row, BH per block, ≥ rows per tensor).
+    pub row_div: usize,
+    /// Columns sharing one entry (G per group, BW per block, ≥ cols per row/tensor).
+    pub col_div: usize,
+    /// Entries from one row-block to the next.
+    pub row_stride: usize,
+    /// Entries from one slice to the next.
+    pub slice_stride: usize,
+}
+
+impl Grid {
+    /// Entry index of (slice, row, column group).
+    #[inline]
+    pub fn index(&self, slice: usize, row: usize, group: usize) -> usize {
+        slice * self.slice_stride + (row / self.row_div) * self.row_stride + group
+    }
+}
+
+/// A tensor of scalars read on a [`Grid`].
+#[derive(Debug, Clone)]
+pub struct Values<'a> {
+    /// The raw bytes.
+    pub data: &'a [u8],
+    /// How the bytes read.
+    pub kind: ValueKind,
+    /// Where each element's entry is.
+    pub grid: Grid,
+}
+
+impl Values<'_> {
+    /// Entry `i` as f32.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        let d = self.data;
+        match &self.kind {
+            ValueKind::Bf16 => {
+                f32::from_bits((u16::from_le_bytes([d[2 * i], d[2 * i + 1]]) as u32) << 16)
+            }
+            ValueKind::F16 => f16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])),
+            ValueKind::F32 => {
+                f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]])
+            }
+            ValueKind::I8 => d[i] as i8 as f32,
+            ValueKind::I32 => {
+                i32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]]) as f32
+            }
+            ValueKind::Table(t) => t[d[i] as usize],
+        }
+    }
+
+    /// Number of entries stored.
+    pub fn len(&self) -> usize {
+        self.data.len() / self.kind.size()
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// IEEE half bits → f32 (exact).
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1F) as u32;
+    let man = (h & 0x3FF) as u32;
+    let bits = match exp {
+        0 if man == 0 => sign,
+        0 => {
+            // Subnormal: normalise into an f32 normal.
+            let lz = man.leading_zeros() - 21; // shifts that bring bit 10 up
+            sign | ((127 - 15 + 1 - lz) << 23) | (((man << lz) & 0x3FF) << 13)
+        }
+        0x1F => sign | 0x7F80_0000 | (man << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The zero point subtracted from each code before scaling.
+#[derive(Debug, Clone)]
+pub enum ZeroPoint<'a> {
+    /// b-bit fields packed along rows: lane = column group, index = row.
+    /// Fields read through the job's `code_values`, as the weight codes do.
+    Packed {
+        /// The packed fields.
+        fields: Fields<'a>,
+    },
+    /// One stored integer per grid entry.
+    Plain(Values<'a>),
+}
+
+/// Everything needed to produce one dense tensor.
+#[derive(Debug, Clone)]
+pub struct DecodeJob<'a> {
+    /// Logical size.
+    pub dims: Dims,
+    /// The weight codes: lane = row, index = column.
+    pub codes: Fields<'a>,
+    /// Value of each code (length 2^bits): integer codes with their offset
+    /// removed, E2M1 or E4M3 values.
+    pub code_values: Vec<f32>,
+    /// Zero point, when the scheme is asymmetric.
+    pub zero: Option<ZeroPoint<'a>>,
+    /// Scale, when there is one.
+    pub scale: Option<Values<'a>>,
+    /// Activation-order group of each column, replacing `col div col_div`.
+    pub g_idx: Option<Vec<u32>>,
+    /// Output dtype.
+    pub out: OutDtype,
+}
+
+impl DecodeJob<'_> {
+    /// Column group of `col` on `grid`.
+    #[inline]
+    fn group(&self, grid: &Grid, col: usize) -> usize {
+        match &self.g_idx {
+            Some(g) => g[col] as usize,
+            None => col / grid.col_div,
+        }
+    }
+
+    /// The f32 value of element (slice, row, col), before the final rounding.
+    #[inline]
+    pub fn value(&self, slice: usize, row: usize, col: usize) -> f32 {
+        let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
+        if let Some(zero) = &self.zero {
+            v -= match zero {
+                ZeroPoint::Packed { fields } => {
+                    let g = match &self.scale {
+                        Some(s) => self.group(&s.grid, col),
+                        None => 0,
+                    };
+                    self.code_values[fields.get(slice, g, row) as usize]
+                }
+                ZeroPoint::Plain(z) => z.get(z.grid.index(slice, row, self.group(&z.grid, col))),
+            };
+        }
+        if let Some(s) = &self.scale {
+            v *= s.get(s.grid.index(slice, row, self.group(&s.grid, col)));
+        }
+        v
+    }
+
+    /// Output bytes of the whole tensor.
+    pub fn out_bytes(&self) -> usize {
+        self.dims.elements() * self.out.size()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Packs `codes` (each < 2^b) the way compressed-tensors ≥ 0.18 does: field i at bit i·b.
+    fn pack_dense(codes: &[u32], b: u32) -> Vec<u8> {
+        let words = (codes.len() * b as usize).div_ceil(32);
+        let mut w = vec![0u32; words];
+        for (i, &c) in codes.iter().enumerate() {
+            let bit = i * b as usize;
+            w[bit / 32] |= c << (bit % 32);
+            if bit % 32 + b as usize > 32 {
+                w[bit / 32 + 1] |= c >> (32 - bit % 32);
+            }
+        }
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Packs the 0.17 way: 32 div b fields per word, none crossing.
+    fn pack_padded(codes: &[u32], b: u32) -> Vec<u8> {
+        let pw = (32 / b) as usize;
+        let mut w = vec![0u32; codes.len().div_ceil(pw)];
+        for (i, &c) in codes.iter().enumerate() {
+            w[i / pw] |= c << ((i % pw) as u32 * b);
+        }
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn codes(n: usize, b: u32, seed: u32) -> Vec<u32> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x & ((1 << b) - 1)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dense_stream_every_width() {
+        for b in 1..=8u32 {
+            let cols = 37; // not a multiple of 32/b for any b > 1: tail words are partial
+            let rows = 3;
+            let all: Vec<Vec<u32>> = (0..rows).map(|r| codes(cols, b, 7 + r as u32)).collect();
+            let words_per_row = (cols * b as usize).div_ceil(32);
+            let data: Vec<u8> = all.iter().flat_map(|c| pack_dense(c, b)).collect();
+            let f = Fields {
+                data: &data,
+                bits: b,
+                per_word: 0,
+                lane_bits: words_per_row as u64 * 32,
+                word_bits: 32,
+                slice_bits: 0,
+            };
+            assert_eq!(
+                f.extent_bits(1, rows, cols),
+                Some(((rows - 1) * words_per_row * 32 + cols * b as usize) as u64)
+            );
+            for (r, row) in all.iter().enumerate() {
+                for (c, &want) in row.iter().enumerate() {
+                    assert_eq!(f.get(0, r, c), want, "b={b} r={r} c={c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padded_stream_every_width() {
+        for b in 1..=8u32 {
+            let cols = 37;
+            let pw = 32 / b;
+            let row = codes(cols, b, 99);
+            let data = pack_padded(&row, b);
+            let f = Fields {
+                data: &data,
+                bits: b,
+                per_word: pw,
+                lane_bits: data.len() as u64 * 8,
+                word_bits: 32,
+                slice_bits: 0,
+            };
+            for (c, &want) in row.iter().enumerate() {
+                assert_eq!(f.get(0, 0, c), want, "b={b} c={c}");
+            }
+        }
+    }
+
+    /// Hand-packed 3-bit words: fields 10 and 21 straddle word boundaries.
+    #[test]
+    fn word_crossing_fields_by_hand() {
+        // Fields 0..=11 with values 0..=7,0..=3 at 3 bits. Field 10 = value 2 (0b010)
+        // occupies bits 30..33: bit 30-31 = 0b10 in word 0, bit 32 = 0b0 in word 1.
+        let vals: Vec<u32> = (0..12).map(|i| i % 8).collect();
+        let mut w0 = 0u32;
+        let mut w1 = 0u32;
+        for (i, &v) in vals.iter().enumerate() {
+            let bit = i * 3;
+            if bit + 3 <= 32 {
+                w0 |= v << bit;
+            } else if bit >= 32 {
+                w1 |= v << (bit - 32);
+            } else {
+                w0 |= v << bit; // low part, high bits fall off
+                w1 |= v >> (32 - bit);
+            }
+        }
+        assert_eq!(w0 >> 30, 0b10);
+        let data: Vec<u8> = [w0, w1].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f = Fields {
+            data: &data,
+            bits: 3,
+            per_word: 0,
+            lane_bits: 64,
+            word_bits: 32,
+            slice_bits: 0,
+        };
+        for (i, &v) in vals.iter().enumerate() {
+            assert_eq!(f.get(0, 0, i), v, "field {i}");
+        }
+    }
+
+    /// Zero points are packed along rows: lane = group column, words `n_groups` apart.
+    #[test]
+    fn strided_lanes_cross_words() {
+        for b in 1..=8u32 {
+            let rows = 23;
+            let groups = 3;
+            let cols_codes: Vec<Vec<u32>> =
+                (0..groups).map(|g| codes(rows, b, 5 + g as u32)).collect();
+            let packed: Vec<Vec<u32>> = cols_codes
+                .iter()
+                .map(|c| {
+                    pack_dense(c, b)
+                        .chunks(4)
+                        .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                        .collect()
+                })
+                .collect();
+            let zrows = packed[0].len();
+            // Row-major [zrows, groups] int32.
+            let mut data = Vec::new();
+            for w in 0..zrows {
+                for p in &packed {
+                    data.extend_from_slice(&p[w].to_le_bytes());
+                }
+            }
+            let f = Fields {
+                data: &data,
+                bits: b,
+                per_word: 0,
+                lane_bits: 32,
+                word_bits: 32 * groups as u64,
+                slice_bits: 0,
+            };
+            assert!(f.extent_bits(1, groups, rows).unwrap() <= data.len() as u64 * 8);
+            for (g, col) in cols_codes.iter().enumerate() {
+                for (r, &want) in col.iter().enumerate() {
+                    assert_eq!(f.get(0, g, r), want, "b={b} g={g} r={r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_to_f32_all_finite_roundtrip() {
+        for h in 0..=u16::MAX {
+            let x = f16_to_f32(h);
+            if x.is_nan() {
+                assert_eq!(h & 0x7C00, 0x7C00);
+                continue;
+            }
+            assert_eq!(crate::numerics::f32_to_f16(x), h, "{h:#06x}");
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The `wgpu-dequant` command line.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use wgpu_dequant::report::{Finding, Report};
+use wgpu_dequant::{
+    backend, writer, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan,
+};
+
+/// Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt NVFP4) to dense weights.
+#[derive(Parser)]
+#[command(name = "wgpu-dequant", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the format, schemes, every output tensor and rule findings.
+    Inspect {
+        /// Checkpoint directory or .safetensors file.
+        path: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a dense Hugging Face checkpoint.
+    Dequantize {
+        /// Checkpoint directory or .safetensors file.
+        path: PathBuf,
+        /// Output directory (must not exist, or be empty).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Dtype of decoded tensors (auto: the checkpoint's own).
+        #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+        dtype: DtypeArg,
+        /// Where to decode.
+        #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
+        backend: BackendArg,
+        /// Print nothing but errors.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Check every rule; exit 0 when clean, 1 with findings.
+    Validate {
+        /// Checkpoint directory or .safetensors file.
+        path: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DtypeArg {
+    Auto,
+    Bf16,
+    F16,
+    F32,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Auto,
+    Gpu,
+    Cpu,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect { path, json } => inspect(&path, json),
+        Command::Validate { path, json } => validate(&path, json),
+        Command::Dequantize {
+            path,
+            output,
+            dtype,
+            backend,
+            quiet,
+        } => dequantize(&path, &output, dtype, backend, quiet),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(v)
+        .map_err(|e| Error::new(wgpu_dequant::Rule::Io, "stdout", e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
+fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    let ckpt = Checkpoint::open(path)?;
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+    let report = Report::new(&plan);
+    if json {
+        print_json(&report)?;
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    let (errors, warnings) = match Checkpoint::open(path).and_then(|c| {
+        let plan = Plan::build(&c, DtypeChoice::Auto)?;
+        Ok((
+            plan.errors.iter().map(Finding::from).collect::<Vec<_>>(),
+            plan.warnings,
+        ))
+    }) {
+        Ok(found) => found,
+        Err(e) => (vec![Finding::from(&e)], Vec::new()),
+    };
+    if json {
+        print_json(&serde_json::json!({ "errors": errors, "warnings": warnings }))?;
+    } else {
+        for e in &errors {
+            println!("error   {}", e.message);
+        }
+        for w in &warnings {
+            println!("warning {}: {}", w.subject, w.detail);
+        }
+        if errors.is_empty() {
+            println!("ok: {} ({} warnings)", path.display(), warnings.len());
+        }
+    }
+    Ok(if errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn dequantize(
+    path: &Path,
+    out: &Path,
+    dtype: DtypeArg,
+    backend: BackendArg,
+    quiet: bool,
+) -> Result<ExitCode, Error> {
+    let started = Instant::now();
+    let ckpt = Checkpoint::open(path)?;
+    let dtype = match dtype {
+        DtypeArg::Auto => DtypeChoice::Auto,
+        DtypeArg::Bf16 => DtypeChoice::Fixed(OutDtype::Bf16),
+        DtypeArg::F16 => DtypeChoice::Fixed(OutDtype::F16),
+        DtypeArg::F32 => DtypeChoice::Fixed(OutDtype::F32),
+    };
+    let plan = Plan::build(&ckpt, dtype)?;
+    plan.check()?;
+    let choice = match backend {
+        BackendArg::Auto => BackendChoice::Auto,
+        BackendArg::Gpu => BackendChoice::Gpu,
+        BackendArg::Cpu => BackendChoice::Cpu,
+    };
+    let (backend, note) = backend::select(choice)?;
+    if !quiet {
+        if let Some(note) = note {
+            eprintln!("note: {note}");
+        }
+        eprintln!(
+            "{}: {}; backend {}",
+            path.display(),
+            plan.format.describe(),
+            backend.name()
+        );
+    }
+    let summary = writer::write(&plan, backend.as_ref(), out, |_| {})?;
+    if !quiet {
+        eprintln!(
+            "wrote {}: {} decoded to {}, {} copied, {} dropped, {:.1} MB in {:.2} s",
+            out.display(),
+            summary.decoded,
+            plan.dtype,
+            summary.copied,
+            summary.dropped,
+            summary.tensor_bytes as f64 / 1e6,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,274 @@
+//! Number formats: the small float codes the packs store, and the one rounding
+//! step from f32 to the output dtype.
+//!
+//! Every conversion here is integer bit manipulation, so the GPU shaders can do
+//! exactly the same thing and produce the same bytes.
+
+/// E2M1 (FP4) magnitudes for codes 0..8; bit 3 is the sign.
+const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// The value of a 4-bit E2M1 code. Code 0b1000 is −0.
+pub fn e2m1(code: u8) -> f32 {
+    let m = E2M1_MAGNITUDES[(code & 7) as usize];
+    if code & 8 != 0 {
+        -m
+    } else {
+        m
+    }
+}
+
+/// The value of an FP8 E4M3 (fn) byte: bias 7, no infinities, 0x7F/0xFF are NaN.
+pub fn e4m3(byte: u8) -> f32 {
+    let sign = if byte & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let exp = (byte >> 3) & 0xF;
+    let man = (byte & 7) as f32;
+    if exp == 0xF && byte & 7 == 7 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        // Subnormal: m/8 · 2^-6, exact in f32.
+        sign * man * (1.0 / 512.0)
+    } else {
+        sign * (1.0 + man / 8.0) * f32::from_bits(((exp as u32) + 127 - 7) << 23)
+    }
+}
+
+/// The value of an E8M0 scale byte: 2^(e−127); 0xFF is NaN.
+pub fn e8m0(byte: u8) -> f32 {
+    match byte {
+        0xFF => f32::NAN,
+        // 2^-127 is an f32 subnormal.
+        0 => f32::from_bits(1 << 22),
+        e => f32::from_bits((e as u32) << 23),
+    }
+}
+
+/// The dtype of a dense output tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutDtype {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// IEEE single.
+    F32,
+}
+
+impl OutDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            OutDtype::Bf16 | OutDtype::F16 => 2,
+            OutDtype::F32 => 4,
+        }
+    }
+
+    /// The safetensors dtype written for it.
+    pub fn safetensors(self) -> safetensors::Dtype {
+        match self {
+            OutDtype::Bf16 => safetensors::Dtype::BF16,
+            OutDtype::F16 => safetensors::Dtype::F16,
+            OutDtype::F32 => safetensors::Dtype::F32,
+        }
+    }
+
+    /// Parses a torch or short dtype name (`bfloat16`, `torch.float16`, `f32`, …).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.trim_start_matches("torch.") {
+            "bfloat16" | "bf16" => Some(OutDtype::Bf16),
+            "float16" | "half" | "f16" | "fp16" => Some(OutDtype::F16),
+            "float32" | "float" | "f32" | "fp32" => Some(OutDtype::F32),
+            _ => None,
+        }
+    }
+
+    /// Rounds `x` once to this dtype and appends its little-endian bytes.
+    #[inline]
+    pub fn encode(self, x: f32, out: &mut [u8]) {
+        match self {
+            OutDtype::Bf16 => out.copy_from_slice(&f32_to_bf16(x).to_le_bytes()),
+            OutDtype::F16 => out.copy_from_slice(&f32_to_f16(x).to_le_bytes()),
+            OutDtype::F32 => out.copy_from_slice(&x.to_bits().to_le_bytes()),
+        }
+    }
+}
+
+impl std::fmt::Display for OutDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OutDtype::Bf16 => "bf16",
+            OutDtype::F16 => "f16",
+            OutDtype::F32 => "f32",
+        })
+    }
+}
+
+/// f32 → bfloat16 bits, round to nearest even; NaN becomes the canonical 0x7FC0
+/// (as PyTorch does).
+#[inline]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        return 0x7FC0;
+    }
+    // Cannot overflow: the largest non-NaN input is 0xFF80_0000.
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// f32 → IEEE half bits, round to nearest even, overflow to ±inf; NaN becomes
+/// 0x7E00 with the input's sign (as PyTorch does).
+#[inline]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let a = b & 0x7FFF_FFFF;
+    if a > 0x7F80_0000 {
+        return sign | 0x7E00;
+    }
+    if a >= 0x4780_0000 {
+        // |x| >= 65536 (or inf): beyond every finite half after rounding.
+        return sign | 0x7C00;
+    }
+    if a < 0x3880_0000 {
+        // Below the smallest normal half (2^-14): a subnormal half or zero.
+        if a <= 0x3300_0000 {
+            // |x| <= 2^-25: rounds to zero (the tie at 2^-25 goes to even, 0).
+            return sign;
+        }
+        let exp = a >> 23;
+        let man = (a & 0x7F_FFFF) | 0x80_0000;
+        let shift = 126 - exp; // 14..=24
+        let q = man >> shift;
+        let rem = man & ((1 << shift) - 1);
+        let half = 1 << (shift - 1);
+        let q = if rem > half || (rem == half && q & 1 == 1) {
+            q + 1
+        } else {
+            q
+        };
+        return sign | q as u16;
+    }
+    let v = ((a >> 23) - 127 + 15) << 10 | ((a & 0x7F_FFFF) >> 13);
+    let rem = a & 0x1FFF;
+    // A carry out of the mantissa bumps the exponent, up to inf: both correct.
+    let v = if rem > 0x1000 || (rem == 0x1000 && v & 1 == 1) {
+        v + 1
+    } else {
+        v
+    };
+    sign | v as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e2m1_all_codes() {
+        let want = [
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+        ];
+        for (code, w) in want.iter().enumerate() {
+            assert_eq!(e2m1(code as u8).to_bits(), w.to_bits(), "code {code:#06b}");
+        }
+    }
+
+    /// Reference E4M3 decoding written differently: from the format's definition
+    /// with powi, checked on all 256 bytes.
+    #[test]
+    fn e4m3_all_bytes() {
+        for b in 0..=255u8 {
+            let s = if b >> 7 == 1 { -1.0f64 } else { 1.0 };
+            let e = ((b >> 3) & 15) as i32;
+            let m = (b & 7) as f64;
+            let got = e4m3(b);
+            if e == 15 && m == 7.0 {
+                assert!(got.is_nan(), "{b:#04x}");
+                continue;
+            }
+            let want = if e == 0 {
+                s * m / 8.0 * 2f64.powi(-6)
+            } else {
+                s * (1.0 + m / 8.0) * 2f64.powi(e - 7)
+            };
+            assert_eq!(got.to_bits(), (want as f32).to_bits(), "{b:#04x}");
+        }
+        assert_eq!(e4m3(0x7E), 448.0);
+        assert_eq!(e4m3(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3(0x80).to_bits(), (-0.0f32).to_bits());
+    }
+
+    #[test]
+    fn e8m0_all_bytes() {
+        for b in 0..=254u8 {
+            let want = 2f64.powi(b as i32 - 127) as f32;
+            assert_eq!(e8m0(b).to_bits(), want.to_bits(), "{b}");
+        }
+        assert!(e8m0(255).is_nan());
+    }
+
+    /// Inputs that cover every rounding regime: ties, carries, subnormals,
+    /// overflow, plus a pseudo-random sweep of all exponents.
+    fn probe_values() -> Vec<u32> {
+        let mut v: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F7F_FFFF,
+            0x3F80_8000,
+            0x3F81_8000,
+            0x3F80_7FFF,
+            0x477F_E000,
+            0x477F_F000,
+            0x477F_EFFF,
+            0x3300_0000,
+            0x3300_0001,
+            0x3880_0000,
+            0x387F_FFFF,
+            0x3380_0000,
+            0x0000_0001,
+        ];
+        let mut x = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            v.push(x);
+        }
+        v
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        for bits in probe_values() {
+            let x = f32::from_bits(bits);
+            if x.is_nan() {
+                assert_eq!(f32_to_bf16(x), 0x7FC0);
+                continue;
+            }
+            assert_eq!(
+                f32_to_bf16(x),
+                half::bf16::from_f32(x).to_bits(),
+                "{bits:#010x}"
+            );
+        }
+    }
+
+    #[test]
+    fn f16_rounding_matches_half() {
+        for bits in probe_values() {
+            let x = f32::from_bits(bits);
+            if x.is_nan() {
+                assert_eq!(f32_to_f16(x) & 0x7FFF, 0x7E00);
+                continue;
+            }
+            assert_eq!(
+                f32_to_f16(x),
+                half::f16::from_f32(x).to_bits(),
+                "{bits:#010x}"
+            );
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The plan: what each output tensor is and where its bytes come from, known
+//! before anything is decoded.
+
+use std::collections::HashSet;
+
+use safetensors::Dtype;
+
+use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::{Error, Result};
+use crate::formats::{self, Format};
+use crate::job::DecodeJob;
+use crate::numerics::OutDtype;
+
+/// The output dtype the user asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DtypeChoice {
+    /// The checkpoint's own dtype (`torch_dtype`/`dtype`), else its scales' dtype.
+    #[default]
+    Auto,
+    /// This dtype.
+    Fixed(OutDtype),
+}
+
+/// Where an output tensor's bytes come from.
+#[derive(Debug)]
+pub enum Source<'a> {
+    /// A tensor copied as it is stored.
+    Copy(TensorRef<'a>),
+    /// A quantized module decoded to dense.
+    Decode(Box<DecodeJob<'a>>),
+}
+
+/// One tensor of the dense output.
+#[derive(Debug)]
+pub struct Output<'a> {
+    /// Output tensor name.
+    pub name: String,
+    /// Index of the input shard whose output file receives it.
+    pub shard: usize,
+    /// Output shape.
+    pub shape: Vec<usize>,
+    /// Output dtype.
+    pub dtype: Dtype,
+    /// Where the bytes come from.
+    pub source: Source<'a>,
+    /// The scheme it was decoded with, for people (`None` for copies).
+    pub scheme: Option<String>,
+}
+
+impl Output<'_> {
+    /// Size of the output tensor in bytes.
+    pub fn byte_len(&self) -> usize {
+        match &self.source {
+            Source::Copy(t) => t.data.len(),
+            Source::Decode(job) => job.out_bytes(),
+        }
+    }
+}
+
+/// A rule finding that does not stop decoding.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Warning {
+    /// The tensor or module concerned.
+    pub subject: String,
+    /// What was noticed.
+    pub detail: String,
+}
+
+/// Everything `dequantize` will do, in output order.
+pub struct Plan<'a> {
+    /// The checkpoint planned from.
+    pub checkpoint: &'a Checkpoint,
+    /// The detected format and its configuration.
+    pub format: Format,
+    /// Output dtype of decoded tensors.
+    pub dtype: OutDtype,
+    /// Output tensors, sorted by name.
+    pub outputs: Vec<Output<'a>>,
+    /// Input tensors that have no place in a dense checkpoint (scales, shapes,
+    /// activation scales), sorted.
+    pub dropped: Vec<String>,
+    /// Modules that cannot be decoded, with the rule each breaks.
+    pub errors: Vec<Error>,
+    /// Findings that do not stop decoding.
+    pub warnings: Vec<Warning>,
+}
+
+impl<'a> Plan<'a> {
+    /// Plans the dense output of `ckpt`. Faults that concern the whole
+    /// checkpoint (an unreadable config) are returned as `Err`; faults of one
+    /// module are collected in [`Plan::errors`] so `validate` can list them all.
+    pub fn build(ckpt: &'a Checkpoint, dtype: DtypeChoice) -> Result<Plan<'a>> {
+        let format = formats::detect(ckpt)?;
+        let dtype = match dtype {
+            DtypeChoice::Fixed(d) => d,
+            DtypeChoice::Auto => formats::default_dtype(ckpt),
+        };
+        let mut plan = Plan {
+            checkpoint: ckpt,
+            format,
+            dtype,
+            outputs: Vec::new(),
+            dropped: Vec::new(),
+            errors: Vec::new(),
+            warnings: Vec::new(),
+        };
+        let mut consumed: HashSet<String> = HashSet::new();
+        formats::plan_modules(&mut plan, &mut consumed);
+
+        let produced: HashSet<String> = plan.outputs.iter().map(|o| o.name.clone()).collect();
+        for name in ckpt.names() {
+            if consumed.contains(name) {
+                continue;
+            }
+            if produced.contains(name) {
+                // A decoded module's `<m>.weight` replaces a stored tensor of that name.
+                plan.dropped.push(name.to_string());
+                continue;
+            }
+            if let Some(t) = ckpt.get(name) {
+                plan.outputs.push(Output {
+                    name: name.to_string(),
+                    shard: t.shard,
+                    shape: t.shape.to_vec(),
+                    dtype: t.dtype,
+                    source: Source::Copy(t),
+                    scheme: None,
+                });
+            }
+        }
+        plan.dropped.extend(consumed);
+        plan.dropped.sort();
+        plan.dropped.dedup();
+        plan.outputs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(plan)
+    }
+
+    /// Number of decoded tensors.
+    pub fn decoded(&self) -> usize {
+        self.outputs
+            .iter()
+            .filter(|o| matches!(o.source, Source::Decode(_)))
+            .count()
+    }
+
+    /// Fails with the first module error, if any.
+    pub fn check(&self) -> Result<()> {
+        match self.errors.first() {
+            None => Ok(()),
+            Some(e) => Err(Error {
+                rule: e.rule,
+                file: e.file.clone(),
+                tensor: e.tensor.clone(),
+                detail: if self.errors.len() > 1 {
+                    format!(
+                        "{} (and {} more findings; run `validate`)",
+                        e.detail,
+                        self.errors.len() - 1
+                    )
+                } else {
+                    e.detail.clone()
+                },
+                source: None,
+            }),
+        }
+    }
+}

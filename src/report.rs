@@ -1,0 +1,206 @@
+//! What `inspect` and `validate` show: the plan, for people or as JSON.
+
+use std::fmt::Write as _;
+
+use crate::error::Error;
+use crate::formats::Format;
+use crate::numerics::OutDtype;
+use crate::plan::{Plan, Source, Warning};
+
+/// A rule finding, flattened for JSON.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finding {
+    /// Rule id, e.g. `CT-004`.
+    pub rule: &'static str,
+    /// File concerned.
+    pub file: String,
+    /// Tensor or module concerned.
+    pub tensor: Option<String>,
+    /// What is wrong.
+    pub detail: String,
+    /// The whole one-line message.
+    pub message: String,
+}
+
+impl From<&Error> for Finding {
+    fn from(e: &Error) -> Self {
+        Finding {
+            rule: e.rule.id(),
+            file: e.file.display().to_string(),
+            tensor: e.tensor.clone(),
+            detail: e.detail.clone(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// One output tensor.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TensorRow {
+    /// Output name.
+    pub name: String,
+    /// Logical (output) shape.
+    pub shape: Vec<usize>,
+    /// Output dtype.
+    pub dtype: String,
+    /// `decode` or `copy`.
+    pub action: &'static str,
+    /// Decoding scheme, for decoded tensors.
+    pub scheme: Option<String>,
+    /// Output file.
+    pub file: String,
+}
+
+/// Everything `inspect` reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// The checkpoint path.
+    pub path: String,
+    /// One line describing the format.
+    pub summary: String,
+    /// Format and configuration.
+    pub format: Format,
+    /// Dtype of decoded tensors.
+    pub dtype: OutDtype,
+    /// Shard files.
+    pub shards: Vec<String>,
+    /// Output tensors.
+    pub tensors: Vec<TensorRow>,
+    /// Input tensors a dense checkpoint leaves out.
+    pub dropped: Vec<String>,
+    /// Rule violations (decoding refuses while there are any).
+    pub errors: Vec<Finding>,
+    /// Findings that do not stop decoding.
+    pub warnings: Vec<Warning>,
+}
+
+impl Report {
+    /// The report of `plan`.
+    pub fn new(plan: &Plan<'_>) -> Report {
+        let ckpt = plan.checkpoint;
+        Report {
+            path: ckpt.display_path().display().to_string(),
+            summary: plan.format.describe(),
+            format: plan.format.clone(),
+            dtype: plan.dtype,
+            shards: ckpt.shards.iter().map(|s| s.file_name.clone()).collect(),
+            tensors: plan
+                .outputs
+                .iter()
+                .map(|o| TensorRow {
+                    name: o.name.clone(),
+                    shape: o.shape.clone(),
+                    dtype: format!("{:?}", o.dtype),
+                    action: match o.source {
+                        Source::Copy(_) => "copy",
+                        Source::Decode(_) => "decode",
+                    },
+                    scheme: o.scheme.clone(),
+                    file: ckpt
+                        .shards
+                        .get(o.shard)
+                        .map(|s| s.file_name.clone())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+            dropped: plan.dropped.clone(),
+            errors: plan.errors.iter().map(Finding::from).collect(),
+            warnings: plan.warnings.clone(),
+        }
+    }
+
+    /// The report as aligned text.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let decoded = self.tensors.iter().filter(|t| t.action == "decode").count();
+        let _ = writeln!(
+            s,
+            "checkpoint  {} ({} shard{})",
+            self.path,
+            self.shards.len(),
+            if self.shards.len() == 1 { "" } else { "s" }
+        );
+        let _ = writeln!(s, "format      {}", self.summary);
+        match &self.format {
+            Format::CompressedTensors(c) => {
+                for g in &c.groups {
+                    let scheme = match &g.weights {
+                        Some(w) => format!(
+                            "{} {} bits, {}{}{}",
+                            w.kind,
+                            w.num_bits,
+                            w.strategy,
+                            w.group_size.map(|g| format!(" {g}")).unwrap_or_default(),
+                            if w.symmetric {
+                                ", symmetric"
+                            } else {
+                                ", asymmetric"
+                            }
+                        ),
+                        None => "no weight quantization".into(),
+                    };
+                    let targets: Vec<&str> = g.targets.iter().map(|t| t.text()).collect();
+                    let _ = writeln!(
+                        s,
+                        "  {}  {}: {}; targets {}",
+                        g.name,
+                        g.format,
+                        scheme,
+                        targets.join(", ")
+                    );
+                }
+                let ignore: Vec<&str> = c.ignore.iter().map(|t| t.text()).collect();
+                if !ignore.is_empty() {
+                    let _ = writeln!(s, "  ignore   {}", ignore.join(", "));
+                }
+            }
+            Format::Modelopt(c) => {
+                let ex: Vec<&str> = c.exclude_modules.iter().map(|t| t.text()).collect();
+                let _ = writeln!(
+                    s,
+                    "  {} group {}; exclude {}",
+                    c.quant_algo,
+                    c.group_size,
+                    ex.join(", ")
+                );
+            }
+            Format::Dense => {}
+        }
+        let _ = writeln!(
+            s,
+            "output      {} tensors: {decoded} decoded to {}, {} copied; {} input tensors dropped",
+            self.tensors.len(),
+            self.dtype,
+            self.tensors.len() - decoded,
+            self.dropped.len()
+        );
+        let name_w = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        let shape_w = self
+            .tensors
+            .iter()
+            .map(|t| format!("{:?}", t.shape).len())
+            .max()
+            .unwrap_or(0);
+        for t in &self.tensors {
+            let _ = writeln!(
+                s,
+                "  {:<6}  {:<name_w$}  {:<shape_w$}  {:<7}  {}",
+                t.action,
+                t.name,
+                format!("{:?}", t.shape),
+                t.dtype,
+                t.scheme.as_deref().unwrap_or("")
+            );
+        }
+        if self.errors.is_empty() && self.warnings.is_empty() {
+            let _ = writeln!(s, "findings    none");
+        }
+        for e in &self.errors {
+            let _ = writeln!(s, "error       {}", e.message);
+        }
+        for w in &self.warnings {
+            let _ = writeln!(s, "warning     {}: {}", w.subject, w.detail);
+        }
+        s
+    }
+}

@@ -1,0 +1,280 @@
+//! Writes a plan as a dense Hugging Face checkpoint.
+//!
+//! Shapes and dtypes are known from the plan, so each shard's header is
+//! written first and tensors are streamed after it, decoded a bounded chunk of
+//! rows at a time. Everything goes to a staging folder inside the output
+//! directory and is renamed into place only when all of it succeeded; on any
+//! failure the staging folder (and the output directory, if this run created
+//! it) is removed.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::backend::Backend;
+use crate::checkpoint::INDEX_FILE;
+use crate::error::{Error, Result, Rule};
+use crate::plan::{Output, Plan, Source};
+
+/// Decoded bytes held in memory at once, per tensor.
+const CHUNK_BYTES: usize = 64 << 20;
+
+/// Name of the staging folder inside the output directory.
+const STAGING: &str = ".wgpu-dequant-partial";
+
+/// What a finished `dequantize` wrote.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Summary {
+    /// Tensors decoded from quantized modules.
+    pub decoded: usize,
+    /// Tensors copied unchanged.
+    pub copied: usize,
+    /// Input tensors left out (scales, shapes, activation parameters).
+    pub dropped: usize,
+    /// Tensor bytes written.
+    pub tensor_bytes: u64,
+    /// Files written.
+    pub files: Vec<PathBuf>,
+}
+
+/// Removes the staging folder, and the output directory when this run made
+/// it, unless [`Staging::commit`] ran.
+struct Staging {
+    out: PathBuf,
+    dir: PathBuf,
+    created_out: bool,
+    done: bool,
+}
+
+impl Staging {
+    fn new(out: &Path) -> Result<Staging> {
+        let created_out = match fs::read_dir(out) {
+            Ok(mut entries) => {
+                if entries.next().is_some() {
+                    return Err(Error::new(
+                        Rule::Output,
+                        out,
+                        "output directory is not empty; refusing to write into it",
+                    ));
+                }
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir_all(out)
+                    .map_err(|e| Error::io(out, "cannot create output directory", e))?;
+                true
+            }
+            Err(e) => return Err(Error::io(out, "cannot use as output directory", e)),
+        };
+        let dir = out.join(STAGING);
+        if let Err(e) = fs::create_dir(&dir) {
+            if created_out {
+                let _ = fs::remove_dir(out);
+            }
+            return Err(Error::io(&dir, "cannot create staging folder", e));
+        }
+        Ok(Staging {
+            out: out.to_path_buf(),
+            dir,
+            created_out,
+            done: false,
+        })
+    }
+
+    fn create(&self, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
+        let path = self.dir.join(name);
+        let f = File::create(&path).map_err(|e| Error::io(&path, "cannot create", e))?;
+        Ok((path, BufWriter::with_capacity(1 << 20, f)))
+    }
+
+    /// Moves every staged file into the output directory.
+    fn commit(mut self) -> Result<Vec<PathBuf>> {
+        let mut moved = Vec::new();
+        let entries =
+            fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+            let to = self.out.join(entry.file_name());
+            fs::rename(entry.path(), &to)
+                .map_err(|e| Error::io(&to, "cannot move into place", e))?;
+            moved.push(to);
+        }
+        fs::remove_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
+        self.done = true;
+        moved.sort();
+        Ok(moved)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+        if self.created_out {
+            let _ = fs::remove_dir(&self.out);
+        }
+    }
+}
+
+fn finish(path: &Path, w: BufWriter<File>) -> Result<()> {
+    let f = w
+        .into_inner()
+        .map_err(|e| Error::io(path, "cannot write", e.into_error()))?;
+    f.sync_all().map_err(|e| Error::io(path, "cannot sync", e))
+}
+
+fn write_json(staging: &Staging, name: &str, v: &Value) -> Result<PathBuf> {
+    let (path, mut w) = staging.create(name)?;
+    let mut text =
+        serde_json::to_vec_pretty(v).map_err(|e| Error::new(Rule::Io, &path, e.to_string()))?;
+    text.push(b'\n');
+    w.write_all(&text)
+        .map_err(|e| Error::io(&path, "cannot write", e))?;
+    finish(&path, w)?;
+    Ok(path)
+}
+
+/// The safetensors header for `tensors` (in order), padded to 8 bytes.
+fn header(tensors: &[&Output<'_>]) -> Vec<u8> {
+    let mut map = Map::new();
+    let mut meta = Map::new();
+    meta.insert("format".into(), "pt".into());
+    map.insert("__metadata__".into(), Value::Object(meta));
+    let mut offset = 0usize;
+    for t in tensors {
+        let end = offset + t.byte_len();
+        map.insert(
+            t.name.clone(),
+            serde_json::json!({
+                "dtype": format!("{:?}", t.dtype),
+                "shape": t.shape,
+                "data_offsets": [offset, end],
+            }),
+        );
+        offset = end;
+    }
+    let mut text = Value::Object(map).to_string().into_bytes();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out
+}
+
+/// Streams one tensor's bytes into `w`.
+fn write_tensor(
+    t: &Output<'_>,
+    backend: &dyn Backend,
+    path: &Path,
+    w: &mut impl Write,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let io = |e| Error::io(path, "cannot write", e);
+    match &t.source {
+        Source::Copy(src) => w.write_all(src.data).map_err(io),
+        Source::Decode(job) => {
+            let row_bytes = job.dims.cols * job.out.size();
+            let total = job.dims.total_rows();
+            if row_bytes == 0 {
+                return Ok(());
+            }
+            let per_chunk = (CHUNK_BYTES / row_bytes).max(1);
+            let mut start = 0;
+            while start < total {
+                let end = (start + per_chunk).min(total);
+                buf.resize((end - start) * row_bytes, 0);
+                backend
+                    .decode_rows(job, start..end, buf)
+                    .map_err(|e| Error {
+                        tensor: Some(t.name.clone()),
+                        ..e
+                    })?;
+                w.write_all(buf).map_err(io)?;
+                start = end;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes the dense checkpoint of `plan` into `out`, which must not exist or
+/// be empty. `progress` is called after each tensor.
+pub fn write(
+    plan: &Plan<'_>,
+    backend: &dyn Backend,
+    out: &Path,
+    mut progress: impl FnMut(&Output<'_>),
+) -> Result<Summary> {
+    plan.check()?;
+    let ckpt = plan.checkpoint;
+    let staging = Staging::new(out)?;
+    let mut summary = Summary {
+        dropped: plan.dropped.len(),
+        ..Summary::default()
+    };
+    let mut weight_map = Map::new();
+    let mut buf = Vec::new();
+    for (i, shard) in ckpt.shards.iter().enumerate() {
+        let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
+        if tensors.is_empty() {
+            continue;
+        }
+        let (path, mut w) = staging.create(&shard.file_name)?;
+        w.write_all(&header(&tensors))
+            .map_err(|e| Error::io(&path, "cannot write", e))?;
+        for t in tensors {
+            write_tensor(t, backend, &path, &mut w, &mut buf)?;
+            summary.tensor_bytes += t.byte_len() as u64;
+            match t.source {
+                Source::Copy(_) => summary.copied += 1,
+                Source::Decode(_) => summary.decoded += 1,
+            }
+            weight_map.insert(t.name.clone(), shard.file_name.clone().into());
+            progress(t);
+        }
+        finish(&path, w)?;
+    }
+    if ckpt.index.is_some() {
+        let index = serde_json::json!({
+            "metadata": { "total_size": summary.tensor_bytes },
+            "weight_map": weight_map,
+        });
+        write_json(&staging, INDEX_FILE, &index)?;
+    }
+    if let Some(cfg) = &ckpt.config {
+        let mut v = cfg.value.clone();
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("quantization_config");
+        }
+        write_json(&staging, "config.json", &v)?;
+    }
+    if !ckpt.single_file {
+        copy_side_files(ckpt, &staging)?;
+    }
+    summary.files = staging.commit()?;
+    Ok(summary)
+}
+
+/// Copies the checkpoint's other regular files (tokenizer, generation config,
+/// …); weights, the index and the quantization configs are not copied.
+fn copy_side_files(ckpt: &crate::checkpoint::Checkpoint, staging: &Staging) -> Result<()> {
+    const SKIP: &[&str] = &[INDEX_FILE, "config.json", "hf_quant_config.json"];
+    let entries = fs::read_dir(&ckpt.dir).map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !is_file || SKIP.contains(&name.as_str()) || name.ends_with(".safetensors") {
+            continue;
+        }
+        let to = staging.dir.join(&name);
+        fs::copy(&path, &to).map_err(|e| Error::io(&path, "cannot copy", e))?;
+    }
+    Ok(())
+}
