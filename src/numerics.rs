@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn e2m1_all_codes() {
-        let want = [
+        let want: [f32; 16] = [
             0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
         ];
         for (code, w) in want.iter().enumerate() {

@@ -1,0 +1,202 @@
+//! Helpers shared by the integration tests: write small safetensors
+//! checkpoints by hand, read outputs back, hash bytes.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// One stored tensor: name, safetensors dtype string, shape, raw bytes.
+#[derive(Clone, Debug)]
+pub struct T {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl T {
+    pub fn new(name: impl Into<String>, dtype: &'static str, shape: &[usize], data: Vec<u8>) -> T {
+        T {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+    pub fn i32(name: impl Into<String>, shape: &[usize], v: &[i32]) -> T {
+        T::new(
+            name,
+            "I32",
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    }
+    pub fn u32_words(name: impl Into<String>, shape: &[usize], v: &[u32]) -> T {
+        T::new(
+            name,
+            "I32",
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    }
+    pub fn i64(name: impl Into<String>, shape: &[usize], v: &[i64]) -> T {
+        T::new(
+            name,
+            "I64",
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    }
+    pub fn f32(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
+        T::new(
+            name,
+            "F32",
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    }
+    /// bf16 tensor from f32 values (truncated: callers pass bf16-exact values).
+    pub fn bf16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
+        T::new(
+            name,
+            "BF16",
+            shape,
+            v.iter()
+                .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+                .collect(),
+        )
+    }
+    pub fn f16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
+        T::new(
+            name,
+            "F16",
+            shape,
+            v.iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
+                .collect(),
+        )
+    }
+    pub fn u8(name: impl Into<String>, dtype: &'static str, shape: &[usize], v: &[u8]) -> T {
+        T::new(name, dtype, shape, v.to_vec())
+    }
+}
+
+/// Serialises tensors (in the given order) as a safetensors file.
+pub fn safetensors_bytes(tensors: &[T], metadata: Option<&BTreeMap<String, String>>) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    if let Some(m) = metadata {
+        header.insert("__metadata__".into(), json!(m));
+    }
+    let mut off = 0;
+    for t in tensors {
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [off, off + t.data.len()]}),
+        );
+        off += t.data.len();
+    }
+    let mut h = Value::Object(header).to_string().into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    for t in tensors {
+        out.extend_from_slice(&t.data);
+    }
+    out
+}
+
+pub fn write_safetensors(path: &Path, tensors: &[T]) {
+    std::fs::write(path, safetensors_bytes(tensors, None)).unwrap();
+}
+
+/// A checkpoint directory with `model.safetensors` and a `config.json`
+/// whose `quantization_config` is `qc` (none when `Value::Null`).
+pub fn write_checkpoint(dir: &Path, tensors: &[T], qc: Value) {
+    std::fs::create_dir_all(dir).unwrap();
+    write_safetensors(&dir.join("model.safetensors"), tensors);
+    let mut cfg = json!({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"});
+    if !qc.is_null() {
+        cfg["quantization_config"] = qc;
+    }
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec_pretty(&cfg).unwrap(),
+    )
+    .unwrap();
+}
+
+/// A compressed-tensors quantization_config with one group.
+pub fn ct_config(format: &str, weights: Value, version: &str) -> Value {
+    json!({
+        "quant_method": "compressed-tensors",
+        "format": format,
+        "version": version,
+        "quantization_status": "compressed",
+        "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"format": format, "targets": ["Linear"], "weights": weights}},
+    })
+}
+
+/// Every tensor of a safetensors file: name → (dtype, shape, bytes).
+pub fn read_tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.iter()
+        .map(|(n, v)| {
+            (
+                n.to_string(),
+                (
+                    format!("{:?}", v.dtype()),
+                    v.shape().to_vec(),
+                    v.data().to_vec(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Every tensor of every `.safetensors` file in `dir`.
+pub fn read_dir_tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let mut all = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            all.extend(read_tensors(&p));
+        }
+    }
+    all
+}
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_wgpu-dequant"))
+}
+
+/// Little xorshift generator, so tests are reproducible without a crate.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
