@@ -109,11 +109,11 @@ impl<'a> Plan<'a> {
 
         let produced: HashSet<String> = plan.outputs.iter().map(|o| o.name.clone()).collect();
         for name in ckpt.names() {
-            if consumed.contains(name) {
+            if produced.contains(name) {
+                // Decoded in place: int8/fp8 modules keep the name `<m>.weight`.
                 continue;
             }
-            if produced.contains(name) {
-                // A decoded module's `<m>.weight` replaces a stored tensor of that name.
+            if consumed.contains(name) {
                 plan.dropped.push(name.to_string());
                 continue;
             }
@@ -128,9 +128,6 @@ impl<'a> Plan<'a> {
                 });
             }
         }
-        plan.dropped.extend(consumed);
-        plan.dropped.sort();
-        plan.dropped.dedup();
         plan.outputs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(plan)
     }

@@ -182,8 +182,7 @@ impl Report {
             .max()
             .unwrap_or(0);
         for t in &self.tensors {
-            let _ = writeln!(
-                s,
+            let line = format!(
                 "  {:<6}  {:<name_w$}  {:<shape_w$}  {:<7}  {}",
                 t.action,
                 t.name,
@@ -191,6 +190,7 @@ impl Report {
                 t.dtype,
                 t.scheme.as_deref().unwrap_or("")
             );
+            let _ = writeln!(s, "{}", line.trim_end());
         }
         if self.errors.is_empty() && self.warnings.is_empty() {
             let _ = writeln!(s, "findings    none");

@@ -270,12 +270,7 @@ pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
             });
         }
         match plan_module(cfg, ckpt, module, plan.dtype, &mut plan.warnings) {
-            Ok(out) => {
-                if matches!(out.source, crate::plan::Source::Decode(_)) {
-                    consumed.insert(out.name.clone());
-                }
-                plan.outputs.push(out);
-            }
+            Ok(out) => plan.outputs.push(out),
             Err(e) => plan.errors.push(e),
         }
     }
