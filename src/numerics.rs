@@ -149,7 +149,7 @@ pub fn f32_to_f16(x: f32) -> u16 {
         };
         return sign | q as u16;
     }
-    let v = ((a >> 23) - 127 + 15) << 10 | ((a & 0x7F_FFFF) >> 13);
+    let v = ((a >> 23) + 15 - 127) << 10 | ((a & 0x7F_FFFF) >> 13);
     let rem = a & 0x1FFF;
     // A carry out of the mantissa bumps the exponent, up to inf: both correct.
     let v = if rem > 0x1000 || (rem == 0x1000 && v & 1 == 1) {
