@@ -150,6 +150,13 @@ impl Checkpoint {
             vec![path.to_path_buf()]
         } else if let Some(idx) = read_json(&dir.join(INDEX_FILE))? {
             let files = index_files(&idx)?;
+            if let Some(missing) = files.iter().find(|f| !dir.join(f).is_file()) {
+                return Err(Error::new(
+                    Rule::Index,
+                    &idx.path,
+                    format!("names shard {missing}, which does not exist"),
+                ));
+            }
             index = Some(idx);
             files.into_iter().map(|f| dir.join(f)).collect()
         } else if dir.join("model.safetensors").is_file() {

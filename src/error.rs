@@ -99,7 +99,9 @@ impl fmt::Display for Error {
         if let Some(t) = &self.tensor {
             write!(f, ": {t}")?;
         }
-        write!(f, ": [{}] {}", self.rule, self.detail)?;
+        // One line, whatever the detail holds: scripts read these line by line.
+        let detail: Vec<&str> = self.detail.split_whitespace().collect();
+        write!(f, ": [{}] {}", self.rule, detail.join(" "))?;
         if let Some(e) = &self.source {
             write!(f, ": {e}")?;
         }

@@ -164,6 +164,7 @@ fn dequantize(
         BackendArg::Gpu => BackendChoice::Gpu,
         BackendArg::Cpu => BackendChoice::Cpu,
     };
+    let target = writer::OutputDir::create(out)?;
     let (backend, note) = backend::select(choice)?;
     if !quiet {
         if let Some(note) = note {
@@ -176,7 +177,7 @@ fn dequantize(
             backend.name()
         );
     }
-    let summary = writer::write(&plan, backend.as_ref(), out, |_| {})?;
+    let summary = target.write(&plan, backend.as_ref(), |_| {})?;
     if !quiet {
         eprintln!(
             "wrote {}: {} decoded to {}, {} copied, {} dropped, {:.1} MB in {:.2} s",

@@ -39,18 +39,21 @@ pub struct Summary {
     pub files: Vec<PathBuf>,
 }
 
-/// Removes the staging folder, and the output directory when this run made
-/// it, unless [`Staging::commit`] ran.
+/// Removes the staging folder, files already moved out of it and the
+/// directories this run created, unless [`Staging::commit`] finished.
 struct Staging {
     out: PathBuf,
     dir: PathBuf,
-    created_out: bool,
+    /// Directories this run created, deepest first.
+    created: Vec<PathBuf>,
+    moved: Vec<PathBuf>,
     done: bool,
 }
 
 impl Staging {
     fn new(out: &Path) -> Result<Staging> {
-        let created_out = match fs::read_dir(out) {
+        let mut created = Vec::new();
+        match fs::read_dir(out) {
             Ok(mut entries) => {
                 if entries.next().is_some() {
                     return Err(Error::new(
@@ -59,28 +62,31 @@ impl Staging {
                         "output directory is not empty; refusing to write into it",
                     ));
                 }
-                false
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut p = out;
+                while !p.exists() {
+                    created.push(p.to_path_buf());
+                    match p.parent() {
+                        Some(q) if !q.as_os_str().is_empty() => p = q,
+                        _ => break,
+                    }
+                }
                 fs::create_dir_all(out)
                     .map_err(|e| Error::io(out, "cannot create output directory", e))?;
-                true
             }
             Err(e) => return Err(Error::io(out, "cannot use as output directory", e)),
-        };
-        let dir = out.join(STAGING);
-        if let Err(e) = fs::create_dir(&dir) {
-            if created_out {
-                let _ = fs::remove_dir(out);
-            }
-            return Err(Error::io(&dir, "cannot create staging folder", e));
         }
-        Ok(Staging {
+        let staging = Staging {
             out: out.to_path_buf(),
-            dir,
-            created_out,
+            dir: out.join(STAGING),
+            created,
+            moved: Vec::new(),
             done: false,
-        })
+        };
+        fs::create_dir(&staging.dir)
+            .map_err(|e| Error::io(&staging.dir, "cannot create staging folder", e))?;
+        Ok(staging)
     }
 
     fn create(&self, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
@@ -91,7 +97,6 @@ impl Staging {
 
     /// Moves every staged file into the output directory.
     fn commit(mut self) -> Result<Vec<PathBuf>> {
-        let mut moved = Vec::new();
         let entries =
             fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
         for entry in entries {
@@ -99,10 +104,11 @@ impl Staging {
             let to = self.out.join(entry.file_name());
             fs::rename(entry.path(), &to)
                 .map_err(|e| Error::io(&to, "cannot move into place", e))?;
-            moved.push(to);
+            self.moved.push(to);
         }
         fs::remove_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         self.done = true;
+        let mut moved = std::mem::take(&mut self.moved);
         moved.sort();
         Ok(moved)
     }
@@ -114,8 +120,12 @@ impl Drop for Staging {
             return;
         }
         let _ = fs::remove_dir_all(&self.dir);
-        if self.created_out {
-            let _ = fs::remove_dir(&self.out);
+        for f in &self.moved {
+            let _ = fs::remove_file(f);
+        }
+        // Only empty directories go: never anything this run did not make.
+        for d in &self.created {
+            let _ = fs::remove_dir(d);
         }
     }
 }
@@ -202,17 +212,52 @@ fn write_tensor(
     }
 }
 
+/// An output directory claimed for a dense checkpoint: it did not exist or
+/// was empty. If it is dropped before [`OutputDir::write`] succeeds, everything
+/// this run put there is removed again.
+pub struct OutputDir {
+    staging: Staging,
+}
+
+impl OutputDir {
+    /// Claims `out`, creating it (and missing parents) when needed; refuses a
+    /// non-empty directory with `OUT-001`.
+    pub fn create(out: &Path) -> Result<OutputDir> {
+        Ok(OutputDir {
+            staging: Staging::new(out)?,
+        })
+    }
+
+    /// Writes the dense checkpoint of `plan`; `progress` is called after each tensor.
+    pub fn write(
+        self,
+        plan: &Plan<'_>,
+        backend: &dyn Backend,
+        progress: impl FnMut(&Output<'_>),
+    ) -> Result<Summary> {
+        plan.check()?;
+        write_into(self.staging, plan, backend, progress)
+    }
+}
+
 /// Writes the dense checkpoint of `plan` into `out`, which must not exist or
 /// be empty. `progress` is called after each tensor.
 pub fn write(
     plan: &Plan<'_>,
     backend: &dyn Backend,
     out: &Path,
+    progress: impl FnMut(&Output<'_>),
+) -> Result<Summary> {
+    OutputDir::create(out)?.write(plan, backend, progress)
+}
+
+fn write_into(
+    staging: Staging,
+    plan: &Plan<'_>,
+    backend: &dyn Backend,
     mut progress: impl FnMut(&Output<'_>),
 ) -> Result<Summary> {
-    plan.check()?;
     let ckpt = plan.checkpoint;
-    let staging = Staging::new(out)?;
     let mut summary = Summary {
         dropped: plan.dropped.len(),
         ..Summary::default()
@@ -269,7 +314,8 @@ fn copy_side_files(ckpt: &crate::checkpoint::Checkpoint, staging: &Staging) -> R
         let entry = entry.map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        // is_file follows symlinks: Hugging Face cache snapshots are all links.
+        let is_file = path.is_file();
         if !is_file || SKIP.contains(&name.as_str()) || name.ends_with(".safetensors") {
             continue;
         }

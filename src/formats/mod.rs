@@ -358,10 +358,11 @@ pub fn stored_kind(t: &TensorRef<'_>) -> Result<ValueKind> {
 
 /// A single f32 stored as `[]` or `[1]` (global scales).
 pub fn scalar_f32(t: &TensorRef<'_>) -> Result<f32> {
-    if t.dtype != Dtype::F32 || t.elements() != 1 {
+    expect_dtype(t, &[Dtype::F32])?;
+    if t.elements() != 1 {
         return Err(t.error(
             Rule::TensorShape,
-            format!("expected one F32 value, found {:?} {:?}", t.dtype, t.shape),
+            format!("shape {:?}; a single value is expected", t.shape),
         ));
     }
     Ok(f32::from_le_bytes([

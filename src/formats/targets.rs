@@ -28,8 +28,13 @@ impl Target {
     /// Parses a compressed-tensors selector.
     pub fn parse(s: &str) -> Result<Target, String> {
         if let Some(p) = s.strip_prefix("re:") {
-            let re =
-                Regex::new(&format!("^(?:{p})")).map_err(|e| format!("bad regex {s:?}: {e}"))?;
+            let re = Regex::new(&format!("^(?:{p})")).map_err(|e| {
+                let why = e.to_string();
+                format!(
+                    "bad regex {s:?}: {}",
+                    why.lines().last().unwrap_or_default().trim()
+                )
+            })?;
             Ok(Target::Regex(s.to_string(), re))
         } else if s.chars().next().is_some_and(|c| c.is_ascii_uppercase()) && !s.contains('.') {
             Ok(Target::Class(s.to_string()))

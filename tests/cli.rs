@@ -1,0 +1,748 @@
+//! The `wgpu-dequant` binary: `inspect`, `validate` and `dequantize` on the
+//! reference checkpoints and on broken copies of them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{bin, fixtures, read_dir_tensors, read_tensors, write_safetensors, T};
+use serde_json::Value;
+
+const SHARD1: &str = "model-00001-of-00002.safetensors";
+const SHARD2: &str = "model-00002-of-00002.safetensors";
+
+fn run(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin().display()))
+}
+
+fn run_path(cmd: &str, path: &Path, rest: &[&str]) -> Output {
+    let mut args = vec![cmd, path.to_str().unwrap()];
+    args.extend_from_slice(rest);
+    run(&args)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        stdout(o),
+        stderr(o)
+    );
+}
+
+fn failed(o: &Output, what: &str) {
+    assert!(
+        !o.status.success(),
+        "{what} succeeded but should not have:\nstdout:\n{}\nstderr:\n{}",
+        stdout(o),
+        stderr(o)
+    );
+    assert!(
+        o.status.code().is_some(),
+        "{what} was killed by a signal (a crash?): {}\nstderr:\n{}",
+        o.status,
+        stderr(o)
+    );
+    assert!(
+        !stderr(o).contains("panicked"),
+        "{what} panicked:\n{}",
+        stderr(o)
+    );
+}
+
+/// Asserts stderr is exactly one line, `error: …`, naming each of `names`.
+fn one_error_line(o: &Output, names: &[&str]) -> String {
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "stderr is not exactly one line:\n{err}");
+    let line = lines[0];
+    assert!(line.starts_with("error: "), "stderr: {line}");
+    for n in names {
+        assert!(line.contains(n), "stderr does not name {n}: {line}");
+    }
+    line.to_string()
+}
+
+/// Every fixture checkpoint directory, tests/fixtures/*/model.
+fn fixture_models() -> Vec<(String, PathBuf)> {
+    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .filter_map(|e| {
+            let case = e.unwrap().path();
+            let model = case.join("model");
+            model.is_dir().then(|| {
+                (
+                    case.file_name().unwrap().to_string_lossy().into_owned(),
+                    model,
+                )
+            })
+        })
+        .collect();
+    v.sort();
+    assert!(v.len() >= 10, "fixtures: {v:?}");
+    v
+}
+
+/// The expected outputs of a fixture: name → (dtype, shape), from its
+/// recorded bf16 digests.
+fn expected_outputs(model: &Path) -> BTreeMap<String, (String, Vec<usize>)> {
+    let digests: serde_json::Map<String, Value> = serde_json::from_slice(
+        &std::fs::read(model.parent().unwrap().join("expected-bf16.digests.json")).unwrap(),
+    )
+    .unwrap();
+    digests
+        .into_iter()
+        .map(|(name, d)| {
+            (
+                name,
+                (
+                    d["dtype"].as_str().unwrap().to_string(),
+                    serde_json::from_value(d["shape"].clone()).unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The format's name as `inspect` should report it.
+fn format_name(model: &Path) -> &'static str {
+    if model.join("hf_quant_config.json").is_file() {
+        "modelopt"
+    } else {
+        "compressed-tensors"
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = if p.is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                b"<dir>".to_vec()
+            };
+            (name, bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+// ---------------------------------------------------------------------------
+// inspect
+// ---------------------------------------------------------------------------
+
+#[test]
+fn inspect_text_names_format_and_every_output_tensor() {
+    for (case, model) in fixture_models() {
+        let o = run_path("inspect", &model, &[]);
+        ok(&o, &format!("inspect {case}"));
+        let text = stdout(&o);
+        assert!(
+            text.contains(format_name(&model)),
+            "{case}: format not named:\n{text}"
+        );
+        for (name, (_, shape)) in expected_outputs(&model) {
+            let line = text
+                .lines()
+                .find(|l| l.split_whitespace().any(|w| w == name))
+                .unwrap_or_else(|| panic!("{case}: {name} not listed:\n{text}"));
+            assert!(
+                line.contains(&format!("{shape:?}")),
+                "{case}: {name} listed without shape {shape:?}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn inspect_json_lists_logical_shapes_and_actions() {
+    for (case, model) in fixture_models() {
+        let o = run_path("inspect", &model, &["--json"]);
+        ok(&o, &format!("inspect --json {case}"));
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{case}: inspect --json is not JSON: {e}\n{}", stdout(&o)));
+        assert_eq!(
+            v["format"]["kind"],
+            format_name(&model),
+            "{case}: {}",
+            v["format"]
+        );
+        let input = read_dir_tensors(&model);
+        let want = expected_outputs(&model);
+        let tensors = v["tensors"].as_array().expect("tensors is a list");
+        let mut got = BTreeMap::new();
+        for t in tensors {
+            let name = t["name"].as_str().expect("name").to_string();
+            let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).expect("shape");
+            let action = t["action"].as_str().expect("action").to_string();
+            assert!(
+                got.insert(name.clone(), (shape, action)).is_none(),
+                "{case}: {name} twice"
+            );
+        }
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{case}: output tensors"
+        );
+        for (name, (dtype, shape)) in &want {
+            let (got_shape, action) = &got[name];
+            assert_eq!(got_shape, shape, "{case}: {name} logical shape");
+            // Copied iff the input stores it already as it is output.
+            let stored_as_is = input
+                .get(name)
+                .is_some_and(|(d, s, _)| d == dtype && s == shape);
+            let want_action = if stored_as_is { "copy" } else { "decode" };
+            assert_eq!(action, want_action, "{case}: {name} action");
+        }
+        assert!(
+            v["errors"].as_array().is_some_and(|e| e.is_empty()),
+            "{case}: {}",
+            v["errors"]
+        );
+    }
+}
+
+#[test]
+fn inspect_json_w4a16_down_proj_is_logical_shape() {
+    let model = fixtures().join("w4a16-g128/model");
+    let o = run_path("inspect", &model, &["--json"]);
+    ok(&o, "inspect --json w4a16-g128");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let t = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "model.layers.0.mlp.down_proj.weight")
+        .expect("down_proj.weight is an output");
+    assert_eq!(t["shape"], serde_json::json!([256, 768]));
+    assert_eq!(t["action"], "decode");
+    let lm = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "lm_head.weight")
+        .expect("lm_head.weight is an output");
+    assert_eq!(lm["action"], "copy");
+}
+
+#[test]
+fn inspect_of_a_broken_checkpoint_fails_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("w4a16-g128/model"), &model);
+    let file = model.join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let o = run_path("inspect", &model, &[]);
+    failed(&o, "inspect of a truncated checkpoint");
+    one_error_line(&o, &["model.safetensors", "ST-001"]);
+}
+
+// ---------------------------------------------------------------------------
+// validate
+// ---------------------------------------------------------------------------
+
+#[test]
+fn validate_passes_every_fixture() {
+    for (case, model) in fixture_models() {
+        let o = run_path("validate", &model, &[]);
+        ok(&o, &format!("validate {case}"));
+        assert!(stdout(&o).contains("ok"), "{case}: {}", stdout(&o));
+        let o = run_path("validate", &model, &["--json"]);
+        ok(&o, &format!("validate --json {case}"));
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{case}: validate --json: {e}\n{}", stdout(&o)));
+        assert_eq!(v["errors"], serde_json::json!([]), "{case}");
+        assert!(v["warnings"].is_array(), "{case}: {v}");
+    }
+}
+
+#[test]
+fn validate_fails_a_truncated_checkpoint_naming_the_rule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("w4a16-g128/model"), &model);
+    let file = model.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 10]).unwrap();
+
+    let o = run_path("validate", &model, &[]);
+    failed(&o, "validate of a truncated checkpoint");
+    let all = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(all.contains("ST-001"), "no rule id:\n{all}");
+    assert!(all.contains("model.safetensors"), "no file:\n{all}");
+
+    let o = run_path("validate", &model, &["--json"]);
+    failed(&o, "validate --json of a truncated checkpoint");
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("validate --json: {e}\n{}", stdout(&o)));
+    let errors = v["errors"].as_array().expect("errors is a list");
+    assert_eq!(errors.len(), 1, "{v}");
+    assert_eq!(errors[0]["rule"], "ST-001");
+    assert!(errors[0]["file"]
+        .as_str()
+        .is_some_and(|f| f.ends_with("model.safetensors")));
+}
+
+#[test]
+fn validate_fails_a_module_fault_naming_the_rule_and_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+
+    let o = run_path("validate", &model, &[]);
+    failed(&o, "validate with a bad scale shape");
+    let out = stdout(&o);
+    assert!(out.contains("TEN-003"), "{out}");
+    assert!(out.contains(DOWN_SCALE), "{out}");
+
+    let o = run_path("validate", &model, &["--json"]);
+    failed(&o, "validate --json with a bad scale shape");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{v}");
+    assert_eq!(errors[0]["rule"], "TEN-003");
+    assert_eq!(errors[0]["tensor"], DOWN_SCALE);
+    assert!(errors[0]["file"].as_str().unwrap().ends_with(SHARD2));
+}
+
+// ---------------------------------------------------------------------------
+// dequantize
+// ---------------------------------------------------------------------------
+
+fn config_without_quantization(out: &Path) {
+    let cfg = read_json(&out.join("config.json"));
+    assert!(cfg.is_object(), "{cfg}");
+    assert!(
+        cfg.get("quantization_config").is_none(),
+        "config.json keeps quantization_config"
+    );
+}
+
+#[test]
+fn dequantize_every_fixture_on_cpu() {
+    for (case, model) in fixture_models() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("dense");
+        let o = run(&[
+            "dequantize",
+            model.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--backend",
+            "cpu",
+        ]);
+        ok(&o, &format!("dequantize {case}"));
+        let sharded = model.join("model.safetensors.index.json").is_file();
+        if sharded {
+            for f in [SHARD1, SHARD2, "model.safetensors.index.json"] {
+                assert!(out.join(f).is_file(), "{case}: no {f}");
+            }
+        } else {
+            assert!(out.join("model.safetensors").is_file(), "{case}");
+        }
+        config_without_quantization(&out);
+        assert!(!out.join("hf_quant_config.json").exists(), "{case}");
+        assert!(!out.join(".wgpu-dequant-partial").exists(), "{case}");
+        let got = read_dir_tensors(&out);
+        let want = expected_outputs(&model);
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{case}"
+        );
+        for (name, (dtype, shape)) in &want {
+            assert_eq!(&got[name].0, dtype, "{case}: {name}");
+            assert_eq!(&got[name].1, shape, "{case}: {name}");
+        }
+    }
+}
+
+#[test]
+fn dequantize_w4a16_writes_model_and_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    let model = fixtures().join("w4a16-g128/model");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    ok(&o, "dequantize w4a16-g128");
+    assert!(out.join("model.safetensors").is_file());
+    config_without_quantization(&out);
+    let t = read_tensors(&out.join("model.safetensors"));
+    let down = &t["model.layers.0.mlp.down_proj.weight"];
+    assert_eq!(
+        (down.0.as_str(), down.1.as_slice()),
+        ("BF16", &[256, 768][..])
+    );
+    assert!(!t.keys().any(|k| k.ends_with("weight_packed")
+        || k.ends_with("weight_scale")
+        || k.ends_with("weight_shape")));
+}
+
+#[test]
+fn dequantize_f32_decodes_to_f32_and_keeps_stored_dtypes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    let model = fixtures().join("w4a16-g128/model");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--dtype",
+        "f32",
+        "--backend",
+        "cpu",
+    ]);
+    ok(&o, "dequantize --dtype f32");
+    let input = read_dir_tensors(&model);
+    let got = read_tensors(&out.join("model.safetensors"));
+    let mut decoded = 0;
+    for (name, (dtype, shape, _)) in &got {
+        match input.get(name) {
+            Some((d, s, _)) => {
+                assert_eq!((dtype, shape), (d, s), "{name} is copied as stored");
+                assert_eq!(d, "BF16", "{name}: the fixture stores BF16");
+            }
+            None => {
+                assert_eq!(dtype, "F32", "{name} is decoded to F32");
+                decoded += 1;
+            }
+        }
+    }
+    assert_eq!(decoded, 7, "seven linear layers are decoded");
+    assert_eq!(got["lm_head.weight"].0, "BF16");
+    assert_eq!(got["model.layers.0.mlp.down_proj.weight"].0, "F32");
+}
+
+#[test]
+fn dequantize_of_a_single_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    let file = fixtures().join("w4a16-g128/model/model.safetensors");
+    let o = run(&[
+        "dequantize",
+        file.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    ok(&o, "dequantize of a .safetensors file");
+    let got = read_tensors(&out.join("model.safetensors"));
+    let want = expected_outputs(&fixtures().join("w4a16-g128/model"));
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(got["model.layers.0.mlp.down_proj.weight"].1, vec![256, 768]);
+    config_without_quantization(&out);
+}
+
+#[test]
+fn dequantize_into_non_empty_directory_refuses_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), b"precious").unwrap();
+    std::fs::write(out.join("model.safetensors"), b"not mine").unwrap();
+    let before = snapshot(&out);
+    let model = fixtures().join("w4a16-g128/model");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize into a non-empty directory");
+    let err = stderr(&o);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("OUT-001"), "{err}");
+    assert!(errors[0].contains(out.to_str().unwrap()), "{err}");
+    assert_eq!(snapshot(&out), before, "output directory changed");
+}
+
+#[test]
+fn dequantize_refusal_of_non_empty_directory_is_one_stderr_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), b"precious").unwrap();
+    let model = fixtures().join("w4a16-g128/model");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize into a non-empty directory");
+    one_error_line(&o, &["OUT-001", out.to_str().unwrap()]);
+}
+
+#[test]
+fn dequantize_with_a_corrupt_second_shard_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    let second = model.join(SHARD2);
+    let len = std::fs::metadata(&second).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&second)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = tmp.path().join("dense");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize with a truncated second shard");
+    one_error_line(&o, &[second.to_str().unwrap(), "ST-001"]);
+    assert!(!out.exists(), "{} was left behind", out.display());
+}
+
+/// The down projection's e4m3 scale, stored in the second shard.
+const DOWN_SCALE: &str = "model.layers.0.mlp.down_proj.weight_scale";
+
+/// Rewrites `file` with tensor `name`'s shape transposed (same bytes, so the
+/// container stays valid, but the groups are on the wrong axis).
+fn break_scale_shape(file: &Path, name: &str) {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(usize, T)> = st
+        .iter()
+        .map(|(n, v)| {
+            let dtype: &'static str = Box::leak(format!("{:?}", v.dtype()).into_boxed_str());
+            let mut shape = v.shape().to_vec();
+            if n == name {
+                assert_eq!(shape.len(), 2);
+                assert_ne!(shape[0], shape[1]);
+                shape.reverse();
+            }
+            let offset = v.data().as_ptr() as usize - bytes.as_ptr() as usize;
+            (offset, T::new(n, dtype, &shape, v.data().to_vec()))
+        })
+        .collect();
+    assert!(tensors.iter().any(|(_, t)| t.name == name), "no {name}");
+    tensors.sort_by_key(|(o, _)| *o);
+    let tensors: Vec<T> = tensors.into_iter().map(|(_, t)| t).collect();
+    write_safetensors(file, &tensors);
+}
+
+#[test]
+fn dequantize_with_a_bad_module_in_the_second_shard_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+    // The first shard and the container of the second are still valid.
+    let o = run_path("inspect", &model, &["--json"]);
+    ok(&o, "inspect still reads the checkpoint");
+    let out = tmp.path().join("dense");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize with a bad scale shape in the second shard");
+    one_error_line(&o, &[SHARD2, DOWN_SCALE, "TEN-003"]);
+    assert!(!out.exists(), "{} was left behind", out.display());
+}
+
+#[test]
+fn dequantize_failure_into_an_existing_empty_directory_leaves_it_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+    let out = tmp.path().join("dense");
+    std::fs::create_dir(&out).unwrap();
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize with a bad scale shape");
+    assert!(out.is_dir(), "a directory the user made is kept");
+    assert_eq!(snapshot(&out), vec![], "nothing is left inside it");
+}
+
+#[test]
+fn dequantize_of_a_checkpoint_of_symlinks_copies_side_files() {
+    // The Hugging Face hub cache stores every file of a snapshot as a
+    // symlink to a blob; side files must still be copied.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("snapshot");
+    std::fs::create_dir(&model).unwrap();
+    let src = fixtures().join("w4a16-g128/model");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::os::unix::fs::symlink(&p, model.join(p.file_name().unwrap())).unwrap();
+    }
+    let out = tmp.path().join("dense");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    ok(&o, "dequantize of a symlinked checkpoint");
+    config_without_quantization(&out);
+    assert!(out.join("model.safetensors").is_file());
+    assert!(
+        out.join("recipe.yaml").is_file(),
+        "recipe.yaml (a symlinked side file) was not copied; output has {:?}",
+        snapshot(&out).into_iter().map(|e| e.0).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        std::fs::read(out.join("recipe.yaml")).unwrap(),
+        std::fs::read(src.join("recipe.yaml")).unwrap()
+    );
+}
+
+/// A side file whose copy fails after every shard was written: its staged
+/// path is longer than PATH_MAX while the shards' are not. Returns the
+/// checkpoint and the side file's name.
+fn checkpoint_failing_late(tmp: &Path) -> (PathBuf, String) {
+    let model = tmp.join("model");
+    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    let side = format!("{}.txt", "s".repeat(200));
+    std::fs::write(model.join(&side), b"side file").unwrap();
+    (model, side)
+}
+
+/// An output path `len` bytes long under `base` (components of 200 bytes).
+fn long_path(base: &Path, len: usize) -> PathBuf {
+    let mut p = base.to_path_buf();
+    while p.as_os_str().len() + 201 < len {
+        p.push("d".repeat(200));
+    }
+    let rest = len - p.as_os_str().len() - 1;
+    p.push("e".repeat(rest));
+    assert_eq!(p.as_os_str().len(), len);
+    p
+}
+
+// staging = OUT/.wgpu-dequant-partial (22 more bytes); shards need 33 more,
+// the side file 205: with OUT 3950 bytes long, shards fit in PATH_MAX (4096)
+// and the side file does not.
+const LATE_OUT_LEN: usize = 3950;
+
+#[test]
+fn dequantize_failing_after_the_shards_are_written_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, side) = checkpoint_failing_late(tmp.path());
+    let out = long_path(&tmp.path().join("out"), LATE_OUT_LEN);
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize whose side file cannot be copied");
+    let err = stderr(&o);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("IO-001") && errors[0].contains(&side),
+        "{err}"
+    );
+    assert!(!out.exists(), "the output directory was left behind");
+    assert!(
+        std::fs::read_dir(out.parent().unwrap())
+            .unwrap()
+            .next()
+            .is_none(),
+        "something was left beside the output directory"
+    );
+}
+
+#[test]
+fn dequantize_failing_late_removes_the_parents_it_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, _) = checkpoint_failing_late(tmp.path());
+    let top = tmp.path().join("out");
+    let out = long_path(&top, LATE_OUT_LEN);
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    failed(&o, "dequantize whose side file cannot be copied");
+    assert!(!out.exists(), "the output directory was left behind");
+    assert!(
+        !top.exists(),
+        "directories created for the output were left behind under {}",
+        top.display()
+    );
+}
