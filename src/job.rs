@@ -64,7 +64,7 @@ pub struct Fields<'a> {
 impl Fields<'_> {
     /// Bit position inside a lane's words: (word, offset in word).
     #[inline]
-    fn locate(&self, i: usize) -> (u64, u32) {
+    pub(crate) fn locate(&self, i: usize) -> (u64, u32) {
         let i = i as u64;
         let b = self.bits as u64;
         if self.per_word == 0 {
@@ -89,23 +89,35 @@ impl Fields<'_> {
         ((lo | hi << 8) >> shift) & ((1 << n) - 1)
     }
 
-    /// The last bit (exclusive) any field of a `slices × lanes × len` stream
-    /// touches; planners check it against `data.len()` before a job exists.
-    pub fn extent_bits(&self, slices: usize, lanes: usize, len: usize) -> Option<u64> {
-        if slices == 0 || lanes == 0 || len == 0 {
-            return Some(0);
+    /// First bit of `lane` in `slice`.
+    pub fn lane_start(&self, slice: usize, lane: usize) -> Option<u64> {
+        (slice as u64)
+            .checked_mul(self.slice_bits)?
+            .checked_add((lane as u64).checked_mul(self.lane_bits)?)
+    }
+
+    /// One past the last bit that fields `0..len` of `lane` in `slice` touch.
+    pub fn lane_end(&self, slice: usize, lane: usize, len: usize) -> Option<u64> {
+        if len == 0 {
+            return self.lane_start(slice, lane);
         }
         let (w, off) = self.locate(len - 1);
-        let base = (slices as u64 - 1)
-            .checked_mul(self.slice_bits)?
-            .checked_add((lanes as u64 - 1).checked_mul(self.lane_bits)?)?;
         let end_in_word = off as u64 + self.bits as u64;
         let end = if end_in_word > 32 {
             (w + 1).checked_mul(self.word_bits)? + (end_in_word - 32)
         } else {
             w.checked_mul(self.word_bits)? + end_in_word
         };
-        base.checked_add(end)
+        self.lane_start(slice, lane)?.checked_add(end)
+    }
+
+    /// The last bit (exclusive) any field of a `slices × lanes × len` stream
+    /// touches; planners check it against `data.len()` before a job exists.
+    pub fn extent_bits(&self, slices: usize, lanes: usize, len: usize) -> Option<u64> {
+        if slices == 0 || lanes == 0 || len == 0 {
+            return Some(0);
+        }
+        self.lane_end(slices - 1, lanes - 1, len)
     }
 
     /// The field of `lane`, index `i`, in `slice`.

@@ -18,6 +18,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod error;
 pub mod formats;
+pub mod gpu;
 pub mod job;
 pub mod numerics;
 pub mod plan;

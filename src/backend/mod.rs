@@ -8,6 +8,7 @@ use std::ops::Range;
 pub use cpu::Cpu;
 
 use crate::error::{Error, Result, Rule};
+use crate::gpu::{self, Gpu};
 use crate::job::DecodeJob;
 
 /// Something that turns a [`DecodeJob`] into dense bytes.
@@ -60,14 +61,27 @@ impl std::str::FromStr for BackendChoice {
 pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>)> {
     match choice {
         BackendChoice::Cpu => Ok((Box::new(Cpu::new()), None)),
-        BackendChoice::Auto => Ok((
-            Box::new(Cpu::new()),
-            Some("no GPU backend in this build; decoding on the CPU".into()),
-        )),
-        BackendChoice::Gpu => Err(Error::new(
-            Rule::Argument,
-            "--backend",
-            "gpu: this build has no GPU backend yet; use --backend cpu or auto",
-        )),
+        BackendChoice::Gpu => match gpu::find_adapter() {
+            Some(adapter) => Ok((Box::new(Gpu::open(&adapter)?), None)),
+            None => Err(Error::new(
+                Rule::Argument,
+                "--backend",
+                "gpu: no GPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)",
+            )),
+        },
+        BackendChoice::Auto => match gpu::find_adapter() {
+            Some(adapter) if gpu::is_hardware(&adapter) => match Gpu::open(&adapter) {
+                Ok(g) => Ok((Box::new(g), None)),
+                Err(e) => Ok((Box::new(Cpu::new()), Some(format!("{e}; decoding on the CPU")))),
+            },
+            Some(adapter) => Ok((
+                Box::new(Cpu::new()),
+                Some(format!(
+                    "only a software adapter ({}) found; the CPU path is faster, decoding there",
+                    adapter.get_info().name
+                )),
+            )),
+            None => Ok((Box::new(Cpu::new()), Some("no GPU adapter found; decoding on the CPU".into()))),
+        },
     }
 }

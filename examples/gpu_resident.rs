@@ -1,0 +1,83 @@
+//! For apps that already drive a GPU with wgpu: decode each quantized tensor
+//! of the sample checkpoint into a `wgpu::Buffer` that stays on the device,
+//! then (for this demo only) read it back and check it against the CPU path.
+//!
+//! ```sh
+//! cargo run --release --example gpu_resident [PATH]
+//! ```
+
+use std::error::Error;
+
+use wgpu_dequant::backend::{Backend, Cpu};
+use wgpu_dequant::gpu::GpuDecoder;
+use wgpu_dequant::plan::Source;
+use wgpu_dequant::{Checkpoint, DtypeChoice, Plan};
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-w4a16").to_string());
+
+    // The app's own device: any adapter, default limits.
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))?;
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))?;
+    println!("adapter: {}", adapter.get_info().name);
+
+    let decoder = GpuDecoder::new(&device, &queue);
+    let ckpt = Checkpoint::open(&path)?;
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+    plan.check()?;
+    let mut mismatches = 0;
+    for out in &plan.outputs {
+        let Source::Decode(job) = &out.source else {
+            continue;
+        };
+        // The dense weight, resident on the GPU: bind it in your own pipelines.
+        let buffer = decoder.decode_to_buffer(job)?;
+
+        let got = read_back(&device, &queue, &buffer)?;
+        let want = Cpu::new().decode(job)?;
+        let same = got.get(..want.len()) == Some(&want[..]);
+        mismatches += usize::from(!same);
+        println!(
+            "{:<44} {:>9} bytes on the GPU  {}",
+            out.name,
+            want.len(),
+            if same { "== cpu" } else { "DIFFERS from cpu" }
+        );
+    }
+    if mismatches > 0 {
+        return Err(format!("{mismatches} tensors differ between GPU and CPU").into());
+    }
+    Ok(())
+}
+
+/// Copies `buffer` to a mappable one and reads it.
+fn read_back(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    buffer: &wgpu::Buffer,
+) -> Result<Vec<u8>, Box<dyn Error>> {
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size: buffer.size(),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
+    queue.submit([encoder.finish()]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    device.poll(wgpu::PollType::wait_indefinitely())?;
+    rx.recv()??;
+    let bytes = staging.slice(..).get_mapped_range()?.to_vec();
+    staging.unmap();
+    Ok(bytes)
+}

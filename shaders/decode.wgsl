@@ -1,0 +1,237 @@
+// Decodes one chunk of rows of a DecodeJob (src/job.rs) to dense f32, bf16 or f16.
+//
+// Everything the chunk needs sits in one word array `src`: the code-value and
+// scale tables, g_idx, and the byte ranges of the code, zero-point and scale
+// tensors this chunk touches. The host turns every absolute position into a
+// position inside `src` with a wrapping u32 `base`, so u32 arithmetic that
+// overflows on huge tensors still lands on the right word.
+//
+// Mirrors `DecodeJob::value` and `numerics::f32_to_{bf16,f16}` step for step;
+// the CPU backend is the reference and every byte must match it.
+
+struct Stream {
+    bits: u32,        // field width, 1..=8
+    per_word: u32,    // 0: dense bit stream; else fields per 32-bit word (padded)
+    lane_bits: u32,   // bits between lanes (mod 2^32)
+    word_bits: u32,   // bits between the 32-bit words of one lane (mod 2^32)
+    slice_bits: u32,  // bits between slices (mod 2^32)
+    base: u32,        // added to every bit position (mod 2^32)
+    _pad0: u32,
+    _pad1: u32,
+}
+
+struct Grid {
+    kind: u32,        // 0 bf16, 1 f16, 2 f32, 3 i8, 4 i32, 5 byte -> table
+    size: u32,        // bytes per stored element
+    row_div: u32,
+    col_div: u32,
+    row_stride: u32,
+    slice_stride: u32,
+    base: u32,        // added to every byte position (mod 2^32)
+    table: u32,       // word index of the 256-entry table (kind 5)
+}
+
+struct Params {
+    rows: u32,        // rows per slice
+    cols: u32,
+    first_row: u32,   // flat row (over slices) of element 0 of this chunk
+    elems: u32,       // elements in this chunk
+    out_kind: u32,    // 0 f32, 1 bf16, 2 f16
+    zero_mode: u32,   // 0 none, 1 packed fields, 2 plain values
+    has_scale: u32,
+    gidx: u32,        // word index of g_idx in src, or 0xffffffff when none
+    code_table: u32,  // word index of the code-value table
+    row_threads: u32, // invocations per row of the dispatch grid
+    _pad0: u32,
+    _pad1: u32,
+    codes: Stream,
+    zero: Stream,
+    zgrid: Grid,
+    sgrid: Grid,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+
+// `n` (<= 8) bits starting at bit `pos` of src.
+fn bits_at(pos: u32, n: u32) -> u32 {
+    let w = pos >> 5u;
+    let sh = pos & 31u;
+    var v = src[w] >> sh;
+    if (sh + n > 32u) {
+        v = v | (src[w + 1u] << (32u - sh));
+    }
+    return v & ((1u << n) - 1u);
+}
+
+// Field `i` of `lane` in `slice` (Fields::get).
+fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
+    var w: u32;
+    var off: u32;
+    if (st.per_word == 0u) {
+        let b = i * st.bits;
+        w = b >> 5u;
+        off = b & 31u;
+    } else {
+        w = i / st.per_word;
+        off = (i % st.per_word) * st.bits;
+    }
+    let base = st.base + slice * st.slice_bits + lane * st.lane_bits;
+    let lo_n = min(32u - off, st.bits);
+    var v = bits_at(base + w * st.word_bits + off, lo_n);
+    if (lo_n < st.bits) {
+        v = v | (bits_at(base + (w + 1u) * st.word_bits, st.bits - lo_n) << lo_n);
+    }
+    return v;
+}
+
+// IEEE half bits -> f32, exact (job::f16_to_f32).
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        if (m == 0u) {
+            return bitcast<f32>(sign);
+        }
+        let lz = countLeadingZeros(m) - 21u;
+        return bitcast<f32>(sign | ((113u - lz) << 23u) | (((m << lz) & 0x3ffu) << 13u));
+    }
+    if (e == 0x1fu) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+fn group_of(g: Grid, col: u32) -> u32 {
+    if (p.gidx != 0xffffffffu) {
+        return src[p.gidx + col];
+    }
+    return col / g.col_div;
+}
+
+// Entry (slice, row, group) of a grid (Values::get at Grid::index).
+fn value(g: Grid, slice: u32, row: u32, group: u32) -> f32 {
+    let idx = slice * g.slice_stride + (row / g.row_div) * g.row_stride + group;
+    let pos = idx * g.size + g.base;
+    let word = src[pos >> 2u];
+    switch g.kind {
+        case 0u: {
+            return bitcast<f32>(((word >> ((pos & 2u) * 8u)) & 0xffffu) << 16u);
+        }
+        case 1u: {
+            return f16_to_f32((word >> ((pos & 2u) * 8u)) & 0xffffu);
+        }
+        case 2u: {
+            return bitcast<f32>(word);
+        }
+        case 3u: {
+            let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
+            return f32(bitcast<i32>(b << 24u) >> 24u);
+        }
+        case 4u: {
+            return f32(bitcast<i32>(word));
+        }
+        default: {
+            let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
+            return bitcast<f32>(src[g.table + b]);
+        }
+    }
+}
+
+// DecodeJob::value.
+fn decode(slice: u32, row: u32, col: u32) -> f32 {
+    var v = bitcast<f32>(src[p.code_table + field(p.codes, slice, row, col)]);
+    if (p.zero_mode == 1u) {
+        var g = 0u;
+        if (p.has_scale == 1u) {
+            g = group_of(p.sgrid, col);
+        }
+        v = v - bitcast<f32>(src[p.code_table + field(p.zero, slice, g, row)]);
+    } else if (p.zero_mode == 2u) {
+        v = v - value(p.zgrid, slice, row, group_of(p.zgrid, col));
+    }
+    if (p.has_scale == 1u) {
+        v = v * value(p.sgrid, slice, row, group_of(p.sgrid, col));
+    }
+    return v;
+}
+
+// numerics::f32_to_bf16.
+fn to_bf16(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return 0x7fc0u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+// numerics::f32_to_f16.
+fn to_f16(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return sign | 0x7e00u;
+    }
+    if (a >= 0x47800000u) {
+        return sign | 0x7c00u;
+    }
+    if (a < 0x38800000u) {
+        if (a <= 0x33000000u) {
+            return sign;
+        }
+        let e = a >> 23u;
+        let m = (a & 0x7fffffu) | 0x800000u;
+        let shift = 126u - e;
+        var q = m >> shift;
+        let rem = m & ((1u << shift) - 1u);
+        let half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u) == 1u)) {
+            q = q + 1u;
+        }
+        return sign | q;
+    }
+    var v = (((a >> 23u) - 112u) << 10u) | ((a & 0x7fffffu) >> 13u);
+    let rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (v & 1u) == 1u)) {
+        v = v + 1u;
+    }
+    return sign | v;
+}
+
+fn element(e: u32) -> f32 {
+    let flat = p.first_row + e / p.cols;
+    return decode(flat / p.rows, flat % p.rows, e % p.cols);
+}
+
+// One output word per invocation: one f32, or two 16-bit values.
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let t = gid.x + gid.y * p.row_threads;
+    if (p.out_kind == 0u) {
+        if (t < p.elems) {
+            dst[t] = bitcast<u32>(element(t));
+        }
+        return;
+    }
+    let e = t * 2u;
+    if (e >= p.elems) {
+        return;
+    }
+    var lo: u32;
+    var hi = 0u;
+    if (p.out_kind == 1u) {
+        lo = to_bf16(element(e));
+        if (e + 1u < p.elems) {
+            hi = to_bf16(element(e + 1u));
+        }
+    } else {
+        lo = to_f16(element(e));
+        if (e + 1u < p.elems) {
+            hi = to_f16(element(e + 1u));
+        }
+    }
+    dst[t] = lo | (hi << 16u);
+}

@@ -1,0 +1,437 @@
+//! Splitting a [`DecodeJob`] into chunks of rows that fit the device, and
+//! laying out what each chunk reads in one word buffer (`src` in the shader).
+//!
+//! Pure host logic: no device needed, so it is unit-tested on any machine.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Fields, ValueKind, Values, ZeroPoint};
+use crate::numerics::OutDtype;
+
+/// Output bytes one chunk produces at most: big enough to keep the device
+/// busy, small enough that two chunks in flight stay modest.
+pub const OUT_CAP: u64 = 64 << 20;
+
+/// Input bytes one chunk binds at most. Bit positions inside `src` must fit
+/// a u32 (2^32 bits = 512 MiB), so this stays well below that.
+pub const SRC_CAP: u64 = 256 << 20;
+
+/// Invocations per workgroup (`@workgroup_size` in decode.wgsl).
+pub const WORKGROUP: u32 = 256;
+
+/// Mirrors `Stream` in decode.wgsl.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct StreamParams {
+    bits: u32,
+    per_word: u32,
+    lane_bits: u32,
+    word_bits: u32,
+    slice_bits: u32,
+    base: u32,
+    _pad: [u32; 2],
+}
+
+/// Mirrors `Grid` in decode.wgsl.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GridParams {
+    kind: u32,
+    size: u32,
+    row_div: u32,
+    col_div: u32,
+    row_stride: u32,
+    slice_stride: u32,
+    base: u32,
+    table: u32,
+}
+
+/// Mirrors `Params` in decode.wgsl.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Params {
+    rows: u32,
+    cols: u32,
+    first_row: u32,
+    elems: u32,
+    out_kind: u32,
+    zero_mode: u32,
+    has_scale: u32,
+    gidx: u32,
+    code_table: u32,
+    /// Invocations per row of the dispatch grid.
+    pub row_threads: u32,
+    _pad: [u32; 2],
+    codes: StreamParams,
+    zero: StreamParams,
+    zgrid: GridParams,
+    sgrid: GridParams,
+}
+
+/// What the device allows.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest storage binding (and buffer) in bytes.
+    pub max_binding: u64,
+    /// Largest workgroup count per dispatch dimension.
+    pub max_groups_per_dim: u32,
+}
+
+impl Limits {
+    /// The limits of a wgpu device.
+    pub fn of(l: &wgpu::Limits) -> Limits {
+        Limits {
+            max_binding: l.max_storage_buffer_binding_size.min(l.max_buffer_size),
+            max_groups_per_dim: l.max_compute_workgroups_per_dimension.max(1),
+        }
+    }
+}
+
+/// One piece of `src`: bytes placed at a 4-byte aligned offset.
+#[derive(Debug)]
+pub struct Region<'a> {
+    /// Byte offset in `src`.
+    pub offset: u64,
+    /// The bytes (a tensor range, or a table built on the host).
+    pub bytes: Cow<'a, [u8]>,
+}
+
+/// One dispatch: rows `rows` of the job.
+#[derive(Debug)]
+pub struct Chunk<'a> {
+    /// Flat rows (over all slices) this chunk decodes.
+    pub rows: Range<usize>,
+    /// The uniform block.
+    pub params: Params,
+    /// What to upload into `src`.
+    pub regions: Vec<Region<'a>>,
+    /// Bytes of `src` in use (multiple of 4).
+    pub src_len: u64,
+    /// Output bytes the chunk produces (elements · dtype size).
+    pub out_len: u64,
+    /// Output words the shader writes.
+    pub out_words: u64,
+    /// Workgroups in x and y.
+    pub groups: (u32, u32),
+}
+
+/// Builds `src` region by region.
+#[derive(Default)]
+struct Src<'a> {
+    regions: Vec<Region<'a>>,
+    len: u64,
+}
+
+impl<'a> Src<'a> {
+    /// Appends `bytes`; returns their byte offset.
+    fn push(&mut self, bytes: Cow<'a, [u8]>) -> u64 {
+        let offset = self.len;
+        self.len += (bytes.len() as u64).div_ceil(4) * 4;
+        self.regions.push(Region { offset, bytes });
+        offset
+    }
+
+    /// Appends f32 values; returns their word index.
+    fn push_f32(&mut self, v: &[f32]) -> u32 {
+        (self.push(Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())) / 4) as u32
+    }
+
+    /// Appends bits `lo..hi` of `f` (widened to whole aligned words).
+    fn push_fields(&mut self, f: &Fields<'a>, lo: u64, hi: u64) -> StreamParams {
+        let start = (lo / 8) & !3;
+        let end = hi.div_ceil(8).min(f.data.len() as u64).max(start);
+        let offset = self.push(Cow::Borrowed(&f.data[start as usize..end as usize]));
+        StreamParams {
+            bits: f.bits,
+            per_word: f.per_word,
+            // Wrapping on purpose: the shader's u32 arithmetic is mod 2^32 and
+            // every position it ends up with is small (see SRC_CAP).
+            lane_bits: f.lane_bits as u32,
+            word_bits: f.word_bits as u32,
+            slice_bits: f.slice_bits as u32,
+            base: (offset * 8).wrapping_sub(start * 8) as u32,
+            _pad: [0; 2],
+        }
+    }
+
+    /// Appends entries `lo..hi` of `v` (widened to whole aligned words).
+    fn push_values(&mut self, v: &Values<'a>, lo: usize, hi: usize) -> GridParams {
+        let size = v.kind.size() as u64;
+        let start = (lo as u64 * size) & !3;
+        let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
+        let offset = self.push(Cow::Borrowed(&v.data[start as usize..end as usize]));
+        let (kind, table) = match &v.kind {
+            ValueKind::Bf16 => (0, 0),
+            ValueKind::F16 => (1, 0),
+            ValueKind::F32 => (2, 0),
+            ValueKind::I8 => (3, 0),
+            ValueKind::I32 => (4, 0),
+            ValueKind::Table(t) => (5, self.push_f32(&t[..])),
+        };
+        GridParams {
+            kind,
+            size: size as u32,
+            row_div: v.grid.row_div as u32,
+            col_div: v.grid.col_div as u32,
+            row_stride: v.grid.row_stride as u32,
+            slice_stride: v.grid.slice_stride as u32,
+            base: offset.wrapping_sub(start) as u32,
+            table,
+        }
+    }
+}
+
+fn too_big(detail: String) -> Error {
+    Error::new(Rule::Unsupported, "gpu", detail)
+}
+
+/// Grid entries rows `(s0, r0)..=(s1, r1)` read.
+fn grid_range(
+    v: &Values<'_>,
+    cols: usize,
+    (s0, r0): (usize, usize),
+    (s1, r1): (usize, usize),
+) -> (usize, usize) {
+    let last_group = (cols - 1) / v.grid.col_div;
+    let lo = v.grid.index(s0, r0, 0);
+    let hi = v.grid.index(s1, r1, last_group) + 1;
+    (lo.min(v.len()), hi.min(v.len()).max(lo.min(v.len())))
+}
+
+/// The chunk for flat rows `f0..f1`, or `None` when it exceeds the limits.
+fn chunk<'a>(job: &DecodeJob<'a>, f0: usize, f1: usize, limits: &Limits) -> Option<Chunk<'a>> {
+    let d = job.dims;
+    let first = (f0 / d.rows, f0 % d.rows);
+    let last = ((f1 - 1) / d.rows, (f1 - 1) % d.rows);
+    let mut src = Src::default();
+    let code_table = src.push_f32(&job.code_values);
+    let gidx = match &job.g_idx {
+        Some(g) => {
+            (src.push(Cow::Owned(g.iter().flat_map(|x| x.to_le_bytes()).collect())) / 4) as u32
+        }
+        None => u32::MAX,
+    };
+    let lo = job.codes.lane_start(first.0, first.1)?;
+    let hi = job.codes.lane_end(last.0, last.1, d.cols)?;
+    let codes = src.push_fields(&job.codes, lo, hi);
+
+    let (zero_mode, zero, zgrid) = match &job.zero {
+        None => (0, StreamParams::default(), GridParams::default()),
+        Some(ZeroPoint::Packed { fields }) => {
+            // Lanes are column groups; the rows of this chunk are a word range
+            // of every lane, so take whole words from the first to the last.
+            let (w0, _) = fields.locate(first.1);
+            let (w1, _) = fields.locate(last.1);
+            let lo = fields.lane_start(first.0, 0)? + w0 * fields.word_bits;
+            let hi = fields.lane_start(last.0, 0)? + (w1 + 2) * fields.word_bits;
+            (1, src.push_fields(fields, lo, hi), GridParams::default())
+        }
+        Some(ZeroPoint::Plain(v)) => {
+            let (lo, hi) = grid_range(v, d.cols, first, last);
+            (2, StreamParams::default(), src.push_values(v, lo, hi))
+        }
+    };
+    let (has_scale, sgrid) = match &job.scale {
+        None => (0, GridParams::default()),
+        Some(v) => {
+            let (lo, hi) = grid_range(v, d.cols, first, last);
+            (1, src.push_values(v, lo, hi))
+        }
+    };
+
+    let elems = ((f1 - f0) * d.cols) as u64;
+    let out_kind = match job.out {
+        OutDtype::F32 => 0,
+        OutDtype::Bf16 => 1,
+        OutDtype::F16 => 2,
+    };
+    let out_words = if out_kind == 0 {
+        elems
+    } else {
+        elems.div_ceil(2)
+    };
+    let groups = out_words.div_ceil(WORKGROUP as u64);
+    let x = groups.min(limits.max_groups_per_dim as u64).max(1);
+    let y = groups.div_ceil(x).max(1);
+    let src_cap = limits.max_binding.min(SRC_CAP);
+    let out_cap = limits.max_binding.min(OUT_CAP);
+    if src.len > src_cap || out_words * 4 > out_cap || y > limits.max_groups_per_dim as u64 {
+        return None;
+    }
+    let params = Params {
+        rows: d.rows as u32,
+        cols: d.cols as u32,
+        first_row: f0 as u32,
+        elems: elems as u32,
+        out_kind,
+        zero_mode,
+        has_scale,
+        gidx,
+        code_table,
+        row_threads: x as u32 * WORKGROUP,
+        _pad: [0; 2],
+        codes,
+        zero,
+        zgrid,
+        sgrid,
+    };
+    Some(Chunk {
+        rows: f0..f1,
+        params,
+        regions: src.regions,
+        src_len: src.len.max(4),
+        out_len: elems * job.out.size() as u64,
+        out_words,
+        groups: (x as u32, y as u32),
+    })
+}
+
+/// Splits rows `rows` of `job` into chunks that fit `limits`. Every chunk but
+/// the last produces a multiple of 4 output bytes, so chunk outputs can be
+/// copied back to back into one buffer.
+pub fn plan<'a>(
+    job: &DecodeJob<'a>,
+    rows: Range<usize>,
+    limits: &Limits,
+) -> Result<Vec<Chunk<'a>>> {
+    let d = job.dims;
+    if rows.is_empty() || d.cols == 0 {
+        return Ok(Vec::new());
+    }
+    if u32::try_from(d.total_rows()).is_err() || d.cols >= 1 << 28 {
+        return Err(too_big(format!(
+            "{}x{} is beyond the GPU path's u32 indexing",
+            d.total_rows(),
+            d.cols
+        )));
+    }
+    let row_out = (d.cols * job.out.size()) as u64;
+    // Rows per chunk must keep chunk outputs word-aligned.
+    let unit = if row_out % 4 == 0 {
+        1
+    } else if row_out % 2 == 0 {
+        2
+    } else {
+        4
+    };
+    let fit = (limits.max_binding.min(OUT_CAP) / row_out) as usize;
+    let mut per = (fit / unit * unit).max(unit);
+    let mut chunks = Vec::new();
+    let mut f = rows.start;
+    while f < rows.end {
+        let n = per.min(rows.end - f);
+        match chunk(job, f, f + n, limits) {
+            Some(c) => {
+                chunks.push(c);
+                f += n;
+            }
+            None if n > unit => per = (n / 2 / unit * unit).max(unit),
+            None => {
+                return Err(too_big(format!(
+                    "{n} rows of {} columns do not fit this adapter's {} byte storage binding",
+                    d.cols, limits.max_binding
+                )))
+            }
+        }
+    }
+    Ok(chunks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Dims, Grid};
+
+    fn job(
+        data: &[u8],
+        scale: &[u8],
+        rows: usize,
+        cols: usize,
+        out: OutDtype,
+    ) -> DecodeJob<'static> {
+        let data: &'static [u8] = Box::leak(data.to_vec().into_boxed_slice());
+        let scale: &'static [u8] = Box::leak(scale.to_vec().into_boxed_slice());
+        let words = (cols * 4).div_ceil(32);
+        DecodeJob {
+            dims: Dims {
+                slices: 1,
+                rows,
+                cols,
+            },
+            codes: Fields {
+                data,
+                bits: 4,
+                per_word: 0,
+                lane_bits: words as u64 * 32,
+                word_bits: 32,
+                slice_bits: (rows * words) as u64 * 32,
+            },
+            code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
+            zero: None,
+            scale: Some(Values {
+                data: scale,
+                kind: ValueKind::Bf16,
+                grid: Grid {
+                    row_div: 1,
+                    col_div: cols,
+                    row_stride: 1,
+                    slice_stride: rows,
+                },
+            }),
+            g_idx: None,
+            out,
+        }
+    }
+
+    #[test]
+    fn chunks_cover_rows_within_limits() {
+        let (rows, cols): (usize, usize) = (1000, 33);
+        let data = vec![0u8; rows * (cols * 4).div_ceil(32) * 4];
+        let scale = vec![0u8; rows * 2];
+        let j = job(&data, &scale, rows, cols, OutDtype::Bf16);
+        let limits = Limits {
+            max_binding: 4096,
+            max_groups_per_dim: 3,
+        };
+        let chunks = plan(&j, 0..rows, &limits).unwrap();
+        let mut next = 0;
+        for c in &chunks {
+            assert_eq!(c.rows.start, next);
+            next = c.rows.end;
+            assert!(c.src_len <= 4096 && c.out_words * 4 <= 4096);
+            assert!(c.groups.0 <= 3 && c.groups.1 <= 3);
+            if c.rows.end != rows {
+                assert_eq!(c.out_len % 4, 0, "odd bf16 counts only in the last chunk");
+            }
+            for r in &c.regions {
+                assert_eq!(r.offset % 4, 0);
+            }
+        }
+        assert_eq!(next, rows);
+        assert!(chunks.len() > 1);
+    }
+
+    #[test]
+    fn a_row_too_wide_is_an_error_not_a_panic() {
+        let (rows, cols) = (2, 4096);
+        let data = vec![0u8; rows * cols / 2];
+        let scale = vec![0u8; rows * 2];
+        let j = job(&data, &scale, rows, cols, OutDtype::F32);
+        let limits = Limits {
+            max_binding: 1024,
+            max_groups_per_dim: 65535,
+        };
+        let e = plan(&j, 0..rows, &limits).unwrap_err();
+        assert_eq!(e.rule, Rule::Unsupported);
+    }
+
+    #[test]
+    fn params_match_the_shader_struct_size() {
+        // 12 scalars + 2 streams + 2 grids, each a multiple of 16 bytes.
+        assert_eq!(std::mem::size_of::<Params>(), 48 + 2 * 32 + 2 * 32);
+    }
+}

@@ -1,0 +1,407 @@
+//! The GPU backend: `shaders/decode.wgsl` run through wgpu (Vulkan, Metal,
+//! DX12), executing the same [`DecodeJob`]s as the CPU backend.
+//!
+//! One device and one cached pipeline; two slots of reusable buffers so the
+//! upload and dispatch of one chunk overlap the readback of the previous one.
+
+pub mod layout;
+
+use std::ops::Range;
+use std::sync::{mpsc, Arc, Mutex};
+
+use crate::backend::Backend;
+use crate::error::{Error, Result, Rule};
+use crate::job::DecodeJob;
+use layout::{Chunk, Limits};
+
+const SHADER: &str = include_str!("../../shaders/decode.wgsl");
+
+fn gpu_err(detail: impl Into<String>) -> Error {
+    Error::new(Rule::Io, "gpu", detail)
+}
+
+/// Finds an adapter the way wgpu's own tools do: `WGPU_BACKEND` picks the
+/// API, `WGPU_ADAPTER_NAME` (a substring, case-insensitive) the adapter,
+/// `WGPU_POWER_PREF` the default choice. `None` when there is none.
+pub fn find_adapter() -> Option<wgpu::Adapter> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
+        let name = name.to_lowercase();
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        return adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&name));
+    }
+    let options = wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::from_env()
+            .unwrap_or(wgpu::PowerPreference::HighPerformance),
+        ..Default::default()
+    };
+    pollster::block_on(instance.request_adapter(&options)).ok()
+}
+
+/// True for adapters that are real hardware (not llvmpipe / WARP).
+pub fn is_hardware(adapter: &wgpu::Adapter) -> bool {
+    adapter.get_info().device_type != wgpu::DeviceType::Cpu
+}
+
+/// Buffers reused from chunk to chunk.
+struct Slot {
+    params: wgpu::Buffer,
+    src: Option<wgpu::Buffer>,
+    out: Option<wgpu::Buffer>,
+    readback: Option<wgpu::Buffer>,
+}
+
+/// Returns `buf` if it holds `size` bytes, else a new, larger one.
+fn ensure(
+    device: &wgpu::Device,
+    buf: &mut Option<wgpu::Buffer>,
+    size: u64,
+    usage: wgpu::BufferUsages,
+    cap: u64,
+) -> wgpu::Buffer {
+    match buf {
+        Some(b) if b.size() >= size => b.clone(),
+        _ => {
+            // Grow generously so a run of similar tensors reuses one buffer.
+            let size = (size.next_power_of_two()).min(cap).max(size);
+            let b = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgpu-dequant"),
+                size,
+                usage,
+                mapped_at_creation: false,
+            });
+            *buf = Some(b.clone());
+            b
+        }
+    }
+}
+
+/// A chunk on the device whose output is being mapped for reading.
+struct InFlight {
+    submission: wgpu::SubmissionIndex,
+    mapped: mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
+}
+
+/// Decodes jobs on a wgpu device. Apps that already have a device use
+/// [`GpuDecoder::new`] and [`GpuDecoder::decode_to_buffer`].
+pub struct GpuDecoder {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    pipeline: wgpu::ComputePipeline,
+    limits: Limits,
+    slots: Mutex<[Slot; 2]>,
+    fault: Arc<Mutex<Option<String>>>,
+}
+
+impl GpuDecoder {
+    /// A decoder on `device`, which must have been created with limits at
+    /// least as large as wgpu's defaults (any device is, by default).
+    pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> GpuDecoder {
+        let fault: Arc<Mutex<Option<String>>> = Arc::default();
+        let sink = fault.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut f) = sink.lock() {
+                f.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("decode.wgsl"),
+            source: wgpu::ShaderSource::Wgsl(SHADER.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("decode"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let slot = || Slot {
+            params: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: std::mem::size_of::<layout::Params>() as u64,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            src: None,
+            out: None,
+            readback: None,
+        };
+        GpuDecoder {
+            limits: Limits::of(&device.limits()),
+            device: device.clone(),
+            queue: queue.clone(),
+            pipeline,
+            slots: Mutex::new([slot(), slot()]),
+            fault,
+        }
+    }
+
+    /// Opens `adapter` with its own limits and builds a decoder on it.
+    pub fn open(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgpu-dequant"),
+            required_limits: adapter.limits(),
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| gpu_err(format!("cannot open {}: {e}", adapter.get_info().name)))?;
+        Ok(GpuDecoder::new(&device, &queue))
+    }
+
+    fn check_fault(&self) -> Result<()> {
+        match self.fault.lock().ok().and_then(|mut f| f.take()) {
+            Some(e) => Err(gpu_err(format!("device error: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Uploads the chunk's inputs and records its dispatch into `encoder`;
+    /// returns the output buffer.
+    fn encode(
+        &self,
+        slot: &mut Slot,
+        chunk: &Chunk<'_>,
+        encoder: &mut wgpu::CommandEncoder,
+    ) -> wgpu::Buffer {
+        use wgpu::BufferUsages as U;
+        let cap = self.limits.max_binding;
+        let src = ensure(
+            &self.device,
+            &mut slot.src,
+            chunk.src_len,
+            U::STORAGE | U::COPY_DST,
+            cap,
+        );
+        let out = ensure(
+            &self.device,
+            &mut slot.out,
+            chunk.out_words * 4,
+            U::STORAGE | U::COPY_SRC,
+            cap,
+        );
+        self.queue
+            .write_buffer(&slot.params, 0, bytemuck::bytes_of(&chunk.params));
+        for r in &chunk.regions {
+            // write_buffer takes whole words: the tail of a region is padded.
+            let whole = r.bytes.len() / 4 * 4;
+            if whole > 0 {
+                self.queue.write_buffer(&src, r.offset, &r.bytes[..whole]);
+            }
+            if whole < r.bytes.len() {
+                let mut tail = [0u8; 4];
+                tail[..r.bytes.len() - whole].copy_from_slice(&r.bytes[whole..]);
+                self.queue
+                    .write_buffer(&src, r.offset + whole as u64, &tail);
+            }
+        }
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: slot.params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: src.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: out.as_entire_binding(),
+                },
+            ],
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(chunk.groups.0, chunk.groups.1, 1);
+        drop(pass);
+        out
+    }
+
+    /// Waits for a chunk's readback and copies it to its place in `out`.
+    fn finish(
+        &self,
+        f: InFlight,
+        chunk: &Chunk<'_>,
+        slot: &Slot,
+        at: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(f.submission),
+                timeout: None,
+            })
+            .map_err(|e| gpu_err(format!("poll: {e}")))?;
+        f.mapped
+            .recv()
+            .map_err(|_| gpu_err("readback never completed"))?
+            .map_err(|e| gpu_err(format!("readback: {e}")))?;
+        self.check_fault()?;
+        let rb = slot
+            .readback
+            .as_ref()
+            .ok_or_else(|| gpu_err("no readback buffer"))?;
+        let len = chunk.out_len as usize;
+        {
+            let view = rb
+                .slice(..chunk.out_len.div_ceil(4) * 4)
+                .get_mapped_range()
+                .map_err(|e| gpu_err(format!("readback: {e}")))?;
+            out[at..at + len].copy_from_slice(&view[..len]);
+        }
+        rb.unmap();
+        Ok(())
+    }
+
+    /// Decodes `rows` of `job` into `out` (host memory), as the CPU backend
+    /// does. Chunk k+1 is uploaded and dispatched before chunk k is read back.
+    pub fn decode_rows(
+        &self,
+        job: &DecodeJob<'_>,
+        rows: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let chunks = layout::plan(job, rows.clone(), &self.limits)?;
+        let row_bytes = job.dims.cols * job.out.size();
+        let at = |c: &Chunk<'_>| (c.rows.start - rows.start) * row_bytes;
+        let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
+        let mut in_flight: [Option<InFlight>; 2] = [None, None];
+        for (k, chunk) in chunks.iter().enumerate() {
+            let s = k % 2;
+            if let Some(f) = in_flight[s].take() {
+                self.finish(f, &chunks[k - 2], &slots[s], at(&chunks[k - 2]), out)?;
+            }
+            let slot = &mut slots[s];
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            let gpu_out = self.encode(slot, chunk, &mut encoder);
+            let bytes = chunk.out_len.div_ceil(4) * 4;
+            let rb = ensure(
+                &self.device,
+                &mut slot.readback,
+                bytes,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                u64::MAX,
+            );
+            encoder.copy_buffer_to_buffer(&gpu_out, 0, &rb, 0, bytes);
+            let submission = self.queue.submit([encoder.finish()]);
+            let (tx, mapped) = mpsc::channel();
+            rb.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            in_flight[s] = Some(InFlight { submission, mapped });
+        }
+        // The last two chunks, oldest first.
+        let n = chunks.len();
+        for k in n.saturating_sub(2)..n {
+            if let Some(f) = in_flight[k % 2].take() {
+                self.finish(f, &chunks[k], &slots[k % 2], at(&chunks[k]), out)?;
+            }
+        }
+        self.check_fault()
+    }
+
+    /// Decodes the whole tensor into a new storage buffer on this device and
+    /// returns it without reading it back. It holds the little-endian output
+    /// elements (16-bit ones packed two per word), its size rounded up to 4.
+    pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+        let total = job.out_bytes() as u64;
+        let dest = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-dequant output"),
+            size: total.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let chunks = layout::plan(job, 0..job.dims.total_rows(), &self.limits)?;
+        let row_bytes = (job.dims.cols * job.out.size()) as u64;
+        let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
+        let mut previous: Option<wgpu::SubmissionIndex> = None;
+        for (k, chunk) in chunks.iter().enumerate() {
+            let slot = &mut slots[k % 2];
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            let gpu_out = self.encode(slot, chunk, &mut encoder);
+            // Chunks before the last end on a word boundary (layout::plan).
+            encoder.copy_buffer_to_buffer(
+                &gpu_out,
+                0,
+                &dest,
+                chunk.rows.start as u64 * row_bytes,
+                chunk.out_len.div_ceil(4) * 4,
+            );
+            let sub = self.queue.submit([encoder.finish()]);
+            // Queue order keeps reused buffers safe; waiting for the chunk before
+            // this one only bounds how many uploads are staged at once.
+            if let Some(prev) = previous.replace(sub) {
+                self.device
+                    .poll(wgpu::PollType::Wait {
+                        submission_index: Some(prev),
+                        timeout: None,
+                    })
+                    .map_err(|e| gpu_err(format!("poll: {e}")))?;
+            }
+        }
+        self.check_fault()?;
+        Ok(dest)
+    }
+
+    /// Lowers the limits chunks are planned against (never above the
+    /// device's). Small limits force many chunks and 2-D dispatch grids,
+    /// which is how the tests exercise chunking on small tensors.
+    pub fn with_limits(mut self, max_binding: u64, max_groups_per_dim: u32) -> GpuDecoder {
+        self.limits.max_binding = self.limits.max_binding.min(max_binding.max(4));
+        self.limits.max_groups_per_dim = self
+            .limits
+            .max_groups_per_dim
+            .min(max_groups_per_dim.max(1));
+        self
+    }
+
+    /// The device the decoder runs on.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The queue the decoder submits to.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+}
+
+/// The GPU backend used by the command line: an adapter and a decoder on it.
+pub struct Gpu {
+    info: wgpu::AdapterInfo,
+    decoder: GpuDecoder,
+}
+
+impl Gpu {
+    /// Opens `adapter`.
+    pub fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
+        Ok(Gpu {
+            info: adapter.get_info(),
+            decoder: GpuDecoder::open(adapter)?,
+        })
+    }
+
+    /// The decoder, for GPU-resident decoding.
+    pub fn decoder(&self) -> &GpuDecoder {
+        &self.decoder
+    }
+}
+
+impl Backend for Gpu {
+    fn name(&self) -> String {
+        format!("gpu ({}, {:?})", self.info.name, self.info.backend)
+    }
+
+    fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+        self.decoder.decode_rows(job, rows, out)
+    }
+}

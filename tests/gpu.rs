@@ -1,0 +1,495 @@
+//! The GPU backend gives the CPU backend's bytes: on every fixture, on
+//! randomized jobs of every kind, through chunking, and for GPU-resident output.
+//!
+//! Without an adapter these tests pass vacuously and say so, unless
+//! `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing adapter
+//! into a failure.
+
+mod common;
+
+use common::{fixtures, read_dir_tensors, Rng};
+use wgpu_dequant::backend::{Backend, Cpu};
+use wgpu_dequant::gpu::{self, Gpu, GpuDecoder};
+use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
+
+fn adapter() -> Option<wgpu::Adapter> {
+    match gpu::find_adapter() {
+        Some(a) => Some(a),
+        None if std::env::var("WGPU_DEQUANT_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("WGPU_DEQUANT_REQUIRE_GPU=1 but no GPU adapter was found (install mesa-vulkan-drivers)")
+        }
+        None => {
+            eprintln!("no GPU adapter: GPU test not run (set WGPU_DEQUANT_REQUIRE_GPU=1 to make this fail)");
+            None
+        }
+    }
+}
+
+const CASES: &[&str] = &[
+    "fp8-dynamic",
+    "legacy-w3a16-g16",
+    "modelopt-nvfp4",
+    "mxfp4a16",
+    "nvfp4a16",
+    "sharded-nvfp4a16",
+    "w3a16-g16",
+    "w4a16-asym-g128",
+    "w4a16-g128",
+    "w8a16-g128",
+];
+
+#[test]
+fn every_fixture_gpu_equals_cpu_and_digests() {
+    if adapter().is_none() {
+        return;
+    }
+    for case in CASES {
+        for dtype in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+            let tmp = tempfile::tempdir().unwrap();
+            let run = |backend, name: &str| {
+                let out = tmp.path().join(name);
+                let opts = Options {
+                    dtype: DtypeChoice::Fixed(dtype),
+                    backend,
+                };
+                dequantize(&fixtures().join(case).join("model"), &out, &opts).unwrap();
+                read_dir_tensors(&out)
+            };
+            let gpu = run(BackendChoice::Gpu, "gpu");
+            let cpu = run(BackendChoice::Cpu, "cpu");
+            assert_eq!(gpu, cpu, "{case} {dtype}: GPU and CPU differ");
+        }
+        // And straight against the producer's digests for the default dtype.
+        let digests: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(
+            &std::fs::read(fixtures().join(case).join("expected-bf16.digests.json")).unwrap(),
+        )
+        .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("gpu");
+        let opts = Options {
+            dtype: DtypeChoice::Auto,
+            backend: BackendChoice::Gpu,
+        };
+        dequantize(&fixtures().join(case).join("model"), &out, &opts).unwrap();
+        for (name, (_, _, bytes)) in read_dir_tensors(&out) {
+            let bytes = if case.starts_with("modelopt") {
+                // ModelOpt's reference writes +0 where E2M1 says −0.
+                bytes
+                    .chunks(2)
+                    .flat_map(|c| if c == [0, 0x80] { [0, 0] } else { [c[0], c[1]] })
+                    .collect()
+            } else {
+                bytes
+            };
+            assert_eq!(
+                common::sha256_hex(&bytes),
+                digests[&name]["sha256"].as_str().unwrap(),
+                "{case}: {name}"
+            );
+        }
+    }
+}
+
+/// Storage for one random job (the job borrows from it).
+struct Bufs {
+    codes: Vec<u8>,
+    zero: Vec<u8>,
+    scale: Vec<u8>,
+}
+
+/// A normal f32 of moderate magnitude (no subnormals: GPUs may flush them).
+fn normal(rng: &mut Rng, spread: i32) -> f32 {
+    let e = rng.below((2 * spread + 1) as u64) as i32 - spread;
+    let m = 1.0 + rng.below(1 << 20) as f32 / (1 << 20) as f32;
+    let s = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+    s * m * 2f32.powi(e)
+}
+
+fn value_bytes(rng: &mut Rng, kind: &ValueKind, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| -> Vec<u8> {
+            match kind {
+                ValueKind::Bf16 => ((normal(rng, 12).to_bits() >> 16) as u16)
+                    .to_le_bytes()
+                    .to_vec(),
+                ValueKind::F16 => half::f16::from_f32(normal(rng, 12))
+                    .to_bits()
+                    .to_le_bytes()
+                    .to_vec(),
+                ValueKind::F32 => normal(rng, 12).to_le_bytes().to_vec(),
+                ValueKind::I8 | ValueKind::Table(_) => vec![rng.next() as u8],
+                ValueKind::I32 => (rng.below(300) as i32 - 150).to_le_bytes().to_vec(),
+            }
+        })
+        .collect()
+}
+
+fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
+    match rng.below(if allow_int { 6 } else { 4 }) {
+        0 => ValueKind::Bf16,
+        1 => ValueKind::F16,
+        2 => ValueKind::F32,
+        3 => {
+            let mut t = Box::new([0f32; 256]);
+            for v in t.iter_mut() {
+                *v = normal(rng, 10);
+            }
+            ValueKind::Table(t)
+        }
+        4 => ValueKind::I8,
+        _ => ValueKind::I32,
+    }
+}
+
+/// A random scale/zero grid for `dims`: (grid, entries, groups per row).
+fn random_grid(rng: &mut Rng, d: Dims) -> (Grid, usize, usize) {
+    match rng.below(4) {
+        0 => (
+            Grid {
+                row_div: 1,
+                col_div: d.cols,
+                row_stride: 0,
+                slice_stride: 0,
+            },
+            1,
+            1,
+        ),
+        1 => (
+            Grid {
+                row_div: 1,
+                col_div: d.cols,
+                row_stride: 1,
+                slice_stride: d.rows,
+            },
+            d.slices * d.rows,
+            1,
+        ),
+        2 => {
+            let g = [1, 3, 8, 16, 32, 128][rng.below(6) as usize];
+            let ng = d.cols.div_ceil(g);
+            (
+                Grid {
+                    row_div: 1,
+                    col_div: g,
+                    row_stride: ng,
+                    slice_stride: d.rows * ng,
+                },
+                d.slices * d.rows * ng,
+                ng,
+            )
+        }
+        _ => {
+            let (bh, bw) = (
+                [1, 2, 5, 16][rng.below(4) as usize],
+                [1, 4, 7, 32][rng.below(4) as usize],
+            );
+            let (nr, nc) = (d.rows.div_ceil(bh), d.cols.div_ceil(bw));
+            (
+                Grid {
+                    row_div: bh,
+                    col_div: bw,
+                    row_stride: nc,
+                    slice_stride: nr * nc,
+                },
+                d.slices * nr * nc,
+                nc,
+            )
+        }
+    }
+}
+
+/// Builds random storage, then the job over it, and checks GPU == CPU.
+fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
+    let d = Dims {
+        slices: 1 + rng.below(3) as usize,
+        rows: 1 + rng.below(40) as usize,
+        cols: 1 + rng.below(300) as usize,
+    };
+    let bits = 1 + rng.below(8) as u32;
+    let padded = rng.below(2) == 1 && 32 % bits != 0;
+    let per_word = if padded { 32 / bits } else { 0 };
+    // Int32-packed rows, or byte-granular rows (FP4 / int8 style, unaligned lanes).
+    let lane_bits = if padded || rng.below(2) == 0 {
+        let words = if padded {
+            d.cols.div_ceil(per_word as usize)
+        } else {
+            (d.cols * bits as usize).div_ceil(32)
+        };
+        words as u64 * 32
+    } else {
+        (d.cols * bits as usize).div_ceil(8) as u64 * 8
+    };
+    let slice_bits = d.rows as u64 * lane_bits;
+    let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
+    let mut bufs = Bufs {
+        codes: (0..code_len).map(|_| rng.next() as u8).collect(),
+        zero: Vec::new(),
+        scale: Vec::new(),
+    };
+    let mut code_values: Vec<f32> = (0..1 << bits).map(|_| normal(rng, 6)).collect();
+    code_values[0] = -0.0;
+    if bits >= 3 && rng.below(4) == 0 {
+        code_values[1] = f32::NAN;
+    }
+
+    let scale = if rng.below(6) == 0 {
+        None
+    } else {
+        Some(random_grid(rng, d))
+    };
+    let scale_kind = random_kind(rng, false);
+    if let Some((_, n, _)) = &scale {
+        bufs.scale = value_bytes(rng, &scale_kind, *n);
+    }
+    let groups = scale.as_ref().map_or(1, |s| s.2);
+    let zero_mode = rng.below(3);
+    let (zero_fields, zero_kind, zero_grid) = match zero_mode {
+        1 => {
+            // Packed along rows: lane = group, words `groups` apart.
+            let zrows = if padded {
+                d.rows.div_ceil(per_word as usize)
+            } else {
+                (d.rows * bits as usize).div_ceil(32)
+            };
+            bufs.zero = (0..d.slices * zrows * groups * 4)
+                .map(|_| rng.next() as u8)
+                .collect();
+            (Some((zrows, groups)), None, None)
+        }
+        2 => {
+            // A plain zero point sits on the scale's grid (as in every format).
+            let (grid, n, _) = match &scale {
+                Some(s) => *s,
+                None => random_grid(rng, d),
+            };
+            let kind = random_kind(rng, true);
+            bufs.zero = value_bytes(rng, &kind, n);
+            (None, Some(kind), Some(grid))
+        }
+        _ => (None, None, None),
+    };
+    let g_idx = match &scale {
+        Some((g, _, ng))
+            if g.row_div == 1 && g.row_stride > 1 && d.slices == 1 && rng.below(3) == 0 =>
+        {
+            Some(
+                (0..d.cols)
+                    .map(|_| rng.below(*ng as u64) as u32)
+                    .collect::<Vec<u32>>(),
+            )
+        }
+        _ => None,
+    };
+    let out = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32][rng.below(3) as usize];
+
+    let job = DecodeJob {
+        dims: d,
+        codes: Fields {
+            data: &bufs.codes,
+            bits,
+            per_word,
+            lane_bits,
+            word_bits: 32,
+            slice_bits,
+        },
+        code_values,
+        zero: match (zero_fields, zero_kind, zero_grid) {
+            (Some((zrows, groups)), _, _) => Some(ZeroPoint::Packed {
+                fields: Fields {
+                    data: &bufs.zero,
+                    bits,
+                    per_word,
+                    lane_bits: 32,
+                    word_bits: 32 * groups as u64,
+                    slice_bits: (zrows * groups) as u64 * 32,
+                },
+            }),
+            (_, Some(kind), Some(grid)) => Some(ZeroPoint::Plain(Values {
+                data: &bufs.zero,
+                kind,
+                grid,
+            })),
+            _ => None,
+        },
+        scale: scale.map(|(grid, _, _)| Values {
+            data: &bufs.scale,
+            kind: scale_kind,
+            grid,
+        }),
+        g_idx,
+        out,
+    };
+    let want = Cpu::new().decode(&job).unwrap();
+    let mut got = vec![0u8; want.len()];
+    decoder
+        .decode_rows(&job, 0..d.total_rows(), &mut got)
+        .unwrap();
+    if got != want {
+        let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+        panic!("case {case}: {d:?} bits {bits} padded {padded} lane_bits {lane_bits} zero {zero_mode} out {out}: first difference at byte {i}");
+    }
+    // A sub-range of rows, as the writer asks for.
+    if d.total_rows() > 2 {
+        let rows = 1..d.total_rows() - 1;
+        let row_bytes = d.cols * out.size();
+        let mut part = vec![0u8; rows.len() * row_bytes];
+        decoder.decode_rows(&job, rows.clone(), &mut part).unwrap();
+        assert_eq!(
+            part,
+            want[rows.start * row_bytes..rows.end * row_bytes],
+            "case {case}: row range"
+        );
+    }
+}
+
+#[test]
+fn randomized_jobs_gpu_equals_cpu() {
+    let Some(adapter) = adapter() else { return };
+    let roomy = GpuDecoder::open(&adapter).unwrap();
+    // Tiny limits: many chunks per job and 2-D dispatch grids.
+    let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(4096, 2);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for case in 0..300 {
+        check_random(&mut rng, &roomy, case);
+    }
+    for case in 0..150 {
+        check_random(&mut rng, &cramped, 1000 + case);
+    }
+}
+
+/// A 4-bit tensor whose f32 output (138 MB) is larger than one 128 MiB binding.
+#[test]
+fn output_larger_than_one_binding() {
+    let Some(adapter) = adapter() else { return };
+    let d = Dims {
+        slices: 1,
+        rows: 4224,
+        cols: 8192,
+    };
+    let mut rng = Rng(7);
+    let codes: Vec<u8> = (0..d.rows * d.cols / 2).map(|_| rng.next() as u8).collect();
+    let scale: Vec<u8> = (0..d.rows * d.cols / 128)
+        .flat_map(|_| ((normal(&mut rng, 8).to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let job = DecodeJob {
+        dims: d,
+        codes: Fields {
+            data: &codes,
+            bits: 4,
+            per_word: 0,
+            lane_bits: d.cols as u64 * 4,
+            word_bits: 32,
+            slice_bits: (d.rows * d.cols) as u64 * 4,
+        },
+        code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
+        zero: None,
+        scale: Some(Values {
+            data: &scale,
+            kind: ValueKind::Bf16,
+            grid: Grid {
+                row_div: 1,
+                col_div: 128,
+                row_stride: d.cols / 128,
+                slice_stride: 0,
+            },
+        }),
+        g_idx: None,
+        out: OutDtype::F32,
+    };
+    assert!(job.out_bytes() > 128 << 20);
+    let gpu = Gpu::open(&adapter).unwrap();
+    let got = gpu.decode(&job).unwrap();
+    let want = Cpu::new().decode(&job).unwrap();
+    assert!(got == want, "GPU and CPU differ on the large tensor");
+}
+
+/// GPU-resident output: the buffer holds exactly the CPU bytes, also when it
+/// is assembled from many chunks with an odd column count.
+#[test]
+fn decode_to_buffer_matches_cpu() {
+    let Some(adapter) = adapter() else { return };
+    let mut rng = Rng(99);
+    let d = Dims {
+        slices: 2,
+        rows: 37,
+        cols: 301,
+    };
+    let lane_words = (d.cols * 3).div_ceil(32);
+    let codes: Vec<u8> = (0..d.slices * d.rows * lane_words * 4)
+        .map(|_| rng.next() as u8)
+        .collect();
+    let scale: Vec<u8> = (0..d.slices * d.rows)
+        .flat_map(|_| {
+            half::f16::from_f32(normal(&mut rng, 6))
+                .to_bits()
+                .to_le_bytes()
+        })
+        .collect();
+    for (limit, out) in [
+        (1 << 30, OutDtype::Bf16),
+        (4096, OutDtype::Bf16),
+        (4096, OutDtype::F32),
+        (2048, OutDtype::F16),
+    ] {
+        let job = DecodeJob {
+            dims: d,
+            codes: Fields {
+                data: &codes,
+                bits: 3,
+                per_word: 0,
+                lane_bits: lane_words as u64 * 32,
+                word_bits: 32,
+                slice_bits: (d.rows * lane_words) as u64 * 32,
+            },
+            code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
+            zero: None,
+            scale: Some(Values {
+                data: &scale,
+                kind: ValueKind::F16,
+                grid: Grid {
+                    row_div: 1,
+                    col_div: d.cols,
+                    row_stride: 1,
+                    slice_stride: d.rows,
+                },
+            }),
+            g_idx: None,
+            out,
+        };
+        let decoder = GpuDecoder::open(&adapter)
+            .unwrap()
+            .with_limits(limit, 65535);
+        let buffer = decoder.decode_to_buffer(&job).unwrap();
+        let got = read_buffer(&decoder, &buffer);
+        let want = Cpu::new().decode(&job).unwrap();
+        assert_eq!(&got[..want.len()], &want[..], "limit {limit} {out}");
+    }
+}
+
+fn read_buffer(decoder: &GpuDecoder, buffer: &wgpu::Buffer) -> Vec<u8> {
+    let device = decoder.device();
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: buffer.size(),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
+    decoder.queue().submit([enc.finish()]);
+    staging
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
+    staging.unmap();
+    bytes
+}
+
+#[test]
+fn explicit_gpu_backend_names_its_adapter() {
+    let Some(adapter) = adapter() else { return };
+    let gpu = Gpu::open(&adapter).unwrap();
+    assert!(gpu.name().contains(&adapter.get_info().name));
+}
