@@ -207,7 +207,7 @@ fn remove(tensors: &mut Vec<T>, name: &str) {
 /// A safetensors file with a hand-written header (padded to 8) and `data`.
 fn raw_safetensors(header: &Value, data: &[u8]) -> Vec<u8> {
     let mut h = header.to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -148,8 +148,8 @@ fn ragged_cols(rng: &mut Rng, b: u32, group: Option<usize>) -> usize {
     let pw = (32 / b) as usize;
     loop {
         let c = range(rng, 1, 300);
-        let group_ok = group.is_none_or(|g| c > g && c % g != 0);
-        if c % pw != 0 && group_ok {
+        let group_ok = group.is_none_or(|g| c > g && !c.is_multiple_of(g));
+        if !c.is_multiple_of(pw) && group_ok {
             return c;
         }
     }
@@ -757,7 +757,7 @@ fn pack_quantized_asymmetric_packed_zero_points() {
                     // Rows that leave the zero-point lanes' last word partial.
                     let rows = loop {
                         let r = range(&mut rng, 3, 40);
-                        if r * bits as usize % 32 != 0 {
+                        if !(r * bits as usize).is_multiple_of(32) {
                             break r;
                         }
                     };
@@ -923,9 +923,13 @@ fn int8_and_fp8_weights_every_strategy() {
                         let r = range(&mut rng, 3, 40);
                         let c = range(&mut rng, 1, 300);
                         let ok = match lay {
-                            Lay::Group(g) => k > 0 || (c > g && c % g != 0),
+                            Lay::Group(g) => k > 0 || (c > g && !c.is_multiple_of(g)),
                             Lay::Block(bh, bw) => {
-                                k > 0 || (r > bh && r % bh != 0 && c > bw && c % bw != 0)
+                                k > 0
+                                    || (r > bh
+                                        && !r.is_multiple_of(bh)
+                                        && c > bw
+                                        && !c.is_multiple_of(bw))
                             }
                             _ => true,
                         };

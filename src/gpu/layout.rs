@@ -311,9 +311,9 @@ pub fn plan<'a>(
     }
     let row_out = (d.cols * job.out.size()) as u64;
     // Rows per chunk must keep chunk outputs word-aligned.
-    let unit = if row_out % 4 == 0 {
+    let unit = if row_out.is_multiple_of(4) {
         1
-    } else if row_out % 2 == 0 {
+    } else if row_out.is_multiple_of(2) {
         2
     } else {
         4

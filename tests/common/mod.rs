@@ -99,7 +99,7 @@ pub fn safetensors_bytes(tensors: &[T], metadata: Option<&BTreeMap<String, Strin
         off += t.data.len();
     }
     let mut h = Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
