@@ -80,6 +80,37 @@ impl TensorRef<'_> {
         self.shape.iter().product()
     }
 
+    /// The values of an integer tensor (I8, I16, I32, I64, U8…U32) widened to
+    /// i64; empty for other dtypes (callers check the dtype first).
+    pub fn ints(&self) -> Vec<i64> {
+        let d = self.data;
+        match self.dtype {
+            Dtype::I64 => d
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+            Dtype::I32 => d
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            Dtype::U32 => d
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            Dtype::I16 => d
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as i64)
+                .collect(),
+            Dtype::U16 => d
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64)
+                .collect(),
+            Dtype::I8 => d.iter().map(|&b| b as i8 as i64).collect(),
+            Dtype::U8 => d.iter().map(|&b| b as i64).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// An error about this tensor.
     pub fn error(&self, rule: Rule, detail: impl Into<String>) -> Error {
         Error::tensor(rule, self.file, self.name, detail)

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{fixtures, read_dir_tensors, Rng};
+use common::{check_case, fixtures, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::gpu::{self, Gpu, GpuDecoder};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
@@ -25,19 +25,6 @@ fn adapter() -> Option<wgpu::Adapter> {
         }
     }
 }
-
-const CASES: &[&str] = &[
-    "fp8-dynamic",
-    "legacy-w3a16-g16",
-    "modelopt-nvfp4",
-    "mxfp4a16",
-    "nvfp4a16",
-    "sharded-nvfp4a16",
-    "w3a16-g16",
-    "w4a16-asym-g128",
-    "w4a16-g128",
-    "w8a16-g128",
-];
 
 #[test]
 fn every_fixture_gpu_equals_cpu_and_digests() {
@@ -60,34 +47,14 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
             let cpu = run(BackendChoice::Cpu, "cpu");
             assert_eq!(gpu, cpu, "{case} {dtype}: GPU and CPU differ");
         }
-        // And straight against the producer's digests for the default dtype.
-        let digests: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(
-            &std::fs::read(fixtures().join(case).join("expected-bf16.digests.json")).unwrap(),
-        )
-        .unwrap();
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("gpu");
-        let opts = Options {
-            dtype: DtypeChoice::Auto,
-            backend: BackendChoice::Gpu,
-        };
-        dequantize(&fixtures().join(case).join("model"), &out, &opts).unwrap();
-        for (name, (_, _, bytes)) in read_dir_tensors(&out) {
-            let bytes = if case.starts_with("modelopt") {
-                // ModelOpt's reference writes +0 where E2M1 says −0.
-                bytes
-                    .chunks(2)
-                    .flat_map(|c| if c == [0, 0x80] { [0, 0] } else { [c[0], c[1]] })
-                    .collect()
-            } else {
-                bytes
-            };
-            assert_eq!(
-                common::sha256_hex(&bytes),
-                digests[&name]["sha256"].as_str().unwrap(),
-                "{case}: {name}"
-            );
-        }
+        // And straight against the producer's digests.
+        check_case(
+            case,
+            DtypeChoice::Auto,
+            BackendChoice::Gpu,
+            "expected-bf16.digests.json",
+            false,
+        );
     }
 }
 

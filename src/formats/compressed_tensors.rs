@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{
     byte_codes, byte_table, check_extent, decoded_output, e2m1_values, expect_dtype, float_kind,
-    fp4_codes, grid_values, modules_with, require, scalar_f32, split_shape, stored_kind,
+    fp4_codes, grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind,
     ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
@@ -252,28 +252,19 @@ pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
     let mut modules: BTreeSet<&str> = modules_with(ckpt, "weight_packed").into_iter().collect();
     modules.extend(modules_with(ckpt, "weight_scale"));
 
-    for module in modules {
-        for p in WEIGHT_PARAMS {
-            let n = format!("{module}.{p}");
-            if ckpt.get(&n).is_some() {
-                consumed.insert(n);
-            }
-        }
-        if cfg
-            .ignore
+    let (dtype, ignored) = (plan.dtype, |m: &str| {
+        cfg.ignore
             .iter()
-            .any(|t| !matches!(t, Target::Class(_)) && t.rank(module).is_some())
-        {
-            plan.warnings.push(Warning {
-                subject: module.to_string(),
-                detail: "listed in ignore but stored quantized; decoded anyway".into(),
-            });
-        }
-        match plan_module(cfg, ckpt, module, plan.dtype, &mut plan.warnings) {
-            Ok(out) => plan.outputs.push(out),
-            Err(e) => plan.errors.push(e),
-        }
-    }
+            .any(|t| !matches!(t, Target::Class(_)) && t.rank(m).is_some())
+    });
+    plan_each(
+        plan,
+        consumed,
+        modules,
+        WEIGHT_PARAMS,
+        |m| ignored(m).then_some("listed in ignore but stored quantized; decoded anyway"),
+        |m, warnings| plan_module(cfg, ckpt, m, dtype, warnings),
+    );
 }
 
 fn plan_module<'c>(
@@ -369,18 +360,7 @@ fn scale_layout(cfg: &Config, module: &str, s: &Scheme) -> Result<ScaleLayout> {
 /// Reads `weight_shape`: 2 or 3 positive integers.
 fn logical_shape(t: &TensorRef<'_>) -> Result<Vec<usize>> {
     expect_dtype(t, &[Dtype::I64, Dtype::I32])?;
-    let vals: Vec<i64> = match t.dtype {
-        Dtype::I64 => t
-            .data
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-        _ => t
-            .data
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-            .collect(),
-    };
+    let vals = t.ints();
     if !(2..=3).contains(&vals.len()) || t.shape.len() != 1 {
         return Err(t.error(
             Rule::TensorShape,
@@ -574,18 +554,7 @@ fn g_idx(
         ));
     }
     let groups = layout.groups(dims.cols) as i64;
-    let vals: Vec<i64> = match t.dtype {
-        Dtype::I64 => t
-            .data
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-        _ => t
-            .data
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-            .collect(),
-    };
+    let vals = t.ints();
     vals.iter()
         .enumerate()
         .map(|(c, &g)| {

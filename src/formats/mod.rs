@@ -17,7 +17,7 @@ use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
-use crate::plan::{Output, Plan, Source};
+use crate::plan::{Output, Plan, Source, Warning};
 
 pub use targets::Target;
 
@@ -146,6 +146,38 @@ pub fn plan_modules(plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
         Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, plan, consumed),
         Format::Modelopt(cfg) => modelopt::plan(cfg, plan, consumed),
         Format::Dense => {}
+    }
+}
+
+/// Plans each quantized module: records its stored `params` as consumed,
+/// warns when the config says the module is not quantized (`excluded` gives
+/// the warning), and adds the module's output, or its error, to `plan`.
+pub fn plan_each<'c>(
+    plan: &mut Plan<'c>,
+    consumed: &mut HashSet<String>,
+    modules: impl IntoIterator<Item = &'c str>,
+    params: &[&str],
+    excluded: impl Fn(&str) -> Option<&'static str>,
+    mut build: impl FnMut(&str, &mut Vec<Warning>) -> Result<Output<'c>>,
+) {
+    let ckpt = plan.checkpoint;
+    for module in modules {
+        for p in params {
+            let name = format!("{module}.{p}");
+            if ckpt.get(&name).is_some() {
+                consumed.insert(name);
+            }
+        }
+        if let Some(why) = excluded(module) {
+            plan.warnings.push(Warning {
+                subject: module.to_string(),
+                detail: why.to_string(),
+            });
+        }
+        match build(module, &mut plan.warnings) {
+            Ok(out) => plan.outputs.push(out),
+            Err(e) => plan.errors.push(e),
+        }
     }
 }
 

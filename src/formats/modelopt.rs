@@ -9,13 +9,13 @@ use serde_json::Value;
 
 use super::{
     byte_table, decoded_output, e2m1_values, expect_dtype, fp4_codes, grid_values, modules_with,
-    require, scalar_f32, split_shape, ScaleLayout, Target,
+    plan_each, require, scalar_f32, split_shape, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, JsonFile};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims};
 use crate::numerics::{self, OutDtype};
-use crate::plan::{Output, Plan, Warning};
+use crate::plan::{Output, Plan};
 
 /// A ModelOpt quantization config.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -133,24 +133,20 @@ pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
                 .is_some_and(|t| t.dtype == Dtype::U8)
         }))
         .collect();
-    for module in modules {
-        for p in ["weight", "weight_scale", "weight_scale_2"] {
-            let n = format!("{module}.{p}");
-            if ckpt.get(&n).is_some() {
-                consumed.insert(n);
-            }
-        }
-        if cfg.exclude_modules.iter().any(|t| t.rank(module).is_some()) {
-            plan.warnings.push(Warning {
-                subject: module.to_string(),
-                detail: "listed in exclude_modules but stored as NVFP4; decoded anyway".into(),
-            });
-        }
-        match plan_module(cfg, ckpt, module, plan.dtype) {
-            Ok(out) => plan.outputs.push(out),
-            Err(e) => plan.errors.push(e),
-        }
-    }
+    let dtype = plan.dtype;
+    plan_each(
+        plan,
+        consumed,
+        modules,
+        &["weight", "weight_scale", "weight_scale_2"],
+        |m| {
+            cfg.exclude_modules
+                .iter()
+                .any(|t| t.rank(m).is_some())
+                .then_some("listed in exclude_modules but stored as NVFP4; decoded anyway")
+        },
+        |m, _| plan_module(cfg, ckpt, m, dtype),
+    );
 }
 
 fn plan_module<'c>(

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options};
 
 /// One stored tensor: name, safetensors dtype string, shape, raw bytes.
 #[derive(Clone, Debug)]
@@ -198,5 +199,96 @@ impl Rng {
     }
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+/// The reference checkpoints in tests/fixtures.
+pub const CASES: &[&str] = &[
+    "fp8-dynamic",
+    "legacy-w3a16-g16",
+    "modelopt-nvfp4",
+    "mxfp4a16",
+    "nvfp4a16",
+    "sharded-nvfp4a16",
+    "w3a16-g16",
+    "w4a16-asym-g128",
+    "w4a16-g128",
+    "w8a16-g128",
+];
+
+/// ModelOpt's E2M1 table maps code 0b1000 to +0; ours (and the format) say −0.
+pub fn plus_zero(dtype: &str, bytes: &[u8]) -> Vec<u8> {
+    match dtype {
+        "BF16" => bytes
+            .chunks(2)
+            .flat_map(|c| if c == [0, 0x80] { [0, 0] } else { [c[0], c[1]] })
+            .collect(),
+        "F32" => bytes
+            .chunks(4)
+            .flat_map(|c| {
+                if c == [0, 0, 0, 0x80] {
+                    [0; 4]
+                } else {
+                    [c[0], c[1], c[2], c[3]]
+                }
+            })
+            .collect(),
+        _ => bytes.to_vec(),
+    }
+}
+
+pub fn bf16_of_f32(bytes: &[u8]) -> Vec<u8> {
+    bytes
+        .chunks(4)
+        .flat_map(|c| {
+            half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .to_bits()
+                .to_le_bytes()
+        })
+        .collect()
+}
+
+/// Decodes `case` with `dtype` and compares every tensor with `digests`.
+/// `widen` rounds our f32 outputs to bf16 first (compressed-tensors' f32
+/// references are its bf16 results widened).
+pub fn check_case(
+    case: &str,
+    dtype: DtypeChoice,
+    backend: BackendChoice,
+    digests: &str,
+    widen: bool,
+) {
+    let dir = fixtures().join(case);
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("dense");
+    dequantize(&dir.join("model"), &out, &Options { dtype, backend })
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+    let got = read_dir_tensors(&out);
+    let want: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(dir.join(digests)).unwrap()).unwrap();
+    assert_eq!(got.len(), want.len(), "{case}: tensor count");
+    let modelopt = case.starts_with("modelopt");
+    for (name, w) in &want {
+        let (dt, shape, bytes) = got
+            .get(name)
+            .unwrap_or_else(|| panic!("{case}: missing {name}"));
+        let want_shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
+        assert_eq!(shape, &want_shape, "{case}: {name} shape");
+        let (dt, bytes) = if widen && dt == "F32" {
+            ("BF16".to_string(), bf16_of_f32(bytes))
+        } else {
+            (dt.clone(), bytes.clone())
+        };
+        let bytes = if modelopt {
+            plus_zero(&dt, &bytes)
+        } else {
+            bytes
+        };
+        assert_eq!(dt, w["dtype"].as_str().unwrap(), "{case}: {name} dtype");
+        assert_eq!(
+            sha256_hex(&bytes),
+            w["sha256"].as_str().unwrap(),
+            "{case}: {name} bytes"
+        );
     }
 }
