@@ -145,9 +145,23 @@ pub struct Checkpoint {
     lookup: HashMap<String, usize>,
 }
 
+/// Sidecar JSON files larger than this are refused rather than read: real
+/// configs and indexes are kilobytes to a few megabytes.
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
 fn read_json(path: &Path) -> Result<Option<JsonFile>> {
     if !path.is_file() {
         return Ok(None);
+    }
+    let len = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    if len > MAX_JSON_BYTES {
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            format!("{len} bytes; a config or index over {MAX_JSON_BYTES} bytes is not read"),
+        ));
     }
     let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
     let value = serde_json::from_slice(&text)

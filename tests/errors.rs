@@ -738,6 +738,25 @@ fn config_that_is_not_json_is_config_error() {
 }
 
 #[test]
+fn config_too_large_to_read_is_config_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    pack_ckpt(&dir, &pack_tensors(), pack_weights());
+    // Sparse: 65 MiB on paper, nothing on disk.
+    let f = std::fs::File::create(dir.join("config.json")).unwrap();
+    f.set_len(65 << 20).unwrap();
+    expect(
+        &dir,
+        Want {
+            stage: Stage::Open,
+            rule: Rule::Config,
+            files: &[dir.join("config.json")],
+            tensor: None,
+        },
+    );
+}
+
+#[test]
 fn hf_quant_config_that_is_not_json_is_config_error() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ckpt");
