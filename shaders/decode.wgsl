@@ -158,6 +158,15 @@ fn decode(slice: u32, row: u32, col: u32) -> f32 {
     return v;
 }
 
+// numerics::f32_bits: NaN payloads and signs are not portable, so one NaN.
+fn to_f32(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return 0x7fc00000u;
+    }
+    return b;
+}
+
 // numerics::f32_to_bf16.
 fn to_bf16(x: f32) -> u32 {
     let b = bitcast<u32>(x);
@@ -173,7 +182,7 @@ fn to_f16(x: f32) -> u32 {
     let sign = (b >> 16u) & 0x8000u;
     let a = b & 0x7fffffffu;
     if (a > 0x7f800000u) {
-        return sign | 0x7e00u;
+        return 0x7e00u;
     }
     if (a >= 0x47800000u) {
         return sign | 0x7c00u;
@@ -212,7 +221,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.row_threads;
     if (p.out_kind == 0u) {
         if (t < p.elems) {
-            dst[t] = bitcast<u32>(element(t));
+            dst[t] = to_f32(element(t));
         }
         return;
     }

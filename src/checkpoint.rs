@@ -195,6 +195,13 @@ impl Checkpoint {
             vec![path.to_path_buf()]
         } else if let Some(idx) = read_json(&dir.join(INDEX_FILE))? {
             let files = index_files(&idx)?;
+            if files.is_empty() {
+                return Err(Error::new(
+                    Rule::Index,
+                    &idx.path,
+                    "weight_map names no shard",
+                ));
+            }
             if let Some(missing) = files.iter().find(|f| !dir.join(f).is_file()) {
                 return Err(Error::new(
                     Rule::Index,
@@ -321,8 +328,8 @@ impl Checkpoint {
     }
 }
 
-/// Shard file names listed by an index, in first-seen order; each must be a
-/// plain file name (an index cannot point outside its directory).
+/// Shard file names listed by an index, sorted and without repeats; each must
+/// be a plain file name (an index cannot point outside its directory).
 fn index_files(idx: &JsonFile) -> Result<Vec<String>> {
     let map = idx
         .value

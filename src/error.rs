@@ -40,6 +40,9 @@ pub enum Rule {
     Output,
     /// ARG-001: a command-line or API argument is invalid.
     Argument,
+    /// GPU-001: the GPU backend cannot run (no adapter, a device error, a
+    /// tensor beyond the adapter's limits).
+    Gpu,
 }
 
 impl Rule {
@@ -60,6 +63,7 @@ impl Rule {
             Rule::DuplicateTensor => "TEN-005",
             Rule::Output => "OUT-001",
             Rule::Argument => "ARG-001",
+            Rule::Gpu => "GPU-001",
         }
     }
 }

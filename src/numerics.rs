@@ -89,7 +89,7 @@ impl OutDtype {
         match self {
             OutDtype::Bf16 => out.copy_from_slice(&f32_to_bf16(x).to_le_bytes()),
             OutDtype::F16 => out.copy_from_slice(&f32_to_f16(x).to_le_bytes()),
-            OutDtype::F32 => out.copy_from_slice(&x.to_bits().to_le_bytes()),
+            OutDtype::F32 => out.copy_from_slice(&f32_bits(x).to_le_bytes()),
         }
     }
 }
@@ -101,6 +101,18 @@ impl std::fmt::Display for OutDtype {
             OutDtype::F16 => "f16",
             OutDtype::F32 => "f32",
         })
+    }
+}
+
+/// f32 bits as written; every NaN becomes the canonical quiet NaN 0x7FC0_0000,
+/// since the sign and payload of a NaN product differ between CPUs and GPUs.
+#[inline]
+pub fn f32_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        0x7FC0_0000
+    } else {
+        b
     }
 }
 
@@ -117,14 +129,14 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 }
 
 /// f32 → IEEE half bits, round to nearest even, overflow to ±inf; NaN becomes
-/// 0x7E00 with the input's sign (as PyTorch does).
+/// the canonical 0x7E00 (the sign of a NaN product is not portable).
 #[inline]
 pub fn f32_to_f16(x: f32) -> u16 {
     let b = x.to_bits();
     let sign = ((b >> 16) & 0x8000) as u16;
     let a = b & 0x7FFF_FFFF;
     if a > 0x7F80_0000 {
-        return sign | 0x7E00;
+        return 0x7E00;
     }
     if a >= 0x4780_0000 {
         // |x| >= 65536 (or inf): beyond every finite half after rounding.
@@ -261,7 +273,7 @@ mod tests {
         for bits in probe_values() {
             let x = f32::from_bits(bits);
             if x.is_nan() {
-                assert_eq!(f32_to_f16(x) & 0x7FFF, 0x7E00);
+                assert_eq!(f32_to_f16(x), 0x7E00);
                 continue;
             }
             assert_eq!(

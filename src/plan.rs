@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use safetensors::Dtype;
 
 use crate::checkpoint::{Checkpoint, TensorRef};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
 use crate::job::DecodeJob;
 use crate::numerics::OutDtype;
@@ -115,6 +115,19 @@ impl<'a> Plan<'a> {
             }
             if consumed.contains(name) {
                 plan.dropped.push(name.to_string());
+                continue;
+            }
+            let last = name.rsplit('.').next().unwrap_or(name);
+            if formats::WEIGHT_QUANT_PARAMS.contains(&last) {
+                plan.errors.push(Error::tensor(
+                    Rule::Config,
+                    ckpt.display_path(),
+                    name,
+                    format!(
+                        "a quantization parameter, but its module is not decoded under {}",
+                        plan.format.describe()
+                    ),
+                ));
                 continue;
             }
             if let Some(t) = ckpt.get(name) {

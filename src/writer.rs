@@ -54,8 +54,22 @@ impl Staging {
     fn new(out: &Path) -> Result<Staging> {
         let mut created = Vec::new();
         match fs::read_dir(out) {
-            Ok(mut entries) => {
-                if entries.next().is_some() {
+            Ok(entries) => {
+                let names: Vec<_> = entries
+                    .take(2)
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name())
+                    .collect();
+                if names.len() == 1 && names[0] == STAGING {
+                    return Err(Error::new(
+                        Rule::Output,
+                        out,
+                        format!(
+                            "holds only {STAGING}, left by an interrupted run; remove it and retry"
+                        ),
+                    ));
+                }
+                if !names.is_empty() {
                     return Err(Error::new(
                         Rule::Output,
                         out,
@@ -306,9 +320,20 @@ fn write_into(
 }
 
 /// Copies the checkpoint's other regular files (tokenizer, generation config,
-/// …); weights, the index and the quantization configs are not copied.
+/// …); weights in any format, the index and the quantization configs are not.
 fn copy_side_files(ckpt: &crate::checkpoint::Checkpoint, staging: &Staging) -> Result<()> {
     const SKIP: &[&str] = &[INDEX_FILE, "config.json", "hf_quant_config.json"];
+    const WEIGHTS: &[&str] = &[
+        "safetensors",
+        "bin",
+        "pt",
+        "pth",
+        "ckpt",
+        "gguf",
+        "h5",
+        "msgpack",
+        "onnx",
+    ];
     let entries = fs::read_dir(&ckpt.dir).map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
@@ -316,7 +341,10 @@ fn copy_side_files(ckpt: &crate::checkpoint::Checkpoint, staging: &Staging) -> R
         let path = entry.path();
         // is_file follows symlinks: Hugging Face cache snapshots are all links.
         let is_file = path.is_file();
-        if !is_file || SKIP.contains(&name.as_str()) || name.ends_with(".safetensors") {
+        let weights = Path::new(&name)
+            .extension()
+            .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)));
+        if !is_file || weights || SKIP.contains(&name.as_str()) {
             continue;
         }
         let to = staging.dir.join(&name);

@@ -28,13 +28,13 @@ impl Backend for Cpu {
     }
 
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+        super::check_rows(job, &rows, out)?;
         let cols = job.dims.cols;
         let size = job.out.size();
         let row_bytes = cols * size;
         if row_bytes == 0 || rows.is_empty() {
             return Ok(());
         }
-        debug_assert_eq!(out.len(), rows.len() * row_bytes);
         let rows_per_task = TASK_ELEMENTS.div_ceil(cols);
         out.par_chunks_mut(rows_per_task * row_bytes)
             .enumerate()

@@ -28,6 +28,28 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// Fails unless `rows` lies inside `job` and `out` holds exactly their bytes
+/// (backends call it before decoding; callers of the library can get it wrong).
+pub fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
+    let row_bytes = job.dims.cols * job.out.size();
+    if rows.start > rows.end
+        || rows.end > job.dims.total_rows()
+        || out.len() != rows.len() * row_bytes
+    {
+        return Err(Error::new(
+            Rule::Argument,
+            "decode_rows",
+            format!(
+                "rows {rows:?} of {} with a {}-byte buffer ({} needed)",
+                job.dims.total_rows(),
+                out.len(),
+                rows.len() * row_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Which backend to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
@@ -64,7 +86,7 @@ pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>
         BackendChoice::Gpu => match gpu::find_adapter() {
             Some(adapter) => Ok((Box::new(Gpu::open(&adapter)?), None)),
             None => Err(Error::new(
-                Rule::Argument,
+                Rule::Gpu,
                 "--backend",
                 "gpu: no GPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)",
             )),

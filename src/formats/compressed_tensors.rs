@@ -8,8 +8,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, byte_table, check_extent, decoded_output, e2m1_values, expect_dtype, float_kind,
-    fp4_codes, grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind,
+    byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
+    grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind,
     ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
@@ -114,12 +114,14 @@ fn parse_scheme(path: &Path, group: &str, w: &Value) -> Result<Scheme> {
         .ok_or_else(|| err("num_bits is missing or not a number"))?;
     let num_bits = u32::try_from(num_bits).map_err(|_| err("num_bits is out of range"))?;
     let usize_of = |v: &Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
+    // compressed-tensors writes -1 for "a whole row" (channel strategy).
     let group_size = match w.get("group_size") {
         None | Some(Value::Null) => None,
+        Some(v) if v.as_i64() == Some(-1) => None,
         Some(v) => Some(
             usize_of(v)
                 .filter(|&g| g > 0)
-                .ok_or_else(|| err("group_size must be a positive integer"))?,
+                .ok_or_else(|| err("group_size must be a positive integer or -1"))?,
         ),
     };
     let block_structure = match w.get("block_structure") {
@@ -144,18 +146,24 @@ fn parse_scheme(path: &Path, group: &str, w: &Value) -> Result<Scheme> {
         }
         Some(_) => return Err(err("block_structure must be [rows, cols]")),
     };
+    let lower = |k: &str| {
+        w.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_ascii_lowercase)
+    };
+    // As compressed-tensors does when a config leaves the strategy out.
+    let strategy = lower("strategy").unwrap_or_else(|| {
+        match w.get("group_size").and_then(Value::as_i64) {
+            Some(g) if g > 0 => "group",
+            Some(-1) => "channel",
+            _ => "tensor",
+        }
+        .to_string()
+    });
     Ok(Scheme {
         num_bits,
-        kind: w
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("int")
-            .to_string(),
-        strategy: w
-            .get("strategy")
-            .and_then(Value::as_str)
-            .unwrap_or("tensor")
-            .to_string(),
+        kind: lower("type").unwrap_or_else(|| "int".into()),
+        strategy,
         group_size,
         block_structure,
         symmetric: w.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
@@ -206,6 +214,20 @@ impl Config {
                 ));
             }
         }
+        let transforms = qc.get("transform_config").filter(|t| match t {
+            Value::Object(o) => o
+                .values()
+                .any(|v| !(v.is_null() || v.as_object().is_some_and(|o| o.is_empty()))),
+            Value::Null => false,
+            _ => true,
+        });
+        if transforms.is_some() {
+            return Err(Error::new(
+                Rule::Unsupported,
+                path,
+                "transform_config (online rotations) is set: the stored weights are in a rotated basis that a dense checkpoint cannot express",
+            ));
+        }
         Ok(Config {
             path: path.to_path_buf(),
             version: qc
@@ -232,16 +254,25 @@ impl Config {
         (major, minor) < (0, 18)
     }
 
-    /// The config group that quantizes `module`: the most specific target wins.
-    fn group_for(&self, module: &str) -> Option<&Group> {
+    /// The config group that quantizes `module`: the most specific target
+    /// wins; among equals, a group whose format fits how the module is stored
+    /// (`packed`: it has `weight_packed`) wins over one that does not.
+    fn group_for(&self, module: &str, packed: bool) -> Option<&Group> {
+        let fits = |g: &Group| g.format.contains("pack") == packed;
         self.groups
             .iter()
             .filter(|g| g.weights.is_some())
-            .filter_map(|g| Some((g.targets.iter().filter_map(|t| t.rank(module)).max()?, g)))
-            .fold(None, |best: Option<(u8, &Group)>, (r, g)| match best {
-                Some((br, _)) if br >= r => best,
-                _ => Some((r, g)),
+            .filter_map(|g| {
+                let rank = g.targets.iter().filter_map(|t| t.rank(module)).max()?;
+                Some(((rank, fits(g)), g))
             })
+            .fold(
+                None,
+                |best: Option<((u8, bool), &Group)>, (r, g)| match best {
+                    Some((br, _)) if br >= r => best,
+                    _ => Some((r, g)),
+                },
+            )
             .map(|(_, g)| g)
     }
 }
@@ -274,7 +305,8 @@ fn plan_module<'c>(
     out: OutDtype,
     warnings: &mut Vec<Warning>,
 ) -> Result<Output<'c>> {
-    let group = cfg.group_for(module).ok_or_else(|| {
+    let packed = ckpt.get(&format!("{module}.weight_packed")).is_some();
+    let group = cfg.group_for(module, packed).ok_or_else(|| {
         Error::tensor(
             Rule::Config,
             &cfg.path,
@@ -584,16 +616,15 @@ fn fp4_packed<'c>(
         None => {
             let mut s = packed.shape.to_vec();
             if let Some(last) = s.last_mut() {
-                *last *= 2;
+                *last = last.saturating_mul(2);
             }
             s
         }
     };
     let (slices, rows, cols) = split_shape(&packed, &shape)?;
     let dims = Dims { slices, rows, cols };
-    let codes = fp4_codes(&packed, dims)?;
     let scale_t = require(ckpt, module, "weight_scale")?;
-    let kind = if nvfp4 {
+    let table = if nvfp4 {
         expect_dtype(&scale_t, &[Dtype::F8_E4M3, Dtype::U8])?;
         let global = scalar_f32(&require(ckpt, module, "weight_global_scale")?)?;
         byte_table(|b| numerics::e4m3(b) / global)
@@ -601,16 +632,7 @@ fn fp4_packed<'c>(
         expect_dtype(&scale_t, &[Dtype::U8, Dtype::F8_E8M0])?;
         byte_table(numerics::e8m0)
     };
-    let scale = grid_values(scale_t, kind, layout, dims)?;
-    let job = DecodeJob {
-        dims,
-        codes,
-        code_values: e2m1_values(),
-        zero: None,
-        scale: Some(scale),
-        g_idx: None,
-        out,
-    };
+    let job = fp4_job(&packed, dims, scale_t, table, layout, out)?;
     Ok((job, shape, packed.shard))
 }
 

@@ -53,27 +53,35 @@ impl Format {
 }
 
 /// Reads the sidecar configs and tells which format the checkpoint is.
+///
+/// `config.json`'s `quantization_config` decides; `hf_quant_config.json` is
+/// ModelOpt's own sidecar and is read when config.json names ModelOpt or has
+/// no quantization config at all (a compressed-tensors checkpoint converted
+/// from ModelOpt may still carry the old sidecar).
 pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
-    if let Some(f) = &ckpt.hf_quant_config {
-        return Ok(Format::Modelopt(modelopt::Config::from_hf_quant_config(f)?));
-    }
     let qc = ckpt
         .config
         .as_ref()
         .and_then(|c| c.value.get("quantization_config").map(|q| (c, q)));
     if let Some((file, qc)) = qc {
         let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("");
-        return match method {
+        return match method.to_ascii_lowercase().as_str() {
             "compressed-tensors" => Ok(Format::CompressedTensors(compressed_tensors::Config::parse(
                 &file.path, qc,
             )?)),
-            "modelopt" => Ok(Format::Modelopt(modelopt::Config::from_config_json(&file.path, qc)?)),
+            "modelopt" => Ok(Format::Modelopt(match &ckpt.hf_quant_config {
+                Some(f) => modelopt::Config::from_hf_quant_config(f)?,
+                None => modelopt::Config::from_config_json(&file.path, qc)?,
+            })),
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
                 format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt)"),
             )),
         };
+    }
+    if let Some(f) = &ckpt.hf_quant_config {
+        return Ok(Format::Modelopt(modelopt::Config::from_hf_quant_config(f)?));
     }
     for shard in &ckpt.shards {
         if let Some(meta) = shard.header_metadata() {
@@ -190,7 +198,24 @@ pub const ACTIVATION_PARAMS: &[&str] = &[
     "output_scale",
     "output_zero_point",
     "k_scale",
+    "k_zero_point",
     "v_scale",
+    "v_zero_point",
+    "q_scale",
+    "q_zero_point",
+];
+
+/// Names of weight quantization parameters. One left over after planning
+/// means a quantized module was not decoded: copying it would write a
+/// "dense" checkpoint that is not dense.
+pub const WEIGHT_QUANT_PARAMS: &[&str] = &[
+    "weight_packed",
+    "weight_scale",
+    "weight_scale_2",
+    "weight_zero_point",
+    "weight_shape",
+    "weight_g_idx",
+    "weight_global_scale",
 ];
 
 /// The modules that carry tensor `suffix` (`<module>.<suffix>`), sorted.
@@ -226,16 +251,27 @@ pub fn expect_dtype(t: &TensorRef<'_>, allowed: &[Dtype]) -> Result<()> {
     }
 }
 
-/// The (slices, rows, last) view of a 2-D or 3-D shape.
+/// The (slices, rows, last) view of a 2-D or 3-D shape with no zero
+/// dimension (an empty weight has nothing to decode, and a zero beside huge
+/// dimensions would let size products overflow).
 pub fn split_shape(t: &TensorRef<'_>, shape: &[usize]) -> Result<(usize, usize, usize)> {
-    match *shape {
-        [r, c] => Ok((1, r, c)),
-        [e, r, c] => Ok((e, r, c)),
-        _ => Err(t.error(
+    let dims = match *shape {
+        [r, c] => (1, r, c),
+        [e, r, c] => (e, r, c),
+        _ => {
+            return Err(t.error(
+                Rule::TensorShape,
+                format!("shape {shape:?}: only 2-D and 3-D weights are quantized"),
+            ))
+        }
+    };
+    if shape.contains(&0) {
+        return Err(t.error(
             Rule::TensorShape,
-            format!("shape {shape:?}: only 2-D and 3-D weights are quantized"),
-        )),
+            format!("shape {shape:?} has no elements"),
+        ));
     }
+    Ok(dims)
 }
 
 /// A scale/zero-point layout: what one entry covers.
@@ -461,6 +497,27 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
     };
     check_extent(packed, &fields, dims.slices, dims.rows, dims.cols)?;
     Ok(fields)
+}
+
+/// The job of an FP4 (E2M1) weight: nibble codes, one byte-indexed scale
+/// table (e4m3 or e8m0 with any global factor folded in), no zero point.
+pub fn fp4_job<'c>(
+    packed: &TensorRef<'c>,
+    dims: Dims,
+    scale: TensorRef<'c>,
+    table: ValueKind,
+    layout: ScaleLayout,
+    out: OutDtype,
+) -> Result<DecodeJob<'c>> {
+    Ok(DecodeJob {
+        dims,
+        codes: fp4_codes(packed, dims)?,
+        code_values: e2m1_values(),
+        zero: None,
+        scale: Some(grid_values(scale, table, layout, dims)?),
+        g_idx: None,
+        out,
+    })
 }
 
 /// One byte per element (int8 or FP8 weights), row-major.

@@ -8,12 +8,12 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, decoded_output, e2m1_values, expect_dtype, fp4_codes, grid_values, modules_with,
-    plan_each, require, scalar_f32, split_shape, ScaleLayout, Target,
+    byte_table, decoded_output, expect_dtype, fp4_job, modules_with, plan_each, require,
+    scalar_f32, split_shape, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, JsonFile};
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims};
+use crate::job::Dims;
 use crate::numerics::{self, OutDtype};
 use crate::plan::{Output, Plan};
 
@@ -56,69 +56,57 @@ fn globs(v: Option<&Value>) -> Vec<Target> {
 }
 
 impl Config {
-    fn checked(self) -> Result<Config> {
-        if self.quant_algo != "NVFP4" {
+    /// Reads the `quantization` object (hf_quant_config.json's, or the one a
+    /// config.json may nest) or a flat config.json `quantization_config`.
+    fn from_object(path: &Path, root: &Value) -> Result<Config> {
+        let q = root.get("quantization").unwrap_or(root);
+        let group = q.get("group_size").or_else(|| {
+            q.get("config_groups")
+                .and_then(Value::as_object)
+                .and_then(|groups| {
+                    groups
+                        .values()
+                        .find_map(|g| g.pointer("/weights/group_size"))
+                })
+        });
+        let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or("");
+        let cfg = Config {
+            path: path.to_path_buf(),
+            producer_version: root
+                .pointer("/producer/version")
+                .or_else(|| q.pointer("/producer/version"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            quant_algo: algo.to_ascii_uppercase(),
+            group_size: group_size(path, group)?,
+            exclude_modules: globs(q.get("exclude_modules").or_else(|| q.get("ignore"))),
+        };
+        // W4A16_NVFP4 stores the same NVFP4 weights (activations stay 16-bit).
+        if !matches!(cfg.quant_algo.as_str(), "NVFP4" | "W4A16_NVFP4") {
             return Err(Error::new(
                 Rule::Unsupported,
-                &self.path,
-                format!(
-                    "ModelOpt quant_algo {:?} is not decoded (only NVFP4)",
-                    self.quant_algo
-                ),
+                path,
+                format!("ModelOpt quant_algo {algo:?} is not decoded (only NVFP4)"),
             ));
         }
-        Ok(self)
+        Ok(cfg)
     }
 
     /// Reads `hf_quant_config.json`.
     pub fn from_hf_quant_config(f: &JsonFile) -> Result<Config> {
-        let q = f
-            .value
-            .get("quantization")
-            .ok_or_else(|| Error::new(Rule::Config, &f.path, "no \"quantization\" object"))?;
-        Config {
-            path: f.path.clone(),
-            producer_version: f
-                .value
-                .pointer("/producer/version")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            quant_algo: q
-                .get("quant_algo")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            group_size: group_size(&f.path, q.get("group_size"))?,
-            exclude_modules: globs(q.get("exclude_modules")),
+        if f.value.get("quantization").is_none() {
+            return Err(Error::new(
+                Rule::Config,
+                &f.path,
+                "no \"quantization\" object",
+            ));
         }
-        .checked()
+        Config::from_object(&f.path, &f.value)
     }
 
     /// Reads the `quantization_config` of a `config.json` written by ModelOpt.
     pub fn from_config_json(path: &Path, qc: &Value) -> Result<Config> {
-        let g = qc
-            .get("config_groups")
-            .and_then(Value::as_object)
-            .and_then(|groups| {
-                groups
-                    .values()
-                    .find_map(|g| g.pointer("/weights/group_size"))
-            });
-        Config {
-            path: path.to_path_buf(),
-            producer_version: qc
-                .pointer("/producer/version")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            quant_algo: qc
-                .get("quant_algo")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            group_size: group_size(path, g)?,
-            exclude_modules: globs(qc.get("ignore").or_else(|| qc.get("exclude_modules"))),
-        }
-        .checked()
+        Config::from_object(path, qc)
     }
 }
 
@@ -164,23 +152,11 @@ fn plan_module<'c>(
     let dims = Dims {
         slices,
         rows,
-        cols: width * 2,
+        cols: width.saturating_mul(2),
     };
     let layout = ScaleLayout::Group(cfg.group_size);
-    let job = DecodeJob {
-        dims,
-        codes: fp4_codes(&packed, dims)?,
-        code_values: e2m1_values(),
-        zero: None,
-        scale: Some(grid_values(
-            scale_t,
-            byte_table(|b| numerics::e4m3(b) * scale_2),
-            layout,
-            dims,
-        )?),
-        g_idx: None,
-        out,
-    };
+    let table = byte_table(|b| numerics::e4m3(b) * scale_2);
+    let job = fp4_job(&packed, dims, scale_t, table, layout, out)?;
     let mut shape = packed.shape.to_vec();
     if let Some(last) = shape.last_mut() {
         *last = dims.cols;

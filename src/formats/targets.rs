@@ -2,14 +2,15 @@
 //! `ignore` (exact names, `re:` regexes, class names) and ModelOpt's
 //! `exclude_modules` globs.
 
-use regex::Regex;
+use fancy_regex::Regex;
 
 /// One selector.
 #[derive(Debug, Clone)]
 pub enum Target {
     /// An exact module name.
     Name(String),
-    /// `re:` + a pattern, matched from the start of the name (Python `re.match`).
+    /// `re:` + a pattern, matched from the start of the name (Python `re.match`;
+    /// look-arounds and back-references work as in Python).
     Regex(String, Regex),
     /// A layer class such as `Linear`. Checkpoints do not record classes, so
     /// it selects every module whose tensors carry the format's parameters.
@@ -55,7 +56,8 @@ impl Target {
     pub fn rank(&self, module: &str) -> Option<u8> {
         match self {
             Target::Name(n) => (n == module).then_some(3),
-            Target::Regex(_, re) => re.is_match(module).then_some(2),
+            // A pattern that exhausts the backtracking budget selects nothing.
+            Target::Regex(_, re) => re.is_match(module).unwrap_or(false).then_some(2),
             Target::Glob(g) => glob_match(g.as_bytes(), module.as_bytes()).then_some(2),
             Target::Class(_) => Some(1),
         }
@@ -101,6 +103,9 @@ mod tests {
         assert_eq!(Target::parse("Linear").unwrap().rank(m), Some(1));
         assert_eq!(Target::parse("lm_head").unwrap().rank(m), None);
         assert!(Target::parse("re:(").is_err());
+        let not_mlp = Target::parse("re:^(?!.*mlp).*proj$").unwrap();
+        assert_eq!(not_mlp.rank(m), None);
+        assert_eq!(not_mlp.rank("model.layers.0.self_attn.q_proj"), Some(2));
     }
 
     #[test]

@@ -9,12 +9,13 @@ use std::ops::Range;
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Fields, ValueKind, Values, ZeroPoint};
+use crate::job::{DecodeJob, Dims, Fields, ValueKind, Values, ZeroPoint};
 use crate::numerics::OutDtype;
 
 /// Output bytes one chunk produces at most: big enough to keep the device
-/// busy, small enough that two chunks in flight stay modest.
-pub const OUT_CAP: u64 = 64 << 20;
+/// busy, small enough that a writer call (64 MiB) spans several chunks, so
+/// upload, compute and readback of successive chunks overlap.
+pub const OUT_CAP: u64 = 16 << 20;
 
 /// Input bytes one chunk binds at most. Bit positions inside `src` must fit
 /// a u32 (2^32 bits = 512 MiB), so this stays well below that.
@@ -85,7 +86,8 @@ impl Limits {
     /// The limits of a wgpu device.
     pub fn of(l: &wgpu::Limits) -> Limits {
         Limits {
-            max_binding: l.max_storage_buffer_binding_size.min(l.max_buffer_size),
+            // Whole words only: buffers and bindings are sized in u32s.
+            max_binding: l.max_storage_buffer_binding_size.min(l.max_buffer_size) & !3,
             max_groups_per_dim: l.max_compute_workgroups_per_dimension.max(1),
         }
     }
@@ -159,7 +161,7 @@ impl<'a> Src<'a> {
     }
 
     /// Appends entries `lo..hi` of `v` (widened to whole aligned words).
-    fn push_values(&mut self, v: &Values<'a>, lo: usize, hi: usize) -> GridParams {
+    fn push_values(&mut self, v: &Values<'a>, dims: Dims, lo: usize, hi: usize) -> GridParams {
         let size = v.kind.size() as u64;
         let start = (lo as u64 * size) & !3;
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
@@ -175,8 +177,10 @@ impl<'a> Src<'a> {
         GridParams {
             kind,
             size: size as u32,
-            row_div: v.grid.row_div as u32,
-            col_div: v.grid.col_div as u32,
+            // Divisors at least the row/column count give quotient 0 either
+            // way; clamping keeps them exact in u32.
+            row_div: v.grid.row_div.min(dims.rows) as u32,
+            col_div: v.grid.col_div.min(dims.cols) as u32,
             row_stride: v.grid.row_stride as u32,
             slice_stride: v.grid.slice_stride as u32,
             base: offset.wrapping_sub(start) as u32,
@@ -186,7 +190,7 @@ impl<'a> Src<'a> {
 }
 
 fn too_big(detail: String) -> Error {
-    Error::new(Rule::Unsupported, "gpu", detail)
+    Error::new(Rule::Gpu, "gpu", detail)
 }
 
 /// Grid entries rows `(s0, r0)..=(s1, r1)` read.
@@ -232,14 +236,14 @@ fn chunk<'a>(job: &DecodeJob<'a>, f0: usize, f1: usize, limits: &Limits) -> Opti
         }
         Some(ZeroPoint::Plain(v)) => {
             let (lo, hi) = grid_range(v, d.cols, first, last);
-            (2, StreamParams::default(), src.push_values(v, lo, hi))
+            (2, StreamParams::default(), src.push_values(v, d, lo, hi))
         }
     };
     let (has_scale, sgrid) = match &job.scale {
         None => (0, GridParams::default()),
         Some(v) => {
             let (lo, hi) = grid_range(v, d.cols, first, last);
-            (1, src.push_values(v, lo, hi))
+            (1, src.push_values(v, d, lo, hi))
         }
     };
 
@@ -310,14 +314,9 @@ pub fn plan<'a>(
         )));
     }
     let row_out = (d.cols * job.out.size()) as u64;
-    // Rows per chunk must keep chunk outputs word-aligned.
-    let unit = if row_out.is_multiple_of(4) {
-        1
-    } else if row_out.is_multiple_of(2) {
-        2
-    } else {
-        4
-    };
+    // Rows per chunk must keep chunk outputs word-aligned (rows are 2 or 4
+    // bytes per element, so two rows always are).
+    let unit = if row_out.is_multiple_of(4) { 1 } else { 2 };
     let fit = (limits.max_binding.min(OUT_CAP) / row_out) as usize;
     let mut per = (fit / unit * unit).max(unit);
     let mut chunks = Vec::new();
@@ -344,7 +343,7 @@ pub fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{Dims, Grid};
+    use crate::job::Grid;
 
     fn job(
         data: &[u8],
@@ -426,7 +425,7 @@ mod tests {
             max_groups_per_dim: 65535,
         };
         let e = plan(&j, 0..rows, &limits).unwrap_err();
-        assert_eq!(e.rule, Rule::Unsupported);
+        assert_eq!(e.rule, Rule::Gpu);
     }
 
     #[test]

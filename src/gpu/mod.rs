@@ -7,7 +7,7 @@
 pub mod layout;
 
 use std::ops::Range;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Mutex};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result, Rule};
@@ -17,7 +17,7 @@ use layout::{Chunk, Limits};
 const SHADER: &str = include_str!("../../shaders/decode.wgsl");
 
 fn gpu_err(detail: impl Into<String>) -> Error {
-    Error::new(Rule::Io, "gpu", detail)
+    Error::new(Rule::Gpu, "gpu", detail)
 }
 
 /// Finds an adapter the way wgpu's own tools do: `WGPU_BACKEND` picks the
@@ -93,20 +93,13 @@ pub struct GpuDecoder {
     pipeline: wgpu::ComputePipeline,
     limits: Limits,
     slots: Mutex<[Slot; 2]>,
-    fault: Arc<Mutex<Option<String>>>,
 }
 
 impl GpuDecoder {
-    /// A decoder on `device`, which must have been created with limits at
-    /// least as large as wgpu's defaults (any device is, by default).
+    /// A decoder on `device`. Chunks are planned within the device's own
+    /// limits; device errors are caught in error scopes around each call, so
+    /// the app's own error handler is left alone.
     pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> GpuDecoder {
-        let fault: Arc<Mutex<Option<String>>> = Arc::default();
-        let sink = fault.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            if let Ok(mut f) = sink.lock() {
-                f.get_or_insert_with(|| e.to_string());
-            }
-        }));
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("decode.wgsl"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
@@ -136,7 +129,6 @@ impl GpuDecoder {
             queue: queue.clone(),
             pipeline,
             slots: Mutex::new([slot(), slot()]),
-            fault,
         }
     }
 
@@ -152,11 +144,30 @@ impl GpuDecoder {
         Ok(GpuDecoder::new(&device, &queue))
     }
 
-    fn check_fault(&self) -> Result<()> {
-        match self.fault.lock().ok().and_then(|mut f| f.take()) {
-            Some(e) => Err(gpu_err(format!("device error: {e}"))),
-            None => Ok(()),
+    /// Runs `work` inside error scopes, so validation, out-of-memory and
+    /// internal errors of this device come back as an error of this call.
+    fn scoped<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
+        let scopes = [
+            self.device.push_error_scope(wgpu::ErrorFilter::Validation),
+            self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
+            self.device.push_error_scope(wgpu::ErrorFilter::Internal),
+        ];
+        let result = work();
+        let mut fault = None;
+        for scope in scopes.into_iter().rev() {
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                fault.get_or_insert(e);
+            }
         }
+        match (result, fault) {
+            (_, Some(e)) => Err(gpu_err(format!("device error: {e}"))),
+            (r, None) => r,
+        }
+    }
+
+    /// Fails unless `rows` lies inside `job` and `out` holds exactly their bytes.
+    fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
+        crate::backend::check_rows(job, rows, out)
     }
 
     /// Uploads the chunk's inputs and records its dispatch into `encoder`;
@@ -243,7 +254,6 @@ impl GpuDecoder {
             .recv()
             .map_err(|_| gpu_err("readback never completed"))?
             .map_err(|e| gpu_err(format!("readback: {e}")))?;
-        self.check_fault()?;
         let rb = slot
             .readback
             .as_ref()
@@ -268,10 +278,29 @@ impl GpuDecoder {
         rows: Range<usize>,
         out: &mut [u8],
     ) -> Result<()> {
+        Self::check_rows(job, &rows, out)?;
         let chunks = layout::plan(job, rows.clone(), &self.limits)?;
-        let row_bytes = job.dims.cols * job.out.size();
-        let at = |c: &Chunk<'_>| (c.rows.start - rows.start) * row_bytes;
         let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
+        let result = self.scoped(|| self.run_chunks(job, &chunks, rows.start, &mut slots, out));
+        if result.is_err() {
+            // A failed call may leave a readback mapped or pending: start afresh.
+            for slot in slots.iter_mut() {
+                slot.readback = None;
+            }
+        }
+        result
+    }
+
+    fn run_chunks(
+        &self,
+        job: &DecodeJob<'_>,
+        chunks: &[Chunk<'_>],
+        first_row: usize,
+        slots: &mut [Slot; 2],
+        out: &mut [u8],
+    ) -> Result<()> {
+        let row_bytes = job.dims.cols * job.out.size();
+        let at = |c: &Chunk<'_>| (c.rows.start - first_row) * row_bytes;
         let mut in_flight: [Option<InFlight>; 2] = [None, None];
         for (k, chunk) in chunks.iter().enumerate() {
             let s = k % 2;
@@ -304,7 +333,7 @@ impl GpuDecoder {
                 self.finish(f, &chunks[k], &slots[k % 2], at(&chunks[k]), out)?;
             }
         }
-        self.check_fault()
+        Ok(())
     }
 
     /// Decodes the whole tensor into a new storage buffer on this device and
@@ -323,40 +352,41 @@ impl GpuDecoder {
         let chunks = layout::plan(job, 0..job.dims.total_rows(), &self.limits)?;
         let row_bytes = (job.dims.cols * job.out.size()) as u64;
         let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
-        let mut previous: Option<wgpu::SubmissionIndex> = None;
-        for (k, chunk) in chunks.iter().enumerate() {
-            let slot = &mut slots[k % 2];
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            let gpu_out = self.encode(slot, chunk, &mut encoder);
-            // Chunks before the last end on a word boundary (layout::plan).
-            encoder.copy_buffer_to_buffer(
-                &gpu_out,
-                0,
-                &dest,
-                chunk.rows.start as u64 * row_bytes,
-                chunk.out_len.div_ceil(4) * 4,
-            );
-            let sub = self.queue.submit([encoder.finish()]);
-            // Queue order keeps reused buffers safe; waiting for the chunk before
-            // this one only bounds how many uploads are staged at once.
-            if let Some(prev) = previous.replace(sub) {
-                self.device
-                    .poll(wgpu::PollType::Wait {
-                        submission_index: Some(prev),
-                        timeout: None,
-                    })
-                    .map_err(|e| gpu_err(format!("poll: {e}")))?;
+        self.scoped(|| {
+            let mut previous: Option<wgpu::SubmissionIndex> = None;
+            for (k, chunk) in chunks.iter().enumerate() {
+                let slot = &mut slots[k % 2];
+                let mut encoder = self.device.create_command_encoder(&Default::default());
+                let gpu_out = self.encode(slot, chunk, &mut encoder);
+                // Chunks before the last end on a word boundary (layout::plan).
+                encoder.copy_buffer_to_buffer(
+                    &gpu_out,
+                    0,
+                    &dest,
+                    chunk.rows.start as u64 * row_bytes,
+                    chunk.out_len.div_ceil(4) * 4,
+                );
+                let sub = self.queue.submit([encoder.finish()]);
+                // Queue order keeps reused buffers safe; waiting for the chunk
+                // before this one only bounds how many uploads are staged.
+                if let Some(prev) = previous.replace(sub) {
+                    self.device
+                        .poll(wgpu::PollType::Wait {
+                            submission_index: Some(prev),
+                            timeout: None,
+                        })
+                        .map_err(|e| gpu_err(format!("poll: {e}")))?;
+                }
             }
-        }
-        self.check_fault()?;
-        Ok(dest)
+            Ok(dest)
+        })
     }
 
     /// Lowers the limits chunks are planned against (never above the
     /// device's). Small limits force many chunks and 2-D dispatch grids,
     /// which is how the tests exercise chunking on small tensors.
     pub fn with_limits(mut self, max_binding: u64, max_groups_per_dim: u32) -> GpuDecoder {
-        self.limits.max_binding = self.limits.max_binding.min(max_binding.max(4));
+        self.limits.max_binding = self.limits.max_binding.min(max_binding.max(4) & !3);
         self.limits.max_groups_per_dim = self
             .limits
             .max_groups_per_dim
