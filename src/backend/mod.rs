@@ -32,18 +32,15 @@ pub trait Backend: Send + Sync {
 /// (backends call it before decoding; callers of the library can get it wrong).
 pub fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
     let row_bytes = job.dims.cols * job.out.size();
-    if rows.start > rows.end
-        || rows.end > job.dims.total_rows()
-        || out.len() != rows.len() * row_bytes
-    {
+    let needed = rows.len().checked_mul(row_bytes);
+    if rows.start > rows.end || rows.end > job.dims.total_rows() || needed != Some(out.len()) {
         return Err(Error::new(
             Rule::Argument,
             "decode_rows",
             format!(
-                "rows {rows:?} of {} with a {}-byte buffer ({} needed)",
+                "rows {rows:?} of {} into a {}-byte buffer",
                 job.dims.total_rows(),
                 out.len(),
-                rows.len() * row_bytes
             ),
         ));
     }
