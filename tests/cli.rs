@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{bin, fixtures, read_dir_tensors, read_tensors, write_safetensors, T};
+use common::{
+    bin, copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, SHARD1,
+    SHARD2, T,
+};
 use serde_json::Value;
-
-const SHARD1: &str = "model-00001-of-00002.safetensors";
-const SHARD2: &str = "model-00002-of-00002.safetensors";
 
 fn run(args: &[&str]) -> Output {
     Command::new(bin())
@@ -24,6 +24,16 @@ fn run_path(cmd: &str, path: &Path, rest: &[&str]) -> Output {
     let mut args = vec![cmd, path.to_str().unwrap()];
     args.extend_from_slice(rest);
     run(&args)
+}
+
+/// `dequantize INPUT -o OUT [EXTRA..] --backend cpu`.
+fn dequantize_cpu(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    let out = out.to_str().unwrap();
+    run_path(
+        "dequantize",
+        input,
+        &[&["-o", out], extra, &["--backend", "cpu"]].concat(),
+    )
 }
 
 fn stdout(o: &Output) -> String {
@@ -127,37 +137,27 @@ fn format_name(model: &Path) -> &'static str {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_file() {
-            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
-        }
-    }
+/// A copy of fixture `case`'s checkpoint at `tmp/model`.
+fn fixture_copy(tmp: &Path, case: &str) -> PathBuf {
+    let model = tmp.join("model");
+    copy_dir(&fixtures().join(case).join("model"), &model);
+    model
+}
+
+/// Cuts `file` to half its length.
+fn truncate_to_half(file: &Path) {
+    let len = std::fs::metadata(file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
 }
 
 fn read_json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let p = e.unwrap().path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            let bytes = if p.is_file() {
-                std::fs::read(&p).unwrap()
-            } else {
-                b"<dir>".to_vec()
-            };
-            (name, bytes)
-        })
-        .collect();
-    v.sort();
-    v
 }
 
 // ---------------------------------------------------------------------------
@@ -262,16 +262,8 @@ fn inspect_json_w4a16_down_proj_is_logical_shape() {
 #[test]
 fn inspect_of_a_broken_checkpoint_fails_with_one_line() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    copy_dir(&fixtures().join("w4a16-g128/model"), &model);
-    let file = model.join("model.safetensors");
-    let len = std::fs::metadata(&file).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
+    let model = fixture_copy(tmp.path(), "w4a16-g128");
+    truncate_to_half(&model.join("model.safetensors"));
     let o = run_path("inspect", &model, &[]);
     failed(&o, "inspect of a truncated checkpoint");
     one_error_line(&o, &["model.safetensors", "ST-001"]);
@@ -299,8 +291,7 @@ fn validate_passes_every_fixture() {
 #[test]
 fn validate_fails_a_truncated_checkpoint_naming_the_rule() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    copy_dir(&fixtures().join("w4a16-g128/model"), &model);
+    let model = fixture_copy(tmp.path(), "w4a16-g128");
     let file = model.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() - 10]).unwrap();
@@ -326,9 +317,7 @@ fn validate_fails_a_truncated_checkpoint_naming_the_rule() {
 #[test]
 fn validate_fails_a_module_fault_naming_the_rule_and_tensor() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
-    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+    let model = sharded_with_bad_scale(tmp.path());
 
     let o = run_path("validate", &model, &[]);
     failed(&o, "validate with a bad scale shape");
@@ -364,14 +353,7 @@ fn dequantize_every_fixture_on_cpu() {
     for (case, model) in fixture_models() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("dense");
-        let o = run(&[
-            "dequantize",
-            model.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-            "--backend",
-            "cpu",
-        ]);
+        let o = dequantize_cpu(&model, &out, &[]);
         ok(&o, &format!("dequantize {case}"));
         let sharded = model.join("model.safetensors.index.json").is_file();
         if sharded {
@@ -403,14 +385,7 @@ fn dequantize_w4a16_writes_model_and_config() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("dense");
     let model = fixtures().join("w4a16-g128/model");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     ok(&o, "dequantize w4a16-g128");
     assert!(out.join("model.safetensors").is_file());
     config_without_quantization(&out);
@@ -430,16 +405,7 @@ fn dequantize_f32_decodes_to_f32_and_keeps_stored_dtypes() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("dense");
     let model = fixtures().join("w4a16-g128/model");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--dtype",
-        "f32",
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &["--dtype", "f32"]);
     ok(&o, "dequantize --dtype f32");
     let input = read_dir_tensors(&model);
     let got = read_tensors(&out.join("model.safetensors"));
@@ -466,14 +432,7 @@ fn dequantize_of_a_single_file() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("dense");
     let file = fixtures().join("w4a16-g128/model/model.safetensors");
-    let o = run(&[
-        "dequantize",
-        file.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&file, &out, &[]);
     ok(&o, "dequantize of a .safetensors file");
     let got = read_tensors(&out.join("model.safetensors"));
     let want = expected_outputs(&fixtures().join("w4a16-g128/model"));
@@ -494,14 +453,7 @@ fn dequantize_into_non_empty_directory_refuses_and_changes_nothing() {
     std::fs::write(out.join("model.safetensors"), b"not mine").unwrap();
     let before = snapshot(&out);
     let model = fixtures().join("w4a16-g128/model");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize into a non-empty directory");
     let err = stderr(&o);
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
@@ -518,14 +470,7 @@ fn dequantize_refusal_of_non_empty_directory_is_one_stderr_line() {
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("keep.txt"), b"precious").unwrap();
     let model = fixtures().join("w4a16-g128/model");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize into a non-empty directory");
     one_error_line(&o, &["OUT-001", out.to_str().unwrap()]);
 }
@@ -533,25 +478,11 @@ fn dequantize_refusal_of_non_empty_directory_is_one_stderr_line() {
 #[test]
 fn dequantize_with_a_corrupt_second_shard_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    let model = fixture_copy(tmp.path(), "sharded-nvfp4a16");
     let second = model.join(SHARD2);
-    let len = std::fs::metadata(&second).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&second)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
+    truncate_to_half(&second);
     let out = tmp.path().join("dense");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize with a truncated second shard");
     one_error_line(&o, &[second.to_str().unwrap(), "ST-001"]);
     assert!(!out.exists(), "{} was left behind", out.display());
@@ -585,24 +516,23 @@ fn break_scale_shape(file: &Path, name: &str) {
     write_safetensors(file, &tensors);
 }
 
+/// A copy of the sharded fixture at `tmp/model` whose second shard has
+/// DOWN_SCALE transposed.
+fn sharded_with_bad_scale(tmp: &Path) -> PathBuf {
+    let model = fixture_copy(tmp, "sharded-nvfp4a16");
+    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+    model
+}
+
 #[test]
 fn dequantize_with_a_bad_module_in_the_second_shard_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
-    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+    let model = sharded_with_bad_scale(tmp.path());
     // The first shard and the container of the second are still valid.
     let o = run_path("inspect", &model, &["--json"]);
     ok(&o, "inspect still reads the checkpoint");
     let out = tmp.path().join("dense");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize with a bad scale shape in the second shard");
     one_error_line(&o, &[SHARD2, DOWN_SCALE, "TEN-003"]);
     assert!(!out.exists(), "{} was left behind", out.display());
@@ -611,19 +541,10 @@ fn dequantize_with_a_bad_module_in_the_second_shard_leaves_nothing() {
 #[test]
 fn dequantize_failure_into_an_existing_empty_directory_leaves_it_empty() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
-    break_scale_shape(&model.join(SHARD2), DOWN_SCALE);
+    let model = sharded_with_bad_scale(tmp.path());
     let out = tmp.path().join("dense");
     std::fs::create_dir(&out).unwrap();
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize with a bad scale shape");
     assert!(out.is_dir(), "a directory the user made is kept");
     assert_eq!(snapshot(&out), vec![], "nothing is left inside it");
@@ -642,14 +563,7 @@ fn dequantize_of_a_checkpoint_of_symlinks_copies_side_files() {
         std::os::unix::fs::symlink(&p, model.join(p.file_name().unwrap())).unwrap();
     }
     let out = tmp.path().join("dense");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     ok(&o, "dequantize of a symlinked checkpoint");
     config_without_quantization(&out);
     assert!(out.join("model.safetensors").is_file());
@@ -668,8 +582,7 @@ fn dequantize_of_a_checkpoint_of_symlinks_copies_side_files() {
 /// path is longer than PATH_MAX while the shards' are not. Returns the
 /// checkpoint and the side file's name.
 fn checkpoint_failing_late(tmp: &Path) -> (PathBuf, String) {
-    let model = tmp.join("model");
-    copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    let model = fixture_copy(tmp, "sharded-nvfp4a16");
     let side = format!("{}.txt", "s".repeat(200));
     std::fs::write(model.join(&side), b"side file").unwrap();
     (model, side)
@@ -698,14 +611,7 @@ fn dequantize_failing_after_the_shards_are_written_leaves_nothing() {
     let (model, side) = checkpoint_failing_late(tmp.path());
     let out = long_path(&tmp.path().join("out"), LATE_OUT_LEN);
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize whose side file cannot be copied");
     let err = stderr(&o);
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
@@ -730,14 +636,7 @@ fn dequantize_failing_late_removes_the_parents_it_created() {
     let (model, _) = checkpoint_failing_late(tmp.path());
     let top = tmp.path().join("out");
     let out = long_path(&top, LATE_OUT_LEN);
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize whose side file cannot be copied");
     assert!(!out.exists(), "the output directory was left behind");
     assert!(

@@ -1,103 +1,40 @@
 //! Config variants producers write (or leave behind) that must decode exactly
 //! like their canonical spelling, the ones that must be refused, and a few
 //! API and GPU edge cases. Positive cases compare with a reference computed
-//! here from the producer's side (our own packing, E4M3 reading and one
-//! rounding step by the `half` crate), or with the same tensors decoded under
-//! the canonical config.
+//! from the producer's side (tests/common/producer.rs: our own packing, E4M3
+//! reading and one rounding step by the `half` crate), or with the same
+//! tensors decoded under the canonical config.
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use common::{ct_config, fixtures, read_dir_tensors, write_checkpoint, Rng, T};
+use common::producer::{
+    check_output, decode, decode_with, e4m3_byte, e4m3_ref, expect_decodes, out_size, pack_fields,
+    words_for, Lay, Tensors, Want, OUTS,
+};
+use common::{
+    adapter, caught, copy_dir, ct_config, ct_config_groups, dequantize_err, fixtures,
+    hf_quant_config, read_dir_tensors, write_checkpoint, write_json, Rng, CPU_AUTO, T,
+};
 use serde_json::{json, Value};
 use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::formats::Format;
 use wgpu_dequant::plan::Source;
 use wgpu_dequant::{
-    dequantize, BackendChoice, Checkpoint, DtypeChoice, Error, Options, OutDtype, Plan, Rule,
+    dequantize, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan, Rule,
 };
 
-const OUTS: [OutDtype; 3] = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32];
 const NORM: &str = "model.norm.weight";
 const M: &str = "model.layers.0.mlp.down_proj";
-
-type Tensors = BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
 
 fn m(param: &str) -> String {
     format!("{M}.{param}")
 }
 
 // ---------------------------------------------------------------------------
-// Reference numerics (producer side; nothing here calls the crate's decoders)
+// Producers
 // ---------------------------------------------------------------------------
-
-/// Rounds each f32 once to `out` (RNE, by `half`); NaN is written as the
-/// canonical quiet NaN of the dtype.
-fn encode(out: OutDtype, vals: &[f32]) -> Vec<u8> {
-    vals.iter()
-        .flat_map(|&x| -> Vec<u8> {
-            match out {
-                OutDtype::Bf16 if x.is_nan() => 0x7FC0u16.to_le_bytes().to_vec(),
-                OutDtype::F16 if x.is_nan() => 0x7E00u16.to_le_bytes().to_vec(),
-                OutDtype::F32 if x.is_nan() => 0x7FC0_0000u32.to_le_bytes().to_vec(),
-                OutDtype::Bf16 => half::bf16::from_f32(x).to_bits().to_le_bytes().to_vec(),
-                OutDtype::F16 => half::f16::from_f32(x).to_bits().to_le_bytes().to_vec(),
-                OutDtype::F32 => x.to_bits().to_le_bytes().to_vec(),
-            }
-        })
-        .collect()
-}
-
-fn dtype_name(out: OutDtype) -> &'static str {
-    match out {
-        OutDtype::Bf16 => "BF16",
-        OutDtype::F16 => "F16",
-        OutDtype::F32 => "F32",
-    }
-}
-
-fn out_size(out: OutDtype) -> usize {
-    match out {
-        OutDtype::F32 => 4,
-        _ => 2,
-    }
-}
-
-/// FP8 E4M3 (fn) from its definition: bias 7, subnormals m/8 · 2^−6,
-/// 0x7F and 0xFF are NaN.
-fn e4m3_ref(b: u8) -> f32 {
-    if b & 0x7F == 0x7F {
-        return f32::NAN;
-    }
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((b >> 3) & 0xF) as i32;
-    let mant = (b & 7) as f32;
-    let mag = if e == 0 {
-        mant / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + mant / 8.0) * 2f32.powi(e - 7)
-    };
-    sign * mag
-}
-
-/// compressed-tensors (≥ 0.18) `pack_to_int32` of one row of unsigned
-/// fields: field i at bit i·b, crossing words.
-fn pack_fields(fields: &[u32], b: u32) -> Vec<u32> {
-    let mut w = vec![0u32; (fields.len() * b as usize).div_ceil(32)];
-    for (i, &f) in fields.iter().enumerate() {
-        assert!(f < 1 << b);
-        let bit = i * b as usize;
-        let (wi, off) = (bit / 32, (bit % 32) as u32);
-        w[wi] |= f << off;
-        if off + b > 32 {
-            w[wi + 1] |= f >> (32 - off);
-        }
-    }
-    w
-}
 
 /// A bf16-exact scale of moderate magnitude (no subnormal products anywhere).
 fn bf16_scale(rng: &mut Rng) -> f32 {
@@ -106,87 +43,34 @@ fn bf16_scale(rng: &mut Rng) -> f32 {
     f32::from_bits(sign | e << 23 | (rng.below(128) as u32) << 16)
 }
 
-// ---------------------------------------------------------------------------
-// Scale layouts (producer's view)
-// ---------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug)]
-enum Lay {
-    Tensor,
-    Channel,
-    Group(usize),
-    Block(usize, usize),
+/// BF16 scales of a `[rows, cols]` weight on `lay`: the tensor
+/// `{module}.weight_scale` and its values.
+fn bf16_scales(
+    rng: &mut Rng,
+    module: &str,
+    lay: Lay,
+    (rows, cols): (usize, usize),
+) -> (T, Vec<f32>) {
+    let shape = lay.shape(None, rows, cols);
+    let n = shape.iter().product::<usize>();
+    let scales: Vec<f32> = (0..n).map(|_| bf16_scale(rng)).collect();
+    let t = T::bf16(format!("{module}.weight_scale"), &shape, &scales);
+    (t, scales)
 }
 
-impl Lay {
-    fn strategy(self) -> &'static str {
-        match self {
-            Lay::Tensor => "tensor",
-            Lay::Channel => "channel",
-            Lay::Group(_) => "group",
-            Lay::Block(..) => "block",
-        }
-    }
-
-    fn nrows(self, rows: usize) -> usize {
-        match self {
-            Lay::Tensor => 1,
-            Lay::Channel | Lay::Group(_) => rows,
-            Lay::Block(bh, _) => rows.div_ceil(bh),
-        }
-    }
-
-    fn ncols(self, cols: usize) -> usize {
-        match self {
-            Lay::Tensor | Lay::Channel => 1,
-            Lay::Group(g) => cols.div_ceil(g),
-            Lay::Block(_, bw) => cols.div_ceil(bw),
-        }
-    }
-
-    fn shape(self, rows: usize, cols: usize) -> Vec<usize> {
-        match self {
-            Lay::Tensor => vec![1],
-            _ => vec![self.nrows(rows), self.ncols(cols)],
-        }
-    }
-
-    /// Scale entry of element (r, c).
-    fn index(self, cols: usize, r: usize, c: usize) -> usize {
-        let nc = self.ncols(cols);
-        match self {
-            Lay::Tensor => 0,
-            Lay::Channel => r,
-            Lay::Group(g) => r * nc + c / g,
-            Lay::Block(bh, bw) => (r / bh) * nc + c / bw,
-        }
-    }
-
-    /// The canonical `weights` entry of a config group.
-    fn weights(self, bits: u32, kind: &str) -> Value {
-        json!({
-            "num_bits": bits,
-            "type": kind,
-            "strategy": self.strategy(),
-            "group_size": match self { Lay::Group(g) => json!(g), _ => Value::Null },
-            "block_structure": match self { Lay::Block(h, w) => json!([h, w]), _ => Value::Null },
-            "symmetric": true,
-            "dynamic": false,
-            "actorder": null,
-            "observer": "minmax",
+/// The exact values `w(i) · scale` of a `[rows, cols]` weight on `lay`.
+fn scaled(
+    lay: Lay,
+    (rows, cols): (usize, usize),
+    scales: &[f32],
+    w: impl Fn(usize) -> f32,
+) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|i| {
+            let (r, c) = (i / cols, i % cols);
+            w(i) * scales[lay.index(rows, cols, 0, r, c, &[])]
         })
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Producers
-// ---------------------------------------------------------------------------
-
-/// A decoded tensor the test expects: its exact f32 values before rounding.
-struct Want {
-    name: String,
-    shape: Vec<usize>,
-    vals: Vec<f32>,
+        .collect()
 }
 
 /// One symmetric pack-quantized module (dense packing, BF16 scales).
@@ -204,12 +88,11 @@ fn pack_module(
     let mut words = Vec::new();
     for row in q.chunks(cols) {
         let fields: Vec<u32> = row.iter().map(|&v| (v + offset) as u32).collect();
-        words.extend(pack_fields(&fields, bits));
+        words.extend(pack_fields(&fields, bits, false));
     }
-    let width = (cols * bits as usize).div_ceil(32);
+    let width = words_for(cols, bits, false);
     assert_eq!(words.len(), rows * width);
-    let n = lay.shape(rows, cols).iter().product::<usize>();
-    let scales: Vec<f32> = (0..n).map(|_| bf16_scale(rng)).collect();
+    let (scale, scales) = bf16_scales(rng, module, lay, (rows, cols));
     let tensors = vec![
         T::u32_words(format!("{module}.weight_packed"), &[rows, width], &words),
         T::i64(
@@ -217,24 +100,10 @@ fn pack_module(
             &[2],
             &[rows as i64, cols as i64],
         ),
-        T::bf16(
-            format!("{module}.weight_scale"),
-            &lay.shape(rows, cols),
-            &scales,
-        ),
+        scale,
     ];
-    let vals = (0..rows * cols)
-        .map(|i| {
-            let (r, c) = (i / cols, i % cols);
-            q[i] as f32 * scales[lay.index(cols, r, c)]
-        })
-        .collect();
-    let want = Want {
-        name: format!("{module}.weight"),
-        shape: vec![rows, cols],
-        vals,
-    };
-    (tensors, want)
+    let vals = scaled(lay, (rows, cols), &scales, |i| q[i] as f32);
+    (tensors, Want::weight(module, vec![rows, cols], vals))
 }
 
 /// One int8 (I8) or fp8 (F8_E4M3) module with BF16 scales; `bytes` are the
@@ -249,17 +118,17 @@ fn byte_module(
 ) -> (Vec<T>, Want) {
     let bytes = bytes.unwrap_or_else(|| {
         (0..rows * cols)
-            .map(|_| loop {
-                let b = rng.below(256) as u8;
-                if !float || b & 0x7F != 0x7F {
-                    break b;
+            .map(|_| {
+                if float {
+                    e4m3_byte(rng)
+                } else {
+                    rng.below(256) as u8
                 }
             })
             .collect()
     });
     assert_eq!(bytes.len(), rows * cols);
-    let n = lay.shape(rows, cols).iter().product::<usize>();
-    let scales: Vec<f32> = (0..n).map(|_| bf16_scale(rng)).collect();
+    let (scale, scales) = bf16_scales(rng, module, lay, (rows, cols));
     let tensors = vec![
         T::u8(
             format!("{module}.weight"),
@@ -267,29 +136,16 @@ fn byte_module(
             &[rows, cols],
             &bytes,
         ),
-        T::bf16(
-            format!("{module}.weight_scale"),
-            &lay.shape(rows, cols),
-            &scales,
-        ),
+        scale,
     ];
-    let vals = (0..rows * cols)
-        .map(|i| {
-            let (r, c) = (i / cols, i % cols);
-            let w = if float {
-                e4m3_ref(bytes[i])
-            } else {
-                bytes[i] as i8 as f32
-            };
-            w * scales[lay.index(cols, r, c)]
-        })
-        .collect();
-    let want = Want {
-        name: format!("{module}.weight"),
-        shape: vec![rows, cols],
-        vals,
-    };
-    (tensors, want)
+    let vals = scaled(lay, (rows, cols), &scales, |i| {
+        if float {
+            e4m3_ref(bytes[i])
+        } else {
+            bytes[i] as i8 as f32
+        }
+    });
+    (tensors, Want::weight(module, vec![rows, cols], vals))
 }
 
 /// A BF16 tensor that every checkpoint carries unquantized.
@@ -305,109 +161,17 @@ fn norm() -> T {
 // Running the library
 // ---------------------------------------------------------------------------
 
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(non-string panic)".into())
-}
-
-fn decode_with(input: &Path, out: OutDtype, backend: BackendChoice) -> Tensors {
-    let tmp = tempfile::tempdir().unwrap();
-    let dst = tmp.path().join("dense");
-    let options = Options {
-        dtype: DtypeChoice::Fixed(out),
-        backend,
-    };
-    match catch_unwind(AssertUnwindSafe(|| dequantize(input, &dst, &options))) {
-        Err(p) => panic!(
-            "{}: dequantize panicked: {}",
-            input.display(),
-            panic_text(&*p)
-        ),
-        Ok(Err(e)) => panic!("{}: dequantize failed: {e}", input.display()),
-        Ok(Ok(_)) => read_dir_tensors(&dst),
-    }
-}
-
-fn decode(input: &Path, out: OutDtype) -> Tensors {
-    decode_with(input, out, BackendChoice::Cpu)
-}
-
-fn compare_bytes(ctx: &str, name: &str, elem: usize, got: &[u8], want: &[u8]) {
-    assert_eq!(got.len(), want.len(), "{ctx}: {name}: byte length");
-    if got == want {
-        return;
-    }
-    let bad: Vec<usize> = (0..got.len() / elem)
-        .filter(|&i| got[i * elem..(i + 1) * elem] != want[i * elem..(i + 1) * elem])
-        .collect();
-    let i = bad[0];
-    let hex = |b: &[u8]| {
-        b.iter()
-            .rev()
-            .map(|x| format!("{x:02x}"))
-            .collect::<String>()
-    };
-    panic!(
-        "{ctx}: {name}: {} of {} elements differ; first at element {i}: got 0x{}, want 0x{}",
-        bad.len(),
-        got.len() / elem,
-        hex(&got[i * elem..(i + 1) * elem]),
-        hex(&want[i * elem..(i + 1) * elem]),
-    );
-}
-
-/// Checks that the output holds exactly `wants` (decoded to `out`) and
-/// `copies` (unchanged).
-fn check_output(ctx: &str, got: &Tensors, out: OutDtype, wants: &[Want], copies: &[T]) {
-    let want_names: BTreeSet<&str> = wants
-        .iter()
-        .map(|w| w.name.as_str())
-        .chain(copies.iter().map(|c| c.name.as_str()))
-        .collect();
-    let got_names: BTreeSet<&str> = got.keys().map(String::as_str).collect();
-    assert_eq!(got_names, want_names, "{ctx}: output tensor names");
-    for w in wants {
-        let (dt, shape, bytes) = &got[&w.name];
-        assert_eq!(dt, dtype_name(out), "{ctx}: {} dtype", w.name);
-        assert_eq!(shape, &w.shape, "{ctx}: {} shape", w.name);
-        compare_bytes(ctx, &w.name, out_size(out), bytes, &encode(out, &w.vals));
-    }
-    for c in copies {
-        let (dt, shape, bytes) = &got[&c.name];
-        assert_eq!(dt, c.dtype, "{ctx}: {} dtype", c.name);
-        assert_eq!(shape, &c.shape, "{ctx}: {} shape", c.name);
-        compare_bytes(ctx, &c.name, 1, bytes, &c.data);
-    }
-}
-
-/// Decodes `dir` to every output dtype on the CPU and checks each result.
-fn expect_decodes(ctx: &str, dir: &Path, wants: &[Want], copies: &[T]) -> Vec<Tensors> {
-    OUTS.iter()
-        .map(|&out| {
-            let got = decode(dir, out);
-            check_output(&format!("{ctx} -> {out}"), &got, out, wants, copies);
-            got
-        })
-        .collect()
-}
-
 /// Opens, plans and checks `path`; the error it is refused with. Fails the
 /// test when it is accepted or when the library panics.
 fn refuse(path: &Path) -> Error {
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<usize, Error> {
+    let r = caught(|| -> Result<usize, Error> {
         let ckpt = Checkpoint::open(path)?;
         let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
         plan.check()?;
         Ok(plan.outputs.len())
-    }));
+    });
     match r {
-        Err(p) => panic!(
-            "the library panicked on {}: {}",
-            path.display(),
-            panic_text(&*p)
-        ),
+        Err(p) => panic!("the library panicked on {}: {}", path.display(), p),
         Ok(Ok(n)) => panic!("{} was accepted ({n} outputs)", path.display()),
         Ok(Err(e)) => {
             let msg = e.to_string();
@@ -416,32 +180,6 @@ fn refuse(path: &Path) -> Error {
             e
         }
     }
-}
-
-/// `dequantize(path)` into a fresh directory; the error, checked to leave no
-/// output directory behind.
-fn dequantize_err(path: &Path) -> Error {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("dense");
-    let options = Options {
-        dtype: DtypeChoice::Auto,
-        backend: BackendChoice::Cpu,
-    };
-    let e = match catch_unwind(AssertUnwindSafe(|| dequantize(path, &out, &options))) {
-        Err(p) => panic!(
-            "dequantize panicked on {}: {}",
-            path.display(),
-            panic_text(&*p)
-        ),
-        Ok(Ok(s)) => panic!("dequantize accepted {}: {s:?}", path.display()),
-        Ok(Err(e)) => e,
-    };
-    assert!(
-        !out.exists(),
-        "dequantize failed ({e}) but left {} behind",
-        out.display()
-    );
-    e
 }
 
 /// Refused by plan and by `dequantize` with `rule`, naming `tensor`.
@@ -453,18 +191,6 @@ fn expect_refused(path: &Path, rule: Rule, tensor: Option<&str>) -> Error {
     assert_eq!(d.rule, rule, "dequantize: {d}");
     assert_eq!(d.tensor, e.tensor, "dequantize: {d}");
     e
-}
-
-fn write_json(path: &Path, v: &Value) {
-    std::fs::write(path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
-    }
 }
 
 fn format_of(dir: &Path) -> Format {
@@ -523,8 +249,8 @@ fn dense_checkpoint_with_stray_weight_scale_is_config_error() {
             std::fs::remove_file(dir.join("config.json")).unwrap();
         }
         let ckpt = Checkpoint::open(&dir).unwrap();
-        let plan = match catch_unwind(AssertUnwindSafe(|| Plan::build(&ckpt, DtypeChoice::Auto))) {
-            Err(p) => panic!("Plan::build panicked: {}", panic_text(&*p)),
+        let plan = match caught(|| Plan::build(&ckpt, DtypeChoice::Auto)) {
+            Err(p) => panic!("Plan::build panicked: {p}"),
             Ok(r) => r.unwrap_or_else(|e| panic!("config={with_config}: Plan::build failed: {e}")),
         };
         assert!(
@@ -583,10 +309,10 @@ fn int4_ckpt(seed: u64, lay: Lay) -> (Vec<T>, Vec<Want>) {
 #[test]
 fn group_size_minus_one_with_channel_strategy_is_channel() {
     let (tensors, wants) = int4_ckpt(0x9E37_79B9_7F4A_7C15, Lay::Channel);
-    let mut null = Lay::Channel.weights(4, "int");
+    let mut null = Lay::Channel.weights(4, "int", true, false);
     null["group_size"] = Value::Null;
     let base = pack_variant("group_size null", &tensors, null, &wants);
-    let mut minus = Lay::Channel.weights(4, "int");
+    let mut minus = Lay::Channel.weights(4, "int", true, false);
     minus["group_size"] = json!(-1);
     let got = pack_variant("group_size -1", &tensors, minus, &wants);
     assert_eq!(got, base, "group_size -1 decodes unlike group_size null");
@@ -603,11 +329,11 @@ fn missing_or_null_strategy_is_inferred() {
     .enumerate()
     {
         let (tensors, wants) = int4_ckpt(0xD1B5_4A32_D192_ED03 + k as u64, lay);
-        let mut explicit = lay.weights(4, "int");
+        let mut explicit = lay.weights(4, "int", true, false);
         explicit["group_size"] = group_size.clone();
         let base = pack_variant(&format!("{lay:?} explicit"), &tensors, explicit, &wants);
         for how in ["missing", "null", "missing, no group_size key"] {
-            let mut w = lay.weights(4, "int");
+            let mut w = lay.weights(4, "int", true, false);
             w["group_size"] = group_size.clone();
             let obj = w.as_object_mut().unwrap();
             match how {
@@ -635,8 +361,13 @@ fn missing_or_null_strategy_is_inferred() {
 fn upper_case_strategy_and_type_decode_like_lower_case() {
     let lay = Lay::Group(16);
     let (tensors, wants) = int4_ckpt(0x2545_F491_4F6C_DD1D, lay);
-    let base = pack_variant("lower", &tensors, lay.weights(4, "int"), &wants);
-    let mut upper = lay.weights(4, "INT");
+    let base = pack_variant(
+        "lower",
+        &tensors,
+        lay.weights(4, "int", true, false),
+        &wants,
+    );
+    let mut upper = lay.weights(4, "INT", true, false);
     upper["strategy"] = json!("GROUP");
     let got = pack_variant("upper", &tensors, upper, &wants);
     assert_eq!(got, base);
@@ -645,7 +376,7 @@ fn upper_case_strategy_and_type_decode_like_lower_case() {
     let (mut t, w) = byte_module(&mut rng, M, false, Lay::Channel, (5, 33), None);
     t.push(norm());
     let tmp = tempfile::tempdir().unwrap();
-    let mut weights = Lay::Channel.weights(8, "INT");
+    let mut weights = Lay::Channel.weights(8, "INT", true, false);
     weights["strategy"] = json!("CHANNEL");
     write_checkpoint(
         tmp.path(),
@@ -688,25 +419,22 @@ fn regex_negative_lookahead_selects_per_group() {
     }
     // group_0 first: a look-ahead that failed to exclude the MLPs would tie
     // with group_1 and win by file order.
-    let qc = json!({
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "version": "0.19.0",
-        "quantization_status": "compressed",
-        "ignore": ["lm_head"],
-        "config_groups": {
+    let qc = ct_config_groups(
+        "pack-quantized",
+        "0.19.0",
+        json!({
             "group_0": {
                 "format": "pack-quantized",
                 "targets": ["re:^(?!.*mlp).*proj$"],
-                "weights": Lay::Group(16).weights(4, "int"),
+                "weights": Lay::Group(16).weights(4, "int", true, false),
             },
             "group_1": {
                 "format": "pack-quantized",
                 "targets": ["re:.*mlp.*"],
-                "weights": Lay::Channel.weights(8, "int"),
+                "weights": Lay::Channel.weights(8, "int", true, false),
             },
-        },
-    });
+        }),
+    );
     let tmp = tempfile::tempdir().unwrap();
     write_checkpoint(tmp.path(), &tensors, qc);
     expect_decodes("look-ahead", tmp.path(), &wants, &[norm()]);
@@ -737,26 +465,17 @@ fn two_linear_groups_pick_by_stored_form() {
     let pack = json!({
         "format": "pack-quantized",
         "targets": ["Linear"],
-        "weights": Lay::Group(16).weights(4, "int"),
+        "weights": Lay::Group(16).weights(4, "int", true, false),
     });
     let float = json!({
         "format": "float-quantized",
         "targets": ["Linear"],
-        "weights": Lay::Channel.weights(8, "float"),
+        "weights": Lay::Channel.weights(8, "float", true, false),
     });
     // Both file orders: neither group may win just by coming first.
     for (first, second) in [(&pack, &float), (&float, &pack)] {
-        let mut groups = serde_json::Map::new();
-        groups.insert("group_0".into(), first.clone());
-        groups.insert("group_1".into(), second.clone());
-        let qc = json!({
-            "quant_method": "compressed-tensors",
-            "format": "mixed-precision",
-            "version": "0.19.0",
-            "quantization_status": "compressed",
-            "ignore": ["lm_head"],
-            "config_groups": groups,
-        });
+        let groups = json!({"group_0": first, "group_1": second});
+        let qc = ct_config_groups("mixed-precision", "0.19.0", groups);
         let tmp = tempfile::tempdir().unwrap();
         write_checkpoint(tmp.path(), &tensors, qc);
         expect_decodes(
@@ -777,7 +496,11 @@ fn non_empty_transform_config_is_unsupported_and_empty_is_accepted() {
     let (tensors, wants) = int4_ckpt(0xA54F_F53A_5F1D_36F1, Lay::Group(16));
     let with = |tc: Value| {
         let tmp = tempfile::tempdir().unwrap();
-        let mut qc = ct_config("pack-quantized", Lay::Group(16).weights(4, "int"), "0.19.0");
+        let mut qc = ct_config(
+            "pack-quantized",
+            Lay::Group(16).weights(4, "int", true, false),
+            "0.19.0",
+        );
         qc["transform_config"] = tc;
         write_checkpoint(tmp.path(), &tensors, qc);
         tmp
@@ -822,11 +545,6 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
         json!({"quant_method": "modelopt", "quantization": {
             "quant_algo": algo, "group_size": 16, "exclude_modules": ["lm_head"]}})
     };
-    let hf = |algo: &str| {
-        json!({"producer": {"name": "modelopt", "version": "0.47.0"},
-            "quantization": {"quant_algo": algo, "kv_cache_quant_algo": null,
-                "group_size": 16, "exclude_modules": ["lm_head"]}})
-    };
     let flat = |algo: &str, group: usize| {
         json!({"quant_method": "modelopt", "quant_algo": algo, "group_size": group,
             "exclude_modules": ["lm_head"]})
@@ -837,14 +555,14 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
         (
             "(b) nvfp4 in hf_quant_config",
             Value::Null,
-            Some(hf("nvfp4")),
+            Some(hf_quant_config("nvfp4")),
         ),
         ("(b) nvfp4 nested in config.json", nested("nvfp4"), None),
         ("(b) nvfp4 flat in config.json", flat("nvfp4", 16), None),
         (
             "(c) W4A16_NVFP4 in hf_quant_config",
             Value::Null,
-            Some(hf("W4A16_NVFP4")),
+            Some(hf_quant_config("W4A16_NVFP4")),
         ),
         (
             "(c) W4A16_NVFP4 nested in config.json",
@@ -854,9 +572,9 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
         ("(c) W4A16_NVFP4 flat", flat("W4A16_NVFP4", 16), None),
         ("(d) flat with group_size", flat("NVFP4", 16), None),
     ];
-    for (what, qc, hfq) in variants {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
+    // The fixture's tensors under config.json's quantization_config `qc`
+    // (none when `Value::Null`).
+    let with_config = |dir: &Path, qc: Value| {
         std::fs::copy(
             orig.join("model.safetensors"),
             dir.join("model.safetensors"),
@@ -867,6 +585,11 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
             cfg["quantization_config"] = qc;
         }
         write_json(&dir.join("config.json"), &cfg);
+    };
+    for (what, qc, hfq) in variants {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        with_config(dir, qc);
         if let Some(h) = &hfq {
             write_json(&dir.join("hf_quant_config.json"), h);
         }
@@ -886,14 +609,7 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
     // The flat group_size is read, not assumed: 32 does not fit the scales.
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::copy(
-        orig.join("model.safetensors"),
-        dir.join("model.safetensors"),
-    )
-    .unwrap();
-    let mut cfg = base_cfg.clone();
-    cfg["quantization_config"] = flat("NVFP4", 32);
-    write_json(&dir.join("config.json"), &cfg);
+    with_config(dir, flat("NVFP4", 32));
     let e = refuse(dir);
     assert_eq!(e.rule, Rule::TensorShape, "{e}");
 }
@@ -904,14 +620,22 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
 
 #[test]
 fn zero_dimension_beside_huge_dimensions_is_refused_without_panic() {
-    let pack = ct_config("pack-quantized", Lay::Group(16).weights(4, "int"), "0.19.0");
+    let pack = ct_config(
+        "pack-quantized",
+        Lay::Group(16).weights(4, "int", true, false),
+        "0.19.0",
+    );
     let nvfp4 = ct_config(
         "nvfp4-pack-quantized",
         json!({"num_bits": 4, "type": "float", "strategy": "tensor_group",
             "group_size": 16, "symmetric": true, "dynamic": false}),
         "0.19.0",
     );
-    let int8 = ct_config("int-quantized", Lay::Channel.weights(8, "int"), "0.19.0");
+    let int8 = ct_config(
+        "int-quantized",
+        Lay::Channel.weights(8, "int", true, false),
+        "0.19.0",
+    );
     let empty =
         |name: String, dtype: &'static str, shape: &[usize]| T::new(name, dtype, shape, vec![]);
     // (what, tensors, quantization_config (Null: ModelOpt sidecar), rule, tensor)
@@ -1039,12 +763,8 @@ fn zero_dimension_beside_huge_dimensions_is_refused_without_panic() {
         Value::Null,
     );
     let out = tmp.path().join("dense-out");
-    let options = Options {
-        dtype: DtypeChoice::Auto,
-        backend: BackendChoice::Cpu,
-    };
-    match catch_unwind(AssertUnwindSafe(|| dequantize(&dir, &out, &options))) {
-        Err(p) => panic!("dense [0, 2^40]: dequantize panicked: {}", panic_text(&*p)),
+    match caught(|| dequantize(&dir, &out, &CPU_AUTO)) {
+        Err(p) => panic!("dense [0, 2^40]: dequantize panicked: {p}"),
         Ok(Err(e)) => assert!(!out.exists(), "failed ({e}) but left output"),
         Ok(Ok(_)) => {
             let got = read_dir_tensors(&out);
@@ -1105,12 +825,10 @@ fn cpu_decode_rows_with_bad_rows_or_buffer_is_argument_error() {
     let mut failures = Vec::new();
     for (what, rows, len) in cases {
         let mut out = vec![0u8; len];
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            cpu.decode_rows(job, rows.clone(), &mut out)
-        }));
+        let r = caught(|| cpu.decode_rows(job, rows.clone(), &mut out));
         let call = format!("{what}: decode_rows({rows:?}, {len}-byte buffer)");
         match r {
-            Err(p) => failures.push(format!("{call} panicked: {}", panic_text(&*p))),
+            Err(p) => failures.push(format!("{call} panicked: {p}")),
             Ok(Ok(())) => failures.push(format!("{call} was accepted")),
             Ok(Err(e)) if e.rule != Rule::Argument => {
                 failures.push(format!("{call}: rule {:?}, not Argument: {e}", e.rule))
@@ -1124,19 +842,6 @@ fn cpu_decode_rows_with_bad_rows_or_buffer_is_argument_error() {
 // ---------------------------------------------------------------------------
 // 12. GPU equals CPU on huge grid divisors and NaN codes
 // ---------------------------------------------------------------------------
-
-fn adapter_present() -> bool {
-    match wgpu_dequant::gpu::find_adapter() {
-        Some(_) => true,
-        None if std::env::var("WGPU_DEQUANT_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("WGPU_DEQUANT_REQUIRE_GPU=1 but no GPU adapter was found")
-        }
-        None => {
-            eprintln!("no GPU adapter: GPU test not run (set WGPU_DEQUANT_REQUIRE_GPU=1 to make this fail)");
-            false
-        }
-    }
-}
 
 /// Decodes `dir` on both backends to every dtype; both must equal each other
 /// and the reference. Returns the GPU outputs.
@@ -1155,7 +860,7 @@ fn gpu_equals_cpu(ctx: &str, dir: &Path, wants: &[Want], copies: &[T]) -> Vec<Te
 
 #[test]
 fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
-    if !adapter_present() {
+    if adapter().is_none() {
         return;
     }
     let mut rng = Rng(0x510E_527F_ADE6_82D1);
@@ -1180,7 +885,11 @@ fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
         write_checkpoint(
             tmp.path(),
             &tensors,
-            ct_config("int-quantized", lay.weights(8, "int"), "0.19.0"),
+            ct_config(
+                "int-quantized",
+                lay.weights(8, "int", true, false),
+                "0.19.0",
+            ),
         );
         gpu_equals_cpu(&format!("int8 {lay:?}"), tmp.path(), &wants, &[norm()]);
     }
@@ -1191,12 +900,7 @@ fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
         .map(|i| match i % 5 {
             0 => 0x7F,
             3 => 0xFF,
-            _ => loop {
-                let b = rng.below(256) as u8;
-                if b & 0x7F != 0x7F {
-                    break b;
-                }
-            },
+            _ => e4m3_byte(&mut rng),
         })
         .collect();
     let (mut tensors, want) = byte_module(
@@ -1214,7 +918,7 @@ fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
         &tensors,
         ct_config(
             "float-quantized",
-            Lay::Channel.weights(8, "float"),
+            Lay::Channel.weights(8, "float", true, false),
             "0.19.0",
         ),
     );

@@ -6,21 +6,20 @@
 
 mod common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use common::{ct_config, safetensors_bytes, write_checkpoint, write_safetensors, Rng, T};
-use serde_json::{json, Value};
-use wgpu_dequant::{
-    dequantize, BackendChoice, Checkpoint, DtypeChoice, Error, Options, Plan, Rule,
+use common::{
+    caught, ct_config, dequantize_err, hf_quant_config, raw_safetensors, safetensors_bytes,
+    snapshot, write_checkpoint, write_json, write_safetensors, Rng, CPU_AUTO, SHARD1, SHARD2, T,
 };
+use serde_json::{json, Value};
+use wgpu_dequant::{dequantize, Checkpoint, DtypeChoice, Error, Plan, Rule};
 
 /// The quantized module of every small checkpoint below.
 const M: &str = "model.layers.0.mlp.down_proj";
 /// A tensor every checkpoint carries unquantized.
 const NORM: &str = "model.norm.weight";
-const SHARD1: &str = "model-00001-of-00002.safetensors";
-const SHARD2: &str = "model-00002-of-00002.safetensors";
+const INDEX: &str = "model.safetensors.index.json";
 
 fn m(param: &str) -> String {
     format!("{M}.{param}")
@@ -36,6 +35,13 @@ fn pack_weights() -> Value {
         "num_bits": 4, "type": "int", "strategy": "group", "group_size": 8,
         "symmetric": true, "dynamic": false, "actorder": null,
     })
+}
+
+/// `pack_weights()` with `key` set to `value`.
+fn pack_weights_with(key: &str, value: Value) -> Value {
+    let mut w = pack_weights();
+    w[key] = value;
+    w
 }
 
 /// A 4×16 int4 module, group 8: packed [4, 2] int32, scale [4, 2], shape [4, 16].
@@ -77,9 +83,7 @@ fn asym_tensors() -> Vec<T> {
 }
 
 fn asym_weights() -> Value {
-    let mut w = pack_weights();
-    w["symmetric"] = json!(false);
-    w
+    pack_weights_with("symmetric", json!(false))
 }
 
 fn pack_ckpt(dir: &Path, tensors: &[T], weights: Value) {
@@ -139,23 +143,60 @@ fn modelopt_tensors() -> Vec<T> {
     ]
 }
 
-fn hf_quant_config(algo: &str) -> Value {
-    json!({
-        "producer": {"name": "modelopt", "version": "0.47.0"},
-        "quantization": {
-            "quant_algo": algo, "kv_cache_quant_algo": null, "group_size": 16,
-            "exclude_modules": ["lm_head"],
-        },
-    })
-}
-
 fn modelopt_ckpt(dir: &Path, tensors: &[T], algo: &str) {
     write_checkpoint(dir, tensors, Value::Null);
     write_json(&dir.join("hf_quant_config.json"), &hf_quant_config(algo));
 }
 
-fn write_json(path: &Path, v: &Value) {
-    std::fs::write(path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
+/// The single-file starting points.
+#[derive(Debug, Clone, Copy)]
+enum Base {
+    /// Symmetric pack-quantized.
+    Pack,
+    /// Asymmetric pack-quantized.
+    Asym,
+    /// compressed-tensors NVFP4.
+    Nvfp4,
+    /// ModelOpt NVFP4.
+    Modelopt,
+}
+
+impl Base {
+    const ALL: [Base; 4] = [Base::Pack, Base::Asym, Base::Nvfp4, Base::Modelopt];
+
+    fn name(self) -> &'static str {
+        match self {
+            Base::Pack => "pack",
+            Base::Asym => "asym",
+            Base::Nvfp4 => "nvfp4",
+            Base::Modelopt => "modelopt",
+        }
+    }
+
+    /// The valid tensors.
+    fn tensors(self) -> Vec<T> {
+        match self {
+            Base::Pack => pack_tensors(),
+            Base::Asym => asym_tensors(),
+            Base::Nvfp4 => nvfp4_tensors(),
+            Base::Modelopt => modelopt_tensors(),
+        }
+    }
+
+    /// Writes a checkpoint of this kind holding `tensors` into `dir`.
+    fn write(self, dir: &Path, tensors: &[T]) {
+        match self {
+            Base::Pack => pack_ckpt(dir, tensors, pack_weights()),
+            Base::Asym => pack_ckpt(dir, tensors, asym_weights()),
+            Base::Nvfp4 => nvfp4_ckpt(dir, tensors),
+            Base::Modelopt => modelopt_ckpt(dir, tensors, "NVFP4"),
+        }
+    }
+
+    /// Writes the valid checkpoint into `dir`.
+    fn build(self, dir: &Path) {
+        self.write(dir, &self.tensors());
+    }
 }
 
 /// A two-shard pack-quantized checkpoint: NORM in shard 1, the module in
@@ -184,7 +225,7 @@ fn sharded_ckpt(dir: &Path) -> serde_json::Map<String, Value> {
 
 fn write_index(dir: &Path, map: &serde_json::Map<String, Value>) {
     write_json(
-        &dir.join("model.safetensors.index.json"),
+        &dir.join(INDEX),
         &json!({"metadata": {"total_size": 0}, "weight_map": map}),
     );
 }
@@ -204,16 +245,12 @@ fn remove(tensors: &mut Vec<T>, name: &str) {
     assert_eq!(tensors.len() + 1, before, "no tensor {name}");
 }
 
-/// A safetensors file with a hand-written header (padded to 8) and `data`.
-fn raw_safetensors(header: &Value, data: &[u8]) -> Vec<u8> {
-    let mut h = header.to_string().into_bytes();
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(data);
-    out
+/// A fresh temporary directory (kept while the first value lives) and the
+/// checkpoint path `ckpt` inside it.
+fn scratch() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    (tmp, dir)
 }
 
 // ---------------------------------------------------------------------------
@@ -231,18 +268,11 @@ enum Stage {
     Plan,
 }
 
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(non-string panic)".into())
-}
-
 /// Opens and plans `path` and returns where and why it was refused, with
 /// the number of module findings. Fails the test when it is accepted or
 /// when the library panics.
 fn reject(path: &Path) -> (Stage, Error, usize) {
-    let r = catch_unwind(AssertUnwindSafe(|| {
+    let r = caught(|| {
         let ckpt = Checkpoint::open(path).map_err(|e| (Stage::Open, e, 0))?;
         let plan = Plan::build(&ckpt, DtypeChoice::Auto).map_err(|e| (Stage::Build, e, 0))?;
         let n = plan.errors.len();
@@ -256,46 +286,15 @@ fn reject(path: &Path) -> (Stage, Error, usize) {
             return Err((Stage::Plan, checked, n));
         }
         Ok(plan.outputs.len())
-    }));
+    });
     match r {
-        Err(p) => panic!(
-            "the library panicked on {}: {}",
-            path.display(),
-            panic_text(&*p)
-        ),
+        Err(p) => panic!("the library panicked on {}: {}", path.display(), p),
         Ok(Ok(n)) => panic!(
             "{} was accepted ({n} outputs), but it is broken",
             path.display()
         ),
         Ok(Err(found)) => found,
     }
-}
-
-/// `dequantize(path)` into a fresh directory; the error, checked to leave no
-/// output directory behind.
-fn dequantize_err(path: &Path) -> Error {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("dense");
-    let options = Options {
-        dtype: DtypeChoice::Auto,
-        backend: BackendChoice::Cpu,
-    };
-    let r = catch_unwind(AssertUnwindSafe(|| dequantize(path, &out, &options)));
-    let e = match r {
-        Err(p) => panic!(
-            "dequantize panicked on {}: {}",
-            path.display(),
-            panic_text(&*p)
-        ),
-        Ok(Ok(s)) => panic!("dequantize accepted broken {}: {s:?}", path.display()),
-        Ok(Err(e)) => e,
-    };
-    assert!(
-        !out.exists(),
-        "dequantize failed ({e}) but left {} behind",
-        out.display()
-    );
-    e
 }
 
 /// Checks the one-line message: `FILE: TENSOR: [RULE] detail`.
@@ -359,29 +358,38 @@ fn expect(path: &Path, want: Want<'_>) -> Error {
     e
 }
 
+/// `expect` with one acceptable file, `dir/file`.
+fn expect_in(dir: &Path, stage: Stage, rule: Rule, file: &str, tensor: Option<&str>) -> Error {
+    expect(
+        dir,
+        Want {
+            stage,
+            rule,
+            files: &[dir.join(file)],
+            tensor,
+        },
+    )
+}
+
 /// Asserts the library neither panics nor misbehaves on `path`: it refuses
 /// with a one-line message or, when it accepts, dequantizes.
 fn no_panic(path: &Path, what: &str) {
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<(), Error> {
+    let r = caught(|| -> Result<(), Error> {
         let ckpt = Checkpoint::open(path)?;
         let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
         for e in &plan.errors {
             check_message(e, e.rule);
         }
         plan.check()
-    }));
+    });
     match r {
-        Err(p) => panic!("library panicked on {what}: {}", panic_text(&*p)),
+        Err(p) => panic!("library panicked on {what}: {p}"),
         Ok(Err(e)) => check_message(&e, e.rule),
         Ok(Ok(())) => {
             let tmp = tempfile::tempdir().unwrap();
             let out = tmp.path().join("dense");
-            let options = Options {
-                dtype: DtypeChoice::Auto,
-                backend: BackendChoice::Cpu,
-            };
-            match catch_unwind(AssertUnwindSafe(|| dequantize(path, &out, &options))) {
-                Err(p) => panic!("dequantize panicked on {what}: {}", panic_text(&*p)),
+            match caught(|| dequantize(path, &out, &CPU_AUTO)) {
+                Err(p) => panic!("dequantize panicked on {what}: {p}"),
                 Ok(Err(e)) => {
                     check_message(&e, e.rule);
                     assert!(!out.exists(), "{what}: failed ({e}) but left output");
@@ -395,11 +403,7 @@ fn no_panic(path: &Path, what: &str) {
 fn accepted(path: &Path) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("dense");
-    let options = Options {
-        dtype: DtypeChoice::Auto,
-        backend: BackendChoice::Cpu,
-    };
-    let s = dequantize(path, &out, &options).unwrap_or_else(|e| panic!("{e}"));
+    let s = dequantize(path, &out, &CPU_AUTO).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((s.decoded, s.copied), (1, 1), "{s:?}");
 }
 
@@ -411,10 +415,9 @@ fn accepted(path: &Path) {
 fn starting_points_are_valid() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    pack_ckpt(&d.join("pack"), &pack_tensors(), pack_weights());
-    pack_ckpt(&d.join("asym"), &asym_tensors(), asym_weights());
-    nvfp4_ckpt(&d.join("nvfp4"), &nvfp4_tensors());
-    modelopt_ckpt(&d.join("modelopt"), &modelopt_tensors(), "NVFP4");
+    for base in Base::ALL {
+        base.build(&d.join(base.name()));
+    }
     sharded_ckpt(&d.join("sharded"));
     for name in ["pack", "asym", "nvfp4", "modelopt", "sharded"] {
         accepted(&d.join(name));
@@ -434,25 +437,19 @@ fn starting_points_are_valid() {
 // ---------------------------------------------------------------------------
 
 /// A valid pack-quantized checkpoint whose model.safetensors is then
-/// rewritten by `edit`; returns (dir, model.safetensors).
-fn with_shard_bytes(tmp: &Path, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) -> (PathBuf, PathBuf) {
-    let dir = tmp.join("ckpt");
+/// rewritten by `edit`: refused on open as a container fault of that file.
+fn expect_container(edit: impl FnOnce(Vec<u8>) -> Vec<u8>) -> Error {
+    let (_tmp, dir) = scratch();
     pack_ckpt(&dir, &pack_tensors(), pack_weights());
     let file = dir.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, edit(bytes)).unwrap();
-    (dir, file)
-}
-
-fn expect_container(dir: &Path, file: &Path) -> Error {
-    expect(
-        dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Container,
-            files: &[file.to_path_buf()],
-            tensor: None,
-        },
+    expect_in(
+        &dir,
+        Stage::Open,
+        Rule::Container,
+        "model.safetensors",
+        None,
     )
 }
 
@@ -460,115 +457,105 @@ fn expect_container(dir: &Path, file: &Path) -> Error {
 fn truncated_file_is_container_error() {
     let full = safetensors_bytes(&pack_tensors(), None);
     for cut in [4, 7, 8, 12, full.len() / 2, full.len() - 1] {
-        let tmp = tempfile::tempdir().unwrap();
-        let (dir, file) = with_shard_bytes(tmp.path(), |mut b| {
+        expect_container(|mut b| {
             b.truncate(cut);
             b
         });
-        expect_container(&dir, &file);
     }
 }
 
 #[test]
 fn empty_file_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |_| Vec::new());
-    expect_container(&dir, &file);
+    expect_container(|_| Vec::new());
 }
 
 #[test]
 fn header_length_beyond_file_is_container_error() {
     for n in [None, Some(u64::MAX), Some(1 << 40), Some(99_999_999)] {
-        let tmp = tempfile::tempdir().unwrap();
-        let (dir, file) = with_shard_bytes(tmp.path(), |mut b| {
+        expect_container(|mut b| {
             // Default: one byte more than the file holds after the length.
             let n = n.unwrap_or(b.len() as u64 - 7);
             b[..8].copy_from_slice(&n.to_le_bytes());
             b
         });
-        expect_container(&dir, &file);
     }
 }
 
 #[test]
 fn invalid_header_json_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |mut b| {
+    expect_container(|mut b| {
         let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
         for (i, x) in b[8..8 + n].iter_mut().enumerate() {
             *x = if i == 0 { b'{' } else { b'x' };
         }
         b
     });
-    expect_container(&dir, &file);
 }
 
 #[test]
 fn header_that_is_not_an_object_of_tensors_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |_| {
+    expect_container(|_| {
         raw_safetensors(
             &json!({"a": {"dtype": "NOPE", "shape": [1], "data_offsets": [0, 1]}}),
             &[0],
         )
     });
-    expect_container(&dir, &file);
 }
 
 #[test]
 fn trailing_bytes_not_covered_by_offsets_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |mut b| {
+    expect_container(|mut b| {
         b.extend_from_slice(&[0; 4]);
         b
     });
-    expect_container(&dir, &file);
 }
 
 #[test]
 fn hole_between_offsets_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |_| {
+    expect_container(|_| {
         let h = json!({
             "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
             "b": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]},
         });
         raw_safetensors(&h, &[0; 20])
     });
-    expect_container(&dir, &file);
 }
 
 #[test]
 fn offsets_beyond_file_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |_| {
+    expect_container(|_| {
         let h = json!({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}});
         raw_safetensors(&h, &[0; 8])
     });
-    expect_container(&dir, &file);
 }
 
 #[test]
 fn offsets_disagreeing_with_shape_is_container_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, file) = with_shard_bytes(tmp.path(), |_| {
+    expect_container(|_| {
         let h = json!({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}});
         raw_safetensors(&h, &[0; 8])
     });
-    expect_container(&dir, &file);
 }
 
 // ---------------------------------------------------------------------------
 // Index (ST-002) and duplicates (TEN-005)
 // ---------------------------------------------------------------------------
 
+/// The sharded checkpoint in `dir` with its index mapping `tensor` to
+/// `shard`: refused on open as an index fault naming `tensor`.
+fn expect_index_entry(dir: &Path, tensor: &str, shard: &str) {
+    let mut map = sharded_ckpt(dir);
+    map.insert(tensor.into(), shard.into());
+    write_index(dir, &map);
+    expect_in(dir, Stage::Open, Rule::Index, INDEX, Some(tensor));
+}
+
 #[test]
 fn index_naming_a_missing_shard_is_index_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     sharded_ckpt(&dir);
     std::fs::remove_file(dir.join(SHARD2)).unwrap();
-    let index = dir.join("model.safetensors.index.json");
+    let index = dir.join(INDEX);
     // The fault is the index's; naming the missing shard itself is also fine.
     let (stage, e, _) = reject(&dir);
     assert_eq!(stage, Stage::Open, "{e}");
@@ -592,38 +579,14 @@ fn index_naming_a_missing_shard_is_index_error() {
 
 #[test]
 fn index_naming_a_tensor_the_shard_lacks_is_index_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut map = sharded_ckpt(&dir);
-    map.insert("model.layers.0.ghost.weight".into(), SHARD1.into());
-    write_index(&dir, &map);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Index,
-            files: &[dir.join("model.safetensors.index.json")],
-            tensor: Some("model.layers.0.ghost.weight"),
-        },
-    );
+    let (_tmp, dir) = scratch();
+    expect_index_entry(&dir, "model.layers.0.ghost.weight", SHARD1);
 }
 
 #[test]
 fn index_placing_a_tensor_in_the_wrong_shard_is_index_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut map = sharded_ckpt(&dir);
-    map.insert(NORM.into(), SHARD2.into());
-    write_index(&dir, &map);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Index,
-            files: &[dir.join("model.safetensors.index.json")],
-            tensor: Some(NORM),
-        },
-    );
+    let (_tmp, dir) = scratch();
+    expect_index_entry(&dir, NORM, SHARD2);
 }
 
 #[test]
@@ -634,9 +597,7 @@ fn index_shard_name_with_a_path_separator_is_index_error() {
         "/tmp/x.safetensors",
         "..",
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ckpt");
-        let mut map = sharded_ckpt(&dir);
+        let (tmp, dir) = scratch();
         // A real file there, so only the name can be the fault.
         if bad == "../x.safetensors" {
             write_safetensors(
@@ -644,75 +605,41 @@ fn index_shard_name_with_a_path_separator_is_index_error() {
                 &[T::bf16(NORM, &[1], &[1.0])],
             );
         }
-        map.insert(NORM.into(), bad.into());
-        write_index(&dir, &map);
-        expect(
-            &dir,
-            Want {
-                stage: Stage::Open,
-                rule: Rule::Index,
-                files: &[dir.join("model.safetensors.index.json")],
-                tensor: Some(NORM),
-            },
-        );
+        expect_index_entry(&dir, NORM, bad);
     }
 }
 
 #[test]
 fn index_without_weight_map_is_index_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     sharded_ckpt(&dir);
-    write_json(
-        &dir.join("model.safetensors.index.json"),
-        &json!({"metadata": {}}),
-    );
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Index,
-            files: &[dir.join("model.safetensors.index.json")],
-            tensor: None,
-        },
-    );
+    write_json(&dir.join(INDEX), &json!({"metadata": {}}));
+    expect_in(&dir, Stage::Open, Rule::Index, INDEX, None);
 }
 
 #[test]
 fn same_tensor_in_two_shards_is_duplicate() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     sharded_ckpt(&dir);
     let mut second = pack_tensors();
     second.retain(|t| t.name != NORM);
     second.push(T::bf16(NORM, &[16], &[2.0; 16]));
     write_safetensors(&dir.join(SHARD2), &second);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::DuplicateTensor,
-            files: &[dir.join(SHARD2)],
-            tensor: Some(NORM),
-        },
-    );
+    expect_in(&dir, Stage::Open, Rule::DuplicateTensor, SHARD2, Some(NORM));
 }
 
 #[test]
 fn same_tensor_in_two_shards_without_index_is_duplicate() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     sharded_ckpt(&dir);
-    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::fs::remove_file(dir.join(INDEX)).unwrap();
     write_safetensors(&dir.join(SHARD1), &pack_tensors());
-    expect(
+    expect_in(
         &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::DuplicateTensor,
-            files: &[dir.join(SHARD2)],
-            tensor: Some(&m("weight_packed")),
-        },
+        Stage::Open,
+        Rule::DuplicateTensor,
+        SHARD2,
+        Some(&m("weight_packed")),
     );
 }
 
@@ -720,118 +647,76 @@ fn same_tensor_in_two_shards_without_index_is_duplicate() {
 // Configs (CFG-001, CFG-002)
 // ---------------------------------------------------------------------------
 
+/// The pack-quantized checkpoint with its quantization_config changed by
+/// `edit`: refused by `Plan::build` with `rule`, naming config.json.
+fn expect_qc(edit: impl FnOnce(&mut Value), rule: Rule) -> Error {
+    let (_tmp, dir) = scratch();
+    let mut qc = ct_config("pack-quantized", pack_weights(), "0.19.0");
+    edit(&mut qc);
+    write_checkpoint(&dir, &pack_tensors(), qc);
+    expect_in(&dir, Stage::Build, rule, "config.json", None)
+}
+
 #[test]
 fn config_that_is_not_json_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     pack_ckpt(&dir, &pack_tensors(), pack_weights());
     std::fs::write(dir.join("config.json"), b"{\"quantization_config\": ").unwrap();
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Config,
-            files: &[dir.join("config.json")],
-            tensor: None,
-        },
-    );
+    expect_in(&dir, Stage::Open, Rule::Config, "config.json", None);
 }
 
 #[test]
 fn config_too_large_to_read_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     pack_ckpt(&dir, &pack_tensors(), pack_weights());
     // Sparse: 65 MiB on paper, nothing on disk.
     let f = std::fs::File::create(dir.join("config.json")).unwrap();
     f.set_len(65 << 20).unwrap();
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Config,
-            files: &[dir.join("config.json")],
-            tensor: None,
-        },
-    );
+    expect_in(&dir, Stage::Open, Rule::Config, "config.json", None);
 }
 
 #[test]
 fn hf_quant_config_that_is_not_json_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     modelopt_ckpt(&dir, &modelopt_tensors(), "NVFP4");
     std::fs::write(dir.join("hf_quant_config.json"), b"\xff\xfe not json").unwrap();
-    expect(
+    expect_in(
         &dir,
-        Want {
-            stage: Stage::Open,
-            rule: Rule::Config,
-            files: &[dir.join("hf_quant_config.json")],
-            tensor: None,
-        },
+        Stage::Open,
+        Rule::Config,
+        "hf_quant_config.json",
+        None,
     );
 }
 
 #[test]
 fn config_without_config_groups_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut qc = ct_config("pack-quantized", pack_weights(), "0.19.0");
-    qc.as_object_mut().unwrap().remove("config_groups");
-    write_checkpoint(&dir, &pack_tensors(), qc);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Config,
-            files: &[dir.join("config.json")],
-            tensor: None,
+    expect_qc(
+        |qc| {
+            qc.as_object_mut().unwrap().remove("config_groups");
         },
+        Rule::Config,
     );
 }
 
 #[test]
 fn config_group_without_num_bits_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     let mut w = pack_weights();
     w.as_object_mut().unwrap().remove("num_bits");
     pack_ckpt(&dir, &pack_tensors(), w);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Config,
-            files: &[dir.join("config.json")],
-            tensor: None,
-        },
-    );
+    expect_in(&dir, Stage::Build, Rule::Config, "config.json", None);
 }
 
 #[test]
 fn unknown_quant_method_is_unsupported() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut qc = ct_config("pack-quantized", pack_weights(), "0.19.0");
-    qc["quant_method"] = json!("gptq");
-    write_checkpoint(&dir, &pack_tensors(), qc);
-    let e = expect(
-        &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Unsupported,
-            files: &[dir.join("config.json")],
-            tensor: None,
-        },
-    );
+    let e = expect_qc(|qc| qc["quant_method"] = json!("gptq"), Rule::Unsupported);
     assert!(e.to_string().contains("gptq"), "{e}");
 }
 
 #[test]
 fn quantized_tensors_without_config_json_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     std::fs::create_dir_all(&dir).unwrap();
     write_safetensors(&dir.join("model.safetensors"), &pack_tensors());
     let w = m("weight_packed");
@@ -848,8 +733,7 @@ fn quantized_tensors_without_config_json_is_config_error() {
 
 #[test]
 fn quantized_tensors_with_config_json_lacking_quantization_config_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     write_checkpoint(&dir, &pack_tensors(), Value::Null);
     let w = m("weight_packed");
     expect(
@@ -869,119 +753,77 @@ fn quantized_tensors_with_config_json_lacking_quantization_config_is_config_erro
 
 #[test]
 fn bad_target_regex_is_one_line_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut qc = ct_config("pack-quantized", pack_weights(), "0.19.0");
-    qc["config_groups"]["group_0"]["targets"] = json!(["re:("]);
-    write_checkpoint(&dir, &pack_tensors(), qc);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Config,
-            files: &[dir.join("config.json")],
-            tensor: None,
-        },
+    expect_qc(
+        |qc| qc["config_groups"]["group_0"]["targets"] = json!(["re:("]),
+        Rule::Config,
     );
 }
 
 #[test]
 fn unsupported_format_marlin_24_is_unsupported() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     write_checkpoint(
         &dir,
         &pack_tensors(),
         ct_config("marlin-24", pack_weights(), "0.19.0"),
     );
-    let e = expect(
-        &dir,
-        Want {
-            stage: Stage::Plan,
-            rule: Rule::Unsupported,
-            files: &[dir.join("config.json")],
-            tensor: Some(M),
-        },
-    );
+    let e = expect_in(&dir, Stage::Plan, Rule::Unsupported, "config.json", Some(M));
     assert!(e.to_string().contains("marlin-24"), "{e}");
 }
 
 #[test]
 fn sparse_24_bitmask_sparsity_is_unsupported() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut qc = ct_config("pack-quantized", pack_weights(), "0.19.0");
-    qc["sparsity_config"] = json!({
-        "format": "sparse-24-bitmask", "global_sparsity": 0.5,
-        "sparsity_structure": "2:4", "targets": ["Linear"], "ignore": ["lm_head"],
-    });
-    write_checkpoint(&dir, &pack_tensors(), qc);
-    let e = expect(
-        &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Unsupported,
-            files: &[dir.join("config.json")],
-            tensor: None,
+    let e = expect_qc(
+        |qc| {
+            qc["sparsity_config"] = json!({
+                "format": "sparse-24-bitmask", "global_sparsity": 0.5,
+                "sparsity_structure": "2:4", "targets": ["Linear"], "ignore": ["lm_head"],
+            })
         },
+        Rule::Unsupported,
     );
     assert!(e.to_string().contains("sparse-24-bitmask"), "{e}");
 }
 
 #[test]
 fn modelopt_fp8_is_unsupported() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     modelopt_ckpt(&dir, &modelopt_tensors(), "FP8");
-    let e = expect(
+    let e = expect_in(
         &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Unsupported,
-            files: &[dir.join("hf_quant_config.json")],
-            tensor: None,
-        },
+        Stage::Build,
+        Rule::Unsupported,
+        "hf_quant_config.json",
+        None,
     );
     assert!(e.to_string().contains("FP8"), "{e}");
 }
 
 #[test]
 fn modelopt_fp8_in_config_json_is_unsupported() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     write_checkpoint(
         &dir,
         &modelopt_tensors(),
         json!({"quant_method": "modelopt", "quant_algo": "FP8"}),
     );
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Unsupported,
-            files: &[dir.join("config.json")],
-            tensor: None,
-        },
-    );
+    expect_in(&dir, Stage::Build, Rule::Unsupported, "config.json", None);
 }
 
 #[test]
 fn modelopt_without_quantization_object_is_config_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     modelopt_ckpt(&dir, &modelopt_tensors(), "NVFP4");
     write_json(
         &dir.join("hf_quant_config.json"),
         &json!({"producer": {"name": "modelopt"}}),
     );
-    expect(
+    expect_in(
         &dir,
-        Want {
-            stage: Stage::Build,
-            rule: Rule::Config,
-            files: &[dir.join("hf_quant_config.json")],
-            tensor: None,
-        },
+        Stage::Build,
+        Rule::Config,
+        "hf_quant_config.json",
+        None,
     );
 }
 
@@ -989,186 +831,163 @@ fn modelopt_without_quantization_object_is_config_error() {
 // CT-001, CT-004
 // ---------------------------------------------------------------------------
 
+/// A checkpoint written by `write`, expected to be refused for module M by
+/// `rule`, naming `tensor` of model.safetensors.
+fn expect_finding(write: impl FnOnce(&Path), rule: Rule, tensor: &str) -> Error {
+    let (_tmp, dir) = scratch();
+    write(&dir);
+    expect_in(&dir, Stage::Plan, rule, "model.safetensors", Some(tensor))
+}
+
 /// A pack-quantized checkpoint with `tensors` and `weights`, expected to be
 /// refused for module M by `rule`, naming `tensor` of model.safetensors.
 fn expect_module(tensors: &[T], weights: Value, rule: Rule, tensor: &str) -> Error {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    pack_ckpt(&dir, tensors, weights);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Plan,
-            rule,
-            files: &[dir.join("model.safetensors")],
-            tensor: Some(tensor),
-        },
-    )
+    expect_finding(|dir| pack_ckpt(dir, tensors, weights), rule, tensor)
+}
+
+/// `base` with `t` in place of the tensor of the same name, expected to be
+/// refused for module M by `rule`, naming that tensor of model.safetensors.
+fn expect_replaced(base: Base, t: T, rule: Rule) -> Error {
+    let name = t.name.clone();
+    let mut tensors = base.tensors();
+    replace(&mut tensors, t);
+    expect_finding(|dir| base.write(dir, &tensors), rule, &name)
 }
 
 #[test]
 fn num_bits_0_breaks_ct001() {
-    let mut w = pack_weights();
-    w["num_bits"] = json!(0);
+    let w = pack_weights_with("num_bits", json!(0));
     expect_module(&pack_tensors(), w, Rule::Ct001, &m("weight_packed"));
 }
 
 #[test]
 fn num_bits_9_breaks_ct001() {
-    let mut w = pack_weights();
-    w["num_bits"] = json!(9);
+    let w = pack_weights_with("num_bits", json!(9));
     expect_module(&pack_tensors(), w, Rule::Ct001, &m("weight_packed"));
 }
 
 #[test]
 fn num_bits_huge_breaks_ct001_or_config() {
     // Larger than u32: refused while reading the config, not a panic.
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut w = pack_weights();
-    w["num_bits"] = json!(1u64 << 40);
+    let (_tmp, dir) = scratch();
+    let w = pack_weights_with("num_bits", json!(1u64 << 40));
     pack_ckpt(&dir, &pack_tensors(), w);
     let (_, e, _) = reject(&dir);
     assert!(matches!(e.rule, Rule::Ct001 | Rule::Config), "{e}");
     check_message(&e, e.rule);
     // And one that fits u32 but not 1..=8.
-    let mut w = pack_weights();
-    w["num_bits"] = json!(32);
+    let w = pack_weights_with("num_bits", json!(32));
     expect_module(&pack_tensors(), w, Rule::Ct001, &m("weight_packed"));
 }
 
 #[test]
 fn weight_packed_stored_as_u8_breaks_ct001() {
-    let mut t = pack_tensors();
-    let words = t
-        .iter()
+    let words = pack_tensors()
+        .into_iter()
         .find(|x| x.name == m("weight_packed"))
         .unwrap()
-        .data
-        .clone();
-    replace(&mut t, T::u8(m("weight_packed"), "U8", &[4, 8], &words));
-    expect_module(&t, pack_weights(), Rule::Ct001, &m("weight_packed"));
+        .data;
+    expect_replaced(
+        Base::Pack,
+        T::u8(m("weight_packed"), "U8", &[4, 8], &words),
+        Rule::Ct001,
+    );
 }
 
 #[test]
 fn packed_width_fitting_neither_layout_breaks_ct004() {
-    let mut t = pack_tensors();
     // 16 four-bit fields take 2 words either way; 3 fits neither.
-    replace(&mut t, T::u32_words(m("weight_packed"), &[4, 3], &[0; 12]));
-    let e = expect_module(&t, pack_weights(), Rule::Ct004, &m("weight_packed"));
+    let e = expect_replaced(
+        Base::Pack,
+        T::u32_words(m("weight_packed"), &[4, 3], &[0; 12]),
+        Rule::Ct004,
+    );
     assert!(e.to_string().contains("neither"), "{e}");
 }
 
 #[test]
 fn packed_width_too_small_breaks_ct004() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::u32_words(m("weight_packed"), &[4, 1], &[0; 4]));
-    expect_module(&t, pack_weights(), Rule::Ct004, &m("weight_packed"));
+    expect_replaced(
+        Base::Pack,
+        T::u32_words(m("weight_packed"), &[4, 1], &[0; 4]),
+        Rule::Ct004,
+    );
 }
 
 #[test]
 fn packed_rows_not_matching_weight_shape_breaks_ct004() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::u32_words(m("weight_packed"), &[3, 2], &[0; 6]));
-    expect_module(&t, pack_weights(), Rule::Ct004, &m("weight_packed"));
+    expect_replaced(
+        Base::Pack,
+        T::u32_words(m("weight_packed"), &[3, 2], &[0; 6]),
+        Rule::Ct004,
+    );
 }
 
 #[test]
 fn packed_rank_not_matching_weight_shape_breaks_ct004() {
-    let mut t = pack_tensors();
-    replace(
-        &mut t,
+    expect_replaced(
+        Base::Pack,
         T::u32_words(m("weight_packed"), &[1, 4, 2], &[0; 8]),
+        Rule::Ct004,
     );
-    expect_module(&t, pack_weights(), Rule::Ct004, &m("weight_packed"));
 }
 
 // ---------------------------------------------------------------------------
 // Missing tensors (TEN-001)
 // ---------------------------------------------------------------------------
 
-/// Missing tensors are not in any file: the checkpoint (or the shard holding
-/// the module) is named.
-fn expect_missing(dir: &Path, tensor: &str) {
+/// `base` without `param` of module M. Missing tensors are not in any file:
+/// the checkpoint (or the shard holding the module) is named.
+fn expect_missing(base: Base, param: &str) {
+    let (_tmp, dir) = scratch();
+    let tensor = m(param);
+    let mut t = base.tensors();
+    remove(&mut t, &tensor);
+    base.write(&dir, &t);
     expect(
-        dir,
+        &dir,
         Want {
             stage: Stage::Plan,
             rule: Rule::MissingTensor,
             files: &[dir.to_path_buf(), dir.join("model.safetensors")],
-            tensor: Some(tensor),
+            tensor: Some(&tensor),
         },
     );
 }
 
 #[test]
 fn missing_weight_scale_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = pack_tensors();
-    remove(&mut t, &m("weight_scale"));
-    pack_ckpt(&dir, &t, pack_weights());
-    expect_missing(&dir, &m("weight_scale"));
+    expect_missing(Base::Pack, "weight_scale");
 }
 
 #[test]
 fn missing_weight_shape_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = pack_tensors();
-    remove(&mut t, &m("weight_shape"));
-    pack_ckpt(&dir, &t, pack_weights());
-    expect_missing(&dir, &m("weight_shape"));
+    expect_missing(Base::Pack, "weight_shape");
 }
 
 #[test]
 fn missing_weight_packed_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = pack_tensors();
-    remove(&mut t, &m("weight_packed"));
-    pack_ckpt(&dir, &t, pack_weights());
-    expect_missing(&dir, &m("weight_packed"));
+    expect_missing(Base::Pack, "weight_packed");
 }
 
 #[test]
 fn missing_weight_global_scale_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = nvfp4_tensors();
-    remove(&mut t, &m("weight_global_scale"));
-    nvfp4_ckpt(&dir, &t);
-    expect_missing(&dir, &m("weight_global_scale"));
+    expect_missing(Base::Nvfp4, "weight_global_scale");
 }
 
 #[test]
 fn missing_asymmetric_zero_point_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = asym_tensors();
-    remove(&mut t, &m("weight_zero_point"));
-    pack_ckpt(&dir, &t, asym_weights());
-    expect_missing(&dir, &m("weight_zero_point"));
+    expect_missing(Base::Asym, "weight_zero_point");
 }
 
 #[test]
 fn missing_modelopt_weight_scale_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = modelopt_tensors();
-    remove(&mut t, &m("weight_scale"));
-    modelopt_ckpt(&dir, &t, "NVFP4");
-    expect_missing(&dir, &m("weight_scale"));
+    expect_missing(Base::Modelopt, "weight_scale");
 }
 
 #[test]
 fn missing_modelopt_weight_scale_2_is_missing_tensor() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = modelopt_tensors();
-    remove(&mut t, &m("weight_scale_2"));
-    modelopt_ckpt(&dir, &t, "NVFP4");
-    expect_missing(&dir, &m("weight_scale_2"));
+    expect_missing(Base::Modelopt, "weight_scale_2");
 }
 
 // ---------------------------------------------------------------------------
@@ -1177,33 +996,28 @@ fn missing_modelopt_weight_scale_2_is_missing_tensor() {
 
 #[test]
 fn scale_dtype_i32_is_tensor_dtype() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::i32(m("weight_scale"), &[4, 2], &[1; 8]));
-    expect_module(&t, pack_weights(), Rule::TensorDtype, &m("weight_scale"));
+    expect_replaced(
+        Base::Pack,
+        T::i32(m("weight_scale"), &[4, 2], &[1; 8]),
+        Rule::TensorDtype,
+    );
 }
 
 #[test]
 fn weight_shape_dtype_f32_is_tensor_dtype() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::f32(m("weight_shape"), &[2], &[4.0, 16.0]));
-    expect_module(&t, pack_weights(), Rule::TensorDtype, &m("weight_shape"));
+    expect_replaced(
+        Base::Pack,
+        T::f32(m("weight_shape"), &[2], &[4.0, 16.0]),
+        Rule::TensorDtype,
+    );
 }
 
 #[test]
 fn nvfp4_scale_dtype_bf16_is_tensor_dtype() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = nvfp4_tensors();
-    replace(&mut t, T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]));
-    nvfp4_ckpt(&dir, &t);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Plan,
-            rule: Rule::TensorDtype,
-            files: &[dir.join("model.safetensors")],
-            tensor: Some(&m("weight_scale")),
-        },
+    expect_replaced(
+        Base::Nvfp4,
+        T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]),
+        Rule::TensorDtype,
     );
 }
 
@@ -1211,102 +1025,81 @@ fn nvfp4_scale_dtype_bf16_is_tensor_dtype() {
 fn global_scale_stored_as_bf16_is_tensor_dtype() {
     // TEN-002 is the dtype rule; a global scale of the wrong dtype breaks it,
     // not the shape rule.
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = nvfp4_tensors();
-    replace(&mut t, T::bf16(m("weight_global_scale"), &[1], &[2.0]));
-    nvfp4_ckpt(&dir, &t);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Plan,
-            rule: Rule::TensorDtype,
-            files: &[dir.join("model.safetensors")],
-            tensor: Some(&m("weight_global_scale")),
-        },
+    expect_replaced(
+        Base::Nvfp4,
+        T::bf16(m("weight_global_scale"), &[1], &[2.0]),
+        Rule::TensorDtype,
     );
 }
 
 #[test]
 fn global_scale_with_two_values_is_tensor_shape() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = nvfp4_tensors();
-    replace(&mut t, T::f32(m("weight_global_scale"), &[2], &[2.0, 2.0]));
-    nvfp4_ckpt(&dir, &t);
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Plan,
-            rule: Rule::TensorShape,
-            files: &[dir.join("model.safetensors")],
-            tensor: Some(&m("weight_global_scale")),
-        },
+    expect_replaced(
+        Base::Nvfp4,
+        T::f32(m("weight_global_scale"), &[2], &[2.0, 2.0]),
+        Rule::TensorShape,
     );
 }
 
 #[test]
 fn scale_with_too_many_groups_is_tensor_shape() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::bf16(m("weight_scale"), &[4, 3], &[1.0; 12]));
-    expect_module(&t, pack_weights(), Rule::TensorShape, &m("weight_scale"));
+    expect_replaced(
+        Base::Pack,
+        T::bf16(m("weight_scale"), &[4, 3], &[1.0; 12]),
+        Rule::TensorShape,
+    );
 }
 
 #[test]
 fn scale_transposed_is_tensor_shape() {
     // Right number of entries, groups on the wrong axis.
-    let mut t = pack_tensors();
-    replace(&mut t, T::bf16(m("weight_scale"), &[2, 4], &[1.0; 8]));
-    expect_module(&t, pack_weights(), Rule::TensorShape, &m("weight_scale"));
+    expect_replaced(
+        Base::Pack,
+        T::bf16(m("weight_scale"), &[2, 4], &[1.0; 8]),
+        Rule::TensorShape,
+    );
 }
 
 #[test]
 fn per_channel_scale_for_group_strategy_is_tensor_shape() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]));
-    expect_module(&t, pack_weights(), Rule::TensorShape, &m("weight_scale"));
+    expect_replaced(
+        Base::Pack,
+        T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]),
+        Rule::TensorShape,
+    );
 }
 
 #[test]
 fn modelopt_scale_shape_wrong_is_tensor_shape() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    let mut t = modelopt_tensors();
-    replace(
-        &mut t,
+    expect_replaced(
+        Base::Modelopt,
         T::u8(m("weight_scale"), "F8_E4M3", &[4, 2], &[0x38; 8]),
-    );
-    modelopt_ckpt(&dir, &t, "NVFP4");
-    expect(
-        &dir,
-        Want {
-            stage: Stage::Plan,
-            rule: Rule::TensorShape,
-            files: &[dir.join("model.safetensors")],
-            tensor: Some(&m("weight_scale")),
-        },
+        Rule::TensorShape,
     );
 }
 
 #[test]
 fn weight_shape_negative_is_tensor_value() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::i64(m("weight_shape"), &[2], &[-4, 16]));
-    expect_module(&t, pack_weights(), Rule::TensorValue, &m("weight_shape"));
+    expect_replaced(
+        Base::Pack,
+        T::i64(m("weight_shape"), &[2], &[-4, 16]),
+        Rule::TensorValue,
+    );
 }
 
 #[test]
 fn weight_shape_zero_is_tensor_value() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::i64(m("weight_shape"), &[2], &[4, 0]));
-    expect_module(&t, pack_weights(), Rule::TensorValue, &m("weight_shape"));
+    expect_replaced(
+        Base::Pack,
+        T::i64(m("weight_shape"), &[2], &[4, 0]),
+        Rule::TensorValue,
+    );
 }
 
 #[test]
 fn weight_shape_huge_is_refused_without_allocating() {
     // 2^40 columns would be terabytes; refused by value or by packed width.
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (_tmp, dir) = scratch();
     let mut t = pack_tensors();
     replace(&mut t, T::i64(m("weight_shape"), &[2], &[4, 1 << 40]));
     pack_ckpt(&dir, &t, pack_weights());
@@ -1314,19 +1107,20 @@ fn weight_shape_huge_is_refused_without_allocating() {
     assert_eq!(stage, Stage::Plan, "{e}");
     assert!(matches!(e.rule, Rule::TensorValue | Rule::Ct004), "{e}");
     check_message(&e, e.rule);
-    let mut t = pack_tensors();
-    replace(
-        &mut t,
+    expect_replaced(
+        Base::Pack,
         T::i64(m("weight_shape"), &[2], &[i64::MAX, i64::MAX]),
+        Rule::TensorValue,
     );
-    expect_module(&t, pack_weights(), Rule::TensorValue, &m("weight_shape"));
 }
 
 #[test]
 fn weight_shape_of_rank_1_is_tensor_shape() {
-    let mut t = pack_tensors();
-    replace(&mut t, T::i64(m("weight_shape"), &[1], &[64]));
-    expect_module(&t, pack_weights(), Rule::TensorShape, &m("weight_shape"));
+    expect_replaced(
+        Base::Pack,
+        T::i64(m("weight_shape"), &[1], &[64]),
+        Rule::TensorShape,
+    );
 }
 
 fn with_g_idx(values: &[i32]) -> Vec<T> {
@@ -1369,16 +1163,10 @@ fn g_idx_wrong_length_is_tensor_shape() {
 
 #[test]
 fn zero_point_shape_wrong_is_tensor_shape() {
-    let mut t = asym_tensors();
-    replace(
-        &mut t,
+    expect_replaced(
+        Base::Asym,
         T::u32_words(m("weight_zero_point"), &[1, 3], &[0x8888; 3]),
-    );
-    expect_module(
-        &t,
-        asym_weights(),
         Rule::TensorShape,
-        &m("weight_zero_point"),
     );
 }
 
@@ -1386,42 +1174,25 @@ fn zero_point_shape_wrong_is_tensor_shape() {
 // Output (OUT-001)
 // ---------------------------------------------------------------------------
 
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let p = e.unwrap().path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            let bytes = if p.is_file() {
-                std::fs::read(&p).unwrap()
-            } else {
-                b"<dir>".to_vec()
-            };
-            (name, bytes)
-        })
-        .collect();
-    v.sort();
-    v
+/// `dequantize(dir)` into `out`, which must be refused (`why` says why).
+/// Fails the test on a panic.
+fn dequantize_refused(dir: &Path, out: &Path, why: &str) -> Error {
+    match caught(|| dequantize(dir, out, &CPU_AUTO)) {
+        Err(p) => panic!("dequantize panicked: {p}"),
+        Ok(r) => r.expect_err(why),
+    }
 }
 
 #[test]
 fn dequantize_into_non_empty_directory_is_output_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (tmp, dir) = scratch();
     pack_ckpt(&dir, &pack_tensors(), pack_weights());
     let out = tmp.path().join("out");
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("keep.txt"), b"precious").unwrap();
     std::fs::create_dir(out.join("sub")).unwrap();
     let before = snapshot(&out);
-    let options = Options {
-        dtype: DtypeChoice::Auto,
-        backend: BackendChoice::Cpu,
-    };
-    let e = match catch_unwind(AssertUnwindSafe(|| dequantize(&dir, &out, &options))) {
-        Err(p) => panic!("dequantize panicked: {}", panic_text(&*p)),
-        Ok(r) => r.expect_err("refuses a non-empty directory"),
-    };
+    let e = dequantize_refused(&dir, &out, "refuses a non-empty directory");
     assert_eq!(e.rule, Rule::Output, "{e}");
     assert_eq!(e.file, out, "{e}");
     assert_eq!(e.tensor, None, "{e}");
@@ -1431,19 +1202,11 @@ fn dequantize_into_non_empty_directory_is_output_error() {
 
 #[test]
 fn dequantize_onto_a_file_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
+    let (tmp, dir) = scratch();
     pack_ckpt(&dir, &pack_tensors(), pack_weights());
     let out = tmp.path().join("a-file");
     std::fs::write(&out, b"precious").unwrap();
-    let options = Options {
-        dtype: DtypeChoice::Auto,
-        backend: BackendChoice::Cpu,
-    };
-    let e = match catch_unwind(AssertUnwindSafe(|| dequantize(&dir, &out, &options))) {
-        Err(p) => panic!("dequantize panicked: {}", panic_text(&*p)),
-        Ok(r) => r.expect_err("refuses a file as output directory"),
-    };
+    let e = dequantize_refused(&dir, &out, "refuses a file as output directory");
     assert!(matches!(e.rule, Rule::Output | Rule::Io), "{e}");
     assert_eq!(e.file, out, "{e}");
     check_message(&e, e.rule);
@@ -1454,30 +1217,16 @@ fn dequantize_onto_a_file_is_refused() {
 // No input panics
 // ---------------------------------------------------------------------------
 
-type Builder = fn(&Path);
-
-fn bases() -> Vec<(&'static str, Builder)> {
-    vec![
-        ("pack", |d| pack_ckpt(d, &pack_tensors(), pack_weights())),
-        ("asym", |d| pack_ckpt(d, &asym_tensors(), asym_weights())),
-        ("nvfp4", |d| nvfp4_ckpt(d, &nvfp4_tensors())),
-        ("modelopt", |d| {
-            modelopt_ckpt(d, &modelopt_tensors(), "NVFP4")
-        }),
-    ]
-}
-
 #[test]
 fn no_truncation_panics() {
-    for (name, build) in bases() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ckpt");
-        build(&dir);
+    for base in Base::ALL {
+        let (_tmp, dir) = scratch();
+        base.build(&dir);
         let file = dir.join("model.safetensors");
         let full = std::fs::read(&file).unwrap();
         for cut in 0..full.len() {
             std::fs::write(&file, &full[..cut]).unwrap();
-            no_panic(&dir, &format!("{name} cut to {cut} bytes"));
+            no_panic(&dir, &format!("{} cut to {cut} bytes", base.name()));
         }
     }
 }
@@ -1485,10 +1234,9 @@ fn no_truncation_panics() {
 #[test]
 fn no_byte_flip_panics() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for (name, build) in bases() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ckpt");
-        build(&dir);
+    for base in Base::ALL {
+        let (_tmp, dir) = scratch();
+        base.build(&dir);
         let file = dir.join("model.safetensors");
         let full = std::fs::read(&file).unwrap();
         for pos in 0..full.len() {
@@ -1496,7 +1244,7 @@ fn no_byte_flip_panics() {
                 let mut b = full.clone();
                 b[pos] = v;
                 std::fs::write(&file, &b).unwrap();
-                no_panic(&dir, &format!("{name} byte {pos} set to {v:#04x}"));
+                no_panic(&dir, &format!("{} byte {pos} set to {v:#04x}", base.name()));
             }
         }
     }
@@ -1519,8 +1267,7 @@ fn no_hostile_header_panics() {
         json!({(m("weight_packed")): {"dtype": "I32", "shape": [0, 0], "data_offsets": [0, 0]}}),
     ];
     for (i, h) in headers.iter().enumerate() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ckpt");
+        let (_tmp, dir) = scratch();
         pack_ckpt(&dir, &pack_tensors(), pack_weights());
         std::fs::write(dir.join("model.safetensors"), raw_safetensors(h, &[0; 8])).unwrap();
         no_panic(&dir, &format!("header {i}: {h}"));
@@ -1555,8 +1302,7 @@ fn no_hostile_config_panics() {
             "int-quantized",
             "",
         ] {
-            let tmp = tempfile::tempdir().unwrap();
-            let dir = tmp.path().join("ckpt");
+            let (_tmp, dir) = scratch();
             pack_ckpt(&dir, &pack_tensors(), pack_weights());
             let qc = ct_config(format, w.clone(), "0.19.0");
             write_checkpoint(&dir, &pack_tensors(), qc);
@@ -1574,8 +1320,7 @@ fn no_hostile_config_panics() {
         json!("compressed-tensors"),
     ];
     for (i, qc) in qcs.iter().enumerate() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ckpt");
+        let (_tmp, dir) = scratch();
         write_checkpoint(&dir, &pack_tensors(), qc.clone());
         no_panic(&dir, &format!("quantization_config {i}: {qc}"));
     }
@@ -1586,8 +1331,7 @@ fn no_hostile_config_panics() {
         json!({"quantization": []}),
         json!([]),
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ckpt");
+        let (_tmp, dir) = scratch();
         modelopt_ckpt(&dir, &modelopt_tensors(), "NVFP4");
         write_json(&dir.join("hf_quant_config.json"), &q);
         no_panic(&dir, &format!("hf_quant_config {q}"));

@@ -7,24 +7,11 @@
 
 mod common;
 
-use common::{check_case, fixtures, read_dir_tensors, Rng, CASES};
+use common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::{Backend, Cpu};
-use wgpu_dequant::gpu::{self, Gpu, GpuDecoder};
+use wgpu_dequant::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
-
-fn adapter() -> Option<wgpu::Adapter> {
-    match gpu::find_adapter() {
-        Some(a) => Some(a),
-        None if std::env::var("WGPU_DEQUANT_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("WGPU_DEQUANT_REQUIRE_GPU=1 but no GPU adapter was found (install mesa-vulkan-drivers)")
-        }
-        None => {
-            eprintln!("no GPU adapter: GPU test not run (set WGPU_DEQUANT_REQUIRE_GPU=1 to make this fail)");
-            None
-        }
-    }
-}
 
 #[test]
 fn every_fixture_gpu_equals_cpu_and_digests() {

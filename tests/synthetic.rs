@@ -1,113 +1,31 @@
 //! Small checkpoints written the way each producer writes them, decoded, and
-//! compared byte for byte with a reference computed here from the producer's
-//! side: our own `pack_to_int32` (dense and 0.17.x padded), our own E4M3 /
-//! E2M1 / E8M0 readings from the format definitions, the value
-//! `f32(q − zp) · f32(scale)` (or the FP4 orders of DESIGN.md §3), and one
-//! round-to-nearest-even step by the `half` crate. Nothing here calls the
-//! crate's own decoding helpers.
+//! compared byte for byte with a reference computed from the producer's
+//! side (tests/common/producer.rs): our own `pack_to_int32` (dense and
+//! 0.17.x padded), our own E4M3 / E2M1 / E8M0 readings from the format
+//! definitions, the value `f32(q − zp) · f32(scale)` (or the FP4 orders of
+//! DESIGN.md §3), and one round-to-nearest-even step by the `half` crate.
+//! Nothing here calls the crate's own decoding helpers.
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-
-use common::{ct_config, read_dir_tensors, write_checkpoint, Rng, T};
+use common::producer::{
+    e2m1_ref, e4m3_byte, e4m3_ref, expect_decodes, pack_fields, words_for, Lay, Want,
+};
+use common::{ct_config, ct_config_groups, write_checkpoint, Rng, T};
 use serde_json::{json, Value};
-use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 
-const OUTS: [OutDtype; 3] = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32];
-
-type Tensors = BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
-
-// ---------------------------------------------------------------------------
-// Reference numerics (producer side)
-// ---------------------------------------------------------------------------
-
-/// Rounds each f32 once to `out` (RNE, by `half`) and lays out little-endian bytes.
-fn encode(out: OutDtype, vals: &[f32]) -> Vec<u8> {
-    match out {
-        OutDtype::Bf16 => vals
-            .iter()
-            .flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes())
-            .collect(),
-        OutDtype::F16 => vals
-            .iter()
-            .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
-            .collect(),
-        OutDtype::F32 => vals
-            .iter()
-            .flat_map(|x| x.to_bits().to_le_bytes())
-            .collect(),
-    }
-}
-
-fn dtype_name(out: OutDtype) -> &'static str {
-    match out {
-        OutDtype::Bf16 => "BF16",
-        OutDtype::F16 => "F16",
-        OutDtype::F32 => "F32",
-    }
-}
-
-/// FP8 E4M3 (fn) from its definition: bias 7, subnormals m/8 · 2^−6.
-fn e4m3_ref(b: u8) -> f32 {
+/// E4M3 of a byte the generator made, which is never NaN.
+fn e4m3_finite(b: u8) -> f32 {
     assert_ne!(b & 0x7F, 0x7F, "NaN byte generated");
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((b >> 3) & 0xF) as i32;
-    let m = (b & 7) as f32;
-    let mag = if e == 0 {
-        m / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + m / 8.0) * 2f32.powi(e - 7)
-    };
-    sign * mag
+    e4m3_ref(b)
 }
 
-/// FP4 E2M1: bit 3 is the sign, code 0b1000 is −0.
-fn e2m1_ref(code: u8) -> f32 {
-    const MAG: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-    let m = MAG[(code & 7) as usize];
-    if code & 8 != 0 {
-        -m
-    } else {
-        m
-    }
-}
-
-/// compressed-tensors `pack_to_int32` of one lane of unsigned fields.
-/// Dense (≥ 0.18): field i at bit i·b, crossing words. Padded (0.17.x):
-/// 32 div b fields per word, none crossing.
-fn pack_fields(fields: &[u32], b: u32, legacy: bool) -> Vec<u32> {
-    let n = fields.len();
-    if legacy {
-        let pw = (32 / b) as usize;
-        let mut w = vec![0u32; n.div_ceil(pw)];
-        for (i, &f) in fields.iter().enumerate() {
-            assert!(f < 1 << b);
-            w[i / pw] |= f << ((i % pw) as u32 * b);
-        }
-        w
-    } else {
-        let mut w = vec![0u32; (n * b as usize).div_ceil(32)];
-        for (i, &f) in fields.iter().enumerate() {
-            assert!(f < 1 << b);
-            let bit = i * b as usize;
-            let (wi, off) = (bit / 32, (bit % 32) as u32);
-            w[wi] |= f << off;
-            if off + b > 32 {
-                w[wi + 1] |= f >> (32 - off);
-            }
-        }
-        w
-    }
-}
-
-fn words_for(n: usize, b: u32, legacy: bool) -> usize {
-    if legacy {
-        n.div_ceil((32 / b) as usize)
-    } else {
-        (n * b as usize).div_ceil(32)
-    }
+/// Writes a compressed-tensors checkpoint, decodes it to every output dtype
+/// and checks each result.
+fn run_ct(ctx: &str, tensors: &[T], qc: Value, wants: &[Want], copies: &[T]) {
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path(), tensors, qc);
+    expect_decodes(ctx, dir.path(), wants, copies);
 }
 
 // ---------------------------------------------------------------------------
@@ -122,15 +40,6 @@ fn range(rng: &mut Rng, lo: usize, hi: usize) -> usize {
 fn f32_exp(rng: &mut Rng, lo: i32, hi: i32) -> f32 {
     let e = range(rng, (127 + lo) as usize, (127 + hi) as usize) as u32;
     f32::from_bits(e << 23 | rng.below(1 << 23) as u32)
-}
-
-fn e4m3_byte(rng: &mut Rng) -> u8 {
-    loop {
-        let b = rng.below(256) as u8;
-        if b & 0x7F != 0x7F {
-            return b;
-        }
-    }
 }
 
 fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
@@ -184,237 +93,6 @@ impl Sdt {
             Sdt::F16 => T::f16(name, shape, v),
             Sdt::F32 => T::f32(name, shape, v),
         }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Scale layouts (producer's view)
-// ---------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug)]
-enum Lay {
-    Tensor,
-    Channel,
-    Group(usize),
-    Block(usize, usize),
-}
-
-impl Lay {
-    fn strategy(self) -> &'static str {
-        match self {
-            Lay::Tensor => "tensor",
-            Lay::Channel => "channel",
-            Lay::Group(_) => "group",
-            Lay::Block(..) => "block",
-        }
-    }
-
-    /// Entries per row of the scale tensor.
-    fn ncols(self, cols: usize) -> usize {
-        match self {
-            Lay::Tensor | Lay::Channel => 1,
-            Lay::Group(g) => cols.div_ceil(g),
-            Lay::Block(_, bw) => cols.div_ceil(bw),
-        }
-    }
-
-    /// Rows of the scale tensor.
-    fn nrows(self, rows: usize) -> usize {
-        match self {
-            Lay::Tensor => 1,
-            Lay::Channel | Lay::Group(_) => rows,
-            Lay::Block(bh, _) => rows.div_ceil(bh),
-        }
-    }
-
-    fn entries(self, slices: usize, rows: usize, cols: usize) -> usize {
-        match self {
-            Lay::Tensor => 1,
-            _ => slices * self.nrows(rows) * self.ncols(cols),
-        }
-    }
-
-    fn shape(self, experts: Option<usize>, rows: usize, cols: usize) -> Vec<usize> {
-        match self {
-            Lay::Tensor => vec![1],
-            _ => experts
-                .into_iter()
-                .chain([self.nrows(rows), self.ncols(cols)])
-                .collect(),
-        }
-    }
-
-    /// Entry of element (s, r, c).
-    fn index(
-        self,
-        rows: usize,
-        cols: usize,
-        s: usize,
-        r: usize,
-        c: usize,
-        gidx: &[usize],
-    ) -> usize {
-        let (nr, nc) = (self.nrows(rows), self.ncols(cols));
-        match self {
-            Lay::Tensor => 0,
-            Lay::Channel => s * rows + r,
-            Lay::Group(g) => {
-                let grp = if gidx.is_empty() { c / g } else { gidx[c] };
-                s * nr * nc + r * nc + grp
-            }
-            Lay::Block(bh, bw) => s * nr * nc + (r / bh) * nc + c / bw,
-        }
-    }
-
-    /// The `weights` entry of a config group.
-    fn weights(self, bits: u32, kind: &str, symmetric: bool, actorder: bool) -> Value {
-        json!({
-            "num_bits": bits,
-            "type": kind,
-            "strategy": self.strategy(),
-            "group_size": match self { Lay::Group(g) => json!(g), _ => Value::Null },
-            "block_structure": match self { Lay::Block(h, w) => json!([h, w]), _ => Value::Null },
-            "symmetric": symmetric,
-            "dynamic": false,
-            "actorder": if actorder { json!("group") } else { Value::Null },
-            "observer": "minmax",
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Expected outputs and comparison
-// ---------------------------------------------------------------------------
-
-/// A decoded tensor the test expects: its exact f32 values before rounding.
-struct Want {
-    name: String,
-    shape: Vec<usize>,
-    vals: Vec<f32>,
-}
-
-/// A tensor expected to be copied unchanged.
-struct Copied {
-    name: String,
-    dtype: &'static str,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl Copied {
-    fn of(t: &T) -> Copied {
-        Copied {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            data: t.data.clone(),
-        }
-    }
-}
-
-fn decode(input: &Path, out: OutDtype) -> Tensors {
-    let tmp = tempfile::tempdir().unwrap();
-    let dst = tmp.path().join("dense");
-    dequantize(
-        input,
-        &dst,
-        &Options {
-            dtype: DtypeChoice::Fixed(out),
-            backend: BackendChoice::Cpu,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: dequantize failed: {e}", input.display()));
-    read_dir_tensors(&dst)
-}
-
-fn compare_bytes(
-    ctx: &str,
-    name: &str,
-    elem: usize,
-    got: &[u8],
-    want: &[u8],
-    vals: Option<&[f32]>,
-) {
-    assert_eq!(got.len(), want.len(), "{ctx}: {name}: byte length");
-    if got == want {
-        return;
-    }
-    let bad: Vec<usize> = (0..got.len() / elem)
-        .filter(|&i| got[i * elem..(i + 1) * elem] != want[i * elem..(i + 1) * elem])
-        .collect();
-    let i = bad[0];
-    let hex = |b: &[u8]| {
-        b.iter()
-            .rev()
-            .map(|x| format!("{x:02x}"))
-            .collect::<String>()
-    };
-    panic!(
-        "{ctx}: {name}: {} of {} elements differ; first at element {i}: got 0x{}, want 0x{}{}",
-        bad.len(),
-        got.len() / elem,
-        hex(&got[i * elem..(i + 1) * elem]),
-        hex(&want[i * elem..(i + 1) * elem]),
-        vals.map(|v| format!(
-            " (exact f32 value {:e}, bits {:#010x})",
-            v[i],
-            v[i].to_bits()
-        ))
-        .unwrap_or_default()
-    );
-}
-
-/// Checks the output holds exactly `wants` (decoded with `out`) and `copies`.
-fn check_output(ctx: &str, got: &Tensors, out: OutDtype, wants: &[Want], copies: &[Copied]) {
-    let want_names: BTreeSet<&str> = wants
-        .iter()
-        .map(|w| w.name.as_str())
-        .chain(copies.iter().map(|c| c.name.as_str()))
-        .collect();
-    let got_names: BTreeSet<&str> = got.keys().map(String::as_str).collect();
-    assert_eq!(got_names, want_names, "{ctx}: output tensor names");
-    for w in wants {
-        let (dt, shape, bytes) = &got[&w.name];
-        assert_eq!(dt, dtype_name(out), "{ctx}: {} dtype", w.name);
-        assert_eq!(shape, &w.shape, "{ctx}: {} shape", w.name);
-        assert_eq!(
-            w.vals.len(),
-            w.shape.iter().product::<usize>(),
-            "test bug: {}",
-            w.name
-        );
-        compare_bytes(
-            ctx,
-            &w.name,
-            out_size(out),
-            bytes,
-            &encode(out, &w.vals),
-            Some(&w.vals),
-        );
-    }
-    for c in copies {
-        let (dt, shape, bytes) = &got[&c.name];
-        assert_eq!(dt, c.dtype, "{ctx}: {} dtype", c.name);
-        assert_eq!(shape, &c.shape, "{ctx}: {} shape", c.name);
-        compare_bytes(ctx, &c.name, 1, bytes, &c.data, None);
-    }
-}
-
-fn out_size(out: OutDtype) -> usize {
-    match out {
-        OutDtype::F32 => 4,
-        _ => 2,
-    }
-}
-
-/// Writes a compressed-tensors checkpoint, decodes it to every output dtype
-/// and checks each result.
-fn run_ct(ctx: &str, tensors: &[T], qc: Value, wants: &[Want], copies: &[Copied]) {
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), tensors, qc);
-    for out in OUTS {
-        let got = decode(dir.path(), out);
-        check_output(&format!("{ctx} -> {out}"), &got, out, wants, copies);
     }
 }
 
@@ -533,12 +211,10 @@ fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
             }
         }
     }
-    let want = Want {
-        name: format!("{module}.weight"),
-        shape: [lead, vec![rows, cols]].concat(),
-        vals,
-    };
-    (tensors, want)
+    (
+        tensors,
+        Want::weight(module, [lead, vec![rows, cols]].concat(), vals),
+    )
 }
 
 /// One int-quantized (I8) or float-quantized (F8_E4M3) module.
@@ -562,7 +238,7 @@ fn byte_module(
         .collect();
     let w_of = |b: u8| {
         if float {
-            e4m3_ref(b)
+            e4m3_finite(b)
         } else {
             b as i8 as f32
         }
@@ -602,14 +278,7 @@ fn byte_module(
             vals.push(v);
         }
     }
-    (
-        tensors,
-        Want {
-            name: format!("{module}.weight"),
-            shape: vec![rows, cols],
-            vals,
-        },
-    )
+    (tensors, Want::weight(module, vec![rows, cols], vals))
 }
 
 /// Random FP4 codes for `[lead.., rows, cols]`, packed two per byte, element
@@ -658,16 +327,12 @@ fn nvfp4_ct_module(
     let mut vals = Vec::with_capacity(codes.len());
     for (i, &code) in codes.iter().enumerate() {
         let (row, c) = (i / cols, i % cols);
-        let s_eff = e4m3_ref(sc[row * ng + c / 16]) / global;
+        let s_eff = e4m3_finite(sc[row * ng + c / 16]) / global;
         vals.push(e2m1_ref(code) * s_eff);
     }
     (
         tensors,
-        Want {
-            name: format!("{module}.weight"),
-            shape: [lead, vec![rows, cols]].concat(),
-            vals,
-        },
+        Want::weight(module, [lead, vec![rows, cols]].concat(), vals),
     )
 }
 
@@ -693,12 +358,8 @@ fn pack_quantized_every_width_layout_strategy_and_dtype() {
                 let mut tensors = Vec::new();
                 let mut wants = Vec::new();
                 for (k, sdt) in SDTS.into_iter().enumerate() {
-                    let group = match lay {
-                        Lay::Group(g) => Some(g),
-                        _ => None,
-                    };
                     let cols = if k == 0 {
-                        ragged_cols(&mut rng, bits, group)
+                        ragged_cols(&mut rng, bits, lay.group_size())
                     } else {
                         range(&mut rng, 1, 300)
                     };
@@ -750,10 +411,6 @@ fn pack_quantized_asymmetric_packed_zero_points() {
                 let mut tensors = Vec::new();
                 let mut wants = Vec::new();
                 for k in 0..2 {
-                    let group = match lay {
-                        Lay::Group(g) => Some(g),
-                        _ => None,
-                    };
                     // Rows that leave the zero-point lanes' last word partial.
                     let rows = loop {
                         let r = range(&mut rng, 3, 40);
@@ -771,7 +428,7 @@ fn pack_quantized_asymmetric_packed_zero_points() {
                         experts: None,
                         rows,
                         cols: if k == 0 {
-                            ragged_cols(&mut rng, bits, group)
+                            ragged_cols(&mut rng, bits, lay.group_size())
                         } else {
                             range(&mut rng, 1, 300)
                         },
@@ -861,10 +518,6 @@ fn pack_quantized_3d_experts() {
                 (Lay::Group(32), true),
                 (Lay::Tensor, false),
             ] {
-                let group = match lay {
-                    Lay::Group(g) => Some(g),
-                    _ => None,
-                };
                 let spec = PackSpec {
                     bits,
                     legacy: version == "0.17.1",
@@ -874,7 +527,7 @@ fn pack_quantized_3d_experts() {
                     actorder: false,
                     experts: Some(range(&mut rng, 2, 4)),
                     rows: range(&mut rng, 3, 20),
-                    cols: ragged_cols(&mut rng, bits, group),
+                    cols: ragged_cols(&mut rng, bits, lay.group_size()),
                 };
                 let (tensors, want) =
                     pack_module(&mut rng, "model.layers.0.mlp.experts.gate_up_proj", spec);
@@ -1043,11 +696,7 @@ fn mxfp4_compressed_tensors() {
                     e2m1_ref(code) * 2f32.powi(ex[r * ng + c / 32] as i32 - 127)
                 })
                 .collect();
-            wants.push(Want {
-                name: format!("{module}.weight"),
-                shape: vec![rows, cols],
-                vals,
-            });
+            wants.push(Want::weight(&module, vec![rows, cols], vals));
         }
         let qc = ct_config("mxfp4-pack-quantized", weights.clone(), "0.19.0");
         run_ct(&format!("mxfp4 case {case}"), &tensors, qc, &wants, &[]);
@@ -1097,15 +746,11 @@ fn modelopt_nvfp4_export() {
                 .enumerate()
                 .map(|(i, &code)| {
                     let (r, c) = (i / cols, i % cols);
-                    let s_eff = e4m3_ref(sc[r * ng + c / 16]) * s2;
+                    let s_eff = e4m3_finite(sc[r * ng + c / 16]) * s2;
                     e2m1_ref(code) * s_eff
                 })
                 .collect();
-            wants.push(Want {
-                name: format!("{module}.weight"),
-                shape: vec![rows, cols],
-                vals,
-            });
+            wants.push(Want::weight(module, vec![rows, cols], vals));
         }
         let dense = [
             T::new(
@@ -1127,7 +772,7 @@ fn modelopt_nvfp4_export() {
                 random_bytes(&mut rng, 128),
             ),
         ];
-        let copies: Vec<Copied> = dense.iter().map(Copied::of).collect();
+        let copies = dense.clone();
         tensors.extend(dense);
         write_checkpoint(dir.path(), &tensors, Value::Null);
         let hf = json!({
@@ -1139,16 +784,12 @@ fn modelopt_nvfp4_export() {
             serde_json::to_vec_pretty(&hf).unwrap(),
         )
         .unwrap();
-        for out in OUTS {
-            let got = decode(dir.path(), out);
-            check_output(
-                &format!("modelopt case {case} -> {out}"),
-                &got,
-                out,
-                &wants,
-                &copies,
-            );
-        }
+        expect_decodes(
+            &format!("modelopt case {case}"),
+            dir.path(),
+            &wants,
+            &copies,
+        );
     }
 }
 
@@ -1238,15 +879,12 @@ fn mixed_precision_checkpoint() {
         &[hidden],
         random_bytes(&mut rng, hidden * 4),
     ));
-    let copies: Vec<Copied> = dense.iter().map(Copied::of).collect();
+    let copies = dense.clone();
     tensors.extend(dense);
-    let qc = json!({
-        "quant_method": "compressed-tensors",
-        "format": "mixed-precision",
-        "version": "0.19.0",
-        "quantization_status": "compressed",
-        "ignore": ["lm_head"],
-        "config_groups": {
+    let qc = ct_config_groups(
+        "mixed-precision",
+        "0.19.0",
+        json!({
             "group_0": {
                 "format": "pack-quantized",
                 "targets": ["re:.*mlp.*"],
@@ -1259,7 +897,7 @@ fn mixed_precision_checkpoint() {
                 "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
                     "symmetric": true, "dynamic": false},
             },
-        },
-    });
+        }),
+    );
     run_ct("mixed-precision", &tensors, qc, &wants, &copies);
 }

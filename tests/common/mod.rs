@@ -1,13 +1,18 @@
 //! Helpers shared by the integration tests: write small safetensors
-//! checkpoints by hand, read outputs back, hash bytes.
+//! checkpoints by hand, read outputs back, hash bytes, run the library
+//! without letting a panic through. `producer` holds the producer-side
+//! references the synthetic checkpoints are checked against.
 #![allow(dead_code)]
 
+pub mod producer;
+
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options};
+use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Error, Options};
 
 /// One stored tensor: name, safetensors dtype string, shape, raw bytes.
 #[derive(Clone, Debug)]
@@ -28,36 +33,17 @@ impl T {
         }
     }
     pub fn i32(name: impl Into<String>, shape: &[usize], v: &[i32]) -> T {
-        T::new(
-            name,
-            "I32",
-            shape,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        )
+        T::new(name, "I32", shape, le_bytes(v, i32::to_le_bytes))
     }
+    /// Words stored as I32 (compressed-tensors' packed int32 tensors).
     pub fn u32_words(name: impl Into<String>, shape: &[usize], v: &[u32]) -> T {
-        T::new(
-            name,
-            "I32",
-            shape,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        )
+        T::new(name, "I32", shape, le_bytes(v, u32::to_le_bytes))
     }
     pub fn i64(name: impl Into<String>, shape: &[usize], v: &[i64]) -> T {
-        T::new(
-            name,
-            "I64",
-            shape,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        )
+        T::new(name, "I64", shape, le_bytes(v, i64::to_le_bytes))
     }
     pub fn f32(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
-        T::new(
-            name,
-            "F32",
-            shape,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        )
+        T::new(name, "F32", shape, le_bytes(v, f32::to_le_bytes))
     }
     /// bf16 tensor from f32 values (truncated: callers pass bf16-exact values).
     pub fn bf16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
@@ -65,9 +51,7 @@ impl T {
             name,
             "BF16",
             shape,
-            v.iter()
-                .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
-                .collect(),
+            le_bytes(v, |x| ((x.to_bits() >> 16) as u16).to_le_bytes()),
         )
     }
     pub fn f16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
@@ -75,14 +59,17 @@ impl T {
             name,
             "F16",
             shape,
-            v.iter()
-                .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
-                .collect(),
+            le_bytes(v, |x| half::f16::from_f32(x).to_bits().to_le_bytes()),
         )
     }
     pub fn u8(name: impl Into<String>, dtype: &'static str, shape: &[usize], v: &[u8]) -> T {
         T::new(name, dtype, shape, v.to_vec())
     }
+}
+
+/// The little-endian bytes of every value, laid end to end.
+fn le_bytes<X: Copy, const N: usize>(v: &[X], bytes: impl Fn(X) -> [u8; N]) -> Vec<u8> {
+    v.iter().flat_map(|&x| bytes(x)).collect()
 }
 
 /// Serialises tensors (in the given order) as a safetensors file.
@@ -99,20 +86,31 @@ pub fn safetensors_bytes(tensors: &[T], metadata: Option<&BTreeMap<String, Strin
         );
         off += t.data.len();
     }
-    let mut h = Value::Object(header).to_string().into_bytes();
+    let data: Vec<u8> = tensors
+        .iter()
+        .flat_map(|t| t.data.iter().copied())
+        .collect();
+    raw_safetensors(&Value::Object(header), &data)
+}
+
+/// A safetensors file with a hand-written header (padded to 8) and `data`.
+pub fn raw_safetensors(header: &Value, data: &[u8]) -> Vec<u8> {
+    let mut h = header.to_string().into_bytes();
     while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(&h);
-    for t in tensors {
-        out.extend_from_slice(&t.data);
-    }
+    out.extend_from_slice(data);
     out
 }
 
 pub fn write_safetensors(path: &Path, tensors: &[T]) {
     std::fs::write(path, safetensors_bytes(tensors, None)).unwrap();
+}
+
+pub fn write_json(path: &Path, v: &Value) {
+    std::fs::write(path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
 }
 
 /// A checkpoint directory with `model.safetensors` and a `config.json`
@@ -124,22 +122,39 @@ pub fn write_checkpoint(dir: &Path, tensors: &[T], qc: Value) {
     if !qc.is_null() {
         cfg["quantization_config"] = qc;
     }
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_vec_pretty(&cfg).unwrap(),
-    )
-    .unwrap();
+    write_json(&dir.join("config.json"), &cfg);
 }
 
-/// A compressed-tensors quantization_config with one group.
-pub fn ct_config(format: &str, weights: Value, version: &str) -> Value {
+/// A compressed-tensors quantization_config with `groups` as its
+/// config_groups.
+pub fn ct_config_groups(format: &str, version: &str, groups: Value) -> Value {
     json!({
         "quant_method": "compressed-tensors",
         "format": format,
         "version": version,
         "quantization_status": "compressed",
         "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"format": format, "targets": ["Linear"], "weights": weights}},
+        "config_groups": groups,
+    })
+}
+
+/// A compressed-tensors quantization_config with one group.
+pub fn ct_config(format: &str, weights: Value, version: &str) -> Value {
+    ct_config_groups(
+        format,
+        version,
+        json!({"group_0": {"format": format, "targets": ["Linear"], "weights": weights}}),
+    )
+}
+
+/// ModelOpt's `hf_quant_config.json` for `algo`.
+pub fn hf_quant_config(algo: &str) -> Value {
+    json!({
+        "producer": {"name": "modelopt", "version": "0.47.0"},
+        "quantization": {
+            "quant_algo": algo, "kv_cache_quant_algo": null, "group_size": 16,
+            "exclude_modules": ["lm_head"],
+        },
     })
 }
 
@@ -186,6 +201,95 @@ pub fn fixtures() -> PathBuf {
 
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_wgpu-dequant"))
+}
+
+/// Shard names of a two-shard checkpoint.
+pub const SHARD1: &str = "model-00001-of-00002.safetensors";
+pub const SHARD2: &str = "model-00002-of-00002.safetensors";
+
+/// Copies the files (not subdirectories) of `from` into `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+/// Every entry of `dir`, sorted: (name, bytes), `<dir>` for directories.
+pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = if p.is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                b"<dir>".to_vec()
+            };
+            (name, bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Options for the CPU backend with the default output dtype.
+pub const CPU_AUTO: Options = Options {
+    dtype: DtypeChoice::Auto,
+    backend: BackendChoice::Cpu,
+};
+
+/// Runs `f`, catching a panic as its message, so a test can say what
+/// panicked instead of unwinding.
+pub fn caught<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| panic_text(&*p))
+}
+
+/// The message of a caught panic.
+pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(non-string panic)".into())
+}
+
+/// `dequantize(path)` on the CPU into a fresh directory; the error, checked
+/// to leave no output directory behind. Fails the test when it is accepted or
+/// when the library panics.
+pub fn dequantize_err(path: &Path) -> Error {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    let e = match caught(|| dequantize(path, &out, &CPU_AUTO)) {
+        Err(p) => panic!("dequantize panicked on {}: {}", path.display(), p),
+        Ok(Ok(s)) => panic!("dequantize accepted broken {}: {s:?}", path.display()),
+        Ok(Err(e)) => e,
+    };
+    assert!(
+        !out.exists(),
+        "dequantize failed ({e}) but left {} behind",
+        out.display()
+    );
+    e
+}
+
+/// The GPU adapter, if any. Without one, GPU tests pass vacuously and say
+/// so, unless `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing
+/// adapter into a failure.
+pub fn adapter() -> Option<wgpu::Adapter> {
+    match wgpu_dequant::gpu::find_adapter() {
+        Some(a) => Some(a),
+        None if std::env::var("WGPU_DEQUANT_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("WGPU_DEQUANT_REQUIRE_GPU=1 but no GPU adapter was found (install mesa-vulkan-drivers)")
+        }
+        None => {
+            eprintln!("no GPU adapter: GPU test not run (set WGPU_DEQUANT_REQUIRE_GPU=1 to make this fail)");
+            None
+        }
+    }
 }
 
 /// Little xorshift generator, so tests are reproducible without a crate.
