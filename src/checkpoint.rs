@@ -1,6 +1,6 @@
 //! A checkpoint on disk: memory-mapped safetensors shards and sidecar configs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -142,7 +142,7 @@ pub struct Checkpoint {
     /// `hf_quant_config.json` (ModelOpt), when present.
     pub hf_quant_config: Option<JsonFile>,
     /// Tensor name → index of the shard that stores it.
-    lookup: HashMap<String, usize>,
+    lookup: BTreeMap<String, usize>,
 }
 
 /// Sidecar JSON files larger than this are refused rather than read: real
@@ -234,7 +234,7 @@ impl Checkpoint {
             .iter()
             .map(|p| Shard::open(p))
             .collect::<Result<Vec<_>>>()?;
-        let mut lookup = HashMap::new();
+        let mut lookup = BTreeMap::new();
         for (i, shard) in shards.iter().enumerate() {
             for name in shard.names() {
                 if let Some(prev) = lookup.insert(name.clone(), i) {
@@ -314,9 +314,7 @@ impl Checkpoint {
 
     /// All tensor names, sorted.
     pub fn names(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self.lookup.keys().map(String::as_str).collect();
-        v.sort_unstable();
-        v
+        self.lookup.keys().map(String::as_str).collect()
     }
 
     /// The path rejections should name when a fault concerns the whole checkpoint.

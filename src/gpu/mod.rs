@@ -165,11 +165,6 @@ impl GpuDecoder {
         }
     }
 
-    /// Fails unless `rows` lies inside `job` and `out` holds exactly their bytes.
-    fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
-        crate::backend::check_rows(job, rows, out)
-    }
-
     /// Uploads the chunk's inputs and records its dispatch into `encoder`;
     /// returns the output buffer.
     fn encode(
@@ -278,7 +273,7 @@ impl GpuDecoder {
         rows: Range<usize>,
         out: &mut [u8],
     ) -> Result<()> {
-        Self::check_rows(job, &rows, out)?;
+        crate::backend::check_rows(job, &rows, out)?;
         let chunks = layout::plan(job, rows.clone(), &self.limits)?;
         let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
         let result = self.scoped(|| self.run_chunks(job, &chunks, rows.start, &mut slots, out));
