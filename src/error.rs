@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 ///
 /// CT-002 (stored fields are the code plus 2^(b-1)) and CT-003 (fields cross
 /// int32 words) describe how packs are read; no bytes can break them, so they
-/// have no variant. CT-005 belongs to ModelOpt → compressed-tensors conversion.
+/// have no variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[non_exhaustive]
 pub enum Rule {
@@ -16,6 +16,11 @@ pub enum Rule {
     Ct001,
     /// CT-004: `weight_shape` is the logical shape; the packed width must fit it.
     Ct004,
+    /// CT-005: ModelOpt → compressed-tensors conversion: a uint8 `weight` with
+    /// its `weight_scale` and `weight_scale_2` becomes `weight_packed`,
+    /// `weight_scale`, `weight_global_scale = 1/weight_scale_2` (and
+    /// `input_global_scale = 1/input_scale`); anything else cannot be converted.
+    Ct005,
     /// IO-001: a file could not be read or written.
     Io,
     /// ST-001: a safetensors container is malformed (header, offsets, sizes).
@@ -51,6 +56,7 @@ impl Rule {
         match self {
             Rule::Ct001 => "CT-001",
             Rule::Ct004 => "CT-004",
+            Rule::Ct005 => "CT-005",
             Rule::Io => "IO-001",
             Rule::Container => "ST-001",
             Rule::Index => "ST-002",

@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod convert;
 pub mod error;
 pub mod formats;
 pub mod gpu;

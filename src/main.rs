@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use wgpu_dequant::report::{Finding, Report};
+use wgpu_dequant::convert::{self, ConvertTo};
 use wgpu_dequant::{
     backend, writer, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan,
 };
@@ -45,6 +46,20 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Rename a ModelOpt NVFP4 checkpoint's tensors to compressed-tensors names (CT-005).
+    Convert {
+        /// ModelOpt checkpoint directory or .safetensors file.
+        path: PathBuf,
+        /// Output directory (must not exist, or be empty).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Target format.
+        #[arg(long, value_enum)]
+        to: ConvertArg,
+        /// Print nothing but errors.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// Check every rule; exit 0 when clean, 1 with findings.
     Validate {
         /// Checkpoint directory or .safetensors file.
@@ -61,6 +76,11 @@ enum DtypeArg {
     Bf16,
     F16,
     F32,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ConvertArg {
+    CompressedTensors,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -82,6 +102,12 @@ fn main() -> ExitCode {
             backend,
             quiet,
         } => dequantize(&path, &output, dtype, backend, quiet),
+        Command::Convert {
+            path,
+            output,
+            to: ConvertArg::CompressedTensors,
+            quiet,
+        } => convert(&path, &output, ConvertTo::CompressedTensors, quiet),
     };
     match result {
         Ok(code) => code,
@@ -188,6 +214,27 @@ fn dequantize(
             summary.dropped,
             summary.tensor_bytes as f64 / 1e6,
             started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCode, Error> {
+    let ckpt = Checkpoint::open(path)?;
+    let plan = convert::plan(&ckpt, to)?;
+    let target = writer::OutputDir::create(out)?;
+    // Conversion only renames and inverts scales: nothing is decoded.
+    let summary = target.write(&plan, &backend::Cpu::new(), |_| {})?;
+    if !quiet {
+        eprintln!(
+            "wrote {}: {} scales inverted, {} tensors copied ({} renamed to compressed-tensors names)",
+            out.display(),
+            summary.converted,
+            summary.copied,
+            plan.outputs
+                .iter()
+                .filter(|o| o.name.ends_with(".weight_packed"))
+                .count(),
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -28,6 +28,8 @@ pub enum Source<'a> {
     Copy(TensorRef<'a>),
     /// A quantized module decoded to dense.
     Decode(Box<DecodeJob<'a>>),
+    /// Bytes computed on the host while planning (converted scales).
+    Bytes(Vec<u8>),
 }
 
 /// One tensor of the dense output.
@@ -53,6 +55,7 @@ impl Output<'_> {
         match &self.source {
             Source::Copy(t) => t.data.len(),
             Source::Decode(job) => job.out_bytes(),
+            Source::Bytes(b) => b.len(),
         }
     }
 }
@@ -83,6 +86,11 @@ pub struct Plan<'a> {
     pub errors: Vec<Error>,
     /// Findings that do not stop decoding.
     pub warnings: Vec<Warning>,
+    /// The `config.json` to write, when the input has one.
+    pub config: Option<serde_json::Value>,
+    /// Side files of the input that describe the quantization and are not
+    /// copied to the output.
+    pub sidecars: Vec<String>,
 }
 
 impl<'a> Plan<'a> {
@@ -103,6 +111,14 @@ impl<'a> Plan<'a> {
             dropped: Vec::new(),
             errors: Vec::new(),
             warnings: Vec::new(),
+            config: ckpt.config.as_ref().map(|c| {
+                let mut v = c.value.clone();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.remove("quantization_config");
+                }
+                v
+            }),
+            sidecars: vec!["hf_quant_config.json".into()],
         };
         let mut consumed: HashSet<String> = HashSet::new();
         formats::plan_modules(&mut plan, &mut consumed);

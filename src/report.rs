@@ -94,6 +94,7 @@ impl Report {
                     action: match o.source {
                         Source::Copy(_) => "copy",
                         Source::Decode(_) => "decode",
+                        Source::Bytes(_) => "compute",
                     },
                     scheme: o.scheme.clone(),
                     file: ckpt

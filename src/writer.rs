@@ -29,8 +29,10 @@ const STAGING: &str = ".wgpu-dequant-partial";
 pub struct Summary {
     /// Tensors decoded from quantized modules.
     pub decoded: usize,
-    /// Tensors copied unchanged.
+    /// Tensors copied unchanged (possibly under a new name).
     pub copied: usize,
+    /// Tensors computed while planning (converted scales).
+    pub converted: usize,
     /// Input tensors left out (scales, shapes, activation parameters).
     pub dropped: usize,
     /// Tensor bytes written.
@@ -201,6 +203,7 @@ fn write_tensor(
     let io = |e| Error::io(path, "cannot write", e);
     match &t.source {
         Source::Copy(src) => w.write_all(src.data).map_err(io),
+        Source::Bytes(b) => w.write_all(b).map_err(io),
         Source::Decode(job) => {
             let row_bytes = job.dims.cols * job.out.size();
             let total = job.dims.total_rows();
@@ -292,6 +295,7 @@ fn write_into(
             match t.source {
                 Source::Copy(_) => summary.copied += 1,
                 Source::Decode(_) => summary.decoded += 1,
+                Source::Bytes(_) => summary.converted += 1,
             }
             weight_map.insert(t.name.clone(), shard.file_name.clone().into());
             progress(t);
@@ -305,24 +309,25 @@ fn write_into(
         });
         write_json(&staging, INDEX_FILE, &index)?;
     }
-    if let Some(cfg) = &ckpt.config {
-        let mut v = cfg.value.clone();
-        if let Some(obj) = v.as_object_mut() {
-            obj.remove("quantization_config");
-        }
-        write_json(&staging, "config.json", &v)?;
+    if let Some(cfg) = &plan.config {
+        write_json(&staging, "config.json", cfg)?;
     }
     if !ckpt.single_file {
-        copy_side_files(ckpt, &staging)?;
+        copy_side_files(ckpt, &plan.sidecars, &staging)?;
     }
     summary.files = staging.commit()?;
     Ok(summary)
 }
 
 /// Copies the checkpoint's other regular files (tokenizer, generation config,
-/// …); weights in any format, the index and the quantization configs are not.
-fn copy_side_files(ckpt: &crate::checkpoint::Checkpoint, staging: &Staging) -> Result<()> {
-    const SKIP: &[&str] = &[INDEX_FILE, "config.json", "hf_quant_config.json"];
+/// …); weights in any format, the index, config.json and the quantization
+/// sidecars (`skip`) are not.
+fn copy_side_files(
+    ckpt: &crate::checkpoint::Checkpoint,
+    skip: &[String],
+    staging: &Staging,
+) -> Result<()> {
+    const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
     const WEIGHTS: &[&str] = &[
         "safetensors",
         "bin",
@@ -344,7 +349,7 @@ fn copy_side_files(ckpt: &crate::checkpoint::Checkpoint, staging: &Staging) -> R
         let weights = Path::new(&name)
             .extension()
             .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)));
-        if !is_file || weights || SKIP.contains(&name.as_str()) {
+        if !is_file || weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
             continue;
         }
         let to = staging.dir.join(&name);

@@ -31,6 +31,8 @@ pub struct Config {
     pub group_size: usize,
     /// Modules left unquantized.
     pub exclude_modules: Vec<Target>,
+    /// KV cache quantization (`FP8`), when set.
+    pub kv_cache_quant_algo: Option<String>,
 }
 
 fn group_size(path: &Path, v: Option<&Value>) -> Result<usize> {
@@ -80,6 +82,10 @@ impl Config {
             quant_algo: algo.to_ascii_uppercase(),
             group_size: group_size(path, group)?,
             exclude_modules: globs(q.get("exclude_modules").or_else(|| q.get("ignore"))),
+            kv_cache_quant_algo: q
+                .get("kv_cache_quant_algo")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         };
         // W4A16_NVFP4 stores the same NVFP4 weights (activations stay 16-bit).
         if !matches!(cfg.quant_algo.as_str(), "NVFP4" | "W4A16_NVFP4") {
