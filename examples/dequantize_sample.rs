@@ -6,7 +6,6 @@
 //! ```
 
 use sha2::{Digest, Sha256};
-use wgpu_dequant::plan::Source;
 use wgpu_dequant::{backend, BackendChoice, Checkpoint, DtypeChoice, Plan};
 
 fn main() -> Result<(), wgpu_dequant::Error> {
@@ -19,10 +18,7 @@ fn main() -> Result<(), wgpu_dequant::Error> {
     let (backend, _) = backend::select(BackendChoice::Cpu)?;
     println!("{path}: {}", plan.format.describe());
     for out in &plan.outputs {
-        let bytes = match &out.source {
-            Source::Decode(job) => backend.decode(job)?,
-            Source::Copy(t) => t.data.to_vec(),
-        };
+        let bytes = out.bytes(backend.as_ref())?;
         let digest: String = Sha256::digest(&bytes)[..8]
             .iter()
             .map(|b| format!("{b:02x}"))

@@ -42,8 +42,12 @@ struct Params {
     gidx: u32,        // word index of g_idx in src, or 0xffffffff when none
     code_table: u32,  // word index of the code-value table
     row_threads: u32, // invocations per row of the dispatch grid
-    _pad0: u32,
-    _pad1: u32,
+    lr_mode: u32,     // 0 none; SVDQuant low rank: 1 fma(q, s, lr)·rs, 2 fma(q·s, rs, lr)
+    lr_rank: u32,
+    lr_up: u32,       // word index of this chunk's rows of up [rows, rank]
+    lr_down: u32,     // word index of down [cols, rank]
+    lr_smooth: u32,   // word index of 1/smooth [cols]
+    zero_bits: u32,   // always 0; see opaque()
     codes: Stream,
     zero: Stream,
     zgrid: Grid,
@@ -140,8 +144,33 @@ fn value(g: Grid, slice: u32, row: u32, group: u32) -> f32 {
     }
 }
 
+// A product rounded to f32 before it is added to anything. Compilers may
+// fuse `a * b + c` into one fused multiply-add (one rounding instead of
+// two), and `fma()` itself may or may not be fused; an OR with a uniform
+// they cannot see is zero keeps every backend rounding where the CPU does.
+fn opaque(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) | p.zero_bits);
+}
+
+// LowRank::apply: the low-rank branch summed in order, then the smoothing
+// reciprocal in the job's order; every operation rounds on its own.
+fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
+    let u = p.lr_up + (flat - p.first_row) * p.lr_rank;
+    let d = p.lr_down + col * p.lr_rank;
+    var acc = 0.0;
+    for (var j = 0u; j < p.lr_rank; j = j + 1u) {
+        acc = acc + opaque(bitcast<f32>(src[u + j]) * bitcast<f32>(src[d + j]));
+    }
+    let rs = bitcast<f32>(src[p.lr_smooth + col]);
+    let qs = opaque(q * s);
+    if (p.lr_mode == 1u) {
+        return (qs + acc) * rs;
+    }
+    return opaque(qs * rs) + acc;
+}
+
 // DecodeJob::value.
-fn decode(slice: u32, row: u32, col: u32) -> f32 {
+fn decode(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
     var v = bitcast<f32>(src[p.code_table + field(p.codes, slice, row, col)]);
     if (p.zero_mode == 1u) {
         var g = 0u;
@@ -152,8 +181,15 @@ fn decode(slice: u32, row: u32, col: u32) -> f32 {
     } else if (p.zero_mode == 2u) {
         v = v - value(p.zgrid, slice, row, group_of(p.zgrid, col));
     }
+    var s = 1.0;
     if (p.has_scale == 1u) {
-        v = v * value(p.sgrid, slice, row, group_of(p.sgrid, col));
+        s = value(p.sgrid, slice, row, group_of(p.sgrid, col));
+    }
+    if (p.lr_mode != 0u) {
+        return low_rank(v, s, flat, col);
+    }
+    if (p.has_scale == 1u) {
+        return v * s;
     }
     return v;
 }
@@ -212,7 +248,7 @@ fn to_f16(x: f32) -> u32 {
 
 fn element(e: u32) -> f32 {
     let flat = p.first_row + e / p.cols;
-    return decode(flat / p.rows, flat % p.rows, e % p.cols);
+    return decode(flat / p.rows, flat % p.rows, e % p.cols, flat);
 }
 
 // One output word per invocation: one f32, or two 16-bit values.

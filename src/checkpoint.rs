@@ -141,6 +141,9 @@ pub struct Checkpoint {
     pub config: Option<JsonFile>,
     /// `hf_quant_config.json` (ModelOpt), when present.
     pub hf_quant_config: Option<JsonFile>,
+    /// `<stem>.config.yaml` beside the first shard (diffuse_compressor's
+    /// SVDQuant sidecar, JSON text), when present.
+    pub svdquant_config: Option<JsonFile>,
     /// Tensor name → index of the shard that stores it.
     lookup: BTreeMap<String, usize>,
 }
@@ -247,6 +250,14 @@ impl Checkpoint {
                 }
             }
         }
+        let svdquant_config = match shards.first().and_then(|s| s.path.file_stem()) {
+            Some(stem) => {
+                let mut name = stem.to_os_string();
+                name.push(".config.yaml");
+                read_json(&dir.join(name))?
+            }
+            None => None,
+        };
         let ckpt = Checkpoint {
             dir,
             single_file,
@@ -254,6 +265,7 @@ impl Checkpoint {
             index,
             config,
             hf_quant_config,
+            svdquant_config,
             lookup,
         };
         ckpt.check_index()?;

@@ -144,7 +144,10 @@ fn fancy_escape(s: &str) -> String {
     s.chars()
         .flat_map(|c| {
             let special = "\\.+*?()|[]{}^$#&-~".contains(c);
-            special.then_some('\\').into_iter().chain(std::iter::once(c))
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
         })
         .collect()
 }
@@ -257,7 +260,9 @@ pub fn plan(ckpt: &Checkpoint, to: ConvertTo) -> Result<Plan<'_>> {
             scheme: None,
         };
         let o = match param {
-            "weight" if converted => out(format!("{module}.weight_packed"), t.dtype, Source::Copy(t)),
+            "weight" if converted => {
+                out(format!("{module}.weight_packed"), t.dtype, Source::Copy(t))
+            }
             "weight_scale" if converted => out(name.to_string(), t.dtype, Source::Copy(t)),
             "weight_scale_2" if converted => out(
                 format!("{module}.weight_global_scale"),

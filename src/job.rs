@@ -9,10 +9,47 @@
 //! round_to_out( (code_values[code] − zero) · scale )
 //! ```
 //!
-//! computed in f32. Backends execute exactly this; the accessors below are the
-//! reference semantics the CPU backend runs and the shaders mirror.
+//! computed in f32. SVDQuant jobs add a low-rank branch and a smoothing
+//! divisor ([`LowRank`]). Backends execute exactly this; the accessors below
+//! are the reference semantics the CPU backend runs and the shaders mirror.
+
+use std::ops::Deref;
+use std::sync::Arc;
 
 use crate::numerics::OutDtype;
+
+/// Bytes a job reads: a range of a memory-mapped shard, or bytes the host
+/// made while planning (unpacked tiles, folded scales), shared between the
+/// jobs and chunks that read them.
+#[derive(Debug, Clone)]
+pub enum Bytes<'a> {
+    /// Stored bytes, borrowed from the checkpoint.
+    Mapped(&'a [u8]),
+    /// Bytes made on the host.
+    Owned(Arc<[u8]>),
+}
+
+impl Deref for Bytes<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(b) => b,
+            Bytes::Owned(b) => b,
+        }
+    }
+}
+
+impl<'a> From<&'a [u8]> for Bytes<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        Bytes::Mapped(b)
+    }
+}
+
+impl From<Vec<u8>> for Bytes<'_> {
+    fn from(b: Vec<u8>) -> Self {
+        Bytes::Owned(b.into())
+    }
+}
 
 /// Logical size of a decode: `slices` independent `rows × cols` matrices
 /// (3-D expert weights have one slice per expert; 2-D weights have one).
@@ -45,10 +82,10 @@ impl Dims {
 /// at bit `i·b` (dense, may cross 32-bit words) or, for the padded layout, at
 /// bit `(i div per_word)·32 + (i mod per_word)·b` of the lane's 32-bit words.
 /// The lane's 32-bit words need not be adjacent: `word_bits` apart.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Fields<'a> {
     /// The raw bytes.
-    pub data: &'a [u8],
+    pub data: Bytes<'a>,
     /// Field width, 1..=8.
     pub bits: u32,
     /// Fields per 32-bit word in the padded layout; 0 for the dense layout.
@@ -192,7 +229,7 @@ impl Grid {
 #[derive(Debug, Clone)]
 pub struct Values<'a> {
     /// The raw bytes.
-    pub data: &'a [u8],
+    pub data: Bytes<'a>,
     /// How the bytes read.
     pub kind: ValueKind,
     /// Where each element's entry is.
@@ -203,7 +240,7 @@ impl Values<'_> {
     /// Entry `i` as f32.
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
-        let d = self.data;
+        let d = &self.data;
         match &self.kind {
             ValueKind::Bf16 => {
                 f32::from_bits((u16::from_le_bytes([d[2 * i], d[2 * i + 1]]) as u32) << 16)
@@ -279,8 +316,61 @@ pub struct DecodeJob<'a> {
     pub scale: Option<Values<'a>>,
     /// Activation-order group of each column, replacing `col div col_div`.
     pub g_idx: Option<Vec<u32>>,
+    /// SVDQuant's low-rank branch and smoothing, when the job has them.
+    pub low_rank: Option<LowRank>,
     /// Output dtype.
     pub out: OutDtype,
+}
+
+/// SVDQuant's low-rank branch `up · downᵀ` and per-column smoothing, in one
+/// of two orders (`q·s` is the scaled code, `lr = Σ_j up[row,j]·down[col,j]`
+/// summed in order j = 0, 1, …):
+///
+/// ```text
+/// smooth_first = false (logical):         (q·s + lr) · inv_smooth[col]
+/// smooth_first = true  (nunchaku_packed): (q·s) · inv_smooth[col] + lr
+/// ```
+///
+/// Every operation rounds on its own, as in the reference: no fused
+/// multiply-add (the shader keeps its compiler from contracting, see
+/// `opaque` in decode.wgsl). The smoothing divisor is applied as a
+/// host-computed reciprocal because WGSL division is not correctly rounded.
+#[derive(Debug, Clone)]
+pub struct LowRank {
+    /// Rank r.
+    pub rank: usize,
+    /// `[rows, r]`, row-major.
+    pub up: Arc<[f32]>,
+    /// `[cols, r]`, row-major.
+    pub down: Arc<[f32]>,
+    /// `1 / smooth_factor`, one per column.
+    pub inv_smooth: Arc<[f32]>,
+    /// Smoothing applies to the residual only (the packed layout's
+    /// `proj_down` is stored already divided by the smoothing factor).
+    pub smooth_first: bool,
+}
+
+impl LowRank {
+    /// `Σ_j up[row, j] · down[col, j]`, in order.
+    #[inline]
+    pub fn sum(&self, row: usize, col: usize) -> f32 {
+        let r = self.rank;
+        let up = &self.up[row * r..row * r + r];
+        let down = &self.down[col * r..col * r + r];
+        up.iter().zip(down).fold(0.0f32, |acc, (u, d)| acc + u * d)
+    }
+
+    /// The dense value of scaled code `q·s` at (row, col).
+    #[inline]
+    pub fn apply(&self, q: f32, s: f32, row: usize, col: usize) -> f32 {
+        let lr = self.sum(row, col);
+        let rs = self.inv_smooth[col];
+        if self.smooth_first {
+            q * s * rs + lr
+        } else {
+            (q * s + lr) * rs
+        }
+    }
 }
 
 impl DecodeJob<'_> {
@@ -296,6 +386,30 @@ impl DecodeJob<'_> {
     /// The f32 value of element (slice, row, col), before the final rounding.
     #[inline]
     pub fn value(&self, slice: usize, row: usize, col: usize) -> f32 {
+        let (q, s) = self.scaled_parts(slice, row, col);
+        match (&self.low_rank, s) {
+            (Some(lr), s) => lr.apply(q, s.unwrap_or(1.0), row, col),
+            (None, Some(s)) => q * s,
+            (None, None) => q,
+        }
+    }
+
+    /// The weight an SVDQuant activation shift multiplies at (row, col): the
+    /// whole value, except in the packed order, whose low-rank branch sees
+    /// the unshifted input, where it is the smoothed residual alone.
+    pub fn shifted_weight(&self, row: usize, col: usize) -> f32 {
+        match &self.low_rank {
+            Some(lr) if lr.smooth_first => {
+                let (q, s) = self.scaled_parts(0, row, col);
+                q * s.unwrap_or(1.0) * lr.inv_smooth[col]
+            }
+            _ => self.value(0, row, col),
+        }
+    }
+
+    /// The code's value less its zero point, and the scale, of one element.
+    #[inline]
+    fn scaled_parts(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
         let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
         if let Some(zero) = &self.zero {
             v -= match zero {
@@ -309,10 +423,11 @@ impl DecodeJob<'_> {
                 ZeroPoint::Plain(z) => z.get(z.grid.index(slice, row, self.group(&z.grid, col))),
             };
         }
-        if let Some(s) = &self.scale {
-            v *= s.get(s.grid.index(slice, row, self.group(&s.grid, col)));
-        }
-        v
+        let s = self
+            .scale
+            .as_ref()
+            .map(|s| s.get(s.grid.index(slice, row, self.group(&s.grid, col))));
+        (v, s)
     }
 
     /// Output bytes of the whole tensor.
@@ -370,7 +485,7 @@ mod tests {
             let words_per_row = (cols * b as usize).div_ceil(32);
             let data: Vec<u8> = all.iter().flat_map(|c| pack_dense(c, b)).collect();
             let f = Fields {
-                data: &data,
+                data: (&data[..]).into(),
                 bits: b,
                 per_word: 0,
                 lane_bits: words_per_row as u64 * 32,
@@ -397,7 +512,7 @@ mod tests {
             let row = codes(cols, b, 99);
             let data = pack_padded(&row, b);
             let f = Fields {
-                data: &data,
+                data: (&data[..]).into(),
                 bits: b,
                 per_word: pw,
                 lane_bits: data.len() as u64 * 8,
@@ -432,7 +547,7 @@ mod tests {
         assert_eq!(w0 >> 30, 0b10);
         let data: Vec<u8> = [w0, w1].iter().flat_map(|x| x.to_le_bytes()).collect();
         let f = Fields {
-            data: &data,
+            data: (&data[..]).into(),
             bits: 3,
             per_word: 0,
             lane_bits: 64,
@@ -470,7 +585,7 @@ mod tests {
                 }
             }
             let f = Fields {
-                data: &data,
+                data: (&data[..]).into(),
                 bits: b,
                 per_word: 0,
                 lane_bits: 32,

@@ -14,6 +14,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod assemble;
 pub mod backend;
 pub mod checkpoint;
 pub mod convert;

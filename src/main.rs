@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use wgpu_dequant::report::{Finding, Report};
 use wgpu_dequant::convert::{self, ConvertTo};
+use wgpu_dequant::report::{Finding, Report};
 use wgpu_dequant::{
     backend, writer, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan,
 };

@@ -1,10 +1,14 @@
 //! The plan: what each output tensor is and where its bytes come from, known
 //! before anything is decoded.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
+use std::ops::Range;
 
 use safetensors::Dtype;
 
+use crate::assemble::{Assembly, BiasSum};
+use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
@@ -30,6 +34,10 @@ pub enum Source<'a> {
     Decode(Box<DecodeJob<'a>>),
     /// Bytes computed on the host while planning (converted scales).
     Bytes(Vec<u8>),
+    /// A dense weight put together from rows of several jobs (SVDQuant).
+    Assemble(Assembly<'a>),
+    /// A bias computed on the host when written (SVDQuant activation shifts).
+    Bias(BiasSum<'a>),
 }
 
 /// One tensor of the dense output.
@@ -56,6 +64,55 @@ impl Output<'_> {
             Source::Copy(t) => t.data.len(),
             Source::Decode(job) => job.out_bytes(),
             Source::Bytes(b) => b.len(),
+            Source::Assemble(a) => a.stack.rows() * a.cols * a.out.size(),
+            Source::Bias(b) => b.stack.rows() * b.out.size(),
+        }
+    }
+
+    /// Rows and bytes per row of a tensor that is decoded row by row (and so
+    /// can be streamed in bounded chunks); `None` for tensors made whole.
+    pub fn row_layout(&self) -> Option<(usize, usize)> {
+        match &self.source {
+            Source::Decode(job) => Some((job.dims.total_rows(), job.dims.cols * job.out.size())),
+            Source::Assemble(a) => Some((a.stack.rows(), a.cols * a.out.size())),
+            _ => None,
+        }
+    }
+
+    /// Decodes rows `rows` (see [`Output::row_layout`]) into `out`.
+    pub fn decode_rows(
+        &self,
+        backend: &dyn Backend,
+        rows: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let r = match &self.source {
+            Source::Decode(job) => backend.decode_rows(job, rows, out),
+            Source::Assemble(a) => a.decode_rows(backend, rows, out),
+            _ => Err(Error::new(
+                Rule::Argument,
+                "decode_rows",
+                "not a tensor decoded by rows",
+            )),
+        };
+        r.map_err(|e| Error {
+            tensor: e.tensor.or_else(|| Some(self.name.clone())),
+            ..e
+        })
+    }
+
+    /// The whole tensor's bytes (decoded with `backend` when it is decoded).
+    pub fn bytes(&self, backend: &dyn Backend) -> Result<Cow<'_, [u8]>> {
+        match &self.source {
+            Source::Copy(t) => Ok(Cow::Borrowed(t.data)),
+            Source::Bytes(b) => Ok(Cow::Borrowed(b)),
+            Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
+            Source::Decode(_) | Source::Assemble(_) => {
+                let rows = self.row_layout().map_or(0, |(rows, _)| rows);
+                let mut out = vec![0u8; self.byte_len()];
+                self.decode_rows(backend, 0..rows, &mut out)?;
+                Ok(Cow::Owned(out))
+            }
         }
     }
 }
@@ -101,7 +158,7 @@ impl<'a> Plan<'a> {
         let format = formats::detect(ckpt)?;
         let dtype = match dtype {
             DtypeChoice::Fixed(d) => d,
-            DtypeChoice::Auto => formats::default_dtype(ckpt),
+            DtypeChoice::Auto => formats::default_dtype(ckpt, &format),
         };
         let mut plan = Plan {
             checkpoint: ckpt,
@@ -118,7 +175,14 @@ impl<'a> Plan<'a> {
                 }
                 v
             }),
-            sidecars: vec!["hf_quant_config.json".into()],
+            sidecars: ["hf_quant_config.json".to_string()]
+                .into_iter()
+                .chain(
+                    ckpt.svdquant_config
+                        .as_ref()
+                        .and_then(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())),
+                )
+                .collect(),
         };
         let mut consumed: HashSet<String> = HashSet::new();
         formats::plan_modules(&mut plan, &mut consumed);

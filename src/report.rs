@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::error::Error;
+use crate::formats::svdquant::{Precision, Split, TensorLayout};
 use crate::formats::Format;
 use crate::numerics::OutDtype;
 use crate::plan::{Plan, Source, Warning};
@@ -93,8 +94,8 @@ impl Report {
                     dtype: format!("{:?}", o.dtype),
                     action: match o.source {
                         Source::Copy(_) => "copy",
-                        Source::Decode(_) => "decode",
-                        Source::Bytes(_) => "compute",
+                        Source::Decode(_) | Source::Assemble(_) => "decode",
+                        Source::Bytes(_) | Source::Bias(_) => "compute",
                     },
                     scheme: o.scheme.clone(),
                     file: ckpt
@@ -113,7 +114,7 @@ impl Report {
     /// The report as aligned text.
     pub fn text(&self) -> String {
         let mut s = String::new();
-        let decoded = self.tensors.iter().filter(|t| t.action == "decode").count();
+        let decoded = self.tensors.iter().filter(|t| t.action != "copy").count();
         let _ = writeln!(
             s,
             "checkpoint  {} ({} shard{})",
@@ -165,6 +166,81 @@ impl Report {
                     ex.join(", ")
                 );
             }
+            Format::Svdquant(c) => {
+                let _ = writeln!(
+                    s,
+                    "  method {}, rank {}; weights {} (group {}), activations {}{}; gptq {}",
+                    c.method,
+                    c.rank,
+                    c.weight_dtype,
+                    c.weight_group_size.map_or("-".into(), |g| g.to_string()),
+                    c.activation_dtype,
+                    if c.activation_enabled {
+                        ""
+                    } else {
+                        " (disabled)"
+                    },
+                    if c.gptq_enabled { "on" } else { "off" },
+                );
+                for t in &c.targets {
+                    let modules: Vec<String> = t
+                        .modules
+                        .iter()
+                        .enumerate()
+                        .map(|(i, m)| match t.roles.get(i) {
+                            Some(r) => format!("{m} ({r})"),
+                            None => m.clone(),
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        s,
+                        "  target {} [{} g{}, {}, scales {}, {}] -> {}",
+                        t.export_name,
+                        match t.precision {
+                            Precision::Int4 => "int4",
+                            Precision::Fp4 => "fp4",
+                        },
+                        t.group_size,
+                        t.weight_layout,
+                        t.weight_scale_layout.as_deref().unwrap_or("-"),
+                        match t.tensor_layout {
+                            TensorLayout::Logical => "logical",
+                            TensorLayout::NunchakuPacked => "nunchaku_packed",
+                        },
+                        modules.join(", ")
+                    );
+                }
+                for p in &c.patches {
+                    let splits: Vec<String> = p
+                        .splits
+                        .iter()
+                        .map(|x| match x {
+                            Split::Size(n) => n.to_string(),
+                            Split::Named(n) => n.clone(),
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        s,
+                        "  patch  {} {} splits [{}] (undone)",
+                        p.module,
+                        p.kind.name(),
+                        splits.join(", ")
+                    );
+                }
+                for (m, v) in &c.activation_shifts {
+                    let _ = writeln!(s, "  shift  {m} +{v} (folded into its bias)");
+                }
+                if let Some((schema, version)) = &c.runtime_manifest {
+                    let _ = writeln!(s, "  runtime manifest {schema} v{version}");
+                }
+                if c.manifest_emitted == Some(false) {
+                    let _ = writeln!(
+                        s,
+                        "  runtime manifest not emitted: {} reasons",
+                        c.manifest_reasons.len()
+                    );
+                }
+            }
             Format::Dense => {}
         }
         let _ = writeln!(
@@ -184,7 +260,7 @@ impl Report {
             .unwrap_or(0);
         for t in &self.tensors {
             let line = format!(
-                "  {:<6}  {:<name_w$}  {:<shape_w$}  {:<7}  {}",
+                "  {:<7}  {:<name_w$}  {:<shape_w$}  {:<7}  {}",
                 t.action,
                 t.name,
                 format!("{:?}", t.shape),

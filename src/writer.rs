@@ -192,7 +192,7 @@ fn header(tensors: &[&Output<'_>]) -> Vec<u8> {
     out
 }
 
-/// Streams one tensor's bytes into `w`.
+/// Streams one tensor's bytes into `w`, a bounded chunk of rows at a time.
 fn write_tensor(
     t: &Output<'_>,
     backend: &dyn Backend,
@@ -201,32 +201,22 @@ fn write_tensor(
     buf: &mut Vec<u8>,
 ) -> Result<()> {
     let io = |e| Error::io(path, "cannot write", e);
-    match &t.source {
-        Source::Copy(src) => w.write_all(src.data).map_err(io),
-        Source::Bytes(b) => w.write_all(b).map_err(io),
-        Source::Decode(job) => {
-            let row_bytes = job.dims.cols * job.out.size();
-            let total = job.dims.total_rows();
-            if row_bytes == 0 {
-                return Ok(());
-            }
-            let per_chunk = (CHUNK_BYTES / row_bytes).max(1);
-            let mut start = 0;
-            while start < total {
-                let end = (start + per_chunk).min(total);
-                buf.resize((end - start) * row_bytes, 0);
-                backend
-                    .decode_rows(job, start..end, buf)
-                    .map_err(|e| Error {
-                        tensor: Some(t.name.clone()),
-                        ..e
-                    })?;
-                w.write_all(buf).map_err(io)?;
-                start = end;
-            }
-            Ok(())
-        }
+    let Some((total, row_bytes)) = t.row_layout() else {
+        return w.write_all(&t.bytes(backend)?).map_err(io);
+    };
+    if row_bytes == 0 {
+        return Ok(());
     }
+    let per_chunk = (CHUNK_BYTES / row_bytes).max(1);
+    let mut start = 0;
+    while start < total {
+        let end = (start + per_chunk).min(total);
+        buf.resize((end - start) * row_bytes, 0);
+        t.decode_rows(backend, start..end, buf)?;
+        w.write_all(buf).map_err(io)?;
+        start = end;
+    }
+    Ok(())
 }
 
 /// An output directory claimed for a dense checkpoint: it did not exist or
@@ -294,7 +284,7 @@ fn write_into(
             summary.tensor_bytes += t.byte_len() as u64;
             match t.source {
                 Source::Copy(_) => summary.copied += 1,
-                Source::Decode(_) => summary.decoded += 1,
+                Source::Decode(_) | Source::Assemble(_) | Source::Bias(_) => summary.decoded += 1,
                 Source::Bytes(_) => summary.converted += 1,
             }
             weight_map.insert(t.name.clone(), shard.file_name.clone().into());

@@ -240,7 +240,7 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
     let job = DecodeJob {
         dims: d,
         codes: Fields {
-            data: &bufs.codes,
+            data: (&bufs.codes[..]).into(),
             bits,
             per_word,
             lane_bits,
@@ -251,7 +251,7 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
         zero: match (zero_fields, zero_kind, zero_grid) {
             (Some((zrows, groups)), _, _) => Some(ZeroPoint::Packed {
                 fields: Fields {
-                    data: &bufs.zero,
+                    data: (&bufs.zero[..]).into(),
                     bits,
                     per_word,
                     lane_bits: 32,
@@ -260,18 +260,19 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
                 },
             }),
             (_, Some(kind), Some(grid)) => Some(ZeroPoint::Plain(Values {
-                data: &bufs.zero,
+                data: (&bufs.zero[..]).into(),
                 kind,
                 grid,
             })),
             _ => None,
         },
         scale: scale.map(|(grid, _, _)| Values {
-            data: &bufs.scale,
+            data: (&bufs.scale[..]).into(),
             kind: scale_kind,
             grid,
         }),
         g_idx,
+        low_rank: None,
         out,
     };
     let want = Cpu::new().decode(&job).unwrap();
@@ -329,7 +330,7 @@ fn output_larger_than_one_binding() {
     let job = DecodeJob {
         dims: d,
         codes: Fields {
-            data: &codes,
+            data: (&codes[..]).into(),
             bits: 4,
             per_word: 0,
             lane_bits: d.cols as u64 * 4,
@@ -339,7 +340,7 @@ fn output_larger_than_one_binding() {
         code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
         zero: None,
         scale: Some(Values {
-            data: &scale,
+            data: (&scale[..]).into(),
             kind: ValueKind::Bf16,
             grid: Grid {
                 row_div: 1,
@@ -349,6 +350,7 @@ fn output_larger_than_one_binding() {
             },
         }),
         g_idx: None,
+        low_rank: None,
         out: OutDtype::F32,
     };
     assert!(job.out_bytes() > 128 << 20);
@@ -389,7 +391,7 @@ fn decode_to_buffer_matches_cpu() {
         let job = DecodeJob {
             dims: d,
             codes: Fields {
-                data: &codes,
+                data: (&codes[..]).into(),
                 bits: 3,
                 per_word: 0,
                 lane_bits: lane_words as u64 * 32,
@@ -399,7 +401,7 @@ fn decode_to_buffer_matches_cpu() {
             code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
             zero: None,
             scale: Some(Values {
-                data: &scale,
+                data: (&scale[..]).into(),
                 kind: ValueKind::F16,
                 grid: Grid {
                     row_div: 1,
@@ -409,6 +411,7 @@ fn decode_to_buffer_matches_cpu() {
                 },
             }),
             g_idx: None,
+            low_rank: None,
             out,
         };
         let decoder = GpuDecoder::open(&adapter)

@@ -491,7 +491,7 @@ fn pack_quantized<'c>(
         });
     }
     let codes = Fields {
-        data: packed.data,
+        data: packed.data.into(),
         bits: b,
         per_word,
         lane_bits: width as u64 * 32,
@@ -517,6 +517,7 @@ fn pack_quantized<'c>(
         zero,
         scale: Some(scale),
         g_idx,
+        low_rank: None,
         out,
     };
     Ok((job, shape, packed.shard))
@@ -542,7 +543,7 @@ fn zero_point<'c>(
                 (s, g) == (dims.slices, groups),
             ) {
                 let fields = Fields {
-                    data: t.data,
+                    data: t.data.into(),
                     bits: b,
                     per_word,
                     lane_bits: 32,
@@ -677,6 +678,7 @@ fn byte_weight<'c>(
         zero,
         scale: Some(scale),
         g_idx: g_idx(ckpt, module, layout, dims)?,
+        low_rank: None,
         out,
     };
     Ok((job, w.shape.to_vec(), w.shard, kind))

@@ -6,6 +6,7 @@
 
 pub mod compressed_tensors;
 pub mod modelopt;
+pub mod svdquant;
 mod targets;
 
 use std::collections::HashSet;
@@ -29,6 +30,8 @@ pub enum Format {
     CompressedTensors(compressed_tensors::Config),
     /// An NVIDIA ModelOpt export.
     Modelopt(modelopt::Config),
+    /// An SVDQuant checkpoint written by diffuse_compressor.
+    Svdquant(svdquant::Config),
     /// No quantization: every tensor is copied.
     Dense,
 }
@@ -46,6 +49,13 @@ impl Format {
                 "modelopt {} ({})",
                 c.producer_version.as_deref().unwrap_or("?"),
                 c.quant_algo
+            ),
+            Format::Svdquant(c) => format!(
+                "svdquant rank {} ({} weights, {} targets, {} structural patches)",
+                c.rank,
+                c.weight_dtype,
+                c.targets.len(),
+                c.patches.len()
             ),
             Format::Dense => "dense (no quantization config)".into(),
         }
@@ -83,19 +93,8 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
     if let Some(f) = &ckpt.hf_quant_config {
         return Ok(Format::Modelopt(modelopt::Config::from_hf_quant_config(f)?));
     }
-    for shard in &ckpt.shards {
-        if let Some(meta) = shard.header_metadata() {
-            if meta
-                .get("quantization_config")
-                .is_some_and(|q| q.contains("svdquant"))
-            {
-                return Err(Error::new(
-                    Rule::Unsupported,
-                    &shard.path,
-                    "SVDQuant checkpoints are not decoded yet",
-                ));
-            }
-        }
+    if let Some(cfg) = svdquant::detect(ckpt)? {
+        return Ok(Format::Svdquant(cfg));
     }
     if let Some(t) = ckpt
         .names()
@@ -112,9 +111,13 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
     Ok(Format::Dense)
 }
 
-/// The checkpoint's own dtype: `torch_dtype`/`dtype` in config.json, else the
-/// dtype of the first floating-point scale, else bf16.
-pub fn default_dtype(ckpt: &Checkpoint) -> OutDtype {
+/// The checkpoint's own dtype: `torch_dtype`/`dtype` in config.json, else
+/// the dtype of the first floating-point scale (SVDQuant: of the low-rank
+/// branch), else bf16.
+pub fn default_dtype(ckpt: &Checkpoint, format: &Format) -> OutDtype {
+    if let Format::Svdquant(cfg) = format {
+        return svdquant::default_dtype(cfg, ckpt);
+    }
     let from_config = ckpt.config.as_ref().and_then(|c| {
         ["torch_dtype", "dtype"].iter().find_map(|k| {
             c.value
@@ -153,6 +156,7 @@ pub fn plan_modules(plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
     match &format {
         Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, plan, consumed),
         Format::Modelopt(cfg) => modelopt::plan(cfg, plan, consumed),
+        Format::Svdquant(cfg) => svdquant::plan(cfg, plan, consumed),
         Format::Dense => {}
     }
 }
@@ -396,7 +400,7 @@ pub fn grid_values<'c>(
         ));
     }
     Ok(Values {
-        data: t.data,
+        data: t.data.into(),
         kind,
         grid,
     })
@@ -488,7 +492,7 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
         ));
     }
     let fields = Fields {
-        data: packed.data,
+        data: packed.data.into(),
         bits: 4,
         per_word: 0,
         lane_bits: row_bytes as u64 * 8,
@@ -516,6 +520,7 @@ pub fn fp4_job<'c>(
         zero: None,
         scale: Some(grid_values(scale, table, layout, dims)?),
         g_idx: None,
+        low_rank: None,
         out,
     })
 }
@@ -523,7 +528,7 @@ pub fn fp4_job<'c>(
 /// One byte per element (int8 or FP8 weights), row-major.
 pub fn byte_codes<'c>(t: &TensorRef<'c>, dims: Dims) -> Fields<'c> {
     Fields {
-        data: t.data,
+        data: t.data.into(),
         bits: 8,
         per_word: 0,
         lane_bits: dims.cols as u64 * 8,

@@ -66,7 +66,12 @@ pub struct Params {
     code_table: u32,
     /// Invocations per row of the dispatch grid.
     pub row_threads: u32,
-    _pad: [u32; 2],
+    lr_mode: u32,
+    lr_rank: u32,
+    lr_up: u32,
+    lr_down: u32,
+    lr_smooth: u32,
+    zero_bits: u32,
     codes: StreamParams,
     zero: StreamParams,
     zgrid: GridParams,
@@ -143,7 +148,7 @@ impl<'a> Src<'a> {
     }
 
     /// Appends bits `lo..hi` of `f` (widened to whole aligned words).
-    fn push_fields(&mut self, f: &Fields<'a>, lo: u64, hi: u64) -> StreamParams {
+    fn push_fields(&mut self, f: &'a Fields<'_>, lo: u64, hi: u64) -> StreamParams {
         let start = (lo / 8) & !3;
         let end = hi.div_ceil(8).min(f.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&f.data[start as usize..end as usize]));
@@ -161,7 +166,7 @@ impl<'a> Src<'a> {
     }
 
     /// Appends entries `lo..hi` of `v` (widened to whole aligned words).
-    fn push_values(&mut self, v: &Values<'a>, dims: Dims, lo: usize, hi: usize) -> GridParams {
+    fn push_values(&mut self, v: &'a Values<'_>, dims: Dims, lo: usize, hi: usize) -> GridParams {
         let size = v.kind.size() as u64;
         let start = (lo as u64 * size) & !3;
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
@@ -207,7 +212,7 @@ fn grid_range(
 }
 
 /// The chunk for flat rows `f0..f1`, or `None` when it exceeds the limits.
-fn chunk<'a>(job: &DecodeJob<'a>, f0: usize, f1: usize, limits: &Limits) -> Option<Chunk<'a>> {
+fn chunk<'a>(job: &'a DecodeJob<'_>, f0: usize, f1: usize, limits: &Limits) -> Option<Chunk<'a>> {
     let d = job.dims;
     let first = (f0 / d.rows, f0 % d.rows);
     let last = ((f1 - 1) / d.rows, (f1 - 1) % d.rows);
@@ -247,6 +252,19 @@ fn chunk<'a>(job: &DecodeJob<'a>, f0: usize, f1: usize, limits: &Limits) -> Opti
         }
     };
 
+    // The low-rank branch: this chunk's rows of `up`, all of `down` and of
+    // the smoothing reciprocals.
+    let (lr_mode, lr_rank, lr_up, lr_down, lr_smooth) = match &job.low_rank {
+        None => (0, 0, 0, 0, 0),
+        Some(lr) => (
+            if lr.smooth_first { 2 } else { 1 },
+            lr.rank as u32,
+            src.push_f32(lr.up.get(f0 * lr.rank..f1 * lr.rank)?),
+            src.push_f32(&lr.down),
+            src.push_f32(&lr.inv_smooth),
+        ),
+    };
+
     let elems = ((f1 - f0) * d.cols) as u64;
     let out_kind = match job.out {
         OutDtype::F32 => 0,
@@ -277,7 +295,12 @@ fn chunk<'a>(job: &DecodeJob<'a>, f0: usize, f1: usize, limits: &Limits) -> Opti
         gidx,
         code_table,
         row_threads: x as u32 * WORKGROUP,
-        _pad: [0; 2],
+        lr_mode,
+        lr_rank,
+        lr_up,
+        lr_down,
+        lr_smooth,
+        zero_bits: 0,
         codes,
         zero,
         zgrid,
@@ -298,7 +321,7 @@ fn chunk<'a>(job: &DecodeJob<'a>, f0: usize, f1: usize, limits: &Limits) -> Opti
 /// the last produces a multiple of 4 output bytes, so chunk outputs can be
 /// copied back to back into one buffer.
 pub fn plan<'a>(
-    job: &DecodeJob<'a>,
+    job: &'a DecodeJob<'_>,
     rows: Range<usize>,
     limits: &Limits,
 ) -> Result<Vec<Chunk<'a>>> {
@@ -362,7 +385,7 @@ mod tests {
                 cols,
             },
             codes: Fields {
-                data,
+                data: data.into(),
                 bits: 4,
                 per_word: 0,
                 lane_bits: words as u64 * 32,
@@ -372,7 +395,7 @@ mod tests {
             code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
             zero: None,
             scale: Some(Values {
-                data: scale,
+                data: scale.into(),
                 kind: ValueKind::Bf16,
                 grid: Grid {
                     row_div: 1,
@@ -382,6 +405,7 @@ mod tests {
                 },
             }),
             g_idx: None,
+            low_rank: None,
             out,
         }
     }
@@ -430,7 +454,7 @@ mod tests {
 
     #[test]
     fn params_match_the_shader_struct_size() {
-        // 12 scalars + 2 streams + 2 grids, each a multiple of 16 bytes.
-        assert_eq!(std::mem::size_of::<Params>(), 48 + 2 * 32 + 2 * 32);
+        // 16 scalars + 2 streams + 2 grids, each a multiple of 16 bytes.
+        assert_eq!(std::mem::size_of::<Params>(), 64 + 2 * 32 + 2 * 32);
     }
 }
