@@ -5,6 +5,7 @@ mod common;
 
 use std::path::Path;
 
+use common::producer::Tensors;
 use common::{check_case, fixtures, CASES};
 use serde_json::Value;
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
@@ -86,4 +87,89 @@ fn sharded_output_keeps_shard_names_and_index() {
     assert_eq!(cfg["dtype"], "bfloat16", "the rest of config.json is kept");
     assert!(out.join("recipe.yaml").is_file(), "side files are copied");
     assert!(!Path::new(&out.join(".wgpu-dequant-partial")).exists());
+}
+
+/// f32 values of a little-endian F32 tensor.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Every tensor of `expected` is in `got` with its shape, within `1e-5` of
+/// the tensor's largest magnitude (the low-rank product makes bit-exactness
+/// depend on summation order, SVDQUANT.md).
+fn within_tolerance(case: &str, got: &Tensors, expected: &Tensors) {
+    for (name, (dtype, shape, bytes)) in expected {
+        let Some((gd, gs, gb)) = got.get(name) else {
+            panic!("{case}: {name} missing from the output");
+        };
+        assert_eq!((gd, gs), (dtype, shape), "{case}: {name}");
+        let (want, have) = (f32s(bytes), f32s(gb));
+        let max = want
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()))
+            .max(f32::MIN_POSITIVE);
+        let worst = want
+            .iter()
+            .zip(&have)
+            .map(|(a, b)| (a - b).abs() / max)
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-5,
+            "{case}: {name} differs by {worst:e} of its largest magnitude"
+        );
+    }
+}
+
+#[test]
+fn svdquant_fixtures_match_dense_reference_on_both_backends() {
+    for case in ["svdq-int4-g64-logical", "svdq-fp4-g16-packed"] {
+        let dir = fixtures().join(case);
+        let expected = common::read_tensors(&dir.join("expected-dense-f32/model.safetensors"));
+        let cpu =
+            common::producer::decode_with(&dir.join("model"), OutDtype::F32, BackendChoice::Cpu);
+        within_tolerance(case, &cpu, &expected);
+        let norms: Vec<&String> = cpu.keys().filter(|k| !expected.contains_key(*k)).collect();
+        assert!(
+            norms.iter().all(|k| k.contains(".norm.")),
+            "{case}: only the unquantized norms are extra: {norms:?}"
+        );
+        if common::adapter().is_some() {
+            for out in [OutDtype::F32, OutDtype::Bf16] {
+                let gpu =
+                    common::producer::decode_with(&dir.join("model"), out, BackendChoice::Gpu);
+                let cpu =
+                    common::producer::decode_with(&dir.join("model"), out, BackendChoice::Cpu);
+                assert!(gpu == cpu, "{case} {out}: GPU bytes differ from the CPU's");
+            }
+        }
+    }
+}
+
+#[test]
+fn svdquant_default_dtype_is_the_models() {
+    let dir = fixtures().join("svdq-int4-g64-logical/model");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    dequantize(
+        &dir,
+        &out,
+        &Options {
+            backend: BackendChoice::Cpu,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let got = common::read_dir_tensors(&out);
+    assert_eq!(got["blocks.0.attn.to_q.weight"].0, "BF16");
+    assert_eq!(
+        got["blocks.0.norm.weight"].0, "F32",
+        "copied tensors keep their dtype"
+    );
+    assert!(
+        !out.join("model.config.yaml").exists(),
+        "the quantization sidecar is not copied"
+    );
 }

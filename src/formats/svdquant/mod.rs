@@ -348,7 +348,11 @@ struct Node<'c> {
 fn module_rows(t: &TargetSpec, rows: usize, ckpt: &Checkpoint) -> Result<Vec<usize>> {
     let m = t.modules.len();
     if !t.outer_scale_splits.is_empty() {
-        if t.outer_scale_splits.len() == m && t.outer_scale_splits.iter().sum::<usize>() == rows {
+        let sum = t
+            .outer_scale_splits
+            .iter()
+            .try_fold(0usize, |a, &s| a.checked_add(s));
+        if t.outer_scale_splits.len() == m && sum == Some(rows) {
             return Ok(t.outer_scale_splits.clone());
         }
         return Err(Error::tensor(
@@ -414,7 +418,7 @@ fn resolve_splits(
             }
         });
     }
-    let used: usize = sizes.iter().sum();
+    let used = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s))?;
     if used > total {
         return None;
     }
