@@ -108,8 +108,27 @@ fn fixture_models() -> Vec<(String, PathBuf)> {
 }
 
 /// The expected outputs of a fixture: name → (dtype, shape), from its
-/// recorded bf16 digests.
+/// recorded bf16 digests (SVDQuant: its dense reference, in the model's
+/// bf16, and the input tensors no target owns).
 fn expected_outputs(model: &Path) -> BTreeMap<String, (String, Vec<usize>)> {
+    if format_name(model) == "svdquant" {
+        let prefixes = target_prefixes(model);
+        let dense = read_tensors(
+            &model
+                .parent()
+                .unwrap()
+                .join("expected-dense-f32/model.safetensors"),
+        );
+        let kept = read_dir_tensors(model)
+            .into_iter()
+            .filter(|(n, _)| !prefixes.iter().any(|p| n.starts_with(p)))
+            .map(|(n, (d, s, _))| (n, (d, s)));
+        return dense
+            .into_iter()
+            .map(|(n, (_, s, _))| (n, ("BF16".to_string(), s)))
+            .chain(kept)
+            .collect();
+    }
     let digests: serde_json::Map<String, Value> = serde_json::from_slice(
         &std::fs::read(model.parent().unwrap().join("expected-bf16.digests.json")).unwrap(),
     )
@@ -128,9 +147,25 @@ fn expected_outputs(model: &Path) -> BTreeMap<String, (String, Vec<usize>)> {
         .collect()
 }
 
+/// `<export_name>.` of every SVDQuant target (empty for other formats).
+fn target_prefixes(model: &Path) -> Vec<String> {
+    let sidecar = model.join("model.config.yaml");
+    if !sidecar.is_file() {
+        return Vec::new();
+    }
+    read_json(&sidecar)["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| format!("{}.", t["export_name"].as_str().unwrap()))
+        .collect()
+}
+
 /// The format's name as `inspect` should report it.
 fn format_name(model: &Path) -> &'static str {
-    if model.join("hf_quant_config.json").is_file() {
+    if model.join("model.config.yaml").is_file() {
+        "svdquant"
+    } else if model.join("hf_quant_config.json").is_file() {
         "modelopt"
     } else {
         "compressed-tensors"
@@ -224,8 +259,14 @@ fn inspect_json_lists_logical_shapes_and_actions() {
             // Copied iff the input stores it already as it is output.
             let stored_as_is = input
                 .get(name)
-                .is_some_and(|(d, s, _)| d == dtype && s == shape);
-            let want_action = if stored_as_is { "copy" } else { "decode" };
+                .is_some_and(|(d, s, _)| d == dtype && s == shape)
+                && !target_prefixes(&model).iter().any(|p| name.starts_with(p));
+            // SVDQuant biases are computed on the host (activation shifts).
+            let want_action = match (stored_as_is, format_name(&model)) {
+                (true, _) => "copy",
+                (false, "svdquant") if name.ends_with(".bias") => "compute",
+                (false, _) => "decode",
+            };
             assert_eq!(action, want_action, "{case}: {name} action");
         }
         assert!(
@@ -340,6 +381,11 @@ fn validate_fails_a_module_fault_naming_the_rule_and_tensor() {
 // ---------------------------------------------------------------------------
 
 fn config_without_quantization(out: &Path) {
+    if !out.join("config.json").exists() {
+        // SVDQuant exports have no config.json; their sidecar must not be copied.
+        assert!(!out.join("model.config.yaml").exists());
+        return;
+    }
     let cfg = read_json(&out.join("config.json"));
     assert!(cfg.is_object(), "{cfg}");
     assert!(

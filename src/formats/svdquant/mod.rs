@@ -24,9 +24,9 @@ use crate::job::{DecodeJob, Dims, Fields, Grid, LowRank, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
 use crate::plan::{Output, Plan, Source};
 
-/// Tensors of a target, besides these the exporter may leave behind
-/// (`EXTRAS`), which a dense checkpoint drops.
-const PARAMS: &[&str] = &[
+/// Tensors only a quantized target has; with its `bias` and what the
+/// exporter may leave behind (`EXTRAS`), a dense checkpoint drops them.
+const QUANT_PARAMS: &[&str] = &[
     "qweight",
     "wscales",
     "wcscales",
@@ -34,7 +34,6 @@ const PARAMS: &[&str] = &[
     "smooth_factor",
     "proj_down",
     "proj_up",
-    "bias",
 ];
 const EXTRAS: &[&str] = &[
     "smooth_factor_orig",
@@ -569,7 +568,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
                 .strip_prefix(t.export_name.as_str())
                 .and_then(|r| r.strip_prefix('.'))
             {
-                if PARAMS.contains(&param) || EXTRAS.contains(&param) {
+                if QUANT_PARAMS.contains(&param) || param == "bias" || EXTRAS.contains(&param) {
                     consumed.insert(name.to_string());
                 }
             }
