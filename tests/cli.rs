@@ -5,20 +5,14 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::cli::{ok, read_json, run, stderr, stdout};
 use common::{
-    bin, copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, SHARD1,
+    copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, SHARD1,
     SHARD2, T,
 };
 use serde_json::Value;
-
-fn run(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin().display()))
-}
 
 fn run_path(cmd: &str, path: &Path, rest: &[&str]) -> Output {
     let mut args = vec![cmd, path.to_str().unwrap()];
@@ -34,24 +28,6 @@ fn dequantize_cpu(input: &Path, out: &Path, extra: &[&str]) -> Output {
         input,
         &[&["-o", out], extra, &["--backend", "cpu"]].concat(),
     )
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn ok(o: &Output, what: &str) {
-    assert!(
-        o.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        stdout(o),
-        stderr(o)
-    );
 }
 
 fn failed(o: &Output, what: &str) {
@@ -188,11 +164,6 @@ fn truncate_to_half(file: &Path) {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 // ---------------------------------------------------------------------------

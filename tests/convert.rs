@@ -7,11 +7,12 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::cli::{ok, read_json, run, stderr};
 use common::producer::{compare_bytes, e2m1_ref, e4m3_ref, encode, Tensors};
 use common::{
-    adapter, bin, copy_dir, fixtures, read_dir_tensors, read_tensors, safetensors_bytes, snapshot,
+    adapter, copy_dir, fixtures, read_dir_tensors, read_tensors, safetensors_bytes, snapshot,
     write_checkpoint, write_json, write_safetensors, SHARD1, SHARD2, T,
 };
 use serde_json::{json, Value};
@@ -37,13 +38,6 @@ fn modelopt_fixture() -> PathBuf {
 // Running the binary
 // ---------------------------------------------------------------------------
 
-fn run(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin().display()))
-}
-
 fn convert_cli(input: &Path, out: &Path) -> Output {
     run(&[
         "convert",
@@ -53,20 +47,6 @@ fn convert_cli(input: &Path, out: &Path) -> Output {
         "--to",
         "compressed-tensors",
     ])
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn ok(o: &Output, what: &str) {
-    assert!(
-        o.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        stderr(o)
-    );
 }
 
 /// Asserts the command failed with exit code 1 and one `error:` line naming
@@ -93,11 +73,6 @@ fn refused(o: &Output, what: &str, rule: &str, names: &[&str]) {
             "{what}: stderr does not name {n}: {err}"
         );
     }
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Names of the entries of `dir`, sorted.

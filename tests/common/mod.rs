@@ -4,6 +4,7 @@
 //! references the synthetic checkpoints are checked against.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod producer;
 
 use std::collections::BTreeMap;
