@@ -153,53 +153,51 @@ fn fancy_escape(s: &str) -> String {
 }
 
 /// The compressed-tensors `quantization_config` for NVFP4 weights (and NVFP4
-/// activations when the modules carry an `input_scale`).
+/// activations when the modules carry an `input_scale`), key for key what
+/// compressed-tensors' converter writes (it leaves out unset arguments).
 fn ct_config(
     cfg: &modelopt::Config,
     activations: bool,
     kv_fp8: bool,
     ignore: Vec<String>,
 ) -> Value {
-    let fp4 = |dynamic: Value, observer: Value| {
-        json!({
-            "actorder": null,
-            "block_structure": null,
-            "dynamic": dynamic,
-            "group_size": cfg.group_size,
-            "num_bits": 4,
-            "observer": observer,
-            "observer_kwargs": {},
-            "scale_dtype": "torch.float8_e4m3fn",
-            "strategy": "tensor_group",
-            "symmetric": true,
-            "type": "float",
-            "zp_dtype": null,
-        })
-    };
+    let weights = json!({
+        "dynamic": false,
+        "group_size": cfg.group_size,
+        "num_bits": 4,
+        "scale_dtype": "torch.float8_e4m3fn",
+        "strategy": "tensor_group",
+        "symmetric": true,
+        "type": "float",
+    });
     let input = if activations {
-        fp4(json!("local"), json!("static_minmax"))
+        let mut a = weights.clone();
+        a["dynamic"] = json!("local");
+        a["observer"] = json!("static_minmax");
+        a
     } else {
         Value::Null
     };
     let kv = if kv_fp8 {
-        json!({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false, "symmetric": true})
+        json!({"dynamic": false, "num_bits": 8, "strategy": "tensor", "symmetric": true, "type": "float"})
     } else {
         Value::Null
     };
     json!({
         "config_groups": {
-            "group_0": {
+            "config_group_0": {
                 "format": "nvfp4-pack-quantized",
                 "input_activations": input,
                 "output_activations": null,
                 "targets": ["Linear"],
-                "weights": fp4(json!(false), Value::Null),
+                "weights": weights,
             }
         },
         "format": "nvfp4-pack-quantized",
         "global_compression_ratio": null,
         "ignore": ignore,
         "kv_cache_scheme": kv,
+        "moe_sparsity_config": null,
         "quant_method": "compressed-tensors",
         "quantization_status": "compressed",
         "version": CT_VERSION,

@@ -128,6 +128,12 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
 
+/// bfloat16 bits → f32 (exact).
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
 /// f32 → IEEE half bits, round to nearest even, overflow to ±inf; NaN becomes
 /// the canonical 0x7E00 (the sign of a NaN product is not portable).
 #[inline]

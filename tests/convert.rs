@@ -365,12 +365,16 @@ fn config_is_compressed_tensors_nvfp4_and_side_files_are_copied() {
 // ---------------------------------------------------------------------------
 
 /// The bf16 bytes compressed-tensors decodes `module` of a converted
-/// checkpoint to: e2m1(code) · (e4m3(scale) / global_scale) in f32, low
-/// nibble first, rounded once to bf16. Returns (shape, bytes, exact values).
+/// checkpoint to: e2m1(code) · (e4m3(scale) / global_scale), low nibble
+/// first, rounded to bf16. The converter stores the global scale 0-dim, and
+/// torch then keeps the bf16 scale's dtype for the quotient, so it is rounded
+/// to bf16 too (what compressed-tensors 0.20's `CompressedTensorsDequantizer`
+/// writes for this checkpoint, checked byte for byte outside the test suite).
+/// Returns (shape, bytes, exact values).
 fn ct_reference(ct: &Tensors, module: &str) -> (Vec<usize>, Vec<u8>, Vec<f32>) {
     let (pdt, pshape, packed) = &ct[&format!("{module}.weight_packed")];
     let (sdt, sshape, scales) = &ct[&format!("{module}.weight_scale")];
-    let (gdt, _, global) = &ct[&format!("{module}.weight_global_scale")];
+    let (gdt, gshape, global) = &ct[&format!("{module}.weight_global_scale")];
     assert_eq!(
         (pdt.as_str(), sdt.as_str(), gdt.as_str()),
         ("U8", "F8_E4M3", "F32")
@@ -385,7 +389,12 @@ fn ct_reference(ct: &Tensors, module: &str) -> (Vec<usize>, Vec<u8>, Vec<f32>) {
         for c in 0..cols {
             let byte = packed[r * width + c / 2];
             let code = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
-            let scale = e4m3_ref(scales[r * groups + c / 16]) / global;
+            let mut scale = e4m3_ref(scales[r * groups + c / 16]) / global;
+            if gshape.is_empty() {
+                // torch: a bf16 scale over a 0-dim f32 global stays bf16.
+                let b = encode(OutDtype::Bf16, &[scale]);
+                scale = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+            }
             vals.push(e2m1_ref(code) * scale);
         }
     }

@@ -627,8 +627,21 @@ fn fp4_packed<'c>(
     let scale_t = require(ckpt, module, "weight_scale")?;
     let table = if nvfp4 {
         expect_dtype(&scale_t, &[Dtype::F8_E4M3, Dtype::U8])?;
-        let global = scalar_f32(&require(ckpt, module, "weight_global_scale")?)?;
-        byte_table(|b| numerics::e4m3(b) / global)
+        let global_t = require(ckpt, module, "weight_global_scale")?;
+        let global = scalar_f32(&global_t)?;
+        // compressed-tensors divides the e4m3 scale, widened to bf16, by the
+        // global scale in torch. A 0-dim global (`[]`, what its ModelOpt
+        // converter writes) takes no part in type promotion, so the quotient
+        // is rounded to bf16; a `[1]` global promotes it to f32.
+        let bf16_quotient = global_t.shape.is_empty();
+        byte_table(move |b| {
+            let s = numerics::e4m3(b) / global;
+            if bf16_quotient {
+                numerics::bf16_to_f32(numerics::f32_to_bf16(s))
+            } else {
+                s
+            }
+        })
     } else {
         expect_dtype(&scale_t, &[Dtype::U8, Dtype::F8_E8M0])?;
         byte_table(numerics::e8m0)
