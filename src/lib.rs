@@ -16,6 +16,7 @@
 
 pub mod assemble;
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod convert;
 pub mod error;

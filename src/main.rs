@@ -60,6 +60,28 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Measure decode speed against memcpy / buffer copy / file writes of the same bytes.
+    Bench {
+        /// Rows of the benchmark weight (int4, group 128).
+        #[arg(long, default_value_t = 8192)]
+        rows: usize,
+        /// Columns of the benchmark weight (a multiple of 128).
+        #[arg(long, default_value_t = 8192)]
+        cols: usize,
+        /// Runs of each measurement; the best is kept.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Also time `dequantize` end to end on a generated checkpoint of
+        /// this many GB of bf16 output.
+        #[arg(long)]
+        e2e_gb: Option<f64>,
+        /// Where the end-to-end checkpoint is generated (and removed after).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Backends to measure.
+        #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
+        backend: BackendArg,
+    },
     /// Check every rule; exit 0 when clean, 1 with findings.
     Validate {
         /// Checkpoint directory or .safetensors file.
@@ -102,6 +124,14 @@ fn main() -> ExitCode {
             backend,
             quiet,
         } => dequantize(&path, &output, dtype, backend, quiet),
+        Command::Bench {
+            rows,
+            cols,
+            runs,
+            e2e_gb,
+            dir,
+            backend,
+        } => bench(rows, cols, runs, e2e_gb, &dir, backend),
         Command::Convert {
             path,
             output,
@@ -236,6 +266,70 @@ fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCo
                 .filter(|o| o.name.ends_with(".weight_packed"))
                 .count(),
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench(
+    rows: usize,
+    cols: usize,
+    runs: usize,
+    e2e_gb: Option<f64>,
+    dir: &Path,
+    backend: BackendArg,
+) -> Result<ExitCode, Error> {
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(128) {
+        return Err(Error::new(
+            wgpu_dequant::Rule::Argument,
+            "--cols",
+            "rows must be positive and cols a positive multiple of 128",
+        ));
+    }
+    let choice = match backend {
+        BackendArg::Auto => BackendChoice::Auto,
+        BackendArg::Gpu => BackendChoice::Gpu,
+        BackendArg::Cpu => BackendChoice::Cpu,
+    };
+    println!("{}", wgpu_dequant::bench::cpu_kernel(rows, cols, runs)?);
+    if choice != BackendChoice::Cpu {
+        match wgpu_dequant::gpu::find_adapter() {
+            Some(adapter) => {
+                let decoder = wgpu_dequant::gpu::GpuDecoder::open(&adapter)?;
+                println!("gpu: {}", adapter.get_info().name);
+                println!(
+                    "{}",
+                    wgpu_dequant::bench::gpu_kernel(&decoder, rows, cols, runs)?
+                );
+            }
+            None if choice == BackendChoice::Gpu => {
+                return Err(Error::new(
+                    wgpu_dequant::Rule::Gpu,
+                    "--backend",
+                    "gpu: no GPU adapter found",
+                ))
+            }
+            None => println!("gpu: no adapter found, not measured"),
+        }
+    }
+    if let Some(gb) = e2e_gb {
+        let backends: &[BackendChoice] = match choice {
+            BackendChoice::Auto => &[BackendChoice::Cpu, BackendChoice::Gpu],
+            _ => std::slice::from_ref(&choice),
+        };
+        for &b in backends {
+            if b == BackendChoice::Gpu && wgpu_dequant::gpu::find_adapter().is_none() {
+                continue;
+            }
+            let e = wgpu_dequant::bench::end_to_end(dir, gb, b)?;
+            println!(
+                "{} [{:?}; input {:.2} GB; peak RSS {}]",
+                e.figure,
+                b,
+                e.input_bytes as f64 / 1e9,
+                e.peak_rss
+                    .map_or("n/a".into(), |r| format!("{:.0} MB", r as f64 / 1e6))
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
