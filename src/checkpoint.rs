@@ -324,6 +324,35 @@ impl Checkpoint {
         })
     }
 
+    /// Drops the pages of `bytes` (a range of a shard) from this process's
+    /// resident memory: they were read and will not be needed again soon.
+    /// They stay in the OS page cache and are read back from the file if
+    /// touched again, so this only bounds memory; bytes outside every shard
+    /// are ignored.
+    pub fn release(&self, bytes: &[u8]) {
+        #[cfg(unix)]
+        for s in &self.shards {
+            let base = s.map.as_ptr() as usize;
+            let at = bytes.as_ptr() as usize;
+            if at >= base && at + bytes.len() <= base + s.map.len() && !bytes.is_empty() {
+                // SAFETY: the map is a read-only view of a file. MADV_DONTNEED
+                // on it only discards resident pages; a later read faults the
+                // same bytes back in from the file, so every `&[u8]` into the
+                // map keeps seeing the same contents.
+                let _ = unsafe {
+                    s.map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        at - base,
+                        bytes.len(),
+                    )
+                };
+                return;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = bytes;
+    }
+
     /// All tensor names, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.lookup.keys().map(String::as_str).collect()

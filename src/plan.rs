@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
-use crate::job::DecodeJob;
+use crate::job::{Bytes, DecodeJob, ZeroPoint};
 use crate::numerics::OutDtype;
 
 /// The output dtype the user asked for.
@@ -99,6 +99,41 @@ impl Output<'_> {
             tensor: e.tensor.or_else(|| Some(self.name.clone())),
             ..e
         })
+    }
+
+    /// The stored bytes this tensor is made from (scales and tables made on
+    /// the host are not listed).
+    pub fn inputs(&self) -> Vec<&[u8]> {
+        fn of_job<'j>(job: &'j DecodeJob<'_>, v: &mut Vec<&'j [u8]>) {
+            let mut add = |b: &'j Bytes<'_>| {
+                if let Bytes::Mapped(m) = b {
+                    v.push(m);
+                }
+            };
+            add(&job.codes.data);
+            if let Some(s) = &job.scale {
+                add(&s.data);
+            }
+            match &job.zero {
+                Some(ZeroPoint::Packed { fields }) => add(&fields.data),
+                Some(ZeroPoint::Plain(z)) => add(&z.data),
+                None => {}
+            }
+        }
+        let mut v = Vec::new();
+        match &self.source {
+            Source::Copy(t) => v.push(t.data),
+            Source::Decode(job) => of_job(job, &mut v),
+            Source::Assemble(a) => {
+                for band in &a.stack.bands {
+                    for p in &band.parts {
+                        of_job(&p.job, &mut v);
+                    }
+                }
+            }
+            Source::Bytes(_) | Source::Bias(_) => {}
+        }
+        v
     }
 
     /// The whole tensor's bytes (decoded with `backend` when it is decoded).

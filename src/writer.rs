@@ -10,16 +10,18 @@
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 use serde_json::{Map, Value};
 
 use crate::backend::Backend;
-use crate::checkpoint::INDEX_FILE;
+use crate::checkpoint::{Checkpoint, INDEX_FILE};
 use crate::error::{Error, Result, Rule};
 use crate::plan::{Output, Plan, Source};
 
-/// Decoded bytes held in memory at once, per tensor.
-const CHUNK_BYTES: usize = 64 << 20;
+/// Decoded bytes per chunk; at most three chunks are in memory at once (one
+/// being decoded, one queued, one being written).
+const CHUNK_BYTES: usize = 32 << 20;
 
 /// Name of the staging folder inside the output directory.
 const STAGING: &str = ".wgpu-dequant-partial";
@@ -192,31 +194,71 @@ fn header(tensors: &[&Output<'_>]) -> Vec<u8> {
     out
 }
 
-/// Streams one tensor's bytes into `w`, a bounded chunk of rows at a time.
-fn write_tensor(
-    t: &Output<'_>,
+/// Bytes on their way to the file-writing thread.
+enum Piece<'a> {
+    /// Decoded (or computed) bytes; the buffer comes back for reuse.
+    Owned(Vec<u8>),
+    /// Stored bytes copied as they are, released from memory once written.
+    Stored(&'a [u8]),
+}
+
+/// What `progress` is told: `bytes` more output bytes were written to
+/// `tensor`, and whether that finished it.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'p> {
+    /// The output tensor.
+    pub tensor: &'p str,
+    /// Bytes just written.
+    pub bytes: u64,
+    /// The tensor is complete.
+    pub done: bool,
+}
+
+/// Decodes one tensor a bounded chunk of rows at a time and hands each chunk
+/// to the writing thread, so decoding chunk k+1 overlaps writing chunk k.
+fn send_tensor<'a>(
+    t: &'a Output<'a>,
     backend: &dyn Backend,
-    path: &Path,
-    w: &mut impl Write,
-    buf: &mut Vec<u8>,
-) -> Result<()> {
-    let io = |e| Error::io(path, "cannot write", e);
-    let Some((total, row_bytes)) = t.row_layout() else {
-        return w.write_all(&t.bytes(backend)?).map_err(io);
+    tx: &SyncSender<Piece<'a>>,
+    spare: &Receiver<Vec<u8>>,
+    progress: &mut impl FnMut(Progress<'_>),
+) -> Result<bool> {
+    let mut send = |piece: Piece<'a>, bytes: usize, done: bool| {
+        let ok = tx.send(piece).is_ok();
+        progress(Progress {
+            tensor: &t.name,
+            bytes: bytes as u64,
+            done,
+        });
+        ok
     };
-    if row_bytes == 0 {
-        return Ok(());
+    let Some((total, row_bytes)) = t.row_layout() else {
+        return Ok(match &t.source {
+            Source::Copy(src) => send(Piece::Stored(src.data), src.data.len(), true),
+            _ => {
+                let bytes = t.bytes(backend)?.into_owned();
+                let n = bytes.len();
+                send(Piece::Owned(bytes), n, true)
+            }
+        });
+    };
+    if row_bytes == 0 || total == 0 {
+        return Ok(send(Piece::Owned(Vec::new()), 0, true));
     }
     let per_chunk = (CHUNK_BYTES / row_bytes).max(1);
     let mut start = 0;
     while start < total {
         let end = (start + per_chunk).min(total);
+        let mut buf = spare.try_recv().unwrap_or_default();
         buf.resize((end - start) * row_bytes, 0);
-        t.decode_rows(backend, start..end, buf)?;
-        w.write_all(buf).map_err(io)?;
+        t.decode_rows(backend, start..end, &mut buf)?;
+        let n = buf.len();
+        if !send(Piece::Owned(buf), n, end == total) {
+            return Ok(false);
+        }
         start = end;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// An output directory claimed for a dense checkpoint: it did not exist or
@@ -235,12 +277,13 @@ impl OutputDir {
         })
     }
 
-    /// Writes the dense checkpoint of `plan`; `progress` is called after each tensor.
+    /// Writes the dense checkpoint of `plan`; `progress` hears of every
+    /// chunk written.
     pub fn write(
         self,
         plan: &Plan<'_>,
         backend: &dyn Backend,
-        progress: impl FnMut(&Output<'_>),
+        progress: impl FnMut(Progress<'_>),
     ) -> Result<Summary> {
         plan.check()?;
         write_into(self.staging, plan, backend, progress)
@@ -248,12 +291,12 @@ impl OutputDir {
 }
 
 /// Writes the dense checkpoint of `plan` into `out`, which must not exist or
-/// be empty. `progress` is called after each tensor.
+/// be empty. `progress` hears of every chunk written.
 pub fn write(
     plan: &Plan<'_>,
     backend: &dyn Backend,
     out: &Path,
-    progress: impl FnMut(&Output<'_>),
+    progress: impl FnMut(Progress<'_>),
 ) -> Result<Summary> {
     OutputDir::create(out)?.write(plan, backend, progress)
 }
@@ -262,7 +305,7 @@ fn write_into(
     staging: Staging,
     plan: &Plan<'_>,
     backend: &dyn Backend,
-    mut progress: impl FnMut(&Output<'_>),
+    mut progress: impl FnMut(Progress<'_>),
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
     let mut summary = Summary {
@@ -270,7 +313,6 @@ fn write_into(
         ..Summary::default()
     };
     let mut weight_map = Map::new();
-    let mut buf = Vec::new();
     for (i, shard) in ckpt.shards.iter().enumerate() {
         let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
         if tensors.is_empty() {
@@ -279,8 +321,9 @@ fn write_into(
         let (path, mut w) = staging.create(&shard.file_name)?;
         w.write_all(&header(&tensors))
             .map_err(|e| Error::io(&path, "cannot write", e))?;
+        let w = write_shard(ckpt, &tensors, backend, &path, w, &mut progress)?;
+        finish(&path, w)?;
         for t in tensors {
-            write_tensor(t, backend, &path, &mut w, &mut buf)?;
             summary.tensor_bytes += t.byte_len() as u64;
             match t.source {
                 Source::Copy(_) => summary.copied += 1,
@@ -288,9 +331,7 @@ fn write_into(
                 Source::Bytes(_) => summary.converted += 1,
             }
             weight_map.insert(t.name.clone(), shard.file_name.clone().into());
-            progress(t);
         }
-        finish(&path, w)?;
     }
     if ckpt.index.is_some() {
         let index = serde_json::json!({
@@ -309,14 +350,62 @@ fn write_into(
     Ok(summary)
 }
 
+/// Streams `tensors` into `w`: this thread decodes, a second one writes.
+/// Inputs leave resident memory once used, so memory stays bounded by a few
+/// chunks, not by the checkpoint.
+fn write_shard(
+    ckpt: &Checkpoint,
+    tensors: &[&Output<'_>],
+    backend: &dyn Backend,
+    path: &Path,
+    mut w: BufWriter<File>,
+    progress: &mut impl FnMut(Progress<'_>),
+) -> Result<BufWriter<File>> {
+    std::thread::scope(|scope| {
+        // Two chunks queued at most: one being written, one waiting.
+        let (tx, rx) = sync_channel::<Piece<'_>>(1);
+        let (spare_tx, spare) = channel::<Vec<u8>>();
+        let writer = scope.spawn(move || -> std::io::Result<BufWriter<File>> {
+            for piece in rx {
+                match piece {
+                    Piece::Owned(buf) => {
+                        w.write_all(&buf)?;
+                        let _ = spare_tx.send(buf);
+                    }
+                    Piece::Stored(bytes) => {
+                        w.write_all(bytes)?;
+                        ckpt.release(bytes);
+                    }
+                }
+            }
+            Ok(w)
+        });
+        let mut sent = Ok(true);
+        for t in tensors {
+            sent = send_tensor(t, backend, &tx, &spare, progress);
+            if !matches!(sent, Ok(true)) {
+                break;
+            }
+            if !matches!(t.source, Source::Copy(_)) {
+                for input in t.inputs() {
+                    ckpt.release(input);
+                }
+            }
+        }
+        drop(tx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the writing thread panicked")));
+        // A decode error comes first; a writing error explains a closed channel.
+        sent?;
+        written.map_err(|e| Error::io(path, "cannot write", e))
+    })
+}
+
 /// Copies the checkpoint's other regular files (tokenizer, generation config,
 /// …); weights in any format, the index, config.json and the quantization
 /// sidecars (`skip`) are not.
-fn copy_side_files(
-    ckpt: &crate::checkpoint::Checkpoint,
-    skip: &[String],
-    staging: &Staging,
-) -> Result<()> {
+fn copy_side_files(ckpt: &Checkpoint, skip: &[String], staging: &Staging) -> Result<()> {
     const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
     const WEIGHTS: &[&str] = &[
         "safetensors",
