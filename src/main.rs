@@ -45,6 +45,15 @@ enum Command {
         /// Print nothing but errors.
         #[arg(short, long)]
         quiet: bool,
+        /// Only these input shards (file names, comma-separated): OUT may hold
+        /// other runs' shards, and a partial index is written for merge-index.
+        #[arg(long, value_delimiter = ',')]
+        shards: Option<Vec<String>>,
+    },
+    /// Join the partial indexes of `dequantize --shards` runs into model.safetensors.index.json.
+    MergeIndex {
+        /// The output directory the runs wrote into.
+        dir: PathBuf,
     },
     /// Rename a ModelOpt NVFP4 checkpoint's tensors to compressed-tensors names (CT-005).
     Convert {
@@ -123,7 +132,12 @@ fn main() -> ExitCode {
             dtype,
             backend,
             quiet,
-        } => dequantize(&path, &output, dtype, backend, quiet),
+            shards,
+        } => dequantize(&path, &output, dtype, backend, quiet, shards),
+        Command::MergeIndex { dir } => writer::merge_index(&dir).map(|p| {
+            eprintln!("wrote {}", p.display());
+            ExitCode::SUCCESS
+        }),
         Command::Bench {
             rows,
             cols,
@@ -204,6 +218,7 @@ fn dequantize(
     dtype: DtypeArg,
     backend: BackendArg,
     quiet: bool,
+    shards: Option<Vec<String>>,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
     let ckpt = Checkpoint::open(path)?;
@@ -220,7 +235,11 @@ fn dequantize(
         BackendArg::Gpu => BackendChoice::Gpu,
         BackendArg::Cpu => BackendChoice::Cpu,
     };
-    let target = writer::OutputDir::create(out)?;
+    let shard_list = shards.clone();
+    let target = match shards {
+        Some(list) => writer::OutputDir::for_shards(out, list)?,
+        None => writer::OutputDir::create(out)?,
+    };
     let (backend, note) = backend::select(choice)?;
     if !quiet {
         if let Some(note) = note {
@@ -233,7 +252,19 @@ fn dequantize(
             backend.name()
         );
     }
-    let summary = target.write(&plan, backend.as_ref(), |_| {})?;
+    let selected: Vec<_> = plan
+        .outputs
+        .iter()
+        .filter(|o| {
+            let file = &ckpt.shards[o.shard].file_name;
+            shard_list.as_ref().is_none_or(|l| l.contains(file))
+        })
+        .collect();
+    let total: u64 = selected.iter().map(|o| o.byte_len() as u64).sum();
+    let mut meter = Meter::new(total, selected.len(), quiet);
+    let summary = target.write(&plan, backend.as_ref(), |p| meter.update(p));
+    meter.finish();
+    let summary = summary?;
     if !quiet {
         eprintln!(
             "wrote {}: {} decoded to {}, {} copied, {} dropped, {:.1} MB in {:.2} s",
@@ -332,4 +363,72 @@ fn bench(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Progress for long runs: a bar on a terminal, a plain line every few
+/// seconds otherwise, nothing with `--quiet`.
+struct Meter {
+    bar: Option<indicatif::ProgressBar>,
+    plain: bool,
+    total: u64,
+    tensors: usize,
+    done_bytes: u64,
+    done_tensors: usize,
+    started: Instant,
+    last_line: Instant,
+}
+
+impl Meter {
+    fn new(total: u64, tensors: usize, quiet: bool) -> Meter {
+        use std::io::IsTerminal;
+        let terminal = std::io::stderr().is_terminal();
+        let bar = (!quiet && terminal).then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            let style = indicatif::ProgressStyle::with_template(
+                "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar
+        });
+        Meter {
+            bar,
+            plain: !quiet && !terminal,
+            total,
+            tensors,
+            done_bytes: 0,
+            done_tensors: 0,
+            started: Instant::now(),
+            last_line: Instant::now(),
+        }
+    }
+
+    fn update(&mut self, p: writer::Progress<'_>) {
+        self.done_bytes += p.bytes;
+        self.done_tensors += usize::from(p.done);
+        let tensors = format!("{}/{} tensors", self.done_tensors, self.tensors);
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.done_bytes);
+            bar.set_message(tensors);
+        } else if self.plain && self.last_line.elapsed().as_secs_f64() >= 5.0 {
+            self.last_line = Instant::now();
+            let secs = self.started.elapsed().as_secs_f64();
+            let rate = self.done_bytes as f64 / secs.max(1e-9);
+            let left = self.total.saturating_sub(self.done_bytes) as f64 / rate.max(1.0);
+            eprintln!(
+                "progress: {:.0}% ({:.2} of {:.2} GB, {tensors}, {:.2} GB/s, {:.0} s left)",
+                100.0 * self.done_bytes as f64 / self.total.max(1) as f64,
+                self.done_bytes as f64 / 1e9,
+                self.total as f64 / 1e9,
+                rate / 1e9,
+                left
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }

@@ -26,6 +26,9 @@ const CHUNK_BYTES: usize = 32 << 20;
 /// Name of the staging folder inside the output directory.
 const STAGING: &str = ".wgpu-dequant-partial";
 
+/// File name ending of the partial index a `--shards` run writes.
+pub const PART_SUFFIX: &str = ".index-part.json";
+
 /// What a finished `dequantize` wrote.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Summary {
@@ -51,13 +54,18 @@ struct Staging {
     /// Directories this run created, deepest first.
     created: Vec<PathBuf>,
     moved: Vec<PathBuf>,
+    /// The output directory is shared with other `--shards` runs.
+    shared: bool,
     done: bool,
 }
 
 impl Staging {
-    fn new(out: &Path) -> Result<Staging> {
+    /// Stages into `out`, which must not exist or be empty; with `shared`
+    /// (a tag naming this run), `out` may hold other runs' parts.
+    fn new(out: &Path, shared: Option<&str>) -> Result<Staging> {
         let mut created = Vec::new();
         match fs::read_dir(out) {
+            Ok(_) if shared.is_some() => {}
             Ok(entries) => {
                 let names: Vec<_> = entries
                     .take(2)
@@ -97,9 +105,13 @@ impl Staging {
         }
         let staging = Staging {
             out: out.to_path_buf(),
-            dir: out.join(STAGING),
+            dir: match shared {
+                Some(tag) => out.join(format!("{STAGING}-{tag}")),
+                None => out.join(STAGING),
+            },
             created,
             moved: Vec::new(),
+            shared: shared.is_some(),
             done: false,
         };
         fs::create_dir(&staging.dir)
@@ -113,16 +125,42 @@ impl Staging {
         Ok((path, BufWriter::with_capacity(1 << 20, f)))
     }
 
-    /// Moves every staged file into the output directory.
+    /// Moves every staged file into the output directory. In a shared
+    /// directory, weights and index parts must be new, and the files every
+    /// part writes alike (config.json, side files) are kept when present.
     fn commit(mut self) -> Result<Vec<PathBuf>> {
+        let mut staged = Vec::new();
         let entries =
             fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
-            let to = self.out.join(entry.file_name());
-            fs::rename(entry.path(), &to)
-                .map_err(|e| Error::io(&to, "cannot move into place", e))?;
+            staged.push((entry.path(), self.out.join(entry.file_name())));
+        }
+        if self.shared {
+            let own = |p: &Path| {
+                let name = p.to_string_lossy();
+                name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
+            };
+            if let Some((_, to)) = staged.iter().find(|(_, to)| own(to) && to.exists()) {
+                return Err(Error::new(
+                    Rule::Output,
+                    to,
+                    "already written by another run; refusing to replace it",
+                ));
+            }
+            staged.retain(|(_, to)| own(to) || !to.exists());
+        }
+        for (from, to) in staged {
+            fs::rename(&from, &to).map_err(|e| Error::io(&to, "cannot move into place", e))?;
             self.moved.push(to);
+        }
+        if self.shared {
+            // What was kept instead of moved goes with the staging folder.
+            fs::remove_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
+            self.done = true;
+            let mut moved = std::mem::take(&mut self.moved);
+            moved.sort();
+            return Ok(moved);
         }
         fs::remove_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         self.done = true;
@@ -266,6 +304,8 @@ fn send_tensor<'a>(
 /// this run put there is removed again.
 pub struct OutputDir {
     staging: Staging,
+    /// Only these input shards are written (`--shards`).
+    shards: Option<Vec<String>>,
 }
 
 impl OutputDir {
@@ -273,7 +313,24 @@ impl OutputDir {
     /// non-empty directory with `OUT-001`.
     pub fn create(out: &Path) -> Result<OutputDir> {
         Ok(OutputDir {
-            staging: Staging::new(out)?,
+            staging: Staging::new(out, None)?,
+            shards: None,
+        })
+    }
+
+    /// Claims `out` for the output of input shards `shards` only (file names),
+    /// so that several runs (one per machine) fill one directory: `out` may
+    /// hold other runs' shards, the run writes a partial index
+    /// (`<first shard>.index-part.json`) instead of the index, and
+    /// [`merge_index`] joins the parts when all runs are done.
+    pub fn for_shards(out: &Path, shards: Vec<String>) -> Result<OutputDir> {
+        let tag = shards
+            .first()
+            .map(|f| f.trim_end_matches(".safetensors").to_string())
+            .ok_or_else(|| Error::new(Rule::Argument, "--shards", "names no shard"))?;
+        Ok(OutputDir {
+            staging: Staging::new(out, Some(&tag))?,
+            shards: Some(shards),
         })
     }
 
@@ -286,7 +343,31 @@ impl OutputDir {
         progress: impl FnMut(Progress<'_>),
     ) -> Result<Summary> {
         plan.check()?;
-        write_into(self.staging, plan, backend, progress)
+        if let Some(only) = &self.shards {
+            let known: Vec<&str> = plan
+                .checkpoint
+                .shards
+                .iter()
+                .map(|s| s.file_name.as_str())
+                .collect();
+            if let Some(bad) = only.iter().find(|f| !known.contains(&f.as_str())) {
+                return Err(Error::new(
+                    Rule::Argument,
+                    "--shards",
+                    format!(
+                        "{bad} is not a shard of this checkpoint ({})",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        write_into(
+            self.staging,
+            self.shards.as_deref(),
+            plan,
+            backend,
+            progress,
+        )
     }
 }
 
@@ -303,6 +384,7 @@ pub fn write(
 
 fn write_into(
     staging: Staging,
+    only: Option<&[String]>,
     plan: &Plan<'_>,
     backend: &dyn Backend,
     mut progress: impl FnMut(Progress<'_>),
@@ -313,11 +395,14 @@ fn write_into(
         ..Summary::default()
     };
     let mut weight_map = Map::new();
+    let mut written = Vec::new();
     for (i, shard) in ckpt.shards.iter().enumerate() {
         let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
-        if tensors.is_empty() {
+        let wanted = only.is_none_or(|o| o.contains(&shard.file_name));
+        if tensors.is_empty() || !wanted {
             continue;
         }
+        written.push(shard.file_name.clone());
         let (path, mut w) = staging.create(&shard.file_name)?;
         w.write_all(&header(&tensors))
             .map_err(|e| Error::io(&path, "cannot write", e))?;
@@ -333,12 +418,35 @@ fn write_into(
             weight_map.insert(t.name.clone(), shard.file_name.clone().into());
         }
     }
-    if ckpt.index.is_some() {
-        let index = serde_json::json!({
-            "metadata": { "total_size": summary.tensor_bytes },
-            "weight_map": weight_map,
-        });
-        write_json(&staging, INDEX_FILE, &index)?;
+    match (&ckpt.index, only) {
+        (None, _) => {}
+        (Some(_), None) => {
+            let index = serde_json::json!({
+                "metadata": { "total_size": summary.tensor_bytes },
+                "weight_map": weight_map,
+            });
+            write_json(&staging, INDEX_FILE, &index)?;
+        }
+        (Some(_), Some(only)) => {
+            // Every shard with an output: what merge_index waits for.
+            let all: Vec<&str> = ckpt
+                .shards
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| plan.outputs.iter().any(|o| o.shard == *i))
+                .map(|(_, s)| s.file_name.as_str())
+                .collect();
+            let part = serde_json::json!({
+                "metadata": {
+                    "total_size": summary.tensor_bytes,
+                    "shards": written,
+                    "all_shards": all,
+                },
+                "weight_map": weight_map,
+            });
+            let tag = only[0].trim_end_matches(".safetensors");
+            write_json(&staging, &format!("{tag}{PART_SUFFIX}"), &part)?;
+        }
     }
     if let Some(cfg) = &plan.config {
         write_json(&staging, "config.json", cfg)?;
@@ -400,6 +508,93 @@ fn write_shard(
         sent?;
         written.map_err(|e| Error::io(path, "cannot write", e))
     })
+}
+
+/// Joins the partial indexes `--shards` runs wrote into `out` into
+/// `model.safetensors.index.json`, once every shard is there; the parts are
+/// removed. Fails (ST-002) naming the shards still missing.
+pub fn merge_index(out: &Path) -> Result<PathBuf> {
+    let mut parts: Vec<PathBuf> = fs::read_dir(out)
+        .map_err(|e| Error::io(out, "cannot list", e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(PART_SUFFIX))
+        .collect();
+    parts.sort();
+    if parts.is_empty() {
+        return Err(Error::new(
+            Rule::Index,
+            out,
+            format!("no *{PART_SUFFIX} to merge"),
+        ));
+    }
+    let mut weight_map = Map::new();
+    let mut total = 0u64;
+    let mut have: Vec<String> = Vec::new();
+    let mut all: Option<Vec<String>> = None;
+    for p in &parts {
+        let bad = |what: &str| Error::new(Rule::Index, p, what.to_string());
+        let text = fs::read(p).map_err(|e| Error::io(p, "cannot read", e))?;
+        let v: Value =
+            serde_json::from_slice(&text).map_err(|e| bad(&format!("invalid JSON: {e}")))?;
+        let strings = |key: &str| -> Result<Vec<String>> {
+            v.pointer(&format!("/metadata/{key}"))
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_string)).collect())
+                .ok_or_else(|| bad(&format!("metadata.{key} is not a list of file names")))
+        };
+        let these = strings("all_shards")?;
+        match &all {
+            Some(a) if *a != these => {
+                return Err(bad("comes from a different checkpoint (all_shards differ)"))
+            }
+            _ => all = Some(these),
+        }
+        have.extend(strings("shards")?);
+        total += v
+            .pointer("/metadata/total_size")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad("metadata.total_size is not a number"))?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad("no weight_map object"))?;
+        for (name, file) in map {
+            if weight_map.insert(name.clone(), file.clone()).is_some() {
+                return Err(Error::tensor(Rule::Index, p, name, "mapped by two parts"));
+            }
+        }
+    }
+    let all = all.unwrap_or_default();
+    let missing: Vec<&String> = all.iter().filter(|s| !have.contains(s)).collect();
+    if !missing.is_empty() {
+        return Err(Error::new(
+            Rule::Index,
+            out,
+            format!(
+                "shards not written yet: {}",
+                missing
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let index = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let path = out.join(INDEX_FILE);
+    let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
+    let mut text =
+        serde_json::to_vec_pretty(&index).map_err(|e| Error::new(Rule::Io, &tmp, e.to_string()))?;
+    text.push(b'\n');
+    fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, "cannot write", e))?;
+    fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "cannot move into place", e))?;
+    for p in parts {
+        fs::remove_file(&p).map_err(|e| Error::io(&p, "cannot remove", e))?;
+    }
+    Ok(path)
 }
 
 /// Copies the checkpoint's other regular files (tokenizer, generation config,
