@@ -31,6 +31,18 @@ impl Shard {
         // SAFETY: the map is read-only; as with every mmap-based reader, a file
         // truncated by another process while we run is outside our contract.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map", e))?;
+        // A name given twice would be read as one (the last); look first.
+        let header = map
+            .get(..8)
+            .and_then(|b| usize::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok())
+            .and_then(|n| map.get(8..8usize.checked_add(n)?));
+        if let Some(key) = header.and_then(crate::json::duplicate_key) {
+            return Err(Error::new(
+                Rule::Container,
+                path,
+                format!("header names {key} twice"),
+            ));
+        }
         let (n, metadata) = SafeTensors::read_metadata(&map)
             .map_err(|e| Error::new(Rule::Container, path, format!("invalid safetensors: {e}")))?;
         let file_name = path
@@ -152,7 +164,9 @@ pub struct Checkpoint {
 /// configs and indexes are kilobytes to a few megabytes.
 const MAX_JSON_BYTES: u64 = 64 << 20;
 
-fn read_json(path: &Path) -> Result<Option<JsonFile>> {
+/// Reads a JSON sidecar; `rule` is the one its faults break (ST-002 for the
+/// index, CFG-001 for configs).
+fn read_json(path: &Path, rule: Rule) -> Result<Option<JsonFile>> {
     if !path.is_file() {
         return Ok(None);
     }
@@ -161,14 +175,17 @@ fn read_json(path: &Path) -> Result<Option<JsonFile>> {
         .len();
     if len > MAX_JSON_BYTES {
         return Err(Error::new(
-            Rule::Config,
+            rule,
             path,
             format!("{len} bytes; a config or index over {MAX_JSON_BYTES} bytes is not read"),
         ));
     }
     let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
     let value = serde_json::from_slice(&text)
-        .map_err(|e| Error::new(Rule::Config, path, format!("invalid JSON: {e}")))?;
+        .map_err(|e| Error::new(rule, path, format!("invalid JSON: {e}")))?;
+    if let Some(key) = crate::json::duplicate_key(&text) {
+        return Err(Error::new(rule, path, format!("{key} is given twice")));
+    }
     Ok(Some(JsonFile {
         path: path.to_path_buf(),
         value,
@@ -190,13 +207,13 @@ impl Checkpoint {
                 .unwrap_or(Path::new("."));
             (parent.to_path_buf(), true)
         };
-        let config = read_json(&dir.join("config.json"))?;
-        let hf_quant_config = read_json(&dir.join("hf_quant_config.json"))?;
+        let config = read_json(&dir.join("config.json"), Rule::Config)?;
+        let hf_quant_config = read_json(&dir.join("hf_quant_config.json"), Rule::Config)?;
 
         let mut index = None;
         let shard_paths: Vec<PathBuf> = if single_file {
             vec![path.to_path_buf()]
-        } else if let Some(idx) = read_json(&dir.join(INDEX_FILE))? {
+        } else if let Some(idx) = read_json(&dir.join(INDEX_FILE), Rule::Index)? {
             let files = index_files(&idx)?;
             if files.is_empty() {
                 return Err(Error::new(
@@ -233,6 +250,22 @@ impl Checkpoint {
             found
         };
 
+        if !single_file {
+            for p in &shard_paths {
+                if !inside(&dir, p) {
+                    let rule = if index.is_some() {
+                        Rule::Index
+                    } else {
+                        Rule::Container
+                    };
+                    return Err(Error::new(
+                        rule,
+                        p,
+                        "a link leading outside the checkpoint directory; not read",
+                    ));
+                }
+            }
+        }
         let shards = shard_paths
             .iter()
             .map(|p| Shard::open(p))
@@ -254,7 +287,7 @@ impl Checkpoint {
             Some(stem) => {
                 let mut name = stem.to_os_string();
                 name.push(".config.yaml");
-                read_json(&dir.join(name))?
+                read_json(&dir.join(name), Rule::Config)?
             }
             None => None,
         };
@@ -365,6 +398,25 @@ impl Checkpoint {
             _ => &self.dir,
         }
     }
+}
+
+/// Whether `path` (in checkpoint directory `dir`) resolves inside it, or
+/// inside the `blobs` folder of a Hugging Face cache when `dir` is one of its
+/// `snapshots/<revision>` folders (whose files are all links there). A link
+/// anywhere else could make a checkpoint read (or copy) any file.
+pub fn inside(dir: &Path, path: &Path) -> bool {
+    let (Ok(root), Ok(target)) = (dir.canonicalize(), path.canonicalize()) else {
+        return false;
+    };
+    if target.starts_with(&root) {
+        return true;
+    }
+    let snapshots = root
+        .parent()
+        .filter(|p| p.file_name() == Some("snapshots".as_ref()));
+    snapshots
+        .and_then(Path::parent)
+        .is_some_and(|repo| target.starts_with(repo.join("blobs")))
 }
 
 /// Shard file names listed by an index, sorted and without repeats; each must

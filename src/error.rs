@@ -74,6 +74,20 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// The command line's exit status for a failure under this rule:
+    /// 2 for a bad argument, 3 for input that breaks a format rule (the
+    /// checkpoint is at fault), 1 for everything else (I/O, the output
+    /// location, the GPU).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Rule::Argument => 2,
+            Rule::Io | Rule::Output | Rule::Gpu => 1,
+            _ => 3,
+        }
+    }
+}
+
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.id())

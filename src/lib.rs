@@ -23,6 +23,7 @@ pub mod error;
 pub mod formats;
 pub mod gpu;
 pub mod job;
+mod json;
 pub mod numerics;
 pub mod plan;
 pub mod report;

@@ -157,7 +157,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.rule.exit_code())
         }
     }
 }
@@ -205,10 +205,10 @@ fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
             println!("ok: {} ({} warnings)", path.display(), warnings.len());
         }
     }
-    Ok(if errors.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    // Findings are faults of the input: the exit status an error has.
+    Ok(match errors.first() {
+        None => ExitCode::SUCCESS,
+        Some(e) => ExitCode::from(e.exit_code),
     })
 }
 

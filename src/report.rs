@@ -21,6 +21,9 @@ pub struct Finding {
     pub detail: String,
     /// The whole one-line message.
     pub message: String,
+    /// The exit status the rule maps to.
+    #[serde(skip)]
+    pub exit_code: u8,
 }
 
 impl From<&Error> for Finding {
@@ -31,6 +34,7 @@ impl From<&Error> for Finding {
             tensor: e.tensor.clone(),
             detail: e.detail.clone(),
             message: e.to_string(),
+            exit_code: e.rule.exit_code(),
         }
     }
 }

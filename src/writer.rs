@@ -394,6 +394,12 @@ fn write_into(
         dropped: plan.dropped.len(),
         ..Summary::default()
     };
+    // A side file that links out of the checkpoint fails before any decoding.
+    let side_files = if ckpt.single_file {
+        Vec::new()
+    } else {
+        side_files(ckpt, &plan.sidecars)?
+    };
     let mut weight_map = Map::new();
     let mut written = Vec::new();
     for (i, shard) in ckpt.shards.iter().enumerate() {
@@ -451,8 +457,9 @@ fn write_into(
     if let Some(cfg) = &plan.config {
         write_json(&staging, "config.json", cfg)?;
     }
-    if !ckpt.single_file {
-        copy_side_files(ckpt, &plan.sidecars, &staging)?;
+    for (path, name) in side_files {
+        let to = staging.dir.join(&name);
+        fs::copy(&path, &to).map_err(|e| Error::io(&path, "cannot copy", e))?;
     }
     summary.files = staging.commit()?;
     Ok(summary)
@@ -597,10 +604,11 @@ pub fn merge_index(out: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Copies the checkpoint's other regular files (tokenizer, generation config,
-/// …); weights in any format, the index, config.json and the quantization
-/// sidecars (`skip`) are not.
-fn copy_side_files(ckpt: &Checkpoint, skip: &[String], staging: &Staging) -> Result<()> {
+/// The checkpoint's other regular files (tokenizer, generation config, …),
+/// to be copied: weights in any format, the index, config.json and the
+/// quantization sidecars (`skip`) are not. Fails on a link leading out of the
+/// checkpoint directory.
+fn side_files(ckpt: &Checkpoint, skip: &[String]) -> Result<Vec<(PathBuf, String)>> {
     const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
     const WEIGHTS: &[&str] = &[
         "safetensors",
@@ -614,6 +622,7 @@ fn copy_side_files(ckpt: &Checkpoint, skip: &[String], staging: &Staging) -> Res
         "onnx",
     ];
     let entries = fs::read_dir(&ckpt.dir).map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
+    let mut files = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -626,8 +635,14 @@ fn copy_side_files(ckpt: &Checkpoint, skip: &[String], staging: &Staging) -> Res
         if !is_file || weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
             continue;
         }
-        let to = staging.dir.join(&name);
-        fs::copy(&path, &to).map_err(|e| Error::io(&path, "cannot copy", e))?;
+        if !crate::checkpoint::inside(&ckpt.dir, &path) {
+            return Err(Error::new(
+                Rule::Container,
+                &path,
+                "a link leading outside the checkpoint directory; not copied",
+            ));
+        }
+        files.push((path, name));
     }
-    Ok(())
+    Ok(files)
 }

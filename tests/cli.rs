@@ -570,14 +570,24 @@ fn dequantize_failure_into_an_existing_empty_directory_leaves_it_empty() {
 #[test]
 fn dequantize_of_a_checkpoint_of_symlinks_copies_side_files() {
     // The Hugging Face hub cache stores every file of a snapshot as a
-    // symlink to a blob; side files must still be copied.
+    // symlink to a blob (repo/snapshots/<rev>/f -> ../../blobs/<hash>); side
+    // files must still be copied.
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("snapshot");
-    std::fs::create_dir(&model).unwrap();
+    let repo = tmp.path().join("models--org--name");
+    let model = repo.join("snapshots").join("0123abcd");
+    let blobs = repo.join("blobs");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::create_dir_all(&blobs).unwrap();
     let src = fixtures().join("w4a16-g128/model");
-    for e in std::fs::read_dir(&src).unwrap() {
+    for (i, e) in std::fs::read_dir(&src).unwrap().enumerate() {
         let p = e.unwrap().path();
-        std::os::unix::fs::symlink(&p, model.join(p.file_name().unwrap())).unwrap();
+        let blob = format!("blob{i:04}");
+        std::fs::copy(&p, blobs.join(&blob)).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new("../../blobs").join(&blob),
+            model.join(p.file_name().unwrap()),
+        )
+        .unwrap();
     }
     let out = tmp.path().join("dense");
     let o = dequantize_cpu(&model, &out, &[]);

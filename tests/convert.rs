@@ -49,13 +49,15 @@ fn convert_cli(input: &Path, out: &Path) -> Output {
     ])
 }
 
-/// Asserts the command failed with exit code 1 and one `error:` line naming
+/// Asserts the command failed with the rule's exit code (3 for a fault of
+/// the input, 1 for the output location) and one `error:` line naming
 /// `[rule]` and each of `names`; nothing panicked.
 fn refused(o: &Output, what: &str, rule: &str, names: &[&str]) {
     let err = stderr(o);
+    let code = if rule == "OUT-001" { 1 } else { 3 };
     assert_eq!(
         o.status.code(),
-        Some(1),
+        Some(code),
         "{what}: exit status {}; stderr:\n{err}",
         o.status
     );

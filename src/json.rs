@@ -1,0 +1,115 @@
+//! The one JSON check serde_json does not make: a key written twice in one
+//! object. serde_json keeps the last value silently, so a header or an index
+//! that maps one name twice would be read as if it did not.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// Walks any JSON value; fails with the dotted path of the first key an
+/// object repeats.
+struct Walk(String);
+
+impl<'de> DeserializeSeed<'de> for Walk {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = if self.0.is_empty() {
+                key.clone()
+            } else {
+                format!("{}.{key}", self.0)
+            };
+            if !seen.insert(key) {
+                return Err(serde::de::Error::custom(DUPLICATE.to_string() + &path));
+            }
+            map.next_value_seed(Walk(path))?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(Walk(format!("{}[{i}]", self.0)))?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+const DUPLICATE: &str = "duplicate key ";
+
+/// The dotted path of the first key repeated inside one object of `text`,
+/// if any (`None` too for text that is not JSON: parsing reports that).
+pub fn duplicate_key(text: &[u8]) -> Option<String> {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    // Deep nesting is refused by serde_json's own recursion limit.
+    match Walk(String::new()).deserialize(&mut de) {
+        Ok(()) => None,
+        Err(e) => {
+            let msg = e.to_string();
+            let rest = msg.strip_prefix(DUPLICATE)?;
+            // serde_json appends " at line L column C".
+            Some(
+                rest.rsplit_once(" at line ")
+                    .map_or(rest, |(p, _)| p)
+                    .to_string(),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_repeated_keys_at_any_depth() {
+        assert_eq!(duplicate_key(br#"{"a": 1, "b": 2}"#), None);
+        assert_eq!(duplicate_key(br#"{"a": 1, "a": 2}"#), Some("a".into()));
+        assert_eq!(
+            duplicate_key(br#"{"weight_map": {"x": "1", "y": "2", "x": "3"}}"#),
+            Some("weight_map.x".into())
+        );
+        assert_eq!(
+            duplicate_key(br#"{"t": [{"k": 1}, {"k": 1, "k": 2}]}"#),
+            Some("t[1].k".into())
+        );
+        assert_eq!(duplicate_key(b"{not json"), None);
+    }
+}
