@@ -45,6 +45,10 @@ enum Command {
         /// Print nothing but errors.
         #[arg(short, long)]
         quiet: bool,
+        /// Write into OUT even when it holds files: those of the same names are
+        /// replaced once everything succeeded, others are left alone.
+        #[arg(long)]
+        force: bool,
         /// Only these input shards (file names, comma-separated): OUT may hold
         /// other runs' shards, and a partial index is written for merge-index.
         #[arg(long, value_delimiter = ',')]
@@ -132,8 +136,9 @@ fn main() -> ExitCode {
             dtype,
             backend,
             quiet,
+            force,
             shards,
-        } => dequantize(&path, &output, dtype, backend, quiet, shards),
+        } => dequantize(&path, &output, dtype, backend, quiet, force, shards),
         Command::MergeIndex { dir } => writer::merge_index(&dir).map(|p| {
             eprintln!("wrote {}", p.display());
             ExitCode::SUCCESS
@@ -218,6 +223,7 @@ fn dequantize(
     dtype: DtypeArg,
     backend: BackendArg,
     quiet: bool,
+    force: bool,
     shards: Option<Vec<String>>,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
@@ -238,9 +244,14 @@ fn dequantize(
     let shard_list = shards.clone();
     let target = match shards {
         Some(list) => writer::OutputDir::for_shards(out, list)?,
+        None if force => writer::OutputDir::force(out)?,
         None => writer::OutputDir::create(out)?,
     };
-    let (backend, note) = backend::select(choice)?;
+    let (backend, note) = backend::select_notifying(choice, move |e| {
+        if !quiet {
+            eprintln!("note: {e}; decoding on the CPU from here (same bytes)");
+        }
+    })?;
     if !quiet {
         if let Some(note) = note {
             eprintln!("note: {note}");

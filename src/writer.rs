@@ -56,16 +56,34 @@ struct Staging {
     moved: Vec<PathBuf>,
     /// The output directory is shared with other `--shards` runs.
     shared: bool,
+    /// Files of the same name already there are replaced (`--force`); they
+    /// wait in `replaced` (backup, original) until the commit is done.
+    force: bool,
+    replaced: Vec<(PathBuf, PathBuf)>,
     done: bool,
 }
 
+/// How an output directory may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode<'t> {
+    /// It must not exist or be empty.
+    Fresh,
+    /// It may hold anything; files of the same name are replaced.
+    Force,
+    /// It may hold other `--shards` runs' parts (tagged by this run's name).
+    Shared(&'t str),
+}
+
 impl Staging {
-    /// Stages into `out`, which must not exist or be empty; with `shared`
-    /// (a tag naming this run), `out` may hold other runs' parts.
-    fn new(out: &Path, shared: Option<&str>) -> Result<Staging> {
+    /// Stages into `out` as `mode` allows.
+    fn new(out: &Path, mode: Mode<'_>) -> Result<Staging> {
+        let shared = match mode {
+            Mode::Shared(tag) => Some(tag),
+            _ => None,
+        };
         let mut created = Vec::new();
         match fs::read_dir(out) {
-            Ok(_) if shared.is_some() => {}
+            Ok(_) if mode != Mode::Fresh => {}
             Ok(entries) => {
                 let names: Vec<_> = entries
                     .take(2)
@@ -85,7 +103,7 @@ impl Staging {
                     return Err(Error::new(
                         Rule::Output,
                         out,
-                        "output directory is not empty; refusing to write into it",
+                        "output directory is not empty; refusing to write into it (--force replaces files of the same names)",
                     ));
                 }
             }
@@ -112,6 +130,8 @@ impl Staging {
             created,
             moved: Vec::new(),
             shared: shared.is_some(),
+            force: mode == Mode::Force,
+            replaced: Vec::new(),
             done: false,
         };
         fs::create_dir(&staging.dir)
@@ -150,6 +170,18 @@ impl Staging {
             }
             staged.retain(|(_, to)| own(to) || !to.exists());
         }
+        if self.force {
+            // Set what is replaced aside, to be put back if anything fails.
+            let aside = self.out.join(format!("{STAGING}-replaced"));
+            for (_, to) in staged.iter().filter(|(_, to)| to.exists()) {
+                if self.replaced.is_empty() {
+                    fs::create_dir(&aside).map_err(|e| Error::io(&aside, "cannot create", e))?;
+                }
+                let backup = aside.join(to.file_name().unwrap_or_default());
+                fs::rename(to, &backup).map_err(|e| Error::io(to, "cannot set aside", e))?;
+                self.replaced.push((backup, to.clone()));
+            }
+        }
         for (from, to) in staged {
             fs::rename(&from, &to).map_err(|e| Error::io(&to, "cannot move into place", e))?;
             self.moved.push(to);
@@ -164,6 +196,11 @@ impl Staging {
         }
         fs::remove_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         self.done = true;
+        if let Some((backup, _)) = self.replaced.first() {
+            if let Some(aside) = backup.parent() {
+                let _ = fs::remove_dir_all(aside);
+            }
+        }
         let mut moved = std::mem::take(&mut self.moved);
         moved.sort();
         Ok(moved)
@@ -178,6 +215,14 @@ impl Drop for Staging {
         let _ = fs::remove_dir_all(&self.dir);
         for f in &self.moved {
             let _ = fs::remove_file(f);
+        }
+        for (backup, original) in &self.replaced {
+            let _ = fs::rename(backup, original);
+        }
+        if let Some((backup, _)) = self.replaced.first() {
+            if let Some(aside) = backup.parent() {
+                let _ = fs::remove_dir(aside);
+            }
         }
         // Only empty directories go: never anything this run did not make.
         for d in &self.created {
@@ -313,7 +358,17 @@ impl OutputDir {
     /// non-empty directory with `OUT-001`.
     pub fn create(out: &Path) -> Result<OutputDir> {
         Ok(OutputDir {
-            staging: Staging::new(out, None)?,
+            staging: Staging::new(out, Mode::Fresh)?,
+            shards: None,
+        })
+    }
+
+    /// Claims `out` even when it holds files (`--force`): files of the same
+    /// names are replaced when everything succeeded (and kept when anything
+    /// failed); other files are left alone.
+    pub fn force(out: &Path) -> Result<OutputDir> {
+        Ok(OutputDir {
+            staging: Staging::new(out, Mode::Force)?,
             shards: None,
         })
     }
@@ -329,7 +384,7 @@ impl OutputDir {
             .map(|f| f.trim_end_matches(".safetensors").to_string())
             .ok_or_else(|| Error::new(Rule::Argument, "--shards", "names no shard"))?;
         Ok(OutputDir {
-            staging: Staging::new(out, Some(&tag))?,
+            staging: Staging::new(out, Mode::Shared(&tag))?,
             shards: Some(shards),
         })
     }
@@ -343,6 +398,14 @@ impl OutputDir {
         progress: impl FnMut(Progress<'_>),
     ) -> Result<Summary> {
         plan.check()?;
+        let input = plan.checkpoint.dir.canonicalize().ok();
+        if input.is_some() && self.staging.out.canonicalize().ok() == input {
+            return Err(Error::new(
+                Rule::Output,
+                &self.staging.out,
+                "is the input checkpoint's directory; refusing to write into it",
+            ));
+        }
         if let Some(only) = &self.shards {
             let known: Vec<&str> = plan
                 .checkpoint

@@ -419,6 +419,14 @@ impl Gpu {
     pub fn decoder(&self) -> &GpuDecoder {
         &self.decoder
     }
+
+    /// Lowers the limits chunks are planned against ([`GpuDecoder::with_limits`]).
+    pub fn with_limits(self, max_binding: u64, max_groups_per_dim: u32) -> Gpu {
+        Gpu {
+            info: self.info,
+            decoder: self.decoder.with_limits(max_binding, max_groups_per_dim),
+        }
+    }
 }
 
 impl Backend for Gpu {
