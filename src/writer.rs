@@ -496,7 +496,7 @@ fn write_into(
             });
             write_json(&staging, INDEX_FILE, &index)?;
         }
-        (Some(_), Some(only)) => {
+        (Some(index), Some(only)) => {
             // Every shard with an output: what merge_index waits for.
             let all: Vec<&str> = ckpt
                 .shards
@@ -505,11 +505,24 @@ fn write_into(
                 .filter(|(i, _)| plan.outputs.iter().any(|o| o.shard == *i))
                 .map(|(_, s)| s.file_name.as_str())
                 .collect();
+            // What every part of one output must agree on: the input (its
+            // index, hashed) and the output dtype.
+            let source = {
+                use sha2::Digest;
+                let text = serde_json::to_vec(&index.value).unwrap_or_default();
+                let digest = sha2::Sha256::digest(&text);
+                digest
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            };
             let part = serde_json::json!({
                 "metadata": {
                     "total_size": summary.tensor_bytes,
                     "shards": written,
                     "all_shards": all,
+                    "source_index_sha256": source,
+                    "dtype": plan.dtype.to_string(),
                 },
                 "weight_map": weight_map,
             });
@@ -601,6 +614,7 @@ pub fn merge_index(out: &Path) -> Result<PathBuf> {
     let mut total = 0u64;
     let mut have: Vec<String> = Vec::new();
     let mut all: Option<Vec<String>> = None;
+    let mut agree: std::collections::HashMap<&str, Option<Value>> = Default::default();
     for p in &parts {
         let bad = |what: &str| Error::new(Rule::Index, p, what.to_string());
         let text = fs::read(p).map_err(|e| Error::io(p, "cannot read", e))?;
@@ -618,6 +632,19 @@ pub fn merge_index(out: &Path) -> Result<PathBuf> {
                 return Err(bad("comes from a different checkpoint (all_shards differ)"))
             }
             _ => all = Some(these),
+        }
+        for key in ["source_index_sha256", "dtype"] {
+            let this = v.pointer(&format!("/metadata/{key}")).cloned();
+            match agree.get(key) {
+                Some(first) if *first != this => {
+                    return Err(bad(&format!(
+                        "metadata.{key} differs from the other parts' (another checkpoint, or another --dtype)"
+                    )))
+                }
+                _ => {
+                    agree.insert(key, this);
+                }
+            }
         }
         have.extend(strings("shards")?);
         total += v

@@ -7,10 +7,11 @@
 
 mod common;
 
+use common::jobs::{normal, random_dims, RandomJob, GRID_SIZES};
 use common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::gpu::{Gpu, GpuDecoder};
-use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 
 #[test]
@@ -45,236 +46,13 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
     }
 }
 
-/// Storage for one random job (the job borrows from it).
-struct Bufs {
-    codes: Vec<u8>,
-    zero: Vec<u8>,
-    scale: Vec<u8>,
-}
-
-/// A normal f32 of moderate magnitude (no subnormals: GPUs may flush them).
-fn normal(rng: &mut Rng, spread: i32) -> f32 {
-    let e = rng.below((2 * spread + 1) as u64) as i32 - spread;
-    let m = 1.0 + rng.below(1 << 20) as f32 / (1 << 20) as f32;
-    let s = if rng.below(2) == 0 { 1.0 } else { -1.0 };
-    s * m * 2f32.powi(e)
-}
-
-fn value_bytes(rng: &mut Rng, kind: &ValueKind, n: usize) -> Vec<u8> {
-    (0..n)
-        .flat_map(|_| -> Vec<u8> {
-            match kind {
-                ValueKind::Bf16 => ((normal(rng, 12).to_bits() >> 16) as u16)
-                    .to_le_bytes()
-                    .to_vec(),
-                ValueKind::F16 => half::f16::from_f32(normal(rng, 12))
-                    .to_bits()
-                    .to_le_bytes()
-                    .to_vec(),
-                ValueKind::F32 => normal(rng, 12).to_le_bytes().to_vec(),
-                ValueKind::I8 | ValueKind::Table(_) => vec![rng.next() as u8],
-                ValueKind::I32 => (rng.below(300) as i32 - 150).to_le_bytes().to_vec(),
-            }
-        })
-        .collect()
-}
-
-fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
-    match rng.below(if allow_int { 6 } else { 4 }) {
-        0 => ValueKind::Bf16,
-        1 => ValueKind::F16,
-        2 => ValueKind::F32,
-        3 => {
-            let mut t = Box::new([0f32; 256]);
-            for v in t.iter_mut() {
-                *v = normal(rng, 10);
-            }
-            ValueKind::Table(t)
-        }
-        4 => ValueKind::I8,
-        _ => ValueKind::I32,
-    }
-}
-
-/// A random scale/zero grid for `dims`: (grid, entries, groups per row).
-fn random_grid(rng: &mut Rng, d: Dims) -> (Grid, usize, usize) {
-    match rng.below(4) {
-        0 => (
-            Grid {
-                row_div: 1,
-                col_div: d.cols,
-                row_stride: 0,
-                slice_stride: 0,
-            },
-            1,
-            1,
-        ),
-        1 => (
-            Grid {
-                row_div: 1,
-                col_div: d.cols,
-                row_stride: 1,
-                slice_stride: d.rows,
-            },
-            d.slices * d.rows,
-            1,
-        ),
-        2 => {
-            let g = [1, 3, 8, 16, 32, 128][rng.below(6) as usize];
-            let ng = d.cols.div_ceil(g);
-            (
-                Grid {
-                    row_div: 1,
-                    col_div: g,
-                    row_stride: ng,
-                    slice_stride: d.rows * ng,
-                },
-                d.slices * d.rows * ng,
-                ng,
-            )
-        }
-        _ => {
-            let (bh, bw) = (
-                [1, 2, 5, 16][rng.below(4) as usize],
-                [1, 4, 7, 32][rng.below(4) as usize],
-            );
-            let (nr, nc) = (d.rows.div_ceil(bh), d.cols.div_ceil(bw));
-            (
-                Grid {
-                    row_div: bh,
-                    col_div: bw,
-                    row_stride: nc,
-                    slice_stride: nr * nc,
-                },
-                d.slices * nr * nc,
-                nc,
-            )
-        }
-    }
-}
-
 /// Builds random storage, then the job over it, and checks GPU == CPU.
 fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
-    let d = Dims {
-        slices: 1 + rng.below(3) as usize,
-        rows: 1 + rng.below(40) as usize,
-        cols: 1 + rng.below(300) as usize,
-    };
-    let bits = 1 + rng.below(8) as u32;
-    let padded = rng.below(2) == 1 && 32 % bits != 0;
-    let per_word = if padded { 32 / bits } else { 0 };
-    // Int32-packed rows, or byte-granular rows (FP4 / int8 style, unaligned lanes).
-    let lane_bits = if padded || rng.below(2) == 0 {
-        let words = if padded {
-            d.cols.div_ceil(per_word as usize)
-        } else {
-            (d.cols * bits as usize).div_ceil(32)
-        };
-        words as u64 * 32
-    } else {
-        (d.cols * bits as usize).div_ceil(8) as u64 * 8
-    };
-    let slice_bits = d.rows as u64 * lane_bits;
-    let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
-    let mut bufs = Bufs {
-        codes: (0..code_len).map(|_| rng.next() as u8).collect(),
-        zero: Vec::new(),
-        scale: Vec::new(),
-    };
-    let mut code_values: Vec<f32> = (0..1 << bits).map(|_| normal(rng, 6)).collect();
-    code_values[0] = -0.0;
-    if bits >= 3 && rng.below(4) == 0 {
-        code_values[1] = f32::NAN;
-    }
-
-    let scale = if rng.below(6) == 0 {
-        None
-    } else {
-        Some(random_grid(rng, d))
-    };
-    let scale_kind = random_kind(rng, false);
-    if let Some((_, n, _)) = &scale {
-        bufs.scale = value_bytes(rng, &scale_kind, *n);
-    }
-    let groups = scale.as_ref().map_or(1, |s| s.2);
-    let zero_mode = rng.below(3);
-    let (zero_fields, zero_kind, zero_grid) = match zero_mode {
-        1 => {
-            // Packed along rows: lane = group, words `groups` apart.
-            let zrows = if padded {
-                d.rows.div_ceil(per_word as usize)
-            } else {
-                (d.rows * bits as usize).div_ceil(32)
-            };
-            bufs.zero = (0..d.slices * zrows * groups * 4)
-                .map(|_| rng.next() as u8)
-                .collect();
-            (Some((zrows, groups)), None, None)
-        }
-        2 => {
-            // A plain zero point sits on the scale's grid (as in every format).
-            let (grid, n, _) = match &scale {
-                Some(s) => *s,
-                None => random_grid(rng, d),
-            };
-            let kind = random_kind(rng, true);
-            bufs.zero = value_bytes(rng, &kind, n);
-            (None, Some(kind), Some(grid))
-        }
-        _ => (None, None, None),
-    };
-    let g_idx = match &scale {
-        Some((g, _, ng))
-            if g.row_div == 1 && g.row_stride > 1 && d.slices == 1 && rng.below(3) == 0 =>
-        {
-            Some(
-                (0..d.cols)
-                    .map(|_| rng.below(*ng as u64) as u32)
-                    .collect::<Vec<u32>>(),
-            )
-        }
-        _ => None,
-    };
-    let out = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32][rng.below(3) as usize];
-
-    let job = DecodeJob {
-        dims: d,
-        codes: Fields {
-            data: (&bufs.codes[..]).into(),
-            bits,
-            per_word,
-            lane_bits,
-            word_bits: 32,
-            slice_bits,
-        },
-        code_values,
-        zero: match (zero_fields, zero_kind, zero_grid) {
-            (Some((zrows, groups)), _, _) => Some(ZeroPoint::Packed {
-                fields: Fields {
-                    data: (&bufs.zero[..]).into(),
-                    bits,
-                    per_word,
-                    lane_bits: 32,
-                    word_bits: 32 * groups as u64,
-                    slice_bits: (zrows * groups) as u64 * 32,
-                },
-            }),
-            (_, Some(kind), Some(grid)) => Some(ZeroPoint::Plain(Values {
-                data: (&bufs.zero[..]).into(),
-                kind,
-                grid,
-            })),
-            _ => None,
-        },
-        scale: scale.map(|(grid, _, _)| Values {
-            data: (&bufs.scale[..]).into(),
-            kind: scale_kind,
-            grid,
-        }),
-        g_idx,
-        low_rank: None,
-        out,
-    };
+    let d = random_dims(rng);
+    let r = RandomJob::new(rng, d, &GRID_SIZES);
+    let (bits, padded, lane_bits, zero_mode, out) =
+        (r.bits, r.padded, r.lane_bits, r.zero_mode, r.out);
+    let job = r.job();
     let want = Cpu::new().decode(&job).unwrap();
     let mut got = vec![0u8; want.len()];
     decoder

@@ -1,0 +1,97 @@
+//! What every fuzz target does with the checkpoint it built: open it, plan
+//! it, report it as `inspect` does, and decode its small tensors on the CPU.
+//! Refusals are fine; a panic, an out-of-bounds read or a huge allocation is
+//! what the fuzzer looks for.
+
+use std::path::{Path, PathBuf};
+
+use wgpu_dequant::backend::Cpu;
+use wgpu_dequant::report::Report;
+use wgpu_dequant::{Checkpoint, DtypeChoice, Plan};
+
+/// Tensors larger than this are planned but not decoded (keeps runs fast).
+const DECODE_LIMIT: usize = 1 << 22;
+
+/// A scratch directory for this fuzzing process, emptied before each case.
+pub fn scratch() -> PathBuf {
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("wgpu-dequant-fuzz-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// Writes `files` (name, bytes) into a fresh scratch directory.
+pub fn checkpoint_dir(files: &[(&str, &[u8])]) -> PathBuf {
+    let dir = scratch();
+    for (name, bytes) in files {
+        let _ = std::fs::write(dir.join(name), bytes);
+    }
+    dir
+}
+
+/// Open, plan, report, decode: everything `inspect` and `dequantize` do
+/// short of writing.
+pub fn exercise(path: &Path) {
+    let Ok(ckpt) = Checkpoint::open(path) else {
+        return;
+    };
+    let Ok(plan) = Plan::build(&ckpt, DtypeChoice::Auto) else {
+        return;
+    };
+    let report = Report::new(&plan);
+    let _ = report.text();
+    let _ = plan.check();
+    if !plan.errors.is_empty() {
+        return;
+    }
+    let cpu = Cpu::new();
+    for out in &plan.outputs {
+        if out.byte_len() <= DECODE_LIMIT {
+            let _ = out.bytes(&cpu);
+        }
+    }
+}
+
+/// Fixture files the targets start from.
+pub mod fixtures {
+    macro_rules! fixture {
+        ($case:literal, $file:literal) => {
+            include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tests/fixtures/",
+                $case,
+                "/model/",
+                $file
+            ))
+        };
+    }
+    /// compressed-tensors int4 asymmetric group 128.
+    pub const W4A16_ASYM: &[u8] = fixture!("w4a16-asym-g128", "model.safetensors");
+    /// Its config.json.
+    pub const W4A16_ASYM_CONFIG: &[u8] = fixture!("w4a16-asym-g128", "config.json");
+    /// Two-shard NVFP4 checkpoint.
+    pub const SHARD1: &[u8] = fixture!("sharded-nvfp4a16", "model-00001-of-00002.safetensors");
+    /// Its second shard.
+    pub const SHARD2: &[u8] = fixture!("sharded-nvfp4a16", "model-00002-of-00002.safetensors");
+    /// Its config.json.
+    pub const SHARDED_CONFIG: &[u8] = fixture!("sharded-nvfp4a16", "config.json");
+    /// Its index.
+    pub const SHARDED_INDEX: &[u8] = fixture!("sharded-nvfp4a16", "model.safetensors.index.json");
+    /// ModelOpt NVFP4.
+    pub const MODELOPT: &[u8] = fixture!("modelopt-nvfp4", "model.safetensors");
+    /// Its hf_quant_config.json.
+    pub const MODELOPT_HF: &[u8] = fixture!("modelopt-nvfp4", "hf_quant_config.json");
+    /// SVDQuant fp4, Nunchaku-packed.
+    pub const SVDQ: &[u8] = fixture!("svdq-fp4-g16-packed", "model.safetensors");
+    /// Its sidecar.
+    pub const SVDQ_SIDECAR: &[u8] = fixture!("svdq-fp4-g16-packed", "model.config.yaml");
+    /// int3, fields crossing words.
+    pub const W3A16: &[u8] = fixture!("w3a16-g16", "model.safetensors");
+    /// Its config.json.
+    pub const W3A16_CONFIG: &[u8] = fixture!("w3a16-g16", "config.json");
+}

@@ -1,0 +1,336 @@
+//! Random [`DecodeJob`]s over random storage: every num_bits, dense and
+//! padded layouts, int32-packed and byte-granular rows, scale kinds (Table
+//! included) on tensor / row / group / block grids, packed and plain zero
+//! points, g_idx, 3-D, every output dtype. Backends are checked against each
+//! other (or against `DecodeJob::value`) on them.
+#![allow(dead_code)]
+
+use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use wgpu_dequant::OutDtype;
+
+use super::Rng;
+
+/// Group and block sizes the random grids draw from.
+#[derive(Clone, Copy, Debug)]
+pub struct GridSizes {
+    /// Columns per group of group-wise grids.
+    pub groups: &'static [usize],
+    /// Rows per block of block-wise grids.
+    pub block_rows: &'static [usize],
+    /// Columns per block of block-wise grids.
+    pub block_cols: &'static [usize],
+}
+
+/// The sizes the GPU tests have always used.
+pub const GRID_SIZES: GridSizes = GridSizes {
+    groups: &[1, 3, 8, 16, 32, 128],
+    block_rows: &[1, 2, 5, 16],
+    block_cols: &[1, 4, 7, 32],
+};
+
+/// Random dims: 1..=3 slices, 1..=40 rows, 1..=300 columns.
+pub fn random_dims(rng: &mut Rng) -> Dims {
+    Dims {
+        slices: 1 + rng.below(3) as usize,
+        rows: 1 + rng.below(40) as usize,
+        cols: 1 + rng.below(300) as usize,
+    }
+}
+
+/// A normal f32 of moderate magnitude (no subnormals: GPUs may flush them).
+pub fn normal(rng: &mut Rng, spread: i32) -> f32 {
+    let e = rng.below((2 * spread + 1) as u64) as i32 - spread;
+    let m = 1.0 + rng.below(1 << 20) as f32 / (1 << 20) as f32;
+    let s = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+    s * m * 2f32.powi(e)
+}
+
+pub fn value_bytes(rng: &mut Rng, kind: &ValueKind, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| -> Vec<u8> {
+            match kind {
+                ValueKind::Bf16 => ((normal(rng, 12).to_bits() >> 16) as u16)
+                    .to_le_bytes()
+                    .to_vec(),
+                ValueKind::F16 => half::f16::from_f32(normal(rng, 12))
+                    .to_bits()
+                    .to_le_bytes()
+                    .to_vec(),
+                ValueKind::F32 => normal(rng, 12).to_le_bytes().to_vec(),
+                ValueKind::I8 | ValueKind::Table(_) => vec![rng.next() as u8],
+                ValueKind::I32 => (rng.below(300) as i32 - 150).to_le_bytes().to_vec(),
+            }
+        })
+        .collect()
+}
+
+pub fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
+    match rng.below(if allow_int { 6 } else { 4 }) {
+        0 => ValueKind::Bf16,
+        1 => ValueKind::F16,
+        2 => ValueKind::F32,
+        3 => {
+            let mut t = Box::new([0f32; 256]);
+            for v in t.iter_mut() {
+                *v = normal(rng, 10);
+            }
+            ValueKind::Table(t)
+        }
+        4 => ValueKind::I8,
+        _ => ValueKind::I32,
+    }
+}
+
+/// A random scale/zero grid for `dims`: (grid, entries, groups per row).
+pub fn random_grid(rng: &mut Rng, d: Dims, sizes: &GridSizes) -> (Grid, usize, usize) {
+    let pick = |rng: &mut Rng, from: &[usize]| from[rng.below(from.len() as u64) as usize];
+    match rng.below(4) {
+        0 => (
+            Grid {
+                row_div: 1,
+                col_div: d.cols,
+                row_stride: 0,
+                slice_stride: 0,
+            },
+            1,
+            1,
+        ),
+        1 => (
+            Grid {
+                row_div: 1,
+                col_div: d.cols,
+                row_stride: 1,
+                slice_stride: d.rows,
+            },
+            d.slices * d.rows,
+            1,
+        ),
+        2 => {
+            let g = pick(rng, sizes.groups);
+            let ng = d.cols.div_ceil(g);
+            (
+                Grid {
+                    row_div: 1,
+                    col_div: g,
+                    row_stride: ng,
+                    slice_stride: d.rows * ng,
+                },
+                d.slices * d.rows * ng,
+                ng,
+            )
+        }
+        _ => {
+            let (bh, bw) = (pick(rng, sizes.block_rows), pick(rng, sizes.block_cols));
+            let (nr, nc) = (d.rows.div_ceil(bh), d.cols.div_ceil(bw));
+            (
+                Grid {
+                    row_div: bh,
+                    col_div: bw,
+                    row_stride: nc,
+                    slice_stride: nr * nc,
+                },
+                d.slices * nr * nc,
+                nc,
+            )
+        }
+    }
+}
+
+/// How a random job's zero point is stored.
+#[derive(Debug, Clone)]
+pub enum ZeroSpec {
+    None,
+    /// Packed along rows: `zrows` words per lane, one lane per group.
+    Packed {
+        zrows: usize,
+        groups: usize,
+    },
+    /// One stored value per grid entry.
+    Plain {
+        kind: ValueKind,
+        grid: Grid,
+    },
+}
+
+/// The storage of one random job and everything needed to describe it;
+/// [`RandomJob::job`] is the job, borrowing the storage.
+pub struct RandomJob {
+    pub dims: Dims,
+    pub bits: u32,
+    pub padded: bool,
+    pub per_word: u32,
+    pub lane_bits: u64,
+    pub slice_bits: u64,
+    pub codes: Vec<u8>,
+    pub code_values: Vec<f32>,
+    pub scale: Option<(Grid, ValueKind)>,
+    pub scale_bytes: Vec<u8>,
+    /// 0: none, 1: packed, 2: plain.
+    pub zero_mode: u64,
+    pub zero: ZeroSpec,
+    pub zero_bytes: Vec<u8>,
+    pub g_idx: Option<Vec<u32>>,
+    pub out: OutDtype,
+}
+
+impl RandomJob {
+    /// Random storage for a job of size `d`, drawing grids from `sizes`.
+    pub fn new(rng: &mut Rng, d: Dims, sizes: &GridSizes) -> RandomJob {
+        let bits = 1 + rng.below(8) as u32;
+        let padded = rng.below(2) == 1 && 32 % bits != 0;
+        let per_word = if padded { 32 / bits } else { 0 };
+        // Int32-packed rows, or byte-granular rows (FP4 / int8 style, unaligned lanes).
+        let lane_bits = if padded || rng.below(2) == 0 {
+            let words = if padded {
+                d.cols.div_ceil(per_word as usize)
+            } else {
+                (d.cols * bits as usize).div_ceil(32)
+            };
+            words as u64 * 32
+        } else {
+            (d.cols * bits as usize).div_ceil(8) as u64 * 8
+        };
+        let slice_bits = d.rows as u64 * lane_bits;
+        let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
+        let codes: Vec<u8> = (0..code_len).map(|_| rng.next() as u8).collect();
+        let mut code_values: Vec<f32> = (0..1 << bits).map(|_| normal(rng, 6)).collect();
+        code_values[0] = -0.0;
+        if bits >= 3 && rng.below(4) == 0 {
+            code_values[1] = f32::NAN;
+        }
+
+        let scale = if rng.below(6) == 0 {
+            None
+        } else {
+            Some(random_grid(rng, d, sizes))
+        };
+        let scale_kind = random_kind(rng, false);
+        let mut scale_bytes = Vec::new();
+        if let Some((_, n, _)) = &scale {
+            scale_bytes = value_bytes(rng, &scale_kind, *n);
+        }
+        let groups = scale.as_ref().map_or(1, |s| s.2);
+        let zero_mode = rng.below(3);
+        let mut zero_bytes = Vec::new();
+        let zero = match zero_mode {
+            1 => {
+                // Packed along rows: lane = group, words `groups` apart.
+                let zrows = if padded {
+                    d.rows.div_ceil(per_word as usize)
+                } else {
+                    (d.rows * bits as usize).div_ceil(32)
+                };
+                zero_bytes = (0..d.slices * zrows * groups * 4)
+                    .map(|_| rng.next() as u8)
+                    .collect();
+                ZeroSpec::Packed { zrows, groups }
+            }
+            2 => {
+                // A plain zero point sits on the scale's grid (as in every format).
+                let (grid, n, _) = match &scale {
+                    Some(s) => *s,
+                    None => random_grid(rng, d, sizes),
+                };
+                let kind = random_kind(rng, true);
+                zero_bytes = value_bytes(rng, &kind, n);
+                ZeroSpec::Plain { kind, grid }
+            }
+            _ => ZeroSpec::None,
+        };
+        let g_idx = match &scale {
+            Some((g, _, ng))
+                if g.row_div == 1 && g.row_stride > 1 && d.slices == 1 && rng.below(3) == 0 =>
+            {
+                Some(
+                    (0..d.cols)
+                        .map(|_| rng.below(*ng as u64) as u32)
+                        .collect::<Vec<u32>>(),
+                )
+            }
+            _ => None,
+        };
+        let out = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32][rng.below(3) as usize];
+        RandomJob {
+            dims: d,
+            bits,
+            padded,
+            per_word,
+            lane_bits,
+            slice_bits,
+            codes,
+            code_values,
+            scale: scale.map(|(grid, _, _)| (grid, scale_kind)),
+            scale_bytes,
+            zero_mode,
+            zero,
+            zero_bytes,
+            g_idx,
+            out,
+        }
+    }
+
+    /// The job over this storage.
+    pub fn job(&self) -> DecodeJob<'_> {
+        DecodeJob {
+            dims: self.dims,
+            codes: Fields {
+                data: (&self.codes[..]).into(),
+                bits: self.bits,
+                per_word: self.per_word,
+                lane_bits: self.lane_bits,
+                word_bits: 32,
+                slice_bits: self.slice_bits,
+            },
+            code_values: self.code_values.clone(),
+            zero: match &self.zero {
+                ZeroSpec::Packed { zrows, groups } => Some(ZeroPoint::Packed {
+                    fields: Fields {
+                        data: (&self.zero_bytes[..]).into(),
+                        bits: self.bits,
+                        per_word: self.per_word,
+                        lane_bits: 32,
+                        word_bits: 32 * *groups as u64,
+                        slice_bits: (zrows * groups) as u64 * 32,
+                    },
+                }),
+                ZeroSpec::Plain { kind, grid } => Some(ZeroPoint::Plain(Values {
+                    data: (&self.zero_bytes[..]).into(),
+                    kind: kind.clone(),
+                    grid: *grid,
+                })),
+                ZeroSpec::None => None,
+            },
+            scale: self.scale.as_ref().map(|(grid, kind)| Values {
+                data: (&self.scale_bytes[..]).into(),
+                kind: kind.clone(),
+                grid: *grid,
+            }),
+            g_idx: self.g_idx.clone(),
+            low_rank: None,
+            out: self.out,
+        }
+    }
+
+    /// One line for failure messages.
+    pub fn describe(&self) -> String {
+        let kind = |k: &ValueKind| match k {
+            ValueKind::Table(_) => "Table".to_string(),
+            k => format!("{k:?}"),
+        };
+        format!(
+            "{:?} bits {} padded {} lane_bits {} scale {:?} zero {} g_idx {} out {}",
+            self.dims,
+            self.bits,
+            self.padded,
+            self.lane_bits,
+            self.scale.as_ref().map(|(g, k)| (g, kind(k))),
+            match &self.zero {
+                ZeroSpec::None => "none".to_string(),
+                ZeroSpec::Packed { zrows, groups } => format!("packed {zrows}x{groups}"),
+                ZeroSpec::Plain { kind: k, grid } => format!("plain {} {grid:?}", kind(k)),
+            },
+            self.g_idx.is_some(),
+            self.out
+        )
+    }
+}

@@ -1,0 +1,1017 @@
+//! What large checkpoints rely on: the CPU backend's table-driven rows give
+//! the reference bytes; `dequantize --shards` runs fill one directory that
+//! `merge-index` completes into exactly what one plain run writes, and refuse
+//! what would clobber or mix outputs; progress events account for every byte
+//! written; the CLI's progress output off a terminal; releasing input pages
+//! never changes what the checkpoint reads.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::cli::{ok, read_json, run, stderr, stdout};
+use common::jobs::{GridSizes, RandomJob};
+use common::producer::Lay;
+use common::{
+    copy_dir, ct_config, fixtures, read_dir_tensors, read_tensors, snapshot, write_checkpoint,
+    write_json, Rng, SHARD1, SHARD2, T,
+};
+use serde_json::Value;
+use wgpu_dequant::backend::{Backend, Cpu};
+use wgpu_dequant::checkpoint::{Checkpoint, INDEX_FILE};
+use wgpu_dequant::job::{DecodeJob, Dims, ValueKind, ZeroPoint};
+use wgpu_dequant::writer::{OutputDir, Summary, PART_SUFFIX};
+use wgpu_dequant::{DtypeChoice, OutDtype, Plan};
+
+// ---------------------------------------------------------------------------
+// 1. CPU table path = reference
+// ---------------------------------------------------------------------------
+
+/// Group sizes on both sides of 2^bits for every width (2 … 256 codes).
+const TABLE_SIZES: GridSizes = GridSizes {
+    groups: &[1, 2, 3, 5, 8, 16, 24, 32, 64, 128, 256, 512],
+    block_rows: &[1, 2, 5, 16],
+    block_cols: &[1, 4, 7, 8, 32, 64, 256],
+};
+
+/// Rows `rows` of `job` the reference way: every element through
+/// `DecodeJob::value`, rounded by `OutDtype::encode`.
+fn reference(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
+    let (cols, size) = (job.dims.cols, job.out.size());
+    let mut out = vec![0u8; rows.len() * cols * size];
+    for (k, flat) in rows.enumerate() {
+        let (slice, row) = (flat / job.dims.rows, flat % job.dims.rows);
+        for col in 0..cols {
+            let at = (k * cols + col) * size;
+            job.out
+                .encode(job.value(slice, row, col), &mut out[at..at + size]);
+        }
+    }
+    out
+}
+
+/// Whether the CPU backend decodes `job` through its tables, by the rule
+/// src/backend/cpu.rs documents (`RowTables::of`): no low-rank branch, a
+/// plain zero point on the scale's grid, and tables (groups · 2^bits
+/// entries) at most half a row. Only used to check that the random jobs
+/// reach the table path often enough, in every variant.
+fn takes_table_path(job: &DecodeJob<'_>) -> bool {
+    let cols = job.dims.cols;
+    let group_cols = job
+        .scale
+        .as_ref()
+        .map_or(cols, |s| s.grid.col_div.min(cols))
+        .max(1);
+    match (&job.zero, &job.scale) {
+        (Some(ZeroPoint::Plain(_)), None) => return false,
+        (Some(ZeroPoint::Plain(z)), Some(s))
+            if z.grid.col_div.min(cols) != group_cols || z.grid.row_div != s.grid.row_div =>
+        {
+            return false
+        }
+        _ => {}
+    }
+    let groups = match &job.g_idx {
+        Some(g) => g.iter().max().map_or(1, |&m| m as usize + 1),
+        None => cols.div_ceil(group_cols),
+    };
+    job.low_rank.is_none() && groups * job.code_values.len() * 2 <= cols
+}
+
+/// Labels of the variants a table-path job exercises.
+fn variants(job: &DecodeJob<'_>) -> Vec<String> {
+    let bits = job.codes.bits;
+    let mut v = vec![format!("bits {bits} {}", job.out)];
+    let group_cols = job
+        .scale
+        .as_ref()
+        .map_or(job.dims.cols, |s| s.grid.col_div.min(job.dims.cols));
+    if job.scale.is_some() && group_cols < job.code_values.len() {
+        v.push("group smaller than 2^bits".into());
+    }
+    if job.scale.is_some() && group_cols > job.code_values.len() {
+        v.push("group larger than 2^bits".into());
+    }
+    if !job.dims.cols.is_multiple_of(2) {
+        v.push("odd columns".into());
+    }
+    if job.dims.slices > 1 {
+        v.push("3-D".into());
+    }
+    if job.g_idx.is_some() {
+        v.push("g_idx".into());
+    }
+    if job.codes.per_word != 0 {
+        v.push("padded".into());
+    }
+    if !job.codes.lane_bits.is_multiple_of(32) {
+        v.push("byte-granular rows".into());
+    }
+    match &job.zero {
+        Some(ZeroPoint::Packed { .. }) => v.push("packed zero".into()),
+        Some(ZeroPoint::Plain(_)) => v.push("plain zero".into()),
+        None => {}
+    }
+    match &job.scale {
+        Some(s) if matches!(s.kind, ValueKind::Table(_)) => v.push("Table scale".into()),
+        Some(s) if s.grid.row_div > 1 => v.push("block scale".into()),
+        None => v.push("no scale".into()),
+        _ => {}
+    }
+    // The 4-bit inner loop: eight codes per u32 load, bf16/f16 and f32.
+    if bits == 4 && job.g_idx.is_none() && group_cols.is_multiple_of(8) && group_cols >= 8 {
+        v.push(format!("4-bit words, {}-byte outputs", job.out.size()));
+    }
+    v
+}
+
+/// Decodes `rows` with the CPU backend into a buffer first filled with
+/// garbage, so rows it never writes show.
+fn cpu_rows(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
+    let mut out = vec![0xA5u8; rows.len() * job.dims.cols * job.out.size()];
+    Cpu::new()
+        .decode_rows(job, rows.clone(), &mut out)
+        .unwrap_or_else(|e| panic!("decode_rows {rows:?}: {e}"));
+    out
+}
+
+fn first_difference(got: &[u8], want: &[u8], job: &DecodeJob<'_>, start_row: usize) -> String {
+    let size = job.out.size();
+    let cols = job.dims.cols;
+    let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+    let (row, col) = (start_row + i / size / cols, i / size % cols);
+    let elem = |b: &[u8]| b[i / size * size..i / size * size + size].to_vec();
+    format!(
+        "first difference at row {row} (slice {}, row {}) col {col}: got {:02x?}, reference {:02x?}",
+        row / job.dims.rows,
+        row % job.dims.rows,
+        elem(got),
+        elem(want)
+    )
+}
+
+#[test]
+fn cpu_table_rows_equal_reference_on_random_jobs() {
+    let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+    // Variants of all jobs, and of those the tables decode.
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen_table: BTreeMap<String, usize> = BTreeMap::new();
+    let mut table_jobs = 0;
+    let jobs = 640;
+    for case in 0..jobs {
+        // Wide rows too: 8-bit codes need 512 columns per group for tables.
+        let max_cols = [300, 1100, 2100][rng.below(3) as usize];
+        let d = Dims {
+            slices: 1 + rng.below(3) as usize,
+            rows: 1 + rng.below(40) as usize,
+            cols: 1 + rng.below(max_cols) as usize,
+        };
+        let r = RandomJob::new(&mut rng, d, &TABLE_SIZES);
+        let job = r.job();
+        let table = takes_table_path(&job);
+        table_jobs += usize::from(table);
+        for v in variants(&job) {
+            if table {
+                *seen_table.entry(v.clone()).or_default() += 1;
+            }
+            *seen.entry(v).or_default() += 1;
+        }
+        let total = d.total_rows();
+        let want = reference(&job, 0..total);
+        let got = cpu_rows(&job, 0..total);
+        assert!(
+            got == want,
+            "case {case}: {}: {}",
+            r.describe(),
+            first_difference(&got, &want, &job, 0)
+        );
+        let row_bytes = d.cols * job.out.size();
+        for _ in 0..3 {
+            let a = rng.below(total as u64 + 1) as usize;
+            let b = a + rng.below((total - a) as u64 + 1) as usize;
+            let got = cpu_rows(&job, a..b);
+            let want = &want[a * row_bytes..b * row_bytes];
+            assert!(
+                got == want,
+                "case {case}: rows {a}..{b}: {}: {}",
+                r.describe(),
+                first_difference(&got, want, &job, a)
+            );
+        }
+    }
+    // The comparison only means something if the tables were used, in
+    // every variant; groups narrower than 2^bits never pay for tables (but
+    // are decoded element-wise, and checked all the same).
+    let mut needed: Vec<String> = Vec::new();
+    for bits in 1..=8 {
+        for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+            needed.push(format!("bits {bits} {out}"));
+        }
+    }
+    needed.extend(
+        [
+            "group larger than 2^bits",
+            "odd columns",
+            "3-D",
+            "g_idx",
+            "padded",
+            "byte-granular rows",
+            "packed zero",
+            "plain zero",
+            "Table scale",
+            "block scale",
+            "no scale",
+            "4-bit words, 2-byte outputs",
+            "4-bit words, 4-byte outputs",
+        ]
+        .map(String::from),
+    );
+    let missing: Vec<&String> = needed
+        .iter()
+        .filter(|n| !seen_table.contains_key(*n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{table_jobs} of {jobs} random jobs took the table path, but none of them covered {missing:?} (seen: {seen_table:?})"
+    );
+    assert!(
+        seen.contains_key("group smaller than 2^bits"),
+        "no random job had groups narrower than 2^bits: {seen:?}"
+    );
+}
+
+/// Tables on one side of the eligibility line and element-wise decoding on
+/// the other give the same bytes as the reference: the same codes and
+/// scales, decoded with more and fewer columns per scale group.
+#[test]
+fn cpu_rows_equal_reference_across_the_table_threshold() {
+    let mut rng = Rng(0xC0FF_EE00_1234_5678);
+    for bits in 1..=8u32 {
+        let n = 1usize << bits;
+        for cols in [2 * n - 1, 2 * n, 2 * n + 1, 4 * n + 3] {
+            for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+                let d = Dims {
+                    slices: 2,
+                    rows: 5,
+                    cols,
+                };
+                // Per-row scales (one group): tables exactly when cols ≥ 2^(bits+1).
+                let mut r = RandomJob::new(
+                    &mut rng,
+                    d,
+                    &GridSizes {
+                        groups: &[1],
+                        block_rows: &[1],
+                        block_cols: &[1],
+                    },
+                );
+                r.bits = bits;
+                r.per_word = 0;
+                r.padded = false;
+                r.lane_bits = (cols * bits as usize).div_ceil(32) as u64 * 32;
+                r.slice_bits = d.rows as u64 * r.lane_bits;
+                r.codes = (0..(d.slices as u64 * r.slice_bits).div_ceil(8) as usize + 4)
+                    .map(|_| rng.next() as u8)
+                    .collect();
+                r.code_values = (0..n).map(|c| c as f32 - (n / 2) as f32).collect();
+                r.scale = Some((
+                    wgpu_dequant::job::Grid {
+                        row_div: 1,
+                        col_div: cols,
+                        row_stride: 1,
+                        slice_stride: d.rows,
+                    },
+                    ValueKind::F32,
+                ));
+                r.scale_bytes = (0..d.total_rows())
+                    .flat_map(|i| (0.375f32 + i as f32 * 1.25).to_le_bytes())
+                    .collect();
+                r.zero = common::jobs::ZeroSpec::None;
+                r.zero_bytes.clear();
+                r.g_idx = None;
+                r.out = out;
+                let job = r.job();
+                assert_eq!(takes_table_path(&job), cols >= 2 * n, "{}", r.describe());
+                let total = d.total_rows();
+                let want = reference(&job, 0..total);
+                let got = cpu_rows(&job, 0..total);
+                assert!(
+                    got == want,
+                    "{}: {}",
+                    r.describe(),
+                    first_difference(&got, &want, &job, 0)
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CLI helpers
+// ---------------------------------------------------------------------------
+
+fn sharded_model() -> PathBuf {
+    fixtures().join("sharded-nvfp4a16/model")
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `dequantize INPUT -o OUT --backend cpu [EXTRA..]`.
+fn dequantize_cpu(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "dequantize",
+        path_str(input),
+        "-o",
+        path_str(out),
+        "--backend",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// `dequantize INPUT -o OUT --backend cpu --shards LIST`.
+fn shards_run(input: &Path, out: &Path, list: &[&str]) -> Output {
+    dequantize_cpu(input, out, &["--shards", &list.join(",")])
+}
+
+fn merge_index(dir: &Path) -> Output {
+    run(&["merge-index", path_str(dir)])
+}
+
+/// Asserts `o` failed cleanly with one `error: …` line carrying `rule` and
+/// naming each of `names`; returns the line.
+fn error_line(o: &Output, what: &str, rule: &str, names: &[&str]) -> String {
+    assert!(
+        !o.status.success(),
+        "{what} succeeded but should not have:\nstdout:\n{}\nstderr:\n{}",
+        stdout(o),
+        stderr(o)
+    );
+    assert!(
+        o.status.code().is_some(),
+        "{what} was killed by a signal: {}\nstderr:\n{}",
+        o.status,
+        stderr(o)
+    );
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(lines.len(), 1, "{what}: not exactly one error line:\n{err}");
+    assert!(!err.contains("panicked"), "{what} panicked:\n{err}");
+    let line = lines[0];
+    assert!(
+        line.contains(&format!("[{rule}]")),
+        "{what}: expected {rule}: {line}"
+    );
+    for n in names {
+        assert!(line.contains(n), "{what}: error does not name {n}: {line}");
+    }
+    line.to_string()
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    snapshot(dir).into_iter().map(|(n, _)| n).collect()
+}
+
+/// Asserts `dir` holds exactly what `want` (a snapshot) holds, file by file.
+fn assert_same_files(dir: &Path, want: &[(String, Vec<u8>)], what: &str) {
+    let got = snapshot(dir);
+    let got_names: Vec<&String> = got.iter().map(|(n, _)| n).collect();
+    let want_names: Vec<&String> = want.iter().map(|(n, _)| n).collect();
+    assert_eq!(got_names, want_names, "{what}: file set");
+    for ((name, g), (_, w)) in got.iter().zip(want) {
+        if g != w {
+            let text = |b: &[u8]| {
+                if name.ends_with(".json") {
+                    String::from_utf8_lossy(b).into_owned()
+                } else {
+                    format!("{} bytes", b.len())
+                }
+            };
+            panic!(
+                "{what}: {name} differs:\n--- got\n{}\n--- want\n{}",
+                text(g),
+                text(w)
+            );
+        }
+    }
+}
+
+/// No index parts, staging folders or other subdirectories are left in `dir`.
+fn assert_no_leftovers(dir: &Path, what: &str) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.ends_with(PART_SUFFIX), "{what}: {name} left behind");
+        assert!(
+            !name.starts_with(".wgpu-dequant"),
+            "{what}: staging {name} left behind"
+        );
+        assert!(!e.path().is_dir(), "{what}: directory {name} left behind");
+    }
+}
+
+/// The name of the partial index a run whose first shard is `shard` writes.
+fn part_name(shard: &str) -> String {
+    format!("{}{PART_SUFFIX}", shard.trim_end_matches(".safetensors"))
+}
+
+// ---------------------------------------------------------------------------
+// 2. --shards + merge-index
+// ---------------------------------------------------------------------------
+
+#[test]
+fn shard_runs_then_merge_index_equal_one_plain_run() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    ok(&dequantize_cpu(&model, &plain, &[]), "plain dequantize");
+    let want = snapshot(&plain);
+    for n in [SHARD1, SHARD2, INDEX_FILE, "config.json", "recipe.yaml"] {
+        assert!(
+            want.iter().any(|(name, _)| name == n),
+            "test setup: the plain run wrote no {n}: {:?}",
+            names(&plain)
+        );
+    }
+    let plain_file = |n: &str| want.iter().find(|(name, _)| name == n).unwrap().1.clone();
+
+    // The second shard first, as another machine might finish first.
+    let out = tmp.path().join("out");
+    ok(&shards_run(&model, &out, &[SHARD2]), "--shards second");
+    assert_eq!(
+        names(&out),
+        {
+            let mut v = vec![
+                "config.json".to_string(),
+                SHARD2.to_string(),
+                part_name(SHARD2),
+                "recipe.yaml".to_string(),
+            ];
+            v.sort();
+            v
+        },
+        "after --shards {SHARD2}"
+    );
+    assert!(
+        std::fs::read(out.join(SHARD2)).unwrap() == plain_file(SHARD2),
+        "--shards {SHARD2} wrote a different {SHARD2} than the plain run"
+    );
+    let before = snapshot(&out);
+    let line = error_line(
+        &merge_index(&out),
+        "merge-index with a shard missing",
+        "ST-002",
+        &[SHARD1],
+    );
+    assert!(
+        !line.contains(SHARD2),
+        "merge-index names the shard that is there as missing: {line}"
+    );
+    assert_same_files(&out, &before, "a failed merge-index");
+
+    ok(&shards_run(&model, &out, &[SHARD1]), "--shards first");
+    ok(&merge_index(&out), "merge-index");
+    assert_no_leftovers(&out, "merge-index");
+    assert_same_files(
+        &out,
+        &want,
+        "two --shards runs + merge-index vs one plain run",
+    );
+
+    // Both shards in one run, in either order.
+    for (k, list) in [[SHARD1, SHARD2], [SHARD2, SHARD1]].iter().enumerate() {
+        let out = tmp.path().join(format!("both-{k}"));
+        ok(&shards_run(&model, &out, list), "--shards with both");
+        assert!(
+            names(&out).contains(&part_name(list[0])),
+            "--shards {list:?} wrote no {}: {:?}",
+            part_name(list[0]),
+            names(&out)
+        );
+        ok(&merge_index(&out), "merge-index after one run of both");
+        assert_no_leftovers(&out, "merge-index");
+        assert_same_files(
+            &out,
+            &want,
+            &format!("--shards {} + merge-index vs one plain run", list.join(",")),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Refusals: a shard already written, a name that is no shard
+// ---------------------------------------------------------------------------
+
+#[test]
+fn shard_already_in_output_is_refused_and_left_alone() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    ok(&shards_run(&model, &out, &[SHARD1]), "--shards first");
+    let before = snapshot(&out);
+
+    let again = shards_run(&model, &out, &[SHARD1]);
+    error_line(&again, "--shards first again", "OUT-001", &[SHARD1]);
+    assert_same_files(&out, &before, "a refused second run of the same shard");
+
+    // A run that would add a new shard but also rewrite an existing one
+    // writes neither.
+    let both = shards_run(&model, &out, &[SHARD2, SHARD1]);
+    error_line(&both, "--shards second,first", "OUT-001", &[SHARD1]);
+    assert_same_files(&out, &before, "a refused run of a new and an old shard");
+
+    // After the merge too.
+    ok(&shards_run(&model, &out, &[SHARD2]), "--shards second");
+    ok(&merge_index(&out), "merge-index");
+    let merged = snapshot(&out);
+    let late = shards_run(&model, &out, &[SHARD2]);
+    error_line(
+        &late,
+        "--shards second after merge-index",
+        "OUT-001",
+        &[SHARD2],
+    );
+    assert_same_files(&out, &merged, "a refused run after merge-index");
+}
+
+#[test]
+fn shard_name_that_is_no_shard_creates_nothing() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+
+    // Missing output directory (and parents): none of it may appear.
+    let out = tmp.path().join("a/b/out");
+    for list in [
+        &["nope.safetensors"][..],
+        &[SHARD1, "nope.safetensors"],
+        &["model.safetensors.index.json"],
+        &["config.json"],
+    ] {
+        let o = shards_run(&model, &out, list);
+        error_line(
+            &o,
+            &format!("--shards {list:?}"),
+            "ARG-001",
+            &[list[list.len() - 1]],
+        );
+        assert!(
+            !tmp.path().join("a").exists(),
+            "--shards {list:?} failed but left {} behind",
+            tmp.path().join("a").display()
+        );
+    }
+
+    // An existing empty directory stays, and stays empty.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = shards_run(&model, &empty, &["nope.safetensors"]);
+    error_line(
+        &o,
+        "--shards nope into an empty directory",
+        "ARG-001",
+        &["nope.safetensors"],
+    );
+    assert!(empty.is_dir(), "the existing output directory was removed");
+    assert_eq!(
+        names(&empty),
+        Vec::<String>::new(),
+        "left in an empty directory"
+    );
+
+    // A directory other runs wrote to is left as it was.
+    let shared = tmp.path().join("shared");
+    ok(&shards_run(&model, &shared, &[SHARD1]), "--shards first");
+    let before = snapshot(&shared);
+    let o = shards_run(&model, &shared, &["nope.safetensors"]);
+    error_line(
+        &o,
+        "--shards nope into a shared directory",
+        "ARG-001",
+        &["nope.safetensors"],
+    );
+    assert_same_files(&shared, &before, "a refused --shards name");
+}
+
+// ---------------------------------------------------------------------------
+// 4. merge-index refusals
+// ---------------------------------------------------------------------------
+
+/// A copy of the sharded fixture with its shards renamed (same tensors, a
+/// different checkpoint as far as shard names go).
+fn renamed_copy(to: &Path) -> [String; 2] {
+    copy_dir(&sharded_model(), to);
+    let new = [
+        "other-00001-of-00002.safetensors",
+        "other-00002-of-00002.safetensors",
+    ];
+    for (old, new) in [SHARD1, SHARD2].iter().zip(new) {
+        std::fs::rename(to.join(old), to.join(new)).unwrap();
+    }
+    let mut index = read_json(&to.join(INDEX_FILE));
+    for (_, file) in index["weight_map"].as_object_mut().unwrap() {
+        let f = file.as_str().unwrap();
+        *file = Value::from(if f == SHARD1 { new[0] } else { new[1] });
+    }
+    write_json(&to.join(INDEX_FILE), &index);
+    new.map(String::from)
+}
+
+#[test]
+fn merge_index_refuses_parts_of_different_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let other = tmp.path().join("other");
+    let [_, other2] = renamed_copy(&other);
+    let out = tmp.path().join("out");
+    ok(
+        &shards_run(&sharded_model(), &out, &[SHARD1]),
+        "--shards first",
+    );
+    ok(
+        &shards_run(&other, &out, &[&other2]),
+        "--shards of the other checkpoint",
+    );
+    let before = snapshot(&out);
+    let line = error_line(
+        &merge_index(&out),
+        "merge-index of two checkpoints' parts",
+        "ST-002",
+        &[],
+    );
+    assert!(
+        line.contains(&part_name(SHARD1)) || line.contains(&part_name(&other2)),
+        "the error names neither part: {line}"
+    );
+    assert_same_files(&out, &before, "a refused merge-index");
+    assert!(!out.join(INDEX_FILE).exists());
+}
+
+#[test]
+fn merge_index_refuses_a_tensor_mapped_by_two_parts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    ok(
+        &shards_run(&sharded_model(), &out, &[SHARD1]),
+        "--shards first",
+    );
+    ok(
+        &shards_run(&sharded_model(), &out, &[SHARD2]),
+        "--shards second",
+    );
+    // The second part also claims a tensor of the first.
+    let first = read_json(&out.join(part_name(SHARD1)));
+    let taken = first["weight_map"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let path2 = out.join(part_name(SHARD2));
+    let mut second = read_json(&path2);
+    second["weight_map"][&taken] = Value::from(SHARD2);
+    write_json(&path2, &second);
+    let before = snapshot(&out);
+    error_line(
+        &merge_index(&out),
+        "merge-index with a tensor in two parts",
+        "ST-002",
+        &[&taken],
+    );
+    assert_same_files(&out, &before, "a refused merge-index");
+}
+
+#[test]
+fn merge_index_without_parts_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    error_line(
+        &merge_index(&empty),
+        "merge-index of an empty directory",
+        "ST-002",
+        &[PART_SUFFIX],
+    );
+    assert_eq!(names(&empty), Vec::<String>::new());
+
+    // A finished plain output has an index but no parts.
+    let plain = tmp.path().join("plain");
+    ok(
+        &dequantize_cpu(&sharded_model(), &plain, &[]),
+        "plain dequantize",
+    );
+    let before = snapshot(&plain);
+    error_line(
+        &merge_index(&plain),
+        "merge-index of a plain output",
+        "ST-002",
+        &[PART_SUFFIX],
+    );
+    assert_same_files(&plain, &before, "merge-index of a plain output");
+
+    let missing = tmp.path().join("missing");
+    let o = merge_index(&missing);
+    error_line(
+        &o,
+        "merge-index of a missing directory",
+        "IO-001",
+        &["missing"],
+    );
+    assert!(!missing.exists());
+}
+
+// ---------------------------------------------------------------------------
+// 5. Progress events (library)
+// ---------------------------------------------------------------------------
+
+/// What `progress` heard: (tensor, bytes, done), in order.
+type Events = Vec<(String, u64, bool)>;
+
+/// Checks that `events` account for every tensor of the `shards` files in
+/// `out` (and nothing else): their bytes sum to each tensor's size, and each
+/// ends with its one `done`.
+fn check_progress(out: &Path, shards: &[&str], events: &Events, summary: &Summary, what: &str) {
+    let mut written: BTreeMap<String, u64> = BTreeMap::new();
+    for s in shards {
+        let path = out.join(s);
+        assert!(path.is_file(), "{what}: {s} was not written");
+        for (name, (_, _, data)) in read_tensors(&path) {
+            written.insert(name, data.len() as u64);
+        }
+    }
+    let total: u64 = written.values().sum();
+    let heard: u64 = events.iter().map(|e| e.1).sum();
+    assert_eq!(
+        heard, total,
+        "{what}: progress bytes vs tensor bytes in the shards written"
+    );
+    assert_eq!(summary.tensor_bytes, total, "{what}: Summary::tensor_bytes");
+    for (name, &size) in &written {
+        let mine: Vec<&(String, u64, bool)> = events.iter().filter(|e| &e.0 == name).collect();
+        assert!(!mine.is_empty(), "{what}: no progress for {name}");
+        let dones = mine.iter().filter(|e| e.2).count();
+        assert_eq!(
+            dones, 1,
+            "{what}: {name} reported done {dones} times: {mine:?}"
+        );
+        assert!(
+            mine.last().unwrap().2,
+            "{what}: progress for {name} after its done: {mine:?}"
+        );
+        assert_eq!(
+            mine.iter().map(|e| e.1).sum::<u64>(),
+            size,
+            "{what}: progress bytes of {name}"
+        );
+    }
+    let strangers: BTreeSet<&String> = events
+        .iter()
+        .map(|e| &e.0)
+        .filter(|n| !written.contains_key(*n))
+        .collect();
+    assert!(
+        strangers.is_empty(),
+        "{what}: progress for tensors not written: {strangers:?}"
+    );
+    let done_total = events.iter().filter(|e| e.2).count();
+    assert_eq!(
+        done_total,
+        written.len(),
+        "{what}: done events vs tensors written"
+    );
+}
+
+#[test]
+fn progress_accounts_for_every_byte_of_the_shards_written() {
+    let ckpt = Checkpoint::open(sharded_model()).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let shared = tmp.path().join("shared");
+    for (k, list) in [&[SHARD2][..], &[SHARD1], &[SHARD1, SHARD2]]
+        .iter()
+        .enumerate()
+    {
+        for out in [tmp.path().join(format!("alone-{k}")), shared.clone()] {
+            if out == shared && k == 2 {
+                continue; // both shards are in `shared` already
+            }
+            let mut events: Events = Vec::new();
+            let summary = OutputDir::for_shards(&out, list.iter().map(|s| s.to_string()).collect())
+                .unwrap()
+                .write(&plan, &Cpu::new(), |p| {
+                    events.push((p.tensor.to_string(), p.bytes, p.done))
+                })
+                .unwrap_or_else(|e| panic!("--shards {list:?} into {}: {e}", out.display()));
+            check_progress(&out, list, &events, &summary, &format!("--shards {list:?}"));
+            if out != shared {
+                for s in [SHARD1, SHARD2] {
+                    assert_eq!(
+                        out.join(s).exists(),
+                        list.contains(&s),
+                        "--shards {list:?}: {s}"
+                    );
+                }
+            }
+        }
+    }
+    // Every tensor of the plan, once, through the plain writer.
+    let out = tmp.path().join("plain");
+    let mut events: Events = Vec::new();
+    let summary = OutputDir::create(&out)
+        .unwrap()
+        .write(&plan, &Cpu::new(), |p| {
+            events.push((p.tensor.to_string(), p.bytes, p.done))
+        })
+        .unwrap();
+    check_progress(&out, &[SHARD1, SHARD2], &events, &summary, "plain write");
+    assert_eq!(
+        events.iter().filter(|e| e.2).count(),
+        plan.outputs.len(),
+        "done events vs the plan's outputs"
+    );
+}
+
+/// A tensor decoded in several chunks reports each chunk, and `done` once,
+/// with its last.
+#[test]
+fn progress_of_a_tensor_larger_than_one_chunk() {
+    let (rows, cols) = (4400usize, 4096usize);
+    let mut rng = Rng(0xB16_C0DE);
+    let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next() as u32).collect();
+    let scales: Vec<f32> = (0..rows).map(|r| 0.5 + (r % 7) as f32 * 0.125).collect();
+    let module = "model.layers.0.mlp.down_proj";
+    let tensors = [
+        T::u32_words(format!("{module}.weight_packed"), &[rows, cols / 8], &words),
+        T::bf16(format!("{module}.weight_scale"), &[rows, 1], &scales),
+        T::i64(
+            format!("{module}.weight_shape"),
+            &[2],
+            &[rows as i64, cols as i64],
+        ),
+        T::bf16("model.norm.weight", &[cols], &vec![1.0; cols]),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    write_checkpoint(
+        &input,
+        &tensors,
+        ct_config(
+            "pack-quantized",
+            Lay::Channel.weights(4, "int", true, false),
+            "0.19.0",
+        ),
+    );
+    let ckpt = Checkpoint::open(&input).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let out = tmp.path().join("out");
+    let mut events: Events = Vec::new();
+    let summary = OutputDir::create(&out)
+        .unwrap()
+        .write(&plan, &Cpu::new(), |p| {
+            events.push((p.tensor.to_string(), p.bytes, p.done))
+        })
+        .unwrap();
+    check_progress(
+        &out,
+        &["model.safetensors"],
+        &events,
+        &summary,
+        "large tensor",
+    );
+    let weight = format!("{module}.weight");
+    let chunks = events.iter().filter(|e| e.0 == weight).count();
+    assert!(
+        chunks >= 2,
+        "test setup: {weight} ({} bytes) was written in {chunks} chunk(s)",
+        rows * cols * 2
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 6. CLI progress output off a terminal
+// ---------------------------------------------------------------------------
+
+#[test]
+fn cli_progress_off_a_terminal_and_quiet() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("loud");
+    // output() pipes stderr: not a terminal.
+    let o = dequantize_cpu(&model, &out, &[]);
+    ok(&o, "dequantize");
+    let err = stderr(&o);
+    assert!(
+        !err.contains('\r') && !err.contains('\x1b'),
+        "terminal control characters on a pipe: {err:?}"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.len() >= 2,
+        "expected a backend line and a wrote line:\n{err}"
+    );
+    assert!(
+        lines[0].contains(path_str(&model)) && lines[0].contains("backend cpu"),
+        "first line does not name the input and the backend: {}",
+        lines[0]
+    );
+    let last = lines[lines.len() - 1];
+    assert!(
+        last.starts_with("wrote ") && last.contains(path_str(&out)),
+        "last line is not the wrote line: {last}"
+    );
+    for l in &lines[1..lines.len() - 1] {
+        assert!(l.starts_with("progress: "), "unexpected stderr line: {l}");
+    }
+    assert_eq!(stdout(&o), "", "dequantize printed to stdout");
+
+    for (k, extra) in [&["--quiet"][..], &["-q"], &["--quiet", "--shards", SHARD1]]
+        .iter()
+        .enumerate()
+    {
+        let out = tmp.path().join(format!("quiet-{k}"));
+        let o = dequantize_cpu(&model, &out, extra);
+        ok(&o, &format!("dequantize {extra:?}"));
+        assert_eq!(stderr(&o), "", "dequantize {extra:?} printed to stderr");
+        assert_eq!(stdout(&o), "", "dequantize {extra:?} printed to stdout");
+        assert!(
+            out.join(SHARD1).is_file(),
+            "dequantize {extra:?} wrote no {SHARD1}"
+        );
+    }
+    // Quiet changes nothing written.
+    assert_same_files(
+        &tmp.path().join("quiet-0"),
+        &snapshot(&out),
+        "--quiet vs not",
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 7. Releasing input pages
+// ---------------------------------------------------------------------------
+
+#[test]
+fn release_leaves_bytes_readable_and_unchanged() {
+    let model = sharded_model();
+    let ckpt = Checkpoint::open(&model).unwrap();
+    // What the files hold, read without the checkpoint.
+    let mut stored = BTreeMap::new();
+    for s in [SHARD1, SHARD2] {
+        stored.extend(read_tensors(&model.join(s)));
+    }
+    let names: Vec<String> = ckpt.names().into_iter().map(String::from).collect();
+    assert_eq!(names.len(), stored.len(), "test setup: tensor count");
+    let mut rng = Rng(42);
+    for name in &names {
+        let t = ckpt.get(name).unwrap();
+        let before = t.data.to_vec();
+        assert!(
+            before == stored[name].2,
+            "{name}: read differs from the file"
+        );
+        ckpt.release(t.data);
+        assert!(t.data == &before[..], "{name}: changed after release");
+        // Ranges that start and end inside pages, shared with neighbours.
+        if t.data.len() > 2 {
+            let a = rng.below(t.data.len() as u64 / 2) as usize;
+            let b = t.data.len() - rng.below(t.data.len() as u64 / 2) as usize;
+            ckpt.release(&t.data[a..b]);
+            assert!(
+                t.data == &before[..],
+                "{name}: changed after releasing {a}..{b}"
+            );
+        }
+        ckpt.release(t.data);
+    }
+    // Bytes outside every shard are left alone.
+    let own = vec![7u8; 1 << 16];
+    ckpt.release(&own);
+    assert!(
+        own.iter().all(|&b| b == 7),
+        "release changed bytes outside the checkpoint"
+    );
+
+    // Everything reads back as stored, and decodes as a fresh checkpoint does.
+    for name in &names {
+        let t = ckpt.get(name).unwrap();
+        assert!(
+            t.data == &stored[name].2[..],
+            "{name}: differs after all releases"
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    wgpu_dequant::writer::write(&plan, &Cpu::new(), &tmp.path().join("released"), |_| {}).unwrap();
+    let fresh = tmp.path().join("fresh");
+    ok(&dequantize_cpu(&model, &fresh, &[]), "dequantize");
+    assert!(
+        read_dir_tensors(&tmp.path().join("released")) == read_dir_tensors(&fresh),
+        "decoding a released checkpoint differs from a fresh one"
+    );
+}
