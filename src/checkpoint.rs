@@ -180,6 +180,15 @@ fn read_json(path: &Path, rule: Rule) -> Result<Option<JsonFile>> {
             format!("{len} bytes; a config or index over {MAX_JSON_BYTES} bytes is not read"),
         ));
     }
+    if let Some(dir) = path.parent() {
+        if !inside(dir, path) {
+            return Err(Error::new(
+                rule,
+                path,
+                "a link leading outside the checkpoint directory; not read",
+            ));
+        }
+    }
     let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
     let value = serde_json::from_slice(&text)
         .map_err(|e| Error::new(rule, path, format!("invalid JSON: {e}")))?;
@@ -384,6 +393,50 @@ impl Checkpoint {
         }
         #[cfg(not(unix))]
         let _ = bytes;
+    }
+
+    /// The checkpoint's other regular files (tokenizer, generation config, …),
+    /// to be copied: weights in any format, the index, config.json and the
+    /// quantization sidecars (`skip`) are not. Fails on a link leading out of the
+    /// checkpoint directory.
+    pub fn side_files(&self, skip: &[String]) -> Result<Vec<(PathBuf, String)>> {
+        const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
+        const WEIGHTS: &[&str] = &[
+            "safetensors",
+            "bin",
+            "pt",
+            "pth",
+            "ckpt",
+            "gguf",
+            "h5",
+            "msgpack",
+            "onnx",
+        ];
+        let entries =
+            std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            // is_file follows symlinks: Hugging Face cache snapshots are all links.
+            let is_file = path.is_file();
+            let weights = Path::new(&name)
+                .extension()
+                .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)));
+            if !is_file || weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
+                continue;
+            }
+            if !inside(&self.dir, &path) {
+                return Err(Error::new(
+                    Rule::Container,
+                    &path,
+                    "a link leading outside the checkpoint directory; not copied",
+                ));
+            }
+            files.push((path, name));
+        }
+        Ok(files)
     }
 
     /// All tensor names, sorted.

@@ -257,6 +257,12 @@ impl<'a> Plan<'a> {
             }
         }
         plan.outputs.sort_by(|a, b| a.name.cmp(&b.name));
+        // A side file linking out of the checkpoint would be copied: a finding.
+        if !ckpt.single_file {
+            if let Err(e) = ckpt.side_files(&plan.sidecars) {
+                plan.errors.push(e);
+            }
+        }
         Ok(plan)
     }
 

@@ -170,6 +170,13 @@ impl Staging {
             }
             staged.retain(|(_, to)| own(to) || !to.exists());
         }
+        if let Some((_, to)) = staged.iter().find(|(_, to)| to.is_dir()) {
+            return Err(Error::new(
+                Rule::Output,
+                to,
+                "is a directory; only files are ever replaced",
+            ));
+        }
         if self.force {
             // Set what is replaced aside, to be put back if anything fails.
             let aside = self.out.join(format!("{STAGING}-replaced"));
@@ -461,7 +468,7 @@ fn write_into(
     let side_files = if ckpt.single_file {
         Vec::new()
     } else {
-        side_files(ckpt, &plan.sidecars)?
+        ckpt.side_files(&plan.sidecars)?
     };
     let mut weight_map = Map::new();
     let mut written = Vec::new();
@@ -692,47 +699,4 @@ pub fn merge_index(out: &Path) -> Result<PathBuf> {
         fs::remove_file(&p).map_err(|e| Error::io(&p, "cannot remove", e))?;
     }
     Ok(path)
-}
-
-/// The checkpoint's other regular files (tokenizer, generation config, …),
-/// to be copied: weights in any format, the index, config.json and the
-/// quantization sidecars (`skip`) are not. Fails on a link leading out of the
-/// checkpoint directory.
-fn side_files(ckpt: &Checkpoint, skip: &[String]) -> Result<Vec<(PathBuf, String)>> {
-    const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
-    const WEIGHTS: &[&str] = &[
-        "safetensors",
-        "bin",
-        "pt",
-        "pth",
-        "ckpt",
-        "gguf",
-        "h5",
-        "msgpack",
-        "onnx",
-    ];
-    let entries = fs::read_dir(&ckpt.dir).map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(&ckpt.dir, "cannot list", e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = entry.path();
-        // is_file follows symlinks: Hugging Face cache snapshots are all links.
-        let is_file = path.is_file();
-        let weights = Path::new(&name)
-            .extension()
-            .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)));
-        if !is_file || weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
-            continue;
-        }
-        if !crate::checkpoint::inside(&ckpt.dir, &path) {
-            return Err(Error::new(
-                Rule::Container,
-                &path,
-                "a link leading outside the checkpoint directory; not copied",
-            ));
-        }
-        files.push((path, name));
-    }
-    Ok(files)
 }

@@ -386,7 +386,7 @@ pub fn grid_values<'c>(
         return Err(t.error(
             Rule::TensorShape,
             format!(
-                "shape {:?} does not fit {} scales of a {}x{}{} weight ({want} entries)",
+                "shape {:?} does not fit the {} grid of a {}x{}{} weight ({want} entries)",
                 t.shape,
                 layout.describe(),
                 dims.rows,
@@ -424,7 +424,11 @@ pub fn stored_kind(t: &TensorRef<'_>) -> Result<ValueKind> {
     match t.dtype {
         Dtype::I8 => Ok(ValueKind::I8),
         Dtype::I32 => Ok(ValueKind::I32),
-        _ => float_kind(t),
+        Dtype::BF16 | Dtype::F16 | Dtype::F32 => float_kind(t),
+        other => Err(t.error(
+            Rule::TensorDtype,
+            format!("dtype {other:?}, expected I8, I32, BF16, F16 or F32"),
+        )),
     }
 }
 
