@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::cli::{ok, read_json, run, stderr, stdout};
+use common::cli::{failed, ok, read_json, run, stderr, stdout};
+use common::fixture_models;
 use common::{
     copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, SHARD1,
     SHARD2, T,
@@ -30,26 +31,6 @@ fn dequantize_cpu(input: &Path, out: &Path, extra: &[&str]) -> Output {
     )
 }
 
-fn failed(o: &Output, what: &str) {
-    assert!(
-        !o.status.success(),
-        "{what} succeeded but should not have:\nstdout:\n{}\nstderr:\n{}",
-        stdout(o),
-        stderr(o)
-    );
-    assert!(
-        o.status.code().is_some(),
-        "{what} was killed by a signal (a crash?): {}\nstderr:\n{}",
-        o.status,
-        stderr(o)
-    );
-    assert!(
-        !stderr(o).contains("panicked"),
-        "{what} panicked:\n{}",
-        stderr(o)
-    );
-}
-
 /// Asserts stderr is exactly one line, `error: …`, naming each of `names`.
 fn one_error_line(o: &Output, names: &[&str]) -> String {
     let err = stderr(o);
@@ -61,26 +42,6 @@ fn one_error_line(o: &Output, names: &[&str]) -> String {
         assert!(line.contains(n), "stderr does not name {n}: {line}");
     }
     line.to_string()
-}
-
-/// Every fixture checkpoint directory, tests/fixtures/*/model.
-fn fixture_models() -> Vec<(String, PathBuf)> {
-    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(fixtures())
-        .unwrap()
-        .filter_map(|e| {
-            let case = e.unwrap().path();
-            let model = case.join("model");
-            model.is_dir().then(|| {
-                (
-                    case.file_name().unwrap().to_string_lossy().into_owned(),
-                    model,
-                )
-            })
-        })
-        .collect();
-    v.sort();
-    assert!(v.len() >= 10, "fixtures: {v:?}");
-    v
 }
 
 /// The expected outputs of a fixture: name → (dtype, shape), from its

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::cli::{run, stderr, stdout};
+use common::fixture_models;
 use common::{
     adapter, bin, caught, copy_dir, dequantize_err, fixtures, safetensors_bytes, snapshot, SHARD1,
     SHARD2, T,
@@ -53,14 +54,7 @@ fn split(bytes: &[u8]) -> (Map<String, Value>, Vec<u8>) {
 
 /// A safetensors file with header text `header` (padded to 8) and `data`.
 fn raw(header: &str, data: &[u8]) -> Vec<u8> {
-    let mut h = header.as_bytes().to_vec();
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(data);
-    out
+    common::raw_safetensors_text(header.as_bytes(), data)
 }
 
 fn edit_bytes(file: &Path, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) {
@@ -2245,24 +2239,6 @@ fn exit_status_is_0_2_3_or_1() {
 // ---------------------------------------------------------------------------
 // GPU faults
 // ---------------------------------------------------------------------------
-
-/// Every fixture checkpoint: (name, tests/fixtures/NAME/model).
-fn fixture_models() -> Vec<(String, PathBuf)> {
-    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(fixtures())
-        .unwrap()
-        .filter_map(|e| {
-            let case = e.unwrap().path();
-            let model = case.join("model");
-            model.is_dir().then(|| {
-                let name = case.file_name().unwrap().to_string_lossy().into_owned();
-                (name, model)
-            })
-        })
-        .collect();
-    v.sort();
-    assert_eq!(v.len(), 12, "fixtures: {v:?}");
-    v
-}
 
 #[test]
 fn gpu_faults_hand_over_to_the_cpu_with_the_same_bytes() {

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::cli::{ok, read_json, run, stderr, stdout};
+use common::cli::{error_line, ok, read_json, run, stderr, stdout};
 use common::jobs::{GridSizes, RandomJob};
 use common::producer::Lay;
 use common::{
@@ -342,36 +342,6 @@ fn shards_run(input: &Path, out: &Path, list: &[&str]) -> Output {
 
 fn merge_index(dir: &Path) -> Output {
     run(&["merge-index", path_str(dir)])
-}
-
-/// Asserts `o` failed cleanly with one `error: …` line carrying `rule` and
-/// naming each of `names`; returns the line.
-fn error_line(o: &Output, what: &str, rule: &str, names: &[&str]) -> String {
-    assert!(
-        !o.status.success(),
-        "{what} succeeded but should not have:\nstdout:\n{}\nstderr:\n{}",
-        stdout(o),
-        stderr(o)
-    );
-    assert!(
-        o.status.code().is_some(),
-        "{what} was killed by a signal: {}\nstderr:\n{}",
-        o.status,
-        stderr(o)
-    );
-    let err = stderr(o);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
-    assert_eq!(lines.len(), 1, "{what}: not exactly one error line:\n{err}");
-    assert!(!err.contains("panicked"), "{what} panicked:\n{err}");
-    let line = lines[0];
-    assert!(
-        line.contains(&format!("[{rule}]")),
-        "{what}: expected {rule}: {line}"
-    );
-    for n in names {
-        assert!(line.contains(n), "{what}: error does not name {n}: {line}");
-    }
-    line.to_string()
 }
 
 /// The names in `dir`, sorted.

@@ -97,7 +97,13 @@ pub fn safetensors_bytes(tensors: &[T], metadata: Option<&BTreeMap<String, Strin
 
 /// A safetensors file with a hand-written header (padded to 8) and `data`.
 pub fn raw_safetensors(header: &Value, data: &[u8]) -> Vec<u8> {
-    let mut h = header.to_string().into_bytes();
+    raw_safetensors_text(header.to_string().as_bytes(), data)
+}
+
+/// A safetensors file with header bytes `header`, which need not be JSON
+/// (padded to 8 with spaces), and `data`.
+pub fn raw_safetensors_text(header: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut h = header.to_vec();
     while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
@@ -397,4 +403,24 @@ pub fn check_case(
             "{case}: {name} bytes"
         );
     }
+}
+
+/// Every fixture checkpoint directory, tests/fixtures/*/model.
+pub fn fixture_models() -> Vec<(String, PathBuf)> {
+    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .filter_map(|e| {
+            let case = e.unwrap().path();
+            let model = case.join("model");
+            model.is_dir().then(|| {
+                (
+                    case.file_name().unwrap().to_string_lossy().into_owned(),
+                    model,
+                )
+            })
+        })
+        .collect();
+    v.sort();
+    assert!(v.len() >= 10, "fixtures: {v:?}");
+    v
 }
