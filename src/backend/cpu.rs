@@ -132,17 +132,30 @@ impl RowTables {
         tables.clear();
         for g in 0..self.groups {
             let (zero, scale) = group_params(job, slice, row, g);
-            tables.extend(job.code_values.iter().map(|&c| {
-                let q = match zero {
-                    Some(z) => c - z,
-                    None => c,
-                };
-                let v = match scale {
-                    Some(s) => q * s,
-                    None => q,
-                };
-                encode_bits(job.out, v)
-            }));
+            let (z, s) = (zero.unwrap_or(0.0), scale.unwrap_or(1.0));
+            // The operations are exactly `DecodeJob::value`'s: (q − z)·s.
+            let value = |c: f32| match (zero, scale) {
+                (Some(_), Some(_)) => (c - z) * s,
+                (Some(_), None) => c - z,
+                (None, Some(_)) => c * s,
+                (None, None) => c,
+            };
+            if let Ok(codes) = <&[f32; 16]>::try_from(job.code_values.as_slice()) {
+                // 4-bit codes: fixed-size arrays the compiler vectorizes.
+                let v = codes.map(value);
+                tables.extend_from_slice(&match job.out {
+                    OutDtype::Bf16 => v.map(|v| numerics::f32_to_bf16(v) as u64),
+                    OutDtype::F16 => v.map(|v| numerics::f32_to_f16(v) as u64),
+                    OutDtype::F32 => v.map(|v| numerics::f32_bits(v) as u64),
+                });
+                continue;
+            }
+            let values = job.code_values.iter().map(|&c| value(c));
+            match job.out {
+                OutDtype::Bf16 => tables.extend(values.map(|v| numerics::f32_to_bf16(v) as u64)),
+                OutDtype::F16 => tables.extend(values.map(|v| numerics::f32_to_f16(v) as u64)),
+                OutDtype::F32 => tables.extend(values.map(|v| numerics::f32_bits(v) as u64)),
+            }
         }
         let f = &job.codes;
         match (&job.g_idx, self.byte_packed, f.bits) {
@@ -184,10 +197,16 @@ impl RowTables {
             let first = g * self.group_cols;
             let mut done = 0;
             if let (4, true, Ok(t)) = (BITS, first.is_multiple_of(8), <&[u64; 16]>::try_from(t)) {
+                let codes = &bytes[first / 2..];
+                if N == 2 {
+                    // 16 codes per shuffle where the CPU has one.
+                    done = shuffle::nibbles_to_16bit(codes, t, group_out);
+                }
                 // Eight codes per little-endian u32: one load, eight lookups
                 // assembled in registers, two (bf16/f16) or four (f32) stores.
-                let words = bytes[first / 2..].chunks_exact(4);
-                for (w, o) in words.zip(group_out.chunks_exact_mut(8 * N)) {
+                let words = codes[done / 2..].chunks_exact(4);
+                let rest = &mut group_out[done * N..];
+                for (w, o) in words.zip(rest.chunks_exact_mut(8 * N)) {
                     let x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
                     let at = |k: u32| t[((x >> (4 * k)) & 15) as usize];
                     if N == 2 {
@@ -214,16 +233,6 @@ impl RowTables {
     }
 }
 
-/// The output bits of `v` in `out`'s encoding, in the low bytes of a u64.
-#[inline]
-fn encode_bits(out: OutDtype, v: f32) -> u64 {
-    match out {
-        OutDtype::Bf16 => numerics::f32_to_bf16(v) as u64,
-        OutDtype::F16 => numerics::f32_to_f16(v) as u64,
-        OutDtype::F32 => numerics::f32_bits(v) as u64,
-    }
-}
-
 /// The zero point and scale group `g` of (slice, row) uses, read as
 /// `DecodeJob::value` reads them for the columns of that group.
 fn group_params(
@@ -244,4 +253,60 @@ fn group_params(
         ZeroPoint::Plain(v) => v.get(v.grid.index(slice, row, g)),
     });
     (zero, scale)
+}
+
+/// Table lookups 16 at a time with a byte shuffle (x86-64 SSSE3), for 4-bit
+/// codes and 16-bit outputs: the 16-entry table split into its low and high
+/// bytes is one register each, `pshufb` looks up 16 codes at once, and the
+/// two results interleave into 16 little-endian outputs. Same bytes as the
+/// scalar loop; other CPUs use that loop.
+mod shuffle {
+    /// Decodes whole 16-code blocks of `codes` (two per byte, low nibble
+    /// first) through `table` into `out` (2 bytes per output); returns how
+    /// many outputs were written (0 when the CPU has no SSSE3).
+    pub fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("ssse3") {
+                // SAFETY: the CPU has SSSE3 (checked just above).
+                return unsafe { x86::nibbles_to_16bit(codes, table, out) };
+            }
+        }
+        let _ = (codes, table, out);
+        0
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "ssse3")]
+        pub unsafe fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
+            let lo: [u8; 16] = std::array::from_fn(|c| table[c] as u8);
+            let hi: [u8; 16] = std::array::from_fn(|c| (table[c] >> 8) as u8);
+            let blocks = (codes.len() / 8).min(out.len() / 32);
+            // SAFETY: every load reads 8 bytes at 8·i < codes.len() - 7 and
+            // every store writes 32 bytes at 32·i ≤ out.len() - 32, for
+            // i < blocks; unaligned loads and stores are used throughout.
+            unsafe {
+                let t_lo = _mm_loadu_si128(lo.as_ptr().cast());
+                let t_hi = _mm_loadu_si128(hi.as_ptr().cast());
+                let nibble = _mm_set1_epi8(0x0F);
+                for i in 0..blocks {
+                    let b = _mm_loadl_epi64(codes.as_ptr().add(8 * i).cast());
+                    let low = _mm_and_si128(b, nibble);
+                    let high = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+                    // Codes in column order: low nibble of byte 0, its high
+                    // nibble, low nibble of byte 1, …
+                    let idx = _mm_unpacklo_epi8(low, high);
+                    let v_lo = _mm_shuffle_epi8(t_lo, idx);
+                    let v_hi = _mm_shuffle_epi8(t_hi, idx);
+                    let dst = out.as_mut_ptr().add(32 * i);
+                    _mm_storeu_si128(dst.cast(), _mm_unpacklo_epi8(v_lo, v_hi));
+                    _mm_storeu_si128(dst.add(16).cast(), _mm_unpackhi_epi8(v_lo, v_hi));
+                }
+            }
+            blocks * 16
+        }
+    }
 }
