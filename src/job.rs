@@ -411,23 +411,43 @@ impl DecodeJob<'_> {
     #[inline]
     fn scaled_parts(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
         let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
-        if let Some(zero) = &self.zero {
-            v -= match zero {
-                ZeroPoint::Packed { fields } => {
-                    let g = match &self.scale {
-                        Some(s) => self.group(&s.grid, col),
-                        None => 0,
-                    };
-                    self.code_values[fields.get(slice, g, row) as usize]
-                }
-                ZeroPoint::Plain(z) => z.get(z.grid.index(slice, row, self.group(&z.grid, col))),
-            };
+        if let Some(z) = self.zero_at(slice, row, self.zero_group(col)) {
+            v -= z;
         }
         let s = self
             .scale
             .as_ref()
-            .map(|s| s.get(s.grid.index(slice, row, self.group(&s.grid, col))));
+            .and_then(|s| self.scale_at(slice, row, self.group(&s.grid, col)));
         (v, s)
+    }
+
+    /// Column group of `col` on the grid the zero point is read on: its own
+    /// for plain zero points, the scale's for packed ones (lane 0 without a
+    /// scale).
+    #[inline]
+    fn zero_group(&self, col: usize) -> usize {
+        match (&self.zero, &self.scale) {
+            (Some(ZeroPoint::Plain(z)), _) => self.group(&z.grid, col),
+            (_, Some(s)) => self.group(&s.grid, col),
+            (_, None) => 0,
+        }
+    }
+
+    /// The zero point of (slice, row) in column group `g` of its grid.
+    #[inline]
+    pub fn zero_at(&self, slice: usize, row: usize, g: usize) -> Option<f32> {
+        self.zero.as_ref().map(|z| match z {
+            ZeroPoint::Packed { fields } => self.code_values[fields.get(slice, g, row) as usize],
+            ZeroPoint::Plain(v) => v.get(v.grid.index(slice, row, g)),
+        })
+    }
+
+    /// The scale of (slice, row) in column group `g`.
+    #[inline]
+    pub fn scale_at(&self, slice: usize, row: usize, g: usize) -> Option<f32> {
+        self.scale
+            .as_ref()
+            .map(|s| s.get(s.grid.index(slice, row, g)))
     }
 
     /// Output bytes of the whole tensor.

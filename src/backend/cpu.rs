@@ -131,14 +131,13 @@ impl RowTables {
         let n = job.code_values.len();
         tables.clear();
         for g in 0..self.groups {
-            let (zero, scale) = group_params(job, slice, row, g);
-            let (z, s) = (zero.unwrap_or(0.0), scale.unwrap_or(1.0));
+            // Without a scale there is one group, so g is also the packed
+            // zero points' lane 0.
+            let (zero, scale) = (job.zero_at(slice, row, g), job.scale_at(slice, row, g));
             // The operations are exactly `DecodeJob::value`'s: (q − z)·s.
-            let value = |c: f32| match (zero, scale) {
-                (Some(_), Some(_)) => (c - z) * s,
-                (Some(_), None) => c - z,
-                (None, Some(_)) => c * s,
-                (None, None) => c,
+            let value = |c: f32| {
+                let q = zero.map_or(c, |z| c - z);
+                scale.map_or(q, |s| q * s)
             };
             if let Ok(codes) = <&[f32; 16]>::try_from(job.code_values.as_slice()) {
                 // 4-bit codes: fixed-size arrays the compiler vectorizes.
@@ -231,28 +230,6 @@ impl RowTables {
             }
         }
     }
-}
-
-/// The zero point and scale group `g` of (slice, row) uses, read as
-/// `DecodeJob::value` reads them for the columns of that group.
-fn group_params(
-    job: &DecodeJob<'_>,
-    slice: usize,
-    row: usize,
-    g: usize,
-) -> (Option<f32>, Option<f32>) {
-    let scale = job
-        .scale
-        .as_ref()
-        .map(|s| s.get(s.grid.index(slice, row, g)));
-    let zero = job.zero.as_ref().map(|z| match z {
-        ZeroPoint::Packed { fields } => {
-            let lane = if job.scale.is_some() { g } else { 0 };
-            job.code_values[fields.get(slice, lane, row) as usize]
-        }
-        ZeroPoint::Plain(v) => v.get(v.grid.index(slice, row, g)),
-    });
-    (zero, scale)
 }
 
 /// Table lookups 16 at a time with a byte shuffle (x86-64 SSSE3), for 4-bit
