@@ -69,29 +69,18 @@ fn reciprocal(t: &TensorRef<'_>) -> Result<Vec<u8>> {
 
 /// f32 (or bf16/f16) values of `t` as bf16, rounded to nearest-even.
 fn to_bf16(t: &TensorRef<'_>) -> Result<Vec<u8>> {
-    let out = OutDtype::Bf16;
-    let mut bytes = vec![0u8; t.elements() * 2];
-    let values: Vec<f32> = match t.dtype {
-        Dtype::F32 => t
-            .data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => return Ok(t.data.to_vec()),
-        Dtype::F16 => t
-            .data
-            .chunks_exact(2)
-            .map(|c| crate::job::f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        other => {
-            return Err(ct005(
-                t,
-                format!("dtype {other:?}; KV cache scales are floats"),
-            ))
-        }
-    };
+    if t.dtype == Dtype::BF16 {
+        return Ok(t.data.to_vec());
+    }
+    let values = t.floats().map_err(|_| {
+        ct005(
+            t,
+            format!("dtype {:?}; KV cache scales are floats", t.dtype),
+        )
+    })?;
+    let mut bytes = vec![0u8; values.len() * 2];
     for (v, o) in values.iter().zip(bytes.chunks_exact_mut(2)) {
-        out.encode(*v, o);
+        OutDtype::Bf16.encode(*v, o);
     }
     Ok(bytes)
 }

@@ -92,31 +92,6 @@ pub fn default_dtype(cfg: &Config, ckpt: &Checkpoint) -> OutDtype {
         .unwrap_or(OutDtype::Bf16)
 }
 
-/// f32 values of a float tensor (bf16, f16, f32).
-fn floats(t: &TensorRef<'_>) -> Result<Vec<f32>> {
-    let d = t.data;
-    Ok(match t.dtype {
-        Dtype::BF16 => d
-            .chunks_exact(2)
-            .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
-            .collect(),
-        Dtype::F16 => d
-            .chunks_exact(2)
-            .map(|c| crate::job::f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        Dtype::F32 => d
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        other => {
-            return Err(t.error(
-                Rule::TensorDtype,
-                format!("dtype {other:?}, expected BF16, F16 or F32"),
-            ))
-        }
-    })
-}
-
 fn shape_err(t: &TensorRef<'_>, want: String) -> Error {
     t.error(
         Rule::TensorShape,
@@ -178,7 +153,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
     // wscales · wcscales[row] · wtscale, as the reference multiplies them.
     let ws = require(ckpt, p, "wscales")?;
     let ws_values: Vec<f32> = match t.precision {
-        Precision::Int4 => floats(&ws)?,
+        Precision::Int4 => ws.floats()?,
         Precision::Fp4 => {
             expect_dtype(&ws, &[Dtype::F8_E4M3, Dtype::U8])?;
             ws.data.iter().map(|&b| numerics::e4m3(b)).collect()
@@ -204,7 +179,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
         let Some(v) = ckpt.get(&format!("{p}.{name}")) else {
             return Ok(None);
         };
-        let f = floats(&v)?;
+        let f = v.floats()?;
         if f.len() != len || v.shape.len() > 1 {
             return Err(shape_err(&v, format!("[{len}]")));
         }
@@ -219,7 +194,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
     let wt = match ckpt.get(&format!("{p}.wtscale")) {
         None => None,
         Some(v) => {
-            let f = floats(&v)?;
+            let f = v.floats()?;
             if f.len() != 1 {
                 return Err(shape_err(&v, "[1]".into()));
             }
@@ -267,7 +242,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
             format!("a rank that is a multiple of 16, not {rank}"),
         ));
     }
-    let (down_s, up_s) = (floats(&down_t)?, floats(&up_t)?);
+    let (down_s, up_s) = (down_t.floats()?, up_t.floats()?);
     let (down, up): (Vec<f32>, Vec<f32>) = if packed {
         (
             (0..cols * rank)
@@ -563,14 +538,10 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
     let mut nodes: BTreeMap<String, Node<'c>> = BTreeMap::new();
     let mut shifted: HashSet<&str> = HashSet::new();
     for t in &cfg.targets {
-        for name in ckpt.names() {
-            if let Some(param) = name
-                .strip_prefix(t.export_name.as_str())
-                .and_then(|r| r.strip_prefix('.'))
-            {
-                if QUANT_PARAMS.contains(&param) || param == "bias" || EXTRAS.contains(&param) {
-                    consumed.insert(name.to_string());
-                }
+        for param in QUANT_PARAMS.iter().chain(&["bias"]).chain(EXTRAS) {
+            let name = format!("{}.{param}", t.export_name);
+            if ckpt.get(&name).is_some() {
+                consumed.insert(name);
             }
         }
         let d = match target_job(ckpt, t, out) {
@@ -673,11 +644,10 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
             });
         }
     }
-    let names: Vec<String> = ckpt.names().iter().map(|s| s.to_string()).collect();
     for (name, node) in nodes {
         for suffix in ["weight", "bias"] {
             let full = format!("{name}.{suffix}");
-            if names.contains(&full) && !consumed.contains(&full) {
+            if ckpt.get(&full).is_some() && !consumed.contains(&full) {
                 return Err(Error::tensor(
                     Rule::Config,
                     ckpt.display_path(),
