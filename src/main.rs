@@ -241,7 +241,6 @@ fn dequantize(
         BackendArg::Gpu => BackendChoice::Gpu,
         BackendArg::Cpu => BackendChoice::Cpu,
     };
-    let shard_list = shards.clone();
     let target = match shards {
         Some(list) => writer::OutputDir::for_shards(out, list)?,
         None if force => writer::OutputDir::force(out)?,
@@ -263,14 +262,7 @@ fn dequantize(
             backend.name()
         );
     }
-    let selected: Vec<_> = plan
-        .outputs
-        .iter()
-        .filter(|o| {
-            let file = &ckpt.shards[o.shard].file_name;
-            shard_list.as_ref().is_none_or(|l| l.contains(file))
-        })
-        .collect();
+    let selected = target.outputs(&plan);
     let total: u64 = selected.iter().map(|o| o.byte_len() as u64).sum();
     let mut meter = Meter::new(total, selected.len(), quiet);
     let summary = target.write(&plan, backend.as_ref(), |p| meter.update(p));

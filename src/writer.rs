@@ -193,20 +193,16 @@ impl Staging {
             fs::rename(&from, &to).map_err(|e| Error::io(&to, "cannot move into place", e))?;
             self.moved.push(to);
         }
-        if self.shared {
-            // What was kept instead of moved goes with the staging folder.
-            fs::remove_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
-            self.done = true;
-            let mut moved = std::mem::take(&mut self.moved);
-            moved.sort();
-            return Ok(moved);
-        }
-        fs::remove_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
+        // What a shared run kept instead of moving goes with the staging folder.
+        let removed = if self.shared {
+            fs::remove_dir_all(&self.dir)
+        } else {
+            fs::remove_dir(&self.dir)
+        };
+        removed.map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         self.done = true;
-        if let Some((backup, _)) = self.replaced.first() {
-            if let Some(aside) = backup.parent() {
-                let _ = fs::remove_dir_all(aside);
-            }
+        if let Some(aside) = self.replaced.first().and_then(|(b, _)| b.parent()) {
+            let _ = fs::remove_dir_all(aside);
         }
         let mut moved = std::mem::take(&mut self.moved);
         moved.sort();
@@ -226,10 +222,8 @@ impl Drop for Staging {
         for (backup, original) in &self.replaced {
             let _ = fs::rename(backup, original);
         }
-        if let Some((backup, _)) = self.replaced.first() {
-            if let Some(aside) = backup.parent() {
-                let _ = fs::remove_dir(aside);
-            }
+        if let Some(aside) = self.replaced.first().and_then(|(b, _)| b.parent()) {
+            let _ = fs::remove_dir(aside);
         }
         // Only empty directories go: never anything this run did not make.
         for d in &self.created {
@@ -370,6 +364,19 @@ impl OutputDir {
         })
     }
 
+    /// The outputs of `plan` this directory receives (those of its `--shards`).
+    pub fn outputs<'p, 'c>(&self, plan: &'p Plan<'c>) -> Vec<&'p Output<'c>> {
+        plan.outputs
+            .iter()
+            .filter(|o| {
+                wanted(
+                    self.shards.as_deref(),
+                    &plan.checkpoint.shards[o.shard].file_name,
+                )
+            })
+            .collect()
+    }
+
     /// Claims `out` even when it holds files (`--force`): files of the same
     /// names are replaced when everything succeeded (and kept when anything
     /// failed); other files are left alone.
@@ -474,8 +481,7 @@ fn write_into(
     let mut written = Vec::new();
     for (i, shard) in ckpt.shards.iter().enumerate() {
         let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
-        let wanted = only.is_none_or(|o| o.contains(&shard.file_name));
-        if tensors.is_empty() || !wanted {
+        if tensors.is_empty() || !wanted(only, &shard.file_name) {
             continue;
         }
         written.push(shard.file_name.clone());
@@ -546,6 +552,11 @@ fn write_into(
     }
     summary.files = staging.commit()?;
     Ok(summary)
+}
+
+/// Whether shard `file` is written when only the shards `only` are.
+fn wanted(only: Option<&[String]>, file: &str) -> bool {
+    only.is_none_or(|o| o.iter().any(|f| f == file))
 }
 
 /// Streams `tensors` into `w`: this thread decodes, a second one writes.
