@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ops::Range;
+use std::path::PathBuf;
 
 use safetensors::Dtype;
 
@@ -180,9 +181,9 @@ pub struct Plan<'a> {
     pub warnings: Vec<Warning>,
     /// The `config.json` to write, when the input has one.
     pub config: Option<serde_json::Value>,
-    /// Side files of the input that describe the quantization and are not
-    /// copied to the output.
-    pub sidecars: Vec<String>,
+    /// The input's other files copied to the output (tokenizer, generation
+    /// config, …): (path, file name). Quantization sidecars are not among them.
+    pub side_files: Vec<(PathBuf, String)>,
 }
 
 impl<'a> Plan<'a> {
@@ -210,14 +211,7 @@ impl<'a> Plan<'a> {
                 }
                 v
             }),
-            sidecars: ["hf_quant_config.json".to_string()]
-                .into_iter()
-                .chain(
-                    ckpt.svdquant_config
-                        .as_ref()
-                        .and_then(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())),
-                )
-                .collect(),
+            side_files: Vec::new(),
         };
         let mut consumed: HashSet<String> = HashSet::new();
         formats::plan_modules(&mut plan, &mut consumed);
@@ -257,10 +251,20 @@ impl<'a> Plan<'a> {
             }
         }
         plan.outputs.sort_by(|a, b| a.name.cmp(&b.name));
-        // A side file linking out of the checkpoint would be copied: a finding.
+        // Quantization sidecars are not copied; a side file linking out of
+        // the checkpoint would be: a finding.
         if !ckpt.single_file {
-            if let Err(e) = ckpt.side_files(&plan.sidecars) {
-                plan.errors.push(e);
+            let sidecars: Vec<String> = ["hf_quant_config.json".to_string()]
+                .into_iter()
+                .chain(
+                    ckpt.svdquant_config
+                        .as_ref()
+                        .and_then(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())),
+                )
+                .collect();
+            match ckpt.side_files(&sidecars) {
+                Ok(files) => plan.side_files = files,
+                Err(e) => plan.errors.push(e),
             }
         }
         Ok(plan)

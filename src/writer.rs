@@ -471,12 +471,6 @@ fn write_into(
         dropped: plan.dropped.len(),
         ..Summary::default()
     };
-    // A side file that links out of the checkpoint fails before any decoding.
-    let side_files = if ckpt.single_file {
-        Vec::new()
-    } else {
-        ckpt.side_files(&plan.sidecars)?
-    };
     let mut weight_map = Map::new();
     let mut written = Vec::new();
     for (i, shard) in ckpt.shards.iter().enumerate() {
@@ -546,9 +540,9 @@ fn write_into(
     if let Some(cfg) = &plan.config {
         write_json(&staging, "config.json", cfg)?;
     }
-    for (path, name) in side_files {
-        let to = staging.dir.join(&name);
-        fs::copy(&path, &to).map_err(|e| Error::io(&path, "cannot copy", e))?;
+    for (path, name) in &plan.side_files {
+        let to = staging.dir.join(name);
+        fs::copy(path, &to).map_err(|e| Error::io(path, "cannot copy", e))?;
     }
     summary.files = staging.commit()?;
     Ok(summary)
