@@ -125,6 +125,16 @@ enum BackendArg {
     Cpu,
 }
 
+impl From<BackendArg> for BackendChoice {
+    fn from(b: BackendArg) -> BackendChoice {
+        match b {
+            BackendArg::Auto => BackendChoice::Auto,
+            BackendArg::Gpu => BackendChoice::Gpu,
+            BackendArg::Cpu => BackendChoice::Cpu,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -236,11 +246,7 @@ fn dequantize(
     };
     let plan = Plan::build(&ckpt, dtype)?;
     plan.check()?;
-    let choice = match backend {
-        BackendArg::Auto => BackendChoice::Auto,
-        BackendArg::Gpu => BackendChoice::Gpu,
-        BackendArg::Cpu => BackendChoice::Cpu,
-    };
+    let choice = BackendChoice::from(backend);
     let target = match shards {
         Some(list) => writer::OutputDir::for_shards(out, list)?,
         None if force => writer::OutputDir::force(out)?,
@@ -319,11 +325,7 @@ fn bench(
             "rows must be positive and cols a positive multiple of 128",
         ));
     }
-    let choice = match backend {
-        BackendArg::Auto => BackendChoice::Auto,
-        BackendArg::Gpu => BackendChoice::Gpu,
-        BackendArg::Cpu => BackendChoice::Cpu,
-    };
+    let choice = BackendChoice::from(backend);
     println!("{}", wgpu_dequant::bench::cpu_kernel(rows, cols, runs)?);
     if choice != BackendChoice::Cpu {
         match wgpu_dequant::gpu::find_adapter() {

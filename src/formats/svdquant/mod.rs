@@ -437,7 +437,8 @@ fn undo_patch<'c>(
                 .push((i, name.clone()));
         }
     }
-    for (parent, mut children) in groups.clone() {
+    let undone = groups.len();
+    for (parent, mut children) in groups {
         children.sort();
         if children.iter().enumerate().any(|(k, (i, _))| *i != k) {
             let got: Vec<usize> = children.iter().map(|(i, _)| *i).collect();
@@ -522,7 +523,7 @@ fn undo_patch<'c>(
         };
         nodes.insert(parent, node);
     }
-    Ok(groups.len())
+    Ok(undone)
 }
 
 /// Adds the dense modules of an SVDQuant checkpoint to `plan`.
