@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::backend::Backend;
-use crate::error::{Error, Result, Rule};
+use crate::error::Result;
 use crate::job::DecodeJob;
 use crate::numerics::OutDtype;
 
@@ -154,17 +154,7 @@ impl Assembly<'_> {
     ) -> Result<()> {
         let size = self.out.size();
         let row_bytes = self.cols * size;
-        if rows.end > self.stack.rows() || out.len() != rows.len() * row_bytes {
-            return Err(Error::new(
-                Rule::Argument,
-                "decode_rows",
-                format!(
-                    "rows {rows:?} of {} into {} bytes",
-                    self.stack.rows(),
-                    out.len()
-                ),
-            ));
-        }
+        crate::backend::check_span(self.stack.rows(), row_bytes, &rows, out)?;
         let mut tmp = Vec::new();
         let mut done = 0;
         for band in &self.stack.slice(rows).bands {

@@ -31,15 +31,29 @@ pub trait Backend: Send + Sync {
 /// Fails unless `rows` lies inside `job` and `out` holds exactly their bytes
 /// (backends call it before decoding; callers of the library can get it wrong).
 pub fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
-    let row_bytes = job.dims.cols * job.out.size();
+    check_span(
+        job.dims.total_rows(),
+        job.dims.cols * job.out.size(),
+        rows,
+        out,
+    )
+}
+
+/// Fails unless `rows` lies inside `0..total_rows` and `out` holds exactly
+/// their bytes, `row_bytes` each.
+pub fn check_span(
+    total_rows: usize,
+    row_bytes: usize,
+    rows: &Range<usize>,
+    out: &[u8],
+) -> Result<()> {
     let needed = rows.len().checked_mul(row_bytes);
-    if rows.start > rows.end || rows.end > job.dims.total_rows() || needed != Some(out.len()) {
+    if rows.start > rows.end || rows.end > total_rows || needed != Some(out.len()) {
         return Err(Error::new(
             Rule::Argument,
             "decode_rows",
             format!(
-                "rows {rows:?} of {} into a {}-byte buffer",
-                job.dims.total_rows(),
+                "rows {rows:?} of {total_rows} into a {}-byte buffer",
                 out.len(),
             ),
         ));
