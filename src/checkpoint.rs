@@ -465,6 +465,35 @@ impl Checkpoint {
         Ok(files)
     }
 
+    /// The file name of the shard `arg` names: a shard's file name, or a path
+    /// to one of this checkpoint's shard files (as shells complete it).
+    /// Anything else is ARG-001.
+    pub fn shard_file_name(&self, arg: &str) -> Result<&str> {
+        if let Some(s) = self.shards.iter().find(|s| s.file_name == arg) {
+            return Ok(&s.file_name);
+        }
+        let path = Path::new(arg);
+        let named = path.file_name().map(|n| n.to_string_lossy());
+        self.shards
+            .iter()
+            .find(|s| {
+                named.as_deref() == Some(s.file_name.as_str())
+                    && same_file::is_same_file(path, &s.path).unwrap_or(false)
+            })
+            .map(|s| s.file_name.as_str())
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.shards.iter().map(|s| s.file_name.as_str()).collect();
+                Error::new(
+                    Rule::Argument,
+                    "--shards",
+                    format!(
+                        "{arg} is not a shard of this checkpoint ({})",
+                        known.join(", ")
+                    ),
+                )
+            })
+    }
+
     /// All tensor names, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.lookup.keys().map(String::as_str).collect()

@@ -73,6 +73,15 @@ impl OutDtype {
         }
     }
 
+    /// The name `config.json` uses for it (`torch_dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            OutDtype::Bf16 => "bfloat16",
+            OutDtype::F16 => "float16",
+            OutDtype::F32 => "float32",
+        }
+    }
+
     /// Parses a torch or short dtype name (`bfloat16`, `torch.float16`, `f32`, …).
     pub fn from_name(name: &str) -> Option<Self> {
         match name.trim_start_matches("torch.") {
@@ -176,6 +185,50 @@ pub fn f32_to_f16(x: f32) -> u16 {
         v
     };
     sign | v as u16
+}
+
+/// Whether stored tensors of `dtype` are floating point values that
+/// [`cast`] converts (fp8 is a quantized storage, not a model dtype).
+pub fn is_castable(dtype: safetensors::Dtype) -> bool {
+    use safetensors::Dtype::*;
+    matches!(dtype, BF16 | F16 | F32 | F64)
+}
+
+/// Converts little-endian `from` values in `src` to `to` in `out`, each
+/// rounded once to nearest even, NaN canonical as in every decoded output.
+/// `out` holds exactly as many elements as `src`; `from` is
+/// [`is_castable`].
+pub fn cast(from: safetensors::Dtype, src: &[u8], to: OutDtype, out: &mut [u8]) {
+    use safetensors::Dtype;
+    let outs = out.chunks_exact_mut(to.size());
+    match from {
+        Dtype::BF16 => src
+            .chunks_exact(2)
+            .zip(outs)
+            .for_each(|(c, o)| to.encode(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])), o)),
+        Dtype::F16 => src.chunks_exact(2).zip(outs).for_each(|(c, o)| {
+            to.encode(crate::job::f16_to_f32(u16::from_le_bytes([c[0], c[1]])), o)
+        }),
+        Dtype::F32 => src
+            .chunks_exact(4)
+            .zip(outs)
+            .for_each(|(c, o)| to.encode(f32::from_le_bytes([c[0], c[1], c[2], c[3]]), o)),
+        // Straight from f64: going through f32 would round twice.
+        Dtype::F64 => src.chunks_exact(8).zip(outs).for_each(|(c, o)| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            let x = f64::from_le_bytes(b);
+            if x.is_nan() {
+                return to.encode(f32::NAN, o);
+            }
+            match to {
+                OutDtype::Bf16 => o.copy_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+                OutDtype::F16 => o.copy_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+                OutDtype::F32 => o.copy_from_slice(&(x as f32).to_le_bytes()),
+            }
+        }),
+        _ => {}
+    }
 }
 
 #[cfg(test)]

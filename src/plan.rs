@@ -31,6 +31,8 @@ pub enum DtypeChoice {
 pub enum Source<'a> {
     /// A tensor copied as it is stored.
     Copy(TensorRef<'a>),
+    /// A floating point tensor copied in another dtype (`--dtype`).
+    Cast(TensorRef<'a>, OutDtype),
     /// A quantized module decoded to dense.
     Decode(Box<DecodeJob<'a>>),
     /// Bytes computed on the host while planning (converted scales).
@@ -63,6 +65,7 @@ impl Output<'_> {
     pub fn byte_len(&self) -> usize {
         match &self.source {
             Source::Copy(t) => t.data.len(),
+            Source::Cast(t, to) => t.elements() * to.size(),
             Source::Decode(job) => job.out_bytes(),
             Source::Bytes(b) => b.len(),
             Source::Assemble(a) => a.stack.rows() * a.cols * a.out.size(),
@@ -76,6 +79,13 @@ impl Output<'_> {
         match &self.source {
             Source::Decode(job) => Some((job.dims.total_rows(), job.dims.cols * job.out.size())),
             Source::Assemble(a) => Some((a.stack.rows(), a.cols * a.out.size())),
+            Source::Cast(t, to) => {
+                let (rows, cols) = match t.shape.split_first() {
+                    Some((&rows, rest)) => (rows, rest.iter().product()),
+                    None => (1, 1),
+                };
+                Some((rows, cols * to.size()))
+            }
             _ => None,
         }
     }
@@ -90,6 +100,7 @@ impl Output<'_> {
         let r = match &self.source {
             Source::Decode(job) => backend.decode_rows(job, rows, out),
             Source::Assemble(a) => a.decode_rows(backend, rows, out),
+            Source::Cast(t, to) => cast_rows(t, *to, rows, out),
             _ => Err(Error::new(
                 Rule::Argument,
                 "decode_rows",
@@ -123,7 +134,7 @@ impl Output<'_> {
         }
         let mut v = Vec::new();
         match &self.source {
-            Source::Copy(t) => v.push(t.data),
+            Source::Copy(t) | Source::Cast(t, _) => v.push(t.data),
             Source::Decode(job) => of_job(job, &mut v),
             Source::Assemble(a) => {
                 for band in &a.stack.bands {
@@ -143,12 +154,52 @@ impl Output<'_> {
             Source::Copy(t) => Ok(Cow::Borrowed(t.data)),
             Source::Bytes(b) => Ok(Cow::Borrowed(b)),
             Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
-            Source::Decode(_) | Source::Assemble(_) => {
+            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];
                 self.decode_rows(backend, 0..rows, &mut out)?;
                 Ok(Cow::Owned(out))
             }
+        }
+    }
+}
+
+/// Converts rows `rows` of `t` (split by its first dimension) to `to`.
+fn cast_rows(t: &TensorRef<'_>, to: OutDtype, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+    use rayon::prelude::*;
+    let elements = t.elements();
+    let per_row = match t.shape.first() {
+        Some(&n) if n > 0 => elements / n,
+        _ => elements,
+    };
+    let total = if t.shape.is_empty() { 1 } else { t.shape[0] };
+    crate::backend::check_span(total, per_row * to.size(), &rows, out)?;
+    let size = t.dtype.bitsize() / 8;
+    let src = &t.data[rows.start * per_row * size..rows.end * per_row * size];
+    // Spread over threads in pieces of whole elements.
+    const PIECE: usize = 1 << 16;
+    src.par_chunks(PIECE * size)
+        .zip(out.par_chunks_mut(PIECE * to.size()))
+        .for_each(|(s, o)| crate::numerics::cast(t.dtype, s, to, o));
+    Ok(())
+}
+
+/// Sets every dtype entry of a `config.json` (`torch_dtype`, `dtype`, also in
+/// nested configs such as `text_config`) that names a floating dtype to `to`.
+fn set_config_dtype(v: &mut serde_json::Value, to: OutDtype) {
+    let Some(obj) = v.as_object_mut() else {
+        return;
+    };
+    for (key, value) in obj.iter_mut() {
+        match value {
+            serde_json::Value::String(name)
+                if (key == "torch_dtype" || key == "dtype")
+                    && OutDtype::from_name(name).is_some() =>
+            {
+                *name = to.torch_name().to_string();
+            }
+            serde_json::Value::Object(_) => set_config_dtype(value, to),
+            _ => {}
         }
     }
 }
@@ -166,6 +217,8 @@ pub struct Warning {
 pub struct Plan<'a> {
     /// The checkpoint planned from.
     pub checkpoint: &'a Checkpoint,
+    /// What was asked for: `Auto` keeps copied tensors as stored.
+    pub dtype_choice: DtypeChoice,
     /// The detected format and its configuration.
     pub format: Format,
     /// Output dtype of decoded tensors.
@@ -192,12 +245,14 @@ impl<'a> Plan<'a> {
     /// module are collected in [`Plan::errors`] so `validate` can list them all.
     pub fn build(ckpt: &'a Checkpoint, dtype: DtypeChoice) -> Result<Plan<'a>> {
         let format = formats::detect(ckpt)?;
+        let dtype_choice = dtype;
         let dtype = match dtype {
             DtypeChoice::Fixed(d) => d,
             DtypeChoice::Auto => formats::default_dtype(ckpt, &format),
         };
         let mut plan = Plan {
             checkpoint: ckpt,
+            dtype_choice,
             format,
             dtype,
             outputs: Vec::new(),
@@ -208,6 +263,9 @@ impl<'a> Plan<'a> {
                 let mut v = c.value.clone();
                 if let Some(obj) = v.as_object_mut() {
                     obj.remove("quantization_config");
+                }
+                if let DtypeChoice::Fixed(to) = dtype_choice {
+                    set_config_dtype(&mut v, to);
                 }
                 v
             }),
@@ -240,12 +298,21 @@ impl<'a> Plan<'a> {
                 continue;
             }
             if let Some(t) = ckpt.get(name) {
+                // A fixed --dtype means the whole checkpoint, copies included.
+                let (dtype, source) = match dtype_choice {
+                    DtypeChoice::Fixed(to)
+                        if crate::numerics::is_castable(t.dtype) && t.dtype != to.safetensors() =>
+                    {
+                        (to.safetensors(), Source::Cast(t, to))
+                    }
+                    _ => (t.dtype, Source::Copy(t)),
+                };
                 plan.outputs.push(Output {
                     name: name.to_string(),
                     shard: t.shard,
                     shape: t.shape.to_vec(),
-                    dtype: t.dtype,
-                    source: Source::Copy(t),
+                    dtype,
+                    source,
                     scheme: None,
                 });
             }

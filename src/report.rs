@@ -98,6 +98,7 @@ impl Report {
                     dtype: format!("{:?}", o.dtype),
                     action: match o.source {
                         Source::Copy(_) => "copy",
+                        Source::Cast(..) => "cast",
                         Source::Decode(_) | Source::Assemble(_) => "decode",
                         Source::Bytes(_) | Source::Bias(_) => "compute",
                     },
@@ -118,7 +119,11 @@ impl Report {
     /// The report as aligned text.
     pub fn text(&self) -> String {
         let mut s = String::new();
-        let decoded = self.tensors.iter().filter(|t| t.action != "copy").count();
+        let decoded = self
+            .tensors
+            .iter()
+            .filter(|t| !matches!(t.action, "copy" | "cast"))
+            .count();
         let _ = writeln!(
             s,
             "checkpoint  {} ({} shard{})",

@@ -240,6 +240,7 @@ fn inspect_of_a_broken_checkpoint_fails_with_one_line() {
     let o = run_path("inspect", &model, &[]);
     failed(&o, "inspect of a truncated checkpoint");
     one_error_line(&o, &["model.safetensors", "ST-001"]);
+    assert_eq!(o.status.code(), Some(3));
 }
 
 // ---------------------------------------------------------------------------
@@ -306,6 +307,113 @@ fn validate_fails_a_module_fault_naming_the_rule_and_tensor() {
     assert_eq!(errors[0]["rule"], "TEN-003");
     assert_eq!(errors[0]["tensor"], DOWN_SCALE);
     assert!(errors[0]["file"].as_str().unwrap().ends_with(SHARD2));
+}
+
+#[test]
+fn inspect_and_validate_agree_on_findings_and_their_form() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = sharded_with_bad_scale(tmp.path());
+    // A module fault: inspect still reports, and exits as validate does.
+    let inspect = run_path("inspect", &model, &[]);
+    let validate = run_path("validate", &model, &[]);
+    assert_eq!(inspect.status.code(), Some(3), "{}", stderr(&inspect));
+    assert_eq!(validate.status.code(), Some(3));
+    assert!(stdout(&inspect).contains("TEN-003"), "{}", stdout(&inspect));
+    let lines: Vec<String> = stdout(&validate).lines().map(str::to_string).collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("error: ") && l.contains("TEN-003")),
+        "validate prints findings as `error: …`: {lines:?}"
+    );
+    // A whole-checkpoint fault: --json still prints JSON, of validate's shape.
+    let tmp = tempfile::tempdir().unwrap();
+    let broken = fixture_copy(tmp.path(), "w4a16-g128");
+    truncate_to_half(&broken.join("model.safetensors"));
+    for cmd in ["inspect", "validate"] {
+        let o = run_path(cmd, &broken, &["--json"]);
+        assert_eq!(o.status.code(), Some(3), "{cmd} --json");
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{cmd} --json printed no JSON ({e}): {}", stdout(&o)));
+        assert_eq!(v["errors"][0]["rule"], "ST-001", "{cmd}: {v}");
+    }
+}
+
+#[test]
+fn help_says_what_the_exit_status_is() {
+    let o = run(&["validate", "--help"]);
+    ok(&o, "validate --help");
+    assert!(stdout(&o).contains("3 with findings"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("1 with findings"), "{}", stdout(&o));
+}
+
+#[test]
+fn bench_refuses_arguments_that_measure_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nowhere = tmp.path().join("nonexistent/x");
+    for args in [
+        vec!["bench", "--runs", "0"],
+        vec!["bench", "--e2e-gb", "0"],
+        vec!["bench", "--e2e-gb", "-1"],
+        vec![
+            "bench",
+            "--e2e-gb",
+            "0.01",
+            "--dir",
+            nowhere.to_str().unwrap(),
+        ],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?} measured something");
+    }
+    assert!(
+        !tmp.path().join("nonexistent").exists(),
+        "bench created --dir"
+    );
+}
+
+/// The sample run as a newcomer meets it: no `XDG_RUNTIME_DIR`, nothing set
+/// for the GPU. Every line on stderr is the tool's own.
+#[test]
+fn a_fresh_environment_gets_only_the_tools_own_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-w4a16");
+    let gpu = common::adapter().is_some();
+    for backend in ["auto", "cpu", "gpu"] {
+        if backend == "gpu" && !gpu {
+            continue;
+        }
+        let out = tmp.path().join(backend);
+        let o = std::process::Command::new(common::bin())
+            .args([
+                "dequantize",
+                sample.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .args(["--backend", backend])
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("NODEVICE_SELECT")
+            .env_remove("WGPU_DEQUANT_BACKEND")
+            .output()
+            .unwrap();
+        ok(&o, backend);
+        let err = stderr(&o);
+        let own = |l: &str| {
+            l.starts_with("note: ")
+                || l.starts_with("wrote ")
+                || l.starts_with(sample.to_str().unwrap())
+        };
+        assert!(
+            err.lines().all(own),
+            "--backend {backend}: a line the tool did not write:\n{err}"
+        );
+        assert!(
+            err.lines().last().is_some_and(|l| l.starts_with("wrote ")),
+            "{err}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -378,31 +486,130 @@ fn dequantize_w4a16_writes_model_and_config() {
         || k.ends_with("weight_shape")));
 }
 
+/// The value of element `i` of a stored float tensor, widened exactly.
+fn stored_value(dtype: &str, bytes: &[u8], i: usize) -> f64 {
+    match dtype {
+        "BF16" => half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f64(),
+        "F16" => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f64(),
+        "F32" => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()) as f64,
+        other => panic!("not a float dtype: {other}"),
+    }
+}
+
 #[test]
-fn dequantize_f32_decodes_to_f32_and_keeps_stored_dtypes() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("dense");
+fn dtype_applies_to_every_float_tensor_and_to_the_config() {
     let model = fixtures().join("w4a16-g128/model");
-    let o = dequantize_cpu(&model, &out, &["--dtype", "f32"]);
-    ok(&o, "dequantize --dtype f32");
     let input = read_dir_tensors(&model);
-    let got = read_tensors(&out.join("model.safetensors"));
-    let mut decoded = 0;
-    for (name, (dtype, shape, _)) in &got {
-        match input.get(name) {
-            Some((d, s, _)) => {
-                assert_eq!((dtype, shape), (d, s), "{name} is copied as stored");
-                assert_eq!(d, "BF16", "{name}: the fixture stores BF16");
-            }
-            None => {
-                assert_eq!(dtype, "F32", "{name} is decoded to F32");
-                decoded += 1;
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = tmp.path().join("bf16");
+    ok(&dequantize_cpu(&model, &bf16, &[]), "dequantize");
+    let reference = read_tensors(&bf16.join("model.safetensors"));
+    for (flag, dtype, torch) in [("f32", "F32", "float32"), ("f16", "F16", "float16")] {
+        let out = tmp.path().join(flag);
+        ok(&dequantize_cpu(&model, &out, &["--dtype", flag]), flag);
+        let got = read_tensors(&out.join("model.safetensors"));
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            reference.keys().collect::<Vec<_>>()
+        );
+        let mut copied = 0;
+        for (name, (d, shape, bytes)) in &got {
+            assert_eq!(d, dtype, "--dtype {flag}: {name}");
+            assert_eq!(shape, &reference[name].1, "{name}");
+            if let Some((d_in, _, stored)) = input.get(name) {
+                // Copied: the stored value, rounded once to the dtype.
+                copied += 1;
+                let n = bytes.len() / if dtype == "F32" { 4 } else { 2 };
+                for i in 0..n {
+                    let want = stored_value(d_in, stored, i);
+                    let have = stored_value(dtype, bytes, i);
+                    let rounded = if dtype == "F32" {
+                        want as f32 as f64
+                    } else {
+                        half::f16::from_f64(want).to_f64()
+                    };
+                    assert_eq!(have.to_bits(), rounded.to_bits(), "{name}[{i}]");
+                }
             }
         }
+        assert_eq!(copied, 5, "embeddings, norms and lm_head are copied");
+        let cfg = read_json(&out.join("config.json"));
+        // transformers 4.56+ writes `dtype`, older versions `torch_dtype`.
+        assert_eq!(cfg["dtype"], torch, "config.json says {torch}");
+        assert!(cfg.get("quantization_config").is_none());
     }
-    assert_eq!(decoded, 7, "seven linear layers are decoded");
-    assert_eq!(got["lm_head.weight"].0, "BF16");
-    assert_eq!(got["model.layers.0.mlp.down_proj.weight"].0, "F32");
+    // f32 output rounded back to bf16 is the bf16 output.
+    let f32_out = read_tensors(&tmp.path().join("f32/model.safetensors"));
+    for (name, (_, _, want)) in &reference {
+        let got: Vec<u8> = f32_out[name]
+            .2
+            .chunks_exact(4)
+            .flat_map(|c| {
+                half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+            })
+            .collect();
+        assert!(
+            &got == want,
+            "{name}: f32 output does not round to the bf16 output"
+        );
+    }
+}
+
+#[test]
+fn dtype_converts_a_dense_checkpoint_and_says_nothing_was_decoded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("dense-in");
+    std::fs::create_dir(&model).unwrap();
+    let values = [1.0f32, -2.5, 0.1, 65504.0, 1e-8, f32::INFINITY];
+    write_safetensors(
+        &model.join("model.safetensors"),
+        &[
+            T::f32("a.weight", &[2, 3], &values),
+            T::i64("position_ids", &[2], &[0, 1]),
+            T::new(
+                "pi",
+                "F64",
+                &[1],
+                std::f64::consts::PI.to_le_bytes().to_vec(),
+            ),
+        ],
+    );
+    common::write_json(
+        &model.join("config.json"),
+        &serde_json::json!({"torch_dtype": "float32", "text_config": {"dtype": "float32"}}),
+    );
+    let out = tmp.path().join("out");
+    let o = dequantize_cpu(&model, &out, &["--dtype", "bf16"]);
+    ok(&o, "dequantize a dense checkpoint to bf16");
+    assert!(
+        stderr(&o).contains("nothing to decode"),
+        "a dense input should be said to have nothing to decode:\n{}",
+        stderr(&o)
+    );
+    let got = read_tensors(&out.join("model.safetensors"));
+    assert_eq!(got["a.weight"].0, "BF16");
+    let want: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    assert_eq!(
+        got["a.weight"].2, want,
+        "each value rounded once to nearest even"
+    );
+    assert_eq!(
+        got["position_ids"].0, "I64",
+        "integer tensors stay as they are"
+    );
+    assert_eq!(
+        got["pi"].2,
+        half::bf16::from_f64(std::f64::consts::PI)
+            .to_le_bytes()
+            .to_vec(),
+        "F64 is rounded straight to bf16"
+    );
+    let cfg = read_json(&out.join("config.json"));
+    assert_eq!(cfg["torch_dtype"], "bfloat16");
+    assert_eq!(cfg["text_config"]["dtype"], "bfloat16");
 }
 
 #[test]
@@ -508,7 +715,10 @@ fn dequantize_with_a_bad_module_in_the_second_shard_leaves_nothing() {
     let model = sharded_with_bad_scale(tmp.path());
     // The first shard and the container of the second are still valid.
     let o = run_path("inspect", &model, &["--json"]);
-    ok(&o, "inspect still reads the checkpoint");
+    assert_eq!(o.status.code(), Some(3), "inspect reports the fault");
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["errors"][0]["rule"], "TEN-003", "{report}");
+    assert!(report["tensors"].as_array().is_some_and(|t| !t.is_empty()));
     let out = tmp.path().join("dense");
     let o = dequantize_cpu(&model, &out, &[]);
     failed(&o, "dequantize with a bad scale shape in the second shard");

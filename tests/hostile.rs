@@ -1752,9 +1752,14 @@ fn check_case(case: &Case) {
                 let err = stderr(&o);
                 assert_eq!(err.lines().count(), 1, "inspect stderr:\n{err}");
                 assert!(err.starts_with("error: ") && err.contains(&tag), "{err}");
+                if json {
+                    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+                    assert_eq!(v["errors"][0]["rule"], id, "inspect --json: {v}");
+                }
             }
             Stage::Plan => {
-                assert_eq!(o.status.code(), Some(0), "inspect: {}", stderr(&o));
+                // The report is printed, and the status is validate's.
+                assert_eq!(o.status.code(), Some(code), "inspect: {}", stderr(&o));
                 if json {
                     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
                     assert_eq!(v["errors"][0]["rule"], id, "inspect --json");

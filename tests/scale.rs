@@ -446,7 +446,12 @@ fn shard_runs_then_merge_index_equal_one_plain_run() {
     );
     assert_same_files(&out, &before, "a failed merge-index");
 
-    ok(&shards_run(&model, &out, &[SHARD1]), "--shards first");
+    // A path to the shard, as a shell completes it, names it too.
+    let first = model.join(SHARD1);
+    ok(
+        &shards_run(&model, &out, &[path_str(&first)]),
+        "--shards first, as a path",
+    );
     ok(&merge_index(&out), "merge-index");
     assert_no_leftovers(&out, "merge-index");
     assert_same_files(
@@ -454,6 +459,14 @@ fn shard_runs_then_merge_index_equal_one_plain_run() {
         &want,
         "two --shards runs + merge-index vs one plain run",
     );
+    let again = merge_index(&out);
+    ok(&again, "merge-index a second time");
+    assert!(
+        stderr(&again).contains("already merged"),
+        "{}",
+        stderr(&again)
+    );
+    assert_same_files(&out, &want, "a second merge-index");
 
     // Both shards in one run, in either order.
     for (k, list) in [[SHARD1, SHARD2], [SHARD2, SHARD1]].iter().enumerate() {
@@ -658,7 +671,28 @@ fn merge_index_refuses_a_tensor_mapped_by_two_parts() {
 }
 
 #[test]
-fn merge_index_without_parts_fails() {
+fn shards_that_are_not_the_inputs_are_refused() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+    // The same file name elsewhere is not this checkpoint's shard.
+    let elsewhere = tmp.path().join("copy");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::copy(model.join(SHARD1), elsewhere.join(SHARD1)).unwrap();
+    for arg in [
+        path_str(&elsewhere.join(SHARD1)).to_string(),
+        "model-00003-of-00002.safetensors".to_string(),
+        path_str(&model.join("config.json")).to_string(),
+    ] {
+        let out = tmp.path().join("out");
+        let o = shards_run(&model, &out, &[&arg]);
+        error_line(&o, &format!("--shards {arg}"), "ARG-001", &[&arg]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(!out.exists(), "--shards {arg} left {}", out.display());
+    }
+}
+
+#[test]
+fn merge_index_without_parts_fails_unless_already_merged() {
     let tmp = tempfile::tempdir().unwrap();
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
@@ -677,12 +711,9 @@ fn merge_index_without_parts_fails() {
         "plain dequantize",
     );
     let before = snapshot(&plain);
-    error_line(
-        &merge_index(&plain),
-        "merge-index of a plain output",
-        "ST-002",
-        &[PART_SUFFIX],
-    );
+    let o = merge_index(&plain);
+    ok(&o, "merge-index of a plain output");
+    assert!(stderr(&o).contains("already merged"), "{}", stderr(&o));
     assert_same_files(&plain, &before, "merge-index of a plain output");
 
     let missing = tmp.path().join("missing");

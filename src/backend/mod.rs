@@ -163,13 +163,16 @@ pub fn select_notifying(
             None => Err(Error::new(
                 Rule::Gpu,
                 "--backend",
-                "gpu: no GPU adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)",
+                format!("gpu: {}", gpu::no_adapter_message(true)),
             )),
         },
         BackendChoice::Auto => match gpu::find_adapter() {
             Some(adapter) if gpu::is_hardware(&adapter) => match Gpu::open(&adapter) {
                 Ok(g) => Ok((Box::new(Fallback::new(g, notify)), None)),
-                Err(e) => Ok((Box::new(Cpu::new()), Some(format!("{e}; decoding on the CPU")))),
+                Err(e) => Ok((
+                    Box::new(Cpu::new()),
+                    Some(format!("{e}; decoding on the CPU")),
+                )),
             },
             Some(adapter) => Ok((
                 Box::new(Cpu::new()),
@@ -178,7 +181,13 @@ pub fn select_notifying(
                     adapter.get_info().name
                 )),
             )),
-            None => Ok((Box::new(Cpu::new()), Some("no GPU adapter found; decoding on the CPU".into()))),
+            None => Ok((
+                Box::new(Cpu::new()),
+                Some(format!(
+                    "{}; decoding on the CPU",
+                    gpu::no_adapter_message(false)
+                )),
+            )),
         },
     }
 }

@@ -41,6 +41,38 @@ pub fn find_adapter() -> Option<wgpu::Adapter> {
     pollster::block_on(instance.request_adapter(&options)).ok()
 }
 
+/// Why [`find_adapter`] found none, naming the filters that were set, and
+/// with `remedy` what to do about it.
+pub fn no_adapter_message(remedy: bool) -> String {
+    let filters: Vec<String> = ["WGPU_BACKEND", "WGPU_ADAPTER_NAME"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
+        .collect();
+    if filters.is_empty() {
+        let fix = " (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)";
+        return format!("no GPU adapter found{}", if remedy { fix } else { "" });
+    }
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let names: Vec<String> = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(|a| format!("{} on {:?}", a.get_info().name, a.get_info().backend))
+        .collect();
+    format!(
+        "no GPU adapter matches {} (adapters: {}){}",
+        filters.join(" "),
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        },
+        if remedy {
+            "; change or unset it, or use --backend cpu"
+        } else {
+            ""
+        }
+    )
+}
+
 /// True for adapters that are real hardware (not llvmpipe / WARP).
 pub fn is_hardware(adapter: &wgpu::Adapter) -> bool {
     adapter.get_info().device_type != wgpu::DeviceType::Cpu

@@ -1,5 +1,7 @@
 //! The `wgpu-dequant` command line.
 
+mod signals;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -8,12 +10,19 @@ use clap::{Parser, Subcommand, ValueEnum};
 use wgpu_dequant::convert::{self, ConvertTo};
 use wgpu_dequant::report::{Finding, Report};
 use wgpu_dequant::{
-    backend, writer, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan,
+    backend, writer, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan, Rule,
 };
 
-/// Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt NVFP4) to dense weights.
+/// Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt
+/// NVFP4, SVDQuant) to dense weights.
 #[derive(Parser)]
-#[command(name = "wgpu-dequant", version, about)]
+#[command(
+    name = "wgpu-dequant",
+    version,
+    about,
+    after_help = "Exit status: 0 done, 1 output/I-O/GPU failure, 2 bad arguments, 3 invalid input. \
+                  An interrupted run (Ctrl-C, SIGTERM, SIGHUP) removes what it wrote and ends by that signal."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show the format, schemes, every output tensor and rule findings.
+    /// Show the format, schemes, every output tensor and rule findings
+    /// (exit 0 when clean, 3 with findings, as validate).
     Inspect {
         /// Checkpoint directory or .safetensors file.
         path: PathBuf,
@@ -33,13 +43,15 @@ enum Command {
     Dequantize {
         /// Checkpoint directory or .safetensors file.
         path: PathBuf,
-        /// Output directory (must not exist, or be empty).
+        /// Output directory (must not exist, or be empty). Another run writing
+        /// there makes this one refuse; what a killed run left is removed.
         #[arg(short, long)]
         output: PathBuf,
-        /// Dtype of decoded tensors (auto: the checkpoint's own).
+        /// Dtype of every floating point tensor, decoded or copied, and of
+        /// config.json (auto: the checkpoint's own; copies keep theirs).
         #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
         dtype: DtypeArg,
-        /// Where to decode.
+        /// Where to decode (auto: a hardware GPU when there is one, else the CPU).
         #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
         backend: BackendArg,
         /// Print nothing but errors.
@@ -49,8 +61,9 @@ enum Command {
         /// replaced once everything succeeded, others are left alone.
         #[arg(long)]
         force: bool,
-        /// Only these input shards (file names, comma-separated): OUT may hold
-        /// other runs' shards, and a partial index is written for merge-index.
+        /// Only these input shards (file names or paths, comma-separated): OUT
+        /// may hold other runs' shards, and a partial index is written for
+        /// merge-index.
         #[arg(long, value_delimiter = ',')]
         shards: Option<Vec<String>>,
     },
@@ -82,20 +95,22 @@ enum Command {
         #[arg(long, default_value_t = 8192)]
         cols: usize,
         /// Runs of each measurement; the best is kept.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+        runs: u32,
         /// Also time `dequantize` end to end on a generated checkpoint of
         /// this many GB of bf16 output.
-        #[arg(long)]
+        #[arg(long, value_parser = positive_gb)]
         e2e_gb: Option<f64>,
-        /// Where the end-to-end checkpoint is generated (and removed after).
+        /// An existing directory where the end-to-end checkpoint is generated
+        /// (and removed after).
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Backends to measure.
+        /// What to measure: cpu, gpu (any adapter), or auto (the CPU, and a
+        /// hardware GPU when there is one).
         #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
         backend: BackendArg,
     },
-    /// Check every rule; exit 0 when clean, 1 with findings.
+    /// Check every rule; exit 0 when clean, 3 with findings.
     Validate {
         /// Checkpoint directory or .safetensors file.
         path: PathBuf,
@@ -135,8 +150,19 @@ impl From<BackendArg> for BackendChoice {
     }
 }
 
+fn positive_gb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(gb) if gb > 0.0 && gb.is_finite() => Ok(gb),
+        _ => Err(format!("{s:?} is not a positive number of GB")),
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_window_system_probe();
     let cli = Cli::parse();
+    if let Err(e) = signals::install() {
+        eprintln!("note: cannot listen for interruptions ({e}); an interrupted run leaves its staging folder for the next run to remove");
+    }
     let result = match cli.command {
         Command::Inspect { path, json } => inspect(&path, json),
         Command::Validate { path, json } => validate(&path, json),
@@ -149,10 +175,7 @@ fn main() -> ExitCode {
             force,
             shards,
         } => dequantize(&path, &output, dtype, backend, quiet, force, shards),
-        Command::MergeIndex { dir } => writer::merge_index(&dir).map(|p| {
-            eprintln!("wrote {}", p.display());
-            ExitCode::SUCCESS
-        }),
+        Command::MergeIndex { dir } => merge_index(&dir),
         Command::Bench {
             rows,
             cols,
@@ -160,7 +183,7 @@ fn main() -> ExitCode {
             e2e_gb,
             dir,
             backend,
-        } => bench(rows, cols, runs, e2e_gb, &dir, backend),
+        } => bench(rows, cols, runs as usize, e2e_gb, &dir, backend),
         Command::Convert {
             path,
             output,
@@ -177,23 +200,67 @@ fn main() -> ExitCode {
     }
 }
 
+/// Mesa's Vulkan device-select layer, loaded into every Vulkan process,
+/// connects to the Wayland and X servers whenever an adapter is probed, and
+/// libwayland prints `error: XDG_RUNTIME_DIR is invalid…` on a machine
+/// without a session. This tool never presents to a window and chooses its
+/// adapter itself (power preference, `WGPU_ADAPTER_NAME`), so the layer has
+/// nothing to do for it: it is turned off for this process through its own
+/// documented switch, which also saves about two seconds of probing. Whoever
+/// configured the layer (`NODEVICE_SELECT`, `MESA_VK_DEVICE_SELECT`) keeps it.
+fn quiet_window_system_probe() {
+    #[cfg(all(unix, not(target_vendor = "apple")))]
+    if std::env::var_os("NODEVICE_SELECT").is_none()
+        && std::env::var_os("MESA_VK_DEVICE_SELECT").is_none()
+    {
+        // Before any other thread exists: nothing reads the environment concurrently.
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 fn print_json(v: &impl serde::Serialize) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(v)
-        .map_err(|e| Error::new(wgpu_dequant::Rule::Io, "stdout", e.to_string()))?;
+        .map_err(|e| Error::new(Rule::Io, "stdout", e.to_string()))?;
     println!("{text}");
     Ok(())
 }
 
-fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    let ckpt = Checkpoint::open(path)?;
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
-    let report = Report::new(&plan);
-    if json {
-        print_json(&report)?;
-    } else {
-        print!("{}", report.text());
+/// The exit status for a report's findings: 0 when clean, else the first
+/// finding's (3 for every input rule).
+fn findings_status(errors: &[Finding]) -> ExitCode {
+    match errors.first() {
+        None => ExitCode::SUCCESS,
+        Some(e) => ExitCode::from(e.exit_code),
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// With `--json`, a failure is a JSON object on stdout too (`{"errors":
+/// [finding]}`, as `validate --json` prints), beside the usual stderr line.
+fn json_failure(json: bool, result: Result<ExitCode, Error>) -> Result<ExitCode, Error> {
+    match result {
+        Err(e) if json => {
+            print_json(&serde_json::json!({ "errors": [Finding::from(&e)], "warnings": [] }))?;
+            Err(e)
+        }
+        other => other,
+    }
+}
+
+fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    json_failure(
+        json,
+        (|| {
+            let ckpt = Checkpoint::open(path)?;
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+            let report = Report::new(&plan);
+            if json {
+                print_json(&report)?;
+            } else {
+                print!("{}", report.text());
+            }
+            Ok(findings_status(&report.errors))
+        })(),
+    )
 }
 
 fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
@@ -211,20 +278,16 @@ fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
         print_json(&serde_json::json!({ "errors": errors, "warnings": warnings }))?;
     } else {
         for e in &errors {
-            println!("error   {}", e.message);
+            println!("error: {}", e.message);
         }
         for w in &warnings {
-            println!("warning {}: {}", w.subject, w.detail);
+            println!("warning: {}: {}", w.subject, w.detail);
         }
         if errors.is_empty() {
             println!("ok: {} ({} warnings)", path.display(), warnings.len());
         }
     }
-    // Findings are faults of the input: the exit status an error has.
-    Ok(match errors.first() {
-        None => ExitCode::SUCCESS,
-        Some(e) => ExitCode::from(e.exit_code),
-    })
+    Ok(findings_status(&errors))
 }
 
 fn dequantize(
@@ -248,7 +311,13 @@ fn dequantize(
     plan.check()?;
     let choice = BackendChoice::from(backend);
     let target = match shards {
-        Some(list) => writer::OutputDir::for_shards(out, list)?,
+        Some(list) => {
+            let names = list
+                .iter()
+                .map(|s| ckpt.shard_file_name(s).map(str::to_string))
+                .collect::<Result<Vec<_>, _>>()?;
+            writer::OutputDir::for_shards(out, names)?
+        }
         None if force => writer::OutputDir::force(out)?,
         None => writer::OutputDir::create(out)?,
     };
@@ -267,6 +336,15 @@ fn dequantize(
             plan.format.describe(),
             backend.name()
         );
+        if plan.decoded() == 0 {
+            eprintln!(
+                "note: nothing to decode (no quantized module); the tensors are copied{}",
+                match plan.dtype_choice {
+                    DtypeChoice::Fixed(d) => format!(" as {d}"),
+                    DtypeChoice::Auto => " as they are".to_string(),
+                }
+            );
+        }
     }
     let selected = target.outputs(&plan);
     let total: u64 = selected.iter().map(|o| o.byte_len() as u64).sum();
@@ -275,16 +353,31 @@ fn dequantize(
     meter.finish();
     let summary = summary?;
     if !quiet {
+        let secs = started.elapsed().as_secs_f64();
+        let cast = if summary.cast > 0 {
+            format!(" ({} cast to {})", summary.cast, plan.dtype)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "wrote {}: {} decoded to {}, {} copied, {} dropped, {:.1} MB in {:.2} s",
+            "wrote {}: {} tensors decoded to {} (from {} packs and scales), {} copied{cast}; {} in {:.2} s ({}/s)",
             out.display(),
             summary.decoded,
             plan.dtype,
-            summary.copied,
             summary.dropped,
-            summary.tensor_bytes as f64 / 1e6,
-            started.elapsed().as_secs_f64()
+            summary.copied,
+            megabytes(summary.tensor_bytes as f64),
+            secs,
+            megabytes(summary.tensor_bytes as f64 / secs.max(1e-9)),
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn merge_index(dir: &Path) -> Result<ExitCode, Error> {
+    match writer::merge_index(dir)? {
+        writer::Merged::Wrote(p) => eprintln!("wrote {}", p.display()),
+        writer::Merged::Already(p) => eprintln!("{} is already merged; nothing to do", p.display()),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -320,54 +413,83 @@ fn bench(
 ) -> Result<ExitCode, Error> {
     if rows == 0 || cols == 0 || !cols.is_multiple_of(128) {
         return Err(Error::new(
-            wgpu_dequant::Rule::Argument,
+            Rule::Argument,
             "--cols",
             "rows must be positive and cols a positive multiple of 128",
         ));
     }
+    if e2e_gb.is_some() && !dir.is_dir() {
+        return Err(Error::new(
+            Rule::Argument,
+            dir,
+            "--dir is not an existing directory",
+        ));
+    }
+    // What runs: `gpu` measures the GPU alone (any adapter); `auto` the CPU
+    // and a hardware GPU, as `dequantize --backend auto` would use.
     let choice = BackendChoice::from(backend);
-    println!("{}", wgpu_dequant::bench::cpu_kernel(rows, cols, runs)?);
-    if choice != BackendChoice::Cpu {
-        match wgpu_dequant::gpu::find_adapter() {
-            Some(adapter) => {
-                let decoder = wgpu_dequant::gpu::GpuDecoder::open(&adapter)?;
-                println!("gpu: {}", adapter.get_info().name);
-                println!(
-                    "{}",
-                    wgpu_dequant::bench::gpu_kernel(&decoder, rows, cols, runs)?
-                );
+    let gpu = match choice {
+        BackendChoice::Cpu => None,
+        BackendChoice::Gpu => Some(wgpu_dequant::gpu::find_adapter().ok_or_else(|| {
+            Error::new(
+                Rule::Gpu,
+                "--backend",
+                format!("gpu: {}", wgpu_dequant::gpu::no_adapter_message(true)),
+            )
+        })?),
+        BackendChoice::Auto => {
+            match wgpu_dequant::gpu::find_adapter() {
+                Some(a) if wgpu_dequant::gpu::is_hardware(&a) => Some(a),
+                Some(a) => {
+                    println!("gpu: only a software adapter ({}); not measured (--backend gpu measures it)", a.get_info().name);
+                    None
+                }
+                None => {
+                    println!("gpu: no adapter found; not measured");
+                    None
+                }
             }
-            None if choice == BackendChoice::Gpu => {
-                return Err(Error::new(
-                    wgpu_dequant::Rule::Gpu,
-                    "--backend",
-                    "gpu: no GPU adapter found",
-                ))
-            }
-            None => println!("gpu: no adapter found, not measured"),
         }
+    };
+    if choice != BackendChoice::Gpu {
+        println!("{}", wgpu_dequant::bench::cpu_kernel(rows, cols, runs)?);
+    }
+    if let Some(adapter) = &gpu {
+        let decoder = wgpu_dequant::gpu::GpuDecoder::open(adapter)?;
+        println!("gpu: {}", adapter.get_info().name);
+        println!(
+            "{}",
+            wgpu_dequant::bench::gpu_kernel(&decoder, rows, cols, runs)?
+        );
     }
     if let Some(gb) = e2e_gb {
-        let backends: &[BackendChoice] = match choice {
-            BackendChoice::Auto => &[BackendChoice::Cpu, BackendChoice::Gpu],
-            _ => std::slice::from_ref(&choice),
-        };
-        for &b in backends {
-            if b == BackendChoice::Gpu && wgpu_dequant::gpu::find_adapter().is_none() {
-                continue;
-            }
+        let mut backends = Vec::new();
+        if choice != BackendChoice::Gpu {
+            backends.push((BackendChoice::Cpu, "cpu"));
+        }
+        if gpu.is_some() {
+            backends.push((BackendChoice::Gpu, "gpu"));
+        }
+        for (b, label) in backends {
             let e = wgpu_dequant::bench::end_to_end(dir, gb, b)?;
             println!(
-                "{} [{:?}; input {:.2} GB; peak RSS {}]",
+                "{} [{label}; input {}; peak RSS {}]",
                 e.figure,
-                b,
-                e.input_bytes as f64 / 1e9,
-                e.peak_rss
-                    .map_or("n/a".into(), |r| format!("{:.0} MB", r as f64 / 1e6))
+                megabytes(e.input_bytes as f64),
+                e.peak_rss.map_or("n/a".into(), |r| megabytes(r as f64))
             );
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes for people, in decimal units as everywhere in this tool's output.
+fn megabytes(bytes: f64) -> String {
+    if bytes >= 1e9 {
+        format!("{:.2} GB", bytes / 1e9)
+    } else {
+        format!("{:.1} MB", bytes / 1e6)
+    }
 }
 
 /// Progress for long runs: a bar on a terminal, a plain line every few
@@ -389,8 +511,9 @@ impl Meter {
         let terminal = std::io::stderr().is_terminal();
         let bar = (!quiet && terminal).then(|| {
             let bar = indicatif::ProgressBar::new(total);
+            // Decimal units, as in the summary; the bar takes what width is left.
             let style = indicatif::ProgressStyle::with_template(
-                "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+                "{wide_bar} {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta} {msg}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
             bar.set_style(style);
@@ -421,11 +544,11 @@ impl Meter {
             let rate = self.done_bytes as f64 / secs.max(1e-9);
             let left = self.total.saturating_sub(self.done_bytes) as f64 / rate.max(1.0);
             eprintln!(
-                "progress: {:.0}% ({:.2} of {:.2} GB, {tensors}, {:.2} GB/s, {:.0} s left)",
+                "progress: {:.0}% ({} of {}, {tensors}, {}/s, {:.0} s left)",
                 100.0 * self.done_bytes as f64 / self.total.max(1) as f64,
-                self.done_bytes as f64 / 1e9,
-                self.total as f64 / 1e9,
-                rate / 1e9,
+                megabytes(self.done_bytes as f64),
+                megabytes(self.total as f64),
+                megabytes(rate),
                 left
             );
         }

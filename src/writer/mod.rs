@@ -5,7 +5,10 @@
 //! rows at a time. Everything goes to a staging folder inside the output
 //! directory and is renamed into place only when all of it succeeded; on any
 //! failure the staging folder (and the output directory, if this run created
-//! it) is removed.
+//! it) is removed; see [`staging`] for how runs exclude each other and how an
+//! interrupted run is undone.
+
+mod staging;
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -13,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 use serde_json::{Map, Value};
+
+pub use staging::{interrupt, STAGING};
+use staging::{Mode, Staging};
 
 use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, INDEX_FILE};
@@ -23,9 +29,6 @@ use crate::plan::{Output, Plan, Source};
 /// being decoded, one queued, one being written).
 const CHUNK_BYTES: usize = 32 << 20;
 
-/// Name of the staging folder inside the output directory.
-const STAGING: &str = ".wgpu-dequant-partial";
-
 /// File name ending of the partial index a `--shards` run writes.
 pub const PART_SUFFIX: &str = ".index-part.json";
 
@@ -34,202 +37,19 @@ pub const PART_SUFFIX: &str = ".index-part.json";
 pub struct Summary {
     /// Tensors decoded from quantized modules.
     pub decoded: usize,
-    /// Tensors copied unchanged (possibly under a new name).
+    /// Tensors copied (possibly under a new name), cast ones included.
     pub copied: usize,
+    /// Copied tensors converted to the `--dtype` asked for.
+    pub cast: usize,
     /// Tensors computed while planning (converted scales).
     pub converted: usize,
-    /// Input tensors left out (scales, shapes, activation parameters).
+    /// Input tensors used up by decoding or not part of a dense checkpoint
+    /// (packs, scales, shapes, activation parameters).
     pub dropped: usize,
     /// Tensor bytes written.
     pub tensor_bytes: u64,
     /// Files written.
     pub files: Vec<PathBuf>,
-}
-
-/// Removes the staging folder, files already moved out of it and the
-/// directories this run created, unless [`Staging::commit`] finished.
-struct Staging {
-    out: PathBuf,
-    dir: PathBuf,
-    /// Directories this run created, deepest first.
-    created: Vec<PathBuf>,
-    moved: Vec<PathBuf>,
-    /// The output directory is shared with other `--shards` runs.
-    shared: bool,
-    /// Files of the same name already there are replaced (`--force`); they
-    /// wait in `replaced` (backup, original) until the commit is done.
-    force: bool,
-    replaced: Vec<(PathBuf, PathBuf)>,
-    done: bool,
-}
-
-/// How an output directory may be used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode<'t> {
-    /// It must not exist or be empty.
-    Fresh,
-    /// It may hold anything; files of the same name are replaced.
-    Force,
-    /// It may hold other `--shards` runs' parts (tagged by this run's name).
-    Shared(&'t str),
-}
-
-impl Staging {
-    /// Stages into `out` as `mode` allows.
-    fn new(out: &Path, mode: Mode<'_>) -> Result<Staging> {
-        let shared = match mode {
-            Mode::Shared(tag) => Some(tag),
-            _ => None,
-        };
-        let mut created = Vec::new();
-        match fs::read_dir(out) {
-            Ok(_) if mode != Mode::Fresh => {}
-            Ok(entries) => {
-                let names: Vec<_> = entries
-                    .take(2)
-                    .filter_map(|e| e.ok())
-                    .map(|e| e.file_name())
-                    .collect();
-                if names.len() == 1 && names[0] == STAGING {
-                    return Err(Error::new(
-                        Rule::Output,
-                        out,
-                        format!(
-                            "holds only {STAGING}, left by an interrupted run; remove it and retry"
-                        ),
-                    ));
-                }
-                if !names.is_empty() {
-                    return Err(Error::new(
-                        Rule::Output,
-                        out,
-                        "output directory is not empty; refusing to write into it (--force replaces files of the same names)",
-                    ));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut p = out;
-                while !p.exists() {
-                    created.push(p.to_path_buf());
-                    match p.parent() {
-                        Some(q) if !q.as_os_str().is_empty() => p = q,
-                        _ => break,
-                    }
-                }
-                fs::create_dir_all(out)
-                    .map_err(|e| Error::io(out, "cannot create output directory", e))?;
-            }
-            Err(e) => return Err(Error::io(out, "cannot use as output directory", e)),
-        }
-        let staging = Staging {
-            out: out.to_path_buf(),
-            dir: match shared {
-                Some(tag) => out.join(format!("{STAGING}-{tag}")),
-                None => out.join(STAGING),
-            },
-            created,
-            moved: Vec::new(),
-            shared: shared.is_some(),
-            force: mode == Mode::Force,
-            replaced: Vec::new(),
-            done: false,
-        };
-        fs::create_dir(&staging.dir)
-            .map_err(|e| Error::io(&staging.dir, "cannot create staging folder", e))?;
-        Ok(staging)
-    }
-
-    fn create(&self, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
-        let path = self.dir.join(name);
-        let f = File::create(&path).map_err(|e| Error::io(&path, "cannot create", e))?;
-        Ok((path, BufWriter::with_capacity(1 << 20, f)))
-    }
-
-    /// Moves every staged file into the output directory. In a shared
-    /// directory, weights and index parts must be new, and the files every
-    /// part writes alike (config.json, side files) are kept when present.
-    fn commit(mut self) -> Result<Vec<PathBuf>> {
-        let mut staged = Vec::new();
-        let entries =
-            fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
-            staged.push((entry.path(), self.out.join(entry.file_name())));
-        }
-        if self.shared {
-            let own = |p: &Path| {
-                let name = p.to_string_lossy();
-                name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
-            };
-            if let Some((_, to)) = staged.iter().find(|(_, to)| own(to) && to.exists()) {
-                return Err(Error::new(
-                    Rule::Output,
-                    to,
-                    "already written by another run; refusing to replace it",
-                ));
-            }
-            staged.retain(|(_, to)| own(to) || !to.exists());
-        }
-        if let Some((_, to)) = staged.iter().find(|(_, to)| to.is_dir()) {
-            return Err(Error::new(
-                Rule::Output,
-                to,
-                "is a directory; only files are ever replaced",
-            ));
-        }
-        if self.force {
-            // Set what is replaced aside, to be put back if anything fails.
-            let aside = self.out.join(format!("{STAGING}-replaced"));
-            for (_, to) in staged.iter().filter(|(_, to)| to.exists()) {
-                if self.replaced.is_empty() {
-                    fs::create_dir(&aside).map_err(|e| Error::io(&aside, "cannot create", e))?;
-                }
-                let backup = aside.join(to.file_name().unwrap_or_default());
-                fs::rename(to, &backup).map_err(|e| Error::io(to, "cannot set aside", e))?;
-                self.replaced.push((backup, to.clone()));
-            }
-        }
-        for (from, to) in staged {
-            fs::rename(&from, &to).map_err(|e| Error::io(&to, "cannot move into place", e))?;
-            self.moved.push(to);
-        }
-        // What a shared run kept instead of moving goes with the staging folder.
-        let removed = if self.shared {
-            fs::remove_dir_all(&self.dir)
-        } else {
-            fs::remove_dir(&self.dir)
-        };
-        removed.map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
-        self.done = true;
-        if let Some(aside) = self.replaced.first().and_then(|(b, _)| b.parent()) {
-            let _ = fs::remove_dir_all(aside);
-        }
-        let mut moved = std::mem::take(&mut self.moved);
-        moved.sort();
-        Ok(moved)
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let _ = fs::remove_dir_all(&self.dir);
-        for f in &self.moved {
-            let _ = fs::remove_file(f);
-        }
-        for (backup, original) in &self.replaced {
-            let _ = fs::rename(backup, original);
-        }
-        if let Some(aside) = self.replaced.first().and_then(|(b, _)| b.parent()) {
-            let _ = fs::remove_dir(aside);
-        }
-        // Only empty directories go: never anything this run did not make.
-        for d in &self.created {
-            let _ = fs::remove_dir(d);
-        }
-    }
 }
 
 fn finish(path: &Path, w: BufWriter<File>) -> Result<()> {
@@ -239,8 +59,14 @@ fn finish(path: &Path, w: BufWriter<File>) -> Result<()> {
     f.sync_all().map_err(|e| Error::io(path, "cannot sync", e))
 }
 
+/// Creates file `name` in the staging folder, buffered.
+fn create(staging: &Staging, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
+    let (path, f) = staging.create(name)?;
+    Ok((path, BufWriter::with_capacity(1 << 20, f)))
+}
+
 fn write_json(staging: &Staging, name: &str, v: &Value) -> Result<PathBuf> {
-    let (path, mut w) = staging.create(name)?;
+    let (path, mut w) = create(staging, name)?;
     let mut text =
         serde_json::to_vec_pretty(v).map_err(|e| Error::new(Rule::Io, &path, e.to_string()))?;
     text.push(b'\n');
@@ -413,10 +239,10 @@ impl OutputDir {
     ) -> Result<Summary> {
         plan.check()?;
         let input = plan.checkpoint.dir.canonicalize().ok();
-        if input.is_some() && self.staging.out.canonicalize().ok() == input {
+        if input.is_some() && self.staging.out().canonicalize().ok() == input {
             return Err(Error::new(
                 Rule::Output,
-                &self.staging.out,
+                self.staging.out(),
                 "is the input checkpoint's directory; refusing to write into it",
             ));
         }
@@ -479,7 +305,7 @@ fn write_into(
             continue;
         }
         written.push(shard.file_name.clone());
-        let (path, mut w) = staging.create(&shard.file_name)?;
+        let (path, mut w) = create(&staging, &shard.file_name)?;
         w.write_all(&header(&tensors))
             .map_err(|e| Error::io(&path, "cannot write", e))?;
         let w = write_shard(ckpt, &tensors, backend, &path, w, &mut progress)?;
@@ -488,6 +314,10 @@ fn write_into(
             summary.tensor_bytes += t.byte_len() as u64;
             match t.source {
                 Source::Copy(_) => summary.copied += 1,
+                Source::Cast(..) => {
+                    summary.copied += 1;
+                    summary.cast += 1;
+                }
                 Source::Decode(_) | Source::Assemble(_) | Source::Bias(_) => summary.decoded += 1,
                 Source::Bytes(_) => summary.converted += 1,
             }
@@ -541,10 +371,14 @@ fn write_into(
         write_json(&staging, "config.json", cfg)?;
     }
     for (path, name) in &plan.side_files {
-        let to = staging.dir.join(name);
-        fs::copy(path, &to).map_err(|e| Error::io(path, "cannot copy", e))?;
+        staging.copy_in(path, name)?;
     }
-    summary.files = staging.commit()?;
+    // In a shared directory, these are this run's alone; the rest every part
+    // writes alike.
+    summary.files = staging.commit(|p| {
+        let name = p.to_string_lossy();
+        name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
+    })?;
     Ok(summary)
 }
 
@@ -605,16 +439,30 @@ fn write_shard(
     })
 }
 
+/// What [`merge_index`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Merged {
+    /// Wrote the index at this path.
+    Wrote(PathBuf),
+    /// The index at this path was already merged: no parts were left.
+    Already(PathBuf),
+}
+
 /// Joins the partial indexes `--shards` runs wrote into `out` into
 /// `model.safetensors.index.json`, once every shard is there; the parts are
-/// removed. Fails (ST-002) naming the shards still missing.
-pub fn merge_index(out: &Path) -> Result<PathBuf> {
+/// removed, so a second call finds the index already merged. Fails (ST-002)
+/// naming the shards still missing.
+pub fn merge_index(out: &Path) -> Result<Merged> {
     let mut parts: Vec<PathBuf> = fs::read_dir(out)
         .map_err(|e| Error::io(out, "cannot list", e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.to_string_lossy().ends_with(PART_SUFFIX))
         .collect();
     parts.sort();
+    let path = out.join(INDEX_FILE);
+    if parts.is_empty() && path.is_file() {
+        return Ok(Merged::Already(path));
+    }
     if parts.is_empty() {
         return Err(Error::new(
             Rule::Index,
@@ -693,7 +541,6 @@ pub fn merge_index(out: &Path) -> Result<PathBuf> {
         "metadata": { "total_size": total },
         "weight_map": weight_map,
     });
-    let path = out.join(INDEX_FILE);
     let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
     let mut text =
         serde_json::to_vec_pretty(&index).map_err(|e| Error::new(Rule::Io, &tmp, e.to_string()))?;
@@ -703,5 +550,5 @@ pub fn merge_index(out: &Path) -> Result<PathBuf> {
     for p in parts {
         fs::remove_file(&p).map_err(|e| Error::io(&p, "cannot remove", e))?;
     }
-    Ok(path)
+    Ok(Merged::Wrote(path))
 }

@@ -1,0 +1,420 @@
+//! The staging folder a run writes into before anything reaches the output
+//! directory, and the rules that keep runs from hurting each other:
+//!
+//! - A staging folder holds a `.lock` file that its run keeps locked (an OS
+//!   advisory lock, released by the kernel when the process dies, however it
+//!   dies). A second run into the same place finds the lock held and refuses;
+//!   a staging folder whose lock nobody holds was left by a killed run and is
+//!   removed by whichever run finds it.
+//! - Everything the run puts in the output directory is recorded in a state
+//!   shared with [`interrupt`], so a signal handler can undo the run from
+//!   another thread: the same rollback a failed run does when it is dropped.
+//! - Only files are ever replaced (`--force`), and only once everything is
+//!   written; the replaced files wait in the staging folder until then.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result, Rule};
+
+/// Name of the staging folder inside the output directory; every folder this
+/// tool leaves there for itself starts with it.
+pub const STAGING: &str = ".wgpu-dequant-partial";
+
+/// The lock file inside a staging folder.
+const LOCK: &str = ".lock";
+
+/// Where `--force` keeps the files it replaces until the commit is done.
+const REPLACED: &str = ".replaced";
+
+/// How long a staging folder without its lock file is taken for one being set
+/// up by another run (the lock follows its folder within microseconds).
+const SETUP_GRACE: Duration = Duration::from_millis(500);
+
+/// How an output directory may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode<'t> {
+    /// It must not exist or be empty (stale staging folders aside).
+    Fresh,
+    /// It may hold anything; files of the same name are replaced.
+    Force,
+    /// It may hold other `--shards` runs' parts (tagged by this run's name).
+    Shared(&'t str),
+}
+
+/// What a run has done to the output directory so far: enough to undo it.
+#[derive(Debug, Default)]
+struct State {
+    /// Directories this run created, deepest first.
+    created: Vec<PathBuf>,
+    /// The staging folder, once it exists.
+    dir: Option<PathBuf>,
+    /// Held while the run lives; dropped before the folder is removed.
+    lock: Option<File>,
+    /// Files already moved into the output directory.
+    moved: Vec<PathBuf>,
+    /// Files set aside to be replaced: (backup, original).
+    replaced: Vec<(PathBuf, PathBuf)>,
+    /// Committed, or rolled back: nothing more may happen.
+    finished: bool,
+}
+
+impl State {
+    fn check_open(&self, what: &Path) -> Result<()> {
+        if self.finished {
+            return Err(Error::new(Rule::Io, what, "the run was interrupted"));
+        }
+        Ok(())
+    }
+
+    /// Undoes everything this run did in the output directory.
+    fn rollback(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        for f in &self.moved {
+            let _ = fs::remove_file(f);
+        }
+        for (backup, original) in &self.replaced {
+            let _ = fs::rename(backup, original);
+        }
+        self.lock = None;
+        if let Some(dir) = &self.dir {
+            let _ = fs::remove_dir_all(dir);
+        }
+        // Only empty directories go: never anything this run did not make.
+        for d in &self.created {
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// Every run in progress in this process, for [`interrupt`].
+static ACTIVE: Mutex<Vec<Weak<Mutex<State>>>> = Mutex::new(Vec::new());
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Undoes every write in progress in this process (staging folders, files
+/// already moved, files set aside by `--force`, directories created) and
+/// refuses any later one. For signal handlers: the process should exit
+/// right after. A write that already committed stays.
+pub fn interrupt() {
+    let runs: Vec<Arc<Mutex<State>>> = {
+        let mut active = lock(&ACTIVE);
+        INTERRUPTED.store(true, Ordering::SeqCst);
+        active.retain(|w| w.strong_count() > 0);
+        active.iter().filter_map(Weak::upgrade).collect()
+    };
+    for run in runs {
+        // Waits for a commit under way: a run is undone whole or not at all.
+        lock(&run).rollback();
+    }
+}
+
+/// A staging folder claimed for one run. Dropping it before
+/// [`Staging::commit`] undoes the run.
+pub struct Staging {
+    state: Arc<Mutex<State>>,
+    out: PathBuf,
+    dir: PathBuf,
+    /// The output directory is shared with other `--shards` runs.
+    shared: bool,
+    /// Files of the same names are replaced (`--force`).
+    force: bool,
+}
+
+impl Staging {
+    /// Claims a staging folder in `out` as `mode` allows, creating `out` (and
+    /// its missing parents) when needed.
+    pub fn new(out: &Path, mode: Mode<'_>) -> Result<Staging> {
+        let state = Arc::new(Mutex::new(State::default()));
+        {
+            let mut active = lock(&ACTIVE);
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                return Err(Error::new(Rule::Io, out, "the run was interrupted"));
+            }
+            active.push(Arc::downgrade(&state));
+        }
+        let dir = match mode {
+            Mode::Shared(tag) => out.join(format!("{STAGING}-{tag}")),
+            _ => out.join(STAGING),
+        };
+        let staging = Staging {
+            state,
+            out: out.to_path_buf(),
+            dir,
+            shared: matches!(mode, Mode::Shared(_)),
+            force: mode == Mode::Force,
+        };
+        match fs::read_dir(out) {
+            Ok(entries) if mode == Mode::Fresh => staging.require_empty(entries)?,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => staging.create_out()?,
+            Err(e) => return Err(Error::io(out, "cannot use as output directory", e)),
+        }
+        staging.claim()?;
+        Ok(staging)
+    }
+
+    /// The output directory.
+    pub fn out(&self) -> &Path {
+        &self.out
+    }
+
+    /// Fails unless `out` holds nothing but what killed runs left.
+    fn require_empty(&self, entries: fs::ReadDir) -> Result<()> {
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&self.out, "cannot list", e))?;
+            let name = entry.file_name();
+            if !name.to_string_lossy().starts_with(STAGING) {
+                return Err(Error::new(
+                    Rule::Output,
+                    &self.out,
+                    "output directory is not empty; refusing to write into it (--force replaces files of the same names)",
+                ));
+            }
+            self.clear_stale(&entry.path())?;
+        }
+        Ok(())
+    }
+
+    /// Creates `out` and its missing parents, recording each first so that an
+    /// interruption at any point removes them.
+    fn create_out(&self) -> Result<()> {
+        let mut state = lock(&self.state);
+        state.check_open(&self.out)?;
+        let mut p = self.out.as_path();
+        while !p.exists() {
+            state.created.push(p.to_path_buf());
+            match p.parent() {
+                Some(q) if !q.as_os_str().is_empty() => p = q,
+                _ => break,
+            }
+        }
+        fs::create_dir_all(&self.out)
+            .map_err(|e| Error::io(&self.out, "cannot create output directory", e))
+    }
+
+    /// Creates the staging folder with its lock held, taking over one that a
+    /// killed run left behind.
+    fn claim(&self) -> Result<()> {
+        loop {
+            {
+                let mut state = lock(&self.state);
+                state.check_open(&self.dir)?;
+                match fs::create_dir(&self.dir) {
+                    Ok(()) => {
+                        state.dir = Some(self.dir.clone());
+                        let path = self.dir.join(LOCK);
+                        let mut file = File::create(&path)
+                            .map_err(|e| Error::io(&path, "cannot create", e))?;
+                        file.lock()
+                            .map_err(|e| Error::io(&path, "cannot lock", e))?;
+                        // Who holds it, for the message a second run prints.
+                        let _ = writeln!(file, "{}", std::process::id());
+                        state.lock = Some(file);
+                        return Ok(());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Error::io(&self.dir, "cannot create staging folder", e)),
+                }
+            }
+            self.clear_stale(&self.dir)?;
+        }
+    }
+
+    /// Removes `path`, a folder this tool left in the output directory, unless
+    /// a live run owns it: then refuses, naming it.
+    fn clear_stale(&self, path: &Path) -> Result<()> {
+        let lock_path = path.join(LOCK);
+        let since = Instant::now();
+        let held = loop {
+            match File::options().read(true).write(true).open(&lock_path) {
+                Ok(f) => break Some(f),
+                // A folder being set up gets its lock file at once; one without
+                // it after that was left by a run killed at that moment, by an
+                // older version, or is a takeover's leftover.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if !path.exists() {
+                        return Ok(());
+                    }
+                    if since.elapsed() > SETUP_GRACE || !is_staging_name(path) {
+                        break None;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(Error::io(&lock_path, "cannot open", e)),
+            }
+        };
+        if let Some(file) = &held {
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let mut pid = String::new();
+                    let _ = (&*file).read_to_string(&mut pid);
+                    let pid = pid.trim();
+                    let who = if pid.is_empty() {
+                        "another wgpu-dequant run".to_string()
+                    } else {
+                        format!("another wgpu-dequant run (pid {pid})")
+                    };
+                    return Err(Error::new(
+                        Rule::Output,
+                        &self.out,
+                        format!("{who} is writing here; wait for it to finish or choose another directory"),
+                    ));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(Error::io(&lock_path, "cannot lock", e))
+                }
+            }
+            // The lock is ours: its owner is gone. Make sure the folder still
+            // holds this very lock file (another run may have taken it over
+            // and started afresh in between), then move it out of the way
+            // while holding the lock, so no one else takes it over too.
+            if !same_file(file, &lock_path) {
+                return Ok(());
+            }
+        }
+        let aside = self.out.join(format!(
+            "{STAGING}.stale-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        match fs::rename(path, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(path, "cannot remove stale staging folder", e)),
+        }
+        drop(held);
+        restore_replaced(&aside, &self.out);
+        fs::remove_dir_all(&aside)
+            .map_err(|e| Error::io(&aside, "cannot remove stale staging folder", e))
+    }
+
+    /// Creates file `name` in the staging folder.
+    pub fn create(&self, name: &str) -> Result<(PathBuf, File)> {
+        let path = self.dir.join(name);
+        let state = lock(&self.state);
+        state.check_open(&path)?;
+        let f = File::create(&path).map_err(|e| Error::io(&path, "cannot create", e))?;
+        Ok((path, f))
+    }
+
+    /// Copies file `from` into the staging folder as `name`.
+    pub fn copy_in(&self, from: &Path, name: &str) -> Result<()> {
+        let state = lock(&self.state);
+        state.check_open(from)?;
+        fs::copy(from, self.dir.join(name)).map_err(|e| Error::io(from, "cannot copy", e))?;
+        Ok(())
+    }
+
+    /// Moves every staged file into the output directory and returns their
+    /// paths, sorted. In a shared directory, weights and index parts must be
+    /// new, and the files every part writes alike (config.json, side files)
+    /// are kept when present. Holds the state for the whole move, so an
+    /// interruption undoes all of it or none.
+    pub fn commit(self, owned: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>> {
+        let mut state = lock(&self.state);
+        state.check_open(&self.dir)?;
+        let mut staged = Vec::new();
+        let entries =
+            fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+            let name = entry.file_name();
+            if name != LOCK && name != REPLACED {
+                staged.push((entry.path(), self.out.join(name)));
+            }
+        }
+        if self.shared {
+            if let Some((_, to)) = staged.iter().find(|(_, to)| owned(to) && to.exists()) {
+                return Err(Error::new(
+                    Rule::Output,
+                    to,
+                    "already written by another run; refusing to replace it",
+                ));
+            }
+            staged.retain(|(_, to)| owned(to) || !to.exists());
+        }
+        if let Some((_, to)) = staged.iter().find(|(_, to)| to.is_dir()) {
+            return Err(Error::new(
+                Rule::Output,
+                to,
+                "is a directory; only files are ever replaced",
+            ));
+        }
+        if self.force {
+            // Set what is replaced aside, to be put back if anything fails.
+            let aside = self.dir.join(REPLACED);
+            for (_, to) in staged.iter().filter(|(_, to)| to.exists()) {
+                if state.replaced.is_empty() {
+                    fs::create_dir(&aside).map_err(|e| Error::io(&aside, "cannot create", e))?;
+                }
+                let backup = aside.join(to.file_name().unwrap_or_default());
+                fs::rename(to, &backup).map_err(|e| Error::io(to, "cannot set aside", e))?;
+                state.replaced.push((backup, to.clone()));
+            }
+        }
+        for (from, to) in staged {
+            fs::rename(&from, &to).map_err(|e| Error::io(&to, "cannot move into place", e))?;
+            state.moved.push(to);
+        }
+        state.lock = None;
+        fs::remove_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
+        state.finished = true;
+        let mut moved = std::mem::take(&mut state.moved);
+        moved.sort();
+        Ok(moved)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        lock(&self.state).rollback();
+        lock(&ACTIVE).retain(|w| w.strong_count() > 0 && !w.ptr_eq(&Arc::downgrade(&self.state)));
+    }
+}
+
+/// Whether `path` is a staging folder's own name (not a takeover's leftover).
+fn is_staging_name(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| {
+        !n.to_string_lossy()
+            .starts_with(&format!("{STAGING}.stale-"))
+    })
+}
+
+/// Whether the open `file` is the file at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    let (Ok(held), Ok(there)) = (
+        file.try_clone().and_then(same_file::Handle::from_file),
+        same_file::Handle::from_path(path),
+    ) else {
+        return false;
+    };
+    held == there
+}
+
+/// A number no other call in this process returns.
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Puts back the files a killed `--force` run had set aside in `stale`, so an
+/// interrupted replacement leaves the originals.
+fn restore_replaced(stale: &Path, out: &Path) {
+    let Ok(entries) = fs::read_dir(stale.join(REPLACED)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let _ = fs::rename(entry.path(), out.join(entry.file_name()));
+    }
+}

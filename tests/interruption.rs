@@ -1,0 +1,249 @@
+//! Runs that are interrupted, killed, or that meet another run in the same
+//! output directory. Each test catches a real `dequantize` process in the
+//! middle of writing (frozen with SIGSTOP, so the moment is certain), then
+//! sends it a signal or starts a second run, and checks what is left.
+#![cfg(unix)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cli::{error_line, ok, stderr};
+use common::{bin, sha256_hex};
+
+const STAGING: &str = ".wgpu-dequant-partial";
+
+/// A checkpoint whose dense output (128 MB of bf16) takes long enough to
+/// write that the run can be caught in the middle.
+fn big_checkpoint(dir: &Path) -> PathBuf {
+    let model = dir.join("model");
+    wgpu_dequant::bench::write_checkpoint(&model, 2, 4096, 8192).unwrap();
+    model
+}
+
+fn start(model: &Path, out: &Path, extra: &[&str]) -> Child {
+    Command::new(bin())
+        .arg("dequantize")
+        .arg(model)
+        .arg("-o")
+        .arg(out)
+        .args(["--backend", "cpu"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} failed");
+}
+
+/// Waits until `child` has written part of its shard into its staging folder
+/// in `out`, then freezes it there (SIGSTOP).
+fn freeze_mid_write(child: &mut Child, out: &Path) {
+    let shard = out.join(STAGING).join("model.safetensors");
+    let since = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before it could be caught writing");
+        }
+        let written = std::fs::metadata(&shard).map_or(0, |m| m.len());
+        if written > 8 << 20 {
+            signal(child, "STOP");
+            wait_stopped(child);
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(120),
+            "the run never started writing"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended before it was frozen"
+    );
+}
+
+/// Waits until every thread of `child` has stopped: `kill` returns once the
+/// signal is queued, and a thread may finish a write before it stops.
+fn wait_stopped(child: &Child) {
+    let tasks = PathBuf::from(format!("/proc/{}/task", child.id()));
+    if !tasks.exists() {
+        // No procfs (macOS): give the threads time to stop.
+        std::thread::sleep(Duration::from_millis(500));
+        return;
+    }
+    let since = Instant::now();
+    let stopped = |stat: String| {
+        // The state follows the parenthesised command name.
+        stat.rsplit(") ")
+            .next()
+            .is_some_and(|rest| rest.starts_with(['T', 't']))
+    };
+    while !std::fs::read_dir(&tasks)
+        .unwrap()
+        .all(|t| std::fs::read_to_string(t.unwrap().path().join("stat")).is_ok_and(stopped))
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the run did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Every file under `dir` (relative path → SHA-256), links not followed.
+fn tree(dir: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, into: &mut BTreeMap<String, String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if p.is_dir() {
+                into.insert(format!("{rel}/"), String::new());
+                walk(root, &p, into);
+            } else {
+                into.insert(rel, sha256_hex(&std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    if dir.exists() {
+        walk(dir, dir, &mut files);
+    }
+    files
+}
+
+/// The files an uninterrupted run writes for `model`.
+fn reference(tmp: &Path, model: &Path) -> BTreeMap<String, String> {
+    let out = tmp.join("reference");
+    let o = start(model, &out, &["--quiet"]).wait_with_output().unwrap();
+    ok(&o, "reference run");
+    let files = tree(&out);
+    std::fs::remove_dir_all(&out).unwrap();
+    files
+}
+
+fn interrupted_run_leaves_nothing(sig: &str, number: i32) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = big_checkpoint(tmp.path());
+    let parent = tmp.path().join("outputs");
+    let out = parent.join("a/b/dense");
+    let mut child = start(&model, &out, &[]);
+    freeze_mid_write(&mut child, &out);
+    signal(&child, sig);
+    signal(&child, "CONT");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.signal(),
+        Some(number),
+        "SIG{sig}: the run should end by the signal, as an uncaught one does ({}):\n{}",
+        o.status,
+        stderr(&o)
+    );
+    assert!(
+        !parent.exists(),
+        "SIG{sig} left {:?} behind",
+        tree(&parent).keys().collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn sigint_mid_write_leaves_nothing() {
+    interrupted_run_leaves_nothing("INT", 2);
+}
+
+#[test]
+fn sigterm_mid_write_leaves_nothing() {
+    interrupted_run_leaves_nothing("TERM", 15);
+}
+
+#[test]
+fn sighup_mid_write_leaves_nothing() {
+    interrupted_run_leaves_nothing("HUP", 1);
+}
+
+#[test]
+fn interrupted_force_run_keeps_the_files_it_would_replace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = big_checkpoint(tmp.path());
+    let out = tmp.path().join("dense");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("model.safetensors"), b"the old weights").unwrap();
+    std::fs::write(out.join("notes.txt"), b"unrelated").unwrap();
+    let before = tree(&out);
+    let mut child = start(&model, &out, &["--force"]);
+    freeze_mid_write(&mut child, &out);
+    signal(&child, "TERM");
+    signal(&child, "CONT");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.signal(), Some(15), "{}", stderr(&o));
+    assert_eq!(tree(&out), before, "an interrupted --force run changed OUT");
+}
+
+#[test]
+fn staging_left_by_a_killed_run_is_removed_by_the_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = big_checkpoint(tmp.path());
+    let expected = reference(tmp.path(), &model);
+    for extra in [&[][..], &["--force"][..]] {
+        let out = tmp.path().join(format!("dense{}", extra.len()));
+        let mut child = start(&model, &out, extra);
+        freeze_mid_write(&mut child, &out);
+        signal(&child, "KILL");
+        child.wait().unwrap();
+        assert!(
+            out.join(STAGING).join("model.safetensors").exists(),
+            "SIGKILL cannot be caught: its staging folder stays"
+        );
+        let o = start(&model, &out, extra).wait_with_output().unwrap();
+        ok(&o, &format!("a run {extra:?} after a killed one"));
+        assert_eq!(
+            tree(&out),
+            expected,
+            "{extra:?}: the next run gives the whole output and nothing else"
+        );
+    }
+}
+
+#[test]
+fn a_second_run_into_the_same_directory_refuses_and_harms_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = big_checkpoint(tmp.path());
+    let expected = reference(tmp.path(), &model);
+    for extra in [&[][..], &["--force"][..]] {
+        let out = tmp.path().join(format!("dense{}", extra.len()));
+        let mut first = start(&model, &out, extra);
+        freeze_mid_write(&mut first, &out);
+        let staged = tree(&out.join(STAGING));
+
+        let second = start(&model, &out, extra).wait_with_output().unwrap();
+        let line = error_line(
+            &second,
+            &format!("a second run {extra:?}"),
+            "OUT-001",
+            &[&first.id().to_string()],
+        );
+        assert!(line.contains("another wgpu-dequant run"), "{line}");
+        assert_eq!(second.status.code(), Some(1), "{line}");
+        assert_eq!(
+            tree(&out.join(STAGING)),
+            staged,
+            "{extra:?}: the second run touched the first one's staging folder"
+        );
+
+        signal(&first, "CONT");
+        let o = first.wait_with_output().unwrap();
+        ok(&o, &format!("the first run {extra:?}"));
+        assert_eq!(tree(&out), expected, "{extra:?}: the first run's output");
+    }
+}
