@@ -228,3 +228,58 @@ fn explicit_gpu_backend_names_its_adapter() {
     let gpu = Gpu::open(&adapter).unwrap();
     assert!(gpu.name().contains(&adapter.get_info().name));
 }
+
+/// Every shader in `shaders/` parses, validates, and translates with naga (the
+/// translator wgpu itself runs) to what each native backend consumes: SPIR-V
+/// for Vulkan, MSL for Metal, HLSL for DX12. The outputs are left in
+/// `target/tmp/shaders/` for outside validators (CI runs `spirv-val` on the
+/// SPIR-V: `.ci/portability`).
+#[test]
+fn shaders_translate_for_every_backend() {
+    use naga::back::{hlsl, msl, spv};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shaders");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut translated = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "wgsl") {
+            continue;
+        }
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let source = std::fs::read_to_string(&path).unwrap();
+        let module = naga::front::wgsl::parse_str(&source)
+            .unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(&source)));
+        // WebGPU's capabilities: what every backend must support.
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::default(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(&source)));
+
+        let words = spv::write_vec(&module, &info, &spv::Options::default(), None)
+            .unwrap_or_else(|e| panic!("{name}.wgsl to SPIR-V: {e}"));
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        std::fs::write(out.join(format!("{name}.spv")), bytes).unwrap();
+
+        let (metal, _) = msl::write_string(
+            &module,
+            &info,
+            &msl::Options::default(),
+            &msl::PipelineOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{name}.wgsl to MSL: {e}"));
+        std::fs::write(out.join(format!("{name}.metal")), metal).unwrap();
+
+        let mut text = String::new();
+        let options = hlsl::Options::default();
+        let pipeline = hlsl::PipelineOptions::default();
+        hlsl::Writer::new(&mut text, &options, &pipeline)
+            .write(&module, &info, None)
+            .unwrap_or_else(|e| panic!("{name}.wgsl to HLSL: {e}"));
+        std::fs::write(out.join(format!("{name}.hlsl")), text).unwrap();
+        translated += 1;
+    }
+    assert!(translated > 0, "no shader found in {}", dir.display());
+}
