@@ -8,8 +8,8 @@
 
 use std::error::Error;
 
+use wgpu_dequant::backend::gpu::GpuDecoder;
 use wgpu_dequant::backend::{Backend, Cpu};
-use wgpu_dequant::gpu::GpuDecoder;
 use wgpu_dequant::plan::Source;
 use wgpu_dequant::{Checkpoint, DtypeChoice, Plan};
 

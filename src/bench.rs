@@ -194,7 +194,7 @@ pub fn cpu_kernel(rows: usize, cols: usize, runs: usize) -> Result<Figure> {
 /// GPU decode of the same job into a GPU buffer against a buffer copy of
 /// the output bytes on the device.
 pub fn gpu_kernel(
-    decoder: &crate::gpu::GpuDecoder,
+    decoder: &crate::backend::gpu::GpuDecoder,
     rows: usize,
     cols: usize,
     runs: usize,

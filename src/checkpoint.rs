@@ -134,7 +134,7 @@ impl TensorRef<'_> {
                 .collect(),
             Dtype::F16 => d
                 .chunks_exact(2)
-                .map(|c| crate::job::f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                .map(|c| crate::numerics::f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
                 .collect(),
             Dtype::F32 => d
                 .chunks_exact(4)

@@ -245,7 +245,9 @@ impl Values<'_> {
             ValueKind::Bf16 => {
                 f32::from_bits((u16::from_le_bytes([d[2 * i], d[2 * i + 1]]) as u32) << 16)
             }
-            ValueKind::F16 => f16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])),
+            ValueKind::F16 => {
+                crate::numerics::f16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]]))
+            }
             ValueKind::F32 => {
                 f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]])
             }
@@ -266,25 +268,6 @@ impl Values<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// IEEE half bits → f32 (exact).
-#[inline]
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let exp = ((h >> 10) & 0x1F) as u32;
-    let man = (h & 0x3FF) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // Subnormal: normalise into an f32 normal.
-            let lz = man.leading_zeros() - 21; // shifts that bring bit 10 up
-            sign | ((127 - 15 + 1 - lz) << 23) | (((man << lz) & 0x3FF) << 13)
-        }
-        0x1F => sign | 0x7F80_0000 | (man << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// The zero point subtracted from each code before scaling.
@@ -618,18 +601,6 @@ mod tests {
                     assert_eq!(f.get(0, g, r), want, "b={b} g={g} r={r}");
                 }
             }
-        }
-    }
-
-    #[test]
-    fn f16_to_f32_all_finite_roundtrip() {
-        for h in 0..=u16::MAX {
-            let x = f16_to_f32(h);
-            if x.is_nan() {
-                assert_eq!(h & 0x7C00, 0x7C00);
-                continue;
-            }
-            assert_eq!(crate::numerics::f32_to_f16(x), h, "{h:#06x}");
         }
     }
 }

@@ -14,17 +14,16 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod assemble;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
 pub mod convert;
 pub mod error;
 pub mod formats;
-pub mod gpu;
 pub mod job;
 mod json;
 pub mod numerics;
+pub mod output;
 pub mod plan;
 pub mod report;
 pub mod writer;

@@ -1,20 +1,14 @@
 //! The plan: what each output tensor is and where its bytes come from, known
 //! before anything is decoded.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
-use std::ops::Range;
 use std::path::PathBuf;
 
-use safetensors::Dtype;
-
-use crate::assemble::{Assembly, BiasSum};
-use crate::backend::Backend;
-use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
-use crate::job::{Bytes, DecodeJob, ZeroPoint};
 use crate::numerics::OutDtype;
+pub use crate::output::{Output, Source, Warning};
 
 /// The output dtype the user asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,164 +18,6 @@ pub enum DtypeChoice {
     Auto,
     /// This dtype.
     Fixed(OutDtype),
-}
-
-/// Where an output tensor's bytes come from.
-#[derive(Debug)]
-pub enum Source<'a> {
-    /// A tensor copied as it is stored.
-    Copy(TensorRef<'a>),
-    /// A floating point tensor copied in another dtype (`--dtype`).
-    Cast(TensorRef<'a>, OutDtype),
-    /// A quantized module decoded to dense.
-    Decode(Box<DecodeJob<'a>>),
-    /// Bytes computed on the host while planning (converted scales).
-    Bytes(Vec<u8>),
-    /// A dense weight put together from rows of several jobs (SVDQuant).
-    Assemble(Assembly<'a>),
-    /// A bias computed on the host when written (SVDQuant activation shifts).
-    Bias(BiasSum<'a>),
-}
-
-/// One tensor of the dense output.
-#[derive(Debug)]
-pub struct Output<'a> {
-    /// Output tensor name.
-    pub name: String,
-    /// Index of the input shard whose output file receives it.
-    pub shard: usize,
-    /// Output shape.
-    pub shape: Vec<usize>,
-    /// Output dtype.
-    pub dtype: Dtype,
-    /// Where the bytes come from.
-    pub source: Source<'a>,
-    /// The scheme it was decoded with, for people (`None` for copies).
-    pub scheme: Option<String>,
-}
-
-impl Output<'_> {
-    /// Size of the output tensor in bytes.
-    pub fn byte_len(&self) -> usize {
-        match &self.source {
-            Source::Copy(t) => t.data.len(),
-            Source::Cast(t, to) => t.elements() * to.size(),
-            Source::Decode(job) => job.out_bytes(),
-            Source::Bytes(b) => b.len(),
-            Source::Assemble(a) => a.stack.rows() * a.cols * a.out.size(),
-            Source::Bias(b) => b.stack.rows() * b.out.size(),
-        }
-    }
-
-    /// Rows and bytes per row of a tensor that is decoded row by row (and so
-    /// can be streamed in bounded chunks); `None` for tensors made whole.
-    pub fn row_layout(&self) -> Option<(usize, usize)> {
-        match &self.source {
-            Source::Decode(job) => Some((job.dims.total_rows(), job.dims.cols * job.out.size())),
-            Source::Assemble(a) => Some((a.stack.rows(), a.cols * a.out.size())),
-            Source::Cast(t, to) => {
-                let (rows, cols) = match t.shape.split_first() {
-                    Some((&rows, rest)) => (rows, rest.iter().product()),
-                    None => (1, 1),
-                };
-                Some((rows, cols * to.size()))
-            }
-            _ => None,
-        }
-    }
-
-    /// Decodes rows `rows` (see [`Output::row_layout`]) into `out`.
-    pub fn decode_rows(
-        &self,
-        backend: &dyn Backend,
-        rows: Range<usize>,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let r = match &self.source {
-            Source::Decode(job) => backend.decode_rows(job, rows, out),
-            Source::Assemble(a) => a.decode_rows(backend, rows, out),
-            Source::Cast(t, to) => cast_rows(t, *to, rows, out),
-            _ => Err(Error::new(
-                Rule::Argument,
-                "decode_rows",
-                "not a tensor decoded by rows",
-            )),
-        };
-        r.map_err(|e| Error {
-            tensor: e.tensor.or_else(|| Some(self.name.clone())),
-            ..e
-        })
-    }
-
-    /// The stored bytes this tensor is made from (scales and tables made on
-    /// the host are not listed).
-    pub fn inputs(&self) -> Vec<&[u8]> {
-        fn of_job<'j>(job: &'j DecodeJob<'_>, v: &mut Vec<&'j [u8]>) {
-            let mut add = |b: &'j Bytes<'_>| {
-                if let Bytes::Mapped(m) = b {
-                    v.push(m);
-                }
-            };
-            add(&job.codes.data);
-            if let Some(s) = &job.scale {
-                add(&s.data);
-            }
-            match &job.zero {
-                Some(ZeroPoint::Packed { fields }) => add(&fields.data),
-                Some(ZeroPoint::Plain(z)) => add(&z.data),
-                None => {}
-            }
-        }
-        let mut v = Vec::new();
-        match &self.source {
-            Source::Copy(t) | Source::Cast(t, _) => v.push(t.data),
-            Source::Decode(job) => of_job(job, &mut v),
-            Source::Assemble(a) => {
-                for band in &a.stack.bands {
-                    for p in &band.parts {
-                        of_job(&p.job, &mut v);
-                    }
-                }
-            }
-            Source::Bytes(_) | Source::Bias(_) => {}
-        }
-        v
-    }
-
-    /// The whole tensor's bytes (decoded with `backend` when it is decoded).
-    pub fn bytes(&self, backend: &dyn Backend) -> Result<Cow<'_, [u8]>> {
-        match &self.source {
-            Source::Copy(t) => Ok(Cow::Borrowed(t.data)),
-            Source::Bytes(b) => Ok(Cow::Borrowed(b)),
-            Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
-            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
-                let rows = self.row_layout().map_or(0, |(rows, _)| rows);
-                let mut out = vec![0u8; self.byte_len()];
-                self.decode_rows(backend, 0..rows, &mut out)?;
-                Ok(Cow::Owned(out))
-            }
-        }
-    }
-}
-
-/// Converts rows `rows` of `t` (split by its first dimension) to `to`.
-fn cast_rows(t: &TensorRef<'_>, to: OutDtype, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
-    use rayon::prelude::*;
-    let elements = t.elements();
-    let per_row = match t.shape.first() {
-        Some(&n) if n > 0 => elements / n,
-        _ => elements,
-    };
-    let total = if t.shape.is_empty() { 1 } else { t.shape[0] };
-    crate::backend::check_span(total, per_row * to.size(), &rows, out)?;
-    let size = t.dtype.bitsize() / 8;
-    let src = &t.data[rows.start * per_row * size..rows.end * per_row * size];
-    // Spread over threads in pieces of whole elements.
-    const PIECE: usize = 1 << 16;
-    src.par_chunks(PIECE * size)
-        .zip(out.par_chunks_mut(PIECE * to.size()))
-        .for_each(|(s, o)| crate::numerics::cast(t.dtype, s, to, o));
-    Ok(())
 }
 
 /// Sets every dtype entry of a `config.json` (`torch_dtype`, `dtype`, also in
@@ -202,15 +38,6 @@ fn set_config_dtype(v: &mut serde_json::Value, to: OutDtype) {
             _ => {}
         }
     }
-}
-
-/// A rule finding that does not stop decoding.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Warning {
-    /// The tensor or module concerned.
-    pub subject: String,
-    /// What was noticed.
-    pub detail: String,
 }
 
 /// Everything `dequantize` will do, in output order.
@@ -271,8 +98,11 @@ impl<'a> Plan<'a> {
             }),
             side_files: Vec::new(),
         };
-        let mut consumed: HashSet<String> = HashSet::new();
-        formats::plan_modules(&mut plan, &mut consumed);
+        let found = formats::plan_modules(ckpt, &plan.format, dtype);
+        let consumed = found.consumed;
+        plan.outputs = found.outputs;
+        plan.errors = found.errors;
+        plan.warnings = found.warnings;
 
         let produced: HashSet<String> = plan.outputs.iter().map(|o| o.name.clone()).collect();
         for name in ckpt.names() {

@@ -9,8 +9,8 @@ mod common;
 
 use common::jobs::{normal, random_dims, RandomJob, GRID_SIZES};
 use common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES};
+use wgpu_dequant::backend::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::backend::{Backend, Cpu};
-use wgpu_dequant::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 

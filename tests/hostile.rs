@@ -23,8 +23,8 @@ use common::{
     SHARD2, T,
 };
 use serde_json::{json, Map, Value};
+use wgpu_dequant::backend::gpu::Gpu;
 use wgpu_dequant::backend::{Cpu, Fallback};
-use wgpu_dequant::gpu::Gpu;
 use wgpu_dequant::report::Report;
 use wgpu_dequant::{writer, Checkpoint, DtypeChoice, Error, Plan, Rule};
 

@@ -1769,7 +1769,7 @@ fn gpu_outputs_equal_cpu_outputs_byte_for_byte() {
     let Some(adapter) = common::adapter() else {
         return;
     };
-    let gpu = match caught(|| wgpu_dequant::gpu::Gpu::open(&adapter)) {
+    let gpu = match caught(|| wgpu_dequant::backend::gpu::Gpu::open(&adapter)) {
         Ok(Ok(g)) => g,
         Ok(Err(e)) => panic!("cannot open the GPU: {e}"),
         Err(p) => panic!("opening the GPU panicked: {p}"),

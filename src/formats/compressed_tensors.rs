@@ -1,7 +1,7 @@
 //! compressed-tensors: `pack-quantized`, `nvfp4-pack-quantized`,
 //! `mxfp4-pack-quantized`, `int-quantized`, `float-quantized`, `naive-quantized`.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
@@ -9,14 +9,14 @@ use serde_json::Value;
 
 use super::{
     byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
-    grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind,
+    grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind, Modules,
     ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, ZeroPoint};
 use crate::numerics::{self, OutDtype};
-use crate::plan::{Output, Plan, Warning};
+use crate::output::{Output, Warning};
 
 /// Weight parameters of a compressed-tensors module (besides `weight` itself).
 const WEIGHT_PARAMS: &[&str] = &[
@@ -277,25 +277,23 @@ impl Config {
     }
 }
 
-/// Adds the decoded modules of a compressed-tensors checkpoint to `plan`.
-pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
-    let ckpt = plan.checkpoint;
+/// The decoded modules of a compressed-tensors checkpoint.
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
     let mut modules: BTreeSet<&str> = modules_with(ckpt, "weight_packed").into_iter().collect();
     modules.extend(modules_with(ckpt, "weight_scale"));
 
-    let (dtype, ignored) = (plan.dtype, |m: &str| {
+    let ignored = |m: &str| {
         cfg.ignore
             .iter()
             .any(|t| !matches!(t, Target::Class(_)) && t.rank(m).is_some())
-    });
+    };
     plan_each(
-        plan,
-        consumed,
+        ckpt,
         modules,
         WEIGHT_PARAMS,
         |m| ignored(m).then_some("listed in ignore but stored quantized; decoded anyway"),
         |m, warnings| plan_module(cfg, ckpt, m, dtype, warnings),
-    );
+    )
 }
 
 fn plan_module<'c>(

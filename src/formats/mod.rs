@@ -18,7 +18,7 @@ use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
-use crate::plan::{Output, Plan, Source, Warning};
+use crate::output::{Output, Source, Warning};
 
 pub use targets::Target;
 
@@ -141,56 +141,68 @@ pub fn default_dtype(ckpt: &Checkpoint, format: &Format) -> OutDtype {
         .unwrap_or(OutDtype::Bf16)
 }
 
-/// Adds one output per quantized module to `plan` (or an error for modules
-/// that cannot be decoded) and records every input tensor the modules used.
-pub fn plan_modules(plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
-    let format = plan.format.clone();
-    if !matches!(format, Format::Dense) {
-        for name in plan.checkpoint.names() {
-            let last = name.rsplit('.').next().unwrap_or(name);
-            if ACTIVATION_PARAMS.contains(&last) {
-                consumed.insert(name.to_string());
-            }
+/// What planning a checkpoint's quantized modules found: what each module
+/// decodes to, the stored tensors they use up, and the faults and findings.
+#[derive(Debug, Default)]
+pub struct Modules<'c> {
+    /// One output per module that can be decoded.
+    pub outputs: Vec<Output<'c>>,
+    /// Stored tensors that have no place in the dense output (packs,
+    /// scales, activation parameters).
+    pub consumed: HashSet<String>,
+    /// Modules that cannot be decoded, with the rule each breaks.
+    pub errors: Vec<Error>,
+    /// Findings that do not stop decoding.
+    pub warnings: Vec<Warning>,
+}
+
+/// Plans every quantized module of `ckpt` in `format`, decoding to `dtype`.
+pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) -> Modules<'c> {
+    let mut found = match format {
+        Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, ckpt, dtype),
+        Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
+        Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
+        Format::Dense => return Modules::default(),
+    };
+    for name in ckpt.names() {
+        let last = name.rsplit('.').next().unwrap_or(name);
+        if ACTIVATION_PARAMS.contains(&last) {
+            found.consumed.insert(name.to_string());
         }
     }
-    match &format {
-        Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, plan, consumed),
-        Format::Modelopt(cfg) => modelopt::plan(cfg, plan, consumed),
-        Format::Svdquant(cfg) => svdquant::plan(cfg, plan, consumed),
-        Format::Dense => {}
-    }
+    found
 }
 
 /// Plans each quantized module: records its stored `params` as consumed,
 /// warns when the config says the module is not quantized (`excluded` gives
-/// the warning), and adds the module's output, or its error, to `plan`.
+/// the warning), and adds the module's output, or its error.
 pub fn plan_each<'c>(
-    plan: &mut Plan<'c>,
-    consumed: &mut HashSet<String>,
+    ckpt: &'c Checkpoint,
     modules: impl IntoIterator<Item = &'c str>,
     params: &[&str],
     excluded: impl Fn(&str) -> Option<&'static str>,
     mut build: impl FnMut(&str, &mut Vec<Warning>) -> Result<Output<'c>>,
-) {
-    let ckpt = plan.checkpoint;
+) -> Modules<'c> {
+    let mut found = Modules::default();
     for module in modules {
         for p in params {
             let name = format!("{module}.{p}");
             if ckpt.get(&name).is_some() {
-                consumed.insert(name);
+                found.consumed.insert(name);
             }
         }
         if let Some(why) = excluded(module) {
-            plan.warnings.push(Warning {
+            found.warnings.push(Warning {
                 subject: module.to_string(),
                 detail: why.to_string(),
             });
         }
-        match build(module, &mut plan.warnings) {
-            Ok(out) => plan.outputs.push(out),
-            Err(e) => plan.errors.push(e),
+        match build(module, &mut found.warnings) {
+            Ok(out) => found.outputs.push(out),
+            Err(e) => found.errors.push(e),
         }
     }
+    found
 }
 
 /// Tensor names that never belong in a dense checkpoint: activation and KV

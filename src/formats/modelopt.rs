@@ -1,7 +1,7 @@
 //! NVIDIA ModelOpt NVFP4 exports (`hf_quant_config.json`, or `config.json`
 //! with `quant_method: "modelopt"`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
@@ -9,13 +9,13 @@ use serde_json::Value;
 
 use super::{
     byte_table, decoded_output, expect_dtype, fp4_job, modules_with, plan_each, require,
-    scalar_f32, split_shape, ScaleLayout, Target,
+    scalar_f32, split_shape, Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, JsonFile};
 use crate::error::{Error, Result, Rule};
 use crate::job::Dims;
 use crate::numerics::{self, OutDtype};
-use crate::plan::{Output, Plan};
+use crate::output::Output;
 
 /// A ModelOpt quantization config.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -116,10 +116,9 @@ impl Config {
     }
 }
 
-/// Adds the decoded NVFP4 modules to `plan`: every module with a uint8
-/// `weight` beside `weight_scale_2`. Other `weight`s pass through.
-pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
-    let ckpt = plan.checkpoint;
+/// The decoded NVFP4 modules: every module with a uint8 `weight` beside
+/// `weight_scale_2`. Other `weight`s pass through.
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
     let modules: BTreeSet<&str> = modules_with(ckpt, "weight_scale_2")
         .into_iter()
         .chain(modules_with(ckpt, "weight").into_iter().filter(|m| {
@@ -127,10 +126,8 @@ pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
                 .is_some_and(|t| t.dtype == Dtype::U8)
         }))
         .collect();
-    let dtype = plan.dtype;
     plan_each(
-        plan,
-        consumed,
+        ckpt,
         modules,
         &["weight", "weight_scale", "weight_scale_2"],
         |m| {
@@ -140,7 +137,7 @@ pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
                 .then_some("listed in exclude_modules but stored as NVFP4; decoded anyway")
         },
         |m, _| plan_module(cfg, ckpt, m, dtype),
-    );
+    )
 }
 
 fn plan_module<'c>(

@@ -288,7 +288,7 @@ pub fn dequantize_err(path: &Path) -> Error {
 /// so, unless `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing
 /// adapter into a failure.
 pub fn adapter() -> Option<wgpu::Adapter> {
-    match wgpu_dequant::gpu::find_adapter() {
+    match wgpu_dequant::backend::gpu::find_adapter() {
         Some(a) => Some(a),
         None if std::env::var("WGPU_DEQUANT_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
             panic!("WGPU_DEQUANT_REQUIRE_GPU=1 but no GPU adapter was found (install mesa-vulkan-drivers)")

@@ -430,16 +430,21 @@ fn bench(
     let choice = BackendChoice::from(backend);
     let gpu = match choice {
         BackendChoice::Cpu => None,
-        BackendChoice::Gpu => Some(wgpu_dequant::gpu::find_adapter().ok_or_else(|| {
-            Error::new(
-                Rule::Gpu,
-                "--backend",
-                format!("gpu: {}", wgpu_dequant::gpu::no_adapter_message(true)),
-            )
-        })?),
+        BackendChoice::Gpu => {
+            Some(wgpu_dequant::backend::gpu::find_adapter().ok_or_else(|| {
+                Error::new(
+                    Rule::Gpu,
+                    "--backend",
+                    format!(
+                        "gpu: {}",
+                        wgpu_dequant::backend::gpu::no_adapter_message(true)
+                    ),
+                )
+            })?)
+        }
         BackendChoice::Auto => {
-            match wgpu_dequant::gpu::find_adapter() {
-                Some(a) if wgpu_dequant::gpu::is_hardware(&a) => Some(a),
+            match wgpu_dequant::backend::gpu::find_adapter() {
+                Some(a) if wgpu_dequant::backend::gpu::is_hardware(&a) => Some(a),
                 Some(a) => {
                     println!("gpu: only a software adapter ({}); not measured (--backend gpu measures it)", a.get_info().name);
                     None
@@ -455,7 +460,7 @@ fn bench(
         println!("{}", wgpu_dequant::bench::cpu_kernel(rows, cols, runs)?);
     }
     if let Some(adapter) = &gpu {
-        let decoder = wgpu_dequant::gpu::GpuDecoder::open(adapter)?;
+        let decoder = wgpu_dequant::backend::gpu::GpuDecoder::open(adapter)?;
         println!("gpu: {}", adapter.get_info().name);
         println!(
             "{}",

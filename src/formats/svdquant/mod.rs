@@ -16,13 +16,14 @@ use safetensors::Dtype;
 
 pub use config::{Config, Patch, PatchKind, Precision, Split, TargetSpec, TensorLayout};
 
+use super::Modules;
 use super::{e2m1_values, expect_dtype, require};
-use crate::assemble::{Assembly, BiasSum, BiasTerm, Piece, Stack};
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Grid, LowRank, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
-use crate::plan::{Output, Plan, Source};
+use crate::output::assembly::{Assembly, BiasSum, BiasTerm, Piece, Stack};
+use crate::output::{Output, Source};
 
 /// Tensors only a quantized target has; with its `bias` and what the
 /// exporter may leave behind (`EXTRAS`), a dense checkpoint drops them.
@@ -526,29 +527,34 @@ fn undo_patch<'c>(
     Ok(undone)
 }
 
-/// Adds the dense modules of an SVDQuant checkpoint to `plan`.
-pub fn plan(cfg: &Config, plan: &mut Plan<'_>, consumed: &mut HashSet<String>) {
-    if let Err(e) = plan_all(cfg, plan, consumed) {
-        plan.errors.push(e);
+/// The dense modules of an SVDQuant checkpoint: the original model's.
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
+    let mut found = Modules::default();
+    if let Err(e) = plan_all(cfg, ckpt, out, &mut found) {
+        found.errors.push(e);
     }
+    found
 }
 
-fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String>) -> Result<()> {
-    let ckpt = plan.checkpoint;
-    let out = plan.dtype;
+fn plan_all<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    out: OutDtype,
+    found: &mut Modules<'c>,
+) -> Result<()> {
     let mut nodes: BTreeMap<String, Node<'c>> = BTreeMap::new();
     let mut shifted: HashSet<&str> = HashSet::new();
     for t in &cfg.targets {
         for param in QUANT_PARAMS.iter().chain(&["bias"]).chain(EXTRAS) {
             let name = format!("{}.{param}", t.export_name);
             if ckpt.get(&name).is_some() {
-                consumed.insert(name);
+                found.consumed.insert(name);
             }
         }
         let d = match target_job(ckpt, t, out) {
             Ok(d) => d,
             Err(e) => {
-                plan.errors.push(e);
+                found.errors.push(e);
                 continue;
             }
         };
@@ -556,7 +562,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
         let split = match module_rows(t, rows, ckpt) {
             Ok(s) => s,
             Err(e) => {
-                plan.errors.push(e);
+                found.errors.push(e);
                 continue;
             }
         };
@@ -619,7 +625,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
             top += n;
         }
     }
-    if !plan.errors.is_empty() {
+    if !found.errors.is_empty() {
         return Ok(());
     }
     if let Some(m) = cfg
@@ -636,7 +642,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
     // Patches were applied in order; undo them last to first.
     for (i, patch) in cfg.patches.iter().enumerate().rev() {
         if undo_patch(patch, i, &mut nodes, cfg)? == 0 {
-            plan.warnings.push(crate::plan::Warning {
+            found.warnings.push(crate::output::Warning {
                 subject: format!("structural_patches[{i}]"),
                 detail: format!(
                     "{} matches no exported module; nothing to undo",
@@ -648,7 +654,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
     for (name, node) in nodes {
         for suffix in ["weight", "bias"] {
             let full = format!("{name}.{suffix}");
-            if ckpt.get(&full).is_some() && !consumed.contains(&full) {
+            if ckpt.get(&full).is_some() && !found.consumed.contains(&full) {
                 return Err(Error::tensor(
                     Rule::Config,
                     ckpt.display_path(),
@@ -662,7 +668,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
         if node.conv {
             shape.extend([1, 1]);
         }
-        plan.outputs.push(Output {
+        found.outputs.push(Output {
             name: format!("{name}.weight"),
             shard: node.shard,
             shape,
@@ -675,7 +681,7 @@ fn plan_all<'c>(cfg: &Config, plan: &mut Plan<'c>, consumed: &mut HashSet<String
             scheme: Some(node.scheme.clone()),
         });
         if let Some(bias) = node.bias {
-            plan.outputs.push(Output {
+            found.outputs.push(Output {
                 name: format!("{name}.bias"),
                 shard: node.shard,
                 shape: vec![rows],

@@ -12,8 +12,6 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::backend::Backend;
-use crate::error::Result;
 use crate::job::DecodeJob;
 use crate::numerics::OutDtype;
 
@@ -142,42 +140,6 @@ pub struct Assembly<'a> {
     pub cols: usize,
     /// Output dtype (every job's).
     pub out: OutDtype,
-}
-
-impl Assembly<'_> {
-    /// Decodes rows `rows` into `out` (`rows.len() · cols · size` bytes).
-    pub fn decode_rows(
-        &self,
-        backend: &dyn Backend,
-        rows: Range<usize>,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let size = self.out.size();
-        let row_bytes = self.cols * size;
-        crate::backend::check_span(self.stack.rows(), row_bytes, &rows, out)?;
-        let mut tmp = Vec::new();
-        let mut done = 0;
-        for band in &self.stack.slice(rows).bands {
-            let dst = &mut out[done * row_bytes..(done + band.rows) * row_bytes];
-            if let [p] = band.parts.as_slice() {
-                // The common case: one job spans the width.
-                backend.decode_rows(&p.job, p.row..p.row + band.rows, dst)?;
-            } else {
-                let mut col = 0;
-                for p in &band.parts {
-                    let w = p.job.dims.cols * size;
-                    tmp.resize(band.rows * w, 0);
-                    backend.decode_rows(&p.job, p.row..p.row + band.rows, &mut tmp)?;
-                    for (r, src) in tmp.chunks_exact(w).enumerate() {
-                        dst[r * row_bytes + col..r * row_bytes + col + w].copy_from_slice(src);
-                    }
-                    col += w;
-                }
-            }
-            done += band.rows;
-        }
-        Ok(())
-    }
 }
 
 /// One term of a bias.

@@ -14,7 +14,7 @@ use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 use layout::{Chunk, Limits};
 
-const SHADER: &str = include_str!("../../shaders/decode.wgsl");
+const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
 
 fn gpu_err(detail: impl Into<String>) -> Error {
     Error::new(Rule::Gpu, "gpu", detail)

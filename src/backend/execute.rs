@@ -1,0 +1,109 @@
+//! Executing a planned output tensor on a backend: decoded jobs, SVDQuant
+//! weights assembled from pieces of jobs, casts, and tensors made whole on
+//! the host. The methods live here, beside the backends, so that the plan
+//! stays data.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use super::Backend;
+use crate::checkpoint::TensorRef;
+use crate::error::{Error, Result, Rule};
+use crate::numerics::OutDtype;
+use crate::output::assembly::Assembly;
+use crate::output::{Output, Source};
+
+impl Output<'_> {
+    /// Decodes rows `rows` (see [`Output::row_layout`]) into `out`.
+    pub fn decode_rows(
+        &self,
+        backend: &dyn Backend,
+        rows: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let r = match &self.source {
+            Source::Decode(job) => backend.decode_rows(job, rows, out),
+            Source::Assemble(a) => assembled_rows(a, backend, rows, out),
+            Source::Cast(t, to) => cast_rows(t, *to, rows, out),
+            _ => Err(Error::new(
+                Rule::Argument,
+                "decode_rows",
+                "not a tensor decoded by rows",
+            )),
+        };
+        r.map_err(|e| Error {
+            tensor: e.tensor.or_else(|| Some(self.name.clone())),
+            ..e
+        })
+    }
+
+    /// The whole tensor's bytes (decoded with `backend` when it is decoded).
+    pub fn bytes(&self, backend: &dyn Backend) -> Result<Cow<'_, [u8]>> {
+        match &self.source {
+            Source::Copy(t) => Ok(Cow::Borrowed(t.data)),
+            Source::Bytes(b) => Ok(Cow::Borrowed(b)),
+            Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
+            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
+                let rows = self.row_layout().map_or(0, |(rows, _)| rows);
+                let mut out = vec![0u8; self.byte_len()];
+                self.decode_rows(backend, 0..rows, &mut out)?;
+                Ok(Cow::Owned(out))
+            }
+        }
+    }
+}
+
+/// Decodes rows `rows` of an assembled weight into `out` (`rows.len() · cols
+/// · size` bytes): each band's pieces side by side.
+fn assembled_rows(
+    a: &Assembly<'_>,
+    backend: &dyn Backend,
+    rows: Range<usize>,
+    out: &mut [u8],
+) -> Result<()> {
+    let size = a.out.size();
+    let row_bytes = a.cols * size;
+    crate::backend::check_span(a.stack.rows(), row_bytes, &rows, out)?;
+    let mut tmp = Vec::new();
+    let mut done = 0;
+    for band in &a.stack.slice(rows).bands {
+        let dst = &mut out[done * row_bytes..(done + band.rows) * row_bytes];
+        if let [p] = band.parts.as_slice() {
+            // The common case: one job spans the width.
+            backend.decode_rows(&p.job, p.row..p.row + band.rows, dst)?;
+        } else {
+            let mut col = 0;
+            for p in &band.parts {
+                let w = p.job.dims.cols * size;
+                tmp.resize(band.rows * w, 0);
+                backend.decode_rows(&p.job, p.row..p.row + band.rows, &mut tmp)?;
+                for (r, src) in tmp.chunks_exact(w).enumerate() {
+                    dst[r * row_bytes + col..r * row_bytes + col + w].copy_from_slice(src);
+                }
+                col += w;
+            }
+        }
+        done += band.rows;
+    }
+    Ok(())
+}
+
+/// Converts rows `rows` of `t` (split by its first dimension) to `to`.
+fn cast_rows(t: &TensorRef<'_>, to: OutDtype, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+    use rayon::prelude::*;
+    let elements = t.elements();
+    let per_row = match t.shape.first() {
+        Some(&n) if n > 0 => elements / n,
+        _ => elements,
+    };
+    let total = if t.shape.is_empty() { 1 } else { t.shape[0] };
+    crate::backend::check_span(total, per_row * to.size(), &rows, out)?;
+    let size = t.dtype.bitsize() / 8;
+    let src = &t.data[rows.start * per_row * size..rows.end * per_row * size];
+    // Spread over threads in pieces of whole elements.
+    const PIECE: usize = 1 << 16;
+    src.par_chunks(PIECE * size)
+        .zip(out.par_chunks_mut(PIECE * to.size()))
+        .for_each(|(s, o)| crate::numerics::cast(t.dtype, s, to, o));
+    Ok(())
+}

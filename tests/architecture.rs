@@ -1,0 +1,128 @@
+//! The library's top-level modules form a DAG (checkpoint → formats → plan,
+//! backends executing it, the writer writing it): a module never reaches
+//! back, directly or through others, to one that depends on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Top-level module → the top-level modules its code names (`crate::x`).
+fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
+    fn walk(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, files);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let top = rel.iter().next().unwrap().to_string_lossy();
+        let top = top.trim_end_matches(".rs").to_string();
+        if top == "lib" || top == "bin" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        // Unit tests may reach anywhere; comments are not dependencies.
+        let code = without_test_modules(&text);
+        let entry = deps.entry(top.clone()).or_default();
+        for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+            for (i, _) in line.match_indices("crate::") {
+                let name: String = line[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != top {
+                    entry.insert(name);
+                }
+            }
+        }
+    }
+    deps
+}
+
+/// `text` less every item under `#[cfg(test)]` (up to its matching brace).
+fn without_test_modules(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at..];
+        let Some(open) = item.find('{') else {
+            return out;
+        };
+        let mut depth = 0;
+        let mut end = item.len();
+        for (i, c) in item[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => continue,
+            }
+            if depth == 0 {
+                end = open + i + 1;
+                break;
+            }
+        }
+        rest = &item[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[test]
+fn top_level_modules_form_a_dag() {
+    let deps = dependencies();
+    assert!(deps.contains_key("plan") && deps.contains_key("backend"), "{deps:?}");
+    // Depth-first search for a path back to where it started.
+    fn back_to(
+        start: &str,
+        at: &str,
+        deps: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        seen: &mut BTreeSet<String>,
+    ) -> bool {
+        for next in deps.get(at).into_iter().flatten() {
+            path.push(next.clone());
+            if next == start
+                || (seen.insert(next.clone()) && back_to(start, next, deps, path, seen))
+            {
+                return true;
+            }
+            path.pop();
+        }
+        false
+    }
+    for start in deps.keys() {
+        let mut path = vec![start.clone()];
+        if back_to(start, start, &deps, &mut path, &mut BTreeSet::new()) {
+            panic!("modules depend on each other in a cycle: {}", path.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_plan_is_data_and_formats_do_not_run_backends() {
+    let deps = dependencies();
+    for (module, forbidden) in [
+        ("plan", "backend"),
+        ("output", "backend"),
+        ("formats", "backend"),
+        ("formats", "plan"),
+        ("formats", "writer"),
+        ("backend", "writer"),
+        ("backend", "plan"),
+    ] {
+        assert!(
+            !deps[module].contains(forbidden),
+            "{module} depends on {forbidden}: {:?}",
+            deps[module]
+        );
+    }
+}
