@@ -1,5 +1,5 @@
-//! For apps that already drive a GPU with wgpu: decode each quantized tensor
-//! of the sample checkpoint into a `wgpu::Buffer` that stays on the device,
+//! For apps that already drive a GPU with wgpu: decode each tensor of the
+//! sample checkpoint into a `wgpu::Buffer` that stays on the device,
 //! then (for this demo only) read it back and check it against the CPU path.
 //!
 //! ```sh
@@ -8,10 +8,8 @@
 
 use std::error::Error;
 
-use wgpu_dequant::backend::gpu::GpuDecoder;
-use wgpu_dequant::backend::{Backend, Cpu};
-use wgpu_dequant::plan::Source;
-use wgpu_dequant::{Checkpoint, DtypeChoice, Plan};
+use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
+use wgpu_dequant::{wgpu, DtypeChoice, Model};
 
 fn main() -> Result<(), Box<dyn Error>> {
     let path = std::env::args()
@@ -28,25 +26,20 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("adapter: {}", adapter.get_info().name);
 
     let decoder = GpuDecoder::new(&device, &queue);
-    let ckpt = Checkpoint::open(&path)?;
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
-    plan.check()?;
+    let model = Model::open(&path, DtypeChoice::Auto)?;
     let mut mismatches = 0;
-    for out in &plan.outputs {
-        let Source::Decode(job) = &out.source else {
-            continue;
-        };
-        // The dense weight, resident on the GPU: bind it in your own pipelines.
-        let buffer = decoder.decode_to_buffer(job)?;
+    for t in model.tensors() {
+        // The dense tensor, resident on the GPU: bind it in your own pipelines.
+        let buffer = model.decode_to_buffer(&t.name, &decoder)?;
 
         let got = read_back(&device, &queue, &buffer)?;
-        let want = Cpu::new().decode(job)?;
+        let want = model.decode(&t.name, &Cpu::new())?;
         let same = got.get(..want.len()) == Some(&want[..]);
         mismatches += usize::from(!same);
         println!(
             "{:<44} {:>9} bytes on the GPU  {}",
-            out.name,
-            want.len(),
+            t.name,
+            t.bytes,
             if same { "== cpu" } else { "DIFFERS from cpu" }
         );
     }

@@ -44,7 +44,7 @@ impl Shard {
             ));
         }
         let (n, metadata) = SafeTensors::read_metadata(&map)
-            .map_err(|e| Error::new(Rule::Container, path, format!("invalid safetensors: {e}")))?;
+            .map_err(|e| Error::new(Rule::Container, path, "invalid safetensors").caused_by(e))?;
         let file_name = path
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
@@ -217,7 +217,7 @@ fn read_json(path: &Path, rule: Rule) -> Result<Option<JsonFile>> {
     }
     let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
     let value = serde_json::from_slice(&text)
-        .map_err(|e| Error::new(rule, path, format!("invalid JSON: {e}")))?;
+        .map_err(|e| Error::new(rule, path, "invalid JSON").caused_by(e))?;
     if let Some(key) = crate::json::duplicate_key(&text) {
         return Err(Error::new(rule, path, format!("{key} is given twice")));
     }
@@ -483,11 +483,10 @@ impl Checkpoint {
             .map(|s| s.file_name.as_str())
             .ok_or_else(|| {
                 let known: Vec<&str> = self.shards.iter().map(|s| s.file_name.as_str()).collect();
-                Error::new(
+                Error::bare(
                     Rule::Argument,
-                    "--shards",
                     format!(
-                        "{arg} is not a shard of this checkpoint ({})",
+                        "--shards: {arg} is not a shard of this checkpoint ({})",
                         known.join(", ")
                     ),
                 )

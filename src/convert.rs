@@ -37,10 +37,9 @@ impl std::str::FromStr for ConvertTo {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "compressed-tensors" => Ok(ConvertTo::CompressedTensors),
-            _ => Err(Error::new(
+            _ => Err(Error::bare(
                 Rule::Argument,
-                "--to",
-                format!("{s:?} is not a conversion target (compressed-tensors)"),
+                format!("--to: {s:?} is not a conversion target (compressed-tensors)"),
             )),
         }
     }

@@ -94,35 +94,46 @@ impl fmt::Display for Rule {
     }
 }
 
+/// What caused an [`Error`]: the I/O, JSON, safetensors or GPU error
+/// underneath, kept with its type (downcast it to look inside).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a checkpoint was refused or an operation failed.
 ///
-/// Displayed on one line: `FILE: TENSOR: [RULE] what is wrong`.
+/// Displayed on one line: `FILE: TENSOR: [RULE] what is wrong: cause`, the
+/// file and tensor when there are ones.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub struct Error {
     /// The rule that was broken.
     pub rule: Rule,
-    /// The file the fault is in (or the output path for output faults).
-    pub file: PathBuf,
+    /// The file the fault is in (or the output path for output faults);
+    /// `None` for faults of no file (an argument, the GPU).
+    pub file: Option<PathBuf>,
     /// The tensor concerned, when there is one.
     pub tensor: Option<String>,
     /// What is wrong, in a few words.
     pub detail: String,
-    /// The underlying I/O error, when there is one.
+    /// The error underneath, when there is one.
     #[source]
-    pub source: Option<std::io::Error>,
+    pub cause: Option<Cause>,
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
+        if let Some(file) = &self.file {
+            write!(f, "{}: ", file.display())?;
+        }
         if let Some(t) = &self.tensor {
-            write!(f, ": {t}")?;
+            write!(f, "{t}: ")?;
         }
         // One line, whatever the detail holds: scripts read these line by line.
         let detail: Vec<&str> = self.detail.split_whitespace().collect();
-        write!(f, ": [{}] {}", self.rule, detail.join(" "))?;
-        if let Some(e) = &self.source {
-            write!(f, ": {e}")?;
+        write!(f, "[{}] {}", self.rule, detail.join(" "))?;
+        if let Some(e) = &self.cause {
+            let cause = e.to_string();
+            let cause: Vec<&str> = cause.split_whitespace().collect();
+            write!(f, ": {}", cause.join(" "))?;
         }
         Ok(())
     }
@@ -132,11 +143,19 @@ impl Error {
     /// A rule violation in `file`, not tied to one tensor.
     pub fn new(rule: Rule, file: impl AsRef<Path>, detail: impl Into<String>) -> Self {
         Error {
+            file: Some(file.as_ref().to_path_buf()),
+            ..Error::bare(rule, detail)
+        }
+    }
+
+    /// A fault of no file: an argument, the GPU.
+    pub fn bare(rule: Rule, detail: impl Into<String>) -> Self {
+        Error {
             rule,
-            file: file.as_ref().to_path_buf(),
+            file: None,
             tensor: None,
             detail: detail.into(),
-            source: None,
+            cause: None,
         }
     }
 
@@ -154,10 +173,15 @@ impl Error {
     }
 
     /// An I/O failure on `file` while doing `what`.
-    pub fn io(file: impl AsRef<Path>, what: &str, source: std::io::Error) -> Self {
+    pub fn io(file: impl AsRef<Path>, what: &str, cause: std::io::Error) -> Self {
+        Error::new(Rule::Io, file, what).caused_by(cause)
+    }
+
+    /// This error, caused by `cause`.
+    pub fn caused_by(self, cause: impl Into<Cause>) -> Self {
         Error {
-            source: Some(source),
-            ..Error::new(Rule::Io, file, what)
+            cause: Some(cause.into()),
+            ..self
         }
     }
 }

@@ -2,23 +2,24 @@
 //! object. serde_json keeps the last value silently, so a header or an index
 //! that maps one name twice would be read as if it did not.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-/// Walks any JSON value; fails with the dotted path of the first key an
-/// object repeats.
-struct Walk(String);
+/// Walks any JSON value at path `.0`; the first key an object repeats is
+/// recorded in `.1` (out of band: serde's error is only text) and stops it.
+struct Walk<'f>(String, &'f RefCell<Option<String>>);
 
-impl<'de> DeserializeSeed<'de> for Walk {
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Walk {
+impl<'de> Visitor<'de> for Walk<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -34,9 +35,10 @@ impl<'de> Visitor<'de> for Walk {
                 format!("{}.{key}", self.0)
             };
             if !seen.insert(key) {
-                return Err(serde::de::Error::custom(DUPLICATE.to_string() + &path));
+                *self.1.borrow_mut() = Some(path);
+                return Err(serde::de::Error::custom("duplicate key"));
             }
-            map.next_value_seed(Walk(path))?;
+            map.next_value_seed(Walk(path, self.1))?;
         }
         Ok(())
     }
@@ -44,7 +46,7 @@ impl<'de> Visitor<'de> for Walk {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0;
         while seq
-            .next_element_seed(Walk(format!("{}[{i}]", self.0)))?
+            .next_element_seed(Walk(format!("{}[{i}]", self.0), self.1))?
             .is_some()
         {
             i += 1;
@@ -72,26 +74,14 @@ impl<'de> Visitor<'de> for Walk {
     }
 }
 
-const DUPLICATE: &str = "duplicate key ";
-
 /// The dotted path of the first key repeated inside one object of `text`,
 /// if any (`None` too for text that is not JSON: parsing reports that).
 pub fn duplicate_key(text: &[u8]) -> Option<String> {
+    let found = RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(text);
     // Deep nesting is refused by serde_json's own recursion limit.
-    match Walk(String::new()).deserialize(&mut de) {
-        Ok(()) => None,
-        Err(e) => {
-            let msg = e.to_string();
-            let rest = msg.strip_prefix(DUPLICATE)?;
-            // serde_json appends " at line L column C".
-            Some(
-                rest.rsplit_once(" at line ")
-                    .map_or(rest, |(p, _)| p)
-                    .to_string(),
-            )
-        }
-    }
+    let _ = Walk(String::new(), &found).deserialize(&mut de);
+    found.into_inner()
 }
 
 #[cfg(test)]

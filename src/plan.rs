@@ -167,33 +167,35 @@ impl<'a> Plan<'a> {
         Ok(plan)
     }
 
-    /// Number of decoded tensors.
+    /// Number of decoded tensors ([`Source::is_decoded`]).
     pub fn decoded(&self) -> usize {
         self.outputs
             .iter()
-            .filter(|o| matches!(o.source, Source::Decode(_)))
+            .filter(|o| o.source.is_decoded())
             .count()
     }
 
     /// Fails with the first module error, if any.
     pub fn check(&self) -> Result<()> {
-        match self.errors.first() {
-            None => Ok(()),
-            Some(e) => Err(Error {
-                rule: e.rule,
-                file: e.file.clone(),
-                tensor: e.tensor.clone(),
-                detail: if self.errors.len() > 1 {
-                    format!(
-                        "{} (and {} more findings; run `validate`)",
-                        e.detail,
-                        self.errors.len() - 1
-                    )
-                } else {
-                    e.detail.clone()
-                },
-                source: None,
-            }),
+        let Some(e) = self.errors.first() else {
+            return Ok(());
+        };
+        // The cause cannot be shared: its words go into the detail.
+        let mut detail = match &e.cause {
+            Some(c) => format!("{}: {c}", e.detail),
+            None => e.detail.clone(),
+        };
+        if self.errors.len() > 1 {
+            detail += &format!(
+                " (and {} more findings; run `validate`)",
+                self.errors.len() - 1
+            );
         }
+        let first = match (&e.file, &e.tensor) {
+            (Some(f), Some(t)) => Error::tensor(e.rule, f, t, detail),
+            (Some(f), None) => Error::new(e.rule, f, detail),
+            (None, _) => Error::bare(e.rule, detail),
+        };
+        Err(first)
     }
 }

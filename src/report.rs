@@ -13,8 +13,8 @@ use crate::plan::{Plan, Source, Warning};
 pub struct Finding {
     /// Rule id, e.g. `CT-004`.
     pub rule: &'static str,
-    /// File concerned.
-    pub file: String,
+    /// File concerned, when there is one.
+    pub file: Option<String>,
     /// Tensor or module concerned.
     pub tensor: Option<String>,
     /// What is wrong.
@@ -30,7 +30,7 @@ impl From<&Error> for Finding {
     fn from(e: &Error) -> Self {
         Finding {
             rule: e.rule.id(),
-            file: e.file.display().to_string(),
+            file: e.file.as_ref().map(|f| f.display().to_string()),
             tensor: e.tensor.clone(),
             detail: e.detail.clone(),
             message: e.to_string(),
@@ -71,6 +71,8 @@ pub struct Report {
     pub shards: Vec<String>,
     /// Output tensors.
     pub tensors: Vec<TensorRow>,
+    /// How many of them come out of quantized modules ([`Plan::decoded`]).
+    pub decoded: usize,
     /// Input tensors a dense checkpoint leaves out.
     pub dropped: Vec<String>,
     /// Rule violations (decoding refuses while there are any).
@@ -110,6 +112,7 @@ impl Report {
                         .unwrap_or_default(),
                 })
                 .collect(),
+            decoded: plan.decoded(),
             dropped: plan.dropped.clone(),
             errors: plan.errors.iter().map(Finding::from).collect(),
             warnings: plan.warnings.clone(),
@@ -119,10 +122,11 @@ impl Report {
     /// The report as aligned text.
     pub fn text(&self) -> String {
         let mut s = String::new();
-        let decoded = self
+        let decoded = self.decoded;
+        let copied = self
             .tensors
             .iter()
-            .filter(|t| !matches!(t.action, "copy" | "cast"))
+            .filter(|t| matches!(t.action, "copy" | "cast"))
             .count();
         let _ = writeln!(
             s,
@@ -254,10 +258,9 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "output      {} tensors: {decoded} decoded to {}, {} copied; {} input tensors dropped",
+            "output      {} tensors: {decoded} decoded to {}, {copied} copied; {} quantization tensors used up",
             self.tensors.len(),
             self.dtype,
-            self.tensors.len() - decoded,
             self.dropped.len()
         );
         let name_w = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);

@@ -32,7 +32,11 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
         // Unit tests may reach anywhere; comments are not dependencies.
         let code = without_test_modules(&text);
         let entry = deps.entry(top.clone()).or_default();
-        for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+        for line in code
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| !l.starts_with("//"))
+        {
             for (i, _) in line.match_indices("crate::") {
                 let name: String = line[i + 7..]
                     .chars()
@@ -79,7 +83,10 @@ fn without_test_modules(text: &str) -> String {
 #[test]
 fn top_level_modules_form_a_dag() {
     let deps = dependencies();
-    assert!(deps.contains_key("plan") && deps.contains_key("backend"), "{deps:?}");
+    assert!(
+        deps.contains_key("plan") && deps.contains_key("backend"),
+        "{deps:?}"
+    );
     // Depth-first search for a path back to where it started.
     fn back_to(
         start: &str,
@@ -102,7 +109,10 @@ fn top_level_modules_form_a_dag() {
     for start in deps.keys() {
         let mut path = vec![start.clone()];
         if back_to(start, start, &deps, &mut path, &mut BTreeSet::new()) {
-            panic!("modules depend on each other in a cycle: {}", path.join(" -> "));
+            panic!(
+                "modules depend on each other in a cycle: {}",
+                path.join(" -> ")
+            );
         }
     }
 }

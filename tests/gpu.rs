@@ -28,7 +28,7 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
                     dtype: DtypeChoice::Fixed(dtype),
                     backend,
                 };
-                dequantize(&fixtures().join(case).join("model"), &out, &opts).unwrap();
+                dequantize(fixtures().join(case).join("model"), &out, &opts).unwrap();
                 read_dir_tensors(&out)
             };
             let gpu = run(BackendChoice::Gpu, "gpu");

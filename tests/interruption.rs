@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cli::{error_line, ok, stderr};
-use common::{bin, sha256_hex};
+use common::{bin, ct_config, sha256_hex, write_checkpoint, Rng, T};
 
 const STAGING: &str = ".wgpu-dequant-partial";
 
@@ -21,7 +21,36 @@ const STAGING: &str = ".wgpu-dequant-partial";
 /// write that the run can be caught in the middle.
 fn big_checkpoint(dir: &Path) -> PathBuf {
     let model = dir.join("model");
-    wgpu_dequant::bench::write_checkpoint(&model, 2, 4096, 8192).unwrap();
+    let (rows, cols) = (4096, 8192);
+    let mut rng = Rng(0x1e7e);
+    let mut tensors = Vec::new();
+    for i in 0..2 {
+        let m = format!("model.layers.{i}.mlp.down_proj");
+        let packed: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next() as u32).collect();
+        let scales = vec![0.0625f32; rows * cols / 128];
+        tensors.push(T::u32_words(
+            format!("{m}.weight_packed"),
+            &[rows, cols / 8],
+            &packed,
+        ));
+        tensors.push(T::bf16(
+            format!("{m}.weight_scale"),
+            &[rows, cols / 128],
+            &scales,
+        ));
+        tensors.push(T::i64(
+            format!("{m}.weight_shape"),
+            &[2],
+            &[rows as i64, cols as i64],
+        ));
+    }
+    let weights = serde_json::json!({"num_bits": 4, "type": "int", "strategy": "group",
+        "group_size": 128, "symmetric": true, "dynamic": false});
+    write_checkpoint(
+        &model,
+        &tensors,
+        ct_config("pack-quantized", weights, "0.19.0"),
+    );
     model
 }
 

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use super::gpu::GpuDecoder;
 use super::Backend;
 use crate::checkpoint::TensorRef;
 use crate::error::{Error, Result, Rule};
@@ -25,10 +26,9 @@ impl Output<'_> {
             Source::Decode(job) => backend.decode_rows(job, rows, out),
             Source::Assemble(a) => assembled_rows(a, backend, rows, out),
             Source::Cast(t, to) => cast_rows(t, *to, rows, out),
-            _ => Err(Error::new(
+            _ => Err(Error::bare(
                 Rule::Argument,
-                "decode_rows",
-                "not a tensor decoded by rows",
+                "decode_rows: not a tensor decoded by rows",
             )),
         };
         r.map_err(|e| Error {
@@ -49,6 +49,20 @@ impl Output<'_> {
                 self.decode_rows(backend, 0..rows, &mut out)?;
                 Ok(Cow::Owned(out))
             }
+        }
+    }
+}
+
+impl Output<'_> {
+    /// The tensor in a new buffer on `decoder`'s device, laid out as
+    /// [`GpuDecoder::decode_to_buffer`] says. A decoded module is decoded
+    /// there without a round trip; anything else (an SVDQuant weight put
+    /// together from pieces, whose pieces the GPU decodes, a bias, a copy) is
+    /// made on the host and uploaded.
+    pub fn to_buffer(&self, decoder: &GpuDecoder) -> Result<wgpu::Buffer> {
+        match &self.source {
+            Source::Decode(job) => decoder.decode_to_buffer(job),
+            _ => decoder.upload(&self.bytes(decoder)?),
         }
     }
 }

@@ -56,11 +56,10 @@ pub fn check_span(
 ) -> Result<()> {
     let needed = rows.len().checked_mul(row_bytes);
     if rows.start > rows.end || rows.end > total_rows || needed != Some(out.len()) {
-        return Err(Error::new(
+        return Err(Error::bare(
             Rule::Argument,
-            "decode_rows",
             format!(
-                "rows {rows:?} of {total_rows} into a {}-byte buffer",
+                "decode_rows: rows {rows:?} of {total_rows} into a {}-byte buffer",
                 out.len(),
             ),
         ));

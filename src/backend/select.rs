@@ -80,10 +80,9 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             "gpu" => Ok(BackendChoice::Gpu),
             "cpu" => Ok(BackendChoice::Cpu),
-            _ => Err(Error::new(
+            _ => Err(Error::bare(
                 Rule::Argument,
-                "--backend",
-                format!("{s:?} is not one of auto, gpu, cpu"),
+                format!("--backend: {s:?} is not one of auto, gpu, cpu"),
             )),
         }
     }
@@ -106,10 +105,9 @@ pub fn select_notifying(
         BackendChoice::Cpu => Ok((Box::new(Cpu::new()), None)),
         BackendChoice::Gpu => match gpu::find_adapter() {
             Some(adapter) => Ok((Box::new(Gpu::open(&adapter)?), None)),
-            None => Err(Error::new(
+            None => Err(Error::bare(
                 Rule::Gpu,
-                "--backend",
-                format!("gpu: {}", gpu::no_adapter_message(true)),
+                format!("--backend gpu: {}", gpu::no_adapter_message(true)),
             )),
         },
         BackendChoice::Auto => match gpu::find_adapter() {

@@ -20,7 +20,7 @@ use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
 use crate::output::{Output, Source, Warning};
 
-pub use targets::Target;
+pub use targets::{Glob, Target};
 
 /// What kind of checkpoint this is.
 #[derive(Debug, Clone, serde::Serialize)]

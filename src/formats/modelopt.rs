@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{
     byte_table, decoded_output, expect_dtype, fp4_job, modules_with, plan_each, require,
-    scalar_f32, split_shape, Modules, ScaleLayout, Target,
+    scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, JsonFile};
 use crate::error::{Error, Result, Rule};
@@ -51,7 +51,7 @@ fn globs(v: Option<&Value>) -> Vec<Target> {
         .map(|a| {
             a.iter()
                 .filter_map(Value::as_str)
-                .map(|s| Target::Glob(s.to_string()))
+                .map(|s| Target::Glob(Glob::new(s)))
                 .collect()
         })
         .unwrap_or_default()

@@ -15,8 +15,8 @@ pub enum Target {
     /// A layer class such as `Linear`. Checkpoints do not record classes, so
     /// it selects every module whose tensors carry the format's parameters.
     Class(String),
-    /// A shell-style glob (`*`, `?`), as in ModelOpt's `exclude_modules`.
-    Glob(String),
+    /// A shell-style glob, as in ModelOpt's `exclude_modules`.
+    Glob(Glob),
 }
 
 impl serde::Serialize for Target {
@@ -47,7 +47,8 @@ impl Target {
     /// The selector as written.
     pub fn text(&self) -> &str {
         match self {
-            Target::Name(s) | Target::Regex(s, _) | Target::Class(s) | Target::Glob(s) => s,
+            Target::Name(s) | Target::Regex(s, _) | Target::Class(s) => s,
+            Target::Glob(g) => g.text(),
         }
     }
 
@@ -58,32 +59,39 @@ impl Target {
             Target::Name(n) => (n == module).then_some(3),
             // A pattern that exhausts the backtracking budget selects nothing.
             Target::Regex(_, re) => re.is_match(module).unwrap_or(false).then_some(2),
-            Target::Glob(g) => glob_match(g.as_bytes(), module.as_bytes()).then_some(2),
+            Target::Glob(g) => g.matches(module).then_some(2),
             Target::Class(_) => Some(1),
         }
     }
 }
 
-/// `*` matches any run of characters (dots included, as fnmatch does), `?` one.
-fn glob_match(pat: &[u8], s: &[u8]) -> bool {
-    let (mut p, mut i) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
-        if p < pat.len() && (pat[p] == b'?' || pat[p] == s[i]) {
-            p += 1;
-            i += 1;
-        } else if p < pat.len() && pat[p] == b'*' {
-            star = Some((p, i));
-            p += 1;
-        } else if let Some((sp, si)) = star {
-            p = sp + 1;
-            i = si + 1;
-            star = Some((sp, si + 1));
-        } else {
-            return false;
-        }
+/// A shell-style glob as Python's `fnmatch` reads it (ModelOpt's
+/// `exclude_modules`, diffuse_compressor's patch patterns): `*` any run of
+/// characters, dots included; `?` one; `[...]`/`[!...]` a class. A pattern
+/// the glob crate refuses (an unclosed `[`) matches itself literally, as in
+/// fnmatch.
+#[derive(Debug, Clone)]
+pub struct Glob(glob::Pattern);
+
+impl Glob {
+    /// Compiles `pattern`.
+    pub fn new(pattern: &str) -> Glob {
+        Glob(
+            glob::Pattern::new(pattern)
+                .or_else(|_| glob::Pattern::new(&glob::Pattern::escape(pattern)))
+                .unwrap_or_default(),
+        )
     }
-    pat[p..].iter().all(|&c| c == b'*')
+
+    /// Whether the whole of `name` matches.
+    pub fn matches(&self, name: &str) -> bool {
+        self.0.matches(name)
+    }
+
+    /// The pattern as written.
+    pub fn text(&self) -> &str {
+        self.0.as_str()
+    }
 }
 
 #[cfg(test)]
@@ -110,10 +118,20 @@ mod tests {
 
     #[test]
     fn globs() {
-        assert!(glob_match(b"*lm_head*", b"lm_head"));
-        assert!(glob_match(b"model.layers.*.mlp", b"model.layers.12.mlp"));
-        assert!(glob_match(b"model.layers.?.mlp", b"model.layers.1.mlp"));
-        assert!(!glob_match(b"model.layers.?.mlp", b"model.layers.12.mlp"));
-        assert!(!glob_match(b"lm_head", b"model.lm_head"));
+        let m = |p: &str, s: &str| Glob::new(p).matches(s);
+        assert!(m("*lm_head*", "lm_head"));
+        assert!(m("model.layers.*.mlp", "model.layers.12.mlp"));
+        assert!(
+            m("model.layers.*", "model.layers.1.mlp.down_proj"),
+            "* crosses dots"
+        );
+        assert!(m("model.layers.?.mlp", "model.layers.1.mlp"));
+        assert!(!m("model.layers.?.mlp", "model.layers.12.mlp"));
+        assert!(!m("lm_head", "model.lm_head"));
+        assert!(m("model.layers.[0-3].mlp", "model.layers.2.mlp"));
+        assert!(!m("model.layers.[!0-3].mlp", "model.layers.2.mlp"));
+        assert!(m("odd[name", "odd[name"), "an unclosed class is literal");
+        // Linear time: no backtracking blow-up on many stars.
+        assert!(!m(&"*a".repeat(40), &"a".repeat(39)));
     }
 }

@@ -44,6 +44,18 @@ pub struct Output<'a> {
     pub scheme: Option<String>,
 }
 
+impl Source<'_> {
+    /// Whether the tensor comes out of a quantized module (a decoded job, an
+    /// assembled weight, or a bias that folds one in): what every count of
+    /// "decoded" counts.
+    pub fn is_decoded(&self) -> bool {
+        matches!(
+            self,
+            Source::Decode(_) | Source::Assemble(_) | Source::Bias(_)
+        )
+    }
+}
+
 impl Output<'_> {
     /// Size of the output tensor in bytes.
     pub fn byte_len(&self) -> usize {

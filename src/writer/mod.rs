@@ -8,6 +8,7 @@
 //! it) is removed; see [`staging`] for how runs exclude each other and how an
 //! interrupted run is undone.
 
+mod header;
 mod staging;
 
 use std::fs::{self, File};
@@ -17,6 +18,7 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 use serde_json::{Map, Value};
 
+pub use header::safetensors_header;
 pub use staging::{interrupt, STAGING};
 use staging::{Mode, Staging};
 
@@ -35,7 +37,7 @@ pub const PART_SUFFIX: &str = ".index-part.json";
 /// What a finished `dequantize` wrote.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Summary {
-    /// Tensors decoded from quantized modules.
+    /// Tensors decoded from quantized modules ([`Source::is_decoded`]).
     pub decoded: usize,
     /// Tensors copied (possibly under a new name), cast ones included.
     pub copied: usize,
@@ -67,41 +69,13 @@ fn create(staging: &Staging, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
 
 fn write_json(staging: &Staging, name: &str, v: &Value) -> Result<PathBuf> {
     let (path, mut w) = create(staging, name)?;
-    let mut text =
-        serde_json::to_vec_pretty(v).map_err(|e| Error::new(Rule::Io, &path, e.to_string()))?;
+    let mut text = serde_json::to_vec_pretty(v)
+        .map_err(|e| Error::new(Rule::Io, &path, "cannot write JSON").caused_by(e))?;
     text.push(b'\n');
     w.write_all(&text)
         .map_err(|e| Error::io(&path, "cannot write", e))?;
     finish(&path, w)?;
     Ok(path)
-}
-
-/// The safetensors header for `tensors` (in order), padded to 8 bytes.
-fn header(tensors: &[&Output<'_>]) -> Vec<u8> {
-    let mut map = Map::new();
-    let mut meta = Map::new();
-    meta.insert("format".into(), "pt".into());
-    map.insert("__metadata__".into(), Value::Object(meta));
-    let mut offset = 0usize;
-    for t in tensors {
-        let end = offset + t.byte_len();
-        map.insert(
-            t.name.clone(),
-            serde_json::json!({
-                "dtype": format!("{:?}", t.dtype),
-                "shape": t.shape,
-                "data_offsets": [offset, end],
-            }),
-        );
-        offset = end;
-    }
-    let mut text = Value::Object(map).to_string().into_bytes();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut out = (text.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&text);
-    out
 }
 
 /// Bytes on their way to the file-writing thread.
@@ -222,7 +196,7 @@ impl OutputDir {
         let tag = shards
             .first()
             .map(|f| f.trim_end_matches(".safetensors").to_string())
-            .ok_or_else(|| Error::new(Rule::Argument, "--shards", "names no shard"))?;
+            .ok_or_else(|| Error::bare(Rule::Argument, "--shards: names no shard"))?;
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Shared(&tag))?,
             shards: Some(shards),
@@ -254,11 +228,10 @@ impl OutputDir {
                 .map(|s| s.file_name.as_str())
                 .collect();
             if let Some(bad) = only.iter().find(|f| !known.contains(&f.as_str())) {
-                return Err(Error::new(
+                return Err(Error::bare(
                     Rule::Argument,
-                    "--shards",
                     format!(
-                        "{bad} is not a shard of this checkpoint ({})",
+                        "--shards: {bad} is not a shard of this checkpoint ({})",
                         known.join(", ")
                     ),
                 ));
@@ -306,20 +279,26 @@ fn write_into(
         }
         written.push(shard.file_name.clone());
         let (path, mut w) = create(&staging, &shard.file_name)?;
-        w.write_all(&header(&tensors))
+        let head = safetensors_header(
+            &path,
+            tensors
+                .iter()
+                .map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice(), t.byte_len())),
+        )?;
+        w.write_all(&head)
             .map_err(|e| Error::io(&path, "cannot write", e))?;
         let w = write_shard(ckpt, &tensors, backend, &path, w, &mut progress)?;
         finish(&path, w)?;
         for t in tensors {
             summary.tensor_bytes += t.byte_len() as u64;
-            match t.source {
-                Source::Copy(_) => summary.copied += 1,
+            match &t.source {
+                s if s.is_decoded() => summary.decoded += 1,
+                Source::Bytes(_) => summary.converted += 1,
                 Source::Cast(..) => {
                     summary.copied += 1;
                     summary.cast += 1;
                 }
-                Source::Decode(_) | Source::Assemble(_) | Source::Bias(_) => summary.decoded += 1,
-                Source::Bytes(_) => summary.converted += 1,
+                _ => summary.copied += 1,
             }
             weight_map.insert(t.name.clone(), shard.file_name.clone().into());
         }
@@ -542,8 +521,8 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
         "weight_map": weight_map,
     });
     let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
-    let mut text =
-        serde_json::to_vec_pretty(&index).map_err(|e| Error::new(Rule::Io, &tmp, e.to_string()))?;
+    let mut text = serde_json::to_vec_pretty(&index)
+        .map_err(|e| Error::new(Rule::Io, &tmp, "cannot write JSON").caused_by(e))?;
     text.push(b'\n');
     fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, "cannot write", e))?;
     fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "cannot move into place", e))?;

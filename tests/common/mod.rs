@@ -373,7 +373,7 @@ pub fn check_case(
     let dir = fixtures().join(case);
     let out = tempfile::tempdir().unwrap();
     let out = out.path().join("dense");
-    dequantize(&dir.join("model"), &out, &Options { dtype, backend })
+    dequantize(dir.join("model"), &out, &Options { dtype, backend })
         .unwrap_or_else(|e| panic!("{case}: {e}"));
     let got = read_dir_tensors(&out);
     let want: serde_json::Map<String, Value> =

@@ -195,7 +195,7 @@ impl<'a> Src<'a> {
 }
 
 fn too_big(detail: String) -> Error {
-    Error::new(Rule::Gpu, "gpu", detail)
+    Error::bare(Rule::Gpu, detail)
 }
 
 /// Grid entries rows `(s0, r0)..=(s1, r1)` read.
@@ -368,6 +368,93 @@ mod tests {
     use super::*;
     use crate::job::Grid;
 
+    /// The shader's `Params` as naga reads it: every scalar member, nested
+    /// structs flattened into dotted paths, with its byte offset.
+    fn shader_params() -> (Vec<(String, u32)>, u32) {
+        let module = naga::front::wgsl::parse_str(include_str!("../../../shaders/decode.wgsl"))
+            .expect("decode.wgsl parses");
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).expect("layout");
+        let uniform = module
+            .global_variables
+            .iter()
+            .find(|(_, g)| g.space == naga::AddressSpace::Uniform)
+            .expect("one uniform")
+            .1;
+        fn flatten(
+            module: &naga::Module,
+            ty: naga::Handle<naga::Type>,
+            path: &str,
+            at: u32,
+            out: &mut Vec<(String, u32)>,
+        ) {
+            match &module.types[ty].inner {
+                naga::TypeInner::Struct { members, .. } => {
+                    for m in members {
+                        let name = m.name.clone().unwrap_or_default();
+                        let path = if path.is_empty() {
+                            name
+                        } else {
+                            format!("{path}.{name}")
+                        };
+                        flatten(module, m.ty, &path, at + m.offset, out);
+                    }
+                }
+                _ => out.push((path.to_string(), at)),
+            }
+        }
+        let mut members = Vec::new();
+        flatten(&module, uniform.ty, "", 0, &mut members);
+        (members, layouter[uniform.ty].size)
+    }
+
+    /// The host's `Params` is laid out exactly as the shader reads it: the
+    /// same members, in the same order, at the same offsets, the same size.
+    #[test]
+    fn params_match_the_shader_uniform() {
+        use std::mem::offset_of;
+        /// (path, offset) of each named field of `$ty`, `$at` bytes in.
+        macro_rules! fields {
+            ($ty:ty, $prefix:expr, $at:expr; $($field:ident),* $(,)?) => {
+                vec![$((
+                    format!("{}{}", $prefix, stringify!($field)),
+                    ($at + offset_of!($ty, $field)) as u32,
+                )),*]
+            };
+        }
+        let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
+            zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
+            lr_down, lr_smooth, zero_bits];
+        for (name, at) in [
+            ("codes.", offset_of!(Params, codes)),
+            ("zero.", offset_of!(Params, zero)),
+        ] {
+            host.extend(
+                fields![StreamParams, name, at; bits, per_word, lane_bits, word_bits,
+                slice_bits, base],
+            );
+            // The shader names the two padding words one by one.
+            let pad = (at + offset_of!(StreamParams, _pad)) as u32;
+            host.push((format!("{name}_pad0"), pad));
+            host.push((format!("{name}_pad1"), pad + 4));
+        }
+        for (name, at) in [
+            ("zgrid.", offset_of!(Params, zgrid)),
+            ("sgrid.", offset_of!(Params, sgrid)),
+        ] {
+            host.extend(
+                fields![GridParams, name, at; kind, size, row_div, col_div, row_stride,
+                slice_stride, base, table],
+            );
+        }
+        let (shader, size) = shader_params();
+        assert_eq!(
+            host, shader,
+            "Params members and offsets, host vs decode.wgsl"
+        );
+        assert_eq!(std::mem::size_of::<Params>() as u32, size, "Params size");
+    }
+
     fn job(
         data: &[u8],
         scale: &[u8],
@@ -450,11 +537,5 @@ mod tests {
         };
         let e = plan(&j, 0..rows, &limits).unwrap_err();
         assert_eq!(e.rule, Rule::Gpu);
-    }
-
-    #[test]
-    fn params_match_the_shader_struct_size() {
-        // 16 scalars + 2 streams + 2 grids, each a multiple of 16 bytes.
-        assert_eq!(std::mem::size_of::<Params>(), 64 + 2 * 32 + 2 * 32);
     }
 }

@@ -17,7 +17,7 @@ use layout::{Chunk, Limits};
 const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
 
 fn gpu_err(detail: impl Into<String>) -> Error {
-    Error::new(Rule::Gpu, "gpu", detail)
+    Error::bare(Rule::Gpu, detail)
 }
 
 /// Finds an adapter the way wgpu's own tools do: `WGPU_BACKEND` picks the
@@ -116,6 +116,12 @@ struct InFlight {
     submission: wgpu::SubmissionIndex,
     mapped: mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
 }
+
+/// The usage of every buffer the decoder hands to an app: a storage buffer
+/// that can be copied from and written to.
+pub const OUTPUT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
 
 /// Decodes jobs on a wgpu device. Apps that already have a device use
 /// [`GpuDecoder::new`] and [`GpuDecoder::decode_to_buffer`].
@@ -276,11 +282,11 @@ impl GpuDecoder {
                 submission_index: Some(f.submission),
                 timeout: None,
             })
-            .map_err(|e| gpu_err(format!("poll: {e}")))?;
+            .map_err(|e| gpu_err("poll").caused_by(e))?;
         f.mapped
             .recv()
             .map_err(|_| gpu_err("readback never completed"))?
-            .map_err(|e| gpu_err(format!("readback: {e}")))?;
+            .map_err(|e| gpu_err("readback").caused_by(e))?;
         let rb = slot
             .readback
             .as_ref()
@@ -290,7 +296,7 @@ impl GpuDecoder {
             let view = rb
                 .slice(..chunk.out_len.div_ceil(4) * 4)
                 .get_mapped_range()
-                .map_err(|e| gpu_err(format!("readback: {e}")))?;
+                .map_err(|e| gpu_err("readback").caused_by(e))?;
             out[at..at + len].copy_from_slice(&view[..len]);
         }
         rb.unmap();
@@ -363,19 +369,45 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// Decodes the whole tensor into a new storage buffer on this device and
-    /// returns it without reading it back. It holds the little-endian output
-    /// elements (16-bit ones packed two per word), its size rounded up to 4.
-    pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
-        let total = job.out_bytes() as u64;
-        let dest = self.device.create_buffer(&wgpu::BufferDescriptor {
+    /// A new output buffer of `bytes` bytes (rounded up to a whole word).
+    fn output_buffer(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-dequant output"),
-            size: total.div_ceil(4).max(1) * 4,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            size: bytes.div_ceil(4).max(1) * 4,
+            usage: OUTPUT_USAGE,
             mapped_at_creation: false,
-        });
+        })
+    }
+
+    /// `bytes` in a new output buffer (laid out as
+    /// [`GpuDecoder::decode_to_buffer`] lays out decoded tensors).
+    pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        let dest = self.output_buffer(bytes.len() as u64);
+        self.scoped(|| {
+            let whole = bytes.len() / 4 * 4;
+            if whole > 0 {
+                self.queue.write_buffer(&dest, 0, &bytes[..whole]);
+            }
+            if whole < bytes.len() {
+                let mut tail = [0u8; 4];
+                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                self.queue.write_buffer(&dest, whole as u64, &tail);
+            }
+            self.queue.submit([]);
+            Ok(dest)
+        })
+    }
+
+    /// Decodes the whole tensor into a new buffer on this device and returns
+    /// it without reading it back.
+    ///
+    /// The buffer holds the tensor's little-endian elements in row-major
+    /// order, as a safetensors file would (16-bit elements two to a 32-bit
+    /// word, the first in the low half); its size is the tensor's byte length
+    /// rounded up to a multiple of 4, the padding zero. Its usage is
+    /// [`OUTPUT_USAGE`]: bind it as a storage buffer, or copy from it.
+    pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+        let dest = self.output_buffer(job.out_bytes() as u64);
         let chunks = layout::plan(job, 0..job.dims.total_rows(), &self.limits)?;
         let row_bytes = (job.dims.cols * job.out.size()) as u64;
         let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
@@ -402,7 +434,7 @@ impl GpuDecoder {
                             submission_index: Some(prev),
                             timeout: None,
                         })
-                        .map_err(|e| gpu_err(format!("poll: {e}")))?;
+                        .map_err(|e| gpu_err("poll").caused_by(e))?;
                 }
             }
             Ok(dest)
@@ -458,6 +490,17 @@ impl Gpu {
             info: self.info,
             decoder: self.decoder.with_limits(max_binding, max_groups_per_dim),
         }
+    }
+}
+
+/// The decoder on its own, as a backend (an app's device: no adapter name).
+impl Backend for GpuDecoder {
+    fn name(&self) -> String {
+        "gpu (the app's device)".into()
+    }
+
+    fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+        GpuDecoder::decode_rows(self, job, rows, out)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The `wgpu-dequant` command line.
 
+mod bench;
 mod signals;
 
 use std::path::{Path, PathBuf};
@@ -220,7 +221,7 @@ fn quiet_window_system_probe() {
 
 fn print_json(v: &impl serde::Serialize) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(v)
-        .map_err(|e| Error::new(Rule::Io, "stdout", e.to_string()))?;
+        .map_err(|e| Error::bare(Rule::Io, "cannot print JSON").caused_by(e))?;
     println!("{text}");
     Ok(())
 }
@@ -412,10 +413,9 @@ fn bench(
     backend: BackendArg,
 ) -> Result<ExitCode, Error> {
     if rows == 0 || cols == 0 || !cols.is_multiple_of(128) {
-        return Err(Error::new(
+        return Err(Error::bare(
             Rule::Argument,
-            "--cols",
-            "rows must be positive and cols a positive multiple of 128",
+            "--cols: rows must be positive and cols a positive multiple of 128",
         ));
     }
     if e2e_gb.is_some() && !dir.is_dir() {
@@ -432,11 +432,10 @@ fn bench(
         BackendChoice::Cpu => None,
         BackendChoice::Gpu => {
             Some(wgpu_dequant::backend::gpu::find_adapter().ok_or_else(|| {
-                Error::new(
+                Error::bare(
                     Rule::Gpu,
-                    "--backend",
                     format!(
-                        "gpu: {}",
+                        "--backend: gpu: {}",
                         wgpu_dequant::backend::gpu::no_adapter_message(true)
                     ),
                 )
@@ -457,15 +456,12 @@ fn bench(
         }
     };
     if choice != BackendChoice::Gpu {
-        println!("{}", wgpu_dequant::bench::cpu_kernel(rows, cols, runs)?);
+        println!("{}", bench::cpu_kernel(rows, cols, runs)?);
     }
     if let Some(adapter) = &gpu {
         let decoder = wgpu_dequant::backend::gpu::GpuDecoder::open(adapter)?;
         println!("gpu: {}", adapter.get_info().name);
-        println!(
-            "{}",
-            wgpu_dequant::bench::gpu_kernel(&decoder, rows, cols, runs)?
-        );
+        println!("{}", bench::gpu_kernel(&decoder, rows, cols, runs)?);
     }
     if let Some(gb) = e2e_gb {
         let mut backends = Vec::new();
@@ -476,7 +472,7 @@ fn bench(
             backends.push((BackendChoice::Gpu, "gpu"));
         }
         for (b, label) in backends {
-            let e = wgpu_dequant::bench::end_to_end(dir, gb, b)?;
+            let e = bench::end_to_end(dir, gb, b)?;
             println!(
                 "{} [{label}; input {}; peak RSS {}]",
                 e.figure,

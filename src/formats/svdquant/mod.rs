@@ -16,8 +16,8 @@ use safetensors::Dtype;
 
 pub use config::{Config, Patch, PatchKind, Precision, Split, TargetSpec, TensorLayout};
 
-use super::Modules;
 use super::{e2m1_values, expect_dtype, require};
+use super::{Glob, Modules};
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Grid, LowRank, ValueKind, Values};
@@ -59,8 +59,9 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Option<Config>> {
             Error::new(
                 Rule::Config,
                 &shard.path,
-                format!("metadata quantization_config is not JSON: {e}"),
+                "metadata quantization_config is not JSON",
             )
+            .caused_by(e)
         })?;
         if v.get("method").and_then(|m| m.as_str()) == Some("svdquant") {
             meta = Some((shard.path.as_path(), v));
@@ -351,22 +352,11 @@ fn module_rows(t: &TargetSpec, rows: usize, ckpt: &Checkpoint) -> Result<Vec<usi
     Ok(vec![rows / m; m])
 }
 
-/// `pattern` (`*` = one dotted segment) matches `name` entirely.
+/// `pattern` matches `name` segment by dotted segment (a `*` stays inside
+/// one), each segment a shell glob.
 fn segment_match(pattern: &str, name: &str) -> bool {
     let (p, n): (Vec<&str>, Vec<&str>) = (pattern.split('.').collect(), name.split('.').collect());
-    p.len() == n.len()
-        && p.iter()
-            .zip(&n)
-            .all(|(p, n)| wildcard(p.as_bytes(), n.as_bytes()))
-}
-
-/// `*` matches any run of characters inside one segment.
-fn wildcard(p: &[u8], s: &[u8]) -> bool {
-    match p.split_first() {
-        None => s.is_empty(),
-        Some((b'*', rest)) => (0..=s.len()).any(|i| wildcard(rest, &s[i..])),
-        Some((c, rest)) => s.first() == Some(c) && wildcard(rest, &s[1..]),
-    }
+    p.len() == n.len() && p.iter().zip(&n).all(|(p, n)| Glob::new(p).matches(n))
 }
 
 /// The sizes `splits` give along an axis of `total`, with the remainder as

@@ -15,10 +15,12 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, Cpu};
-use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
-use crate::numerics::{f32_to_bf16, OutDtype};
+use safetensors::Dtype;
+use wgpu_dequant::backend::{gpu::GpuDecoder, Backend, Cpu};
+use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
+use wgpu_dequant::numerics::{f32_to_bf16, OutDtype};
+use wgpu_dequant::writer::safetensors_header;
+use wgpu_dequant::{BackendChoice, Error, Result, Rule};
 
 /// One measurement and its baseline.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -193,12 +195,7 @@ pub fn cpu_kernel(rows: usize, cols: usize, runs: usize) -> Result<Figure> {
 
 /// GPU decode of the same job into a GPU buffer against a buffer copy of
 /// the output bytes on the device.
-pub fn gpu_kernel(
-    decoder: &crate::backend::gpu::GpuDecoder,
-    rows: usize,
-    cols: usize,
-    runs: usize,
-) -> Result<Figure> {
+pub fn gpu_kernel(decoder: &GpuDecoder, rows: usize, cols: usize, runs: usize) -> Result<Figure> {
     let w = Int4Weight::random(rows, cols, 7);
     let job = w.job(OutDtype::Bf16);
     let bytes = job.out_bytes() as u64;
@@ -221,7 +218,7 @@ pub fn gpu_kernel(
         device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
-            .map_err(|e| Error::new(Rule::Gpu, "bench", e.to_string()))
+            .map_err(|e| Error::bare(Rule::Gpu, "bench: poll").caused_by(e))
     };
     let copy = best(runs, || {
         let mut enc = device.create_command_encoder(&Default::default());
@@ -249,33 +246,32 @@ pub fn gpu_kernel(
 pub fn write_checkpoint(dir: &Path, tensors: usize, rows: usize, cols: usize) -> Result<()> {
     let io = |p: &Path, e| Error::io(p, "cannot write", e);
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let mut header = serde_json::Map::new();
-    let (packed_len, scale_len) = (rows * cols / 2, rows * cols / 128 * 2);
-    let mut offset = 0;
-    for i in 0..tensors {
-        let m = format!("model.layers.{i}.mlp.down_proj");
-        for (name, dtype, shape, len) in [
-            ("weight_packed", "I32", vec![rows, cols / 8], packed_len),
-            ("weight_scale", "BF16", vec![rows, cols / 128], scale_len),
-            ("weight_shape", "I64", vec![2], 16),
-        ] {
-            header.insert(
-                format!("{m}.{name}"),
-                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len]}),
-            );
-            offset += len;
-        }
-    }
-    let mut text = serde_json::Value::Object(header).to_string().into_bytes();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
     let path = dir.join("model.safetensors");
+    let (packed_len, scale_len) = (rows * cols / 2, rows * cols / 128 * 2);
+    let (packed_shape, scale_shape, shape_shape) = ([rows, cols / 8], [rows, cols / 128], [2]);
+    let names: Vec<[String; 3]> = (0..tensors)
+        .map(|i| {
+            let m = format!("model.layers.{i}.mlp.down_proj");
+            [
+                format!("{m}.weight_packed"),
+                format!("{m}.weight_scale"),
+                format!("{m}.weight_shape"),
+            ]
+        })
+        .collect();
+    let header = safetensors_header(
+        &path,
+        names.iter().flat_map(|[p, s, w]| {
+            [
+                (p.as_str(), Dtype::I32, &packed_shape[..], packed_len),
+                (s.as_str(), Dtype::BF16, &scale_shape[..], scale_len),
+                (w.as_str(), Dtype::I64, &shape_shape[..], 16),
+            ]
+        }),
+    )?;
     let mut f = std::io::BufWriter::new(File::create(&path).map_err(|e| io(&path, e))?);
-    f.write_all(&(text.len() as u64).to_le_bytes())
-        .and_then(|_| f.write_all(&text))
-        .map_err(|e| io(&path, e))?;
-    // Tensors in header order: serde_json keeps insertion order.
+    f.write_all(&header).map_err(|e| io(&path, e))?;
+    // Tensors in header order.
     for i in 0..tensors {
         let w = Int4Weight::random(rows, cols, 11 + i as u64);
         let mut shape = Vec::new();
@@ -359,7 +355,7 @@ pub struct EndToEnd {
 /// Generates an int4 g128 checkpoint of about `gb` GB of bf16 output in
 /// `dir` and times `dequantize` of it with `backend` against writing the same
 /// number of bytes to a file.
-pub fn end_to_end(dir: &Path, gb: f64, backend: crate::BackendChoice) -> Result<EndToEnd> {
+pub fn end_to_end(dir: &Path, gb: f64, backend: BackendChoice) -> Result<EndToEnd> {
     let (rows, cols) = (4096, 8192);
     let per_tensor = (rows * cols * 2) as f64;
     let tensors = ((gb * 1e9 / per_tensor).ceil() as usize).max(1);
@@ -375,11 +371,11 @@ pub fn end_to_end(dir: &Path, gb: f64, backend: crate::BackendChoice) -> Result<
     let baseline = file_write(dir, bytes)?;
     reset_peak_rss();
     let t = Instant::now();
-    let options = crate::Options {
+    let options = wgpu_dequant::Options {
         backend,
         ..Default::default()
     };
-    let done = crate::dequantize(&ckpt, &out, &options);
+    let done = wgpu_dequant::dequantize(&ckpt, &out, &options);
     let seconds = t.elapsed().as_secs_f64();
     let peak = peak_rss();
     let _ = std::fs::remove_dir_all(&out);

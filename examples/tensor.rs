@@ -1,0 +1,88 @@
+//! Decodes one tensor of a checkpoint and prints `NAME DTYPE SHAPE SHA256`
+//! of its dense bytes, in the checkpoint's own dtype. Other tools call it:
+//! the line's format stays.
+//!
+//! ```sh
+//! cargo run --release --example tensor -- CKPT NAME [--gpu-buffer]
+//! ```
+//!
+//! With `--gpu-buffer` the tensor is decoded into a `wgpu::Buffer` on a
+//! device this example creates itself, as an app with its own device would,
+//! then read back.
+
+use std::error::Error;
+
+use sha2::{Digest, Sha256};
+use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
+use wgpu_dequant::{wgpu, DtypeChoice, Model};
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let gpu = args.iter().any(|a| a == "--gpu-buffer");
+    let [ckpt, name] = args
+        .iter()
+        .filter(|a| *a != "--gpu-buffer")
+        .collect::<Vec<_>>()[..]
+    else {
+        return Err("usage: tensor CKPT NAME [--gpu-buffer]".into());
+    };
+    let model = Model::open(ckpt, DtypeChoice::Auto)?;
+    let info = model
+        .tensor(name)
+        .ok_or_else(|| format!("{ckpt}: no tensor {name}"))?;
+    let bytes = if gpu {
+        let (device, queue) = own_device()?;
+        let buffer = model.decode_to_buffer(name, &GpuDecoder::new(&device, &queue))?;
+        let mut bytes = read_back(&device, &queue, &buffer)?;
+        bytes.truncate(info.bytes); // the buffer is padded to whole words
+        bytes
+    } else {
+        model.decode(name, &Cpu::new())?
+    };
+    let shape: Vec<String> = info.shape.iter().map(usize::to_string).collect();
+    let digest: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("{name} {:?} [{}] {digest}", info.dtype, shape.join(","));
+    Ok(())
+}
+
+/// A device of the app's own: any adapter wgpu finds, with its limits.
+fn own_device() -> Result<(wgpu::Device, wgpu::Queue), Box<dyn Error>> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))?;
+    let desc = wgpu::DeviceDescriptor {
+        required_limits: adapter.limits(),
+        ..Default::default()
+    };
+    Ok(pollster::block_on(adapter.request_device(&desc))?)
+}
+
+/// Copies `buffer` to a mappable one and reads it.
+fn read_back(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    buffer: &wgpu::Buffer,
+) -> Result<Vec<u8>, Box<dyn Error>> {
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size: buffer.size(),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
+    queue.submit([encoder.finish()]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    device.poll(wgpu::PollType::wait_indefinitely())?;
+    rx.recv()??;
+    let bytes = staging.slice(..).get_mapped_range()?.to_vec();
+    staging.unmap();
+    Ok(bytes)
+}

@@ -1,0 +1,141 @@
+//! A checkpoint opened and planned in one value an app can keep: list the
+//! tensors of its dense form and decode any of them, to bytes, to `f32`
+//! values, or into a GPU buffer on the app's own device.
+
+use std::path::Path;
+
+use safetensors::Dtype;
+
+use crate::backend::gpu::GpuDecoder;
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result, Rule};
+use crate::output::Output;
+use crate::plan::{DtypeChoice, Plan};
+
+self_cell::self_cell!(
+    /// The checkpoint and the plan that borrows its mapped bytes.
+    struct Cell {
+        owner: Checkpoint,
+        #[covariant]
+        dependent: Plan,
+    }
+);
+
+/// A quantized checkpoint ready to decode, tensor by tensor.
+///
+/// ```no_run
+/// use wgpu_dequant::{backend::Cpu, DtypeChoice, Model};
+/// let model = Model::open("model-w4a16", DtypeChoice::Auto)?;
+/// for t in model.tensors() {
+///     println!("{} {:?} {:?}", t.name, t.dtype, t.shape);
+/// }
+/// let w: Vec<f32> = model.decode_f32("model.layers.0.mlp.down_proj.weight", &Cpu::new())?;
+/// # Ok::<(), wgpu_dequant::Error>(())
+/// ```
+pub struct Model {
+    cell: Cell,
+}
+
+/// One tensor of the dense output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Its name in the dense checkpoint (`<module>.weight` for a decoded one).
+    pub name: String,
+    /// Element type of the decoded bytes.
+    pub dtype: Dtype,
+    /// Its shape in the dense checkpoint.
+    pub shape: Vec<usize>,
+    /// Size of the decoded bytes.
+    pub bytes: usize,
+}
+
+impl TensorInfo {
+    fn of(o: &Output<'_>) -> TensorInfo {
+        TensorInfo {
+            name: o.name.clone(),
+            dtype: o.dtype,
+            shape: o.shape.clone(),
+            bytes: o.byte_len(),
+        }
+    }
+}
+
+impl Model {
+    /// Opens the checkpoint at `path` (a directory or one `.safetensors`
+    /// file) and plans its dense form in `dtype`. Fails on the first thing
+    /// wrong with it (`validate` lists them all).
+    pub fn open(path: impl AsRef<Path>, dtype: DtypeChoice) -> Result<Model> {
+        let ckpt = Checkpoint::open(path)?;
+        let cell = Cell::try_new(ckpt, |ckpt| {
+            let plan = Plan::build(ckpt, dtype)?;
+            plan.check()?;
+            Ok::<_, Error>(plan)
+        })?;
+        Ok(Model { cell })
+    }
+
+    /// The plan: the format, every output and where its bytes come from.
+    pub fn plan(&self) -> &Plan<'_> {
+        self.cell.borrow_dependent()
+    }
+
+    /// The tensors of the dense checkpoint, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorInfo> + '_ {
+        self.plan().outputs.iter().map(TensorInfo::of)
+    }
+
+    /// The dense tensor called `name`, if there is one.
+    pub fn tensor(&self, name: &str) -> Option<TensorInfo> {
+        self.output(name).ok().map(TensorInfo::of)
+    }
+
+    fn output(&self, name: &str) -> Result<&Output<'_>> {
+        let outputs = &self.plan().outputs;
+        outputs
+            .binary_search_by(|o| o.name.as_str().cmp(name))
+            .map(|i| &outputs[i])
+            .map_err(|_| {
+                Error::tensor(
+                    Rule::Argument,
+                    self.cell.borrow_owner().display_path(),
+                    name,
+                    "no tensor of that name in the dense checkpoint",
+                )
+            })
+    }
+
+    /// The little-endian bytes of tensor `name`, in its [`TensorInfo::dtype`],
+    /// decoded by `backend` when it is quantized.
+    pub fn decode(&self, name: &str, backend: &dyn Backend) -> Result<Vec<u8>> {
+        Ok(self.output(name)?.bytes(backend)?.into_owned())
+    }
+
+    /// The values of floating point tensor `name`, widened exactly to `f32`
+    /// (the bytes [`Model::decode`] gives, read as numbers).
+    pub fn decode_f32(&self, name: &str, backend: &dyn Backend) -> Result<Vec<f32>> {
+        let o = self.output(name)?;
+        let bytes = o.bytes(backend)?;
+        let read = |n: usize, f: fn(&[u8]) -> f32| bytes.chunks_exact(n).map(f).collect();
+        Ok(match o.dtype {
+            Dtype::BF16 => read(2, |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            Dtype::F16 => read(2, |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            Dtype::F32 => read(4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            other => {
+                return Err(Error::tensor(
+                    Rule::Argument,
+                    self.cell.borrow_owner().display_path(),
+                    name,
+                    format!("is {other:?}, not bf16, f16 or f32: use decode for its bytes"),
+                ))
+            }
+        })
+    }
+
+    /// Tensor `name` in a new buffer on `decoder`'s device, decoded there
+    /// when it is quantized; see [`GpuDecoder::decode_to_buffer`] for the
+    /// buffer's layout and usage flags.
+    pub fn decode_to_buffer(&self, name: &str, decoder: &GpuDecoder) -> Result<wgpu::Buffer> {
+        self.output(name)?.to_buffer(decoder)
+    }
+}
