@@ -8,17 +8,15 @@
 //! the library (`Checkpoint::open`, `Plan::build`, `Report`, `dequantize`)
 //! and the binary (`validate`, `inspect`, `dequantize`).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::cli::{run, stderr, stdout};
-use common::fixture_models;
-use common::{
+use crate::common::cli::{run, stderr, stdout};
+use crate::common::fixture_models;
+use crate::common::{
     adapter, bin, caught, copy_dir, dequantize_err, fixtures, safetensors_bytes, snapshot, SHARD1,
     SHARD2, T,
 };
@@ -54,7 +52,7 @@ fn split(bytes: &[u8]) -> (Map<String, Value>, Vec<u8>) {
 
 /// A safetensors file with header text `header` (padded to 8) and `data`.
 fn raw(header: &str, data: &[u8]) -> Vec<u8> {
-    common::raw_safetensors_text(header.as_bytes(), data)
+    crate::common::raw_safetensors_text(header.as_bytes(), data)
 }
 
 fn edit_bytes(file: &Path, edit: impl FnOnce(Vec<u8>) -> Vec<u8>) {

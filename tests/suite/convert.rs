@@ -3,15 +3,13 @@
 //! checked against expectations computed here from the input tensors, and
 //! read back by `inspect` and `dequantize`.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::cli::{ok, read_json, run, stderr};
-use common::producer::{compare_bytes, e2m1_ref, e4m3_ref, encode, Tensors};
-use common::{
+use crate::common::cli::{ok, read_json, run, stderr};
+use crate::common::producer::{compare_bytes, e2m1_ref, e4m3_ref, encode, Tensors};
+use crate::common::{
     adapter, copy_dir, fixtures, read_dir_tensors, read_tensors, safetensors_bytes, snapshot,
     write_checkpoint, write_json, write_safetensors, SHARD1, SHARD2, T,
 };

@@ -1,15 +1,13 @@
 //! The `wgpu-dequant` binary: `inspect`, `validate` and `dequantize` on the
 //! reference checkpoints and on broken copies of them.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::cli::{failed, ok, read_json, run, stderr, stdout};
-use common::fixture_models;
-use common::{
+use crate::common::cli::{failed, ok, read_json, run, stderr, stdout};
+use crate::common::fixture_models;
+use crate::common::{
     copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, SHARD1,
     SHARD2, T,
 };
@@ -379,13 +377,13 @@ fn bench_refuses_arguments_that_measure_nothing() {
 fn a_fresh_environment_gets_only_the_tools_own_lines() {
     let tmp = tempfile::tempdir().unwrap();
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-w4a16");
-    let gpu = common::adapter().is_some();
+    let gpu = crate::common::adapter().is_some();
     for backend in ["auto", "cpu", "gpu"] {
         if backend == "gpu" && !gpu {
             continue;
         }
         let out = tmp.path().join(backend);
-        let o = std::process::Command::new(common::bin())
+        let o = std::process::Command::new(crate::common::bin())
             .args([
                 "dequantize",
                 sample.to_str().unwrap(),
@@ -574,7 +572,7 @@ fn dtype_converts_a_dense_checkpoint_and_says_nothing_was_decoded() {
             ),
         ],
     );
-    common::write_json(
+    crate::common::write_json(
         &model.join("config.json"),
         &serde_json::json!({"torch_dtype": "float32", "text_config": {"dtype": "float32"}}),
     );

@@ -4,16 +4,14 @@
 //! sends it a signal or starts a second run, and checks what is left.
 #![cfg(unix)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::cli::{error_line, ok, stderr};
-use common::{bin, ct_config, sha256_hex, write_checkpoint, Rng, T};
+use crate::common::cli::{error_line, ok, stderr};
+use crate::common::{bin, ct_config, sha256_hex, write_checkpoint, Rng, T};
 
 const STAGING: &str = ".wgpu-dequant-partial";
 

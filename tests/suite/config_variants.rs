@@ -5,15 +5,13 @@
 //! reading and one rounding step by the `half` crate), or with the same
 //! tensors decoded under the canonical config.
 
-mod common;
-
 use std::path::Path;
 
-use common::producer::{
+use crate::common::producer::{
     check_output, decode, decode_with, e4m3_byte, e4m3_ref, expect_decodes, out_size, pack_fields,
     words_for, Lay, Tensors, Want, OUTS,
 };
-use common::{
+use crate::common::{
     adapter, caught, copy_dir, ct_config, ct_config_groups, dequantize_err, fixtures,
     hf_quant_config, read_dir_tensors, write_checkpoint, write_json, Rng, CPU_AUTO, T,
 };

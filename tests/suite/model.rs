@@ -3,13 +3,11 @@
 //! into a buffer on the app's own GPU device; `examples/tensor.rs` prints one
 //! tensor's digest that way.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::cli::{ok, stdout};
-use common::{adapter, fixtures, plus_zero, sha256_hex, CASES};
+use crate::common::cli::{ok, stdout};
+use crate::common::{adapter, fixtures, plus_zero, sha256_hex, CASES};
 use serde_json::Value;
 use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
 use wgpu_dequant::{wgpu, DtypeChoice, Model, Rule};
@@ -100,8 +98,8 @@ fn asking_for_what_is_not_there_is_an_argument_error() {
 fn a_broken_checkpoint_does_not_open() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("model");
-    common::copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
-    let shard = model.join(common::SHARD2);
+    crate::common::copy_dir(&fixtures().join("sharded-nvfp4a16/model"), &model);
+    let shard = model.join(crate::common::SHARD2);
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
     let e = Model::open(&model, DtypeChoice::Auto)

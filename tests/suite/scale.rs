@@ -5,17 +5,15 @@
 //! written; the CLI's progress output off a terminal; releasing input pages
 //! never changes what the checkpoint reads.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::cli::{error_line, ok, read_json, run, stderr, stdout};
-use common::jobs::{GridSizes, RandomJob};
-use common::producer::Lay;
-use common::{
+use crate::common::cli::{error_line, ok, read_json, run, stderr, stdout};
+use crate::common::jobs::{GridSizes, RandomJob};
+use crate::common::producer::Lay;
+use crate::common::{
     copy_dir, ct_config, fixtures, read_dir_tensors, read_tensors, snapshot, write_checkpoint,
     write_json, Rng, SHARD1, SHARD2, T,
 };
@@ -289,7 +287,7 @@ fn cpu_rows_equal_reference_across_the_table_threshold() {
                 r.scale_bytes = (0..d.total_rows())
                     .flat_map(|i| (0.375f32 + i as f32 * 1.25).to_le_bytes())
                     .collect();
-                r.zero = common::jobs::ZeroSpec::None;
+                r.zero = crate::common::jobs::ZeroSpec::None;
                 r.zero_bytes.clear();
                 r.g_idx = None;
                 r.out = out;

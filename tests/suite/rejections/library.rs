@@ -4,11 +4,9 @@
 //! `dequantize` refuses with the same rule and leaves no output behind, and
 //! that nothing panics.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{
+use crate::common::{
     caught, ct_config, dequantize_err, hf_quant_config, raw_safetensors, safetensors_bytes,
     snapshot, write_checkpoint, write_json, write_safetensors, Rng, CPU_AUTO, SHARD1, SHARD2, T,
 };

@@ -9,13 +9,11 @@
 //! computed in f64 from the logical tensors with SVDQUANT.md's formulas and
 //! compared within 1e-5 of each tensor's largest magnitude.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-use common::{bin, caught, Rng, T};
+use crate::common::{bin, caught, Rng, T};
 use serde_json::{json, Value};
 use svdq::{Ckpt, Layout, Outs, Prec, Sidecar, Target};
 use wgpu_dequant::{Checkpoint, DtypeChoice, OutDtype, Plan, Rule};
@@ -31,8 +29,8 @@ mod svdq {
     use wgpu_dequant::backend::Cpu;
     use wgpu_dequant::{Backend, Checkpoint, DtypeChoice, Error, OutDtype, Plan};
 
-    use super::common::producer::{e2m1_ref, e4m3_ref};
-    use super::common::{caught, safetensors_bytes, Rng, T};
+    use crate::common::producer::{e2m1_ref, e4m3_ref};
+    use crate::common::{caught, safetensors_bytes, Rng, T};
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum Prec {
@@ -1766,7 +1764,7 @@ fn full_ckpts(rng: &mut Rng) -> Vec<Ckpt> {
 
 #[test]
 fn gpu_outputs_equal_cpu_outputs_byte_for_byte() {
-    let Some(adapter) = common::adapter() else {
+    let Some(adapter) = crate::common::adapter() else {
         return;
     };
     let gpu = match caught(|| wgpu_dequant::backend::gpu::Gpu::open(&adapter)) {
@@ -1922,7 +1920,7 @@ fn cli_dequantize_writes_the_original_modules() {
         "quantization_config left in the metadata: {meta:?}"
     );
 
-    let got = common::read_tensors(&st);
+    let got = crate::common::read_tensors(&st);
     let names: Vec<&str> = got.keys().map(String::as_str).collect();
     assert_eq!(
         names,
@@ -1942,7 +1940,7 @@ fn cli_dequantize_writes_the_original_modules() {
     // --dtype f32 is the whole checkpoint's: copies are widened exactly.
     for c in [&norm, &emb] {
         let (dt, shape, bytes) = &got[&c.name];
-        let widened: Vec<u8> = common::producer::stored_floats(c)
+        let widened: Vec<u8> = crate::common::producer::stored_floats(c)
             .unwrap()
             .iter()
             .flat_map(|v| v.to_le_bytes())

@@ -1,12 +1,10 @@
 //! Every reference checkpoint decodes to the bytes its producer's own
 //! dequantizer returns (compared through the recorded SHA-256 digests).
 
-mod common;
-
 use std::path::Path;
 
-use common::producer::Tensors;
-use common::{check_case, fixtures, CASES};
+use crate::common::producer::Tensors;
+use crate::common::{check_case, fixtures, CASES};
 use serde_json::Value;
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 
@@ -74,7 +72,7 @@ fn sharded_output_keeps_shard_names_and_index() {
     ]
     .iter()
     .map(|f| {
-        common::read_tensors(&out.join(f))
+        crate::common::read_tensors(&out.join(f))
             .values()
             .map(|t| t.2.len() as u64)
             .sum::<u64>()
@@ -127,21 +125,21 @@ fn within_tolerance(case: &str, got: &Tensors, expected: &Tensors) {
 fn svdquant_fixtures_match_dense_reference_on_both_backends() {
     for case in ["svdq-int4-g64-logical", "svdq-fp4-g16-packed"] {
         let dir = fixtures().join(case);
-        let expected = common::read_tensors(&dir.join("expected-dense-f32/model.safetensors"));
+        let expected = crate::common::read_tensors(&dir.join("expected-dense-f32/model.safetensors"));
         let cpu =
-            common::producer::decode_with(&dir.join("model"), OutDtype::F32, BackendChoice::Cpu);
+            crate::common::producer::decode_with(&dir.join("model"), OutDtype::F32, BackendChoice::Cpu);
         within_tolerance(case, &cpu, &expected);
         let norms: Vec<&String> = cpu.keys().filter(|k| !expected.contains_key(*k)).collect();
         assert!(
             norms.iter().all(|k| k.contains(".norm.")),
             "{case}: only the unquantized norms are extra: {norms:?}"
         );
-        if common::adapter().is_some() {
+        if crate::common::adapter().is_some() {
             for out in [OutDtype::F32, OutDtype::Bf16] {
                 let gpu =
-                    common::producer::decode_with(&dir.join("model"), out, BackendChoice::Gpu);
+                    crate::common::producer::decode_with(&dir.join("model"), out, BackendChoice::Gpu);
                 let cpu =
-                    common::producer::decode_with(&dir.join("model"), out, BackendChoice::Cpu);
+                    crate::common::producer::decode_with(&dir.join("model"), out, BackendChoice::Cpu);
                 assert!(gpu == cpu, "{case} {out}: GPU bytes differ from the CPU's");
             }
         }
@@ -162,7 +160,7 @@ fn svdquant_default_dtype_is_the_models() {
         },
     )
     .unwrap();
-    let got = common::read_dir_tensors(&out);
+    let got = crate::common::read_dir_tensors(&out);
     assert_eq!(got["blocks.0.attn.to_q.weight"].0, "BF16");
     assert_eq!(
         got["blocks.0.norm.weight"].0, "F32",

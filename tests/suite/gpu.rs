@@ -5,10 +5,8 @@
 //! `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing adapter
 //! into a failure.
 
-mod common;
-
-use common::jobs::{normal, random_dims, RandomJob, GRID_SIZES};
-use common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES};
+use crate::common::jobs::{normal, random_dims, RandomJob, GRID_SIZES};
+use crate::common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};

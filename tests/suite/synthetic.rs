@@ -6,12 +6,10 @@
 //! DESIGN.md §3), and one round-to-nearest-even step by the `half` crate.
 //! Nothing here calls the crate's own decoding helpers.
 
-mod common;
-
-use common::producer::{
+use crate::common::producer::{
     e2m1_ref, e4m3_byte, e4m3_ref, expect_decodes, pack_fields, words_for, Lay, Want,
 };
-use common::{ct_config, ct_config_groups, write_checkpoint, Rng, T};
+use crate::common::{ct_config, ct_config_groups, write_checkpoint, Rng, T};
 use serde_json::{json, Value};
 
 /// E4M3 of a byte the generator made, which is never NaN.
