@@ -126,27 +126,13 @@ impl TensorRef<'_> {
     /// The values of a float tensor (BF16, F16, F32) as f32, exactly; a
     /// TEN-002 error for other dtypes.
     pub fn floats(&self) -> Result<Vec<f32>> {
-        let d = self.data;
-        Ok(match self.dtype {
-            Dtype::BF16 => d
-                .chunks_exact(2)
-                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
-                .collect(),
-            Dtype::F16 => d
-                .chunks_exact(2)
-                .map(|c| crate::numerics::f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-                .collect(),
-            Dtype::F32 => d
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            other => {
-                return Err(self.error(
-                    Rule::TensorDtype,
-                    format!("dtype {other:?}, expected BF16, F16 or F32"),
-                ))
-            }
-        })
+        let (size, read) = crate::numerics::float_reader(self.dtype).ok_or_else(|| {
+            self.error(
+                Rule::TensorDtype,
+                format!("dtype {:?}, expected BF16, F16 or F32", self.dtype),
+            )
+        })?;
+        Ok(self.data.chunks_exact(size).map(read).collect())
     }
 
     /// An error about this tensor.

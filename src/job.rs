@@ -468,15 +468,8 @@ mod tests {
     }
 
     fn codes(n: usize, b: u32, seed: u32) -> Vec<u32> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x & ((1 << b) - 1)
-            })
-            .collect()
+        let mut rng = fastrand::Rng::with_seed(seed.into());
+        (0..n).map(|_| rng.u32(..1 << b)).collect()
     }
 
     #[test]

@@ -115,21 +115,18 @@ impl Model {
     /// (the bytes [`Model::decode`] gives, read as numbers).
     pub fn decode_f32(&self, name: &str, backend: &dyn Backend) -> Result<Vec<f32>> {
         let o = self.output(name)?;
-        let bytes = o.bytes(backend)?;
-        let read = |n: usize, f: fn(&[u8]) -> f32| bytes.chunks_exact(n).map(f).collect();
-        Ok(match o.dtype {
-            Dtype::BF16 => read(2, |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            Dtype::F16 => read(2, |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            Dtype::F32 => read(4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            other => {
-                return Err(Error::tensor(
-                    Rule::Argument,
-                    self.cell.borrow_owner().display_path(),
-                    name,
-                    format!("is {other:?}, not bf16, f16 or f32: use decode for its bytes"),
-                ))
-            }
-        })
+        let (size, read) = crate::numerics::float_reader(o.dtype).ok_or_else(|| {
+            Error::tensor(
+                Rule::Argument,
+                self.cell.borrow_owner().display_path(),
+                name,
+                format!(
+                    "is {:?}, not bf16, f16 or f32: use decode for its bytes",
+                    o.dtype
+                ),
+            )
+        })?;
+        Ok(o.bytes(backend)?.chunks_exact(size).map(read).collect())
     }
 
     /// Tensor `name` in a new buffer on `decoder`'s device, decoded there

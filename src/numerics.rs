@@ -164,41 +164,50 @@ pub fn is_castable(dtype: safetensors::Dtype) -> bool {
     matches!(dtype, BF16 | F16 | F32 | F64)
 }
 
+/// Reads one little-endian element, widening it exactly to f32.
+pub type ReadFloat = fn(&[u8]) -> f32;
+
+/// How to read one little-endian element of a 16- or 32-bit float dtype
+/// (its size, and the exact widening to f32); `None` for other dtypes.
+pub fn float_reader(dtype: safetensors::Dtype) -> Option<(usize, ReadFloat)> {
+    use safetensors::Dtype;
+    match dtype {
+        Dtype::BF16 => Some((2, |b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
+        Dtype::F16 => Some((2, |b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
+        Dtype::F32 => Some((4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        _ => None,
+    }
+}
+
 /// Converts little-endian `from` values in `src` to `to` in `out`, each
 /// rounded once to nearest even, NaN canonical as in every decoded output.
 /// `out` holds exactly as many elements as `src`; `from` is
 /// [`is_castable`].
 pub fn cast(from: safetensors::Dtype, src: &[u8], to: OutDtype, out: &mut [u8]) {
-    use safetensors::Dtype;
     let outs = out.chunks_exact_mut(to.size());
-    match from {
-        Dtype::BF16 => src
-            .chunks_exact(2)
+    if let Some((size, read)) = float_reader(from) {
+        src.chunks_exact(size)
             .zip(outs)
-            .for_each(|(c, o)| to.encode(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])), o)),
-        Dtype::F16 => src
-            .chunks_exact(2)
-            .zip(outs)
-            .for_each(|(c, o)| to.encode(f16_to_f32(u16::from_le_bytes([c[0], c[1]])), o)),
-        Dtype::F32 => src
-            .chunks_exact(4)
-            .zip(outs)
-            .for_each(|(c, o)| to.encode(f32::from_le_bytes([c[0], c[1], c[2], c[3]]), o)),
-        // Straight from f64: going through f32 would round twice.
-        Dtype::F64 => src.chunks_exact(8).zip(outs).for_each(|(c, o)| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            let x = f64::from_le_bytes(b);
-            if x.is_nan() {
-                return to.encode(f32::NAN, o);
-            }
-            match to {
-                OutDtype::Bf16 => o.copy_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
-                OutDtype::F16 => o.copy_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-                OutDtype::F32 => o.copy_from_slice(&(x as f32).to_le_bytes()),
-            }
-        }),
-        _ => {}
+            .for_each(|(c, o)| to.encode(read(c), o));
+        return;
+    }
+    if from != safetensors::Dtype::F64 {
+        return;
+    }
+    // Straight from f64: going through f32 would round twice.
+    for (c, o) in src.chunks_exact(8).zip(outs) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(c);
+        let x = f64::from_le_bytes(b);
+        if x.is_nan() {
+            to.encode(f32::NAN, o);
+            continue;
+        }
+        match to {
+            OutDtype::Bf16 => o.copy_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+            OutDtype::F16 => o.copy_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+            OutDtype::F32 => o.copy_from_slice(&(x as f32).to_le_bytes()),
+        }
     }
 }
 

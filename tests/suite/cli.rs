@@ -8,8 +8,8 @@ use std::process::Output;
 use crate::common::cli::{failed, ok, read_json, run, stderr, stdout};
 use crate::common::fixture_models;
 use crate::common::{
-    copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, SHARD1,
-    SHARD2, T,
+    copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, Tensor,
+    SHARD1, SHARD2,
 };
 use serde_json::Value;
 
@@ -562,9 +562,9 @@ fn dtype_converts_a_dense_checkpoint_and_says_nothing_was_decoded() {
     write_safetensors(
         &model.join("model.safetensors"),
         &[
-            T::f32("a.weight", &[2, 3], &values),
-            T::i64("position_ids", &[2], &[0, 1]),
-            T::new(
+            Tensor::f32("a.weight", &[2, 3], &values),
+            Tensor::i64("position_ids", &[2], &[0, 1]),
+            Tensor::new(
                 "pi",
                 "F64",
                 &[1],
@@ -679,7 +679,7 @@ const DOWN_SCALE: &str = "model.layers.0.mlp.down_proj.weight_scale";
 fn break_scale_shape(file: &Path, name: &str) {
     let bytes = std::fs::read(file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(usize, T)> = st
+    let mut tensors: Vec<(usize, Tensor)> = st
         .iter()
         .map(|(n, v)| {
             let dtype: &'static str = Box::leak(format!("{:?}", v.dtype()).into_boxed_str());
@@ -690,12 +690,12 @@ fn break_scale_shape(file: &Path, name: &str) {
                 shape.reverse();
             }
             let offset = v.data().as_ptr() as usize - bytes.as_ptr() as usize;
-            (offset, T::new(n, dtype, &shape, v.data().to_vec()))
+            (offset, Tensor::new(n, dtype, &shape, v.data().to_vec()))
         })
         .collect();
     assert!(tensors.iter().any(|(_, t)| t.name == name), "no {name}");
     tensors.sort_by_key(|(o, _)| *o);
-    let tensors: Vec<T> = tensors.into_iter().map(|(_, t)| t).collect();
+    let tensors: Vec<Tensor> = tensors.into_iter().map(|(_, t)| t).collect();
     write_safetensors(file, &tensors);
 }
 

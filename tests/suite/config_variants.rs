@@ -9,11 +9,11 @@ use std::path::Path;
 
 use crate::common::producer::{
     check_output, decode, decode_with, e4m3_byte, e4m3_ref, expect_decodes, out_size, pack_fields,
-    words_for, Lay, Tensors, Want, OUTS,
+    words_for, ScaleScheme, Tensors, Want, OUTS,
 };
 use crate::common::{
     adapter, caught, copy_dir, ct_config, ct_config_groups, dequantize_err, fixtures,
-    hf_quant_config, read_dir_tensors, write_checkpoint, write_json, Rng, CPU_AUTO, T,
+    hf_quant_config, read_dir_tensors, write_checkpoint, write_json, Rng, Tensor, CPU_AUTO,
 };
 use serde_json::{json, Value};
 use wgpu_dequant::backend::{Backend, Cpu};
@@ -26,7 +26,7 @@ use wgpu_dequant::{
 const NORM: &str = "model.norm.weight";
 const M: &str = "model.layers.0.mlp.down_proj";
 
-fn m(param: &str) -> String {
+fn module_param(param: &str) -> String {
     format!("{M}.{param}")
 }
 
@@ -46,19 +46,19 @@ fn bf16_scale(rng: &mut Rng) -> f32 {
 fn bf16_scales(
     rng: &mut Rng,
     module: &str,
-    lay: Lay,
+    lay: ScaleScheme,
     (rows, cols): (usize, usize),
-) -> (T, Vec<f32>) {
+) -> (Tensor, Vec<f32>) {
     let shape = lay.shape(None, rows, cols);
     let n = shape.iter().product::<usize>();
     let scales: Vec<f32> = (0..n).map(|_| bf16_scale(rng)).collect();
-    let t = T::bf16(format!("{module}.weight_scale"), &shape, &scales);
+    let t = Tensor::bf16(format!("{module}.weight_scale"), &shape, &scales);
     (t, scales)
 }
 
 /// The exact values `w(i) · scale` of a `[rows, cols]` weight on `lay`.
 fn scaled(
-    lay: Lay,
+    lay: ScaleScheme,
     (rows, cols): (usize, usize),
     scales: &[f32],
     w: impl Fn(usize) -> f32,
@@ -76,9 +76,9 @@ fn pack_module(
     rng: &mut Rng,
     module: &str,
     bits: u32,
-    lay: Lay,
+    lay: ScaleScheme,
     (rows, cols): (usize, usize),
-) -> (Vec<T>, Want) {
+) -> (Vec<Tensor>, Want) {
     let offset = 1i32 << (bits - 1);
     let q: Vec<i32> = (0..rows * cols)
         .map(|_| rng.below(1 << bits) as i32 - offset)
@@ -92,8 +92,8 @@ fn pack_module(
     assert_eq!(words.len(), rows * width);
     let (scale, scales) = bf16_scales(rng, module, lay, (rows, cols));
     let tensors = vec![
-        T::u32_words(format!("{module}.weight_packed"), &[rows, width], &words),
-        T::i64(
+        Tensor::u32_words(format!("{module}.weight_packed"), &[rows, width], &words),
+        Tensor::i64(
             format!("{module}.weight_shape"),
             &[2],
             &[rows as i64, cols as i64],
@@ -110,10 +110,10 @@ fn byte_module(
     rng: &mut Rng,
     module: &str,
     float: bool,
-    lay: Lay,
+    lay: ScaleScheme,
     (rows, cols): (usize, usize),
     bytes: Option<Vec<u8>>,
-) -> (Vec<T>, Want) {
+) -> (Vec<Tensor>, Want) {
     let bytes = bytes.unwrap_or_else(|| {
         (0..rows * cols)
             .map(|_| {
@@ -128,7 +128,7 @@ fn byte_module(
     assert_eq!(bytes.len(), rows * cols);
     let (scale, scales) = bf16_scales(rng, module, lay, (rows, cols));
     let tensors = vec![
-        T::u8(
+        Tensor::u8(
             format!("{module}.weight"),
             if float { "F8_E4M3" } else { "I8" },
             &[rows, cols],
@@ -147,8 +147,8 @@ fn byte_module(
 }
 
 /// A BF16 tensor that every checkpoint carries unquantized.
-fn norm() -> T {
-    T::bf16(
+fn norm() -> Tensor {
+    Tensor::bf16(
         NORM,
         &[16],
         &(0..16).map(|i| i as f32 * 0.25).collect::<Vec<_>>(),
@@ -239,8 +239,8 @@ fn dense_checkpoint_with_stray_weight_scale_is_config_error() {
         let dir = tmp.path().join("ckpt");
         let tensors = vec![
             norm(),
-            T::bf16(m("weight"), &[4, 8], &[0.5; 32]),
-            T::bf16(m("weight_scale"), &[4, 1], &[2.0; 4]),
+            Tensor::bf16(module_param("weight"), &[4, 8], &[0.5; 32]),
+            Tensor::bf16(module_param("weight_scale"), &[4, 1], &[2.0; 4]),
         ];
         write_checkpoint(&dir, &tensors, Value::Null);
         if !with_config {
@@ -266,7 +266,7 @@ fn dense_checkpoint_with_stray_weight_scale_is_config_error() {
         assert_eq!(e.rule, Rule::Config, "config={with_config}: {e}");
         assert_eq!(
             e.tensor.as_deref(),
-            Some(m("weight_scale").as_str()),
+            Some(module_param("weight_scale").as_str()),
             "config={with_config}: {e}"
         );
         let checked = plan.check().expect_err("plan has an error");
@@ -275,7 +275,11 @@ fn dense_checkpoint_with_stray_weight_scale_is_config_error() {
         drop(ckpt);
         let d = dequantize_err(&dir);
         assert_eq!(d.rule, Rule::Config, "config={with_config}: {d}");
-        assert_eq!(d.tensor.as_deref(), Some(m("weight_scale").as_str()), "{d}");
+        assert_eq!(
+            d.tensor.as_deref(),
+            Some(module_param("weight_scale").as_str()),
+            "{d}"
+        );
     }
 }
 
@@ -285,7 +289,7 @@ fn dense_checkpoint_with_stray_weight_scale_is_config_error() {
 
 /// Writes `tensors` under `weights` (pack-quantized) and checks the outputs
 /// against `wants`; returns the outputs.
-fn pack_variant(ctx: &str, tensors: &[T], weights: Value, wants: &[Want]) -> Vec<Tensors> {
+fn pack_variant(ctx: &str, tensors: &[Tensor], weights: Value, wants: &[Want]) -> Vec<Tensors> {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ckpt");
     write_checkpoint(
@@ -297,8 +301,8 @@ fn pack_variant(ctx: &str, tensors: &[T], weights: Value, wants: &[Want]) -> Vec
 }
 
 /// One int4 module on `lay` plus the norm: (tensors, wants).
-fn int4_ckpt(seed: u64, lay: Lay) -> (Vec<T>, Vec<Want>) {
-    let mut rng = Rng(seed);
+fn int4_ckpt(seed: u64, lay: ScaleScheme) -> (Vec<Tensor>, Vec<Want>) {
+    let mut rng = Rng::new(seed);
     let (mut t, w) = pack_module(&mut rng, M, 4, lay, (7, 69));
     t.push(norm());
     (t, vec![w])
@@ -306,11 +310,11 @@ fn int4_ckpt(seed: u64, lay: Lay) -> (Vec<T>, Vec<Want>) {
 
 #[test]
 fn group_size_minus_one_with_channel_strategy_is_channel() {
-    let (tensors, wants) = int4_ckpt(0x9E37_79B9_7F4A_7C15, Lay::Channel);
-    let mut null = Lay::Channel.weights(4, "int", true, false);
+    let (tensors, wants) = int4_ckpt(0x9E37_79B9_7F4A_7C15, ScaleScheme::Channel);
+    let mut null = ScaleScheme::Channel.weights(4, "int", true, false);
     null["group_size"] = Value::Null;
     let base = pack_variant("group_size null", &tensors, null, &wants);
-    let mut minus = Lay::Channel.weights(4, "int", true, false);
+    let mut minus = ScaleScheme::Channel.weights(4, "int", true, false);
     minus["group_size"] = json!(-1);
     let got = pack_variant("group_size -1", &tensors, minus, &wants);
     assert_eq!(got, base, "group_size -1 decodes unlike group_size null");
@@ -319,9 +323,9 @@ fn group_size_minus_one_with_channel_strategy_is_channel() {
 #[test]
 fn missing_or_null_strategy_is_inferred() {
     for (k, (lay, group_size)) in [
-        (Lay::Group(32), json!(32)),
-        (Lay::Channel, json!(-1)),
-        (Lay::Tensor, Value::Null),
+        (ScaleScheme::Group(32), json!(32)),
+        (ScaleScheme::Channel, json!(-1)),
+        (ScaleScheme::Tensor, Value::Null),
     ]
     .into_iter()
     .enumerate()
@@ -357,7 +361,7 @@ fn missing_or_null_strategy_is_inferred() {
 
 #[test]
 fn upper_case_strategy_and_type_decode_like_lower_case() {
-    let lay = Lay::Group(16);
+    let lay = ScaleScheme::Group(16);
     let (tensors, wants) = int4_ckpt(0x2545_F491_4F6C_DD1D, lay);
     let base = pack_variant(
         "lower",
@@ -370,11 +374,11 @@ fn upper_case_strategy_and_type_decode_like_lower_case() {
     let got = pack_variant("upper", &tensors, upper, &wants);
     assert_eq!(got, base);
     // And int8 (int-quantized) with "CHANNEL" / "INT".
-    let mut rng = Rng(0x6A09_E667_F3BC_C908);
-    let (mut t, w) = byte_module(&mut rng, M, false, Lay::Channel, (5, 33), None);
+    let mut rng = Rng::new(0x6A09_E667_F3BC_C908);
+    let (mut t, w) = byte_module(&mut rng, M, false, ScaleScheme::Channel, (5, 33), None);
     t.push(norm());
     let tmp = tempfile::tempdir().unwrap();
-    let mut weights = Lay::Channel.weights(8, "INT", true, false);
+    let mut weights = ScaleScheme::Channel.weights(8, "INT", true, false);
     weights["strategy"] = json!("CHANNEL");
     write_checkpoint(
         tmp.path(),
@@ -390,7 +394,7 @@ fn upper_case_strategy_and_type_decode_like_lower_case() {
 
 #[test]
 fn regex_negative_lookahead_selects_per_group() {
-    let mut rng = Rng(0xBB67_AE85_84CA_A73B);
+    let mut rng = Rng::new(0xBB67_AE85_84CA_A73B);
     let mut tensors = vec![norm()];
     let mut wants = Vec::new();
     for name in ["q_proj", "o_proj"] {
@@ -398,7 +402,7 @@ fn regex_negative_lookahead_selects_per_group() {
             &mut rng,
             &format!("model.layers.0.self_attn.{name}"),
             4,
-            Lay::Group(16),
+            ScaleScheme::Group(16),
             (6, 40),
         );
         tensors.extend(t);
@@ -409,7 +413,7 @@ fn regex_negative_lookahead_selects_per_group() {
             &mut rng,
             &format!("model.layers.0.mlp.{name}"),
             8,
-            Lay::Channel,
+            ScaleScheme::Channel,
             (5, 40),
         );
         tensors.extend(t);
@@ -424,12 +428,12 @@ fn regex_negative_lookahead_selects_per_group() {
             "group_0": {
                 "format": "pack-quantized",
                 "targets": ["re:^(?!.*mlp).*proj$"],
-                "weights": Lay::Group(16).weights(4, "int", true, false),
+                "weights": ScaleScheme::Group(16).weights(4, "int", true, false),
             },
             "group_1": {
                 "format": "pack-quantized",
                 "targets": ["re:.*mlp.*"],
-                "weights": Lay::Channel.weights(8, "int", true, false),
+                "weights": ScaleScheme::Channel.weights(8, "int", true, false),
             },
         }),
     );
@@ -440,13 +444,13 @@ fn regex_negative_lookahead_selects_per_group() {
 
 #[test]
 fn two_linear_groups_pick_by_stored_form() {
-    let mut rng = Rng(0x3C6E_F372_FE94_F82B);
+    let mut rng = Rng::new(0x3C6E_F372_FE94_F82B);
     let mut tensors = vec![norm()];
     let (t, w_pack) = pack_module(
         &mut rng,
         "model.layers.0.mlp.down_proj",
         4,
-        Lay::Group(16),
+        ScaleScheme::Group(16),
         (6, 48),
     );
     tensors.extend(t);
@@ -454,7 +458,7 @@ fn two_linear_groups_pick_by_stored_form() {
         &mut rng,
         "model.layers.0.self_attn.q_proj",
         true,
-        Lay::Channel,
+        ScaleScheme::Channel,
         (5, 24),
         None,
     );
@@ -463,12 +467,12 @@ fn two_linear_groups_pick_by_stored_form() {
     let pack = json!({
         "format": "pack-quantized",
         "targets": ["Linear"],
-        "weights": Lay::Group(16).weights(4, "int", true, false),
+        "weights": ScaleScheme::Group(16).weights(4, "int", true, false),
     });
     let float = json!({
         "format": "float-quantized",
         "targets": ["Linear"],
-        "weights": Lay::Channel.weights(8, "float", true, false),
+        "weights": ScaleScheme::Channel.weights(8, "float", true, false),
     });
     // Both file orders: neither group may win just by coming first.
     for (first, second) in [(&pack, &float), (&float, &pack)] {
@@ -491,12 +495,12 @@ fn two_linear_groups_pick_by_stored_form() {
 
 #[test]
 fn non_empty_transform_config_is_unsupported_and_empty_is_accepted() {
-    let (tensors, wants) = int4_ckpt(0xA54F_F53A_5F1D_36F1, Lay::Group(16));
+    let (tensors, wants) = int4_ckpt(0xA54F_F53A_5F1D_36F1, ScaleScheme::Group(16));
     let with = |tc: Value| {
         let tmp = tempfile::tempdir().unwrap();
         let mut qc = ct_config(
             "pack-quantized",
-            Lay::Group(16).weights(4, "int", true, false),
+            ScaleScheme::Group(16).weights(4, "int", true, false),
             "0.19.0",
         );
         qc["transform_config"] = tc;
@@ -620,7 +624,7 @@ fn modelopt_config_spellings_decode_like_the_fixture() {
 fn zero_dimension_beside_huge_dimensions_is_refused_without_panic() {
     let pack = ct_config(
         "pack-quantized",
-        Lay::Group(16).weights(4, "int", true, false),
+        ScaleScheme::Group(16).weights(4, "int", true, false),
         "0.19.0",
     );
     let nvfp4 = ct_config(
@@ -631,99 +635,104 @@ fn zero_dimension_beside_huge_dimensions_is_refused_without_panic() {
     );
     let int8 = ct_config(
         "int-quantized",
-        Lay::Channel.weights(8, "int", true, false),
+        ScaleScheme::Channel.weights(8, "int", true, false),
         "0.19.0",
     );
-    let empty =
-        |name: String, dtype: &'static str, shape: &[usize]| T::new(name, dtype, shape, vec![]);
+    let empty = |name: String, dtype: &'static str, shape: &[usize]| {
+        Tensor::new(name, dtype, shape, vec![])
+    };
     // (what, tensors, quantization_config (Null: ModelOpt sidecar), rule, tensor)
-    let cases: Vec<(&str, Vec<T>, Value, Rule, String)> = vec![
+    let cases: Vec<(&str, Vec<Tensor>, Value, Rule, String)> = vec![
         (
             "pack weight_shape [0, 2^40], weight_packed [0, 2^35]",
             vec![
-                empty(m("weight_packed"), "I32", &[0, 1 << 35]),
-                T::i64(m("weight_shape"), &[2], &[0, 1 << 40]),
-                empty(m("weight_scale"), "BF16", &[0, 1 << 36]),
+                empty(module_param("weight_packed"), "I32", &[0, 1 << 35]),
+                Tensor::i64(module_param("weight_shape"), &[2], &[0, 1 << 40]),
+                empty(module_param("weight_scale"), "BF16", &[0, 1 << 36]),
             ],
             pack.clone(),
             Rule::TensorValue,
-            m("weight_shape"),
+            module_param("weight_shape"),
         ),
         (
             "pack weight_shape [4, 16], weight_packed [0, 2^35]",
             vec![
-                empty(m("weight_packed"), "I32", &[0, 1 << 35]),
-                T::i64(m("weight_shape"), &[2], &[4, 16]),
-                T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]),
+                empty(module_param("weight_packed"), "I32", &[0, 1 << 35]),
+                Tensor::i64(module_param("weight_shape"), &[2], &[4, 16]),
+                Tensor::bf16(module_param("weight_scale"), &[4, 1], &[1.0; 4]),
             ],
             pack.clone(),
             Rule::TensorShape,
-            m("weight_packed"),
+            module_param("weight_packed"),
         ),
         (
             "3-D pack weight_shape [2^40, 2^40, 0], weight_packed [2^40, 0, 2^20]",
             vec![
-                empty(m("weight_packed"), "I32", &[1 << 40, 0, 1 << 20]),
-                T::i64(m("weight_shape"), &[3], &[1 << 40, 1 << 40, 0]),
-                empty(m("weight_scale"), "BF16", &[1 << 40, 0, 1 << 36]),
+                empty(module_param("weight_packed"), "I32", &[1 << 40, 0, 1 << 20]),
+                Tensor::i64(module_param("weight_shape"), &[3], &[1 << 40, 1 << 40, 0]),
+                empty(module_param("weight_scale"), "BF16", &[1 << 40, 0, 1 << 36]),
             ],
             pack,
             Rule::TensorValue,
-            m("weight_shape"),
+            module_param("weight_shape"),
         ),
         (
             "modelopt weight U8 [0, 2^40]",
             vec![
-                empty(m("weight"), "U8", &[0, 1 << 40]),
-                empty(m("weight_scale"), "F8_E4M3", &[0, 1 << 36]),
-                T::f32(m("weight_scale_2"), &[], &[0.5]),
+                empty(module_param("weight"), "U8", &[0, 1 << 40]),
+                empty(module_param("weight_scale"), "F8_E4M3", &[0, 1 << 36]),
+                Tensor::f32(module_param("weight_scale_2"), &[], &[0.5]),
             ],
             Value::Null,
             Rule::TensorShape,
-            m("weight"),
+            module_param("weight"),
         ),
         (
             "modelopt weight U8 [2^40, 0]",
             vec![
-                empty(m("weight"), "U8", &[1 << 40, 0]),
-                empty(m("weight_scale"), "F8_E4M3", &[1 << 40, 0]),
-                T::f32(m("weight_scale_2"), &[], &[0.5]),
+                empty(module_param("weight"), "U8", &[1 << 40, 0]),
+                empty(module_param("weight_scale"), "F8_E4M3", &[1 << 40, 0]),
+                Tensor::f32(module_param("weight_scale_2"), &[], &[0.5]),
             ],
             Value::Null,
             Rule::TensorShape,
-            m("weight"),
+            module_param("weight"),
         ),
         (
             "nvfp4 weight_packed [2^40, 0]",
             vec![
-                empty(m("weight_packed"), "U8", &[1 << 40, 0]),
-                empty(m("weight_scale"), "F8_E4M3", &[1 << 40, 0]),
-                T::f32(m("weight_global_scale"), &[1], &[2.0]),
+                empty(module_param("weight_packed"), "U8", &[1 << 40, 0]),
+                empty(module_param("weight_scale"), "F8_E4M3", &[1 << 40, 0]),
+                Tensor::f32(module_param("weight_global_scale"), &[1], &[2.0]),
             ],
             nvfp4.clone(),
             Rule::TensorShape,
-            m("weight_packed"),
+            module_param("weight_packed"),
         ),
         (
             "nvfp4 weight_packed [0, 2^40, 2^40]",
             vec![
-                empty(m("weight_packed"), "U8", &[0, 1 << 40, 1 << 40]),
-                empty(m("weight_scale"), "F8_E4M3", &[0, 1 << 40, 1 << 36]),
-                T::f32(m("weight_global_scale"), &[1], &[2.0]),
+                empty(module_param("weight_packed"), "U8", &[0, 1 << 40, 1 << 40]),
+                empty(
+                    module_param("weight_scale"),
+                    "F8_E4M3",
+                    &[0, 1 << 40, 1 << 36],
+                ),
+                Tensor::f32(module_param("weight_global_scale"), &[1], &[2.0]),
             ],
             nvfp4,
             Rule::TensorShape,
-            m("weight_packed"),
+            module_param("weight_packed"),
         ),
         (
             "int8 weight [2^40, 0]",
             vec![
-                empty(m("weight"), "I8", &[1 << 40, 0]),
-                empty(m("weight_scale"), "BF16", &[0, 1]),
+                empty(module_param("weight"), "I8", &[1 << 40, 0]),
+                empty(module_param("weight_scale"), "BF16", &[0, 1]),
             ],
             int8,
             Rule::TensorShape,
-            m("weight"),
+            module_param("weight"),
         ),
     ];
     for (what, mut tensors, qc, rule, tensor) in cases {
@@ -843,7 +852,7 @@ fn cpu_decode_rows_with_bad_rows_or_buffer_is_argument_error() {
 
 /// Decodes `dir` on both backends to every dtype; both must equal each other
 /// and the reference. Returns the GPU outputs.
-fn gpu_equals_cpu(ctx: &str, dir: &Path, wants: &[Want], copies: &[T]) -> Vec<Tensors> {
+fn gpu_equals_cpu(ctx: &str, dir: &Path, wants: &[Want], copies: &[Tensor]) -> Vec<Tensors> {
     OUTS.iter()
         .map(|&out| {
             let gpu = decode_with(dir, out, BackendChoice::Gpu);
@@ -861,10 +870,13 @@ fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
     if adapter().is_none() {
         return;
     }
-    let mut rng = Rng(0x510E_527F_ADE6_82D1);
+    let mut rng = Rng::new(0x510E_527F_ADE6_82D1);
 
     // Block rows and group columns beyond u32.
-    for lay in [Lay::Block(4_294_967_297, 8), Lay::Group(4_294_967_300)] {
+    for lay in [
+        ScaleScheme::Block(4_294_967_297, 8),
+        ScaleScheme::Group(4_294_967_300),
+    ] {
         let mut tensors = vec![norm()];
         let mut wants = Vec::new();
         for (k, dims) in [(6, 37), (3, 8)].into_iter().enumerate() {
@@ -905,7 +917,7 @@ fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
         &mut rng,
         M,
         true,
-        Lay::Channel,
+        ScaleScheme::Channel,
         (rows, cols),
         Some(bytes.clone()),
     );
@@ -916,13 +928,13 @@ fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
         &tensors,
         ct_config(
             "float-quantized",
-            Lay::Channel.weights(8, "float", true, false),
+            ScaleScheme::Channel.weights(8, "float", true, false),
             "0.19.0",
         ),
     );
     let outs = gpu_equals_cpu("fp8 NaN codes", tmp.path(), &[want], &[norm()]);
     for (out, got) in OUTS.iter().zip(&outs) {
-        let data = &got[&m("weight")].2;
+        let data = &got[&module_param("weight")].2;
         let size = out_size(*out);
         for (i, &b) in bytes.iter().enumerate() {
             if b & 0x7F == 0x7F {

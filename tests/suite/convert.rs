@@ -11,7 +11,7 @@ use crate::common::cli::{ok, read_json, run, stderr};
 use crate::common::producer::{compare_bytes, e2m1_ref, e4m3_ref, encode, Tensors};
 use crate::common::{
     adapter, copy_dir, fixtures, read_dir_tensors, read_tensors, safetensors_bytes, snapshot,
-    write_checkpoint, write_json, write_safetensors, SHARD1, SHARD2, T,
+    write_checkpoint, write_json, write_safetensors, Tensor, SHARD1, SHARD2,
 };
 use serde_json::{json, Value};
 use wgpu_dequant::convert::{self, ConvertTo};
@@ -507,12 +507,12 @@ fn converted_checkpoint_dequantizes_on_gpu_to_compressed_tensors_values() {
 
 /// A copy of the ModelOpt fixture at `tmp/model` whose tensors are the
 /// fixture's plus `extra`; `quant` edits hf_quant_config.json.
-fn modelopt_with(tmp: &Path, extra: &[T], quant: impl FnOnce(&mut Value)) -> PathBuf {
+fn modelopt_with(tmp: &Path, extra: &[Tensor], quant: impl FnOnce(&mut Value)) -> PathBuf {
     let model = tmp.join("model");
     copy_dir(&modelopt_fixture(), &model);
-    let mut tensors: Vec<T> = read_tensors(&model.join("model.safetensors"))
+    let mut tensors: Vec<Tensor> = read_tensors(&model.join("model.safetensors"))
         .into_iter()
-        .map(|(n, (dt, shape, data))| T {
+        .map(|(n, (dt, shape, data))| Tensor {
             name: n,
             dtype: dtype_static(&dt),
             shape,
@@ -574,7 +574,7 @@ fn orphan_input_scale_on_bf16_module_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let model = modelopt_with(
         tmp.path(),
-        &[T::f32("lm_head.input_scale", &[], &[0.25])],
+        &[Tensor::f32("lm_head.input_scale", &[], &[0.25])],
         |_| {},
     );
     // The same checkpoint dequantizes (the scale is an activation parameter):
@@ -596,7 +596,7 @@ fn orphan_input_scale_on_bf16_module_is_refused() {
 fn kv_cache_scale_without_kv_cache_quant_algo_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let k = "model.layers.0.self_attn.k_proj.k_scale";
-    let model = modelopt_with(tmp.path(), &[T::f32(k, &[], &[0.0625])], |hq| {
+    let model = modelopt_with(tmp.path(), &[Tensor::f32(k, &[], &[0.0625])], |hq| {
         assert_eq!(hq["quantization"]["kv_cache_quant_algo"], Value::Null);
     });
     convert_refused(&model, Rule::Ct005, &[k]);
@@ -664,16 +664,16 @@ fn exclude_globs_become_anchored_regex_ignore_entries() {
     // 4 × 32 NVFP4: packed [4, 16], e4m3 scales [4, 2] (0x38 = 1.0).
     let packed: Vec<u8> = (0..64u32).map(|i| (i * 37 % 256) as u8).collect();
     let tensors = vec![
-        T::bf16("lm_head.weight", &[2, 32], &[0.5; 64]),
-        T::bf16(gate, &[2, 32], &[0.25; 64]),
-        T::u8(format!("{q}.weight"), "U8", &[4, 16], &packed),
-        T::u8(
+        Tensor::bf16("lm_head.weight", &[2, 32], &[0.5; 64]),
+        Tensor::bf16(gate, &[2, 32], &[0.25; 64]),
+        Tensor::u8(format!("{q}.weight"), "U8", &[4, 16], &packed),
+        Tensor::u8(
             format!("{q}.weight_scale"),
             "F8_E4M3",
             &[4, 2],
             &[0x38, 0x40, 0x30, 0x38, 0x48, 0x38, 0x38, 0x28],
         ),
-        T::f32(format!("{q}.weight_scale_2"), &[], &[0.5]),
+        Tensor::f32(format!("{q}.weight_scale_2"), &[], &[0.5]),
     ];
     write_checkpoint(&model, &tensors, Value::Null);
     write_json(
@@ -756,10 +756,10 @@ fn sharded_checkpoint_keeps_shards_and_renames_the_index() {
     let mut weight_map = serde_json::Map::new();
     let mut total = 0;
     for shard in [SHARD1, SHARD2] {
-        let tensors: Vec<T> = src
+        let tensors: Vec<Tensor> = src
             .iter()
             .filter(|(n, _)| shard_of(n) == shard)
-            .map(|(n, (dt, shape, data))| T {
+            .map(|(n, (dt, shape, data))| Tensor {
                 name: n.clone(),
                 dtype: dtype_static(dt),
                 shape: shape.clone(),

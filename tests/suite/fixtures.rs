@@ -125,9 +125,13 @@ fn within_tolerance(case: &str, got: &Tensors, expected: &Tensors) {
 fn svdquant_fixtures_match_dense_reference_on_both_backends() {
     for case in ["svdq-int4-g64-logical", "svdq-fp4-g16-packed"] {
         let dir = fixtures().join(case);
-        let expected = crate::common::read_tensors(&dir.join("expected-dense-f32/model.safetensors"));
-        let cpu =
-            crate::common::producer::decode_with(&dir.join("model"), OutDtype::F32, BackendChoice::Cpu);
+        let expected =
+            crate::common::read_tensors(&dir.join("expected-dense-f32/model.safetensors"));
+        let cpu = crate::common::producer::decode_with(
+            &dir.join("model"),
+            OutDtype::F32,
+            BackendChoice::Cpu,
+        );
         within_tolerance(case, &cpu, &expected);
         let norms: Vec<&String> = cpu.keys().filter(|k| !expected.contains_key(*k)).collect();
         assert!(
@@ -136,10 +140,16 @@ fn svdquant_fixtures_match_dense_reference_on_both_backends() {
         );
         if crate::common::adapter().is_some() {
             for out in [OutDtype::F32, OutDtype::Bf16] {
-                let gpu =
-                    crate::common::producer::decode_with(&dir.join("model"), out, BackendChoice::Gpu);
-                let cpu =
-                    crate::common::producer::decode_with(&dir.join("model"), out, BackendChoice::Cpu);
+                let gpu = crate::common::producer::decode_with(
+                    &dir.join("model"),
+                    out,
+                    BackendChoice::Gpu,
+                );
+                let cpu = crate::common::producer::decode_with(
+                    &dir.join("model"),
+                    out,
+                    BackendChoice::Cpu,
+                );
                 assert!(gpu == cpu, "{case} {out}: GPU bytes differ from the CPU's");
             }
         }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::cli::{error_line, ok, stderr};
-use crate::common::{bin, ct_config, sha256_hex, write_checkpoint, Rng, T};
+use crate::common::{bin, ct_config, sha256_hex, write_checkpoint, Rng, Tensor};
 
 const STAGING: &str = ".wgpu-dequant-partial";
 
@@ -20,23 +20,23 @@ const STAGING: &str = ".wgpu-dequant-partial";
 fn big_checkpoint(dir: &Path) -> PathBuf {
     let model = dir.join("model");
     let (rows, cols) = (4096, 8192);
-    let mut rng = Rng(0x1e7e);
+    let mut rng = Rng::new(0x1e7e);
     let mut tensors = Vec::new();
     for i in 0..2 {
         let m = format!("model.layers.{i}.mlp.down_proj");
         let packed: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next() as u32).collect();
         let scales = vec![0.0625f32; rows * cols / 128];
-        tensors.push(T::u32_words(
+        tensors.push(Tensor::u32_words(
             format!("{m}.weight_packed"),
             &[rows, cols / 8],
             &packed,
         ));
-        tensors.push(T::bf16(
+        tensors.push(Tensor::bf16(
             format!("{m}.weight_scale"),
             &[rows, cols / 128],
             &scales,
         ));
-        tensors.push(T::i64(
+        tensors.push(Tensor::i64(
             format!("{m}.weight_shape"),
             &[2],
             &[rows as i64, cols as i64],

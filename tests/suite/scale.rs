@@ -12,10 +12,10 @@ use std::process::Output;
 
 use crate::common::cli::{error_line, ok, read_json, run, stderr, stdout};
 use crate::common::jobs::{GridSizes, RandomJob};
-use crate::common::producer::Lay;
+use crate::common::producer::ScaleScheme;
 use crate::common::{
     copy_dir, ct_config, fixtures, read_dir_tensors, read_tensors, snapshot, write_checkpoint,
-    write_json, Rng, SHARD1, SHARD2, T,
+    write_json, Rng, Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
 use wgpu_dequant::backend::{Backend, Cpu};
@@ -153,7 +153,7 @@ fn first_difference(got: &[u8], want: &[u8], job: &DecodeJob<'_>, start_row: usi
 
 #[test]
 fn cpu_table_rows_equal_reference_on_random_jobs() {
-    let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+    let mut rng = Rng::new(0x5DEE_CE66_D1CE_4E5B);
     // Variants of all jobs, and of those the tables decode.
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut seen_table: BTreeMap<String, usize> = BTreeMap::new();
@@ -246,7 +246,7 @@ fn cpu_table_rows_equal_reference_on_random_jobs() {
 /// scales, decoded with more and fewer columns per scale group.
 #[test]
 fn cpu_rows_equal_reference_across_the_table_threshold() {
-    let mut rng = Rng(0xC0FF_EE00_1234_5678);
+    let mut rng = Rng::new(0xC0FF_EE00_1234_5678);
     for bits in 1..=8u32 {
         let n = 1usize << bits;
         for cols in [2 * n - 1, 2 * n, 2 * n + 1, 4 * n + 3] {
@@ -841,19 +841,19 @@ fn progress_accounts_for_every_byte_of_the_shards_written() {
 #[test]
 fn progress_of_a_tensor_larger_than_one_chunk() {
     let (rows, cols) = (4400usize, 4096usize);
-    let mut rng = Rng(0xB16_C0DE);
+    let mut rng = Rng::new(0xB16_C0DE);
     let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next() as u32).collect();
     let scales: Vec<f32> = (0..rows).map(|r| 0.5 + (r % 7) as f32 * 0.125).collect();
     let module = "model.layers.0.mlp.down_proj";
     let tensors = [
-        T::u32_words(format!("{module}.weight_packed"), &[rows, cols / 8], &words),
-        T::bf16(format!("{module}.weight_scale"), &[rows, 1], &scales),
-        T::i64(
+        Tensor::u32_words(format!("{module}.weight_packed"), &[rows, cols / 8], &words),
+        Tensor::bf16(format!("{module}.weight_scale"), &[rows, 1], &scales),
+        Tensor::i64(
             format!("{module}.weight_shape"),
             &[2],
             &[rows as i64, cols as i64],
         ),
-        T::bf16("model.norm.weight", &[cols], &vec![1.0; cols]),
+        Tensor::bf16("model.norm.weight", &[cols], &vec![1.0; cols]),
     ];
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in");
@@ -862,7 +862,7 @@ fn progress_of_a_tensor_larger_than_one_chunk() {
         &tensors,
         ct_config(
             "pack-quantized",
-            Lay::Channel.weights(4, "int", true, false),
+            ScaleScheme::Channel.weights(4, "int", true, false),
             "0.19.0",
         ),
     );
@@ -966,7 +966,7 @@ fn release_leaves_bytes_readable_and_unchanged() {
     }
     let names: Vec<String> = ckpt.names().into_iter().map(String::from).collect();
     assert_eq!(names.len(), stored.len(), "test setup: tensor count");
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     for name in &names {
         let t = ckpt.get(name).unwrap();
         let before = t.data.to_vec();

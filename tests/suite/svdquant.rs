@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-use crate::common::{bin, caught, Rng, T};
+use crate::common::{bin, caught, Rng, Tensor};
 use serde_json::{json, Value};
 use svdq::{Ckpt, Layout, Outs, Prec, Sidecar, Target};
 use wgpu_dequant::{Checkpoint, DtypeChoice, OutDtype, Plan, Rule};
@@ -30,7 +30,7 @@ mod svdq {
     use wgpu_dequant::{Backend, Checkpoint, DtypeChoice, Error, OutDtype, Plan};
 
     use crate::common::producer::{e2m1_ref, e4m3_ref};
-    use crate::common::{caught, safetensors_bytes, Rng, T};
+    use crate::common::{caught, safetensors_bytes, Rng, Tensor};
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum Prec {
@@ -264,7 +264,7 @@ mod svdq {
         }
 
         /// The stored tensors.
-        pub fn tensors(&self) -> Vec<T> {
+        pub fn tensors(&self) -> Vec<Tensor> {
             let p = &self.name;
             let (n, k, r, g) = (self.rows, self.cols, self.rank, self.groups());
             let packed = self.layout == Layout::Packed;
@@ -276,29 +276,34 @@ mod svdq {
                     .map(|i| self.codes[2 * i] | (self.codes[2 * i + 1] << 4))
                     .collect()
             };
-            out.push(T::u8(format!("{p}.qweight"), "I8", &[n, k / 2], &qweight));
+            out.push(Tensor::u8(
+                format!("{p}.qweight"),
+                "I8",
+                &[n, k / 2],
+                &qweight,
+            ));
             match (self.prec, packed) {
                 (Prec::Int4, false) => {
                     let t: Vec<f32> = (0..g * n)
                         .map(|i| self.scales[(i % n) * g + i / n])
                         .collect();
-                    out.push(T::bf16(format!("{p}.wscales"), &[g, n], &t));
+                    out.push(Tensor::bf16(format!("{p}.wscales"), &[g, n], &t));
                 }
                 (Prec::Fp4, false) => {
                     let t: Vec<u8> = (0..g * n)
                         .map(|i| self.micro[(i % n) * g + i / n])
                         .collect();
-                    out.push(T::u8(format!("{p}.wscales"), "F8_E4M3", &[g, n], &t));
+                    out.push(Tensor::u8(format!("{p}.wscales"), "F8_E4M3", &[g, n], &t));
                 }
                 (Prec::Int4, true) => {
                     let gp = g.div_ceil(2) * 2;
                     let v = pack_group_scales(&self.scales, n, g, gp, 1000.0);
-                    out.push(T::bf16(format!("{p}.wscales"), &[gp, n], &v));
+                    out.push(Tensor::bf16(format!("{p}.wscales"), &[gp, n], &v));
                 }
                 (Prec::Fp4, true) => {
                     let gp = g.div_ceil(4) * 4;
                     let v = pack_micro_scales(&self.micro, n, g, gp, 0x70);
-                    out.push(T::u8(format!("{p}.wscales"), "F8_E4M3", &[gp, n], &v));
+                    out.push(Tensor::u8(format!("{p}.wscales"), "F8_E4M3", &[gp, n], &v));
                 }
             }
             let vector = |v: &[f32]| -> Vec<f32> {
@@ -309,12 +314,12 @@ mod svdq {
                 }
             };
             if let Some(wc) = &self.wcscales {
-                out.push(T::bf16(format!("{p}.wcscales"), &[n], &vector(wc)));
+                out.push(Tensor::bf16(format!("{p}.wcscales"), &[n], &vector(wc)));
             }
             if let Some(wt) = self.wtscale {
-                out.push(T::bf16(format!("{p}.wtscale"), &[1], &[wt]));
+                out.push(Tensor::bf16(format!("{p}.wtscale"), &[1], &[wt]));
             }
-            out.push(T::bf16(
+            out.push(Tensor::bf16(
                 format!("{p}.smooth_factor"),
                 &[k],
                 &vector(&self.smooth),
@@ -324,10 +329,10 @@ mod svdq {
             } else {
                 (self.down.clone(), self.up.clone())
             };
-            out.push(T::bf16(format!("{p}.proj_down"), &[k, r], &down));
-            out.push(T::bf16(format!("{p}.proj_up"), &[n, r], &up));
+            out.push(Tensor::bf16(format!("{p}.proj_down"), &[k, r], &down));
+            out.push(Tensor::bf16(format!("{p}.proj_up"), &[n, r], &up));
             if let Some(b) = &self.bias {
-                out.push(T::bf16(format!("{p}.bias"), &[n], &vector(b)));
+                out.push(Tensor::bf16(format!("{p}.bias"), &[n], &vector(b)));
             }
             out
         }
@@ -500,7 +505,7 @@ mod svdq {
         pub patches: Vec<Value>,
         pub shifts: BTreeMap<String, f64>,
         /// Unquantized tensors stored beside the targets.
-        pub others: Vec<T>,
+        pub others: Vec<Tensor>,
     }
 
     impl Ckpt {
@@ -563,8 +568,8 @@ mod svdq {
             v
         }
 
-        pub fn tensors(&self) -> Vec<T> {
-            let mut all: Vec<T> = self.others.clone();
+        pub fn tensors(&self) -> Vec<Tensor> {
+            let mut all: Vec<Tensor> = self.others.clone();
             for t in &self.targets {
                 all.extend(t.tensors());
             }
@@ -576,7 +581,7 @@ mod svdq {
         }
 
         /// `tensors` (with the metadata) and `sidecar` in `dir`.
-        pub fn write_with(&self, dir: &Path, tensors: &[T], sidecar: Sidecar) {
+        pub fn write_with(&self, dir: &Path, tensors: &[Tensor], sidecar: Sidecar) {
             std::fs::create_dir_all(dir).unwrap();
             let meta: BTreeMap<String, String> = [(
                 "quantization_config".to_string(),
@@ -816,7 +821,7 @@ fn asymmetric_codes(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn logical_qweight_low_nibble_is_even_column_and_int4_is_signed() {
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     let (n, k) = (192, 128);
     let mut t =
         Target::random("m.lin", Prec::Int4, Layout::Logical, n, k, 64, 16, &mut rng).trivial();
@@ -846,7 +851,7 @@ fn logical_qweight_low_nibble_is_even_column_and_int4_is_signed() {
 
 #[test]
 fn logical_wscales_are_stored_transposed() {
-    let mut rng = Rng(0x5eed_0002);
+    let mut rng = Rng::new(0x5eed_0002);
     // N = 192, K/G = 2: a [N, K/G] reading has another shape and other values.
     let mut t = Target::random(
         "m.lin",
@@ -874,7 +879,7 @@ fn logical_wscales_are_stored_transposed() {
         .find(|x| x.name == "m.lin.wscales")
         .unwrap();
     ws.shape = vec![192, 2];
-    ws.data = T::bf16("", &[192, 2], &t.scales).data;
+    ws.data = Tensor::bf16("", &[192, 2], &t.scales).data;
     ck.write_with(dir.path(), &tensors, Sidecar::Json(ck.sidecar()));
     refused(
         "untransposed wscales",
@@ -906,7 +911,7 @@ fn logical_wscales_are_stored_transposed() {
 
 #[test]
 fn packed_qweight_word_and_nibble_order() {
-    let mut rng = Rng(0x5eed_0003);
+    let mut rng = Rng::new(0x5eed_0003);
     for prec in [Prec::Int4, Prec::Fp4] {
         let g = if prec == Prec::Int4 { 64 } else { 16 };
         let mut t =
@@ -932,7 +937,7 @@ fn packed_qweight_word_and_nibble_order() {
 
 #[test]
 fn packed_int4_group_scales_with_groups_padded_to_even() {
-    let mut rng = Rng(0x5eed_0004);
+    let mut rng = Rng::new(0x5eed_0004);
     // K = 384, G = 128: 3 groups, stored as 4 (the padding holds 1000).
     let mut t = Target::random(
         "m.lin",
@@ -977,7 +982,7 @@ fn packed_int4_group_scales_with_groups_padded_to_even() {
 
 #[test]
 fn packed_vectors_bias_smooth_factor_and_wcscales() {
-    let mut rng = Rng(0x5eed_0005);
+    let mut rng = Rng::new(0x5eed_0005);
     // smooth_factor (length K) alone.
     let mut t = Target::random(
         "m.lin",
@@ -1038,7 +1043,7 @@ fn packed_vectors_bias_smooth_factor_and_wcscales() {
 
 #[test]
 fn packed_fp4_micro_scales_with_groups_padded_to_four() {
-    let mut rng = Rng(0x5eed_0006);
+    let mut rng = Rng::new(0x5eed_0006);
     // K = 384, G = 64: 6 groups, stored as 8 (the padding holds 128).
     let mut t = Target::random(
         "m.lin",
@@ -1082,7 +1087,7 @@ fn selection(len: usize, rank: usize) -> Vec<f32> {
 
 #[test]
 fn packed_proj_down_block_order() {
-    let mut rng = Rng(0x5eed_0007);
+    let mut rng = Rng::new(0x5eed_0007);
     let (n, k, r) = (256, 256, 32);
     let mut t =
         Target::random("m.lin", Prec::Int4, Layout::Packed, n, k, 64, r, &mut rng).trivial();
@@ -1099,7 +1104,7 @@ fn packed_proj_down_block_order() {
 
 #[test]
 fn packed_proj_up_block_order() {
-    let mut rng = Rng(0x5eed_0008);
+    let mut rng = Rng::new(0x5eed_0008);
     let (n, k, r) = (256, 256, 32);
     let mut t =
         Target::random("m.lin", Prec::Int4, Layout::Packed, n, k, 64, r, &mut rng).trivial();
@@ -1116,7 +1121,7 @@ fn packed_proj_up_block_order() {
 
 #[test]
 fn logical_and_packed_formulas_with_every_tensor_random() {
-    let mut rng = Rng(0x5eed_0009);
+    let mut rng = Rng::new(0x5eed_0009);
     // Logical: (deq + up·downᵀ) / smooth.
     let t = Target::random(
         "m.lin",
@@ -1161,7 +1166,7 @@ fn logical_and_packed_formulas_with_every_tensor_random() {
 
 #[test]
 fn fp4_wcscales_per_row_and_wtscale_per_tensor_both_multiply() {
-    let mut rng = Rng(0x5eed_000a);
+    let mut rng = Rng::new(0x5eed_000a);
     for layout in [Layout::Packed, Layout::Logical] {
         let (n, k) = if layout == Layout::Packed {
             (256, 128)
@@ -1225,7 +1230,7 @@ fn check_split(ctx: &str, got: &Outs, t: &Target, split: &[usize]) {
 
 #[test]
 fn fused_target_splits_into_its_modules_by_rows() {
-    let mut rng = Rng(0x5eed_000b);
+    let mut rng = Rng::new(0x5eed_000b);
     let t = fused_target(192, Layout::Logical, &mut rng);
     let (_d, got) = write_decode(&Ckpt::new(vec![t.clone()]));
     check_split("logical qkv", &got, &t, &[64, 64, 64]);
@@ -1238,7 +1243,7 @@ fn fused_target_splits_into_its_modules_by_rows() {
 
 #[test]
 fn fused_target_uneven_rows_need_outer_scale_splits() {
-    let mut rng = Rng(0x5eed_000c);
+    let mut rng = Rng::new(0x5eed_000c);
     // 200 rows among 3 modules, no recorded split: refused.
     let t = fused_target(200, Layout::Logical, &mut rng);
     let dir = tmp();
@@ -1273,7 +1278,7 @@ fn lin(name: &str, rows: usize, cols: usize, rng: &mut Rng) -> Target {
 
 #[test]
 fn patch_split_linear_output_concatenates_rows_and_biases() {
-    let mut rng = Rng(0x5eed_000d);
+    let mut rng = Rng::new(0x5eed_000d);
     let a = lin("b.0.mlp.linears.0", 64, 128, &mut rng);
     let mut b = lin("b.0.mlp.linears.1", 128, 128, &mut rng);
     let ck =
@@ -1308,7 +1313,7 @@ fn patch_split_linear_output_concatenates_rows_and_biases() {
 
 #[test]
 fn patch_split_linear_concatenates_columns_bias_from_last_child() {
-    let mut rng = Rng(0x5eed_000e);
+    let mut rng = Rng::new(0x5eed_000e);
     for layout in [Layout::Logical, Layout::Packed] {
         let (prec, g) = match layout {
             Layout::Logical => (Prec::Int4, 64),
@@ -1352,7 +1357,7 @@ fn patch_split_linear_concatenates_columns_bias_from_last_child() {
 
 #[test]
 fn patch_split_conv_gives_a_1x1_conv_weight() {
-    let mut rng = Rng(0x5eed_000f);
+    let mut rng = Rng::new(0x5eed_000f);
     let mut a = lin("b.0.conv.convs.0", 64, 128, &mut rng);
     a.bias = None;
     let c = lin("b.0.conv.convs.1", 64, 192, &mut rng);
@@ -1372,7 +1377,7 @@ fn patch_split_conv_gives_a_1x1_conv_weight() {
 
 #[test]
 fn patch_splits_contradicting_the_children_are_refused() {
-    let mut rng = Rng(0x5eed_0010);
+    let mut rng = Rng::new(0x5eed_0010);
     let a = lin("b.0.mlp.linears.0", 64, 128, &mut rng);
     let b = lin("b.0.mlp.linears.1", 128, 128, &mut rng);
     let dir = tmp();
@@ -1406,7 +1411,7 @@ fn patch_splits_contradicting_the_children_are_refused() {
 
 #[test]
 fn shift_folds_the_whole_weight_into_the_bias_for_logical() {
-    let mut rng = Rng(0x5eed_0011);
+    let mut rng = Rng::new(0x5eed_0011);
     let t = lin("m.lin", 192, 128, &mut rng);
     let s = 0.25;
     let ck = Ckpt::new(vec![t.clone()]).shift("m.lin", s);
@@ -1447,7 +1452,7 @@ fn shift_folds_the_whole_weight_into_the_bias_for_logical() {
 
 #[test]
 fn shift_uses_the_residual_alone_for_packed() {
-    let mut rng = Rng(0x5eed_0012);
+    let mut rng = Rng::new(0x5eed_0012);
     for (prec, g) in [(Prec::Int4, 64), (Prec::Fp4, 16)] {
         let mut t = Target::random("m.lin", prec, Layout::Packed, 256, 256, g, 32, &mut rng);
         // A large low-rank branch, so including it would show.
@@ -1480,7 +1485,7 @@ fn shift_uses_the_residual_alone_for_packed() {
 
 #[test]
 fn shift_on_a_module_without_bias_creates_one() {
-    let mut rng = Rng(0x5eed_0013);
+    let mut rng = Rng::new(0x5eed_0013);
     let mut t = lin("m.lin", 192, 128, &mut rng);
     t.bias = None;
     let (_d, got) = write_decode(&Ckpt::new(vec![t.clone()]));
@@ -1514,7 +1519,7 @@ fn shift_on_a_module_without_bias_creates_one() {
 
 #[test]
 fn shift_naming_an_unknown_module_is_refused() {
-    let mut rng = Rng(0x5eed_0014);
+    let mut rng = Rng::new(0x5eed_0014);
     let t = lin("m.lin", 192, 128, &mut rng);
     let dir = tmp();
     Ckpt::new(vec![t])
@@ -1541,7 +1546,7 @@ type Edit = fn(&mut Value);
 
 #[test]
 fn malformed_sidecars_are_refused_naming_the_field() {
-    let mut rng = Rng(0x5eed_0015);
+    let mut rng = Rng::new(0x5eed_0015);
     let ck = base_ckpt(&mut rng);
     // The base is fine.
     let dir = tmp();
@@ -1685,7 +1690,7 @@ fn malformed_sidecars_are_refused_naming_the_field() {
 
 #[test]
 fn tensors_contradicting_the_config_are_refused() {
-    let mut rng = Rng(0x5eed_0016);
+    let mut rng = Rng::new(0x5eed_0016);
     let ck = base_ckpt(&mut rng);
 
     // qweight with K = 96 columns, group_size 64.
@@ -1706,7 +1711,7 @@ fn tensors_contradicting_the_config_are_refused() {
     );
 
     // No proj_up.
-    let tensors: Vec<T> = ck
+    let tensors: Vec<Tensor> = ck
         .tensors()
         .into_iter()
         .filter(|t| t.name != "a.qkv.proj_up")
@@ -1756,7 +1761,8 @@ fn full_ckpts(rng: &mut Rng) -> Vec<Ckpt> {
             .shift("a.mlp.linears.1", -0.5)
             .shift("a.out.linears.0", 1.25)
             .shift("a.ff", 0.5);
-        ck.others.push(T::f32("a.norm.weight", &[128], &[1.5; 128]));
+        ck.others
+            .push(Tensor::f32("a.norm.weight", &[128], &[1.5; 128]));
         out.push(ck);
     }
     out
@@ -1773,7 +1779,7 @@ fn gpu_outputs_equal_cpu_outputs_byte_for_byte() {
         Err(p) => panic!("opening the GPU panicked: {p}"),
     };
     let cpu = wgpu_dequant::backend::Cpu::new();
-    let mut rng = Rng(0x5eed_0017);
+    let mut rng = Rng::new(0x5eed_0017);
     for (i, ck) in full_ckpts(&mut rng).iter().enumerate() {
         let dir = tmp();
         ck.write(dir.path());
@@ -1808,7 +1814,7 @@ fn gpu_outputs_equal_cpu_outputs_byte_for_byte() {
 /// compares right answers).
 #[test]
 fn full_checkpoints_match_the_rules() {
-    let mut rng = Rng(0x5eed_0017);
+    let mut rng = Rng::new(0x5eed_0017);
     for (i, ck) in full_ckpts(&mut rng).iter().enumerate() {
         let (_d, got) = write_decode(ck);
         let ctx = format!("full checkpoint {i}");
@@ -1881,10 +1887,10 @@ fn header_metadata(path: &Path) -> BTreeMap<String, Value> {
 
 #[test]
 fn cli_dequantize_writes_the_original_modules() {
-    let mut rng = Rng(0x5eed_0018);
+    let mut rng = Rng::new(0x5eed_0018);
     let mut ck = base_ckpt(&mut rng);
-    let norm = T::bf16("a.norm.weight", &[128], &[0.5; 128]);
-    let emb = T::f32("emb.weight", &[4, 8], &[0.25; 32]);
+    let norm = Tensor::bf16("a.norm.weight", &[128], &[0.5; 128]);
+    let emb = Tensor::f32("emb.weight", &[4, 8], &[0.25; 32]);
     ck.others = vec![norm.clone(), emb.clone()];
     let src = tmp();
     ck.write(src.path());
@@ -1994,7 +2000,7 @@ fn cli_dequantize_writes_the_original_modules() {
 /// outputs are sorted and carry the decoded shapes).
 #[test]
 fn plan_lists_the_dense_modules() {
-    let mut rng = Rng(0x5eed_0019);
+    let mut rng = Rng::new(0x5eed_0019);
     let ck = base_ckpt(&mut rng);
     let dir = tmp();
     ck.write(dir.path());

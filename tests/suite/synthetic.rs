@@ -7,9 +7,9 @@
 //! Nothing here calls the crate's own decoding helpers.
 
 use crate::common::producer::{
-    e2m1_ref, e4m3_byte, e4m3_ref, expect_decodes, pack_fields, words_for, Lay, Want,
+    e2m1_ref, e4m3_byte, e4m3_ref, expect_decodes, pack_fields, words_for, ScaleScheme, Want,
 };
-use crate::common::{ct_config, ct_config_groups, write_checkpoint, Rng, T};
+use crate::common::{ct_config, ct_config_groups, write_checkpoint, Rng, Tensor};
 use serde_json::{json, Value};
 
 /// E4M3 of a byte the generator made, which is never NaN.
@@ -20,7 +20,7 @@ fn e4m3_finite(b: u8) -> f32 {
 
 /// Writes a compressed-tensors checkpoint, decodes it to every output dtype
 /// and checks each result.
-fn run_ct(ctx: &str, tensors: &[T], qc: Value, wants: &[Want], copies: &[T]) {
+fn run_ct(ctx: &str, tensors: &[Tensor], qc: Value, wants: &[Want], copies: &[Tensor]) {
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), tensors, qc);
     expect_decodes(ctx, dir.path(), wants, copies);
@@ -85,11 +85,11 @@ impl Sdt {
         }
     }
 
-    fn tensor(self, name: String, shape: &[usize], v: &[f32]) -> T {
+    fn tensor(self, name: String, shape: &[usize], v: &[f32]) -> Tensor {
         match self {
-            Sdt::Bf16 => T::bf16(name, shape, v),
-            Sdt::F16 => T::f16(name, shape, v),
-            Sdt::F32 => T::f32(name, shape, v),
+            Sdt::Bf16 => Tensor::bf16(name, shape, v),
+            Sdt::F16 => Tensor::f16(name, shape, v),
+            Sdt::F32 => Tensor::f32(name, shape, v),
         }
     }
 }
@@ -103,7 +103,7 @@ impl Sdt {
 struct PackSpec {
     bits: u32,
     legacy: bool,
-    lay: Lay,
+    lay: ScaleScheme,
     sdt: Sdt,
     asym: bool,
     actorder: bool,
@@ -112,7 +112,7 @@ struct PackSpec {
     cols: usize,
 }
 
-fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
+fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<Tensor>, Want) {
     let b = s.bits;
     let (rows, cols) = (s.rows, s.cols);
     let slices = s.experts.unwrap_or(1);
@@ -132,12 +132,12 @@ fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
         words.extend(w);
     }
     let mut tensors = vec![
-        T::u32_words(
+        Tensor::u32_words(
             format!("{module}.weight_packed"),
             &[lead.clone(), vec![rows, width]].concat(),
             &words,
         ),
-        T::i64(
+        Tensor::i64(
             format!("{module}.weight_shape"),
             &[lead.len() + 2],
             &lead
@@ -151,7 +151,7 @@ fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
     // Activation order: columns in a random order, G at a time per group.
     let mut gidx = Vec::new();
     if s.actorder {
-        let Lay::Group(g) = s.lay else {
+        let ScaleScheme::Group(g) = s.lay else {
             panic!("actorder needs groups")
         };
         let mut perm: Vec<usize> = (0..cols).collect();
@@ -163,7 +163,7 @@ fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
             gidx[c] = i / g;
         }
         let v: Vec<i32> = gidx.iter().map(|&x| x as i32).collect();
-        tensors.push(T::i32(format!("{module}.weight_g_idx"), &[cols], &v));
+        tensors.push(Tensor::i32(format!("{module}.weight_g_idx"), &[cols], &v));
     }
 
     let n = s.lay.entries(slices, rows, cols);
@@ -178,7 +178,10 @@ fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
     let mut zp = vec![0i32; n];
     if s.asym {
         let ng = s.lay.ncols(cols);
-        assert!(matches!(s.lay, Lay::Group(_) | Lay::Channel));
+        assert!(matches!(
+            s.lay,
+            ScaleScheme::Group(_) | ScaleScheme::Channel
+        ));
         zp = (0..n).map(|_| int_code(rng, b)).collect();
         let zrows = words_for(rows, b, s.legacy);
         let mut zw = vec![0u32; slices * zrows * ng];
@@ -192,7 +195,7 @@ fn pack_module(rng: &mut Rng, module: &str, s: PackSpec) -> (Vec<T>, Want) {
                 }
             }
         }
-        tensors.push(T::u32_words(
+        tensors.push(Tensor::u32_words(
             format!("{module}.weight_zero_point"),
             &[lead.clone(), vec![zrows, ng]].concat(),
             &zw,
@@ -220,11 +223,11 @@ fn byte_module(
     rng: &mut Rng,
     module: &str,
     float: bool,
-    lay: Lay,
+    lay: ScaleScheme,
     sdt: Sdt,
     asym: bool,
     (rows, cols): (usize, usize),
-) -> (Vec<T>, Want) {
+) -> (Vec<Tensor>, Want) {
     let bytes: Vec<u8> = (0..rows * cols)
         .map(|_| {
             if float {
@@ -242,7 +245,7 @@ fn byte_module(
         }
     };
     let dtype = if float { "F8_E4M3" } else { "I8" };
-    let mut tensors = vec![T::u8(
+    let mut tensors = vec![Tensor::u8(
         format!("{module}.weight"),
         dtype,
         &[rows, cols],
@@ -256,7 +259,7 @@ fn byte_module(
     if asym {
         zp = (0..n).map(|_| int_code(rng, 8)).collect();
         let zb: Vec<u8> = zp.iter().map(|&z| z as i8 as u8).collect();
-        tensors.push(T::u8(
+        tensors.push(Tensor::u8(
             format!("{module}.weight_zero_point"),
             "I8",
             &shape,
@@ -295,7 +298,7 @@ fn nvfp4_ct_module(
     experts: Option<usize>,
     rows: usize,
     cols: usize,
-) -> (Vec<T>, Want) {
+) -> (Vec<Tensor>, Want) {
     let slices = experts.unwrap_or(1);
     let lead: Vec<usize> = experts.into_iter().collect();
     let ng = cols.div_ceil(16);
@@ -303,20 +306,20 @@ fn nvfp4_ct_module(
     let sc: Vec<u8> = (0..slices * rows * ng).map(|_| e4m3_byte(rng)).collect();
     let global = f32_exp(rng, 0, 14);
     let tensors = vec![
-        T::u8(
+        Tensor::u8(
             format!("{module}.weight_packed"),
             "U8",
             &[lead.clone(), vec![rows, cols / 2]].concat(),
             &packed,
         ),
-        T::u8(
+        Tensor::u8(
             format!("{module}.weight_scale"),
             "F8_E4M3",
             &[lead.clone(), vec![rows, ng]].concat(),
             &sc,
         ),
-        T::f32(format!("{module}.weight_global_scale"), &[1], &[global]),
-        T::f32(
+        Tensor::f32(format!("{module}.weight_global_scale"), &[1], &[global]),
+        Tensor::f32(
             format!("{module}.input_global_scale"),
             &[1],
             &[f32_exp(rng, 0, 14)],
@@ -343,15 +346,15 @@ fn nvfp4_ct_module(
 /// f16 and f32.
 #[test]
 fn pack_quantized_every_width_layout_strategy_and_dtype() {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     for bits in 1..=8u32 {
         for version in ["0.19.0", "0.17.1"] {
             let legacy = version == "0.17.1";
             for strat in 0..3 {
                 let lay = match strat {
-                    0 => Lay::Tensor,
-                    1 => Lay::Channel,
-                    _ => Lay::Group([8, 16, 32, 128][rng.below(4) as usize]),
+                    0 => ScaleScheme::Tensor,
+                    1 => ScaleScheme::Channel,
+                    _ => ScaleScheme::Group([8, 16, 32, 128][rng.below(4) as usize]),
                 };
                 let mut tensors = Vec::new();
                 let mut wants = Vec::new();
@@ -398,13 +401,13 @@ fn pack_quantized_every_width_layout_strategy_and_dtype() {
 /// rows as int32 `[ceil(rows·b/32), n_groups]` (padded in 0.17.1).
 #[test]
 fn pack_quantized_asymmetric_packed_zero_points() {
-    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let mut rng = Rng::new(0xD1B5_4A32_D192_ED03);
     for bits in 1..=8u32 {
         for version in ["0.19.0", "0.17.1"] {
             let legacy = version == "0.17.1";
             for lay in [
-                Lay::Channel,
-                Lay::Group([8, 16, 32, 64][rng.below(4) as usize]),
+                ScaleScheme::Channel,
+                ScaleScheme::Group([8, 16, 32, 64][rng.below(4) as usize]),
             ] {
                 let mut tensors = Vec::new();
                 let mut wants = Vec::new();
@@ -457,12 +460,12 @@ fn pack_quantized_asymmetric_packed_zero_points() {
 /// points are looked up with `g_idx[c]`.
 #[test]
 fn pack_quantized_actorder_g_idx() {
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut rng = Rng::new(0x2545_F491_4F6C_DD1D);
     for bits in [2u32, 3, 4, 6, 8] {
         for asym in [false, true] {
             for version in ["0.19.0", "0.17.1"] {
                 let g = [8, 16, 32][rng.below(3) as usize];
-                let lay = Lay::Group(g);
+                let lay = ScaleScheme::Group(g);
                 let mut tensors = Vec::new();
                 let mut wants = Vec::new();
                 for k in 0..2 {
@@ -506,15 +509,15 @@ fn pack_quantized_actorder_g_idx() {
 /// `[E, rows, n_groups]`, zero points `[E, zrows, n_groups]`.
 #[test]
 fn pack_quantized_3d_experts() {
-    let mut rng = Rng(0x6A09_E667_F3BC_C908);
+    let mut rng = Rng::new(0x6A09_E667_F3BC_C908);
     for bits in [2u32, 3, 4, 5, 8] {
         for version in ["0.19.0", "0.17.1"] {
             for (lay, asym) in [
-                (Lay::Channel, false),
-                (Lay::Channel, true),
-                (Lay::Group(16), false),
-                (Lay::Group(32), true),
-                (Lay::Tensor, false),
+                (ScaleScheme::Channel, false),
+                (ScaleScheme::Channel, true),
+                (ScaleScheme::Group(16), false),
+                (ScaleScheme::Group(32), true),
+                (ScaleScheme::Tensor, false),
             ] {
                 let spec = PackSpec {
                     bits,
@@ -550,7 +553,7 @@ fn pack_quantized_3d_experts() {
 /// channel, group and block scales; int8 also asymmetric with I8 zero points.
 #[test]
 fn int8_and_fp8_weights_every_strategy() {
-    let mut rng = Rng(0xBB67_AE85_84CA_A73B);
+    let mut rng = Rng::new(0xBB67_AE85_84CA_A73B);
     for float in [false, true] {
         for asym in [false, true] {
             if float && asym {
@@ -558,10 +561,10 @@ fn int8_and_fp8_weights_every_strategy() {
             }
             for strat in 0..4 {
                 let lay = match strat {
-                    0 => Lay::Tensor,
-                    1 => Lay::Channel,
-                    2 => Lay::Group([8, 16, 32, 128][rng.below(4) as usize]),
-                    _ => Lay::Block(
+                    0 => ScaleScheme::Tensor,
+                    1 => ScaleScheme::Channel,
+                    2 => ScaleScheme::Group([8, 16, 32, 128][rng.below(4) as usize]),
+                    _ => ScaleScheme::Block(
                         [2, 4, 8, 16][rng.below(4) as usize],
                         [4, 8, 16, 32][rng.below(4) as usize],
                     ),
@@ -574,8 +577,8 @@ fn int8_and_fp8_weights_every_strategy() {
                         let r = range(&mut rng, 3, 40);
                         let c = range(&mut rng, 1, 300);
                         let ok = match lay {
-                            Lay::Group(g) => k > 0 || (c > g && !c.is_multiple_of(g)),
-                            Lay::Block(bh, bw) => {
+                            ScaleScheme::Group(g) => k > 0 || (c > g && !c.is_multiple_of(g)),
+                            ScaleScheme::Block(bh, bw) => {
                                 k > 0
                                     || (r > bh
                                         && !r.is_multiple_of(bh)
@@ -622,7 +625,7 @@ fn int8_and_fp8_weights_every_strategy() {
 /// input global scale is dropped.
 #[test]
 fn nvfp4_compressed_tensors_2d_and_3d() {
-    let mut rng = Rng(0x3C6E_F372_FE94_F82B);
+    let mut rng = Rng::new(0x3C6E_F372_FE94_F82B);
     let weights = json!({"num_bits": 4, "type": "float", "strategy": "tensor_group",
         "group_size": 16, "symmetric": true, "dynamic": false});
     for case in 0..6 {
@@ -654,7 +657,7 @@ fn nvfp4_compressed_tensors_2d_and_3d() {
 /// mxfp4-pack-quantized: `e2m1 · 2^(e−127)`, one U8 exponent per 32 columns.
 #[test]
 fn mxfp4_compressed_tensors() {
-    let mut rng = Rng(0xA54F_F53A_5F1D_36F1);
+    let mut rng = Rng::new(0xA54F_F53A_5F1D_36F1);
     let weights = json!({"num_bits": 4, "type": "float", "strategy": "group",
         "group_size": 32, "symmetric": true, "dynamic": false, "scale_dtype": "torch.uint8"});
     for case in 0..4 {
@@ -674,13 +677,13 @@ fn mxfp4_compressed_tensors() {
             let ex: Vec<u8> = (0..rows * ng)
                 .map(|_| range(&mut rng, 110, 140) as u8)
                 .collect();
-            tensors.push(T::u8(
+            tensors.push(Tensor::u8(
                 format!("{module}.weight_packed"),
                 "U8",
                 &[rows, cols / 2],
                 &packed,
             ));
-            tensors.push(T::u8(
+            tensors.push(Tensor::u8(
                 format!("{module}.weight_scale"),
                 "U8",
                 &[rows, ng],
@@ -705,7 +708,7 @@ fn mxfp4_compressed_tensors() {
 /// dropped, the BF16 lm_head and norms copied unchanged.
 #[test]
 fn modelopt_nvfp4_export() {
-    let mut rng = Rng(0x510E_527F_ADE6_82D1);
+    let mut rng = Rng::new(0x510E_527F_ADE6_82D1);
     for case in 0..3 {
         let dir = tempfile::tempdir().unwrap();
         let mut tensors = Vec::new();
@@ -721,20 +724,20 @@ fn modelopt_nvfp4_export() {
             let (codes, packed) = fp4_codes(&mut rng, rows * cols);
             let sc: Vec<u8> = (0..rows * ng).map(|_| e4m3_byte(&mut rng)).collect();
             let s2 = f32_exp(&mut rng, -14, -4);
-            tensors.push(T::u8(
+            tensors.push(Tensor::u8(
                 format!("{module}.weight"),
                 "U8",
                 &[rows, cols / 2],
                 &packed,
             ));
-            tensors.push(T::u8(
+            tensors.push(Tensor::u8(
                 format!("{module}.weight_scale"),
                 "F8_E4M3",
                 &[rows, ng],
                 &sc,
             ));
-            tensors.push(T::f32(format!("{module}.weight_scale_2"), &[], &[s2]));
-            tensors.push(T::f32(
+            tensors.push(Tensor::f32(format!("{module}.weight_scale_2"), &[], &[s2]));
+            tensors.push(Tensor::f32(
                 format!("{module}.input_scale"),
                 &[],
                 &[f32_exp(&mut rng, -10, 0)],
@@ -751,19 +754,19 @@ fn modelopt_nvfp4_export() {
             wants.push(Want::weight(module, vec![rows, cols], vals));
         }
         let dense = [
-            T::new(
+            Tensor::new(
                 "lm_head.weight",
                 "BF16",
                 &[24, 32],
                 random_bytes(&mut rng, 24 * 32 * 2),
             ),
-            T::new(
+            Tensor::new(
                 "model.norm.weight",
                 "BF16",
                 &[32],
                 random_bytes(&mut rng, 64),
             ),
-            T::new(
+            Tensor::new(
                 "model.layers.0.input_layernorm.weight",
                 "F32",
                 &[32],
@@ -796,7 +799,7 @@ fn modelopt_nvfp4_export() {
 /// copied with their dtype; no quantization parameters in the output.
 #[test]
 fn mixed_precision_checkpoint() {
-    let mut rng = Rng(0x1F83_D9AB_FB41_BD6B);
+    let mut rng = Rng::new(0x1F83_D9AB_FB41_BD6B);
     let hidden = 48;
     let inter = 72;
     let mut tensors = Vec::new();
@@ -812,7 +815,7 @@ fn mixed_precision_checkpoint() {
             let spec = PackSpec {
                 bits: 4,
                 legacy: false,
-                lay: Lay::Group(32),
+                lay: ScaleScheme::Group(32),
                 sdt: Sdt::Bf16,
                 asym: false,
                 actorder: false,
@@ -835,23 +838,23 @@ fn mixed_precision_checkpoint() {
                 &mut rng,
                 &module,
                 true,
-                Lay::Channel,
+                ScaleScheme::Channel,
                 Sdt::Bf16,
                 false,
                 (rows, hidden),
             );
             tensors.extend(t);
-            tensors.push(T::f32(
+            tensors.push(Tensor::f32(
                 format!("{module}.input_scale"),
                 &[1],
                 &[f32_exp(&mut rng, -8, 0)],
             ));
             wants.push(w);
         }
-        tensors.push(T::f32(format!("{p}.self_attn.k_scale"), &[], &[0.5]));
-        tensors.push(T::f32(format!("{p}.self_attn.v_scale"), &[], &[0.25]));
+        tensors.push(Tensor::f32(format!("{p}.self_attn.k_scale"), &[], &[0.5]));
+        tensors.push(Tensor::f32(format!("{p}.self_attn.v_scale"), &[], &[0.25]));
         for norm in ["input_layernorm", "post_attention_layernorm"] {
-            dense.push(T::new(
+            dense.push(Tensor::new(
                 format!("{p}.{norm}.weight"),
                 "BF16",
                 &[hidden],
@@ -859,19 +862,19 @@ fn mixed_precision_checkpoint() {
             ));
         }
     }
-    dense.push(T::new(
+    dense.push(Tensor::new(
         "lm_head.weight",
         "BF16",
         &[40, hidden],
         random_bytes(&mut rng, 40 * hidden * 2),
     ));
-    dense.push(T::new(
+    dense.push(Tensor::new(
         "model.embed_tokens.weight",
         "BF16",
         &[40, hidden],
         random_bytes(&mut rng, 40 * hidden * 2),
     ));
-    dense.push(T::new(
+    dense.push(Tensor::new(
         "model.norm.weight",
         "F32",
         &[hidden],
@@ -886,12 +889,12 @@ fn mixed_precision_checkpoint() {
             "group_0": {
                 "format": "pack-quantized",
                 "targets": ["re:.*mlp.*"],
-                "weights": Lay::Group(32).weights(4, "int", true, false),
+                "weights": ScaleScheme::Group(32).weights(4, "int", true, false),
             },
             "group_1": {
                 "format": "float-quantized",
                 "targets": ["re:.*self_attn.*"],
-                "weights": Lay::Channel.weights(8, "float", true, false),
+                "weights": ScaleScheme::Channel.weights(8, "float", true, false),
                 "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
                     "symmetric": true, "dynamic": false},
             },

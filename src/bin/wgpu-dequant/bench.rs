@@ -79,23 +79,6 @@ fn best(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(best.as_secs_f64())
 }
 
-/// A little xorshift generator: benchmark data needs no crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn fill(&mut self, out: &mut [u8]) {
-        for c in out.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
-    }
-}
-
 /// Random int4 codes (as compressed-tensors packs them into int32 words)
 /// and bf16 group-128 scales for a `rows × cols` weight.
 pub struct Int4Weight {
@@ -112,12 +95,12 @@ pub struct Int4Weight {
 impl Int4Weight {
     /// A random weight.
     pub fn random(rows: usize, cols: usize, seed: u64) -> Int4Weight {
-        let mut rng = Rng(seed | 1);
+        let mut rng = fastrand::Rng::with_seed(seed);
         let mut packed = vec![0u8; rows * cols / 2];
         rng.fill(&mut packed);
         let scale = (0..rows * cols / 128)
             .flat_map(|_| {
-                let s = 1e-3 + (rng.next() % 1000) as f32 * 1e-5;
+                let s = 1e-3 + rng.u32(..1000) as f32 * 1e-5;
                 f32_to_bf16(s).to_le_bytes()
             })
             .collect();

@@ -18,54 +18,59 @@ use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Error, Options};
 
 /// One stored tensor: name, safetensors dtype string, shape, raw bytes.
 #[derive(Clone, Debug)]
-pub struct T {
+pub struct Tensor {
     pub name: String,
     pub dtype: &'static str,
     pub shape: Vec<usize>,
     pub data: Vec<u8>,
 }
 
-impl T {
-    pub fn new(name: impl Into<String>, dtype: &'static str, shape: &[usize], data: Vec<u8>) -> T {
-        T {
+impl Tensor {
+    pub fn new(
+        name: impl Into<String>,
+        dtype: &'static str,
+        shape: &[usize],
+        data: Vec<u8>,
+    ) -> Tensor {
+        Tensor {
             name: name.into(),
             dtype,
             shape: shape.to_vec(),
             data,
         }
     }
-    pub fn i32(name: impl Into<String>, shape: &[usize], v: &[i32]) -> T {
-        T::new(name, "I32", shape, le_bytes(v, i32::to_le_bytes))
+    pub fn i32(name: impl Into<String>, shape: &[usize], v: &[i32]) -> Tensor {
+        Tensor::new(name, "I32", shape, le_bytes(v, i32::to_le_bytes))
     }
     /// Words stored as I32 (compressed-tensors' packed int32 tensors).
-    pub fn u32_words(name: impl Into<String>, shape: &[usize], v: &[u32]) -> T {
-        T::new(name, "I32", shape, le_bytes(v, u32::to_le_bytes))
+    pub fn u32_words(name: impl Into<String>, shape: &[usize], v: &[u32]) -> Tensor {
+        Tensor::new(name, "I32", shape, le_bytes(v, u32::to_le_bytes))
     }
-    pub fn i64(name: impl Into<String>, shape: &[usize], v: &[i64]) -> T {
-        T::new(name, "I64", shape, le_bytes(v, i64::to_le_bytes))
+    pub fn i64(name: impl Into<String>, shape: &[usize], v: &[i64]) -> Tensor {
+        Tensor::new(name, "I64", shape, le_bytes(v, i64::to_le_bytes))
     }
-    pub fn f32(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
-        T::new(name, "F32", shape, le_bytes(v, f32::to_le_bytes))
+    pub fn f32(name: impl Into<String>, shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::new(name, "F32", shape, le_bytes(v, f32::to_le_bytes))
     }
     /// bf16 tensor from f32 values (truncated: callers pass bf16-exact values).
-    pub fn bf16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
-        T::new(
+    pub fn bf16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::new(
             name,
             "BF16",
             shape,
             le_bytes(v, |x| ((x.to_bits() >> 16) as u16).to_le_bytes()),
         )
     }
-    pub fn f16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> T {
-        T::new(
+    pub fn f16(name: impl Into<String>, shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::new(
             name,
             "F16",
             shape,
             le_bytes(v, |x| half::f16::from_f32(x).to_bits().to_le_bytes()),
         )
     }
-    pub fn u8(name: impl Into<String>, dtype: &'static str, shape: &[usize], v: &[u8]) -> T {
-        T::new(name, dtype, shape, v.to_vec())
+    pub fn u8(name: impl Into<String>, dtype: &'static str, shape: &[usize], v: &[u8]) -> Tensor {
+        Tensor::new(name, dtype, shape, v.to_vec())
     }
 }
 
@@ -75,7 +80,10 @@ fn le_bytes<X: Copy, const N: usize>(v: &[X], bytes: impl Fn(X) -> [u8; N]) -> V
 }
 
 /// Serialises tensors (in the given order) as a safetensors file.
-pub fn safetensors_bytes(tensors: &[T], metadata: Option<&BTreeMap<String, String>>) -> Vec<u8> {
+pub fn safetensors_bytes(
+    tensors: &[Tensor],
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     if let Some(m) = metadata {
         header.insert("__metadata__".into(), json!(m));
@@ -113,7 +121,7 @@ pub fn raw_safetensors_text(header: &[u8], data: &[u8]) -> Vec<u8> {
     out
 }
 
-pub fn write_safetensors(path: &Path, tensors: &[T]) {
+pub fn write_safetensors(path: &Path, tensors: &[Tensor]) {
     std::fs::write(path, safetensors_bytes(tensors, None)).unwrap();
 }
 
@@ -123,7 +131,7 @@ pub fn write_json(path: &Path, v: &Value) {
 
 /// A checkpoint directory with `model.safetensors` and a `config.json`
 /// whose `quantization_config` is `qc` (none when `Value::Null`).
-pub fn write_checkpoint(dir: &Path, tensors: &[T], qc: Value) {
+pub fn write_checkpoint(dir: &Path, tensors: &[Tensor], qc: Value) {
     std::fs::create_dir_all(dir).unwrap();
     write_safetensors(&dir.join("model.safetensors"), tensors);
     let mut cfg = json!({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"});
@@ -300,17 +308,17 @@ pub fn adapter() -> Option<wgpu::Adapter> {
     }
 }
 
-/// Little xorshift generator, so tests are reproducible without a crate.
-pub struct Rng(pub u64);
+/// The tests' random numbers: `fastrand`, seeded, so every run is the same.
+pub struct Rng(fastrand::Rng);
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
     pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        self.0.u64(..)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.u64(..n)
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 
-use super::{caught, read_dir_tensors, Rng, T};
+use super::{caught, read_dir_tensors, Rng, Tensor};
 
 /// Every output dtype.
 pub const OUTS: [OutDtype; 3] = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32];
@@ -136,27 +136,27 @@ pub fn words_for(n: usize, b: u32, legacy: bool) -> usize {
 // ---------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug)]
-pub enum Lay {
+pub enum ScaleScheme {
     Tensor,
     Channel,
     Group(usize),
     Block(usize, usize),
 }
 
-impl Lay {
+impl ScaleScheme {
     pub fn strategy(self) -> &'static str {
         match self {
-            Lay::Tensor => "tensor",
-            Lay::Channel => "channel",
-            Lay::Group(_) => "group",
-            Lay::Block(..) => "block",
+            ScaleScheme::Tensor => "tensor",
+            ScaleScheme::Channel => "channel",
+            ScaleScheme::Group(_) => "group",
+            ScaleScheme::Block(..) => "block",
         }
     }
 
     /// Columns per group of the group strategy.
     pub fn group_size(self) -> Option<usize> {
         match self {
-            Lay::Group(g) => Some(g),
+            ScaleScheme::Group(g) => Some(g),
             _ => None,
         }
     }
@@ -164,31 +164,31 @@ impl Lay {
     /// Entries per row of the scale tensor.
     pub fn ncols(self, cols: usize) -> usize {
         match self {
-            Lay::Tensor | Lay::Channel => 1,
-            Lay::Group(g) => cols.div_ceil(g),
-            Lay::Block(_, bw) => cols.div_ceil(bw),
+            ScaleScheme::Tensor | ScaleScheme::Channel => 1,
+            ScaleScheme::Group(g) => cols.div_ceil(g),
+            ScaleScheme::Block(_, bw) => cols.div_ceil(bw),
         }
     }
 
     /// Rows of the scale tensor.
     pub fn nrows(self, rows: usize) -> usize {
         match self {
-            Lay::Tensor => 1,
-            Lay::Channel | Lay::Group(_) => rows,
-            Lay::Block(bh, _) => rows.div_ceil(bh),
+            ScaleScheme::Tensor => 1,
+            ScaleScheme::Channel | ScaleScheme::Group(_) => rows,
+            ScaleScheme::Block(bh, _) => rows.div_ceil(bh),
         }
     }
 
     pub fn entries(self, slices: usize, rows: usize, cols: usize) -> usize {
         match self {
-            Lay::Tensor => 1,
+            ScaleScheme::Tensor => 1,
             _ => slices * self.nrows(rows) * self.ncols(cols),
         }
     }
 
     pub fn shape(self, experts: Option<usize>, rows: usize, cols: usize) -> Vec<usize> {
         match self {
-            Lay::Tensor => vec![1],
+            ScaleScheme::Tensor => vec![1],
             _ => experts
                 .into_iter()
                 .chain([self.nrows(rows), self.ncols(cols)])
@@ -209,13 +209,13 @@ impl Lay {
     ) -> usize {
         let (nr, nc) = (self.nrows(rows), self.ncols(cols));
         match self {
-            Lay::Tensor => 0,
-            Lay::Channel => s * rows + r,
-            Lay::Group(g) => {
+            ScaleScheme::Tensor => 0,
+            ScaleScheme::Channel => s * rows + r,
+            ScaleScheme::Group(g) => {
                 let grp = if gidx.is_empty() { c / g } else { gidx[c] };
                 s * nr * nc + r * nc + grp
             }
-            Lay::Block(bh, bw) => s * nr * nc + (r / bh) * nc + c / bw,
+            ScaleScheme::Block(bh, bw) => s * nr * nc + (r / bh) * nc + c / bw,
         }
     }
 
@@ -226,7 +226,7 @@ impl Lay {
             "type": kind,
             "strategy": self.strategy(),
             "group_size": self.group_size(),
-            "block_structure": match self { Lay::Block(h, w) => json!([h, w]), _ => Value::Null },
+            "block_structure": match self { ScaleScheme::Block(h, w) => json!([h, w]), _ => Value::Null },
             "symmetric": symmetric,
             "dynamic": false,
             "actorder": if actorder { json!("group") } else { Value::Null },
@@ -320,7 +320,7 @@ pub fn compare_bytes(
 
 /// Checks that the output holds exactly `wants` (decoded to `out`) and
 /// `copies` (unchanged).
-pub fn check_output(ctx: &str, got: &Tensors, out: OutDtype, wants: &[Want], copies: &[T]) {
+pub fn check_output(ctx: &str, got: &Tensors, out: OutDtype, wants: &[Want], copies: &[Tensor]) {
     let want_names: BTreeSet<&str> = wants
         .iter()
         .map(|w| w.name.as_str())
@@ -367,7 +367,7 @@ pub fn check_output(ctx: &str, got: &Tensors, out: OutDtype, wants: &[Want], cop
 }
 
 /// The values of a stored BF16/F16/F32 tensor, widened exactly.
-pub fn stored_floats(t: &T) -> Option<Vec<f32>> {
+pub fn stored_floats(t: &Tensor) -> Option<Vec<f32>> {
     let d = &t.data;
     match t.dtype {
         "BF16" => Some(
@@ -391,7 +391,7 @@ pub fn stored_floats(t: &T) -> Option<Vec<f32>> {
 
 /// Decodes `dir` to every output dtype on the CPU and checks each result;
 /// returns the outputs.
-pub fn expect_decodes(ctx: &str, dir: &Path, wants: &[Want], copies: &[T]) -> Vec<Tensors> {
+pub fn expect_decodes(ctx: &str, dir: &Path, wants: &[Want], copies: &[Tensor]) -> Vec<Tensors> {
     OUTS.iter()
         .map(|&out| {
             let got = decode(dir, out);

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use crate::common::cli::{run, stderr, stdout};
 use crate::common::fixture_models;
 use crate::common::{
-    adapter, bin, caught, copy_dir, dequantize_err, fixtures, safetensors_bytes, snapshot, SHARD1,
-    SHARD2, T,
+    adapter, bin, caught, copy_dir, dequantize_err, fixtures, safetensors_bytes, snapshot, Tensor,
+    SHARD1, SHARD2,
 };
 use serde_json::{json, Map, Value};
 use wgpu_dequant::backend::gpu::Gpu;
@@ -108,27 +108,27 @@ fn static_dtype(s: &str) -> &'static str {
 
 /// Rewrites `file` with its tensor list (in data order) changed by `edit`;
 /// offsets are recomputed, `__metadata__` kept.
-fn edit_tensors(file: &Path, edit: impl FnOnce(&mut Vec<T>)) {
+fn edit_tensors(file: &Path, edit: impl FnOnce(&mut Vec<Tensor>)) {
     let bytes = std::fs::read(file).unwrap();
     let (h, data) = split(&bytes);
     let meta: Option<BTreeMap<String, String>> = h
         .get("__metadata__")
         .map(|m| serde_json::from_value(m.clone()).unwrap());
-    let mut tensors: Vec<T> = entries_by_offset(&h)
+    let mut tensors: Vec<Tensor> = entries_by_offset(&h)
         .into_iter()
         .map(|(name, a, b)| {
             let e = &h[&name];
             let shape: Vec<usize> = serde_json::from_value(e["shape"].clone()).unwrap();
             let dtype = static_dtype(e["dtype"].as_str().unwrap());
             let data = data[a as usize..b as usize].to_vec();
-            T::new(name, dtype, &shape, data)
+            Tensor::new(name, dtype, &shape, data)
         })
         .collect();
     edit(&mut tensors);
     std::fs::write(file, safetensors_bytes(&tensors, meta.as_ref())).unwrap();
 }
 
-fn tensor_mut<'t>(tensors: &'t mut [T], name: &str) -> &'t mut T {
+fn tensor_mut<'t>(tensors: &'t mut [Tensor], name: &str) -> &'t mut Tensor {
     tensors
         .iter_mut()
         .find(|t| t.name == name)
@@ -320,7 +320,7 @@ const SHARDED: &str = "sharded-nvfp4a16";
 const SVDQ_INT4: &str = "svdq-int4-g64-logical";
 const SVDQ_FP4: &str = "svdq-fp4-g16-packed";
 
-fn c(
+fn case(
     name: &'static str,
     fixture: &'static str,
     stage: Stage,
@@ -348,34 +348,34 @@ fn container_cases() -> Vec<Case> {
     use Rule::Container as ST1;
     use Stage::Open;
     vec![
-        c("empty file", W4, Open, ST1, MODEL, |e| {
+        case("empty file", W4, Open, ST1, MODEL, |e| {
             std::fs::write(e.st(), b"").unwrap();
             e.model.clone()
         }),
-        c("cut inside the length prefix", W4, Open, ST1, MODEL, |e| {
+        case("cut inside the length prefix", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| b[..5].to_vec());
             e.model.clone()
         }),
-        c("cut in the header", W4, Open, ST1, MODEL, |e| {
+        case("cut in the header", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| b[..8 + header_len(&b) / 2].to_vec());
             e.model.clone()
         }),
-        c("cut right after the header", W4, Open, ST1, MODEL, |e| {
+        case("cut right after the header", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| b[..8 + header_len(&b)].to_vec());
             e.model.clone()
         }),
-        c("cut in the data", W4, Open, ST1, MODEL, |e| {
+        case("cut in the data", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| {
                 let n = 8 + header_len(&b);
                 b[..n + (b.len() - n) / 2].to_vec()
             });
             e.model.clone()
         }),
-        c("one byte short", W4, Open, ST1, MODEL, |e| {
+        case("one byte short", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| b[..b.len() - 1].to_vec());
             e.model.clone()
         }),
-        c("header length beyond the file", W4, Open, ST1, MODEL, |e| {
+        case("header length beyond the file", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |mut b| {
                 let n = (b.len() - 8 + 1) as u64;
                 b[..8].copy_from_slice(&n.to_le_bytes());
@@ -383,28 +383,28 @@ fn container_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c("header length u64::MAX", W4, Open, ST1, MODEL, |e| {
+        case("header length u64::MAX", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |mut b| {
                 b[..8].copy_from_slice(&u64::MAX.to_le_bytes());
                 b
             });
             e.model.clone()
         }),
-        c("header length 2^40", W4, Open, ST1, MODEL, |e| {
+        case("header length 2^40", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |mut b| {
                 b[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
                 b
             });
             e.model.clone()
         }),
-        c("header length 0", W4, Open, ST1, MODEL, |e| {
+        case("header length 0", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |mut b| {
                 b[..8].copy_from_slice(&0u64.to_le_bytes());
                 b
             });
             e.model.clone()
         }),
-        c("header JSON invalid", W4, Open, ST1, MODEL, |e| {
+        case("header JSON invalid", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |mut b| {
                 let n = header_len(&b);
                 // An object that never closes, the length unchanged.
@@ -416,7 +416,7 @@ fn container_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c("header not UTF-8", W4, Open, ST1, MODEL, |e| {
+        case("header not UTF-8", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |mut b| {
                 let n = header_len(&b);
                 let at = b[8..8 + n]
@@ -429,7 +429,7 @@ fn container_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c(
+        case(
             "header names a tensor twice",
             W4,
             Open,
@@ -447,25 +447,25 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("header is a list", W4, Open, ST1, MODEL, |e| {
+        case("header is a list", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| {
                 let (_, data) = split(&b);
                 raw("[]", &data)
             });
             e.model.clone()
         }),
-        c("data offsets beyond the file", W4, Open, ST1, MODEL, |e| {
+        case("data offsets beyond the file", W4, Open, ST1, MODEL, |e| {
             edit_header(&e.st(), |h, _| {
                 let (last, a, b) = entries_by_offset(h).pop().unwrap();
                 h[&last]["data_offsets"] = json!([a, b + 8]);
             });
             e.model.clone()
         }),
-        c("data offsets past u64", W4, Open, ST1, MODEL, |e| {
+        case("data offsets past u64", W4, Open, ST1, MODEL, |e| {
             set_entry(&e.st(), NORM, "data_offsets", json!([0, u64::MAX]));
             e.model.clone()
         }),
-        c("data offsets overlapping", W4, Open, ST1, MODEL, |e| {
+        case("data offsets overlapping", W4, Open, ST1, MODEL, |e| {
             edit_header(&e.st(), |h, _| {
                 let v = entries_by_offset(h);
                 let (second, a, b) = &v[1];
@@ -475,14 +475,14 @@ fn container_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c("data offsets reversed", W4, Open, ST1, MODEL, |e| {
+        case("data offsets reversed", W4, Open, ST1, MODEL, |e| {
             edit_header(&e.st(), |h, _| {
                 let (first, a, b) = entries_by_offset(h)[0].clone();
                 h[&first]["data_offsets"] = json!([b, a]);
             });
             e.model.clone()
         }),
-        c("gap between data offsets", W4, Open, ST1, MODEL, |e| {
+        case("gap between data offsets", W4, Open, ST1, MODEL, |e| {
             edit_header(&e.st(), |h, data| {
                 let v = entries_by_offset(h);
                 // 8 bytes after the first tensor, every later one moved.
@@ -494,7 +494,7 @@ fn container_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c(
+        case(
             "trailing bytes after the last tensor",
             W4,
             Open,
@@ -508,15 +508,15 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("negative data offset", W4, Open, ST1, MODEL, |e| {
+        case("negative data offset", W4, Open, ST1, MODEL, |e| {
             set_entry(&e.st(), NORM, "data_offsets", json!([-8, 504]));
             e.model.clone()
         }),
-        c("unknown dtype", W4, Open, ST1, MODEL, |e| {
+        case("unknown dtype", W4, Open, ST1, MODEL, |e| {
             set_entry(&e.st(), NORM, "dtype", json!("Q4_K"));
             e.model.clone()
         }),
-        c(
+        case(
             "shape element count overflows usize",
             W4,
             Open,
@@ -527,7 +527,7 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "shape disagrees with byte length",
             W4,
             Open,
@@ -538,11 +538,11 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("negative shape", W4, Open, ST1, MODEL, |e| {
+        case("negative shape", W4, Open, ST1, MODEL, |e| {
             set_entry(&e.st(), NORM, "shape", json!([-256]));
             e.model.clone()
         }),
-        c("header nested 10000 deep", W4, Open, ST1, MODEL, |e| {
+        case("header nested 10000 deep", W4, Open, ST1, MODEL, |e| {
             edit_bytes(&e.st(), |b| {
                 let (_, data) = split(&b);
                 let deep = format!("{{\"a\":{}{}}}", "[".repeat(10_000), "]".repeat(10_000));
@@ -550,13 +550,13 @@ fn container_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c("header metadata not strings", W4, Open, ST1, MODEL, |e| {
+        case("header metadata not strings", W4, Open, ST1, MODEL, |e| {
             edit_header(&e.st(), |h, _| {
                 h.insert("__metadata__".into(), json!({"format": 1}));
             });
             e.model.clone()
         }),
-        c(
+        case(
             "lone model.safetensors is a FIFO",
             W4,
             Open,
@@ -568,11 +568,11 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("second shard empty", SHARDED, Open, ST1, SHARD2, |e| {
+        case("second shard empty", SHARDED, Open, ST1, SHARD2, |e| {
             std::fs::write(e.file(SHARD2), b"").unwrap();
             e.model.clone()
         }),
-        c(
+        case(
             "second shard cut in the data",
             SHARDED,
             Open,
@@ -583,7 +583,7 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "svdquant file cut in the data",
             SVDQ_FP4,
             Open,
@@ -594,7 +594,7 @@ fn container_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "single file named on the command line, cut",
             W4,
             Open,
@@ -613,19 +613,19 @@ fn container_cases() -> Vec<Case> {
 fn ct_cases() -> Vec<Case> {
     use Stage::{Build, Plan};
     vec![
-        c("num_bits 0", W4, Plan, Rule::Ct001, "num_bits 0", |e| {
+        case("num_bits 0", W4, Plan, Rule::Ct001, "num_bits 0", |e| {
             edit_json(&e.config(), |v| weights_of(v)["num_bits"] = json!(0));
             e.model.clone()
         }),
-        c("num_bits 9", W4, Plan, Rule::Ct001, "num_bits 9", |e| {
+        case("num_bits 9", W4, Plan, Rule::Ct001, "num_bits 9", |e| {
             edit_json(&e.config(), |v| weights_of(v)["num_bits"] = json!(9));
             e.model.clone()
         }),
-        c("num_bits 32", W4, Plan, Rule::Ct001, "num_bits 32", |e| {
+        case("num_bits 32", W4, Plan, Rule::Ct001, "num_bits 32", |e| {
             edit_json(&e.config(), |v| weights_of(v)["num_bits"] = json!(32));
             e.model.clone()
         }),
-        c(
+        case(
             "num_bits negative",
             W4,
             Build,
@@ -636,7 +636,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "num_bits fractional",
             W4,
             Build,
@@ -647,7 +647,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "num_bits a string",
             W4,
             Build,
@@ -658,13 +658,13 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("num_bits 2^40", W4, Build, Rule::Config, "num_bits", |e| {
+        case("num_bits 2^40", W4, Build, Rule::Config, "num_bits", |e| {
             edit_json(&e.config(), |v| {
                 weights_of(v)["num_bits"] = json!(1u64 << 40)
             });
             e.model.clone()
         }),
-        c(
+        case(
             "weight_packed stored as F32",
             W4,
             Plan,
@@ -675,7 +675,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_packed stored as U8",
             W4,
             Plan,
@@ -688,7 +688,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape columns beyond the packed width",
             W4,
             Plan,
@@ -699,7 +699,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape columns below the packed width",
             W4,
             Plan,
@@ -710,7 +710,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape rows disagree with the packed rows",
             W4,
             Plan,
@@ -721,7 +721,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape of rank 3 for a 2-D pack",
             W4,
             Plan,
@@ -732,7 +732,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape negative",
             W4,
             Plan,
@@ -743,7 +743,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape zero",
             W4,
             Plan,
@@ -754,7 +754,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_shape i64::MAX",
             W4,
             Plan,
@@ -765,7 +765,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "packed width fitting neither 3-bit layout",
             W3,
             Plan,
@@ -783,7 +783,7 @@ fn ct_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "packed of rank 3",
             W4,
             Plan,
@@ -809,7 +809,7 @@ fn tensor_cases() -> Vec<Case> {
     use Rule::{MissingTensor as MISSING, TensorDtype as DTYPE, TensorShape as SHAPE};
     use Stage::Plan;
     vec![
-        c(
+        case(
             "weight_scale missing",
             W4,
             Plan,
@@ -820,7 +820,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_scale stored as I16",
             W4,
             Plan,
@@ -831,7 +831,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_scale one group short",
             W4,
             Plan,
@@ -848,7 +848,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_scale transposed",
             W4,
             Plan,
@@ -859,7 +859,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_scale flattened",
             W4,
             Plan,
@@ -870,7 +870,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_zero_point missing",
             ASYM,
             Plan,
@@ -881,7 +881,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_zero_point stored as U32",
             ASYM,
             Plan,
@@ -892,7 +892,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_zero_point one group short",
             ASYM,
             Plan,
@@ -909,7 +909,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_global_scale missing",
             NV,
             Plan,
@@ -920,7 +920,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_global_scale with two values",
             NV,
             Plan,
@@ -931,7 +931,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "weight_global_scale stored as BF16",
             NV,
             Plan,
@@ -944,7 +944,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_scale stored as BF16",
             NV,
             Plan,
@@ -957,7 +957,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_scale one group short",
             NV,
             Plan,
@@ -974,7 +974,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_scale missing",
             NV,
             Plan,
@@ -985,7 +985,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_packed stored as I16",
             NV,
             Plan,
@@ -998,7 +998,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_packed 1-D",
             NV,
             Plan,
@@ -1009,7 +1009,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_packed one row short",
             NV,
             Plan,
@@ -1026,7 +1026,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "nvfp4 weight_shape disagrees with the packed width",
             NV,
             Plan,
@@ -1034,12 +1034,12 @@ fn tensor_cases() -> Vec<Case> {
             "down_proj.weight_packed",
             |e| {
                 edit_tensors(&e.st(), |ts| {
-                    ts.push(T::i64(down("weight_shape"), &[2], &[256, 1000]))
+                    ts.push(Tensor::i64(down("weight_shape"), &[2], &[256, 1000]))
                 });
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "mxfp4 weight_scale stored as BF16",
             MX,
             Plan,
@@ -1052,7 +1052,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "fp8 weight stored as U8",
             FP8,
             Plan,
@@ -1063,7 +1063,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight stored as I8",
             MO,
             Plan,
@@ -1074,7 +1074,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight 1-D",
             MO,
             Plan,
@@ -1085,7 +1085,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight_scale stored as I8",
             MO,
             Plan,
@@ -1096,7 +1096,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight_scale one group short",
             MO,
             Plan,
@@ -1113,7 +1113,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight_scale missing",
             MO,
             Plan,
@@ -1124,7 +1124,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight_scale_2 with two values",
             MO,
             Plan,
@@ -1135,7 +1135,7 @@ fn tensor_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt weight_scale_2 stored as I32",
             MO,
             Plan,
@@ -1155,15 +1155,15 @@ fn config_cases() -> Vec<Case> {
     use Rule::Config as CFG;
     use Stage::{Build, Open, Plan};
     vec![
-        c("config.json not JSON", W4, Open, CFG, "config.json", |e| {
+        case("config.json not JSON", W4, Open, CFG, "config.json", |e| {
             std::fs::write(e.config(), b"{\"quantization_config\": ").unwrap();
             e.model.clone()
         }),
-        c("config.json empty", W4, Open, CFG, "config.json", |e| {
+        case("config.json empty", W4, Open, CFG, "config.json", |e| {
             std::fs::write(e.config(), b"").unwrap();
             e.model.clone()
         }),
-        c("config.json not UTF-8", W4, Open, CFG, "config.json", |e| {
+        case("config.json not UTF-8", W4, Open, CFG, "config.json", |e| {
             edit_bytes(&e.config(), |mut b| {
                 let at = b.windows(6).position(|w| w == b"\"dtype").unwrap();
                 b[at + 1] = 0xff;
@@ -1171,7 +1171,7 @@ fn config_cases() -> Vec<Case> {
             });
             e.model.clone()
         }),
-        c(
+        case(
             "config.json gives a key twice",
             W4,
             Open,
@@ -1184,7 +1184,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "config.json gives num_bits twice",
             W4,
             Open,
@@ -1197,7 +1197,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "config.json nested 10000 deep",
             W4,
             Open,
@@ -1209,11 +1209,11 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("config.json a list", W4, Build, CFG, "weight_packed", |e| {
+        case("config.json a list", W4, Build, CFG, "weight_packed", |e| {
             std::fs::write(e.config(), b"[]").unwrap();
             e.model.clone()
         }),
-        c(
+        case(
             "hf_quant_config.json not JSON",
             MO,
             Open,
@@ -1224,7 +1224,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "hf_quant_config.json gives quant_algo twice",
             MO,
             Open,
@@ -1241,7 +1241,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "svdquant sidecar gives rank twice",
             SVDQ_INT4,
             Open,
@@ -1254,7 +1254,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "svdquant sidecar not JSON",
             SVDQ_FP4,
             Open,
@@ -1265,11 +1265,11 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("group_size 0", W4, Build, CFG, "group_size", |e| {
+        case("group_size 0", W4, Build, CFG, "group_size", |e| {
             edit_json(&e.config(), |v| weights_of(v)["group_size"] = json!(0));
             e.model.clone()
         }),
-        c(
+        case(
             "group_size 64 against scales stored for 128",
             W4,
             Plan,
@@ -1280,7 +1280,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "group_size 100 against scales stored for 128",
             W4,
             Plan,
@@ -1291,7 +1291,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "strategy channel against group scales",
             W8,
             Plan,
@@ -1304,7 +1304,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "num_bits 8 against a 4-bit pack",
             W4,
             Plan,
@@ -1315,7 +1315,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "symmetric false without zero points",
             W4,
             Plan,
@@ -1326,7 +1326,7 @@ fn config_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "modelopt group_size 32 against scales stored for 16",
             MO,
             Plan,
@@ -1366,7 +1366,7 @@ fn index_cases() -> Vec<Case> {
     use Rule::{Container as ST1, Index as ST2};
     use Stage::Open;
     vec![
-        c(
+        case(
             "index names a missing shard",
             SHARDED,
             Open,
@@ -1379,11 +1379,11 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("index shard deleted", SHARDED, Open, ST2, SHARD2, |e| {
+        case("index shard deleted", SHARDED, Open, ST2, SHARD2, |e| {
             std::fs::remove_file(e.file(SHARD2)).unwrap();
             e.model.clone()
         }),
-        c(
+        case(
             "index names ../x.safetensors",
             SHARDED,
             Open,
@@ -1397,7 +1397,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "index names an absolute path",
             SHARDED,
             Open,
@@ -1412,7 +1412,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "index shard is a link leading outside",
             SHARDED,
             Open,
@@ -1423,7 +1423,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "index shard is an absolute link leading outside",
             SHARDED,
             Open,
@@ -1434,7 +1434,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "shards without index, one a link leading outside",
             SHARDED,
             Open,
@@ -1446,7 +1446,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "lone model.safetensors is a link leading outside",
             W4,
             Open,
@@ -1457,7 +1457,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "index maps a tensor twice",
             SHARDED,
             Open,
@@ -1471,7 +1471,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "index shard is a FIFO",
             SHARDED,
             Open,
@@ -1483,7 +1483,7 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "index too large to read",
             SHARDED,
             Open,
@@ -1496,11 +1496,11 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("index not JSON", SHARDED, Open, ST2, INDEX, |e| {
+        case("index not JSON", SHARDED, Open, ST2, INDEX, |e| {
             edit_bytes(&e.file(INDEX), |b| b[..b.len() / 2].to_vec());
             e.model.clone()
         }),
-        c(
+        case(
             "index maps a tensor to a number",
             SHARDED,
             Open,
@@ -1511,11 +1511,11 @@ fn index_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c("index maps no shard", SHARDED, Open, ST2, INDEX, |e| {
+        case("index maps no shard", SHARDED, Open, ST2, INDEX, |e| {
             edit_json(&e.file(INDEX), |v| v["weight_map"] = json!({}));
             e.model.clone()
         }),
-        c(
+        case(
             "tensor stored in two shards",
             SHARDED,
             Open,
@@ -1541,7 +1541,7 @@ fn index_cases() -> Vec<Case> {
 fn side_file_cases() -> Vec<Case> {
     use Stage::Plan;
     vec![
-        c(
+        case(
             "side file is a link leading outside",
             W4,
             Plan,
@@ -1553,7 +1553,7 @@ fn side_file_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "side file is a relative link leading outside",
             SHARDED,
             Plan,
@@ -1564,7 +1564,7 @@ fn side_file_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
-        c(
+        case(
             "Hugging Face cache side file leading out of blobs",
             W4,
             Plan,

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::common::{
     caught, ct_config, dequantize_err, hf_quant_config, raw_safetensors, safetensors_bytes,
-    snapshot, write_checkpoint, write_json, write_safetensors, Rng, CPU_AUTO, SHARD1, SHARD2, T,
+    snapshot, write_checkpoint, write_json, write_safetensors, Rng, Tensor, CPU_AUTO, SHARD1,
+    SHARD2,
 };
 use serde_json::{json, Value};
 use wgpu_dequant::{dequantize, Checkpoint, DtypeChoice, Error, Plan, Rule};
@@ -19,7 +20,7 @@ const M: &str = "model.layers.0.mlp.down_proj";
 const NORM: &str = "model.norm.weight";
 const INDEX: &str = "model.safetensors.index.json";
 
-fn m(param: &str) -> String {
+fn module_param(param: &str) -> String {
     format!("{M}.{param}")
 }
 
@@ -43,11 +44,11 @@ fn pack_weights_with(key: &str, value: Value) -> Value {
 }
 
 /// A 4×16 int4 module, group 8: packed [4, 2] int32, scale [4, 2], shape [4, 16].
-fn pack_tensors() -> Vec<T> {
+fn pack_tensors() -> Vec<Tensor> {
     vec![
-        T::bf16(NORM, &[16], &[1.0; 16]),
-        T::u32_words(
-            m("weight_packed"),
+        Tensor::bf16(NORM, &[16], &[1.0; 16]),
+        Tensor::u32_words(
+            module_param("weight_packed"),
             &[4, 2],
             &[
                 0x7654_3210,
@@ -60,20 +61,20 @@ fn pack_tensors() -> Vec<T> {
                 0x0000_0000,
             ],
         ),
-        T::bf16(
-            m("weight_scale"),
+        Tensor::bf16(
+            module_param("weight_scale"),
             &[4, 2],
             &[0.5, 1.0, 2.0, 0.25, 1.0, 1.0, 0.5, 4.0],
         ),
-        T::i64(m("weight_shape"), &[2], &[4, 16]),
+        Tensor::i64(module_param("weight_shape"), &[2], &[4, 16]),
     ]
 }
 
 /// The asymmetric variant: a zero point packed along rows ([ceil(4·4/32), 2]).
-fn asym_tensors() -> Vec<T> {
+fn asym_tensors() -> Vec<Tensor> {
     let mut t = pack_tensors();
-    t.push(T::u32_words(
-        m("weight_zero_point"),
+    t.push(Tensor::u32_words(
+        module_param("weight_zero_point"),
         &[1, 2],
         &[0x8888, 0x7979],
     ));
@@ -84,31 +85,31 @@ fn asym_weights() -> Value {
     pack_weights_with("symmetric", json!(false))
 }
 
-fn pack_ckpt(dir: &Path, tensors: &[T], weights: Value) {
+fn pack_ckpt(dir: &Path, tensors: &[Tensor], weights: Value) {
     write_checkpoint(dir, tensors, ct_config("pack-quantized", weights, "0.19.0"));
 }
 
 /// compressed-tensors NVFP4: packed [4, 8] uint8, e4m3 scale [4, 1] (group 16), global scale.
-fn nvfp4_tensors() -> Vec<T> {
+fn nvfp4_tensors() -> Vec<Tensor> {
     vec![
-        T::bf16(NORM, &[16], &[1.0; 16]),
-        T::u8(
-            m("weight_packed"),
+        Tensor::bf16(NORM, &[16], &[1.0; 16]),
+        Tensor::u8(
+            module_param("weight_packed"),
             "U8",
             &[4, 8],
             &(0..32u8).map(|i| i.wrapping_mul(37)).collect::<Vec<_>>(),
         ),
-        T::u8(
-            m("weight_scale"),
+        Tensor::u8(
+            module_param("weight_scale"),
             "F8_E4M3",
             &[4, 1],
             &[0x38, 0x40, 0x30, 0x38],
         ),
-        T::f32(m("weight_global_scale"), &[1], &[2.0]),
+        Tensor::f32(module_param("weight_global_scale"), &[1], &[2.0]),
     ]
 }
 
-fn nvfp4_ckpt(dir: &Path, tensors: &[T]) {
+fn nvfp4_ckpt(dir: &Path, tensors: &[Tensor]) {
     let weights = json!({
         "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
         "symmetric": true, "dynamic": false,
@@ -121,27 +122,27 @@ fn nvfp4_ckpt(dir: &Path, tensors: &[T]) {
 }
 
 /// ModelOpt NVFP4: uint8 weight [4, 8], e4m3 scale [4, 1], scalar weight_scale_2.
-fn modelopt_tensors() -> Vec<T> {
+fn modelopt_tensors() -> Vec<Tensor> {
     vec![
-        T::bf16(NORM, &[16], &[1.0; 16]),
-        T::u8(
-            m("weight"),
+        Tensor::bf16(NORM, &[16], &[1.0; 16]),
+        Tensor::u8(
+            module_param("weight"),
             "U8",
             &[4, 8],
             &(0..32u8).map(|i| i.wrapping_mul(53)).collect::<Vec<_>>(),
         ),
-        T::u8(
-            m("weight_scale"),
+        Tensor::u8(
+            module_param("weight_scale"),
             "F8_E4M3",
             &[4, 1],
             &[0x38, 0x40, 0x30, 0x38],
         ),
-        T::f32(m("weight_scale_2"), &[], &[0.5]),
-        T::f32(m("input_scale"), &[], &[1.0]),
+        Tensor::f32(module_param("weight_scale_2"), &[], &[0.5]),
+        Tensor::f32(module_param("input_scale"), &[], &[1.0]),
     ]
 }
 
-fn modelopt_ckpt(dir: &Path, tensors: &[T], algo: &str) {
+fn modelopt_ckpt(dir: &Path, tensors: &[Tensor], algo: &str) {
     write_checkpoint(dir, tensors, Value::Null);
     write_json(&dir.join("hf_quant_config.json"), &hf_quant_config(algo));
 }
@@ -172,7 +173,7 @@ impl Base {
     }
 
     /// The valid tensors.
-    fn tensors(self) -> Vec<T> {
+    fn tensors(self) -> Vec<Tensor> {
         match self {
             Base::Pack => pack_tensors(),
             Base::Asym => asym_tensors(),
@@ -182,7 +183,7 @@ impl Base {
     }
 
     /// Writes a checkpoint of this kind holding `tensors` into `dir`.
-    fn write(self, dir: &Path, tensors: &[T]) {
+    fn write(self, dir: &Path, tensors: &[Tensor]) {
         match self {
             Base::Pack => pack_ckpt(dir, tensors, pack_weights()),
             Base::Asym => pack_ckpt(dir, tensors, asym_weights()),
@@ -207,7 +208,8 @@ fn sharded_ckpt(dir: &Path) -> serde_json::Map<String, Value> {
         ct_config("pack-quantized", pack_weights(), "0.19.0"),
     );
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let (first, second): (Vec<T>, Vec<T>) = tensors.into_iter().partition(|t| t.name == NORM);
+    let (first, second): (Vec<Tensor>, Vec<Tensor>) =
+        tensors.into_iter().partition(|t| t.name == NORM);
     write_safetensors(&dir.join(SHARD1), &first);
     write_safetensors(&dir.join(SHARD2), &second);
     let mut map = serde_json::Map::new();
@@ -229,7 +231,7 @@ fn write_index(dir: &Path, map: &serde_json::Map<String, Value>) {
 }
 
 /// Replaces the tensor of the same name.
-fn replace(tensors: &mut [T], t: T) {
+fn replace(tensors: &mut [Tensor], t: Tensor) {
     let slot = tensors
         .iter_mut()
         .find(|x| x.name == t.name)
@@ -237,7 +239,7 @@ fn replace(tensors: &mut [T], t: T) {
     *slot = t;
 }
 
-fn remove(tensors: &mut Vec<T>, name: &str) {
+fn remove(tensors: &mut Vec<Tensor>, name: &str) {
     let before = tensors.len();
     tensors.retain(|t| t.name != name);
     assert_eq!(tensors.len() + 1, before, "no tensor {name}");
@@ -421,8 +423,8 @@ fn starting_points_are_valid() {
         accepted(&d.join(name));
     }
     let mut g = pack_tensors();
-    g.push(T::i32(
-        m("weight_g_idx"),
+    g.push(Tensor::i32(
+        module_param("weight_g_idx"),
         &[16],
         &(0..16).map(|c| c % 2).collect::<Vec<_>>(),
     ));
@@ -600,7 +602,7 @@ fn index_shard_name_with_a_path_separator_is_index_error() {
         if bad == "../x.safetensors" {
             write_safetensors(
                 &tmp.path().join("x.safetensors"),
-                &[T::bf16(NORM, &[1], &[1.0])],
+                &[Tensor::bf16(NORM, &[1], &[1.0])],
             );
         }
         expect_index_entry(&dir, NORM, bad);
@@ -621,7 +623,7 @@ fn same_tensor_in_two_shards_is_duplicate() {
     sharded_ckpt(&dir);
     let mut second = pack_tensors();
     second.retain(|t| t.name != NORM);
-    second.push(T::bf16(NORM, &[16], &[2.0; 16]));
+    second.push(Tensor::bf16(NORM, &[16], &[2.0; 16]));
     write_safetensors(&dir.join(SHARD2), &second);
     expect_in(&dir, Stage::Open, Rule::DuplicateTensor, SHARD2, Some(NORM));
 }
@@ -637,7 +639,7 @@ fn same_tensor_in_two_shards_without_index_is_duplicate() {
         Stage::Open,
         Rule::DuplicateTensor,
         SHARD2,
-        Some(&m("weight_packed")),
+        Some(&module_param("weight_packed")),
     );
 }
 
@@ -717,7 +719,7 @@ fn quantized_tensors_without_config_json_is_config_error() {
     let (_tmp, dir) = scratch();
     std::fs::create_dir_all(&dir).unwrap();
     write_safetensors(&dir.join("model.safetensors"), &pack_tensors());
-    let w = m("weight_packed");
+    let w = module_param("weight_packed");
     expect(
         &dir,
         Want {
@@ -733,7 +735,7 @@ fn quantized_tensors_without_config_json_is_config_error() {
 fn quantized_tensors_with_config_json_lacking_quantization_config_is_config_error() {
     let (_tmp, dir) = scratch();
     write_checkpoint(&dir, &pack_tensors(), Value::Null);
-    let w = m("weight_packed");
+    let w = module_param("weight_packed");
     expect(
         &dir,
         Want {
@@ -839,13 +841,13 @@ fn expect_finding(write: impl FnOnce(&Path), rule: Rule, tensor: &str) -> Error 
 
 /// A pack-quantized checkpoint with `tensors` and `weights`, expected to be
 /// refused for module M by `rule`, naming `tensor` of model.safetensors.
-fn expect_module(tensors: &[T], weights: Value, rule: Rule, tensor: &str) -> Error {
+fn expect_module(tensors: &[Tensor], weights: Value, rule: Rule, tensor: &str) -> Error {
     expect_finding(|dir| pack_ckpt(dir, tensors, weights), rule, tensor)
 }
 
 /// `base` with `t` in place of the tensor of the same name, expected to be
 /// refused for module M by `rule`, naming that tensor of model.safetensors.
-fn expect_replaced(base: Base, t: T, rule: Rule) -> Error {
+fn expect_replaced(base: Base, t: Tensor, rule: Rule) -> Error {
     let name = t.name.clone();
     let mut tensors = base.tensors();
     replace(&mut tensors, t);
@@ -855,13 +857,23 @@ fn expect_replaced(base: Base, t: T, rule: Rule) -> Error {
 #[test]
 fn num_bits_0_breaks_ct001() {
     let w = pack_weights_with("num_bits", json!(0));
-    expect_module(&pack_tensors(), w, Rule::Ct001, &m("weight_packed"));
+    expect_module(
+        &pack_tensors(),
+        w,
+        Rule::Ct001,
+        &module_param("weight_packed"),
+    );
 }
 
 #[test]
 fn num_bits_9_breaks_ct001() {
     let w = pack_weights_with("num_bits", json!(9));
-    expect_module(&pack_tensors(), w, Rule::Ct001, &m("weight_packed"));
+    expect_module(
+        &pack_tensors(),
+        w,
+        Rule::Ct001,
+        &module_param("weight_packed"),
+    );
 }
 
 #[test]
@@ -875,19 +887,24 @@ fn num_bits_huge_breaks_ct001_or_config() {
     check_message(&e, e.rule);
     // And one that fits u32 but not 1..=8.
     let w = pack_weights_with("num_bits", json!(32));
-    expect_module(&pack_tensors(), w, Rule::Ct001, &m("weight_packed"));
+    expect_module(
+        &pack_tensors(),
+        w,
+        Rule::Ct001,
+        &module_param("weight_packed"),
+    );
 }
 
 #[test]
 fn weight_packed_stored_as_u8_breaks_ct001() {
     let words = pack_tensors()
         .into_iter()
-        .find(|x| x.name == m("weight_packed"))
+        .find(|x| x.name == module_param("weight_packed"))
         .unwrap()
         .data;
     expect_replaced(
         Base::Pack,
-        T::u8(m("weight_packed"), "U8", &[4, 8], &words),
+        Tensor::u8(module_param("weight_packed"), "U8", &[4, 8], &words),
         Rule::Ct001,
     );
 }
@@ -897,7 +914,7 @@ fn packed_width_fitting_neither_layout_breaks_ct004() {
     // 16 four-bit fields take 2 words either way; 3 fits neither.
     let e = expect_replaced(
         Base::Pack,
-        T::u32_words(m("weight_packed"), &[4, 3], &[0; 12]),
+        Tensor::u32_words(module_param("weight_packed"), &[4, 3], &[0; 12]),
         Rule::Ct004,
     );
     assert!(e.to_string().contains("neither"), "{e}");
@@ -907,7 +924,7 @@ fn packed_width_fitting_neither_layout_breaks_ct004() {
 fn packed_width_too_small_breaks_ct004() {
     expect_replaced(
         Base::Pack,
-        T::u32_words(m("weight_packed"), &[4, 1], &[0; 4]),
+        Tensor::u32_words(module_param("weight_packed"), &[4, 1], &[0; 4]),
         Rule::Ct004,
     );
 }
@@ -916,7 +933,7 @@ fn packed_width_too_small_breaks_ct004() {
 fn packed_rows_not_matching_weight_shape_breaks_ct004() {
     expect_replaced(
         Base::Pack,
-        T::u32_words(m("weight_packed"), &[3, 2], &[0; 6]),
+        Tensor::u32_words(module_param("weight_packed"), &[3, 2], &[0; 6]),
         Rule::Ct004,
     );
 }
@@ -925,7 +942,7 @@ fn packed_rows_not_matching_weight_shape_breaks_ct004() {
 fn packed_rank_not_matching_weight_shape_breaks_ct004() {
     expect_replaced(
         Base::Pack,
-        T::u32_words(m("weight_packed"), &[1, 4, 2], &[0; 8]),
+        Tensor::u32_words(module_param("weight_packed"), &[1, 4, 2], &[0; 8]),
         Rule::Ct004,
     );
 }
@@ -938,7 +955,7 @@ fn packed_rank_not_matching_weight_shape_breaks_ct004() {
 /// the checkpoint (or the shard holding the module) is named.
 fn expect_missing(base: Base, param: &str) {
     let (_tmp, dir) = scratch();
-    let tensor = m(param);
+    let tensor = module_param(param);
     let mut t = base.tensors();
     remove(&mut t, &tensor);
     base.write(&dir, &t);
@@ -996,7 +1013,7 @@ fn missing_modelopt_weight_scale_2_is_missing_tensor() {
 fn scale_dtype_i32_is_tensor_dtype() {
     expect_replaced(
         Base::Pack,
-        T::i32(m("weight_scale"), &[4, 2], &[1; 8]),
+        Tensor::i32(module_param("weight_scale"), &[4, 2], &[1; 8]),
         Rule::TensorDtype,
     );
 }
@@ -1005,7 +1022,7 @@ fn scale_dtype_i32_is_tensor_dtype() {
 fn weight_shape_dtype_f32_is_tensor_dtype() {
     expect_replaced(
         Base::Pack,
-        T::f32(m("weight_shape"), &[2], &[4.0, 16.0]),
+        Tensor::f32(module_param("weight_shape"), &[2], &[4.0, 16.0]),
         Rule::TensorDtype,
     );
 }
@@ -1014,7 +1031,7 @@ fn weight_shape_dtype_f32_is_tensor_dtype() {
 fn nvfp4_scale_dtype_bf16_is_tensor_dtype() {
     expect_replaced(
         Base::Nvfp4,
-        T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]),
+        Tensor::bf16(module_param("weight_scale"), &[4, 1], &[1.0; 4]),
         Rule::TensorDtype,
     );
 }
@@ -1025,7 +1042,7 @@ fn global_scale_stored_as_bf16_is_tensor_dtype() {
     // not the shape rule.
     expect_replaced(
         Base::Nvfp4,
-        T::bf16(m("weight_global_scale"), &[1], &[2.0]),
+        Tensor::bf16(module_param("weight_global_scale"), &[1], &[2.0]),
         Rule::TensorDtype,
     );
 }
@@ -1034,7 +1051,7 @@ fn global_scale_stored_as_bf16_is_tensor_dtype() {
 fn global_scale_with_two_values_is_tensor_shape() {
     expect_replaced(
         Base::Nvfp4,
-        T::f32(m("weight_global_scale"), &[2], &[2.0, 2.0]),
+        Tensor::f32(module_param("weight_global_scale"), &[2], &[2.0, 2.0]),
         Rule::TensorShape,
     );
 }
@@ -1043,7 +1060,7 @@ fn global_scale_with_two_values_is_tensor_shape() {
 fn scale_with_too_many_groups_is_tensor_shape() {
     expect_replaced(
         Base::Pack,
-        T::bf16(m("weight_scale"), &[4, 3], &[1.0; 12]),
+        Tensor::bf16(module_param("weight_scale"), &[4, 3], &[1.0; 12]),
         Rule::TensorShape,
     );
 }
@@ -1053,7 +1070,7 @@ fn scale_transposed_is_tensor_shape() {
     // Right number of entries, groups on the wrong axis.
     expect_replaced(
         Base::Pack,
-        T::bf16(m("weight_scale"), &[2, 4], &[1.0; 8]),
+        Tensor::bf16(module_param("weight_scale"), &[2, 4], &[1.0; 8]),
         Rule::TensorShape,
     );
 }
@@ -1062,7 +1079,7 @@ fn scale_transposed_is_tensor_shape() {
 fn per_channel_scale_for_group_strategy_is_tensor_shape() {
     expect_replaced(
         Base::Pack,
-        T::bf16(m("weight_scale"), &[4, 1], &[1.0; 4]),
+        Tensor::bf16(module_param("weight_scale"), &[4, 1], &[1.0; 4]),
         Rule::TensorShape,
     );
 }
@@ -1071,7 +1088,7 @@ fn per_channel_scale_for_group_strategy_is_tensor_shape() {
 fn modelopt_scale_shape_wrong_is_tensor_shape() {
     expect_replaced(
         Base::Modelopt,
-        T::u8(m("weight_scale"), "F8_E4M3", &[4, 2], &[0x38; 8]),
+        Tensor::u8(module_param("weight_scale"), "F8_E4M3", &[4, 2], &[0x38; 8]),
         Rule::TensorShape,
     );
 }
@@ -1080,7 +1097,7 @@ fn modelopt_scale_shape_wrong_is_tensor_shape() {
 fn weight_shape_negative_is_tensor_value() {
     expect_replaced(
         Base::Pack,
-        T::i64(m("weight_shape"), &[2], &[-4, 16]),
+        Tensor::i64(module_param("weight_shape"), &[2], &[-4, 16]),
         Rule::TensorValue,
     );
 }
@@ -1089,7 +1106,7 @@ fn weight_shape_negative_is_tensor_value() {
 fn weight_shape_zero_is_tensor_value() {
     expect_replaced(
         Base::Pack,
-        T::i64(m("weight_shape"), &[2], &[4, 0]),
+        Tensor::i64(module_param("weight_shape"), &[2], &[4, 0]),
         Rule::TensorValue,
     );
 }
@@ -1099,7 +1116,10 @@ fn weight_shape_huge_is_refused_without_allocating() {
     // 2^40 columns would be terabytes; refused by value or by packed width.
     let (_tmp, dir) = scratch();
     let mut t = pack_tensors();
-    replace(&mut t, T::i64(m("weight_shape"), &[2], &[4, 1 << 40]));
+    replace(
+        &mut t,
+        Tensor::i64(module_param("weight_shape"), &[2], &[4, 1 << 40]),
+    );
     pack_ckpt(&dir, &t, pack_weights());
     let (stage, e, _) = reject(&dir);
     assert_eq!(stage, Stage::Plan, "{e}");
@@ -1107,7 +1127,7 @@ fn weight_shape_huge_is_refused_without_allocating() {
     check_message(&e, e.rule);
     expect_replaced(
         Base::Pack,
-        T::i64(m("weight_shape"), &[2], &[i64::MAX, i64::MAX]),
+        Tensor::i64(module_param("weight_shape"), &[2], &[i64::MAX, i64::MAX]),
         Rule::TensorValue,
     );
 }
@@ -1116,14 +1136,14 @@ fn weight_shape_huge_is_refused_without_allocating() {
 fn weight_shape_of_rank_1_is_tensor_shape() {
     expect_replaced(
         Base::Pack,
-        T::i64(m("weight_shape"), &[1], &[64]),
+        Tensor::i64(module_param("weight_shape"), &[1], &[64]),
         Rule::TensorShape,
     );
 }
 
-fn with_g_idx(values: &[i32]) -> Vec<T> {
+fn with_g_idx(values: &[i32]) -> Vec<Tensor> {
     let mut t = pack_tensors();
-    t.push(T::i32(m("weight_g_idx"), &[16], values));
+    t.push(Tensor::i32(module_param("weight_g_idx"), &[16], values));
     t
 }
 
@@ -1135,7 +1155,7 @@ fn g_idx_value_at_or_beyond_group_count_is_tensor_value() {
         &with_g_idx(&v),
         pack_weights(),
         Rule::TensorValue,
-        &m("weight_g_idx"),
+        &module_param("weight_g_idx"),
     );
     assert!(e.to_string().contains("g_idx[5]"), "{e}");
 }
@@ -1148,22 +1168,27 @@ fn g_idx_negative_is_tensor_value() {
         &with_g_idx(&v),
         pack_weights(),
         Rule::TensorValue,
-        &m("weight_g_idx"),
+        &module_param("weight_g_idx"),
     );
 }
 
 #[test]
 fn g_idx_wrong_length_is_tensor_shape() {
     let mut t = pack_tensors();
-    t.push(T::i32(m("weight_g_idx"), &[8], &[0; 8]));
-    expect_module(&t, pack_weights(), Rule::TensorShape, &m("weight_g_idx"));
+    t.push(Tensor::i32(module_param("weight_g_idx"), &[8], &[0; 8]));
+    expect_module(
+        &t,
+        pack_weights(),
+        Rule::TensorShape,
+        &module_param("weight_g_idx"),
+    );
 }
 
 #[test]
 fn zero_point_shape_wrong_is_tensor_shape() {
     expect_replaced(
         Base::Asym,
-        T::u32_words(m("weight_zero_point"), &[1, 3], &[0x8888; 3]),
+        Tensor::u32_words(module_param("weight_zero_point"), &[1, 3], &[0x8888; 3]),
         Rule::TensorShape,
     );
 }
@@ -1231,7 +1256,7 @@ fn no_truncation_panics() {
 
 #[test]
 fn no_byte_flip_panics() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for base in Base::ALL {
         let (_tmp, dir) = scratch();
         base.build(&dir);
@@ -1261,8 +1286,8 @@ fn no_hostile_header_panics() {
         json!({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}}),
         json!({"__metadata__": {"quantization_config": "svdquant"}}),
         json!({"__metadata__": {"x": 1}}),
-        json!({(m("weight_packed")): {"dtype": "I32", "shape": [], "data_offsets": [0, 4]}}),
-        json!({(m("weight_packed")): {"dtype": "I32", "shape": [0, 0], "data_offsets": [0, 0]}}),
+        json!({(module_param("weight_packed")): {"dtype": "I32", "shape": [], "data_offsets": [0, 4]}}),
+        json!({(module_param("weight_packed")): {"dtype": "I32", "shape": [0, 0], "data_offsets": [0, 0]}}),
     ];
     for (i, h) in headers.iter().enumerate() {
         let (_tmp, dir) = scratch();
