@@ -5,7 +5,7 @@
 //! `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing adapter
 //! into a failure.
 
-use crate::common::jobs::{normal, random_dims, RandomJob, GRID_SIZES};
+use crate::common::jobs::{for_random_jobs, normal, RandomJob, GRID_SIZES};
 use crate::common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::backend::{Backend, Cpu};
@@ -45,8 +45,7 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
 }
 
 /// Builds random storage, then the job over it, and checks GPU == CPU.
-fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
-    let d = random_dims(rng);
+fn check_random(rng: &mut Rng, decoder: &GpuDecoder, d: Dims) {
     let r = RandomJob::new(rng, d, &GRID_SIZES);
     let (bits, padded, lane_bits, zero_mode, out) =
         (r.bits, r.padded, r.lane_bits, r.zero_mode, r.out);
@@ -58,7 +57,7 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
         .unwrap();
     if got != want {
         let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-        panic!("case {case}: {d:?} bits {bits} padded {padded} lane_bits {lane_bits} zero {zero_mode} out {out}: first difference at byte {i}");
+        panic!("{d:?} bits {bits} padded {padded} lane_bits {lane_bits} zero {zero_mode} out {out}: first difference at byte {i}");
     }
     // A sub-range of rows, as the writer asks for.
     if d.total_rows() > 2 {
@@ -69,7 +68,7 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, case: usize) {
         assert_eq!(
             part,
             want[rows.start * row_bytes..rows.end * row_bytes],
-            "case {case}: row range"
+            "{d:?}: row range"
         );
     }
 }
@@ -82,13 +81,8 @@ fn randomized_jobs_gpu_equals_cpu() {
     // the widest random row (300 columns with f32 scales, plain i32 zero
     // points, g_idx and both 256-entry tables), so every job can run.
     let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(16 << 10, 2);
-    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
-    for case in 0..300 {
-        check_random(&mut rng, &roomy, case);
-    }
-    for case in 0..150 {
-        check_random(&mut rng, &cramped, 1000 + case);
-    }
+    for_random_jobs(300, &[300], |d, rng| check_random(rng, &roomy, d));
+    for_random_jobs(150, &[300], |d, rng| check_random(rng, &cramped, d));
 }
 
 /// A 4-bit tensor whose f32 output (138 MB) is larger than one 128 MiB binding.

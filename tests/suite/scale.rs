@@ -5,13 +5,14 @@
 //! written; the CLI's progress output off a terminal; releasing input pages
 //! never changes what the checkpoint reads.
 
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use crate::common::cli::{error_line, ok, read_json, run, stderr, stdout};
-use crate::common::jobs::{GridSizes, RandomJob};
+use crate::common::jobs::{for_random_jobs, GridSizes, RandomJob};
 use crate::common::producer::ScaleScheme;
 use crate::common::{
     copy_dir, ct_config, fixtures, read_dir_tensors, read_tensors, snapshot, write_checkpoint,
@@ -153,36 +154,29 @@ fn first_difference(got: &[u8], want: &[u8], job: &DecodeJob<'_>, start_row: usi
 
 #[test]
 fn cpu_table_rows_equal_reference_on_random_jobs() {
-    let mut rng = Rng::new(0x5DEE_CE66_D1CE_4E5B);
     // Variants of all jobs, and of those the tables decode.
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    let mut seen_table: BTreeMap<String, usize> = BTreeMap::new();
-    let mut table_jobs = 0;
+    let seen: RefCell<BTreeMap<String, usize>> = RefCell::default();
+    let seen_table: RefCell<BTreeMap<String, usize>> = RefCell::default();
+    let table_jobs = Cell::new(0);
     let jobs = 640;
-    for case in 0..jobs {
-        // Wide rows too: 8-bit codes need 512 columns per group for tables.
-        let max_cols = [300, 1100, 2100][rng.below(3) as usize];
-        let d = Dims {
-            slices: 1 + rng.below(3) as usize,
-            rows: 1 + rng.below(40) as usize,
-            cols: 1 + rng.below(max_cols) as usize,
-        };
-        let r = RandomJob::new(&mut rng, d, &TABLE_SIZES);
+    // Wide rows too: 8-bit codes need 512 columns per group for tables.
+    for_random_jobs(jobs, &[300, 1100, 2100], |d, rng| {
+        let r = RandomJob::new(rng, d, &TABLE_SIZES);
         let job = r.job();
         let table = takes_table_path(&job);
-        table_jobs += usize::from(table);
+        table_jobs.set(table_jobs.get() + usize::from(table));
         for v in variants(&job) {
             if table {
-                *seen_table.entry(v.clone()).or_default() += 1;
+                *seen_table.borrow_mut().entry(v.clone()).or_default() += 1;
             }
-            *seen.entry(v).or_default() += 1;
+            *seen.borrow_mut().entry(v).or_default() += 1;
         }
         let total = d.total_rows();
         let want = reference(&job, 0..total);
         let got = cpu_rows(&job, 0..total);
         assert!(
             got == want,
-            "case {case}: {}: {}",
+            "{}: {}",
             r.describe(),
             first_difference(&got, &want, &job, 0)
         );
@@ -194,12 +188,14 @@ fn cpu_table_rows_equal_reference_on_random_jobs() {
             let want = &want[a * row_bytes..b * row_bytes];
             assert!(
                 got == want,
-                "case {case}: rows {a}..{b}: {}: {}",
+                "rows {a}..{b}: {}: {}",
                 r.describe(),
                 first_difference(&got, want, &job, a)
             );
         }
-    }
+    });
+    let (seen, seen_table, table_jobs) =
+        (seen.into_inner(), seen_table.into_inner(), table_jobs.get());
     // The comparison only means something if the tables were used, in
     // every variant; groups narrower than 2^bits never pay for tables (but
     // are decoded element-wise, and checked all the same).

@@ -28,12 +28,29 @@ pub const GRID_SIZES: GridSizes = GridSizes {
     block_cols: &[1, 4, 7, 32],
 };
 
-/// Random dims: 1..=3 slices, 1..=40 rows, 1..=300 columns.
-pub fn random_dims(rng: &mut Rng) -> Dims {
-    Dims {
-        slices: 1 + rng.below(3) as usize,
-        rows: 1 + rng.below(40) as usize,
-        cols: 1 + rng.below(300) as usize,
+/// Runs `check` on `cases` random jobs, each made from shapes and a seed
+/// that proptest draws: when one fails, proptest shrinks its shape towards
+/// one row and one column (and its seed towards 0) and reports the smallest
+/// job that still fails. The draw is the same on every run. `max_cols` are
+/// the column limits to draw from (wide rows for the CPU tables).
+pub fn for_random_jobs(cases: u32, max_cols: &'static [usize], check: impl Fn(Dims, &mut Rng)) {
+    use proptest::prelude::{any, Strategy};
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    let dims =
+        proptest::sample::select(max_cols).prop_flat_map(|max| (1..=3usize, 1..=40usize, 1..=max));
+    let result = runner.run(&(dims, any::<u64>()), |((slices, rows, cols), seed)| {
+        check(Dims { slices, rows, cols }, &mut Rng::new(seed));
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }
 
