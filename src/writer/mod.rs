@@ -9,16 +9,16 @@
 //! interrupted run is undone.
 
 mod header;
+mod parts;
 mod staging;
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
-use serde_json::{Map, Value};
-
 pub use header::safetensors_header;
+pub use parts::{merge_index, Merged};
 pub use staging::{interrupt, STAGING};
 use staging::{Mode, Staging};
 
@@ -31,8 +31,7 @@ use crate::plan::{Output, Plan, Source};
 /// being decoded, one queued, one being written).
 const CHUNK_BYTES: usize = 32 << 20;
 
-/// File name ending of the partial index a `--shards` run writes.
-pub const PART_SUFFIX: &str = ".index-part.json";
+pub use parts::PART_SUFFIX;
 
 /// What a finished `dequantize` wrote.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -67,7 +66,7 @@ fn create(staging: &Staging, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
     Ok((path, BufWriter::with_capacity(1 << 20, f)))
 }
 
-fn write_json(staging: &Staging, name: &str, v: &Value) -> Result<PathBuf> {
+fn write_json(staging: &Staging, name: &str, v: &impl serde::Serialize) -> Result<PathBuf> {
     let (path, mut w) = create(staging, name)?;
     let mut text = serde_json::to_vec_pretty(v)
         .map_err(|e| Error::new(Rule::Io, &path, "cannot write JSON").caused_by(e))?;
@@ -270,7 +269,7 @@ fn write_into(
         dropped: plan.dropped.len(),
         ..Summary::default()
     };
-    let mut weight_map = Map::new();
+    let mut weight_map = std::collections::BTreeMap::new();
     let mut written = Vec::new();
     for (i, shard) in ckpt.shards.iter().enumerate() {
         let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
@@ -300,48 +299,34 @@ fn write_into(
                 }
                 _ => summary.copied += 1,
             }
-            weight_map.insert(t.name.clone(), shard.file_name.clone().into());
+            weight_map.insert(t.name.clone(), shard.file_name.clone());
         }
     }
     match (&ckpt.index, only) {
         (None, _) => {}
         (Some(_), None) => {
-            let index = serde_json::json!({
-                "metadata": { "total_size": summary.tensor_bytes },
-                "weight_map": weight_map,
-            });
+            let index = parts::Index::new(summary.tensor_bytes, weight_map);
             write_json(&staging, INDEX_FILE, &index)?;
         }
         (Some(index), Some(only)) => {
             // Every shard with an output: what merge_index waits for.
-            let all: Vec<&str> = ckpt
+            let all = ckpt
                 .shards
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| plan.outputs.iter().any(|o| o.shard == *i))
-                .map(|(_, s)| s.file_name.as_str())
+                .map(|(_, s)| s.file_name.clone())
                 .collect();
-            // What every part of one output must agree on: the input (its
-            // index, hashed) and the output dtype.
-            let source = {
-                use sha2::Digest;
-                let text = serde_json::to_vec(&index.value).unwrap_or_default();
-                let digest = sha2::Sha256::digest(&text);
-                digest
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-            };
-            let part = serde_json::json!({
-                "metadata": {
-                    "total_size": summary.tensor_bytes,
-                    "shards": written,
-                    "all_shards": all,
-                    "source_index_sha256": source,
-                    "dtype": plan.dtype.to_string(),
+            let part = parts::Part {
+                metadata: parts::PartMetadata {
+                    total_size: summary.tensor_bytes,
+                    shards: written,
+                    all_shards: all,
+                    source_index_sha256: parts::digest(&index.value),
+                    dtype: plan.dtype.to_string(),
                 },
-                "weight_map": weight_map,
-            });
+                weight_map,
+            };
             let tag = only[0].trim_end_matches(".safetensors");
             write_json(&staging, &format!("{tag}{PART_SUFFIX}"), &part)?;
         }
@@ -416,118 +401,4 @@ fn write_shard(
         sent?;
         written.map_err(|e| Error::io(path, "cannot write", e))
     })
-}
-
-/// What [`merge_index`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Merged {
-    /// Wrote the index at this path.
-    Wrote(PathBuf),
-    /// The index at this path was already merged: no parts were left.
-    Already(PathBuf),
-}
-
-/// Joins the partial indexes `--shards` runs wrote into `out` into
-/// `model.safetensors.index.json`, once every shard is there; the parts are
-/// removed, so a second call finds the index already merged. Fails (ST-002)
-/// naming the shards still missing.
-pub fn merge_index(out: &Path) -> Result<Merged> {
-    let mut parts: Vec<PathBuf> = fs::read_dir(out)
-        .map_err(|e| Error::io(out, "cannot list", e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(PART_SUFFIX))
-        .collect();
-    parts.sort();
-    let path = out.join(INDEX_FILE);
-    if parts.is_empty() && path.is_file() {
-        return Ok(Merged::Already(path));
-    }
-    if parts.is_empty() {
-        return Err(Error::new(
-            Rule::Index,
-            out,
-            format!("no *{PART_SUFFIX} to merge"),
-        ));
-    }
-    let mut weight_map = Map::new();
-    let mut total = 0u64;
-    let mut have: Vec<String> = Vec::new();
-    let mut all: Option<Vec<String>> = None;
-    let mut agree: std::collections::HashMap<&str, Option<Value>> = Default::default();
-    for p in &parts {
-        let bad = |what: &str| Error::new(Rule::Index, p, what.to_string());
-        let text = fs::read(p).map_err(|e| Error::io(p, "cannot read", e))?;
-        let v: Value =
-            serde_json::from_slice(&text).map_err(|e| bad(&format!("invalid JSON: {e}")))?;
-        let strings = |key: &str| -> Result<Vec<String>> {
-            v.pointer(&format!("/metadata/{key}"))
-                .and_then(Value::as_array)
-                .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_string)).collect())
-                .ok_or_else(|| bad(&format!("metadata.{key} is not a list of file names")))
-        };
-        let these = strings("all_shards")?;
-        match &all {
-            Some(a) if *a != these => {
-                return Err(bad("comes from a different checkpoint (all_shards differ)"))
-            }
-            _ => all = Some(these),
-        }
-        for key in ["source_index_sha256", "dtype"] {
-            let this = v.pointer(&format!("/metadata/{key}")).cloned();
-            match agree.get(key) {
-                Some(first) if *first != this => {
-                    return Err(bad(&format!(
-                        "metadata.{key} differs from the other parts' (another checkpoint, or another --dtype)"
-                    )))
-                }
-                _ => {
-                    agree.insert(key, this);
-                }
-            }
-        }
-        have.extend(strings("shards")?);
-        total += v
-            .pointer("/metadata/total_size")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| bad("metadata.total_size is not a number"))?;
-        let map = v
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad("no weight_map object"))?;
-        for (name, file) in map {
-            if weight_map.insert(name.clone(), file.clone()).is_some() {
-                return Err(Error::tensor(Rule::Index, p, name, "mapped by two parts"));
-            }
-        }
-    }
-    let all = all.unwrap_or_default();
-    let missing: Vec<&String> = all.iter().filter(|s| !have.contains(s)).collect();
-    if !missing.is_empty() {
-        return Err(Error::new(
-            Rule::Index,
-            out,
-            format!(
-                "shards not written yet: {}",
-                missing
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
-    }
-    let index = serde_json::json!({
-        "metadata": { "total_size": total },
-        "weight_map": weight_map,
-    });
-    let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
-    let mut text = serde_json::to_vec_pretty(&index)
-        .map_err(|e| Error::new(Rule::Io, &tmp, "cannot write JSON").caused_by(e))?;
-    text.push(b'\n');
-    fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, "cannot write", e))?;
-    fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "cannot move into place", e))?;
-    for p in parts {
-        fs::remove_file(&p).map_err(|e| Error::io(&p, "cannot remove", e))?;
-    }
-    Ok(Merged::Wrote(path))
 }
