@@ -24,7 +24,7 @@ pub trait Rows: Clone {
 /// `rows` rows whose parts sit side by side.
 #[derive(Debug, Clone)]
 pub struct Band<T> {
-    /// Height.
+    /// How many rows the band covers.
     pub rows: usize,
     /// Parts, left to right (or terms of a sum).
     pub parts: Vec<T>,

@@ -86,9 +86,8 @@ pub struct Int4Weight {
     pub packed: Vec<u8>,
     /// `weight_scale` bytes, bf16 `[rows, cols/128]`.
     pub scale: Vec<u8>,
-    /// Rows.
     pub rows: usize,
-    /// Columns (a multiple of 128).
+    /// A multiple of 128.
     pub cols: usize,
 }
 

@@ -116,7 +116,7 @@ pub struct Reason {
     pub kind: String,
     /// The target or patch.
     pub name: String,
-    /// Why.
+    /// Why it was not emitted, in the exporter's words.
     pub reason: String,
 }
 
