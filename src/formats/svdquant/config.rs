@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result, Rule};
@@ -110,7 +111,7 @@ pub struct Patch {
 }
 
 /// Why the runtime manifest was not emitted.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
 pub struct Reason {
     /// `target`, `structural_patch` or `artifact`.
     pub kind: String,
@@ -154,126 +155,125 @@ pub struct Config {
     pub manifest_reasons: Vec<Reason>,
 }
 
-/// Reads fields of one JSON object, naming the field in every error.
-struct Obj<'v> {
-    path: &'v Path,
-    at: String,
-    map: &'v Map<String, Value>,
+/// The config as written: serde reads every field (and names the path of a
+/// field of the wrong type); [`Config::parse`] then checks what types alone
+/// cannot say. `null` reads as absent, as in diffuse_compressor.
+#[derive(Deserialize)]
+struct Raw {
+    method: String,
+    rank: Positive,
+    weight: RawWeight,
+    gptq: RawGptq,
+    activation: RawActivation,
+    targets: Vec<RawTarget>,
+    structural_patches: Vec<RawPatch>,
+    calibration: Option<RawCalibration>,
+    #[serde(rename = "quantization")]
+    _quantization: Option<Map<String, Value>>,
+    #[serde(rename = "artifact_cache")]
+    _artifact_cache: Option<Map<String, Value>>,
+    runtime_manifest: Option<RawManifest>,
+    runtime_manifest_diagnostics: Option<RawDiagnostics>,
 }
 
-impl<'v> Obj<'v> {
-    fn new(path: &'v Path, at: String, v: &'v Value) -> Result<Obj<'v>> {
-        match v.as_object() {
-            Some(map) => Ok(Obj { path, at, map }),
-            None => Err(err(path, &at, "must be an object")),
-        }
-    }
+#[derive(Deserialize)]
+struct RawWeight {
+    dtype: String,
+    group_size: Option<Positive>,
+    #[serde(rename = "scale_dtypes")]
+    _scale_dtypes: Option<Vec<Option<String>>>,
+}
 
-    fn field(&self, key: &str) -> String {
-        if self.at.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{key}", self.at)
-        }
-    }
+#[derive(Deserialize)]
+struct RawGptq {
+    enabled: Option<bool>,
+    #[serde(rename = "damp_percentage")]
+    _damp_percentage: Option<f64>,
+    #[serde(rename = "block_size")]
+    _block_size: Option<Positive>,
+    #[serde(rename = "num_inv_tries")]
+    _num_inv_tries: Option<Positive>,
+    #[serde(rename = "hessian_block_size")]
+    _hessian_block_size: Option<Positive>,
+}
 
-    fn err(&self, key: &str, what: &str) -> Error {
-        err(self.path, &self.field(key), what)
-    }
+#[derive(Deserialize)]
+struct RawActivation {
+    dtype: String,
+    enabled: Option<bool>,
+    #[serde(rename = "scale_dtypes")]
+    _scale_dtypes: Option<Vec<Option<String>>>,
+    #[serde(rename = "group_size")]
+    _group_size: Option<Positive>,
+}
 
-    /// The value of `key`, `None` when absent or null.
-    fn opt(&self, key: &str) -> Option<&'v Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
+#[derive(Deserialize)]
+struct RawTarget {
+    name: String,
+    export_name: Option<String>,
+    modules: Vec<String>,
+    roles: Option<Vec<String>>,
+    precision: Option<String>,
+    group_size: Option<Positive>,
+    weight_layout: Option<RawWeightLayout>,
+    weight_scale_layout: Option<String>,
+    runtime_tensor_layout: Option<String>,
+    #[serde(rename = "gptq")]
+    _gptq: Option<Map<String, Value>>,
+    #[serde(rename = "activation_quant")]
+    _activation_quant: Option<Map<String, Value>>,
+    #[serde(rename = "quant")]
+    _quant: Option<Map<String, Value>>,
+}
 
-    fn req(&self, key: &str) -> Result<&'v Value> {
-        self.opt(key).ok_or_else(|| self.err(key, "is required"))
-    }
+#[derive(Deserialize)]
+struct RawWeightLayout {
+    name: String,
+    outer_scale_splits: Option<Vec<usize>>,
+}
 
-    fn obj(&self, key: &str) -> Result<Obj<'v>> {
-        Obj::new(self.path, self.field(key), self.req(key)?)
-    }
+#[derive(Deserialize)]
+struct RawPatch {
+    #[serde(rename = "type")]
+    kind: String,
+    module: String,
+    args: RawArgs,
+}
 
-    fn opt_obj(&self, key: &str) -> Result<Option<Obj<'v>>> {
-        self.opt(key)
-            .map(|v| Obj::new(self.path, self.field(key), v))
-            .transpose()
-    }
+#[derive(Deserialize)]
+struct RawArgs {
+    splits: Vec<Value>,
+}
 
-    fn string(&self, key: &str) -> Result<&'v str> {
-        self.req(key)?
-            .as_str()
-            .ok_or_else(|| self.err(key, "must be a string"))
-    }
+#[derive(Deserialize)]
+struct RawCalibration {
+    activation_shifts: Option<BTreeMap<String, f64>>,
+}
 
-    fn opt_string(&self, key: &str) -> Result<Option<&'v str>> {
-        self.opt(key)
-            .map(|v| v.as_str().ok_or_else(|| self.err(key, "must be a string")))
-            .transpose()
-    }
+#[derive(Deserialize)]
+struct RawManifest {
+    schema: String,
+    version: u64,
+}
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.opt(key)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| self.err(key, "must be true or false"))
-            })
-            .transpose()
-    }
+#[derive(Deserialize)]
+struct RawDiagnostics {
+    emitted: Option<bool>,
+    reasons: Option<Vec<Reason>>,
+}
 
-    fn positive(&self, key: &str) -> Result<usize> {
-        self.opt_positive(key)?
-            .ok_or_else(|| self.err(key, "is required"))
-    }
+/// A whole number above zero.
+#[derive(Debug, Clone, Copy)]
+struct Positive(usize);
 
-    fn opt_positive(&self, key: &str) -> Result<Option<usize>> {
-        self.opt(key)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| self.err(key, "must be a positive integer"))
-            })
-            .transpose()
-    }
-
-    fn array(&self, key: &str) -> Result<&'v Vec<Value>> {
-        self.req(key)?
-            .as_array()
-            .ok_or_else(|| self.err(key, "must be a list"))
-    }
-
-    fn strings(&self, key: &str) -> Result<Vec<String>> {
-        self.array(key)?
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| self.err(key, "must be a list of strings"))
-            })
-            .collect()
-    }
-
-    fn opt_number(&self, key: &str) -> Result<Option<f64>> {
-        self.opt(key)
-            .map(|v| v.as_f64().ok_or_else(|| self.err(key, "must be a number")))
-            .transpose()
-    }
-
-    /// An optional list whose entries are strings or null (`scale_dtypes`).
-    fn scale_dtypes(&self, key: &str) -> Result<()> {
-        if self.opt(key).is_none() {
-            return Ok(());
-        }
-        let ok = self
-            .array(key)?
-            .iter()
-            .all(|v| v.is_null() || v.is_string());
-        if ok {
-            Ok(())
-        } else {
-            Err(self.err(key, "must be a list of dtype names or nulls"))
-        }
+impl<'de> Deserialize<'de> for Positive {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Positive, D::Error> {
+        let n = u64::deserialize(d)?;
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n > 0)
+            .map(Positive)
+            .ok_or_else(|| serde::de::Error::custom("must be a positive integer"))
     }
 }
 
@@ -290,143 +290,134 @@ fn precision(name: &str) -> Option<Precision> {
     }
 }
 
+/// Checks target `t` (`targets[i]`) and fills in the defaults.
 fn target(
-    o: &Obj<'_>,
+    path: &Path,
+    at: &str,
+    t: RawTarget,
     default_group: Option<usize>,
     default_precision: &str,
 ) -> Result<TargetSpec> {
-    let name = o.string("name")?.to_string();
-    let export_name = o.opt_string("export_name")?.unwrap_or(&name).to_string();
-    let modules = o.strings("modules")?;
-    if modules.is_empty() {
-        return Err(o.err("modules", "must name at least one module"));
-    }
-    let roles = match o.opt("roles") {
-        None => Vec::new(),
-        Some(_) => o.strings("roles")?,
-    };
-    if !roles.is_empty() && roles.len() != modules.len() {
-        return Err(o.err(
-            "roles",
-            &format!("has {} entries for {} modules", roles.len(), modules.len()),
+    let field = |key: &str| format!("{at}.{key}");
+    if t.modules.is_empty() {
+        return Err(err(
+            path,
+            &field("modules"),
+            "must name at least one module",
         ));
     }
-    let p = o.opt_string("precision")?.unwrap_or(default_precision);
+    let roles = t.roles.unwrap_or_default();
+    if !roles.is_empty() && roles.len() != t.modules.len() {
+        let what = format!(
+            "has {} entries for {} modules",
+            roles.len(),
+            t.modules.len()
+        );
+        return Err(err(path, &field("roles"), &what));
+    }
+    let p = t.precision.as_deref().unwrap_or(default_precision);
     let precision = precision(p).ok_or_else(|| {
         Error::new(
             Rule::Unsupported,
-            o.path,
-            format!("{} {p:?} is not decoded (int4, fp4)", o.field("precision")),
+            path,
+            format!("{} {p:?} is not decoded (int4, fp4)", field("precision")),
         )
     })?;
-    let group_size = match o.opt_positive("group_size")?.or(default_group) {
+    let group_size = match t.group_size.map(|g| g.0).or(default_group) {
         Some(g) => g,
-        None => return Err(o.err("group_size", "is required (no weight.group_size default)")),
-    };
-    let (weight_layout, outer_scale_splits) = match o.opt_obj("weight_layout")? {
-        Some(w) => {
-            let splits = match w.opt("outer_scale_splits") {
-                None => Vec::new(),
-                Some(v) => v
-                    .as_array()
-                    .and_then(|a| {
-                        a.iter()
-                            .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
-                            .collect::<Option<Vec<usize>>>()
-                    })
-                    .ok_or_else(|| w.err("outer_scale_splits", "must be a list of row counts"))?,
-            };
-            (w.string("name")?.to_string(), splits)
+        None => {
+            let what = "is required (no weight.group_size default)";
+            return Err(err(path, &field("group_size"), what));
         }
+    };
+    let (weight_layout, outer_scale_splits) = match t.weight_layout {
+        Some(w) => (w.name, w.outer_scale_splits.unwrap_or_default()),
         None => ("svdq".to_string(), Vec::new()),
     };
     if weight_layout.contains("awq") {
         return Err(Error::new(
             Rule::Unsupported,
-            o.path,
+            path,
             format!(
                 "{} {weight_layout:?}: AWQ targets are not decoded (only SVDQuant residuals)",
-                o.field("weight_layout.name")
+                field("weight_layout.name")
             ),
         ));
     }
-    let tensor_layout = match o.opt_string("runtime_tensor_layout")? {
+    let tensor_layout = match t.runtime_tensor_layout.as_deref() {
         Some("logical") => TensorLayout::Logical,
         Some("nunchaku_packed") => TensorLayout::NunchakuPacked,
         Some(other) => {
-            return Err(o.err(
-                "runtime_tensor_layout",
-                &format!("is {other:?}; expected \"logical\" or \"nunchaku_packed\""),
-            ))
+            let what = format!("is {other:?}; expected \"logical\" or \"nunchaku_packed\"");
+            return Err(err(path, &field("runtime_tensor_layout"), &what));
         }
         // Only the naive layout is logical by construction.
         None if weight_layout == "naive_svdq" => TensorLayout::Logical,
-        None => return Err(o.err("runtime_tensor_layout", "is required")),
+        None => return Err(err(path, &field("runtime_tensor_layout"), "is required")),
     };
-    for key in ["gptq", "activation_quant", "quant"] {
-        o.opt_obj(key)?;
-    }
     Ok(TargetSpec {
-        name,
-        export_name,
-        modules,
+        export_name: t.export_name.unwrap_or_else(|| t.name.clone()),
+        name: t.name,
+        modules: t.modules,
         roles,
         precision,
         group_size,
         weight_layout,
-        weight_scale_layout: o.opt_string("weight_scale_layout")?.map(str::to_string),
+        weight_scale_layout: t.weight_scale_layout,
         tensor_layout,
         outer_scale_splits,
     })
 }
 
-fn patch(o: &Obj<'_>) -> Result<Patch> {
-    let kind = match o.string("type")? {
+/// Checks patch `p` (`structural_patches[i]`).
+fn patch(path: &Path, at: &str, p: RawPatch) -> Result<Patch> {
+    let field = |key: &str| format!("{at}.{key}");
+    let kind = match p.kind.as_str() {
         "split_linear" => PatchKind::SplitLinear,
         "split_linear_output" => PatchKind::SplitLinearOutput,
         "split_conv" => PatchKind::SplitConv,
         other => {
             return Err(Error::new(
                 Rule::Unsupported,
-                o.path,
+                path,
                 format!(
                     "{} {other:?} cannot be undone (split_linear, split_linear_output, split_conv)",
-                    o.field("type")
+                    field("type")
                 ),
             ))
         }
     };
-    let module = o.string("module")?.to_string();
-    if module.is_empty() {
-        return Err(o.err("module", "must not be empty"));
+    if p.module.is_empty() {
+        return Err(err(path, &field("module"), "must not be empty"));
     }
-    let args = o.obj("args")?;
     let named: &[&str] = match kind {
         PatchKind::SplitConv => &["in_channels", "out_channels"],
         _ => &["in_features", "out_features"],
     };
-    let splits = args
-        .array("splits")?
+    let splits_at = field("args.splits");
+    let splits = p
+        .args
+        .splits
         .iter()
         .map(|v| match v {
             Value::Number(n) => n
                 .as_u64()
                 .and_then(|n| usize::try_from(n).ok())
                 .map(Split::Size)
-                .ok_or_else(|| args.err("splits", "sizes must be non-negative integers")),
+                .ok_or_else(|| err(path, &splits_at, "sizes must be non-negative integers")),
             Value::String(s) if named.contains(&s.as_str()) => Ok(Split::Named(s.clone())),
-            _ => Err(args.err(
-                "splits",
-                &format!("entries must be sizes or one of {}", named.join(", ")),
-            )),
+            _ => {
+                let what = format!("entries must be sizes or one of {}", named.join(", "));
+                Err(err(path, &splits_at, &what))
+            }
         })
         .collect::<Result<Vec<_>>>()?;
     if splits.is_empty() {
-        return Err(args.err("splits", "must not be empty"));
+        return Err(err(path, &splits_at, "must not be empty"));
     }
     Ok(Patch {
         kind,
-        module,
+        module: p.module,
         splits,
     })
 }
@@ -441,18 +432,17 @@ impl Config {
     ) -> Result<Config> {
         let mut merged = Map::new();
         let mut path = PathBuf::new();
-        if let Some((p, v)) = meta {
-            let o = Obj::new(p, "quantization_config".into(), v)?;
-            merged.extend(o.map.clone());
+        for (p, v, what) in meta
+            .map(|(p, v)| (p, v, "quantization_config"))
+            .into_iter()
+            .chain(sidecar.map(|(p, v)| (p, v, "the sidecar")))
+        {
+            let map = v
+                .as_object()
+                .ok_or_else(|| err(p, what, "must be an object"))?;
+            merged.extend(map.clone());
             path = p.to_path_buf();
         }
-        if let Some((p, v)) = sidecar {
-            let o = Obj::new(p, String::new(), v)?;
-            merged.extend(o.map.clone());
-            path = p.to_path_buf();
-        }
-        let merged = Value::Object(merged);
-        let o = Obj::new(&path, String::new(), &merged)?;
         if sidecar.is_none() {
             return Err(Error::new(
                 Rule::Config,
@@ -460,110 +450,60 @@ impl Config {
                 "SVDQuant metadata without its model.config.yaml: the targets, structural patches and shifts are only there",
             ));
         }
-
-        let method = o.string("method")?;
-        if method != "svdquant" {
+        let raw: Raw = serde_path_to_error::deserialize(&Value::Object(merged)).map_err(|e| {
+            let at = e.path().to_string();
+            let what = e.into_inner().to_string();
+            match at.as_str() {
+                "." => Error::new(Rule::Config, &path, what),
+                _ => Error::new(Rule::Config, &path, format!("{at}: {what}")),
+            }
+        })?;
+        if raw.method != "svdquant" {
             return Err(Error::new(
                 Rule::Unsupported,
                 &path,
-                format!("method {method:?} is not decoded (svdquant)"),
+                format!("method {:?} is not decoded (svdquant)", raw.method),
             ));
         }
-        let rank = o.positive("rank")?;
-        let weight = o.obj("weight")?;
-        let weight_dtype = weight.string("dtype")?.to_string();
-        let weight_group_size = weight.opt_positive("group_size")?;
-        weight.scale_dtypes("scale_dtypes")?;
-        let gptq = o.obj("gptq")?;
-        let gptq_enabled = gptq.opt_bool("enabled")?.unwrap_or(false);
-        gptq.opt_number("damp_percentage")?;
-        for key in ["block_size", "num_inv_tries", "hessian_block_size"] {
-            gptq.opt_positive(key)?;
-        }
-        let activation = o.obj("activation")?;
-        let activation_dtype = activation.string("dtype")?.to_string();
-        let activation_enabled = activation.opt_bool("enabled")?.unwrap_or(false);
-        activation.scale_dtypes("scale_dtypes")?;
-        activation.opt_positive("group_size")?;
-
-        let targets = o
-            .array("targets")?
-            .iter()
+        let weight_group_size = raw.weight.group_size.map(|g| g.0);
+        let targets = raw
+            .targets
+            .into_iter()
             .enumerate()
             .map(|(i, t)| {
-                let t = Obj::new(&path, format!("targets[{i}]"), t)?;
-                target(&t, weight_group_size, &weight_dtype)
+                let at = format!("targets[{i}]");
+                target(&path, &at, t, weight_group_size, &raw.weight.dtype)
             })
             .collect::<Result<Vec<_>>>()?;
-        let patches = o
-            .array("structural_patches")?
-            .iter()
+        let patches = raw
+            .structural_patches
+            .into_iter()
             .enumerate()
-            .map(|(i, p)| patch(&Obj::new(&path, format!("structural_patches[{i}]"), p)?))
+            .map(|(i, p)| patch(&path, &format!("structural_patches[{i}]"), p))
             .collect::<Result<Vec<_>>>()?;
-
-        let mut activation_shifts = BTreeMap::new();
-        if let Some(cal) = o.opt_obj("calibration")? {
-            if let Some(shifts) = cal.opt_obj("activation_shifts")? {
-                for (module, v) in shifts.map {
-                    let s = v
-                        .as_f64()
-                        .filter(|s| s.is_finite())
-                        .ok_or_else(|| shifts.err(module, "must be a finite number"))?;
-                    activation_shifts.insert(module.clone(), s as f32);
-                }
-            }
-        }
-        for key in ["quantization", "artifact_cache"] {
-            o.opt_obj(key)?;
-        }
-        let runtime_manifest = match o.opt_obj("runtime_manifest")? {
-            None => None,
-            Some(m) => Some((m.string("schema")?.to_string(), {
-                let v = m.req("version")?;
-                v.as_u64()
-                    .ok_or_else(|| m.err("version", "must be an integer"))?
-            })),
-        };
-        let (manifest_emitted, manifest_reasons) =
-            match o.opt_obj("runtime_manifest_diagnostics")? {
-                None => (None, Vec::new()),
-                Some(d) => {
-                    let emitted = d.opt_bool("emitted")?;
-                    let reasons = match d.opt("reasons") {
-                        None => Vec::new(),
-                        Some(_) => d
-                            .array("reasons")?
-                            .iter()
-                            .enumerate()
-                            .map(|(i, r)| {
-                                let r = Obj::new(&path, format!("{}.reasons[{i}]", d.at), r)?;
-                                Ok(Reason {
-                                    kind: r.string("kind")?.to_string(),
-                                    name: r.string("name")?.to_string(),
-                                    reason: r.string("reason")?.to_string(),
-                                })
-                            })
-                            .collect::<Result<Vec<_>>>()?,
-                    };
-                    (emitted, reasons)
-                }
-            };
+        let activation_shifts = raw
+            .calibration
+            .and_then(|c| c.activation_shifts)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(module, s)| (module, s as f32))
+            .collect();
+        let diagnostics = raw.runtime_manifest_diagnostics;
         Ok(Config {
             path: path.clone(),
-            method: method.to_string(),
-            rank,
-            weight_dtype,
+            method: raw.method,
+            rank: raw.rank.0,
+            weight_dtype: raw.weight.dtype,
             weight_group_size,
-            activation_dtype,
-            activation_enabled,
-            gptq_enabled,
+            activation_dtype: raw.activation.dtype,
+            activation_enabled: raw.activation.enabled.unwrap_or(false),
+            gptq_enabled: raw.gptq.enabled.unwrap_or(false),
             targets,
             patches,
             activation_shifts,
-            runtime_manifest,
-            manifest_emitted,
-            manifest_reasons,
+            runtime_manifest: raw.runtime_manifest.map(|m| (m.schema, m.version)),
+            manifest_emitted: diagnostics.as_ref().and_then(|d| d.emitted),
+            manifest_reasons: diagnostics.and_then(|d| d.reasons).unwrap_or_default(),
         })
     }
 }
