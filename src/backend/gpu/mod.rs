@@ -6,8 +6,11 @@
 
 pub mod layout;
 
+use futures::channel::oneshot;
+use std::future::Future;
 use std::ops::Range;
-use std::sync::{mpsc, Mutex};
+// Held across the awaits of one call: an async-aware lock.
+use futures::lock::Mutex;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result, Rule};
@@ -114,7 +117,7 @@ fn ensure(
 /// A chunk on the device whose output is being mapped for reading.
 struct InFlight {
     submission: wgpu::SubmissionIndex,
-    mapped: mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
+    mapped: oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
 }
 
 /// The usage of every buffer the decoder hands to an app: a storage buffer
@@ -171,29 +174,35 @@ impl GpuDecoder {
     }
 
     /// Opens `adapter` with its own limits and builds a decoder on it.
-    pub fn open(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
+    pub async fn open_async(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-dequant"),
             required_limits: adapter.limits(),
             ..Default::default()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| gpu_err(format!("cannot open {}: {e}", adapter.get_info().name)))?;
+        let (device, queue) = adapter.request_device(&desc).await.map_err(|e| {
+            gpu_err(format!("cannot open {}", adapter.get_info().name)).caused_by(e)
+        })?;
         Ok(GpuDecoder::new(&device, &queue))
+    }
+
+    /// [`GpuDecoder::open_async`], blocking.
+    pub fn open(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
+        pollster::block_on(GpuDecoder::open_async(adapter))
     }
 
     /// Runs `work` inside error scopes, so validation, out-of-memory and
     /// internal errors of this device come back as an error of this call.
-    fn scoped<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    async fn scoped<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
         let scopes = [
             self.device.push_error_scope(wgpu::ErrorFilter::Validation),
             self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
             self.device.push_error_scope(wgpu::ErrorFilter::Internal),
         ];
-        let result = work();
+        let result = work.await;
         let mut fault = None;
         for scope in scopes.into_iter().rev() {
-            if let Some(e) = pollster::block_on(scope.pop()) {
+            if let Some(e) = scope.pop().await {
                 fault.get_or_insert(e);
             }
         }
@@ -268,8 +277,24 @@ impl GpuDecoder {
         out
     }
 
+    /// Waits (natively, by polling the device) until `submission` is done.
+    /// In a browser the page's event loop drives the device, and awaiting
+    /// the work's own future is all there is to do.
+    fn wait(&self, submission: wgpu::SubmissionIndex) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission),
+                timeout: None,
+            })
+            .map_err(|e| gpu_err("poll").caused_by(e))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = submission;
+        Ok(())
+    }
+
     /// Waits for a chunk's readback and copies it to its place in `out`.
-    fn finish(
+    async fn finish(
         &self,
         f: InFlight,
         chunk: &Chunk<'_>,
@@ -277,14 +302,9 @@ impl GpuDecoder {
         at: usize,
         out: &mut [u8],
     ) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(f.submission),
-                timeout: None,
-            })
-            .map_err(|e| gpu_err("poll").caused_by(e))?;
+        self.wait(f.submission)?;
         f.mapped
-            .recv()
+            .await
             .map_err(|_| gpu_err("readback never completed"))?
             .map_err(|e| gpu_err("readback").caused_by(e))?;
         let rb = slot
@@ -305,7 +325,7 @@ impl GpuDecoder {
 
     /// Decodes `rows` of `job` into `out` (host memory), as the CPU backend
     /// does. Chunk k+1 is uploaded and dispatched before chunk k is read back.
-    pub fn decode_rows(
+    pub async fn decode_rows_async(
         &self,
         job: &DecodeJob<'_>,
         rows: Range<usize>,
@@ -313,8 +333,10 @@ impl GpuDecoder {
     ) -> Result<()> {
         crate::backend::check_rows(job, &rows, out)?;
         let chunks = layout::plan(job, rows.clone(), &self.limits)?;
-        let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
-        let result = self.scoped(|| self.run_chunks(job, &chunks, rows.start, &mut slots, out));
+        let mut slots = self.slots.lock().await;
+        let result = self
+            .scoped(self.run_chunks(job, &chunks, rows.start, &mut slots, out))
+            .await;
         if result.is_err() {
             // A failed call may leave a readback mapped or pending: start afresh.
             for slot in slots.iter_mut() {
@@ -324,7 +346,17 @@ impl GpuDecoder {
         result
     }
 
-    fn run_chunks(
+    /// [`GpuDecoder::decode_rows_async`], blocking.
+    pub fn decode_rows(
+        &self,
+        job: &DecodeJob<'_>,
+        rows: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        pollster::block_on(self.decode_rows_async(job, rows, out))
+    }
+
+    async fn run_chunks(
         &self,
         job: &DecodeJob<'_>,
         chunks: &[Chunk<'_>],
@@ -338,7 +370,8 @@ impl GpuDecoder {
         for (k, chunk) in chunks.iter().enumerate() {
             let s = k % 2;
             if let Some(f) = in_flight[s].take() {
-                self.finish(f, &chunks[k - 2], &slots[s], at(&chunks[k - 2]), out)?;
+                self.finish(f, &chunks[k - 2], &slots[s], at(&chunks[k - 2]), out)
+                    .await?;
             }
             let slot = &mut slots[s];
             let mut encoder = self.device.create_command_encoder(&Default::default());
@@ -353,7 +386,7 @@ impl GpuDecoder {
             );
             encoder.copy_buffer_to_buffer(&gpu_out, 0, &rb, 0, bytes);
             let submission = self.queue.submit([encoder.finish()]);
-            let (tx, mapped) = mpsc::channel();
+            let (tx, mapped) = oneshot::channel();
             rb.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
                 let _ = tx.send(r);
             });
@@ -363,7 +396,8 @@ impl GpuDecoder {
         let n = chunks.len();
         for k in n.saturating_sub(2)..n {
             if let Some(f) = in_flight[k % 2].take() {
-                self.finish(f, &chunks[k], &slots[k % 2], at(&chunks[k]), out)?;
+                self.finish(f, &chunks[k], &slots[k % 2], at(&chunks[k]), out)
+                    .await?;
             }
         }
         Ok(())
@@ -383,7 +417,7 @@ impl GpuDecoder {
     /// [`GpuDecoder::decode_to_buffer`] lays out decoded tensors).
     pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(bytes.len() as u64);
-        self.scoped(|| {
+        pollster::block_on(self.scoped(async {
             let whole = bytes.len() / 4 * 4;
             if whole > 0 {
                 self.queue.write_buffer(&dest, 0, &bytes[..whole]);
@@ -395,7 +429,7 @@ impl GpuDecoder {
             }
             self.queue.submit([]);
             Ok(dest)
-        })
+        }))
     }
 
     /// Decodes the whole tensor into a new buffer on this device and returns
@@ -406,12 +440,12 @@ impl GpuDecoder {
     /// word, the first in the low half); its size is the tensor's byte length
     /// rounded up to a multiple of 4, the padding zero. Its usage is
     /// [`OUTPUT_USAGE`]: bind it as a storage buffer, or copy from it.
-    pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+    pub async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(job.out_bytes() as u64);
         let chunks = layout::plan(job, 0..job.dims.total_rows(), &self.limits)?;
         let row_bytes = (job.dims.cols * job.out.size()) as u64;
-        let mut slots = self.slots.lock().map_err(|_| gpu_err("decoder poisoned"))?;
-        self.scoped(|| {
+        let mut slots = self.slots.lock().await;
+        self.scoped(async {
             let mut previous: Option<wgpu::SubmissionIndex> = None;
             for (k, chunk) in chunks.iter().enumerate() {
                 let slot = &mut slots[k % 2];
@@ -429,16 +463,17 @@ impl GpuDecoder {
                 // Queue order keeps reused buffers safe; waiting for the chunk
                 // before this one only bounds how many uploads are staged.
                 if let Some(prev) = previous.replace(sub) {
-                    self.device
-                        .poll(wgpu::PollType::Wait {
-                            submission_index: Some(prev),
-                            timeout: None,
-                        })
-                        .map_err(|e| gpu_err("poll").caused_by(e))?;
+                    self.wait(prev)?;
                 }
             }
             Ok(dest)
         })
+        .await
+    }
+
+    /// [`GpuDecoder::decode_to_buffer_async`], blocking.
+    pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+        pollster::block_on(self.decode_to_buffer_async(job))
     }
 
     /// Lowers the limits chunks are planned against (never above the
