@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         // The dense tensor, resident on the GPU: bind it in your own pipelines.
         let buffer = model.decode_to_buffer(&t.name, &decoder)?;
 
-        let got = read_back(&device, &queue, &buffer)?;
+        let got = decoder.read_back(&buffer)?;
         let want = model.decode(&t.name, &Cpu::new())?;
         let same = got.get(..want.len()) == Some(&want[..]);
         mismatches += usize::from(!same);
@@ -47,30 +47,4 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Err(format!("{mismatches} tensors differ between GPU and CPU").into());
     }
     Ok(())
-}
-
-/// Copies `buffer` to a mappable one and reads it.
-fn read_back(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-    buffer: &wgpu::Buffer,
-) -> Result<Vec<u8>, Box<dyn Error>> {
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("readback"),
-        size: buffer.size(),
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
-    queue.submit([encoder.finish()]);
-    let (tx, rx) = std::sync::mpsc::channel();
-    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    device.poll(wgpu::PollType::wait_indefinitely())?;
-    rx.recv()??;
-    let bytes = staging.slice(..).get_mapped_range()?.to_vec();
-    staging.unmap();
-    Ok(bytes)
 }

@@ -32,8 +32,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         .ok_or_else(|| format!("{ckpt}: no tensor {name}"))?;
     let bytes = if gpu {
         let (device, queue) = own_device()?;
-        let buffer = model.decode_to_buffer(name, &GpuDecoder::new(&device, &queue))?;
-        let mut bytes = read_back(&device, &queue, &buffer)?;
+        let decoder = GpuDecoder::new(&device, &queue);
+        let buffer = model.decode_to_buffer(name, &decoder)?;
+        let mut bytes = decoder.read_back(&buffer)?;
         bytes.truncate(info.bytes); // the buffer is padded to whole words
         bytes
     } else {
@@ -59,30 +60,4 @@ fn own_device() -> Result<(wgpu::Device, wgpu::Queue), Box<dyn Error>> {
         ..Default::default()
     };
     Ok(pollster::block_on(adapter.request_device(&desc))?)
-}
-
-/// Copies `buffer` to a mappable one and reads it.
-fn read_back(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-    buffer: &wgpu::Buffer,
-) -> Result<Vec<u8>, Box<dyn Error>> {
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("readback"),
-        size: buffer.size(),
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
-    queue.submit([encoder.finish()]);
-    let (tx, rx) = std::sync::mpsc::channel();
-    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    device.poll(wgpu::PollType::wait_indefinitely())?;
-    rx.recv()??;
-    let bytes = staging.slice(..).get_mapped_range()?.to_vec();
-    staging.unmap();
-    Ok(bytes)
 }

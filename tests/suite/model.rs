@@ -108,28 +108,6 @@ fn a_broken_checkpoint_does_not_open() {
     assert_eq!(e.rule, Rule::Container, "{e}");
 }
 
-/// Copies `buffer` to a mappable one and reads it.
-fn read_back(device: &wgpu::Device, queue: &wgpu::Queue, buffer: &wgpu::Buffer) -> Vec<u8> {
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: None,
-        size: buffer.size(),
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
-    queue.submit([encoder.finish()]);
-    let (tx, rx) = std::sync::mpsc::channel();
-    staging
-        .slice(..)
-        .map_async(wgpu::MapMode::Read, move |r| tx.send(r).unwrap());
-    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-    rx.recv().unwrap().unwrap();
-    let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
-    staging.unmap();
-    bytes
-}
-
 #[test]
 fn gpu_buffers_hold_the_cpu_bytes_for_every_kind_of_tensor() {
     let Some(adapter) = adapter() else {
@@ -146,7 +124,7 @@ fn gpu_buffers_hold_the_cpu_bytes_for_every_kind_of_tensor() {
             let buffer = m.decode_to_buffer(&t.name, &decoder).unwrap();
             assert_eq!(buffer.size(), (t.bytes.div_ceil(4).max(1) * 4) as u64);
             assert!(buffer.usage().contains(wgpu::BufferUsages::STORAGE));
-            let got = read_back(&device, &queue, &buffer);
+            let got = decoder.read_back(&buffer).unwrap();
             let want = m.decode(&t.name, &cpu).unwrap();
             assert!(
                 got[..t.bytes] == want[..] && got[t.bytes..].iter().all(|&b| b == 0),

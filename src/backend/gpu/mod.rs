@@ -476,6 +476,45 @@ impl GpuDecoder {
         pollster::block_on(self.decode_to_buffer_async(job))
     }
 
+    /// The bytes of `buffer`, a buffer of this decoder's device that can be
+    /// copied from (every buffer the decoder hands out can), read back to
+    /// host memory: all `buffer.size()` of them, padding included.
+    pub async fn read_back_async(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.scoped(async {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgpu-dequant readback"),
+                size: buffer.size(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
+            let submission = self.queue.submit([encoder.finish()]);
+            let (tx, mapped) = oneshot::channel();
+            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait(submission)?;
+            mapped
+                .await
+                .map_err(|_| gpu_err("readback never completed"))?
+                .map_err(|e| gpu_err("readback").caused_by(e))?;
+            let bytes = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| gpu_err("readback").caused_by(e))?
+                .to_vec();
+            staging.unmap();
+            Ok(bytes)
+        })
+        .await
+    }
+
+    /// [`GpuDecoder::read_back_async`], blocking.
+    pub fn read_back(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_back_async(buffer))
+    }
+
     /// Lowers the limits chunks are planned against (never above the
     /// device's). Small limits force many chunks and 2-D dispatch grids,
     /// which is how the tests exercise chunking on small tensors.
