@@ -12,7 +12,7 @@ use crate::checkpoint::TensorRef;
 use crate::error::{Error, Result, Rule};
 use crate::numerics::OutDtype;
 use crate::output::assembly::Assembly;
-use crate::output::{Output, Source};
+use crate::output::{cast_layout, Output, Source};
 
 impl Output<'_> {
     /// Decodes rows `rows` (see [`Output::row_layout`]) into `out`.
@@ -105,13 +105,9 @@ fn assembled_rows(
 /// Converts rows `rows` of `t` (split by its first dimension) to `to`.
 fn cast_rows(t: &TensorRef<'_>, to: OutDtype, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
     use rayon::prelude::*;
-    let elements = t.elements();
-    let per_row = match t.shape.first() {
-        Some(&n) if n > 0 => elements / n,
-        _ => elements,
-    };
-    let total = if t.shape.is_empty() { 1 } else { t.shape[0] };
-    crate::backend::check_span(total, per_row * to.size(), &rows, out)?;
+    let (total, row_bytes) = cast_layout(t, to);
+    crate::backend::check_span(total, row_bytes, &rows, out)?;
+    let per_row = row_bytes / to.size();
     let size = t.dtype.bitsize() / 8;
     let src = &t.data[rows.start * per_row * size..rows.end * per_row * size];
     // Spread over threads in pieces of whole elements.

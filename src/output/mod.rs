@@ -44,6 +44,16 @@ pub struct Output<'a> {
     pub scheme: Option<String>,
 }
 
+/// Rows (along the first dimension; a scalar is one row) and output bytes
+/// per row of `t` cast to `to`.
+pub fn cast_layout(t: &TensorRef<'_>, to: OutDtype) -> (usize, usize) {
+    let (rows, cols) = match t.shape.split_first() {
+        Some((&rows, rest)) => (rows, rest.iter().product()),
+        None => (1, 1),
+    };
+    (rows, cols * to.size())
+}
+
 impl Source<'_> {
     /// Whether the tensor comes out of a quantized module (a decoded job, an
     /// assembled weight, or a bias that folds one in): what every count of
@@ -75,13 +85,7 @@ impl Output<'_> {
         match &self.source {
             Source::Decode(job) => Some((job.dims.total_rows(), job.dims.cols * job.out.size())),
             Source::Assemble(a) => Some((a.stack.rows(), a.cols * a.out.size())),
-            Source::Cast(t, to) => {
-                let (rows, cols) = match t.shape.split_first() {
-                    Some((&rows, rest)) => (rows, rest.iter().product()),
-                    None => (1, 1),
-                };
-                Some((rows, cols * to.size()))
-            }
+            Source::Cast(t, to) => Some(cast_layout(t, *to)),
             _ => None,
         }
     }

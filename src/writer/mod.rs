@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 pub use header::safetensors_header;
-pub use parts::{merge_index, Merged};
+pub use parts::{merge_index, Merged, PART_SUFFIX};
 pub use staging::{interrupt, STAGING};
 use staging::{Mode, Staging};
 
@@ -30,8 +30,6 @@ use crate::plan::{Output, Plan, Source};
 /// Decoded bytes per chunk; at most three chunks are in memory at once (one
 /// being decoded, one queued, one being written).
 const CHUNK_BYTES: usize = 32 << 20;
-
-pub use parts::PART_SUFFIX;
 
 /// What a finished `dequantize` wrote.
 #[derive(Debug, Clone, Default, serde::Serialize)]
