@@ -26,21 +26,21 @@
 //! ```
 //!
 //! Data flows one way: [`Checkpoint`] (memory-mapped shards and sidecar
-//! configs) → [`formats`] → [`Plan`] (what each output tensor is made of:
+//! configs) → formats → [`Plan`] (what each output tensor is made of:
 //! a format-free [`DecodeJob`], a copy, an assembly) → a [`Backend`] → the
 //! streaming [`writer`].
 #![deny(missing_docs)]
 
 pub mod backend;
-pub mod checkpoint;
+mod checkpoint;
 pub mod convert;
-pub mod error;
-pub mod formats;
+mod error;
+mod formats;
 pub mod job;
 mod json;
 mod model;
-pub mod numerics;
-pub mod output;
+mod numerics;
+mod output;
 pub mod plan;
 pub mod report;
 pub mod writer;
@@ -50,6 +50,7 @@ use std::path::Path;
 pub use backend::{Backend, BackendChoice};
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result, Rule};
+pub use formats::Format;
 pub use job::DecodeJob;
 pub use model::{Model, TensorInfo};
 pub use numerics::OutDtype;

@@ -1,7 +1,7 @@
 //! Backends execute [`DecodeJob`]s. The CPU backend is the reference; every
 //! other backend must produce the same bytes.
 //!
-//! This file holds the trait alone; [`cpu`] and [`gpu`] implement it,
+//! This file holds the trait alone; `cpu` and [`gpu`] implement it,
 //! `select` chooses one (and falls back from the GPU to the CPU), and
 //! [`execute`] runs whole output tensors on any of them.
 
@@ -37,7 +37,7 @@ pub trait Backend: Send + Sync {
 
 /// Fails unless `rows` lies inside `job` and `out` holds exactly their bytes
 /// (backends call it before decoding; callers of the library can get it wrong).
-pub fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
+pub(crate) fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
     check_span(
         job.dims.total_rows(),
         job.dims.cols * job.out.size(),
@@ -48,7 +48,7 @@ pub fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Resul
 
 /// Fails unless `rows` lies inside `0..total_rows` and `out` holds exactly
 /// their bytes, `row_bytes` each.
-pub fn check_span(
+pub(crate) fn check_span(
     total_rows: usize,
     row_bytes: usize,
     rows: &Range<usize>,

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use indexmap::IndexMap;
 use safetensors::Dtype;
 use serde_json::Value;
 
@@ -89,139 +90,154 @@ fn cfg_err(path: &Path, detail: impl Into<String>) -> Error {
     Error::new(Rule::Config, path, detail)
 }
 
-fn targets(path: &Path, v: Option<&Value>) -> Result<Vec<Target>> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(Vec::new());
-    };
-    let list = v
-        .as_array()
-        .ok_or_else(|| cfg_err(path, "targets/ignore must be a list"))?;
-    list.iter()
-        .map(|t| {
-            let s = t
-                .as_str()
-                .ok_or_else(|| cfg_err(path, "targets/ignore entries must be strings"))?;
-            Target::parse(s).map_err(|e| cfg_err(path, e))
-        })
+/// `quantization_config` as compressed-tensors writes it; keys it does not
+/// name are ignored, as compressed-tensors ignores them.
+#[derive(serde::Deserialize)]
+struct RawConfig {
+    format: Option<String>,
+    config_groups: IndexMap<String, RawGroup>,
+    version: Option<String>,
+    ignore: Option<Vec<String>>,
+    sparsity_config: Option<RawSparsity>,
+    transform_config: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawGroup {
+    format: Option<String>,
+    targets: Option<Vec<String>>,
+    weights: Option<RawScheme>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawScheme {
+    num_bits: u32,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    strategy: Option<String>,
+    /// `-1` means "a whole row" (channel strategy).
+    group_size: Option<i64>,
+    block_structure: Option<BlockStructure>,
+    symmetric: Option<bool>,
+    /// A string in current configs; older ones wrote `true`/`false`.
+    actorder: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum BlockStructure {
+    Pair([usize; 2]),
+    /// Older configs write `"128x128"`.
+    Text(String),
+}
+
+#[derive(serde::Deserialize)]
+struct RawSparsity {
+    format: Option<String>,
+}
+
+fn targets(path: &Path, list: Option<Vec<String>>) -> Result<Vec<Target>> {
+    list.unwrap_or_default()
+        .iter()
+        .map(|s| Target::parse(s).map_err(|e| cfg_err(path, e)))
         .collect()
 }
 
-fn parse_scheme(path: &Path, group: &str, w: &Value) -> Result<Scheme> {
-    let err = |what: &str| cfg_err(path, format!("config group {group}: weights.{what}"));
-    let num_bits = w
-        .get("num_bits")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| err("num_bits is missing or not a number"))?;
-    let num_bits = u32::try_from(num_bits).map_err(|_| err("num_bits is out of range"))?;
-    let usize_of = |v: &Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
-    // compressed-tensors writes -1 for "a whole row" (channel strategy).
-    let group_size = match w.get("group_size") {
-        None | Some(Value::Null) => None,
-        Some(v) if v.as_i64() == Some(-1) => None,
-        Some(v) => Some(
-            usize_of(v)
-                .filter(|&g| g > 0)
-                .ok_or_else(|| err("group_size must be a positive integer or -1"))?,
-        ),
-    };
-    let block_structure = match w.get("block_structure") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(a)) if a.len() == 2 => {
-            let h = usize_of(&a[0]).filter(|&x| x > 0);
-            let b = usize_of(&a[1]).filter(|&x| x > 0);
-            Some([
-                h.ok_or_else(|| err("block_structure"))?,
-                b.ok_or_else(|| err("block_structure"))?,
-            ])
-        }
-        Some(Value::String(s)) => {
-            // Older configs write "128x128".
-            let mut it = s
-                .split('x')
-                .map(|p| p.trim().parse::<usize>().ok().filter(|&x| x > 0));
-            match (it.next().flatten(), it.next().flatten(), it.next()) {
-                (Some(h), Some(b), None) => Some([h, b]),
-                _ => return Err(err("block_structure")),
+impl RawScheme {
+    fn scheme(self, path: &Path, group: &str) -> Result<Scheme> {
+        let err = |what: &str| cfg_err(path, format!("config group {group}: weights.{what}"));
+        let group_size = match self.group_size {
+            None | Some(-1) => None,
+            Some(g) => Some(
+                usize::try_from(g)
+                    .ok()
+                    .filter(|&g| g > 0)
+                    .ok_or_else(|| err("group_size must be a positive integer or -1"))?,
+            ),
+        };
+        let block_structure = match self.block_structure {
+            None => None,
+            Some(BlockStructure::Pair(hw)) => Some(hw),
+            Some(BlockStructure::Text(s)) => {
+                let mut it = s.split('x').map(|p| p.trim().parse::<usize>().ok());
+                match (it.next().flatten(), it.next().flatten(), it.next()) {
+                    (Some(h), Some(w), None) => Some([h, w]),
+                    _ => None,
+                }
+                .map(Some)
+                .ok_or_else(|| err("block_structure must be [rows, cols] or \"RxC\""))?
             }
+        };
+        if block_structure.is_some_and(|b| b.contains(&0)) {
+            return Err(err("block_structure must be positive"));
         }
-        Some(_) => return Err(err("block_structure must be [rows, cols]")),
-    };
-    let lower = |k: &str| {
-        w.get(k)
-            .and_then(Value::as_str)
-            .map(str::to_ascii_lowercase)
-    };
-    // As compressed-tensors does when a config leaves the strategy out.
-    let strategy = lower("strategy").unwrap_or_else(|| {
-        match w.get("group_size").and_then(Value::as_i64) {
-            Some(g) if g > 0 => "group",
-            Some(-1) => "channel",
-            _ => "tensor",
-        }
-        .to_string()
-    });
-    Ok(Scheme {
-        num_bits,
-        kind: lower("type").unwrap_or_else(|| "int".into()),
-        strategy,
-        group_size,
-        block_structure,
-        symmetric: w.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
-        actorder: w
-            .get("actorder")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-    })
+        // As compressed-tensors does when a config leaves the strategy out.
+        let strategy = self.strategy.map_or_else(
+            || match self.group_size {
+                Some(g) if g > 0 => "group".into(),
+                Some(-1) => "channel".into(),
+                _ => "tensor".into(),
+            },
+            |s| s.to_ascii_lowercase(),
+        );
+        Ok(Scheme {
+            num_bits: self.num_bits,
+            kind: self
+                .kind
+                .map_or_else(|| "int".into(), |k| k.to_ascii_lowercase()),
+            strategy,
+            group_size,
+            block_structure,
+            symmetric: self.symmetric.unwrap_or(true),
+            actorder: self
+                .actorder
+                .as_ref()
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
 }
 
 impl Config {
     /// Parses `quantization_config` of `path`.
     pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let top_format = qc.get("format").and_then(Value::as_str);
-        let groups_v = qc
-            .get("config_groups")
-            .and_then(Value::as_object)
-            .ok_or_else(|| cfg_err(path, "quantization_config has no config_groups object"))?;
+        let raw: RawConfig = super::from_value(path, qc)?;
         let mut groups = Vec::new();
-        for (name, g) in groups_v {
+        for (name, g) in raw.config_groups {
             let format = g
-                .get("format")
-                .and_then(Value::as_str)
-                .or(top_format)
-                .ok_or_else(|| cfg_err(path, format!("config group {name} has no format")))?
-                .to_string();
-            let weights = match g.get("weights") {
-                None | Some(Value::Null) => None,
-                Some(w) => Some(parse_scheme(path, name, w)?),
+                .format
+                .or_else(|| raw.format.clone())
+                .ok_or_else(|| cfg_err(path, format!("config group {name} has no format")))?;
+            let weights = match g.weights {
+                Some(w) => Some(w.scheme(path, &name)?),
+                None => None,
             };
             groups.push(Group {
-                name: name.clone(),
+                targets: targets(path, g.targets)?,
+                name,
                 format,
-                targets: targets(path, g.get("targets"))?,
                 weights,
             });
         }
-        if let Some(sp) = qc.get("sparsity_config").and_then(Value::as_object) {
-            if let Some(f) = sp
-                .get("format")
-                .and_then(Value::as_str)
-                .filter(|f| *f != "dense")
-            {
-                return Err(Error::new(
-                    Rule::Unsupported,
-                    path,
-                    format!("sparsity format {f:?} is not decoded (only dense)"),
-                ));
-            }
+        if let Some(f) = raw
+            .sparsity_config
+            .and_then(|s| s.format)
+            .filter(|f| f != "dense")
+        {
+            return Err(Error::new(
+                Rule::Unsupported,
+                path,
+                format!("sparsity format {f:?} is not decoded (only dense)"),
+            ));
         }
-        let transforms = qc.get("transform_config").filter(|t| match t {
+        let transforms = raw.transform_config.is_some_and(|t| match t {
             Value::Object(o) => o
                 .values()
                 .any(|v| !(v.is_null() || v.as_object().is_some_and(|o| o.is_empty()))),
             Value::Null => false,
             _ => true,
         });
-        if transforms.is_some() {
+        if transforms {
             return Err(Error::new(
                 Rule::Unsupported,
                 path,
@@ -230,12 +246,9 @@ impl Config {
         }
         Ok(Config {
             path: path.to_path_buf(),
-            version: qc
-                .get("version")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            version: raw.version,
             groups,
-            ignore: targets(path, qc.get("ignore"))?,
+            ignore: targets(path, raw.ignore)?,
         })
     }
 

@@ -10,6 +10,7 @@ pub mod svdquant;
 mod targets;
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use safetensors::Dtype;
 use serde_json::Value;
@@ -60,6 +61,19 @@ impl Format {
             Format::Dense => "dense (no quantization config)".into(),
         }
     }
+}
+
+/// Reads a config object into its serde type; a mismatch names the key's
+/// path (`config_groups.group_0.weights.num_bits: invalid type: …`).
+fn from_value<T: serde::de::DeserializeOwned>(path: &Path, v: &Value) -> Result<T> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let at = e.path().to_string();
+        let what = e.into_inner().to_string();
+        match at.as_str() {
+            "." => Error::new(Rule::Config, path, what),
+            _ => Error::new(Rule::Config, path, format!("{at}: {what}")),
+        }
+    })
 }
 
 /// Reads the sidecar configs and tells which format the checkpoint is.

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use indexmap::IndexMap;
 use safetensors::Dtype;
 use serde_json::Value;
 
@@ -35,57 +36,81 @@ pub struct Config {
     pub kv_cache_quant_algo: Option<String>,
 }
 
-fn group_size(path: &Path, v: Option<&Value>) -> Result<usize> {
-    match v {
-        None | Some(Value::Null) => Ok(16),
-        Some(v) => v
-            .as_u64()
-            .and_then(|g| usize::try_from(g).ok())
-            .filter(|&g| g > 0)
-            .ok_or_else(|| Error::new(Rule::Config, path, "group_size must be a positive integer")),
-    }
+/// The `quantization` object (or a flat `quantization_config`) as ModelOpt
+/// writes it; keys it does not name are ignored.
+#[derive(serde::Deserialize)]
+struct RawQuant {
+    quant_algo: Option<String>,
+    group_size: Option<usize>,
+    /// config.json's form keeps the group size in compressed-tensors-like groups.
+    config_groups: Option<IndexMap<String, RawGroup>>,
+    exclude_modules: Option<Vec<String>>,
+    ignore: Option<Vec<String>>,
+    kv_cache_quant_algo: Option<String>,
+    producer: Option<Producer>,
 }
 
-fn globs(v: Option<&Value>) -> Vec<Target> {
-    v.and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(|s| Target::Glob(Glob::new(s)))
-                .collect()
-        })
-        .unwrap_or_default()
+#[derive(serde::Deserialize)]
+struct RawGroup {
+    weights: Option<RawWeights>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawWeights {
+    group_size: Option<usize>,
+}
+
+/// hf_quant_config.json keeps the producer beside `quantization`.
+#[derive(serde::Deserialize)]
+struct Outer {
+    producer: Option<Producer>,
+}
+
+#[derive(serde::Deserialize)]
+struct Producer {
+    version: Option<String>,
 }
 
 impl Config {
     /// Reads the `quantization` object (hf_quant_config.json's, or the one a
     /// config.json may nest) or a flat config.json `quantization_config`.
     fn from_object(path: &Path, root: &Value) -> Result<Config> {
-        let q = root.get("quantization").unwrap_or(root);
-        let group = q.get("group_size").or_else(|| {
-            q.get("config_groups")
-                .and_then(Value::as_object)
-                .and_then(|groups| {
-                    groups
-                        .values()
-                        .find_map(|g| g.pointer("/weights/group_size"))
-                })
+        let (q, outer) = match root.get("quantization") {
+            Some(q) => (q, Some(root)),
+            None => (root, None),
+        };
+        let raw: RawQuant = super::from_value(path, q)?;
+        let outer_producer = match outer {
+            Some(root) => super::from_value::<Outer>(path, root)?.producer,
+            None => None,
+        };
+        let group_size = raw.group_size.or_else(|| {
+            raw.config_groups
+                .iter()
+                .flat_map(|groups| groups.values())
+                .find_map(|g| g.weights.as_ref()?.group_size)
         });
-        let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or("");
+        if group_size == Some(0) {
+            return Err(Error::new(
+                Rule::Config,
+                path,
+                "group_size must be a positive integer",
+            ));
+        }
+        let algo = raw.quant_algo.unwrap_or_default();
         let cfg = Config {
             path: path.to_path_buf(),
-            producer_version: root
-                .pointer("/producer/version")
-                .or_else(|| q.pointer("/producer/version"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            producer_version: outer_producer.or(raw.producer).and_then(|p| p.version),
             quant_algo: algo.to_ascii_uppercase(),
-            group_size: group_size(path, group)?,
-            exclude_modules: globs(q.get("exclude_modules").or_else(|| q.get("ignore"))),
-            kv_cache_quant_algo: q
-                .get("kv_cache_quant_algo")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            group_size: group_size.unwrap_or(16),
+            exclude_modules: raw
+                .exclude_modules
+                .or(raw.ignore)
+                .unwrap_or_default()
+                .iter()
+                .map(|s| Target::Glob(Glob::new(s)))
+                .collect(),
+            kv_cache_quant_algo: raw.kv_cache_quant_algo,
         };
         // W4A16_NVFP4 stores the same NVFP4 weights (activations stay 16-bit).
         if !matches!(cfg.quant_algo.as_str(), "NVFP4" | "W4A16_NVFP4") {

@@ -5,7 +5,7 @@
 //! rows at a time. Everything goes to a staging folder inside the output
 //! directory and is renamed into place only when all of it succeeded; on any
 //! failure the staging folder (and the output directory, if this run created
-//! it) is removed; see [`staging`] for how runs exclude each other and how an
+//! it) is removed; see `staging.rs` for how runs exclude each other and how an
 //! interrupted run is undone.
 
 mod header;
@@ -19,7 +19,7 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 pub use header::safetensors_header;
 pub use parts::{merge_index, Merged, PART_SUFFIX};
-pub use staging::{interrupt, STAGING};
+pub use staging::interrupt;
 use staging::{Mode, Staging};
 
 use crate::backend::Backend;

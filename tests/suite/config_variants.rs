@@ -17,8 +17,8 @@ use crate::common::{
 };
 use serde_json::{json, Value};
 use wgpu_dequant::backend::{Backend, Cpu};
-use wgpu_dequant::formats::Format;
 use wgpu_dequant::plan::Source;
+use wgpu_dequant::Format;
 use wgpu_dequant::{
     dequantize, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan, Rule,
 };

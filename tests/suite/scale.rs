@@ -20,7 +20,9 @@ use crate::common::{
 };
 use serde_json::Value;
 use wgpu_dequant::backend::{Backend, Cpu};
-use wgpu_dequant::checkpoint::{Checkpoint, INDEX_FILE};
+use wgpu_dequant::Checkpoint;
+
+const INDEX_FILE: &str = "model.safetensors.index.json";
 use wgpu_dequant::job::{DecodeJob, Dims, ValueKind, ZeroPoint};
 use wgpu_dequant::writer::{OutputDir, Summary, PART_SUFFIX};
 use wgpu_dequant::{DtypeChoice, OutDtype, Plan};

@@ -4,7 +4,7 @@
 //! One device and one cached pipeline; two slots of reusable buffers so the
 //! upload and dispatch of one chunk overlap the readback of the previous one.
 
-pub mod layout;
+mod layout;
 
 use futures::channel::oneshot;
 use std::future::Future;

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 use safetensors::Dtype;
 use wgpu_dequant::backend::{gpu::GpuDecoder, Backend, Cpu};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
-use wgpu_dequant::numerics::{f32_to_bf16, OutDtype};
 use wgpu_dequant::writer::safetensors_header;
+use wgpu_dequant::OutDtype;
 use wgpu_dequant::{BackendChoice, Error, Result, Rule};
 
 /// One measurement and its baseline.
@@ -100,7 +100,7 @@ impl Int4Weight {
         let scale = (0..rows * cols / 128)
             .flat_map(|_| {
                 let s = 1e-3 + rng.u32(..1000) as f32 * 1e-5;
-                f32_to_bf16(s).to_le_bytes()
+                half::bf16::from_f32(s).to_bits().to_le_bytes()
             })
             .collect();
         Int4Weight {

@@ -58,30 +58,32 @@ pub struct TargetSpec {
 
 /// The kind of a structural patch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
 pub enum PatchKind {
     /// Children own consecutive input columns; outputs are summed; the last child holds the bias.
-    SplitLinear,
+    #[serde(rename = "split_linear")]
+    Linear,
     /// Children own consecutive output rows, each with its bias slice.
-    SplitLinearOutput,
+    #[serde(rename = "split_linear_output")]
+    LinearOutput,
     /// A 1×1 convolution split by input channels, like `split_linear`.
-    SplitConv,
+    #[serde(rename = "split_conv")]
+    Conv,
 }
 
 impl PatchKind {
     /// The name in the config.
     pub fn name(self) -> &'static str {
         match self {
-            PatchKind::SplitLinear => "split_linear",
-            PatchKind::SplitLinearOutput => "split_linear_output",
-            PatchKind::SplitConv => "split_conv",
+            PatchKind::Linear => "split_linear",
+            PatchKind::LinearOutput => "split_linear_output",
+            PatchKind::Conv => "split_conv",
         }
     }
 
     /// The infix of the children's names (`<module>.linears.<i>`).
     pub fn children(self) -> &'static str {
         match self {
-            PatchKind::SplitConv => "convs",
+            PatchKind::Conv => "convs",
             _ => "linears",
         }
     }
@@ -373,9 +375,9 @@ fn target(
 fn patch(path: &Path, at: &str, p: RawPatch) -> Result<Patch> {
     let field = |key: &str| format!("{at}.{key}");
     let kind = match p.kind.as_str() {
-        "split_linear" => PatchKind::SplitLinear,
-        "split_linear_output" => PatchKind::SplitLinearOutput,
-        "split_conv" => PatchKind::SplitConv,
+        "split_linear" => PatchKind::Linear,
+        "split_linear_output" => PatchKind::LinearOutput,
+        "split_conv" => PatchKind::Conv,
         other => {
             return Err(Error::new(
                 Rule::Unsupported,
@@ -391,7 +393,7 @@ fn patch(path: &Path, at: &str, p: RawPatch) -> Result<Patch> {
         return Err(err(path, &field("module"), "must not be empty"));
     }
     let named: &[&str] = match kind {
-        PatchKind::SplitConv => &["in_channels", "out_channels"],
+        PatchKind::Conv => &["in_channels", "out_channels"],
         _ => &["in_features", "out_features"],
     };
     let splits_at = field("args.splits");
@@ -450,14 +452,7 @@ impl Config {
                 "SVDQuant metadata without its model.config.yaml: the targets, structural patches and shifts are only there",
             ));
         }
-        let raw: Raw = serde_path_to_error::deserialize(&Value::Object(merged)).map_err(|e| {
-            let at = e.path().to_string();
-            let what = e.into_inner().to_string();
-            match at.as_str() {
-                "." => Error::new(Rule::Config, &path, what),
-                _ => Error::new(Rule::Config, &path, format!("{at}: {what}")),
-            }
-        })?;
+        let raw: Raw = super::super::from_value(&path, &Value::Object(merged))?;
         if raw.method != "svdquant" {
             return Err(Error::new(
                 Rule::Unsupported,

@@ -373,7 +373,7 @@ fn resolve_splits(
             Split::Size(n) => *n,
             // The split axis is inputs for split_linear/split_conv, outputs otherwise.
             Split::Named(n) => {
-                let along_inputs = kind != PatchKind::SplitLinearOutput;
+                let along_inputs = kind != PatchKind::LinearOutput;
                 let is_input = n.starts_with("in_");
                 if is_input == along_inputs {
                     total
@@ -446,7 +446,7 @@ fn undo_patch<'c>(
             .collect();
         let rows: Vec<usize> = kids.iter().map(|k| k.weight.rows()).collect();
         let cols: Vec<usize> = kids.iter().map(|k| k.cols).collect();
-        let by_rows = patch.kind == PatchKind::SplitLinearOutput;
+        let by_rows = patch.kind == PatchKind::LinearOutput;
         let (sizes, total, other) = if by_rows {
             (rows.clone(), rows.iter().sum(), cols[0])
         } else {
@@ -461,7 +461,7 @@ fn undo_patch<'c>(
             )));
         }
         let shard = kids[0].shard;
-        let conv = patch.kind == PatchKind::SplitConv;
+        let conv = patch.kind == PatchKind::Conv;
         let scheme = kids[0].scheme.clone();
         let any_bias = kids.iter().any(|k| k.bias.is_some());
         let node = if by_rows {
@@ -701,11 +701,11 @@ mod tests {
         let named = |s: &str| Split::Named(s.into());
         // proj_out [128 out, 384 in] split by input at out_features.
         assert_eq!(
-            resolve_splits(&[named("out_features")], 384, 128, PatchKind::SplitLinear),
+            resolve_splits(&[named("out_features")], 384, 128, PatchKind::Linear),
             Some(vec![128, 256])
         );
         assert_eq!(
-            resolve_splits(&[Split::Size(128)], 384, 128, PatchKind::SplitLinearOutput),
+            resolve_splits(&[Split::Size(128)], 384, 128, PatchKind::LinearOutput),
             Some(vec![128, 256])
         );
         assert_eq!(
@@ -713,12 +713,12 @@ mod tests {
                 &[Split::Size(100), Split::Size(28)],
                 128,
                 9,
-                PatchKind::SplitLinearOutput
+                PatchKind::LinearOutput
             ),
             Some(vec![100, 28])
         );
         assert_eq!(
-            resolve_splits(&[Split::Size(500)], 384, 1, PatchKind::SplitLinear),
+            resolve_splits(&[Split::Size(500)], 384, 1, PatchKind::Linear),
             None
         );
         assert_eq!(
@@ -726,7 +726,7 @@ mod tests {
                 &[named("in_channels"), Split::Size(0)],
                 64,
                 8,
-                PatchKind::SplitConv
+                PatchKind::Conv
             ),
             Some(vec![64])
         );
