@@ -1,4 +1,8 @@
 // Decodes one chunk of rows of a DecodeJob (src/job.rs) to dense f32, bf16 or f16.
+// Two entry points share everything below: `main`, the generic kernel, one
+// output word per invocation for any job; and `fast`, one 32-bit word of
+// 4- or 8-bit codes per invocation, specialised by override constants for
+// the jobs nearly every checkpoint has (src/backend/gpu/layout.rs picks).
 //
 // Everything the chunk needs sits in one word array `src`: the code-value and
 // scale tables, g_idx, and the byte ranges of the code, zero-point and scale
@@ -48,6 +52,14 @@ struct Params {
     lr_down: u32,     // word index of down [cols, rank]
     lr_smooth: u32,   // word index of 1/smooth [cols]
     zero_bits: u32,   // always 0; see opaque()
+    words_per_row: u32, // fast kernel: invocations per row (one code word each)
+    fast_rows: u32,   // fast kernel: rows in this chunk
+    code_offset: f32, // fast kernel, CODE == 1: value = code - code_offset
+    slice0: u32,      // fast kernel: slice and row of first_row
+    row0: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
     codes: Stream,
     zero: Stream,
     zgrid: Grid,
@@ -117,7 +129,11 @@ fn group_of(g: Grid, col: u32) -> u32 {
 
 // Entry (slice, row, group) of a grid (Values::get at Grid::index).
 fn value(g: Grid, slice: u32, row: u32, group: u32) -> f32 {
-    let idx = slice * g.slice_stride + (row / g.row_div) * g.row_stride + group;
+    return value_at(g, slice * g.slice_stride + (row / g.row_div) * g.row_stride + group);
+}
+
+// Entry `idx` of a grid.
+fn value_at(g: Grid, idx: u32) -> f32 {
     let pos = idx * g.size + g.base;
     let word = src[pos >> 2u];
     switch g.kind {
@@ -279,4 +295,175 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
     }
     dst[t] = lo | (hi << 16u);
+}
+
+// ---------------------------------------------------------------------------
+// The fast kernel. The host sends it only jobs whose codes are a dense 4- or
+// 8-bit stream (rows may start mid-word), without g_idx, whose scale and zero
+// point groups hold whole code words, with rows and columns below 2^23, and
+// with an even column count for 16-bit outputs (so no output word straddles
+// two invocations). Everything
+// that varies per element is fixed by an override constant, so the loop over
+// a word's codes compiles to straight-line code.
+
+override BITS: u32 = 4u;      // 4 or 8
+override CODE: u32 = 0u;      // code value: 0 table, 1 code - code_offset, 2 two's
+                              // complement, 3 E2M1, 4 E4M3 (numerics::e2m1, e4m3)
+override OUT: u32 = 1u;       // as out_kind: 0 f32, 1 bf16, 2 f16
+override ZERO: u32 = 0u;      // as zero_mode
+override SCALED: bool = true; // as has_scale
+override LOW_RANK: u32 = 0u;  // as lr_mode
+override COPY: bool = false;  // bench baseline: the same reads and writes, no decoding
+override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets it)
+
+// The code table, loaded once per workgroup (CODE 0).
+var<workgroup> codes_table: array<f32, 256>;
+
+// n / d for n, d below 2^24 (the host's rule for the fast kernel) without
+// an integer division, which few SIMD units have: the f32 quotient is
+// within one of the true one, and one step corrects it.
+fn div_small(n: u32, d: u32) -> u32 {
+    var q = u32(f32(n) / f32(d));
+    let r = i32(n) - i32(q * d);
+    if (r < 0) {
+        q = q - 1u;
+    } else if (r >= i32(d)) {
+        q = q + 1u;
+    }
+    return q;
+}
+
+fn code_value(c: u32) -> f32 {
+    if (CODE == 1u) {
+        return f32(c) - p.code_offset;
+    }
+    if (CODE == 2u) {
+        return f32(bitcast<i32>(c << (32u - BITS)) >> (32u - BITS));
+    }
+    if (CODE == 3u) {
+        let m = c & 7u;
+        let normal = (((m >> 1u) + 126u) << 23u) | ((m & 1u) << 22u);
+        let small = select(0u, 0x3f000000u, m == 1u);
+        return bitcast<f32>(((c & 8u) << 28u) | select(normal, small, m < 2u));
+    }
+    if (CODE == 4u) {
+        let e = (c >> 3u) & 15u;
+        let m = c & 7u;
+        let sub = bitcast<u32>(f32(m) * 0.001953125);
+        var mag = select(((e + 120u) << 23u) | (m << 20u), sub, e == 0u);
+        mag = select(mag, 0x7fc00000u, e == 15u && m == 7u);
+        return bitcast<f32>(((c & 0x80u) << 24u) | mag);
+    }
+    return codes_table[c];
+}
+
+// DecodeJob::value of code `c` whose zero point `z` and scale `s` are known.
+fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
+    var v = code_value(c);
+    if (ZERO != 0u) {
+        v = v - z;
+    }
+    if (LOW_RANK != 0u) {
+        return low_rank(v, s, flat, col);
+    }
+    if (SCALED) {
+        return v * s;
+    }
+    return v;
+}
+
+fn encode_out(x: f32) -> u32 {
+    if (OUT == 0u) {
+        return to_f32(x);
+    }
+    if (OUT == 1u) {
+        return to_bf16(x);
+    }
+    return to_f16(x);
+}
+
+// Writes the `n` codes of `word` (col0 on) at output element `o`.
+fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
+    let mask = (1u << BITS) - 1u;
+    if (OUT == 0u) {
+        for (var i = 0u; i < n; i = i + 1u) {
+            let c = (word >> (i * BITS)) & mask;
+            dst[o + i] = encode_out(fast_value(c, z, s, flat, col0 + i));
+        }
+        return;
+    }
+    // n is even here (the host's rule for 16-bit outputs).
+    for (var i = 0u; i < n; i = i + 2u) {
+        let lo = encode_out(fast_value((word >> (i * BITS)) & mask, z, s, flat, col0 + i));
+        let hi = encode_out(fast_value((word >> ((i + 1u) * BITS)) & mask, z, s, flat, col0 + i + 1u));
+        dst[o / 2u + i / 2u] = lo | (hi << 16u);
+    }
+}
+
+// Grid::index without an integer division.
+fn fast_index(g: Grid, slice: u32, row: u32, group: u32) -> u32 {
+    return slice * g.slice_stride + div_small(row, g.row_div) * g.row_stride + group;
+}
+
+@compute @workgroup_size(256)
+fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (CODE == 0u && !COPY) {
+        if (li < (1u << BITS)) {
+            codes_table[li] = bitcast<f32>(src[p.code_table + li]);
+        }
+        workgroupBarrier();
+    }
+    let t = gid.x + gid.y * p.row_threads;
+    let local = div_small(t, p.words_per_row);
+    if (local >= p.fast_rows) {
+        return;
+    }
+    let col0 = (t - local * p.words_per_row) * PER;
+    let flat = p.first_row + local;
+    let k = div_small(p.row0 + local, p.rows);
+    let slice = p.slice0 + k;
+    let row = p.row0 + local - k * p.rows;
+    let o = local * p.cols + col0;
+
+    // The 32 bits of codes from col0 on.
+    let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits + col0 * BITS;
+    let sh = pos & 31u;
+    var word = src[pos >> 5u];
+    if (sh != 0u) {
+        word = (word >> sh) | (src[(pos >> 5u) + 1u] << (32u - sh));
+    }
+    let n = min(PER, p.cols - col0);
+    if (COPY) {
+        let words = select((n + 1u) / 2u, n, OUT == 0u);
+        let at = select(o / 2u, o, OUT == 0u);
+        for (var i = 0u; i < words; i = i + 1u) {
+            dst[at + i] = word;
+        }
+        return;
+    }
+
+    // One scale and zero point for the whole word.
+    var s = 1.0;
+    var g = 0u;
+    if (SCALED) {
+        g = div_small(col0, p.sgrid.col_div);
+        s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
+    }
+    var z = 0.0;
+    if (ZERO == 1u) {
+        // A field of a dense stream whose width divides 32 never crosses a word.
+        let b = row * BITS;
+        let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
+            + (b >> 5u) * p.zero.word_bits + (b & 31u);
+        z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
+    } else if (ZERO == 2u) {
+        let zg = div_small(col0, p.zgrid.col_div);
+        z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, zg));
+    }
+    // A whole word (nearly always) takes a loop of constant length.
+    if (n == PER) {
+        fast_store(word, PER, z, s, flat, col0, o);
+    } else {
+        fast_store(word, n, z, s, flat, col0, o);
+    }
 }

@@ -17,6 +17,9 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use crate::numerics::OutDtype;
+/// The values of the formats' minifloat codes, for building `code_values`
+/// and scale tables: E2M1 (FP4), FP8 E4M3 (fn), E8M0.
+pub use crate::numerics::{e2m1, e4m3, e8m0};
 
 /// Bytes a job reads: a range of a memory-mapped shard, or bytes the host
 /// made while planning (unpacked tiles, folded scales), shared between the

@@ -10,7 +10,7 @@ use crate::common::{adapter, check_case, fixtures, read_dir_tensors, Rng, CASES}
 use wgpu_dequant::backend::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
-use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
+use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Model, Options, OutDtype};
 
 #[test]
 fn every_fixture_gpu_equals_cpu_and_digests() {
@@ -44,11 +44,44 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
     }
 }
 
-/// Builds random storage, then the job over it, and checks GPU == CPU.
-fn check_random(rng: &mut Rng, decoder: &GpuDecoder, d: Dims) {
-    let r = RandomJob::new(rng, d, &GRID_SIZES);
-    let (bits, padded, lane_bits, zero_mode, out) =
-        (r.bits, r.padded, r.lane_bits, r.zero_mode, r.out);
+/// Every fixture tensor by tensor on the GPU: the CPU's bytes, through the
+/// fast kernels for every 4- and 8-bit format (SVDQuant's main term and
+/// low-rank branch included); the 3-bit packs take the generic kernel.
+#[test]
+fn fixtures_take_the_fast_kernels() {
+    let Some(adapter) = adapter() else { return };
+    let gpu = Gpu::open(&adapter).unwrap();
+    let cases = CASES
+        .iter()
+        .copied()
+        .chain(["svdq-int4-g64-logical", "svdq-fp4-g16-packed"]);
+    for case in cases {
+        let model = Model::open(fixtures().join(case).join("model"), DtypeChoice::Auto).unwrap();
+        let before = gpu.decoder().dispatches();
+        for t in model.tensors() {
+            let got = model.decode(&t.name, &gpu).unwrap();
+            let want = model.decode(&t.name, &Cpu::new()).unwrap();
+            assert!(got == want, "{case} {}: GPU and CPU differ", t.name);
+        }
+        let after = gpu.decoder().dispatches();
+        let ran = (after.fast - before.fast, after.generic - before.generic);
+        if case.contains("w3a16") {
+            assert!(
+                ran.0 == 0 && ran.1 > 0,
+                "{case}: ran {ran:?}, wanted the generic kernel"
+            );
+        } else {
+            assert!(
+                ran.0 > 0 && ran.1 == 0,
+                "{case}: ran {ran:?}, wanted the fast kernels"
+            );
+        }
+    }
+}
+
+/// Checks GPU == CPU on the job of `r`, whole and on a range of rows.
+fn check_job(r: &RandomJob, decoder: &GpuDecoder) {
+    let (d, out) = (r.dims, r.out);
     let job = r.job();
     let want = Cpu::new().decode(&job).unwrap();
     let mut got = vec![0u8; want.len()];
@@ -57,7 +90,7 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, d: Dims) {
         .unwrap();
     if got != want {
         let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-        panic!("{d:?} bits {bits} padded {padded} lane_bits {lane_bits} zero {zero_mode} out {out}: first difference at byte {i}");
+        panic!("{}: first difference at byte {i}", r.describe());
     }
     // A sub-range of rows, as the writer asks for.
     if d.total_rows() > 2 {
@@ -73,6 +106,8 @@ fn check_random(rng: &mut Rng, decoder: &GpuDecoder, d: Dims) {
     }
 }
 
+/// Random jobs of every kind, through whichever kernel takes them, and all
+/// of them through the generic kernel alone.
 #[test]
 fn randomized_jobs_gpu_equals_cpu() {
     let Some(adapter) = adapter() else { return };
@@ -81,8 +116,53 @@ fn randomized_jobs_gpu_equals_cpu() {
     // the widest random row (300 columns with f32 scales, plain i32 zero
     // points, g_idx and both 256-entry tables), so every job can run.
     let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(16 << 10, 2);
-    for_random_jobs(300, &[300], |d, rng| check_random(rng, &roomy, d));
-    for_random_jobs(150, &[300], |d, rng| check_random(rng, &cramped, d));
+    let generic = GpuDecoder::open(&adapter).unwrap().generic_only();
+    for (decoder, cases) in [(&roomy, 300), (&cramped, 150), (&generic, 150)] {
+        for_random_jobs(cases, &[300], |d, rng| {
+            check_job(&RandomJob::new(rng, d, &GRID_SIZES), decoder)
+        });
+    }
+    let ran = generic.dispatches();
+    assert!(ran.fast == 0 && ran.generic > 0, "generic_only ran {ran:?}");
+    let ran = roomy.dispatches();
+    assert!(ran.fast > 0 && ran.generic > 0, "random jobs ran {ran:?}");
+}
+
+/// The fast kernels on random jobs aimed at them: the CPU's bytes, and the
+/// kernel that ran is the one the job calls for. Tiny limits put chunk
+/// boundaries inside slices and rows inside 2-D dispatch grids.
+#[test]
+fn fast_kernels_equal_cpu_and_run_where_they_apply() {
+    let Some(adapter) = adapter() else { return };
+    let roomy = GpuDecoder::open(&adapter).unwrap();
+    let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(4 << 10, 2);
+    let (fast, generic) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    for decoder in [&roomy, &cramped] {
+        for_random_jobs(200, &[8, 300], |d, rng| {
+            let r = RandomJob::aimed_at_fast_kernels(rng, d);
+            let before = decoder.dispatches();
+            check_job(&r, decoder);
+            let after = decoder.dispatches();
+            let ran = (after.fast - before.fast, after.generic - before.generic);
+            if r.fast_eligible() {
+                assert!(
+                    ran.0 > 0 && ran.1 == 0,
+                    "{}: ran {ran:?}, wanted the fast kernel",
+                    r.describe()
+                );
+                fast.set(fast.get() + 1);
+            } else {
+                assert!(
+                    ran.0 == 0 && ran.1 > 0,
+                    "{}: ran {ran:?}, wanted the generic kernel",
+                    r.describe()
+                );
+                generic.set(generic.get() + 1);
+            }
+        });
+    }
+    let (fast, generic) = (fast.get(), generic.get());
+    assert!(fast > 200 && generic > 50, "fast {fast} generic {generic}");
 }
 
 /// A 4-bit tensor whose f32 output (138 MB) is larger than one 128 MiB binding.
@@ -252,28 +332,79 @@ fn shaders_translate_for_every_backend() {
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(&source)));
 
-        let words = spv::write_vec(&module, &info, &spv::Options::default(), None)
-            .unwrap_or_else(|e| panic!("{name}.wgsl to SPIR-V: {e}"));
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        std::fs::write(out.join(format!("{name}.spv")), bytes).unwrap();
+        // Each entry point with each value of the override constants the
+        // host sets (layout::Fast), as a pipeline would compile it.
+        let mut variants = vec![("main".to_string(), naga::back::PipelineConstants::default())];
+        for set in fast_variants() {
+            let mut constants = naga::back::PipelineConstants::default();
+            let mut variant = "fast".to_string();
+            for (k, v) in set {
+                constants.insert(k.to_string(), v as f64);
+                variant += &format!("-{}{v}", k.to_lowercase());
+            }
+            variants.push((variant, constants));
+        }
+        for (variant, constants) in &variants {
+            let entry = variant.split('-').next().unwrap();
+            if !module.entry_points.iter().any(|e| e.name == entry) {
+                continue;
+            }
+            let stage = Some((naga::ShaderStage::Compute, entry));
+            let (module, info) =
+                naga::back::pipeline_constants::process_overrides(&module, &info, stage, constants)
+                    .unwrap_or_else(|e| panic!("{name}.wgsl {variant}: {e}"));
+            let (module, info) = (module.as_ref(), info.as_ref());
+            let file = format!("{name}.{variant}");
 
-        let (metal, _) = msl::write_string(
-            &module,
-            &info,
-            &msl::Options::default(),
-            &msl::PipelineOptions::default(),
-        )
-        .unwrap_or_else(|e| panic!("{name}.wgsl to MSL: {e}"));
-        std::fs::write(out.join(format!("{name}.metal")), metal).unwrap();
+            let words = spv::write_vec(module, info, &spv::Options::default(), None)
+                .unwrap_or_else(|e| panic!("{file} to SPIR-V: {e}"));
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            std::fs::write(out.join(format!("{file}.spv")), bytes).unwrap();
 
-        let mut text = String::new();
-        let options = hlsl::Options::default();
-        let pipeline = hlsl::PipelineOptions::default();
-        hlsl::Writer::new(&mut text, &options, &pipeline)
-            .write(&module, &info, None)
-            .unwrap_or_else(|e| panic!("{name}.wgsl to HLSL: {e}"));
-        std::fs::write(out.join(format!("{name}.hlsl")), text).unwrap();
+            let (metal, _) = msl::write_string(
+                module,
+                info,
+                &msl::Options::default(),
+                &msl::PipelineOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("{file} to MSL: {e}"));
+            std::fs::write(out.join(format!("{file}.metal")), metal).unwrap();
+
+            let mut text = String::new();
+            let options = hlsl::Options::default();
+            let pipeline = hlsl::PipelineOptions::default();
+            hlsl::Writer::new(&mut text, &options, &pipeline)
+                .write(module, info, None)
+                .unwrap_or_else(|e| panic!("{file} to HLSL: {e}"));
+            std::fs::write(out.join(format!("{file}.hlsl")), text).unwrap();
+        }
         translated += 1;
     }
     assert!(translated > 0, "no shader found in {}", dir.display());
+}
+
+/// Override constants of the fast kernels: every (BITS, CODE, OUT), each
+/// with the other constants at their usual values and varied one at a time.
+fn fast_variants() -> Vec<Vec<(&'static str, u32)>> {
+    let mut all = Vec::new();
+    for bits in [4, 8] {
+        for code in 0..3 {
+            for out in 0..3 {
+                let base = [("BITS", bits), ("CODE", code), ("OUT", out)];
+                let extra: [&[(&'static str, u32)]; 7] = [
+                    &[],
+                    &[("ZERO", 1)],
+                    &[("ZERO", 2)],
+                    &[("SCALED", 0)],
+                    &[("LOW_RANK", 1)],
+                    &[("LOW_RANK", 2)],
+                    &[("COPY", 1)],
+                ];
+                for e in extra {
+                    all.push(base.iter().chain(e).copied().collect());
+                }
+            }
+        }
+    }
+    all
 }

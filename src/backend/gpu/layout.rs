@@ -10,7 +10,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, ValueKind, Values, ZeroPoint};
-use crate::numerics::OutDtype;
+use crate::numerics::{self, OutDtype};
 
 /// Output bytes one chunk produces at most: big enough to keep the device
 /// busy, small enough that a writer call (64 MiB) spans several chunks, so
@@ -53,7 +53,7 @@ pub struct GridParams {
 
 /// Mirrors `Params` in decode.wgsl.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
 pub struct Params {
     rows: u32,
     cols: u32,
@@ -72,10 +72,146 @@ pub struct Params {
     lr_down: u32,
     lr_smooth: u32,
     zero_bits: u32,
+    words_per_row: u32,
+    fast_rows: u32,
+    code_offset: f32,
+    slice0: u32,
+    row0: u32,
+    _pad: [u32; 3],
     codes: StreamParams,
     zero: StreamParams,
     zgrid: GridParams,
     sgrid: GridParams,
+}
+
+/// The kernel a chunk runs: `main` in decode.wgsl, or `fast` specialised by
+/// its override constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Any job, one output word per invocation.
+    Generic,
+    /// One code word per invocation.
+    Fast(Fast),
+}
+
+/// The override constants of the fast kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fast {
+    /// `BITS`: 4 or 8.
+    pub bits: u32,
+    /// `CODE`: 0 the job's table, 1 `code − 2^(bits−1)`, 2 two's complement,
+    /// 3 E2M1, 4 E4M3.
+    pub code: u32,
+    /// `OUT`: as `Params::out_kind`.
+    pub out: u32,
+    /// `ZERO`: as `Params::zero_mode`.
+    pub zero: u32,
+    /// `SCALED`: as `Params::has_scale`.
+    pub scaled: bool,
+    /// `LOW_RANK`: as `Params::lr_mode`.
+    pub low_rank: u32,
+    /// `COPY`: the bench baseline (same reads and writes, no decoding).
+    pub copy: bool,
+}
+
+impl Fast {
+    /// The constants as wgpu takes them.
+    pub fn constants(&self) -> [(&'static str, f64); 7] {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        [
+            ("BITS", self.bits as f64),
+            ("CODE", self.code as f64),
+            ("OUT", self.out as f64),
+            ("ZERO", self.zero as f64),
+            ("SCALED", flag(self.scaled)),
+            ("LOW_RANK", self.low_rank as f64),
+            ("COPY", flag(self.copy)),
+        ]
+    }
+
+    /// The fast kernel for `job`, when it fits: a dense 4- or 8-bit code
+    /// stream, no g_idx, scale and zero-point groups of whole code words,
+    /// and (16-bit outputs) an even column count, so that no output word is
+    /// shared by two invocations.
+    pub fn for_job(job: &DecodeJob<'_>) -> Option<Fast> {
+        let c = &job.codes;
+        let d = job.dims;
+        if !matches!(c.bits, 4 | 8) || c.per_word != 0 || c.word_bits != 32 || job.g_idx.is_some() {
+            return None;
+        }
+        // The kernel divides in f32 (div_small), exact below 2^24: a row
+        // index plus a chunk's rows stays below that.
+        if d.rows >= 1 << 23 || d.cols >= 1 << 23 {
+            return None;
+        }
+        let per = (32 / c.bits) as usize;
+        let whole_words =
+            |v: &Values<'_>| v.grid.col_div >= d.cols || v.grid.col_div.is_multiple_of(per);
+        if job.scale.as_ref().is_some_and(|s| !whole_words(s)) {
+            return None;
+        }
+        match &job.zero {
+            Some(ZeroPoint::Plain(z)) if !whole_words(z) => return None,
+            Some(ZeroPoint::Packed { fields }) if fields.bits != c.bits => return None,
+            _ => {}
+        }
+        let out = out_kind(job.out);
+        if out != 0 && !d.cols.is_multiple_of(2) {
+            return None;
+        }
+        let cv = &job.code_values;
+        let offset = 1i32 << (c.bits - 1);
+        let is = |f: &dyn Fn(i32) -> i32| {
+            cv.len() == 1 << c.bits
+                && cv
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &v)| v.to_bits() == (f(k as i32) as f32).to_bits())
+        };
+        let same = |f: fn(u8) -> f32| {
+            cv.len() == 1 << c.bits
+                && cv.iter().enumerate().all(|(k, &v)| {
+                    let w = f(k as u8);
+                    v.to_bits() == w.to_bits() || (v.is_nan() && w.is_nan())
+                })
+        };
+        let code = if is(&|k| k - offset) {
+            1
+        } else if is(&|k| if k >= offset { k - 2 * offset } else { k }) {
+            2
+        } else if c.bits == 4 && same(numerics::e2m1) {
+            3
+        } else if c.bits == 8 && same(numerics::e4m3) {
+            4
+        } else {
+            0
+        };
+        Some(Fast {
+            bits: c.bits,
+            code,
+            out,
+            zero: match &job.zero {
+                None => 0,
+                Some(ZeroPoint::Packed { .. }) => 1,
+                Some(ZeroPoint::Plain(_)) => 2,
+            },
+            scaled: job.scale.is_some(),
+            low_rank: match &job.low_rank {
+                None => 0,
+                Some(lr) if lr.smooth_first => 2,
+                Some(_) => 1,
+            },
+            copy: false,
+        })
+    }
+}
+
+fn out_kind(out: OutDtype) -> u32 {
+    match out {
+        OutDtype::F32 => 0,
+        OutDtype::Bf16 => 1,
+        OutDtype::F16 => 2,
+    }
 }
 
 /// What the device allows.
@@ -124,6 +260,8 @@ pub struct Chunk<'a> {
     pub out_words: u64,
     /// Workgroups in x and y.
     pub groups: (u32, u32),
+    /// The kernel that decodes it.
+    pub kernel: Kernel,
 }
 
 /// Builds `src` region by region.
@@ -212,7 +350,13 @@ fn grid_range(
 }
 
 /// The chunk for flat rows `f0..f1`, or `None` when it exceeds the limits.
-fn chunk<'a>(job: &'a DecodeJob<'_>, f0: usize, f1: usize, limits: &Limits) -> Option<Chunk<'a>> {
+fn chunk<'a>(
+    job: &'a DecodeJob<'_>,
+    kernel: Kernel,
+    f0: usize,
+    f1: usize,
+    limits: &Limits,
+) -> Option<Chunk<'a>> {
     let d = job.dims;
     let first = (f0 / d.rows, f0 % d.rows);
     let last = ((f1 - 1) / d.rows, (f1 - 1) % d.rows);
@@ -266,17 +410,21 @@ fn chunk<'a>(job: &'a DecodeJob<'_>, f0: usize, f1: usize, limits: &Limits) -> O
     };
 
     let elems = ((f1 - f0) * d.cols) as u64;
-    let out_kind = match job.out {
-        OutDtype::F32 => 0,
-        OutDtype::Bf16 => 1,
-        OutDtype::F16 => 2,
-    };
+    let out_kind = out_kind(job.out);
     let out_words = if out_kind == 0 {
         elems
     } else {
         elems.div_ceil(2)
     };
-    let groups = out_words.div_ceil(WORKGROUP as u64);
+    let (invocations, words_per_row, code_offset) = match kernel {
+        Kernel::Generic => (out_words, 0, 0.0),
+        Kernel::Fast(k) => {
+            let per_row = d.cols.div_ceil((32 / k.bits) as usize) as u64;
+            let offset = (1u32 << (k.bits - 1)) as f32;
+            ((f1 - f0) as u64 * per_row, per_row, offset)
+        }
+    };
+    let groups = invocations.div_ceil(WORKGROUP as u64);
     let x = groups.min(limits.max_groups_per_dim as u64).max(1);
     let y = groups.div_ceil(x).max(1);
     let src_cap = limits.max_binding.min(SRC_CAP);
@@ -301,6 +449,12 @@ fn chunk<'a>(job: &'a DecodeJob<'_>, f0: usize, f1: usize, limits: &Limits) -> O
         lr_down,
         lr_smooth,
         zero_bits: 0,
+        words_per_row: words_per_row as u32,
+        fast_rows: (f1 - f0) as u32,
+        code_offset,
+        slice0: first.0 as u32,
+        row0: first.1 as u32,
+        _pad: [0; 3],
         codes,
         zero,
         zgrid,
@@ -314,6 +468,7 @@ fn chunk<'a>(job: &'a DecodeJob<'_>, f0: usize, f1: usize, limits: &Limits) -> O
         out_len: elems * job.out.size() as u64,
         out_words,
         groups: (x as u32, y as u32),
+        kernel,
     })
 }
 
@@ -322,6 +477,7 @@ fn chunk<'a>(job: &'a DecodeJob<'_>, f0: usize, f1: usize, limits: &Limits) -> O
 /// copied back to back into one buffer.
 pub fn plan<'a>(
     job: &'a DecodeJob<'_>,
+    kernel: Kernel,
     rows: Range<usize>,
     limits: &Limits,
 ) -> Result<Vec<Chunk<'a>>> {
@@ -346,7 +502,7 @@ pub fn plan<'a>(
     let mut f = rows.start;
     while f < rows.end {
         let n = per.min(rows.end - f);
-        match chunk(job, f, f + n, limits) {
+        match chunk(job, kernel, f, f + n, limits) {
             Some(c) => {
                 chunks.push(c);
                 f += n;
@@ -424,7 +580,10 @@ mod tests {
         }
         let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
-            lr_down, lr_smooth, zero_bits];
+            lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
+            row0];
+        let pad = offset_of!(Params, _pad) as u32;
+        host.extend((0..3).map(|i| (format!("_pad{i}"), pad + 4 * i)));
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
@@ -507,7 +666,7 @@ mod tests {
             max_binding: 4096,
             max_groups_per_dim: 3,
         };
-        let chunks = plan(&j, 0..rows, &limits).unwrap();
+        let chunks = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap();
         let mut next = 0;
         for c in &chunks {
             assert_eq!(c.rows.start, next);
@@ -535,7 +694,7 @@ mod tests {
             max_binding: 1024,
             max_groups_per_dim: 65535,
         };
-        let e = plan(&j, 0..rows, &limits).unwrap_err();
+        let e = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap_err();
         assert_eq!(e.rule, Rule::Gpu);
     }
 }

@@ -1,21 +1,24 @@
 //! The GPU backend: `shaders/decode.wgsl` run through wgpu (Vulkan, Metal,
 //! DX12), executing the same [`DecodeJob`]s as the CPU backend.
 //!
-//! One device and one cached pipeline; two slots of reusable buffers so the
-//! upload and dispatch of one chunk overlap the readback of the previous one.
+//! One device; a pipeline per kernel variant, built on first use; two slots
+//! of reusable buffers so the upload and dispatch of one chunk overlap the
+//! readback of the previous one.
 
 mod layout;
 
 use futures::channel::oneshot;
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 // Held across the awaits of one call: an async-aware lock.
 use futures::lock::Mutex;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
-use layout::{Chunk, Limits};
+use layout::{Chunk, Fast, Kernel, Limits};
 
 const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
 
@@ -126,12 +129,24 @@ pub const OUTPUT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
+/// How many chunks each kernel has decoded ([`GpuDecoder::dispatches`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dispatches {
+    /// Chunks run by a fast kernel (one code word per invocation).
+    pub fast: u64,
+    /// Chunks run by the generic kernel (one output word per invocation).
+    pub generic: u64,
+}
+
 /// Decodes jobs on a wgpu device. Apps that already have a device use
 /// [`GpuDecoder::new`] and [`GpuDecoder::decode_to_buffer`].
 pub struct GpuDecoder {
     device: wgpu::Device,
     queue: wgpu::Queue,
-    pipeline: wgpu::ComputePipeline,
+    module: wgpu::ShaderModule,
+    pipelines: std::sync::Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
+    fast: bool,
+    dispatched: [AtomicU64; 2],
     limits: Limits,
     slots: Mutex<[Slot; 2]>,
 }
@@ -144,14 +159,6 @@ impl GpuDecoder {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("decode.wgsl"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("decode"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
         });
         let slot = || Slot {
             params: device.create_buffer(&wgpu::BufferDescriptor {
@@ -168,7 +175,10 @@ impl GpuDecoder {
             limits: Limits::of(&device.limits()),
             device: device.clone(),
             queue: queue.clone(),
-            pipeline,
+            module,
+            pipelines: Default::default(),
+            fast: true,
+            dispatched: Default::default(),
             slots: Mutex::new([slot(), slot()]),
         }
     }
@@ -189,6 +199,57 @@ impl GpuDecoder {
     /// [`GpuDecoder::open_async`], blocking.
     pub fn open(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
         pollster::block_on(GpuDecoder::open_async(adapter))
+    }
+
+    /// Decodes every job with the generic kernel: the reference the fast
+    /// kernels are tested against.
+    pub fn generic_only(mut self) -> GpuDecoder {
+        self.fast = false;
+        self
+    }
+
+    /// Chunks decoded so far, by kernel.
+    pub fn dispatches(&self) -> Dispatches {
+        Dispatches {
+            fast: self.dispatched[0].load(Ordering::Relaxed),
+            generic: self.dispatched[1].load(Ordering::Relaxed),
+        }
+    }
+
+    fn kernel(&self, job: &DecodeJob<'_>) -> Kernel {
+        match Fast::for_job(job) {
+            Some(k) if self.fast => Kernel::Fast(k),
+            _ => Kernel::Generic,
+        }
+    }
+
+    /// The pipeline of `kernel`, built the first time it is asked for.
+    fn pipeline(&self, kernel: Kernel) -> wgpu::ComputePipeline {
+        let mut cache = self
+            .pipelines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache
+            .entry(kernel)
+            .or_insert_with(|| {
+                let (entry, constants) = match kernel {
+                    Kernel::Generic => ("main", Vec::new()),
+                    Kernel::Fast(k) => ("fast", k.constants().to_vec()),
+                };
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: None,
+                        module: &self.module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &constants,
+                            ..Default::default()
+                        },
+                        cache: None,
+                    })
+            })
+            .clone()
     }
 
     /// Runs `work` inside error scopes, so validation, out-of-memory and
@@ -251,9 +312,18 @@ impl GpuDecoder {
                     .write_buffer(&src, r.offset + whole as u64, &tail);
             }
         }
+        let pipeline = self.pipeline(chunk.kernel);
+        let counter = match chunk.kernel {
+            Kernel::Fast(k) if !k.copy => Some(0),
+            Kernel::Fast(_) => None,
+            Kernel::Generic => Some(1),
+        };
+        if let Some(i) = counter {
+            self.dispatched[i].fetch_add(1, Ordering::Relaxed);
+        }
         let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &self.pipeline.get_bind_group_layout(0),
+            layout: &pipeline.get_bind_group_layout(0),
             entries: &[
                 wgpu::BindGroupEntry {
                     binding: 0,
@@ -270,7 +340,7 @@ impl GpuDecoder {
             ],
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        pass.set_pipeline(&self.pipeline);
+        pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(chunk.groups.0, chunk.groups.1, 1);
         drop(pass);
@@ -332,7 +402,7 @@ impl GpuDecoder {
         out: &mut [u8],
     ) -> Result<()> {
         crate::backend::check_rows(job, &rows, out)?;
-        let chunks = layout::plan(job, rows.clone(), &self.limits)?;
+        let chunks = layout::plan(job, self.kernel(job), rows.clone(), &self.limits)?;
         let mut slots = self.slots.lock().await;
         let result = self
             .scoped(self.run_chunks(job, &chunks, rows.start, &mut slots, out))
@@ -441,8 +511,24 @@ impl GpuDecoder {
     /// rounded up to a multiple of 4, the padding zero. Its usage is
     /// [`OUTPUT_USAGE`]: bind it as a storage buffer, or copy from it.
     pub async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+        self.to_buffer(job, self.kernel(job)).await
+    }
+
+    /// What `bench` compares the fast kernels with: `job`'s chunks run with
+    /// the fast kernel's dispatch geometry, each invocation reading its code
+    /// word and writing as many output words as decoding would, nothing
+    /// else. `None` for a job no fast kernel takes.
+    pub async fn copy_baseline_async(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
+        let k = Fast::for_job(job)?;
+        Some(
+            self.to_buffer(job, Kernel::Fast(Fast { copy: true, ..k }))
+                .await,
+        )
+    }
+
+    async fn to_buffer(&self, job: &DecodeJob<'_>, kernel: Kernel) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(job.out_bytes() as u64);
-        let chunks = layout::plan(job, 0..job.dims.total_rows(), &self.limits)?;
+        let chunks = layout::plan(job, kernel, 0..job.dims.total_rows(), &self.limits)?;
         let row_bytes = (job.dims.cols * job.out.size()) as u64;
         let mut slots = self.slots.lock().await;
         self.scoped(async {
@@ -474,6 +560,11 @@ impl GpuDecoder {
     /// [`GpuDecoder::decode_to_buffer_async`], blocking.
     pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
         pollster::block_on(self.decode_to_buffer_async(job))
+    }
+
+    /// [`GpuDecoder::copy_baseline_async`], blocking.
+    pub fn copy_baseline(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
+        pollster::block_on(self.copy_baseline_async(job))
     }
 
     /// The bytes of `buffer`, a buffer of this decoder's device that can be

@@ -1,10 +1,12 @@
 //! `wgpu-dequant bench`: decode speed as a ratio against a baseline measured
 //! in the same run on the same number of bytes.
 //!
-//! - CPU kernel: int4 group-128 → bf16 of an in-memory tensor, against a
-//!   multi-threaded `memcpy` of the output bytes.
-//! - GPU kernel: the same job decoded into a GPU buffer (upload included,
-//!   no readback), against a buffer-to-buffer copy of the output bytes.
+//! - CPU kernels: each format's layout ([`Layout`]) decoded to bf16 and f32
+//!   from memory, against a multi-threaded `memcpy` of the output bytes.
+//! - GPU kernels: the same jobs decoded into a GPU buffer (upload included,
+//!   no readback), against a copy shader with the fast kernel's dispatch
+//!   geometry that uploads and reads the same input and writes as many
+//!   output bytes.
 //! - End to end: `dequantize` of a generated checkpoint on disk, against
 //!   writing (and syncing) the same number of bytes to a file.
 
@@ -17,14 +19,18 @@ use rayon::prelude::*;
 
 use safetensors::Dtype;
 use wgpu_dequant::backend::{gpu::GpuDecoder, Backend, Cpu};
-use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
+use wgpu_dequant::job::{
+    e2m1, e4m3, e8m0, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint,
+};
 use wgpu_dequant::writer::safetensors_header;
 use wgpu_dequant::OutDtype;
 use wgpu_dequant::{BackendChoice, Error, Result, Rule};
 
 /// One measurement and its baseline.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct Figure {
+    /// `cpu` or `gpu`.
+    pub backend: &'static str,
     /// What was measured.
     pub what: String,
     /// The baseline it is compared with.
@@ -54,11 +60,26 @@ impl Figure {
     }
 }
 
+impl Figure {
+    /// The line `bench --json` prints.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "backend": self.backend,
+            "case": self.what,
+            "gbps": self.gbps(),
+            "baseline": self.baseline,
+            "baseline_gbps": self.baseline_gbps(),
+            "ratio": self.ratio(),
+        })
+    }
+}
+
 impl std::fmt::Display for Figure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:<34} {:>8.2} GB/s   {:<30} {:>8.2} GB/s   ratio {:.2}",
+            "{} {:<40} {:>8.2} GB/s   {:<28} {:>8.2} GB/s   ratio {:.2}",
+            self.backend,
             self.what,
             self.gbps(),
             self.baseline,
@@ -79,66 +100,175 @@ fn best(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(best.as_secs_f64())
 }
 
-/// Random int4 codes (as compressed-tensors packs them into int32 words)
-/// and bf16 group-128 scales for a `rows × cols` weight.
-pub struct Int4Weight {
-    /// `weight_packed` bytes, row-major `[rows, cols/8]` int32.
-    pub packed: Vec<u8>,
-    /// `weight_scale` bytes, bf16 `[rows, cols/128]`.
-    pub scale: Vec<u8>,
-    pub rows: usize,
-    /// A multiple of 128.
-    pub cols: usize,
+/// The layouts the kernels are measured on: the storage, code tables and
+/// scale layout of each format, over random bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// pack-quantized int4, bf16 group-128 scales.
+    Int4,
+    /// The same with packed int4 zero points.
+    Int4Asym,
+    /// NVFP4: E2M1 codes, one e4m3 byte per 16 columns.
+    Nvfp4,
+    /// MXFP4: E2M1 codes, one e8m0 byte per 32 columns.
+    Mxfp4,
+    /// int8 with bf16 per-channel scales.
+    Int8,
+    /// FP8 E4M3 with f32 128×128 block scales (DeepSeek style).
+    Fp8Block,
 }
 
-impl Int4Weight {
-    /// A random weight.
-    pub fn random(rows: usize, cols: usize, seed: u64) -> Int4Weight {
+impl Layout {
+    /// Every layout, in report order.
+    pub const ALL: [Layout; 6] = [
+        Layout::Int4,
+        Layout::Int4Asym,
+        Layout::Nvfp4,
+        Layout::Mxfp4,
+        Layout::Int8,
+        Layout::Fp8Block,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Int4 => "int4 g128",
+            Layout::Int4Asym => "int4 g128 asym",
+            Layout::Nvfp4 => "nvfp4 g16",
+            Layout::Mxfp4 => "mxfp4 g32",
+            Layout::Int8 => "int8 channel",
+            Layout::Fp8Block => "fp8 block128",
+        }
+    }
+}
+
+/// Random storage of one layout, `rows × cols`.
+pub struct Weight {
+    layout: Layout,
+    rows: usize,
+    cols: usize,
+    codes: Vec<u8>,
+    scale: Vec<u8>,
+    zero: Vec<u8>,
+}
+
+/// A scale table: `f` of every byte.
+fn table(f: impl Fn(u8) -> f32) -> ValueKind {
+    let mut t = Box::new([0f32; 256]);
+    for (b, v) in t.iter_mut().enumerate() {
+        *v = f(b as u8);
+    }
+    ValueKind::Table(t)
+}
+
+impl Weight {
+    /// Random storage; `cols` a multiple of 128.
+    pub fn random(layout: Layout, rows: usize, cols: usize, seed: u64) -> Weight {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let mut packed = vec![0u8; rows * cols / 2];
-        rng.fill(&mut packed);
-        let scale = (0..rows * cols / 128)
-            .flat_map(|_| {
-                let s = 1e-3 + rng.u32(..1000) as f32 * 1e-5;
-                half::bf16::from_f32(s).to_bits().to_le_bytes()
-            })
-            .collect();
-        Int4Weight {
-            packed,
-            scale,
+        let mut bytes = |n: usize| {
+            let mut v = vec![0u8; n];
+            rng.fill(&mut v);
+            v
+        };
+        let bits = if matches!(layout, Layout::Int8 | Layout::Fp8Block) {
+            8
+        } else {
+            4
+        };
+        let codes = bytes(rows * cols * bits / 8);
+        let scale = match layout {
+            Layout::Int4 | Layout::Int4Asym => bytes(rows * cols / 128 * 2),
+            Layout::Nvfp4 => bytes(rows * cols / 16),
+            Layout::Mxfp4 => bytes(rows * cols / 32),
+            Layout::Int8 => bytes(rows * 2),
+            Layout::Fp8Block => bytes(rows.div_ceil(128) * cols / 128 * 4),
+        };
+        // Scales as moderate finite numbers: bf16 0x3c00.., f32 0x3c....
+        let mut scale = scale;
+        match layout {
+            Layout::Int4 | Layout::Int4Asym | Layout::Int8 => {
+                for c in scale.chunks_mut(2) {
+                    c[1] = 0x3c;
+                }
+            }
+            Layout::Fp8Block => {
+                for c in scale.chunks_mut(4) {
+                    c[3] = 0x3c;
+                }
+            }
+            _ => {}
+        }
+        let zero = match layout {
+            Layout::Int4Asym => bytes(rows / 8 * cols / 128 * 4),
+            _ => Vec::new(),
+        };
+        Weight {
+            layout,
             rows,
             cols,
+            codes,
+            scale,
+            zero,
         }
     }
 
-    /// The decode job of this weight (symmetric int4, group 128).
+    /// The job that decodes it to `out`.
     pub fn job(&self, out: OutDtype) -> DecodeJob<'_> {
-        let groups = self.cols / 128;
+        let (rows, cols) = (self.rows, self.cols);
+        let bits: u32 = if matches!(self.layout, Layout::Int8 | Layout::Fp8Block) {
+            8
+        } else {
+            4
+        };
+        let grid = |row_div: usize, col_div: usize| Grid {
+            row_div,
+            col_div,
+            row_stride: cols.div_ceil(col_div),
+            slice_stride: 0,
+        };
+        let (kind, grid) = match self.layout {
+            Layout::Int4 | Layout::Int4Asym => (ValueKind::Bf16, grid(1, 128)),
+            // e4m3 over a global scale, as NVFP4 folds them.
+            Layout::Nvfp4 => (table(|b| e4m3(b) / 448.0), grid(1, 16)),
+            Layout::Mxfp4 => (table(e8m0), grid(1, 32)),
+            Layout::Int8 => (ValueKind::Bf16, grid(1, cols)),
+            Layout::Fp8Block => (ValueKind::F32, grid(128, 128)),
+        };
+        let code_values: Vec<f32> = match self.layout {
+            Layout::Int4 | Layout::Int4Asym => (0..16).map(|c| c as f32 - 8.0).collect(),
+            Layout::Int8 => (0..=255u8).map(|c| c as i8 as f32).collect(),
+            Layout::Nvfp4 | Layout::Mxfp4 => (0..16).map(e2m1).collect(),
+            Layout::Fp8Block => (0..=255).map(e4m3).collect(),
+        };
+        let zero = (self.layout == Layout::Int4Asym).then(|| ZeroPoint::Packed {
+            fields: Fields {
+                data: self.zero.as_slice().into(),
+                bits: 4,
+                per_word: 0,
+                lane_bits: 32,
+                word_bits: 32 * (cols / 128) as u64,
+                slice_bits: 0,
+            },
+        });
         DecodeJob {
             dims: Dims {
                 slices: 1,
-                rows: self.rows,
-                cols: self.cols,
+                rows,
+                cols,
             },
             codes: Fields {
-                data: self.packed.as_slice().into(),
-                bits: 4,
+                data: self.codes.as_slice().into(),
+                bits,
                 per_word: 0,
-                lane_bits: self.cols as u64 * 4,
+                lane_bits: (cols * bits as usize) as u64,
                 word_bits: 32,
                 slice_bits: 0,
             },
-            code_values: (0..16).map(|c| c as f32 - 8.0).collect(),
-            zero: None,
+            code_values,
+            zero,
             scale: Some(Values {
                 data: self.scale.as_slice().into(),
-                kind: ValueKind::Bf16,
-                grid: Grid {
-                    row_div: 1,
-                    col_div: 128,
-                    row_stride: groups,
-                    slice_stride: 0,
-                },
+                kind,
+                grid,
             }),
             g_idx: None,
             low_rank: None,
@@ -147,80 +277,101 @@ impl Int4Weight {
     }
 }
 
-/// CPU decode of an int4 g128 `rows × cols` weight to bf16 against a
-/// multi-threaded copy of the output bytes.
-pub fn cpu_kernel(rows: usize, cols: usize, runs: usize) -> Result<Figure> {
-    let w = Int4Weight::random(rows, cols, 7);
-    let job = w.job(OutDtype::Bf16);
-    let bytes = job.out_bytes();
-    let src = vec![1u8; bytes];
-    let mut dst = vec![0u8; bytes];
-    let chunk = (bytes / rayon::current_num_threads().max(1) / 4).max(1 << 16);
-    // Touch both buffers once so page faults are not timed.
-    dst.par_chunks_mut(chunk).for_each(|d| d.fill(0));
-    let copy = best(runs, || {
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        Ok(())
-    })?;
-    let cpu = Cpu::new();
-    let decode = best(runs, || cpu.decode_rows(&job, 0..rows, &mut dst))?;
-    Ok(Figure {
-        what: format!("cpu decode int4 g128 -> bf16 ({rows}x{cols})"),
-        baseline: format!("memcpy, {} threads", rayon::current_num_threads()),
-        bytes: bytes as u64,
-        seconds: decode,
-        baseline_seconds: copy,
-    })
+/// One kernel measurement: `case` names the layout and output dtype.
+fn case_name(layout: Layout, out: OutDtype) -> String {
+    format!("{} -> {out}", layout.name())
 }
 
-/// GPU decode of the same job into a GPU buffer against a buffer copy of
-/// the output bytes on the device.
-pub fn gpu_kernel(decoder: &GpuDecoder, rows: usize, cols: usize, runs: usize) -> Result<Figure> {
-    let w = Int4Weight::random(rows, cols, 7);
-    let job = w.job(OutDtype::Bf16);
-    let bytes = job.out_bytes() as u64;
-    let device = decoder.device();
-    let queue = decoder.queue();
-    let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-    let a = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("bench copy src"),
-        size: bytes,
-        usage,
-        mapped_at_creation: false,
-    });
-    let b = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("bench copy dst"),
-        size: bytes,
-        usage,
-        mapped_at_creation: false,
-    });
+/// CPU decode of every layout against a multi-threaded copy of the output
+/// bytes.
+pub fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+    for layout in Layout::ALL {
+        let w = Weight::random(layout, rows, cols, 7);
+        for out in [OutDtype::Bf16, OutDtype::F32] {
+            let job = w.job(out);
+            let bytes = job.out_bytes();
+            let src = vec![1u8; bytes];
+            let mut dst = vec![0u8; bytes];
+            let chunk = (bytes / rayon::current_num_threads().max(1) / 4).max(1 << 16);
+            // Touch both buffers once so page faults are not timed.
+            dst.par_chunks_mut(chunk).for_each(|d| d.fill(0));
+            let copy = best(runs, || {
+                dst.par_chunks_mut(chunk)
+                    .zip(src.par_chunks(chunk))
+                    .for_each(|(d, s)| d.copy_from_slice(s));
+                Ok(())
+            })?;
+            let cpu = Cpu::new();
+            let decode = best(runs, || cpu.decode_rows(&job, 0..rows, &mut dst))?;
+            figures.push(Figure {
+                backend: "cpu",
+                what: case_name(layout, out),
+                baseline: format!("memcpy, {} threads", rayon::current_num_threads()),
+                bytes: bytes as u64,
+                seconds: decode,
+                baseline_seconds: copy,
+            });
+        }
+    }
+    Ok(figures)
+}
+
+/// GPU decode of every layout into a GPU buffer (upload included) against
+/// the copy shader with the fast kernel's geometry, which uploads the same
+/// bytes, reads each code word and writes as many output words.
+pub fn gpu_kernels(
+    decoder: &GpuDecoder,
+    rows: usize,
+    cols: usize,
+    runs: usize,
+) -> Result<Vec<Figure>> {
     let wait = || {
-        device
+        decoder
+            .device()
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
             .map_err(|e| Error::bare(Rule::Gpu, "bench: poll").caused_by(e))
     };
-    let copy = best(runs, || {
-        let mut enc = device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
-        queue.submit([enc.finish()]);
-        wait()
-    })?;
-    let decode = best(runs, || {
-        let buf = decoder.decode_to_buffer(&job)?;
-        wait()?;
-        buf.destroy();
-        Ok(())
-    })?;
-    Ok(Figure {
-        what: format!("gpu decode int4 g128 -> bf16 ({rows}x{cols})"),
-        baseline: "buffer-to-buffer copy".into(),
-        bytes,
-        seconds: decode,
-        baseline_seconds: copy,
-    })
+    let mut figures = Vec::new();
+    for layout in Layout::ALL {
+        let w = Weight::random(layout, rows, cols, 7);
+        for out in [OutDtype::Bf16, OutDtype::F32] {
+            let job = w.job(out);
+            let copy = best(runs, || {
+                let buf = decoder.copy_baseline(&job).ok_or_else(|| {
+                    Error::bare(
+                        Rule::Gpu,
+                        format!("bench: no fast kernel for {}", layout.name()),
+                    )
+                })??;
+                wait()?;
+                buf.destroy();
+                Ok(())
+            })?;
+            let before = decoder.dispatches();
+            let decode = best(runs, || {
+                let buf = decoder.decode_to_buffer(&job)?;
+                wait()?;
+                buf.destroy();
+                Ok(())
+            })?;
+            let kernel = if decoder.dispatches().generic > before.generic {
+                "generic kernel"
+            } else {
+                "fast kernel"
+            };
+            figures.push(Figure {
+                backend: "gpu",
+                what: format!("{} ({kernel})", case_name(layout, out)),
+                baseline: "copy shader, same geometry".into(),
+                bytes: job.out_bytes() as u64,
+                seconds: decode,
+                baseline_seconds: copy,
+            });
+        }
+    }
+    Ok(figures)
 }
 
 /// Writes a compressed-tensors int4 g128 checkpoint of `tensors` weights of
@@ -255,12 +406,12 @@ pub fn write_checkpoint(dir: &Path, tensors: usize, rows: usize, cols: usize) ->
     f.write_all(&header).map_err(|e| io(&path, e))?;
     // Tensors in header order.
     for i in 0..tensors {
-        let w = Int4Weight::random(rows, cols, 11 + i as u64);
+        let w = Weight::random(Layout::Int4, rows, cols, 11 + i as u64);
         let mut shape = Vec::new();
         for v in [rows as i64, cols as i64] {
             shape.extend_from_slice(&v.to_le_bytes());
         }
-        for part in [&w.packed, &w.scale, &shape] {
+        for part in [&w.codes, &w.scale, &shape] {
             f.write_all(part).map_err(|e| io(&path, e))?;
         }
     }
@@ -324,7 +475,7 @@ pub fn reset_peak_rss() {
 }
 
 /// End-to-end figures of `dequantize` on a generated checkpoint.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct EndToEnd {
     /// `dequantize` against writing the same bytes.
     pub figure: Figure,
@@ -367,6 +518,11 @@ pub fn end_to_end(dir: &Path, gb: f64, backend: BackendChoice) -> Result<EndToEn
     done?;
     Ok(EndToEnd {
         figure: Figure {
+            backend: if backend == BackendChoice::Gpu {
+                "gpu"
+            } else {
+                "cpu"
+            },
             what: format!("dequantize {tensors} x {rows}x{cols} int4 -> bf16"),
             baseline: "writing the same bytes".into(),
             bytes,

@@ -87,9 +87,9 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
-    /// Measure decode speed against memcpy / buffer copy / file writes of the same bytes.
+    /// Measure decode speed against memcpy / a copy shader / file writes of the same bytes.
     Bench {
-        /// Rows of the benchmark weight (int4, group 128).
+        /// Rows of the benchmark weights.
         #[arg(long, default_value_t = 8192)]
         rows: usize,
         /// Columns of the benchmark weight (a multiple of 128).
@@ -110,6 +110,10 @@ enum Command {
         /// hardware GPU when there is one).
         #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
         backend: BackendArg,
+        /// One JSON object per figure and line: backend, case, gbps,
+        /// baseline, baseline_gbps, ratio.
+        #[arg(long)]
+        json: bool,
     },
     /// Check every rule; exit 0 when clean, 3 with findings.
     Validate {
@@ -184,7 +188,8 @@ fn main() -> ExitCode {
             e2e_gb,
             dir,
             backend,
-        } => bench(rows, cols, runs as usize, e2e_gb, &dir, backend),
+            json,
+        } => bench(rows, cols, runs as usize, e2e_gb, &dir, backend, json),
         Command::Convert {
             path,
             output,
@@ -411,7 +416,20 @@ fn bench(
     e2e_gb: Option<f64>,
     dir: &Path,
     backend: BackendArg,
+    json: bool,
 ) -> Result<ExitCode, Error> {
+    let show = |f: &bench::Figure| {
+        if json {
+            println!("{}", f.json());
+        } else {
+            println!("{f}");
+        }
+    };
+    let say = |line: String| {
+        if !json {
+            println!("{line}");
+        }
+    };
     if rows == 0 || cols == 0 || !cols.is_multiple_of(128) {
         return Err(Error::bare(
             Rule::Argument,
@@ -445,23 +463,25 @@ fn bench(
             match wgpu_dequant::backend::gpu::find_adapter() {
                 Some(a) if wgpu_dequant::backend::gpu::is_hardware(&a) => Some(a),
                 Some(a) => {
-                    println!("gpu: only a software adapter ({}); not measured (--backend gpu measures it)", a.get_info().name);
+                    say(format!("gpu: only a software adapter ({}); not measured (--backend gpu measures it)", a.get_info().name));
                     None
                 }
                 None => {
-                    println!("gpu: no adapter found; not measured");
+                    say("gpu: no adapter found; not measured".into());
                     None
                 }
             }
         }
     };
     if choice != BackendChoice::Gpu {
-        println!("{}", bench::cpu_kernel(rows, cols, runs)?);
+        bench::cpu_kernels(rows, cols, runs)?.iter().for_each(show);
     }
     if let Some(adapter) = &gpu {
         let decoder = wgpu_dequant::backend::gpu::GpuDecoder::open(adapter)?;
-        println!("gpu: {}", adapter.get_info().name);
-        println!("{}", bench::gpu_kernel(&decoder, rows, cols, runs)?);
+        say(format!("gpu: {}", adapter.get_info().name));
+        bench::gpu_kernels(&decoder, rows, cols, runs)?
+            .iter()
+            .for_each(show);
     }
     if let Some(gb) = e2e_gb {
         let mut backends = Vec::new();
@@ -473,6 +493,10 @@ fn bench(
         }
         for (b, label) in backends {
             let e = bench::end_to_end(dir, gb, b)?;
+            if json {
+                show(&e.figure);
+                continue;
+            }
             println!(
                 "{} [{label}; input {}; peak RSS {}]",
                 e.figure,

@@ -5,7 +5,7 @@
 //! other (or against `DecodeJob::value`) on them.
 #![allow(dead_code)]
 
-use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use wgpu_dequant::job::{e2m1, e4m3, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
 use wgpu_dequant::OutDtype;
 
 use super::Rng;
@@ -153,6 +153,14 @@ pub fn random_grid(rng: &mut Rng, d: Dims, sizes: &GridSizes) -> (Grid, usize, u
     }
 }
 
+/// Sizes whose groups hold whole 32-bit words of 4- or 8-bit codes: what the
+/// GPU's fast kernels take.
+pub const WHOLE_WORD_SIZES: GridSizes = GridSizes {
+    groups: &[8, 16, 32, 64, 128],
+    block_rows: &[1, 2, 5, 16],
+    block_cols: &[8, 16, 32],
+};
+
 /// How a random job's zero point is stored.
 #[derive(Debug, Clone)]
 pub enum ZeroSpec {
@@ -284,6 +292,64 @@ impl RandomJob {
             g_idx,
             out,
         }
+    }
+
+    /// A random job of the kinds the GPU's fast kernels take when
+    /// [`RandomJob::fast_eligible`]: 4- or 8-bit codes in a dense stream
+    /// (rows word-aligned, byte-aligned or neither), integer, two's
+    /// complement or table code values, every scale and zero-point kind on
+    /// grids of whole words, every output dtype, odd column counts included.
+    pub fn aimed_at_fast_kernels(rng: &mut Rng, d: Dims) -> RandomJob {
+        let mut r = RandomJob::new(rng, d, &WHOLE_WORD_SIZES);
+        let bits = [4u32, 8][rng.below(2) as usize];
+        let row_bits = d.cols as u64 * bits as u64;
+        let lane_bits = match rng.below(3) {
+            0 => row_bits.div_ceil(32) * 32,
+            1 => row_bits.div_ceil(8) * 8,
+            _ => row_bits,
+        };
+        let slice_bits = d.rows as u64 * lane_bits;
+        let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
+        let offset = 1i32 << (bits - 1);
+        let code_values: Vec<f32> = match rng.below(4) {
+            0 => (0..1 << bits).map(|c| (c - offset) as f32).collect(),
+            1 => (0..1 << bits)
+                .map(|c| if c >= offset { c - 2 * offset } else { c } as f32)
+                .collect(),
+            // The minifloats (E2M1 for FP4, E4M3 for FP8), NaN included.
+            2 if bits == 4 => (0..16).map(e2m1).collect(),
+            2 => (0..=255).map(e4m3).collect(),
+            _ => (0..1 << bits).map(|_| normal(rng, 6)).collect(),
+        };
+        let groups = match &r.zero {
+            ZeroSpec::Packed { groups, .. } => *groups,
+            _ => 0,
+        };
+        if groups > 0 {
+            let zrows = (d.rows * bits as usize).div_ceil(32);
+            r.zero_bytes = (0..d.slices * zrows * groups * 4)
+                .map(|_| rng.next() as u8)
+                .collect();
+            r.zero = ZeroSpec::Packed { zrows, groups };
+        }
+        RandomJob {
+            bits,
+            padded: false,
+            per_word: 0,
+            lane_bits,
+            slice_bits,
+            codes: (0..code_len).map(|_| rng.next() as u8).collect(),
+            code_values,
+            g_idx: None,
+            ..r
+        }
+    }
+
+    /// True when the GPU takes this job to a fast kernel: always for jobs
+    /// [`RandomJob::aimed_at_fast_kernels`] makes, except 16-bit outputs of
+    /// an odd number of columns (an output word would span two rows).
+    pub fn fast_eligible(&self) -> bool {
+        self.out == OutDtype::F32 || self.dims.cols.is_multiple_of(2)
     }
 
     /// The job over this storage.
