@@ -371,6 +371,67 @@ fn bench_refuses_arguments_that_measure_nothing() {
     );
 }
 
+/// `bench --backend gpu --json`: one object per line with the agreed keys,
+/// every format to bf16 and f32 against the copy shader, the GPU alone, and
+/// every case on a fast kernel.
+#[test]
+fn bench_json_lines_cover_every_fast_kernel_case() {
+    if crate::common::adapter().is_none() {
+        return;
+    }
+    let o = run(&[
+        "bench",
+        "--backend",
+        "gpu",
+        "--json",
+        "--rows",
+        "16",
+        "--cols",
+        "256",
+        "--runs",
+        "1",
+    ]);
+    ok(&o, "bench --json");
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    for format in ["int4", "nvfp4", "mxfp4", "int8"] {
+        for dtype in ["bf16", "f32"] {
+            assert!(
+                lines.iter().any(|l| {
+                    let case = l["case"].as_str().unwrap_or("");
+                    case.contains(format) && case.contains(dtype)
+                }),
+                "no {format} -> {dtype} case in {lines:?}"
+            );
+        }
+    }
+    for l in &lines {
+        let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "backend",
+                "case",
+                "gbps",
+                "baseline",
+                "baseline_gbps",
+                "ratio"
+            ]
+        );
+        assert_eq!(l["backend"], "gpu", "{l}");
+        assert!(l["baseline"].as_str().unwrap().contains("shader"), "{l}");
+        assert!(l["case"].as_str().unwrap().contains("fast kernel"), "{l}");
+        let (g, b, r) = (
+            l["gbps"].as_f64(),
+            l["baseline_gbps"].as_f64(),
+            l["ratio"].as_f64(),
+        );
+        assert!(g > Some(0.0) && b > Some(0.0) && r > Some(0.0), "{l}");
+    }
+}
+
 /// The sample run as a newcomer meets it: no `XDG_RUNTIME_DIR`, nothing set
 /// for the GPU. Every line on stderr is the tool's own.
 #[test]
