@@ -57,9 +57,9 @@ struct Params {
     code_offset: f32, // fast kernel, CODE == 1: value = code - code_offset
     slice0: u32,      // fast kernel: slice and row of first_row
     row0: u32,
+    out_base: u32,    // dst word where this chunk's output starts
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
     codes: Stream,
     zero: Stream,
     zgrid: Grid,
@@ -273,7 +273,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.row_threads;
     if (p.out_kind == 0u) {
         if (t < p.elems) {
-            dst[t] = to_f32(element(t));
+            dst[p.out_base + t] = to_f32(element(t));
         }
         return;
     }
@@ -294,7 +294,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             hi = to_f16(element(e + 1u));
         }
     }
-    dst[t] = lo | (hi << 16u);
+    dst[p.out_base + t] = lo | (hi << 16u);
 }
 
 // ---------------------------------------------------------------------------
@@ -388,7 +388,7 @@ fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
     if (OUT == 0u) {
         for (var i = 0u; i < n; i = i + 1u) {
             let c = (word >> (i * BITS)) & mask;
-            dst[o + i] = encode_out(fast_value(c, z, s, flat, col0 + i));
+            dst[p.out_base + o + i] = encode_out(fast_value(c, z, s, flat, col0 + i));
         }
         return;
     }
@@ -396,7 +396,7 @@ fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
     for (var i = 0u; i < n; i = i + 2u) {
         let lo = encode_out(fast_value((word >> (i * BITS)) & mask, z, s, flat, col0 + i));
         let hi = encode_out(fast_value((word >> ((i + 1u) * BITS)) & mask, z, s, flat, col0 + i + 1u));
-        dst[o / 2u + i / 2u] = lo | (hi << 16u);
+        dst[p.out_base + o / 2u + i / 2u] = lo | (hi << 16u);
     }
 }
 
@@ -437,7 +437,7 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
         let words = select((n + 1u) / 2u, n, OUT == 0u);
         let at = select(o / 2u, o, OUT == 0u);
         for (var i = 0u; i < words; i = i + 1u) {
-            dst[at + i] = word;
+            dst[p.out_base + at + i] = word;
         }
         return;
     }

@@ -128,8 +128,9 @@ fn randomized_jobs_gpu_equals_cpu() {
     assert!(ran.fast > 0 && ran.generic > 0, "random jobs ran {ran:?}");
 }
 
-/// The fast kernels on random jobs aimed at them: the CPU's bytes, and the
-/// kernel that ran is the one the job calls for. Tiny limits put chunk
+/// The fast kernels on random jobs aimed at them: the CPU's bytes, to host
+/// memory and into a GPU buffer, and the kernel that ran is the one the job
+/// calls for. Tiny limits put chunk
 /// boundaries inside slices and rows inside 2-D dispatch grids.
 #[test]
 fn fast_kernels_equal_cpu_and_run_where_they_apply() {
@@ -142,6 +143,17 @@ fn fast_kernels_equal_cpu_and_run_where_they_apply() {
             let r = RandomJob::aimed_at_fast_kernels(rng, d);
             let before = decoder.dispatches();
             check_job(&r, decoder);
+            // And resident: chunks written straight into one buffer, at
+            // offsets no binding can start at.
+            let job = r.job();
+            let want = Cpu::new().decode(&job).unwrap();
+            let buffer = decoder.decode_to_buffer(&job).unwrap();
+            let got = decoder.read_back(&buffer).unwrap();
+            assert!(
+                got[..want.len()] == want[..],
+                "{}: decode_to_buffer",
+                r.describe()
+            );
             let after = decoder.dispatches();
             let ran = (after.fast - before.fast, after.generic - before.generic);
             if r.fast_eligible() {

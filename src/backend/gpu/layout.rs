@@ -77,7 +77,8 @@ pub struct Params {
     code_offset: f32,
     slice0: u32,
     row0: u32,
-    _pad: [u32; 3],
+    out_base: u32,
+    _pad: [u32; 2],
     codes: StreamParams,
     zero: StreamParams,
     zgrid: GridParams,
@@ -214,11 +215,24 @@ fn out_kind(out: OutDtype) -> u32 {
     }
 }
 
+impl Params {
+    /// The same chunk writing its output `words` words into the bound
+    /// output buffer.
+    pub fn at_word(self, words: u32) -> Params {
+        Params {
+            out_base: words,
+            ..self
+        }
+    }
+}
+
 /// What the device allows.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Largest storage binding (and buffer) in bytes.
     pub max_binding: u64,
+    /// Alignment of a storage binding's offset.
+    pub offset_align: u64,
     /// Largest workgroup count per dispatch dimension.
     pub max_groups_per_dim: u32,
 }
@@ -229,6 +243,7 @@ impl Limits {
         Limits {
             // Whole words only: buffers and bindings are sized in u32s.
             max_binding: l.max_storage_buffer_binding_size.min(l.max_buffer_size) & !3,
+            offset_align: (l.min_storage_buffer_offset_alignment as u64).max(4),
             max_groups_per_dim: l.max_compute_workgroups_per_dimension.max(1),
         }
     }
@@ -428,7 +443,12 @@ fn chunk<'a>(
     let x = groups.min(limits.max_groups_per_dim as u64).max(1);
     let y = groups.div_ceil(x).max(1);
     let src_cap = limits.max_binding.min(SRC_CAP);
-    let out_cap = limits.max_binding.min(OUT_CAP);
+    // Room for the start of an output inside a larger buffer, which a
+    // binding reaches from the aligned offset below it.
+    let out_cap = limits
+        .max_binding
+        .min(OUT_CAP)
+        .saturating_sub(limits.offset_align);
     if src.len > src_cap || out_words * 4 > out_cap || y > limits.max_groups_per_dim as u64 {
         return None;
     }
@@ -454,7 +474,8 @@ fn chunk<'a>(
         code_offset,
         slice0: first.0 as u32,
         row0: first.1 as u32,
-        _pad: [0; 3],
+        out_base: 0,
+        _pad: [0; 2],
         codes,
         zero,
         zgrid,
@@ -496,7 +517,11 @@ pub fn plan<'a>(
     // Rows per chunk must keep chunk outputs word-aligned (rows are 2 or 4
     // bytes per element, so two rows always are).
     let unit = if row_out.is_multiple_of(4) { 1 } else { 2 };
-    let fit = (limits.max_binding.min(OUT_CAP) / row_out) as usize;
+    let fit = (limits
+        .max_binding
+        .min(OUT_CAP)
+        .saturating_sub(limits.offset_align)
+        / row_out) as usize;
     let mut per = (fit / unit * unit).max(unit);
     let mut chunks = Vec::new();
     let mut f = rows.start;
@@ -581,9 +606,9 @@ mod tests {
         let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
             lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
-            row0];
+            row0, out_base];
         let pad = offset_of!(Params, _pad) as u32;
-        host.extend((0..3).map(|i| (format!("_pad{i}"), pad + 4 * i)));
+        host.extend((0..2).map(|i| (format!("_pad{i}"), pad + 4 * i)));
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
@@ -664,6 +689,7 @@ mod tests {
         let j = job(&data, &scale, rows, cols, OutDtype::Bf16);
         let limits = Limits {
             max_binding: 4096,
+            offset_align: 256,
             max_groups_per_dim: 3,
         };
         let chunks = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap();
@@ -671,7 +697,7 @@ mod tests {
         for c in &chunks {
             assert_eq!(c.rows.start, next);
             next = c.rows.end;
-            assert!(c.src_len <= 4096 && c.out_words * 4 <= 4096);
+            assert!(c.src_len <= 4096 && c.out_words * 4 <= 4096 - 256);
             assert!(c.groups.0 <= 3 && c.groups.1 <= 3);
             if c.rows.end != rows {
                 assert_eq!(c.out_len % 4, 0, "odd bf16 counts only in the last chunk");
@@ -692,6 +718,7 @@ mod tests {
         let j = job(&data, &scale, rows, cols, OutDtype::F32);
         let limits = Limits {
             max_binding: 1024,
+            offset_align: 256,
             max_groups_per_dim: 65535,
         };
         let e = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap_err();

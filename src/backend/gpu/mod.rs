@@ -273,13 +273,15 @@ impl GpuDecoder {
         }
     }
 
-    /// Uploads the chunk's inputs and records its dispatch into `encoder`;
-    /// returns the output buffer.
+    /// Uploads the chunk's inputs and records its dispatch into `encoder`.
+    /// The output goes to the slot's own buffer (returned), or with `into`
+    /// straight to byte `offset` of `dest`.
     fn encode(
         &self,
         slot: &mut Slot,
         chunk: &Chunk<'_>,
         encoder: &mut wgpu::CommandEncoder,
+        into: Option<(&wgpu::Buffer, u64)>,
     ) -> wgpu::Buffer {
         use wgpu::BufferUsages as U;
         let cap = self.limits.max_binding;
@@ -290,15 +292,27 @@ impl GpuDecoder {
             U::STORAGE | U::COPY_DST,
             cap,
         );
-        let out = ensure(
-            &self.device,
-            &mut slot.out,
-            chunk.out_words * 4,
-            U::STORAGE | U::COPY_SRC,
-            cap,
-        );
+        let (out, bind_at, params) = match into {
+            None => {
+                let out = ensure(
+                    &self.device,
+                    &mut slot.out,
+                    chunk.out_words * 4,
+                    U::STORAGE | U::COPY_SRC,
+                    cap,
+                );
+                (out, 0, chunk.params)
+            }
+            Some((dest, offset)) => {
+                // Bindings start at aligned offsets; the shader skips the rest.
+                let at = offset / self.limits.offset_align * self.limits.offset_align;
+                let words = ((offset - at) / 4) as u32;
+                (dest.clone(), at, chunk.params.at_word(words))
+            }
+        };
+        let out_size = (out.size() - bind_at).min(cap);
         self.queue
-            .write_buffer(&slot.params, 0, bytemuck::bytes_of(&chunk.params));
+            .write_buffer(&slot.params, 0, bytemuck::bytes_of(&params));
         for r in &chunk.regions {
             // write_buffer takes whole words: the tail of a region is padded.
             let whole = r.bytes.len() / 4 * 4;
@@ -335,7 +349,11 @@ impl GpuDecoder {
                 },
                 wgpu::BindGroupEntry {
                     binding: 2,
-                    resource: out.as_entire_binding(),
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &out,
+                        offset: bind_at,
+                        size: std::num::NonZeroU64::new(out_size),
+                    }),
                 },
             ],
         });
@@ -445,7 +463,7 @@ impl GpuDecoder {
             }
             let slot = &mut slots[s];
             let mut encoder = self.device.create_command_encoder(&Default::default());
-            let gpu_out = self.encode(slot, chunk, &mut encoder);
+            let gpu_out = self.encode(slot, chunk, &mut encoder, None);
             let bytes = chunk.out_len.div_ceil(4) * 4;
             let rb = ensure(
                 &self.device,
@@ -536,15 +554,9 @@ impl GpuDecoder {
             for (k, chunk) in chunks.iter().enumerate() {
                 let slot = &mut slots[k % 2];
                 let mut encoder = self.device.create_command_encoder(&Default::default());
-                let gpu_out = self.encode(slot, chunk, &mut encoder);
                 // Chunks before the last end on a word boundary (layout::plan).
-                encoder.copy_buffer_to_buffer(
-                    &gpu_out,
-                    0,
-                    &dest,
-                    chunk.rows.start as u64 * row_bytes,
-                    chunk.out_len.div_ceil(4) * 4,
-                );
+                let at = chunk.rows.start as u64 * row_bytes;
+                self.encode(slot, chunk, &mut encoder, Some((&dest, at)));
                 let sub = self.queue.submit([encoder.finish()]);
                 // Queue order keeps reused buffers safe; waiting for the chunk
                 // before this one only bounds how many uploads are staged.
