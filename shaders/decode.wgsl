@@ -66,6 +66,10 @@ struct Params {
     sgrid: Grid,
 }
 
+// Invocations per workgroup: 256 unless the host picks another for its
+// adapter (GpuDecoder::with_workgroup_size).
+override WG: u32 = 256u;
+
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
@@ -268,7 +272,7 @@ fn element(e: u32) -> f32 {
 }
 
 // One output word per invocation: one f32, or two 16-bit values.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.row_threads;
     if (p.out_kind == 0u) {
@@ -405,11 +409,11 @@ fn fast_index(g: Grid, slice: u32, row: u32, group: u32) -> u32 {
     return slice * g.slice_stride + div_small(row, g.row_div) * g.row_stride + group;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     if (CODE == 0u && !COPY) {
-        if (li < (1u << BITS)) {
-            codes_table[li] = bitcast<f32>(src[p.code_table + li]);
+        for (var i = li; i < (1u << BITS); i = i + WG) {
+            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
         }
         workgroupBarrier();
     }

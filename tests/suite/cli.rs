@@ -371,6 +371,56 @@ fn bench_refuses_arguments_that_measure_nothing() {
     );
 }
 
+/// `WGPU_DEQUANT_WORKGROUP_SIZE` changes how the GPU runs, never the bytes;
+/// a value that is not a size is an argument error naming the variable.
+#[test]
+fn workgroup_size_override_keeps_the_bytes() {
+    if crate::common::adapter().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = fixtures().join("nvfp4a16").join("model");
+    let run_with = |size: &str, out: &str| {
+        std::process::Command::new(crate::common::bin())
+            .env("WGPU_DEQUANT_WORKGROUP_SIZE", size)
+            .args(["dequantize", "--backend", "gpu", "-q", "-o"])
+            .arg(tmp.path().join(out))
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let o = run_with("lots", "bad");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("WGPU_DEQUANT_WORKGROUP_SIZE"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!tmp.path().join("bad").exists());
+    for size in ["32", "64", "1024"] {
+        ok(&run_with(size, size), size);
+    }
+    ok(
+        &run(&[
+            "dequantize",
+            "--backend",
+            "cpu",
+            "-q",
+            "-o",
+            tmp.path().join("cpu").to_str().unwrap(),
+            model.to_str().unwrap(),
+        ]),
+        "cpu",
+    );
+    let want = read_dir_tensors(&tmp.path().join("cpu"));
+    for size in ["32", "64", "1024"] {
+        assert!(
+            read_dir_tensors(&tmp.path().join(size)) == want,
+            "workgroup {size}"
+        );
+    }
+}
+
 /// `bench --backend gpu --json`: one object per line with the agreed keys,
 /// every format to bf16 and f32 against the copy shader, the GPU alone, and
 /// every case on a fast kernel.

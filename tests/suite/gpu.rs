@@ -116,7 +116,10 @@ fn randomized_jobs_gpu_equals_cpu() {
     // the widest random row (300 columns with f32 scales, plain i32 zero
     // points, g_idx and both 256-entry tables), so every job can run.
     let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(16 << 10, 2);
-    let generic = GpuDecoder::open(&adapter).unwrap().generic_only();
+    let generic = GpuDecoder::open(&adapter)
+        .unwrap()
+        .generic_only()
+        .with_workgroup_size(64);
     for (decoder, cases) in [(&roomy, 300), (&cramped, 150), (&generic, 150)] {
         for_random_jobs(cases, &[300], |d, rng| {
             check_job(&RandomJob::new(rng, d, &GRID_SIZES), decoder)
@@ -135,7 +138,8 @@ fn randomized_jobs_gpu_equals_cpu() {
 #[test]
 fn fast_kernels_equal_cpu_and_run_where_they_apply() {
     let Some(adapter) = adapter() else { return };
-    let roomy = GpuDecoder::open(&adapter).unwrap();
+    // Small workgroups: an 8-bit table takes several loads per invocation.
+    let roomy = GpuDecoder::open(&adapter).unwrap().with_workgroup_size(32);
     let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(4 << 10, 2);
     let (fast, generic) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     for decoder in [&roomy, &cramped] {
@@ -346,7 +350,12 @@ fn shaders_translate_for_every_backend() {
 
         // Each entry point with each value of the override constants the
         // host sets (layout::Fast), as a pipeline would compile it.
-        let mut variants = vec![("main".to_string(), naga::back::PipelineConstants::default())];
+        let mut small = naga::back::PipelineConstants::default();
+        small.insert("WG".to_string(), 64.0);
+        let mut variants = vec![
+            ("main".to_string(), naga::back::PipelineConstants::default()),
+            ("main-wg64".to_string(), small),
+        ];
         for set in fast_variants() {
             let mut constants = naga::back::PipelineConstants::default();
             let mut variant = "fast".to_string();
@@ -403,7 +412,7 @@ fn fast_variants() -> Vec<Vec<(&'static str, u32)>> {
         for code in 0..3 {
             for out in 0..3 {
                 let base = [("BITS", bits), ("CODE", code), ("OUT", out)];
-                let extra: [&[(&'static str, u32)]; 7] = [
+                let extra: [&[(&'static str, u32)]; 8] = [
                     &[],
                     &[("ZERO", 1)],
                     &[("ZERO", 2)],
@@ -411,6 +420,7 @@ fn fast_variants() -> Vec<Vec<(&'static str, u32)>> {
                     &[("LOW_RANK", 1)],
                     &[("LOW_RANK", 2)],
                     &[("COPY", 1)],
+                    &[("WG", 64)],
                 ];
                 for e in extra {
                     all.push(base.iter().chain(e).copied().collect());

@@ -21,7 +21,9 @@ pub const OUT_CAP: u64 = 16 << 20;
 /// a u32 (2^32 bits = 512 MiB), so this stays well below that.
 pub const SRC_CAP: u64 = 256 << 20;
 
-/// Invocations per workgroup (`@workgroup_size` in decode.wgsl).
+/// Invocations per workgroup unless the decoder is told otherwise (`WG` in
+/// decode.wgsl): a multiple of every GPU's SIMD width (32 or 64) that keeps
+/// occupancy high on all of them.
 pub const WORKGROUP: u32 = 256;
 
 /// Mirrors `Stream` in decode.wgsl.
@@ -233,6 +235,8 @@ pub struct Limits {
     pub max_binding: u64,
     /// Alignment of a storage binding's offset.
     pub offset_align: u64,
+    /// Invocations per workgroup.
+    pub workgroup: u32,
     /// Largest workgroup count per dispatch dimension.
     pub max_groups_per_dim: u32,
 }
@@ -244,6 +248,10 @@ impl Limits {
             // Whole words only: buffers and bindings are sized in u32s.
             max_binding: l.max_storage_buffer_binding_size.min(l.max_buffer_size) & !3,
             offset_align: (l.min_storage_buffer_offset_alignment as u64).max(4),
+            workgroup: WORKGROUP
+                .min(l.max_compute_invocations_per_workgroup)
+                .min(l.max_compute_workgroup_size_x)
+                .max(1),
             max_groups_per_dim: l.max_compute_workgroups_per_dimension.max(1),
         }
     }
@@ -439,7 +447,7 @@ fn chunk<'a>(
             ((f1 - f0) as u64 * per_row, per_row, offset)
         }
     };
-    let groups = invocations.div_ceil(WORKGROUP as u64);
+    let groups = invocations.div_ceil(limits.workgroup as u64);
     let x = groups.min(limits.max_groups_per_dim as u64).max(1);
     let y = groups.div_ceil(x).max(1);
     let src_cap = limits.max_binding.min(SRC_CAP);
@@ -462,7 +470,7 @@ fn chunk<'a>(
         has_scale,
         gidx,
         code_table,
-        row_threads: x as u32 * WORKGROUP,
+        row_threads: x as u32 * limits.workgroup,
         lr_mode,
         lr_rank,
         lr_up,
@@ -690,6 +698,7 @@ mod tests {
         let limits = Limits {
             max_binding: 4096,
             offset_align: 256,
+            workgroup: WORKGROUP,
             max_groups_per_dim: 3,
         };
         let chunks = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap();
@@ -719,6 +728,7 @@ mod tests {
         let limits = Limits {
             max_binding: 1024,
             offset_align: 256,
+            workgroup: WORKGROUP,
             max_groups_per_dim: 65535,
         };
         let e = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap_err();

@@ -232,10 +232,11 @@ impl GpuDecoder {
         cache
             .entry(kernel)
             .or_insert_with(|| {
-                let (entry, constants) = match kernel {
+                let (entry, mut constants) = match kernel {
                     Kernel::Generic => ("main", Vec::new()),
                     Kernel::Fast(k) => ("fast", k.constants().to_vec()),
                 };
+                constants.push(("WG", self.limits.workgroup as f64));
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(entry),
@@ -630,6 +631,20 @@ impl GpuDecoder {
         self
     }
 
+    /// Runs `size` invocations per workgroup instead of 256 (within the
+    /// device's limits): for adapters that prefer smaller or larger groups.
+    /// Every size gives the same bytes.
+    pub fn with_workgroup_size(mut self, size: u32) -> GpuDecoder {
+        let l = self.device.limits();
+        self.limits.workgroup = size
+            .min(l.max_compute_invocations_per_workgroup)
+            .min(l.max_compute_workgroup_size_x)
+            .max(1);
+        // Pipelines built so far have the old size.
+        self.pipelines = Default::default();
+        self
+    }
+
     /// The device the decoder runs on.
     pub fn device(&self) -> &wgpu::Device {
         &self.device
@@ -648,11 +663,28 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Opens `adapter`.
+    /// Opens `adapter`. `WGPU_DEQUANT_WORKGROUP_SIZE`, when set, replaces
+    /// the workgroup size ([`GpuDecoder::with_workgroup_size`]).
     pub fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
+        const VAR: &str = "WGPU_DEQUANT_WORKGROUP_SIZE";
+        let mut decoder = GpuDecoder::open(adapter)?;
+        if let Ok(v) = std::env::var(VAR) {
+            let size = v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=1024).contains(n));
+            let size = size.ok_or_else(|| {
+                Error::bare(
+                    Rule::Argument,
+                    format!("{VAR}={v:?} is not a whole number from 1 to 1024"),
+                )
+            })?;
+            decoder = decoder.with_workgroup_size(size);
+        }
         Ok(Gpu {
             info: adapter.get_info(),
-            decoder: GpuDecoder::open(adapter)?,
+            decoder,
         })
     }
 
