@@ -369,6 +369,25 @@ pub fn gpu_kernels(
                 seconds: decode,
                 baseline_seconds: copy,
             });
+            // A model decoded into GPU memory should cost about its upload.
+            if out == OutDtype::Bf16 && matches!(layout, Layout::Int4 | Layout::Nvfp4) {
+                let input = job.codes.data.len() + job.scale.as_ref().map_or(0, |s| s.data.len());
+                let codes = &job.codes.data[..];
+                let upload = best(runs, || {
+                    let buf = decoder.upload(codes)?;
+                    wait()?;
+                    buf.destroy();
+                    Ok(())
+                })?;
+                figures.push(Figure {
+                    backend: "gpu",
+                    what: format!("{}, resident, per input byte", case_name(layout, out)),
+                    baseline: "upload of the codes".into(),
+                    bytes: input as u64,
+                    seconds: decode,
+                    baseline_seconds: upload,
+                });
+            }
         }
     }
     Ok(figures)
