@@ -27,6 +27,14 @@ pub trait Backend: Send + Sync {
     /// which holds exactly `rows.len() · cols · out.size()` bytes.
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()>;
 
+    /// True when calls from two threads run at once and a caller gains by
+    /// decoding the next piece while this one finishes (a GPU, which would
+    /// otherwise drain between calls). The CPU backend already uses every
+    /// core within one call.
+    fn decodes_ahead(&self) -> bool {
+        false
+    }
+
     /// Decodes a whole tensor into a new buffer.
     fn decode(&self, job: &DecodeJob<'_>) -> Result<Vec<u8>> {
         let mut out = vec![0u8; job.out_bytes()];

@@ -59,6 +59,10 @@ impl<B: Backend> Backend for Fallback<B> {
         }
         self.cpu.decode_rows(job, rows, out)
     }
+
+    fn decodes_ahead(&self) -> bool {
+        !self.fell_back() && self.gpu.decodes_ahead()
+    }
 }
 
 /// Which backend to run.

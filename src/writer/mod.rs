@@ -27,8 +27,9 @@ use crate::checkpoint::{Checkpoint, INDEX_FILE};
 use crate::error::{Error, Result, Rule};
 use crate::plan::{Output, Plan, Source};
 
-/// Decoded bytes per chunk; at most three chunks are in memory at once (one
-/// being decoded, one queued, one being written).
+/// Decoded bytes per piece; at most three pieces are in memory at once (one
+/// being decoded, one queued, one being written), four when the backend
+/// decodes ahead.
 const CHUNK_BYTES: usize = 32 << 20;
 
 /// What a finished `dequantize` wrote.
@@ -95,51 +96,127 @@ pub struct Progress<'p> {
     pub done: bool,
 }
 
-/// Decodes one tensor a bounded chunk of rows at a time and hands each chunk
-/// to the writing thread, so decoding chunk k+1 overlaps writing chunk k.
-fn send_tensor<'a>(
-    t: &'a Output<'a>,
+/// One piece of a shard's tensor data, in file order: a whole tensor, or a
+/// bounded run of rows of a tensor decoded by rows.
+enum Item<'t, 'a> {
+    Whole(&'t Output<'a>),
+    Rows(&'t Output<'a>, std::ops::Range<usize>),
+}
+
+impl<'t, 'a> Item<'t, 'a> {
+    fn output(&self) -> &'t Output<'a> {
+        match self {
+            Item::Whole(t) | Item::Rows(t, _) => t,
+        }
+    }
+
+    /// The tensor's pieces: runs of rows of about [`CHUNK_BYTES`].
+    fn of(t: &'t Output<'a>) -> Vec<Item<'t, 'a>> {
+        match t.row_layout() {
+            Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
+                let per = (CHUNK_BYTES / row_bytes).max(1);
+                (0..total)
+                    .step_by(per)
+                    .map(|start| Item::Rows(t, start..(start + per).min(total)))
+                    .collect()
+            }
+            _ => vec![Item::Whole(t)],
+        }
+    }
+
+    /// True for the tensor's last piece.
+    fn last(&self) -> bool {
+        match self {
+            Item::Whole(_) => true,
+            Item::Rows(t, rows) => t.row_layout().is_some_and(|(total, _)| rows.end == total),
+        }
+    }
+
+    /// The piece's bytes; a decoded piece goes into `buf`.
+    fn make(&self, backend: &dyn Backend, mut buf: Vec<u8>) -> Result<Piece<'a>> {
+        match self {
+            Item::Whole(t) => Ok(match &t.source {
+                Source::Copy(src) => Piece::Stored(src.data),
+                _ => Piece::Owned(t.bytes(backend)?.into_owned()),
+            }),
+            Item::Rows(t, rows) => {
+                let row_bytes = t.row_layout().map_or(0, |(_, b)| b);
+                buf.resize(rows.len() * row_bytes, 0);
+                t.decode_rows(backend, rows.clone(), &mut buf)?;
+                Ok(Piece::Owned(buf))
+            }
+        }
+    }
+}
+
+impl Piece<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Owned(b) => b.len(),
+            Piece::Stored(b) => b.len(),
+        }
+    }
+}
+
+/// Makes the pieces of `items` in order and hands each to the writing
+/// thread (`tx`). When the backend runs calls at once
+/// ([`Backend::decodes_ahead`]), a helper thread decodes the next piece while
+/// this one is made, so the device never drains between pieces. Returns
+/// false when the writing thread stopped taking pieces.
+fn send_pieces<'a>(
+    ckpt: &Checkpoint,
+    items: &[Item<'_, 'a>],
     backend: &dyn Backend,
     tx: &SyncSender<Piece<'a>>,
     spare: &Receiver<Vec<u8>>,
     progress: &mut impl FnMut(Progress<'_>),
 ) -> Result<bool> {
-    let mut send = |piece: Piece<'a>, bytes: usize, done: bool| {
-        let ok = tx.send(piece).is_ok();
-        progress(Progress {
-            tensor: &t.name,
-            bytes: bytes as u64,
-            done,
-        });
-        ok
-    };
-    let Some((total, row_bytes)) = t.row_layout() else {
-        return Ok(match &t.source {
-            Source::Copy(src) => send(Piece::Stored(src.data), src.data.len(), true),
-            _ => {
-                let bytes = t.bytes(backend)?.into_owned();
-                let n = bytes.len();
-                send(Piece::Owned(bytes), n, true)
-            }
-        });
-    };
-    if row_bytes == 0 || total == 0 {
-        return Ok(send(Piece::Owned(Vec::new()), 0, true));
-    }
-    let per_chunk = (CHUNK_BYTES / row_bytes).max(1);
-    let mut start = 0;
-    while start < total {
-        let end = (start + per_chunk).min(total);
-        let mut buf = spare.try_recv().unwrap_or_default();
-        buf.resize((end - start) * row_bytes, 0);
-        t.decode_rows(backend, start..end, &mut buf)?;
-        let n = buf.len();
-        if !send(Piece::Owned(buf), n, end == total) {
-            return Ok(false);
+    std::thread::scope(|scope| {
+        let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
+        let (done_tx, done_rx) = sync_channel::<Result<Piece<'a>>>(1);
+        if backend.decodes_ahead() {
+            scope.spawn(move || {
+                for (i, buf) in ahead_rx {
+                    if done_tx.send(items[i].make(backend, buf)).is_err() {
+                        break;
+                    }
+                }
+            });
         }
-        start = end;
-    }
-    Ok(true)
+        let mut pending = None;
+        for (i, item) in items.iter().enumerate() {
+            let piece = if pending == Some(i) {
+                pending = None;
+                done_rx
+                    .recv()
+                    .map_err(|_| Error::bare(Rule::Io, "the decoding thread stopped"))??
+            } else {
+                let next = items.get(i + 1).filter(|n| matches!(n, Item::Rows(..)));
+                if next.is_some() && backend.decodes_ahead() {
+                    let buf = spare.try_recv().unwrap_or_default();
+                    if ahead_tx.send((i + 1, buf)).is_ok() {
+                        pending = Some(i + 1);
+                    }
+                }
+                item.make(backend, spare.try_recv().unwrap_or_default())?
+            };
+            let (n, t) = (piece.len(), item.output());
+            if tx.send(piece).is_err() {
+                return Ok(false);
+            }
+            progress(Progress {
+                tensor: &t.name,
+                bytes: n as u64,
+                done: item.last(),
+            });
+            if item.last() && !matches!(t.source, Source::Copy(_)) {
+                for input in t.inputs() {
+                    ckpt.release(input);
+                }
+            }
+        }
+        Ok(true)
+    })
 }
 
 /// An output directory claimed for a dense checkpoint: it did not exist or
@@ -379,18 +456,8 @@ fn write_shard(
             }
             Ok(w)
         });
-        let mut sent = Ok(true);
-        for t in tensors {
-            sent = send_tensor(t, backend, &tx, &spare, progress);
-            if !matches!(sent, Ok(true)) {
-                break;
-            }
-            if !matches!(t.source, Source::Copy(_)) {
-                for input in t.inputs() {
-                    ckpt.release(input);
-                }
-            }
-        }
+        let items: Vec<Item<'_, '_>> = tensors.iter().flat_map(|t| Item::of(t)).collect();
+        let sent = send_pieces(ckpt, &items, backend, &tx, &spare, progress);
         drop(tx);
         let written = writer
             .join()

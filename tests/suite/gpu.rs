@@ -79,6 +79,28 @@ fn fixtures_take_the_fast_kernels() {
     }
 }
 
+/// The writer decoding one piece ahead on a second thread (what a hardware
+/// GPU gets, here through the decoder itself, which always decodes ahead):
+/// every fixture's files hold the CPU's bytes.
+#[test]
+fn writing_with_decode_ahead_gives_the_cpus_files() {
+    let Some(adapter) = adapter() else { return };
+    let decoder = GpuDecoder::open(&adapter).unwrap();
+    assert!(decoder.decodes_ahead());
+    let tmp = tempfile::tempdir().unwrap();
+    for case in CASES {
+        let ckpt = wgpu_dequant::Checkpoint::open(fixtures().join(case).join("model")).unwrap();
+        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let (ahead, cpu) = (
+            tmp.path().join(format!("{case}-gpu")),
+            tmp.path().join(format!("{case}-cpu")),
+        );
+        wgpu_dequant::writer::write(&plan, &decoder, &ahead, |_| {}).unwrap();
+        wgpu_dequant::writer::write(&plan, &Cpu::new(), &cpu, |_| {}).unwrap();
+        assert!(read_dir_tensors(&ahead) == read_dir_tensors(&cpu), "{case}");
+    }
+}
+
 /// Checks GPU == CPU on the job of `r`, whole and on a range of rows.
 fn check_job(r: &RandomJob, decoder: &GpuDecoder) {
     let (d, out) = (r.dims, r.out);
