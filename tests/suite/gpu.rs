@@ -431,7 +431,7 @@ fn shaders_translate_for_every_backend() {
 fn fast_variants() -> Vec<Vec<(&'static str, u32)>> {
     let mut all = Vec::new();
     for bits in [4, 8] {
-        for code in 0..3 {
+        for code in 0..5 {
             for out in 0..3 {
                 let base = [("BITS", bits), ("CODE", code), ("OUT", out)];
                 let extra: [&[(&'static str, u32)]; 8] = [
