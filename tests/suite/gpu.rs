@@ -203,24 +203,22 @@ fn fast_kernels_equal_cpu_and_run_where_they_apply() {
     assert!(fast > 200 && generic > 50, "fast {fast} generic {generic}");
 }
 
-/// A 4-bit tensor whose f32 output (138 MB) is larger than one 128 MiB binding.
-#[test]
-fn output_larger_than_one_binding() {
-    let Some(adapter) = adapter() else { return };
-    let d = Dims {
-        slices: 1,
-        rows: 4224,
-        cols: 8192,
-    };
+/// Random int4 g128 storage for `d`: (codes, bf16 scales).
+fn int4_storage(d: Dims) -> (Vec<u8>, Vec<u8>) {
     let mut rng = Rng::new(7);
     let codes: Vec<u8> = (0..d.rows * d.cols / 2).map(|_| rng.next() as u8).collect();
-    let scale: Vec<u8> = (0..d.rows * d.cols / 128)
+    let scale: Vec<u8> = (0..d.rows * d.cols.div_ceil(128))
         .flat_map(|_| ((normal(&mut rng, 8).to_bits() >> 16) as u16).to_le_bytes())
         .collect();
-    let job = DecodeJob {
+    (codes, scale)
+}
+
+/// The int4 g128 job over [`int4_storage`].
+fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> DecodeJob<'a> {
+    DecodeJob {
         dims: d,
         codes: Fields {
-            data: (&codes[..]).into(),
+            data: codes.into(),
             bits: 4,
             per_word: 0,
             lane_bits: d.cols as u64 * 4,
@@ -230,24 +228,73 @@ fn output_larger_than_one_binding() {
         code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
         zero: None,
         scale: Some(Values {
-            data: (&scale[..]).into(),
+            data: scale.into(),
             kind: ValueKind::Bf16,
             grid: Grid {
                 row_div: 1,
                 col_div: 128,
-                row_stride: d.cols / 128,
+                row_stride: d.cols.div_ceil(128),
                 slice_stride: 0,
             },
         }),
         g_idx: None,
         low_rank: None,
-        out: OutDtype::F32,
+        out,
+    }
+}
+
+/// A 4-bit tensor whose f32 output (138 MB) is larger than one 128 MiB binding.
+#[test]
+fn output_larger_than_one_binding() {
+    let Some(adapter) = adapter() else { return };
+    let d = Dims {
+        slices: 1,
+        rows: 4224,
+        cols: 8192,
     };
+    let (codes, scale) = int4_storage(d);
+    let job = int4_job(d, &codes, &scale, OutDtype::F32);
     assert!(job.out_bytes() > 128 << 20);
     let gpu = Gpu::open(&adapter).unwrap();
     let got = gpu.decode(&job).unwrap();
     let want = Cpu::new().decode(&job).unwrap();
     assert!(got == want, "GPU and CPU differ on the large tensor");
+}
+
+/// On a device with WebGPU's default limits (what browsers on real GPUs
+/// often give: 128 MiB per binding, 256 MiB per buffer) every kind of job
+/// still gives the CPU's bytes, and a tensor larger than one buffer is
+/// refused with an error of this call, not a device error.
+#[test]
+fn webgpu_default_limits() {
+    let Some(adapter) = adapter() else { return };
+    let desc = wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits::default(),
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let decoder = GpuDecoder::new(&device, &queue);
+    assert_eq!(device.limits().max_storage_buffer_binding_size, 128 << 20);
+    for_random_jobs(60, &[300], |d, rng| {
+        check_job(&RandomJob::new(rng, d, &GRID_SIZES), &decoder);
+        check_job(&RandomJob::aimed_at_fast_kernels(rng, d), &decoder);
+    });
+    let d = Dims {
+        slices: 1,
+        rows: 4224,
+        cols: 8192,
+    };
+    let (codes, scale) = int4_storage(d);
+    let job = int4_job(d, &codes, &scale, OutDtype::F32);
+    let got = decoder.decode(&job).unwrap();
+    assert!(got == Cpu::new().decode(&job).unwrap(), "the 138 MB tensor");
+    let d = Dims { rows: 8200, ..d };
+    let (codes, scale) = int4_storage(d);
+    let job = int4_job(d, &codes, &scale, OutDtype::F32);
+    assert!(job.out_bytes() as u64 > device.limits().max_buffer_size);
+    let e = decoder.decode_to_buffer(&job).unwrap_err();
+    assert_eq!(e.rule, wgpu_dequant::Rule::Gpu, "{e}");
+    assert!(e.to_string().contains("one buffer"), "{e}");
 }
 
 /// GPU-resident output: the buffer holds exactly the CPU bytes, also when it

@@ -511,20 +511,29 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// A new output buffer of `bytes` bytes (rounded up to a whole word).
-    fn output_buffer(&self, bytes: u64) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
+    /// A new output buffer of `bytes` bytes (rounded up to a whole word), or
+    /// an error when the device allows no buffer that large (WebGPU's
+    /// default is 256 MiB) instead of a device error the app never asked for.
+    fn output_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        let size = bytes.div_ceil(4).max(1) * 4;
+        let max = self.device.limits().max_buffer_size;
+        if size > max {
+            return Err(gpu_err(format!(
+                "{bytes} bytes do not fit one buffer on this device (at most {max})"
+            )));
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-dequant output"),
-            size: bytes.div_ceil(4).max(1) * 4,
+            size,
             usage: OUTPUT_USAGE,
             mapped_at_creation: false,
-        })
+        }))
     }
 
     /// `bytes` in a new output buffer (laid out as
     /// [`GpuDecoder::decode_to_buffer`] lays out decoded tensors).
     pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
-        let dest = self.output_buffer(bytes.len() as u64);
+        let dest = self.output_buffer(bytes.len() as u64)?;
         pollster::block_on(self.scoped(async {
             let whole = bytes.len() / 4 * 4;
             if whole > 0 {
@@ -565,7 +574,7 @@ impl GpuDecoder {
     }
 
     async fn to_buffer(&self, job: &DecodeJob<'_>, kernel: Kernel) -> Result<wgpu::Buffer> {
-        let dest = self.output_buffer(job.out_bytes() as u64);
+        let dest = self.output_buffer(job.out_bytes() as u64)?;
         let chunks = layout::plan(job, kernel, 0..job.dims.total_rows(), &self.limits)?;
         let row_bytes = (job.dims.cols * job.out.size()) as u64;
         let mut slots = self.take_slots();
