@@ -19,7 +19,7 @@ use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 
 /// Something that turns a [`DecodeJob`] into dense bytes.
-pub trait Backend: Send + Sync {
+pub trait Backend: wgpu::WasmNotSendSync {
     /// Name and device, for people (`cpu (16 threads)`).
     fn name(&self) -> String;
 

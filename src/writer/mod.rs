@@ -174,6 +174,14 @@ fn send_pieces<'a>(
     std::thread::scope(|scope| {
         let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
         let (done_tx, done_rx) = sync_channel::<Result<Piece<'a>>>(1);
+        // No threads in the browser: there the channel is closed at once
+        // and this thread makes every piece.
+        #[cfg(target_arch = "wasm32")]
+        {
+            drop((ahead_rx, done_tx));
+            let _ = scope;
+        }
+        #[cfg(not(target_arch = "wasm32"))]
         if backend.decodes_ahead() {
             scope.spawn(move || {
                 for (i, buf) in ahead_rx {
