@@ -306,9 +306,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 // 8-bit stream (rows may start mid-word), without g_idx, whose scale and zero
 // point groups hold whole code words, with rows and columns below 2^23, and
 // with an even column count for 16-bit outputs (so no output word straddles
-// two invocations). Everything
-// that varies per element is fixed by an override constant, so the loop over
-// a word's codes compiles to straight-line code.
+// two invocations). Everything that varies per element is fixed by an
+// override constant, so the loop over a word's codes compiles to
+// straight-line code.
 
 override BITS: u32 = 4u;      // 4 or 8
 override CODE: u32 = 0u;      // code value: 0 table, 1 code - code_offset, 2 two's
