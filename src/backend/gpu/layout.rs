@@ -162,29 +162,24 @@ impl Fast {
         if out != 0 && !d.cols.is_multiple_of(2) {
             return None;
         }
+        // Which formula gives the job's code table (a NaN stands for any NaN:
+        // outputs write one canonical NaN).
         let cv = &job.code_values;
-        let offset = 1i32 << (c.bits - 1);
-        let is = |f: &dyn Fn(i32) -> i32| {
+        let table_is = |f: &dyn Fn(u8) -> f32| {
             cv.len() == 1 << c.bits
-                && cv
-                    .iter()
-                    .enumerate()
-                    .all(|(k, &v)| v.to_bits() == (f(k as i32) as f32).to_bits())
-        };
-        let same = |f: fn(u8) -> f32| {
-            cv.len() == 1 << c.bits
-                && cv.iter().enumerate().all(|(k, &v)| {
-                    let w = f(k as u8);
+                && cv.iter().zip(0..=u8::MAX).all(|(&v, k)| {
+                    let w = f(k);
                     v.to_bits() == w.to_bits() || (v.is_nan() && w.is_nan())
                 })
         };
-        let code = if is(&|k| k - offset) {
+        let (offset, sign_shift) = (1i32 << (c.bits - 1), 32 - c.bits);
+        let code = if table_is(&|k| (k as i32 - offset) as f32) {
             1
-        } else if is(&|k| if k >= offset { k - 2 * offset } else { k }) {
+        } else if table_is(&|k| ((k as i32) << sign_shift >> sign_shift) as f32) {
             2
-        } else if c.bits == 4 && same(numerics::e2m1) {
+        } else if c.bits == 4 && table_is(&numerics::e2m1) {
             3
-        } else if c.bits == 8 && same(numerics::e4m3) {
+        } else if c.bits == 8 && table_is(&numerics::e4m3) {
             4
         } else {
             0
