@@ -172,17 +172,12 @@ fn send_pieces<'a>(
     progress: &mut impl FnMut(Progress<'_>),
 ) -> Result<bool> {
     std::thread::scope(|scope| {
-        let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
         let (done_tx, done_rx) = sync_channel::<Result<Piece<'a>>>(1);
-        // No threads in the browser: there the channel is closed at once
-        // and this thread makes every piece.
-        #[cfg(target_arch = "wasm32")]
-        {
-            drop((ahead_rx, done_tx));
-            let _ = scope;
-        }
+        // The helper's queue, when there is a helper (never in the browser,
+        // which has no threads).
         #[cfg(not(target_arch = "wasm32"))]
-        if backend.decodes_ahead() {
+        let ahead = backend.decodes_ahead().then(|| {
+            let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
             scope.spawn(move || {
                 for (i, buf) in ahead_rx {
                     if done_tx.send(items[i].make(backend, buf)).is_err() {
@@ -190,7 +185,13 @@ fn send_pieces<'a>(
                     }
                 }
             });
-        }
+            ahead_tx
+        });
+        #[cfg(target_arch = "wasm32")]
+        let ahead: Option<std::sync::mpsc::Sender<(usize, Vec<u8>)>> = {
+            let _ = (scope, done_tx);
+            None
+        };
         let mut pending = None;
         for (i, item) in items.iter().enumerate() {
             let piece = if pending == Some(i) {
@@ -200,9 +201,9 @@ fn send_pieces<'a>(
                     .map_err(|_| Error::bare(Rule::Io, "the decoding thread stopped"))??
             } else {
                 let next = items.get(i + 1).filter(|n| matches!(n, Item::Rows(..)));
-                if next.is_some() && backend.decodes_ahead() {
+                if let (Some(ahead), Some(_)) = (&ahead, next) {
                     let buf = spare.try_recv().unwrap_or_default();
-                    if ahead_tx.send((i + 1, buf)).is_ok() {
+                    if ahead.send((i + 1, buf)).is_ok() {
                         pending = Some(i + 1);
                     }
                 }
