@@ -129,6 +129,14 @@ impl Layout {
         Layout::Fp8Block,
     ];
 
+    /// Bits per code.
+    fn bits(self) -> u32 {
+        match self {
+            Layout::Int8 | Layout::Fp8Block => 8,
+            _ => 4,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Layout::Int4 => "int4 g128",
@@ -169,12 +177,7 @@ impl Weight {
             rng.fill(&mut v);
             v
         };
-        let bits = if matches!(layout, Layout::Int8 | Layout::Fp8Block) {
-            8
-        } else {
-            4
-        };
-        let codes = bytes(rows * cols * bits / 8);
+        let codes = bytes(rows * cols * layout.bits() as usize / 8);
         let scale = match layout {
             Layout::Int4 | Layout::Int4Asym => bytes(rows * cols / 128 * 2),
             Layout::Nvfp4 => bytes(rows * cols / 16),
@@ -214,11 +217,7 @@ impl Weight {
     /// The job that decodes it to `out`.
     pub fn job(&self, out: OutDtype) -> DecodeJob<'_> {
         let (rows, cols) = (self.rows, self.cols);
-        let bits: u32 = if matches!(self.layout, Layout::Int8 | Layout::Fp8Block) {
-            8
-        } else {
-            4
-        };
+        let bits = self.layout.bits();
         let grid = |row_div: usize, col_div: usize| Grid {
             row_div,
             col_div,
