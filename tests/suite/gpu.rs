@@ -244,14 +244,17 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
 }
 
 /// A 4-bit tensor whose f32 output (138 MB) is larger than one 128 MiB binding.
+const LARGE: Dims = Dims {
+    slices: 1,
+    rows: 4224,
+    cols: 8192,
+};
+
+/// [`LARGE`] decoded in several bindings.
 #[test]
 fn output_larger_than_one_binding() {
     let Some(adapter) = adapter() else { return };
-    let d = Dims {
-        slices: 1,
-        rows: 4224,
-        cols: 8192,
-    };
+    let d = LARGE;
     let (codes, scale) = int4_storage(d);
     let job = int4_job(d, &codes, &scale, OutDtype::F32);
     assert!(job.out_bytes() > 128 << 20);
@@ -279,11 +282,7 @@ fn webgpu_default_limits() {
         check_job(&RandomJob::new(rng, d, &GRID_SIZES), &decoder);
         check_job(&RandomJob::aimed_at_fast_kernels(rng, d), &decoder);
     });
-    let d = Dims {
-        slices: 1,
-        rows: 4224,
-        cols: 8192,
-    };
+    let d = LARGE;
     let (codes, scale) = int4_storage(d);
     let job = int4_job(d, &codes, &scale, OutDtype::F32);
     let got = decoder.decode(&job).unwrap();
