@@ -354,30 +354,10 @@ fn decode_to_buffer_matches_cpu() {
             .unwrap()
             .with_limits(limit, 65535);
         let buffer = decoder.decode_to_buffer(&job).unwrap();
-        let got = read_buffer(&decoder, &buffer);
+        let got = decoder.read_back(&buffer).unwrap();
         let want = Cpu::new().decode(&job).unwrap();
         assert_eq!(&got[..want.len()], &want[..], "limit {limit} {out}");
     }
-}
-
-fn read_buffer(decoder: &GpuDecoder, buffer: &wgpu::Buffer) -> Vec<u8> {
-    let device = decoder.device();
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: None,
-        size: buffer.size(),
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut enc = device.create_command_encoder(&Default::default());
-    enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
-    decoder.queue().submit([enc.finish()]);
-    staging
-        .slice(..)
-        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
-    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-    let bytes = staging.slice(..).get_mapped_range().unwrap().to_vec();
-    staging.unmap();
-    bytes
 }
 
 #[test]
