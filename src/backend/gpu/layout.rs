@@ -237,6 +237,15 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Output bytes one chunk may produce: [`OUT_CAP`] within a binding,
+    /// less room for a start inside a larger buffer, which a binding reaches
+    /// from the aligned offset below it.
+    fn out_cap(&self) -> u64 {
+        self.max_binding
+            .min(OUT_CAP)
+            .saturating_sub(self.offset_align)
+    }
+
     /// The limits of a wgpu device.
     pub fn of(l: &wgpu::Limits) -> Limits {
         Limits {
@@ -446,13 +455,8 @@ fn chunk<'a>(
     let x = groups.min(limits.max_groups_per_dim as u64).max(1);
     let y = groups.div_ceil(x).max(1);
     let src_cap = limits.max_binding.min(SRC_CAP);
-    // Room for the start of an output inside a larger buffer, which a
-    // binding reaches from the aligned offset below it.
-    let out_cap = limits
-        .max_binding
-        .min(OUT_CAP)
-        .saturating_sub(limits.offset_align);
-    if src.len > src_cap || out_words * 4 > out_cap || y > limits.max_groups_per_dim as u64 {
+    if src.len > src_cap || out_words * 4 > limits.out_cap() || y > limits.max_groups_per_dim as u64
+    {
         return None;
     }
     let params = Params {
@@ -520,11 +524,7 @@ pub fn plan<'a>(
     // Rows per chunk must keep chunk outputs word-aligned (rows are 2 or 4
     // bytes per element, so two rows always are).
     let unit = if row_out.is_multiple_of(4) { 1 } else { 2 };
-    let fit = (limits
-        .max_binding
-        .min(OUT_CAP)
-        .saturating_sub(limits.offset_align)
-        / row_out) as usize;
+    let fit = (limits.out_cap() / row_out) as usize;
     let mut per = (fit / unit * unit).max(unit);
     let mut chunks = Vec::new();
     let mut f = rows.start;
