@@ -1,12 +1,15 @@
-//! A checkpoint on disk: memory-mapped safetensors shards and sidecar configs.
+//! A checkpoint: safetensors shards and sidecar configs, either a directory
+//! on disk (memory-mapped) or files handed over in memory with only some
+//! tensors' bytes read (a browser reads its files slice by slice).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::{Dtype, SafeTensorError};
 use serde_json::Value;
 
 use crate::error::{Error, Result, Rule};
@@ -14,15 +17,66 @@ use crate::error::{Error, Result, Rule};
 /// The shard index file name Hugging Face uses.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// One memory-mapped `.safetensors` file whose header has been validated.
+/// The largest safetensors header read, as the `safetensors` crate allows.
+const MAX_HEADER: usize = 100_000_000;
+
+/// Where a shard's tensor bytes are.
+enum Storage {
+    /// The whole file, memory-mapped.
+    Mapped(Mmap),
+    /// The tensors read so far, by name ([`Checkpoint::load`]).
+    Partial(HashMap<String, Vec<u8>>),
+}
+
+/// One `.safetensors` file whose header has been validated.
 pub struct Shard {
     /// Path of the file.
     pub path: PathBuf,
     /// File name (what an index and the output use).
     pub file_name: String,
-    map: Mmap,
+    storage: Storage,
     data_start: usize,
     metadata: Metadata,
+}
+
+/// The header of a safetensors file of `file_len` bytes, from its first
+/// bytes (at least the header's): where the tensor data starts, and the
+/// validated metadata, whose offsets must tile the rest of the file.
+pub fn parse_header(path: &Path, head: &[u8], file_len: u64) -> Result<(usize, Metadata)> {
+    let invalid =
+        |e: SafeTensorError| Error::new(Rule::Container, path, "invalid safetensors").caused_by(e);
+    let n = head
+        .get(..8)
+        .and_then(|b| usize::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok())
+        .ok_or_else(|| invalid(SafeTensorError::HeaderTooSmall))?;
+    if n > MAX_HEADER {
+        return Err(invalid(SafeTensorError::HeaderTooLarge));
+    }
+    let text = head
+        .get(8..8 + n)
+        .ok_or_else(|| invalid(SafeTensorError::InvalidHeaderLength))?;
+    // A name given twice would be read as one (the last); look first.
+    if let Some(key) = crate::json::duplicate_key(text) {
+        return Err(Error::new(
+            Rule::Container,
+            path,
+            format!("header names {key} twice"),
+        ));
+    }
+    let text = std::str::from_utf8(text).map_err(|e| invalid(SafeTensorError::InvalidHeader(e)))?;
+    // Deserializing validates the offsets: contiguous, sized by dtype and shape.
+    let metadata: Metadata = serde_json::from_str(text)
+        .map_err(|e| invalid(SafeTensorError::InvalidHeaderDeserialization(e)))?;
+    let end = metadata
+        .tensors()
+        .values()
+        .map(|t| t.data_offsets.1)
+        .max()
+        .unwrap_or(0);
+    if (8 + n) as u64 + end as u64 != file_len {
+        return Err(invalid(SafeTensorError::MetadataIncompleteBuffer));
+    }
+    Ok((8 + n, metadata))
 }
 
 impl Shard {
@@ -31,31 +85,22 @@ impl Shard {
         // SAFETY: the map is read-only; as with every mmap-based reader, a file
         // truncated by another process while we run is outside our contract.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map", e))?;
-        // A name given twice would be read as one (the last); look first.
-        let header = map
-            .get(..8)
-            .and_then(|b| usize::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok())
-            .and_then(|n| map.get(8..8usize.checked_add(n)?));
-        if let Some(key) = header.and_then(crate::json::duplicate_key) {
-            return Err(Error::new(
-                Rule::Container,
-                path,
-                format!("header names {key} twice"),
-            ));
-        }
-        let (n, metadata) = SafeTensors::read_metadata(&map)
-            .map_err(|e| Error::new(Rule::Container, path, "invalid safetensors").caused_by(e))?;
+        let (data_start, metadata) = parse_header(path, &map, map.len() as u64)?;
+        Ok(Shard::new(path, Storage::Mapped(map), data_start, metadata))
+    }
+
+    fn new(path: &Path, storage: Storage, data_start: usize, metadata: Metadata) -> Shard {
         let file_name = path
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Ok(Shard {
+        Shard {
             path: path.to_path_buf(),
             file_name,
-            map,
-            data_start: 8 + n,
+            storage,
+            data_start,
             metadata,
-        })
+        }
     }
 
     /// Tensor names in file order.
@@ -67,9 +112,15 @@ impl Shard {
     pub fn header_metadata(&self) -> Option<&HashMap<String, String>> {
         self.metadata.metadata().as_ref()
     }
+
+    /// Where tensor `name`'s bytes lie in the file.
+    pub fn range(&self, name: &str) -> Option<std::ops::Range<u64>> {
+        let (a, b) = self.metadata.info(name)?.data_offsets;
+        Some((self.data_start + a) as u64..(self.data_start + b) as u64)
+    }
 }
 
-/// A tensor inside a shard. `data` is exactly the bytes the header describes.
+/// A tensor inside a shard.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorRef<'a> {
     /// Tensor name.
@@ -82,21 +133,82 @@ pub struct TensorRef<'a> {
     pub dtype: Dtype,
     /// Stored shape.
     pub shape: &'a [usize],
-    /// Stored bytes.
-    pub data: &'a [u8],
+    /// The stored bytes: exactly the header's range, or empty when they have
+    /// not been read ([`Checkpoint::load`]).
+    bytes: &'a [u8],
+    /// Byte length, from the header.
+    len: usize,
+    /// Where a read of bytes that are not there is noted.
+    misses: Option<&'a Mutex<BTreeSet<String>>>,
 }
 
-impl TensorRef<'_> {
+impl<'a> TensorRef<'a> {
+    /// A tensor made of bytes at hand, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn of_bytes(
+        name: &'a str,
+        dtype: Dtype,
+        shape: &'a [usize],
+        bytes: &'a [u8],
+    ) -> Self {
+        TensorRef {
+            name,
+            shard: 0,
+            file: Path::new("x"),
+            dtype,
+            shape,
+            bytes,
+            len: bytes.len(),
+            misses: None,
+        }
+    }
+
     /// Number of elements.
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Size of the stored bytes, from the header (known before they are read).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the tensor stores no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether its bytes are at hand (always, for a checkpoint on disk).
+    pub fn is_loaded(&self) -> bool {
+        self.misses.is_none()
+    }
+
+    /// The stored bytes, to be read now. Of a partly read checkpoint, bytes
+    /// that are not there yet are an error, and are noted so that the caller
+    /// can read them and plan again ([`Checkpoint::take_misses`]).
+    pub fn data(&self) -> Result<&'a [u8]> {
+        match self.misses {
+            None => Ok(self.bytes),
+            Some(misses) => {
+                if let Ok(mut m) = misses.lock() {
+                    m.insert(self.name.to_string());
+                }
+                Err(self.error(Rule::Io, "bytes not read yet"))
+            }
+        }
+    }
+
+    /// The stored bytes to be read later, when the tensor is written or
+    /// decoded: empty while they are not loaded, and not noted as a miss.
+    pub fn stored(&self) -> &'a [u8] {
+        self.bytes
+    }
+
     /// The values of an integer tensor (I8, I16, I32, I64, U8…U32) widened to
     /// i64; empty for other dtypes (callers check the dtype first).
-    pub fn ints(&self) -> Vec<i64> {
-        let d = self.data;
-        match self.dtype {
+    pub fn ints(&self) -> Result<Vec<i64>> {
+        let d = self.data()?;
+        Ok(match self.dtype {
             Dtype::I64 => d
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
@@ -120,7 +232,7 @@ impl TensorRef<'_> {
             Dtype::I8 => d.iter().map(|&b| b as i8 as i64).collect(),
             Dtype::U8 => d.iter().map(|&b| b as i64).collect(),
             _ => Vec::new(),
-        }
+        })
     }
 
     /// The values of a float tensor (BF16, F16, F32) as f32, exactly; a
@@ -132,7 +244,7 @@ impl TensorRef<'_> {
                 format!("dtype {:?}, expected BF16, F16 or F32", self.dtype),
             )
         })?;
-        Ok(self.data.chunks_exact(size).map(read).collect())
+        Ok(self.data()?.chunks_exact(size).map(read).collect())
     }
 
     /// An error about this tensor.
@@ -150,11 +262,172 @@ pub struct JsonFile {
     pub value: Value,
 }
 
+/// The files of a checkpoint handed over in memory (a browser's `File`s):
+/// each file's size, and the first bytes of those read while opening it
+/// (sidecars whole, `.safetensors` headers; see [`Listing::wants`]).
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    files: BTreeMap<String, (u64, Vec<u8>)>,
+}
+
+/// How much of a file [`Checkpoint::from_listing`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// Nothing: the file is copied or ignored.
+    Nothing,
+    /// All of it (a JSON or YAML sidecar of a readable size).
+    Whole,
+    /// Its safetensors header: the first 8 bytes say how long it is
+    /// ([`Listing::header_len`]).
+    Header,
+}
+
+impl Listing {
+    /// Adds file `name` of `len` bytes, of which `head` are its first.
+    pub fn add(&mut self, name: impl Into<String>, len: u64, head: Vec<u8>) {
+        self.files.insert(name.into(), (len, head));
+    }
+
+    /// How much of file `name` (`len` bytes) to read before opening.
+    pub fn wants(name: &str, len: u64) -> Wanted {
+        let ext = Path::new(name).extension().and_then(|x| x.to_str());
+        match ext {
+            Some("safetensors") => Wanted::Header,
+            Some("json" | "yaml") if len <= MAX_JSON_BYTES => Wanted::Whole,
+            _ => Wanted::Nothing,
+        }
+    }
+
+    /// From a safetensors file's first 8 bytes, how many bytes its header
+    /// takes (those 8 included), capped at `len` and at what the reader accepts.
+    pub fn header_len(first: &[u8], len: u64) -> u64 {
+        let n = first
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes);
+        n.min(MAX_HEADER as u64).saturating_add(8).min(len)
+    }
+}
+
+/// Where the checkpoint's files are.
+enum Files {
+    /// In this directory on disk.
+    Disk(PathBuf),
+    /// Handed over in memory.
+    Listed(Listing),
+}
+
+impl Files {
+    fn path(&self, name: &str) -> PathBuf {
+        match self {
+            Files::Disk(dir) => dir.join(name),
+            Files::Listed(_) => PathBuf::from(name),
+        }
+    }
+
+    fn is_file(&self, name: &str) -> bool {
+        match self {
+            Files::Disk(dir) => dir.join(name).is_file(),
+            Files::Listed(l) => l.files.contains_key(name),
+        }
+    }
+
+    /// Names of the regular files (links followed: Hugging Face cache
+    /// snapshots are all links), sorted.
+    fn names(&self) -> Result<Vec<String>> {
+        match self {
+            Files::Disk(dir) => {
+                let mut names = Vec::new();
+                for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, "cannot list", e))? {
+                    let entry = entry.map_err(|e| Error::io(dir, "cannot list", e))?;
+                    if entry.path().is_file() {
+                        names.push(entry.file_name().to_string_lossy().into_owned());
+                    }
+                }
+                names.sort();
+                Ok(names)
+            }
+            Files::Listed(l) => Ok(l.files.keys().cloned().collect()),
+        }
+    }
+
+    /// Whether `path` resolves inside the checkpoint ([`inside`]); files
+    /// handed over in memory are what they are.
+    fn inside(&self, path: &Path) -> bool {
+        match self {
+            Files::Disk(dir) => inside(dir, path),
+            Files::Listed(_) => true,
+        }
+    }
+
+    /// Reads JSON sidecar `name`; `rule` is the one its faults break (ST-002
+    /// for the index, CFG-001 for configs).
+    fn read_json(&self, name: &str, rule: Rule) -> Result<Option<JsonFile>> {
+        if !self.is_file(name) {
+            return Ok(None);
+        }
+        let path = self.path(name);
+        let too_big = |len: u64| {
+            Error::new(
+                rule,
+                &path,
+                format!("{len} bytes; a config or index over {MAX_JSON_BYTES} bytes is not read"),
+            )
+        };
+        let text = match self {
+            Files::Disk(dir) => {
+                let len = std::fs::metadata(&path)
+                    .map_err(|e| Error::io(&path, "cannot read", e))?
+                    .len();
+                if len > MAX_JSON_BYTES {
+                    return Err(too_big(len));
+                }
+                if !inside(dir, &path) {
+                    return Err(Error::new(
+                        rule,
+                        &path,
+                        "a link leading outside the checkpoint directory; not read",
+                    ));
+                }
+                std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?
+            }
+            Files::Listed(l) => match l.files.get(name) {
+                Some((len, _)) if *len > MAX_JSON_BYTES => return Err(too_big(*len)),
+                Some((len, head)) if head.len() as u64 == *len => head.clone(),
+                _ => return Err(Error::new(rule, &path, "was not read")),
+            },
+        };
+        let value = serde_json::from_slice(&text)
+            .map_err(|e| Error::new(rule, &path, "invalid JSON").caused_by(e))?;
+        if let Some(key) = crate::json::duplicate_key(&text) {
+            return Err(Error::new(rule, &path, format!("{key} is given twice")));
+        }
+        Ok(Some(JsonFile { path, value }))
+    }
+
+    fn open_shard(&self, path: &Path) -> Result<Shard> {
+        match self {
+            Files::Disk(_) => Shard::open(path),
+            Files::Listed(l) => {
+                let name = path.to_string_lossy();
+                let (len, head) = l
+                    .files
+                    .get(name.as_ref())
+                    .ok_or_else(|| Error::new(Rule::Container, path, "was not handed over"))?;
+                let (data_start, metadata) = parse_header(path, head, *len)?;
+                let storage = Storage::Partial(HashMap::new());
+                Ok(Shard::new(path, storage, data_start, metadata))
+            }
+        }
+    }
+}
+
 /// A checkpoint: a directory (single file or shards + index, sidecars) or a
 /// single `.safetensors` file.
 pub struct Checkpoint {
-    /// The directory holding the checkpoint.
+    /// The directory holding the checkpoint (`.` for files handed over in memory).
     pub dir: PathBuf,
+    files: Files,
     /// True when the user named a single `.safetensors` file.
     pub single_file: bool,
     /// Shards in index order (or file-name order).
@@ -170,48 +443,13 @@ pub struct Checkpoint {
     pub svdquant_config: Option<JsonFile>,
     /// Tensor name → index of the shard that stores it.
     lookup: BTreeMap<String, usize>,
+    /// Tensors whose bytes were asked for but not loaded.
+    misses: Mutex<BTreeSet<String>>,
 }
 
 /// Sidecar JSON files larger than this are refused rather than read: real
 /// configs and indexes are kilobytes to a few megabytes.
 const MAX_JSON_BYTES: u64 = 64 << 20;
-
-/// Reads a JSON sidecar; `rule` is the one its faults break (ST-002 for the
-/// index, CFG-001 for configs).
-fn read_json(path: &Path, rule: Rule) -> Result<Option<JsonFile>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let len = std::fs::metadata(path)
-        .map_err(|e| Error::io(path, "cannot read", e))?
-        .len();
-    if len > MAX_JSON_BYTES {
-        return Err(Error::new(
-            rule,
-            path,
-            format!("{len} bytes; a config or index over {MAX_JSON_BYTES} bytes is not read"),
-        ));
-    }
-    if let Some(dir) = path.parent() {
-        if !inside(dir, path) {
-            return Err(Error::new(
-                rule,
-                path,
-                "a link leading outside the checkpoint directory; not read",
-            ));
-        }
-    }
-    let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
-    let value = serde_json::from_slice(&text)
-        .map_err(|e| Error::new(rule, path, "invalid JSON").caused_by(e))?;
-    if let Some(key) = crate::json::duplicate_key(&text) {
-        return Err(Error::new(rule, path, format!("{key} is given twice")));
-    }
-    Ok(Some(JsonFile {
-        path: path.to_path_buf(),
-        value,
-    }))
-}
 
 impl Checkpoint {
     /// Opens a checkpoint directory or a single `.safetensors` file and
@@ -219,31 +457,45 @@ impl Checkpoint {
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot open", e))?;
-        let (dir, single_file) = if meta.is_dir() {
-            (path.to_path_buf(), false)
-        } else {
-            let parent = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            (parent.to_path_buf(), true)
+        if meta.is_dir() {
+            return Checkpoint::build(Files::Disk(path.to_path_buf()), None);
+        }
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        Checkpoint::build(Files::Disk(parent.to_path_buf()), Some(path))
+    }
+
+    /// Opens a checkpoint whose files were handed over in memory, by the
+    /// same rules as a directory. No tensor's bytes are there yet: planning
+    /// notes the ones it reads ([`Checkpoint::take_misses`]), and
+    /// [`Checkpoint::load`] adds them.
+    pub fn from_listing(listing: Listing) -> Result<Checkpoint> {
+        Checkpoint::build(Files::Listed(listing), None)
+    }
+
+    fn build(files: Files, single: Option<&Path>) -> Result<Checkpoint> {
+        let dir = match &files {
+            Files::Disk(dir) => dir.clone(),
+            Files::Listed(_) => PathBuf::from("."),
         };
-        let config = read_json(&dir.join("config.json"), Rule::Config)?;
-        let hf_quant_config = read_json(&dir.join("hf_quant_config.json"), Rule::Config)?;
+        let config = files.read_json("config.json", Rule::Config)?;
+        let hf_quant_config = files.read_json("hf_quant_config.json", Rule::Config)?;
 
         let mut index = None;
-        let shard_paths: Vec<PathBuf> = if single_file {
+        let shard_paths: Vec<PathBuf> = if let Some(path) = single {
             vec![path.to_path_buf()]
-        } else if let Some(idx) = read_json(&dir.join(INDEX_FILE), Rule::Index)? {
-            let files = index_files(&idx)?;
-            if files.is_empty() {
+        } else if let Some(idx) = files.read_json(INDEX_FILE, Rule::Index)? {
+            let names = index_files(&idx)?;
+            if names.is_empty() {
                 return Err(Error::new(
                     Rule::Index,
                     &idx.path,
                     "weight_map names no shard",
                 ));
             }
-            if let Some(missing) = files.iter().find(|f| !dir.join(f).is_file()) {
+            if let Some(missing) = names.iter().find(|f| !files.is_file(f)) {
                 return Err(Error::new(
                     Rule::Index,
                     &idx.path,
@@ -251,16 +503,16 @@ impl Checkpoint {
                 ));
             }
             index = Some(idx);
-            files.into_iter().map(|f| dir.join(f)).collect()
-        } else if dir.join("model.safetensors").is_file() {
-            vec![dir.join("model.safetensors")]
+            names.iter().map(|f| files.path(f)).collect()
+        } else if files.is_file("model.safetensors") {
+            vec![files.path("model.safetensors")]
         } else {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
-                .map_err(|e| Error::io(&dir, "cannot list", e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "safetensors"))
+            let found: Vec<PathBuf> = files
+                .names()?
+                .iter()
+                .filter(|n| Path::new(n).extension().is_some_and(|x| x == "safetensors"))
+                .map(|n| files.path(n))
                 .collect();
-            found.sort();
             if found.is_empty() {
                 return Err(Error::new(
                     Rule::Container,
@@ -271,9 +523,9 @@ impl Checkpoint {
             found
         };
 
-        if !single_file {
+        if single.is_none() {
             for p in &shard_paths {
-                if !inside(&dir, p) {
+                if !files.inside(p) {
                     let rule = if index.is_some() {
                         Rule::Index
                     } else {
@@ -289,7 +541,7 @@ impl Checkpoint {
         }
         let shards = shard_paths
             .iter()
-            .map(|p| Shard::open(p))
+            .map(|p| files.open_shard(p))
             .collect::<Result<Vec<_>>>()?;
         let mut lookup = BTreeMap::new();
         for (i, shard) in shards.iter().enumerate() {
@@ -306,21 +558,22 @@ impl Checkpoint {
         }
         let svdquant_config = match shards.first().and_then(|s| s.path.file_stem()) {
             Some(stem) => {
-                let mut name = stem.to_os_string();
-                name.push(".config.yaml");
-                read_json(&dir.join(name), Rule::Config)?
+                let name = format!("{}.config.yaml", stem.to_string_lossy());
+                files.read_json(&name, Rule::Config)?
             }
             None => None,
         };
         let ckpt = Checkpoint {
             dir,
-            single_file,
+            files,
+            single_file: single.is_some(),
             shards,
             index,
             config,
             hf_quant_config,
             svdquant_config,
             lookup,
+            misses: Mutex::default(),
         };
         ckpt.check_index()?;
         Ok(ckpt)
@@ -366,16 +619,64 @@ impl Checkpoint {
         let s = &self.shards[shard];
         let info = s.metadata.info(name)?;
         let (a, b) = info.data_offsets;
-        // read_metadata checked that the offsets tile the file exactly.
-        let data = s.map.get(s.data_start + a..s.data_start + b)?;
+        let (bytes, misses) = match &s.storage {
+            // parse_header checked that the offsets tile the file exactly.
+            Storage::Mapped(map) => (map.get(s.data_start + a..s.data_start + b)?, None),
+            Storage::Partial(loaded) => match loaded.get(name) {
+                Some(bytes) => (bytes.as_slice(), None),
+                None => (&[][..], Some(&self.misses)),
+            },
+        };
         Some(TensorRef {
             name,
             shard,
             file: &s.path,
             dtype: info.dtype,
             shape: &info.shape,
-            data,
+            bytes,
+            len: b - a,
+            misses,
         })
+    }
+
+    /// Adds the bytes of tensor `name` to a checkpoint handed over in memory
+    /// ([`Checkpoint::from_listing`]); they must be exactly its stored bytes.
+    pub fn load(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let len = self.get(name).map(|t| t.len());
+        let shard = self.lookup.get(name).map(|&s| &mut self.shards[s]);
+        match (shard, len) {
+            (Some(s), Some(len)) if len == bytes.len() => match &mut s.storage {
+                Storage::Partial(loaded) => {
+                    loaded.insert(name.to_string(), bytes);
+                    Ok(())
+                }
+                Storage::Mapped(_) => Ok(()),
+            },
+            _ => Err(Error::tensor(
+                Rule::Io,
+                self.display_path(),
+                name,
+                format!("{} bytes handed over, not its stored bytes", bytes.len()),
+            )),
+        }
+    }
+
+    /// Drops the loaded bytes of every tensor but those `keep` names.
+    pub fn unload(&mut self, keep: impl Fn(&str) -> bool) {
+        for s in &mut self.shards {
+            if let Storage::Partial(loaded) = &mut s.storage {
+                loaded.retain(|name, _| keep(name));
+            }
+        }
+    }
+
+    /// The tensors whose bytes were asked for ([`TensorRef::data`]) but not
+    /// loaded since the last call, sorted.
+    pub fn take_misses(&self) -> Vec<String> {
+        self.misses
+            .lock()
+            .map(|mut m| std::mem::take(&mut *m).into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// Drops the pages of `bytes` (a range of a shard) from this process's
@@ -386,15 +687,18 @@ impl Checkpoint {
     pub fn release(&self, bytes: &[u8]) {
         #[cfg(unix)]
         for s in &self.shards {
-            let base = s.map.as_ptr() as usize;
+            let Storage::Mapped(map) = &s.storage else {
+                continue;
+            };
+            let base = map.as_ptr() as usize;
             let at = bytes.as_ptr() as usize;
-            if at >= base && at + bytes.len() <= base + s.map.len() && !bytes.is_empty() {
+            if at >= base && at + bytes.len() <= base + map.len() && !bytes.is_empty() {
                 // SAFETY: the map is a read-only view of a file. MADV_DONTNEED
                 // on it only discards resident pages; a later read faults the
                 // same bytes back in from the file, so every `&[u8]` into the
                 // map keeps seeing the same contents.
                 let _ = unsafe {
-                    s.map.unchecked_advise_range(
+                    map.unchecked_advise_range(
                         memmap2::UncheckedAdvice::DontNeed,
                         at - base,
                         bytes.len(),
@@ -424,22 +728,16 @@ impl Checkpoint {
             "msgpack",
             "onnx",
         ];
-        let entries =
-            std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
         let mut files = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = entry.path();
-            // is_file follows symlinks: Hugging Face cache snapshots are all links.
-            let is_file = path.is_file();
+        for name in self.files.names()? {
             let weights = Path::new(&name)
                 .extension()
                 .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)));
-            if !is_file || weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
+            if weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
                 continue;
             }
-            if !inside(&self.dir, &path) {
+            let path = self.files.path(&name);
+            if !self.files.inside(&path) {
                 return Err(Error::new(
                     Rule::Container,
                     &path,

@@ -60,7 +60,7 @@ fn reciprocal(t: &TensorRef<'_>) -> Result<Vec<u8>> {
             format!("dtype {:?}; ModelOpt global scales are F32", t.dtype),
         ));
     }
-    Ok(t.data
+    Ok(t.data()?
         .chunks_exact(4)
         .flat_map(|c| (1.0f32 / f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
         .collect())
@@ -69,7 +69,7 @@ fn reciprocal(t: &TensorRef<'_>) -> Result<Vec<u8>> {
 /// f32 (or bf16/f16) values of `t` as bf16, rounded to nearest-even.
 fn to_bf16(t: &TensorRef<'_>) -> Result<Vec<u8>> {
     if t.dtype == Dtype::BF16 {
-        return Ok(t.data.to_vec());
+        return Ok(t.data()?.to_vec());
     }
     let values = t.floats().map_err(|_| {
         ct005(
@@ -340,14 +340,7 @@ mod tests {
             .iter()
             .flat_map(|x| x.to_le_bytes())
             .collect();
-        let t = TensorRef {
-            name: "k_scale",
-            shard: 0,
-            file: std::path::Path::new("x"),
-            dtype: Dtype::F32,
-            shape: &[1],
-            data: &data,
-        };
+        let t = TensorRef::of_bytes("k_scale", Dtype::F32, &[1], &data);
         // 1 + 2^-17 is below half a bf16 ulp (2^-8): rounds to 1.0.
         assert_eq!(to_bf16(&t).unwrap(), vec![0x80, 0x3F]);
     }

@@ -16,18 +16,22 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use crate::checkpoint::TensorRef;
 use crate::numerics::OutDtype;
 /// The values of the formats' minifloat codes, for building `code_values`
 /// and scale tables: E2M1 (FP4), FP8 E4M3 (fn), E8M0.
 pub use crate::numerics::{e2m1, e4m3, e8m0};
 
-/// Bytes a job reads: a range of a memory-mapped shard, or bytes the host
+/// Bytes a job reads: a stored tensor's, an app's own, or bytes the host
 /// made while planning (unpacked tiles, folded scales), shared between the
 /// jobs and chunks that read them.
 #[derive(Debug, Clone)]
 pub enum Bytes<'a> {
-    /// Stored bytes, borrowed from the checkpoint.
-    Mapped(&'a [u8]),
+    /// A tensor's stored bytes, borrowed from the checkpoint (empty while a
+    /// checkpoint handed over in memory has not loaded them).
+    Stored(TensorRef<'a>),
+    /// Bytes the caller holds.
+    Borrowed(&'a [u8]),
     /// Bytes made on the host.
     Owned(Arc<[u8]>),
 }
@@ -36,15 +40,22 @@ impl Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(b) => b,
+            Bytes::Stored(t) => t.stored(),
+            Bytes::Borrowed(b) => b,
             Bytes::Owned(b) => b,
         }
     }
 }
 
+impl<'a> From<TensorRef<'a>> for Bytes<'a> {
+    fn from(t: TensorRef<'a>) -> Self {
+        Bytes::Stored(t)
+    }
+}
+
 impl<'a> From<&'a [u8]> for Bytes<'a> {
     fn from(b: &'a [u8]) -> Self {
-        Bytes::Mapped(b)
+        Bytes::Borrowed(b)
     }
 }
 

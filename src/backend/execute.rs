@@ -10,9 +10,29 @@ use super::gpu::GpuDecoder;
 use super::Backend;
 use crate::checkpoint::TensorRef;
 use crate::error::{Error, Result, Rule};
+use crate::job::DecodeJob;
 use crate::numerics::OutDtype;
 use crate::output::assembly::Assembly;
 use crate::output::{cast_layout, Output, Source};
+
+/// What decodes a job's rows: any backend, blocking, or a GPU decoder,
+/// awaited (in a browser nothing may block).
+#[derive(Clone, Copy)]
+pub enum Decoder<'b> {
+    /// A backend's blocking [`Backend::decode_rows`].
+    Blocking(&'b dyn Backend),
+    /// [`GpuDecoder::decode_rows_async`].
+    Gpu(&'b GpuDecoder),
+}
+
+impl Decoder<'_> {
+    async fn rows(self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+        match self {
+            Decoder::Blocking(b) => b.decode_rows(job, rows, out),
+            Decoder::Gpu(g) => g.decode_rows_async(job, rows, out).await,
+        }
+    }
+}
 
 impl Output<'_> {
     /// Decodes rows `rows` (see [`Output::row_layout`]) into `out`.
@@ -22,9 +42,21 @@ impl Output<'_> {
         rows: Range<usize>,
         out: &mut [u8],
     ) -> Result<()> {
+        // A blocking backend finishes before the future is first polled.
+        pollster::block_on(self.decode_rows_with(Decoder::Blocking(backend), rows, out))
+    }
+
+    /// [`Output::decode_rows`] on any [`Decoder`], awaited.
+    pub async fn decode_rows_with(
+        &self,
+        decoder: Decoder<'_>,
+        rows: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.check_loaded()?;
         let r = match &self.source {
-            Source::Decode(job) => backend.decode_rows(job, rows, out),
-            Source::Assemble(a) => assembled_rows(a, backend, rows, out),
+            Source::Decode(job) => decoder.rows(job, rows, out).await,
+            Source::Assemble(a) => assembled_rows(a, decoder, rows, out).await,
             Source::Cast(t, to) => cast_rows(t, *to, rows, out),
             _ => Err(Error::bare(
                 Rule::Argument,
@@ -39,16 +71,30 @@ impl Output<'_> {
 
     /// The whole tensor's bytes (decoded with `backend` when it is decoded).
     pub fn bytes(&self, backend: &dyn Backend) -> Result<Cow<'_, [u8]>> {
+        pollster::block_on(self.bytes_with(Decoder::Blocking(backend)))
+    }
+
+    /// [`Output::bytes`] on any [`Decoder`], awaited.
+    pub async fn bytes_with(&self, decoder: Decoder<'_>) -> Result<Cow<'_, [u8]>> {
+        self.check_loaded()?;
         match &self.source {
-            Source::Copy(t) => Ok(Cow::Borrowed(t.data)),
+            Source::Copy(t) => Ok(Cow::Borrowed(t.stored())),
             Source::Bytes(b) => Ok(Cow::Borrowed(b)),
             Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
             Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];
-                self.decode_rows(backend, 0..rows, &mut out)?;
+                self.decode_rows_with(decoder, 0..rows, &mut out).await?;
                 Ok(Cow::Owned(out))
             }
+        }
+    }
+
+    /// Fails unless every stored tensor it reads has its bytes at hand.
+    fn check_loaded(&self) -> Result<()> {
+        match self.inputs().iter().find(|t| !t.is_loaded()) {
+            Some(t) => Err(t.error(Rule::Io, "bytes not read yet")),
+            None => Ok(()),
         }
     }
 }
@@ -69,9 +115,9 @@ impl Output<'_> {
 
 /// Decodes rows `rows` of an assembled weight into `out` (`rows.len() · cols
 /// · size` bytes): each band's pieces side by side.
-fn assembled_rows(
+async fn assembled_rows(
     a: &Assembly<'_>,
-    backend: &dyn Backend,
+    decoder: Decoder<'_>,
     rows: Range<usize>,
     out: &mut [u8],
 ) -> Result<()> {
@@ -84,13 +130,15 @@ fn assembled_rows(
         let dst = &mut out[done * row_bytes..(done + band.rows) * row_bytes];
         if let [p] = band.parts.as_slice() {
             // The common case: one job spans the width.
-            backend.decode_rows(&p.job, p.row..p.row + band.rows, dst)?;
+            decoder.rows(&p.job, p.row..p.row + band.rows, dst).await?;
         } else {
             let mut col = 0;
             for p in &band.parts {
                 let w = p.job.dims.cols * size;
                 tmp.resize(band.rows * w, 0);
-                backend.decode_rows(&p.job, p.row..p.row + band.rows, &mut tmp)?;
+                decoder
+                    .rows(&p.job, p.row..p.row + band.rows, &mut tmp)
+                    .await?;
                 for (r, src) in tmp.chunks_exact(w).enumerate() {
                     dst[r * row_bytes + col..r * row_bytes + col + w].copy_from_slice(src);
                 }
@@ -109,7 +157,7 @@ fn cast_rows(t: &TensorRef<'_>, to: OutDtype, rows: Range<usize>, out: &mut [u8]
     crate::backend::check_span(total, row_bytes, &rows, out)?;
     let per_row = row_bytes / to.size();
     let size = t.dtype.bitsize() / 8;
-    let src = &t.data[rows.start * per_row * size..rows.end * per_row * size];
+    let src = &t.stored()[rows.start * per_row * size..rows.end * per_row * size];
     // Spread over threads in pieces of whole elements.
     const PIECE: usize = 1 << 16;
     src.par_chunks(PIECE * size)

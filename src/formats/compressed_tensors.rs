@@ -403,7 +403,7 @@ fn scale_layout(cfg: &Config, module: &str, s: &Scheme) -> Result<ScaleLayout> {
 /// Reads `weight_shape`: 2 or 3 positive integers.
 fn logical_shape(t: &TensorRef<'_>) -> Result<Vec<usize>> {
     expect_dtype(t, &[Dtype::I64, Dtype::I32])?;
-    let vals = t.ints();
+    let vals = t.ints()?;
     if !(2..=3).contains(&vals.len()) || t.shape.len() != 1 {
         return Err(t.error(
             Rule::TensorShape,
@@ -502,7 +502,7 @@ fn pack_quantized<'c>(
         });
     }
     let codes = Fields {
-        data: packed.data.into(),
+        data: packed.into(),
         bits: b,
         per_word,
         lane_bits: width as u64 * 32,
@@ -554,7 +554,7 @@ fn zero_point<'c>(
                 (s, g) == (dims.slices, groups),
             ) {
                 let fields = Fields {
-                    data: t.data.into(),
+                    data: t.into(),
                     bits: b,
                     per_word,
                     lane_bits: 32,
@@ -598,7 +598,7 @@ fn g_idx(
         ));
     }
     let groups = layout.groups(dims.cols) as i64;
-    let vals = t.ints();
+    let vals = t.ints()?;
     vals.iter()
         .enumerate()
         .map(|(c, &g)| {

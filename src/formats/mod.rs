@@ -426,7 +426,7 @@ pub fn grid_values<'c>(
         ));
     }
     Ok(Values {
-        data: t.data.into(),
+        data: t.into(),
         kind,
         grid,
     })
@@ -467,9 +467,8 @@ pub fn scalar_f32(t: &TensorRef<'_>) -> Result<f32> {
             format!("shape {:?}; a single value is expected", t.shape),
         ));
     }
-    Ok(f32::from_le_bytes([
-        t.data[0], t.data[1], t.data[2], t.data[3],
-    ]))
+    let bytes = t.data()?.get(..4).and_then(|b| b.try_into().ok());
+    Ok(f32::from_le_bytes(bytes.unwrap_or_default()))
 }
 
 /// A 256-entry table from one byte to its effective scale.
@@ -495,12 +494,12 @@ pub fn check_extent(
     len: usize,
 ) -> Result<()> {
     match fields.extent_bits(slices, lanes, len) {
-        Some(end) if end <= t.data.len() as u64 * 8 => Ok(()),
+        Some(end) if end <= t.len() as u64 * 8 => Ok(()),
         _ => Err(t.error(
             Rule::TensorShape,
             format!(
                 "{} bytes are too few for {slices}x{lanes}x{len} {}-bit fields",
-                t.data.len(),
+                t.len(),
                 fields.bits
             ),
         )),
@@ -522,7 +521,7 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
         ));
     }
     let fields = Fields {
-        data: packed.data.into(),
+        data: (*packed).into(),
         bits: 4,
         per_word: 0,
         lane_bits: row_bytes as u64 * 8,
@@ -558,7 +557,7 @@ pub fn fp4_job<'c>(
 /// One byte per element (int8 or FP8 weights), row-major.
 pub fn byte_codes<'c>(t: &TensorRef<'c>, dims: Dims) -> Fields<'c> {
     Fields {
-        data: t.data.into(),
+        data: (*t).into(),
         bits: 8,
         per_word: 0,
         lane_bits: dims.cols as u64 * 8,

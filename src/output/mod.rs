@@ -66,11 +66,11 @@ impl Source<'_> {
     }
 }
 
-impl Output<'_> {
+impl<'a> Output<'a> {
     /// Size of the output tensor in bytes.
     pub fn byte_len(&self) -> usize {
         match &self.source {
-            Source::Copy(t) => t.data.len(),
+            Source::Copy(t) => t.len(),
             Source::Cast(t, to) => t.elements() * to.size(),
             Source::Decode(job) => job.out_bytes(),
             Source::Bytes(b) => b.len(),
@@ -90,13 +90,13 @@ impl Output<'_> {
         }
     }
 
-    /// The stored bytes this tensor is made from (scales and tables made on
-    /// the host are not listed).
-    pub fn inputs(&self) -> Vec<&[u8]> {
-        fn of_job<'j>(job: &'j DecodeJob<'_>, v: &mut Vec<&'j [u8]>) {
-            let mut add = |b: &'j Bytes<'_>| {
-                if let Bytes::Mapped(m) = b {
-                    v.push(m);
+    /// The stored tensors this tensor is made from (scales and tables made
+    /// on the host are not listed).
+    pub fn inputs(&self) -> Vec<TensorRef<'a>> {
+        fn of_job<'a>(job: &DecodeJob<'a>, v: &mut Vec<TensorRef<'a>>) {
+            let mut add = |b: &Bytes<'a>| {
+                if let Bytes::Stored(t) = b {
+                    v.push(*t);
                 }
             };
             add(&job.codes.data);
@@ -111,7 +111,7 @@ impl Output<'_> {
         }
         let mut v = Vec::new();
         match &self.source {
-            Source::Copy(t) | Source::Cast(t, _) => v.push(t.data),
+            Source::Copy(t) | Source::Cast(t, _) => v.push(*t),
             Source::Decode(job) => of_job(job, &mut v),
             Source::Assemble(a) => {
                 for band in &a.stack.bands {

@@ -136,7 +136,7 @@ impl<'t, 'a> Item<'t, 'a> {
     fn make(&self, backend: &dyn Backend, mut buf: Vec<u8>) -> Result<Piece<'a>> {
         match self {
             Item::Whole(t) => Ok(match &t.source {
-                Source::Copy(src) => Piece::Stored(src.data),
+                Source::Copy(src) => Piece::Stored(src.stored()),
                 _ => Piece::Owned(t.bytes(backend)?.into_owned()),
             }),
             Item::Rows(t, rows) => {
@@ -220,7 +220,7 @@ fn send_pieces<'a>(
             });
             if item.last() && !matches!(t.source, Source::Copy(_)) {
                 for input in t.inputs() {
-                    ckpt.release(input);
+                    ckpt.release(input.stored());
                 }
             }
         }

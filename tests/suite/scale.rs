@@ -967,24 +967,24 @@ fn release_leaves_bytes_readable_and_unchanged() {
     let mut rng = Rng::new(42);
     for name in &names {
         let t = ckpt.get(name).unwrap();
-        let before = t.data.to_vec();
+        let before = t.stored().to_vec();
         assert!(
             before == stored[name].2,
             "{name}: read differs from the file"
         );
-        ckpt.release(t.data);
-        assert!(t.data == &before[..], "{name}: changed after release");
+        ckpt.release(t.stored());
+        assert!(t.stored() == &before[..], "{name}: changed after release");
         // Ranges that start and end inside pages, shared with neighbours.
-        if t.data.len() > 2 {
-            let a = rng.below(t.data.len() as u64 / 2) as usize;
-            let b = t.data.len() - rng.below(t.data.len() as u64 / 2) as usize;
-            ckpt.release(&t.data[a..b]);
+        if t.stored().len() > 2 {
+            let a = rng.below(t.stored().len() as u64 / 2) as usize;
+            let b = t.stored().len() - rng.below(t.stored().len() as u64 / 2) as usize;
+            ckpt.release(&t.stored()[a..b]);
             assert!(
-                t.data == &before[..],
+                t.stored() == &before[..],
                 "{name}: changed after releasing {a}..{b}"
             );
         }
-        ckpt.release(t.data);
+        ckpt.release(t.stored());
     }
     // Bytes outside every shard are left alone.
     let own = vec![7u8; 1 << 16];
@@ -998,7 +998,7 @@ fn release_leaves_bytes_readable_and_unchanged() {
     for name in &names {
         let t = ckpt.get(name).unwrap();
         assert!(
-            t.data == &stored[name].2[..],
+            t.stored() == &stored[name].2[..],
             "{name}: differs after all releases"
         );
     }

@@ -140,9 +140,9 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
 
     // Codes, row-major (the packed tile order undone on the host).
     let codes: crate::job::Bytes<'c> = if packed {
-        tiles::unpack_qweight(q.data, rows, cols).into()
+        tiles::unpack_qweight(q.data()?, rows, cols).into()
     } else {
-        q.data.into()
+        q.into()
     };
     let code_values = match t.precision {
         Precision::Int4 => (0..16)
@@ -158,7 +158,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
         Precision::Int4 => ws.floats()?,
         Precision::Fp4 => {
             expect_dtype(&ws, &[Dtype::F8_E4M3, Dtype::U8])?;
-            ws.data.iter().map(|&b| numerics::e4m3(b)).collect()
+            ws.data()?.iter().map(|&b| numerics::e4m3(b)).collect()
         }
     };
     let stored_groups = match (packed, t.precision) {
