@@ -639,6 +639,21 @@ impl Checkpoint {
         })
     }
 
+    /// Which shard file stores tensor `name`, and where in it.
+    pub fn location(&self, name: &str) -> Option<(&str, std::ops::Range<u64>)> {
+        let s = &self.shards[*self.lookup.get(name)?];
+        Some((&s.file_name, s.range(name)?))
+    }
+
+    /// Bytes of tensors loaded so far ([`Checkpoint::load`]).
+    pub fn loaded_bytes(&self) -> usize {
+        let partial = self.shards.iter().filter_map(|s| match &s.storage {
+            Storage::Partial(loaded) => Some(loaded.values().map(Vec::len).sum::<usize>()),
+            Storage::Mapped(_) => None,
+        });
+        partial.sum()
+    }
+
     /// Adds the bytes of tensor `name` to a checkpoint handed over in memory
     /// ([`Checkpoint::from_listing`]); they must be exactly its stored bytes.
     pub fn load(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {

@@ -43,6 +43,7 @@ mod numerics;
 mod output;
 pub mod plan;
 pub mod report;
+pub mod stream;
 pub mod writer;
 
 use std::path::Path;

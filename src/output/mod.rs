@@ -7,7 +7,7 @@ pub mod assembly;
 use crate::checkpoint::TensorRef;
 use crate::job::{Bytes, DecodeJob, ZeroPoint};
 use crate::numerics::OutDtype;
-use assembly::{Assembly, BiasSum};
+use assembly::{Assembly, BiasSum, BiasTerm};
 use safetensors::Dtype;
 
 /// Where an output tensor's bytes come from.
@@ -120,7 +120,16 @@ impl<'a> Output<'a> {
                     }
                 }
             }
-            Source::Bytes(_) | Source::Bias(_) => {}
+            Source::Bias(b) => {
+                for band in &b.stack.bands {
+                    for term in &band.parts {
+                        if let BiasTerm::Shift { piece, .. } = term {
+                            of_job(&piece.job, &mut v);
+                        }
+                    }
+                }
+            }
+            Source::Bytes(_) => {}
         }
         v
     }

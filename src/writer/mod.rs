@@ -65,12 +65,9 @@ fn create(staging: &Staging, name: &str) -> Result<(PathBuf, BufWriter<File>)> {
     Ok((path, BufWriter::with_capacity(1 << 20, f)))
 }
 
-fn write_json(staging: &Staging, name: &str, v: &impl serde::Serialize) -> Result<PathBuf> {
+fn write_file(staging: &Staging, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let (path, mut w) = create(staging, name)?;
-    let mut text = serde_json::to_vec_pretty(v)
-        .map_err(|e| Error::new(Rule::Io, &path, "cannot write JSON").caused_by(e))?;
-    text.push(b'\n');
-    w.write_all(&text)
+    w.write_all(bytes)
         .map_err(|e| Error::io(&path, "cannot write", e))?;
     finish(&path, w)?;
     Ok(path)
@@ -110,17 +107,11 @@ impl<'t, 'a> Item<'t, 'a> {
         }
     }
 
-    /// The tensor's pieces: runs of rows of about [`CHUNK_BYTES`].
+    /// The tensor's pieces ([`row_pieces`]).
     fn of(t: &'t Output<'a>) -> Vec<Item<'t, 'a>> {
-        match t.row_layout() {
-            Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
-                let per = (CHUNK_BYTES / row_bytes).max(1);
-                (0..total)
-                    .step_by(per)
-                    .map(|start| Item::Rows(t, start..(start + per).min(total)))
-                    .collect()
-            }
-            _ => vec![Item::Whole(t)],
+        match row_pieces(t) {
+            Some(pieces) => pieces.into_iter().map(|rows| Item::Rows(t, rows)).collect(),
+            None => vec![Item::Whole(t)],
         }
     }
 
@@ -155,6 +146,24 @@ impl Piece<'_> {
             Piece::Owned(b) => b.len(),
             Piece::Stored(b) => b.len(),
         }
+    }
+}
+
+/// The runs of rows (of about [`CHUNK_BYTES`] each) a tensor decoded by rows
+/// is made in, so that memory holds a few of them, not the tensor; `None`
+/// for a tensor made whole.
+pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
+    match t.row_layout() {
+        Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
+            let per = (CHUNK_BYTES / row_bytes).max(1);
+            let starts = (0..total).step_by(per);
+            Some(
+                starts
+                    .map(|start| start..(start + per).min(total))
+                    .collect(),
+            )
+        }
+        _ => None,
     }
 }
 
@@ -341,39 +350,88 @@ pub fn write(
     OutputDir::create(out)?.write(plan, backend, progress)
 }
 
-fn write_into(
-    staging: Staging,
+/// One safetensors file of the dense output: its header, then its tensors'
+/// bytes back to back.
+pub struct ShardFile<'p, 'a> {
+    /// File name (the input shard's).
+    pub name: String,
+    /// The header ([`safetensors_header`]).
+    pub header: Vec<u8>,
+    /// The tensors, in file order.
+    pub tensors: Vec<&'p Output<'a>>,
+}
+
+/// The dense checkpoint's safetensors files (of input shards `only`, when
+/// given), in input order: what every writer streams.
+pub fn shard_files<'p, 'a>(
+    plan: &'p Plan<'a>,
     only: Option<&[String]>,
-    plan: &Plan<'_>,
-    backend: &dyn Backend,
-    mut progress: impl FnMut(Progress<'_>),
-) -> Result<Summary> {
-    let ckpt = plan.checkpoint;
-    let mut summary = Summary {
-        dropped: plan.dropped.len(),
-        ..Summary::default()
-    };
-    let mut weight_map = std::collections::BTreeMap::new();
-    let mut written = Vec::new();
-    for (i, shard) in ckpt.shards.iter().enumerate() {
+) -> Result<Vec<ShardFile<'p, 'a>>> {
+    let mut files = Vec::new();
+    for (i, shard) in plan.checkpoint.shards.iter().enumerate() {
         let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
         if tensors.is_empty() || !wanted(only, &shard.file_name) {
             continue;
         }
-        written.push(shard.file_name.clone());
-        let (path, mut w) = create(&staging, &shard.file_name)?;
-        let head = safetensors_header(
-            &path,
+        let header = safetensors_header(
+            &shard.path,
             tensors
                 .iter()
                 .map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice(), t.byte_len())),
         )?;
-        w.write_all(&head)
-            .map_err(|e| Error::io(&path, "cannot write", e))?;
-        let w = write_shard(ckpt, &tensors, backend, &path, w, &mut progress)?;
-        finish(&path, w)?;
-        for t in tensors {
-            summary.tensor_bytes += t.byte_len() as u64;
+        files.push(ShardFile {
+            name: shard.file_name.clone(),
+            header,
+            tensors,
+        });
+    }
+    Ok(files)
+}
+
+/// The JSON files of the dense checkpoint beside its shards (the index when
+/// the input has one, `config.json`), as (file name, text).
+pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut files = Vec::new();
+    if plan.checkpoint.index.is_some() {
+        let index = parts::Index::new(total_bytes(shards), weight_map(shards));
+        files.push((INDEX_FILE.to_string(), json_text(INDEX_FILE, &index)?));
+    }
+    if let Some(cfg) = &plan.config {
+        files.push(("config.json".to_string(), json_text("config.json", cfg)?));
+    }
+    Ok(files)
+}
+
+/// Pretty JSON and a newline, as Hugging Face writes its files.
+fn json_text(name: &str, v: &impl serde::Serialize) -> Result<Vec<u8>> {
+    let mut text = serde_json::to_vec_pretty(v)
+        .map_err(|e| Error::new(Rule::Io, Path::new(name), "cannot write JSON").caused_by(e))?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+fn total_bytes(shards: &[ShardFile<'_, '_>]) -> u64 {
+    let tensors = shards.iter().flat_map(|f| &f.tensors);
+    tensors.map(|t| t.byte_len() as u64).sum()
+}
+
+/// Tensor → shard file.
+fn weight_map(shards: &[ShardFile<'_, '_>]) -> std::collections::BTreeMap<String, String> {
+    let names = shards
+        .iter()
+        .flat_map(|f| f.tensors.iter().map(|t| (t.name.clone(), f.name.clone())));
+    names.collect()
+}
+
+impl Summary {
+    /// What writing `shards` of `plan` amounts to (`files` left empty).
+    pub fn of(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Summary {
+        let mut summary = Summary {
+            dropped: plan.dropped.len(),
+            tensor_bytes: total_bytes(shards),
+            ..Summary::default()
+        };
+        for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {
                 s if s.is_decoded() => summary.decoded += 1,
                 Source::Bytes(_) => summary.converted += 1,
@@ -383,40 +441,56 @@ fn write_into(
                 }
                 _ => summary.copied += 1,
             }
-            weight_map.insert(t.name.clone(), shard.file_name.clone());
         }
+        summary
     }
-    match (&ckpt.index, only) {
-        (None, _) => {}
-        (Some(_), None) => {
-            let index = parts::Index::new(summary.tensor_bytes, weight_map);
-            write_json(&staging, INDEX_FILE, &index)?;
-        }
-        (Some(index), Some(only)) => {
-            // Every shard with an output: what merge_index waits for.
-            let all = ckpt
-                .shards
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| plan.outputs.iter().any(|o| o.shard == *i))
-                .map(|(_, s)| s.file_name.clone())
-                .collect();
-            let part = parts::Part {
-                metadata: parts::PartMetadata {
-                    total_size: summary.tensor_bytes,
-                    shards: written,
-                    all_shards: all,
-                    source_index_sha256: parts::digest(&index.value),
-                    dtype: plan.dtype.to_string(),
-                },
-                weight_map,
-            };
-            let tag = only[0].trim_end_matches(".safetensors");
-            write_json(&staging, &format!("{tag}{PART_SUFFIX}"), &part)?;
-        }
+}
+
+fn write_into(
+    staging: Staging,
+    only: Option<&[String]>,
+    plan: &Plan<'_>,
+    backend: &dyn Backend,
+    mut progress: impl FnMut(Progress<'_>),
+) -> Result<Summary> {
+    let ckpt = plan.checkpoint;
+    let shards = shard_files(plan, only)?;
+    for file in &shards {
+        let (path, mut w) = create(&staging, &file.name)?;
+        w.write_all(&file.header)
+            .map_err(|e| Error::io(&path, "cannot write", e))?;
+        let w = write_shard(ckpt, &file.tensors, backend, &path, w, &mut progress)?;
+        finish(&path, w)?;
     }
-    if let Some(cfg) = &plan.config {
-        write_json(&staging, "config.json", cfg)?;
+    let mut summary = Summary::of(plan, &shards);
+    let mut json = json_files(plan, &shards)?;
+    if let (Some(index), Some(only)) = (&ckpt.index, only) {
+        // A --shards run writes its part of the index instead.
+        json.retain(|(name, _)| name != INDEX_FILE);
+        // Every shard with an output: what merge_index waits for.
+        let all = ckpt
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| plan.outputs.iter().any(|o| o.shard == *i))
+            .map(|(_, s)| s.file_name.clone())
+            .collect();
+        let part = parts::Part {
+            metadata: parts::PartMetadata {
+                total_size: summary.tensor_bytes,
+                shards: shards.iter().map(|f| f.name.clone()).collect(),
+                all_shards: all,
+                source_index_sha256: parts::digest(&index.value),
+                dtype: plan.dtype.to_string(),
+            },
+            weight_map: weight_map(&shards),
+        };
+        let name = format!("{}{PART_SUFFIX}", only[0].trim_end_matches(".safetensors"));
+        let text = json_text(&name, &part)?;
+        json.insert(0, (name, text));
+    }
+    for (name, text) in &json {
+        write_file(&staging, name, text)?;
     }
     for (path, name) in &plan.side_files {
         staging.copy_in(path, name)?;

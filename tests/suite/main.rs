@@ -15,5 +15,6 @@ mod interruption;
 mod model;
 mod rejections;
 mod scale;
+mod stream;
 mod svdquant;
 mod synthetic;

@@ -1715,6 +1715,20 @@ fn check_case(case: &Case) {
         assert!(d.to_string().contains(case.needle), "{d}");
     }
 
+    // Read piece by piece, as a browser does, a folder of plain files is
+    // refused by the same rule (links and single files are a filesystem's).
+    if path.is_dir() && !has_links(&path) {
+        let cpu = wgpu_dequant::backend::Cpu::new();
+        let decoder = wgpu_dequant::backend::execute::Decoder::Blocking(&cpu);
+        match crate::stream::streamed(&path, DtypeChoice::Auto, decoder, 1) {
+            Ok(_) => panic!("streamed without a refusal"),
+            Err(e) => {
+                assert_eq!(e.rule, case.rule, "streamed: {e}");
+                one_line(&e.to_string());
+            }
+        }
+    }
+
     // validate: names the rule, exit status of the rule. (It does not look
     // at side files: see validate_reports_a_side_file_leading_outside.)
     if stage != Stage::Write {
@@ -1799,6 +1813,13 @@ fn check_case(case: &Case) {
     let after = tree(&env.root);
     let diff = tree_diff(&before, &after);
     assert!(diff.is_empty(), "the input changed: {diff:?}");
+}
+
+fn has_links(dir: &Path) -> bool {
+    let entries = std::fs::read_dir(dir).unwrap();
+    entries
+        .map(|e| e.unwrap())
+        .any(|e| e.file_type().unwrap().is_symlink())
 }
 
 /// Runs every case of `cases`, then fails listing each that failed.
