@@ -138,7 +138,8 @@ enum OutFile {
 
 /// The dense checkpoint of `ckpt` (opened by [`open`]), the same files the
 /// CLI writes: `emit` receives each file's parts in order, file after file,
-/// `progress` the tensor bytes done and in all, and `note` a GPU failure
+/// `progress` the tensor bytes done and in all with the tensor just made,
+/// and `note` a GPU failure
 /// the CPU took over from. A batch of tensors holds about `batch_bytes` of
 /// stored inputs in memory ([`BATCH_BYTES`]), besides what planning reads.
 #[allow(clippy::too_many_arguments)]
@@ -149,7 +150,7 @@ pub async fn dequantize(
     run: Run<'_>,
     batch_bytes: usize,
     mut emit: impl FnMut(&str, Part),
-    mut progress: impl FnMut(u64, u64),
+    mut progress: impl FnMut(u64, u64, &str),
     mut note: impl FnMut(&Error),
 ) -> Result<Summary> {
     let keep = prepare(ckpt, files, dtype).await?;
@@ -223,7 +224,7 @@ pub async fn dequantize(
                     }
                 }
                 done += t.bytes;
-                progress(done, total);
+                progress(done, total, &t.name);
             }
             drop(plan);
             ckpt.unload(|n| keep.contains(n));

@@ -414,7 +414,7 @@ fn logical_shape(t: &TensorRef<'_>) -> Result<Vec<usize>> {
         ));
     }
     vals.iter()
-        .map(|&v| usize::try_from(v).ok().filter(|&v| v > 0 && v <= 1 << 40))
+        .map(|&v| usize::try_from(v).ok().filter(|_| v > 0 && v <= 1 << 40))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| {
             t.error(

@@ -83,7 +83,7 @@ pub fn streamed(
             };
             out.entry(name.to_string()).or_default().extend(bytes);
         };
-        let progress = |done, total| {
+        let progress = |done, total, _: &str| {
             assert!(
                 done <= total && done >= last.0,
                 "progress {done}/{total} after {last:?}"

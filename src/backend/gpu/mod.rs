@@ -28,11 +28,16 @@ fn gpu_err(detail: impl Into<String>) -> Error {
 /// API, `WGPU_ADAPTER_NAME` (a substring, case-insensitive) the adapter,
 /// `WGPU_POWER_PREF` the default choice. `None` when there is none.
 pub fn find_adapter() -> Option<wgpu::Adapter> {
+    pollster::block_on(find_adapter_async())
+}
+
+/// [`find_adapter`], awaited: in a browser, WebGPU's adapter.
+pub async fn find_adapter_async() -> Option<wgpu::Adapter> {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
         let name = name.to_lowercase();
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         return adapters
             .into_iter()
             .find(|a| a.get_info().name.to_lowercase().contains(&name));
@@ -42,7 +47,7 @@ pub fn find_adapter() -> Option<wgpu::Adapter> {
             .unwrap_or(wgpu::PowerPreference::HighPerformance),
         ..Default::default()
     };
-    pollster::block_on(instance.request_adapter(&options)).ok()
+    instance.request_adapter(&options).await.ok()
 }
 
 /// Why [`find_adapter`] found none, naming the filters that were set, and
