@@ -1,0 +1,186 @@
+// The browser package in a real browser: headless Chromium (WebGPU on its
+// SwiftShader adapter: Dawn + Tint, not wgpu) dequantizes every fixture
+// through the JS API on 'gpu' and 'cpu' and must give the CLI's files, byte
+// for byte; malformed checkpoints must be refused with the CLI's rule and
+// line; the page must run the bundled sample and fill its table.
+//
+// Usage: node web/test/browser.mjs  (after web/build.sh and a build of the
+// CLI; WGPU_DEQUANT_BIN names the CLI, target/debug/wgpu-dequant by default).
+import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import puppeteer from 'puppeteer-core';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const cli = process.env.WGPU_DEQUANT_BIN || path.join(root, 'target/debug/wgpu-dequant');
+const chromium = process.env.CHROMIUM || '/usr/bin/chromium';
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'wgpu-dequant-web-'));
+let failures = 0;
+
+function check(ok, what) {
+  if (ok) {
+    console.log(`ok   ${what}`);
+  } else {
+    failures++;
+    console.log(`FAIL ${what}`);
+  }
+}
+
+const sorted = (o) => o && Object.fromEntries(Object.entries(o).sort());
+const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex');
+const filesOf = (dir) => fs.readdirSync(dir).filter((f) => fs.statSync(path.join(dir, f)).isFile()).sort();
+
+// What the CLI does with `dir`: { files: name -> sha256 } or { error: line }.
+function runCli(dir, dtype) {
+  const out = fs.mkdtempSync(path.join(scratch, 'cli-'));
+  const dense = path.join(out, 'dense');
+  const r = spawnSync(cli, ['dequantize', dir, '-o', dense, '--backend', 'cpu', '--dtype', dtype, '-q']);
+  if (r.error) throw r.error;
+  if (r.status !== 0) return { error: r.stderr.toString().trim() };
+  const files = {};
+  for (const f of filesOf(dense)) files[f] = sha256(fs.readFileSync(path.join(dense, f)));
+  fs.rmSync(out, { recursive: true, force: true });
+  return { files };
+}
+
+// Static files: the repository at /, the scratch folder at /scratch/.
+const types = { '.html': 'text/html', '.js': 'text/javascript', '.mjs': 'text/javascript', '.wasm': 'application/wasm', '.json': 'application/json' };
+const server = http.createServer((req, res) => {
+  const url = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+  const file = url.startsWith('/scratch/') ? path.join(scratch, url.slice(9)) : path.join(root, url);
+  const inside = file.startsWith(root + path.sep) || file.startsWith(scratch + path.sep);
+  if (!inside || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
+    res.writeHead(404).end();
+    return;
+  }
+  res.writeHead(200, { 'content-type': types[path.extname(file)] || 'application/octet-stream' });
+  fs.createReadStream(file).pipe(res);
+});
+await new Promise((ok) => server.listen(0, '127.0.0.1', ok));
+const base = `http://127.0.0.1:${server.address().port}`;
+
+const browser = await puppeteer.launch({
+  executablePath: chromium,
+  headless: true,
+  args: ['--no-sandbox', '--enable-unsafe-webgpu', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'],
+});
+
+try {
+  const page = await browser.newPage();
+  page.on('pageerror', (e) => console.log(`page error: ${e.message}`));
+  await page.goto(`${base}/web/blank.html`);
+  await page.evaluate(async () => {
+    const m = await import('/web/pkg/wgpu_dequant.js');
+    await m.default();
+    window.wd = m;
+  });
+  const info = await page.evaluate(() => window.wd.adapterInfo());
+  check(info !== null, `a WebGPU adapter: ${JSON.stringify(info)}`);
+
+  // Runs the JS API on the files under `url` (a folder served here).
+  const inBrowser = (url, names, options) => page.evaluate(async (url, names, options) => {
+    const files = new Map();
+    for (const n of names) files.set(n, await (await fetch(url + n)).blob());
+    const hex = (b) => [...new Uint8Array(b)].map((x) => x.toString(16).padStart(2, '0')).join('');
+    try {
+      const out = await window.wd.dequantize(files, options);
+      const got = {};
+      for (const [name, blob] of out) got[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
+      return { files: got };
+    } catch (e) {
+      return { error: e.message, rule: e.rule };
+    }
+  }, url, names, options);
+
+  // Every fixture, both backends: the CLI's files.
+  const fixtures = fs.readdirSync(path.join(root, 'tests/fixtures')).sort();
+  for (const name of fixtures) {
+    const dir = path.join(root, 'tests/fixtures', name, 'model');
+    if (!fs.existsSync(dir)) continue;
+    for (const dtype of ['auto', 'f32']) {
+      const want = runCli(dir, dtype);
+      check(want.files, `cli ${name} ${dtype}`);
+      for (const backend of ['gpu', 'cpu']) {
+        const got = await inBrowser(`/tests/fixtures/${name}/model/`, filesOf(dir), { dtype, backend });
+        const same = JSON.stringify(sorted(got.files)) === JSON.stringify(sorted(want.files));
+        check(same, `${name} ${dtype} on ${backend}: the CLI's files${same ? '' : `\n  got  ${JSON.stringify(got)}\n  want ${JSON.stringify(want)}`}`);
+      }
+    }
+  }
+
+  // Malformed checkpoints: refused with the CLI's rule and line.
+  const broken = (name, from, edit) => {
+    const dir = path.join(scratch, name);
+    fs.cpSync(path.join(root, 'tests/fixtures', from, 'model'), dir, { recursive: true });
+    edit(dir);
+    return dir;
+  };
+  const rewrite = (file, f) => fs.writeFileSync(file, f(fs.readFileSync(file)));
+  const cases = [
+    broken('truncated', 'w4a16-g128', (d) => rewrite(path.join(d, 'model.safetensors'), (b) => b.subarray(0, b.length - 1))),
+    broken('header-too-long', 'w4a16-g128', (d) => rewrite(path.join(d, 'model.safetensors'), (b) => { const c = Buffer.from(b); c.writeBigUInt64LE(BigInt(b.length) * 2n, 0); return c; })),
+    broken('config-not-json', 'w4a16-g128', (d) => fs.writeFileSync(path.join(d, 'config.json'), '{"quantization_config": ')),
+    broken('num-bits-a-string', 'w4a16-g128', (d) => rewrite(path.join(d, 'config.json'), (b) => b.toString().replace('"num_bits": 4', '"num_bits": "4"'))),
+    broken('index-names-a-missing-shard', 'sharded-nvfp4a16', (d) => fs.rmSync(path.join(d, 'model-00002-of-00002.safetensors'))),
+    broken('unknown-format', 'nvfp4a16', (d) => rewrite(path.join(d, 'config.json'), (b) => b.toString().replaceAll('"nvfp4-pack-quantized"', '"float-quantized-2099"'))),
+  ];
+  for (const dir of cases) {
+    const want = runCli(dir, 'auto');
+    const line = (want.error || '').replace(/^error: /, '');
+    const rule = /\[([A-Z]+-\d+)\]/.exec(line)?.[1];
+    check(rule, `cli refuses ${path.basename(dir)}: ${line}`);
+    for (const backend of ['gpu', 'cpu']) {
+      const got = await inBrowser(`/scratch/${path.basename(dir)}/`, filesOf(dir), { backend });
+      // The CLI names files by path, the browser by name: the rest is the same.
+      const tail = (s) => (s || '').slice((s || '').indexOf('['));
+      check(got.rule === rule && tail(got.error) === tail(line),
+        `${path.basename(dir)} on ${backend}: ${got.error}`);
+    }
+  }
+
+  // inspect gives the object `inspect --json` prints (the path aside).
+  const sample = path.join(root, 'assets/sample-w4a16');
+  const cliReport = JSON.parse(spawnSync(cli, ['inspect', sample, '--json']).stdout.toString());
+  const report = await page.evaluate(async (names) => {
+    const files = new Map();
+    for (const n of names) files.set(n, await (await fetch(`/assets/sample-w4a16/${n}`)).blob());
+    return window.wd.inspect(files);
+  }, filesOf(sample));
+  delete cliReport.path;
+  delete report.path;
+  check(JSON.stringify(report) === JSON.stringify(cliReport), 'inspect: the report inspect --json prints');
+
+  // The page: run the sample, see the table fill in, offer the files.
+  await page.setViewport({ width: 1180, height: 900 });
+  await page.goto(`${base}/web/index.html`);
+  await page.waitForSelector('body[data-state="ready"]', { timeout: 60000 });
+  await page.click('#sample');
+  await page.waitForSelector('body[data-state="done"], body[data-state="failed"]', { timeout: 120000 });
+  const state = await page.evaluate(() => ({
+    state: document.body.dataset.state,
+    rows: document.querySelectorAll('#rows tr').length,
+    done: document.querySelectorAll('#rows td.done').length,
+    ranOn: document.getElementById('ranon').textContent,
+    links: [...document.querySelectorAll('#files a')].map((a) => a.download),
+    error: document.getElementById('error').textContent,
+  }));
+  check(state.state === 'done', `the page ran the sample ${state.error}`);
+  check(state.rows > 0 && state.done === state.rows, `its table filled in: ${state.done} of ${state.rows} rows`);
+  check(state.ranOn.startsWith('WebGPU'), `it ran on WebGPU: ${state.ranOn}`);
+  const want = runCli(sample, 'auto');
+  check(JSON.stringify(state.links.sort()) === JSON.stringify(Object.keys(want.files).sort()), `it offers the CLI's files: ${state.links}`);
+  const shot = process.env.SCREENSHOT || path.join(root, 'target/web-page.png');
+  await page.screenshot({ path: shot, fullPage: true });
+  console.log(`screenshot: ${shot}`);
+} finally {
+  await browser.close();
+  server.close();
+  fs.rmSync(scratch, { recursive: true, force: true });
+}
+console.log(failures ? `${failures} failed` : 'all passed');
+process.exit(failures ? 1 : 0);
