@@ -174,6 +174,28 @@ try {
   check(state.ranOn.startsWith('WebGPU'), `it ran on WebGPU: ${state.ranOn}`);
   const want = runCli(sample, 'auto');
   check(JSON.stringify(state.links.sort()) === JSON.stringify(Object.keys(want.files).sort()), `it offers the CLI's files: ${state.links}`);
+  // A folder chosen with the picker: the sharded fixture, on the CPU.
+  const sharded = path.join(root, 'tests/fixtures/sharded-nvfp4a16/model');
+  await page.select('#backend', 'cpu');
+  await page.evaluate(() => { window.lastOutput = null; });
+  const input = await page.$('#folder');
+  // What the picker hands a page for a chosen folder (a webkitdirectory input).
+  await input.uploadFile(sharded);
+  await page.waitForFunction(() => window.lastOutput || document.body.dataset.state === 'failed', { timeout: 120000 });
+  const picked = await page.evaluate(async () => {
+    const hex = (b) => [...new Uint8Array(b)].map((x) => x.toString(16).padStart(2, '0')).join('');
+    const got = {};
+    for (const [name, blob] of window.lastOutput) got[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
+    return { state: document.body.dataset.state, ranOn: document.getElementById('ranon').textContent, files: got };
+  });
+  const wantSharded = runCli(sharded, 'auto');
+  check(picked.state === 'done' && picked.ranOn.startsWith('CPU')
+    && JSON.stringify(sorted(picked.files)) === JSON.stringify(sorted(wantSharded.files)),
+  `a picked folder on the CPU: the CLI's files (${picked.state}, ${picked.ranOn})`);
+  await page.select('#backend', 'auto');
+  await page.click('#sample');
+  await page.waitForSelector('body[data-state="done"]', { timeout: 120000 });
+
   const shot = process.env.SCREENSHOT || path.join(root, 'target/web-page.png');
   await page.screenshot({ path: shot, fullPage: true });
   console.log(`screenshot: ${shot}`);
