@@ -111,6 +111,28 @@ impl Model {
         Ok(self.output(name)?.bytes(backend)?.into_owned())
     }
 
+    /// [`Model::decode`] into `out`, which holds exactly
+    /// [`TensorInfo::bytes`] bytes (a buffer the caller owns: a C array, a
+    /// Python `bytearray`), without a copy for tensors decoded by rows.
+    pub fn decode_into(&self, name: &str, backend: &dyn Backend, out: &mut [u8]) -> Result<()> {
+        let o = self.output(name)?;
+        if out.len() != o.byte_len() {
+            return Err(Error::tensor(
+                Rule::Argument,
+                self.cell.borrow_owner().display_path(),
+                name,
+                format!("{} bytes, into a {}-byte buffer", o.byte_len(), out.len()),
+            ));
+        }
+        match o.row_layout() {
+            Some((rows, _)) => o.decode_rows(backend, 0..rows, out),
+            None => {
+                out.copy_from_slice(&o.bytes(backend)?);
+                Ok(())
+            }
+        }
+    }
+
     /// The values of floating point tensor `name`, widened exactly to `f32`
     /// (the bytes [`Model::decode`] gives, read as numbers).
     pub fn decode_f32(&self, name: &str, backend: &dyn Backend) -> Result<Vec<f32>> {

@@ -20,6 +20,24 @@ pub enum DtypeChoice {
     Fixed(OutDtype),
 }
 
+impl std::str::FromStr for DtypeChoice {
+    type Err = Error;
+    /// `auto`, or an output dtype's name (`bf16`, `f16`, `f32`, or torch's).
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DtypeChoice::Auto),
+            name => OutDtype::from_name(name)
+                .map(DtypeChoice::Fixed)
+                .ok_or_else(|| {
+                    Error::bare(
+                        Rule::Argument,
+                        format!("--dtype: {s:?} is not one of auto, bf16, f16, f32"),
+                    )
+                }),
+        }
+    }
+}
+
 /// Sets every dtype entry of a `config.json` (`torch_dtype`, `dtype`, also in
 /// nested configs such as `text_config`) that names a floating dtype to `to`.
 fn set_config_dtype(v: &mut serde_json::Value, to: OutDtype) {

@@ -220,3 +220,22 @@ fn tensor_example_prints_name_dtype_shape_and_digest() {
         }
     }
 }
+
+#[test]
+fn decode_into_fills_a_callers_buffer_with_decodes_bytes() {
+    let cpu = Cpu::new();
+    for case in CASES.iter().chain(SVDQUANT) {
+        let m = model(case);
+        for t in m.tensors() {
+            let want = m.decode(&t.name, &cpu).unwrap();
+            let mut got = vec![0xA5u8; t.bytes];
+            m.decode_into(&t.name, &cpu, &mut got).unwrap();
+            assert!(got == want, "{case} {}: decode_into differs", t.name);
+            let mut short = vec![0u8; t.bytes.saturating_sub(1)];
+            if t.bytes > 0 {
+                let e = m.decode_into(&t.name, &cpu, &mut short).unwrap_err();
+                assert_eq!(e.rule, Rule::Argument, "{e}");
+            }
+        }
+    }
+}
