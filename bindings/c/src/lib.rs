@@ -1,0 +1,273 @@
+//! wgpu-dequant's C ABI: a thin layer over the library's public API
+//! (`dequantize`, `Model`), with no decoding of its own. No panic crosses
+//! the boundary; null pointers and short buffers are errors.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use wgpu_dequant::backend::{self, Backend};
+use wgpu_dequant::{BackendChoice, DtypeChoice, Error, Model, Options, Result, Rule};
+
+/// An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
+pub struct WdqCheckpoint {
+    model: Model,
+    names: Vec<CString>,
+    /// Backends opened so far, by choice: a GPU device is opened once.
+    backends: Mutex<HashMap<String, Box<dyn Backend>>>,
+}
+
+/// What [`wdq_tensor_info`] tells of one tensor of the dense checkpoint.
+#[repr(C)]
+pub struct WdqTensorInfo {
+    /// The safetensors dtype name ("BF16", "F16", "F32", …), NUL-terminated.
+    pub dtype: [c_char; 8],
+    /// Number of dimensions (at most 8).
+    pub ndim: usize,
+    /// The first `ndim` entries are the shape.
+    pub shape: [usize; 8],
+    /// Size of the decoded bytes.
+    pub nbytes: usize,
+}
+
+/// Writes `msg` into `err` (NUL-terminated, cut to `err_len` bytes at a
+/// character boundary); nothing when `err` is null or `err_len` is 0.
+fn write_err(err: *mut c_char, err_len: usize, msg: &str) {
+    if err.is_null() || err_len == 0 {
+        return;
+    }
+    let mut n = msg.len().min(err_len - 1);
+    while !msg.is_char_boundary(n) {
+        n -= 1;
+    }
+    // SAFETY: the caller hands `err_len` writable bytes at `err`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(msg.as_ptr(), err.cast::<u8>(), n);
+        *err.add(n) = 0;
+    }
+}
+
+/// Runs `f`, turning its error (or a panic) into the CLI's exit status and
+/// message.
+fn call(err: *mut c_char, err_len: usize, f: impl FnOnce() -> Result<()>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
+            write_err(err, err_len, "");
+            0
+        }
+        Ok(Err(e)) => {
+            write_err(err, err_len, &e.to_string());
+            c_int::from(e.rule.exit_code())
+        }
+        Err(_) => {
+            write_err(err, err_len, "internal error: wgpu-dequant panicked");
+            1
+        }
+    }
+}
+
+fn argument(detail: String) -> Error {
+    Error::bare(Rule::Argument, detail)
+}
+
+/// The UTF-8 string at `p`, which must not be null.
+///
+/// SAFETY: `p` is null or points to a NUL-terminated string that outlives 'a.
+unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(argument(format!("{what} is NULL")));
+    }
+    CStr::from_ptr(p)
+        .to_str()
+        .map_err(|_| argument(format!("{what} is not UTF-8")))
+}
+
+/// Decodes the checkpoint at `input` into a dense one in `output` (a new or
+/// empty directory), as `wgpu-dequant dequantize` does.
+///
+/// # Safety
+/// Strings are NULL or NUL-terminated; `err` is NULL or holds `err_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_dequantize(
+    input: *const c_char,
+    output: *const c_char,
+    dtype: *const c_char,
+    backend: *const c_char,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    call(err, err_len, || {
+        let input = text(input, "input")?;
+        let output = text(output, "output")?;
+        let options = Options {
+            dtype: text(dtype, "dtype")?.parse()?,
+            backend: text(backend, "backend")?.parse()?,
+        };
+        wgpu_dequant::dequantize(input, output, &options).map(|_| ())
+    })
+}
+
+/// Opens and plans the checkpoint at `path`; `*out` receives it (free it
+/// with [`wdq_close`]).
+///
+/// # Safety
+/// Strings are NULL or NUL-terminated; `out` is NULL or writable; `err` is
+/// NULL or holds `err_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_open(
+    path: *const c_char,
+    dtype: *const c_char,
+    out: *mut *mut WdqCheckpoint,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    call(err, err_len, || {
+        if out.is_null() {
+            return Err(argument("out is NULL".into()));
+        }
+        *out = std::ptr::null_mut();
+        let dtype: DtypeChoice = text(dtype, "dtype")?.parse()?;
+        let model = Model::open(text(path, "path")?, dtype)?;
+        let names = model
+            .tensors()
+            .map(|t| CString::new(t.name).map_err(|_| argument("a tensor name holds NUL".into())))
+            .collect::<Result<Vec<_>>>()?;
+        let c = WdqCheckpoint {
+            model,
+            names,
+            backends: Mutex::default(),
+        };
+        *out = Box::into_raw(Box::new(c));
+        Ok(())
+    })
+}
+
+/// Number of tensors of the dense checkpoint (0 for NULL).
+///
+/// # Safety
+/// `c` is NULL or from [`wdq_open`] and not closed.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_tensor_count(c: *const WdqCheckpoint) -> usize {
+    c.as_ref().map_or(0, |c| c.names.len())
+}
+
+/// Name of tensor `i` (sorted by name), valid until [`wdq_close`]; NULL for
+/// NULL or an `i` out of range.
+///
+/// # Safety
+/// `c` is NULL or from [`wdq_open`] and not closed.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_tensor_name(c: *const WdqCheckpoint, i: usize) -> *const c_char {
+    match c.as_ref().and_then(|c| c.names.get(i)) {
+        Some(name) => name.as_ptr(),
+        None => std::ptr::null(),
+    }
+}
+
+/// The dtype, shape and size of tensor `name`.
+///
+/// # Safety
+/// `c` is NULL or from [`wdq_open`] and not closed; `name` is NULL or
+/// NUL-terminated; `out` is NULL or writable; `err` is NULL or holds
+/// `err_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_tensor_info(
+    c: *const WdqCheckpoint,
+    name: *const c_char,
+    out: *mut WdqTensorInfo,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    call(err, err_len, || {
+        let c = c
+            .as_ref()
+            .ok_or_else(|| argument("checkpoint is NULL".into()))?;
+        let out = out.as_mut().ok_or_else(|| argument("out is NULL".into()))?;
+        let name = text(name, "name")?;
+        let t = c.model.tensor(name).ok_or_else(|| {
+            argument(format!(
+                "{name}: no tensor of that name in the dense checkpoint"
+            ))
+        })?;
+        if t.shape.len() > out.shape.len() {
+            return Err(argument(format!(
+                "{name}: {} dimensions, more than 8",
+                t.shape.len()
+            )));
+        }
+        let dtype = format!("{:?}", t.dtype);
+        out.dtype = [0; 8];
+        for (d, b) in out.dtype.iter_mut().zip(dtype.bytes().take(7)) {
+            *d = b as c_char;
+        }
+        out.ndim = t.shape.len();
+        out.shape = [0; 8];
+        out.shape[..t.shape.len()].copy_from_slice(&t.shape);
+        out.nbytes = t.bytes;
+        Ok(())
+    })
+}
+
+/// Decodes tensor `name` into `dst`, which holds `dst_len` bytes (at least
+/// its `nbytes`): little-endian elements, row-major.
+///
+/// # Safety
+/// `c` is NULL or from [`wdq_open`] and not closed; strings are NULL or
+/// NUL-terminated; `dst` is NULL or holds `dst_len` writable bytes; `err` is
+/// NULL or holds `err_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_decode(
+    c: *const WdqCheckpoint,
+    name: *const c_char,
+    backend: *const c_char,
+    dst: *mut c_void,
+    dst_len: usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    call(err, err_len, || {
+        let c = c
+            .as_ref()
+            .ok_or_else(|| argument("checkpoint is NULL".into()))?;
+        let name = text(name, "name")?;
+        let choice_name = text(backend, "backend")?;
+        let choice: BackendChoice = choice_name.parse()?;
+        if dst.is_null() {
+            return Err(argument("dst is NULL".into()));
+        }
+        let t = c.model.tensor(name).ok_or_else(|| {
+            argument(format!(
+                "{name}: no tensor of that name in the dense checkpoint"
+            ))
+        })?;
+        if dst_len < t.bytes {
+            return Err(argument(format!(
+                "{name}: dst holds {dst_len} bytes, the tensor {}",
+                t.bytes
+            )));
+        }
+        let mut backends = c
+            .backends
+            .lock()
+            .map_err(|_| Error::bare(Rule::Io, "a decode panicked earlier"))?;
+        let b = match backends.entry(choice_name.to_ascii_lowercase()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(backend::select(choice)?.0),
+        };
+        // SAFETY: the caller hands `dst_len` ≥ `t.bytes` writable bytes.
+        let dst = std::slice::from_raw_parts_mut(dst.cast::<u8>(), t.bytes);
+        c.model.decode_into(name, b.as_ref(), dst)
+    })
+}
+
+/// Frees a checkpoint from [`wdq_open`]; NULL is ignored.
+///
+/// # Safety
+/// `c` is NULL or from [`wdq_open`] and not closed before.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_close(c: *mut WdqCheckpoint) {
+    if !c.is_null() {
+        drop(Box::from_raw(c));
+    }
+}

@@ -1,0 +1,152 @@
+/* Every function of the C ABI, on the sample checkpoint and on bad input:
+ *   test SAMPLE_DIR SCRATCH_DIR
+ * Decoded tensors must equal the bytes of the dense checkpoint that
+ * wdq_dequantize writes (read back through wdq_open: it decodes nothing). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "wgpu_dequant.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            failures++;                                   \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
+            printf(__VA_ARGS__);                          \
+            printf("\n");                                 \
+        }                                                 \
+    } while (0)
+
+static char err[1024];
+
+/* Bytes of tensor `name` of `c` on `backend`, or NULL. */
+static unsigned char *decode(const WdqCheckpoint *c, const char *name, const char *backend, size_t *len) {
+    WdqTensorInfo info;
+    if (wdq_tensor_info(c, name, &info, err, sizeof err) != 0) return NULL;
+    unsigned char *buf = malloc(info.nbytes + 1);
+    if (buf == NULL) return NULL;
+    if (wdq_decode(c, name, backend, buf, info.nbytes, err, sizeof err) != 0) {
+        free(buf);
+        return NULL;
+    }
+    *len = info.nbytes;
+    return buf;
+}
+
+static void copy_file(const char *from, const char *to, long cut) {
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    if (!in || !out) { printf("FAIL cannot copy %s\n", from); exit(1); }
+    fseek(in, 0, SEEK_END);
+    long n = ftell(in) - cut;
+    fseek(in, 0, SEEK_SET);
+    for (long i = 0; i < n; i++) fputc(fgetc(in), out);
+    fclose(in);
+    fclose(out);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: test SAMPLE_DIR SCRATCH_DIR\n"); return 2; }
+    /* What the README asks of a headless app that probes GPU adapters: keep
+       Mesa's device-select layer from looking for a window system. */
+    setenv("NODEVICE_SELECT", "1", 0);
+    const char *sample = argv[1];
+    char dense[4096], broken[4096];
+    snprintf(dense, sizeof dense, "%s/dense", argv[2]);
+    snprintf(broken, sizeof broken, "%s/broken", argv[2]);
+
+    /* wdq_dequantize: writes the dense checkpoint; refuses a second time. */
+    int rc = wdq_dequantize(sample, dense, "auto", "cpu", err, sizeof err);
+    CHECK(rc == 0 && err[0] == 0, "dequantize: %d %s", rc, err);
+    rc = wdq_dequantize(sample, dense, "auto", "cpu", err, sizeof err);
+    CHECK(rc == 1 && strstr(err, "[OUT-001]"), "dequantize into a full directory: %d %s", rc, err);
+    rc = wdq_dequantize(sample, dense, "f64", "cpu", err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "[ARG-001]") && strstr(err, "f64"), "bad dtype: %d %s", rc, err);
+    rc = wdq_dequantize(sample, dense, "auto", "tpu", err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "[ARG-001]"), "bad backend: %d %s", rc, err);
+    rc = wdq_dequantize(NULL, dense, "auto", "cpu", err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "input is NULL"), "NULL input: %d %s", rc, err);
+
+    /* wdq_open, count, name, info, decode: the dense checkpoint's bytes. */
+    WdqCheckpoint *q = NULL, *d = NULL;
+    rc = wdq_open(sample, "auto", &q, err, sizeof err);
+    CHECK(rc == 0 && q != NULL, "open sample: %d %s", rc, err);
+    rc = wdq_open(dense, "auto", &d, err, sizeof err);
+    CHECK(rc == 0 && d != NULL, "open dense: %d %s", rc, err);
+    if (!q || !d) return 1;
+    size_t n = wdq_tensor_count(q);
+    CHECK(n > 0 && n == wdq_tensor_count(d), "tensor counts %zu and %zu", n, wdq_tensor_count(d));
+    CHECK(wdq_tensor_name(q, n) == NULL, "a name past the end");
+    for (size_t i = 0; i < n; i++) {
+        const char *name = wdq_tensor_name(q, i);
+        CHECK(name && strcmp(name, wdq_tensor_name(d, i)) == 0, "name %zu", i);
+        WdqTensorInfo a, b;
+        CHECK(wdq_tensor_info(q, name, &a, err, sizeof err) == 0, "info: %s", err);
+        CHECK(wdq_tensor_info(d, name, &b, err, sizeof err) == 0, "info: %s", err);
+        CHECK(strcmp(a.dtype, b.dtype) == 0 && a.ndim == b.ndim && a.nbytes == b.nbytes
+              && memcmp(a.shape, b.shape, sizeof a.shape) == 0, "%s: info differs", name);
+        size_t la = 0, lb = 0, lg = 0;
+        unsigned char *want = decode(d, name, "cpu", &lb);
+        unsigned char *cpu = decode(q, name, "cpu", &la);
+        unsigned char *any = decode(q, name, "auto", &lg);
+        CHECK(want && cpu && la == lb && memcmp(cpu, want, la) == 0, "%s: cpu bytes differ (%s)", name, err);
+        CHECK(want && any && lg == lb && memcmp(any, want, lg) == 0, "%s: auto bytes differ (%s)", name, err);
+        free(want);
+        free(cpu);
+        free(any);
+    }
+
+    /* Short buffers, NULL pointers, unknown names. */
+    const char *first = wdq_tensor_name(q, 0);
+    WdqTensorInfo info;
+    wdq_tensor_info(q, first, &info, err, sizeof err);
+    unsigned char *buf = malloc(info.nbytes);
+    rc = wdq_decode(q, first, "cpu", buf, info.nbytes - 1, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "bytes"), "short dst: %d %s", rc, err);
+    rc = wdq_decode(q, first, "cpu", NULL, info.nbytes, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "dst is NULL"), "NULL dst: %d %s", rc, err);
+    rc = wdq_decode(NULL, first, "cpu", buf, info.nbytes, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "NULL"), "NULL checkpoint: %d %s", rc, err);
+    rc = wdq_decode(q, "no.such.tensor", "cpu", buf, info.nbytes, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "no.such.tensor"), "unknown tensor: %d %s", rc, err);
+    rc = wdq_decode(q, first, "cpu", buf, info.nbytes, NULL, 0);
+    CHECK(rc == 0, "err may be NULL: %d", rc);
+    rc = wdq_tensor_info(q, NULL, &info, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "name is NULL"), "NULL name: %d %s", rc, err);
+    rc = wdq_tensor_info(q, first, NULL, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "out is NULL"), "NULL info: %d %s", rc, err);
+    CHECK(wdq_tensor_count(NULL) == 0, "count of NULL");
+    CHECK(wdq_tensor_name(NULL, 0) == NULL, "name of NULL");
+    free(buf);
+
+    /* Messages are cut to err_len, NUL included. */
+    char small[5];
+    memset(small, 'x', sizeof small);
+    rc = wdq_decode(q, "no.such.tensor", "cpu", small, 1, small, sizeof small);
+    CHECK(rc == 2 && strlen(small) == 4, "a short err: %d %zu", rc, strlen(small));
+
+    /* Invalid input: a truncated shard is ST-001 (status 3); a missing path is IO (1). */
+    CHECK(mkdir(broken, 0755) == 0, "mkdir %s", broken);
+    char from[8192], to[8192];
+    snprintf(from, sizeof from, "%s/model.safetensors", sample);
+    snprintf(to, sizeof to, "%s/model.safetensors", broken);
+    copy_file(from, to, 1);
+    WdqCheckpoint *bad = (WdqCheckpoint *)&rc;
+    rc = wdq_open(broken, "auto", &bad, err, sizeof err);
+    CHECK(rc == 3 && strstr(err, "[ST-001]") && bad == NULL, "truncated shard: %d %s", rc, err);
+    rc = wdq_open("/no/such/checkpoint", "auto", &bad, err, sizeof err);
+    CHECK(rc == 1 && strstr(err, "/no/such/checkpoint"), "missing path: %d %s", rc, err);
+    rc = wdq_open(sample, "auto", NULL, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "out is NULL"), "NULL out: %d %s", rc, err);
+    rc = wdq_open(sample, "int3", &bad, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "[ARG-001]"), "bad dtype: %d %s", rc, err);
+
+    wdq_close(q);
+    wdq_close(d);
+    wdq_close(NULL);
+    printf(failures ? "%d failed\n" : "all passed\n", failures);
+    return failures ? 1 : 0;
+}
