@@ -9,7 +9,8 @@ if [ ! -x "$chromium" ]; then
     echo "web/test.sh: no Chromium at $chromium (apt-get install chromium, or set CHROMIUM)" >&2
     exit 1
 fi
-web/build.sh
+# Unoptimized: these fixtures are small, and the build is minutes shorter.
+web/build.sh --dev
 cargo build --locked --quiet
 (cd web && npm ci --no-audit --no-fund --loglevel=error)
 CHROMIUM=$chromium node web/test/browser.mjs

@@ -19,7 +19,7 @@ use wgpu_dequant::backend::execute::Decoder;
 use wgpu_dequant::backend::gpu::{find_adapter_async, GpuDecoder};
 use wgpu_dequant::backend::Cpu;
 use wgpu_dequant::stream::{self, Part, Run, BATCH_BYTES};
-use wgpu_dequant::{DtypeChoice, Error, OutDtype, Rule};
+use wgpu_dequant::{BackendChoice, DtypeChoice, Error, Rule};
 
 /// One file handed in: a `Blob` (a `File` is one), read slice by slice, or bytes.
 enum Source {
@@ -161,14 +161,12 @@ async fn adapter() -> Result<wgpu_dequant::wgpu::Adapter, Error> {
 #[wasm_bindgen]
 pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue> {
     let files = Files::from_js(&files)?;
-    let dtype = match string_option(&options, "dtype", "auto")?.as_str() {
-        "auto" => DtypeChoice::Auto,
-        name => DtypeChoice::Fixed(OutDtype::from_name(name).ok_or_else(|| {
-            js_error(&argument(format!(
-                "options.dtype: {name:?}; auto, bf16, f16 or f32"
-            )))
-        })?),
-    };
+    let dtype: DtypeChoice = string_option(&options, "dtype", "auto")?
+        .parse()
+        .map_err(|e| js_error(&e))?;
+    let backend: BackendChoice = string_option(&options, "backend", "auto")?
+        .parse()
+        .map_err(|e| js_error(&e))?;
     let on_progress = option(&options, "onProgress").dyn_into::<Function>().ok();
     let note = |text: &str| {
         web_sys::console::info_1(&format!("wgpu-dequant: {text}").into());
@@ -183,22 +181,16 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
             );
         }
     };
-    let backend = string_option(&options, "backend", "auto")?;
-    let gpu = match backend.as_str() {
-        "cpu" => None,
-        "gpu" => Some(adapter().await.map_err(|e| js_error(&e))?),
-        "auto" => match adapter().await {
+    let gpu = match backend {
+        BackendChoice::Cpu => None,
+        BackendChoice::Gpu => Some(adapter().await.map_err(|e| js_error(&e))?),
+        BackendChoice::Auto => match adapter().await {
             Ok(a) => Some(a),
             Err(e) => {
                 note(&format!("{e}; decoding on the CPU (same bytes)"));
                 None
             }
         },
-        other => {
-            return Err(js_error(&argument(format!(
-                "options.backend: {other:?}; auto, gpu or cpu"
-            ))))
-        }
     };
     let decoder = match &gpu {
         Some(a) => Some(GpuDecoder::open_async(a).await.map_err(|e| js_error(&e))?),
@@ -210,7 +202,7 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
             Some(d) => Decoder::Gpu(d),
             None => Decoder::Blocking(&cpu),
         },
-        fall_back: backend == "auto",
+        fall_back: backend == BackendChoice::Auto,
     };
 
     let mut ckpt = stream::open(&files).await.map_err(|e| js_error(&e))?;
