@@ -199,6 +199,46 @@ try {
   const shot = process.env.SCREENSHOT || path.join(root, 'target/web-page.png');
   await page.screenshot({ path: shot, fullPage: true });
   console.log(`screenshot: ${shot}`);
+  // A browser without WebGPU (no --enable-unsafe-webgpu on Linux): 'gpu'
+  // is a clear GPU-001, 'auto' decodes on the CPU, says so, and gives the
+  // same files.
+  const plain = await puppeteer.launch({
+    executablePath: chromium,
+    headless: true,
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
+      '--disable-sync', '--no-first-run', '--disable-quic', '--disable-features=WebGPU'],
+  });
+  try {
+    const p = await plain.newPage();
+    await p.goto(`${base}/web/blank.html`);
+    const got = await p.evaluate(async (names) => {
+      const m = await import('/web/pkg/wgpu_dequant.js');
+      await m.default();
+      const files = new Map();
+      for (const n of names) files.set(n, await (await fetch(`/assets/sample-w4a16/${n}`)).blob());
+      const hex = (b) => [...new Uint8Array(b)].map((x) => x.toString(16).padStart(2, '0')).join('');
+      const out = { info: await m.adapterInfo() };
+      try {
+        await m.dequantize(files, { backend: 'gpu' });
+        out.gpu = 'decoded';
+      } catch (e) {
+        out.gpu = e.message;
+        out.gpuRule = e.rule;
+      }
+      const notes = [];
+      const dense = await m.dequantize(files, { backend: 'auto', onProgress: (d, t, detail) => { if (detail?.note) notes.push(detail.note); } });
+      out.notes = notes;
+      out.files = {};
+      for (const [name, blob] of dense) out.files[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
+      return out;
+    }, filesOf(sample));
+    check(got.info === null, `no WebGPU: adapterInfo() is null (${JSON.stringify(got.info)})`);
+    check(got.gpuRule === 'GPU-001', `no WebGPU: backend 'gpu' is refused: ${got.gpu}`);
+    check(got.notes.length === 1 && JSON.stringify(sorted(got.files)) === JSON.stringify(sorted(want.files)),
+      `no WebGPU: 'auto' decodes on the CPU to the CLI's files, with a note: ${got.notes}`);
+  } finally {
+    await plain.close();
+  }
 } finally {
   await browser.close();
   server.close();
