@@ -15,7 +15,9 @@ mod staging;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 
 pub use header::safetensors_header;
 pub use parts::{merge_index, Merged, PART_SUFFIX};
@@ -172,10 +174,12 @@ pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
 /// ([`Backend::decodes_ahead`]), a helper thread decodes the next piece while
 /// this one is made, so the device never drains between pieces. Returns
 /// false when the writing thread stopped taking pieces.
+#[allow(clippy::too_many_arguments)]
 fn send_pieces<'a>(
     ckpt: &Checkpoint,
     items: &[Item<'_, 'a>],
     backend: &dyn Backend,
+    cancelled: &AtomicBool,
     tx: &SyncSender<Piece<'a>>,
     spare: &Receiver<Vec<u8>>,
     progress: &mut impl FnMut(Progress<'_>),
@@ -203,6 +207,7 @@ fn send_pieces<'a>(
         };
         let mut pending = None;
         for (i, item) in items.iter().enumerate() {
+            check(cancelled)?;
             let piece = if pending == Some(i) {
                 pending = None;
                 done_rx
@@ -244,6 +249,28 @@ pub struct OutputDir {
     staging: Staging,
     /// Only these input shards are written (`--shards`).
     shards: Option<Vec<String>>,
+    cancelled: Arc<AtomicBool>,
+}
+
+/// Stops an [`OutputDir::write`] from another thread (an app's Ctrl-C, a
+/// Cancel button): the write fails with IO-001 before its next piece and
+/// leaves nothing behind, as any failed write does.
+#[derive(Debug, Clone)]
+pub struct Canceller(Arc<AtomicBool>);
+
+impl Canceller {
+    /// Asks the write to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Fails once the write was cancelled.
+fn check(cancelled: &AtomicBool) -> Result<()> {
+    if cancelled.load(Ordering::SeqCst) {
+        return Err(Error::bare(Rule::Io, "cancelled; nothing was written"));
+    }
+    Ok(())
 }
 
 impl OutputDir {
@@ -253,6 +280,7 @@ impl OutputDir {
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Fresh)?,
             shards: None,
+            cancelled: Arc::default(),
         })
     }
 
@@ -276,6 +304,7 @@ impl OutputDir {
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Force)?,
             shards: None,
+            cancelled: Arc::default(),
         })
     }
 
@@ -292,7 +321,13 @@ impl OutputDir {
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Shared(&tag))?,
             shards: Some(shards),
+            cancelled: Arc::default(),
         })
+    }
+
+    /// A handle that cancels this directory's [`OutputDir::write`].
+    pub fn canceller(&self) -> Canceller {
+        Canceller(self.cancelled.clone())
     }
 
     /// Writes the dense checkpoint of `plan`; `progress` hears of every
@@ -334,6 +369,7 @@ impl OutputDir {
             self.shards.as_deref(),
             plan,
             backend,
+            &self.cancelled,
             progress,
         )
     }
@@ -451,6 +487,7 @@ fn write_into(
     only: Option<&[String]>,
     plan: &Plan<'_>,
     backend: &dyn Backend,
+    cancelled: &AtomicBool,
     mut progress: impl FnMut(Progress<'_>),
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
@@ -459,7 +496,15 @@ fn write_into(
         let (path, mut w) = create(&staging, &file.name)?;
         w.write_all(&file.header)
             .map_err(|e| Error::io(&path, "cannot write", e))?;
-        let w = write_shard(ckpt, &file.tensors, backend, &path, w, &mut progress)?;
+        let w = write_shard(
+            ckpt,
+            &file.tensors,
+            backend,
+            cancelled,
+            &path,
+            w,
+            &mut progress,
+        )?;
         finish(&path, w)?;
     }
     let mut summary = Summary::of(plan, &shards);
@@ -495,6 +540,7 @@ fn write_into(
     for (path, name) in &plan.side_files {
         staging.copy_in(path, name)?;
     }
+    check(cancelled)?;
     // In a shared directory, these are this run's alone; the rest every part
     // writes alike.
     summary.files = staging.commit(|p| {
@@ -516,6 +562,7 @@ fn write_shard(
     ckpt: &Checkpoint,
     tensors: &[&Output<'_>],
     backend: &dyn Backend,
+    cancelled: &AtomicBool,
     path: &Path,
     mut w: BufWriter<File>,
     progress: &mut impl FnMut(Progress<'_>),
@@ -540,7 +587,7 @@ fn write_shard(
             Ok(w)
         });
         let items: Vec<Item<'_, '_>> = tensors.iter().flat_map(|t| Item::of(t)).collect();
-        let sent = send_pieces(ckpt, &items, backend, &tx, &spare, progress);
+        let sent = send_pieces(ckpt, &items, backend, cancelled, &tx, &spare, progress);
         drop(tx);
         let written = writer
             .join()

@@ -274,3 +274,43 @@ fn a_second_run_into_the_same_directory_refuses_and_harms_nothing() {
         assert_eq!(tree(&out), expected, "{extra:?}: the first run's output");
     }
 }
+
+/// An app cancels a write from its own thread (a Cancel button, Python's
+/// Ctrl-C): the write stops before its next piece, fails with IO-001 and
+/// leaves nothing; a write cancelled before it starts writes nothing at all.
+#[test]
+fn a_cancelled_write_fails_and_leaves_nothing() {
+    use wgpu_dequant::backend::Cpu;
+    use wgpu_dequant::writer::OutputDir;
+    use wgpu_dequant::{Checkpoint, DtypeChoice, Plan, Rule};
+
+    let ckpt = Checkpoint::open(crate::common::fixtures().join("w4a16-g128/model")).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for cancel_after in [0, 1, 3] {
+        let out = tmp.path().join(format!("dense-{cancel_after}"));
+        let dir = OutputDir::create(&out).unwrap();
+        let canceller = dir.canceller();
+        if cancel_after == 0 {
+            std::thread::spawn({
+                let c = canceller.clone();
+                move || c.cancel()
+            })
+            .join()
+            .unwrap();
+        }
+        let mut pieces = 0;
+        let e = dir
+            .write(&plan, &Cpu::new(), |_| {
+                pieces += 1;
+                if pieces == cancel_after {
+                    canceller.cancel();
+                }
+            })
+            .unwrap_err();
+        assert_eq!(e.rule, Rule::Io, "{e}");
+        assert!(e.to_string().contains("cancelled"), "{e}");
+        assert_eq!(pieces, cancel_after, "pieces written after the cancel");
+        assert!(!out.exists(), "{} left behind", out.display());
+    }
+}
