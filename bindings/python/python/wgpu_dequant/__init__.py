@@ -1,0 +1,108 @@
+"""Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt
+NVFP4, SVDQuant) to dense bf16 / f16 / f32 tensors, on any GPU wgpu reaches
+or on the CPU, with the same bytes as the ``wgpu-dequant`` CLI.
+
+Shaped like ``safetensors``' own API::
+
+    import wgpu_dequant as wdq
+    sd = wdq.load_file("ckpt", dtype="auto", backend="auto", framework="pt")
+    with wdq.safe_open("ckpt", framework="pt") as f:
+        w = f.get_tensor(f.keys()[0])
+    summary = wdq.dequantize("ckpt", "out")
+    report = wdq.inspect("ckpt")
+"""
+
+import json
+
+from . import _native
+from ._native import DequantError
+
+__all__ = ["DequantError", "dequantize", "inspect", "load_file", "safe_open"]
+
+_TORCH = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+          "I8": "int8", "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64",
+          "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_NUMPY = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "I8": "i1", "U8": "u1",
+          "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8", "U64": "<u8",
+          "BOOL": "?"}
+
+
+def _refuse(detail):
+    """A DequantError for a bad argument, as the library makes them."""
+    err = DequantError(f"[ARG-001] {detail}")
+    err.rule = "ARG-001"
+    return err
+
+
+def _tensor(buf, dtype, shape, framework):
+    """The bytes of one tensor as a ``framework`` tensor, without a copy."""
+    if framework in ("pt", "torch"):
+        import torch
+
+        t = getattr(torch, _TORCH.get(dtype, ""), None)
+        if t is None:
+            raise _refuse(f"dtype {dtype} has no torch equivalent")
+        if len(buf) == 0:
+            return torch.empty(shape, dtype=t)
+        return torch.frombuffer(buf, dtype=t).reshape(shape)
+    if framework in ("np", "numpy"):
+        import numpy as np
+
+        if dtype == "BF16" or dtype.startswith("F8"):
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise _refuse(
+                    f'numpy has no {dtype.lower()}: pip install ml_dtypes, or ask for dtype="f32"'
+                ) from None
+            np_dtype = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+                        "F8_E5M2": ml_dtypes.float8_e5m2}[dtype]
+        else:
+            np_dtype = np.dtype(_NUMPY[dtype])
+        return np.frombuffer(buf, dtype=np_dtype).reshape(shape)
+    raise _refuse(f'framework {framework!r}: "pt" or "np"')
+
+
+class safe_open:
+    """A checkpoint opened and planned once; ``get_tensor`` decodes just the
+    tensor asked for. Use as a context manager, as ``safetensors.safe_open``."""
+
+    def __init__(self, path, framework="pt", dtype="auto", backend="auto"):
+        self._checkpoint = _native.Checkpoint(str(path), dtype)
+        self._framework = framework
+        self._backend = backend
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._checkpoint = None
+        return False
+
+    def keys(self):
+        """The dense checkpoint's tensor names, sorted."""
+        return self._checkpoint.keys()
+
+    def get_tensor(self, name):
+        """Tensor ``name`` of the dense checkpoint, decoded now."""
+        dtype, shape, _ = self._checkpoint.info(name)
+        buf = self._checkpoint.decode(name, self._backend)
+        return _tensor(buf, dtype, shape, self._framework)
+
+
+def load_file(path, dtype="auto", backend="auto", framework="pt"):
+    """Every tensor of the dense form of checkpoint ``path``: name -> tensor."""
+    with safe_open(path, framework=framework, dtype=dtype, backend=backend) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False):
+    """Writes the dense checkpoint of ``path`` into ``out`` as the CLI does and
+    returns its summary. Ctrl-C stops it and leaves nothing behind."""
+    text = _native.dequantize(str(path), str(out), dtype, backend, force, progress)
+    return json.loads(text)
+
+
+def inspect(path):
+    """The report ``wgpu-dequant inspect --json`` prints, as a dict."""
+    return json.loads(_native.inspect(str(path)))

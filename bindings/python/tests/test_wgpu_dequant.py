@@ -1,0 +1,180 @@
+"""The Python package gives the CLI's bytes on every fixture, and its
+refusals carry the CLI's rule ids. The CLI is WGPU_DEQUANT_BIN, else
+target/debug/wgpu-dequant (cargo build)."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import wgpu_dequant as wdq
+
+ROOT = Path(__file__).resolve().parents[3]
+CLI = os.environ.get("WGPU_DEQUANT_BIN", str(ROOT / "target" / "debug" / "wgpu-dequant"))
+FIXTURES = sorted(p for p in (ROOT / "tests" / "fixtures").glob("*/model") if p.is_dir())
+SAMPLE = ROOT / "assets" / "sample-w4a16"
+
+
+def read_safetensors(path):
+    """name -> (dtype, shape, bytes) of a safetensors file."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    body = data[8 + n :]
+    return {
+        name: (info["dtype"], info["shape"], body[info["data_offsets"][0] : info["data_offsets"][1]])
+        for name, info in header.items()
+    }
+
+
+def cli_dense(model, out, dtype="auto"):
+    """The CLI's dense checkpoint of `model` in `out`: file name -> bytes."""
+    subprocess.run([CLI, "dequantize", str(model), "-o", str(out), "--backend", "cpu", "--dtype", dtype, "-q"], check=True)
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def cli_tensors(files, out):
+    tensors = {}
+    for name in files:
+        if name.endswith(".safetensors"):
+            tensors.update(read_safetensors(out / name))
+    return tensors
+
+
+@pytest.mark.parametrize("model", FIXTURES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("dtype", ["auto", "f32"])
+def test_load_file_gives_the_clis_tensors(model, dtype, tmp_path):
+    np = pytest.importorskip("numpy")
+    out = tmp_path / "dense"
+    want = cli_tensors(cli_dense(model, out, dtype), out)
+    got = wdq.load_file(model, dtype=dtype, backend="cpu", framework="np")
+    assert sorted(got) == sorted(want)
+    for name, (st_dtype, shape, data) in want.items():
+        t = got[name]
+        assert list(t.shape) == shape, name
+        assert np.ascontiguousarray(t).tobytes() == data, f"{name}: bytes differ"
+
+
+@pytest.mark.parametrize("model", FIXTURES, ids=lambda p: p.parent.name)
+def test_safe_open_decodes_one_tensor_on_any_backend(model, tmp_path):
+    out = tmp_path / "dense"
+    want = cli_tensors(cli_dense(model, out), out)
+    with wdq.safe_open(model, framework="np", backend="auto") as f:
+        keys = f.keys()
+        assert keys == sorted(want)
+        name = keys[len(keys) // 2]
+        assert f.get_tensor(name).tobytes() == want[name][2]
+
+
+@pytest.mark.parametrize("model", FIXTURES, ids=lambda p: p.parent.name)
+def test_dequantize_writes_the_clis_files(model, tmp_path):
+    want = cli_dense(model, tmp_path / "cli")
+    summary = wdq.dequantize(model, tmp_path / "py", backend="cpu")
+    got = {p.name: p.read_bytes() for p in sorted((tmp_path / "py").iterdir())}
+    assert got == want
+    assert summary["decoded"] > 0 or "fp8" in str(model)
+
+
+def test_inspect_is_the_clis_report():
+    want = json.loads(subprocess.run([CLI, "inspect", str(SAMPLE), "--json"], capture_output=True, check=True).stdout)
+    assert wdq.inspect(SAMPLE) == want
+
+
+def test_refusals_carry_the_clis_rule(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(SAMPLE, broken)
+    st = broken / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-1])
+    cli = subprocess.run([CLI, "inspect", str(broken)], capture_output=True, text=True)
+    for call in (lambda: wdq.load_file(broken), lambda: wdq.inspect(broken), lambda: wdq.dequantize(broken, tmp_path / "o")):
+        with pytest.raises(wdq.DequantError) as e:
+            call()
+        assert isinstance(e.value, ValueError)
+        assert e.value.rule == "ST-001"
+        assert cli.stderr.strip() == f"error: {e.value}"
+    assert not (tmp_path / "o").exists(), "a refused dequantize left its output"
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.load_file(SAMPLE, dtype="f64")
+    assert e.value.rule == "ARG-001" and "f64" in str(e.value)
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.load_file(SAMPLE, backend="tpu")
+    assert e.value.rule == "ARG-001"
+    with pytest.raises(wdq.DequantError) as e:
+        with wdq.safe_open(SAMPLE, framework="np") as f:
+            f.get_tensor("no.such.tensor")
+    assert e.value.rule == "ARG-001"
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.dequantize(SAMPLE, tmp_path / "full")
+    assert e.value.rule == "OUT-001"
+    assert wdq.dequantize(SAMPLE, tmp_path / "full", force=True)["decoded"] == 7
+
+
+def test_torch_tensors_are_bf16_with_the_clis_bytes(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    out = tmp_path / "dense"
+    want = cli_tensors(cli_dense(SAMPLE, out), out)
+    got = wdq.load_file(SAMPLE, framework="pt")
+    for name, (_, shape, data) in want.items():
+        assert got[name].dtype == torch.bfloat16
+        assert list(got[name].shape) == shape
+        assert got[name].contiguous().view(torch.uint8).numpy().tobytes() == data
+
+
+def test_transformers_loads_the_dense_state_dict():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    pytest.importorskip("torch", reason="torch is not installed")
+    config = transformers.AutoConfig.from_pretrained(SAMPLE)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(wdq.load_file(SAMPLE, framework="pt"), strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+
+
+def write_big_checkpoint(model, layers=6, rows=2048, cols=8192):
+    """An int4 asymmetric group-128 checkpoint (the sample's config) whose
+    dense output (200 MB) takes a while to write."""
+    model.mkdir()
+    shutil.copy(SAMPLE / "config.json", model / "config.json")
+    tensors = []
+    for i in range(layers):
+        m = f"model.layers.{i}.mlp.down_proj"
+        tensors += [
+            (f"{m}.weight_packed", "I32", [rows, cols // 8], os.urandom(rows * cols // 2)),
+            (f"{m}.weight_scale", "BF16", [rows, cols // 128], b"\x80\x3c" * (rows * cols // 128)),
+            (f"{m}.weight_shape", "I64", [2], rows.to_bytes(8, "little") + cols.to_bytes(8, "little")),
+            (f"{m}.weight_zero_point", "I32", [rows // 8, cols // 128], b"\x88" * (rows * cols // 128 // 2)),
+        ]
+    header, offset, body = {}, 0, []
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        body.append(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(model / "model.safetensors", "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for data in body:
+            f.write(data)
+
+
+def test_ctrl_c_stops_dequantize_and_leaves_nothing(tmp_path):
+    import _thread
+    import threading
+
+    write_big_checkpoint(tmp_path / "big")
+    out = tmp_path / "dense"
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wdq.dequantize(tmp_path / "big", out, backend="cpu")
+    finally:
+        timer.cancel()
+    assert not out.exists(), "an interrupted dequantize left its output"
+    # The next run is not refused: the interruption was this run's alone.
+    assert wdq.dequantize(tmp_path / "big", out, backend="cpu", progress=True)["decoded"] == 6
