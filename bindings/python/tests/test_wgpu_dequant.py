@@ -178,3 +178,15 @@ def test_ctrl_c_stops_dequantize_and_leaves_nothing(tmp_path):
     assert not out.exists(), "an interrupted dequantize left its output"
     # The next run is not refused: the interruption was this run's alone.
     assert wdq.dequantize(tmp_path / "big", out, backend="cpu", progress=True)["decoded"] == 6
+
+
+def test_numpy_bf16_without_ml_dtypes_says_what_to_do(monkeypatch):
+    pytest.importorskip("numpy")
+    monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)  # import fails
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.load_file(SAMPLE, framework="np")
+    assert e.value.rule == "ARG-001"
+    assert "ml_dtypes" in str(e.value) and 'dtype="f32"' in str(e.value)
+    # f32 needs nothing beyond numpy.
+    sd = wdq.load_file(SAMPLE, framework="np", dtype="f32")
+    assert all(t.dtype.name == "float32" for t in sd.values())
