@@ -197,15 +197,12 @@ pub async fn dequantize(
                         .map_err(|_| {
                             Error::bare(Rule::Io, format!("{}: not planned again", t.name))
                         })?;
-                    let mut pieces = writer::row_pieces(o).map(|p| p.into_iter());
-                    loop {
-                        let rows = match &mut pieces {
-                            Some(p) => match p.next() {
-                                Some(rows) => Some(rows),
-                                None => break,
-                            },
-                            None => None,
-                        };
+                    // Runs of rows, or the whole tensor at once (`None`).
+                    let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {
+                        Some(runs) => runs.into_iter().map(Some).collect(),
+                        None => vec![None],
+                    };
+                    for rows in pieces {
                         let made = loop {
                             match make(o, decoder, rows.clone()).await {
                                 Err(e) if e.rule == Rule::Gpu && run.fall_back => {
@@ -218,9 +215,6 @@ pub async fn dequantize(
                             }
                         };
                         emit(&name, Part::Bytes(made));
-                        if rows.is_none() {
-                            break;
-                        }
                     }
                 }
                 done += t.bytes;
