@@ -18,6 +18,16 @@ pub struct WdqCheckpoint {
     backends: Mutex<HashMap<String, Box<dyn Backend>>>,
 }
 
+impl WdqCheckpoint {
+    fn tensor(&self, name: &str) -> Result<wgpu_dequant::TensorInfo> {
+        self.model.tensor(name).ok_or_else(|| {
+            argument(format!(
+                "{name}: no tensor of that name in the dense checkpoint"
+            ))
+        })
+    }
+}
+
 /// What [`wdq_tensor_info`] tells of one tensor of the dense checkpoint.
 #[repr(C)]
 pub struct WdqTensorInfo {
@@ -185,11 +195,7 @@ pub unsafe extern "C" fn wdq_tensor_info(
             .ok_or_else(|| argument("checkpoint is NULL".into()))?;
         let out = out.as_mut().ok_or_else(|| argument("out is NULL".into()))?;
         let name = text(name, "name")?;
-        let t = c.model.tensor(name).ok_or_else(|| {
-            argument(format!(
-                "{name}: no tensor of that name in the dense checkpoint"
-            ))
-        })?;
+        let t = c.tensor(name)?;
         if t.shape.len() > out.shape.len() {
             return Err(argument(format!(
                 "{name}: {} dimensions, more than 8",
@@ -236,11 +242,7 @@ pub unsafe extern "C" fn wdq_decode(
         if dst.is_null() {
             return Err(argument("dst is NULL".into()));
         }
-        let t = c.model.tensor(name).ok_or_else(|| {
-            argument(format!(
-                "{name}: no tensor of that name in the dense checkpoint"
-            ))
-        })?;
+        let t = c.tensor(name)?;
         if dst_len < t.bytes {
             return Err(argument(format!(
                 "{name}: dst holds {dst_len} bytes, the tensor {}",
