@@ -20,7 +20,7 @@ struct Stream {
     word_bits: u32,   // bits between the 32-bit words of one lane (mod 2^32)
     slice_bits: u32,  // bits between slices (mod 2^32)
     base: u32,        // added to every bit position (mod 2^32)
-    _pad0: u32,
+    interleave: u32,  // padded words hold even fields first, then odd (AutoAWQ)
     _pad1: u32,
 }
 
@@ -41,7 +41,7 @@ struct Params {
     first_row: u32,   // flat row (over slices) of element 0 of this chunk
     elems: u32,       // elements in this chunk
     out_kind: u32,    // 0 f32, 1 bf16, 2 f16
-    zero_mode: u32,   // 0 none, 1 packed fields, 2 plain values
+    zero_mode: u32,   // 0 none, 1 packed fields, 2 plain values, 3 packed along columns
     has_scale: u32,
     gidx: u32,        // word index of g_idx in src, or 0xffffffff when none
     code_table: u32,  // word index of the code-value table
@@ -58,7 +58,7 @@ struct Params {
     slice0: u32,      // fast kernel: slice and row of first_row
     row0: u32,
     out_base: u32,    // dst word where this chunk's output starts
-    _pad0: u32,
+    transposed: u32,  // 1: output (row, col) is stored (col, row)
     _pad1: u32,
     codes: Stream,
     zero: Stream,
@@ -95,7 +95,11 @@ fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
         off = b & 31u;
     } else {
         w = i / st.per_word;
-        off = (i % st.per_word) * st.bits;
+        var m = i % st.per_word;
+        if (st.interleave != 0u) {
+            m = (m >> 1u) + (m & 1u) * (st.per_word >> 1u);
+        }
+        off = m * st.bits;
     }
     let base = st.base + slice * st.slice_bits + lane * st.lane_bits;
     let lo_n = min(32u - off, st.bits);
@@ -198,6 +202,10 @@ fn decode(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
             g = group_of(p.sgrid, col);
         }
         v = v - bitcast<f32>(src[p.code_table + field(p.zero, slice, g, row)]);
+    } else if (p.zero_mode == 3u) {
+        // Lanes are the scale grid's row groups (Grid clamps row_div >= 1).
+        let lane = select(0u, row / p.sgrid.row_div, p.has_scale == 1u);
+        v = v - bitcast<f32>(src[p.code_table + field(p.zero, slice, lane, col)]);
     } else if (p.zero_mode == 2u) {
         v = v - value(p.zgrid, slice, row, group_of(p.zgrid, col));
     }
@@ -268,6 +276,9 @@ fn to_f16(x: f32) -> u32 {
 
 fn element(e: u32) -> f32 {
     let flat = p.first_row + e / p.cols;
+    if (p.transposed == 1u) {
+        return decode(flat / p.rows, e % p.cols, flat % p.rows, flat);
+    }
     return decode(flat / p.rows, flat % p.rows, e % p.cols, flat);
 }
 

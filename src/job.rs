@@ -104,6 +104,10 @@ pub struct Fields<'a> {
     pub bits: u32,
     /// Fields per 32-bit word in the padded layout; 0 for the dense layout.
     pub per_word: u32,
+    /// Padded words hold their even fields first, then the odd ones: field
+    /// slot k of a word holds element `[0, 2, 4, 6, 1, 3, 5, 7][k]` for
+    /// eight per word (AutoAWQ's order). Only with `per_word` even.
+    pub interleaved: bool,
     /// Bits from the start of one lane to the next.
     pub lane_bits: u64,
     /// Bits from one 32-bit word of a lane to the next (32 when contiguous).
@@ -122,7 +126,13 @@ impl Fields<'_> {
             ((i * b) / 32, ((i * b) % 32) as u32)
         } else {
             let pw = self.per_word as u64;
-            (i / pw, ((i % pw) * b) as u32)
+            let m = i % pw;
+            let slot = if self.interleaved {
+                m / 2 + (m % 2) * (pw / 2)
+            } else {
+                m
+            };
+            (i / pw, (slot * b) as u32)
         }
     }
 
@@ -153,7 +163,12 @@ impl Fields<'_> {
             return self.lane_start(slice, lane);
         }
         let (w, off) = self.locate(len - 1);
-        let end_in_word = off as u64 + self.bits as u64;
+        // An interleaved word's last element need not sit in its last slot.
+        let end_in_word = if self.interleaved {
+            32
+        } else {
+            off as u64 + self.bits as u64
+        };
         let end = if end_in_word > 32 {
             (w + 1).checked_mul(self.word_bits)? + (end_in_word - 32)
         } else {
@@ -293,6 +308,13 @@ pub enum ZeroPoint<'a> {
         /// The packed fields.
         fields: Fields<'a>,
     },
+    /// b-bit fields packed along columns: lane = row group of the scale
+    /// grid (`row div row_div`), index = column (AutoAWQ's `qzeros`).
+    /// Fields read through the job's `code_values`.
+    PackedAlongCols {
+        /// The packed fields.
+        fields: Fields<'a>,
+    },
     /// One stored integer per grid entry.
     Plain(Values<'a>),
 }
@@ -317,6 +339,12 @@ pub struct DecodeJob<'a> {
     pub low_rank: Option<LowRank>,
     /// Output dtype.
     pub out: OutDtype,
+    /// The output is the stored matrix transposed: element (slice, row, col)
+    /// is stored element (slice, col, row). `dims` are the output's; codes,
+    /// zero point and scale are addressed in the stored orientation
+    /// ([`DecodeJob::stored_dims`]). AutoAWQ stores `[in, out]`, GPT-OSS's
+    /// experts `[E, out, in]` of a dense `[E, in, out]`.
+    pub transposed: bool,
 }
 
 /// SVDQuant's low-rank branch `up · downᵀ` and per-column smoothing, in one
@@ -380,9 +408,36 @@ impl DecodeJob<'_> {
         }
     }
 
-    /// The f32 value of element (slice, row, col), before the final rounding.
+    /// The job writing the transpose of what it wrote (`dims` swap).
+    pub fn transpose(mut self) -> Self {
+        std::mem::swap(&mut self.dims.rows, &mut self.dims.cols);
+        self.transposed = !self.transposed;
+        self
+    }
+
+    /// The dimensions codes, zero point and scale are addressed in.
+    pub fn stored_dims(&self) -> Dims {
+        let d = self.dims;
+        if self.transposed {
+            Dims {
+                rows: d.cols,
+                cols: d.rows,
+                ..d
+            }
+        } else {
+            d
+        }
+    }
+
+    /// The f32 value of output element (slice, row, col), before the final
+    /// rounding.
     #[inline]
     pub fn value(&self, slice: usize, row: usize, col: usize) -> f32 {
+        let (row, col) = if self.transposed {
+            (col, row)
+        } else {
+            (row, col)
+        };
         let (q, s) = self.scaled_parts(slice, row, col);
         match (&self.low_rank, s) {
             (Some(lr), s) => lr.apply(q, s.unwrap_or(1.0), row, col),
@@ -404,7 +459,8 @@ impl DecodeJob<'_> {
         }
     }
 
-    /// The code's value less its zero point, and the scale, of one element.
+    /// The code's value less its zero point, and the scale, of one stored
+    /// element.
     #[inline]
     fn scaled_parts(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
         let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
@@ -425,16 +481,22 @@ impl DecodeJob<'_> {
     fn zero_group(&self, col: usize) -> usize {
         match (&self.zero, &self.scale) {
             (Some(ZeroPoint::Plain(z)), _) => self.group(&z.grid, col),
+            (Some(ZeroPoint::PackedAlongCols { .. }), _) => col,
             (_, Some(s)) => self.group(&s.grid, col),
             (_, None) => 0,
         }
     }
 
-    /// The zero point of (slice, row) in column group `g` of its grid.
+    /// The zero point of stored (slice, row) in column group `g` of its grid
+    /// (the column itself for zero points packed along columns).
     #[inline]
     pub fn zero_at(&self, slice: usize, row: usize, g: usize) -> Option<f32> {
         self.zero.as_ref().map(|z| match z {
             ZeroPoint::Packed { fields } => self.code_values[fields.get(slice, g, row) as usize],
+            ZeroPoint::PackedAlongCols { fields } => {
+                let row_div = self.scale.as_ref().map_or(usize::MAX, |s| s.grid.row_div);
+                self.code_values[fields.get(slice, row / row_div, g) as usize]
+            }
             ZeroPoint::Plain(v) => v.get(v.grid.index(slice, row, g)),
         })
     }
@@ -498,6 +560,7 @@ mod tests {
                 data: (&data[..]).into(),
                 bits: b,
                 per_word: 0,
+                interleaved: false,
                 lane_bits: words_per_row as u64 * 32,
                 word_bits: 32,
                 slice_bits: 0,
@@ -525,6 +588,7 @@ mod tests {
                 data: (&data[..]).into(),
                 bits: b,
                 per_word: pw,
+                interleaved: false,
                 lane_bits: data.len() as u64 * 8,
                 word_bits: 32,
                 slice_bits: 0,
@@ -560,6 +624,7 @@ mod tests {
             data: (&data[..]).into(),
             bits: 3,
             per_word: 0,
+            interleaved: false,
             lane_bits: 64,
             word_bits: 32,
             slice_bits: 0,
@@ -598,6 +663,7 @@ mod tests {
                 data: (&data[..]).into(),
                 bits: b,
                 per_word: 0,
+                interleaved: false,
                 lane_bits: 32,
                 word_bits: 32 * groups as u64,
                 slice_bits: 0,
@@ -609,5 +675,81 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// AutoAWQ's word order by hand: field k of a word holds column
+    /// `[0, 2, 4, 6, 1, 3, 5, 7][k]`, so columns 0..8 = 0..8 pack to
+    /// 0x7531_6420.
+    #[test]
+    fn interleaved_words_read_autoawq_order() {
+        let data = 0x7531_6420u32.to_le_bytes();
+        let f = Fields {
+            data: (&data[..]).into(),
+            bits: 4,
+            per_word: 8,
+            interleaved: true,
+            lane_bits: 32,
+            word_bits: 32,
+            slice_bits: 0,
+        };
+        let cols: Vec<u32> = (0..8).map(|c| f.get(0, 0, c)).collect();
+        assert_eq!(cols, (0..8).collect::<Vec<u32>>());
+        assert_eq!(
+            f.extent_bits(1, 1, 3),
+            Some(32),
+            "a partial word is read whole"
+        );
+    }
+
+    /// A transposed job's element (row, col) is the stored (col, row), with
+    /// the stored element's scale.
+    #[test]
+    fn transposed_job_reads_the_stored_element() {
+        // Stored 2x3 bytes (codes = values), scales per stored row.
+        let codes = [1u8, 2, 3, 4, 5, 6];
+        let scales: Vec<u8> = [1.0f32, 10.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let job = DecodeJob {
+            dims: Dims {
+                slices: 1,
+                rows: 2,
+                cols: 3,
+            },
+            codes: Fields {
+                data: (&codes[..]).into(),
+                bits: 8,
+                per_word: 0,
+                interleaved: false,
+                lane_bits: 24,
+                word_bits: 32,
+                slice_bits: 48,
+            },
+            code_values: (0..256).map(|c| c as f32).collect(),
+            zero: None,
+            scale: Some(Values {
+                data: (&scales[..]).into(),
+                kind: ValueKind::F32,
+                grid: Grid {
+                    row_div: 1,
+                    col_div: 3,
+                    row_stride: 1,
+                    slice_stride: 2,
+                },
+            }),
+            g_idx: None,
+            low_rank: None,
+            transposed: false,
+            out: OutDtype::F32,
+        }
+        .transpose();
+        assert_eq!(job.dims.rows, 3);
+        assert_eq!(job.stored_dims().rows, 2);
+        let got: Vec<f32> = (0..3)
+            .flat_map(|r| (0..2).map(move |c| (r, c)))
+            .map(|(r, c)| job.value(0, r, c))
+            .collect();
+        assert_eq!(got, [1.0, 40.0, 2.0, 50.0, 3.0, 60.0]);
     }
 }

@@ -179,6 +179,21 @@ impl Report {
                     ex.join(", ")
                 );
             }
+            Format::Fp8Block(c) => {
+                let _ = writeln!(
+                    s,
+                    "  activations {}; not converted {}",
+                    c.activation_scheme.as_deref().unwrap_or("-"),
+                    list_or_dash(&c.modules_to_not_convert)
+                );
+            }
+            Format::Awq(c) => {
+                let _ = writeln!(
+                    s,
+                    "  not converted {}",
+                    list_or_dash(&c.modules_to_not_convert)
+                );
+            }
             Format::Svdquant(c) => {
                 let _ = writeln!(
                     s,
@@ -291,5 +306,14 @@ impl Report {
             let _ = writeln!(s, "warning     {}: {}", w.subject, w.detail);
         }
         s
+    }
+}
+
+/// `a, b`, or `-` for none.
+fn list_or_dash(v: &[String]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(", ")
     }
 }

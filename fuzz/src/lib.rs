@@ -94,4 +94,8 @@ pub mod fixtures {
     pub const W3A16: &[u8] = fixture!("w3a16-g16", "model.safetensors");
     /// Its config.json.
     pub const W3A16_CONFIG: &[u8] = fixture!("w3a16-g16", "config.json");
+    /// DeepSeek-style FP8 with 128x128 block scales.
+    pub const FP8_BLOCK: &[u8] = fixture!("fp8-block-bf16", "model.safetensors");
+    /// AutoAWQ GEMM int4 group 128.
+    pub const AWQ: &[u8] = fixture!("awq-gemm-w4-g128", "model.safetensors");
 }

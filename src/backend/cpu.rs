@@ -79,7 +79,12 @@ struct RowTables {
 impl RowTables {
     /// Tables pay off when a row holds more elements than its tables.
     fn of(job: &DecodeJob<'_>) -> Option<RowTables> {
-        if job.low_rank.is_some() {
+        // Transposed rows and zero points along columns change their scale
+        // or zero point from column to column.
+        if job.low_rank.is_some()
+            || job.transposed
+            || matches!(job.zero, Some(ZeroPoint::PackedAlongCols { .. }))
+        {
             return None;
         }
         let cols = job.dims.cols;
@@ -107,7 +112,7 @@ impl RowTables {
         }
         let f: &Fields<'_> = &job.codes;
         let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
-            && (f.per_word == 0 || f.per_word * f.bits == 32)
+            && (f.per_word == 0 || f.per_word * f.bits == 32 && !f.interleaved)
             && f.word_bits == 32
             && f.lane_bits.is_multiple_of(8)
             && f.slice_bits.is_multiple_of(8);

@@ -505,6 +505,7 @@ fn pack_quantized<'c>(
         data: packed.into(),
         bits: b,
         per_word,
+        interleaved: false,
         lane_bits: width as u64 * 32,
         word_bits: 32,
         slice_bits: (rows * width) as u64 * 32,
@@ -529,6 +530,7 @@ fn pack_quantized<'c>(
         scale: Some(scale),
         g_idx,
         low_rank: None,
+        transposed: false,
         out,
     };
     Ok((job, shape, packed.shard))
@@ -557,6 +559,7 @@ fn zero_point<'c>(
                     data: t.into(),
                     bits: b,
                     per_word,
+                    interleaved: false,
                     lane_bits: 32,
                     word_bits: 32 * groups as u64,
                     slice_bits: (zrows * groups) as u64 * 32,
@@ -703,6 +706,7 @@ fn byte_weight<'c>(
         scale: Some(scale),
         g_idx: g_idx(ckpt, module, layout, dims)?,
         low_rank: None,
+        transposed: false,
         out,
     };
     Ok((job, w.shape.to_vec(), w.shard, kind))

@@ -4,7 +4,9 @@
 //! tensor names and builds one job per module with the helpers below; no
 //! format has decode code of its own.
 
+pub mod awq;
 pub mod compressed_tensors;
+pub mod fp8_block;
 pub mod modelopt;
 pub mod svdquant;
 mod targets;
@@ -31,6 +33,10 @@ pub enum Format {
     CompressedTensors(compressed_tensors::Config),
     /// An NVIDIA ModelOpt export.
     Modelopt(modelopt::Config),
+    /// DeepSeek-style FP8 with block scales (`quant_method: "fp8"`).
+    Fp8Block(fp8_block::Config),
+    /// An AutoAWQ GEMM checkpoint (`quant_method: "awq"`).
+    Awq(awq::Config),
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant::Config),
     /// No quantization: every tensor is copied.
@@ -51,6 +57,8 @@ impl Format {
                 c.producer_version.as_deref().unwrap_or("?"),
                 c.quant_algo
             ),
+            Format::Fp8Block(c) => format!("fp8 e4m3 {} (weight_scale_inv)", c.describe()),
+            Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
             Format::Svdquant(c) => format!(
                 "svdquant rank {} ({} weights, {} targets, {} structural patches)",
                 c.rank,
@@ -97,10 +105,12 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
                 Some(f) => modelopt::Config::from_hf_quant_config(f)?,
                 None => modelopt::Config::from_config_json(&file.path, qc)?,
             })),
+            "fp8" => Ok(Format::Fp8Block(fp8_block::Config::parse(&file.path, qc)?)),
+            "awq" => Ok(Format::Awq(awq::Config::parse(&file.path, qc)?)),
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt)"),
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq)"),
             )),
         };
     }
@@ -144,7 +154,7 @@ pub fn default_dtype(ckpt: &Checkpoint, format: &Format) -> OutDtype {
         .or_else(|| {
             ckpt.names()
                 .iter()
-                .filter(|n| n.ends_with(".weight_scale"))
+                .filter(|n| n.ends_with(".weight_scale") || n.ends_with(".scales"))
                 .find_map(|n| match ckpt.get(n)?.dtype {
                     Dtype::BF16 => Some(OutDtype::Bf16),
                     Dtype::F16 => Some(OutDtype::F16),
@@ -175,6 +185,8 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
     let mut found = match format {
         Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, ckpt, dtype),
         Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
+        Format::Fp8Block(cfg) => fp8_block::plan(cfg, ckpt, dtype),
+        Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
         Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
         Format::Dense => return Modules::default(),
     };
@@ -246,6 +258,9 @@ pub const WEIGHT_QUANT_PARAMS: &[&str] = &[
     "weight_shape",
     "weight_g_idx",
     "weight_global_scale",
+    "weight_scale_inv",
+    "qweight",
+    "qzeros",
 ];
 
 /// The modules that carry tensor `suffix` (`<module>.<suffix>`), sorted.
@@ -524,6 +539,7 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
         data: (*packed).into(),
         bits: 4,
         per_word: 0,
+        interleaved: false,
         lane_bits: row_bytes as u64 * 8,
         word_bits: 32,
         slice_bits: (dims.rows * row_bytes) as u64 * 8,
@@ -550,6 +566,7 @@ pub fn fp4_job<'c>(
         scale: Some(grid_values(scale, table, layout, dims)?),
         g_idx: None,
         low_rank: None,
+        transposed: false,
         out,
     })
 }
@@ -560,6 +577,7 @@ pub fn byte_codes<'c>(t: &TensorRef<'c>, dims: Dims) -> Fields<'c> {
         data: (*t).into(),
         bits: 8,
         per_word: 0,
+        interleaved: false,
         lane_bits: dims.cols as u64 * 8,
         word_bits: 32,
         slice_bits: (dims.rows * dims.cols) as u64 * 8,

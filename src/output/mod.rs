@@ -104,7 +104,9 @@ impl<'a> Output<'a> {
                 add(&s.data);
             }
             match &job.zero {
-                Some(ZeroPoint::Packed { fields }) => add(&fields.data),
+                Some(ZeroPoint::Packed { fields } | ZeroPoint::PackedAlongCols { fields }) => {
+                    add(&fields.data)
+                }
                 Some(ZeroPoint::Plain(z)) => add(&z.data),
                 None => {}
             }

@@ -8,8 +8,8 @@ use std::process::Output;
 use crate::common::cli::{failed, ok, read_json, run, stderr, stdout};
 use crate::common::fixture_models;
 use crate::common::{
-    copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors, Tensor,
-    SHARD1, SHARD2,
+    auto_digests, copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors,
+    Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
 
@@ -65,7 +65,7 @@ fn expected_outputs(model: &Path) -> BTreeMap<String, (String, Vec<usize>)> {
             .collect();
     }
     let digests: serde_json::Map<String, Value> = serde_json::from_slice(
-        &std::fs::read(model.parent().unwrap().join("expected-bf16.digests.json")).unwrap(),
+        &std::fs::read(model.parent().unwrap().join(auto_digests(case_of(model)))).unwrap(),
     )
     .unwrap();
     digests
@@ -96,6 +96,15 @@ fn target_prefixes(model: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The fixture case a model directory belongs to.
+fn case_of(model: &Path) -> &str {
+    model
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap()
+}
+
 /// The format's name as `inspect` should report it.
 fn format_name(model: &Path) -> &'static str {
     if model.join("model.config.yaml").is_file() {
@@ -103,7 +112,12 @@ fn format_name(model: &Path) -> &'static str {
     } else if model.join("hf_quant_config.json").is_file() {
         "modelopt"
     } else {
-        "compressed-tensors"
+        match read_json(&model.join("config.json"))["quantization_config"]["quant_method"].as_str()
+        {
+            Some("fp8") => "fp8-block",
+            Some("awq") => "awq",
+            _ => "compressed-tensors",
+        }
     }
 }
 

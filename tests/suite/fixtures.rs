@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::common::producer::Tensors;
-use crate::common::{check_case, fixtures, CASES};
+use crate::common::{auto_digests, check_case, fixtures, CASES};
 use serde_json::Value;
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 
@@ -15,7 +15,7 @@ fn every_fixture_default_dtype_matches_bf16_reference() {
             case,
             DtypeChoice::Auto,
             BackendChoice::Cpu,
-            "expected-bf16.digests.json",
+            auto_digests(case),
             false,
         );
     }
@@ -38,10 +38,29 @@ fn every_fixture_f32_matches_reference() {
                 case,
                 DtypeChoice::Fixed(OutDtype::F32),
                 BackendChoice::Cpu,
-                "expected-bf16.digests.json",
+                auto_digests(case),
                 true,
             );
         }
+    }
+}
+
+/// DeepSeek-style FP8 decoded straight to f16 is what compressed-tensors'
+/// `FP8BlockDequantizer(dtype=float16)` writes, on both backends (its
+/// copies stay bf16; ours are cast, and checked against the copied input).
+#[test]
+fn fp8_block_f16_matches_reference_on_both_backends() {
+    for backend in [BackendChoice::Cpu, BackendChoice::Gpu] {
+        if backend == BackendChoice::Gpu && crate::common::adapter().is_none() {
+            continue;
+        }
+        check_case(
+            "fp8-block-bf16",
+            DtypeChoice::Fixed(OutDtype::F16),
+            backend,
+            "expected-f16.digests.json",
+            false,
+        );
     }
 }
 

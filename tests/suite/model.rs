@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::cli::{ok, stdout};
-use crate::common::{adapter, fixtures, plus_zero, sha256_hex, CASES};
+use crate::common::{adapter, auto_digests, fixtures, plus_zero, sha256_hex, CASES};
 use serde_json::Value;
 use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
 use wgpu_dequant::{wgpu, DtypeChoice, Model, Rule};
@@ -20,7 +20,7 @@ fn model(case: &str) -> Model {
 }
 
 fn digests(case: &str) -> serde_json::Map<String, Value> {
-    let path = fixtures().join(case).join("expected-bf16.digests.json");
+    let path = fixtures().join(case).join(auto_digests(case));
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 

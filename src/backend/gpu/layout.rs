@@ -36,7 +36,8 @@ pub struct StreamParams {
     word_bits: u32,
     slice_bits: u32,
     base: u32,
-    _pad: [u32; 2],
+    interleave: u32,
+    _pad: u32,
 }
 
 /// Mirrors `Grid` in decode.wgsl.
@@ -80,7 +81,8 @@ pub struct Params {
     slice0: u32,
     row0: u32,
     out_base: u32,
-    _pad: [u32; 2],
+    transposed: u32,
+    _pad: u32,
     codes: StreamParams,
     zero: StreamParams,
     zgrid: GridParams,
@@ -139,7 +141,12 @@ impl Fast {
     pub fn for_job(job: &DecodeJob<'_>) -> Option<Fast> {
         let c = &job.codes;
         let d = job.dims;
-        if !matches!(c.bits, 4 | 8) || c.per_word != 0 || c.word_bits != 32 || job.g_idx.is_some() {
+        if !matches!(c.bits, 4 | 8)
+            || c.per_word != 0
+            || c.word_bits != 32
+            || job.g_idx.is_some()
+            || job.transposed
+        {
             return None;
         }
         // The kernel divides in f32 (div_small), exact below 2^24: a row
@@ -156,6 +163,7 @@ impl Fast {
         match &job.zero {
             Some(ZeroPoint::Plain(z)) if !whole_words(z) => return None,
             Some(ZeroPoint::Packed { fields }) if fields.bits != c.bits => return None,
+            Some(ZeroPoint::PackedAlongCols { .. }) => return None,
             _ => {}
         }
         let out = out_kind(job.out);
@@ -192,6 +200,7 @@ impl Fast {
                 None => 0,
                 Some(ZeroPoint::Packed { .. }) => 1,
                 Some(ZeroPoint::Plain(_)) => 2,
+                Some(ZeroPoint::PackedAlongCols { .. }) => 3,
             },
             scaled: job.scale.is_some(),
             low_rank: match &job.low_rank {
@@ -326,7 +335,8 @@ impl<'a> Src<'a> {
             word_bits: f.word_bits as u32,
             slice_bits: f.slice_bits as u32,
             base: (offset * 8).wrapping_sub(start * 8) as u32,
-            _pad: [0; 2],
+            interleave: f.interleaved as u32,
+            _pad: 0,
         }
     }
 
@@ -385,8 +395,17 @@ fn chunk<'a>(
     limits: &Limits,
 ) -> Option<Chunk<'a>> {
     let d = job.dims;
-    let first = (f0 / d.rows, f0 % d.rows);
-    let last = ((f1 - 1) / d.rows, (f1 - 1) % d.rows);
+    // The stored rows this chunk reads, first and last as (slice, row): a
+    // transposed chunk reads every stored row of its slices.
+    let sd = job.stored_dims();
+    let (first, last) = if job.transposed {
+        ((f0 / d.rows, 0), ((f1 - 1) / d.rows, sd.rows - 1))
+    } else {
+        (
+            (f0 / d.rows, f0 % d.rows),
+            ((f1 - 1) / d.rows, (f1 - 1) % d.rows),
+        )
+    };
     let mut src = Src::default();
     let code_table = src.push_f32(&job.code_values);
     let gidx = match &job.g_idx {
@@ -396,7 +415,7 @@ fn chunk<'a>(
         None => u32::MAX,
     };
     let lo = job.codes.lane_start(first.0, first.1)?;
-    let hi = job.codes.lane_end(last.0, last.1, d.cols)?;
+    let hi = job.codes.lane_end(last.0, last.1, sd.cols)?;
     let codes = src.push_fields(&job.codes, lo, hi);
 
     let (zero_mode, zero, zgrid) = match &job.zero {
@@ -410,16 +429,23 @@ fn chunk<'a>(
             let hi = fields.lane_start(last.0, 0)? + (w1 + 2) * fields.word_bits;
             (1, src.push_fields(fields, lo, hi), GridParams::default())
         }
+        Some(ZeroPoint::PackedAlongCols { fields }) => {
+            // Lanes are row groups of the scale grid.
+            let row_div = job.scale.as_ref().map_or(usize::MAX, |s| s.grid.row_div);
+            let lo = fields.lane_start(first.0, first.1 / row_div)?;
+            let hi = fields.lane_end(last.0, last.1 / row_div, sd.cols)?;
+            (3, src.push_fields(fields, lo, hi), GridParams::default())
+        }
         Some(ZeroPoint::Plain(v)) => {
-            let (lo, hi) = grid_range(v, d.cols, first, last);
-            (2, StreamParams::default(), src.push_values(v, d, lo, hi))
+            let (lo, hi) = grid_range(v, sd.cols, first, last);
+            (2, StreamParams::default(), src.push_values(v, sd, lo, hi))
         }
     };
     let (has_scale, sgrid) = match &job.scale {
         None => (0, GridParams::default()),
         Some(v) => {
-            let (lo, hi) = grid_range(v, d.cols, first, last);
-            (1, src.push_values(v, d, lo, hi))
+            let (lo, hi) = grid_range(v, sd.cols, first, last);
+            (1, src.push_values(v, sd, lo, hi))
         }
     };
 
@@ -482,7 +508,8 @@ fn chunk<'a>(
         slice0: first.0 as u32,
         row0: first.1 as u32,
         out_base: 0,
-        _pad: [0; 2],
+        transposed: job.transposed as u32,
+        _pad: 0,
         codes,
         zero,
         zgrid,
@@ -609,21 +636,18 @@ mod tests {
         let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
             lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
-            row0, out_base];
-        let pad = offset_of!(Params, _pad) as u32;
-        host.extend((0..2).map(|i| (format!("_pad{i}"), pad + 4 * i)));
+            row0, out_base, transposed];
+        host.push(("_pad1".into(), offset_of!(Params, _pad) as u32));
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
         ] {
             host.extend(
                 fields![StreamParams, name, at; bits, per_word, lane_bits, word_bits,
-                slice_bits, base],
+                slice_bits, base, interleave],
             );
-            // The shader names the two padding words one by one.
             let pad = (at + offset_of!(StreamParams, _pad)) as u32;
-            host.push((format!("{name}_pad0"), pad));
-            host.push((format!("{name}_pad1"), pad + 4));
+            host.push((format!("{name}_pad1"), pad));
         }
         for (name, at) in [
             ("zgrid.", offset_of!(Params, zgrid)),
@@ -662,6 +686,7 @@ mod tests {
                 data: data.into(),
                 bits: 4,
                 per_word: 0,
+                interleaved: false,
                 lane_bits: words as u64 * 32,
                 word_bits: 32,
                 slice_bits: (rows * words) as u64 * 32,
@@ -680,6 +705,7 @@ mod tests {
             }),
             g_idx: None,
             low_rank: None,
+            transposed: false,
             out,
         }
     }

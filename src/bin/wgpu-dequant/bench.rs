@@ -243,6 +243,7 @@ impl Weight {
                 data: self.zero.as_slice().into(),
                 bits: 4,
                 per_word: 0,
+                interleaved: false,
                 lane_bits: 32,
                 word_bits: 32 * (cols / 128) as u64,
                 slice_bits: 0,
@@ -258,6 +259,7 @@ impl Weight {
                 data: self.codes.as_slice().into(),
                 bits,
                 per_word: 0,
+                interleaved: false,
                 lane_bits: (cols * bits as usize) as u64,
                 word_bits: 32,
                 slice_bits: 0,
@@ -271,6 +273,7 @@ impl Weight {
             }),
             g_idx: None,
             low_rank: None,
+            transposed: false,
             out,
         }
     }

@@ -267,6 +267,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
             data: codes,
             bits: 4,
             per_word: 0,
+            interleaved: false,
             lane_bits: half as u64 * 8,
             word_bits: 32,
             slice_bits: 0,
@@ -291,6 +292,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
             inv_smooth: smooth.iter().map(|s| 1.0 / s).collect(),
             smooth_first: packed,
         }),
+        transposed: false,
         out,
     };
     Ok(Decoded {

@@ -1,7 +1,8 @@
 //! Random [`DecodeJob`]s over random storage: every num_bits, dense and
 //! padded layouts, int32-packed and byte-granular rows, scale kinds (Table
 //! included) on tensor / row / group / block grids, packed and plain zero
-//! points, g_idx, 3-D, every output dtype. Backends are checked against each
+//! points (along rows or columns), g_idx, 3-D, AutoAWQ's interleaved words,
+//! transposed outputs, every output dtype. Backends are checked against each
 //! other (or against `DecodeJob::value`) on them.
 #![allow(dead_code)]
 
@@ -175,6 +176,11 @@ pub enum ZeroSpec {
         kind: ValueKind,
         grid: Grid,
     },
+    /// Packed along columns: `lanes` lanes (row groups) of `lane_bits`.
+    AlongCols {
+        lanes: usize,
+        lane_bits: u64,
+    },
 }
 
 /// The storage of one random job and everything needed to describe it;
@@ -184,6 +190,8 @@ pub struct RandomJob {
     pub bits: u32,
     pub padded: bool,
     pub per_word: u32,
+    pub interleaved: bool,
+    pub transposed: bool,
     pub lane_bits: u64,
     pub slice_bits: u64,
     pub codes: Vec<u8>,
@@ -202,7 +210,9 @@ impl RandomJob {
     /// Random storage for a job of size `d`, drawing grids from `sizes`.
     pub fn new(rng: &mut Rng, d: Dims, sizes: &GridSizes) -> RandomJob {
         let bits = 1 + rng.below(8) as u32;
-        let padded = rng.below(2) == 1 && 32 % bits != 0;
+        // AutoAWQ's order interleaves the fields of padded words.
+        let interleaved = rng.below(5) == 0 && (32 / bits).is_multiple_of(2);
+        let padded = interleaved || rng.below(2) == 1 && 32 % bits != 0;
         let per_word = if padded { 32 / bits } else { 0 };
         // Int32-packed rows, or byte-granular rows (FP4 / int8 style, unaligned lanes).
         let lane_bits = if padded || rng.below(2) == 0 {
@@ -235,7 +245,7 @@ impl RandomJob {
             scale_bytes = value_bytes(rng, &scale_kind, *n);
         }
         let groups = scale.as_ref().map_or(1, |s| s.2);
-        let zero_mode = rng.below(3);
+        let zero_mode = rng.below(4);
         let mut zero_bytes = Vec::new();
         let zero = match zero_mode {
             1 => {
@@ -260,6 +270,21 @@ impl RandomJob {
                 zero_bytes = value_bytes(rng, &kind, n);
                 ZeroSpec::Plain { kind, grid }
             }
+            3 => {
+                // Packed along columns: lane = row group of the scale grid.
+                let row_div = scale.as_ref().map_or(d.rows, |s| s.0.row_div);
+                let lanes = d.rows.div_ceil(row_div.max(1));
+                let words = if padded {
+                    d.cols.div_ceil(per_word as usize)
+                } else {
+                    (d.cols * bits as usize).div_ceil(32)
+                };
+                let lane_bits = words as u64 * 32;
+                zero_bytes = (0..d.slices * lanes * words * 4)
+                    .map(|_| rng.next() as u8)
+                    .collect();
+                ZeroSpec::AlongCols { lanes, lane_bits }
+            }
             _ => ZeroSpec::None,
         };
         let g_idx = match &scale {
@@ -280,6 +305,8 @@ impl RandomJob {
             bits,
             padded,
             per_word,
+            interleaved,
+            transposed: rng.below(4) == 0,
             lane_bits,
             slice_bits,
             codes,
@@ -332,10 +359,15 @@ impl RandomJob {
                 .collect();
             r.zero = ZeroSpec::Packed { zrows, groups };
         }
+        if matches!(r.zero, ZeroSpec::AlongCols { .. }) {
+            r.zero = ZeroSpec::None;
+        }
         RandomJob {
             bits,
             padded: false,
             per_word: 0,
+            interleaved: false,
+            transposed: false,
             lane_bits,
             slice_bits,
             codes: (0..code_len).map(|_| rng.next() as u8).collect(),
@@ -352,14 +384,16 @@ impl RandomJob {
         self.out == OutDtype::F32 || self.dims.cols.is_multiple_of(2)
     }
 
-    /// The job over this storage.
+    /// The job over this storage (`dims` are the stored ones; a transposed
+    /// job writes their transpose).
     pub fn job(&self) -> DecodeJob<'_> {
-        DecodeJob {
+        let job = DecodeJob {
             dims: self.dims,
             codes: Fields {
                 data: (&self.codes[..]).into(),
                 bits: self.bits,
                 per_word: self.per_word,
+                interleaved: self.interleaved,
                 lane_bits: self.lane_bits,
                 word_bits: 32,
                 slice_bits: self.slice_bits,
@@ -371,6 +405,7 @@ impl RandomJob {
                         data: (&self.zero_bytes[..]).into(),
                         bits: self.bits,
                         per_word: self.per_word,
+                        interleaved: self.interleaved,
                         lane_bits: 32,
                         word_bits: 32 * *groups as u64,
                         slice_bits: (zrows * groups) as u64 * 32,
@@ -381,6 +416,17 @@ impl RandomJob {
                     kind: kind.clone(),
                     grid: *grid,
                 })),
+                ZeroSpec::AlongCols { lanes, lane_bits } => Some(ZeroPoint::PackedAlongCols {
+                    fields: Fields {
+                        data: (&self.zero_bytes[..]).into(),
+                        bits: self.bits,
+                        per_word: self.per_word,
+                        interleaved: self.interleaved,
+                        lane_bits: *lane_bits,
+                        word_bits: 32,
+                        slice_bits: *lanes as u64 * lane_bits,
+                    },
+                }),
                 ZeroSpec::None => None,
             },
             scale: self.scale.as_ref().map(|(grid, kind)| Values {
@@ -390,7 +436,13 @@ impl RandomJob {
             }),
             g_idx: self.g_idx.clone(),
             low_rank: None,
+            transposed: false,
             out: self.out,
+        };
+        if self.transposed {
+            job.transpose()
+        } else {
+            job
         }
     }
 
@@ -401,16 +453,19 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?} bits {} padded {} lane_bits {} scale {:?} zero {} g_idx {} out {}",
+            "{:?}{} bits {} padded {}{} lane_bits {} scale {:?} zero {} g_idx {} out {}",
             self.dims,
+            if self.transposed { " transposed" } else { "" },
             self.bits,
             self.padded,
+            if self.interleaved { " interleaved" } else { "" },
             self.lane_bits,
             self.scale.as_ref().map(|(g, k)| (g, kind(k))),
             match &self.zero {
                 ZeroSpec::None => "none".to_string(),
                 ZeroSpec::Packed { zrows, groups } => format!("packed {zrows}x{groups}"),
                 ZeroSpec::Plain { kind: k, grid } => format!("plain {} {grid:?}", kind(k)),
+                ZeroSpec::AlongCols { lanes, .. } => format!("along columns, {lanes} lanes"),
             },
             self.g_idx.is_some(),
             self.out

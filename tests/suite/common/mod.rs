@@ -324,6 +324,8 @@ impl Rng {
 
 /// The reference checkpoints in tests/fixtures.
 pub const CASES: &[&str] = &[
+    "awq-gemm-w4-g128",
+    "fp8-block-bf16",
     "fp8-dynamic",
     "legacy-w3a16-g16",
     "modelopt-nvfp4",
@@ -368,6 +370,42 @@ pub fn bf16_of_f32(bytes: &[u8]) -> Vec<u8> {
         .collect()
 }
 
+/// The digests of `case` in the model's own dtype: `expected-bf16`, or
+/// `expected-f16` for f16 models (AutoAWQ).
+pub fn auto_digests(case: &str) -> &'static str {
+    if fixtures()
+        .join(case)
+        .join("expected-bf16.digests.json")
+        .is_file()
+    {
+        "expected-bf16.digests.json"
+    } else {
+        "expected-f16.digests.json"
+    }
+}
+
+pub fn f16_of_f32(bytes: &[u8]) -> Vec<u8> {
+    bytes
+        .chunks(4)
+        .flat_map(|c| {
+            half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .to_bits()
+                .to_le_bytes()
+        })
+        .collect()
+}
+
+fn f16_of_bf16(bytes: &[u8]) -> Vec<u8> {
+    bytes
+        .chunks(2)
+        .flat_map(|c| {
+            half::f16::from_f32(half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .to_bits()
+                .to_le_bytes()
+        })
+        .collect()
+}
+
 /// Decodes `case` with `dtype` and compares every tensor with `digests`.
 /// `widen` rounds our f32 outputs to bf16 first (compressed-tensors' f32
 /// references are its bf16 results widened).
@@ -396,8 +434,18 @@ pub fn check_case(
         assert_eq!(shape, &want_shape, "{case}: {name} shape");
         // Under a fixed f32, copies are widened exactly; the reference keeps
         // them stored (bf16), and narrowing them back must give its bytes.
-        let (dt, bytes) = if dt == "F32" && (widen || w["dtype"] == "BF16") {
+        let (dt, bytes) = if dt == "F32" && (widen && w["dtype"] != "F16" || w["dtype"] == "BF16") {
             ("BF16".to_string(), bf16_of_f32(bytes))
+        } else if dt == "F32" && w["dtype"] == "F16" {
+            ("F16".to_string(), f16_of_f32(bytes))
+        } else if dt == "F16" && w["dtype"] == "BF16" {
+            // A reference that converts the quantized weights alone keeps
+            // copies in bf16; ours are those copies cast to f16.
+            let input = read_dir_tensors(&dir.join("model"));
+            let (_, _, stored) = &input[name];
+            assert_eq!(sha256_hex(stored), w["sha256"], "{case}: {name} is a copy");
+            assert_eq!(bytes, &f16_of_bf16(stored), "{case}: {name} cast to f16");
+            continue;
         } else {
             (dt.clone(), bytes.clone())
         };

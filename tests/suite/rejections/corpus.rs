@@ -319,6 +319,8 @@ const MO: &str = "modelopt-nvfp4";
 const SHARDED: &str = "sharded-nvfp4a16";
 const SVDQ_INT4: &str = "svdq-int4-g64-logical";
 const SVDQ_FP4: &str = "svdq-fp4-g16-packed";
+const FP8_BLOCK: &str = "fp8-block-bf16";
+const AWQ: &str = "awq-gemm-w4-g128";
 
 fn case(
     name: &'static str,
@@ -1609,8 +1611,114 @@ fn hf_cache(root: &Path, model: &Path) -> PathBuf {
     snap
 }
 
+/// DeepSeek-style FP8 and AutoAWQ: orphans, misshaped companions, and the
+/// variants not decoded.
+fn release_cases() -> Vec<Case> {
+    use Rule::{
+        Config as CFG, MissingTensor as MISSING, TensorDtype as DTYPE, TensorShape as SHAPE,
+        Unsupported as UNSUPPORTED,
+    };
+    use Stage::{Build, Plan};
+    fn qc(e: &Env, key: &str, v: Value) -> PathBuf {
+        edit_json(&e.config(), |c| c["quantization_config"][key] = v);
+        e.model.clone()
+    }
+    vec![
+        case(
+            "fp8 weight_scale_inv without its weight",
+            FP8_BLOCK,
+            Plan,
+            MISSING,
+            "down_proj.weight",
+            |e| {
+                remove_tensor(&e.st(), &down("weight"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "fp8 weight without weight_scale_inv",
+            FP8_BLOCK,
+            Plan,
+            MISSING,
+            "down_proj.weight_scale_inv",
+            |e| {
+                remove_tensor(&e.st(), &down("weight_scale_inv"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "fp8 weight_scale_inv one block short",
+            FP8_BLOCK,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale_inv",
+            |e| {
+                reshape_tensor(
+                    &e.st(),
+                    &down("weight_scale_inv"),
+                    "F32",
+                    &[3, 7],
+                    3 * 7 * 4,
+                );
+                e.model.clone()
+            },
+        ),
+        case("fp8 fmt e5m2", FP8_BLOCK, Build, UNSUPPORTED, "e5m2", |e| {
+            qc(e, "fmt", json!("e5m2"))
+        }),
+        case(
+            "fp8 weight_block_size of one number",
+            FP8_BLOCK,
+            Build,
+            CFG,
+            "weight_block_size",
+            |e| qc(e, "weight_block_size", json!([128])),
+        ),
+        case("awq version gemv", AWQ, Build, UNSUPPORTED, "gemv", |e| {
+            qc(e, "version", json!("gemv"))
+        }),
+        case("awq 8 bits", AWQ, Build, UNSUPPORTED, "bits 8", |e| {
+            qc(e, "bits", json!(8))
+        }),
+        case(
+            "awq qweight stored as F32",
+            AWQ,
+            Plan,
+            DTYPE,
+            "down_proj.qweight",
+            |e| {
+                set_entry(&e.st(), &down("qweight"), "dtype", json!("F32"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "awq qzeros one group short",
+            AWQ,
+            Plan,
+            SHAPE,
+            "down_proj.qzeros",
+            |e| {
+                reshape_tensor(&e.st(), &down("qzeros"), "I32", &[7, 48], 7 * 48 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "awq scales missing",
+            AWQ,
+            Plan,
+            MISSING,
+            "down_proj.scales",
+            |e| {
+                remove_tensor(&e.st(), &down("scales"));
+                e.model.clone()
+            },
+        ),
+    ]
+}
+
 fn corpus() -> Vec<Case> {
     [
+        release_cases(),
         container_cases(),
         ct_cases(),
         tensor_cases(),
@@ -1866,6 +1974,11 @@ fn missing_and_misshaped_tensors() {
 #[test]
 fn config_faults() {
     run_cases(config_cases());
+}
+
+#[test]
+fn release_format_faults() {
+    run_cases(release_cases());
 }
 
 #[test]

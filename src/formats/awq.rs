@@ -1,0 +1,205 @@
+//! AutoAWQ GEMM checkpoints (`quant_method: "awq"`, `version: "gemm"`).
+//!
+//! A quantized Linear stores its weight transposed, `[in, out]`:
+//!
+//! | tensor | dtype | shape | holds |
+//! |---|---|---|---|
+//! | `qweight` | int32 | `[in, out/8]` | 4-bit codes q, eight per word |
+//! | `qzeros` | int32 | `[in/group, out/8]` | 4-bit zero points z, same packing |
+//! | `scales` | f16 | `[in/group, out]` | one scale s per group |
+//!
+//! Inside a word, field k holds column `8j + [0, 2, 4, 6, 1, 3, 5, 7][k]`
+//! (even columns in the low half). The value is `(q − z) · s`, written
+//! `[out, in]`; without zero points it is `(q − 8) · s`, as compressed-tensors'
+//! `AutoAWQConverter` reads such a checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{
+    check_extent, decoded_output, expect_dtype, float_kind, grid_values, modules_with, plan_each,
+    require, Modules, ScaleLayout,
+};
+use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Dims, Fields, ZeroPoint};
+use crate::numerics::OutDtype;
+use crate::output::Output;
+
+/// Bits per code: the only width AutoAWQ GEMM writes.
+pub const BITS: u32 = 4;
+
+/// An AutoAWQ quantization config.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// The file it came from.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// Input columns per scale; `None` (AutoAWQ's -1): one group per row.
+    pub group_size: Option<usize>,
+    /// Whether `qzeros` are stored (asymmetric).
+    pub zero_point: bool,
+    /// Modules left in high precision.
+    pub modules_to_not_convert: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Raw {
+    bits: Option<u32>,
+    group_size: Option<i64>,
+    zero_point: Option<bool>,
+    version: Option<String>,
+    modules_to_not_convert: Option<Vec<String>>,
+}
+
+impl Config {
+    /// Reads config.json's `quantization_config`.
+    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
+        let raw: Raw = super::from_value(path, qc)?;
+        let version = raw.version.unwrap_or_else(|| "gemm".into());
+        if !version.eq_ignore_ascii_case("gemm") {
+            return Err(Error::new(
+                Rule::Unsupported,
+                path,
+                format!("AWQ version {version:?} is not decoded (only gemm)"),
+            ));
+        }
+        let bits = raw.bits.unwrap_or(BITS);
+        if bits != BITS {
+            return Err(Error::new(
+                Rule::Unsupported,
+                path,
+                format!("AWQ bits {bits} is not decoded (only 4)"),
+            ));
+        }
+        let group_size = match raw.group_size.unwrap_or(128) {
+            -1 => None,
+            g if g > 0 => Some(usize::try_from(g).unwrap_or(usize::MAX)),
+            g => {
+                return Err(Error::new(
+                    Rule::Config,
+                    path,
+                    format!("group_size {g}: expected a positive integer or -1"),
+                ))
+            }
+        };
+        Ok(Config {
+            path: path.to_path_buf(),
+            group_size,
+            zero_point: raw.zero_point.unwrap_or(true),
+            modules_to_not_convert: raw.modules_to_not_convert.unwrap_or_default(),
+        })
+    }
+
+    /// For people: `int4 group 128 asym`.
+    pub fn describe(&self) -> String {
+        format!(
+            "int4 {} {}",
+            match self.group_size {
+                Some(g) => format!("group {g}"),
+                None => "per-channel".into(),
+            },
+            if self.zero_point { "asym" } else { "sym" }
+        )
+    }
+}
+
+/// The decoded modules: every module with a `qweight`.
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    plan_each(
+        ckpt,
+        modules_with(ckpt, "qweight"),
+        &["qweight", "qzeros", "scales"],
+        |m| {
+            super::fp8_block::not_converted(&cfg.modules_to_not_convert, m)
+                .then_some("listed in modules_to_not_convert but stored as AWQ; decoded anyway")
+        },
+        |m, _| {
+            let (job, shard) = module_job(cfg, ckpt, m, dtype)?;
+            let shape = vec![job.dims.rows, job.dims.cols];
+            let scheme = format!("autoawq gemm {}", cfg.describe());
+            Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, scheme))
+        },
+    )
+}
+
+/// 4-bit fields of an `[n, out/8]` int32 tensor in AutoAWQ's word order:
+/// lane = row, index = output column.
+fn awq_fields<'c>(t: &TensorRef<'c>, width: usize) -> Fields<'c> {
+    Fields {
+        data: (*t).into(),
+        bits: BITS,
+        per_word: 32 / BITS,
+        interleaved: true,
+        lane_bits: width as u64 * 32,
+        word_bits: 32,
+        slice_bits: 0,
+    }
+}
+
+/// The job of one module, `[out, in]`, and the shard its `qweight` is in.
+pub fn module_job<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    out: OutDtype,
+) -> Result<(DecodeJob<'c>, usize)> {
+    let q = require(ckpt, module, "qweight")?;
+    expect_dtype(&q, &[Dtype::I32])?;
+    let (inputs, width) = match *q.shape {
+        [i, w] if i > 0 && w > 0 => (i, w),
+        _ => {
+            return Err(q.error(
+                Rule::TensorShape,
+                format!("shape {:?}; AWQ qweight is [in, out/8]", q.shape),
+            ))
+        }
+    };
+    // Stored orientation: `inputs` rows of `outputs` columns.
+    let stored = Dims {
+        slices: 1,
+        rows: inputs,
+        cols: width.saturating_mul(8),
+    };
+    let codes = awq_fields(&q, width);
+    check_extent(&q, &codes, 1, stored.rows, stored.cols)?;
+    let group = cfg.group_size.unwrap_or(inputs);
+    let layout = ScaleLayout::Block(group, 1);
+    let s = require(ckpt, module, "scales")?;
+    let scale = grid_values(s, float_kind(&s)?, layout, stored)?;
+    let zero = if cfg.zero_point {
+        let z = require(ckpt, module, "qzeros")?;
+        expect_dtype(&z, &[Dtype::I32])?;
+        let lanes = inputs.div_ceil(group);
+        if *z.shape != [lanes, width] {
+            return Err(z.error(
+                Rule::TensorShape,
+                format!(
+                    "shape {:?}; the zero points of a {}x{} AWQ weight in groups of {group} are [{lanes}, {width}]",
+                    z.shape, stored.cols, stored.rows
+                ),
+            ));
+        }
+        let fields = awq_fields(&z, width);
+        check_extent(&z, &fields, 1, lanes, stored.cols)?;
+        Some(ZeroPoint::PackedAlongCols { fields })
+    } else {
+        None
+    };
+    let job = DecodeJob {
+        dims: stored,
+        codes,
+        // Codes and zero points as compressed-tensors holds them, q − 8; the
+        // offsets cancel in (q − 8) − (z − 8).
+        code_values: (0..16).map(|c| c as f32 - 8.0).collect(),
+        zero,
+        scale: Some(scale),
+        g_idx: None,
+        low_rank: None,
+        transposed: false,
+        out,
+    };
+    Ok((job.transpose(), q.shard))
+}

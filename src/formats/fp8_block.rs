@@ -1,0 +1,159 @@
+//! DeepSeek-style FP8 (`quant_method: "fp8"`, transformers'
+//! `FineGrainedFP8Config`): DeepSeek-V3/R1, Qwen3 FP8, MiniMax, GLM FP8, …
+//!
+//! Each quantized Linear stores `weight` as float8_e4m3fn `[out, in]` and
+//! `weight_scale_inv` `[ceil(out/bh), ceil(in/bw)]` (edge blocks partial).
+//! The value is `f32(weight) × weight_scale_inv` of its block, rounded once
+//! to the output dtype, as compressed-tensors' `FP8BlockDequantizer`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{
+    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, modules_with, plan_each,
+    require, split_shape, Modules, ScaleLayout,
+};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Dims};
+use crate::numerics::{self, OutDtype};
+use crate::output::Output;
+
+/// An FP8 block quantization config.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// The file it came from.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// Rows and columns per scale (`weight_block_size`); `None` when the
+    /// config sets it to null: one scale per tensor.
+    pub block: Option<(usize, usize)>,
+    /// `dynamic` or `static` activations (static ones store `input_scale`,
+    /// which a dense checkpoint drops).
+    pub activation_scheme: Option<String>,
+    /// Modules left in high precision.
+    pub modules_to_not_convert: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Raw {
+    fmt: Option<String>,
+    activation_scheme: Option<String>,
+    modules_to_not_convert: Option<Vec<String>>,
+}
+
+impl Config {
+    /// Reads config.json's `quantization_config`.
+    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
+        let raw: Raw = super::from_value(path, qc)?;
+        let fmt = raw.fmt.unwrap_or_else(|| "e4m3".into());
+        if !fmt.eq_ignore_ascii_case("e4m3") {
+            return Err(Error::new(
+                Rule::Unsupported,
+                path,
+                format!("fp8 fmt {fmt:?} is not decoded (only e4m3)"),
+            ));
+        }
+        // transformers defaults a missing block size to 128x128.
+        let block = match qc.get("weight_block_size") {
+            None => Some((128, 128)),
+            Some(Value::Null) => None,
+            Some(v) => match v.as_array().map(|a| a.iter().map(Value::as_u64).collect()) {
+                Some(Some::<Vec<u64>>(b)) if b.len() == 2 && b.iter().all(|&x| x > 0) => {
+                    let size = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+                    Some((size(b[0]), size(b[1])))
+                }
+                _ => {
+                    return Err(Error::new(
+                        Rule::Config,
+                        path,
+                        format!("weight_block_size {v}: expected two positive integers"),
+                    ))
+                }
+            },
+        };
+        Ok(Config {
+            path: path.to_path_buf(),
+            block,
+            activation_scheme: raw.activation_scheme,
+            modules_to_not_convert: raw.modules_to_not_convert.unwrap_or_default(),
+        })
+    }
+
+    /// The scale layout of every quantized weight.
+    pub fn layout(&self) -> ScaleLayout {
+        match self.block {
+            Some((h, w)) => ScaleLayout::Block(h, w),
+            None => ScaleLayout::Tensor,
+        }
+    }
+
+    /// For people: `block 128x128`.
+    pub fn describe(&self) -> String {
+        self.layout().describe()
+    }
+}
+
+/// Whether transformers leaves `module` unquantized: an entry of
+/// `modules_to_not_convert` is a substring of its name.
+pub fn not_converted(list: &[String], module: &str) -> bool {
+    list.iter()
+        .any(|m| !m.is_empty() && module.contains(m.as_str()))
+}
+
+/// The decoded modules: every module with a `weight_scale_inv`, and every
+/// FP8 `weight` (one without its scale is an error, never a copy).
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    let modules: BTreeSet<&str> = modules_with(ckpt, "weight_scale_inv")
+        .into_iter()
+        .chain(modules_with(ckpt, "weight").into_iter().filter(|m| {
+            ckpt.get(&format!("{m}.weight"))
+                .is_some_and(|t| t.dtype == Dtype::F8_E4M3)
+        }))
+        .collect();
+    plan_each(
+        ckpt,
+        modules,
+        &["weight", "weight_scale_inv"],
+        |m| {
+            not_converted(&cfg.modules_to_not_convert, m)
+                .then_some("listed in modules_to_not_convert but stored as FP8; decoded anyway")
+        },
+        |m, _| plan_module(cfg, ckpt, m, dtype),
+    )
+}
+
+fn plan_module<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    out: OutDtype,
+) -> Result<Output<'c>> {
+    let w = require(ckpt, module, "weight")?;
+    expect_dtype(&w, &[Dtype::F8_E4M3])?;
+    let scale = require(ckpt, module, "weight_scale_inv")?;
+    let (slices, rows, cols) = split_shape(&w, w.shape)?;
+    let dims = Dims { slices, rows, cols };
+    let layout = cfg.layout();
+    let job = DecodeJob {
+        dims,
+        codes: byte_codes(&w, dims),
+        code_values: (0..=255u8).map(numerics::e4m3).collect(),
+        zero: None,
+        scale: Some(grid_values(scale, float_kind(&scale)?, layout, dims)?),
+        g_idx: None,
+        low_rank: None,
+        transposed: false,
+        out,
+    };
+    Ok(decoded_output(
+        module,
+        w.shard,
+        w.shape.to_vec(),
+        job,
+        format!("fp8 e4m3 {} (weight_scale_inv)", layout.describe()),
+    ))
+}
