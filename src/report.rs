@@ -102,7 +102,7 @@ impl Report {
                         Source::Copy(_) => "copy",
                         Source::Cast(..) => "cast",
                         Source::Decode(_) | Source::Assemble(_) => "decode",
-                        Source::Bytes(_) | Source::Bias(_) => "compute",
+                        Source::Bytes(_) | Source::Bias(_) | Source::Rearrange(_) => "compute",
                     },
                     scheme: o.scheme.clone(),
                     file: ckpt

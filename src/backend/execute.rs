@@ -81,6 +81,7 @@ impl Output<'_> {
             Source::Copy(t) => Ok(Cow::Borrowed(t.stored())),
             Source::Bytes(b) => Ok(Cow::Borrowed(b)),
             Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
+            Source::Rearrange(r) => Ok(Cow::Owned(r.bytes()?)),
             Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];

@@ -3,11 +3,13 @@
 //! ([`crate::backend::execute`]).
 
 pub mod assembly;
+pub mod rearrange;
 
 use crate::checkpoint::TensorRef;
 use crate::job::{Bytes, DecodeJob, ZeroPoint};
 use crate::numerics::OutDtype;
 use assembly::{Assembly, BiasSum, BiasTerm};
+use rearrange::Rearrange;
 use safetensors::Dtype;
 
 /// Where an output tensor's bytes come from.
@@ -25,6 +27,8 @@ pub enum Source<'a> {
     Assemble(Assembly<'a>),
     /// A bias computed on the host when written (SVDQuant activation shifts).
     Bias(BiasSum<'a>),
+    /// A stored tensor rearranged on the host when written (conversions).
+    Rearrange(Rearrange<'a>),
 }
 
 /// One tensor of the dense output.
@@ -76,6 +80,7 @@ impl<'a> Output<'a> {
             Source::Bytes(b) => b.len(),
             Source::Assemble(a) => a.stack.rows() * a.cols * a.out.size(),
             Source::Bias(b) => b.stack.rows() * b.out.size(),
+            Source::Rearrange(r) => r.byte_len(),
         }
     }
 
@@ -131,6 +136,7 @@ impl<'a> Output<'a> {
                     }
                 }
             }
+            Source::Rearrange(r) => v.extend(r.input()),
             Source::Bytes(_) => {}
         }
         v

@@ -9,6 +9,7 @@
 //! interrupted run is undone.
 
 mod header;
+pub mod json;
 mod parts;
 mod staging;
 
@@ -440,10 +441,8 @@ pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(
 
 /// Pretty JSON and a newline, as Hugging Face writes its files.
 fn json_text(name: &str, v: &impl serde::Serialize) -> Result<Vec<u8>> {
-    let mut text = serde_json::to_vec_pretty(v)
-        .map_err(|e| Error::new(Rule::Io, Path::new(name), "cannot write JSON").caused_by(e))?;
-    text.push(b'\n');
-    Ok(text)
+    json::text(v)
+        .map_err(|e| Error::new(Rule::Io, Path::new(name), "cannot write JSON").caused_by(e))
 }
 
 fn total_bytes(shards: &[ShardFile<'_, '_>]) -> u64 {
@@ -470,7 +469,7 @@ impl Summary {
         for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {
                 s if s.is_decoded() => summary.decoded += 1,
-                Source::Bytes(_) => summary.converted += 1,
+                Source::Bytes(_) | Source::Rearrange(_) => summary.converted += 1,
                 Source::Cast(..) => {
                     summary.copied += 1;
                     summary.cast += 1;

@@ -155,9 +155,8 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
     }
     let index = Index::new(total, weight_map);
     let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
-    let mut text = serde_json::to_vec_pretty(&index)
+    let text = super::json::text(&index)
         .map_err(|e| Error::new(Rule::Io, &tmp, "cannot write JSON").caused_by(e))?;
-    text.push(b'\n');
     fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, "cannot write", e))?;
     fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "cannot move into place", e))?;
     for p in paths {

@@ -813,3 +813,90 @@ fn sharded_checkpoint_keeps_shards_and_renames_the_index() {
     let single = converted_fixture(&tmp.path().join("single"));
     assert_eq!(read_dir_tensors(&single), all);
 }
+
+// ---------------------------------------------------------------------------
+// AutoAWQ GEMM
+// ---------------------------------------------------------------------------
+
+/// The AutoAWQ fixture converts to exactly what compressed-tensors'
+/// `AutoAWQConverter` wrote: every tensor's bytes and the config's bytes.
+#[test]
+fn autoawq_converts_to_what_compressed_tensors_writes() {
+    let case = fixtures().join("awq-gemm-w4-g128");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ct");
+    ok(&convert_cli(&case.join("model"), &out), "convert awq");
+    let got = read_dir_tensors(&out);
+    let want: BTreeMap<String, Value> = serde_json::from_slice(
+        &std::fs::read(case.join("expected-ct/model.digests.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "tensor names"
+    );
+    for (name, w) in &want {
+        let (dt, shape, bytes) = &got[name];
+        assert_eq!(dt, w["dtype"].as_str().unwrap(), "{name}");
+        assert_eq!(serde_json::to_value(shape).unwrap(), w["shape"], "{name}");
+        assert_eq!(
+            crate::common::sha256_hex(bytes),
+            w["sha256"],
+            "{name} bytes"
+        );
+    }
+    assert_eq!(
+        std::fs::read(out.join("config.json")).unwrap(),
+        std::fs::read(case.join("expected-ct/config.json")).unwrap(),
+        "config.json bytes"
+    );
+}
+
+/// The converted checkpoint decodes, as compressed-tensors, to the bytes
+/// the AutoAWQ checkpoint decodes to (on the GPU too, when there is one).
+#[test]
+fn converted_autoawq_dequantizes_to_the_same_bytes() {
+    let case = fixtures().join("awq-gemm-w4-g128");
+    let tmp = tempfile::tempdir().unwrap();
+    let ct = tmp.path().join("ct");
+    ok(&convert_cli(&case.join("model"), &ct), "convert awq");
+    let mut backends = vec!["cpu"];
+    if adapter().is_some() {
+        backends.push("gpu");
+    }
+    for backend in backends {
+        let dense = |from: &Path, name: &str| {
+            let out = tmp.path().join(format!("{name}-{backend}"));
+            let o = run(&[
+                "dequantize",
+                from.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--backend",
+                backend,
+                "--quiet",
+            ]);
+            ok(&o, name);
+            read_dir_tensors(&out)
+        };
+        assert!(
+            dense(&ct, "from-ct") == dense(&case.join("model"), "from-awq"),
+            "{backend}: the conversion changed a value"
+        );
+    }
+}
+
+/// A module compressed-tensors' converter ignores may not hold AWQ tensors.
+#[test]
+fn autoawq_weight_in_an_ignored_module_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixtures().join("awq-gemm-w4-g128/model"), &model);
+    let cfg = model.join("config.json");
+    let mut v = read_json(&cfg);
+    v["quantization_config"]["modules_to_not_convert"] = json!(["mlp.down_proj"]);
+    write_json(&cfg, &v);
+    let e = library_refuses(&model, Rule::Ct005);
+    assert!(e.contains("down_proj.qweight"), "{e}");
+}

@@ -392,18 +392,19 @@ fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCo
     let ckpt = Checkpoint::open(path)?;
     let plan = convert::plan(&ckpt, to)?;
     let target = writer::OutputDir::create(out)?;
-    // Conversion only renames and inverts scales: nothing is decoded.
+    // Conversion renames, inverts scales and repacks on the host: nothing
+    // is decoded.
     let summary = target.write(&plan, &backend::Cpu::new(), |_| {})?;
     if !quiet {
         eprintln!(
-            "wrote {}: {} scales inverted, {} tensors copied ({} renamed to compressed-tensors names)",
+            "wrote {}: {} quantized modules as compressed-tensors ({} tensors computed, {} copied)",
             out.display(),
-            summary.converted,
-            summary.copied,
             plan.outputs
                 .iter()
                 .filter(|o| o.name.ends_with(".weight_packed"))
                 .count(),
+            summary.converted,
+            summary.copied,
         );
     }
     Ok(ExitCode::SUCCESS)

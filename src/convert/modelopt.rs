@@ -19,38 +19,12 @@ use std::collections::{BTreeSet, HashSet};
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
+use super::{ct005, py_re_escape, with_quantization_config, CT_VERSION};
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::formats::{modelopt, Format};
+use crate::formats::modelopt;
 use crate::numerics::OutDtype;
-use crate::plan::{DtypeChoice, Output, Plan, Source};
-
-/// Formats `convert` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConvertTo {
-    /// compressed-tensors `nvfp4-pack-quantized`.
-    CompressedTensors,
-}
-
-impl std::str::FromStr for ConvertTo {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "compressed-tensors" => Ok(ConvertTo::CompressedTensors),
-            _ => Err(Error::bare(
-                Rule::Argument,
-                format!("--to: {s:?} is not a conversion target (compressed-tensors)"),
-            )),
-        }
-    }
-}
-
-/// The compressed-tensors version whose layout and config keys the output follows.
-const CT_VERSION: &str = "0.20.0";
-
-fn ct005(t: &TensorRef<'_>, detail: impl Into<String>) -> Error {
-    t.error(Rule::Ct005, detail)
-}
+use crate::plan::{Output, Plan, Source};
 
 /// `1 / x` for every f32 of `t`, in f32 as torch computes it.
 fn reciprocal(t: &TensorRef<'_>) -> Result<Vec<u8>> {
@@ -118,26 +92,14 @@ fn ignore_entry(glob: &str) -> String {
                     class.push(']');
                     re.push_str(&class);
                 } else {
-                    re.push_str(&fancy_escape(&class));
+                    re.push_str(&py_re_escape(&class));
                 }
             }
-            c => re.push_str(&fancy_escape(&c.to_string())),
+            c => re.push_str(&py_re_escape(&c.to_string())),
         }
     }
     re.push('$');
     re
-}
-
-fn fancy_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$#&-~".contains(c);
-            special
-                .then_some('\\')
-                .into_iter()
-                .chain(std::iter::once(c))
-        })
-        .collect()
 }
 
 /// The compressed-tensors `quantization_config` for NVFP4 weights (and NVFP4
@@ -192,25 +154,13 @@ fn ct_config(
     })
 }
 
-/// Plans the conversion of a ModelOpt NVFP4 checkpoint: renamed and inverted
-/// tensors, everything else copied, a compressed-tensors config.
-pub fn plan(ckpt: &Checkpoint, to: ConvertTo) -> Result<Plan<'_>> {
-    let ConvertTo::CompressedTensors = to;
-    // Planning the dense output checks every module (shapes, dtypes, scales).
-    let mut plan = Plan::build(ckpt, DtypeChoice::Fixed(OutDtype::F32))?;
-    let cfg = match &plan.format {
-        Format::Modelopt(c) => c.clone(),
-        other => {
-            return Err(Error::new(
-                Rule::Ct005,
-                ckpt.display_path(),
-                format!(
-                    "convert --to compressed-tensors reads ModelOpt NVFP4 checkpoints; this is {}",
-                    other.describe()
-                ),
-            ))
-        }
-    };
+/// Converts the planned ModelOpt NVFP4 checkpoint `plan`: renamed and
+/// inverted tensors, everything else copied, a compressed-tensors config.
+pub fn convert<'c>(
+    ckpt: &'c Checkpoint,
+    cfg: &modelopt::Config,
+    mut plan: Plan<'c>,
+) -> Result<Plan<'c>> {
     plan.check()?;
     let modules: BTreeSet<String> = plan
         .outputs
@@ -295,19 +245,10 @@ pub fn plan(ckpt: &Checkpoint, to: ConvertTo) -> Result<Plan<'_>> {
         .iter()
         .map(|t| ignore_entry(t.text()))
         .collect();
-    let qc = ct_config(&cfg, activations, kv_fp8, ignore);
-    let mut config = ckpt
-        .config
-        .as_ref()
-        .map(|c| c.value.clone())
-        .filter(Value::is_object)
-        .unwrap_or_else(|| json!({}));
-    if let Some(obj) = config.as_object_mut() {
-        obj.insert("quantization_config".into(), qc);
-    }
+    let qc = ct_config(cfg, activations, kv_fp8, ignore);
     plan.outputs = outputs;
     plan.dropped.clear();
-    plan.config = Some(config);
+    plan.config = Some(with_quantization_config(ckpt, qc));
     Ok(plan)
 }
 

@@ -1,0 +1,123 @@
+//! Stored tensors rearranged on the host when written, for conversions that
+//! keep values but change their layout (AutoAWQ → compressed-tensors). Made
+//! one tensor at a time, so a conversion holds no more than the tensor it
+//! writes.
+
+use crate::checkpoint::TensorRef;
+use crate::error::Result;
+use crate::job::Fields;
+
+/// How a tensor's bytes are made from stored ones.
+#[derive(Debug)]
+pub enum Rearrange<'a> {
+    /// A stored 2-D tensor transposed, element size kept.
+    Transpose(TensorRef<'a>),
+    /// The b-bit fields of a stored stream, read as the matrix
+    /// `m[r][c] = fields.get(0, c, r)` (`rows × cols`, the transpose of the
+    /// stored lanes), packed LSB-first into little-endian int32 words as
+    /// compressed-tensors' `pack_to_int32` does: along each row
+    /// (`[rows, ⌈cols·b/32⌉]`), or down each column (`[⌈rows·b/32⌉, cols]`).
+    Repack {
+        /// The stored fields.
+        fields: Fields<'a>,
+        /// Rows of `m`.
+        rows: usize,
+        /// Columns of `m`.
+        cols: usize,
+        /// Pack down columns (`packed_dim=0`) instead of along rows.
+        down_columns: bool,
+    },
+}
+
+impl<'a> Rearrange<'a> {
+    /// Shape of the result.
+    pub fn shape(&self) -> Vec<usize> {
+        match self {
+            Rearrange::Transpose(t) => t.shape.iter().rev().copied().collect(),
+            Rearrange::Repack {
+                fields,
+                rows,
+                cols,
+                down_columns,
+            } => {
+                let words = |n: usize| (n * fields.bits as usize).div_ceil(32);
+                if *down_columns {
+                    vec![words(*rows), *cols]
+                } else {
+                    vec![*rows, words(*cols)]
+                }
+            }
+        }
+    }
+
+    /// Size of the result in bytes.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            Rearrange::Transpose(t) => t.len(),
+            Rearrange::Repack { .. } => self.shape().iter().product::<usize>() * 4,
+        }
+    }
+
+    /// The stored tensor it reads.
+    pub fn input(&self) -> Option<TensorRef<'a>> {
+        match self {
+            Rearrange::Transpose(t) => Some(*t),
+            Rearrange::Repack { fields, .. } => match &fields.data {
+                crate::job::Bytes::Stored(t) => Some(*t),
+                _ => None,
+            },
+        }
+    }
+
+    /// The result's bytes.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        match self {
+            Rearrange::Transpose(t) => {
+                let data = t.data()?;
+                let (rows, cols) = match *t.shape {
+                    [r, c] => (r, c),
+                    _ => (1, t.elements()),
+                };
+                let size = data.len() / (rows * cols).max(1);
+                let mut out = vec![0u8; data.len()];
+                for (r, row) in data.chunks_exact(cols * size).enumerate() {
+                    for (c, v) in row.chunks_exact(size).enumerate() {
+                        let at = (c * rows + r) * size;
+                        out[at..at + size].copy_from_slice(v);
+                    }
+                }
+                Ok(out)
+            }
+            Rearrange::Repack {
+                fields,
+                rows,
+                cols,
+                down_columns,
+            } => {
+                let shape = self.shape();
+                let mut words = vec![0u32; shape[0] * shape[1]];
+                let b = fields.bits as usize;
+                for c in 0..*cols {
+                    for r in 0..*rows {
+                        let v = fields.get(0, c, r);
+                        // Field index along the packed dimension, and the word
+                        // row and column it lands in.
+                        let (i, wr, wc) = if *down_columns { (r, 0, c) } else { (c, r, 0) };
+                        let bit = i * b;
+                        let at = if *down_columns {
+                            (bit / 32) * shape[1] + wc
+                        } else {
+                            wr * shape[1] + bit / 32
+                        };
+                        words[at] |= v << (bit % 32);
+                        if bit % 32 + b > 32 {
+                            words[at + if *down_columns { shape[1] } else { 1 }] |=
+                                v >> (32 - bit % 32);
+                        }
+                    }
+                }
+                Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+            }
+        }
+    }
+}
