@@ -249,7 +249,7 @@ async fn make(
 fn schedule(ckpt: &Checkpoint, dtype: DtypeChoice) -> Result<(Vec<OutFile>, Summary)> {
     let plan = Plan::build(ckpt, dtype)?;
     plan.check()?;
-    let shards = writer::shard_files(&plan, None)?;
+    let shards = writer::shard_files(&plan, None, None)?;
     let summary = Summary::of(&plan, &shards);
     let mut files = Vec::new();
     for f in &shards {

@@ -41,3 +41,45 @@ pub fn safetensors_header<'t>(
     out.extend_from_slice(&text);
     Ok(out)
 }
+
+/// Bytes of a header with no tensors, at most: the length, the metadata,
+/// the padding.
+pub const EMPTY_BOUND: u64 = 64;
+
+/// Bytes one tensor's entry adds to a header, at most (its name, dtype and
+/// shape as written, offsets of up to 20 digits, the punctuation).
+pub fn entry_bound(name: &str, dtype: Dtype, shape: &[usize]) -> u64 {
+    let name = serde_json::to_string(name).map_or(6 * name.len() + 2, |s| s.len());
+    let shape: usize = shape.iter().map(|d| d.to_string().len() + 1).sum();
+    (name + format!("{dtype:?}").len() + shape + 2 * 20 + 64) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bounds hold for real headers, long names and numbers included.
+    #[test]
+    fn bounds_cover_the_header() {
+        let names: Vec<String> = (0..50)
+            .map(|i| format!("model.layers.{i}.mlp.experts.{}.down_proj.weight", i * 997))
+            .collect();
+        let shape = [69632usize, 32768];
+        let len = 69632 * 32768 * 2;
+        let header = safetensors_header(
+            Path::new("x"),
+            names
+                .iter()
+                .map(|n| (n.as_str(), Dtype::BF16, &shape[..], len)),
+        )
+        .unwrap();
+        let bound: u64 = EMPTY_BOUND
+            + names
+                .iter()
+                .map(|n| entry_bound(n, Dtype::BF16, &shape))
+                .sum::<u64>();
+        assert!((header.len() as u64) <= bound, "{} > {bound}", header.len());
+        let empty = safetensors_header(Path::new("x"), std::iter::empty()).unwrap();
+        assert!(empty.len() as u64 <= EMPTY_BOUND);
+    }
+}

@@ -250,6 +250,8 @@ pub struct OutputDir {
     staging: Staging,
     /// Only these input shards are written (`--shards`).
     shards: Option<Vec<String>>,
+    /// Output files hold at most this many bytes (`--max-shard-size`).
+    max_shard_size: Option<u64>,
     cancelled: Arc<AtomicBool>,
 }
 
@@ -281,6 +283,7 @@ impl OutputDir {
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Fresh)?,
             shards: None,
+            max_shard_size: None,
             cancelled: Arc::default(),
         })
     }
@@ -305,6 +308,7 @@ impl OutputDir {
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Force)?,
             shards: None,
+            max_shard_size: None,
             cancelled: Arc::default(),
         })
     }
@@ -322,8 +326,18 @@ impl OutputDir {
         Ok(OutputDir {
             staging: Staging::new(out, Mode::Shared(&tag))?,
             shards: Some(shards),
+            max_shard_size: None,
             cancelled: Arc::default(),
         })
+    }
+
+    /// Splits the output into files `model-0000i-of-0000N.safetensors` of at
+    /// most `bytes` each (header included), unless one tensor alone is
+    /// larger ([`shard_files`] tells how), instead of one file per input
+    /// shard.
+    pub fn with_max_shard_size(mut self, bytes: u64) -> OutputDir {
+        self.max_shard_size = Some(bytes);
+        self
     }
 
     /// A handle that cancels this directory's [`OutputDir::write`].
@@ -368,6 +382,7 @@ impl OutputDir {
         write_into(
             self.staging,
             self.shards.as_deref(),
+            self.max_shard_size,
             plan,
             backend,
             &self.cancelled,
@@ -390,7 +405,7 @@ pub fn write(
 /// One safetensors file of the dense output: its header, then its tensors'
 /// bytes back to back.
 pub struct ShardFile<'p, 'a> {
-    /// File name (the input shard's).
+    /// File name (the input shard's, or `model-0000i-of-0000N.safetensors`).
     pub name: String,
     /// The header ([`safetensors_header`]).
     pub header: Vec<u8>,
@@ -398,16 +413,68 @@ pub struct ShardFile<'p, 'a> {
     pub tensors: Vec<&'p Output<'a>>,
 }
 
-/// The dense checkpoint's safetensors files (of input shards `only`, when
-/// given), in input order: what every writer streams.
-pub fn shard_files<'p, 'a>(
+/// How the dense output is split into files: one per input shard, or
+/// pieces of at most `max` bytes each.
+///
+/// With a maximum, each input shard's tensors (in output order) fill files
+/// greedily, a new file starting when the next tensor would take this one
+/// past `max` (its header counted at an upper bound), so a file is larger
+/// only when it holds one tensor that alone is. Files never mix input
+/// shards: every `--shards` run derives the same layout from the headers
+/// and writes the files of its own shards. They are named
+/// `model-0000i-of-0000N.safetensors` (`model.safetensors` when there is one).
+fn layout<'p, 'a>(
     plan: &'p Plan<'a>,
-    only: Option<&[String]>,
-) -> Result<Vec<ShardFile<'p, 'a>>> {
+    max: Option<u64>,
+) -> Vec<(String, usize, Vec<&'p Output<'a>>)> {
     let mut files = Vec::new();
     for (i, shard) in plan.checkpoint.shards.iter().enumerate() {
         let tensors: Vec<&Output<'_>> = plan.outputs.iter().filter(|o| o.shard == i).collect();
-        if tensors.is_empty() || !wanted(only, &shard.file_name) {
+        if tensors.is_empty() {
+            continue;
+        }
+        let Some(max) = max else {
+            files.push((shard.file_name.clone(), i, tensors));
+            continue;
+        };
+        let mut file: Vec<&Output<'_>> = Vec::new();
+        let mut size = header::EMPTY_BOUND;
+        for t in tensors {
+            let cost = t.byte_len() as u64 + header::entry_bound(&t.name, t.dtype, &t.shape);
+            if !file.is_empty() && size.saturating_add(cost) > max {
+                files.push((String::new(), i, std::mem::take(&mut file)));
+                size = header::EMPTY_BOUND;
+            }
+            file.push(t);
+            size = size.saturating_add(cost);
+        }
+        files.push((String::new(), i, file));
+    }
+    if max.is_some() {
+        let n = files.len();
+        for (k, f) in files.iter_mut().enumerate() {
+            f.0 = if n == 1 {
+                "model.safetensors".into()
+            } else {
+                format!("model-{:05}-of-{n:05}.safetensors", k + 1)
+            };
+        }
+    }
+    files
+}
+
+/// The dense checkpoint's safetensors files (those of input shards `only`,
+/// when given), in order: what every writer streams. `max_shard_size` splits
+/// them as [`OutputDir::with_max_shard_size`] says.
+pub fn shard_files<'p, 'a>(
+    plan: &'p Plan<'a>,
+    only: Option<&[String]>,
+    max_shard_size: Option<u64>,
+) -> Result<Vec<ShardFile<'p, 'a>>> {
+    let mut files = Vec::new();
+    for (name, input, tensors) in layout(plan, max_shard_size) {
+        let shard = &plan.checkpoint.shards[input];
+        if !wanted(only, &shard.file_name) {
             continue;
         }
         let header = safetensors_header(
@@ -417,7 +484,7 @@ pub fn shard_files<'p, 'a>(
                 .map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice(), t.byte_len())),
         )?;
         files.push(ShardFile {
-            name: shard.file_name.clone(),
+            name,
             header,
             tensors,
         });
@@ -425,11 +492,20 @@ pub fn shard_files<'p, 'a>(
     Ok(files)
 }
 
+/// Every output file's name, whichever run writes it.
+fn all_file_names(plan: &Plan<'_>, max_shard_size: Option<u64>) -> Vec<String> {
+    layout(plan, max_shard_size)
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
 /// The JSON files of the dense checkpoint beside its shards (the index when
-/// the input has one, `config.json`), as (file name, text).
+/// the input has one or the output has several files, `config.json`), as
+/// (file name, text).
 pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = Vec::new();
-    if plan.checkpoint.index.is_some() {
+    if plan.checkpoint.index.is_some() || shards.len() > 1 {
         let index = parts::Index::new(total_bytes(shards), weight_map(shards));
         files.push((INDEX_FILE.to_string(), json_text(INDEX_FILE, &index)?));
     }
@@ -439,7 +515,7 @@ pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(
     Ok(files)
 }
 
-/// Pretty JSON and a newline, as Hugging Face writes its files.
+/// JSON as Python's `json.dump(v, f, indent=2)` writes it.
 fn json_text(name: &str, v: &impl serde::Serialize) -> Result<Vec<u8>> {
     json::text(v)
         .map_err(|e| Error::new(Rule::Io, Path::new(name), "cannot write JSON").caused_by(e))
@@ -484,13 +560,14 @@ impl Summary {
 fn write_into(
     staging: Staging,
     only: Option<&[String]>,
+    max_shard_size: Option<u64>,
     plan: &Plan<'_>,
     backend: &dyn Backend,
     cancelled: &AtomicBool,
     mut progress: impl FnMut(Progress<'_>),
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
-    let shards = shard_files(plan, only)?;
+    let shards = shard_files(plan, only, max_shard_size)?;
     for file in &shards {
         let (path, mut w) = create(&staging, &file.name)?;
         w.write_all(&file.header)
@@ -511,14 +588,8 @@ fn write_into(
     if let (Some(index), Some(only)) = (&ckpt.index, only) {
         // A --shards run writes its part of the index instead.
         json.retain(|(name, _)| name != INDEX_FILE);
-        // Every shard with an output: what merge_index waits for.
-        let all = ckpt
-            .shards
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| plan.outputs.iter().any(|o| o.shard == *i))
-            .map(|(_, s)| s.file_name.clone())
-            .collect();
+        // Every output file: what merge_index waits for.
+        let all = all_file_names(plan, max_shard_size);
         let part = parts::Part {
             metadata: parts::PartMetadata {
                 total_size: summary.tensor_bytes,
@@ -547,6 +618,41 @@ fn write_into(
         name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
     })?;
     Ok(summary)
+}
+
+/// A size as Hugging Face writes `max_shard_size`: bytes, or a number with
+/// a unit, decimal (`KB`, `MB`, `GB`, `TB`: powers of 1000) or binary
+/// (`KiB` … `TiB`: powers of 1024), in any case (`5GB`, `500MB`, `1.5GiB`).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let bad = || {
+        Error::bare(
+            Rule::Argument,
+            format!("size {s:?}: expected bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB, above 0"),
+        )
+    };
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = (value * unit as f64).floor();
+    if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
 }
 
 /// Whether shard `file` is written when only the shards `only` are.
@@ -595,4 +701,27 @@ fn write_shard(
         sent?;
         written.map_err(|e| Error::io(path, "cannot write", e))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_as_hugging_face_reads_them() {
+        for (s, want) in [
+            ("5GB", 5_000_000_000),
+            ("500MB", 500_000_000),
+            ("2GiB", 2 << 30),
+            ("1.5gib", 3 << 29),
+            ("100kb", 100_000),
+            ("4096", 4096),
+            ("10 MiB", 10 << 20),
+        ] {
+            assert_eq!(parse_size(s).ok(), Some(want), "{s}");
+        }
+        for bad in ["", "0", "5XB", "-1GB", "GB", "1e3"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }

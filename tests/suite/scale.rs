@@ -1024,3 +1024,135 @@ fn release_leaves_bytes_readable_and_unchanged() {
         "decoding a released checkpoint differs from a fresh one"
     );
 }
+
+// ---------------------------------------------------------------------------
+// --max-shard-size
+// ---------------------------------------------------------------------------
+
+/// Safetensors files in `dir` with the number of tensors each holds.
+fn shard_counts(dir: &Path) -> BTreeMap<String, usize> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, read_tensors(&p).len())
+        })
+        .collect()
+}
+
+/// Files of at most SIZE bytes (a tensor alone may be larger), named as
+/// Hugging Face names them, with an index, holding the plain run's tensors.
+#[test]
+fn max_shard_size_splits_within_the_limit() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    ok(&dequantize_cpu(&model, &plain, &[]), "plain dequantize");
+    let want = read_dir_tensors(&plain);
+    const LIMIT: u64 = 300_000;
+    let out = tmp.path().join("split");
+    ok(
+        &dequantize_cpu(&model, &out, &["--max-shard-size", "300KB"]),
+        "--max-shard-size 300KB",
+    );
+    assert!(
+        read_dir_tensors(&out) == want,
+        "the split holds other tensors"
+    );
+    let files = shard_counts(&out);
+    let n = files.len();
+    let names: Vec<String> = (1..=n)
+        .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
+        .collect();
+    assert_eq!(files.keys().cloned().collect::<Vec<_>>(), names);
+    let (mut shared, mut alone_over) = (0, 0);
+    for (name, count) in &files {
+        let len = std::fs::metadata(out.join(name)).unwrap().len();
+        if len > LIMIT {
+            assert_eq!(
+                *count, 1,
+                "{name}: {len} bytes over the limit with {count} tensors"
+            );
+            alone_over += 1;
+        }
+        shared += usize::from(*count > 1);
+    }
+    assert!(shared > 0 && alone_over > 0, "test setup: {files:?}");
+    let index = read_json(&out.join(INDEX_FILE));
+    let map = index["weight_map"].as_object().unwrap();
+    assert_eq!(map.len(), want.len());
+    for (tensor, file) in map {
+        let file = file.as_str().unwrap();
+        assert!(
+            read_tensors(&out.join(file)).contains_key(tensor),
+            "index maps {tensor} to {file}, which does not hold it"
+        );
+    }
+    let total: u64 = want.values().map(|t| t.2.len() as u64).sum();
+    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(total));
+
+    // A limit above the whole output: one file, model.safetensors, no index.
+    let one = tmp.path().join("one");
+    ok(
+        &dequantize_cpu(&model, &one, &["--max-shard-size", "1GB"]),
+        "1GB",
+    );
+    let files = shard_counts(&one);
+    // Files never mix input shards: one per input shard.
+    assert_eq!(files.len(), 2, "{files:?}");
+    let tiny = tmp.path().join("tiny");
+    ok(
+        &dequantize_cpu(&model, &tiny, &["--max-shard-size", "1"]),
+        "1 byte",
+    );
+    assert_eq!(shard_counts(&tiny).len(), want.len(), "a file per tensor");
+}
+
+/// A single-file checkpoint under a roomy limit stays one model.safetensors.
+#[test]
+fn max_shard_size_above_the_output_writes_one_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let model = fixtures().join("w4a16-g128/model");
+    ok(
+        &dequantize_cpu(&model, &out, &["--max-shard-size", "5GB"]),
+        "5GB",
+    );
+    assert_eq!(
+        names(&out),
+        ["config.json", "model.safetensors", "recipe.yaml"]
+    );
+    let o = dequantize_cpu(
+        &model,
+        &tmp.path().join("bad"),
+        &["--max-shard-size", "5XB"],
+    );
+    assert_eq!(o.status.code(), Some(2), "a bad SIZE is a usage error");
+}
+
+/// `--shards` runs with `--max-shard-size` on two machines, then
+/// merge-index: the same files as one run with the same limit.
+#[test]
+fn max_shard_size_fans_out_and_merges() {
+    let model = sharded_model();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    let limit = ["--max-shard-size", "400KB"];
+    ok(&dequantize_cpu(&model, &plain, &limit), "plain split");
+    let want = snapshot(&plain);
+    assert!(
+        shard_counts(&plain).len() > 2,
+        "test setup: {:?}",
+        names(&plain)
+    );
+    let out = tmp.path().join("out");
+    for shard in [SHARD2, SHARD1] {
+        let mut args = vec!["--shards", shard];
+        args.extend_from_slice(&limit);
+        ok(&dequantize_cpu(&model, &out, &args), shard);
+    }
+    ok(&merge_index(&out), "merge-index");
+    assert_same_files(&out, &want, "split --shards runs + merge-index");
+}

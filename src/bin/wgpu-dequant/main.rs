@@ -67,6 +67,11 @@ enum Command {
         /// merge-index.
         #[arg(long, value_delimiter = ',')]
         shards: Option<Vec<String>>,
+        /// Split the output into model-0000i-of-0000N.safetensors files of at
+        /// most SIZE each (5GB, 500MB, 2GiB, or bytes), unless one tensor
+        /// alone is larger; without it, the input's sharding is kept.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        max_shard_size: Option<u64>,
     },
     /// Join the partial indexes of `dequantize --shards` runs into model.safetensors.index.json.
     MergeIndex {
@@ -179,7 +184,19 @@ fn main() -> ExitCode {
             quiet,
             force,
             shards,
-        } => dequantize(&path, &output, dtype, backend, quiet, force, shards),
+            max_shard_size,
+        } => dequantize(
+            &path,
+            dtype,
+            backend,
+            quiet,
+            Target {
+                out: &output,
+                force,
+                shards,
+                max_shard_size,
+            },
+        ),
         Command::MergeIndex { dir } => merge_index(&dir),
         Command::Bench {
             rows,
@@ -296,14 +313,25 @@ fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
     Ok(findings_status(&errors))
 }
 
+/// Where and how `dequantize` writes.
+struct Target<'a> {
+    out: &'a Path,
+    force: bool,
+    shards: Option<Vec<String>>,
+    max_shard_size: Option<u64>,
+}
+
 fn dequantize(
     path: &Path,
-    out: &Path,
     dtype: DtypeArg,
     backend: BackendArg,
     quiet: bool,
-    force: bool,
-    shards: Option<Vec<String>>,
+    Target {
+        out,
+        force,
+        shards,
+        max_shard_size,
+    }: Target<'_>,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
     let ckpt = Checkpoint::open(path)?;
@@ -326,6 +354,10 @@ fn dequantize(
         }
         None if force => writer::OutputDir::force(out)?,
         None => writer::OutputDir::create(out)?,
+    };
+    let target = match max_shard_size {
+        Some(max) => target.with_max_shard_size(max),
+        None => target,
     };
     let (backend, note) = backend::select_notifying(choice, move |e| {
         if !quiet {
@@ -585,4 +617,10 @@ impl Meter {
             bar.finish_and_clear();
         }
     }
+}
+
+/// `--max-shard-size`: a byte count with Hugging Face's units (`5GB` is
+/// 5·10⁹ bytes, `5GiB` 5·2³⁰).
+fn parse_size(s: &str) -> Result<u64, String> {
+    writer::parse_size(s).map_err(|e| e.detail)
 }
