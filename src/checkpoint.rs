@@ -700,30 +700,58 @@ impl Checkpoint {
     /// touched again, so this only bounds memory; bytes outside every shard
     /// are ignored.
     pub fn release(&self, bytes: &[u8]) {
+        self.release_all([bytes]);
+    }
+
+    /// [`Checkpoint::release`] of many ranges: neighbouring ones in a shard
+    /// (a batch's tensors lie side by side in the file) go in one call, as
+    /// each call may interrupt every core.
+    pub fn release_all<'b>(&self, ranges: impl IntoIterator<Item = &'b [u8]>) {
         #[cfg(unix)]
-        for s in &self.shards {
-            let Storage::Mapped(map) = &s.storage else {
-                continue;
-            };
-            let base = map.as_ptr() as usize;
-            let at = bytes.as_ptr() as usize;
-            if at >= base && at + bytes.len() <= base + map.len() && !bytes.is_empty() {
-                // SAFETY: the map is a read-only view of a file. MADV_DONTNEED
-                // on it only discards resident pages; a later read faults the
-                // same bytes back in from the file, so every `&[u8]` into the
-                // map keeps seeing the same contents.
-                let _ = unsafe {
-                    map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        at - base,
-                        bytes.len(),
-                    )
-                };
-                return;
+        {
+            const GAP: usize = 1 << 16;
+            // (shard, start, end) as offsets into the shard's map.
+            let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+            for b in ranges {
+                let at = b.as_ptr() as usize;
+                let found = self
+                    .shards
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, s)| match &s.storage {
+                        Storage::Mapped(map) => {
+                            let base = map.as_ptr() as usize;
+                            (at >= base && at + b.len() <= base + map.len())
+                                .then(|| (i, at - base, at - base + b.len()))
+                        }
+                        _ => None,
+                    });
+                spans.extend(found.filter(|(_, lo, hi)| hi > lo));
+            }
+            spans.sort_unstable();
+            let mut merged: Vec<(usize, usize, usize)> = Vec::new();
+            for (i, lo, hi) in spans {
+                match merged.last_mut() {
+                    Some(last) if last.0 == i && lo <= last.2.saturating_add(GAP) => {
+                        last.2 = last.2.max(hi)
+                    }
+                    _ => merged.push((i, lo, hi)),
+                }
+            }
+            for (i, lo, hi) in merged {
+                if let Storage::Mapped(map) = &self.shards[i].storage {
+                    // SAFETY: the map is a read-only view of a file.
+                    // MADV_DONTNEED on it only discards resident pages; a later
+                    // read faults the same bytes back in from the file, so every
+                    // `&[u8]` into the map keeps seeing the same contents.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+                    };
+                }
             }
         }
         #[cfg(not(unix))]
-        let _ = bytes;
+        let _ = ranges;
     }
 
     /// The checkpoint's other regular files (tokenizer, generation config, …),

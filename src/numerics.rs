@@ -129,10 +129,15 @@ pub fn f32_bits(x: f32) -> u32 {
 /// (as PyTorch does).
 #[inline]
 pub fn f32_to_bf16(x: f32) -> u16 {
-    if x.is_nan() {
-        return 0x7FC0;
+    // Round to nearest even on the bits, as decode.wgsl does; without a
+    // branch, so loops of it vectorize.
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        0x7FC0
+    } else {
+        rounded
     }
-    half::bf16::from_f32(x).to_bits()
 }
 
 /// bfloat16 bits → f32 (exact).
@@ -281,6 +286,23 @@ mod tests {
     }
 
     /// Every 16-bit value widens exactly: back to 16 bits is the identity.
+    /// The branch-free bf16 rounding is `half`'s, on a sweep of every
+    /// exponent with the mantissa patterns that decide rounding.
+    #[test]
+    fn bf16_rounding_is_halfs() {
+        for hi in 0..=u16::MAX {
+            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
+                let x = f32::from_bits((hi as u32) << 16 | lo);
+                let want = if x.is_nan() {
+                    0x7FC0
+                } else {
+                    half::bf16::from_f32(x).to_bits()
+                };
+                assert_eq!(f32_to_bf16(x), want, "{:#010x}", x.to_bits());
+            }
+        }
+    }
+
     #[test]
     fn sixteen_bit_values_round_trip_through_f32() {
         for h in 0..=u16::MAX {

@@ -145,13 +145,31 @@ impl RowTables {
                 scale.map_or(q, |s| q * s)
             };
             if let Ok(codes) = <&[f32; 16]>::try_from(job.code_values.as_slice()) {
-                // 4-bit codes: fixed-size arrays the compiler vectorizes.
-                let v = codes.map(value);
-                tables.extend_from_slice(&match job.out {
-                    OutDtype::Bf16 => v.map(|v| numerics::f32_to_bf16(v) as u64),
-                    OutDtype::F16 => v.map(|v| numerics::f32_to_f16(v) as u64),
-                    OutDtype::F32 => v.map(|v| numerics::f32_bits(v) as u64),
-                });
+                // 4-bit codes: loops over fixed-size arrays the compiler
+                // vectorizes (small groups build a table per 16 or 32 values).
+                let mut v = [0f32; 16];
+                for (v, &c) in v.iter_mut().zip(codes) {
+                    *v = value(c);
+                }
+                let mut t = [0u64; 16];
+                match job.out {
+                    OutDtype::Bf16 => {
+                        for (t, &v) in t.iter_mut().zip(&v) {
+                            *t = numerics::f32_to_bf16(v) as u64;
+                        }
+                    }
+                    OutDtype::F16 => {
+                        for (t, &v) in t.iter_mut().zip(&v) {
+                            *t = numerics::f32_to_f16(v) as u64;
+                        }
+                    }
+                    OutDtype::F32 => {
+                        for (t, &v) in t.iter_mut().zip(&v) {
+                            *t = numerics::f32_bits(v) as u64;
+                        }
+                    }
+                }
+                tables.extend_from_slice(&t);
                 continue;
             }
             let values = job.code_values.iter().map(|&c| value(c));

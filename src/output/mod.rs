@@ -143,6 +143,47 @@ impl<'a> Output<'a> {
     }
 }
 
+impl<'a> Output<'a> {
+    /// The stored bytes rows `rows` of a tensor decoded by rows were the last
+    /// to read, when they are known: the part of its codes (or of a cast
+    /// tensor) between the first byte `rows.start` reads and the first byte
+    /// `rows.end` reads. A writer releases them from memory once the rows
+    /// are written, so one huge tensor never stays resident whole. Scales
+    /// and zero points (a small fraction) are released with the tensor.
+    pub fn spent_inputs(&self, rows: std::ops::Range<usize>) -> Option<&'a [u8]> {
+        let (data, lo, hi) = match &self.source {
+            Source::Decode(job) => {
+                let Bytes::Stored(t) = &job.codes.data else {
+                    return None;
+                };
+                let total = job.dims.total_rows();
+                // The byte where the codes of flat output row `r` start; a
+                // transposed job reads whole stored slices.
+                let start = |r: usize| -> Option<usize> {
+                    if r >= total {
+                        return Some(t.len());
+                    }
+                    let (slice, row) = (r / job.dims.rows, r % job.dims.rows);
+                    let bit = if job.transposed {
+                        job.codes.lane_start(slice, 0)?
+                    } else {
+                        job.codes.lane_start(slice, row)?
+                    };
+                    Some((bit / 8) as usize)
+                };
+                (t.stored(), start(rows.start)?, start(rows.end)?)
+            }
+            Source::Cast(t, _) => {
+                let (total, _) = cast_layout(t, OutDtype::F32);
+                let per_row = t.len() / total.max(1);
+                (t.stored(), rows.start * per_row, rows.end * per_row)
+            }
+            _ => return None,
+        };
+        data.get(lo.min(hi)..hi.min(data.len()))
+    }
+}
+
 /// A rule finding that does not stop decoding.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Warning {
@@ -150,4 +191,73 @@ pub struct Warning {
     pub subject: String,
     /// What was noticed.
     pub detail: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Dims, Fields};
+
+    /// Pieces of rows release their codes exactly once, in order, and
+    /// together all of them; a transposed job only whole slices.
+    #[test]
+    fn spent_inputs_partition_the_codes() {
+        let data = vec![7u8; 3 * 10 * 16];
+        let shape = [3, 10, 32];
+        for transposed in [false, true] {
+            let t = TensorRef::of_bytes("w", Dtype::U8, &shape, &data);
+            let mut job = DecodeJob {
+                dims: Dims {
+                    slices: 3,
+                    rows: 10,
+                    cols: 32,
+                },
+                codes: Fields {
+                    data: t.into(),
+                    bits: 4,
+                    per_word: 0,
+                    interleaved: false,
+                    lane_bits: 16 * 8,
+                    word_bits: 32,
+                    slice_bits: 10 * 16 * 8,
+                },
+                code_values: vec![0.0; 16],
+                zero: None,
+                scale: None,
+                g_idx: None,
+                low_rank: None,
+                transposed: false,
+                out: OutDtype::Bf16,
+            };
+            if transposed {
+                job = job.transpose();
+            }
+            let total = job.dims.total_rows();
+            let out = Output {
+                name: "w".into(),
+                shard: 0,
+                shape: vec![],
+                dtype: Dtype::BF16,
+                source: Source::Decode(Box::new(job)),
+                scheme: None,
+            };
+            let mut next = data.as_ptr() as usize;
+            for start in (0..total).step_by(7) {
+                let rows = start..(start + 7).min(total);
+                let spent = out.spent_inputs(rows.clone()).unwrap_or_default();
+                if !spent.is_empty() {
+                    assert_eq!(spent.as_ptr() as usize, next, "{rows:?}");
+                    if transposed {
+                        assert_eq!((next - data.as_ptr() as usize) % 160, 0, "whole slices");
+                    }
+                }
+                next += spent.len();
+            }
+            assert_eq!(
+                next,
+                data.as_ptr() as usize + data.len(),
+                "transposed {transposed}"
+            );
+        }
+    }
 }

@@ -56,10 +56,14 @@ pub struct Summary {
 }
 
 fn finish(path: &Path, w: BufWriter<File>) -> Result<()> {
-    let f = w
-        .into_inner()
-        .map_err(|e| Error::io(path, "cannot write", e.into_error()))?;
-    f.sync_all().map_err(|e| Error::io(path, "cannot sync", e))
+    flush(path, w)?
+        .sync_all()
+        .map_err(|e| Error::io(path, "cannot sync", e))
+}
+
+fn flush(path: &Path, w: BufWriter<File>) -> Result<File> {
+    w.into_inner()
+        .map_err(|e| Error::io(path, "cannot write", e.into_error()))
 }
 
 /// Creates file `name` in the staging folder, buffered.
@@ -96,18 +100,49 @@ pub struct Progress<'p> {
     pub done: bool,
 }
 
-/// One piece of a shard's tensor data, in file order: a whole tensor, or a
-/// bounded run of rows of a tensor decoded by rows.
+/// One piece of a shard's tensor data, in file order: a whole tensor, a
+/// bounded run of rows of a tensor decoded by rows, or several small
+/// tensors decoded by rows, made together.
 enum Item<'t, 'a> {
     Whole(&'t Output<'a>),
     Rows(&'t Output<'a>, std::ops::Range<usize>),
+    Batch(Vec<&'t Output<'a>>),
 }
 
+/// Tensors decoded by rows below this size are batched into pieces of about
+/// [`CHUNK_BYTES`]: a MoE release's thousands of small experts would
+/// otherwise cost a round of thread wake-ups and a hand-over each.
+const SMALL_BYTES: usize = CHUNK_BYTES / 8;
+
 impl<'t, 'a> Item<'t, 'a> {
-    fn output(&self) -> &'t Output<'a> {
-        match self {
-            Item::Whole(t) | Item::Rows(t, _) => t,
+    /// The pieces of `tensors`, in order ([`row_pieces`]; small ones batched).
+    fn all(tensors: &[&'t Output<'a>]) -> Vec<Item<'t, 'a>> {
+        let mut items = Vec::new();
+        let mut batch: Vec<&'t Output<'a>> = Vec::new();
+        let mut batch_bytes = 0;
+        let flush = |batch: &mut Vec<&'t Output<'a>>, items: &mut Vec<Item<'t, 'a>>| {
+            match batch.len() {
+                0 => {}
+                1 => items.extend(Item::of(batch[0])),
+                _ => items.push(Item::Batch(std::mem::take(batch))),
+            }
+            batch.clear();
+        };
+        for &t in tensors {
+            let small = t.row_layout().is_some() && t.byte_len() <= SMALL_BYTES;
+            if !small || batch_bytes + t.byte_len() > CHUNK_BYTES {
+                flush(&mut batch, &mut items);
+                batch_bytes = 0;
+            }
+            if small {
+                batch.push(t);
+                batch_bytes += t.byte_len();
+            } else {
+                items.extend(Item::of(t));
+            }
         }
+        flush(&mut batch, &mut items);
+        items
     }
 
     /// The tensor's pieces ([`row_pieces`]).
@@ -118,11 +153,21 @@ impl<'t, 'a> Item<'t, 'a> {
         }
     }
 
-    /// True for the tensor's last piece.
-    fn last(&self) -> bool {
+    /// Whether the piece is decoded into a buffer (and can be made ahead).
+    fn decoded(&self) -> bool {
+        !matches!(self, Item::Whole(_))
+    }
+
+    /// The tensors the piece writes to, with the bytes it writes to each and
+    /// whether it finishes them.
+    fn parts(&self) -> Vec<(&'t Output<'a>, usize, bool)> {
         match self {
-            Item::Whole(_) => true,
-            Item::Rows(t, rows) => t.row_layout().is_some_and(|(total, _)| rows.end == total),
+            Item::Whole(t) => vec![(t, t.byte_len(), true)],
+            Item::Rows(t, rows) => {
+                let (total, row_bytes) = t.row_layout().unwrap_or((0, 0));
+                vec![(t, rows.len() * row_bytes, rows.end == total)]
+            }
+            Item::Batch(ts) => ts.iter().map(|t| (*t, t.byte_len(), true)).collect(),
         }
     }
 
@@ -139,15 +184,31 @@ impl<'t, 'a> Item<'t, 'a> {
                 t.decode_rows(backend, rows.clone(), &mut buf)?;
                 Ok(Piece::Owned(buf))
             }
-        }
-    }
-}
-
-impl Piece<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Piece::Owned(b) => b.len(),
-            Piece::Stored(b) => b.len(),
+            Item::Batch(ts) => {
+                buf.resize(ts.iter().map(|t| t.byte_len()).sum(), 0);
+                let mut jobs = Vec::with_capacity(ts.len());
+                let mut rest = &mut buf[..];
+                for t in ts {
+                    let (out, tail) = rest.split_at_mut(t.byte_len());
+                    jobs.push((*t, out));
+                    rest = tail;
+                }
+                let decode = |(t, out): (&Output<'a>, &mut [u8])| {
+                    let rows = t.row_layout().map_or(0, |(total, _)| total);
+                    t.decode_rows(backend, 0..rows, out)
+                };
+                // The CPU backend parallelises within a tensor, and small
+                // tensors leave its threads idle: spread the batch over them.
+                // A device takes its calls one at a time.
+                #[cfg(not(target_arch = "wasm32"))]
+                if !backend.decodes_ahead() {
+                    use rayon::prelude::*;
+                    jobs.into_par_iter().try_for_each(decode)?;
+                    return Ok(Piece::Owned(buf));
+                }
+                jobs.into_iter().try_for_each(decode)?;
+                Ok(Piece::Owned(buf))
+            }
         }
     }
 }
@@ -215,7 +276,7 @@ fn send_pieces<'a>(
                     .recv()
                     .map_err(|_| Error::bare(Rule::Io, "the decoding thread stopped"))??
             } else {
-                let next = items.get(i + 1).filter(|n| matches!(n, Item::Rows(..)));
+                let next = items.get(i + 1).filter(|n| n.decoded());
                 if let (Some(ahead), Some(_)) = (&ahead, next) {
                     let buf = spare.try_recv().unwrap_or_default();
                     if ahead.send((i + 1, buf)).is_ok() {
@@ -224,20 +285,27 @@ fn send_pieces<'a>(
                 }
                 item.make(backend, spare.try_recv().unwrap_or_default())?
             };
-            let (n, t) = (piece.len(), item.output());
             if tx.send(piece).is_err() {
                 return Ok(false);
             }
-            progress(Progress {
-                tensor: &t.name,
-                bytes: n as u64,
-                done: item.last(),
-            });
-            if item.last() && !matches!(t.source, Source::Copy(_)) {
-                for input in t.inputs() {
-                    ckpt.release(input.stored());
+            // Inputs leave memory as soon as the last piece that reads them
+            // is made (copies once written, by the writing thread).
+            let mut spent = Vec::new();
+            for (t, bytes, done) in item.parts() {
+                progress(Progress {
+                    tensor: &t.name,
+                    bytes: bytes as u64,
+                    done,
+                });
+                match (item, done) {
+                    (_, true) if !matches!(t.source, Source::Copy(_)) => {
+                        spent.extend(t.inputs().iter().map(|i| i.stored()))
+                    }
+                    (Item::Rows(_, rows), false) => spent.extend(t.spent_inputs(rows.clone())),
+                    _ => {}
                 }
             }
+            ckpt.release_all(spent);
         }
         Ok(true)
     })
@@ -568,21 +636,34 @@ fn write_into(
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
     let shards = shard_files(plan, only, max_shard_size)?;
-    for file in &shards {
-        let (path, mut w) = create(&staging, &file.name)?;
-        w.write_all(&file.header)
-            .map_err(|e| Error::io(&path, "cannot write", e))?;
-        let w = write_shard(
-            ckpt,
-            &file.tensors,
-            backend,
-            cancelled,
-            &path,
-            w,
-            &mut progress,
-        )?;
-        finish(&path, w)?;
-    }
+    // Each file is synced to disk on a thread of its own while the next is
+    // decoded: syncing in turn would leave the decoder idle for every flush.
+    std::thread::scope(|scope| -> Result<()> {
+        let mut syncs = Vec::new();
+        for file in &shards {
+            let (path, mut w) = create(&staging, &file.name)?;
+            w.write_all(&file.header)
+                .map_err(|e| Error::io(&path, "cannot write", e))?;
+            let w = write_shard(
+                ckpt,
+                &file.tensors,
+                backend,
+                cancelled,
+                &path,
+                w,
+                &mut progress,
+            )?;
+            let f = flush(&path, w)?;
+            syncs.push(
+                scope.spawn(move || f.sync_all().map_err(|e| Error::io(&path, "cannot sync", e))),
+            );
+        }
+        for s in syncs {
+            s.join()
+                .unwrap_or_else(|_| Err(Error::bare(Rule::Io, "a sync thread panicked")))?;
+        }
+        Ok(())
+    })?;
     let mut summary = Summary::of(plan, &shards);
     let mut json = json_files(plan, &shards)?;
     if let (Some(index), Some(only)) = (&ckpt.index, only) {
@@ -691,7 +772,7 @@ fn write_shard(
             }
             Ok(w)
         });
-        let items: Vec<Item<'_, '_>> = tensors.iter().flat_map(|t| Item::of(t)).collect();
+        let items = Item::all(tensors);
         let sent = send_pieces(ckpt, &items, backend, cancelled, &tx, &spare, progress);
         drop(tx);
         let written = writer

@@ -107,6 +107,10 @@ enum Command {
         /// this many GB of bf16 output.
         #[arg(long, value_parser = positive_gb)]
         e2e_gb: Option<f64>,
+        /// The end-to-end checkpoint: square 4096x8192 g128 weights, a MoE
+        /// release's many small experts over 8 shards, or one huge tensor.
+        #[arg(long, value_enum, default_value_t = bench::Shape::Square)]
+        e2e_shape: bench::Shape,
         /// An existing directory where the end-to-end checkpoint is generated
         /// (and removed after).
         #[arg(long, default_value = ".")]
@@ -203,10 +207,19 @@ fn main() -> ExitCode {
             cols,
             runs,
             e2e_gb,
+            e2e_shape,
             dir,
             backend,
             json,
-        } => bench(rows, cols, runs as usize, e2e_gb, &dir, backend, json),
+        } => bench(
+            rows,
+            cols,
+            runs as usize,
+            e2e_gb.map(|gb| (gb, e2e_shape)),
+            &dir,
+            backend,
+            json,
+        ),
         Command::Convert {
             path,
             output,
@@ -446,7 +459,7 @@ fn bench(
     rows: usize,
     cols: usize,
     runs: usize,
-    e2e_gb: Option<f64>,
+    e2e: Option<(f64, bench::Shape)>,
     dir: &Path,
     backend: BackendArg,
     json: bool,
@@ -469,7 +482,7 @@ fn bench(
             "--cols: rows must be positive and cols a positive multiple of 128",
         ));
     }
-    if e2e_gb.is_some() && !dir.is_dir() {
+    if e2e.is_some() && !dir.is_dir() {
         return Err(Error::new(
             Rule::Argument,
             dir,
@@ -516,7 +529,7 @@ fn bench(
             .iter()
             .for_each(show);
     }
-    if let Some(gb) = e2e_gb {
+    if let Some((gb, shape)) = e2e {
         let mut backends = Vec::new();
         if choice != BackendChoice::Gpu {
             backends.push((BackendChoice::Cpu, "cpu"));
@@ -525,7 +538,7 @@ fn bench(
             backends.push((BackendChoice::Gpu, "gpu"));
         }
         for (b, label) in backends {
-            let e = bench::end_to_end(dir, gb, b)?;
+            let e = bench::end_to_end(dir, gb, shape, runs, b)?;
             if json {
                 show(&e.figure);
                 continue;
