@@ -1,6 +1,7 @@
 //! Decode quantized weight packs stored in safetensors checkpoints
-//! (compressed-tensors, NVIDIA ModelOpt NVFP4, SVDQuant) to dense bf16 / f16
-//! / f32, on the CPU or on any GPU wgpu reaches, with the same bytes.
+//! (compressed-tensors, NVIDIA ModelOpt NVFP4, DeepSeek-style FP8, AutoAWQ,
+//! GPT-OSS MXFP4, SVDQuant) to dense bf16 / f16 / f32, on the CPU or on any
+//! GPU wgpu reaches, with the same bytes.
 //!
 //! A whole checkpoint to a dense one on disk:
 //!
@@ -39,6 +40,7 @@ mod formats;
 pub mod job;
 mod json;
 mod model;
+pub mod names;
 mod numerics;
 mod output;
 pub mod plan;

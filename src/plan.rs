@@ -82,6 +82,9 @@ pub struct Plan<'a> {
     /// The input's other files copied to the output (tokenizer, generation
     /// config, …): (path, file name). Quantization sidecars are not among them.
     pub side_files: Vec<(PathBuf, String)>,
+    /// Outputs written under their architecture's hub names, as (stored,
+    /// written) ([`crate::names`]); [`Plan::keep_stored_names`] undoes it.
+    pub renamed: Vec<(String, String)>,
 }
 
 impl<'a> Plan<'a> {
@@ -115,6 +118,7 @@ impl<'a> Plan<'a> {
                 v
             }),
             side_files: Vec::new(),
+            renamed: Vec::new(),
         };
         let found = formats::plan_modules(ckpt, &plan.format, dtype);
         let consumed = found.consumed;
@@ -165,7 +169,7 @@ impl<'a> Plan<'a> {
                 });
             }
         }
-        plan.outputs.sort_by(|a, b| a.name.cmp(&b.name));
+        plan.hub_names()?;
         // Quantization sidecars are not copied; a side file linking out of
         // the checkpoint would be: a finding.
         if !ckpt.single_file {
@@ -183,6 +187,49 @@ impl<'a> Plan<'a> {
             }
         }
         Ok(plan)
+    }
+
+    /// Writes the outputs of Mixtral-style MoE checkpoints under the names
+    /// the architecture's loaders expect ([`crate::names`]), and sorts them.
+    fn hub_names(&mut self) -> Result<()> {
+        let model_type = self
+            .checkpoint
+            .config
+            .as_ref()
+            .and_then(|c| crate::names::model_type(&c.value))
+            .unwrap_or_default()
+            .to_string();
+        for o in &mut self.outputs {
+            if let Some(hub) = crate::names::hub_name(&model_type, &o.name) {
+                self.renamed.push((o.name.clone(), hub.clone()));
+                o.name = hub;
+            }
+        }
+        self.sort_outputs()
+    }
+
+    /// Writes every output under its stored name (`--keep-names`).
+    pub fn keep_stored_names(&mut self) -> Result<()> {
+        for (stored, hub) in std::mem::take(&mut self.renamed) {
+            if let Some(o) = self.outputs.iter_mut().find(|o| o.name == hub) {
+                o.name = stored;
+            }
+        }
+        self.sort_outputs()
+    }
+
+    /// Sorts the outputs by name; a name given twice is an error.
+    fn sort_outputs(&mut self) -> Result<()> {
+        self.outputs.sort_by(|a, b| a.name.cmp(&b.name));
+        match self.outputs.windows(2).find(|w| w[0].name == w[1].name) {
+            Some(w) => Err(Error::tensor(
+                Rule::Config,
+                self.checkpoint.display_path(),
+                &w[0].name,
+                "two tensors would be written under this name (one of them renamed to its hub name; --keep-names keeps stored names)",
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Number of decoded tensors ([`Source::is_decoded`]).

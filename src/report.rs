@@ -79,6 +79,17 @@ pub struct Report {
     pub errors: Vec<Finding>,
     /// Findings that do not stop decoding.
     pub warnings: Vec<Warning>,
+    /// Tensors written under their architecture's hub names: stored → written.
+    pub renamed: Vec<Renamed>,
+}
+
+/// A tensor written under its architecture's hub name ([`crate::names`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Renamed {
+    /// The name the quantized checkpoint stores.
+    pub stored: String,
+    /// The name the dense checkpoint gets.
+    pub written: String,
 }
 
 impl Report {
@@ -116,6 +127,14 @@ impl Report {
             dropped: plan.dropped.clone(),
             errors: plan.errors.iter().map(Finding::from).collect(),
             warnings: plan.warnings.clone(),
+            renamed: plan
+                .renamed
+                .iter()
+                .map(|(stored, written)| Renamed {
+                    stored: stored.clone(),
+                    written: written.clone(),
+                })
+                .collect(),
         }
     }
 
@@ -136,6 +155,15 @@ impl Report {
             if self.shards.len() == 1 { "" } else { "s" }
         );
         let _ = writeln!(s, "format      {}", self.summary);
+        if let Some(r) = self.renamed.first() {
+            let _ = writeln!(
+                s,
+                "names       {} expert tensors get the hub's names (e.g. {} -> {}); --keep-names keeps the stored ones",
+                self.renamed.len(),
+                r.stored,
+                r.written
+            );
+        }
         match &self.format {
             Format::CompressedTensors(c) => {
                 for g in &c.groups {
@@ -185,6 +213,18 @@ impl Report {
                     "  activations {}; not converted {}",
                     c.activation_scheme.as_deref().unwrap_or("-"),
                     list_or_dash(&c.modules_to_not_convert)
+                );
+            }
+            Format::GptOss(c) => {
+                let kept: Vec<&str> = c.modules_to_not_convert.iter().map(|t| t.text()).collect();
+                let _ = writeln!(
+                    s,
+                    "  not converted {}",
+                    if kept.is_empty() {
+                        "-".into()
+                    } else {
+                        kept.join(", ")
+                    }
                 );
             }
             Format::Awq(c) => {

@@ -7,6 +7,7 @@
 pub mod awq;
 pub mod compressed_tensors;
 pub mod fp8_block;
+pub mod gpt_oss;
 pub mod modelopt;
 pub mod svdquant;
 mod targets;
@@ -37,6 +38,8 @@ pub enum Format {
     Fp8Block(fp8_block::Config),
     /// An AutoAWQ GEMM checkpoint (`quant_method: "awq"`).
     Awq(awq::Config),
+    /// OpenAI's native MXFP4 (`quant_method: "mxfp4"`, GPT-OSS).
+    GptOss(gpt_oss::Config),
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant::Config),
     /// No quantization: every tensor is copied.
@@ -59,6 +62,7 @@ impl Format {
             ),
             Format::Fp8Block(c) => format!("fp8 e4m3 {} (weight_scale_inv)", c.describe()),
             Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
+            Format::GptOss(_) => "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into(),
             Format::Svdquant(c) => format!(
                 "svdquant rank {} ({} weights, {} targets, {} structural patches)",
                 c.rank,
@@ -107,10 +111,11 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
             })),
             "fp8" => Ok(Format::Fp8Block(fp8_block::Config::parse(&file.path, qc)?)),
             "awq" => Ok(Format::Awq(awq::Config::parse(&file.path, qc)?)),
+            "mxfp4" => Ok(Format::GptOss(gpt_oss::Config::parse(&file.path, qc)?)),
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq)"),
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq, mxfp4)"),
             )),
         };
     }
@@ -187,6 +192,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
         Format::Fp8Block(cfg) => fp8_block::plan(cfg, ckpt, dtype),
         Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
+        Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),
         Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
         Format::Dense => return Modules::default(),
     };

@@ -13,6 +13,7 @@ mod fixtures;
 mod gpu;
 mod interruption;
 mod model;
+mod moe;
 mod rejections;
 mod scale;
 mod stream;

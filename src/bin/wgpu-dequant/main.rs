@@ -72,6 +72,10 @@ enum Command {
         /// alone is larger; without it, the input's sharding is kept.
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         max_shard_size: Option<u64>,
+        /// Keep the stored tensor names, even where the architecture's own
+        /// checkpoints name them differently (Mixtral-style MoE experts).
+        #[arg(long)]
+        keep_names: bool,
     },
     /// Join the partial indexes of `dequantize --shards` runs into model.safetensors.index.json.
     MergeIndex {
@@ -189,6 +193,7 @@ fn main() -> ExitCode {
             force,
             shards,
             max_shard_size,
+            keep_names,
         } => dequantize(
             &path,
             dtype,
@@ -199,6 +204,7 @@ fn main() -> ExitCode {
                 force,
                 shards,
                 max_shard_size,
+                keep_names,
             },
         ),
         Command::MergeIndex { dir } => merge_index(&dir),
@@ -332,6 +338,7 @@ struct Target<'a> {
     force: bool,
     shards: Option<Vec<String>>,
     max_shard_size: Option<u64>,
+    keep_names: bool,
 }
 
 fn dequantize(
@@ -344,6 +351,7 @@ fn dequantize(
         force,
         shards,
         max_shard_size,
+        keep_names,
     }: Target<'_>,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
@@ -354,7 +362,10 @@ fn dequantize(
         DtypeArg::F16 => DtypeChoice::Fixed(OutDtype::F16),
         DtypeArg::F32 => DtypeChoice::Fixed(OutDtype::F32),
     };
-    let plan = Plan::build(&ckpt, dtype)?;
+    let mut plan = Plan::build(&ckpt, dtype)?;
+    if keep_names {
+        plan.keep_stored_names()?;
+    }
     plan.check()?;
     let choice = BackendChoice::from(backend);
     let target = match shards {

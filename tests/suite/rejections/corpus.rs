@@ -321,6 +321,8 @@ const SVDQ_INT4: &str = "svdq-int4-g64-logical";
 const SVDQ_FP4: &str = "svdq-fp4-g16-packed";
 const FP8_BLOCK: &str = "fp8-block-bf16";
 const AWQ: &str = "awq-gemm-w4-g128";
+const GPT_OSS: &str = "gpt-oss-mxfp4";
+const GPT_OSS_UP: &str = "model.layers.0.mlp.experts.gate_up_proj";
 
 fn case(
     name: &'static str,
@@ -1699,6 +1701,61 @@ fn release_cases() -> Vec<Case> {
             "down_proj.qzeros",
             |e| {
                 reshape_tensor(&e.st(), &down("qzeros"), "I32", &[7, 48], 7 * 48 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "gpt-oss blocks without scales",
+            GPT_OSS,
+            Plan,
+            MISSING,
+            "gate_up_proj_scales",
+            |e| {
+                remove_tensor(&e.st(), &format!("{GPT_OSS_UP}_scales"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "gpt-oss scales without blocks",
+            GPT_OSS,
+            Plan,
+            MISSING,
+            "gate_up_proj_blocks",
+            |e| {
+                remove_tensor(&e.st(), &format!("{GPT_OSS_UP}_blocks"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "gpt-oss scales one group short",
+            GPT_OSS,
+            Plan,
+            SHAPE,
+            "gate_up_proj_scales",
+            |e| {
+                reshape_tensor(
+                    &e.st(),
+                    &format!("{GPT_OSS_UP}_scales"),
+                    "U8",
+                    &[8, 128, 3],
+                    8 * 128 * 3,
+                );
+                e.model.clone()
+            },
+        ),
+        case(
+            "gpt-oss blocks of 8 bytes",
+            GPT_OSS,
+            Plan,
+            SHAPE,
+            "gate_up_proj_blocks",
+            |e| {
+                set_entry(
+                    &e.st(),
+                    &format!("{GPT_OSS_UP}_blocks"),
+                    "shape",
+                    json!([8, 128, 8, 8]),
+                );
                 e.model.clone()
             },
         ),

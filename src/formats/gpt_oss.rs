@@ -1,0 +1,173 @@
+//! OpenAI's native MXFP4 (`quant_method: "mxfp4"`), as GPT-OSS ships its
+//! experts.
+//!
+//! Each quantized parameter `<p>` is stored as `<p>_blocks` uint8
+//! `[E, out, in/32, 16]` (two E2M1 codes per byte, the low nibble first) and
+//! `<p>_scales` uint8 `[E, out, in/32]` (E8M0, one per 32 codes). The dense
+//! parameter is the transpose, `<p>` `[E, in, out]`: `gate_up_proj`
+//! `[E, H, 2I]` and `down_proj` `[E, I, H]`, as transformers'
+//! `Mxfp4Config(dequantize=True)` writes them. Everything else (biases,
+//! router, attention, embeddings: `modules_to_not_convert`) is stored dense.
+
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{
+    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, plan_each, Glob, Modules,
+    ScaleLayout, Target,
+};
+use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::{Error, Result, Rule};
+use crate::job::{DecodeJob, Dims, Fields};
+use crate::numerics::{self, OutDtype};
+use crate::output::{Output, Source};
+
+/// Codes per scale.
+const BLOCK: usize = 32;
+
+/// A GPT-OSS MXFP4 config.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// The file it came from.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// Modules stored dense (globs).
+    pub modules_to_not_convert: Vec<Target>,
+}
+
+#[derive(serde::Deserialize)]
+struct Raw {
+    modules_to_not_convert: Option<Vec<String>>,
+}
+
+impl Config {
+    /// Reads config.json's `quantization_config`.
+    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
+        let raw: Raw = super::from_value(path, qc)?;
+        Ok(Config {
+            path: path.to_path_buf(),
+            modules_to_not_convert: raw
+                .modules_to_not_convert
+                .unwrap_or_default()
+                .iter()
+                .map(|s| Target::Glob(Glob::new(s)))
+                .collect(),
+        })
+    }
+}
+
+/// The quantized parameters: every `<p>_blocks` (and every `<p>_scales`, so
+/// that one without its blocks is an error, never a copy).
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    let params: std::collections::BTreeSet<&str> = ckpt
+        .names()
+        .into_iter()
+        .filter_map(|n| {
+            n.strip_suffix("_blocks")
+                .or_else(|| n.strip_suffix("_scales"))
+        })
+        .collect();
+    let mut found = plan_each(
+        ckpt,
+        params.iter().copied(),
+        &[],
+        |p| {
+            cfg.modules_to_not_convert
+                .iter()
+                .any(|t| t.rank(p).is_some())
+                .then_some("listed in modules_to_not_convert but stored as MXFP4; decoded anyway")
+        },
+        |p, _| plan_param(ckpt, p, dtype),
+    );
+    for p in params {
+        for part in ["blocks", "scales"] {
+            let name = format!("{p}_{part}");
+            if ckpt.get(&name).is_some() {
+                found.consumed.insert(name);
+            }
+        }
+    }
+    found
+}
+
+fn tensor<'c>(ckpt: &'c Checkpoint, param: &str, suffix: &str) -> Result<TensorRef<'c>> {
+    let name = format!("{param}_{suffix}");
+    ckpt.get(&name).ok_or_else(|| {
+        Error::tensor(
+            Rule::MissingTensor,
+            ckpt.display_path(),
+            name,
+            format!("{param} is stored as MXFP4 but has no {param}_{suffix}"),
+        )
+    })
+}
+
+fn plan_param<'c>(ckpt: &'c Checkpoint, param: &str, out: OutDtype) -> Result<Output<'c>> {
+    let blocks = tensor(ckpt, param, "blocks")?;
+    expect_dtype(&blocks, &[Dtype::U8])?;
+    let scales = tensor(ckpt, param, "scales")?;
+    expect_dtype(&scales, &[Dtype::U8, Dtype::F8_E8M0])?;
+    let (slices, rows, groups) = match *blocks.shape {
+        [e, r, g, 16] => (e, r, g),
+        [r, g, 16] => (1, r, g),
+        _ => {
+            return Err(blocks.error(
+                Rule::TensorShape,
+                format!(
+                    "shape {:?}; MXFP4 blocks are [experts, out, in/32, 16] or [out, in/32, 16]",
+                    blocks.shape
+                ),
+            ))
+        }
+    };
+    if blocks.shape.contains(&0) {
+        return Err(blocks.error(Rule::TensorShape, "has no elements"));
+    }
+    let stored = Dims {
+        slices,
+        rows,
+        cols: groups.saturating_mul(BLOCK),
+    };
+    let row_bytes = groups * BLOCK / 2;
+    let codes = Fields {
+        data: blocks.into(),
+        bits: 4,
+        per_word: 0,
+        interleaved: false,
+        lane_bits: row_bytes as u64 * 8,
+        word_bits: 32,
+        slice_bits: (rows * row_bytes) as u64 * 8,
+    };
+    check_extent(&blocks, &codes, slices, rows, stored.cols)?;
+    let job = DecodeJob {
+        dims: stored,
+        codes,
+        code_values: e2m1_values(),
+        zero: None,
+        scale: Some(grid_values(
+            scales,
+            byte_table(numerics::e8m0),
+            ScaleLayout::Group(BLOCK),
+            stored,
+        )?),
+        g_idx: None,
+        low_rank: None,
+        transposed: false,
+        out,
+    }
+    .transpose();
+    let mut shape = vec![job.dims.rows, job.dims.cols];
+    if blocks.shape.len() == 4 {
+        shape.insert(0, slices);
+    }
+    Ok(Output {
+        name: param.to_string(),
+        shard: blocks.shard,
+        shape,
+        dtype: out.safetensors(),
+        source: Source::Decode(Box::new(job)),
+        scheme: Some("mxfp4 fp4 e8m0 group 32, transposed".into()),
+    })
+}
