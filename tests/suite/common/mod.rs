@@ -372,14 +372,14 @@ pub fn bf16_of_f32(bytes: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-/// The digests of `case` in the model's own dtype: `expected-bf16`, or
-/// `expected-f16` for f16 models (AutoAWQ).
+/// The digests of `case` in the model's own dtype: `expected-bf16` (under
+/// the architecture's hub names where they differ: `expected-bf16-native`),
+/// or `expected-f16` for f16 models (AutoAWQ).
 pub fn auto_digests(case: &str) -> &'static str {
-    if fixtures()
-        .join(case)
-        .join("expected-bf16.digests.json")
-        .is_file()
-    {
+    let has = |f: &str| fixtures().join(case).join(f).is_file();
+    if has("expected-bf16-native.digests.json") {
+        "expected-bf16-native.digests.json"
+    } else if has("expected-bf16.digests.json") {
         "expected-bf16.digests.json"
     } else {
         "expected-f16.digests.json"
