@@ -113,7 +113,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         modules_with(ckpt, "qweight"),
         &["qweight", "qzeros", "scales"],
         |m| {
-            super::fp8_block::not_converted(&cfg.modules_to_not_convert, m)
+            super::not_converted(&cfg.modules_to_not_convert, m)
                 .then_some("listed in modules_to_not_convert but stored as AWQ; decoded anyway")
         },
         |m, _| {

@@ -6,15 +6,14 @@
 //! The value is `f32(weight) × weight_scale_inv` of its block, rounded once
 //! to the output dtype, as compressed-tensors' `FP8BlockDequantizer`.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, modules_with, plan_each,
-    require, split_shape, Modules, ScaleLayout,
+    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, not_converted, plan_each,
+    quantized_modules, require, split_shape, Modules, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
@@ -97,26 +96,12 @@ impl Config {
     }
 }
 
-/// Whether transformers leaves `module` unquantized: an entry of
-/// `modules_to_not_convert` is a substring of its name.
-pub fn not_converted(list: &[String], module: &str) -> bool {
-    list.iter()
-        .any(|m| !m.is_empty() && module.contains(m.as_str()))
-}
-
 /// The decoded modules: every module with a `weight_scale_inv`, and every
 /// FP8 `weight` (one without its scale is an error, never a copy).
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    let modules: BTreeSet<&str> = modules_with(ckpt, "weight_scale_inv")
-        .into_iter()
-        .chain(modules_with(ckpt, "weight").into_iter().filter(|m| {
-            ckpt.get(&format!("{m}.weight"))
-                .is_some_and(|t| t.dtype == Dtype::F8_E4M3)
-        }))
-        .collect();
     plan_each(
         ckpt,
-        modules,
+        quantized_modules(ckpt, "weight_scale_inv", Dtype::F8_E4M3),
         &["weight", "weight_scale_inv"],
         |m| {
             not_converted(&cfg.modules_to_not_convert, m)

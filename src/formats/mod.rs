@@ -12,7 +12,7 @@ pub mod modelopt;
 pub mod svdquant;
 mod targets;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use safetensors::Dtype;
@@ -275,6 +275,30 @@ pub fn modules_with<'c>(ckpt: &'c Checkpoint, suffix: &str) -> Vec<&'c str> {
         .into_iter()
         .filter_map(|n| n.strip_suffix(suffix)?.strip_suffix('.'))
         .collect()
+}
+
+/// The modules that carry `<module>.<companion>` or store their `weight` as
+/// `weight_dtype`, sorted: a quantized weight without its companion is then
+/// planned, and refused, rather than copied as if it were dense.
+pub fn quantized_modules<'c>(
+    ckpt: &'c Checkpoint,
+    companion: &str,
+    weight_dtype: Dtype,
+) -> BTreeSet<&'c str> {
+    modules_with(ckpt, companion)
+        .into_iter()
+        .chain(modules_with(ckpt, "weight").into_iter().filter(|m| {
+            ckpt.get(&format!("{m}.weight"))
+                .is_some_and(|t| t.dtype == weight_dtype)
+        }))
+        .collect()
+}
+
+/// Whether `module` is named by transformers' `modules_to_not_convert`
+/// (`list`): an entry is a substring of its name.
+pub fn not_converted(list: &[String], module: &str) -> bool {
+    list.iter()
+        .any(|m| !m.is_empty() && module.contains(m.as_str()))
 }
 
 /// A module's tensor `<module>.<param>`, or a missing-tensor error.

@@ -1,7 +1,6 @@
 //! NVIDIA ModelOpt NVFP4 exports (`hf_quant_config.json`, or `config.json`
 //! with `quant_method: "modelopt"`).
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
@@ -9,7 +8,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, decoded_output, expect_dtype, fp4_job, modules_with, plan_each, require,
+    byte_table, decoded_output, expect_dtype, fp4_job, plan_each, quantized_modules, require,
     scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, JsonFile};
@@ -144,16 +143,9 @@ impl Config {
 /// The decoded NVFP4 modules: every module with a uint8 `weight` beside
 /// `weight_scale_2`. Other `weight`s pass through.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    let modules: BTreeSet<&str> = modules_with(ckpt, "weight_scale_2")
-        .into_iter()
-        .chain(modules_with(ckpt, "weight").into_iter().filter(|m| {
-            ckpt.get(&format!("{m}.weight"))
-                .is_some_and(|t| t.dtype == Dtype::U8)
-        }))
-        .collect();
     plan_each(
         ckpt,
-        modules,
+        quantized_modules(ckpt, "weight_scale_2", Dtype::U8),
         &["weight", "weight_scale", "weight_scale_2"],
         |m| {
             cfg.exclude_modules
