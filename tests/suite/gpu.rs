@@ -18,7 +18,8 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
         return;
     }
     for case in CASES {
-        for dtype in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+        // bf16 (the fixtures' own dtype) is checked below, against the digests.
+        for dtype in [OutDtype::F16, OutDtype::F32] {
             let tmp = tempfile::tempdir().unwrap();
             let run = |backend, name: &str| {
                 let out = tmp.path().join(name);
