@@ -20,9 +20,8 @@ use super::{ct005, py_re_escape, with_quantization_config};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::formats::awq::{self, Config};
-use crate::formats::{modules_with, not_converted, require};
+use crate::formats::not_converted;
 use crate::job::ZeroPoint;
-use crate::numerics::OutDtype;
 use crate::output::rearrange::Rearrange;
 use crate::plan::{Output, Plan, Source};
 
@@ -84,16 +83,26 @@ pub fn convert<'c>(ckpt: &'c Checkpoint, cfg: &Config, mut plan: Plan<'c>) -> Re
     };
     let mut outputs = Vec::new();
     let mut used: HashSet<String> = HashSet::new();
-    for module in modules_with(ckpt, "qweight") {
-        let q = require(ckpt, module, "qweight")?;
+    // The jobs planning built for the dense output hold everything stored:
+    // the codes, zero points and scales, checked.
+    for o in std::mem::take(&mut plan.outputs) {
+        let (Source::Decode(job), Some(module)) = (&o.source, o.name.strip_suffix(".weight"))
+        else {
+            continue;
+        };
+        let (Some(q), Some(scales)) = (
+            job.codes.data.tensor(),
+            job.scale.as_ref().and_then(|s| s.data.tensor()),
+        ) else {
+            continue;
+        };
         if ignored(cfg, module) {
             return Err(ct005(
                 &q,
                 "an AWQ weight in a module compressed-tensors ignores (lm_head, modules_to_not_convert)",
             ));
         }
-        let (job, shard) = awq::module_job(cfg, ckpt, module, OutDtype::F32)?;
-        let (rows, cols) = (job.dims.rows, job.dims.cols);
+        let (rows, cols, shard) = (job.dims.rows, job.dims.cols, o.shard);
         let out = |param: &str, dtype: Dtype, shape: Vec<usize>, source| Output {
             name: format!("{module}.{param}"),
             shard,
@@ -102,7 +111,6 @@ pub fn convert<'c>(ckpt: &'c Checkpoint, cfg: &Config, mut plan: Plan<'c>) -> Re
             source,
             scheme: None,
         };
-        let scales = require(ckpt, module, "scales")?;
         if scales.shape.len() != 2 {
             return Err(ct005(
                 &scales,

@@ -48,7 +48,10 @@ fn ct005(t: &TensorRef<'_>, detail: impl Into<String>) -> Error {
 pub fn plan(ckpt: &Checkpoint, to: ConvertTo) -> Result<Plan<'_>> {
     let ConvertTo::CompressedTensors = to;
     // Planning the dense output checks every module (shapes, dtypes, scales).
-    let plan = Plan::build(ckpt, DtypeChoice::Fixed(OutDtype::F32))?;
+    // A quantized checkpoint keeps the stored names (no hub names for MoE
+    // experts: the converters find modules by the planned outputs' names).
+    let mut plan = Plan::build(ckpt, DtypeChoice::Fixed(OutDtype::F32))?;
+    plan.keep_stored_names()?;
     match plan.format.clone() {
         Format::Modelopt(cfg) => modelopt::convert(ckpt, &cfg, plan),
         Format::Awq(cfg) => awq::convert(ckpt, &cfg, plan),
