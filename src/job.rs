@@ -36,6 +36,16 @@ pub enum Bytes<'a> {
     Owned(Arc<[u8]>),
 }
 
+impl<'a> Bytes<'a> {
+    /// The stored tensor these bytes are, if they are one.
+    pub fn tensor(&self) -> Option<TensorRef<'a>> {
+        match self {
+            Bytes::Stored(t) => Some(*t),
+            _ => None,
+        }
+    }
+}
+
 impl Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -494,11 +504,17 @@ impl DecodeJob<'_> {
         self.zero.as_ref().map(|z| match z {
             ZeroPoint::Packed { fields } => self.code_values[fields.get(slice, g, row) as usize],
             ZeroPoint::PackedAlongCols { fields } => {
-                let row_div = self.scale.as_ref().map_or(usize::MAX, |s| s.grid.row_div);
-                self.code_values[fields.get(slice, row / row_div, g) as usize]
+                self.code_values[fields.get(slice, self.zero_lane(row), g) as usize]
             }
             ZeroPoint::Plain(v) => v.get(v.grid.index(slice, row, g)),
         })
+    }
+
+    /// The lane of stored `row` in zero points packed along columns: its row
+    /// group on the scale grid (lane 0 without a scale).
+    #[inline]
+    pub fn zero_lane(&self, row: usize) -> usize {
+        self.scale.as_ref().map_or(0, |s| row / s.grid.row_div)
     }
 
     /// The scale of (slice, row) in column group `g`.

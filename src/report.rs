@@ -216,16 +216,12 @@ impl Report {
                 );
             }
             Format::GptOss(c) => {
-                let kept: Vec<&str> = c.modules_to_not_convert.iter().map(|t| t.text()).collect();
-                let _ = writeln!(
-                    s,
-                    "  not converted {}",
-                    if kept.is_empty() {
-                        "-".into()
-                    } else {
-                        kept.join(", ")
-                    }
-                );
+                let kept: Vec<String> = c
+                    .modules_to_not_convert
+                    .iter()
+                    .map(|t| t.text().to_string())
+                    .collect();
+                let _ = writeln!(s, "  not converted {}", list_or_dash(&kept));
             }
             Format::Awq(c) => {
                 let _ = writeln!(

@@ -140,7 +140,7 @@ fn awq_fields<'c>(t: &TensorRef<'c>, width: usize) -> Fields<'c> {
 }
 
 /// The job of one module, `[out, in]`, and the shard its `qweight` is in.
-pub fn module_job<'c>(
+fn module_job<'c>(
     cfg: &Config,
     ckpt: &'c Checkpoint,
     module: &str,

@@ -99,11 +99,7 @@ impl<'a> Output<'a> {
     /// on the host are not listed).
     pub fn inputs(&self) -> Vec<TensorRef<'a>> {
         fn of_job<'a>(job: &DecodeJob<'a>, v: &mut Vec<TensorRef<'a>>) {
-            let mut add = |b: &Bytes<'a>| {
-                if let Bytes::Stored(t) = b {
-                    v.push(*t);
-                }
-            };
+            let mut add = |b: &Bytes<'a>| v.extend(b.tensor());
             add(&job.codes.data);
             if let Some(s) = &job.scale {
                 add(&s.data);
@@ -153,9 +149,7 @@ impl<'a> Output<'a> {
     pub fn spent_inputs(&self, rows: std::ops::Range<usize>) -> Option<&'a [u8]> {
         let (data, lo, hi) = match &self.source {
             Source::Decode(job) => {
-                let Bytes::Stored(t) = &job.codes.data else {
-                    return None;
-                };
+                let t = job.codes.data.tensor()?;
                 let total = job.dims.total_rows();
                 // The byte where the codes of flat output row `r` start; a
                 // transposed job reads whole stored slices.

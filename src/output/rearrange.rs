@@ -62,10 +62,7 @@ impl<'a> Rearrange<'a> {
     pub fn input(&self) -> Option<TensorRef<'a>> {
         match self {
             Rearrange::Transpose(t) => Some(*t),
-            Rearrange::Repack { fields, .. } => match &fields.data {
-                crate::job::Bytes::Stored(t) => Some(*t),
-                _ => None,
-            },
+            Rearrange::Repack { fields, .. } => fields.data.tensor(),
         }
     }
 
@@ -100,19 +97,18 @@ impl<'a> Rearrange<'a> {
                 for c in 0..*cols {
                     for r in 0..*rows {
                         let v = fields.get(0, c, r);
-                        // Field index along the packed dimension, and the word
-                        // row and column it lands in.
-                        let (i, wr, wc) = if *down_columns { (r, 0, c) } else { (c, r, 0) };
-                        let bit = i * b;
-                        let at = if *down_columns {
-                            (bit / 32) * shape[1] + wc
+                        // A packed lane's first word, its field index, and the
+                        // distance from one of its words to the next.
+                        let (first, i, step) = if *down_columns {
+                            (c, r, shape[1])
                         } else {
-                            wr * shape[1] + bit / 32
+                            (r * shape[1], c, 1)
                         };
+                        let bit = i * b;
+                        let at = first + (bit / 32) * step;
                         words[at] |= v << (bit % 32);
                         if bit % 32 + b > 32 {
-                            words[at + if *down_columns { shape[1] } else { 1 }] |=
-                                v >> (32 - bit % 32);
+                            words[at + step] |= v >> (32 - bit % 32);
                         }
                     }
                 }

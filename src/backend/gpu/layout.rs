@@ -430,10 +430,8 @@ fn chunk<'a>(
             (1, src.push_fields(fields, lo, hi), GridParams::default())
         }
         Some(ZeroPoint::PackedAlongCols { fields }) => {
-            // Lanes are row groups of the scale grid.
-            let row_div = job.scale.as_ref().map_or(usize::MAX, |s| s.grid.row_div);
-            let lo = fields.lane_start(first.0, first.1 / row_div)?;
-            let hi = fields.lane_end(last.0, last.1 / row_div, sd.cols)?;
+            let lo = fields.lane_start(first.0, job.zero_lane(first.1))?;
+            let hi = fields.lane_end(last.0, job.zero_lane(last.1), sd.cols)?;
             (3, src.push_fields(fields, lo, hi), GridParams::default())
         }
         Some(ZeroPoint::Plain(v)) => {
