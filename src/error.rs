@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A rule a checkpoint (or a request) must follow. Each has a stable id that
 /// scripts can match on; `CT-*` ids are the seed's, the others are ours.
@@ -48,6 +49,11 @@ pub enum Rule {
     /// GPU-001: the GPU backend cannot run (no adapter, a device error, a
     /// tensor beyond the adapter's limits).
     Gpu,
+    /// CANCEL-001: a caller asked the run to stop (a cancel, a signal).
+    Cancelled,
+    /// BUG-001: this tool broke its own invariant (a thread panicked, a
+    /// state that cannot happen); the input is not at fault.
+    Internal,
 }
 
 impl Rule {
@@ -70,6 +76,8 @@ impl Rule {
             Rule::Output => "OUT-001",
             Rule::Argument => "ARG-001",
             Rule::Gpu => "GPU-001",
+            Rule::Cancelled => "CANCEL-001",
+            Rule::Internal => "BUG-001",
         }
     }
 }
@@ -78,11 +86,13 @@ impl Rule {
     /// The command line's exit status for a failure under this rule:
     /// 2 for a bad argument, 3 for input that breaks a format rule (the
     /// checkpoint is at fault), 1 for everything else (I/O, the output
-    /// location, the GPU).
+    /// location, the GPU, a cancelled run, a bug of ours).
     pub fn exit_code(self) -> u8 {
         match self {
             Rule::Argument => 2,
-            Rule::Io | Rule::Output | Rule::Gpu => 1,
+            // Cancelled and Internal were IO-001 before they had ids of their
+            // own: they keep its status, which the bindings map.
+            Rule::Io | Rule::Output | Rule::Gpu | Rule::Cancelled | Rule::Internal => 1,
             _ => 3,
         }
     }
@@ -94,15 +104,18 @@ impl fmt::Display for Rule {
     }
 }
 
-/// What caused an [`Error`]: the I/O, JSON, safetensors or GPU error
-/// underneath, kept with its type (downcast it to look inside).
+/// What an [`Error`] can be caused by: the I/O, JSON, safetensors or GPU
+/// error underneath, as handed to [`Error::caused_by`].
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a checkpoint was refused or an operation failed.
 ///
 /// Displayed on one line: `FILE: TENSOR: [RULE] what is wrong: cause`, the
 /// file and tensor when there are ones.
-#[derive(Debug, thiserror::Error)]
+///
+/// Cloning shares the cause: a plan hands out its first finding and keeps
+/// it, and a cause (an `io::Error`) cannot itself be cloned.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Error {
     /// The rule that was broken.
@@ -114,9 +127,9 @@ pub struct Error {
     pub tensor: Option<String>,
     /// What is wrong, in a few words.
     pub detail: String,
-    /// The error underneath, when there is one.
-    #[source]
-    pub cause: Option<Cause>,
+    /// The error underneath, when there is one, kept with its type (downcast
+    /// it, or [`std::error::Error::source`], to look inside).
+    pub cause: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl fmt::Display for Error {
@@ -136,6 +149,16 @@ impl fmt::Display for Error {
             write!(f, ": {}", cause.join(" "))?;
         }
         Ok(())
+    }
+}
+
+// By hand rather than thiserror's `#[source]`: an `Arc<dyn Error>` is an
+// error itself, and the derive would hand out the `Arc`, which does not
+// downcast to the `io::Error` inside it.
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let cause: &(dyn std::error::Error + Send + Sync + 'static) = self.cause.as_deref()?;
+        Some(cause)
     }
 }
 
@@ -180,7 +203,7 @@ impl Error {
     /// This error, caused by `cause`.
     pub fn caused_by(self, cause: impl Into<Cause>) -> Self {
         Error {
-            cause: Some(cause.into()),
+            cause: Some(Arc::from(cause.into())),
             ..self
         }
     }
@@ -188,3 +211,76 @@ impl Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn caused() -> Error {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such\nfile");
+        Error::tensor(Rule::Io, "a/b.safetensors", "w", "cannot   read").caused_by(io)
+    }
+
+    /// A clone shares the cause, and `source()` hands out the cause itself,
+    /// so it downcasts to its own type.
+    #[test]
+    fn clone_keeps_the_cause() {
+        let e = caused();
+        let c = e.clone();
+        let (Some(a), Some(b)) = (&e.cause, &c.cause) else {
+            panic!("the cause was lost");
+        };
+        assert!(Arc::ptr_eq(a, b));
+        let io = c.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
+        assert_eq!(c.to_string(), e.to_string());
+    }
+
+    /// A caused error prints on one line, cause last, whitespace collapsed.
+    #[test]
+    fn caused_error_is_one_line() {
+        assert_eq!(
+            caused().to_string(),
+            "a/b.safetensors: w: [IO-001] cannot read: no such file"
+        );
+    }
+
+    /// A plan's first finding, handed out with its cause, reads as it did
+    /// when the cause's words were copied into the detail.
+    #[test]
+    fn shared_cause_prints_as_the_flattened_one() {
+        let e = caused();
+        let cause = e
+            .cause
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let flat = Error::tensor(
+            e.rule,
+            "a/b.safetensors",
+            "w",
+            format!("{}: {cause}", e.detail),
+        );
+        assert_eq!(e.clone().to_string(), flat.to_string());
+    }
+
+    #[test]
+    fn new_rules_have_ids_and_exit_codes() {
+        assert_eq!(Rule::Cancelled.id(), "CANCEL-001");
+        assert_eq!(Rule::Internal.id(), "BUG-001");
+        assert_eq!(Rule::Cancelled.exit_code(), 1);
+        assert_eq!(Rule::Internal.exit_code(), 1);
+        // The statuses the bindings map stay.
+        assert_eq!(Rule::Argument.exit_code(), 2);
+        assert_eq!(Rule::Io.exit_code(), 1);
+        assert_eq!(Rule::Ct004.exit_code(), 3);
+        assert_eq!(
+            Error::bare(Rule::Cancelled, "cancelled; nothing was written").to_string(),
+            "[CANCEL-001] cancelled; nothing was written"
+        );
+    }
+}

@@ -240,27 +240,19 @@ impl<'a> Plan<'a> {
             .count()
     }
 
-    /// Fails with the first module error, if any.
+    /// Fails with the first module error, if any, its cause kept; the
+    /// count of the others goes into its detail.
     pub fn check(&self) -> Result<()> {
-        let Some(e) = self.errors.first() else {
+        let Some(first) = self.errors.first() else {
             return Ok(());
         };
-        // The cause cannot be shared: its words go into the detail.
-        let mut detail = match &e.cause {
-            Some(c) => format!("{}: {c}", e.detail),
-            None => e.detail.clone(),
-        };
+        let mut e = first.clone();
         if self.errors.len() > 1 {
-            detail += &format!(
+            e.detail += &format!(
                 " (and {} more findings; run `validate`)",
                 self.errors.len() - 1
             );
         }
-        let first = match (&e.file, &e.tensor) {
-            (Some(f), Some(t)) => Error::tensor(e.rule, f, t, detail),
-            (Some(f), None) => Error::new(e.rule, f, detail),
-            (None, _) => Error::bare(e.rule, detail),
-        };
-        Err(first)
+        Err(e)
     }
 }
