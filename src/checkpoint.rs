@@ -12,7 +12,7 @@ use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError};
 use serde_json::Value;
 
-use crate::error::{Error, Result, Rule};
+use crate::error::{Context, Error, Result, ResultExt, Rule};
 
 /// The shard index file name Hugging Face uses.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -337,13 +337,14 @@ impl Files {
     fn names(&self) -> Result<Vec<String>> {
         match self {
             Files::Disk(dir) => {
-                let mut names = Vec::new();
-                for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, "cannot list", e))? {
-                    let entry = entry.map_err(|e| Error::io(dir, "cannot list", e))?;
-                    if entry.path().is_file() {
-                        names.push(entry.file_name().to_string_lossy().into_owned());
-                    }
-                }
+                let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
+                    .and_then(|d| d.collect())
+                    .map_err(|e| Error::io(dir, "cannot list", e))?;
+                let mut names: Vec<String> = entries
+                    .iter()
+                    .filter(|e| e.path().is_file())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
                 names.sort();
                 Ok(names)
             }
@@ -398,7 +399,8 @@ impl Files {
             },
         };
         let value = serde_json::from_slice(&text)
-            .map_err(|e| Error::new(rule, &path, "invalid JSON").caused_by(e))?;
+            .context(rule, "invalid JSON")
+            .with_file(&path)?;
         if let Some(key) = crate::json::duplicate_key(&text) {
             return Err(Error::new(rule, &path, format!("{key} is given twice")));
         }

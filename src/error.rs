@@ -207,6 +207,56 @@ impl Error {
             ..self
         }
     }
+
+    /// This error, in `file` unless it names a file already: the innermost
+    /// code that knows the file wins.
+    pub fn with_file(mut self, file: impl AsRef<Path>) -> Self {
+        self.file.get_or_insert_with(|| file.as_ref().to_path_buf());
+        self
+    }
+
+    /// This error, about tensor `tensor` unless it names one already.
+    pub fn with_tensor(mut self, tensor: impl Into<String>) -> Self {
+        self.tensor.get_or_insert_with(|| tensor.into());
+        self
+    }
+}
+
+/// Turns another crate's error into ours, keeping it as the cause, in the
+/// manner of `anyhow`'s and candle's `.context()`:
+/// `fs::read(p).context(Rule::Io, "cannot read").with_file(p)`.
+pub(crate) trait Context<T> {
+    /// The error, as a fault under `rule` described by `detail` (of no
+    /// file yet: see [`ResultExt::with_file`]), caused by the error.
+    fn context(self, rule: Rule, detail: impl Into<String>) -> Result<T>;
+}
+
+impl<T, E: Into<Cause>> Context<T> for std::result::Result<T, E> {
+    fn context(self, rule: Rule, detail: impl Into<String>) -> Result<T> {
+        self.map_err(|e| Error::bare(rule, detail).caused_by(e))
+    }
+}
+
+/// Fills in where an [`Error`] happened, for code that knows the file or
+/// tensor better than the code that failed.
+pub(crate) trait ResultExt<T> {
+    /// [`Error::with_file`] on the error.
+    fn with_file(self, file: impl AsRef<Path>) -> Result<T>;
+    /// [`Error::with_tensor`] on the error.
+    // For callers that name the tensor of an error from below (a row
+    // decode's in backend/execute.rs); none in this module's own files yet.
+    #[allow(dead_code)]
+    fn with_tensor(self, tensor: impl Into<String>) -> Result<T>;
+}
+
+impl<T> ResultExt<T> for Result<T> {
+    fn with_file(self, file: impl AsRef<Path>) -> Result<T> {
+        self.map_err(|e| e.with_file(file))
+    }
+
+    fn with_tensor(self, tensor: impl Into<String>) -> Result<T> {
+        self.map_err(|e| e.with_tensor(tensor))
+    }
 }
 
 /// Result with this crate's [`Error`].
@@ -282,5 +332,21 @@ mod tests {
             Error::bare(Rule::Cancelled, "cancelled; nothing was written").to_string(),
             "[CANCEL-001] cancelled; nothing was written"
         );
+    }
+
+    /// `with_file` and `with_tensor` fill in only what is missing; `context`
+    /// keeps the error it wraps as the cause.
+    #[test]
+    fn context_helpers() {
+        let e = caused().with_file("other").with_tensor("v");
+        assert_eq!(e.file.as_deref(), Some(Path::new("a/b.safetensors")));
+        assert_eq!(e.tensor.as_deref(), Some("w"));
+        let r: Result<()> = Err(std::io::Error::other("disk full"))
+            .context(Rule::Io, "cannot write")
+            .with_file("out")
+            .with_tensor("t");
+        let e = r.unwrap_err();
+        assert_eq!(e.to_string(), "out: t: [IO-001] cannot write: disk full");
+        assert!(e.source().is_some_and(|s| s.is::<std::io::Error>()));
     }
 }

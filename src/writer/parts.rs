@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::INDEX_FILE;
-use crate::error::{Error, Result, Rule};
+use crate::error::{Context, Error, Result, ResultExt, Rule};
 
 /// File name ending of the partial index a `--shards` run writes.
 pub const PART_SUFFIX: &str = ".index-part.json";
@@ -110,7 +110,8 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
     for p in &paths {
         let text = fs::read(p).map_err(|e| Error::io(p, "cannot read", e))?;
         let part: Part = serde_json::from_slice(&text)
-            .map_err(|e| Error::new(Rule::Index, p, "not a partial index").caused_by(e))?;
+            .context(Rule::Index, "not a partial index")
+            .with_file(p)?;
         let m = &part.metadata;
         if let Some(f) = &first {
             let differs = |what: &str| {
@@ -156,7 +157,8 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
     let index = Index::new(total, weight_map);
     let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
     let text = super::json::text(&index)
-        .map_err(|e| Error::new(Rule::Io, &tmp, "cannot write JSON").caused_by(e))?;
+        .context(Rule::Io, "cannot write JSON")
+        .with_file(&tmp)?;
     fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, "cannot write", e))?;
     fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "cannot move into place", e))?;
     for p in paths {
