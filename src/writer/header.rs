@@ -6,7 +6,7 @@ use std::path::Path;
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;
 
-use crate::error::{Error, Result, Rule};
+use crate::error::{Context, Result, ResultExt, Rule};
 
 /// The header of a safetensors file holding `tensors` (name, dtype, shape,
 /// byte length) back to back in this order: its length as a little-endian
@@ -33,9 +33,15 @@ pub fn safetensors_header<'t>(
         })
         .collect();
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bad = || Error::new(Rule::Io, path, "cannot make the header");
-    let metadata = Metadata::new(Some(meta), infos).map_err(|e| bad().caused_by(e))?;
-    let mut text = serde_json::to_vec(&metadata).map_err(|e| bad().caused_by(e))?;
+    // The offsets and lengths are the writer's own: a header that cannot be
+    // made is a bug of ours, not a fault of the input or the disk.
+    let bad = "cannot make the header";
+    let metadata = Metadata::new(Some(meta), infos)
+        .context(Rule::Internal, bad)
+        .with_file(path)?;
+    let mut text = serde_json::to_vec(&metadata)
+        .context(Rule::Internal, bad)
+        .with_file(path)?;
     text.resize(text.len().next_multiple_of(8), b' ');
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(&text);

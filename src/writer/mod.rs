@@ -274,7 +274,8 @@ fn send_pieces<'a>(
                 pending = None;
                 done_rx
                     .recv()
-                    .map_err(|_| Error::bare(Rule::Io, "the decoding thread stopped"))??
+                    // It sends a result before it ends, unless it panicked.
+                    .map_err(|_| Error::bare(Rule::Internal, "the decoding thread stopped"))??
             } else {
                 let next = items.get(i + 1).filter(|n| n.decoded());
                 if let (Some(ahead), Some(_)) = (&ahead, next) {
@@ -339,7 +340,10 @@ impl Canceller {
 /// Fails once the write was cancelled.
 fn check(cancelled: &AtomicBool) -> Result<()> {
     if cancelled.load(Ordering::SeqCst) {
-        return Err(Error::bare(Rule::Io, "cancelled; nothing was written"));
+        return Err(Error::bare(
+            Rule::Cancelled,
+            "cancelled; nothing was written",
+        ));
     }
     Ok(())
 }
@@ -660,7 +664,7 @@ fn write_into(
         }
         for s in syncs {
             s.join()
-                .unwrap_or_else(|_| Err(Error::bare(Rule::Io, "a sync thread panicked")))?;
+                .unwrap_or_else(|_| Err(Error::bare(Rule::Internal, "a sync thread panicked")))?;
         }
         Ok(())
     })?;
@@ -775,12 +779,12 @@ fn write_shard(
         let items = Item::all(tensors);
         let sent = send_pieces(ckpt, &items, backend, cancelled, &tx, &spare, progress);
         drop(tx);
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the writing thread panicked")));
+        let written = writer.join();
         // A decode error comes first; a writing error explains a closed channel.
         sent?;
-        written.map_err(|e| Error::io(path, "cannot write", e))
+        written
+            .map_err(|_| Error::new(Rule::Internal, path, "the writing thread panicked"))?
+            .map_err(|e| Error::io(path, "cannot write", e))
     })
 }
 

@@ -66,7 +66,9 @@ struct State {
 impl State {
     fn check_open(&self, what: &Path) -> Result<()> {
         if self.finished {
-            return Err(Error::new(Rule::Io, what, "the run was interrupted"));
+            // Only a signal ([`interrupt`]) finishes a run that is still
+            // writing: the user stopped it, nothing failed.
+            return Err(Error::new(Rule::Cancelled, what, "the run was interrupted"));
         }
         Ok(())
     }
@@ -138,7 +140,7 @@ impl Staging {
         {
             let mut active = lock(&ACTIVE);
             if INTERRUPTED.load(Ordering::SeqCst) {
-                return Err(Error::new(Rule::Io, out, "the run was interrupted"));
+                return Err(Error::new(Rule::Cancelled, out, "the run was interrupted"));
             }
             active.push(Arc::downgrade(&state));
         }

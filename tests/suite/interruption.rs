@@ -308,7 +308,7 @@ fn a_cancelled_write_fails_and_leaves_nothing() {
                 }
             })
             .unwrap_err();
-        assert_eq!(e.rule, Rule::Io, "{e}");
+        assert_eq!(e.rule, Rule::Cancelled, "{e}");
         assert!(e.to_string().contains("cancelled"), "{e}");
         assert_eq!(pieces, cancel_after, "pieces written after the cancel");
         assert!(!out.exists(), "{} left behind", out.display());
