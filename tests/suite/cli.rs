@@ -8,8 +8,8 @@ use std::process::Output;
 use crate::common::cli::{failed, ok, read_json, run, stderr, stdout};
 use crate::common::fixture_models;
 use crate::common::{
-    auto_digests, copy_dir, fixtures, read_dir_tensors, read_tensors, snapshot, write_safetensors,
-    Tensor, SHARD1, SHARD2,
+    auto_digests, copy_dir, fixtures, gpu_test, read_dir_tensors, read_tensors, snapshot,
+    write_safetensors, Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
 
@@ -390,50 +390,49 @@ fn bench_refuses_arguments_that_measure_nothing() {
 /// a value that is not a size is an argument error naming the variable.
 #[test]
 fn workgroup_size_override_keeps_the_bytes() {
-    if crate::common::adapter().is_none() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let model = fixtures().join("nvfp4a16").join("model");
-    let run_with = |size: &str, out: &str| {
-        std::process::Command::new(crate::common::bin())
-            .env("WGPU_DEQUANT_WORKGROUP_SIZE", size)
-            .args(["dequantize", "--backend", "gpu", "-q", "-o"])
-            .arg(tmp.path().join(out))
-            .arg(&model)
-            .output()
-            .unwrap()
-    };
-    let o = run_with("lots", "bad");
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("WGPU_DEQUANT_WORKGROUP_SIZE"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(!tmp.path().join("bad").exists());
-    for size in ["32", "64", "1024"] {
-        ok(&run_with(size, size), size);
-    }
-    ok(
-        &run(&[
-            "dequantize",
-            "--backend",
-            "cpu",
-            "-q",
-            "-o",
-            tmp.path().join("cpu").to_str().unwrap(),
-            model.to_str().unwrap(),
-        ]),
-        "cpu",
-    );
-    let want = read_dir_tensors(&tmp.path().join("cpu"));
-    for size in ["32", "64", "1024"] {
+    gpu_test(|_| {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = fixtures().join("nvfp4a16").join("model");
+        let run_with = |size: &str, out: &str| {
+            std::process::Command::new(crate::common::bin())
+                .env("WGPU_DEQUANT_WORKGROUP_SIZE", size)
+                .args(["dequantize", "--backend", "gpu", "-q", "-o"])
+                .arg(tmp.path().join(out))
+                .arg(&model)
+                .output()
+                .unwrap()
+        };
+        let o = run_with("lots", "bad");
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(
-            read_dir_tensors(&tmp.path().join(size)) == want,
-            "workgroup {size}"
+            stderr(&o).contains("WGPU_DEQUANT_WORKGROUP_SIZE"),
+            "{}",
+            stderr(&o)
         );
-    }
+        assert!(!tmp.path().join("bad").exists());
+        for size in ["32", "64", "1024"] {
+            ok(&run_with(size, size), size);
+        }
+        ok(
+            &run(&[
+                "dequantize",
+                "--backend",
+                "cpu",
+                "-q",
+                "-o",
+                tmp.path().join("cpu").to_str().unwrap(),
+                model.to_str().unwrap(),
+            ]),
+            "cpu",
+        );
+        let want = read_dir_tensors(&tmp.path().join("cpu"));
+        for size in ["32", "64", "1024"] {
+            assert!(
+                read_dir_tensors(&tmp.path().join(size)) == want,
+                "workgroup {size}"
+            );
+        }
+    });
 }
 
 /// `bench --backend gpu --json`: one object per line with the agreed keys,
@@ -441,77 +440,84 @@ fn workgroup_size_override_keeps_the_bytes() {
 /// every case on a fast kernel.
 #[test]
 fn bench_json_lines_cover_every_fast_kernel_case() {
-    if crate::common::adapter().is_none() {
-        return;
-    }
-    let o = run(&[
-        "bench",
-        "--backend",
-        "gpu",
-        "--json",
-        "--rows",
-        "16",
-        "--cols",
-        "256",
-        "--runs",
-        "1",
-    ]);
-    ok(&o, "bench --json");
-    let lines: Vec<Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
-    for format in ["int4", "nvfp4", "mxfp4", "int8"] {
-        for dtype in ["bf16", "f32"] {
-            assert!(
-                lines.iter().any(|l| {
-                    let case = l["case"].as_str().unwrap_or("");
-                    let shader = l["baseline"].as_str().unwrap_or("").contains("shader");
-                    case.contains(format) && case.contains(dtype) && shader
-                }),
-                "no {format} -> {dtype} case in {lines:?}"
-            );
+    gpu_test(|_| {
+        let o = run(&[
+            "bench",
+            "--backend",
+            "gpu",
+            "--json",
+            "--rows",
+            "16",
+            "--cols",
+            "256",
+            "--runs",
+            "1",
+        ]);
+        ok(&o, "bench --json");
+        let lines: Vec<Value> = stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        for format in ["int4", "nvfp4", "mxfp4", "int8"] {
+            for dtype in ["bf16", "f32"] {
+                assert!(
+                    lines.iter().any(|l| {
+                        let case = l["case"].as_str().unwrap_or("");
+                        let shader = l["baseline"].as_str().unwrap_or("").contains("shader");
+                        case.contains(format) && case.contains(dtype) && shader
+                    }),
+                    "no {format} -> {dtype} case in {lines:?}"
+                );
+            }
         }
-    }
-    for l in &lines {
-        let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(
-            keys,
-            [
-                "backend",
-                "case",
-                "gbps",
-                "baseline",
-                "baseline_gbps",
-                "ratio"
-            ]
-        );
-        assert_eq!(l["backend"], "gpu", "{l}");
-        let case = l["case"].as_str().unwrap();
-        assert!(
-            case.contains("fast kernel") || case.contains("resident"),
-            "{l}"
-        );
-        let (g, b, r) = (
-            l["gbps"].as_f64(),
-            l["baseline_gbps"].as_f64(),
-            l["ratio"].as_f64(),
-        );
-        assert!(g > Some(0.0) && b > Some(0.0) && r > Some(0.0), "{l}");
-    }
+        for l in &lines {
+            let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+            assert_eq!(
+                keys,
+                [
+                    "backend",
+                    "case",
+                    "gbps",
+                    "baseline",
+                    "baseline_gbps",
+                    "ratio"
+                ]
+            );
+            assert_eq!(l["backend"], "gpu", "{l}");
+            let case = l["case"].as_str().unwrap();
+            assert!(
+                case.contains("fast kernel") || case.contains("resident"),
+                "{l}"
+            );
+            let (g, b, r) = (
+                l["gbps"].as_f64(),
+                l["baseline_gbps"].as_f64(),
+                l["ratio"].as_f64(),
+            );
+            assert!(g > Some(0.0) && b > Some(0.0) && r > Some(0.0), "{l}");
+        }
+    });
 }
 
 /// The sample run as a newcomer meets it: no `XDG_RUNTIME_DIR`, nothing set
 /// for the GPU. Every line on stderr is the tool's own.
 #[test]
 fn a_fresh_environment_gets_only_the_tools_own_lines() {
+    fresh_environment_run(&["auto", "cpu"]);
+}
+
+/// [`a_fresh_environment_gets_only_the_tools_own_lines`] with `--backend gpu`.
+#[test]
+fn a_fresh_environment_gets_only_the_tools_own_lines_on_the_gpu() {
+    gpu_test(|_| fresh_environment_run(&["gpu"]));
+}
+
+/// The sample decoded with each of `backends` in a fresh environment: every
+/// stderr line is the tool's own, the last one `wrote ...`.
+fn fresh_environment_run(backends: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-w4a16");
-    let gpu = crate::common::adapter().is_some();
-    for backend in ["auto", "cpu", "gpu"] {
-        if backend == "gpu" && !gpu {
-            continue;
-        }
+    for &backend in backends {
         let out = tmp.path().join(backend);
         let o = std::process::Command::new(crate::common::bin())
             .args([

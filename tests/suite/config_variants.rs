@@ -12,7 +12,7 @@ use crate::common::producer::{
     words_for, ScaleScheme, Tensors, Want, OUTS,
 };
 use crate::common::{
-    adapter, caught, copy_dir, ct_config, ct_config_groups, dequantize_err, fixtures,
+    caught, copy_dir, ct_config, ct_config_groups, dequantize_err, fixtures, gpu_test,
     hf_quant_config, read_dir_tensors, write_checkpoint, write_json, Rng, Tensor, CPU_AUTO,
 };
 use serde_json::{json, Value};
@@ -867,92 +867,91 @@ fn gpu_equals_cpu(ctx: &str, dir: &Path, wants: &[Want], copies: &[Tensor]) -> V
 
 #[test]
 fn gpu_equals_cpu_on_huge_divisors_and_nan_codes() {
-    if adapter().is_none() {
-        return;
-    }
-    let mut rng = Rng::new(0x510E_527F_ADE6_82D1);
+    gpu_test(|_| {
+        let mut rng = Rng::new(0x510E_527F_ADE6_82D1);
 
-    // Block rows and group columns beyond u32.
-    for lay in [
-        ScaleScheme::Block(4_294_967_297, 8),
-        ScaleScheme::Group(4_294_967_300),
-    ] {
-        let mut tensors = vec![norm()];
-        let mut wants = Vec::new();
-        for (k, dims) in [(6, 37), (3, 8)].into_iter().enumerate() {
-            let (t, w) = byte_module(
-                &mut rng,
-                &format!("model.layers.{k}.self_attn.q_proj"),
-                false,
-                lay,
-                dims,
-                None,
+        // Block rows and group columns beyond u32.
+        for lay in [
+            ScaleScheme::Block(4_294_967_297, 8),
+            ScaleScheme::Group(4_294_967_300),
+        ] {
+            let mut tensors = vec![norm()];
+            let mut wants = Vec::new();
+            for (k, dims) in [(6, 37), (3, 8)].into_iter().enumerate() {
+                let (t, w) = byte_module(
+                    &mut rng,
+                    &format!("model.layers.{k}.self_attn.q_proj"),
+                    false,
+                    lay,
+                    dims,
+                    None,
+                );
+                tensors.extend(t);
+                wants.push(w);
+            }
+            let tmp = tempfile::tempdir().unwrap();
+            write_checkpoint(
+                tmp.path(),
+                &tensors,
+                ct_config(
+                    "int-quantized",
+                    lay.weights(8, "int", true, false),
+                    "0.19.0",
+                ),
             );
-            tensors.extend(t);
-            wants.push(w);
+            gpu_equals_cpu(&format!("int8 {lay:?}"), tmp.path(), &wants, &[norm()]);
         }
+
+        // FP8 NaN codes (0x7F, 0xFF) among ordinary ones.
+        let (rows, cols) = (4, 20);
+        let bytes: Vec<u8> = (0..rows * cols)
+            .map(|i| match i % 5 {
+                0 => 0x7F,
+                3 => 0xFF,
+                _ => e4m3_byte(&mut rng),
+            })
+            .collect();
+        let (mut tensors, want) = byte_module(
+            &mut rng,
+            M,
+            true,
+            ScaleScheme::Channel,
+            (rows, cols),
+            Some(bytes.clone()),
+        );
+        tensors.push(norm());
         let tmp = tempfile::tempdir().unwrap();
         write_checkpoint(
             tmp.path(),
             &tensors,
             ct_config(
-                "int-quantized",
-                lay.weights(8, "int", true, false),
+                "float-quantized",
+                ScaleScheme::Channel.weights(8, "float", true, false),
                 "0.19.0",
             ),
         );
-        gpu_equals_cpu(&format!("int8 {lay:?}"), tmp.path(), &wants, &[norm()]);
-    }
-
-    // FP8 NaN codes (0x7F, 0xFF) among ordinary ones.
-    let (rows, cols) = (4, 20);
-    let bytes: Vec<u8> = (0..rows * cols)
-        .map(|i| match i % 5 {
-            0 => 0x7F,
-            3 => 0xFF,
-            _ => e4m3_byte(&mut rng),
-        })
-        .collect();
-    let (mut tensors, want) = byte_module(
-        &mut rng,
-        M,
-        true,
-        ScaleScheme::Channel,
-        (rows, cols),
-        Some(bytes.clone()),
-    );
-    tensors.push(norm());
-    let tmp = tempfile::tempdir().unwrap();
-    write_checkpoint(
-        tmp.path(),
-        &tensors,
-        ct_config(
-            "float-quantized",
-            ScaleScheme::Channel.weights(8, "float", true, false),
-            "0.19.0",
-        ),
-    );
-    let outs = gpu_equals_cpu("fp8 NaN codes", tmp.path(), &[want], &[norm()]);
-    for (out, got) in OUTS.iter().zip(&outs) {
-        let data = &got[&module_param("weight")].2;
-        let size = out_size(*out);
-        for (i, &b) in bytes.iter().enumerate() {
-            if b & 0x7F == 0x7F {
-                let e = &data[i * size..(i + 1) * size];
-                let bits = match out {
-                    OutDtype::F32 => u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
-                    _ => u16::from_le_bytes([e[0], e[1]]) as u32,
-                };
-                let canonical = match out {
-                    OutDtype::Bf16 => 0x7FC0,
-                    OutDtype::F16 => 0x7E00,
-                    OutDtype::F32 => 0x7FC0_0000,
-                };
-                assert_eq!(
-                    bits, canonical,
-                    "{out}: element {i} (byte {b:#04x}) is {bits:#x}, not the canonical NaN"
-                );
+        let outs = gpu_equals_cpu("fp8 NaN codes", tmp.path(), &[want], &[norm()]);
+        for (out, got) in OUTS.iter().zip(&outs) {
+            let data = &got[&module_param("weight")].2;
+            let size = out_size(*out);
+            for (i, &b) in bytes.iter().enumerate() {
+                if b & 0x7F == 0x7F {
+                    let e = &data[i * size..(i + 1) * size];
+                    let bits = match out {
+                        OutDtype::F32 => u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+                        _ => u16::from_le_bytes([e[0], e[1]]) as u32,
+                    };
+                    let canonical = match out {
+                        OutDtype::Bf16 => 0x7FC0,
+                        OutDtype::F16 => 0x7E00,
+                        OutDtype::F32 => 0x7FC0_0000,
+                    };
+                    assert_eq!(
+                        bits, canonical,
+                        "{out}: element {i} (byte {b:#04x}) is {bits:#x}, not the canonical NaN"
+                    );
+                }
             }
         }
-    }
+    });
 }

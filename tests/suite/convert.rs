@@ -10,7 +10,7 @@ use std::process::Output;
 use crate::common::cli::{ok, read_json, run, stderr};
 use crate::common::producer::{compare_bytes, e2m1_ref, e4m3_ref, encode, Tensors};
 use crate::common::{
-    adapter, copy_dir, fixtures, read_dir_tensors, read_tensors, safetensors_bytes, snapshot,
+    copy_dir, fixtures, gpu_test, read_dir_tensors, read_tensors, safetensors_bytes, snapshot,
     write_checkpoint, write_json, write_safetensors, Tensor, SHARD1, SHARD2,
 };
 use serde_json::{json, Value};
@@ -491,14 +491,11 @@ fn converted_checkpoint_dequantizes_on_cpu_to_compressed_tensors_values() {
     check_dequantized("cpu");
 }
 
-/// Without an adapter this passes vacuously (and says so), unless
-/// `WGPU_DEQUANT_REQUIRE_GPU=1`, which makes a missing adapter a failure.
 #[test]
 fn converted_checkpoint_dequantizes_on_gpu_to_compressed_tensors_values() {
-    if adapter().is_none() {
-        return;
-    }
-    check_dequantized("gpu");
+    gpu_test(|_| {
+        check_dequantized("gpu");
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -854,37 +851,41 @@ fn autoawq_converts_to_what_compressed_tensors_writes() {
 }
 
 /// The converted checkpoint decodes, as compressed-tensors, to the bytes
-/// the AutoAWQ checkpoint decodes to (on the GPU too, when there is one).
+/// the AutoAWQ checkpoint decodes to (on the GPU too, in the next test).
 #[test]
 fn converted_autoawq_dequantizes_to_the_same_bytes() {
+    converted_autoawq_same_bytes("cpu");
+}
+
+#[test]
+fn converted_autoawq_dequantizes_to_the_same_bytes_on_gpu() {
+    gpu_test(|_| converted_autoawq_same_bytes("gpu"));
+}
+
+/// Converts the AutoAWQ fixture and dequantizes both with `backend`.
+fn converted_autoawq_same_bytes(backend: &str) {
     let case = fixtures().join("awq-gemm-w4-g128");
     let tmp = tempfile::tempdir().unwrap();
     let ct = tmp.path().join("ct");
     ok(&convert_cli(&case.join("model"), &ct), "convert awq");
-    let mut backends = vec!["cpu"];
-    if adapter().is_some() {
-        backends.push("gpu");
-    }
-    for backend in backends {
-        let dense = |from: &Path, name: &str| {
-            let out = tmp.path().join(format!("{name}-{backend}"));
-            let o = run(&[
-                "dequantize",
-                from.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-                "--backend",
-                backend,
-                "--quiet",
-            ]);
-            ok(&o, name);
-            read_dir_tensors(&out)
-        };
-        assert!(
-            dense(&ct, "from-ct") == dense(&case.join("model"), "from-awq"),
-            "{backend}: the conversion changed a value"
-        );
-    }
+    let dense = |from: &Path, name: &str| {
+        let out = tmp.path().join(format!("{name}-{backend}"));
+        let o = run(&[
+            "dequantize",
+            from.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--backend",
+            backend,
+            "--quiet",
+        ]);
+        ok(&o, name);
+        read_dir_tensors(&out)
+    };
+    assert!(
+        dense(&ct, "from-ct") == dense(&case.join("model"), "from-awq"),
+        "{backend}: the conversion changed a value"
+    );
 }
 
 /// A module compressed-tensors' converter ignores may not hold AWQ tensors.

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::common::producer::Tensors;
-use crate::common::{auto_digests, check_case, fixtures, CASES};
+use crate::common::{auto_digests, check_case, fixtures, gpu_test, CASES};
 use serde_json::Value;
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Options, OutDtype};
 
@@ -46,22 +46,26 @@ fn every_fixture_f32_matches_reference() {
 }
 
 /// DeepSeek-style FP8 decoded straight to f16 is what compressed-tensors'
-/// `FP8BlockDequantizer(dtype=float16)` writes, on both backends (its
+/// `FP8BlockDequantizer(dtype=float16)` writes, on each backend (its
 /// copies stay bf16; ours are cast, and checked against the copied input).
 #[test]
-fn fp8_block_f16_matches_reference_on_both_backends() {
-    for backend in [BackendChoice::Cpu, BackendChoice::Gpu] {
-        if backend == BackendChoice::Gpu && crate::common::adapter().is_none() {
-            continue;
-        }
-        check_case(
-            "fp8-block-bf16",
-            DtypeChoice::Fixed(OutDtype::F16),
-            backend,
-            "expected-f16.digests.json",
-            false,
-        );
-    }
+fn fp8_block_f16_matches_reference_on_cpu() {
+    fp8_block_f16_matches_reference(BackendChoice::Cpu);
+}
+
+#[test]
+fn fp8_block_f16_matches_reference_on_gpu() {
+    gpu_test(|_| fp8_block_f16_matches_reference(BackendChoice::Gpu));
+}
+
+fn fp8_block_f16_matches_reference(backend: BackendChoice) {
+    check_case(
+        "fp8-block-bf16",
+        DtypeChoice::Fixed(OutDtype::F16),
+        backend,
+        "expected-f16.digests.json",
+        false,
+    );
 }
 
 #[test]
@@ -140,9 +144,11 @@ fn within_tolerance(case: &str, got: &Tensors, expected: &Tensors) {
     }
 }
 
+const SVDQUANT: [&str; 2] = ["svdq-int4-g64-logical", "svdq-fp4-g16-packed"];
+
 #[test]
-fn svdquant_fixtures_match_dense_reference_on_both_backends() {
-    for case in ["svdq-int4-g64-logical", "svdq-fp4-g16-packed"] {
+fn svdquant_fixtures_match_dense_reference_on_cpu() {
+    for case in SVDQUANT {
         let dir = fixtures().join(case);
         let expected =
             crate::common::read_tensors(&dir.join("expected-dense-f32/model.safetensors"));
@@ -157,7 +163,16 @@ fn svdquant_fixtures_match_dense_reference_on_both_backends() {
             norms.iter().all(|k| k.contains(".norm.")),
             "{case}: only the unquantized norms are extra: {norms:?}"
         );
-        if crate::common::adapter().is_some() {
+    }
+}
+
+/// The GPU gives the CPU's bytes on the SVDQuant fixtures, which match the
+/// dense reference on the CPU (above).
+#[test]
+fn svdquant_fixtures_on_gpu_give_the_cpus_bytes() {
+    gpu_test(|_| {
+        for case in SVDQUANT {
+            let dir = fixtures().join(case);
             for out in [OutDtype::F32, OutDtype::Bf16] {
                 let gpu = crate::common::producer::decode_with(
                     &dir.join("model"),
@@ -172,7 +187,7 @@ fn svdquant_fixtures_match_dense_reference_on_both_backends() {
                 assert!(gpu == cpu, "{case} {out}: GPU bytes differ from the CPU's");
             }
         }
-    }
+    });
 }
 
 #[test]

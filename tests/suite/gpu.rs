@@ -1,12 +1,12 @@
 //! The GPU backend gives the CPU backend's bytes: on every fixture, on
 //! randomized jobs of every kind, through chunking, and for GPU-resident output.
 //!
-//! Without an adapter these tests pass vacuously and say so, unless
-//! `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing adapter
-//! into a failure.
+//! Each test but the shader translation runs through `common::gpu_test`:
+//! without an adapter it does not run, and is counted in the line the run
+//! ends with; `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI) makes it fail instead.
 
 use crate::common::jobs::{for_random_jobs, normal, RandomJob, GRID_SIZES};
-use crate::common::{adapter, auto_digests, check_case, fixtures, read_dir_tensors, Rng, CASES};
+use crate::common::{auto_digests, check_case, fixtures, gpu_test, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
@@ -14,35 +14,34 @@ use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Model, Options, OutDt
 
 #[test]
 fn every_fixture_gpu_equals_cpu_and_digests() {
-    if adapter().is_none() {
-        return;
-    }
-    for case in CASES {
-        // bf16 (the fixtures' own dtype) is checked below, against the digests.
-        for dtype in [OutDtype::F16, OutDtype::F32] {
-            let tmp = tempfile::tempdir().unwrap();
-            let run = |backend, name: &str| {
-                let out = tmp.path().join(name);
-                let opts = Options {
-                    dtype: DtypeChoice::Fixed(dtype),
-                    backend,
+    gpu_test(|_| {
+        for case in CASES {
+            // bf16 (the fixtures' own dtype) is checked below, against the digests.
+            for dtype in [OutDtype::F16, OutDtype::F32] {
+                let tmp = tempfile::tempdir().unwrap();
+                let run = |backend, name: &str| {
+                    let out = tmp.path().join(name);
+                    let opts = Options {
+                        dtype: DtypeChoice::Fixed(dtype),
+                        backend,
+                    };
+                    dequantize(fixtures().join(case).join("model"), &out, &opts).unwrap();
+                    read_dir_tensors(&out)
                 };
-                dequantize(fixtures().join(case).join("model"), &out, &opts).unwrap();
-                read_dir_tensors(&out)
-            };
-            let gpu = run(BackendChoice::Gpu, "gpu");
-            let cpu = run(BackendChoice::Cpu, "cpu");
-            assert_eq!(gpu, cpu, "{case} {dtype}: GPU and CPU differ");
+                let gpu = run(BackendChoice::Gpu, "gpu");
+                let cpu = run(BackendChoice::Cpu, "cpu");
+                assert_eq!(gpu, cpu, "{case} {dtype}: GPU and CPU differ");
+            }
+            // And straight against the producer's digests.
+            check_case(
+                case,
+                DtypeChoice::Auto,
+                BackendChoice::Gpu,
+                auto_digests(case),
+                false,
+            );
         }
-        // And straight against the producer's digests.
-        check_case(
-            case,
-            DtypeChoice::Auto,
-            BackendChoice::Gpu,
-            auto_digests(case),
-            false,
-        );
-    }
+    });
 }
 
 /// Every fixture tensor by tensor on the GPU: the CPU's bytes, through the
@@ -50,36 +49,38 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
 /// low-rank branch included); the 3-bit packs take the generic kernel.
 #[test]
 fn fixtures_take_the_fast_kernels() {
-    let Some(adapter) = adapter() else { return };
-    let gpu = Gpu::open(&adapter).unwrap();
-    let cases = CASES
-        .iter()
-        .copied()
-        .chain(["svdq-int4-g64-logical", "svdq-fp4-g16-packed"]);
-    for case in cases {
-        let model = Model::open(fixtures().join(case).join("model"), DtypeChoice::Auto).unwrap();
-        let before = gpu.decoder().dispatches();
-        for t in model.tensors() {
-            let got = model.decode(&t.name, &gpu).unwrap();
-            let want = model.decode(&t.name, &Cpu::new()).unwrap();
-            assert!(got == want, "{case} {}: GPU and CPU differ", t.name);
+    gpu_test(|adapter| {
+        let gpu = Gpu::open(&adapter).unwrap();
+        let cases = CASES
+            .iter()
+            .copied()
+            .chain(["svdq-int4-g64-logical", "svdq-fp4-g16-packed"]);
+        for case in cases {
+            let model =
+                Model::open(fixtures().join(case).join("model"), DtypeChoice::Auto).unwrap();
+            let before = gpu.decoder().dispatches();
+            for t in model.tensors() {
+                let got = model.decode(&t.name, &gpu).unwrap();
+                let want = model.decode(&t.name, &Cpu::new()).unwrap();
+                assert!(got == want, "{case} {}: GPU and CPU differ", t.name);
+            }
+            let after = gpu.decoder().dispatches();
+            let ran = (after.fast - before.fast, after.generic - before.generic);
+            // 3-bit packs and transposed outputs (AutoAWQ, GPT-OSS) take the
+            // generic kernel.
+            if case.contains("w3a16") || case.starts_with("awq") || case.starts_with("gpt-oss") {
+                assert!(
+                    ran.0 == 0 && ran.1 > 0,
+                    "{case}: ran {ran:?}, wanted the generic kernel"
+                );
+            } else {
+                assert!(
+                    ran.0 > 0 && ran.1 == 0,
+                    "{case}: ran {ran:?}, wanted the fast kernels"
+                );
+            }
         }
-        let after = gpu.decoder().dispatches();
-        let ran = (after.fast - before.fast, after.generic - before.generic);
-        // 3-bit packs and transposed outputs (AutoAWQ, GPT-OSS) take the
-        // generic kernel.
-        if case.contains("w3a16") || case.starts_with("awq") || case.starts_with("gpt-oss") {
-            assert!(
-                ran.0 == 0 && ran.1 > 0,
-                "{case}: ran {ran:?}, wanted the generic kernel"
-            );
-        } else {
-            assert!(
-                ran.0 > 0 && ran.1 == 0,
-                "{case}: ran {ran:?}, wanted the fast kernels"
-            );
-        }
-    }
+    });
 }
 
 /// The writer decoding one piece ahead on a second thread (what a hardware
@@ -87,21 +88,22 @@ fn fixtures_take_the_fast_kernels() {
 /// every fixture's files hold the CPU's bytes.
 #[test]
 fn writing_with_decode_ahead_gives_the_cpus_files() {
-    let Some(adapter) = adapter() else { return };
-    let decoder = GpuDecoder::open(&adapter).unwrap();
-    assert!(decoder.decodes_ahead());
-    let tmp = tempfile::tempdir().unwrap();
-    for case in CASES {
-        let ckpt = wgpu_dequant::Checkpoint::open(fixtures().join(case).join("model")).unwrap();
-        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
-        let (ahead, cpu) = (
-            tmp.path().join(format!("{case}-gpu")),
-            tmp.path().join(format!("{case}-cpu")),
-        );
-        wgpu_dequant::writer::write(&plan, &decoder, &ahead, |_| {}).unwrap();
-        wgpu_dequant::writer::write(&plan, &Cpu::new(), &cpu, |_| {}).unwrap();
-        assert!(read_dir_tensors(&ahead) == read_dir_tensors(&cpu), "{case}");
-    }
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        assert!(decoder.decodes_ahead());
+        let tmp = tempfile::tempdir().unwrap();
+        for case in CASES {
+            let ckpt = wgpu_dequant::Checkpoint::open(fixtures().join(case).join("model")).unwrap();
+            let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+            let (ahead, cpu) = (
+                tmp.path().join(format!("{case}-gpu")),
+                tmp.path().join(format!("{case}-cpu")),
+            );
+            wgpu_dequant::writer::write(&plan, &decoder, &ahead, |_| {}).unwrap();
+            wgpu_dequant::writer::write(&plan, &Cpu::new(), &cpu, |_| {}).unwrap();
+            assert!(read_dir_tensors(&ahead) == read_dir_tensors(&cpu), "{case}");
+        }
+    });
 }
 
 /// Checks GPU == CPU on the job of `r`, whole and on a range of rows.
@@ -135,29 +137,30 @@ fn check_job(r: &RandomJob, decoder: &GpuDecoder) {
 /// of them through the generic kernel alone.
 #[test]
 fn randomized_jobs_gpu_equals_cpu() {
-    let Some(adapter) = adapter() else { return };
-    let roomy = GpuDecoder::open(&adapter).unwrap();
-    // Tiny limits: many chunks per job and 2-D dispatch grids. 16 KiB holds
-    // the widest random row (300 columns with f32 scales, plain i32 zero
-    // points, g_idx and both 256-entry tables), so every job can run.
-    let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(16 << 10, 2);
-    let generic = GpuDecoder::open(&adapter)
-        .unwrap()
-        .generic_only()
-        .with_workgroup_size(64);
-    for (decoder, cases) in [(&roomy, 300), (&cramped, 150), (&generic, 150)] {
-        for_random_jobs(cases, &[300], |d, rng| {
-            let mut r = RandomJob::new(rng, d, &GRID_SIZES);
-            // A transposed chunk binds whole stored slices, more than 16 KiB
-            // for the largest random ones.
-            r.transposed &= !std::ptr::eq(decoder, &cramped);
-            check_job(&r, decoder)
-        });
-    }
-    let ran = generic.dispatches();
-    assert!(ran.fast == 0 && ran.generic > 0, "generic_only ran {ran:?}");
-    let ran = roomy.dispatches();
-    assert!(ran.fast > 0 && ran.generic > 0, "random jobs ran {ran:?}");
+    gpu_test(|adapter| {
+        let roomy = GpuDecoder::open(&adapter).unwrap();
+        // Tiny limits: many chunks per job and 2-D dispatch grids. 16 KiB holds
+        // the widest random row (300 columns with f32 scales, plain i32 zero
+        // points, g_idx and both 256-entry tables), so every job can run.
+        let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(16 << 10, 2);
+        let generic = GpuDecoder::open(&adapter)
+            .unwrap()
+            .generic_only()
+            .with_workgroup_size(64);
+        for (decoder, cases) in [(&roomy, 300), (&cramped, 150), (&generic, 150)] {
+            for_random_jobs(cases, &[300], |d, rng| {
+                let mut r = RandomJob::new(rng, d, &GRID_SIZES);
+                // A transposed chunk binds whole stored slices, more than 16 KiB
+                // for the largest random ones.
+                r.transposed &= !std::ptr::eq(decoder, &cramped);
+                check_job(&r, decoder)
+            });
+        }
+        let ran = generic.dispatches();
+        assert!(ran.fast == 0 && ran.generic > 0, "generic_only ran {ran:?}");
+        let ran = roomy.dispatches();
+        assert!(ran.fast > 0 && ran.generic > 0, "random jobs ran {ran:?}");
+    });
 }
 
 /// The fast kernels on random jobs aimed at them: the CPU's bytes, to host
@@ -166,48 +169,49 @@ fn randomized_jobs_gpu_equals_cpu() {
 /// boundaries inside slices and rows inside 2-D dispatch grids.
 #[test]
 fn fast_kernels_equal_cpu_and_run_where_they_apply() {
-    let Some(adapter) = adapter() else { return };
-    // Small workgroups: an 8-bit table takes several loads per invocation.
-    let roomy = GpuDecoder::open(&adapter).unwrap().with_workgroup_size(32);
-    let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(4 << 10, 2);
-    let (fast, generic) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
-    for decoder in [&roomy, &cramped] {
-        for_random_jobs(200, &[8, 300], |d, rng| {
-            let r = RandomJob::aimed_at_fast_kernels(rng, d);
-            let before = decoder.dispatches();
-            check_job(&r, decoder);
-            // And resident: chunks written straight into one buffer, at
-            // offsets no binding can start at.
-            let job = r.job();
-            let want = Cpu::new().decode(&job).unwrap();
-            let buffer = decoder.decode_to_buffer(&job).unwrap();
-            let got = decoder.read_back(&buffer).unwrap();
-            assert!(
-                got[..want.len()] == want[..],
-                "{}: decode_to_buffer",
-                r.describe()
-            );
-            let after = decoder.dispatches();
-            let ran = (after.fast - before.fast, after.generic - before.generic);
-            if r.fast_eligible() {
+    gpu_test(|adapter| {
+        // Small workgroups: an 8-bit table takes several loads per invocation.
+        let roomy = GpuDecoder::open(&adapter).unwrap().with_workgroup_size(32);
+        let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(4 << 10, 2);
+        let (fast, generic) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        for decoder in [&roomy, &cramped] {
+            for_random_jobs(200, &[8, 300], |d, rng| {
+                let r = RandomJob::aimed_at_fast_kernels(rng, d);
+                let before = decoder.dispatches();
+                check_job(&r, decoder);
+                // And resident: chunks written straight into one buffer, at
+                // offsets no binding can start at.
+                let job = r.job();
+                let want = Cpu::new().decode(&job).unwrap();
+                let buffer = decoder.decode_to_buffer(&job).unwrap();
+                let got = decoder.read_back(&buffer).unwrap();
                 assert!(
-                    ran.0 > 0 && ran.1 == 0,
-                    "{}: ran {ran:?}, wanted the fast kernel",
+                    got[..want.len()] == want[..],
+                    "{}: decode_to_buffer",
                     r.describe()
                 );
-                fast.set(fast.get() + 1);
-            } else {
-                assert!(
-                    ran.0 == 0 && ran.1 > 0,
-                    "{}: ran {ran:?}, wanted the generic kernel",
-                    r.describe()
-                );
-                generic.set(generic.get() + 1);
-            }
-        });
-    }
-    let (fast, generic) = (fast.get(), generic.get());
-    assert!(fast > 200 && generic > 50, "fast {fast} generic {generic}");
+                let after = decoder.dispatches();
+                let ran = (after.fast - before.fast, after.generic - before.generic);
+                if r.fast_eligible() {
+                    assert!(
+                        ran.0 > 0 && ran.1 == 0,
+                        "{}: ran {ran:?}, wanted the fast kernel",
+                        r.describe()
+                    );
+                    fast.set(fast.get() + 1);
+                } else {
+                    assert!(
+                        ran.0 == 0 && ran.1 > 0,
+                        "{}: ran {ran:?}, wanted the generic kernel",
+                        r.describe()
+                    );
+                    generic.set(generic.get() + 1);
+                }
+            });
+        }
+        let (fast, generic) = (fast.get(), generic.get());
+        assert!(fast > 200 && generic > 50, "fast {fast} generic {generic}");
+    });
 }
 
 /// Random int4 g128 storage for `d`: (codes, bf16 scales).
@@ -262,15 +266,16 @@ const LARGE: Dims = Dims {
 /// [`LARGE`] decoded in several bindings.
 #[test]
 fn output_larger_than_one_binding() {
-    let Some(adapter) = adapter() else { return };
-    let d = LARGE;
-    let (codes, scale) = int4_storage(d);
-    let job = int4_job(d, &codes, &scale, OutDtype::F32);
-    assert!(job.out_bytes() > 128 << 20);
-    let gpu = Gpu::open(&adapter).unwrap();
-    let got = gpu.decode(&job).unwrap();
-    let want = Cpu::new().decode(&job).unwrap();
-    assert!(got == want, "GPU and CPU differ on the large tensor");
+    gpu_test(|adapter| {
+        let d = LARGE;
+        let (codes, scale) = int4_storage(d);
+        let job = int4_job(d, &codes, &scale, OutDtype::F32);
+        assert!(job.out_bytes() > 128 << 20);
+        let gpu = Gpu::open(&adapter).unwrap();
+        let got = gpu.decode(&job).unwrap();
+        let want = Cpu::new().decode(&job).unwrap();
+        assert!(got == want, "GPU and CPU differ on the large tensor");
+    });
 }
 
 /// On a device with WebGPU's default limits (what browsers on real GPUs
@@ -279,103 +284,106 @@ fn output_larger_than_one_binding() {
 /// refused with an error of this call, not a device error.
 #[test]
 fn webgpu_default_limits() {
-    let Some(adapter) = adapter() else { return };
-    let desc = wgpu::DeviceDescriptor {
-        required_limits: wgpu::Limits::default(),
-        ..Default::default()
-    };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
-    let decoder = GpuDecoder::new(&device, &queue);
-    assert_eq!(device.limits().max_storage_buffer_binding_size, 128 << 20);
-    for_random_jobs(60, &[300], |d, rng| {
-        check_job(&RandomJob::new(rng, d, &GRID_SIZES), &decoder);
-        check_job(&RandomJob::aimed_at_fast_kernels(rng, d), &decoder);
+    gpu_test(|adapter| {
+        let desc = wgpu::DeviceDescriptor {
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+        let decoder = GpuDecoder::new(&device, &queue);
+        assert_eq!(device.limits().max_storage_buffer_binding_size, 128 << 20);
+        for_random_jobs(60, &[300], |d, rng| {
+            check_job(&RandomJob::new(rng, d, &GRID_SIZES), &decoder);
+            check_job(&RandomJob::aimed_at_fast_kernels(rng, d), &decoder);
+        });
+        let d = LARGE;
+        let (codes, scale) = int4_storage(d);
+        let job = int4_job(d, &codes, &scale, OutDtype::F32);
+        let got = decoder.decode(&job).unwrap();
+        assert!(got == Cpu::new().decode(&job).unwrap(), "the 138 MB tensor");
+        let d = Dims { rows: 8200, ..d };
+        let (codes, scale) = int4_storage(d);
+        let job = int4_job(d, &codes, &scale, OutDtype::F32);
+        assert!(job.out_bytes() as u64 > device.limits().max_buffer_size);
+        let e = decoder.decode_to_buffer(&job).unwrap_err();
+        assert_eq!(e.rule, wgpu_dequant::Rule::Gpu, "{e}");
+        assert!(e.to_string().contains("one buffer"), "{e}");
     });
-    let d = LARGE;
-    let (codes, scale) = int4_storage(d);
-    let job = int4_job(d, &codes, &scale, OutDtype::F32);
-    let got = decoder.decode(&job).unwrap();
-    assert!(got == Cpu::new().decode(&job).unwrap(), "the 138 MB tensor");
-    let d = Dims { rows: 8200, ..d };
-    let (codes, scale) = int4_storage(d);
-    let job = int4_job(d, &codes, &scale, OutDtype::F32);
-    assert!(job.out_bytes() as u64 > device.limits().max_buffer_size);
-    let e = decoder.decode_to_buffer(&job).unwrap_err();
-    assert_eq!(e.rule, wgpu_dequant::Rule::Gpu, "{e}");
-    assert!(e.to_string().contains("one buffer"), "{e}");
 }
 
 /// GPU-resident output: the buffer holds exactly the CPU bytes, also when it
 /// is assembled from many chunks with an odd column count.
 #[test]
 fn decode_to_buffer_matches_cpu() {
-    let Some(adapter) = adapter() else { return };
-    let mut rng = Rng::new(99);
-    let d = Dims {
-        slices: 2,
-        rows: 37,
-        cols: 301,
-    };
-    let lane_words = (d.cols * 3).div_ceil(32);
-    let codes: Vec<u8> = (0..d.slices * d.rows * lane_words * 4)
-        .map(|_| rng.next() as u8)
-        .collect();
-    let scale: Vec<u8> = (0..d.slices * d.rows)
-        .flat_map(|_| {
-            half::f16::from_f32(normal(&mut rng, 6))
-                .to_bits()
-                .to_le_bytes()
-        })
-        .collect();
-    for (limit, out) in [
-        (1 << 30, OutDtype::Bf16),
-        (4096, OutDtype::Bf16),
-        (4096, OutDtype::F32),
-        (2048, OutDtype::F16),
-    ] {
-        let job = DecodeJob {
-            dims: d,
-            codes: Fields {
-                data: (&codes[..]).into(),
-                bits: 3,
-                per_word: 0,
-                interleaved: false,
-                lane_bits: lane_words as u64 * 32,
-                word_bits: 32,
-                slice_bits: (d.rows * lane_words) as u64 * 32,
-            },
-            code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
-            zero: None,
-            scale: Some(Values {
-                data: (&scale[..]).into(),
-                kind: ValueKind::F16,
-                grid: Grid {
-                    row_div: 1,
-                    col_div: d.cols,
-                    row_stride: 1,
-                    slice_stride: d.rows,
-                },
-            }),
-            g_idx: None,
-            low_rank: None,
-            transposed: false,
-            out,
+    gpu_test(|adapter| {
+        let mut rng = Rng::new(99);
+        let d = Dims {
+            slices: 2,
+            rows: 37,
+            cols: 301,
         };
-        let decoder = GpuDecoder::open(&adapter)
-            .unwrap()
-            .with_limits(limit, 65535);
-        let buffer = decoder.decode_to_buffer(&job).unwrap();
-        let got = decoder.read_back(&buffer).unwrap();
-        let want = Cpu::new().decode(&job).unwrap();
-        assert_eq!(&got[..want.len()], &want[..], "limit {limit} {out}");
-    }
+        let lane_words = (d.cols * 3).div_ceil(32);
+        let codes: Vec<u8> = (0..d.slices * d.rows * lane_words * 4)
+            .map(|_| rng.next() as u8)
+            .collect();
+        let scale: Vec<u8> = (0..d.slices * d.rows)
+            .flat_map(|_| {
+                half::f16::from_f32(normal(&mut rng, 6))
+                    .to_bits()
+                    .to_le_bytes()
+            })
+            .collect();
+        for (limit, out) in [
+            (1 << 30, OutDtype::Bf16),
+            (4096, OutDtype::Bf16),
+            (4096, OutDtype::F32),
+            (2048, OutDtype::F16),
+        ] {
+            let job = DecodeJob {
+                dims: d,
+                codes: Fields {
+                    data: (&codes[..]).into(),
+                    bits: 3,
+                    per_word: 0,
+                    interleaved: false,
+                    lane_bits: lane_words as u64 * 32,
+                    word_bits: 32,
+                    slice_bits: (d.rows * lane_words) as u64 * 32,
+                },
+                code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
+                zero: None,
+                scale: Some(Values {
+                    data: (&scale[..]).into(),
+                    kind: ValueKind::F16,
+                    grid: Grid {
+                        row_div: 1,
+                        col_div: d.cols,
+                        row_stride: 1,
+                        slice_stride: d.rows,
+                    },
+                }),
+                g_idx: None,
+                low_rank: None,
+                transposed: false,
+                out,
+            };
+            let decoder = GpuDecoder::open(&adapter)
+                .unwrap()
+                .with_limits(limit, 65535);
+            let buffer = decoder.decode_to_buffer(&job).unwrap();
+            let got = decoder.read_back(&buffer).unwrap();
+            let want = Cpu::new().decode(&job).unwrap();
+            assert_eq!(&got[..want.len()], &want[..], "limit {limit} {out}");
+        }
+    });
 }
 
 #[test]
 fn explicit_gpu_backend_names_its_adapter() {
-    let Some(adapter) = adapter() else { return };
-    let gpu = Gpu::open(&adapter).unwrap();
-    assert!(gpu.name().contains(&adapter.get_info().name));
+    gpu_test(|adapter| {
+        let gpu = Gpu::open(&adapter).unwrap();
+        assert!(gpu.name().contains(&adapter.get_info().name));
+    });
 }
 
 /// Every shader in `shaders/` parses, validates, and translates with naga (the

@@ -1,7 +1,9 @@
 //! The integration tests, in one crate so that wgpu and the library link
-//! once. Without a GPU adapter the GPU tests pass and say so, unless
-//! `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI) makes a missing adapter a
-//! failure.
+//! once. Every GPU test gets its adapter through `common::gpu_test`. Without
+//! an adapter those tests do not run: they pass, and when the run ends one
+//! line on stderr (shown by `cargo test`) says how many did not run and how
+//! to install a driver. `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI) makes each
+//! of them fail instead.
 
 mod common;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::cli::{ok, stdout};
-use crate::common::{adapter, auto_digests, fixtures, plus_zero, sha256_hex, CASES};
+use crate::common::{auto_digests, fixtures, gpu_test, plus_zero, sha256_hex, CASES};
 use serde_json::Value;
 use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
 use wgpu_dequant::{wgpu, DtypeChoice, Model, Rule};
@@ -110,34 +110,33 @@ fn a_broken_checkpoint_does_not_open() {
 
 #[test]
 fn gpu_buffers_hold_the_cpu_bytes_for_every_kind_of_tensor() {
-    let Some(adapter) = adapter() else {
-        return;
-    };
-    let (device, queue) =
-        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
-    let decoder = GpuDecoder::new(&device, &queue);
-    let cpu = Cpu::new();
-    for case in CASES.iter().chain(SVDQUANT) {
-        let m = model(case);
-        let mut sources = std::collections::HashSet::new();
-        for t in m.tensors() {
-            let buffer = m.decode_to_buffer(&t.name, &decoder).unwrap();
-            assert_eq!(buffer.size(), (t.bytes.div_ceil(4).max(1) * 4) as u64);
-            assert!(buffer.usage().contains(wgpu::BufferUsages::STORAGE));
-            let got = decoder.read_back(&buffer).unwrap();
-            let want = m.decode(&t.name, &cpu).unwrap();
-            assert!(
-                got[..t.bytes] == want[..] && got[t.bytes..].iter().all(|&b| b == 0),
-                "{case}: {} differs between the GPU buffer and the CPU",
-                t.name
-            );
-            let o = m.plan().outputs.iter().find(|o| o.name == t.name).unwrap();
-            sources.insert(std::mem::discriminant(&o.source));
+    gpu_test(|adapter| {
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
+        let decoder = GpuDecoder::new(&device, &queue);
+        let cpu = Cpu::new();
+        for case in CASES.iter().chain(SVDQUANT) {
+            let m = model(case);
+            let mut sources = std::collections::HashSet::new();
+            for t in m.tensors() {
+                let buffer = m.decode_to_buffer(&t.name, &decoder).unwrap();
+                assert_eq!(buffer.size(), (t.bytes.div_ceil(4).max(1) * 4) as u64);
+                assert!(buffer.usage().contains(wgpu::BufferUsages::STORAGE));
+                let got = decoder.read_back(&buffer).unwrap();
+                let want = m.decode(&t.name, &cpu).unwrap();
+                assert!(
+                    got[..t.bytes] == want[..] && got[t.bytes..].iter().all(|&b| b == 0),
+                    "{case}: {} differs between the GPU buffer and the CPU",
+                    t.name
+                );
+                let o = m.plan().outputs.iter().find(|o| o.name == t.name).unwrap();
+                sources.insert(std::mem::discriminant(&o.source));
+            }
+            if SVDQUANT.contains(case) {
+                assert!(sources.len() >= 2, "{case}: weights and biases assembled");
+            }
         }
-        if SVDQUANT.contains(case) {
-            assert!(sources.len() >= 2, "{case}: weights and biases assembled");
-        }
-    }
+    });
 }
 
 /// The `tensor` example, built beside this test (`cargo test` builds the
@@ -172,9 +171,10 @@ fn run_example(ckpt: &Path, name: &str, gpu: bool) -> String {
     stdout(&o)
 }
 
-#[test]
-fn tensor_example_prints_name_dtype_shape_and_digest() {
-    let gpu = adapter().is_some();
+/// The `tensor` example's line for each of a few tensors is the tensor's
+/// name, dtype, shape and the digest of the CPU's bytes; with `gpu_buffer`,
+/// decoded into a GPU buffer (`--gpu-buffer`) and read back.
+fn tensor_example_prints(gpu_buffer: bool) {
     let cpu = Cpu::new();
     let cases = [
         ("w4a16-g128", "model.layers.0.mlp.down_proj.weight"),
@@ -213,12 +213,20 @@ fn tensor_example_prints_name_dtype_shape_and_digest() {
                 shape.join(","),
                 sha256_hex(&m.decode(&name, &cpu).unwrap())
             );
-            assert_eq!(run_example(&ckpt, &name, false), want, "{case}");
-            if gpu {
-                assert_eq!(run_example(&ckpt, &name, true), want, "{case} --gpu-buffer");
-            }
+            let flag = if gpu_buffer { " --gpu-buffer" } else { "" };
+            assert_eq!(run_example(&ckpt, &name, gpu_buffer), want, "{case}{flag}");
         }
     }
+}
+
+#[test]
+fn tensor_example_prints_name_dtype_shape_and_digest() {
+    tensor_example_prints(false);
+}
+
+#[test]
+fn tensor_example_gpu_buffer_prints_the_same_lines() {
+    gpu_test(|_| tensor_example_prints(true));
 }
 
 #[test]

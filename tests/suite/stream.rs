@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use crate::common::{adapter, fixtures, snapshot, CASES};
+use crate::common::{fixtures, gpu_test, snapshot, CASES};
 use wgpu_dequant::backend::execute::Decoder;
 use wgpu_dequant::backend::gpu::GpuDecoder;
 use wgpu_dequant::backend::Cpu;
@@ -179,16 +179,15 @@ fn streaming_reads_each_byte_once_and_copies_without_reading() {
 
 #[test]
 fn gpu_decoder_awaited_streams_the_cpus_files() {
-    let Some(adapter) = adapter() else {
-        return;
-    };
-    let gpu = GpuDecoder::open(&adapter).unwrap();
-    let cpu = Cpu::new();
-    for case in every_case() {
-        let dir = fixtures().join(case).join("model");
-        let dtype = DtypeChoice::Fixed(OutDtype::Bf16);
-        let (want, _) = streamed(&dir, dtype, Decoder::Blocking(&cpu), BATCH_BYTES).unwrap();
-        let (got, _) = streamed(&dir, dtype, Decoder::Gpu(&gpu), BATCH_BYTES).unwrap();
-        assert!(got == want, "{case}: the GPU streams other bytes");
-    }
+    gpu_test(|adapter| {
+        let gpu = GpuDecoder::open(&adapter).unwrap();
+        let cpu = Cpu::new();
+        for case in every_case() {
+            let dir = fixtures().join(case).join("model");
+            let dtype = DtypeChoice::Fixed(OutDtype::Bf16);
+            let (want, _) = streamed(&dir, dtype, Decoder::Blocking(&cpu), BATCH_BYTES).unwrap();
+            let (got, _) = streamed(&dir, dtype, Decoder::Gpu(&gpu), BATCH_BYTES).unwrap();
+            assert!(got == want, "{case}: the GPU streams other bytes");
+        }
+    });
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-use crate::common::{bin, caught, Rng, Tensor};
+use crate::common::{bin, caught, gpu_test, Rng, Tensor};
 use serde_json::{json, Value};
 use svdq::{Ckpt, Layout, Outs, Prec, Sidecar, Target};
 use wgpu_dequant::{Checkpoint, DtypeChoice, OutDtype, Plan, Rule};
@@ -1770,44 +1770,43 @@ fn full_ckpts(rng: &mut Rng) -> Vec<Ckpt> {
 
 #[test]
 fn gpu_outputs_equal_cpu_outputs_byte_for_byte() {
-    let Some(adapter) = crate::common::adapter() else {
-        return;
-    };
-    let gpu = match caught(|| wgpu_dequant::backend::gpu::Gpu::open(&adapter)) {
-        Ok(Ok(g)) => g,
-        Ok(Err(e)) => panic!("cannot open the GPU: {e}"),
-        Err(p) => panic!("opening the GPU panicked: {p}"),
-    };
-    let cpu = wgpu_dequant::backend::Cpu::new();
-    let mut rng = Rng::new(0x5eed_0017);
-    for (i, ck) in full_ckpts(&mut rng).iter().enumerate() {
-        let dir = tmp();
-        ck.write(dir.path());
-        for out in [OutDtype::F32, OutDtype::Bf16] {
-            let both = svdq::decode_on(dir.path(), out, &[&cpu, &gpu]).unwrap_or_else(|e| {
-                panic!("checkpoint {i}: refused: {}", e[0]);
-            });
-            let (c, g) = (&both[0], &both[1]);
-            assert_eq!(
-                c.keys().collect::<Vec<_>>(),
-                g.keys().collect::<Vec<_>>(),
-                "checkpoint {i} {out}: names"
-            );
-            assert!(c.len() >= 10, "checkpoint {i}: {:?}", c.keys());
-            for (name, co) in c {
-                let go = &g[name];
-                assert_eq!(co.shape, go.shape, "checkpoint {i} {out}: {name} shape");
-                if let Some(at) = co.bytes.iter().zip(&go.bytes).position(|(a, b)| a != b) {
-                    panic!("checkpoint {i} {out}: {name}: GPU bytes differ from the CPU's from byte {at}");
-                }
+    gpu_test(|adapter| {
+        let gpu = match caught(|| wgpu_dequant::backend::gpu::Gpu::open(&adapter)) {
+            Ok(Ok(g)) => g,
+            Ok(Err(e)) => panic!("cannot open the GPU: {e}"),
+            Err(p) => panic!("opening the GPU panicked: {p}"),
+        };
+        let cpu = wgpu_dequant::backend::Cpu::new();
+        let mut rng = Rng::new(0x5eed_0017);
+        for (i, ck) in full_ckpts(&mut rng).iter().enumerate() {
+            let dir = tmp();
+            ck.write(dir.path());
+            for out in [OutDtype::F32, OutDtype::Bf16] {
+                let both = svdq::decode_on(dir.path(), out, &[&cpu, &gpu]).unwrap_or_else(|e| {
+                    panic!("checkpoint {i}: refused: {}", e[0]);
+                });
+                let (c, g) = (&both[0], &both[1]);
                 assert_eq!(
-                    co.bytes.len(),
-                    go.bytes.len(),
-                    "checkpoint {i} {out}: {name}"
+                    c.keys().collect::<Vec<_>>(),
+                    g.keys().collect::<Vec<_>>(),
+                    "checkpoint {i} {out}: names"
                 );
+                assert!(c.len() >= 10, "checkpoint {i}: {:?}", c.keys());
+                for (name, co) in c {
+                    let go = &g[name];
+                    assert_eq!(co.shape, go.shape, "checkpoint {i} {out}: {name} shape");
+                    if let Some(at) = co.bytes.iter().zip(&go.bytes).position(|(a, b)| a != b) {
+                        panic!("checkpoint {i} {out}: {name}: GPU bytes differ from the CPU's from byte {at}");
+                    }
+                    assert_eq!(
+                        co.bytes.len(),
+                        go.bytes.len(),
+                        "checkpoint {i} {out}: {name}"
+                    );
+                }
             }
         }
-    }
+    });
 }
 
 /// The full checkpoints decode to what the rules say (so the GPU test

@@ -9,8 +9,11 @@ pub mod jobs;
 pub mod producer;
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -292,20 +295,52 @@ pub fn dequantize_err(path: &Path) -> Error {
     e
 }
 
-/// The GPU adapter, if any. Without one, GPU tests pass vacuously and say
-/// so, unless `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI), which turns a missing
-/// adapter into a failure.
-pub fn adapter() -> Option<wgpu::Adapter> {
+/// How every GPU test gets its adapter: `gpu_test(|adapter| { ... })` runs
+/// the test with the first adapter wgpu finds. Without one the test fails
+/// when `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI); otherwise it is counted as
+/// not run, and when the test binary exits one line on stderr says how many
+/// GPU tests did not run and what makes them run (see [`not_run_notice`]).
+pub fn gpu_test(test: impl FnOnce(wgpu::Adapter)) {
     match wgpu_dequant::backend::gpu::find_adapter() {
-        Some(a) => Some(a),
+        Some(adapter) => test(adapter),
         None if std::env::var("WGPU_DEQUANT_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
             panic!("WGPU_DEQUANT_REQUIRE_GPU=1 but no GPU adapter was found (install mesa-vulkan-drivers)")
         }
         None => {
-            eprintln!("no GPU adapter: GPU test not run (set WGPU_DEQUANT_REQUIRE_GPU=1 to make this fail)");
-            None
+            static NOTICE: Once = Once::new();
+            NOTICE.call_once(|| {
+                // SAFETY: `not_run_notice` is a plain function that stays
+                // valid until the process ends; registering has no other
+                // precondition.
+                let registered = unsafe { libc::atexit(not_run_notice) } == 0;
+                assert!(registered, "cannot register the GPU tests' exit notice");
+            });
+            NOT_RUN.fetch_add(1, Ordering::SeqCst);
         }
     }
+}
+
+/// GPU tests that found no adapter and did not run.
+static NOT_RUN: AtomicUsize = AtomicUsize::new(0);
+
+/// Run when the test binary exits, after libtest's summary: one line, once
+/// per run, with the count of GPU tests that did not run. libtest captures
+/// `print!`/`eprint!` of passing tests, so the line is written to the stderr
+/// handle itself (which it does not capture), and `cargo test` shows it.
+extern "C" fn not_run_notice() {
+    let n = NOT_RUN.load(Ordering::SeqCst);
+    let (tests, run) = if n == 1 {
+        ("test", "it")
+    } else {
+        ("tests", "them")
+    };
+    let line = format!(
+        "{n} GPU {tests} did not run: no GPU adapter found. To run {run}: apt-get install \
+         mesa-vulkan-drivers (or your platform's Vulkan, Metal or DX12 driver); \
+         WGPU_DEQUANT_REQUIRE_GPU=1 makes this a failure.\n"
+    );
+    // Nothing to do about a closed stderr at exit.
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// The tests' random numbers: `fastrand`, seeded, so every run is the same.

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use crate::common::cli::{run, stderr, stdout};
 use crate::common::fixture_models;
 use crate::common::{
-    adapter, bin, caught, copy_dir, dequantize_err, fixtures, safetensors_bytes, snapshot, Tensor,
+    bin, caught, copy_dir, dequantize_err, fixtures, gpu_test, safetensors_bytes, snapshot, Tensor,
     SHARD1, SHARD2,
 };
 use serde_json::{json, Map, Value};
@@ -2436,70 +2436,72 @@ fn exit_status_is_0_2_3_or_1() {
 
 #[test]
 fn gpu_faults_hand_over_to_the_cpu_with_the_same_bytes() {
-    let Some(adapter) = adapter() else { return };
-    let cpu = Cpu::new();
-    // Limits too small for any row: every decode fails with GPU-001.
-    let bare = Gpu::open(&adapter).unwrap().with_limits(4, 1);
-    for (case, model) in fixture_models() {
-        let ckpt = Checkpoint::open(&model).unwrap();
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
-        let decoded: Vec<_> = plan
-            .outputs
-            .iter()
-            .filter(|o| o.row_layout().is_some())
-            .collect();
-        assert!(!decoded.is_empty(), "{case}: nothing decoded");
-        for o in &decoded {
-            let e = o.bytes(&bare).expect_err("the tiny-limit GPU fails");
-            assert_eq!(e.rule, Rule::Gpu, "{case}: {}: {e}", o.name);
-            one_line(&e.to_string());
-        }
+    gpu_test(|adapter| {
+        let cpu = Cpu::new();
+        // Limits too small for any row: every decode fails with GPU-001.
+        let bare = Gpu::open(&adapter).unwrap().with_limits(4, 1);
+        for (case, model) in fixture_models() {
+            let ckpt = Checkpoint::open(&model).unwrap();
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+            let decoded: Vec<_> = plan
+                .outputs
+                .iter()
+                .filter(|o| o.row_layout().is_some())
+                .collect();
+            assert!(!decoded.is_empty(), "{case}: nothing decoded");
+            for o in &decoded {
+                let e = o.bytes(&bare).expect_err("the tiny-limit GPU fails");
+                assert_eq!(e.rule, Rule::Gpu, "{case}: {}: {e}", o.name);
+                one_line(&e.to_string());
+            }
 
-        let heard: Arc<Mutex<Vec<Rule>>> = Arc::default();
-        let h = heard.clone();
-        let gpu = Gpu::open(&adapter).unwrap().with_limits(4, 1);
-        let fallback = Fallback::new(gpu, move |e: &Error| h.lock().unwrap().push(e.rule));
-        assert!(!fallback.fell_back(), "{case}");
-        for o in &plan.outputs {
-            let got = o
-                .bytes(&fallback)
-                .unwrap_or_else(|e| panic!("{case}: {}: {e}", o.name));
-            let want = o.bytes(&cpu).unwrap();
-            assert!(got == want, "{case}: {} differs from the CPU's", o.name);
-        }
-        assert!(fallback.fell_back(), "{case}");
-        assert_eq!(*heard.lock().unwrap(), vec![Rule::Gpu], "{case}: told once");
+            let heard: Arc<Mutex<Vec<Rule>>> = Arc::default();
+            let h = heard.clone();
+            let gpu = Gpu::open(&adapter).unwrap().with_limits(4, 1);
+            let fallback = Fallback::new(gpu, move |e: &Error| h.lock().unwrap().push(e.rule));
+            assert!(!fallback.fell_back(), "{case}");
+            for o in &plan.outputs {
+                let got = o
+                    .bytes(&fallback)
+                    .unwrap_or_else(|e| panic!("{case}: {}: {e}", o.name));
+                let want = o.bytes(&cpu).unwrap();
+                assert!(got == want, "{case}: {} differs from the CPU's", o.name);
+            }
+            assert!(fallback.fell_back(), "{case}");
+            assert_eq!(*heard.lock().unwrap(), vec![Rule::Gpu], "{case}: told once");
 
-        // Through the writer: the files the CPU writes.
-        let tmp = tempfile::tempdir().unwrap();
-        let (a, b) = (tmp.path().join("fallback"), tmp.path().join("cpu"));
-        writer::write(&plan, &fallback, &a, |_| {}).unwrap();
-        writer::write(&plan, &cpu, &b, |_| {}).unwrap();
-        assert!(snapshot(&a) == snapshot(&b), "{case}: written files differ");
-        assert_eq!(heard.lock().unwrap().len(), 1, "{case}: told once");
-    }
+            // Through the writer: the files the CPU writes.
+            let tmp = tempfile::tempdir().unwrap();
+            let (a, b) = (tmp.path().join("fallback"), tmp.path().join("cpu"));
+            writer::write(&plan, &fallback, &a, |_| {}).unwrap();
+            writer::write(&plan, &cpu, &b, |_| {}).unwrap();
+            assert!(snapshot(&a) == snapshot(&b), "{case}: written files differ");
+            assert_eq!(heard.lock().unwrap().len(), 1, "{case}: told once");
+        }
+    });
 }
 
 #[test]
 fn gpu_fallback_counts_one_notice_across_threads() {
-    let Some(adapter) = adapter() else { return };
-    let model = fixtures().join(W4).join("model");
-    let ckpt = Checkpoint::open(&model).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
-    let count = Arc::new(AtomicUsize::new(0));
-    let c2 = count.clone();
-    let gpu = Gpu::open(&adapter).unwrap().with_limits(4, 1);
-    let fallback = Fallback::new(gpu, move |_: &Error| {
-        c2.fetch_add(1, Ordering::SeqCst);
+    gpu_test(|adapter| {
+        let model = fixtures().join(W4).join("model");
+        let ckpt = Checkpoint::open(&model).unwrap();
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let c2 = count.clone();
+        let gpu = Gpu::open(&adapter).unwrap().with_limits(4, 1);
+        let fallback = Fallback::new(gpu, move |_: &Error| {
+            c2.fetch_add(1, Ordering::SeqCst);
+        });
+        let cpu = Cpu::new();
+        std::thread::scope(|s| {
+            for o in &plan.outputs {
+                let (fallback, cpu) = (&fallback, &cpu);
+                s.spawn(move || assert!(o.bytes(fallback).unwrap() == o.bytes(cpu).unwrap()));
+            }
+        });
+        assert_eq!(count.load(Ordering::SeqCst), 1);
     });
-    let cpu = Cpu::new();
-    std::thread::scope(|s| {
-        for o in &plan.outputs {
-            let (fallback, cpu) = (&fallback, &cpu);
-            s.spawn(move || assert!(o.bytes(fallback).unwrap() == o.bytes(cpu).unwrap()));
-        }
-    });
-    assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
 // ---------------------------------------------------------------------------
