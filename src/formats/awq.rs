@@ -19,8 +19,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    check_extent, decoded_output, expect_dtype, float_kind, grid_values, modules_with, plan_each,
-    require, Modules, ScaleLayout,
+    check_extent, decoded_output, expect_dtype, float_kind, grid_values, list_or_dash,
+    modules_with, plan_each, require, Modules, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -91,6 +91,14 @@ impl Config {
             zero_point: raw.zero_point.unwrap_or(true),
             modules_to_not_convert: raw.modules_to_not_convert.unwrap_or_default(),
         })
+    }
+
+    /// `inspect`'s line: the modules left in high precision.
+    pub fn report_lines(&self) -> Vec<String> {
+        vec![format!(
+            "not converted {}",
+            list_or_dash(&self.modules_to_not_convert)
+        )]
     }
 
     /// For people: `int4 group 128 asym`.

@@ -86,6 +86,42 @@ pub struct Config {
     pub ignore: Vec<Target>,
 }
 
+impl Scheme {
+    /// For people: `int 4 bits, group 128, symmetric`.
+    fn describe(&self) -> String {
+        format!(
+            "{} {} bits, {}{}{}",
+            self.kind,
+            self.num_bits,
+            self.strategy,
+            self.group_size.map(|g| format!(" {g}")).unwrap_or_default(),
+            if self.symmetric {
+                ", symmetric"
+            } else {
+                ", asymmetric"
+            }
+        )
+    }
+}
+
+impl Group {
+    /// `inspect`'s line for the group: `group_0  pack-quantized: …; targets Linear`.
+    fn report_line(&self) -> String {
+        let scheme = match &self.weights {
+            Some(w) => w.describe(),
+            None => "no weight quantization".into(),
+        };
+        let targets: Vec<&str> = self.targets.iter().map(Target::text).collect();
+        format!(
+            "{}  {}: {}; targets {}",
+            self.name,
+            self.format,
+            scheme,
+            targets.join(", ")
+        )
+    }
+}
+
 fn cfg_err(path: &Path, detail: impl Into<String>) -> Error {
     Error::new(Rule::Config, path, detail)
 }
@@ -250,6 +286,17 @@ impl Config {
             groups,
             ignore: targets(path, raw.ignore)?,
         })
+    }
+
+    /// `inspect`'s lines: each group's format, scheme and targets, then the
+    /// modules left unquantized.
+    pub fn report_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.groups.iter().map(Group::report_line).collect();
+        let ignore: Vec<&str> = self.ignore.iter().map(Target::text).collect();
+        if !ignore.is_empty() {
+            lines.push(format!("ignore   {}", ignore.join(", ")));
+        }
+        lines
     }
 
     /// The distinct formats of the groups.

@@ -12,8 +12,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, not_converted, plan_each,
-    quantized_modules, require, split_shape, Modules, ScaleLayout,
+    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, list_or_dash, not_converted,
+    plan_each, quantized_modules, require, split_shape, Modules, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
@@ -88,6 +88,15 @@ impl Config {
             Some((h, w)) => ScaleLayout::Block(h, w),
             None => ScaleLayout::Tensor,
         }
+    }
+
+    /// `inspect`'s line: the activation scheme and the modules left dense.
+    pub fn report_lines(&self) -> Vec<String> {
+        vec![format!(
+            "activations {}; not converted {}",
+            self.activation_scheme.as_deref().unwrap_or("-"),
+            list_or_dash(&self.modules_to_not_convert)
+        )]
     }
 
     /// For people: `block 128x128`.

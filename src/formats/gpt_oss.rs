@@ -15,8 +15,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, plan_each, Glob, Modules,
-    ScaleLayout, Target,
+    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, list_or_dash, plan_each,
+    Glob, Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -43,6 +43,16 @@ struct Raw {
 }
 
 impl Config {
+    /// `inspect`'s line: the modules stored dense.
+    pub fn report_lines(&self) -> Vec<String> {
+        let kept: Vec<&str> = self
+            .modules_to_not_convert
+            .iter()
+            .map(Target::text)
+            .collect();
+        vec![format!("not converted {}", list_or_dash(&kept))]
+    }
+
     /// Reads config.json's `quantization_config`.
     pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
         let raw: Raw = super::from_value(path, qc)?;

@@ -73,6 +73,29 @@ impl Format {
             Format::Dense => "dense (no quantization config)".into(),
         }
     }
+
+    /// The lines `inspect` shows under the format line: what the config
+    /// says, one setting or config entry per line, without indentation.
+    pub fn report_lines(&self) -> Vec<String> {
+        match self {
+            Format::CompressedTensors(c) => c.report_lines(),
+            Format::Modelopt(c) => c.report_lines(),
+            Format::Fp8Block(c) => c.report_lines(),
+            Format::Awq(c) => c.report_lines(),
+            Format::GptOss(c) => c.report_lines(),
+            Format::Svdquant(c) => c.report_lines(),
+            Format::Dense => Vec::new(),
+        }
+    }
+}
+
+/// `a, b`, or `-` for none: how report lines show a list.
+fn list_or_dash<S: AsRef<str>>(v: &[S]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ")
+    }
 }
 
 /// Reads a config object into its serde type; a mismatch names the key's

@@ -566,10 +566,7 @@ fn plan_all<'c>(
             },
             t.group_size,
             d.job.low_rank.as_ref().map_or(0, |l| l.rank),
-            match t.tensor_layout {
-                TensorLayout::Logical => "logical",
-                TensorLayout::NunchakuPacked => "nunchaku_packed",
-            }
+            t.tensor_layout.name()
         );
         let mut top = 0;
         for (module, &n) in t.modules.iter().zip(&split) {
