@@ -548,15 +548,8 @@ fn pack_quantized<'c>(
             ),
         });
     }
-    let codes = Fields {
-        data: packed.into(),
-        bits: b,
-        per_word,
-        interleaved: false,
-        lane_bits: width as u64 * 32,
-        word_bits: 32,
-        slice_bits: (rows * width) as u64 * 32,
-    };
+    let codes = Fields::new(packed, b, per_word, width as u64 * 32)
+        .with_slice_bits((rows * width) as u64 * 32);
     check_extent(&packed, &codes, slices, rows, cols)?;
     let offset = 1i32 << (b - 1);
     let code_values: Vec<f32> = (0..1i32 << b).map(|f| (f - offset) as f32).collect();
@@ -569,17 +562,10 @@ fn pack_quantized<'c>(
     } else {
         Some(zero_point(ckpt, module, b, per_word, layout, dims)?)
     };
-    let job = DecodeJob {
-        dims,
-        codes,
-        code_values,
-        zero,
-        scale: Some(scale),
-        g_idx,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    let job = DecodeJob::new(dims, codes, code_values, out)
+        .with_scale(scale)
+        .with_zero(zero)
+        .with_g_idx(g_idx);
     Ok((job, shape, packed.shard))
 }
 
@@ -602,15 +588,9 @@ fn zero_point<'c>(
                 packing_of(zrows, dims.rows, b, legacy),
                 (s, g) == (dims.slices, groups),
             ) {
-                let fields = Fields {
-                    data: t.into(),
-                    bits: b,
-                    per_word,
-                    interleaved: false,
-                    lane_bits: 32,
-                    word_bits: 32 * groups as u64,
-                    slice_bits: (zrows * groups) as u64 * 32,
-                };
+                let fields = Fields::new(t, b, per_word, 32)
+                    .with_word_bits(32 * groups as u64)
+                    .with_slice_bits((zrows * groups) as u64 * 32);
                 check_extent(&t, &fields, dims.slices, groups, dims.rows)?;
                 return Ok(ZeroPoint::Packed { fields });
             }
@@ -745,17 +725,10 @@ fn byte_weight<'c>(
             dims,
         )?))
     };
-    let job = DecodeJob {
-        dims,
-        codes: byte_codes(&w, dims),
-        code_values,
-        zero,
-        scale: Some(scale),
-        g_idx: g_idx(ckpt, module, layout, dims)?,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+        .with_scale(scale)
+        .with_zero(zero)
+        .with_g_idx(g_idx(ckpt, module, layout, dims)?);
     Ok((job, w.shape.to_vec(), w.shard, kind))
 }
 

@@ -132,17 +132,13 @@ fn plan_module<'c>(
     let (slices, rows, cols) = split_shape(&w, w.shape)?;
     let dims = Dims { slices, rows, cols };
     let layout = cfg.layout();
-    let job = DecodeJob {
+    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out).with_scale(grid_values(
+        scale,
+        float_kind(&scale)?,
+        layout,
         dims,
-        codes: byte_codes(&w, dims),
-        code_values: (0..=255u8).map(numerics::e4m3).collect(),
-        zero: None,
-        scale: Some(grid_values(scale, float_kind(&scale)?, layout, dims)?),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    )?);
     Ok(decoded_output(
         module,
         w.shard,

@@ -141,33 +141,18 @@ fn plan_param<'c>(ckpt: &'c Checkpoint, param: &str, out: OutDtype) -> Result<Ou
         cols: groups.saturating_mul(BLOCK),
     };
     let row_bytes = groups * BLOCK / 2;
-    let codes = Fields {
-        data: blocks.into(),
-        bits: 4,
-        per_word: 0,
-        interleaved: false,
-        lane_bits: row_bytes as u64 * 8,
-        word_bits: 32,
-        slice_bits: (rows * row_bytes) as u64 * 8,
-    };
+    let codes = Fields::dense(blocks, 4, row_bytes as u64 * 8)
+        .with_slice_bits((rows * row_bytes) as u64 * 8);
     check_extent(&blocks, &codes, slices, rows, stored.cols)?;
-    let job = DecodeJob {
-        dims: stored,
-        codes,
-        code_values: e2m1_values(),
-        zero: None,
-        scale: Some(grid_values(
-            scales,
-            byte_table(numerics::e8m0),
-            ScaleLayout::Group(BLOCK),
-            stored,
-        )?),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    }
-    .transpose();
+    let scale = grid_values(
+        scales,
+        byte_table(numerics::e8m0),
+        ScaleLayout::Group(BLOCK),
+        stored,
+    )?;
+    let job = DecodeJob::new(stored, codes, e2m1_values(), out)
+        .with_scale(scale)
+        .transpose();
     let mut shape = vec![job.dims.rows, job.dims.cols];
     if blocks.shape.len() == 4 {
         shape.insert(0, slices);

@@ -588,15 +588,8 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
             ),
         ));
     }
-    let fields = Fields {
-        data: (*packed).into(),
-        bits: 4,
-        per_word: 0,
-        interleaved: false,
-        lane_bits: row_bytes as u64 * 8,
-        word_bits: 32,
-        slice_bits: (dims.rows * row_bytes) as u64 * 8,
-    };
+    let fields = Fields::dense(*packed, 4, row_bytes as u64 * 8)
+        .with_slice_bits((dims.rows * row_bytes) as u64 * 8);
     check_extent(packed, &fields, dims.slices, dims.rows, dims.cols)?;
     Ok(fields)
 }
@@ -611,30 +604,15 @@ pub fn fp4_job<'c>(
     layout: ScaleLayout,
     out: OutDtype,
 ) -> Result<DecodeJob<'c>> {
-    Ok(DecodeJob {
-        dims,
-        codes: fp4_codes(packed, dims)?,
-        code_values: e2m1_values(),
-        zero: None,
-        scale: Some(grid_values(scale, table, layout, dims)?),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    })
+    Ok(
+        DecodeJob::new(dims, fp4_codes(packed, dims)?, e2m1_values(), out)
+            .with_scale(grid_values(scale, table, layout, dims)?),
+    )
 }
 
 /// One byte per element (int8 or FP8 weights), row-major.
 pub fn byte_codes<'c>(t: &TensorRef<'c>, dims: Dims) -> Fields<'c> {
-    Fields {
-        data: (*t).into(),
-        bits: 8,
-        per_word: 0,
-        interleaved: false,
-        lane_bits: dims.cols as u64 * 8,
-        word_bits: 32,
-        slice_bits: (dims.rows * dims.cols) as u64 * 8,
-    }
+    Fields::dense(*t, 8, dims.cols as u64 * 8).with_slice_bits((dims.rows * dims.cols) as u64 * 8)
 }
 
 /// The dense output entry for a decoded module.
