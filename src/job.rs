@@ -1,9 +1,9 @@
 //! The format-free description of one dense output tensor.
 //!
-//! Every format maps onto the same few pieces: a stream of b-bit codes, a table
-//! giving each code's value, an optional zero point and scale looked up on a
-//! (row, column-group) grid, and the output dtype. The value of element
-//! (slice, row, col) is
+//! Every format maps onto the same description: a stream of b-bit codes, a
+//! table giving each code's value, an optional zero point and scale looked up
+//! on a (row group, column group) grid, and the output dtype. The value of
+//! element (slice, row, col) is
 //!
 //! ```text
 //! round_to_out( (code_values[code] − zero) · scale )
@@ -12,6 +12,12 @@
 //! computed in f32. SVDQuant jobs add a low-rank branch and a smoothing
 //! divisor ([`LowRank`]). Backends execute exactly this; the accessors below
 //! are the reference semantics the CPU backend runs and the shaders mirror.
+//!
+//! Words, one per concept: a *job* describes one whole tensor; a *chunk* is a
+//! range of a job's rows a backend decodes at once; a *lane* is one run of
+//! fields in a stream; a *row group* and a *column group* are the rows and the
+//! columns that share one scale or zero-point *entry* (a block's rows and
+//! columns for block scales); an *element* is one output value.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -101,8 +107,8 @@ impl Dims {
 
 /// b-bit unsigned fields in a little-endian, LSB-first byte stream.
 ///
-/// A stream is a set of *lanes* (one per row for weight codes, one per group
-/// column for zero points packed along rows). Inside a lane, field `i` starts
+/// A stream is a set of *lanes* (one per row for weight codes, one per column
+/// group for zero points packed along rows). Inside a lane, field `i` starts
 /// at bit `i·b` (dense, may cross 32-bit words) or, for the padded layout, at
 /// bit `(i div per_word)·32 + (i mod per_word)·b` of the lane's 32-bit words.
 /// The lane's 32-bit words need not be adjacent: `word_bits` apart.
@@ -300,7 +306,7 @@ pub struct Grid {
     pub row_div: usize,
     /// Columns sharing one entry (G per group, BW per block, ≥ cols per row/tensor).
     pub col_div: usize,
-    /// Entries from one row-block to the next.
+    /// Entries from one row group to the next.
     pub row_stride: usize,
     /// Entries from one slice to the next.
     pub slice_stride: usize,
@@ -544,7 +550,7 @@ impl DecodeJob<'_> {
         } else {
             (row, col)
         };
-        let (q, s) = self.scaled_parts(slice, row, col);
+        let (q, s) = self.code_and_scale(slice, row, col);
         match (&self.low_rank, s) {
             (Some(lr), s) => lr.apply(q, s.unwrap_or(1.0), row, col),
             (None, Some(s)) => q * s,
@@ -558,7 +564,7 @@ impl DecodeJob<'_> {
     pub fn shifted_weight(&self, row: usize, col: usize) -> f32 {
         match &self.low_rank {
             Some(lr) if lr.smooth_first => {
-                let (q, s) = self.scaled_parts(0, row, col);
+                let (q, s) = self.code_and_scale(0, row, col);
                 q * s.unwrap_or(1.0) * lr.inv_smooth[col]
             }
             _ => self.value(0, row, col),
@@ -568,7 +574,7 @@ impl DecodeJob<'_> {
     /// The code's value less its zero point, and the scale, of one stored
     /// element.
     #[inline]
-    fn scaled_parts(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
+    fn code_and_scale(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
         let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
         if let Some(z) = self.zero_at(slice, row, self.zero_group(col)) {
             v -= z;
@@ -711,7 +717,7 @@ mod tests {
             } else if bit >= 32 {
                 w1 |= v << (bit - 32);
             } else {
-                w0 |= v << bit; // low part, high bits fall off
+                w0 |= v << bit; // low bits; the high ones fall off
                 w1 |= v >> (32 - bit);
             }
         }
@@ -723,7 +729,7 @@ mod tests {
         }
     }
 
-    /// Zero points are packed along rows: lane = group column, words `n_groups` apart.
+    /// Zero points are packed along rows: lane = column group, words `groups` apart.
     #[test]
     fn strided_lanes_cross_words() {
         for b in 1..=8u32 {

@@ -24,8 +24,8 @@ use crate::job::{DecodeJob, Dims, Fields};
 use crate::numerics::{self, OutDtype};
 use crate::output::{Output, Source};
 
-/// Codes per scale.
-const BLOCK: usize = 32;
+/// Codes per scale: an MX "block", a group in [`ScaleLayout`] terms.
+const GROUP: usize = 32;
 
 /// A GPT-OSS MXFP4 config.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -92,8 +92,8 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         |p, _| plan_param(ckpt, p, dtype),
     );
     for p in params {
-        for part in ["blocks", "scales"] {
-            let name = format!("{p}_{part}");
+        for suffix in ["blocks", "scales"] {
+            let name = format!("{p}_{suffix}");
             if ckpt.get(&name).is_some() {
                 found.consumed.insert(name);
             }
@@ -138,16 +138,16 @@ fn plan_param<'c>(ckpt: &'c Checkpoint, param: &str, out: OutDtype) -> Result<Ou
     let stored = Dims {
         slices,
         rows,
-        cols: groups.saturating_mul(BLOCK),
+        cols: groups.saturating_mul(GROUP),
     };
-    let row_bytes = groups * BLOCK / 2;
+    let row_bytes = groups * GROUP / 2;
     let codes = Fields::dense(blocks, 4, row_bytes as u64 * 8)
         .with_slice_bits((rows * row_bytes) as u64 * 8);
     check_extent(&blocks, &codes, slices, rows, stored.cols)?;
     let scale = grid_values(
         scales,
         byte_table(numerics::e8m0),
-        ScaleLayout::Group(BLOCK),
+        ScaleLayout::Group(GROUP),
         stored,
     )?;
     let job = DecodeJob::new(stored, codes, e2m1_values(), out)

@@ -1,8 +1,9 @@
 //! Formats: what the files say, mapped onto format-free [`DecodeJob`]s.
 //!
-//! Each format module reads its config, finds its quantized modules by their
-//! tensor names and builds one job per module with the helpers below; no
-//! format has decode code of its own.
+//! Each format reads its config, finds its quantized modules (a *module* is a
+//! model layer: the tensors under one name prefix) by their tensor names and
+//! builds one job per module with the helpers below; no format has decode
+//! code of its own.
 
 pub mod awq;
 pub mod compressed_tensors;
@@ -74,8 +75,8 @@ impl Format {
         }
     }
 
-    /// The lines `inspect` shows under the format line: what the config
-    /// says, one setting or config entry per line, without indentation.
+    /// The lines `inspect` shows under the format line, without indentation:
+    /// what the config says, a line per setting, group, target or patch.
     pub fn report_lines(&self) -> Vec<String> {
         match self {
             Format::CompressedTensors(c) => c.report_lines(),
