@@ -1,9 +1,9 @@
 //! The format-free description of one dense output tensor.
 //!
-//! Every format maps onto the same few pieces: a stream of b-bit codes, a table
-//! giving each code's value, an optional zero point and scale looked up on a
-//! (row, column-group) grid, and the output dtype. The value of element
-//! (slice, row, col) is
+//! Every format maps onto the same description: a stream of b-bit codes, a
+//! table giving each code's value, an optional zero point and scale looked up
+//! on a (row group, column group) grid, and the output dtype. The value of
+//! element (slice, row, col) is
 //!
 //! ```text
 //! round_to_out( (code_values[code] − zero) · scale )
@@ -12,6 +12,12 @@
 //! computed in f32. SVDQuant jobs add a low-rank branch and a smoothing
 //! divisor ([`LowRank`]). Backends execute exactly this; the accessors below
 //! are the reference semantics the CPU backend runs and the shaders mirror.
+//!
+//! Words, one per concept: a *job* describes one whole tensor; a *chunk* is a
+//! range of a job's rows a backend decodes at once; a *lane* is one run of
+//! fields in a stream; a *row group* and a *column group* are the rows and the
+//! columns that share one scale or zero-point *entry* (a block's rows and
+//! columns for block scales); an *element* is one output value.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -101,8 +107,8 @@ impl Dims {
 
 /// b-bit unsigned fields in a little-endian, LSB-first byte stream.
 ///
-/// A stream is a set of *lanes* (one per row for weight codes, one per group
-/// column for zero points packed along rows). Inside a lane, field `i` starts
+/// A stream is a set of *lanes* (one per row for weight codes, one per column
+/// group for zero points packed along rows). Inside a lane, field `i` starts
 /// at bit `i·b` (dense, may cross 32-bit words) or, for the padded layout, at
 /// bit `(i div per_word)·32 + (i mod per_word)·b` of the lane's 32-bit words.
 /// The lane's 32-bit words need not be adjacent: `word_bits` apart.
@@ -124,6 +130,56 @@ pub struct Fields<'a> {
     pub word_bits: u64,
     /// Bits from one slice to the next.
     pub slice_bits: u64,
+}
+
+/// A stream's layout is named by its constructor; its geometry beyond the
+/// lane stride (slices, words apart, AutoAWQ's order) by the `with_…`
+/// methods, whose defaults are one slice and contiguous words.
+impl<'a> Fields<'a> {
+    /// `bits`-wide fields in lanes `lane_bits` apart, `per_word` to a
+    /// 32-bit word (0: the dense layout), for formats that tell the layout
+    /// from the stored width.
+    pub fn new(data: impl Into<Bytes<'a>>, bits: u32, per_word: u32, lane_bits: u64) -> Self {
+        Fields {
+            data: data.into(),
+            bits,
+            per_word,
+            interleaved: false,
+            lane_bits,
+            word_bits: 32,
+            slice_bits: 0,
+        }
+    }
+
+    /// The dense layout: field `i` of a lane at bit `i·bits`.
+    pub fn dense(data: impl Into<Bytes<'a>>, bits: u32, lane_bits: u64) -> Self {
+        Self::new(data, bits, 0, lane_bits)
+    }
+
+    /// The padded layout: as many fields to a 32-bit word as fit whole.
+    pub fn padded(data: impl Into<Bytes<'a>>, bits: u32, lane_bits: u64) -> Self {
+        // Zero-width fields have nothing to pad; they read as dense.
+        Self::new(data, bits, 32u32.checked_div(bits).unwrap_or(0), lane_bits)
+    }
+
+    /// Slices `slice_bits` apart (3-D weights).
+    pub fn with_slice_bits(mut self, slice_bits: u64) -> Self {
+        self.slice_bits = slice_bits;
+        self
+    }
+
+    /// A lane's 32-bit words `word_bits` apart (zero points packed along
+    /// rows, whose lanes share each row of words).
+    pub fn with_word_bits(mut self, word_bits: u64) -> Self {
+        self.word_bits = word_bits;
+        self
+    }
+
+    /// Padded words in AutoAWQ's order, even fields first.
+    pub fn interleaved(mut self) -> Self {
+        self.interleaved = true;
+        self
+    }
 }
 
 impl Fields<'_> {
@@ -250,7 +306,7 @@ pub struct Grid {
     pub row_div: usize,
     /// Columns sharing one entry (G per group, BW per block, ≥ cols per row/tensor).
     pub col_div: usize,
-    /// Entries from one row-block to the next.
+    /// Entries from one row group to the next.
     pub row_stride: usize,
     /// Entries from one slice to the next.
     pub slice_stride: usize,
@@ -408,6 +464,52 @@ impl LowRank {
     }
 }
 
+/// A job starts as codes read through `code_values`; the `with_…` methods
+/// add what the format has besides. [`DecodeJob::transpose`] makes a job
+/// built in the stored orientation write the transpose.
+impl<'a> DecodeJob<'a> {
+    /// The job writing `code_values[code]` of each of `codes` as `out`:
+    /// no zero point, scale, g_idx or low-rank branch, not transposed.
+    pub fn new(dims: Dims, codes: Fields<'a>, code_values: Vec<f32>, out: OutDtype) -> Self {
+        DecodeJob {
+            dims,
+            codes,
+            code_values,
+            zero: None,
+            scale: None,
+            g_idx: None,
+            low_rank: None,
+            out,
+            transposed: false,
+        }
+    }
+
+    /// Scales the codes' values by `scale`.
+    pub fn with_scale(mut self, scale: Values<'a>) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Subtracts `zero` (when there is one: asymmetric schemes) before scaling.
+    pub fn with_zero(mut self, zero: impl Into<Option<ZeroPoint<'a>>>) -> Self {
+        self.zero = zero.into();
+        self
+    }
+
+    /// Reads each column's group from `g_idx` (when there is one:
+    /// activation order).
+    pub fn with_g_idx(mut self, g_idx: impl Into<Option<Vec<u32>>>) -> Self {
+        self.g_idx = g_idx.into();
+        self
+    }
+
+    /// Adds SVDQuant's low-rank branch and smoothing.
+    pub fn with_low_rank(mut self, low_rank: LowRank) -> Self {
+        self.low_rank = Some(low_rank);
+        self
+    }
+}
+
 impl DecodeJob<'_> {
     /// Column group of `col` on `grid`.
     #[inline]
@@ -448,7 +550,7 @@ impl DecodeJob<'_> {
         } else {
             (row, col)
         };
-        let (q, s) = self.scaled_parts(slice, row, col);
+        let (q, s) = self.code_and_scale(slice, row, col);
         match (&self.low_rank, s) {
             (Some(lr), s) => lr.apply(q, s.unwrap_or(1.0), row, col),
             (None, Some(s)) => q * s,
@@ -462,7 +564,7 @@ impl DecodeJob<'_> {
     pub fn shifted_weight(&self, row: usize, col: usize) -> f32 {
         match &self.low_rank {
             Some(lr) if lr.smooth_first => {
-                let (q, s) = self.scaled_parts(0, row, col);
+                let (q, s) = self.code_and_scale(0, row, col);
                 q * s.unwrap_or(1.0) * lr.inv_smooth[col]
             }
             _ => self.value(0, row, col),
@@ -472,7 +574,7 @@ impl DecodeJob<'_> {
     /// The code's value less its zero point, and the scale, of one stored
     /// element.
     #[inline]
-    fn scaled_parts(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
+    fn code_and_scale(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
         let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
         if let Some(z) = self.zero_at(slice, row, self.zero_group(col)) {
             v -= z;
@@ -572,15 +674,7 @@ mod tests {
             let all: Vec<Vec<u32>> = (0..rows).map(|r| codes(cols, b, 7 + r as u32)).collect();
             let words_per_row = (cols * b as usize).div_ceil(32);
             let data: Vec<u8> = all.iter().flat_map(|c| pack_dense(c, b)).collect();
-            let f = Fields {
-                data: (&data[..]).into(),
-                bits: b,
-                per_word: 0,
-                interleaved: false,
-                lane_bits: words_per_row as u64 * 32,
-                word_bits: 32,
-                slice_bits: 0,
-            };
+            let f = Fields::dense(&data[..], b, words_per_row as u64 * 32);
             assert_eq!(
                 f.extent_bits(1, rows, cols),
                 Some(((rows - 1) * words_per_row * 32 + cols * b as usize) as u64)
@@ -600,15 +694,8 @@ mod tests {
             let pw = 32 / b;
             let row = codes(cols, b, 99);
             let data = pack_padded(&row, b);
-            let f = Fields {
-                data: (&data[..]).into(),
-                bits: b,
-                per_word: pw,
-                interleaved: false,
-                lane_bits: data.len() as u64 * 8,
-                word_bits: 32,
-                slice_bits: 0,
-            };
+            let f = Fields::padded(&data[..], b, data.len() as u64 * 8);
+            assert_eq!(f.per_word, pw);
             for (c, &want) in row.iter().enumerate() {
                 assert_eq!(f.get(0, 0, c), want, "b={b} c={c}");
             }
@@ -630,27 +717,19 @@ mod tests {
             } else if bit >= 32 {
                 w1 |= v << (bit - 32);
             } else {
-                w0 |= v << bit; // low part, high bits fall off
+                w0 |= v << bit; // low bits; the high ones fall off
                 w1 |= v >> (32 - bit);
             }
         }
         assert_eq!(w0 >> 30, 0b10);
         let data: Vec<u8> = [w0, w1].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let f = Fields {
-            data: (&data[..]).into(),
-            bits: 3,
-            per_word: 0,
-            interleaved: false,
-            lane_bits: 64,
-            word_bits: 32,
-            slice_bits: 0,
-        };
+        let f = Fields::dense(&data[..], 3, 64);
         for (i, &v) in vals.iter().enumerate() {
             assert_eq!(f.get(0, 0, i), v, "field {i}");
         }
     }
 
-    /// Zero points are packed along rows: lane = group column, words `n_groups` apart.
+    /// Zero points are packed along rows: lane = column group, words `groups` apart.
     #[test]
     fn strided_lanes_cross_words() {
         for b in 1..=8u32 {
@@ -675,15 +754,7 @@ mod tests {
                     data.extend_from_slice(&p[w].to_le_bytes());
                 }
             }
-            let f = Fields {
-                data: (&data[..]).into(),
-                bits: b,
-                per_word: 0,
-                interleaved: false,
-                lane_bits: 32,
-                word_bits: 32 * groups as u64,
-                slice_bits: 0,
-            };
+            let f = Fields::dense(&data[..], b, 32).with_word_bits(32 * groups as u64);
             assert!(f.extent_bits(1, groups, rows).unwrap() <= data.len() as u64 * 8);
             for (g, col) in cols_codes.iter().enumerate() {
                 for (r, &want) in col.iter().enumerate() {
@@ -699,15 +770,7 @@ mod tests {
     #[test]
     fn interleaved_words_read_autoawq_order() {
         let data = 0x7531_6420u32.to_le_bytes();
-        let f = Fields {
-            data: (&data[..]).into(),
-            bits: 4,
-            per_word: 8,
-            interleaved: true,
-            lane_bits: 32,
-            word_bits: 32,
-            slice_bits: 0,
-        };
+        let f = Fields::padded(&data[..], 4, 32).interleaved();
         let cols: Vec<u32> = (0..8).map(|c| f.get(0, 0, c)).collect();
         assert_eq!(cols, (0..8).collect::<Vec<u32>>());
         assert_eq!(
@@ -727,39 +790,26 @@ mod tests {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        let job = DecodeJob {
-            dims: Dims {
-                slices: 1,
-                rows: 2,
-                cols: 3,
+        let dims = Dims {
+            slices: 1,
+            rows: 2,
+            cols: 3,
+        };
+        let codes = Fields::dense(&codes[..], 8, 24).with_slice_bits(48);
+        let scale = Values {
+            data: (&scales[..]).into(),
+            kind: ValueKind::F32,
+            grid: Grid {
+                row_div: 1,
+                col_div: 3,
+                row_stride: 1,
+                slice_stride: 2,
             },
-            codes: Fields {
-                data: (&codes[..]).into(),
-                bits: 8,
-                per_word: 0,
-                interleaved: false,
-                lane_bits: 24,
-                word_bits: 32,
-                slice_bits: 48,
-            },
-            code_values: (0..256).map(|c| c as f32).collect(),
-            zero: None,
-            scale: Some(Values {
-                data: (&scales[..]).into(),
-                kind: ValueKind::F32,
-                grid: Grid {
-                    row_div: 1,
-                    col_div: 3,
-                    row_stride: 1,
-                    slice_stride: 2,
-                },
-            }),
-            g_idx: None,
-            low_rank: None,
-            transposed: false,
-            out: OutDtype::F32,
-        }
-        .transpose();
+        };
+        let code_values = (0..256).map(|c| c as f32).collect();
+        let job = DecodeJob::new(dims, codes, code_values, OutDtype::F32)
+            .with_scale(scale)
+            .transpose();
         assert_eq!(job.dims.rows, 3);
         assert_eq!(job.stored_dims().rows, 2);
         let got: Vec<f32> = (0..3)

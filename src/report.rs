@@ -3,7 +3,6 @@
 use std::fmt::Write as _;
 
 use crate::error::Error;
-use crate::formats::svdquant::{Precision, Split, TensorLayout};
 use crate::formats::Format;
 use crate::numerics::OutDtype;
 use crate::plan::{Plan, Source, Warning};
@@ -164,148 +163,8 @@ impl Report {
                 r.written
             );
         }
-        match &self.format {
-            Format::CompressedTensors(c) => {
-                for g in &c.groups {
-                    let scheme = match &g.weights {
-                        Some(w) => format!(
-                            "{} {} bits, {}{}{}",
-                            w.kind,
-                            w.num_bits,
-                            w.strategy,
-                            w.group_size.map(|g| format!(" {g}")).unwrap_or_default(),
-                            if w.symmetric {
-                                ", symmetric"
-                            } else {
-                                ", asymmetric"
-                            }
-                        ),
-                        None => "no weight quantization".into(),
-                    };
-                    let targets: Vec<&str> = g.targets.iter().map(|t| t.text()).collect();
-                    let _ = writeln!(
-                        s,
-                        "  {}  {}: {}; targets {}",
-                        g.name,
-                        g.format,
-                        scheme,
-                        targets.join(", ")
-                    );
-                }
-                let ignore: Vec<&str> = c.ignore.iter().map(|t| t.text()).collect();
-                if !ignore.is_empty() {
-                    let _ = writeln!(s, "  ignore   {}", ignore.join(", "));
-                }
-            }
-            Format::Modelopt(c) => {
-                let ex: Vec<&str> = c.exclude_modules.iter().map(|t| t.text()).collect();
-                let _ = writeln!(
-                    s,
-                    "  {} group {}; exclude {}",
-                    c.quant_algo,
-                    c.group_size,
-                    ex.join(", ")
-                );
-            }
-            Format::Fp8Block(c) => {
-                let _ = writeln!(
-                    s,
-                    "  activations {}; not converted {}",
-                    c.activation_scheme.as_deref().unwrap_or("-"),
-                    list_or_dash(&c.modules_to_not_convert)
-                );
-            }
-            Format::GptOss(c) => {
-                let kept: Vec<String> = c
-                    .modules_to_not_convert
-                    .iter()
-                    .map(|t| t.text().to_string())
-                    .collect();
-                let _ = writeln!(s, "  not converted {}", list_or_dash(&kept));
-            }
-            Format::Awq(c) => {
-                let _ = writeln!(
-                    s,
-                    "  not converted {}",
-                    list_or_dash(&c.modules_to_not_convert)
-                );
-            }
-            Format::Svdquant(c) => {
-                let _ = writeln!(
-                    s,
-                    "  method {}, rank {}; weights {} (group {}), activations {}{}; gptq {}",
-                    c.method,
-                    c.rank,
-                    c.weight_dtype,
-                    c.weight_group_size.map_or("-".into(), |g| g.to_string()),
-                    c.activation_dtype,
-                    if c.activation_enabled {
-                        ""
-                    } else {
-                        " (disabled)"
-                    },
-                    if c.gptq_enabled { "on" } else { "off" },
-                );
-                for t in &c.targets {
-                    let modules: Vec<String> = t
-                        .modules
-                        .iter()
-                        .enumerate()
-                        .map(|(i, m)| match t.roles.get(i) {
-                            Some(r) => format!("{m} ({r})"),
-                            None => m.clone(),
-                        })
-                        .collect();
-                    let _ = writeln!(
-                        s,
-                        "  target {} [{} g{}, {}, scales {}, {}] -> {}",
-                        t.export_name,
-                        match t.precision {
-                            Precision::Int4 => "int4",
-                            Precision::Fp4 => "fp4",
-                        },
-                        t.group_size,
-                        t.weight_layout,
-                        t.weight_scale_layout.as_deref().unwrap_or("-"),
-                        match t.tensor_layout {
-                            TensorLayout::Logical => "logical",
-                            TensorLayout::NunchakuPacked => "nunchaku_packed",
-                        },
-                        modules.join(", ")
-                    );
-                }
-                for p in &c.patches {
-                    let splits: Vec<String> = p
-                        .splits
-                        .iter()
-                        .map(|x| match x {
-                            Split::Size(n) => n.to_string(),
-                            Split::Named(n) => n.clone(),
-                        })
-                        .collect();
-                    let _ = writeln!(
-                        s,
-                        "  patch  {} {} splits [{}] (undone)",
-                        p.module,
-                        p.kind.name(),
-                        splits.join(", ")
-                    );
-                }
-                for (m, v) in &c.activation_shifts {
-                    let _ = writeln!(s, "  shift  {m} +{v} (folded into its bias)");
-                }
-                if let Some((schema, version)) = &c.runtime_manifest {
-                    let _ = writeln!(s, "  runtime manifest {schema} v{version}");
-                }
-                if c.manifest_emitted == Some(false) {
-                    let _ = writeln!(
-                        s,
-                        "  runtime manifest not emitted: {} reasons",
-                        c.manifest_reasons.len()
-                    );
-                }
-            }
-            Format::Dense => {}
+        for line in self.format.report_lines() {
+            let _ = writeln!(s, "  {line}");
         }
         let _ = writeln!(
             s,
@@ -342,14 +201,5 @@ impl Report {
             let _ = writeln!(s, "warning     {}: {}", w.subject, w.detail);
         }
         s
-    }
-}
-
-/// `a, b`, or `-` for none.
-fn list_or_dash(v: &[String]) -> String {
-    if v.is_empty() {
-        "-".into()
-    } else {
-        v.join(", ")
     }
 }

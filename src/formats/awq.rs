@@ -19,8 +19,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    check_extent, decoded_output, expect_dtype, float_kind, grid_values, modules_with, plan_each,
-    require, Modules, ScaleLayout,
+    check_extent, decoded_output, expect_dtype, float_kind, grid_values, list_or_dash,
+    modules_with, plan_each, require, Modules, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -93,6 +93,14 @@ impl Config {
         })
     }
 
+    /// `inspect`'s line: the modules left in high precision.
+    pub fn report_lines(&self) -> Vec<String> {
+        vec![format!(
+            "not converted {}",
+            list_or_dash(&self.modules_to_not_convert)
+        )]
+    }
+
     /// For people: `int4 group 128 asym`.
     pub fn describe(&self) -> String {
         format!(
@@ -128,15 +136,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
 /// 4-bit fields of an `[n, out/8]` int32 tensor in AutoAWQ's word order:
 /// lane = row, index = output column.
 fn awq_fields<'c>(t: &TensorRef<'c>, width: usize) -> Fields<'c> {
-    Fields {
-        data: (*t).into(),
-        bits: BITS,
-        per_word: 32 / BITS,
-        interleaved: true,
-        lane_bits: width as u64 * 32,
-        word_bits: 32,
-        slice_bits: 0,
-    }
+    Fields::padded(*t, BITS, width as u64 * 32).interleaved()
 }
 
 /// The job of one module, `[out, in]`, and the shard its `qweight` is in.
@@ -188,18 +188,11 @@ fn module_job<'c>(
     } else {
         None
     };
-    let job = DecodeJob {
-        dims: stored,
-        codes,
-        // Codes and zero points as compressed-tensors holds them, q − 8; the
-        // offsets cancel in (q − 8) − (z − 8).
-        code_values: (0..16).map(|c| c as f32 - 8.0).collect(),
-        zero,
-        scale: Some(scale),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    // Codes and zero points as compressed-tensors holds them, q − 8; the
+    // offsets cancel in (q − 8) − (z − 8).
+    let code_values = (0..16).map(|c| c as f32 - 8.0).collect();
+    let job = DecodeJob::new(stored, codes, code_values, out)
+        .with_scale(scale)
+        .with_zero(zero);
     Ok((job.transpose(), q.shard))
 }

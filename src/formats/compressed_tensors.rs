@@ -86,6 +86,42 @@ pub struct Config {
     pub ignore: Vec<Target>,
 }
 
+impl Scheme {
+    /// For people: `int 4 bits, group 128, symmetric`.
+    fn describe(&self) -> String {
+        format!(
+            "{} {} bits, {}{}{}",
+            self.kind,
+            self.num_bits,
+            self.strategy,
+            self.group_size.map(|g| format!(" {g}")).unwrap_or_default(),
+            if self.symmetric {
+                ", symmetric"
+            } else {
+                ", asymmetric"
+            }
+        )
+    }
+}
+
+impl Group {
+    /// `inspect`'s line for the group: `group_0  pack-quantized: …; targets Linear`.
+    fn report_line(&self) -> String {
+        let scheme = match &self.weights {
+            Some(w) => w.describe(),
+            None => "no weight quantization".into(),
+        };
+        let targets: Vec<&str> = self.targets.iter().map(Target::text).collect();
+        format!(
+            "{}  {}: {}; targets {}",
+            self.name,
+            self.format,
+            scheme,
+            targets.join(", ")
+        )
+    }
+}
+
 fn cfg_err(path: &Path, detail: impl Into<String>) -> Error {
     Error::new(Rule::Config, path, detail)
 }
@@ -250,6 +286,17 @@ impl Config {
             groups,
             ignore: targets(path, raw.ignore)?,
         })
+    }
+
+    /// `inspect`'s lines: each group's format, scheme and targets, then the
+    /// modules left unquantized.
+    pub fn report_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.groups.iter().map(Group::report_line).collect();
+        let ignore: Vec<&str> = self.ignore.iter().map(Target::text).collect();
+        if !ignore.is_empty() {
+            lines.push(format!("ignore   {}", ignore.join(", ")));
+        }
+        lines
     }
 
     /// The distinct formats of the groups.
@@ -501,15 +548,8 @@ fn pack_quantized<'c>(
             ),
         });
     }
-    let codes = Fields {
-        data: packed.into(),
-        bits: b,
-        per_word,
-        interleaved: false,
-        lane_bits: width as u64 * 32,
-        word_bits: 32,
-        slice_bits: (rows * width) as u64 * 32,
-    };
+    let codes = Fields::new(packed, b, per_word, width as u64 * 32)
+        .with_slice_bits((rows * width) as u64 * 32);
     check_extent(&packed, &codes, slices, rows, cols)?;
     let offset = 1i32 << (b - 1);
     let code_values: Vec<f32> = (0..1i32 << b).map(|f| (f - offset) as f32).collect();
@@ -522,17 +562,10 @@ fn pack_quantized<'c>(
     } else {
         Some(zero_point(ckpt, module, b, per_word, layout, dims)?)
     };
-    let job = DecodeJob {
-        dims,
-        codes,
-        code_values,
-        zero,
-        scale: Some(scale),
-        g_idx,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    let job = DecodeJob::new(dims, codes, code_values, out)
+        .with_scale(scale)
+        .with_zero(zero)
+        .with_g_idx(g_idx);
     Ok((job, shape, packed.shard))
 }
 
@@ -555,15 +588,9 @@ fn zero_point<'c>(
                 packing_of(zrows, dims.rows, b, legacy),
                 (s, g) == (dims.slices, groups),
             ) {
-                let fields = Fields {
-                    data: t.into(),
-                    bits: b,
-                    per_word,
-                    interleaved: false,
-                    lane_bits: 32,
-                    word_bits: 32 * groups as u64,
-                    slice_bits: (zrows * groups) as u64 * 32,
-                };
+                let fields = Fields::new(t, b, per_word, 32)
+                    .with_word_bits(32 * groups as u64)
+                    .with_slice_bits((zrows * groups) as u64 * 32);
                 check_extent(&t, &fields, dims.slices, groups, dims.rows)?;
                 return Ok(ZeroPoint::Packed { fields });
             }
@@ -698,17 +725,10 @@ fn byte_weight<'c>(
             dims,
         )?))
     };
-    let job = DecodeJob {
-        dims,
-        codes: byte_codes(&w, dims),
-        code_values,
-        zero,
-        scale: Some(scale),
-        g_idx: g_idx(ckpt, module, layout, dims)?,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+        .with_scale(scale)
+        .with_zero(zero)
+        .with_g_idx(g_idx(ckpt, module, layout, dims)?);
     Ok((job, w.shape.to_vec(), w.shard, kind))
 }
 

@@ -12,8 +12,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, not_converted, plan_each,
-    quantized_modules, require, split_shape, Modules, ScaleLayout,
+    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, list_or_dash, not_converted,
+    plan_each, quantized_modules, require, split_shape, Modules, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
@@ -90,6 +90,15 @@ impl Config {
         }
     }
 
+    /// `inspect`'s line: the activation scheme and the modules left dense.
+    pub fn report_lines(&self) -> Vec<String> {
+        vec![format!(
+            "activations {}; not converted {}",
+            self.activation_scheme.as_deref().unwrap_or("-"),
+            list_or_dash(&self.modules_to_not_convert)
+        )]
+    }
+
     /// For people: `block 128x128`.
     pub fn describe(&self) -> String {
         self.layout().describe()
@@ -123,17 +132,13 @@ fn plan_module<'c>(
     let (slices, rows, cols) = split_shape(&w, w.shape)?;
     let dims = Dims { slices, rows, cols };
     let layout = cfg.layout();
-    let job = DecodeJob {
+    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out).with_scale(grid_values(
+        scale,
+        float_kind(&scale)?,
+        layout,
         dims,
-        codes: byte_codes(&w, dims),
-        code_values: (0..=255u8).map(numerics::e4m3).collect(),
-        zero: None,
-        scale: Some(grid_values(scale, float_kind(&scale)?, layout, dims)?),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    };
+    )?);
     Ok(decoded_output(
         module,
         w.shard,

@@ -15,8 +15,8 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, plan_each, Glob, Modules,
-    ScaleLayout, Target,
+    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, list_or_dash, plan_each,
+    Glob, Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -24,8 +24,8 @@ use crate::job::{DecodeJob, Dims, Fields};
 use crate::numerics::{self, OutDtype};
 use crate::output::{Output, Source};
 
-/// Codes per scale.
-const BLOCK: usize = 32;
+/// Codes per scale: an MX "block", a group in [`ScaleLayout`] terms.
+const GROUP: usize = 32;
 
 /// A GPT-OSS MXFP4 config.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -43,6 +43,16 @@ struct Raw {
 }
 
 impl Config {
+    /// `inspect`'s line: the modules stored dense.
+    pub fn report_lines(&self) -> Vec<String> {
+        let kept: Vec<&str> = self
+            .modules_to_not_convert
+            .iter()
+            .map(Target::text)
+            .collect();
+        vec![format!("not converted {}", list_or_dash(&kept))]
+    }
+
     /// Reads config.json's `quantization_config`.
     pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
         let raw: Raw = super::from_value(path, qc)?;
@@ -82,8 +92,8 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         |p, _| plan_param(ckpt, p, dtype),
     );
     for p in params {
-        for part in ["blocks", "scales"] {
-            let name = format!("{p}_{part}");
+        for suffix in ["blocks", "scales"] {
+            let name = format!("{p}_{suffix}");
             if ckpt.get(&name).is_some() {
                 found.consumed.insert(name);
             }
@@ -128,36 +138,21 @@ fn plan_param<'c>(ckpt: &'c Checkpoint, param: &str, out: OutDtype) -> Result<Ou
     let stored = Dims {
         slices,
         rows,
-        cols: groups.saturating_mul(BLOCK),
+        cols: groups.saturating_mul(GROUP),
     };
-    let row_bytes = groups * BLOCK / 2;
-    let codes = Fields {
-        data: blocks.into(),
-        bits: 4,
-        per_word: 0,
-        interleaved: false,
-        lane_bits: row_bytes as u64 * 8,
-        word_bits: 32,
-        slice_bits: (rows * row_bytes) as u64 * 8,
-    };
+    let row_bytes = groups * GROUP / 2;
+    let codes = Fields::dense(blocks, 4, row_bytes as u64 * 8)
+        .with_slice_bits((rows * row_bytes) as u64 * 8);
     check_extent(&blocks, &codes, slices, rows, stored.cols)?;
-    let job = DecodeJob {
-        dims: stored,
-        codes,
-        code_values: e2m1_values(),
-        zero: None,
-        scale: Some(grid_values(
-            scales,
-            byte_table(numerics::e8m0),
-            ScaleLayout::Group(BLOCK),
-            stored,
-        )?),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    }
-    .transpose();
+    let scale = grid_values(
+        scales,
+        byte_table(numerics::e8m0),
+        ScaleLayout::Group(GROUP),
+        stored,
+    )?;
+    let job = DecodeJob::new(stored, codes, e2m1_values(), out)
+        .with_scale(scale)
+        .transpose();
     let mut shape = vec![job.dims.rows, job.dims.cols];
     if blocks.shape.len() == 4 {
         shape.insert(0, slices);

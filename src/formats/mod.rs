@@ -1,8 +1,9 @@
 //! Formats: what the files say, mapped onto format-free [`DecodeJob`]s.
 //!
-//! Each format module reads its config, finds its quantized modules by their
-//! tensor names and builds one job per module with the helpers below; no
-//! format has decode code of its own.
+//! Each format reads its config, finds its quantized modules (a *module* is a
+//! model layer: the tensors under one name prefix) by their tensor names and
+//! builds one job per module with the helpers below; no format has decode
+//! code of its own.
 
 pub mod awq;
 pub mod compressed_tensors;
@@ -72,6 +73,29 @@ impl Format {
             ),
             Format::Dense => "dense (no quantization config)".into(),
         }
+    }
+
+    /// The lines `inspect` shows under the format line, without indentation:
+    /// what the config says, a line per setting, group, target or patch.
+    pub fn report_lines(&self) -> Vec<String> {
+        match self {
+            Format::CompressedTensors(c) => c.report_lines(),
+            Format::Modelopt(c) => c.report_lines(),
+            Format::Fp8Block(c) => c.report_lines(),
+            Format::Awq(c) => c.report_lines(),
+            Format::GptOss(c) => c.report_lines(),
+            Format::Svdquant(c) => c.report_lines(),
+            Format::Dense => Vec::new(),
+        }
+    }
+}
+
+/// `a, b`, or `-` for none: how report lines show a list.
+fn list_or_dash<S: AsRef<str>>(v: &[S]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -565,15 +589,8 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
             ),
         ));
     }
-    let fields = Fields {
-        data: (*packed).into(),
-        bits: 4,
-        per_word: 0,
-        interleaved: false,
-        lane_bits: row_bytes as u64 * 8,
-        word_bits: 32,
-        slice_bits: (dims.rows * row_bytes) as u64 * 8,
-    };
+    let fields = Fields::dense(*packed, 4, row_bytes as u64 * 8)
+        .with_slice_bits((dims.rows * row_bytes) as u64 * 8);
     check_extent(packed, &fields, dims.slices, dims.rows, dims.cols)?;
     Ok(fields)
 }
@@ -588,30 +605,15 @@ pub fn fp4_job<'c>(
     layout: ScaleLayout,
     out: OutDtype,
 ) -> Result<DecodeJob<'c>> {
-    Ok(DecodeJob {
-        dims,
-        codes: fp4_codes(packed, dims)?,
-        code_values: e2m1_values(),
-        zero: None,
-        scale: Some(grid_values(scale, table, layout, dims)?),
-        g_idx: None,
-        low_rank: None,
-        transposed: false,
-        out,
-    })
+    Ok(
+        DecodeJob::new(dims, fp4_codes(packed, dims)?, e2m1_values(), out)
+            .with_scale(grid_values(scale, table, layout, dims)?),
+    )
 }
 
 /// One byte per element (int8 or FP8 weights), row-major.
 pub fn byte_codes<'c>(t: &TensorRef<'c>, dims: Dims) -> Fields<'c> {
-    Fields {
-        data: (*t).into(),
-        bits: 8,
-        per_word: 0,
-        interleaved: false,
-        lane_bits: dims.cols as u64 * 8,
-        word_bits: 32,
-        slice_bits: (dims.rows * dims.cols) as u64 * 8,
-    }
+    Fields::dense(*t, 8, dims.cols as u64 * 8).with_slice_bits((dims.rows * dims.cols) as u64 * 8)
 }
 
 /// The dense output entry for a decoded module.

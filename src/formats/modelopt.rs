@@ -71,6 +71,17 @@ struct Producer {
 }
 
 impl Config {
+    /// `inspect`'s line: the algorithm, its group size and the excluded modules.
+    pub fn report_lines(&self) -> Vec<String> {
+        let ex: Vec<&str> = self.exclude_modules.iter().map(Target::text).collect();
+        vec![format!(
+            "{} group {}; exclude {}",
+            self.quant_algo,
+            self.group_size,
+            ex.join(", ")
+        )]
+    }
+
     /// Reads the `quantization` object (hf_quant_config.json's, or the one a
     /// config.json may nest) or a flat config.json `quantization_config`.
     fn from_object(path: &Path, root: &Value) -> Result<Config> {

@@ -200,29 +200,13 @@ mod tests {
         let shape = [3, 10, 32];
         for transposed in [false, true] {
             let t = TensorRef::of_bytes("w", Dtype::U8, &shape, &data);
-            let mut job = DecodeJob {
-                dims: Dims {
-                    slices: 3,
-                    rows: 10,
-                    cols: 32,
-                },
-                codes: Fields {
-                    data: t.into(),
-                    bits: 4,
-                    per_word: 0,
-                    interleaved: false,
-                    lane_bits: 16 * 8,
-                    word_bits: 32,
-                    slice_bits: 10 * 16 * 8,
-                },
-                code_values: vec![0.0; 16],
-                zero: None,
-                scale: None,
-                g_idx: None,
-                low_rank: None,
-                transposed: false,
-                out: OutDtype::Bf16,
+            let dims = Dims {
+                slices: 3,
+                rows: 10,
+                cols: 32,
             };
+            let codes = Fields::dense(t, 4, 16 * 8).with_slice_bits(10 * 16 * 8);
+            let mut job = DecodeJob::new(dims, codes, vec![0.0; 16], OutDtype::Bf16);
             if transposed {
                 job = job.transpose();
             }

@@ -30,6 +30,16 @@ pub enum TensorLayout {
     NunchakuPacked,
 }
 
+impl TensorLayout {
+    /// The name in the config (`runtime_tensor_layout`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorLayout::Logical => "logical",
+            TensorLayout::NunchakuPacked => "nunchaku_packed",
+        }
+    }
+}
+
 /// One exported target.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TargetSpec {
@@ -424,7 +434,92 @@ fn patch(path: &Path, at: &str, p: RawPatch) -> Result<Patch> {
     })
 }
 
+impl TargetSpec {
+    /// `inspect`'s line: where the target's tensors are, how they are laid
+    /// out, and the modules it holds, in row order.
+    fn report_line(&self) -> String {
+        let modules: Vec<String> = self
+            .modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match self.roles.get(i) {
+                Some(r) => format!("{m} ({r})"),
+                None => m.clone(),
+            })
+            .collect();
+        format!(
+            "target {} [{} g{}, {}, scales {}, {}] -> {}",
+            self.export_name,
+            match self.precision {
+                Precision::Int4 => "int4",
+                Precision::Fp4 => "fp4",
+            },
+            self.group_size,
+            self.weight_layout,
+            self.weight_scale_layout.as_deref().unwrap_or("-"),
+            self.tensor_layout.name(),
+            modules.join(", ")
+        )
+    }
+}
+
+impl Patch {
+    /// `inspect`'s line: the patch, which decoding undoes.
+    fn report_line(&self) -> String {
+        let splits: Vec<String> = self
+            .splits
+            .iter()
+            .map(|x| match x {
+                Split::Size(n) => n.to_string(),
+                Split::Named(n) => n.clone(),
+            })
+            .collect();
+        format!(
+            "patch  {} {} splits [{}] (undone)",
+            self.module,
+            self.kind.name(),
+            splits.join(", ")
+        )
+    }
+}
+
 impl Config {
+    /// `inspect`'s lines: the defaults, then each target, patch and
+    /// activation shift, then what the runtime manifest says.
+    pub fn report_lines(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "method {}, rank {}; weights {} (group {}), activations {}{}; gptq {}",
+            self.method,
+            self.rank,
+            self.weight_dtype,
+            self.weight_group_size.map_or("-".into(), |g| g.to_string()),
+            self.activation_dtype,
+            if self.activation_enabled {
+                ""
+            } else {
+                " (disabled)"
+            },
+            if self.gptq_enabled { "on" } else { "off" },
+        )];
+        lines.extend(self.targets.iter().map(TargetSpec::report_line));
+        lines.extend(self.patches.iter().map(Patch::report_line));
+        lines.extend(
+            self.activation_shifts
+                .iter()
+                .map(|(m, v)| format!("shift  {m} +{v} (folded into its bias)")),
+        );
+        if let Some((schema, version)) = &self.runtime_manifest {
+            lines.push(format!("runtime manifest {schema} v{version}"));
+        }
+        if self.manifest_emitted == Some(false) {
+            lines.push(format!(
+                "runtime manifest not emitted: {} reasons",
+                self.manifest_reasons.len()
+            ));
+        }
+        lines
+    }
+
     /// Parses the merged config. `meta` is the safetensors metadata
     /// `quantization_config` (with the file it came from), `sidecar` the
     /// `model.config.yaml`.

@@ -257,44 +257,36 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
     } else {
         (down_s, up_s)
     };
-    let job = DecodeJob {
-        dims: Dims {
-            slices: 1,
-            rows,
-            cols,
-        },
-        codes: Fields {
-            data: codes,
-            bits: 4,
-            per_word: 0,
-            interleaved: false,
-            lane_bits: half as u64 * 8,
-            word_bits: 32,
-            slice_bits: 0,
-        },
-        code_values,
-        zero: None,
-        scale: Some(Values {
-            data: scale.into(),
-            kind: ValueKind::F32,
-            grid: Grid {
-                row_div: 1,
-                col_div: g,
-                row_stride: groups,
-                slice_stride: 0,
-            },
-        }),
-        g_idx: None,
-        low_rank: Some(LowRank {
-            rank,
-            up: up.into(),
-            down: down.into(),
-            inv_smooth: smooth.iter().map(|s| 1.0 / s).collect(),
-            smooth_first: packed,
-        }),
-        transposed: false,
-        out,
+    let dims = Dims {
+        slices: 1,
+        rows,
+        cols,
     };
+    let scale = Values {
+        data: scale.into(),
+        kind: ValueKind::F32,
+        grid: Grid {
+            row_div: 1,
+            col_div: g,
+            row_stride: groups,
+            slice_stride: 0,
+        },
+    };
+    let low_rank = LowRank {
+        rank,
+        up: up.into(),
+        down: down.into(),
+        inv_smooth: smooth.iter().map(|s| 1.0 / s).collect(),
+        smooth_first: packed,
+    };
+    let job = DecodeJob::new(
+        dims,
+        Fields::dense(codes, 4, half as u64 * 8),
+        code_values,
+        out,
+    )
+    .with_scale(scale)
+    .with_low_rank(low_rank);
     Ok(Decoded {
         job: Arc::new(job),
         bias: vector("bias", rows)?.map(Into::into),
@@ -566,10 +558,7 @@ fn plan_all<'c>(
             },
             t.group_size,
             d.job.low_rank.as_ref().map_or(0, |l| l.rank),
-            match t.tensor_layout {
-                TensorLayout::Logical => "logical",
-                TensorLayout::NunchakuPacked => "nunchaku_packed",
-            }
+            t.tensor_layout.name()
         );
         let mut top = 0;
         for (module, &n) in t.modules.iter().zip(&split) {
