@@ -226,9 +226,10 @@ impl GpuDecoder {
         cache
             .entry(kernel)
             .or_insert_with(|| {
-                let (entry, mut constants) = match kernel {
-                    Kernel::Generic => ("main", Vec::new()),
-                    Kernel::Fast(k) => ("fast", k.constants().to_vec()),
+                let entry = kernel.entry_point();
+                let mut constants = match kernel {
+                    Kernel::Generic => Vec::new(),
+                    Kernel::Fast(k) => k.constants().to_vec(),
                 };
                 constants.push(("WG", self.limits.workgroup as f64));
                 self.device
