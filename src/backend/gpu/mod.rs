@@ -1,9 +1,10 @@
 //! The GPU backend: `shaders/decode.wgsl` run through wgpu (Vulkan, Metal,
 //! DX12), executing the same [`DecodeJob`]s as the CPU backend.
 //!
-//! One device; a pipeline per kernel variant, built on first use; two slots
-//! of reusable buffers so the upload and dispatch of one chunk overlap the
-//! readback of the previous one.
+//! One device; one bind group layout, the shader's inputs and output; a
+//! pipeline per kernel variant, built on first use; two slots of reusable
+//! buffers so the upload and dispatch of one chunk overlap the readback of
+//! the previous one.
 
 mod layout;
 
@@ -19,6 +20,49 @@ use crate::job::DecodeJob;
 use layout::{Chunk, Fast, Kernel, Limits};
 
 const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
+
+/// The bindings of decode.wgsl's group 0.
+const PARAMS: u32 = 0;
+const SRC: u32 = 1;
+const DST: u32 = 2;
+
+/// The one group every kernel variant binds. Stated once rather than
+/// derived from each pipeline: every variant shares it, bind groups need no
+/// pipeline, and a shader whose bindings drift from it fails when its
+/// pipeline is built.
+fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
+    let buffer = |binding, ty, min_size: u64| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: std::num::NonZeroU64::new(min_size),
+        },
+        count: None,
+    };
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("wgpu-dequant bindings"),
+        entries: &[
+            // `p`: the chunk's layout::Params, rewritten before each dispatch.
+            buffer(
+                PARAMS,
+                wgpu::BufferBindingType::Uniform,
+                std::mem::size_of::<layout::Params>() as u64,
+            ),
+            // `src`: everything the chunk reads (code, zero-point and scale
+            // bytes, tables, g_idx) as one word array, laid out by layout::plan.
+            buffer(SRC, wgpu::BufferBindingType::Storage { read_only: true }, 4),
+            // `dst`: output words, from the slot's own buffer or from an
+            // aligned offset into the app's (Params::out_base skips the rest).
+            buffer(
+                DST,
+                wgpu::BufferBindingType::Storage { read_only: false },
+                4,
+            ),
+        ],
+    })
+}
 
 fn gpu_err(detail: impl Into<String>) -> Error {
     Error::bare(Rule::Gpu, detail)
@@ -147,6 +191,9 @@ pub struct GpuDecoder {
     device: wgpu::Device,
     queue: wgpu::Queue,
     module: wgpu::ShaderModule,
+    bind_group_layout: wgpu::BindGroupLayout,
+    /// Of every pipeline: the bind group layout alone.
+    pipeline_layout: wgpu::PipelineLayout,
     pipelines: std::sync::Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
     fast: bool,
     dispatched: [AtomicU64; 2],
@@ -165,11 +212,19 @@ impl GpuDecoder {
             label: Some("decode.wgsl"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
         });
+        let bind_group_layout = bind_group_layout(device);
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("wgpu-dequant"),
+            bind_group_layouts: &[Some(&bind_group_layout)],
+            immediate_size: 0,
+        });
         GpuDecoder {
             limits: Limits::of(&device.limits()),
             device: device.clone(),
             queue: queue.clone(),
             module,
+            bind_group_layout,
+            pipeline_layout,
             pipelines: Default::default(),
             fast: true,
             dispatched: Default::default(),
@@ -235,7 +290,7 @@ impl GpuDecoder {
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(entry),
-                        layout: None,
+                        layout: Some(&self.pipeline_layout),
                         module: &self.module,
                         entry_point: Some(entry),
                         compilation_options: wgpu::PipelineCompilationOptions {
@@ -362,18 +417,18 @@ impl GpuDecoder {
         }
         let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &self.bind_group_layout,
             entries: &[
                 wgpu::BindGroupEntry {
-                    binding: 0,
+                    binding: PARAMS,
                     resource: slot.params.as_entire_binding(),
                 },
                 wgpu::BindGroupEntry {
-                    binding: 1,
+                    binding: SRC,
                     resource: src.as_entire_binding(),
                 },
                 wgpu::BindGroupEntry {
-                    binding: 2,
+                    binding: DST,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &out,
                         offset: bind_at,
