@@ -164,8 +164,11 @@ fn ensure(
     }
 }
 
-/// A chunk on the device whose output is being mapped for reading.
-struct InFlight {
+/// The first `len` bytes of a buffer, copied into `staging` by a submitted
+/// command and being mapped for reading ([`GpuDecoder::start_readback`]).
+struct Readback {
+    staging: wgpu::Buffer,
+    len: u64,
     submission: wgpu::SubmissionIndex,
     mapped: oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
 }
@@ -394,17 +397,7 @@ impl GpuDecoder {
         self.queue
             .write_buffer(&slot.params, 0, bytemuck::bytes_of(&params));
         for r in &chunk.regions {
-            // write_buffer takes whole words: the tail of a region is padded.
-            let whole = r.bytes.len() / 4 * 4;
-            if whole > 0 {
-                self.queue.write_buffer(&src, r.offset, &r.bytes[..whole]);
-            }
-            if whole < r.bytes.len() {
-                let mut tail = [0u8; 4];
-                tail[..r.bytes.len() - whole].copy_from_slice(&r.bytes[whole..]);
-                self.queue
-                    .write_buffer(&src, r.offset + whole as u64, &tail);
-            }
+            self.write_padded(&src, r.offset, &r.bytes);
         }
         let pipeline = self.pipeline(chunk.kernel);
         let counter = match chunk.kernel {
@@ -461,33 +454,66 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// Waits for a chunk's readback and copies it to its place in `out`.
-    async fn finish(
+    /// Writes `bytes` at byte `offset` (a multiple of 4) of `buffer`. Queue
+    /// writes take whole words, so a partial last word is padded with zeros.
+    fn write_padded(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(buffer, offset, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue
+                .write_buffer(buffer, offset + whole as u64, &tail);
+        }
+    }
+
+    /// Finishes `encoder` with a copy of the first `len` bytes (a multiple
+    /// of 4) of `from` into `staging`, submits it, and starts mapping them;
+    /// [`GpuDecoder::finish_readback`] collects the bytes.
+    fn start_readback(
         &self,
-        f: InFlight,
-        chunk: &Chunk<'_>,
-        slot: &Slot,
-        at: usize,
-        out: &mut [u8],
-    ) -> Result<()> {
-        self.wait(f.submission)?;
-        f.mapped
+        mut encoder: wgpu::CommandEncoder,
+        from: &wgpu::Buffer,
+        staging: wgpu::Buffer,
+        len: u64,
+    ) -> Readback {
+        encoder.copy_buffer_to_buffer(from, 0, &staging, 0, len);
+        let submission = self.queue.submit([encoder.finish()]);
+        let (tx, mapped) = oneshot::channel();
+        staging
+            .slice(..len)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        Readback {
+            staging,
+            len,
+            submission,
+            mapped,
+        }
+    }
+
+    /// Waits for `r` and copies its first `out.len()` bytes into `out`.
+    async fn finish_readback(&self, r: Readback, out: &mut [u8]) -> Result<()> {
+        self.wait(r.submission)?;
+        r.mapped
             .await
             .map_err(|_| gpu_err("readback never completed"))?
             .map_err(|e| gpu_err("readback").caused_by(e))?;
-        let rb = slot
-            .readback
-            .as_ref()
-            .ok_or_else(|| gpu_err("no readback buffer"))?;
-        let len = chunk.out_len as usize;
         {
-            let view = rb
-                .slice(..chunk.out_len.div_ceil(4) * 4)
+            let view = r
+                .staging
+                .slice(..r.len)
                 .get_mapped_range()
                 .map_err(|e| gpu_err("readback").caused_by(e))?;
-            out[at..at + len].copy_from_slice(&view[..len]);
+            let bytes = view
+                .get(..out.len())
+                .ok_or_else(|| gpu_err("readback shorter than its destination"))?;
+            out.copy_from_slice(bytes);
         }
-        rb.unmap();
+        r.staging.unmap();
         Ok(())
     }
 
@@ -534,12 +560,16 @@ impl GpuDecoder {
         out: &mut [u8],
     ) -> Result<()> {
         let row_bytes = job.dims.cols * job.out.size();
-        let at = |c: &Chunk<'_>| (c.rows.start - first_row) * row_bytes;
-        let mut in_flight: [Option<InFlight>; 2] = [None, None];
+        // Where a chunk's bytes go in `out`.
+        let place = |c: &Chunk<'_>| {
+            let at = (c.rows.start - first_row) * row_bytes;
+            at..at + c.out_len as usize
+        };
+        let mut in_flight: [Option<Readback>; 2] = [None, None];
         for (k, chunk) in chunks.iter().enumerate() {
             let s = k % 2;
-            if let Some(f) = in_flight[s].take() {
-                self.finish(f, &chunks[k - 2], &slots[s], at(&chunks[k - 2]), out)
+            if let Some(r) = in_flight[s].take() {
+                self.finish_readback(r, &mut out[place(&chunks[k - 2])])
                     .await?;
             }
             let slot = &mut slots[s];
@@ -553,20 +583,13 @@ impl GpuDecoder {
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 u64::MAX,
             );
-            encoder.copy_buffer_to_buffer(&gpu_out, 0, &rb, 0, bytes);
-            let submission = self.queue.submit([encoder.finish()]);
-            let (tx, mapped) = oneshot::channel();
-            rb.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            in_flight[s] = Some(InFlight { submission, mapped });
+            in_flight[s] = Some(self.start_readback(encoder, &gpu_out, rb, bytes));
         }
         // The last two chunks, oldest first.
         let n = chunks.len();
         for k in n.saturating_sub(2)..n {
-            if let Some(f) = in_flight[k % 2].take() {
-                self.finish(f, &chunks[k], &slots[k % 2], at(&chunks[k]), out)
-                    .await?;
+            if let Some(r) = in_flight[k % 2].take() {
+                self.finish_readback(r, &mut out[place(&chunks[k])]).await?;
             }
         }
         Ok(())
@@ -596,15 +619,7 @@ impl GpuDecoder {
     pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(bytes.len() as u64)?;
         pollster::block_on(self.scoped(async {
-            let whole = bytes.len() / 4 * 4;
-            if whole > 0 {
-                self.queue.write_buffer(&dest, 0, &bytes[..whole]);
-            }
-            if whole < bytes.len() {
-                let mut tail = [0u8; 4];
-                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-                self.queue.write_buffer(&dest, whole as u64, &tail);
-            }
+            self.write_padded(&dest, 0, bytes);
             self.queue.submit([]);
             Ok(dest)
         }))
@@ -678,31 +693,22 @@ impl GpuDecoder {
     /// copied from (every buffer the decoder hands out can), read back to
     /// host memory: all `buffer.size()` of them, padding included.
     pub async fn read_back_async(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let size = buffer.size();
+        // A buffer slice is never empty, so there is nothing to map.
+        if size == 0 {
+            return Ok(Vec::new());
+        }
         self.scoped(async {
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("wgpu-dequant readback"),
-                size: buffer.size(),
+                size,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
-            let submission = self.queue.submit([encoder.finish()]);
-            let (tx, mapped) = oneshot::channel();
-            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            self.wait(submission)?;
-            mapped
-                .await
-                .map_err(|_| gpu_err("readback never completed"))?
-                .map_err(|e| gpu_err("readback").caused_by(e))?;
-            let bytes = staging
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| gpu_err("readback").caused_by(e))?
-                .to_vec();
-            staging.unmap();
+            let encoder = self.device.create_command_encoder(&Default::default());
+            let readback = self.start_readback(encoder, buffer, staging, size);
+            let mut bytes = vec![0u8; size as usize];
+            self.finish_readback(readback, &mut bytes).await?;
             Ok(bytes)
         })
         .await
