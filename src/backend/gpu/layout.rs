@@ -257,6 +257,23 @@ impl Kernel {
             Kernel::Fast(_) => "fast",
         }
     }
+
+    /// What a validation message names its pipeline and pass by.
+    pub fn label(&self) -> String {
+        match self {
+            Kernel::Generic => "wgpu-dequant main".into(),
+            Kernel::Fast(k) => format!(
+                "wgpu-dequant fast{} ({}-bit {:?} codes, {:?} out, zero {:?}, {}scaled, low rank {:?})",
+                if k.copy { " copy baseline" } else { "" },
+                k.bits,
+                k.code,
+                k.out,
+                k.zero,
+                if k.scaled { "" } else { "not " },
+                k.low_rank,
+            ),
+        }
+    }
 }
 
 impl Fast {

@@ -143,6 +143,7 @@ struct Slot {
 fn ensure(
     device: &wgpu::Device,
     buf: &mut Option<wgpu::Buffer>,
+    label: &str,
     size: u64,
     usage: wgpu::BufferUsages,
     cap: u64,
@@ -153,7 +154,7 @@ fn ensure(
             // Grow generously so a run of similar tensors reuses one buffer.
             let size = (size.next_power_of_two()).min(cap).max(size);
             let b = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-dequant"),
+                label: Some(label),
                 size,
                 usage,
                 mapped_at_creation: false,
@@ -212,12 +213,12 @@ impl GpuDecoder {
     /// the app's own error handler is left alone.
     pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> GpuDecoder {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("decode.wgsl"),
+            label: Some("wgpu-dequant decode.wgsl"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
         });
         let bind_group_layout = bind_group_layout(device);
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("wgpu-dequant"),
+            label: Some("wgpu-dequant pipeline layout"),
             bind_group_layouts: &[Some(&bind_group_layout)],
             immediate_size: 0,
         });
@@ -284,7 +285,6 @@ impl GpuDecoder {
         cache
             .entry(kernel)
             .or_insert_with(|| {
-                let entry = kernel.entry_point();
                 let mut constants = match kernel {
                     Kernel::Generic => Vec::new(),
                     Kernel::Fast(k) => k.constants().to_vec(),
@@ -292,10 +292,10 @@ impl GpuDecoder {
                 constants.push(("WG", self.limits.workgroup as f64));
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(entry),
+                        label: Some(&kernel.label()),
                         layout: Some(&self.pipeline_layout),
                         module: &self.module,
-                        entry_point: Some(entry),
+                        entry_point: Some(kernel.entry_point()),
                         compilation_options: wgpu::PipelineCompilationOptions {
                             constants: &constants,
                             ..Default::default()
@@ -316,7 +316,7 @@ impl GpuDecoder {
         idle.unwrap_or_else(|| {
             [(); 2].map(|_| Slot {
                 params: self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("params"),
+                    label: Some("wgpu-dequant params"),
                     size: std::mem::size_of::<layout::Params>() as u64,
                     usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
@@ -371,6 +371,7 @@ impl GpuDecoder {
         let src = ensure(
             &self.device,
             &mut slot.src,
+            "wgpu-dequant src (codes, zero points, scales, tables)",
             chunk.src_len,
             U::STORAGE | U::COPY_DST,
             cap,
@@ -380,6 +381,7 @@ impl GpuDecoder {
                 let out = ensure(
                     &self.device,
                     &mut slot.out,
+                    "wgpu-dequant chunk output",
                     chunk.out_words * 4,
                     U::STORAGE | U::COPY_SRC,
                     cap,
@@ -409,7 +411,7 @@ impl GpuDecoder {
             self.dispatched[i].fetch_add(1, Ordering::Relaxed);
         }
         let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
+            label: Some("wgpu-dequant chunk bindings"),
             layout: &self.bind_group_layout,
             entries: &[
                 wgpu::BindGroupEntry {
@@ -430,7 +432,10 @@ impl GpuDecoder {
                 },
             ],
         });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&chunk.kernel.label()),
+            timestamp_writes: None,
+        });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(chunk.groups.0, chunk.groups.1, 1);
@@ -452,6 +457,11 @@ impl GpuDecoder {
         #[cfg(target_arch = "wasm32")]
         let _ = submission;
         Ok(())
+    }
+
+    fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
     }
 
     /// Writes `bytes` at byte `offset` (a multiple of 4) of `buffer`. Queue
@@ -573,12 +583,13 @@ impl GpuDecoder {
                     .await?;
             }
             let slot = &mut slots[s];
-            let mut encoder = self.device.create_command_encoder(&Default::default());
+            let mut encoder = self.encoder("wgpu-dequant chunk");
             let gpu_out = self.encode(slot, chunk, &mut encoder, None);
             let bytes = chunk.out_len.div_ceil(4) * 4;
             let rb = ensure(
                 &self.device,
                 &mut slot.readback,
+                "wgpu-dequant readback",
                 bytes,
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 u64::MAX,
@@ -659,7 +670,7 @@ impl GpuDecoder {
                 let mut previous: Option<wgpu::SubmissionIndex> = None;
                 for (k, chunk) in chunks.iter().enumerate() {
                     let slot = &mut slots[k % 2];
-                    let mut encoder = self.device.create_command_encoder(&Default::default());
+                    let mut encoder = self.encoder("wgpu-dequant chunk");
                     // Chunks before the last end on a word boundary (layout::plan).
                     let at = chunk.rows.start as u64 * row_bytes;
                     self.encode(slot, chunk, &mut encoder, Some((&dest, at)));
@@ -705,7 +716,7 @@ impl GpuDecoder {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let encoder = self.device.create_command_encoder(&Default::default());
+            let encoder = self.encoder("wgpu-dequant read_back");
             let readback = self.start_readback(encoder, buffer, staging, size);
             let mut bytes = vec![0u8; size as usize];
             self.finish_readback(readback, &mut bytes).await?;
