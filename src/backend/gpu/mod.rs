@@ -68,6 +68,17 @@ fn gpu_err(detail: impl Into<String>) -> Error {
     Error::bare(Rule::Gpu, detail)
 }
 
+/// An error a device reported in an error scope, kept as the cause so a
+/// caller can downcast it. In a browser wgpu's errors are neither `Send`
+/// nor `Sync`, which a cause must be, so there its message stands in.
+fn device_error(e: wgpu::Error) -> Error {
+    #[cfg(not(target_arch = "wasm32"))]
+    let cause = e;
+    #[cfg(target_arch = "wasm32")]
+    let cause = e.to_string();
+    gpu_err("device error").caused_by(cause)
+}
+
 /// Finds an adapter the way wgpu's own tools do: `WGPU_BACKEND` picks the
 /// API, `WGPU_ADAPTER_NAME` (a substring, case-insensitive) the adapter,
 /// `WGPU_POWER_PREF` the default choice. `None` when there is none.
@@ -351,7 +362,7 @@ impl GpuDecoder {
             }
         }
         match (result, fault) {
-            (_, Some(e)) => Err(gpu_err(format!("device error: {e}"))),
+            (_, Some(e)) => Err(device_error(e)),
             (r, None) => r,
         }
     }
