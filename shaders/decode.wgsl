@@ -13,6 +13,44 @@
 // Mirrors `DecodeJob::value` and `numerics::f32_to_{bf16,f16}` step for step;
 // the CPU backend is the reference and every byte must match it.
 
+// The values the host writes into `Params` and the override constants. Each
+// is the discriminant of a Rust enum in src/backend/gpu/layout.rs that names
+// it the same way; a unit test there fails when the two disagree.
+
+// Grid::kind: how a grid entry is stored.
+const GRID_BF16: u32 = 0u;
+const GRID_F16: u32 = 1u;
+const GRID_F32: u32 = 2u;
+const GRID_I8: u32 = 3u;
+const GRID_I32: u32 = 4u;
+const GRID_TABLE: u32 = 5u;   // one byte indexing a 256-entry f32 table
+
+// Params::out_kind and OUT: the output dtype.
+const OUT_F32: u32 = 0u;
+const OUT_BF16: u32 = 1u;
+const OUT_F16: u32 = 2u;
+
+// Params::zero_mode and ZERO: where zero points come from.
+const ZERO_NONE: u32 = 0u;
+const ZERO_PACKED: u32 = 1u;             // fields packed along rows
+const ZERO_PLAIN: u32 = 2u;              // one grid entry per group
+const ZERO_PACKED_ALONG_COLS: u32 = 3u;  // fields packed along columns (AutoAWQ)
+
+// Params::lr_mode and LOW_RANK: SVDQuant's low-rank branch, in job order.
+const LOW_RANK_NONE: u32 = 0u;
+const LOW_RANK_SMOOTH_LAST: u32 = 1u;    // (q·s + lr) · rs
+const LOW_RANK_SMOOTH_FIRST: u32 = 2u;   // (q·s) · rs + lr
+
+// CODE: the formula that gives a code's value (the job's table otherwise).
+const CODE_TABLE: u32 = 0u;
+const CODE_OFFSET: u32 = 1u;             // code - code_offset
+const CODE_TWOS_COMPLEMENT: u32 = 2u;
+const CODE_E2M1: u32 = 3u;               // numerics::e2m1
+const CODE_E4M3: u32 = 4u;               // numerics::e4m3
+
+// Params::gidx of a job without g_idx.
+const NO_G_IDX: u32 = 0xffffffffu;
+
 struct Stream {
     bits: u32,        // field width, 1..=8
     per_word: u32,    // 0: dense bit stream; else fields per 32-bit word (padded)
@@ -25,14 +63,14 @@ struct Stream {
 }
 
 struct Grid {
-    kind: u32,        // 0 bf16, 1 f16, 2 f32, 3 i8, 4 i32, 5 byte -> table
+    kind: u32,        // GRID_*
     size: u32,        // bytes per stored element
     row_div: u32,
     col_div: u32,
     row_stride: u32,
     slice_stride: u32,
     base: u32,        // added to every byte position (mod 2^32)
-    table: u32,       // word index of the 256-entry table (kind 5)
+    table: u32,       // word index of the 256-entry table (GRID_TABLE)
 }
 
 struct Params {
@@ -40,13 +78,13 @@ struct Params {
     cols: u32,
     first_row: u32,   // flat row (over slices) of element 0 of this chunk
     elems: u32,       // elements in this chunk
-    out_kind: u32,    // 0 f32, 1 bf16, 2 f16
-    zero_mode: u32,   // 0 none, 1 packed fields, 2 plain values, 3 packed along columns
+    out_kind: u32,    // OUT_*
+    zero_mode: u32,   // ZERO_*
     has_scale: u32,
-    gidx: u32,        // word index of g_idx in src, or 0xffffffff when none
+    gidx: u32,        // word index of g_idx in src, or NO_G_IDX
     code_table: u32,  // word index of the code-value table
     row_threads: u32, // invocations per row of the dispatch grid
-    lr_mode: u32,     // 0 none; SVDQuant low rank: 1 fma(q, s, lr)·rs, 2 fma(q·s, rs, lr)
+    lr_mode: u32,     // LOW_RANK_*
     lr_rank: u32,
     lr_up: u32,       // word index of this chunk's rows of up [rows, rank]
     lr_down: u32,     // word index of down [cols, rank]
@@ -54,7 +92,7 @@ struct Params {
     zero_bits: u32,   // always 0; see opaque()
     words_per_row: u32, // fast kernel: invocations per row (one code word each)
     fast_rows: u32,   // fast kernel: rows in this chunk
-    code_offset: f32, // fast kernel, CODE == 1: value = code - code_offset
+    code_offset: f32, // fast kernel, CODE_OFFSET: value = code - code_offset
     slice0: u32,      // fast kernel: slice and row of first_row
     row0: u32,
     out_base: u32,    // dst word where this chunk's output starts
@@ -129,7 +167,7 @@ fn f16_to_f32(h: u32) -> f32 {
 }
 
 fn group_of(g: Grid, col: u32) -> u32 {
-    if (p.gidx != 0xffffffffu) {
+    if (p.gidx != NO_G_IDX) {
         return src[p.gidx + col];
     }
     return col / g.col_div;
@@ -145,23 +183,23 @@ fn value_at(g: Grid, idx: u32) -> f32 {
     let pos = idx * g.size + g.base;
     let word = src[pos >> 2u];
     switch g.kind {
-        case 0u: {
+        case GRID_BF16: {
             return bitcast<f32>(((word >> ((pos & 2u) * 8u)) & 0xffffu) << 16u);
         }
-        case 1u: {
+        case GRID_F16: {
             return f16_to_f32((word >> ((pos & 2u) * 8u)) & 0xffffu);
         }
-        case 2u: {
+        case GRID_F32: {
             return bitcast<f32>(word);
         }
-        case 3u: {
+        case GRID_I8: {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
             return f32(bitcast<i32>(b << 24u) >> 24u);
         }
-        case 4u: {
+        case GRID_I32: {
             return f32(bitcast<i32>(word));
         }
-        default: {
+        case GRID_TABLE, default: {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
             return bitcast<f32>(src[g.table + b]);
         }
@@ -187,7 +225,7 @@ fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
     }
     let rs = bitcast<f32>(src[p.lr_smooth + col]);
     let qs = opaque(q * s);
-    if (p.lr_mode == 1u) {
+    if (p.lr_mode == LOW_RANK_SMOOTH_LAST) {
         return (qs + acc) * rs;
     }
     return opaque(qs * rs) + acc;
@@ -196,24 +234,24 @@ fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
 // DecodeJob::value.
 fn decode(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
     var v = bitcast<f32>(src[p.code_table + field(p.codes, slice, row, col)]);
-    if (p.zero_mode == 1u) {
+    if (p.zero_mode == ZERO_PACKED) {
         var g = 0u;
         if (p.has_scale == 1u) {
             g = group_of(p.sgrid, col);
         }
         v = v - bitcast<f32>(src[p.code_table + field(p.zero, slice, g, row)]);
-    } else if (p.zero_mode == 3u) {
+    } else if (p.zero_mode == ZERO_PACKED_ALONG_COLS) {
         // Lanes are the scale grid's row groups (Grid clamps row_div >= 1).
         let lane = select(0u, row / p.sgrid.row_div, p.has_scale == 1u);
         v = v - bitcast<f32>(src[p.code_table + field(p.zero, slice, lane, col)]);
-    } else if (p.zero_mode == 2u) {
+    } else if (p.zero_mode == ZERO_PLAIN) {
         v = v - value(p.zgrid, slice, row, group_of(p.zgrid, col));
     }
     var s = 1.0;
     if (p.has_scale == 1u) {
         s = value(p.sgrid, slice, row, group_of(p.sgrid, col));
     }
-    if (p.lr_mode != 0u) {
+    if (p.lr_mode != LOW_RANK_NONE) {
         return low_rank(v, s, flat, col);
     }
     if (p.has_scale == 1u) {
@@ -286,7 +324,7 @@ fn element(e: u32) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x + gid.y * p.row_threads;
-    if (p.out_kind == 0u) {
+    if (p.out_kind == OUT_F32) {
         if (t < p.elems) {
             dst[p.out_base + t] = to_f32(element(t));
         }
@@ -298,7 +336,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var lo: u32;
     var hi = 0u;
-    if (p.out_kind == 1u) {
+    if (p.out_kind == OUT_BF16) {
         lo = to_bf16(element(e));
         if (e + 1u < p.elems) {
             hi = to_bf16(element(e + 1u));
@@ -321,17 +359,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 // override constant, so the loop over a word's codes compiles to
 // straight-line code.
 
-override BITS: u32 = 4u;      // 4 or 8
-override CODE: u32 = 0u;      // code value: 0 table, 1 code - code_offset, 2 two's
-                              // complement, 3 E2M1, 4 E4M3 (numerics::e2m1, e4m3)
-override OUT: u32 = 1u;       // as out_kind: 0 f32, 1 bf16, 2 f16
-override ZERO: u32 = 0u;      // as zero_mode
-override SCALED: bool = true; // as has_scale
-override LOW_RANK: u32 = 0u;  // as lr_mode
+override BITS: u32 = 4u;             // 4 or 8
+override CODE: u32 = CODE_TABLE;     // CODE_*
+override OUT: u32 = OUT_BF16;        // OUT_*, as out_kind
+override ZERO: u32 = ZERO_NONE;      // ZERO_*, as zero_mode
+override SCALED: bool = true;        // as has_scale
+override LOW_RANK: u32 = LOW_RANK_NONE; // LOW_RANK_*, as lr_mode
 override COPY: bool = false;  // bench baseline: the same reads and writes, no decoding
 override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets it)
 
-// The code table, loaded once per workgroup (CODE 0).
+// The code table, loaded once per workgroup (CODE_TABLE).
 var<workgroup> codes_table: array<f32, 256>;
 
 // n / d for n, d below 2^24 (the host's rule for the fast kernel) without
@@ -349,19 +386,19 @@ fn div_small(n: u32, d: u32) -> u32 {
 }
 
 fn code_value(c: u32) -> f32 {
-    if (CODE == 1u) {
+    if (CODE == CODE_OFFSET) {
         return f32(c) - p.code_offset;
     }
-    if (CODE == 2u) {
+    if (CODE == CODE_TWOS_COMPLEMENT) {
         return f32(bitcast<i32>(c << (32u - BITS)) >> (32u - BITS));
     }
-    if (CODE == 3u) {
+    if (CODE == CODE_E2M1) {
         let m = c & 7u;
         let normal = (((m >> 1u) + 126u) << 23u) | ((m & 1u) << 22u);
         let small = select(0u, 0x3f000000u, m == 1u);
         return bitcast<f32>(((c & 8u) << 28u) | select(normal, small, m < 2u));
     }
-    if (CODE == 4u) {
+    if (CODE == CODE_E4M3) {
         let e = (c >> 3u) & 15u;
         let m = c & 7u;
         let sub = bitcast<u32>(f32(m) * 0.001953125);
@@ -375,10 +412,10 @@ fn code_value(c: u32) -> f32 {
 // DecodeJob::value of code `c` whose zero point `z` and scale `s` are known.
 fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     var v = code_value(c);
-    if (ZERO != 0u) {
+    if (ZERO != ZERO_NONE) {
         v = v - z;
     }
-    if (LOW_RANK != 0u) {
+    if (LOW_RANK != LOW_RANK_NONE) {
         return low_rank(v, s, flat, col);
     }
     if (SCALED) {
@@ -388,10 +425,10 @@ fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
 }
 
 fn encode_out(x: f32) -> u32 {
-    if (OUT == 0u) {
+    if (OUT == OUT_F32) {
         return to_f32(x);
     }
-    if (OUT == 1u) {
+    if (OUT == OUT_BF16) {
         return to_bf16(x);
     }
     return to_f16(x);
@@ -400,7 +437,7 @@ fn encode_out(x: f32) -> u32 {
 // Writes the `n` codes of `word` (col0 on) at output element `o`.
 fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
     let mask = (1u << BITS) - 1u;
-    if (OUT == 0u) {
+    if (OUT == OUT_F32) {
         for (var i = 0u; i < n; i = i + 1u) {
             let c = (word >> (i * BITS)) & mask;
             dst[p.out_base + o + i] = encode_out(fast_value(c, z, s, flat, col0 + i));
@@ -422,7 +459,7 @@ fn fast_index(g: Grid, slice: u32, row: u32, group: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (CODE == 0u && !COPY) {
+    if (CODE == CODE_TABLE && !COPY) {
         for (var i = li; i < (1u << BITS); i = i + WG) {
             codes_table[i] = bitcast<f32>(src[p.code_table + i]);
         }
@@ -449,8 +486,8 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
     }
     let n = min(PER, p.cols - col0);
     if (COPY) {
-        let words = select((n + 1u) / 2u, n, OUT == 0u);
-        let at = select(o / 2u, o, OUT == 0u);
+        let words = select((n + 1u) / 2u, n, OUT == OUT_F32);
+        let at = select(o / 2u, o, OUT == OUT_F32);
         for (var i = 0u; i < words; i = i + 1u) {
             dst[p.out_base + at + i] = word;
         }
@@ -465,13 +502,13 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
         s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
     }
     var z = 0.0;
-    if (ZERO == 1u) {
+    if (ZERO == ZERO_PACKED) {
         // A field of a dense stream whose width divides 32 never crosses a word.
         let b = row * BITS;
         let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
             + (b >> 5u) * p.zero.word_bits + (b & 31u);
         z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
-    } else if (ZERO == 2u) {
+    } else if (ZERO == ZERO_PLAIN) {
         let zg = div_small(col0, p.zgrid.col_div);
         z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, zg));
     }

@@ -416,14 +416,17 @@ fn shaders_translate_for_every_backend() {
         .unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(&source)));
 
         // Each entry point with each value of the override constants the
-        // host sets (layout::Fast), as a pipeline would compile it.
+        // host sets (layout::Fast), as a pipeline would compile it. The
+        // values are the shader's own named constants (a unit test in
+        // layout.rs holds the host's enums to them), so a value added there
+        // is compiled here too.
         let mut small = naga::back::PipelineConstants::default();
         small.insert("WG".to_string(), 64.0);
         let mut variants = vec![
             ("main".to_string(), naga::back::PipelineConstants::default()),
             ("main-wg64".to_string(), small),
         ];
-        for set in fast_variants() {
+        for set in fast_variants(&module) {
             let mut constants = naga::back::PipelineConstants::default();
             let mut variant = "fast".to_string();
             for (k, v) in set {
@@ -471,25 +474,51 @@ fn shaders_translate_for_every_backend() {
     assert!(translated > 0, "no shader found in {}", dir.display());
 }
 
-/// Override constants of the fast kernels: every (BITS, CODE, OUT), each
-/// with the other constants at their usual values and varied one at a time.
-fn fast_variants() -> Vec<Vec<(&'static str, u32)>> {
+/// Override constants of the fast kernels: every `BITS` with every `CODE_*`
+/// and `OUT_*` constant of `module`, each with the other overrides at their
+/// usual values and varied one at a time. None for a shader without `fast`.
+fn fast_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
+    if !module.entry_points.iter().any(|e| e.name == "fast") {
+        return Vec::new();
+    }
+    let constants: Vec<(String, u32)> = module
+        .constants
+        .iter()
+        .filter_map(|(_, c)| match module.global_expressions[c.init] {
+            naga::Expression::Literal(naga::Literal::U32(v)) => Some((c.name.clone()?, v)),
+            _ => None,
+        })
+        .collect();
+    let prefixed = |prefix: &str| -> Vec<u32> {
+        let values: Vec<u32> = constants
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|&(_, v)| v)
+            .collect();
+        assert!(!values.is_empty(), "no {prefix}* constant");
+        values
+    };
+    let named = |name: &str| -> u32 {
+        let found = constants.iter().find(|(n, _)| n == name);
+        found.unwrap_or_else(|| panic!("no constant {name}")).1
+    };
+    // The fast kernel's zero points and low-rank orders (layout::Fast::for_job).
+    let extra: Vec<Vec<(&'static str, u32)>> = vec![
+        vec![],
+        vec![("ZERO", named("ZERO_PACKED"))],
+        vec![("ZERO", named("ZERO_PLAIN"))],
+        vec![("SCALED", 0)],
+        vec![("LOW_RANK", named("LOW_RANK_SMOOTH_LAST"))],
+        vec![("LOW_RANK", named("LOW_RANK_SMOOTH_FIRST"))],
+        vec![("COPY", 1)],
+        vec![("WG", 64)],
+    ];
     let mut all = Vec::new();
     for bits in [4, 8] {
-        for code in 0..5 {
-            for out in 0..3 {
+        for code in prefixed("CODE_") {
+            for out in prefixed("OUT_") {
                 let base = [("BITS", bits), ("CODE", code), ("OUT", out)];
-                let extra: [&[(&'static str, u32)]; 8] = [
-                    &[],
-                    &[("ZERO", 1)],
-                    &[("ZERO", 2)],
-                    &[("SCALED", 0)],
-                    &[("LOW_RANK", 1)],
-                    &[("LOW_RANK", 2)],
-                    &[("COPY", 1)],
-                    &[("WG", 64)],
-                ];
-                for e in extra {
+                for e in &extra {
                     all.push(base.iter().chain(e).copied().collect());
                 }
             }

@@ -9,7 +9,7 @@ use std::ops::Range;
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, ValueKind, Values, ZeroPoint};
+use crate::job::{DecodeJob, Dims, Fields, LowRank, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Output bytes one chunk produces at most: big enough to keep the device
@@ -25,6 +25,132 @@ pub const SRC_CAP: u64 = 256 << 20;
 /// decode.wgsl): a multiple of every GPU's SIMD width (32 or 64) that keeps
 /// occupancy high on all of them.
 pub const WORKGROUP: u32 = 256;
+
+/// A value the shader reads from `Params` or an override constant: a
+/// `#[repr(u32)]` enum whose discriminants are the shader's numbers, each
+/// variant naming the `const` of decode.wgsl it stands for, so that the
+/// test `protocol_matches_the_shader_constants` can hold both to one number.
+macro_rules! shader_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $value:literal as $wgsl:ident,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant = $value,)*
+        }
+
+        impl From<$name> for u32 {
+            fn from(v: $name) -> u32 {
+                v as u32
+            }
+        }
+
+        #[cfg(test)]
+        impl $name {
+            /// Every value with the name of its constant in decode.wgsl.
+            const WGSL: &'static [($name, &'static str)] =
+                &[$(($name::$variant, stringify!($wgsl)),)*];
+        }
+    };
+}
+
+shader_enum! {
+    /// How a grid entry is stored (`Grid::kind`).
+    pub enum GridKind {
+        Bf16 = 0 as GRID_BF16,
+        F16 = 1 as GRID_F16,
+        F32 = 2 as GRID_F32,
+        I8 = 3 as GRID_I8,
+        I32 = 4 as GRID_I32,
+        /// One byte indexing a 256-entry f32 table placed in `src`.
+        Table = 5 as GRID_TABLE,
+    }
+}
+
+shader_enum! {
+    /// The output dtype (`Params::out_kind`, `OUT`).
+    pub enum OutKind {
+        F32 = 0 as OUT_F32,
+        Bf16 = 1 as OUT_BF16,
+        F16 = 2 as OUT_F16,
+    }
+}
+
+shader_enum! {
+    /// Where zero points come from (`Params::zero_mode`, `ZERO`), as
+    /// [`ZeroPoint`] says.
+    pub enum ZeroMode {
+        None = 0 as ZERO_NONE,
+        Packed = 1 as ZERO_PACKED,
+        Plain = 2 as ZERO_PLAIN,
+        PackedAlongCols = 3 as ZERO_PACKED_ALONG_COLS,
+    }
+}
+
+shader_enum! {
+    /// SVDQuant's low-rank branch and the order it is applied in
+    /// (`Params::lr_mode`, `LOW_RANK`), as [`LowRank::apply`] computes it.
+    pub enum LowRankMode {
+        None = 0 as LOW_RANK_NONE,
+        /// `(q·s + lr) · inv_smooth`.
+        SmoothLast = 1 as LOW_RANK_SMOOTH_LAST,
+        /// `(q·s) · inv_smooth + lr`.
+        SmoothFirst = 2 as LOW_RANK_SMOOTH_FIRST,
+    }
+}
+
+shader_enum! {
+    /// How the fast kernel gets a code's value (`CODE`): from the job's
+    /// table, or from a formula that gives the same table without reading it.
+    pub enum CodeKind {
+        Table = 0 as CODE_TABLE,
+        /// `code − 2^(bits−1)`.
+        Offset = 1 as CODE_OFFSET,
+        /// The code as a two's complement integer.
+        TwosComplement = 2 as CODE_TWOS_COMPLEMENT,
+        E2m1 = 3 as CODE_E2M1,
+        E4m3 = 4 as CODE_E4M3,
+    }
+}
+
+/// `Params::gidx` of a job without g_idx (`NO_G_IDX` in decode.wgsl).
+pub const NO_G_IDX: u32 = u32::MAX;
+
+impl OutKind {
+    fn of(out: OutDtype) -> OutKind {
+        match out {
+            OutDtype::F32 => OutKind::F32,
+            OutDtype::Bf16 => OutKind::Bf16,
+            OutDtype::F16 => OutKind::F16,
+        }
+    }
+}
+
+impl ZeroMode {
+    fn of(zero: Option<&ZeroPoint<'_>>) -> ZeroMode {
+        match zero {
+            None => ZeroMode::None,
+            Some(ZeroPoint::Packed { .. }) => ZeroMode::Packed,
+            Some(ZeroPoint::Plain(_)) => ZeroMode::Plain,
+            Some(ZeroPoint::PackedAlongCols { .. }) => ZeroMode::PackedAlongCols,
+        }
+    }
+}
+
+impl LowRankMode {
+    fn of(low_rank: Option<&LowRank>) -> LowRankMode {
+        match low_rank {
+            None => LowRankMode::None,
+            Some(lr) if lr.smooth_first => LowRankMode::SmoothFirst,
+            Some(_) => LowRankMode::SmoothLast,
+        }
+    }
+}
 
 /// Mirrors `Stream` in decode.wgsl.
 #[repr(C)]
@@ -44,6 +170,7 @@ pub struct StreamParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct GridParams {
+    /// [`GridKind`].
     kind: u32,
     size: u32,
     row_div: u32,
@@ -62,13 +189,17 @@ pub struct Params {
     cols: u32,
     first_row: u32,
     elems: u32,
+    /// [`OutKind`].
     out_kind: u32,
+    /// [`ZeroMode`].
     zero_mode: u32,
     has_scale: u32,
+    /// A word index, or [`NO_G_IDX`].
     gidx: u32,
     code_table: u32,
     /// Invocations per row of the dispatch grid.
     pub row_threads: u32,
+    /// [`LowRankMode`].
     lr_mode: u32,
     lr_rank: u32,
     lr_up: u32,
@@ -104,19 +235,45 @@ pub enum Kernel {
 pub struct Fast {
     /// `BITS`: 4 or 8.
     pub bits: u32,
-    /// `CODE`: 0 the job's table, 1 `code − 2^(bits−1)`, 2 two's complement,
-    /// 3 E2M1, 4 E4M3.
-    pub code: u32,
+    /// `CODE`.
+    pub code: CodeKind,
     /// `OUT`: as `Params::out_kind`.
-    pub out: u32,
+    pub out: OutKind,
     /// `ZERO`: as `Params::zero_mode`.
-    pub zero: u32,
+    pub zero: ZeroMode,
     /// `SCALED`: as `Params::has_scale`.
     pub scaled: bool,
     /// `LOW_RANK`: as `Params::lr_mode`.
-    pub low_rank: u32,
+    pub low_rank: LowRankMode,
     /// `COPY`: the bench baseline (same reads and writes, no decoding).
     pub copy: bool,
+}
+
+impl Kernel {
+    /// Its entry point in decode.wgsl.
+    pub fn entry_point(&self) -> &'static str {
+        match self {
+            Kernel::Generic => "main",
+            Kernel::Fast(_) => "fast",
+        }
+    }
+
+    /// What a validation message names its pipeline and pass by.
+    pub fn label(&self) -> String {
+        match self {
+            Kernel::Generic => "wgpu-dequant main".into(),
+            Kernel::Fast(k) => format!(
+                "wgpu-dequant fast{} ({}-bit {:?} codes, {:?} out, zero {:?}, {}scaled, low rank {:?})",
+                if k.copy { " copy baseline" } else { "" },
+                k.bits,
+                k.code,
+                k.out,
+                k.zero,
+                if k.scaled { "" } else { "not " },
+                k.low_rank,
+            ),
+        }
+    }
 }
 
 impl Fast {
@@ -125,11 +282,11 @@ impl Fast {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
-            ("CODE", self.code as f64),
-            ("OUT", self.out as f64),
-            ("ZERO", self.zero as f64),
+            ("CODE", self.code as u32 as f64),
+            ("OUT", self.out as u32 as f64),
+            ("ZERO", self.zero as u32 as f64),
             ("SCALED", flag(self.scaled)),
-            ("LOW_RANK", self.low_rank as f64),
+            ("LOW_RANK", self.low_rank as u32 as f64),
             ("COPY", flag(self.copy)),
         ]
     }
@@ -166,8 +323,8 @@ impl Fast {
             Some(ZeroPoint::PackedAlongCols { .. }) => return None,
             _ => {}
         }
-        let out = out_kind(job.out);
-        if out != 0 && !d.cols.is_multiple_of(2) {
+        let out = OutKind::of(job.out);
+        if out != OutKind::F32 && !d.cols.is_multiple_of(2) {
             return None;
         }
         // Which formula gives the job's code table (a NaN stands for any NaN:
@@ -182,42 +339,25 @@ impl Fast {
         };
         let (offset, sign_shift) = (1i32 << (c.bits - 1), 32 - c.bits);
         let code = if table_is(&|k| (k as i32 - offset) as f32) {
-            1
+            CodeKind::Offset
         } else if table_is(&|k| ((k as i32) << sign_shift >> sign_shift) as f32) {
-            2
+            CodeKind::TwosComplement
         } else if c.bits == 4 && table_is(&numerics::e2m1) {
-            3
+            CodeKind::E2m1
         } else if c.bits == 8 && table_is(&numerics::e4m3) {
-            4
+            CodeKind::E4m3
         } else {
-            0
+            CodeKind::Table
         };
         Some(Fast {
             bits: c.bits,
             code,
             out,
-            zero: match &job.zero {
-                None => 0,
-                Some(ZeroPoint::Packed { .. }) => 1,
-                Some(ZeroPoint::Plain(_)) => 2,
-                Some(ZeroPoint::PackedAlongCols { .. }) => 3,
-            },
+            zero: ZeroMode::of(job.zero.as_ref()),
             scaled: job.scale.is_some(),
-            low_rank: match &job.low_rank {
-                None => 0,
-                Some(lr) if lr.smooth_first => 2,
-                Some(_) => 1,
-            },
+            low_rank: LowRankMode::of(job.low_rank.as_ref()),
             copy: false,
         })
-    }
-}
-
-fn out_kind(out: OutDtype) -> u32 {
-    match out {
-        OutDtype::F32 => 0,
-        OutDtype::Bf16 => 1,
-        OutDtype::F16 => 2,
     }
 }
 
@@ -347,15 +487,15 @@ impl<'a> Src<'a> {
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&v.data[start as usize..end as usize]));
         let (kind, table) = match &v.kind {
-            ValueKind::Bf16 => (0, 0),
-            ValueKind::F16 => (1, 0),
-            ValueKind::F32 => (2, 0),
-            ValueKind::I8 => (3, 0),
-            ValueKind::I32 => (4, 0),
-            ValueKind::Table(t) => (5, self.push_f32(&t[..])),
+            ValueKind::Bf16 => (GridKind::Bf16, 0),
+            ValueKind::F16 => (GridKind::F16, 0),
+            ValueKind::F32 => (GridKind::F32, 0),
+            ValueKind::I8 => (GridKind::I8, 0),
+            ValueKind::I32 => (GridKind::I32, 0),
+            ValueKind::Table(t) => (GridKind::Table, self.push_f32(&t[..])),
         };
         GridParams {
-            kind,
+            kind: kind as u32,
             size: size as u32,
             // Divisors at least the row/column count give quotient 0 either
             // way; clamping keeps them exact in u32.
@@ -412,14 +552,15 @@ fn chunk<'a>(
         Some(g) => {
             (src.push(Cow::Owned(g.iter().flat_map(|x| x.to_le_bytes()).collect())) / 4) as u32
         }
-        None => u32::MAX,
+        None => NO_G_IDX,
     };
     let lo = job.codes.lane_start(first.0, first.1)?;
     let hi = job.codes.lane_end(last.0, last.1, sd.cols)?;
     let codes = src.push_fields(&job.codes, lo, hi);
 
-    let (zero_mode, zero, zgrid) = match &job.zero {
-        None => (0, StreamParams::default(), GridParams::default()),
+    let zero_mode = ZeroMode::of(job.zero.as_ref());
+    let (zero, zgrid) = match &job.zero {
+        None => (StreamParams::default(), GridParams::default()),
         Some(ZeroPoint::Packed { fields }) => {
             // Lanes are column groups; the rows of this chunk are a word range
             // of every lane, so take whole words from the first to the last.
@@ -427,16 +568,16 @@ fn chunk<'a>(
             let (w1, _) = fields.locate(last.1);
             let lo = fields.lane_start(first.0, 0)? + w0 * fields.word_bits;
             let hi = fields.lane_start(last.0, 0)? + (w1 + 2) * fields.word_bits;
-            (1, src.push_fields(fields, lo, hi), GridParams::default())
+            (src.push_fields(fields, lo, hi), GridParams::default())
         }
         Some(ZeroPoint::PackedAlongCols { fields }) => {
             let lo = fields.lane_start(first.0, job.zero_lane(first.1))?;
             let hi = fields.lane_end(last.0, job.zero_lane(last.1), sd.cols)?;
-            (3, src.push_fields(fields, lo, hi), GridParams::default())
+            (src.push_fields(fields, lo, hi), GridParams::default())
         }
         Some(ZeroPoint::Plain(v)) => {
             let (lo, hi) = grid_range(v, sd.cols, first, last);
-            (2, StreamParams::default(), src.push_values(v, sd, lo, hi))
+            (StreamParams::default(), src.push_values(v, sd, lo, hi))
         }
     };
     let (has_scale, sgrid) = match &job.scale {
@@ -449,10 +590,10 @@ fn chunk<'a>(
 
     // The low-rank branch: this chunk's rows of `up`, all of `down` and of
     // the smoothing reciprocals.
-    let (lr_mode, lr_rank, lr_up, lr_down, lr_smooth) = match &job.low_rank {
-        None => (0, 0, 0, 0, 0),
+    let lr_mode = LowRankMode::of(job.low_rank.as_ref());
+    let (lr_rank, lr_up, lr_down, lr_smooth) = match &job.low_rank {
+        None => (0, 0, 0, 0),
         Some(lr) => (
-            if lr.smooth_first { 2 } else { 1 },
             lr.rank as u32,
             src.push_f32(lr.up.get(f0 * lr.rank..f1 * lr.rank)?),
             src.push_f32(&lr.down),
@@ -461,8 +602,8 @@ fn chunk<'a>(
     };
 
     let elems = ((f1 - f0) * d.cols) as u64;
-    let out_kind = out_kind(job.out);
-    let out_words = if out_kind == 0 {
+    let out_kind = OutKind::of(job.out);
+    let out_words = if out_kind == OutKind::F32 {
         elems
     } else {
         elems.div_ceil(2)
@@ -488,13 +629,13 @@ fn chunk<'a>(
         cols: d.cols as u32,
         first_row: f0 as u32,
         elems: elems as u32,
-        out_kind,
-        zero_mode,
+        out_kind: out_kind as u32,
+        zero_mode: zero_mode as u32,
         has_scale,
         gidx,
         code_table,
         row_threads: x as u32 * limits.workgroup,
-        lr_mode,
+        lr_mode: lr_mode as u32,
         lr_rank,
         lr_up,
         lr_down,
@@ -576,12 +717,17 @@ pub fn plan<'a>(
 mod tests {
     use super::*;
     use crate::job::Grid;
+    use std::collections::HashMap;
+
+    fn shader() -> naga::Module {
+        naga::front::wgsl::parse_str(include_str!("../../../shaders/decode.wgsl"))
+            .expect("decode.wgsl parses")
+    }
 
     /// The shader's `Params` as naga reads it: every scalar member, nested
     /// structs flattened into dotted paths, with its byte offset.
     fn shader_params() -> (Vec<(String, u32)>, u32) {
-        let module = naga::front::wgsl::parse_str(include_str!("../../../shaders/decode.wgsl"))
-            .expect("decode.wgsl parses");
+        let module = shader();
         let mut layouter = naga::proc::Layouter::default();
         layouter.update(module.to_ctx()).expect("layout");
         let uniform = module
@@ -662,6 +808,80 @@ mod tests {
             "Params members and offsets, host vs decode.wgsl"
         );
         assert_eq!(std::mem::size_of::<Params>() as u32, size, "Params size");
+    }
+
+    /// Every value the host writes into `Params` or an override constant is
+    /// the number of the decode.wgsl `const` its enum variant names, and
+    /// every u32 `const` there is one of them: a value added, renumbered or
+    /// renamed on one side only fails here, not as wrong bytes on a GPU.
+    #[test]
+    fn protocol_matches_the_shader_constants() {
+        let module = shader();
+        let shader: HashMap<String, u32> = module
+            .constants
+            .iter()
+            .filter_map(|(_, c)| match module.global_expressions[c.init] {
+                naga::Expression::Literal(naga::Literal::U32(v)) => Some((c.name.clone()?, v)),
+                _ => None,
+            })
+            .collect();
+        fn values<T: Copy + Into<u32>>(all: &[(T, &'static str)]) -> Vec<(&'static str, u32)> {
+            all.iter().map(|&(v, name)| (name, v.into())).collect()
+        }
+        let host: Vec<(&str, u32)> = [
+            values(GridKind::WGSL),
+            values(OutKind::WGSL),
+            values(ZeroMode::WGSL),
+            values(LowRankMode::WGSL),
+            values(CodeKind::WGSL),
+            vec![("NO_G_IDX", NO_G_IDX)],
+        ]
+        .concat();
+        for (name, value) in &host {
+            assert_eq!(
+                shader.get(*name),
+                Some(value),
+                "{name}: host vs decode.wgsl"
+            );
+        }
+        let mut unmatched: Vec<&String> = shader
+            .keys()
+            .filter(|name| !host.iter().any(|(n, _)| n == name))
+            .collect();
+        unmatched.sort();
+        assert!(
+            unmatched.is_empty(),
+            "decode.wgsl constants no host enum names: {unmatched:?}"
+        );
+
+        // The override constants the host sets, and the entry points it runs.
+        let fast = Fast {
+            bits: 4,
+            code: CodeKind::Table,
+            out: OutKind::Bf16,
+            zero: ZeroMode::None,
+            scaled: true,
+            low_rank: LowRankMode::None,
+            copy: false,
+        };
+        for (name, _) in fast.constants().iter().chain(&[("WG", 0.0)]) {
+            assert!(
+                module
+                    .overrides
+                    .iter()
+                    .any(|(_, o)| o.name.as_deref() == Some(*name)),
+                "decode.wgsl has no override {name}"
+            );
+        }
+        for kernel in [Kernel::Generic, Kernel::Fast(fast)] {
+            assert!(
+                module.entry_points.iter().any(
+                    |e| e.name == kernel.entry_point() && e.stage == naga::ShaderStage::Compute
+                ),
+                "decode.wgsl has no compute entry point {}",
+                kernel.entry_point()
+            );
+        }
     }
 
     fn job(

@@ -1,9 +1,10 @@
 //! The GPU backend: `shaders/decode.wgsl` run through wgpu (Vulkan, Metal,
 //! DX12), executing the same [`DecodeJob`]s as the CPU backend.
 //!
-//! One device; a pipeline per kernel variant, built on first use; two slots
-//! of reusable buffers so the upload and dispatch of one chunk overlap the
-//! readback of the previous one.
+//! One device; one bind group layout, the shader's inputs and output; a
+//! pipeline per kernel variant, built on first use; two slots of reusable
+//! buffers so the upload and dispatch of one chunk overlap the readback of
+//! the previous one.
 
 mod layout;
 
@@ -20,8 +21,62 @@ use layout::{Chunk, Fast, Kernel, Limits};
 
 const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
 
+/// The bindings of decode.wgsl's group 0.
+const PARAMS: u32 = 0;
+const SRC: u32 = 1;
+const DST: u32 = 2;
+
+/// The one group every kernel variant binds. Stated once rather than
+/// derived from each pipeline: every variant shares it, bind groups need no
+/// pipeline, and a shader whose bindings drift from it fails when its
+/// pipeline is built.
+fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
+    let buffer = |binding, ty, min_size: u64| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: std::num::NonZeroU64::new(min_size),
+        },
+        count: None,
+    };
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("wgpu-dequant bindings"),
+        entries: &[
+            // `p`: the chunk's layout::Params, rewritten before each dispatch.
+            buffer(
+                PARAMS,
+                wgpu::BufferBindingType::Uniform,
+                std::mem::size_of::<layout::Params>() as u64,
+            ),
+            // `src`: everything the chunk reads (code, zero-point and scale
+            // bytes, tables, g_idx) as one word array, laid out by layout::plan.
+            buffer(SRC, wgpu::BufferBindingType::Storage { read_only: true }, 4),
+            // `dst`: output words, from the slot's own buffer or from an
+            // aligned offset into the app's (Params::out_base skips the rest).
+            buffer(
+                DST,
+                wgpu::BufferBindingType::Storage { read_only: false },
+                4,
+            ),
+        ],
+    })
+}
+
 fn gpu_err(detail: impl Into<String>) -> Error {
     Error::bare(Rule::Gpu, detail)
+}
+
+/// An error a device reported in an error scope, kept as the cause so a
+/// caller can downcast it. In a browser wgpu's errors are neither `Send`
+/// nor `Sync`, which a cause must be, so there its message stands in.
+fn device_error(e: wgpu::Error) -> Error {
+    #[cfg(not(target_arch = "wasm32"))]
+    let cause = e;
+    #[cfg(target_arch = "wasm32")]
+    let cause = e.to_string();
+    gpu_err("device error").caused_by(cause)
 }
 
 /// Finds an adapter the way wgpu's own tools do: `WGPU_BACKEND` picks the
@@ -99,6 +154,7 @@ struct Slot {
 fn ensure(
     device: &wgpu::Device,
     buf: &mut Option<wgpu::Buffer>,
+    label: &str,
     size: u64,
     usage: wgpu::BufferUsages,
     cap: u64,
@@ -109,7 +165,7 @@ fn ensure(
             // Grow generously so a run of similar tensors reuses one buffer.
             let size = (size.next_power_of_two()).min(cap).max(size);
             let b = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-dequant"),
+                label: Some(label),
                 size,
                 usage,
                 mapped_at_creation: false,
@@ -120,8 +176,11 @@ fn ensure(
     }
 }
 
-/// A chunk on the device whose output is being mapped for reading.
-struct InFlight {
+/// The first `len` bytes of a buffer, copied into `staging` by a submitted
+/// command and being mapped for reading ([`GpuDecoder::start_readback`]).
+struct Readback {
+    staging: wgpu::Buffer,
+    len: u64,
     submission: wgpu::SubmissionIndex,
     mapped: oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
 }
@@ -147,6 +206,9 @@ pub struct GpuDecoder {
     device: wgpu::Device,
     queue: wgpu::Queue,
     module: wgpu::ShaderModule,
+    bind_group_layout: wgpu::BindGroupLayout,
+    /// Of every pipeline: the bind group layout alone.
+    pipeline_layout: wgpu::PipelineLayout,
     pipelines: std::sync::Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
     fast: bool,
     dispatched: [AtomicU64; 2],
@@ -162,14 +224,22 @@ impl GpuDecoder {
     /// the app's own error handler is left alone.
     pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> GpuDecoder {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("decode.wgsl"),
+            label: Some("wgpu-dequant decode.wgsl"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
+        });
+        let bind_group_layout = bind_group_layout(device);
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("wgpu-dequant pipeline layout"),
+            bind_group_layouts: &[Some(&bind_group_layout)],
+            immediate_size: 0,
         });
         GpuDecoder {
             limits: Limits::of(&device.limits()),
             device: device.clone(),
             queue: queue.clone(),
             module,
+            bind_group_layout,
+            pipeline_layout,
             pipelines: Default::default(),
             fast: true,
             dispatched: Default::default(),
@@ -226,17 +296,17 @@ impl GpuDecoder {
         cache
             .entry(kernel)
             .or_insert_with(|| {
-                let (entry, mut constants) = match kernel {
-                    Kernel::Generic => ("main", Vec::new()),
-                    Kernel::Fast(k) => ("fast", k.constants().to_vec()),
+                let mut constants = match kernel {
+                    Kernel::Generic => Vec::new(),
+                    Kernel::Fast(k) => k.constants().to_vec(),
                 };
                 constants.push(("WG", self.limits.workgroup as f64));
                 self.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(entry),
-                        layout: None,
+                        label: Some(&kernel.label()),
+                        layout: Some(&self.pipeline_layout),
                         module: &self.module,
-                        entry_point: Some(entry),
+                        entry_point: Some(kernel.entry_point()),
                         compilation_options: wgpu::PipelineCompilationOptions {
                             constants: &constants,
                             ..Default::default()
@@ -257,7 +327,7 @@ impl GpuDecoder {
         idle.unwrap_or_else(|| {
             [(); 2].map(|_| Slot {
                 params: self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("params"),
+                    label: Some("wgpu-dequant params"),
                     size: std::mem::size_of::<layout::Params>() as u64,
                     usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
@@ -292,7 +362,7 @@ impl GpuDecoder {
             }
         }
         match (result, fault) {
-            (_, Some(e)) => Err(gpu_err(format!("device error: {e}"))),
+            (_, Some(e)) => Err(device_error(e)),
             (r, None) => r,
         }
     }
@@ -312,6 +382,7 @@ impl GpuDecoder {
         let src = ensure(
             &self.device,
             &mut slot.src,
+            "wgpu-dequant src (codes, zero points, scales, tables)",
             chunk.src_len,
             U::STORAGE | U::COPY_DST,
             cap,
@@ -321,6 +392,7 @@ impl GpuDecoder {
                 let out = ensure(
                     &self.device,
                     &mut slot.out,
+                    "wgpu-dequant chunk output",
                     chunk.out_words * 4,
                     U::STORAGE | U::COPY_SRC,
                     cap,
@@ -338,17 +410,7 @@ impl GpuDecoder {
         self.queue
             .write_buffer(&slot.params, 0, bytemuck::bytes_of(&params));
         for r in &chunk.regions {
-            // write_buffer takes whole words: the tail of a region is padded.
-            let whole = r.bytes.len() / 4 * 4;
-            if whole > 0 {
-                self.queue.write_buffer(&src, r.offset, &r.bytes[..whole]);
-            }
-            if whole < r.bytes.len() {
-                let mut tail = [0u8; 4];
-                tail[..r.bytes.len() - whole].copy_from_slice(&r.bytes[whole..]);
-                self.queue
-                    .write_buffer(&src, r.offset + whole as u64, &tail);
-            }
+            self.write_padded(&src, r.offset, &r.bytes);
         }
         let pipeline = self.pipeline(chunk.kernel);
         let counter = match chunk.kernel {
@@ -360,19 +422,19 @@ impl GpuDecoder {
             self.dispatched[i].fetch_add(1, Ordering::Relaxed);
         }
         let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
+            label: Some("wgpu-dequant chunk bindings"),
+            layout: &self.bind_group_layout,
             entries: &[
                 wgpu::BindGroupEntry {
-                    binding: 0,
+                    binding: PARAMS,
                     resource: slot.params.as_entire_binding(),
                 },
                 wgpu::BindGroupEntry {
-                    binding: 1,
+                    binding: SRC,
                     resource: src.as_entire_binding(),
                 },
                 wgpu::BindGroupEntry {
-                    binding: 2,
+                    binding: DST,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &out,
                         offset: bind_at,
@@ -381,7 +443,10 @@ impl GpuDecoder {
                 },
             ],
         });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&chunk.kernel.label()),
+            timestamp_writes: None,
+        });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(chunk.groups.0, chunk.groups.1, 1);
@@ -405,33 +470,71 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// Waits for a chunk's readback and copies it to its place in `out`.
-    async fn finish(
+    fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    }
+
+    /// Writes `bytes` at byte `offset` (a multiple of 4) of `buffer`. Queue
+    /// writes take whole words, so a partial last word is padded with zeros.
+    fn write_padded(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(buffer, offset, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue
+                .write_buffer(buffer, offset + whole as u64, &tail);
+        }
+    }
+
+    /// Finishes `encoder` with a copy of the first `len` bytes (a multiple
+    /// of 4) of `from` into `staging`, submits it, and starts mapping them;
+    /// [`GpuDecoder::finish_readback`] collects the bytes.
+    fn start_readback(
         &self,
-        f: InFlight,
-        chunk: &Chunk<'_>,
-        slot: &Slot,
-        at: usize,
-        out: &mut [u8],
-    ) -> Result<()> {
-        self.wait(f.submission)?;
-        f.mapped
+        mut encoder: wgpu::CommandEncoder,
+        from: &wgpu::Buffer,
+        staging: wgpu::Buffer,
+        len: u64,
+    ) -> Readback {
+        encoder.copy_buffer_to_buffer(from, 0, &staging, 0, len);
+        let submission = self.queue.submit([encoder.finish()]);
+        let (tx, mapped) = oneshot::channel();
+        staging
+            .slice(..len)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        Readback {
+            staging,
+            len,
+            submission,
+            mapped,
+        }
+    }
+
+    /// Waits for `r` and copies its first `out.len()` bytes into `out`.
+    async fn finish_readback(&self, r: Readback, out: &mut [u8]) -> Result<()> {
+        self.wait(r.submission)?;
+        r.mapped
             .await
             .map_err(|_| gpu_err("readback never completed"))?
             .map_err(|e| gpu_err("readback").caused_by(e))?;
-        let rb = slot
-            .readback
-            .as_ref()
-            .ok_or_else(|| gpu_err("no readback buffer"))?;
-        let len = chunk.out_len as usize;
         {
-            let view = rb
-                .slice(..chunk.out_len.div_ceil(4) * 4)
+            let view = r
+                .staging
+                .slice(..r.len)
                 .get_mapped_range()
                 .map_err(|e| gpu_err("readback").caused_by(e))?;
-            out[at..at + len].copy_from_slice(&view[..len]);
+            let bytes = view
+                .get(..out.len())
+                .ok_or_else(|| gpu_err("readback shorter than its destination"))?;
+            out.copy_from_slice(bytes);
         }
-        rb.unmap();
+        r.staging.unmap();
         Ok(())
     }
 
@@ -478,39 +581,37 @@ impl GpuDecoder {
         out: &mut [u8],
     ) -> Result<()> {
         let row_bytes = job.dims.cols * job.out.size();
-        let at = |c: &Chunk<'_>| (c.rows.start - first_row) * row_bytes;
-        let mut in_flight: [Option<InFlight>; 2] = [None, None];
+        // Where a chunk's bytes go in `out`.
+        let place = |c: &Chunk<'_>| {
+            let at = (c.rows.start - first_row) * row_bytes;
+            at..at + c.out_len as usize
+        };
+        let mut in_flight: [Option<Readback>; 2] = [None, None];
         for (k, chunk) in chunks.iter().enumerate() {
             let s = k % 2;
-            if let Some(f) = in_flight[s].take() {
-                self.finish(f, &chunks[k - 2], &slots[s], at(&chunks[k - 2]), out)
+            if let Some(r) = in_flight[s].take() {
+                self.finish_readback(r, &mut out[place(&chunks[k - 2])])
                     .await?;
             }
             let slot = &mut slots[s];
-            let mut encoder = self.device.create_command_encoder(&Default::default());
+            let mut encoder = self.encoder("wgpu-dequant chunk");
             let gpu_out = self.encode(slot, chunk, &mut encoder, None);
             let bytes = chunk.out_len.div_ceil(4) * 4;
             let rb = ensure(
                 &self.device,
                 &mut slot.readback,
+                "wgpu-dequant readback",
                 bytes,
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 u64::MAX,
             );
-            encoder.copy_buffer_to_buffer(&gpu_out, 0, &rb, 0, bytes);
-            let submission = self.queue.submit([encoder.finish()]);
-            let (tx, mapped) = oneshot::channel();
-            rb.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            in_flight[s] = Some(InFlight { submission, mapped });
+            in_flight[s] = Some(self.start_readback(encoder, &gpu_out, rb, bytes));
         }
         // The last two chunks, oldest first.
         let n = chunks.len();
         for k in n.saturating_sub(2)..n {
-            if let Some(f) = in_flight[k % 2].take() {
-                self.finish(f, &chunks[k], &slots[k % 2], at(&chunks[k]), out)
-                    .await?;
+            if let Some(r) = in_flight[k % 2].take() {
+                self.finish_readback(r, &mut out[place(&chunks[k])]).await?;
             }
         }
         Ok(())
@@ -540,15 +641,7 @@ impl GpuDecoder {
     pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(bytes.len() as u64)?;
         pollster::block_on(self.scoped(async {
-            let whole = bytes.len() / 4 * 4;
-            if whole > 0 {
-                self.queue.write_buffer(&dest, 0, &bytes[..whole]);
-            }
-            if whole < bytes.len() {
-                let mut tail = [0u8; 4];
-                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-                self.queue.write_buffer(&dest, whole as u64, &tail);
-            }
+            self.write_padded(&dest, 0, bytes);
             self.queue.submit([]);
             Ok(dest)
         }))
@@ -588,7 +681,7 @@ impl GpuDecoder {
                 let mut previous: Option<wgpu::SubmissionIndex> = None;
                 for (k, chunk) in chunks.iter().enumerate() {
                     let slot = &mut slots[k % 2];
-                    let mut encoder = self.device.create_command_encoder(&Default::default());
+                    let mut encoder = self.encoder("wgpu-dequant chunk");
                     // Chunks before the last end on a word boundary (layout::plan).
                     let at = chunk.rows.start as u64 * row_bytes;
                     self.encode(slot, chunk, &mut encoder, Some((&dest, at)));
@@ -622,31 +715,22 @@ impl GpuDecoder {
     /// copied from (every buffer the decoder hands out can), read back to
     /// host memory: all `buffer.size()` of them, padding included.
     pub async fn read_back_async(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let size = buffer.size();
+        // A buffer slice is never empty, so there is nothing to map.
+        if size == 0 {
+            return Ok(Vec::new());
+        }
         self.scoped(async {
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("wgpu-dequant readback"),
-                size: buffer.size(),
+                size,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, buffer.size());
-            let submission = self.queue.submit([encoder.finish()]);
-            let (tx, mapped) = oneshot::channel();
-            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            self.wait(submission)?;
-            mapped
-                .await
-                .map_err(|_| gpu_err("readback never completed"))?
-                .map_err(|e| gpu_err("readback").caused_by(e))?;
-            let bytes = staging
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| gpu_err("readback").caused_by(e))?
-                .to_vec();
-            staging.unmap();
+            let encoder = self.encoder("wgpu-dequant read_back");
+            let readback = self.start_readback(encoder, buffer, staging, size);
+            let mut bytes = vec![0u8; size as usize];
+            self.finish_readback(readback, &mut bytes).await?;
             Ok(bytes)
         })
         .await
