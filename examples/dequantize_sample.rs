@@ -6,18 +6,16 @@
 //! ```
 
 use sha2::{Digest, Sha256};
-use wgpu_dequant::backend::Cpu;
-use wgpu_dequant::{DtypeChoice, Model};
+use wgpu_dequant::{BackendChoice, DtypeChoice, Model};
 
 fn main() -> Result<(), wgpu_dequant::Error> {
     let path = std::env::args()
         .nth(1)
         .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/assets/sample-w4a16").to_string());
     let model = Model::open(&path, DtypeChoice::Auto)?;
-    println!("{path}: {}", model.plan().format.describe());
-    let cpu = Cpu::new();
+    println!("{path}: {}", model.format());
     for t in model.tensors() {
-        let bytes = model.decode(&t.name, &cpu)?;
+        let bytes = model.decode(&t.name, BackendChoice::Cpu)?;
         let digest: String = Sha256::digest(&bytes)[..8]
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -26,7 +24,7 @@ fn main() -> Result<(), wgpu_dequant::Error> {
             "{:<48} {:<12} {:<5} {digest}",
             t.name,
             format!("{:?}", t.shape),
-            format!("{:?}", t.dtype)
+            t.dtype.to_string()
         );
     }
     Ok(())

@@ -8,8 +8,7 @@
 
 use std::error::Error;
 
-use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
-use wgpu_dequant::{wgpu, DtypeChoice, Model};
+use wgpu_dequant::{wgpu, BackendChoice, DtypeChoice, GpuDecoder, Model};
 
 fn main() -> Result<(), Box<dyn Error>> {
     let path = std::env::args()
@@ -33,7 +32,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let buffer = model.decode_to_buffer(&t.name, &decoder)?;
 
         let got = decoder.read_back(&buffer)?;
-        let want = model.decode(&t.name, &Cpu::new())?;
+        let want = model.decode(&t.name, BackendChoice::Cpu)?;
         let same = got.get(..want.len()) == Some(&want[..]);
         mismatches += usize::from(!same);
         println!(

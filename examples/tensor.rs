@@ -13,8 +13,7 @@
 use std::error::Error;
 
 use sha2::{Digest, Sha256};
-use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
-use wgpu_dequant::{wgpu, DtypeChoice, Model};
+use wgpu_dequant::{wgpu, BackendChoice, DtypeChoice, GpuDecoder, Model};
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,9 +26,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Err("usage: tensor CKPT NAME [--gpu-buffer]".into());
     };
     let model = Model::open(ckpt, DtypeChoice::Auto)?;
-    let info = model
-        .tensor(name)
-        .ok_or_else(|| format!("{ckpt}: no tensor {name}"))?;
+    let info = model.info(name)?;
     let bytes = if gpu {
         let (device, queue) = own_device()?;
         let decoder = GpuDecoder::new(&device, &queue);
@@ -38,14 +35,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         bytes.truncate(info.bytes); // the buffer is padded to whole words
         bytes
     } else {
-        model.decode(name, &Cpu::new())?
+        model.decode(name, BackendChoice::Cpu)?
     };
     let shape: Vec<String> = info.shape.iter().map(usize::to_string).collect();
     let digest: String = Sha256::digest(&bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    println!("{name} {:?} [{}] {digest}", info.dtype, shape.join(","));
+    println!("{name} {} [{}] {digest}", info.dtype, shape.join(","));
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 //! GPT-OSS MXFP4, SVDQuant) to dense bf16 / f16 / f32, on the CPU or on any
 //! GPU wgpu reaches, with the same bytes.
 //!
-//! A whole checkpoint to a dense one on disk:
+//! A whole checkpoint to a dense one on disk ([`Dequantize`] takes every
+//! setting of the command line, a progress callback and a canceller):
 //!
 //! ```no_run
 //! use wgpu_dequant::{dequantize, Options};
@@ -14,72 +15,79 @@
 //!
 //! Or tensor by tensor, in an app: [`Model`] opens and plans a checkpoint,
 //! lists its dense tensors and decodes any of them to bytes, to `f32`, or
-//! into a [`wgpu::Buffer`] on the app's own device
-//! ([`backend::gpu::GpuDecoder`]):
+//! into a [`wgpu::Buffer`] on the app's own device ([`GpuDecoder`]):
 //!
 //! ```no_run
-//! use wgpu_dequant::{backend::Cpu, DtypeChoice, Model};
+//! use wgpu_dequant::{BackendChoice, DtypeChoice, Model};
 //! let model = Model::open("model-w4a16", DtypeChoice::Auto)?;
 //! let name = "model.layers.0.mlp.down_proj.weight";
-//! let info = model.tensor(name).expect("a tensor of the dense checkpoint");
-//! let bytes: Vec<u8> = model.decode(name, &Cpu::new())?; // little-endian info.dtype
+//! let info = model.info(name)?;
+//! let bytes: Vec<u8> = model.decode(name, BackendChoice::Cpu)?; // little-endian info.dtype
 //! # Ok::<(), wgpu_dequant::Error>(())
 //! ```
 //!
-//! Data flows one way: [`Checkpoint`] (memory-mapped shards and sidecar
-//! configs) → formats → [`Plan`] (what each output tensor is made of:
-//! a format-free [`DecodeJob`], a copy, an assembly) → a [`Backend`] → the
-//! streaming [`writer`].
+//! [`inspect`], [`validate`] and [`convert`] are the other commands;
+//! [`stream`] runs the same in a browser, over files read piece by piece.
+//!
+//! Inside, data flows one way: the checkpoint (memory-mapped shards and
+//! sidecar configs) → formats → the plan (what each output tensor is made
+//! of: a format-free decode job, a copy, an assembly) → a backend (CPU or
+//! GPU) → the streaming writer.
 #![deny(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
-pub mod backend;
+/// Declares modules that only the integration tests, the fuzz targets and
+/// `bench` reach into: public with the non-default `testing` feature
+/// (hidden from the docs), private otherwise. Their items are `pub` for
+/// that feature's sake, so the reachability lints do not apply without it.
+macro_rules! internal {
+    ($($(#[$attr:meta])* mod $name:ident;)*) => {$(
+        $(#[$attr])*
+        #[cfg(feature = "testing")]
+        #[doc(hidden)]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "testing"))]
+        #[allow(unreachable_pub, unnameable_types, dead_code)]
+        mod $name;
+    )*};
+}
+
+internal! {
+    mod backend;
+    mod convert;
+    mod job;
+    mod plan;
+    mod report;
+    mod writer;
+}
+
+#[doc(hidden)]
+pub mod bench;
 mod checkpoint;
-pub mod convert;
 mod error;
 mod formats;
-pub mod job;
 mod json;
 mod model;
-pub mod names;
+mod names;
 mod numerics;
 mod output;
-pub mod plan;
-pub mod report;
+mod run;
 pub mod stream;
-pub mod writer;
 
-use std::path::Path;
-
-pub use backend::{Backend, BackendChoice};
-pub use checkpoint::Checkpoint;
-pub use error::{Error, Result, Rule};
-pub use formats::Format;
-pub use job::DecodeJob;
+pub use backend::gpu::GpuDecoder;
+pub use backend::BackendChoice;
+pub use convert::ConvertTo;
+pub use error::{Cause, Error, Result, Rule};
 pub use model::{Model, TensorInfo};
 pub use numerics::OutDtype;
-pub use plan::{DtypeChoice, Plan};
+pub use plan::{DtypeChoice, Warning};
+pub use report::{Finding, Report};
+pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options, Validation};
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
-pub use writer::Summary;
+pub use writer::{interrupt, merge_index, parse_size, Canceller, Merged, Progress, Summary};
 
-/// What `dequantize` should do.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Options {
-    /// Output dtype of decoded tensors.
-    pub dtype: DtypeChoice,
-    /// Which backend decodes.
-    pub backend: BackendChoice,
-}
-
-/// Dequantizes the checkpoint at `input` into a dense checkpoint in `output`
-/// (a new or empty directory). Nothing is left in `output` when it fails.
-pub fn dequantize(
-    input: impl AsRef<Path>,
-    output: impl AsRef<Path>,
-    options: &Options,
-) -> Result<Summary> {
-    let ckpt = Checkpoint::open(input)?;
-    let plan = Plan::build(&ckpt, options.dtype)?;
-    let (backend, _) = backend::select(options.backend)?;
-    writer::write(&plan, backend.as_ref(), output.as_ref(), |_| {})
-}
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use {backend::Backend, checkpoint::Checkpoint, formats::Format, job::DecodeJob, plan::Plan};

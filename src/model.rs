@@ -2,12 +2,14 @@
 //! tensors of its dense form and decode any of them, to bytes, to `f32`
 //! values, or into a GPU buffer on the app's own device.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use safetensors::Dtype;
 
 use crate::backend::gpu::GpuDecoder;
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendChoice};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::output::Output;
@@ -25,16 +27,21 @@ self_cell::self_cell!(
 /// A quantized checkpoint ready to decode, tensor by tensor.
 ///
 /// ```no_run
-/// use wgpu_dequant::{backend::Cpu, DtypeChoice, Model};
+/// use wgpu_dequant::{BackendChoice, DtypeChoice, Model};
 /// let model = Model::open("model-w4a16", DtypeChoice::Auto)?;
 /// for t in model.tensors() {
-///     println!("{} {:?} {:?}", t.name, t.dtype, t.shape);
+///     println!("{} {} {:?}", t.name, t.dtype, t.shape);
 /// }
-/// let w: Vec<f32> = model.decode_f32("model.layers.0.mlp.down_proj.weight", &Cpu::new())?;
+/// let name = "model.layers.0.mlp.down_proj.weight";
+/// let w: Vec<f32> = model.decode_f32(name, BackendChoice::Cpu)?;
 /// # Ok::<(), wgpu_dequant::Error>(())
 /// ```
+///
+/// Backends are opened on first use and kept: a GPU device is opened once
+/// for every tensor decoded on it.
 pub struct Model {
     cell: Cell,
+    backends: Mutex<HashMap<BackendChoice, Arc<dyn Backend>>>,
 }
 
 /// One tensor of the dense output.
@@ -72,12 +79,33 @@ impl Model {
             plan.check()?;
             Ok::<_, Error>(plan)
         })?;
-        Ok(Model { cell })
+        Ok(Model {
+            cell,
+            backends: Mutex::default(),
+        })
     }
 
-    /// The plan: the format, every output and where its bytes come from.
-    pub fn plan(&self) -> &Plan<'_> {
+    /// The plan: every output and where its bytes come from.
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    fn plan(&self) -> &Plan<'_> {
         self.cell.borrow_dependent()
+    }
+
+    /// The checkpoint's format and schemes, in a few words.
+    pub fn format(&self) -> String {
+        self.plan().format.describe()
+    }
+
+    /// The backend `choice` asks for, opened the first time it is asked for.
+    fn backend(&self, choice: BackendChoice) -> Result<Arc<dyn Backend>> {
+        let mut open = self.backends.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = open.get(&choice) {
+            return Ok(b.clone());
+        }
+        let (b, _) = crate::backend::select(choice)?;
+        let b: Arc<dyn Backend> = Arc::from(b);
+        open.insert(choice, b.clone());
+        Ok(b)
     }
 
     /// The tensors of the dense checkpoint, sorted by name.
@@ -85,9 +113,9 @@ impl Model {
         self.plan().outputs.iter().map(TensorInfo::of)
     }
 
-    /// The dense tensor called `name`, if there is one.
-    pub fn tensor(&self, name: &str) -> Option<TensorInfo> {
-        self.output(name).ok().map(TensorInfo::of)
+    /// The dense tensor called `name` (ARG-001 when there is none).
+    pub fn info(&self, name: &str) -> Result<TensorInfo> {
+        self.output(name).map(TensorInfo::of)
     }
 
     fn output(&self, name: &str) -> Result<&Output<'_>> {
@@ -106,15 +134,29 @@ impl Model {
     }
 
     /// The little-endian bytes of tensor `name`, in its [`TensorInfo::dtype`],
-    /// decoded by `backend` when it is quantized.
-    pub fn decode(&self, name: &str, backend: &dyn Backend) -> Result<Vec<u8>> {
+    /// decoded on `backend` when it is quantized.
+    pub fn decode(&self, name: &str, backend: BackendChoice) -> Result<Vec<u8>> {
+        self.bytes_on(name, self.backend(backend)?.as_ref())
+    }
+
+    fn bytes_on(&self, name: &str, backend: &dyn Backend) -> Result<Vec<u8>> {
         Ok(self.output(name)?.bytes(backend)?.into_owned())
+    }
+
+    /// [`Model::decode`] on a backend the tests made (a GPU with lowered
+    /// limits, counting its dispatches).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn decode_on(&self, name: &str, backend: &dyn Backend) -> Result<Vec<u8>> {
+        self.bytes_on(name, backend)
     }
 
     /// [`Model::decode`] into `out`, which holds exactly
     /// [`TensorInfo::bytes`] bytes (a buffer the caller owns: a C array, a
     /// Python `bytearray`), without a copy for tensors decoded by rows.
-    pub fn decode_into(&self, name: &str, backend: &dyn Backend, out: &mut [u8]) -> Result<()> {
+    pub fn decode_into(&self, name: &str, backend: BackendChoice, out: &mut [u8]) -> Result<()> {
+        let backend = self.backend(backend)?;
+        let backend = backend.as_ref();
         let o = self.output(name)?;
         if out.len() != o.byte_len() {
             return Err(Error::tensor(
@@ -135,7 +177,7 @@ impl Model {
 
     /// The values of floating point tensor `name`, widened exactly to `f32`
     /// (the bytes [`Model::decode`] gives, read as numbers).
-    pub fn decode_f32(&self, name: &str, backend: &dyn Backend) -> Result<Vec<f32>> {
+    pub fn decode_f32(&self, name: &str, backend: BackendChoice) -> Result<Vec<f32>> {
         let o = self.output(name)?;
         let (size, read) = crate::numerics::float_reader(o.dtype).ok_or_else(|| {
             Error::tensor(
@@ -143,12 +185,13 @@ impl Model {
                 self.cell.borrow_owner().display_path(),
                 name,
                 format!(
-                    "is {:?}, not bf16, f16 or f32: use decode for its bytes",
+                    "is {}, not bf16, f16 or f32: use decode for its bytes",
                     o.dtype
                 ),
             )
         })?;
-        Ok(o.bytes(backend)?.chunks_exact(size).map(read).collect())
+        let bytes = o.bytes(self.backend(backend)?.as_ref())?;
+        Ok(bytes.chunks_exact(size).map(read).collect())
     }
 
     /// Tensor `name` in a new buffer on `decoder`'s device, decoded there

@@ -85,6 +85,10 @@ pub struct Plan<'a> {
     /// Outputs written under their architecture's hub names, as (stored,
     /// written) ([`crate::names`]); [`Plan::keep_stored_names`] undoes it.
     pub renamed: Vec<(String, String)>,
+    /// Stored tensors whose values planning reads but whose bytes are not at
+    /// hand yet (a checkpoint read piece by piece, `stream`): load them and
+    /// plan again. Until this is empty the plan is incomplete.
+    pub needs: Vec<String>,
 }
 
 impl<'a> Plan<'a> {
@@ -119,6 +123,7 @@ impl<'a> Plan<'a> {
             }),
             side_files: Vec::new(),
             renamed: Vec::new(),
+            needs: Vec::new(),
         };
         let found = formats::plan_modules(ckpt, &plan.format, dtype);
         let consumed = found.consumed;
@@ -186,6 +191,7 @@ impl<'a> Plan<'a> {
                 Err(e) => plan.errors.push(e),
             }
         }
+        plan.needs = ckpt.take_misses();
         Ok(plan)
     }
 

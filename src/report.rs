@@ -59,27 +59,27 @@ pub struct TensorRow {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
     /// The checkpoint path.
-    pub path: String,
+    pub(crate) path: String,
     /// One line describing the format.
-    pub summary: String,
+    pub(crate) summary: String,
     /// Format and configuration.
-    pub format: Format,
+    pub(crate) format: Format,
     /// Dtype of decoded tensors.
-    pub dtype: OutDtype,
+    pub(crate) dtype: OutDtype,
     /// Shard files.
-    pub shards: Vec<String>,
+    pub(crate) shards: Vec<String>,
     /// Output tensors.
-    pub tensors: Vec<TensorRow>,
+    pub(crate) tensors: Vec<TensorRow>,
     /// How many of them come out of quantized modules ([`Plan::decoded`]).
-    pub decoded: usize,
+    pub(crate) decoded: usize,
     /// Input tensors a dense checkpoint leaves out.
-    pub dropped: Vec<String>,
+    pub(crate) dropped: Vec<String>,
     /// Rule violations (decoding refuses while there are any).
-    pub errors: Vec<Finding>,
+    pub(crate) errors: Vec<Finding>,
     /// Findings that do not stop decoding.
-    pub warnings: Vec<Warning>,
+    pub(crate) warnings: Vec<Warning>,
     /// Tensors written under their architecture's hub names: stored → written.
-    pub renamed: Vec<Renamed>,
+    pub(crate) renamed: Vec<Renamed>,
 }
 
 /// A tensor written under its architecture's hub name ([`crate::names`]).
@@ -92,6 +92,16 @@ pub struct Renamed {
 }
 
 impl Report {
+    /// The rule violations found; decoding refuses while there are any.
+    pub fn errors(&self) -> &[Finding] {
+        &self.errors
+    }
+
+    /// The exit status for the findings: 0 when clean, else the first one's.
+    pub fn exit_code(&self) -> u8 {
+        self.errors.first().map_or(0, |e| e.exit_code)
+    }
+
     /// The report of `plan`.
     pub fn new(plan: &Plan<'_>) -> Report {
         let ckpt = plan.checkpoint;

@@ -13,13 +13,13 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::ops::Range;
 
-use crate::backend::execute::Decoder;
-use crate::backend::Cpu;
+use crate::backend::{select_async, Backend};
 use crate::checkpoint::{Checkpoint, Listing, Wanted};
 use crate::error::{Error, Result, Rule};
 use crate::plan::{DtypeChoice, Plan, Source};
 use crate::report::Report;
-use crate::writer::{self, Summary};
+use crate::run::Dequantize;
+use crate::writer::{self, Summary, Tally};
 
 /// The checkpoint's files, read on demand.
 pub trait Files {
@@ -47,11 +47,11 @@ pub enum Part {
 }
 
 /// Stored input bytes a batch loads at most (one tensor's alone may be more).
-pub const BATCH_BYTES: usize = 256 << 20;
+pub(crate) const BATCH_BYTES: usize = 256 << 20;
 
 /// Opens the checkpoint in `files`: every header and sidecar is read, no
 /// tensor yet.
-pub async fn open(files: &impl Files) -> Result<Checkpoint> {
+async fn open(files: &impl Files) -> Result<Checkpoint> {
     let mut listing = Listing::default();
     for (name, len) in files.list() {
         let head = match Listing::wants(&name, len) {
@@ -69,21 +69,20 @@ pub async fn open(files: &impl Files) -> Result<Checkpoint> {
     Checkpoint::from_listing(listing)
 }
 
-/// Loads every tensor that planning in `dtype` reads, planning again until
-/// it reads nothing new; returns their names.
-pub async fn prepare(
+/// Loads every stored tensor whose values planning (as `run` plans) reads,
+/// planning again until it needs nothing new; returns their names.
+async fn prepare(
     ckpt: &mut Checkpoint,
     files: &impl Files,
-    dtype: DtypeChoice,
+    run: &Dequantize<'_>,
 ) -> Result<BTreeSet<String>> {
     let mut read = BTreeSet::new();
     loop {
-        let planned = Plan::build(ckpt, dtype).map(|_| ());
-        let misses = ckpt.take_misses();
-        if misses.is_empty() {
-            return planned.map(|_| read);
+        let needs = run.planned(ckpt)?.needs;
+        if needs.is_empty() {
+            return Ok(read);
         }
-        for name in misses {
+        for name in needs {
             load(ckpt, files, &name).await?;
             read.insert(name);
         }
@@ -100,20 +99,12 @@ async fn load(ckpt: &mut Checkpoint, files: &impl Files, name: &str) -> Result<(
 }
 
 /// What `inspect --json` reports of the checkpoint in `files`.
-pub async fn inspect(ckpt: &mut Checkpoint, files: &impl Files) -> Result<Report> {
+pub async fn inspect(files: &impl Files) -> Result<Report> {
+    let mut ckpt = open(files).await?;
+    let run = Dequantize::new();
     // A fault of the whole checkpoint is for the report to show, as the CLI does.
-    let _ = prepare(ckpt, files, DtypeChoice::Auto).await;
-    Ok(Report::new(&Plan::build(ckpt, DtypeChoice::Auto)?))
-}
-
-/// Where decoding runs.
-#[derive(Clone, Copy)]
-pub struct Run<'b> {
-    /// The decoder to start with.
-    pub decoder: Decoder<'b>,
-    /// Whether a GPU failure hands over to the CPU, which gives the same
-    /// bytes (what `--backend auto` does).
-    pub fall_back: bool,
+    let _ = prepare(&mut ckpt, files, &run).await;
+    Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
 }
 
 /// One tensor of the dense output, as the schedule keeps it.
@@ -136,121 +127,114 @@ enum OutFile {
     Copy(String),
 }
 
-/// The dense checkpoint of `ckpt` (opened by [`open`]), the same files the
-/// CLI writes: `emit` receives each file's parts in order, file after file,
-/// `progress` the tensor bytes done and in all with the tensor just made,
-/// and `note` a GPU failure
-/// the CPU took over from. A batch of tensors holds about `batch_bytes` of
-/// stored inputs in memory ([`BATCH_BYTES`]), besides what planning reads.
-#[allow(clippy::too_many_arguments)]
-pub async fn dequantize(
-    ckpt: &mut Checkpoint,
-    files: &impl Files,
-    dtype: DtypeChoice,
-    run: Run<'_>,
-    batch_bytes: usize,
-    mut emit: impl FnMut(&str, Part),
-    mut progress: impl FnMut(u64, u64, &str),
-    mut note: impl FnMut(&Error),
-) -> Result<Summary> {
-    let keep = prepare(ckpt, files, dtype).await?;
-    let (schedule, mut summary) = schedule(ckpt, dtype)?;
-    let total = summary.tensor_bytes;
-    let mut done = 0u64;
-    let cpu = Cpu::new();
-    let mut decoder = run.decoder;
-    for file in schedule {
-        let (name, header, tensors) = match file {
-            OutFile::Shard(name, header, tensors) => (name, header, tensors),
-            OutFile::Bytes(name, bytes) => {
-                emit(&name, Part::Bytes(bytes));
-                summary.files.push(name.into());
-                continue;
-            }
-            OutFile::Copy(name) => {
-                emit(&name, Part::File(name.clone()));
-                summary.files.push(name.into());
-                continue;
-            }
+impl Dequantize<'_> {
+    /// The dense checkpoint of the checkpoint in `files`: the files
+    /// [`Dequantize::run`] writes, handed to `emit` as parts in file order,
+    /// file after file. Nothing blocks: this is what a browser runs.
+    /// `force` and `shards` concern a directory and do not apply. A batch
+    /// of tensors holds about 256 MiB of stored inputs in memory, besides
+    /// what planning reads.
+    pub async fn stream(
+        mut self,
+        files: &impl Files,
+        mut emit: impl FnMut(&str, Part),
+    ) -> Result<Summary> {
+        let mut ckpt = open(files).await?;
+        let keep = prepare(&mut ckpt, files, &self).await?;
+        let (backend, schedule, mut summary, mut tally) = {
+            let plan = self.plan(&ckpt)?;
+            let (backend, note) = select_async(self.options.backend).await?;
+            self.start(&plan, backend.as_ref(), note);
+            let (schedule, summary, tally) = schedule(&plan, self.max_shard_size)?;
+            (backend, schedule, summary, tally)
         };
-        emit(&name, Part::Bytes(header));
-        for batch in batches(&tensors, batch_bytes) {
-            let inputs: BTreeSet<&String> = batch
-                .iter()
-                .filter(|t| t.copy.is_none())
-                .flat_map(|t| t.inputs.iter().map(|(name, _)| name))
-                .filter(|name| !keep.contains(*name))
-                .collect();
-            for name in inputs {
-                load(ckpt, files, name).await?;
-            }
-            let plan = Plan::build(ckpt, dtype)?;
-            for t in batch {
-                if let Some((file, range)) = &t.copy {
-                    let (file, range) = (file.clone(), range.clone());
-                    emit(&name, Part::Stored { file, range });
-                } else {
-                    let o = plan
-                        .outputs
-                        .binary_search_by(|o| o.name.as_str().cmp(&t.name))
-                        .map(|i| &plan.outputs[i])
-                        .map_err(|_| {
-                            Error::bare(Rule::Io, format!("{}: not planned again", t.name))
-                        })?;
-                    // Runs of rows, or the whole tensor at once (`None`).
-                    let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {
-                        Some(runs) => runs.into_iter().map(Some).collect(),
-                        None => vec![None],
-                    };
-                    for rows in pieces {
-                        let made = loop {
-                            match make(o, decoder, rows.clone()).await {
-                                Err(e) if e.rule == Rule::Gpu && run.fall_back => {
-                                    if matches!(decoder, Decoder::Gpu(_)) {
-                                        note(&e);
-                                    }
-                                    decoder = Decoder::Blocking(&cpu);
-                                }
-                                other => break other?,
-                            }
-                        };
-                        emit(&name, Part::Bytes(made));
-                    }
+        for file in schedule {
+            let (name, header, tensors) = match file {
+                OutFile::Shard(name, header, tensors) => (name, header, tensors),
+                OutFile::Bytes(name, bytes) => {
+                    emit(&name, Part::Bytes(bytes));
+                    summary.files.push(name.into());
+                    continue;
                 }
-                done += t.bytes;
-                progress(done, total, &t.name);
+                OutFile::Copy(name) => {
+                    emit(&name, Part::File(name.clone()));
+                    summary.files.push(name.into());
+                    continue;
+                }
+            };
+            emit(&name, Part::Bytes(header));
+            for batch in batches(&tensors, self.batch_bytes.unwrap_or(BATCH_BYTES)) {
+                let inputs: BTreeSet<&String> = batch
+                    .iter()
+                    .filter(|t| t.copy.is_none())
+                    .flat_map(|t| t.inputs.iter().map(|(name, _)| name))
+                    .filter(|name| !keep.contains(*name))
+                    .collect();
+                for name in inputs {
+                    load(&mut ckpt, files, name).await?;
+                }
+                let plan = self.planned(&ckpt)?;
+                for t in batch {
+                    if let Some((file, range)) = &t.copy {
+                        let (file, range) = (file.clone(), range.clone());
+                        emit(&name, Part::Stored { file, range });
+                    } else {
+                        let o = plan
+                            .outputs
+                            .binary_search_by(|o| o.name.as_str().cmp(&t.name))
+                            .map(|i| &plan.outputs[i])
+                            .map_err(|_| {
+                                Error::bare(Rule::Io, format!("{}: not planned again", t.name))
+                            })?;
+                        // Runs of rows, or the whole tensor at once (`None`).
+                        let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {
+                            Some(runs) => runs.into_iter().map(Some).collect(),
+                            None => vec![None],
+                        };
+                        for rows in pieces {
+                            let made = make(o, backend.as_ref(), rows).await?;
+                            Dequantize::fallback(self.note.as_mut(), backend.as_ref());
+                            emit(&name, Part::Bytes(made));
+                        }
+                    }
+                    (self.progress)(&tally.step(&t.name, t.bytes, true));
+                }
+                drop(plan);
+                ckpt.unload(|n| keep.contains(n));
             }
-            drop(plan);
-            ckpt.unload(|n| keep.contains(n));
+            summary.files.push(name.into());
         }
-        summary.files.push(name.into());
+        Ok(summary)
     }
-    Ok(summary)
 }
 
 /// Rows `rows` of `o`, or all of it made whole when `None`.
 async fn make(
     o: &crate::plan::Output<'_>,
-    decoder: Decoder<'_>,
+    backend: &dyn Backend,
     rows: Option<Range<usize>>,
 ) -> Result<Vec<u8>> {
     match rows {
         Some(rows) => {
             let row_bytes = o.row_layout().map_or(0, |(_, b)| b);
             let mut buf = vec![0u8; rows.len() * row_bytes];
-            o.decode_rows_with(decoder, rows, &mut buf).await?;
+            o.decode_rows_async(backend, rows, &mut buf).await?;
             Ok(buf)
         }
-        None => Ok(o.bytes_with(decoder).await?.into_owned()),
+        None => Ok(o.bytes_async(backend).await?.into_owned()),
     }
 }
 
-/// The dense files of `ckpt`, in order, and what writing them amounts to.
-fn schedule(ckpt: &Checkpoint, dtype: DtypeChoice) -> Result<(Vec<OutFile>, Summary)> {
-    let plan = Plan::build(ckpt, dtype)?;
-    plan.check()?;
-    let shards = writer::shard_files(&plan, None, None)?;
-    let summary = Summary::of(&plan, &shards);
+/// The dense files of `plan`, in order, what writing them amounts to, and
+/// the tally of their tensors.
+fn schedule(
+    plan: &Plan<'_>,
+    max_shard_size: Option<u64>,
+) -> Result<(Vec<OutFile>, Summary, Tally)> {
+    let ckpt = plan.checkpoint;
+    let shards = writer::shard_files(plan, None, max_shard_size)?;
+    let summary = Summary::of(plan, &shards);
+    let tally = Tally::of(&shards);
     let mut files = Vec::new();
     for f in &shards {
         let tensors = f.tensors.iter().map(|o| Tensor {
@@ -272,13 +256,13 @@ fn schedule(ckpt: &Checkpoint, dtype: DtypeChoice) -> Result<(Vec<OutFile>, Summ
             tensors.collect(),
         ));
     }
-    for (name, text) in writer::json_files(&plan, &shards)? {
+    for (name, text) in writer::json_files(plan, &shards)? {
         files.push(OutFile::Bytes(name, text));
     }
     for (_, name) in &plan.side_files {
         files.push(OutFile::Copy(name.clone()));
     }
-    Ok((files, summary))
+    Ok((files, summary, tally))
 }
 
 /// Runs of consecutive tensors whose stored inputs (copies aside) take at

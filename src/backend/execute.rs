@@ -10,29 +10,9 @@ use super::gpu::GpuDecoder;
 use super::Backend;
 use crate::checkpoint::TensorRef;
 use crate::error::{Error, Result, Rule};
-use crate::job::DecodeJob;
 use crate::numerics::OutDtype;
 use crate::output::assembly::Assembly;
 use crate::output::{cast_layout, Output, Source};
-
-/// What decodes a job's rows: any backend, blocking, or a GPU decoder,
-/// awaited (in a browser nothing may block).
-#[derive(Clone, Copy)]
-pub enum Decoder<'b> {
-    /// A backend's blocking [`Backend::decode_rows`].
-    Blocking(&'b dyn Backend),
-    /// [`GpuDecoder::decode_rows_async`].
-    Gpu(&'b GpuDecoder),
-}
-
-impl Decoder<'_> {
-    async fn rows(self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
-        match self {
-            Decoder::Blocking(b) => b.decode_rows(job, rows, out),
-            Decoder::Gpu(g) => g.decode_rows_async(job, rows, out).await,
-        }
-    }
-}
 
 impl Output<'_> {
     /// Decodes rows `rows` (see [`Output::row_layout`]) into `out`.
@@ -42,21 +22,20 @@ impl Output<'_> {
         rows: Range<usize>,
         out: &mut [u8],
     ) -> Result<()> {
-        // A blocking backend finishes before the future is first polled.
-        pollster::block_on(self.decode_rows_with(Decoder::Blocking(backend), rows, out))
+        pollster::block_on(self.decode_rows_async(backend, rows, out))
     }
 
-    /// [`Output::decode_rows`] on any [`Decoder`], awaited.
-    pub async fn decode_rows_with(
+    /// [`Output::decode_rows`], awaited (what a browser runs).
+    pub async fn decode_rows_async(
         &self,
-        decoder: Decoder<'_>,
+        backend: &dyn Backend,
         rows: Range<usize>,
         out: &mut [u8],
     ) -> Result<()> {
         self.check_loaded()?;
         let r = match &self.source {
-            Source::Decode(job) => decoder.rows(job, rows, out).await,
-            Source::Assemble(a) => assembled_rows(a, decoder, rows, out).await,
+            Source::Decode(job) => backend.decode_rows_async(job, rows, out).await,
+            Source::Assemble(a) => assembled_rows(a, backend, rows, out).await,
             Source::Cast(t, to) => cast_rows(t, *to, rows, out),
             _ => Err(Error::bare(
                 Rule::Argument,
@@ -71,11 +50,11 @@ impl Output<'_> {
 
     /// The whole tensor's bytes (decoded with `backend` when it is decoded).
     pub fn bytes(&self, backend: &dyn Backend) -> Result<Cow<'_, [u8]>> {
-        pollster::block_on(self.bytes_with(Decoder::Blocking(backend)))
+        pollster::block_on(self.bytes_async(backend))
     }
 
-    /// [`Output::bytes`] on any [`Decoder`], awaited.
-    pub async fn bytes_with(&self, decoder: Decoder<'_>) -> Result<Cow<'_, [u8]>> {
+    /// [`Output::bytes`], awaited.
+    pub async fn bytes_async(&self, backend: &dyn Backend) -> Result<Cow<'_, [u8]>> {
         self.check_loaded()?;
         match &self.source {
             Source::Copy(t) => Ok(Cow::Borrowed(t.stored())),
@@ -85,7 +64,7 @@ impl Output<'_> {
             Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];
-                self.decode_rows_with(decoder, 0..rows, &mut out).await?;
+                self.decode_rows_async(backend, 0..rows, &mut out).await?;
                 Ok(Cow::Owned(out))
             }
         }
@@ -118,7 +97,7 @@ impl Output<'_> {
 /// · size` bytes): each band's pieces side by side.
 async fn assembled_rows(
     a: &Assembly<'_>,
-    decoder: Decoder<'_>,
+    backend: &dyn Backend,
     rows: Range<usize>,
     out: &mut [u8],
 ) -> Result<()> {
@@ -131,14 +110,16 @@ async fn assembled_rows(
         let dst = &mut out[done * row_bytes..(done + band.rows) * row_bytes];
         if let [p] = band.parts.as_slice() {
             // The common case: one job spans the width.
-            decoder.rows(&p.job, p.row..p.row + band.rows, dst).await?;
+            backend
+                .decode_rows_async(&p.job, p.row..p.row + band.rows, dst)
+                .await?;
         } else {
             let mut col = 0;
             for p in &band.parts {
                 let w = p.job.dims.cols * size;
                 tmp.resize(band.rows * w, 0);
-                decoder
-                    .rows(&p.job, p.row..p.row + band.rows, &mut tmp)
+                backend
+                    .decode_rows_async(&p.job, p.row..p.row + band.rows, &mut tmp)
                     .await?;
                 for (r, src) in tmp.chunks_exact(w).enumerate() {
                     dst[r * row_bytes + col..r * row_bytes + col + w].copy_from_slice(src);

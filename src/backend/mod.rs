@@ -10,13 +10,18 @@ pub mod execute;
 pub mod gpu;
 mod select;
 
+use std::future::Future;
 use std::ops::Range;
+use std::pin::Pin;
 
 pub use cpu::Cpu;
-pub use select::{select, select_notifying, BackendChoice, Fallback};
+pub use select::{select, select_async, BackendChoice, Fallback};
 
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
+
+/// A backend's decode, awaited.
+pub type Decoding<'a> = Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
 /// Something that turns a [`DecodeJob`] into dense bytes.
 pub trait Backend: wgpu::WasmNotSendSync {
@@ -27,12 +32,35 @@ pub trait Backend: wgpu::WasmNotSendSync {
     /// which holds exactly `rows.len() · cols · out.size()` bytes.
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()>;
 
+    /// [`Backend::decode_rows`], awaited: a device runs its own asynchronous
+    /// path (in a browser nothing may block); the CPU simply decodes.
+    fn decode_rows_async<'a>(
+        &'a self,
+        job: &'a DecodeJob<'a>,
+        rows: Range<usize>,
+        out: &'a mut [u8],
+    ) -> Decoding<'a> {
+        Box::pin(std::future::ready(self.decode_rows(job, rows, out)))
+    }
+
     /// True when calls from two threads run at once and a caller gains by
     /// decoding the next piece while this one finishes (a GPU, which would
     /// otherwise drain between calls). The CPU backend already uses every
     /// core within one call.
     fn decodes_ahead(&self) -> bool {
         false
+    }
+
+    /// The GPU decoder underneath, for work beyond decoding rows (a buffer
+    /// on the device, `bench`'s copy shader); `None` on the CPU.
+    fn gpu(&self) -> Option<&gpu::GpuDecoder> {
+        None
+    }
+
+    /// The GPU failure this backend handed over to the CPU after, told once
+    /// ([`Fallback`]); `None` for every other backend.
+    fn take_fallback(&self) -> Option<Error> {
+        None
     }
 
     /// Decodes a whole tensor into a new buffer.

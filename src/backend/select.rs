@@ -1,38 +1,58 @@
 //! Choosing a backend: a hardware GPU when there is one, else the CPU, and
-//! a GPU that hands over to the CPU when it fails.
+//! a GPU that hands over to the CPU when it fails. Every host (the command
+//! line, the browser, Python, C) gets its backend here.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use super::gpu::{self, Gpu};
-use super::{Backend, Cpu};
+use super::{Backend, Cpu, Decoding};
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
-use std::ops::Range;
 
-/// A GPU backend that hands over to the CPU when the GPU fails: a device
-/// error, a lost device, a failed allocation or a tensor beyond the
-/// adapter's limits (GPU-001) is reported once through `notify`, and that
-/// call and every later one run on the CPU, which gives the same bytes.
-/// What `--backend auto` runs on a hardware GPU.
+/// A GPU backend that hands over to the CPU when the GPU fails: after a
+/// device error, a lost device, a failed allocation or a tensor beyond the
+/// adapter's limits (GPU-001), that call and every later one run on the
+/// CPU, which gives the same bytes. The failure is kept for
+/// [`Backend::take_fallback`] to tell once. What `--backend auto` runs on a
+/// hardware GPU.
 pub struct Fallback<B> {
     gpu: B,
     cpu: Cpu,
-    failed: std::sync::atomic::AtomicBool,
-    notify: Box<dyn Fn(&Error) + Send + Sync>,
+    failed: AtomicBool,
+    failure: Mutex<Option<Error>>,
 }
 
 impl<B: Backend> Fallback<B> {
-    /// `gpu`, falling back to the CPU; `notify` hears of the fallback once.
-    pub fn new(gpu: B, notify: impl Fn(&Error) + Send + Sync + 'static) -> Fallback<B> {
+    /// `gpu`, falling back to the CPU.
+    pub fn new(gpu: B) -> Fallback<B> {
         Fallback {
             gpu,
             cpu: Cpu::new(),
-            failed: false.into(),
-            notify: Box::new(notify),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
         }
     }
 
     /// Whether the GPU failed and the CPU took over.
     pub fn fell_back(&self) -> bool {
-        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Whether `result` of the GPU is a GPU failure to hand over after;
+    /// the first one is kept for [`Backend::take_fallback`].
+    fn hand_over(&self, result: &Result<()>) -> bool {
+        match result {
+            Err(e) if e.rule == Rule::Gpu => {
+                if !self.failed.swap(true, Ordering::Relaxed) {
+                    let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+                    *failure = Some(e.clone());
+                }
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -46,29 +66,50 @@ impl<B: Backend> Backend for Fallback<B> {
     }
 
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
-        use std::sync::atomic::Ordering;
-        if !self.failed.load(Ordering::Relaxed) {
-            match self.gpu.decode_rows(job, rows.clone(), out) {
-                Err(e) if e.rule == Rule::Gpu => {
-                    if !self.failed.swap(true, Ordering::Relaxed) {
-                        (self.notify)(&e);
-                    }
-                }
-                other => return other,
+        if !self.fell_back() {
+            let result = self.gpu.decode_rows(job, rows.clone(), out);
+            if !self.hand_over(&result) {
+                return result;
             }
         }
         self.cpu.decode_rows(job, rows, out)
     }
 
+    fn decode_rows_async<'a>(
+        &'a self,
+        job: &'a DecodeJob<'a>,
+        rows: Range<usize>,
+        out: &'a mut [u8],
+    ) -> Decoding<'a> {
+        Box::pin(async move {
+            if !self.fell_back() {
+                let result = self.gpu.decode_rows_async(job, rows.clone(), out).await;
+                if !self.hand_over(&result) {
+                    return result;
+                }
+            }
+            self.cpu.decode_rows(job, rows, out)
+        })
+    }
+
     fn decodes_ahead(&self) -> bool {
         !self.fell_back() && self.gpu.decodes_ahead()
+    }
+
+    fn gpu(&self) -> Option<&gpu::GpuDecoder> {
+        self.gpu.gpu()
+    }
+
+    fn take_fallback(&self) -> Option<Error> {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 
 /// Which backend to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum BackendChoice {
-    /// A hardware GPU when there is one, else the CPU.
+    /// A hardware GPU when there is one, else the CPU; a GPU that fails
+    /// hands over to the CPU (same bytes).
     #[default]
     Auto,
     /// The GPU; an error when no adapter is found.
@@ -92,50 +133,53 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
-/// The backend `choice` asks for. Returns it with a note for people when the
-/// choice fell back to something else. Under `auto`, a GPU that fails while
-/// decoding hands over to the CPU silently; [`select_notifying`] says so.
-pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>)> {
-    select_notifying(choice, |_| {})
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Gpu => "gpu",
+            BackendChoice::Cpu => "cpu",
+        })
+    }
 }
 
-/// [`select`], with `notify` told when an `auto` GPU fails and the CPU takes
-/// over.
-pub fn select_notifying(
-    choice: BackendChoice,
-    notify: impl Fn(&Error) + Send + Sync + 'static,
-) -> Result<(Box<dyn Backend>, Option<String>)> {
-    match choice {
-        BackendChoice::Cpu => Ok((Box::new(Cpu::new()), None)),
-        BackendChoice::Gpu => match gpu::find_adapter() {
-            Some(adapter) => Ok((Box::new(Gpu::open(&adapter)?), None)),
+/// The backend `choice` asks for, with a note for people when `auto` chose
+/// the CPU instead of a GPU. Under `auto` a hardware GPU comes wrapped in a
+/// [`Fallback`].
+pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>)> {
+    pollster::block_on(select_async(choice))
+}
+
+/// [`select`], awaited (in a browser: WebGPU's adapter).
+pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>)> {
+    if choice == BackendChoice::Cpu {
+        return Ok((Box::new(Cpu::new()), None));
+    }
+    let adapter = gpu::find_adapter_async().await;
+    if choice == BackendChoice::Gpu {
+        return match adapter {
+            Some(adapter) => Ok((Box::new(Gpu::open_async(&adapter).await?), None)),
             None => Err(Error::bare(
                 Rule::Gpu,
                 format!("--backend gpu: {}", gpu::no_adapter_message(true)),
             )),
-        },
-        BackendChoice::Auto => match gpu::find_adapter() {
-            Some(adapter) if gpu::is_hardware(&adapter) => match Gpu::open(&adapter) {
-                Ok(g) => Ok((Box::new(Fallback::new(g, notify)), None)),
-                Err(e) => Ok((
-                    Box::new(Cpu::new()),
-                    Some(format!("{e}; decoding on the CPU")),
-                )),
-            },
-            Some(adapter) => Ok((
-                Box::new(Cpu::new()),
-                Some(format!(
-                    "only a software adapter ({}) found; the CPU path is faster, decoding there",
-                    adapter.get_info().name
-                )),
-            )),
-            None => Ok((
-                Box::new(Cpu::new()),
-                Some(format!(
-                    "{}; decoding on the CPU",
-                    gpu::no_adapter_message(false)
-                )),
-            )),
-        },
+        };
     }
+    let cpu = |note: String| -> (Box<dyn Backend>, Option<String>) {
+        (Box::new(Cpu::new()), Some(note))
+    };
+    Ok(match adapter {
+        Some(adapter) if gpu::is_hardware(&adapter) => match Gpu::open_async(&adapter).await {
+            Ok(g) => (Box::new(Fallback::new(g)), None),
+            Err(e) => cpu(format!("{e}; decoding on the CPU")),
+        },
+        Some(adapter) => cpu(format!(
+            "only a software adapter ({}) found; the CPU path is faster, decoding there",
+            adapter.get_info().name
+        )),
+        None => cpu(format!(
+            "{}; decoding on the CPU",
+            gpu::no_adapter_message(false)
+        )),
+    })
 }

@@ -28,6 +28,7 @@ use staging::{Mode, Staging};
 use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, INDEX_FILE};
 use crate::error::{Error, Result, Rule};
+use crate::numerics::OutDtype;
 use crate::plan::{Output, Plan, Source};
 
 /// Decoded bytes per piece; at most three pieces are in memory at once (one
@@ -36,8 +37,11 @@ use crate::plan::{Output, Plan, Source};
 const CHUNK_BYTES: usize = 32 << 20;
 
 /// What a finished `dequantize` wrote.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
 pub struct Summary {
+    /// Dtype of the decoded tensors.
+    pub dtype: OutDtype,
     /// Tensors decoded from quantized modules ([`Source::is_decoded`]).
     pub decoded: usize,
     /// Tensors copied (possibly under a new name), cast ones included.
@@ -49,6 +53,8 @@ pub struct Summary {
     /// Input tensors used up by decoding or not part of a dense checkpoint
     /// (packs, scales, shapes, activation parameters).
     pub dropped: usize,
+    /// Quantized modules written in the new format (`convert`).
+    pub modules: usize,
     /// Tensor bytes written.
     pub tensor_bytes: u64,
     /// Files written.
@@ -88,9 +94,11 @@ enum Piece<'a> {
     Stored(&'a [u8]),
 }
 
-/// What `progress` is told: `bytes` more output bytes were written to
-/// `tensor`, and whether that finished it.
+/// What a progress callback is told after each piece of output: `bytes`
+/// more bytes of `tensor` were written (and whether that finished it), and
+/// how far the whole run is.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Progress<'p> {
     /// The output tensor.
     pub tensor: &'p str,
@@ -98,6 +106,49 @@ pub struct Progress<'p> {
     pub bytes: u64,
     /// The tensor is complete.
     pub done: bool,
+    /// Tensor bytes written so far, these included.
+    pub done_bytes: u64,
+    /// Tensor bytes the run writes in all.
+    pub total_bytes: u64,
+    /// Tensors complete so far.
+    pub done_tensors: usize,
+    /// Tensors the run writes in all.
+    pub total_tensors: usize,
+}
+
+/// Counts a run's progress, piece by piece.
+pub(crate) struct Tally {
+    done_bytes: u64,
+    total_bytes: u64,
+    done_tensors: usize,
+    total_tensors: usize,
+}
+
+impl Tally {
+    /// Nothing written yet of `shards`.
+    pub(crate) fn of(shards: &[ShardFile<'_, '_>]) -> Tally {
+        Tally {
+            done_bytes: 0,
+            total_bytes: total_bytes(shards),
+            done_tensors: 0,
+            total_tensors: shards.iter().map(|f| f.tensors.len()).sum(),
+        }
+    }
+
+    /// `bytes` more of `tensor` were written, finishing it when `done`.
+    pub(crate) fn step<'p>(&mut self, tensor: &'p str, bytes: u64, done: bool) -> Progress<'p> {
+        self.done_bytes += bytes;
+        self.done_tensors += usize::from(done);
+        Progress {
+            tensor,
+            bytes,
+            done,
+            done_bytes: self.done_bytes,
+            total_bytes: self.total_bytes,
+            done_tensors: self.done_tensors,
+            total_tensors: self.total_tensors,
+        }
+    }
 }
 
 /// One piece of a shard's tensor data, in file order: a whole tensor, a
@@ -244,7 +295,7 @@ fn send_pieces<'a>(
     cancelled: &AtomicBool,
     tx: &SyncSender<Piece<'a>>,
     spare: &Receiver<Vec<u8>>,
-    progress: &mut impl FnMut(Progress<'_>),
+    progress: &mut impl FnMut(&str, u64, bool),
 ) -> Result<bool> {
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = sync_channel::<Result<Piece<'a>>>(1);
@@ -293,11 +344,7 @@ fn send_pieces<'a>(
             // is made (copies once written, by the writing thread).
             let mut spent = Vec::new();
             for (t, bytes, done) in item.parts() {
-                progress(Progress {
-                    tensor: &t.name,
-                    bytes: bytes as u64,
-                    done,
-                });
+                progress(&t.name, bytes as u64, done);
                 match (item, done) {
                     (_, true) if !matches!(t.source, Source::Copy(_)) => {
                         spent.extend(t.inputs().iter().map(|i| i.stored()))
@@ -327,7 +374,7 @@ pub struct OutputDir {
 /// Stops an [`OutputDir::write`] from another thread (an app's Ctrl-C, a
 /// Cancel button): the write fails with IO-001 before its next piece and
 /// leaves nothing behind, as any failed write does.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Canceller(Arc<AtomicBool>);
 
 impl Canceller {
@@ -358,19 +405,6 @@ impl OutputDir {
             max_shard_size: None,
             cancelled: Arc::default(),
         })
-    }
-
-    /// The outputs of `plan` this directory receives (those of its `--shards`).
-    pub fn outputs<'p, 'c>(&self, plan: &'p Plan<'c>) -> Vec<&'p Output<'c>> {
-        plan.outputs
-            .iter()
-            .filter(|o| {
-                wanted(
-                    self.shards.as_deref(),
-                    &plan.checkpoint.shards[o.shard].file_name,
-                )
-            })
-            .collect()
     }
 
     /// Claims `out` even when it holds files (`--force`): files of the same
@@ -415,6 +449,12 @@ impl OutputDir {
     /// A handle that cancels this directory's [`OutputDir::write`].
     pub fn canceller(&self) -> Canceller {
         Canceller(self.cancelled.clone())
+    }
+
+    /// Lets `canceller` stop this directory's [`OutputDir::write`].
+    pub fn cancelled_by(mut self, canceller: &Canceller) -> OutputDir {
+        self.cancelled = canceller.0.clone();
+        self
     }
 
     /// Writes the dense checkpoint of `plan`; `progress` hears of every
@@ -610,9 +650,15 @@ impl Summary {
     /// What writing `shards` of `plan` amounts to (`files` left empty).
     pub fn of(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Summary {
         let mut summary = Summary {
+            dtype: plan.dtype,
+            decoded: 0,
+            copied: 0,
+            cast: 0,
+            converted: 0,
             dropped: plan.dropped.len(),
+            modules: 0,
             tensor_bytes: total_bytes(shards),
-            ..Summary::default()
+            files: Vec::new(),
         };
         for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {
@@ -640,6 +686,8 @@ fn write_into(
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
     let shards = shard_files(plan, only, max_shard_size)?;
+    let mut tally = Tally::of(&shards);
+    let mut progress = |tensor: &str, bytes, done| progress(tally.step(tensor, bytes, done));
     // Each file is synced to disk on a thread of its own while the next is
     // decoded: syncing in turn would leave the decoder idle for every flush.
     std::thread::scope(|scope| -> Result<()> {
@@ -755,7 +803,7 @@ fn write_shard(
     cancelled: &AtomicBool,
     path: &Path,
     mut w: BufWriter<File>,
-    progress: &mut impl FnMut(Progress<'_>),
+    progress: &mut impl FnMut(&str, u64, bool),
 ) -> Result<BufWriter<File>> {
     std::thread::scope(|scope| {
         // Two chunks queued at most: one being written, one waiting.

@@ -60,8 +60,8 @@ fn fixtures_take_the_fast_kernels() {
                 Model::open(fixtures().join(case).join("model"), DtypeChoice::Auto).unwrap();
             let before = gpu.decoder().dispatches();
             for t in model.tensors() {
-                let got = model.decode(&t.name, &gpu).unwrap();
-                let want = model.decode(&t.name, &Cpu::new()).unwrap();
+                let got = model.decode_on(&t.name, &gpu).unwrap();
+                let want = model.decode(&t.name, BackendChoice::Cpu).unwrap();
                 assert!(got == want, "{case} {}: GPU and CPU differ", t.name);
             }
             let after = gpu.decoder().dispatches();

@@ -9,8 +9,7 @@ use std::process::Command;
 use crate::common::cli::{ok, stdout};
 use crate::common::{auto_digests, fixtures, gpu_test, plus_zero, sha256_hex, CASES};
 use serde_json::Value;
-use wgpu_dequant::backend::{gpu::GpuDecoder, Cpu};
-use wgpu_dequant::{wgpu, DtypeChoice, Model, Rule};
+use wgpu_dequant::{wgpu, BackendChoice, DtypeChoice, GpuDecoder, Model, Rule};
 
 const SVDQUANT: &[&str] = &["svdq-fp4-g16-packed", "svdq-int4-g64-logical"];
 
@@ -26,7 +25,6 @@ fn digests(case: &str) -> serde_json::Map<String, Value> {
 
 #[test]
 fn every_tensor_decodes_to_its_producers_bytes() {
-    let cpu = Cpu::new();
     for case in CASES {
         let m = model(case);
         let want = digests(case);
@@ -40,7 +38,7 @@ fn every_tensor_decodes_to_its_producers_bytes() {
             let w = &want[&t.name];
             assert_eq!(format!("{:?}", t.dtype), w["dtype"], "{case}: {}", t.name);
             assert_eq!(serde_json::to_value(&t.shape).unwrap(), w["shape"]);
-            let bytes = m.decode(&t.name, &cpu).unwrap();
+            let bytes = m.decode(&t.name, BackendChoice::Cpu).unwrap();
             assert_eq!(bytes.len(), t.bytes);
             // ModelOpt's reference writes +0 where the format says -0.
             let bytes = if case.starts_with("modelopt") {
@@ -56,10 +54,9 @@ fn every_tensor_decodes_to_its_producers_bytes() {
 #[test]
 fn decode_f32_reads_the_decoded_values() {
     let m = model("w4a16-g128");
-    let cpu = Cpu::new();
     let name = "model.layers.0.mlp.down_proj.weight";
-    let bytes = m.decode(name, &cpu).unwrap();
-    let values = m.decode_f32(name, &cpu).unwrap();
+    let bytes = m.decode(name, BackendChoice::Cpu).unwrap();
+    let values = m.decode_f32(name, BackendChoice::Cpu).unwrap();
     assert_eq!(values.len() * 2, bytes.len());
     for (v, b) in values.iter().zip(bytes.chunks_exact(2)) {
         assert_eq!(
@@ -74,24 +71,26 @@ fn decode_f32_reads_the_decoded_values() {
     )
     .unwrap();
     let embed = "model.embed_tokens.weight";
-    assert_eq!(wide.tensor(embed).unwrap().dtype, safetensors::Dtype::F32);
+    assert_eq!(wide.info(embed).unwrap().dtype, safetensors::Dtype::F32);
     assert_eq!(
-        wide.decode_f32(embed, &cpu).unwrap(),
-        m.decode_f32(embed, &cpu).unwrap()
+        wide.decode_f32(embed, BackendChoice::Cpu).unwrap(),
+        m.decode_f32(embed, BackendChoice::Cpu).unwrap()
     );
 }
 
 #[test]
 fn asking_for_what_is_not_there_is_an_argument_error() {
     let m = model("w4a16-g128");
-    let cpu = Cpu::new();
-    assert!(m.tensor("nope").is_none());
-    let e = m.decode("nope", &cpu).unwrap_err();
+    assert!(m.info("nope").is_err());
+    let e = m.decode("nope", BackendChoice::Cpu).unwrap_err();
     assert_eq!(e.rule, Rule::Argument, "{e}");
     assert!(e.to_string().contains("nope"), "{e}");
     // Quantization tensors are consumed: not part of the dense checkpoint.
     let packed = "model.layers.0.mlp.down_proj.weight_packed";
-    assert_eq!(m.decode(packed, &cpu).unwrap_err().rule, Rule::Argument);
+    assert_eq!(
+        m.decode(packed, BackendChoice::Cpu).unwrap_err().rule,
+        Rule::Argument
+    );
 }
 
 #[test]
@@ -114,7 +113,6 @@ fn gpu_buffers_hold_the_cpu_bytes_for_every_kind_of_tensor() {
         let (device, queue) =
             pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
         let decoder = GpuDecoder::new(&device, &queue);
-        let cpu = Cpu::new();
         for case in CASES.iter().chain(SVDQUANT) {
             let m = model(case);
             let mut sources = std::collections::HashSet::new();
@@ -123,7 +121,7 @@ fn gpu_buffers_hold_the_cpu_bytes_for_every_kind_of_tensor() {
                 assert_eq!(buffer.size(), (t.bytes.div_ceil(4).max(1) * 4) as u64);
                 assert!(buffer.usage().contains(wgpu::BufferUsages::STORAGE));
                 let got = decoder.read_back(&buffer).unwrap();
-                let want = m.decode(&t.name, &cpu).unwrap();
+                let want = m.decode(&t.name, BackendChoice::Cpu).unwrap();
                 assert!(
                     got[..t.bytes] == want[..] && got[t.bytes..].iter().all(|&b| b == 0),
                     "{case}: {} differs between the GPU buffer and the CPU",
@@ -175,7 +173,6 @@ fn run_example(ckpt: &Path, name: &str, gpu: bool) -> String {
 /// name, dtype, shape and the digest of the CPU's bytes; with `gpu_buffer`,
 /// decoded into a GPU buffer (`--gpu-buffer`) and read back.
 fn tensor_example_prints(gpu_buffer: bool) {
-    let cpu = Cpu::new();
     let cases = [
         ("w4a16-g128", "model.layers.0.mlp.down_proj.weight"),
         ("w4a16-g128", "model.embed_tokens.weight"),
@@ -205,13 +202,13 @@ fn tensor_example_prints(gpu_buffer: bool) {
             vec![name.to_string()]
         };
         for name in names {
-            let info = m.tensor(&name).unwrap();
+            let info = m.info(&name).unwrap();
             let shape: Vec<String> = info.shape.iter().map(usize::to_string).collect();
             let want = format!(
                 "{name} {:?} [{}] {}\n",
                 info.dtype,
                 shape.join(","),
-                sha256_hex(&m.decode(&name, &cpu).unwrap())
+                sha256_hex(&m.decode(&name, BackendChoice::Cpu).unwrap())
             );
             let flag = if gpu_buffer { " --gpu-buffer" } else { "" };
             assert_eq!(run_example(&ckpt, &name, gpu_buffer), want, "{case}{flag}");
@@ -231,17 +228,19 @@ fn tensor_example_gpu_buffer_prints_the_same_lines() {
 
 #[test]
 fn decode_into_fills_a_callers_buffer_with_decodes_bytes() {
-    let cpu = Cpu::new();
     for case in CASES.iter().chain(SVDQUANT) {
         let m = model(case);
         for t in m.tensors() {
-            let want = m.decode(&t.name, &cpu).unwrap();
+            let want = m.decode(&t.name, BackendChoice::Cpu).unwrap();
             let mut got = vec![0xA5u8; t.bytes];
-            m.decode_into(&t.name, &cpu, &mut got).unwrap();
+            m.decode_into(&t.name, BackendChoice::Cpu, &mut got)
+                .unwrap();
             assert!(got == want, "{case} {}: decode_into differs", t.name);
             let mut short = vec![0u8; t.bytes.saturating_sub(1)];
             if t.bytes > 0 {
-                let e = m.decode_into(&t.name, &cpu, &mut short).unwrap_err();
+                let e = m
+                    .decode_into(&t.name, BackendChoice::Cpu, &mut short)
+                    .unwrap_err();
                 assert_eq!(e.rule, Rule::Argument, "{e}");
             }
         }

@@ -8,12 +8,12 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::common::{fixtures, gpu_test, snapshot, CASES};
-use wgpu_dequant::backend::execute::Decoder;
-use wgpu_dequant::backend::gpu::GpuDecoder;
-use wgpu_dequant::backend::Cpu;
 use wgpu_dequant::plan::Source;
-use wgpu_dequant::stream::{self, Part, Run, BATCH_BYTES};
-use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Error, Options, OutDtype};
+use wgpu_dequant::stream::{self, Part};
+use wgpu_dequant::{dequantize, BackendChoice, Dequantize, DtypeChoice, Error, Options, OutDtype};
+
+/// What a batch loads at most by default (`Dequantize::stream`'s doc).
+const BATCH_BYTES: usize = 256 << 20;
 
 /// A directory's files read through [`stream::Files`], counting what is read.
 pub struct DirFiles {
@@ -56,22 +56,17 @@ impl stream::Files for DirFiles {
 /// Files by name: (name, bytes), sorted.
 type Snapshot = Vec<(String, Vec<u8>)>;
 
-/// The files `stream::dequantize` makes of `dir`, assembled: (name, bytes), sorted.
+/// The files `Dequantize::stream` makes of `dir`, assembled: (name, bytes), sorted.
 pub fn streamed(
     dir: &Path,
     dtype: DtypeChoice,
-    decoder: Decoder<'_>,
+    backend: BackendChoice,
     batch: usize,
 ) -> Result<(Snapshot, DirFiles), Error> {
     let files = DirFiles::new(dir);
     let mut out: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let run = Run {
-        decoder,
-        fall_back: false,
-    };
     let mut last = (0, 0);
     pollster::block_on(async {
-        let mut ckpt = stream::open(&files).await?;
         let emit = |name: &str, part: Part| {
             let bytes = match part {
                 Part::Bytes(b) => b,
@@ -83,17 +78,20 @@ pub fn streamed(
             };
             out.entry(name.to_string()).or_default().extend(bytes);
         };
-        let progress = |done, total, _: &str| {
+        let progress = |p: &wgpu_dequant::Progress<'_>| {
+            let (done, total) = (p.done_bytes, p.total_bytes);
             assert!(
                 done <= total && done >= last.0,
                 "progress {done}/{total} after {last:?}"
             );
             last = (done, total);
         };
-        let summary =
-            stream::dequantize(&mut ckpt, &files, dtype, run, batch, emit, progress, |e| {
-                panic!("no fallback asked for: {e}")
-            })
+        let summary = Dequantize::new()
+            .dtype(dtype)
+            .backend(backend)
+            .batch_bytes(batch)
+            .on_progress(progress)
+            .stream(&files, emit)
             .await?;
         assert_eq!(last.0, last.1, "progress did not reach the total");
         assert_eq!(summary.tensor_bytes, last.1);
@@ -121,14 +119,13 @@ fn every_case() -> impl Iterator<Item = &'static str> {
 
 #[test]
 fn every_fixture_streams_to_the_clis_files() {
-    let cpu = Cpu::new();
     for case in every_case() {
         let dir = fixtures().join(case).join("model");
         for dtype in [DtypeChoice::Auto, DtypeChoice::Fixed(OutDtype::F32)] {
             let want = cli_files(&dir, dtype);
             // One batch, and a batch per tensor.
             for batch in [BATCH_BYTES, 1] {
-                let (got, _) = streamed(&dir, dtype, Decoder::Blocking(&cpu), batch)
+                let (got, _) = streamed(&dir, dtype, BackendChoice::Cpu, batch)
                     .unwrap_or_else(|e| panic!("{case}: {e}"));
                 let names =
                     |v: &[(String, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
@@ -141,18 +138,12 @@ fn every_fixture_streams_to_the_clis_files() {
 
 #[test]
 fn streaming_reads_each_byte_once_and_copies_without_reading() {
-    let cpu = Cpu::new();
     for case in every_case() {
         let dir = fixtures().join(case).join("model");
         // One batch: a tensor two outputs read (an SVDQuant weight and the
         // bias it shifts) is read once.
-        let (_, files) = streamed(
-            &dir,
-            DtypeChoice::Auto,
-            Decoder::Blocking(&cpu),
-            BATCH_BYTES,
-        )
-        .unwrap();
+        let (_, files) =
+            streamed(&dir, DtypeChoice::Auto, BackendChoice::Cpu, BATCH_BYTES).unwrap();
         let read = files.read.borrow();
         let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
         let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
@@ -180,13 +171,12 @@ fn streaming_reads_each_byte_once_and_copies_without_reading() {
 #[test]
 fn gpu_decoder_awaited_streams_the_cpus_files() {
     gpu_test(|adapter| {
-        let gpu = GpuDecoder::open(&adapter).unwrap();
-        let cpu = Cpu::new();
+        let _ = adapter;
         for case in every_case() {
             let dir = fixtures().join(case).join("model");
             let dtype = DtypeChoice::Fixed(OutDtype::Bf16);
-            let (want, _) = streamed(&dir, dtype, Decoder::Blocking(&cpu), BATCH_BYTES).unwrap();
-            let (got, _) = streamed(&dir, dtype, Decoder::Gpu(&gpu), BATCH_BYTES).unwrap();
+            let (want, _) = streamed(&dir, dtype, BackendChoice::Cpu, BATCH_BYTES).unwrap();
+            let (got, _) = streamed(&dir, dtype, BackendChoice::Gpu, BATCH_BYTES).unwrap();
             assert!(got == want, "{case}: the GPU streams other bytes");
         }
     });

@@ -1,6 +1,7 @@
-//! wgpu-dequant in a browser: the crate's own `stream` driver over the
-//! `File`s (or bytes) a page hands in, decoding on WebGPU or on the CPU in
-//! wasm, and the dense files handed back as `Blob`s.
+//! wgpu-dequant in a browser: the library's `Dequantize::stream` over the
+//! `File`s (or bytes) a page hands in, and the dense files handed back as
+//! `Blob`s. Backend choice, fallback and planning are the library's; this
+//! file only translates between JavaScript and Rust.
 //!
 //! ```js
 //! import init, { dequantize, inspect, adapterInfo } from './pkg/wgpu_dequant.js';
@@ -15,11 +16,8 @@ use js_sys::{Array, Function, Map, Object, Reflect, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::Blob;
-use wgpu_dequant::backend::execute::Decoder;
-use wgpu_dequant::backend::gpu::{find_adapter_async, GpuDecoder};
-use wgpu_dequant::backend::Cpu;
-use wgpu_dequant::stream::{self, Part, Run, BATCH_BYTES};
-use wgpu_dequant::{BackendChoice, DtypeChoice, Error, Rule};
+use wgpu_dequant::stream::{self, Part};
+use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, GpuDecoder, Note, Rule};
 
 /// One file handed in: a `Blob` (a `File` is one), read slice by slice, or bytes.
 enum Source {
@@ -140,22 +138,6 @@ fn string_option(options: &JsValue, key: &str, default: &str) -> Result<String, 
         .ok_or_else(|| js_error(&argument(format!("options.{key}: a string"))))
 }
 
-/// The WebGPU adapter, with a clear error when there is none.
-async fn adapter() -> Result<wgpu_dequant::wgpu::Adapter, Error> {
-    let has_gpu = Reflect::get(&js_sys::global(), &"navigator".into())
-        .and_then(|n| Reflect::get(&n, &"gpu".into()))
-        .is_ok_and(|g| !g.is_undefined());
-    if !has_gpu {
-        return Err(Error::bare(
-            Rule::Gpu,
-            "this browser has no WebGPU (navigator.gpu is missing); use backend 'cpu'",
-        ));
-    }
-    find_adapter_async()
-        .await
-        .ok_or_else(|| Error::bare(Rule::Gpu, "WebGPU found no adapter; use backend 'cpu'"))
-}
-
 /// Dequantizes the checkpoint in `files` to the files the CLI writes:
 /// a `Map` of file name → `Blob`.
 #[wasm_bindgen]
@@ -168,7 +150,8 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
         .parse()
         .map_err(|e| js_error(&e))?;
     let on_progress = option(&options, "onProgress").dyn_into::<Function>().ok();
-    let note = |text: &str| {
+    let note = |note: Note<'_>| {
+        let Note::Text(text) = note else { return };
         web_sys::console::info_1(&format!("wgpu-dequant: {text}").into());
         if let Some(f) = &on_progress {
             let detail = Object::new();
@@ -181,31 +164,6 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
             );
         }
     };
-    let gpu = match backend {
-        BackendChoice::Cpu => None,
-        BackendChoice::Gpu => Some(adapter().await.map_err(|e| js_error(&e))?),
-        BackendChoice::Auto => match adapter().await {
-            Ok(a) => Some(a),
-            Err(e) => {
-                note(&format!("{e}; decoding on the CPU (same bytes)"));
-                None
-            }
-        },
-    };
-    let decoder = match &gpu {
-        Some(a) => Some(GpuDecoder::open_async(a).await.map_err(|e| js_error(&e))?),
-        None => None,
-    };
-    let cpu = Cpu::new();
-    let run = Run {
-        decoder: match &decoder {
-            Some(d) => Decoder::Gpu(d),
-            None => Decoder::Blocking(&cpu),
-        },
-        fall_back: backend == BackendChoice::Auto,
-    };
-
-    let mut ckpt = stream::open(&files).await.map_err(|e| js_error(&e))?;
     // Each part becomes a Blob at once, so the browser may keep it out of
     // this tab's memory; the files are Blobs of those.
     let out: Vec<(String, Array)> = Vec::new();
@@ -245,27 +203,22 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
             }
         }
     };
-    let progress = |done: u64, total: u64, tensor: &str| {
+    let progress = |p: &wgpu_dequant::Progress<'_>| {
         if let Some(f) = &on_progress {
             let detail = Object::new();
-            let _ = Reflect::set(&detail, &"tensor".into(), &tensor.into());
-            let (done, total) = (done as f64, total as f64);
+            let _ = Reflect::set(&detail, &"tensor".into(), &p.tensor.into());
+            let (done, total) = (p.done_bytes as f64, p.total_bytes as f64);
             let _ = f.call3(&JsValue::NULL, &done.into(), &total.into(), &detail);
         }
     };
-    let gpu_note = |e: &Error| note(&format!("{e}; decoding on the CPU from here (same bytes)"));
-    stream::dequantize(
-        &mut ckpt,
-        &files,
-        dtype,
-        run,
-        BATCH_BYTES,
-        emit,
-        progress,
-        gpu_note,
-    )
-    .await
-    .map_err(|e| js_error(&e))?;
+    Dequantize::new()
+        .dtype(dtype)
+        .backend(backend)
+        .on_note(note)
+        .on_progress(progress)
+        .stream(&files, emit)
+        .await
+        .map_err(|e| js_error(&e))?;
     if let Some(e) = failed.into_inner() {
         return Err(e);
     }
@@ -280,10 +233,7 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
 #[wasm_bindgen]
 pub async fn inspect(files: JsValue) -> Result<JsValue, JsValue> {
     let files = Files::from_js(&files)?;
-    let mut ckpt = stream::open(&files).await.map_err(|e| js_error(&e))?;
-    let report = stream::inspect(&mut ckpt, &files)
-        .await
-        .map_err(|e| js_error(&e))?;
+    let report = stream::inspect(&files).await.map_err(|e| js_error(&e))?;
     let text = serde_json::to_string(&report).map_err(|e| JsError::new(&e.to_string()))?;
     js_sys::JSON::parse(&text)
 }
@@ -292,7 +242,7 @@ pub async fn inspect(files: JsValue) -> Result<JsValue, JsValue> {
 /// reports, with the browser's own description of it (`GPUAdapterInfo`).
 #[wasm_bindgen(js_name = adapterInfo)]
 pub async fn adapter_info() -> Result<JsValue, JsValue> {
-    let Ok(adapter) = adapter().await else {
+    let Some(adapter) = GpuDecoder::adapter().await else {
         return Ok(JsValue::NULL);
     };
     let info = adapter.get_info();

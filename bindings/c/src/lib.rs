@@ -2,30 +2,15 @@
 //! (`dequantize`, `Model`), with no decoding of its own. No panic crosses
 //! the boundary; null pointers and short buffers are errors.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
 
-use wgpu_dequant::backend::{self, Backend};
 use wgpu_dequant::{BackendChoice, DtypeChoice, Error, Model, Options, Result, Rule};
 
 /// An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
 pub struct WdqCheckpoint {
     model: Model,
     names: Vec<CString>,
-    /// Backends opened so far, by choice: a GPU device is opened once.
-    backends: Mutex<HashMap<String, Box<dyn Backend>>>,
-}
-
-impl WdqCheckpoint {
-    fn tensor(&self, name: &str) -> Result<wgpu_dequant::TensorInfo> {
-        self.model.tensor(name).ok_or_else(|| {
-            argument(format!(
-                "{name}: no tensor of that name in the dense checkpoint"
-            ))
-        })
-    }
 }
 
 /// What [`wdq_tensor_info`] tells of one tensor of the dense checkpoint.
@@ -143,11 +128,7 @@ pub unsafe extern "C" fn wdq_open(
             .tensors()
             .map(|t| CString::new(t.name).map_err(|_| argument("a tensor name holds NUL".into())))
             .collect::<Result<Vec<_>>>()?;
-        let c = WdqCheckpoint {
-            model,
-            names,
-            backends: Mutex::default(),
-        };
+        let c = WdqCheckpoint { model, names };
         *out = Box::into_raw(Box::new(c));
         Ok(())
     })
@@ -195,14 +176,14 @@ pub unsafe extern "C" fn wdq_tensor_info(
             .ok_or_else(|| argument("checkpoint is NULL".into()))?;
         let out = out.as_mut().ok_or_else(|| argument("out is NULL".into()))?;
         let name = text(name, "name")?;
-        let t = c.tensor(name)?;
+        let t = c.model.info(name)?;
         if t.shape.len() > out.shape.len() {
             return Err(argument(format!(
                 "{name}: {} dimensions, more than 8",
                 t.shape.len()
             )));
         }
-        let dtype = format!("{:?}", t.dtype);
+        let dtype = t.dtype.to_string();
         out.dtype = [0; 8];
         for (d, b) in out.dtype.iter_mut().zip(dtype.bytes().take(7)) {
             *d = b as c_char;
@@ -237,29 +218,20 @@ pub unsafe extern "C" fn wdq_decode(
             .as_ref()
             .ok_or_else(|| argument("checkpoint is NULL".into()))?;
         let name = text(name, "name")?;
-        let choice_name = text(backend, "backend")?;
-        let choice: BackendChoice = choice_name.parse()?;
+        let choice: BackendChoice = text(backend, "backend")?.parse()?;
         if dst.is_null() {
             return Err(argument("dst is NULL".into()));
         }
-        let t = c.tensor(name)?;
+        let t = c.model.info(name)?;
         if dst_len < t.bytes {
             return Err(argument(format!(
                 "{name}: dst holds {dst_len} bytes, the tensor {}",
                 t.bytes
             )));
         }
-        let mut backends = c
-            .backends
-            .lock()
-            .map_err(|_| Error::bare(Rule::Io, "a decode panicked earlier"))?;
-        let b = match backends.entry(choice_name.to_ascii_lowercase()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(backend::select(choice)?.0),
-        };
         // SAFETY: the caller hands `dst_len` ≥ `t.bytes` writable bytes.
         let dst = std::slice::from_raw_parts_mut(dst.cast::<u8>(), t.bytes);
-        c.model.decode_into(name, b.as_ref(), dst)
+        c.model.decode_into(name, choice, dst)
     })
 }
 

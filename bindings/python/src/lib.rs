@@ -1,20 +1,15 @@
 //! The native half of the `wgpu_dequant` Python package: a thin layer over
-//! the library's public API (`Model`, the writer, the report). Decoding runs
-//! with the GIL released; the Python half (`python/wgpu_dequant`) turns
-//! bytes into torch or numpy tensors.
+//! the library's public API (`Model`, `Dequantize`, `inspect`). Decoding
+//! runs with the GIL released; the Python half (`python/wgpu_dequant`) turns
+//! bytes into torch or numpy tensors and draws progress.
 
-use std::collections::HashMap;
 use std::sync::mpsc::{channel, RecvTimeoutError};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
-use wgpu_dequant::backend::{self, Backend};
-use wgpu_dequant::report::Report;
-use wgpu_dequant::writer::{self, OutputDir};
-use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, Error, Model, Plan};
+use wgpu_dequant::{BackendChoice, Canceller, Dequantize, DtypeChoice, Error, Model, Progress};
 
 pyo3::create_exception!(
     _native,
@@ -35,8 +30,6 @@ fn py_err(e: Error) -> PyErr {
 #[pyclass(name = "Checkpoint", module = "wgpu_dequant._native", frozen)]
 struct NativeCheckpoint {
     model: Model,
-    /// Backends opened so far, by name: a GPU device is opened once.
-    backends: Mutex<HashMap<String, Box<dyn Backend>>>,
 }
 
 #[pymethods]
@@ -45,10 +38,7 @@ impl NativeCheckpoint {
     fn new(py: Python<'_>, path: &str, dtype: &str) -> PyResult<Self> {
         let dtype: DtypeChoice = dtype.parse().map_err(py_err)?;
         let model = py.detach(|| Model::open(path, dtype)).map_err(py_err)?;
-        Ok(NativeCheckpoint {
-            model,
-            backends: Mutex::default(),
-        })
+        Ok(NativeCheckpoint { model })
     }
 
     /// The dense checkpoint's tensor names, sorted.
@@ -59,13 +49,8 @@ impl NativeCheckpoint {
     /// `(dtype, shape, nbytes)` of tensor `name`; dtype is the safetensors
     /// name ("BF16", "F32", …).
     fn info(&self, name: &str) -> PyResult<(String, Vec<usize>, usize)> {
-        let t = self.model.tensor(name).ok_or_else(|| {
-            py_err(Error::bare(
-                wgpu_dequant::Rule::Argument,
-                format!("{name}: no tensor of that name in the dense checkpoint"),
-            ))
-        })?;
-        Ok((format!("{:?}", t.dtype), t.shape, t.bytes))
+        let t = self.model.info(name).map_err(py_err)?;
+        Ok((t.dtype.to_string(), t.shape, t.bytes))
     }
 
     /// The decoded bytes of tensor `name` in a new `bytearray`, decoded by
@@ -82,18 +67,7 @@ impl NativeCheckpoint {
         let array = PyByteArray::new_with(py, nbytes, |buf| {
             // The bytearray is new and no Python code can reach it yet, so
             // filling it without the GIL races with nothing.
-            let result = py.detach(|| {
-                let mut backends = self.backends.lock().map_err(|_| {
-                    Error::bare(wgpu_dequant::Rule::Io, "a decode panicked earlier")
-                })?;
-                let b = match backends.entry(backend.to_ascii_lowercase()) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(backend::select(choice)?.0)
-                    }
-                };
-                self.model.decode_into(name, b.as_ref(), buf)
-            });
+            let result = py.detach(|| self.model.decode_into(name, choice, buf));
             if let Err(e) = result {
                 failed = Some(e);
             }
@@ -107,7 +81,9 @@ impl NativeCheckpoint {
 }
 
 /// Writes the dense checkpoint of `path` into `out`, as the CLI does;
-/// returns the summary as JSON. Ctrl-C cancels it and leaves nothing.
+/// returns the summary as JSON. `progress`, when not None, is called with
+/// `(done_bytes, total_bytes, tensor)` after every piece. Ctrl-C cancels the
+/// run and leaves nothing.
 #[pyfunction]
 #[pyo3(signature = (path, out, dtype, backend, force, progress))]
 fn dequantize(
@@ -117,46 +93,35 @@ fn dequantize(
     dtype: &str,
     backend: &str,
     force: bool,
-    progress: bool,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     let dtype: DtypeChoice = dtype.parse().map_err(py_err)?;
     let choice: BackendChoice = backend.parse().map_err(py_err)?;
-    let dir = if force {
-        OutputDir::force(out.as_ref())
-    } else {
-        OutputDir::create(out.as_ref())
-    }
-    .map_err(py_err)?;
-    let canceller = dir.canceller();
+    let canceller = Canceller::default();
+    let cancel = canceller.clone();
+    let run = move || {
+        let on_progress = move |p: &Progress<'_>| {
+            if let Some(f) = &progress {
+                // A callback that raises is the caller's to see, not a reason
+                // to stop decoding.
+                Python::attach(|py| {
+                    if let Err(e) = f.call1(py, (p.done_bytes, p.total_bytes, p.tensor)) {
+                        e.print(py);
+                    }
+                });
+            }
+        };
+        Dequantize::new()
+            .dtype(dtype)
+            .backend(choice)
+            .force(force)
+            .canceller(cancel)
+            .on_progress(on_progress)
+            .run(path, out)
+    };
     let (done_tx, done_rx) = channel();
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            let run = || -> wgpu_dequant::Result<writer::Summary> {
-                let ckpt = Checkpoint::open(path)?;
-                let plan = Plan::build(&ckpt, dtype)?;
-                plan.check()?;
-                let (b, _) = backend::select(choice)?;
-                let total: u64 = dir.outputs(&plan).iter().map(|o| o.byte_len() as u64).sum();
-                let mut done = 0u64;
-                let summary = dir.write(&plan, b.as_ref(), |p| {
-                    done += p.bytes;
-                    if progress {
-                        // The CLI's bar, in plain characters.
-                        let filled = (done * 40).checked_div(total).unwrap_or(40) as usize;
-                        eprint!(
-                            "\r[{}{}] {:.1}/{:.1} MB",
-                            "#".repeat(filled),
-                            "-".repeat(40 - filled),
-                            done as f64 / 1e6,
-                            total as f64 / 1e6
-                        );
-                    }
-                });
-                if progress {
-                    eprintln!();
-                }
-                summary
-            };
             let _ = done_tx.send(run());
         });
         // Wait with the GIL released, waking to let Python see Ctrl-C.
@@ -191,13 +156,7 @@ fn dequantize(
 /// What `inspect --json` prints, as JSON text.
 #[pyfunction]
 fn inspect(py: Python<'_>, path: &str) -> PyResult<String> {
-    let report = py
-        .detach(|| {
-            let ckpt = Checkpoint::open(path)?;
-            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
-            Ok::<_, Error>(Report::new(&plan))
-        })
-        .map_err(py_err)?;
+    let report = py.detach(|| wgpu_dequant::inspect(path)).map_err(py_err)?;
     serde_json::to_string(&report).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 

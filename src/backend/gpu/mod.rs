@@ -14,7 +14,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Decoding};
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 use layout::{Chunk, Fast, Kernel, Limits};
@@ -788,8 +788,13 @@ impl Gpu {
     /// Opens `adapter`. `WGPU_DEQUANT_WORKGROUP_SIZE`, when set, replaces
     /// the workgroup size ([`GpuDecoder::with_workgroup_size`]).
     pub fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
+        pollster::block_on(Gpu::open_async(adapter))
+    }
+
+    /// [`Gpu::open`], awaited.
+    pub async fn open_async(adapter: &wgpu::Adapter) -> Result<Gpu> {
         const VAR: &str = "WGPU_DEQUANT_WORKGROUP_SIZE";
-        let mut decoder = GpuDecoder::open(adapter)?;
+        let mut decoder = GpuDecoder::open_async(adapter).await?;
         if let Ok(v) = std::env::var(VAR) {
             let size = v
                 .trim()
@@ -834,8 +839,21 @@ impl Backend for GpuDecoder {
         GpuDecoder::decode_rows(self, job, rows, out)
     }
 
+    fn decode_rows_async<'a>(
+        &'a self,
+        job: &'a DecodeJob<'a>,
+        rows: Range<usize>,
+        out: &'a mut [u8],
+    ) -> Decoding<'a> {
+        Box::pin(GpuDecoder::decode_rows_async(self, job, rows, out))
+    }
+
     fn decodes_ahead(&self) -> bool {
         true
+    }
+
+    fn gpu(&self) -> Option<&GpuDecoder> {
+        Some(self)
     }
 }
 
@@ -848,10 +866,23 @@ impl Backend for Gpu {
         self.decoder.decode_rows(job, rows, out)
     }
 
+    fn decode_rows_async<'a>(
+        &'a self,
+        job: &'a DecodeJob<'a>,
+        rows: Range<usize>,
+        out: &'a mut [u8],
+    ) -> Decoding<'a> {
+        Box::pin(self.decoder.decode_rows_async(job, rows, out))
+    }
+
     /// On hardware only: a software adapter computes on the CPU cores the
     /// rest of the pipeline uses, so it has no idle time to fill (measured
     /// on llvmpipe: no gain, half again the memory).
     fn decodes_ahead(&self) -> bool {
         self.info.device_type != wgpu::DeviceType::Cpu
+    }
+
+    fn gpu(&self) -> Option<&GpuDecoder> {
+        Some(&self.decoder)
     }
 }

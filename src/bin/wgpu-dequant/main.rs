@@ -1,6 +1,5 @@
 //! The `wgpu-dequant` command line.
 
-mod bench;
 mod signals;
 
 use std::path::{Path, PathBuf};
@@ -8,10 +7,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use wgpu_dequant::convert::{self, ConvertTo};
-use wgpu_dequant::report::{Finding, Report};
+use wgpu_dequant::bench;
 use wgpu_dequant::{
-    backend, writer, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan, Rule,
+    BackendChoice, ConvertTo, Dequantize, DtypeChoice, Error, Merged, Note, OutDtype, Progress,
+    Rule, Validation,
 };
 
 /// Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt
@@ -113,7 +112,7 @@ enum Command {
         e2e_gb: Option<f64>,
         /// The end-to-end checkpoint: square 4096x8192 g128 weights, a MoE
         /// release's many small experts over 8 shards, or one huge tensor.
-        #[arg(long, value_enum, default_value_t = bench::Shape::Square)]
+        #[arg(long, default_value = "square", value_parser = parse_shape)]
         e2e_shape: bench::Shape,
         /// An existing directory where the end-to-end checkpoint is generated
         /// (and removed after).
@@ -158,6 +157,17 @@ enum BackendArg {
     Cpu,
 }
 
+impl From<DtypeArg> for DtypeChoice {
+    fn from(d: DtypeArg) -> DtypeChoice {
+        match d {
+            DtypeArg::Auto => DtypeChoice::Auto,
+            DtypeArg::Bf16 => DtypeChoice::Fixed(OutDtype::Bf16),
+            DtypeArg::F16 => DtypeChoice::Fixed(OutDtype::F16),
+            DtypeArg::F32 => DtypeChoice::Fixed(OutDtype::F32),
+        }
+    }
+}
+
 impl From<BackendArg> for BackendChoice {
     fn from(b: BackendArg) -> BackendChoice {
         match b {
@@ -194,19 +204,20 @@ fn main() -> ExitCode {
             shards,
             max_shard_size,
             keep_names,
-        } => dequantize(
-            &path,
-            dtype,
-            backend,
-            quiet,
-            Target {
-                out: &output,
-                force,
-                shards,
-                max_shard_size,
-                keep_names,
-            },
-        ),
+        } => {
+            let mut run = Dequantize::new()
+                .dtype(dtype.into())
+                .backend(backend.into())
+                .force(force)
+                .keep_names(keep_names);
+            if let Some(shards) = shards {
+                run = run.shards(shards);
+            }
+            if let Some(max) = max_shard_size {
+                run = run.max_shard_size(max);
+            }
+            dequantize(&path, &output, run, quiet)
+        }
         Command::MergeIndex { dir } => merge_index(&dir),
         Command::Bench {
             rows,
@@ -218,12 +229,13 @@ fn main() -> ExitCode {
             backend,
             json,
         } => bench(
-            rows,
-            cols,
-            runs as usize,
-            e2e_gb.map(|gb| (gb, e2e_shape)),
-            &dir,
-            backend,
+            &bench::Settings {
+                rows,
+                cols,
+                runs: runs as usize,
+                e2e: e2e_gb.map(|gb| (gb, e2e_shape, dir)),
+                backend: backend.into(),
+            },
             json,
         ),
         Command::Convert {
@@ -267,21 +279,12 @@ fn print_json(v: &impl serde::Serialize) -> Result<(), Error> {
     Ok(())
 }
 
-/// The exit status for a report's findings: 0 when clean, else the first
-/// finding's (3 for every input rule).
-fn findings_status(errors: &[Finding]) -> ExitCode {
-    match errors.first() {
-        None => ExitCode::SUCCESS,
-        Some(e) => ExitCode::from(e.exit_code),
-    }
-}
-
 /// With `--json`, a failure is a JSON object on stdout too (`{"errors":
 /// [finding]}`, as `validate --json` prints), beside the usual stderr line.
 fn json_failure(json: bool, result: Result<ExitCode, Error>) -> Result<ExitCode, Error> {
     match result {
         Err(e) if json => {
-            print_json(&serde_json::json!({ "errors": [Finding::from(&e)], "warnings": [] }))?;
+            print_json(&Validation::from(&e))?;
             Err(e)
         }
         other => other,
@@ -291,133 +294,60 @@ fn json_failure(json: bool, result: Result<ExitCode, Error>) -> Result<ExitCode,
 fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
     json_failure(
         json,
-        (|| {
-            let ckpt = Checkpoint::open(path)?;
-            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
-            let report = Report::new(&plan);
+        wgpu_dequant::inspect(path).and_then(|report| {
             if json {
                 print_json(&report)?;
             } else {
                 print!("{}", report.text());
             }
-            Ok(findings_status(&report.errors))
-        })(),
+            Ok(ExitCode::from(report.exit_code()))
+        }),
     )
 }
 
 fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    let (errors, warnings) = match Checkpoint::open(path).and_then(|c| {
-        let plan = Plan::build(&c, DtypeChoice::Auto)?;
-        Ok((
-            plan.errors.iter().map(Finding::from).collect::<Vec<_>>(),
-            plan.warnings,
-        ))
-    }) {
-        Ok(found) => found,
-        Err(e) => (vec![Finding::from(&e)], Vec::new()),
-    };
+    let found = wgpu_dequant::validate(path);
     if json {
-        print_json(&serde_json::json!({ "errors": errors, "warnings": warnings }))?;
+        print_json(&found)?;
     } else {
-        for e in &errors {
+        for e in &found.errors {
             println!("error: {}", e.message);
         }
-        for w in &warnings {
+        for w in &found.warnings {
             println!("warning: {}: {}", w.subject, w.detail);
         }
-        if errors.is_empty() {
-            println!("ok: {} ({} warnings)", path.display(), warnings.len());
+        if found.errors.is_empty() {
+            println!("ok: {} ({} warnings)", path.display(), found.warnings.len());
         }
     }
-    Ok(findings_status(&errors))
-}
-
-/// Where and how `dequantize` writes.
-struct Target<'a> {
-    out: &'a Path,
-    force: bool,
-    shards: Option<Vec<String>>,
-    max_shard_size: Option<u64>,
-    keep_names: bool,
+    Ok(ExitCode::from(found.exit_code()))
 }
 
 fn dequantize(
     path: &Path,
-    dtype: DtypeArg,
-    backend: BackendArg,
+    out: &Path,
+    run: Dequantize<'_>,
     quiet: bool,
-    Target {
-        out,
-        force,
-        shards,
-        max_shard_size,
-        keep_names,
-    }: Target<'_>,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
-    let ckpt = Checkpoint::open(path)?;
-    let dtype = match dtype {
-        DtypeArg::Auto => DtypeChoice::Auto,
-        DtypeArg::Bf16 => DtypeChoice::Fixed(OutDtype::Bf16),
-        DtypeArg::F16 => DtypeChoice::Fixed(OutDtype::F16),
-        DtypeArg::F32 => DtypeChoice::Fixed(OutDtype::F32),
-    };
-    let mut plan = Plan::build(&ckpt, dtype)?;
-    if keep_names {
-        plan.keep_stored_names()?;
-    }
-    plan.check()?;
-    let choice = BackendChoice::from(backend);
-    let target = match shards {
-        Some(list) => {
-            let names = list
-                .iter()
-                .map(|s| ckpt.shard_file_name(s).map(str::to_string))
-                .collect::<Result<Vec<_>, _>>()?;
-            writer::OutputDir::for_shards(out, names)?
-        }
-        None if force => writer::OutputDir::force(out)?,
-        None => writer::OutputDir::create(out)?,
-    };
-    let target = match max_shard_size {
-        Some(max) => target.with_max_shard_size(max),
-        None => target,
-    };
-    let (backend, note) = backend::select_notifying(choice, move |e| {
-        if !quiet {
-            eprintln!("note: {e}; decoding on the CPU from here (same bytes)");
-        }
-    })?;
-    if !quiet {
-        if let Some(note) = note {
-            eprintln!("note: {note}");
-        }
-        eprintln!(
-            "{}: {}; backend {}",
-            path.display(),
-            plan.format.describe(),
-            backend.name()
-        );
-        if plan.decoded() == 0 {
-            eprintln!(
-                "note: nothing to decode (no quantized module); the tensors are copied{}",
-                match plan.dtype_choice {
-                    DtypeChoice::Fixed(d) => format!(" as {d}"),
-                    DtypeChoice::Auto => " as they are".to_string(),
-                }
-            );
-        }
-    }
-    let selected = target.outputs(&plan);
-    let total: u64 = selected.iter().map(|o| o.byte_len() as u64).sum();
-    let mut meter = Meter::new(total, selected.len(), quiet);
-    let summary = target.write(&plan, backend.as_ref(), |p| meter.update(p));
-    meter.finish();
+    let meter = std::cell::RefCell::new(Meter::new(quiet));
+    let summary = run
+        .on_note(|note| match note {
+            _ if quiet => {}
+            Note::Start { format, backend } => meter
+                .borrow()
+                .println(&format!("{}: {format}; backend {backend}", path.display())),
+            Note::Text(text) => meter.borrow().println(&format!("note: {text}")),
+            _ => {}
+        })
+        .on_progress(|p| meter.borrow_mut().update(p))
+        .run(path, out);
+    meter.borrow().finish();
     let summary = summary?;
     if !quiet {
         let secs = started.elapsed().as_secs_f64();
         let cast = if summary.cast > 0 {
-            format!(" ({} cast to {})", summary.cast, plan.dtype)
+            format!(" ({} cast to {})", summary.cast, summary.dtype)
         } else {
             String::new()
         };
@@ -425,7 +355,7 @@ fn dequantize(
             "wrote {}: {} tensors decoded to {} (from {} packs and scales), {} copied{cast}; {} in {:.2} s ({}/s)",
             out.display(),
             summary.decoded,
-            plan.dtype,
+            summary.dtype,
             summary.dropped,
             summary.copied,
             megabytes(summary.tensor_bytes as f64),
@@ -437,28 +367,20 @@ fn dequantize(
 }
 
 fn merge_index(dir: &Path) -> Result<ExitCode, Error> {
-    match writer::merge_index(dir)? {
-        writer::Merged::Wrote(p) => eprintln!("wrote {}", p.display()),
-        writer::Merged::Already(p) => eprintln!("{} is already merged; nothing to do", p.display()),
+    match wgpu_dequant::merge_index(dir)? {
+        Merged::Wrote(p) => eprintln!("wrote {}", p.display()),
+        Merged::Already(p) => eprintln!("{} is already merged; nothing to do", p.display()),
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCode, Error> {
-    let ckpt = Checkpoint::open(path)?;
-    let plan = convert::plan(&ckpt, to)?;
-    let target = writer::OutputDir::create(out)?;
-    // Conversion renames, inverts scales and repacks on the host: nothing
-    // is decoded.
-    let summary = target.write(&plan, &backend::Cpu::new(), |_| {})?;
+    let summary = wgpu_dequant::convert(path, out, to)?;
     if !quiet {
         eprintln!(
             "wrote {}: {} quantized modules as compressed-tensors ({} tensors computed, {} copied)",
             out.display(),
-            plan.outputs
-                .iter()
-                .filter(|o| o.name.ends_with(".weight_packed"))
-                .count(),
+            summary.modules,
             summary.converted,
             summary.copied,
         );
@@ -466,102 +388,20 @@ fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-fn bench(
-    rows: usize,
-    cols: usize,
-    runs: usize,
-    e2e: Option<(f64, bench::Shape)>,
-    dir: &Path,
-    backend: BackendArg,
-    json: bool,
-) -> Result<ExitCode, Error> {
-    let show = |f: &bench::Figure| {
-        if json {
-            println!("{}", f.json());
-        } else {
-            println!("{f}");
-        }
-    };
-    let say = |line: String| {
-        if !json {
-            println!("{line}");
-        }
-    };
-    if rows == 0 || cols == 0 || !cols.is_multiple_of(128) {
-        return Err(Error::bare(
-            Rule::Argument,
-            "--cols: rows must be positive and cols a positive multiple of 128",
-        ));
-    }
-    if e2e.is_some() && !dir.is_dir() {
-        return Err(Error::new(
-            Rule::Argument,
-            dir,
-            "--dir is not an existing directory",
-        ));
-    }
-    // What runs: `gpu` measures the GPU alone (any adapter); `auto` the CPU
-    // and a hardware GPU, as `dequantize --backend auto` would use.
-    let choice = BackendChoice::from(backend);
-    let gpu = match choice {
-        BackendChoice::Cpu => None,
-        BackendChoice::Gpu => {
-            Some(wgpu_dequant::backend::gpu::find_adapter().ok_or_else(|| {
-                Error::bare(
-                    Rule::Gpu,
-                    format!(
-                        "--backend: gpu: {}",
-                        wgpu_dequant::backend::gpu::no_adapter_message(true)
-                    ),
-                )
-            })?)
-        }
-        BackendChoice::Auto => {
-            match wgpu_dequant::backend::gpu::find_adapter() {
-                Some(a) if wgpu_dequant::backend::gpu::is_hardware(&a) => Some(a),
-                Some(a) => {
-                    say(format!("gpu: only a software adapter ({}); not measured (--backend gpu measures it)", a.get_info().name));
-                    None
-                }
-                None => {
-                    say("gpu: no adapter found; not measured".into());
-                    None
-                }
-            }
-        }
-    };
-    if choice != BackendChoice::Gpu {
-        bench::cpu_kernels(rows, cols, runs)?.iter().for_each(show);
-    }
-    if let Some(adapter) = &gpu {
-        let decoder = wgpu_dequant::backend::gpu::GpuDecoder::open(adapter)?;
-        say(format!("gpu: {}", adapter.get_info().name));
-        bench::gpu_kernels(&decoder, rows, cols, runs)?
-            .iter()
-            .for_each(show);
-    }
-    if let Some((gb, shape)) = e2e {
-        let mut backends = Vec::new();
-        if choice != BackendChoice::Gpu {
-            backends.push((BackendChoice::Cpu, "cpu"));
-        }
-        if gpu.is_some() {
-            backends.push((BackendChoice::Gpu, "gpu"));
-        }
-        for (b, label) in backends {
-            let e = bench::end_to_end(dir, gb, shape, runs, b)?;
-            if json {
-                show(&e.figure);
-                continue;
-            }
-            println!(
-                "{} [{label}; input {}; peak RSS {}]",
-                e.figure,
-                megabytes(e.input_bytes as f64),
-                e.peak_rss.map_or("n/a".into(), |r| megabytes(r as f64))
-            );
-        }
-    }
+fn bench(settings: &bench::Settings, json: bool) -> Result<ExitCode, Error> {
+    bench::run(settings, |line| match line {
+        bench::Line::Figure(f) if json => println!("{}", f.json()),
+        bench::Line::Figure(f) => println!("{f}"),
+        bench::Line::EndToEnd(e, _) if json => println!("{}", e.figure.json()),
+        bench::Line::EndToEnd(e, label) => println!(
+            "{} [{label}; input {}; peak RSS {}]",
+            e.figure,
+            megabytes(e.input_bytes as f64),
+            e.peak_rss.map_or("n/a".into(), |r| megabytes(r as f64))
+        ),
+        bench::Line::Say(_) if json => {}
+        bench::Line::Say(text) => println!("{text}"),
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -579,20 +419,16 @@ fn megabytes(bytes: f64) -> String {
 struct Meter {
     bar: Option<indicatif::ProgressBar>,
     plain: bool,
-    total: u64,
-    tensors: usize,
-    done_bytes: u64,
-    done_tensors: usize,
     started: Instant,
     last_line: Instant,
 }
 
 impl Meter {
-    fn new(total: u64, tensors: usize, quiet: bool) -> Meter {
+    fn new(quiet: bool) -> Meter {
         use std::io::IsTerminal;
         let terminal = std::io::stderr().is_terminal();
         let bar = (!quiet && terminal).then(|| {
-            let bar = indicatif::ProgressBar::new(total);
+            let bar = indicatif::ProgressBar::new(0);
             // Decimal units, as in the summary; the bar takes what width is left.
             let style = indicatif::ProgressStyle::with_template(
                 "{wide_bar} {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta} {msg}",
@@ -604,32 +440,35 @@ impl Meter {
         Meter {
             bar,
             plain: !quiet && !terminal,
-            total,
-            tensors,
-            done_bytes: 0,
-            done_tensors: 0,
             started: Instant::now(),
             last_line: Instant::now(),
         }
     }
 
-    fn update(&mut self, p: writer::Progress<'_>) {
-        self.done_bytes += p.bytes;
-        self.done_tensors += usize::from(p.done);
-        let tensors = format!("{}/{} tensors", self.done_tensors, self.tensors);
+    /// A line above the bar (or just a line).
+    fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn update(&mut self, p: &Progress<'_>) {
+        let tensors = format!("{}/{} tensors", p.done_tensors, p.total_tensors);
         if let Some(bar) = &self.bar {
-            bar.set_position(self.done_bytes);
+            bar.set_length(p.total_bytes);
+            bar.set_position(p.done_bytes);
             bar.set_message(tensors);
         } else if self.plain && self.last_line.elapsed().as_secs_f64() >= 5.0 {
             self.last_line = Instant::now();
             let secs = self.started.elapsed().as_secs_f64();
-            let rate = self.done_bytes as f64 / secs.max(1e-9);
-            let left = self.total.saturating_sub(self.done_bytes) as f64 / rate.max(1.0);
+            let rate = p.done_bytes as f64 / secs.max(1e-9);
+            let left = p.total_bytes.saturating_sub(p.done_bytes) as f64 / rate.max(1.0);
             eprintln!(
                 "progress: {:.0}% ({} of {}, {tensors}, {}/s, {:.0} s left)",
-                100.0 * self.done_bytes as f64 / self.total.max(1) as f64,
-                megabytes(self.done_bytes as f64),
-                megabytes(self.total as f64),
+                100.0 * p.done_bytes as f64 / p.total_bytes.max(1) as f64,
+                megabytes(p.done_bytes as f64),
+                megabytes(p.total_bytes as f64),
                 megabytes(rate),
                 left
             );
@@ -646,5 +485,10 @@ impl Meter {
 /// `--max-shard-size`: a byte count with Hugging Face's units (`5GB` is
 /// 5·10⁹ bytes, `5GiB` 5·2³⁰).
 fn parse_size(s: &str) -> Result<u64, String> {
-    writer::parse_size(s).map_err(|e| e.detail)
+    wgpu_dequant::parse_size(s).map_err(|e| e.detail)
+}
+
+/// `--e2e-shape`.
+fn parse_shape(s: &str) -> Result<bench::Shape, String> {
+    s.parse().map_err(|e: Error| e.detail)
 }

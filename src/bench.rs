@@ -17,14 +17,12 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
+use crate::backend::{gpu::GpuDecoder, select, Backend, BackendChoice, Cpu};
+use crate::error::{Error, Result, Rule};
+use crate::job::{e2m1, e4m3, e8m0, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use crate::numerics::OutDtype;
+use crate::writer::safetensors_header;
 use safetensors::Dtype;
-use wgpu_dequant::backend::{gpu::GpuDecoder, Backend, Cpu};
-use wgpu_dequant::job::{
-    e2m1, e4m3, e8m0, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint,
-};
-use wgpu_dequant::writer::safetensors_header;
-use wgpu_dequant::OutDtype;
-use wgpu_dequant::{BackendChoice, Error, Result, Rule};
 
 /// One measurement and its baseline.
 #[derive(Debug, Clone)]
@@ -396,7 +394,7 @@ pub fn gpu_kernels(
 }
 
 /// The generated checkpoints `bench --e2e-gb` dequantizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     /// 4096x8192 int4 group-128 weights in one file.
     Square,
@@ -588,7 +586,7 @@ pub fn end_to_end(
         input_bytes += e.metadata().map_or(0, |m| m.len());
     }
     let bytes = (tensors * rows * cols * 2) as u64;
-    let options = wgpu_dequant::Options {
+    let options = crate::Options {
         backend,
         ..Default::default()
     };
@@ -600,7 +598,7 @@ pub fn end_to_end(
         baseline = baseline.min(file_write(dir, bytes)?);
         reset_peak_rss();
         let t = Instant::now();
-        done = wgpu_dequant::dequantize(&ckpt, &out, &options).map(|_| ());
+        done = crate::dequantize(&ckpt, &out, &options).map(|_| ());
         seconds = seconds.min(t.elapsed().as_secs_f64());
         peak = peak.max(peak_rss());
         let _ = std::fs::remove_dir_all(&out);
@@ -633,4 +631,116 @@ pub fn end_to_end(
         input_bytes,
         peak_rss: peak,
     })
+}
+
+impl std::str::FromStr for Shape {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Shape> {
+        match s {
+            "square" => Ok(Shape::Square),
+            "moe" => Ok(Shape::Moe),
+            "one-tensor" => Ok(Shape::OneTensor),
+            _ => Err(Error::bare(
+                Rule::Argument,
+                format!("--e2e-shape: {s:?} is not one of square, moe, one-tensor"),
+            )),
+        }
+    }
+}
+
+/// What `bench` measures.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Rows of the kernel benchmarks' weight.
+    pub rows: usize,
+    /// Its columns (a multiple of 128).
+    pub cols: usize,
+    /// Runs of each measurement; the best is kept.
+    pub runs: usize,
+    /// Also `dequantize` a generated checkpoint of this many GB of bf16
+    /// output, of this shape, in this existing directory.
+    pub e2e: Option<(f64, Shape, std::path::PathBuf)>,
+    /// `cpu`, `gpu` (any adapter), or `auto` (the CPU, and the GPU
+    /// `dequantize --backend auto` would run on, if any).
+    pub backend: BackendChoice,
+}
+
+/// What `bench` reports, in order.
+pub enum Line {
+    /// A measurement against its baseline.
+    Figure(Figure),
+    /// An end-to-end measurement, with its input size and peak memory.
+    EndToEnd(EndToEnd, &'static str),
+    /// A remark for people (what was not measured, on which adapter).
+    Say(String),
+}
+
+/// Runs the benchmarks `settings` asks for, telling `show` each result.
+pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
+    let Settings {
+        rows,
+        cols,
+        runs,
+        backend,
+        ..
+    } = *settings;
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(128) {
+        return Err(Error::bare(
+            Rule::Argument,
+            "--cols: rows must be positive and cols a positive multiple of 128",
+        ));
+    }
+    if let Some((_, _, dir)) = &settings.e2e {
+        if !dir.is_dir() {
+            return Err(Error::new(
+                Rule::Argument,
+                dir,
+                "--dir is not an existing directory",
+            ));
+        }
+    }
+    // The GPU measured: the one `--backend` selects (under `auto`, only a
+    // GPU `dequantize` would run on).
+    let gpu = match backend {
+        BackendChoice::Cpu => None,
+        choice => {
+            let (b, note) = select(choice)?;
+            if b.gpu().is_none() {
+                let why = note.unwrap_or_default();
+                show(Line::Say(format!(
+                    "gpu: not measured: {why} (--backend gpu measures any adapter)"
+                )));
+                None
+            } else {
+                Some(b)
+            }
+        }
+    };
+    if backend != BackendChoice::Gpu {
+        cpu_kernels(rows, cols, runs)?
+            .into_iter()
+            .for_each(|f| show(Line::Figure(f)));
+    }
+    if let Some((b, decoder)) = gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
+        show(Line::Say(b.name()));
+        gpu_kernels(decoder, rows, cols, runs)?
+            .into_iter()
+            .for_each(|f| show(Line::Figure(f)));
+    }
+    if let Some((gb, shape, dir)) = &settings.e2e {
+        let mut backends = Vec::new();
+        if backend != BackendChoice::Gpu {
+            backends.push((BackendChoice::Cpu, "cpu"));
+        }
+        if gpu.is_some() {
+            backends.push((BackendChoice::Gpu, "gpu"));
+        }
+        for (b, label) in backends {
+            show(Line::EndToEnd(
+                end_to_end(dir, *gb, *shape, runs, b)?,
+                label,
+            ));
+        }
+    }
+    Ok(())
 }
