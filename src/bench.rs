@@ -1,7 +1,7 @@
 //! `wgpu-dequant bench`: decode speed as a ratio against a baseline measured
 //! in the same run on the same number of bytes.
 //!
-//! - CPU kernels: each format's layout ([`Layout`]) decoded to bf16 and f32
+//! - CPU kernels: each format's layout (`Layout`) decoded to bf16 and f32
 //!   from memory, against a multi-threaded `memcpy` of the output bytes.
 //! - GPU kernels: the same jobs decoded into a GPU buffer (upload included,
 //!   no readback), against a copy shader with the fast kernel's dispatch
@@ -101,7 +101,7 @@ fn best(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 /// The layouts the kernels are measured on: the storage, code tables and
 /// scale layout of each format, over random bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
+pub(crate) enum Layout {
     /// pack-quantized int4, bf16 group-128 scales.
     Int4,
     /// The same with packed int4 zero points.
@@ -118,7 +118,7 @@ pub enum Layout {
 
 impl Layout {
     /// Every layout, in report order.
-    pub const ALL: [Layout; 6] = [
+    pub(crate) const ALL: [Layout; 6] = [
         Layout::Int4,
         Layout::Int4Asym,
         Layout::Nvfp4,
@@ -148,7 +148,7 @@ impl Layout {
 }
 
 /// Random storage of one layout, `rows × cols`.
-pub struct Weight {
+pub(crate) struct Weight {
     layout: Layout,
     rows: usize,
     cols: usize,
@@ -168,7 +168,7 @@ fn table(f: impl Fn(u8) -> f32) -> ValueKind {
 
 impl Weight {
     /// Random storage; `cols` a multiple of 128.
-    pub fn random(layout: Layout, rows: usize, cols: usize, seed: u64) -> Weight {
+    pub(crate) fn random(layout: Layout, rows: usize, cols: usize, seed: u64) -> Weight {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut bytes = |n: usize| {
             let mut v = vec![0u8; n];
@@ -213,7 +213,7 @@ impl Weight {
     }
 
     /// The job that decodes it to `out`.
-    pub fn job(&self, out: OutDtype) -> DecodeJob<'_> {
+    pub(crate) fn job(&self, out: OutDtype) -> DecodeJob<'_> {
         let (rows, cols) = (self.rows, self.cols);
         let bits = self.layout.bits();
         let grid = |row_div: usize, col_div: usize| Grid {
@@ -284,7 +284,7 @@ fn case_name(layout: Layout, out: OutDtype) -> String {
 
 /// CPU decode of every layout against a multi-threaded copy of the output
 /// bytes.
-pub fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<Figure>> {
+pub(crate) fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
     for layout in Layout::ALL {
         let w = Weight::random(layout, rows, cols, 7);
@@ -320,7 +320,7 @@ pub fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<Figure>>
 /// GPU decode of every layout into a GPU buffer (upload included) against
 /// the copy shader with the fast kernel's geometry, which uploads the same
 /// bytes, reads each code word and writes as many output words.
-pub fn gpu_kernels(
+pub(crate) fn gpu_kernels(
     decoder: &GpuDecoder,
     rows: usize,
     cols: usize,
@@ -421,7 +421,7 @@ impl Shape {
 /// `rows × cols` in groups of `group` into `dir`: `config.json` and one
 /// `model.safetensors`, or `shards` files and an index, with each module's
 /// scale and shape in the shard after its codes.
-pub fn write_checkpoint(
+pub(crate) fn write_checkpoint(
     dir: &Path,
     (tensors, rows, cols, group, shards): (usize, usize, usize, usize, usize),
 ) -> Result<()> {
@@ -513,7 +513,7 @@ pub fn write_checkpoint(
 
 /// Writing `bytes` to a new file in `dir` and syncing it, as the writer
 /// does: the end-to-end baseline.
-pub fn file_write(dir: &Path, bytes: u64) -> Result<f64> {
+pub(crate) fn file_write(dir: &Path, bytes: u64) -> Result<f64> {
     let path = dir.join("baseline.bin");
     let block = vec![0x5Au8; 64 << 20];
     let t = Instant::now();
@@ -540,7 +540,7 @@ pub fn file_write(dir: &Path, bytes: u64) -> Result<f64> {
 
 /// Peak resident memory of this process since the last [`reset_peak_rss`],
 /// in bytes (Linux; `None` elsewhere).
-pub fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -548,7 +548,7 @@ pub fn peak_rss() -> Option<u64> {
 }
 
 /// Starts a new peak-RSS measurement (Linux: `/proc/self/clear_refs`).
-pub fn reset_peak_rss() {
+pub(crate) fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
@@ -566,7 +566,7 @@ pub struct EndToEnd {
 /// Generates an int4 checkpoint of `shape` with about `gb` GB of bf16 output
 /// in `dir` and times `dequantize` of it with `backend` against writing the
 /// same number of bytes to a file, best of `runs` each.
-pub fn end_to_end(
+pub(crate) fn end_to_end(
     dir: &Path,
     gb: f64,
     shape: Shape,

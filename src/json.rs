@@ -76,7 +76,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
 
 /// The dotted path of the first key repeated inside one object of `text`,
 /// if any (`None` too for text that is not JSON: parsing reports that).
-pub fn duplicate_key(text: &[u8]) -> Option<String> {
+pub(crate) fn duplicate_key(text: &[u8]) -> Option<String> {
     let found = RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(text);
     // Deep nesting is refused by serde_json's own recursion limit.

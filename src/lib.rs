@@ -48,15 +48,19 @@ macro_rules! internal {
         pub mod $name;
         $(#[$attr])*
         #[cfg(not(feature = "testing"))]
-        #[allow(unreachable_pub, unnameable_types, dead_code)]
+        #[allow(unreachable_pub, unnameable_types, dead_code, unused_imports)]
         mod $name;
     )*};
 }
 
 internal! {
     mod backend;
+    mod checkpoint;
     mod convert;
+    mod formats;
     mod job;
+    mod numerics;
+    mod output;
     mod plan;
     mod report;
     mod writer;
@@ -64,14 +68,10 @@ internal! {
 
 #[doc(hidden)]
 pub mod bench;
-mod checkpoint;
 mod error;
-mod formats;
 mod json;
 mod model;
 mod names;
-mod numerics;
-mod output;
 mod run;
 pub mod stream;
 

@@ -195,8 +195,8 @@ impl Model {
     }
 
     /// Tensor `name` in a new buffer on `decoder`'s device, decoded there
-    /// when it is quantized; see [`GpuDecoder::decode_to_buffer`] for the
-    /// buffer's layout and usage flags.
+    /// when it is quantized; see [`GpuDecoder`] for the buffer's layout and
+    /// usage flags.
     pub fn decode_to_buffer(&self, name: &str, decoder: &GpuDecoder) -> Result<wgpu::Buffer> {
         self.output(name)?.to_buffer(decoder)
     }

@@ -18,7 +18,7 @@
 //! `gate_proj`/`up_proj`/`down_proj` on the hub too: nothing to map.
 
 /// Model types whose hub checkpoints name experts `w1`/`w3`/`w2`.
-pub const MIXTRAL_STYLE: &[&str] = &["mixtral", "minimax", "minimax_m2"];
+pub(crate) const MIXTRAL_STYLE: &[&str] = &["mixtral", "minimax", "minimax_m2"];
 
 /// `(stored, hub)` names of one expert projection.
 const EXPERT_NAMES: &[(&str, &str)] =
@@ -26,7 +26,7 @@ const EXPERT_NAMES: &[(&str, &str)] =
 
 /// The hub name of tensor `name` in a `model_type` checkpoint, when it
 /// differs from the stored one.
-pub fn hub_name(model_type: &str, name: &str) -> Option<String> {
+pub(crate) fn hub_name(model_type: &str, name: &str) -> Option<String> {
     if !MIXTRAL_STYLE.contains(&model_type) {
         return None;
     }
@@ -49,7 +49,7 @@ pub fn hub_name(model_type: &str, name: &str) -> Option<String> {
 
 /// The `model_type` of a config.json (a multimodal config's `text_config`
 /// when the top level has none).
-pub fn model_type(config: &serde_json::Value) -> Option<&str> {
+pub(crate) fn model_type(config: &serde_json::Value) -> Option<&str> {
     config
         .get("model_type")
         .or_else(|| config.get("text_config")?.get("model_type"))

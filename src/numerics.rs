@@ -116,7 +116,7 @@ impl std::fmt::Display for OutDtype {
 /// f32 bits as written; every NaN becomes the canonical quiet NaN 0x7FC0_0000,
 /// since the sign and payload of a NaN product differ between CPUs and GPUs.
 #[inline]
-pub fn f32_bits(x: f32) -> u32 {
+pub(crate) fn f32_bits(x: f32) -> u32 {
     let b = x.to_bits();
     if b & 0x7FFF_FFFF > 0x7F80_0000 {
         0x7FC0_0000
@@ -128,7 +128,7 @@ pub fn f32_bits(x: f32) -> u32 {
 /// f32 → bfloat16 bits, round to nearest even; NaN becomes the canonical 0x7FC0
 /// (as PyTorch does).
 #[inline]
-pub fn f32_to_bf16(x: f32) -> u16 {
+pub(crate) fn f32_to_bf16(x: f32) -> u16 {
     // Round to nearest even on the bits, as decode.wgsl does; without a
     // branch, so loops of it vectorize.
     let b = x.to_bits();
@@ -142,14 +142,14 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 
 /// bfloat16 bits → f32 (exact).
 #[inline]
-pub fn bf16_to_f32(h: u16) -> f32 {
+pub(crate) fn bf16_to_f32(h: u16) -> f32 {
     half::bf16::from_bits(h).to_f32()
 }
 
 /// f32 → IEEE half bits, round to nearest even, overflow to ±inf; NaN becomes
 /// the canonical 0x7E00 (the sign of a NaN product is not portable).
 #[inline]
-pub fn f32_to_f16(x: f32) -> u16 {
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
     if x.is_nan() {
         return 0x7E00;
     }
@@ -158,23 +158,23 @@ pub fn f32_to_f16(x: f32) -> u16 {
 
 /// IEEE half bits → f32 (exact).
 #[inline]
-pub fn f16_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     half::f16::from_bits(h).to_f32()
 }
 
 /// Whether stored tensors of `dtype` are floating point values that
 /// [`cast`] converts (fp8 is a quantized storage, not a model dtype).
-pub fn is_castable(dtype: safetensors::Dtype) -> bool {
+pub(crate) fn is_castable(dtype: safetensors::Dtype) -> bool {
     use safetensors::Dtype::*;
     matches!(dtype, BF16 | F16 | F32 | F64)
 }
 
 /// Reads one little-endian element, widening it exactly to f32.
-pub type ReadFloat = fn(&[u8]) -> f32;
+pub(crate) type ReadFloat = fn(&[u8]) -> f32;
 
 /// How to read one little-endian element of a 16- or 32-bit float dtype
 /// (its size, and the exact widening to f32); `None` for other dtypes.
-pub fn float_reader(dtype: safetensors::Dtype) -> Option<(usize, ReadFloat)> {
+pub(crate) fn float_reader(dtype: safetensors::Dtype) -> Option<(usize, ReadFloat)> {
     use safetensors::Dtype;
     match dtype {
         Dtype::BF16 => Some((2, |b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
@@ -188,7 +188,7 @@ pub fn float_reader(dtype: safetensors::Dtype) -> Option<(usize, ReadFloat)> {
 /// rounded once to nearest even, NaN canonical as in every decoded output.
 /// `out` holds exactly as many elements as `src`; `from` is
 /// [`is_castable`].
-pub fn cast(from: safetensors::Dtype, src: &[u8], to: OutDtype, out: &mut [u8]) {
+pub(crate) fn cast(from: safetensors::Dtype, src: &[u8], to: OutDtype, out: &mut [u8]) {
     let outs = out.chunks_exact_mut(to.size());
     if let Some((size, read)) = float_reader(from) {
         src.chunks_exact(size)

@@ -103,7 +103,8 @@ impl Report {
     }
 
     /// The report of `plan`.
-    pub fn new(plan: &Plan<'_>) -> Report {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(plan: &Plan<'_>) -> Report {
         let ckpt = plan.checkpoint;
         Report {
             path: ckpt.display_path().display().to_string(),

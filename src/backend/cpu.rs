@@ -264,7 +264,7 @@ mod shuffle {
     /// Decodes whole 16-code blocks of `codes` (two per byte, low nibble
     /// first) through `table` into `out` (2 bytes per output); returns how
     /// many outputs were written (0 when the CPU has no SSSE3).
-    pub fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
+    pub(super) fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("ssse3") {
@@ -281,7 +281,7 @@ mod shuffle {
         use std::arch::x86_64::*;
 
         #[target_feature(enable = "ssse3")]
-        pub unsafe fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
+        pub(super) unsafe fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
             let lo: [u8; 16] = std::array::from_fn(|c| table[c] as u8);
             let hi: [u8; 16] = std::array::from_fn(|c| (table[c] >> 8) as u8);
             let blocks = (codes.len() / 8).min(out.len() / 32);

@@ -15,7 +15,9 @@ use std::ops::Range;
 use std::pin::Pin;
 
 pub use cpu::Cpu;
-pub use select::{select, select_async, BackendChoice, Fallback};
+pub use select::{select, select_async, BackendChoice};
+#[cfg(feature = "testing")]
+pub use select::Fallback;
 
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;

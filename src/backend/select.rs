@@ -168,8 +168,11 @@ pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Op
     let cpu = |note: String| -> (Box<dyn Backend>, Option<String>) {
         (Box::new(Cpu::new()), Some(note))
     };
+    // In a browser the CPU path has one thread: any WebGPU adapter, a
+    // software one too, decodes faster.
+    let worth_it = |a: &wgpu::Adapter| gpu::is_hardware(a) || cfg!(target_arch = "wasm32");
     Ok(match adapter {
-        Some(adapter) if gpu::is_hardware(&adapter) => match Gpu::open_async(&adapter).await {
+        Some(adapter) if worth_it(&adapter) => match Gpu::open_async(&adapter).await {
             Ok(g) => (Box::new(Fallback::new(g)), None),
             Err(e) => cpu(format!("{e}; decoding on the CPU")),
         },

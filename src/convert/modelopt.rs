@@ -156,7 +156,7 @@ fn ct_config(
 
 /// Converts the planned ModelOpt NVFP4 checkpoint `plan`: renamed and
 /// inverted tensors, everything else copied, a compressed-tensors config.
-pub fn convert<'c>(
+pub(super) fn convert<'c>(
     ckpt: &'c Checkpoint,
     cfg: &modelopt::Config,
     mut plan: Plan<'c>,

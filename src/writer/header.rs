@@ -50,11 +50,11 @@ pub fn safetensors_header<'t>(
 
 /// Bytes of a header with no tensors, at most: the length, the metadata,
 /// the padding.
-pub const EMPTY_BOUND: u64 = 64;
+pub(super) const EMPTY_BOUND: u64 = 64;
 
 /// Bytes one tensor's entry adds to a header, at most (its name, dtype and
 /// shape as written, offsets of up to 20 digits, the punctuation).
-pub fn entry_bound(name: &str, dtype: Dtype, shape: &[usize]) -> u64 {
+pub(super) fn entry_bound(name: &str, dtype: Dtype, shape: &[usize]) -> u64 {
     let name = serde_json::to_string(name).map_or(6 * name.len() + 2, |s| s.len());
     let shape: usize = shape.iter().map(|d| d.to_string().len() + 1).sum();
     (name + format!("{dtype:?}").len() + shape + 2 * 20 + 64) as u64

@@ -42,7 +42,7 @@ const CHUNK_BYTES: usize = 32 << 20;
 pub struct Summary {
     /// Dtype of the decoded tensors.
     pub dtype: OutDtype,
-    /// Tensors decoded from quantized modules ([`Source::is_decoded`]).
+    /// Tensors decoded from quantized modules.
     pub decoded: usize,
     /// Tensors copied (possibly under a new name), cast ones included.
     pub copied: usize,
@@ -371,9 +371,9 @@ pub struct OutputDir {
     cancelled: Arc<AtomicBool>,
 }
 
-/// Stops an [`OutputDir::write`] from another thread (an app's Ctrl-C, a
-/// Cancel button): the write fails with IO-001 before its next piece and
-/// leaves nothing behind, as any failed write does.
+/// Stops a run from another thread (an app's Ctrl-C, a Cancel button):
+/// it fails with CANCEL-001 before its next piece and leaves nothing
+/// behind, as any failed run does.
 #[derive(Debug, Clone, Default)]
 pub struct Canceller(Arc<AtomicBool>);
 
@@ -648,7 +648,7 @@ fn weight_map(shards: &[ShardFile<'_, '_>]) -> std::collections::BTreeMap<String
 
 impl Summary {
     /// What writing `shards` of `plan` amounts to (`files` left empty).
-    pub fn of(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Summary {
+    pub(crate) fn of(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Summary {
         let mut summary = Summary {
             dtype: plan.dtype,
             decoded: 0,

@@ -16,7 +16,7 @@ pub const PART_SUFFIX: &str = ".index-part.json";
 
 /// `model.safetensors.index.json`, as Hugging Face writes it.
 #[derive(Debug, Serialize)]
-pub struct Index {
+pub(super) struct Index {
     metadata: IndexMetadata,
     weight_map: BTreeMap<String, String>,
 }
@@ -29,7 +29,7 @@ struct IndexMetadata {
 impl Index {
     /// The index of `weight_map` (tensor → shard file), `total_size` bytes
     /// of tensors in all.
-    pub fn new(total_size: u64, weight_map: BTreeMap<String, String>) -> Index {
+    pub(super) fn new(total_size: u64, weight_map: BTreeMap<String, String>) -> Index {
         Index {
             metadata: IndexMetadata { total_size },
             weight_map,
@@ -40,7 +40,7 @@ impl Index {
 /// What one `--shards` run wrote: an index of its shards, and what every
 /// part of one output must agree on.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct Part {
+pub(super) struct Part {
     /// About the run.
     pub metadata: PartMetadata,
     /// Tensor → shard file, for this run's shards.
@@ -49,7 +49,7 @@ pub struct Part {
 
 /// About one `--shards` run.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct PartMetadata {
+pub(super) struct PartMetadata {
     /// Tensor bytes this run wrote.
     pub total_size: u64,
     /// The shards this run wrote.
@@ -63,7 +63,7 @@ pub struct PartMetadata {
 }
 
 /// The SHA-256 of `index` as compact JSON, in hex.
-pub fn digest(index: &serde_json::Value) -> String {
+pub(super) fn digest(index: &serde_json::Value) -> String {
     use sha2::Digest;
     let text = serde_json::to_vec(index).unwrap_or_default();
     sha2::Sha256::digest(&text)

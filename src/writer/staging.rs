@@ -23,7 +23,7 @@ use crate::error::{Error, Result, Rule};
 
 /// Name of the staging folder inside the output directory; every folder this
 /// tool leaves there for itself starts with it.
-pub const STAGING: &str = ".wgpu-dequant-partial";
+pub(super) const STAGING: &str = ".wgpu-dequant-partial";
 
 /// The lock file inside a staging folder.
 const LOCK: &str = ".lock";
@@ -37,7 +37,7 @@ const SETUP_GRACE: Duration = Duration::from_millis(500);
 
 /// How an output directory may be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode<'t> {
+pub(super) enum Mode<'t> {
     /// It must not exist or be empty (stale staging folders aside).
     Fresh,
     /// It may hold anything; files of the same name are replaced.
@@ -122,7 +122,7 @@ pub fn interrupt() {
 
 /// A staging folder claimed for one run. Dropping it before
 /// [`Staging::commit`] undoes the run.
-pub struct Staging {
+pub(super) struct Staging {
     state: Arc<Mutex<State>>,
     out: PathBuf,
     dir: PathBuf,
@@ -135,7 +135,7 @@ pub struct Staging {
 impl Staging {
     /// Claims a staging folder in `out` as `mode` allows, creating `out` (and
     /// its missing parents) when needed.
-    pub fn new(out: &Path, mode: Mode<'_>) -> Result<Staging> {
+    pub(super) fn new(out: &Path, mode: Mode<'_>) -> Result<Staging> {
         let state = Arc::new(Mutex::new(State::default()));
         {
             let mut active = lock(&ACTIVE);
@@ -166,7 +166,7 @@ impl Staging {
     }
 
     /// The output directory.
-    pub fn out(&self) -> &Path {
+    pub(super) fn out(&self) -> &Path {
         &self.out
     }
 
@@ -302,7 +302,7 @@ impl Staging {
     }
 
     /// Creates file `name` in the staging folder.
-    pub fn create(&self, name: &str) -> Result<(PathBuf, File)> {
+    pub(super) fn create(&self, name: &str) -> Result<(PathBuf, File)> {
         let path = self.dir.join(name);
         let state = lock(&self.state);
         state.check_open(&path)?;
@@ -311,7 +311,7 @@ impl Staging {
     }
 
     /// Copies file `from` into the staging folder as `name`.
-    pub fn copy_in(&self, from: &Path, name: &str) -> Result<()> {
+    pub(super) fn copy_in(&self, from: &Path, name: &str) -> Result<()> {
         let state = lock(&self.state);
         state.check_open(from)?;
         fs::copy(from, self.dir.join(name)).map_err(|e| Error::io(from, "cannot copy", e))?;
@@ -323,7 +323,7 @@ impl Staging {
     /// new, and the files every part writes alike (config.json, side files)
     /// are kept when present. Holds the state for the whole move, so an
     /// interruption undoes all of it or none.
-    pub fn commit(self, owned: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>> {
+    pub(super) fn commit(self, owned: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>> {
         let mut state = lock(&self.state);
         state.check_open(&self.dir)?;
         let mut staged = Vec::new();

@@ -136,3 +136,97 @@ fn the_plan_is_data_and_formats_do_not_run_backends() {
         );
     }
 }
+
+/// The hosts (the command line, Python, C, the browser) are thin: they
+/// name only the library's public surface, never the internals the
+/// `testing` feature opens, and none of them chooses a backend, falls
+/// back from the GPU or walks open → plan → write itself.
+#[test]
+fn hosts_call_the_core_and_reimplement_none_of_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let hosts = [
+        "src/bin/wgpu-dequant",
+        "bindings/python/src",
+        "bindings/c/src",
+        "web/src",
+    ];
+    // What the core does that no host may do on its own.
+    let forbidden = [
+        "Checkpoint::",
+        "Plan::",
+        "OutputDir",
+        "Fallback",
+        "find_adapter",
+        "is_hardware",
+        "select(",
+        "select_async",
+        "no_adapter_message",
+        "Backend>",
+        "dyn Backend",
+        "Cpu::new",
+        "Gpu::open",
+        "decode_rows",
+    ];
+    let internals = [
+        "backend",
+        "checkpoint",
+        "convert",
+        "formats",
+        "job",
+        "output",
+        "plan",
+        "report",
+        "writer",
+        "numerics",
+    ];
+    let mut files = Vec::new();
+    for dir in hosts {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() >= 5, "{files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code: Vec<&str> = text
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| !l.starts_with("//"))
+            .collect();
+        for line in &code {
+            for word in forbidden {
+                assert!(
+                    !line.contains(word),
+                    "{}: `{word}` is the core's to do: {line}",
+                    file.display()
+                );
+            }
+            for (i, _) in line.match_indices("wgpu_dequant::") {
+                let name: String = line[i + 14..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                // `wgpu_dequant::convert(…)` is the function; `::` after
+                // the name is a path into the module of that name.
+                let into_module = line[i + 14 + name.len()..].starts_with("::");
+                assert!(
+                    !(into_module && internals.contains(&name.as_str())),
+                    "{}: reaches into wgpu_dequant::{name}: {line}",
+                    file.display()
+                );
+            }
+        }
+    }
+    // And none of them builds the library with its internals opened.
+    for manifest in [
+        "bindings/python/Cargo.toml",
+        "bindings/c/Cargo.toml",
+        "web/Cargo.toml",
+    ] {
+        let text = std::fs::read_to_string(root.join(manifest)).unwrap();
+        assert!(!text.contains("testing"), "{manifest} turns on `testing`");
+    }
+}

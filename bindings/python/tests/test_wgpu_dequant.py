@@ -190,3 +190,13 @@ def test_numpy_bf16_without_ml_dtypes_says_what_to_do(monkeypatch):
     # f32 needs nothing beyond numpy.
     sd = wdq.load_file(SAMPLE, framework="np", dtype="f32")
     assert all(t.dtype.name == "float32" for t in sd.values())
+
+
+def test_progress_callable_hears_every_piece_up_to_the_total(tmp_path):
+    heard = []
+    summary = wdq.dequantize(SAMPLE, tmp_path / "dense", backend="cpu",
+                             progress=lambda done, total, tensor: heard.append((done, total, tensor)))
+    assert heard, "the callable was never called"
+    assert [d for d, _, _ in heard] == sorted(d for d, _, _ in heard)
+    assert heard[-1][0] == heard[-1][1] == summary["tensor_bytes"]
+    assert all(isinstance(t, str) and t for _, _, t in heard)

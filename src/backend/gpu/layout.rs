@@ -15,16 +15,16 @@ use crate::numerics::{self, OutDtype};
 /// Output bytes one chunk produces at most: big enough to keep the device
 /// busy, small enough that a writer call (64 MiB) spans several chunks, so
 /// upload, compute and readback of successive chunks overlap.
-pub const OUT_CAP: u64 = 16 << 20;
+pub(super) const OUT_CAP: u64 = 16 << 20;
 
 /// Input bytes one chunk binds at most. Bit positions inside `src` must fit
 /// a u32 (2^32 bits = 512 MiB), so this stays well below that.
-pub const SRC_CAP: u64 = 256 << 20;
+pub(super) const SRC_CAP: u64 = 256 << 20;
 
 /// Invocations per workgroup unless the decoder is told otherwise (`WG` in
 /// decode.wgsl): a multiple of every GPU's SIMD width (32 or 64) that keeps
 /// occupancy high on all of them.
-pub const WORKGROUP: u32 = 256;
+pub(super) const WORKGROUP: u32 = 256;
 
 /// A value the shader reads from `Params` or an override constant: a
 /// `#[repr(u32)]` enum whose discriminants are the shader's numbers, each
@@ -40,7 +40,7 @@ macro_rules! shader_enum {
         $(#[$meta])*
         #[repr(u32)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
+        pub(crate) enum $name {
             $($(#[$vmeta])* $variant = $value,)*
         }
 
@@ -119,7 +119,7 @@ shader_enum! {
 }
 
 /// `Params::gidx` of a job without g_idx (`NO_G_IDX` in decode.wgsl).
-pub const NO_G_IDX: u32 = u32::MAX;
+pub(super) const NO_G_IDX: u32 = u32::MAX;
 
 impl OutKind {
     fn of(out: OutDtype) -> OutKind {
@@ -155,7 +155,7 @@ impl LowRankMode {
 /// Mirrors `Stream` in decode.wgsl.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct StreamParams {
+pub(super) struct StreamParams {
     bits: u32,
     per_word: u32,
     lane_bits: u32,
@@ -169,7 +169,7 @@ pub struct StreamParams {
 /// Mirrors `Grid` in decode.wgsl.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct GridParams {
+pub(super) struct GridParams {
     /// [`GridKind`].
     kind: u32,
     size: u32,
@@ -184,7 +184,7 @@ pub struct GridParams {
 /// Mirrors `Params` in decode.wgsl.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
-pub struct Params {
+pub(super) struct Params {
     rows: u32,
     cols: u32,
     first_row: u32,
@@ -223,7 +223,7 @@ pub struct Params {
 /// The kernel a chunk runs: `main` in decode.wgsl, or `fast` specialised by
 /// its override constants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kernel {
+pub(super) enum Kernel {
     /// Any job, one output word per invocation.
     Generic,
     /// One code word per invocation.
@@ -232,7 +232,7 @@ pub enum Kernel {
 
 /// The override constants of the fast kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fast {
+pub(super) struct Fast {
     /// `BITS`: 4 or 8.
     pub bits: u32,
     /// `CODE`.
@@ -251,7 +251,7 @@ pub struct Fast {
 
 impl Kernel {
     /// Its entry point in decode.wgsl.
-    pub fn entry_point(&self) -> &'static str {
+    pub(super) fn entry_point(&self) -> &'static str {
         match self {
             Kernel::Generic => "main",
             Kernel::Fast(_) => "fast",
@@ -259,7 +259,7 @@ impl Kernel {
     }
 
     /// What a validation message names its pipeline and pass by.
-    pub fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         match self {
             Kernel::Generic => "wgpu-dequant main".into(),
             Kernel::Fast(k) => format!(
@@ -278,7 +278,7 @@ impl Kernel {
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub fn constants(&self) -> [(&'static str, f64); 7] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 7] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
@@ -295,7 +295,7 @@ impl Fast {
     /// stream, no g_idx, scale and zero-point groups of whole code words,
     /// and (16-bit outputs) an even column count, so that no output word is
     /// shared by two invocations.
-    pub fn for_job(job: &DecodeJob<'_>) -> Option<Fast> {
+    pub(super) fn for_job(job: &DecodeJob<'_>) -> Option<Fast> {
         let c = &job.codes;
         let d = job.dims;
         if !matches!(c.bits, 4 | 8)
@@ -364,7 +364,7 @@ impl Fast {
 impl Params {
     /// The same chunk writing its output `words` words into the bound
     /// output buffer.
-    pub fn at_word(self, words: u32) -> Params {
+    pub(super) fn at_word(self, words: u32) -> Params {
         Params {
             out_base: words,
             ..self
@@ -374,7 +374,7 @@ impl Params {
 
 /// What the device allows.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(super) struct Limits {
     /// Largest storage binding (and buffer) in bytes.
     pub max_binding: u64,
     /// Alignment of a storage binding's offset.
@@ -396,7 +396,7 @@ impl Limits {
     }
 
     /// The limits of a wgpu device.
-    pub fn of(l: &wgpu::Limits) -> Limits {
+    pub(super) fn of(l: &wgpu::Limits) -> Limits {
         Limits {
             // Whole words only: buffers and bindings are sized in u32s.
             max_binding: l.max_storage_buffer_binding_size.min(l.max_buffer_size) & !3,
@@ -412,7 +412,7 @@ impl Limits {
 
 /// One piece of `src`: bytes placed at a 4-byte aligned offset.
 #[derive(Debug)]
-pub struct Region<'a> {
+pub(super) struct Region<'a> {
     /// Byte offset in `src`.
     pub offset: u64,
     /// The bytes (a tensor range, or a table built on the host).
@@ -421,7 +421,7 @@ pub struct Region<'a> {
 
 /// One dispatch: rows `rows` of the job.
 #[derive(Debug)]
-pub struct Chunk<'a> {
+pub(super) struct Chunk<'a> {
     /// Flat rows (over all slices) this chunk decodes.
     pub rows: Range<usize>,
     /// The uniform block.
@@ -669,7 +669,7 @@ fn chunk<'a>(
 /// Splits rows `rows` of `job` into chunks that fit `limits`. Every chunk but
 /// the last produces a multiple of 4 output bytes, so chunk outputs can be
 /// copied back to back into one buffer.
-pub fn plan<'a>(
+pub(super) fn plan<'a>(
     job: &'a DecodeJob<'_>,
     kernel: Kernel,
     rows: Range<usize>,

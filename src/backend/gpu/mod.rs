@@ -88,6 +88,11 @@ pub fn find_adapter() -> Option<wgpu::Adapter> {
 
 /// [`find_adapter`], awaited: in a browser, WebGPU's adapter.
 pub async fn find_adapter_async() -> Option<wgpu::Adapter> {
+    // A browser without WebGPU (or one that only pretends to have it).
+    #[cfg(target_arch = "wasm32")]
+    if !wgpu::util::is_browser_webgpu_supported().await {
+        return None;
+    }
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
@@ -112,6 +117,10 @@ pub fn no_adapter_message(remedy: bool) -> String {
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
         .collect();
+    if cfg!(target_arch = "wasm32") {
+        let fix = "; use backend 'cpu'";
+        return format!("this browser has no WebGPU adapter{}", if remedy { fix } else { "" });
+    }
     if filters.is_empty() {
         let fix = " (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)";
         return format!("no GPU adapter found{}", if remedy { fix } else { "" });
@@ -200,8 +209,15 @@ pub struct Dispatches {
     pub generic: u64,
 }
 
-/// Decodes jobs on a wgpu device. Apps that already have a device use
-/// [`GpuDecoder::new`] and [`GpuDecoder::decode_to_buffer`].
+/// Decodes on a wgpu device: the app's own ([`GpuDecoder::new`]), or one
+/// it opens on an adapter. `Model::decode_to_buffer` leaves a dense tensor
+/// in a new buffer on that device.
+///
+/// Such a buffer holds the tensor's little-endian elements in row-major
+/// order, as a safetensors file would (16-bit elements two to a 32-bit
+/// word, the first in the low half); its size is the tensor's byte length
+/// rounded up to a multiple of 4, the padding zero. Its usage is `STORAGE |
+/// COPY_SRC | COPY_DST`: bind it as a storage buffer, or copy from it.
 pub struct GpuDecoder {
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -260,6 +276,13 @@ impl GpuDecoder {
         Ok(GpuDecoder::new(&device, &queue))
     }
 
+    /// The adapter `BackendChoice::Gpu` opens (in a browser, WebGPU's):
+    /// wgpu's `WGPU_BACKEND` picks the API, `WGPU_ADAPTER_NAME` (a substring)
+    /// the adapter, `WGPU_POWER_PREF` the default. `None` when there is none.
+    pub async fn adapter() -> Option<wgpu::Adapter> {
+        find_adapter_async().await
+    }
+
     /// [`GpuDecoder::open_async`], blocking.
     pub fn open(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
         pollster::block_on(GpuDecoder::open_async(adapter))
@@ -267,13 +290,15 @@ impl GpuDecoder {
 
     /// Decodes every job with the generic kernel: the reference the fast
     /// kernels are tested against.
-    pub fn generic_only(mut self) -> GpuDecoder {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn generic_only(mut self) -> GpuDecoder {
         self.fast = false;
         self
     }
 
     /// Chunks decoded so far, by kernel.
-    pub fn dispatches(&self) -> Dispatches {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn dispatches(&self) -> Dispatches {
         Dispatches {
             fast: self.dispatched[0].load(Ordering::Relaxed),
             generic: self.dispatched[1].load(Ordering::Relaxed),
@@ -540,7 +565,8 @@ impl GpuDecoder {
 
     /// Decodes `rows` of `job` into `out` (host memory), as the CPU backend
     /// does. Chunk k+1 is uploaded and dispatched before chunk k is read back.
-    pub async fn decode_rows_async(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn decode_rows_async(
         &self,
         job: &DecodeJob<'_>,
         rows: Range<usize>,
@@ -563,7 +589,8 @@ impl GpuDecoder {
     }
 
     /// [`GpuDecoder::decode_rows_async`], blocking.
-    pub fn decode_rows(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn decode_rows(
         &self,
         job: &DecodeJob<'_>,
         rows: Range<usize>,
@@ -636,8 +663,8 @@ impl GpuDecoder {
         }))
     }
 
-    /// `bytes` in a new output buffer (laid out as
-    /// [`GpuDecoder::decode_to_buffer`] lays out decoded tensors).
+    /// `bytes` in a new buffer, laid out as decoded tensors are (see
+    /// [`GpuDecoder`]).
     pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(bytes.len() as u64)?;
         pollster::block_on(self.scoped(async {
@@ -655,7 +682,8 @@ impl GpuDecoder {
     /// word, the first in the low half); its size is the tensor's byte length
     /// rounded up to a multiple of 4, the padding zero. Its usage is
     /// [`OUTPUT_USAGE`]: bind it as a storage buffer, or copy from it.
-    pub async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
         self.to_buffer(job, self.kernel(job)).await
     }
 
@@ -663,7 +691,8 @@ impl GpuDecoder {
     /// the fast kernel's dispatch geometry, each invocation reading its code
     /// word and writing as many output words as decoding would, nothing
     /// else. `None` for a job no fast kernel takes.
-    pub async fn copy_baseline_async(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn copy_baseline_async(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
         let k = Fast::for_job(job)?;
         Some(
             self.to_buffer(job, Kernel::Fast(Fast { copy: true, ..k }))
@@ -702,12 +731,14 @@ impl GpuDecoder {
     }
 
     /// [`GpuDecoder::decode_to_buffer_async`], blocking.
-    pub fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn decode_to_buffer(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
         pollster::block_on(self.decode_to_buffer_async(job))
     }
 
     /// [`GpuDecoder::copy_baseline_async`], blocking.
-    pub fn copy_baseline(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn copy_baseline(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
         pollster::block_on(self.copy_baseline_async(job))
     }
 
@@ -744,7 +775,8 @@ impl GpuDecoder {
     /// Lowers the limits chunks are planned against (never above the
     /// device's). Small limits force many chunks and 2-D dispatch grids,
     /// which is how the tests exercise chunking on small tensors.
-    pub fn with_limits(mut self, max_binding: u64, max_groups_per_dim: u32) -> GpuDecoder {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn with_limits(mut self, max_binding: u64, max_groups_per_dim: u32) -> GpuDecoder {
         self.limits.max_binding = self.limits.max_binding.min(max_binding.max(4) & !3);
         self.limits.max_groups_per_dim = self
             .limits
@@ -756,7 +788,8 @@ impl GpuDecoder {
     /// Runs `size` invocations per workgroup instead of 256 (within the
     /// device's limits): for adapters that prefer smaller or larger groups.
     /// Every size gives the same bytes.
-    pub fn with_workgroup_size(mut self, size: u32) -> GpuDecoder {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn with_workgroup_size(mut self, size: u32) -> GpuDecoder {
         let l = self.device.limits();
         self.limits.workgroup = size
             .min(l.max_compute_invocations_per_workgroup)

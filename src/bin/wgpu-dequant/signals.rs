@@ -1,5 +1,5 @@
 //! Interruption: Ctrl-C, a kill or a closed terminal undoes the run in
-//! progress ([`wgpu_dequant::writer::interrupt`]) before the process ends, so
+//! progress ([`wgpu_dequant::interrupt`]) before the process ends, so
 //! nothing half-written is left behind. Each platform has its own way of
 //! being told; what is done is the same.
 
@@ -19,7 +19,7 @@ mod platform {
             .name("signals".into())
             .spawn(move || {
                 if let Some(signal) = signals.forever().next() {
-                    wgpu_dequant::writer::interrupt();
+                    wgpu_dequant::interrupt();
                     // Die of the signal itself, as an uncaught one would: the
                     // parent sees it, and shells report 128 + its number.
                     let _ = signal_hook::low_level::emulate_default_handler(signal);
@@ -39,7 +39,7 @@ mod platform {
     pub fn install() -> Result<(), String> {
         // Ctrl-C, Ctrl-Break and the console window closing.
         ctrlc::set_handler(|| {
-            wgpu_dequant::writer::interrupt();
+            wgpu_dequant::interrupt();
             std::process::exit(CONTROL_C_EXIT);
         })
         .map_err(|e| e.to_string())

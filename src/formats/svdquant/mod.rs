@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use safetensors::Dtype;
 
-pub use config::{Config, Patch, PatchKind, Precision, Split, TargetSpec, TensorLayout};
+pub use config::{Config, Patch, PatchKind, Precision, Reason, Split, TargetSpec, TensorLayout};
 
 use super::{e2m1_values, expect_dtype, require};
 use super::{Glob, Modules};

@@ -96,10 +96,49 @@ def load_file(path, dtype="auto", backend="auto", framework="pt"):
         return {name: f.get_tensor(name) for name in f.keys()}
 
 
+class _Bar:
+    """``progress=True``: tqdm's bar when tqdm is installed, else a line on
+    stderr that rewrites itself."""
+
+    def __init__(self):
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._tqdm = None
+        else:
+            self._tqdm = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1000)
+
+    def __call__(self, done, total, tensor):
+        if self._tqdm is not None:
+            self._tqdm.total = total
+            self._tqdm.update(done - self._tqdm.n)
+            return
+        import sys
+
+        print(f"\r{done / 1e6:.1f}/{total / 1e6:.1f} MB", end="", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self._tqdm is not None:
+            self._tqdm.close()
+        else:
+            import sys
+
+            print(file=sys.stderr)
+
+
 def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False):
     """Writes the dense checkpoint of ``path`` into ``out`` as the CLI does and
-    returns its summary. Ctrl-C stops it and leaves nothing behind."""
-    text = _native.dequantize(str(path), str(out), dtype, backend, force, progress)
+    returns its summary. Ctrl-C stops it and leaves nothing behind.
+
+    ``progress``: ``True`` for a bar (tqdm's, when installed), or a callable
+    ``progress(done_bytes, total_bytes, tensor)`` called after every piece."""
+    bar = _Bar() if progress is True else None
+    callback = bar or (progress if callable(progress) else None)
+    try:
+        text = _native.dequantize(str(path), str(out), dtype, backend, force, callback)
+    finally:
+        if bar is not None:
+            bar.close()
     return json.loads(text)
 
 
