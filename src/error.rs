@@ -243,9 +243,6 @@ pub(crate) trait ResultExt<T> {
     /// [`Error::with_file`] on the error.
     fn with_file(self, file: impl AsRef<Path>) -> Result<T>;
     /// [`Error::with_tensor`] on the error.
-    // For callers that name the tensor of an error from below (a row
-    // decode's in backend/execute.rs); none in this module's own files yet.
-    #[allow(dead_code)]
     fn with_tensor(self, tensor: impl Into<String>) -> Result<T>;
 }
 

@@ -93,7 +93,7 @@ async fn load(ckpt: &mut Checkpoint, files: &impl Files, name: &str) -> Result<(
     let (file, range) = ckpt
         .location(name)
         .map(|(f, r)| (f.to_string(), r))
-        .ok_or_else(|| Error::bare(Rule::Io, format!("{name}: no such tensor")))?;
+        .ok_or_else(|| Error::bare(Rule::Internal, format!("{name}: no such tensor")))?;
     let bytes = files.read(&file, range).await?;
     ckpt.load(name, bytes)
 }
@@ -184,7 +184,10 @@ impl Dequantize<'_> {
                             .binary_search_by(|o| o.name.as_str().cmp(&t.name))
                             .map(|i| &plan.outputs[i])
                             .map_err(|_| {
-                                Error::bare(Rule::Io, format!("{}: not planned again", t.name))
+                                Error::bare(
+                                    Rule::Internal,
+                                    format!("{}: not planned again", t.name),
+                                )
                             })?;
                         // Runs of rows, or the whole tensor at once (`None`).
                         let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {

@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::gpu::GpuDecoder;
 use super::Backend;
 use crate::checkpoint::TensorRef;
-use crate::error::{Error, Result, Rule};
+use crate::error::{Error, Result, ResultExt, Rule};
 use crate::numerics::OutDtype;
 use crate::output::assembly::Assembly;
 use crate::output::{cast_layout, Output, Source};
@@ -42,10 +42,7 @@ impl Output<'_> {
                 "decode_rows: not a tensor decoded by rows",
             )),
         };
-        r.map_err(|e| Error {
-            tensor: e.tensor.or_else(|| Some(self.name.clone())),
-            ..e
-        })
+        r.with_tensor(&self.name)
     }
 
     /// The whole tensor's bytes (decoded with `backend` when it is decoded).
@@ -73,7 +70,7 @@ impl Output<'_> {
     /// Fails unless every stored tensor it reads has its bytes at hand.
     fn check_loaded(&self) -> Result<()> {
         match self.inputs().iter().find(|t| !t.is_loaded()) {
-            Some(t) => Err(t.error(Rule::Io, "bytes not read yet")),
+            Some(t) => Err(t.error(Rule::Internal, "bytes not read yet")),
             None => Ok(()),
         }
     }
