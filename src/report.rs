@@ -118,7 +118,7 @@ impl Report {
                 .map(|o| TensorRow {
                     name: o.name.clone(),
                     shape: o.shape.clone(),
-                    dtype: format!("{:?}", o.dtype),
+                    dtype: o.dtype.to_string(),
                     action: match o.source {
                         Source::Copy(_) => "copy",
                         Source::Cast(..) => "cast",

@@ -31,7 +31,7 @@ fn reciprocal(t: &TensorRef<'_>) -> Result<Vec<u8>> {
     if t.dtype != Dtype::F32 {
         return Err(ct005(
             t,
-            format!("dtype {:?}; ModelOpt global scales are F32", t.dtype),
+            format!("dtype {}; ModelOpt global scales are F32", t.dtype),
         ));
     }
     Ok(t.data()?
@@ -48,7 +48,7 @@ fn to_bf16(t: &TensorRef<'_>) -> Result<Vec<u8>> {
     let values = t.floats().map_err(|_| {
         ct005(
             t,
-            format!("dtype {:?}; KV cache scales are floats", t.dtype),
+            format!("dtype {}; KV cache scales are floats", t.dtype),
         )
     })?;
     let mut bytes = vec![0u8; values.len() * 2];

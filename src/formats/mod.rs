@@ -345,7 +345,7 @@ pub fn expect_dtype(t: &TensorRef<'_>, allowed: &[Dtype]) -> Result<()> {
     } else {
         Err(t.error(
             Rule::TensorDtype,
-            format!("dtype {:?}, expected one of {:?}", t.dtype, allowed),
+            format!("dtype {}, expected one of {allowed:?}", t.dtype),
         ))
     }
 }
@@ -509,7 +509,7 @@ pub fn float_kind(t: &TensorRef<'_>) -> Result<ValueKind> {
         Dtype::F32 => Ok(ValueKind::F32),
         _ => Err(t.error(
             Rule::TensorDtype,
-            format!("dtype {:?}, expected BF16, F16 or F32", t.dtype),
+            format!("dtype {}, expected BF16, F16 or F32", t.dtype),
         )),
     }
 }
