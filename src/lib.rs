@@ -69,7 +69,6 @@ internal! {
 #[doc(hidden)]
 pub mod bench;
 mod error;
-mod json;
 mod model;
 mod names;
 mod run;

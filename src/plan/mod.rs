@@ -1,6 +1,8 @@
 //! The plan: what each output tensor is and where its bytes come from, known
 //! before anything is decoded.
 
+mod config;
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 
@@ -34,26 +36,6 @@ impl std::str::FromStr for DtypeChoice {
                         format!("--dtype: {s:?} is not one of auto, bf16, f16, f32"),
                     )
                 }),
-        }
-    }
-}
-
-/// Sets every dtype entry of a `config.json` (`torch_dtype`, `dtype`, also in
-/// nested configs such as `text_config`) that names a floating dtype to `to`.
-fn set_config_dtype(v: &mut serde_json::Value, to: OutDtype) {
-    let Some(obj) = v.as_object_mut() else {
-        return;
-    };
-    for (key, value) in obj.iter_mut() {
-        match value {
-            serde_json::Value::String(name)
-                if (key == "torch_dtype" || key == "dtype")
-                    && OutDtype::from_name(name).is_some() =>
-            {
-                *name = to.torch_name().to_string();
-            }
-            serde_json::Value::Object(_) => set_config_dtype(value, to),
-            _ => {}
         }
     }
 }
@@ -111,16 +93,10 @@ impl<'a> Plan<'a> {
             dropped: Vec::new(),
             errors: Vec::new(),
             warnings: Vec::new(),
-            config: ckpt.config.as_ref().map(|c| {
-                let mut v = c.value.clone();
-                if let Some(obj) = v.as_object_mut() {
-                    obj.remove("quantization_config");
-                }
-                if let DtypeChoice::Fixed(to) = dtype_choice {
-                    set_config_dtype(&mut v, to);
-                }
-                v
-            }),
+            config: ckpt
+                .config
+                .as_ref()
+                .map(|c| config::dense_config(&c.value, dtype_choice)),
             side_files: Vec::new(),
             renamed: Vec::new(),
             needs: Vec::new(),

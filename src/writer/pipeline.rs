@@ -1,0 +1,279 @@
+//! The decode → write pipeline of one shard file: this thread makes its
+//! pieces (a helper decodes ahead when the backend can), a second one writes
+//! them, and inputs leave memory once used.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
+
+use super::check;
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result, Rule};
+use crate::plan::{Output, Source};
+
+/// Decoded bytes per piece; at most three pieces are in memory at once (one
+/// being decoded, one queued, one being written), four when the backend
+/// decodes ahead.
+const CHUNK_BYTES: usize = 32 << 20;
+
+/// Bytes on their way to the file-writing thread.
+enum Piece<'a> {
+    /// Decoded (or computed) bytes; the buffer comes back for reuse.
+    Owned(Vec<u8>),
+    /// Stored bytes copied as they are, released from memory once written.
+    Stored(&'a [u8]),
+}
+
+/// One piece of a shard's tensor data, in file order: a whole tensor, a
+/// bounded run of rows of a tensor decoded by rows, or several small
+/// tensors decoded by rows, made together.
+enum Item<'t, 'a> {
+    Whole(&'t Output<'a>),
+    Rows(&'t Output<'a>, std::ops::Range<usize>),
+    Batch(Vec<&'t Output<'a>>),
+}
+
+/// Tensors decoded by rows below this size are batched into pieces of about
+/// [`CHUNK_BYTES`]: a MoE release's thousands of small experts would
+/// otherwise cost a round of thread wake-ups and a hand-over each.
+const SMALL_BYTES: usize = CHUNK_BYTES / 8;
+
+impl<'t, 'a> Item<'t, 'a> {
+    /// The pieces of `tensors`, in order ([`row_pieces`]; small ones batched).
+    fn all(tensors: &[&'t Output<'a>]) -> Vec<Item<'t, 'a>> {
+        let mut items = Vec::new();
+        let mut batch: Vec<&'t Output<'a>> = Vec::new();
+        let mut batch_bytes = 0;
+        let flush = |batch: &mut Vec<&'t Output<'a>>, items: &mut Vec<Item<'t, 'a>>| {
+            match batch.len() {
+                0 => {}
+                1 => items.extend(Item::of(batch[0])),
+                _ => items.push(Item::Batch(std::mem::take(batch))),
+            }
+            batch.clear();
+        };
+        for &t in tensors {
+            let small = t.row_layout().is_some() && t.byte_len() <= SMALL_BYTES;
+            if !small || batch_bytes + t.byte_len() > CHUNK_BYTES {
+                flush(&mut batch, &mut items);
+                batch_bytes = 0;
+            }
+            if small {
+                batch.push(t);
+                batch_bytes += t.byte_len();
+            } else {
+                items.extend(Item::of(t));
+            }
+        }
+        flush(&mut batch, &mut items);
+        items
+    }
+
+    /// The tensor's pieces ([`row_pieces`]).
+    fn of(t: &'t Output<'a>) -> Vec<Item<'t, 'a>> {
+        match row_pieces(t) {
+            Some(pieces) => pieces.into_iter().map(|rows| Item::Rows(t, rows)).collect(),
+            None => vec![Item::Whole(t)],
+        }
+    }
+
+    /// Whether the piece is decoded into a buffer (and can be made ahead).
+    fn decoded(&self) -> bool {
+        !matches!(self, Item::Whole(_))
+    }
+
+    /// The tensors the piece writes to, with the bytes it writes to each and
+    /// whether it finishes them.
+    fn parts(&self) -> Vec<(&'t Output<'a>, usize, bool)> {
+        match self {
+            Item::Whole(t) => vec![(t, t.byte_len(), true)],
+            Item::Rows(t, rows) => {
+                let (total, row_bytes) = t.row_layout().unwrap_or((0, 0));
+                vec![(t, rows.len() * row_bytes, rows.end == total)]
+            }
+            Item::Batch(ts) => ts.iter().map(|t| (*t, t.byte_len(), true)).collect(),
+        }
+    }
+
+    /// The piece's bytes; a decoded piece goes into `buf`.
+    fn make(&self, backend: &dyn Backend, mut buf: Vec<u8>) -> Result<Piece<'a>> {
+        match self {
+            Item::Whole(t) => Ok(match &t.source {
+                Source::Copy(src) => Piece::Stored(src.stored()),
+                _ => Piece::Owned(t.bytes(backend)?.into_owned()),
+            }),
+            Item::Rows(t, rows) => {
+                let row_bytes = t.row_layout().map_or(0, |(_, b)| b);
+                buf.resize(rows.len() * row_bytes, 0);
+                t.decode_rows(backend, rows.clone(), &mut buf)?;
+                Ok(Piece::Owned(buf))
+            }
+            Item::Batch(ts) => {
+                buf.resize(ts.iter().map(|t| t.byte_len()).sum(), 0);
+                let mut jobs = Vec::with_capacity(ts.len());
+                let mut rest = &mut buf[..];
+                for t in ts {
+                    let (out, tail) = rest.split_at_mut(t.byte_len());
+                    jobs.push((*t, out));
+                    rest = tail;
+                }
+                let decode = |(t, out): (&Output<'a>, &mut [u8])| {
+                    let rows = t.row_layout().map_or(0, |(total, _)| total);
+                    t.decode_rows(backend, 0..rows, out)
+                };
+                // The CPU backend parallelises within a tensor, and small
+                // tensors leave its threads idle: spread the batch over them.
+                // A device takes its calls one at a time.
+                #[cfg(not(target_arch = "wasm32"))]
+                if !backend.decodes_ahead() {
+                    use rayon::prelude::*;
+                    jobs.into_par_iter().try_for_each(decode)?;
+                    return Ok(Piece::Owned(buf));
+                }
+                jobs.into_iter().try_for_each(decode)?;
+                Ok(Piece::Owned(buf))
+            }
+        }
+    }
+}
+
+/// The runs of rows (of about [`CHUNK_BYTES`] each) a tensor decoded by rows
+/// is made in, so that memory holds a few of them, not the tensor; `None`
+/// for a tensor made whole.
+pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
+    match t.row_layout() {
+        Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
+            let per = (CHUNK_BYTES / row_bytes).max(1);
+            let starts = (0..total).step_by(per);
+            Some(
+                starts
+                    .map(|start| start..(start + per).min(total))
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Makes the pieces of `items` in order and hands each to the writing
+/// thread (`tx`). When the backend runs calls at once
+/// ([`Backend::decodes_ahead`]), a helper thread decodes the next piece while
+/// this one is made, so the device never drains between pieces. Returns
+/// false when the writing thread stopped taking pieces.
+#[allow(clippy::too_many_arguments)]
+fn send_pieces<'a>(
+    ckpt: &Checkpoint,
+    items: &[Item<'_, 'a>],
+    backend: &dyn Backend,
+    cancelled: &AtomicBool,
+    tx: &SyncSender<Piece<'a>>,
+    spare: &Receiver<Vec<u8>>,
+    progress: &mut impl FnMut(&str, u64, bool),
+) -> Result<bool> {
+    std::thread::scope(|scope| {
+        let (done_tx, done_rx) = sync_channel::<Result<Piece<'a>>>(1);
+        // The helper's queue, when there is a helper (never in the browser,
+        // which has no threads).
+        #[cfg(not(target_arch = "wasm32"))]
+        let ahead = backend.decodes_ahead().then(|| {
+            let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
+            scope.spawn(move || {
+                for (i, buf) in ahead_rx {
+                    if done_tx.send(items[i].make(backend, buf)).is_err() {
+                        break;
+                    }
+                }
+            });
+            ahead_tx
+        });
+        #[cfg(target_arch = "wasm32")]
+        let ahead: Option<std::sync::mpsc::Sender<(usize, Vec<u8>)>> = {
+            let _ = (scope, done_tx);
+            None
+        };
+        let mut pending = None;
+        for (i, item) in items.iter().enumerate() {
+            check(cancelled)?;
+            let piece = if pending == Some(i) {
+                pending = None;
+                done_rx
+                    .recv()
+                    // It sends a result before it ends, unless it panicked.
+                    .map_err(|_| Error::bare(Rule::Internal, "the decoding thread stopped"))??
+            } else {
+                let next = items.get(i + 1).filter(|n| n.decoded());
+                if let (Some(ahead), Some(_)) = (&ahead, next) {
+                    let buf = spare.try_recv().unwrap_or_default();
+                    if ahead.send((i + 1, buf)).is_ok() {
+                        pending = Some(i + 1);
+                    }
+                }
+                item.make(backend, spare.try_recv().unwrap_or_default())?
+            };
+            if tx.send(piece).is_err() {
+                return Ok(false);
+            }
+            // Inputs leave memory as soon as the last piece that reads them
+            // is made (copies once written, by the writing thread).
+            let mut spent = Vec::new();
+            for (t, bytes, done) in item.parts() {
+                progress(&t.name, bytes as u64, done);
+                match (item, done) {
+                    (_, true) if !matches!(t.source, Source::Copy(_)) => {
+                        spent.extend(t.inputs().iter().map(|i| i.stored()))
+                    }
+                    (Item::Rows(_, rows), false) => spent.extend(t.spent_inputs(rows.clone())),
+                    _ => {}
+                }
+            }
+            ckpt.release_all(spent);
+        }
+        Ok(true)
+    })
+}
+
+/// Streams `tensors` into `w`: this thread decodes, a second one writes.
+/// Inputs leave resident memory once used, so memory stays bounded by a few
+/// chunks, not by the checkpoint.
+pub(super) fn write_shard(
+    ckpt: &Checkpoint,
+    tensors: &[&Output<'_>],
+    backend: &dyn Backend,
+    cancelled: &AtomicBool,
+    path: &Path,
+    mut w: BufWriter<File>,
+    progress: &mut impl FnMut(&str, u64, bool),
+) -> Result<BufWriter<File>> {
+    std::thread::scope(|scope| {
+        // Two chunks queued at most: one being written, one waiting.
+        let (tx, rx) = sync_channel::<Piece<'_>>(1);
+        let (spare_tx, spare) = channel::<Vec<u8>>();
+        let writer = scope.spawn(move || -> std::io::Result<BufWriter<File>> {
+            for piece in rx {
+                match piece {
+                    Piece::Owned(buf) => {
+                        w.write_all(&buf)?;
+                        let _ = spare_tx.send(buf);
+                    }
+                    Piece::Stored(bytes) => {
+                        w.write_all(bytes)?;
+                        ckpt.release(bytes);
+                    }
+                }
+            }
+            Ok(w)
+        });
+        let items = Item::all(tensors);
+        let sent = send_pieces(ckpt, &items, backend, cancelled, &tx, &spare, progress);
+        drop(tx);
+        let written = writer.join();
+        // A decode error comes first; a writing error explains a closed channel.
+        sent?;
+        written
+            .map_err(|_| Error::new(Rule::Internal, path, "the writing thread panicked"))?
+            .map_err(|e| Error::io(path, "cannot write", e))
+    })
+}
