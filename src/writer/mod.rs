@@ -346,8 +346,8 @@ fn write_into(
         json.retain(|(name, _)| name != INDEX_FILE);
         // Every output file: what merge_index waits for.
         let all = all_file_names(plan, max_shard_size);
-        let part = parts::Part {
-            metadata: parts::PartMetadata {
+        let part = parts::IndexPart {
+            metadata: parts::IndexPartMetadata {
                 total_size: summary.tensor_bytes,
                 shards: shards.iter().map(|f| f.name.clone()).collect(),
                 all_shards: all,

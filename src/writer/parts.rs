@@ -40,16 +40,16 @@ impl Index {
 /// What one `--shards` run wrote: an index of its shards, and what every
 /// part of one output must agree on.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Part {
+pub(super) struct IndexPart {
     /// About the run.
-    pub metadata: PartMetadata,
+    pub metadata: IndexPartMetadata,
     /// Tensor → shard file, for this run's shards.
     pub weight_map: BTreeMap<String, String>,
 }
 
 /// About one `--shards` run.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct PartMetadata {
+pub(super) struct IndexPartMetadata {
     /// Tensor bytes this run wrote.
     pub total_size: u64,
     /// The shards this run wrote.
@@ -106,10 +106,10 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
     let mut weight_map = BTreeMap::new();
     let mut total = 0u64;
     let mut have: Vec<String> = Vec::new();
-    let mut first: Option<PartMetadata> = None;
+    let mut first: Option<IndexPartMetadata> = None;
     for p in &paths {
         let text = fs::read(p).map_err(|e| Error::io(p, "cannot read", e))?;
-        let part: Part = serde_json::from_slice(&text)
+        let part: IndexPart = serde_json::from_slice(&text)
             .context(Rule::Index, "not a partial index")
             .with_file(p)?;
         let m = &part.metadata;

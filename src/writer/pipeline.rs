@@ -17,10 +17,10 @@ use crate::plan::{Output, Source};
 /// Decoded bytes per piece; at most three pieces are in memory at once (one
 /// being decoded, one queued, one being written), four when the backend
 /// decodes ahead.
-const CHUNK_BYTES: usize = 32 << 20;
+const PIECE_BYTES: usize = 32 << 20;
 
-/// Bytes on their way to the file-writing thread.
-enum Piece<'a> {
+/// What a piece is made into: bytes on their way to the file-writing thread.
+enum Made<'a> {
     /// Decoded (or computed) bytes; the buffer comes back for reuse.
     Owned(Vec<u8>),
     /// Stored bytes copied as they are, released from memory once written.
@@ -30,88 +30,88 @@ enum Piece<'a> {
 /// One piece of a shard's tensor data, in file order: a whole tensor, a
 /// bounded run of rows of a tensor decoded by rows, or several small
 /// tensors decoded by rows, made together.
-enum Item<'t, 'a> {
+enum Piece<'t, 'a> {
     Whole(&'t Output<'a>),
     Rows(&'t Output<'a>, std::ops::Range<usize>),
     Batch(Vec<&'t Output<'a>>),
 }
 
 /// Tensors decoded by rows below this size are batched into pieces of about
-/// [`CHUNK_BYTES`]: a MoE release's thousands of small experts would
+/// [`PIECE_BYTES`]: a MoE release's thousands of small experts would
 /// otherwise cost a round of thread wake-ups and a hand-over each.
-const SMALL_BYTES: usize = CHUNK_BYTES / 8;
+const SMALL_BYTES: usize = PIECE_BYTES / 8;
 
-impl<'t, 'a> Item<'t, 'a> {
+impl<'t, 'a> Piece<'t, 'a> {
     /// The pieces of `tensors`, in order ([`row_pieces`]; small ones batched).
-    fn all(tensors: &[&'t Output<'a>]) -> Vec<Item<'t, 'a>> {
-        let mut items = Vec::new();
+    fn all(tensors: &[&'t Output<'a>]) -> Vec<Piece<'t, 'a>> {
+        let mut pieces = Vec::new();
         let mut batch: Vec<&'t Output<'a>> = Vec::new();
         let mut batch_bytes = 0;
-        let flush = |batch: &mut Vec<&'t Output<'a>>, items: &mut Vec<Item<'t, 'a>>| {
+        let flush = |batch: &mut Vec<&'t Output<'a>>, pieces: &mut Vec<Piece<'t, 'a>>| {
             match batch.len() {
                 0 => {}
-                1 => items.extend(Item::of(batch[0])),
-                _ => items.push(Item::Batch(std::mem::take(batch))),
+                1 => pieces.extend(Piece::of(batch[0])),
+                _ => pieces.push(Piece::Batch(std::mem::take(batch))),
             }
             batch.clear();
         };
         for &t in tensors {
             let small = t.row_layout().is_some() && t.byte_len() <= SMALL_BYTES;
-            if !small || batch_bytes + t.byte_len() > CHUNK_BYTES {
-                flush(&mut batch, &mut items);
+            if !small || batch_bytes + t.byte_len() > PIECE_BYTES {
+                flush(&mut batch, &mut pieces);
                 batch_bytes = 0;
             }
             if small {
                 batch.push(t);
                 batch_bytes += t.byte_len();
             } else {
-                items.extend(Item::of(t));
+                pieces.extend(Piece::of(t));
             }
         }
-        flush(&mut batch, &mut items);
-        items
+        flush(&mut batch, &mut pieces);
+        pieces
     }
 
     /// The tensor's pieces ([`row_pieces`]).
-    fn of(t: &'t Output<'a>) -> Vec<Item<'t, 'a>> {
+    fn of(t: &'t Output<'a>) -> Vec<Piece<'t, 'a>> {
         match row_pieces(t) {
-            Some(pieces) => pieces.into_iter().map(|rows| Item::Rows(t, rows)).collect(),
-            None => vec![Item::Whole(t)],
+            Some(pieces) => pieces.into_iter().map(|rows| Piece::Rows(t, rows)).collect(),
+            None => vec![Piece::Whole(t)],
         }
     }
 
     /// Whether the piece is decoded into a buffer (and can be made ahead).
     fn decoded(&self) -> bool {
-        !matches!(self, Item::Whole(_))
+        !matches!(self, Piece::Whole(_))
     }
 
     /// The tensors the piece writes to, with the bytes it writes to each and
     /// whether it finishes them.
     fn parts(&self) -> Vec<(&'t Output<'a>, usize, bool)> {
         match self {
-            Item::Whole(t) => vec![(t, t.byte_len(), true)],
-            Item::Rows(t, rows) => {
+            Piece::Whole(t) => vec![(t, t.byte_len(), true)],
+            Piece::Rows(t, rows) => {
                 let (total, row_bytes) = t.row_layout().unwrap_or((0, 0));
                 vec![(t, rows.len() * row_bytes, rows.end == total)]
             }
-            Item::Batch(ts) => ts.iter().map(|t| (*t, t.byte_len(), true)).collect(),
+            Piece::Batch(ts) => ts.iter().map(|t| (*t, t.byte_len(), true)).collect(),
         }
     }
 
     /// The piece's bytes; a decoded piece goes into `buf`.
-    fn make(&self, backend: &dyn Backend, mut buf: Vec<u8>) -> Result<Piece<'a>> {
+    fn make(&self, backend: &dyn Backend, mut buf: Vec<u8>) -> Result<Made<'a>> {
         match self {
-            Item::Whole(t) => Ok(match &t.source {
-                Source::Copy(src) => Piece::Stored(src.stored()),
-                _ => Piece::Owned(t.bytes(backend)?.into_owned()),
+            Piece::Whole(t) => Ok(match &t.source {
+                Source::Copy(src) => Made::Stored(src.stored()),
+                _ => Made::Owned(t.bytes(backend)?.into_owned()),
             }),
-            Item::Rows(t, rows) => {
+            Piece::Rows(t, rows) => {
                 let row_bytes = t.row_layout().map_or(0, |(_, b)| b);
                 buf.resize(rows.len() * row_bytes, 0);
                 t.decode_rows(backend, rows.clone(), &mut buf)?;
-                Ok(Piece::Owned(buf))
+                Ok(Made::Owned(buf))
             }
-            Item::Batch(ts) => {
+            Piece::Batch(ts) => {
                 buf.resize(ts.iter().map(|t| t.byte_len()).sum(), 0);
                 let mut jobs = Vec::with_capacity(ts.len());
                 let mut rest = &mut buf[..];
@@ -131,22 +131,22 @@ impl<'t, 'a> Item<'t, 'a> {
                 if !backend.decodes_ahead() {
                     use rayon::prelude::*;
                     jobs.into_par_iter().try_for_each(decode)?;
-                    return Ok(Piece::Owned(buf));
+                    return Ok(Made::Owned(buf));
                 }
                 jobs.into_iter().try_for_each(decode)?;
-                Ok(Piece::Owned(buf))
+                Ok(Made::Owned(buf))
             }
         }
     }
 }
 
-/// The runs of rows (of about [`CHUNK_BYTES`] each) a tensor decoded by rows
+/// The runs of rows (of about [`PIECE_BYTES`] each) a tensor decoded by rows
 /// is made in, so that memory holds a few of them, not the tensor; `None`
 /// for a tensor made whole.
 pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
     match t.row_layout() {
         Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
-            let per = (CHUNK_BYTES / row_bytes).max(1);
+            let per = (PIECE_BYTES / row_bytes).max(1);
             let starts = (0..total).step_by(per);
             Some(
                 starts
@@ -158,7 +158,7 @@ pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
     }
 }
 
-/// Makes the pieces of `items` in order and hands each to the writing
+/// Makes the pieces of `pieces` in order and hands each to the writing
 /// thread (`tx`). When the backend runs calls at once
 /// ([`Backend::decodes_ahead`]), a helper thread decodes the next piece while
 /// this one is made, so the device never drains between pieces. Returns
@@ -166,15 +166,15 @@ pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
 #[allow(clippy::too_many_arguments)]
 fn send_pieces<'a>(
     ckpt: &Checkpoint,
-    items: &[Item<'_, 'a>],
+    pieces: &[Piece<'_, 'a>],
     backend: &dyn Backend,
     cancelled: &AtomicBool,
-    tx: &SyncSender<Piece<'a>>,
+    tx: &SyncSender<Made<'a>>,
     spare: &Receiver<Vec<u8>>,
     progress: &mut impl FnMut(&str, u64, bool),
 ) -> Result<bool> {
     std::thread::scope(|scope| {
-        let (done_tx, done_rx) = sync_channel::<Result<Piece<'a>>>(1);
+        let (done_tx, done_rx) = sync_channel::<Result<Made<'a>>>(1);
         // The helper's queue, when there is a helper (never in the browser,
         // which has no threads).
         #[cfg(not(target_arch = "wasm32"))]
@@ -182,7 +182,7 @@ fn send_pieces<'a>(
             let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
             scope.spawn(move || {
                 for (i, buf) in ahead_rx {
-                    if done_tx.send(items[i].make(backend, buf)).is_err() {
+                    if done_tx.send(pieces[i].make(backend, buf)).is_err() {
                         break;
                     }
                 }
@@ -195,7 +195,7 @@ fn send_pieces<'a>(
             None
         };
         let mut pending = None;
-        for (i, item) in items.iter().enumerate() {
+        for (i, item) in pieces.iter().enumerate() {
             check(cancelled)?;
             let piece = if pending == Some(i) {
                 pending = None;
@@ -204,7 +204,7 @@ fn send_pieces<'a>(
                     // It sends a result before it ends, unless it panicked.
                     .map_err(|_| Error::bare(Rule::Internal, "the decoding thread stopped"))??
             } else {
-                let next = items.get(i + 1).filter(|n| n.decoded());
+                let next = pieces.get(i + 1).filter(|n| n.decoded());
                 if let (Some(ahead), Some(_)) = (&ahead, next) {
                     let buf = spare.try_recv().unwrap_or_default();
                     if ahead.send((i + 1, buf)).is_ok() {
@@ -225,7 +225,7 @@ fn send_pieces<'a>(
                     (_, true) if !matches!(t.source, Source::Copy(_)) => {
                         spent.extend(t.inputs().iter().map(|i| i.stored()))
                     }
-                    (Item::Rows(_, rows), false) => spent.extend(t.spent_inputs(rows.clone())),
+                    (Piece::Rows(_, rows), false) => spent.extend(t.spent_inputs(rows.clone())),
                     _ => {}
                 }
             }
@@ -249,16 +249,16 @@ pub(super) fn write_shard(
 ) -> Result<BufWriter<File>> {
     std::thread::scope(|scope| {
         // Two chunks queued at most: one being written, one waiting.
-        let (tx, rx) = sync_channel::<Piece<'_>>(1);
+        let (tx, rx) = sync_channel::<Made<'_>>(1);
         let (spare_tx, spare) = channel::<Vec<u8>>();
         let writer = scope.spawn(move || -> std::io::Result<BufWriter<File>> {
             for piece in rx {
                 match piece {
-                    Piece::Owned(buf) => {
+                    Made::Owned(buf) => {
                         w.write_all(&buf)?;
                         let _ = spare_tx.send(buf);
                     }
-                    Piece::Stored(bytes) => {
+                    Made::Stored(bytes) => {
                         w.write_all(bytes)?;
                         ckpt.release(bytes);
                     }
@@ -266,8 +266,8 @@ pub(super) fn write_shard(
             }
             Ok(w)
         });
-        let items = Item::all(tensors);
-        let sent = send_pieces(ckpt, &items, backend, cancelled, &tx, &spare, progress);
+        let pieces = Piece::all(tensors);
+        let sent = send_pieces(ckpt, &pieces, backend, cancelled, &tx, &spare, progress);
         drop(tx);
         let written = writer.join();
         // A decode error comes first; a writing error explains a closed channel.
