@@ -9,6 +9,7 @@ pub mod awq;
 pub mod compressed_tensors;
 pub mod fp8_block;
 pub mod gpt_oss;
+pub mod gptq;
 pub mod modelopt;
 pub mod svdquant;
 mod targets;
@@ -39,6 +40,9 @@ pub enum Format {
     Fp8Block(fp8_block::Config),
     /// An AutoAWQ GEMM checkpoint (`quant_method: "awq"`).
     Awq(awq::Config),
+    /// A GPTQ checkpoint (`quant_method: "gptq"`) or AutoRound's GPTQ-packed
+    /// export (`quant_method: "auto-round"`).
+    Gptq(gptq::Config),
     /// OpenAI's native MXFP4 (`quant_method: "mxfp4"`, GPT-OSS).
     GptOss(gpt_oss::Config),
     /// An SVDQuant checkpoint written by diffuse_compressor.
@@ -63,6 +67,7 @@ impl Format {
             ),
             Format::Fp8Block(c) => format!("fp8 e4m3 {} (weight_scale_inv)", c.describe()),
             Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
+            Format::Gptq(c) => format!("{} {}", c.producer_name(), c.describe()),
             Format::GptOss(_) => "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into(),
             Format::Svdquant(c) => format!(
                 "svdquant rank {} ({} weights, {} targets, {} structural patches)",
@@ -83,6 +88,7 @@ impl Format {
             Format::Modelopt(c) => c.report_lines(),
             Format::Fp8Block(c) => c.report_lines(),
             Format::Awq(c) => c.report_lines(),
+            Format::Gptq(c) => c.report_lines(),
             Format::GptOss(c) => c.report_lines(),
             Format::Svdquant(c) => c.report_lines(),
             Format::Dense => Vec::new(),
@@ -135,11 +141,21 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
             })),
             "fp8" => Ok(Format::Fp8Block(fp8_block::Config::parse(&file.path, qc)?)),
             "awq" => Ok(Format::Awq(awq::Config::parse(&file.path, qc)?)),
+            "gptq" => Ok(Format::Gptq(gptq::Config::parse(
+                &file.path,
+                qc,
+                gptq::Producer::Gptq,
+            )?)),
+            "auto-round" | "auto_round" => Ok(Format::Gptq(gptq::Config::parse(
+                &file.path,
+                qc,
+                gptq::Producer::AutoRound,
+            )?)),
             "mxfp4" => Ok(Format::GptOss(gpt_oss::Config::parse(&file.path, qc)?)),
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq, mxfp4)"),
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq, gptq, auto-round, mxfp4)"),
             )),
         };
     }
@@ -216,6 +232,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
         Format::Fp8Block(cfg) => fp8_block::plan(cfg, ckpt, dtype),
         Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
+        Format::Gptq(cfg) => gptq::plan(cfg, ckpt, dtype),
         Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),
         Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
         Format::Dense => return Modules::default(),

@@ -161,6 +161,15 @@ impl<'a> Plan<'a> {
                         .as_ref()
                         .and_then(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())),
                 )
+                // AutoGPTQ/GPTQModel's and AutoRound's own copies of the
+                // quantization config.
+                .chain(
+                    matches!(plan.format, formats::Format::Gptq(_))
+                        .then(|| ["quantize_config.json", "quantization_config.json"])
+                        .into_iter()
+                        .flatten()
+                        .map(String::from),
+                )
                 .collect();
             match ckpt.side_files(&sidecars) {
                 Ok(files) => plan.side_files = files,

@@ -68,6 +68,32 @@ fn fp8_block_f16_matches_reference(backend: BackendChoice) {
     );
 }
 
+const GPTQ: [&str; 2] = ["gptq-w4-g128", "gptq-w4-g128-actorder"];
+
+/// GPTQModel's f16 checkpoints decode to its references in f16 (the
+/// model's), bf16 and f32, on each backend: the f32 products rounded once.
+#[test]
+fn gptq_fixtures_match_every_reference_on_cpu() {
+    gptq_fixtures_match_every_reference(BackendChoice::Cpu);
+}
+
+#[test]
+fn gptq_fixtures_match_every_reference_on_gpu() {
+    gpu_test(|_| gptq_fixtures_match_every_reference(BackendChoice::Gpu));
+}
+
+fn gptq_fixtures_match_every_reference(backend: BackendChoice) {
+    for case in GPTQ {
+        for (dtype, digests) in [
+            (OutDtype::F16, "expected-f16.digests.json"),
+            (OutDtype::Bf16, "expected-bf16.digests.json"),
+            (OutDtype::F32, "expected-f32.digests.json"),
+        ] {
+            check_case(case, DtypeChoice::Fixed(dtype), backend, digests, false);
+        }
+    }
+}
+
 #[test]
 fn sharded_output_keeps_shard_names_and_index() {
     let out = tempfile::tempdir().unwrap();

@@ -363,6 +363,8 @@ pub const CASES: &[&str] = &[
     "fp8-block-bf16",
     "fp8-dynamic",
     "gpt-oss-mxfp4",
+    "gptq-w4-g128",
+    "gptq-w4-g128-actorder",
     "legacy-w3a16-g16",
     "mixtral-w4a16",
     "modelopt-nvfp4",
@@ -409,11 +411,21 @@ pub fn bf16_of_f32(bytes: &[u8]) -> Vec<u8> {
 
 /// The digests of `case` in the model's own dtype: `expected-bf16` (under
 /// the architecture's hub names where they differ: `expected-bf16-native`),
-/// or `expected-f16` for f16 models (AutoAWQ).
+/// or `expected-f16` for f16 models (AutoAWQ, GPTQ: config.json's
+/// `dtype`/`torch_dtype` says `float16`).
 pub fn auto_digests(case: &str) -> &'static str {
     let has = |f: &str| fixtures().join(case).join(f).is_file();
+    let config: Value = std::fs::read(fixtures().join(case).join("model/config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let f16_model = ["dtype", "torch_dtype"]
+        .iter()
+        .any(|k| config[*k] == "float16");
     if has("expected-bf16-native.digests.json") {
         "expected-bf16-native.digests.json"
+    } else if f16_model && has("expected-f16.digests.json") {
+        "expected-f16.digests.json"
     } else if has("expected-bf16.digests.json") {
         "expected-bf16.digests.json"
     } else {

@@ -1,0 +1,510 @@
+//! GPTQ checkpoints (`quant_method: "gptq"`: GPTQModel, AutoGPTQ, optimum)
+//! and AutoRound's GPTQ-packed export (`quant_method: "auto-round"`,
+//! `packing_format: "auto_round:auto_gptq"`).
+//!
+//! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8), `in` inputs,
+//! `out` outputs and `G` groups stores:
+//!
+//! | tensor | dtype | shape | holds |
+//! |---|---|---|---|
+//! | `qweight` | int32 | `[in·b/32, out]` | codes q, packed down the input rows |
+//! | `qzeros` | int32 | `[G, out·b/32]` | zero points, packed across the output columns |
+//! | `scales` | f16 | `[G, out]` | one scale per group and output |
+//! | `g_idx` | int32 | `[in]` | the group of each input row (not in AutoRound's export) |
+//!
+//! Fields are LSB first: bits `[b·k, b·k+b)` of `qweight[r, j]` hold input
+//! row `r·32/b + k` of output j; of `qzeros[g, c]`, output `c·32/b + k`. At 3
+//! bits each run of three words is one little-endian 96-bit stream of 32
+//! codes. The value is `(q − z[g]) · s[g]` with `g = g_idx[i]` (as stored:
+//! with `desc_act` it is not monotone), else `i div group_size`, written
+//! `[out, in]`.
+//!
+//! Version 1 files (`checkpoint_format`/`format` `"gptq"`, or none) store
+//! `z − 1`. The runtime transformers runs (GPTQModel's
+//! `convert_gptq_v1_to_v2_format_module`) adds the 1 back before decoding;
+//! so does this module, the same way: at 2, 4 and 8 bits one wrapping 32-bit
+//! addition of `0x55555555`, `0x11111111`, `0x01010101` to each packed word
+//! (carries run into the next field, undoing the borrow of GPTQModel's
+//! writer for a true zero point of 0); at 3 bits field by field, each
+//! `(z + 1) mod 8` on its own. `gptq_v2` files store `z`.
+//!
+//! The job is built in output orientation, untransposed: lane j (output row)
+//! is word column j of `qweight`, a lane's words `out` words apart, so the
+//! dense field stream of a lane is the column read down the rows (3-bit
+//! fields cross words the same way). Scales and zero points, `G·out` entries
+//! each, are rearranged on the host to `[out, G]` (the zero points unpacked
+//! to integers) and read on the row/group grid.
+
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{
+    check_extent, decoded_output, expect_dtype, float_kind, modules_with, plan_each, require,
+    Modules,
+};
+use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::{Error, Result, Rule};
+use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use crate::numerics::OutDtype;
+use crate::output::Output;
+
+/// The code widths GPTQ packs this way.
+pub const BITS: [u32; 4] = [2, 3, 4, 8];
+
+/// Who wrote the checkpoint (they share the tensor layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Producer {
+    /// `quant_method: "gptq"`.
+    Gptq,
+    /// `quant_method: "auto-round"` with `packing_format: "auto_round:auto_gptq"`.
+    AutoRound,
+}
+
+/// A GPTQ quantization config.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// The file it came from.
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// Who wrote it.
+    pub producer: Producer,
+    /// Bits per code.
+    pub bits: u32,
+    /// Input rows per group; `None` (-1): one group.
+    pub group_size: Option<usize>,
+    /// Activation order (`g_idx` permuted).
+    pub desc_act: bool,
+    /// Symmetric: the zero point is the middle code.
+    pub sym: bool,
+    /// Zero points stored as `z − 1` (GPTQ v1, AutoRound's auto_gptq packing).
+    pub v1: bool,
+    /// `meta.quantizer` (who quantized, with versions).
+    pub quantizer: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Raw {
+    bits: Option<u32>,
+    group_size: Option<i64>,
+    desc_act: Option<bool>,
+    sym: Option<bool>,
+    checkpoint_format: Option<String>,
+    format: Option<String>,
+    packing_format: Option<String>,
+    pack_dtype: Option<String>,
+    dynamic: Option<Value>,
+    extra_config: Option<Value>,
+    meta: Option<Value>,
+}
+
+/// Whether a config value is set to something (not absent, null or empty).
+fn is_set(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
+}
+
+impl Config {
+    /// Reads config.json's `quantization_config` of a `quant_method:
+    /// "gptq"` (or, with `producer` AutoRound, `"auto-round"`) checkpoint.
+    pub fn parse(path: &Path, qc: &Value, producer: Producer) -> Result<Config> {
+        let raw: Raw = super::from_value(path, qc)?;
+        let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, what));
+        let v1 = match producer {
+            Producer::Gptq => {
+                let named = |f: &Option<String>| f.as_deref().map(str::to_ascii_lowercase);
+                let format = match (named(&raw.checkpoint_format), named(&raw.format)) {
+                    (Some(a), Some(b)) if a != b => {
+                        return Err(Error::new(
+                            Rule::Config,
+                            path,
+                            format!("checkpoint_format {a:?} and format {b:?} disagree"),
+                        ))
+                    }
+                    (a, b) => a.or(b).unwrap_or_else(|| "gptq".into()),
+                };
+                match format.as_str() {
+                    "gptq" => true,
+                    "gptq_v2" => false,
+                    "marlin" | "bitblas" | "qqq" | "gptq_p" => {
+                        return unsupported(format!(
+                            "GPTQ checkpoint_format {format:?} is a kernel-specific layout, not decoded (only gptq and gptq_v2)"
+                        ))
+                    }
+                    other => {
+                        return unsupported(format!(
+                            "GPTQ checkpoint_format {other:?} is not decoded (only gptq and gptq_v2)"
+                        ))
+                    }
+                }
+            }
+            Producer::AutoRound => {
+                let packing = raw
+                    .packing_format
+                    .clone()
+                    .unwrap_or_else(|| "auto_round:auto_gptq".into());
+                if !packing.eq_ignore_ascii_case("auto_round:auto_gptq") {
+                    return unsupported(format!(
+                        "AutoRound packing_format {packing:?} is not decoded (only auto_round:auto_gptq)"
+                    ));
+                }
+                // AutoGPTQ's packing: zero points stored z − 1.
+                true
+            }
+        };
+        if is_set(&raw.dynamic) {
+            return unsupported(
+                "GPTQModel `dynamic` per-module overrides are not decoded (one scheme for every module only)"
+                    .into(),
+            );
+        }
+        if is_set(&raw.extra_config) {
+            return unsupported(
+                "AutoRound `extra_config` per-module overrides are not decoded (one scheme for every module only)"
+                    .into(),
+            );
+        }
+        if let Some(p) = &raw.pack_dtype {
+            if !p.eq_ignore_ascii_case("int32") {
+                return unsupported(format!("GPTQ pack_dtype {p:?} is not decoded (only int32)"));
+            }
+        }
+        let bits = raw.bits.unwrap_or(4);
+        if !BITS.contains(&bits) {
+            return unsupported(format!(
+                "GPTQ bits {bits} is not decoded (only 2, 3, 4 and 8)"
+            ));
+        }
+        let group_size = match raw.group_size.unwrap_or(128) {
+            -1 => None,
+            g if g > 0 => Some(usize::try_from(g).unwrap_or(usize::MAX)),
+            g => {
+                return Err(Error::new(
+                    Rule::Config,
+                    path,
+                    format!("group_size {g}: expected a positive integer or -1"),
+                ))
+            }
+        };
+        let quantizer = match raw.meta.as_ref().and_then(|m| m.get("quantizer")) {
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(Config {
+            path: path.to_path_buf(),
+            producer,
+            bits,
+            group_size,
+            desc_act: raw.desc_act.unwrap_or(false),
+            sym: raw.sym.unwrap_or(true),
+            v1,
+            quantizer,
+        })
+    }
+
+    /// `inspect`'s lines: zero-point convention, activation order, quantizer.
+    pub fn report_lines(&self) -> Vec<String> {
+        let zeros = if self.v1 {
+            "zero points v1 (stored z - 1)"
+        } else {
+            "zero points v2 (stored z)"
+        };
+        let mut lines = vec![zeros.to_string(), format!("desc_act {}", self.desc_act)];
+        if !self.quantizer.is_empty() {
+            lines.push(format!("quantizer {}", self.quantizer.join(", ")));
+        }
+        lines
+    }
+
+    /// For people: `int4 group 128 sym v1`.
+    pub fn describe(&self) -> String {
+        format!(
+            "int{} {} {} {}{}",
+            self.bits,
+            match self.group_size {
+                Some(g) => format!("group {g}"),
+                None => "per-channel".into(),
+            },
+            if self.sym { "sym" } else { "asym" },
+            if self.v1 { "v1" } else { "v2" },
+            if self.desc_act { " desc_act" } else { "" },
+        )
+    }
+
+    /// The format line's name: `gptq` or `auto-round (auto_gptq packing)`.
+    pub fn producer_name(&self) -> &'static str {
+        match self.producer {
+            Producer::Gptq => "gptq",
+            Producer::AutoRound => "auto-round (auto_gptq packing)",
+        }
+    }
+}
+
+/// The decoded modules: every module with a `qweight`.
+pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    plan_each(
+        ckpt,
+        modules_with(ckpt, "qweight"),
+        &["qweight", "qzeros", "scales", "g_idx"],
+        |_| None,
+        |m, _| {
+            let (job, shard) = module_job(cfg, ckpt, m, dtype)?;
+            let shape = vec![job.dims.rows, job.dims.cols];
+            let scheme = format!("{} {}", cfg.producer_name(), cfg.describe());
+            Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, scheme))
+        },
+    )
+}
+
+/// The 32-bit words of an int32 tensor.
+fn words(t: &TensorRef<'_>) -> Result<Vec<u32>> {
+    Ok(t.data()?
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Field `i` (b bits, LSB first, may cross words) of a dense word stream;
+/// bits past the end read as 0.
+fn field(words: &[u32], bits: u32, i: usize) -> u32 {
+    let bit = i * bits as usize;
+    let (w, off) = (bit / 32, (bit % 32) as u32);
+    let lo = words.get(w).map_or(0, |x| x >> off);
+    let hi = if off + bits > 32 {
+        words.get(w + 1).map_or(0, |x| x << (32 - off))
+    } else {
+        0
+    };
+    (lo | hi) & ((1 << bits) - 1)
+}
+
+/// The true zero points of one group (one `qzeros` row) for `out` outputs:
+/// v1 words corrected as GPTQModel's `convert_gptq_v1_to_v2_format_module`
+/// does (see the module docs), v2 words as stored.
+fn group_zeros(row: &[u32], bits: u32, v1: bool, out: usize) -> Vec<u32> {
+    let mask = (1u32 << bits) - 1;
+    let add = match bits {
+        2 => Some(0x5555_5555u32),
+        4 => Some(0x1111_1111),
+        8 => Some(0x0101_0101),
+        _ => None,
+    };
+    match (v1, add) {
+        (true, Some(c)) => {
+            let fixed: Vec<u32> = row.iter().map(|w| w.wrapping_add(c)).collect();
+            (0..out).map(|j| field(&fixed, bits, j)).collect()
+        }
+        (true, None) => (0..out)
+            .map(|j| (field(row, bits, j) + 1) & mask)
+            .collect(),
+        (false, _) => (0..out).map(|j| field(row, bits, j)).collect(),
+    }
+}
+
+/// The job of one module, `[out, in]`, and the shard its `qweight` is in.
+fn module_job<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    dtype: OutDtype,
+) -> Result<(DecodeJob<'c>, usize)> {
+    let b = cfg.bits as usize;
+    let q = require(ckpt, module, "qweight")?;
+    expect_dtype(&q, &[Dtype::I32])?;
+    let (rows, out) = match *q.shape {
+        [r, o] if r > 0 && o > 0 => (r, o),
+        _ => {
+            return Err(q.error(
+                Rule::TensorShape,
+                format!("shape {:?}; GPTQ qweight is [in*bits/32, out]", q.shape),
+            ))
+        }
+    };
+    let g_idx_t = ckpt.get(&format!("{module}.g_idx"));
+    // The input count: g_idx's length, else what the packed rows hold.
+    let inputs = match &g_idx_t {
+        Some(t) => {
+            expect_dtype(t, &[Dtype::I32, Dtype::I64])?;
+            match *t.shape {
+                [n] if n > 0 => n,
+                _ => {
+                    return Err(t.error(
+                        Rule::TensorShape,
+                        format!("shape {:?}; g_idx is [in], one group per input", t.shape),
+                    ))
+                }
+            }
+        }
+        None => rows.saturating_mul(32) / b,
+    };
+    if inputs.checked_mul(b).map(|x| (x % 32, x / 32)) != Some((0, rows)) {
+        let why = if g_idx_t.is_some() {
+            format!("{inputs} inputs (g_idx's length)")
+        } else {
+            format!("{rows} rows")
+        };
+        return Err(q.error(
+            Rule::TensorShape,
+            format!(
+                "shape {:?} does not hold {}-bit codes of {why}: qweight is [in*{b}/32, out] with in*{b} a multiple of 32",
+                q.shape, b
+            ),
+        ));
+    }
+    let group = cfg.group_size.unwrap_or(inputs).min(inputs);
+    let groups = inputs.div_ceil(group);
+    let entries = groups * out;
+
+    let s = require(ckpt, module, "scales")?;
+    let kind = float_kind(&s)?;
+    if *s.shape != [groups, out] {
+        return Err(s.error(
+            Rule::TensorShape,
+            format!(
+                "shape {:?}; the scales of a {out}x{inputs} GPTQ weight in groups of {group} are [{groups}, {out}]",
+                s.shape
+            ),
+        ));
+    }
+
+    let g_idx = match &g_idx_t {
+        Some(t) => {
+            let vals = t.ints()?;
+            let g = vals
+                .iter()
+                .enumerate()
+                .map(|(i, &g)| match u32::try_from(g) {
+                    Ok(g) if (g as usize) < groups => Ok(g),
+                    _ => Err(t.error(
+                        Rule::TensorValue,
+                        format!("g_idx[{i}] = {g} is outside 0..{groups}"),
+                    )),
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            // g_idx = i div group_size is the plain group grid.
+            let plain = g.iter().enumerate().all(|(i, &x)| x as usize == i / group);
+            (!plain).then_some(g)
+        }
+        None => None,
+    };
+
+    // Scales rearranged to [out, G].
+    let size = kind.size();
+    let stored = s.data()?;
+    let mut scales = vec![0u8; entries * size];
+    for g in 0..groups {
+        for j in 0..out {
+            let from = (g * out + j) * size;
+            let to = (j * groups + g) * size;
+            scales[to..to + size].copy_from_slice(&stored[from..from + size]);
+        }
+    }
+    let grid = Grid {
+        row_div: 1,
+        col_div: group,
+        row_stride: groups,
+        slice_stride: entries,
+    };
+
+    // Zero points unpacked to [out, G] integers.
+    let width = (out * b).div_ceil(32);
+    let zeros: Vec<u32> = match ckpt.get(&format!("{module}.qzeros")) {
+        Some(z) => {
+            expect_dtype(&z, &[Dtype::I32])?;
+            if *z.shape != [groups, width] {
+                return Err(z.error(
+                    Rule::TensorShape,
+                    format!(
+                        "shape {:?}; the {b}-bit zero points of {out} outputs in {groups} groups are [{groups}, {width}]",
+                        z.shape
+                    ),
+                ));
+            }
+            let w = words(&z)?;
+            let mut zeros = vec![0u32; entries];
+            for (g, row) in w.chunks_exact(width).enumerate() {
+                for (j, zj) in group_zeros(row, cfg.bits, cfg.v1, out).into_iter().enumerate() {
+                    zeros[j * groups + g] = zj;
+                }
+            }
+            zeros
+        }
+        // A symmetric scheme's zero point is the middle code.
+        None if cfg.sym => vec![1 << (cfg.bits - 1); entries],
+        None => {
+            require(ckpt, module, "qzeros")?;
+            Vec::new()
+        }
+    };
+    let zeros: Vec<u8> = zeros.iter().flat_map(|z| z.to_le_bytes()).collect();
+
+    let dims = Dims {
+        slices: 1,
+        rows: out,
+        cols: inputs,
+    };
+    let codes = Fields::dense(q, cfg.bits, 32).with_word_bits(32 * out as u64);
+    check_extent(&q, &codes, 1, out, inputs)?;
+    let code_values = (0..1u32 << cfg.bits).map(|c| c as f32).collect();
+    let job = DecodeJob::new(dims, codes, code_values, dtype)
+        .with_scale(Values {
+            data: Bytes::from(scales),
+            kind,
+            grid,
+        })
+        .with_zero(ZeroPoint::Plain(Values {
+            data: Bytes::from(zeros),
+            kind: ValueKind::I32,
+            grid,
+        }))
+        .with_g_idx(g_idx);
+    Ok((job, q.shard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A true zero point of 0 stored by GPTQModel's writer (one 32-bit
+    /// subtraction, borrowing from the next field) comes back as 0 and the
+    /// next field keeps its value; a field-by-field +1 would not.
+    #[test]
+    fn v1_words_carry_like_the_runtime() {
+        // True zeros [0, 5, 8, 8, 8, 8, 8, 8] at 4 bits.
+        let truth = 0x8888_8850u32;
+        let stored = truth.wrapping_sub(0x1111_1111);
+        assert_eq!(stored & 0xff, 0x3f, "the writer borrowed");
+        let z = group_zeros(&[stored], 4, true, 8);
+        assert_eq!(z, [0, 5, 8, 8, 8, 8, 8, 8]);
+        assert_eq!(group_zeros(&[truth], 4, false, 8), z);
+    }
+
+    /// 3-bit v1 zero points shift field by field, wrapping each on its own,
+    /// including the fields that straddle words (10 and 21).
+    #[test]
+    fn v1_three_bit_fields_shift_alone() {
+        let stored: Vec<u32> = vec![u32::MAX; 3]; // every field 7
+        assert_eq!(group_zeros(&stored, 3, true, 32), vec![0; 32]);
+        let mut words = [0u32; 3];
+        for k in 0..32u32 {
+            let v = k % 7; // stored z - 1 in 0..7
+            let bit = 3 * k;
+            words[(bit / 32) as usize] |= v << (bit % 32);
+            if bit % 32 > 29 {
+                words[(bit / 32) as usize + 1] |= v >> (32 - bit % 32);
+            }
+        }
+        let z = group_zeros(&words, 3, true, 32);
+        assert_eq!(z, (0..32).map(|k| k % 7 + 1).collect::<Vec<u32>>());
+    }
+}
