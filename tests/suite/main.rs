@@ -12,6 +12,7 @@ mod cli;
 mod config_variants;
 mod convert;
 mod fixtures;
+mod gptq;
 mod gpu;
 mod interruption;
 mod model;
