@@ -320,6 +320,7 @@ const SVDQ_FP4: &str = "svdq-fp4-g16-packed";
 const FP8_BLOCK: &str = "fp8-block-bf16";
 const AWQ: &str = "awq-gemm-w4-g128";
 const GPT_OSS: &str = "gpt-oss-mxfp4";
+const GPTQ: &str = "gptq-w4-g128";
 const GPT_OSS_UP: &str = "model.layers.0.mlp.experts.gate_up_proj";
 
 fn case(
@@ -1771,9 +1772,216 @@ fn release_cases() -> Vec<Case> {
     ]
 }
 
+/// GPTQ and AutoRound: the layouts not decoded, and each tensor broken.
+/// The fixture's down_proj is 256x768, 4 bits, groups of 128: qweight
+/// [96, 256], qzeros [6, 32], scales [6, 256], g_idx [768].
+fn gptq_cases() -> Vec<Case> {
+    use Rule::{
+        Config as CFG, MissingTensor as MISSING, TensorDtype as DTYPE, TensorShape as SHAPE,
+        TensorValue as VALUE, Unsupported as UNSUPPORTED,
+    };
+    use Stage::{Build, Plan};
+    fn qc(e: &Env, edits: &[(&str, Value)]) -> PathBuf {
+        edit_json(&e.config(), |c| {
+            for (k, v) in edits {
+                c["quantization_config"][*k] = v.clone();
+            }
+        });
+        e.model.clone()
+    }
+    fn format(e: &Env, f: &str) -> PathBuf {
+        qc(e, &[("checkpoint_format", json!(f)), ("format", json!(f))])
+    }
+    vec![
+        case(
+            "gptq marlin format",
+            GPTQ,
+            Build,
+            UNSUPPORTED,
+            "marlin",
+            |e| format(e, "marlin"),
+        ),
+        case(
+            "gptq bitblas format",
+            GPTQ,
+            Build,
+            UNSUPPORTED,
+            "bitblas",
+            |e| format(e, "bitblas"),
+        ),
+        case("gptq qqq format", GPTQ, Build, UNSUPPORTED, "qqq", |e| {
+            format(e, "qqq")
+        }),
+        case(
+            "gptq planar format",
+            GPTQ,
+            Build,
+            UNSUPPORTED,
+            "gptq_p",
+            |e| format(e, "gptq_p"),
+        ),
+        case(
+            "gptq unknown format",
+            GPTQ,
+            Build,
+            UNSUPPORTED,
+            "gptq_v9",
+            |e| format(e, "gptq_v9"),
+        ),
+        case(
+            "gptq format and checkpoint_format disagree",
+            GPTQ,
+            Build,
+            CFG,
+            "disagree",
+            |e| qc(e, &[("format", json!("gptq_v2"))]),
+        ),
+        case("gptq 5 bits", GPTQ, Build, UNSUPPORTED, "bits 5", |e| {
+            qc(e, &[("bits", json!(5))])
+        }),
+        case("gptq 1 bit", GPTQ, Build, UNSUPPORTED, "bits 1", |e| {
+            qc(e, &[("bits", json!(1))])
+        }),
+        case("gptq group_size 0", GPTQ, Build, CFG, "group_size", |e| {
+            qc(e, &[("group_size", json!(0))])
+        }),
+        case("gptq bits as text", GPTQ, Build, CFG, "bits", |e| {
+            qc(e, &[("bits", json!("4"))])
+        }),
+        case(
+            "gptq dynamic overrides",
+            GPTQ,
+            Build,
+            UNSUPPORTED,
+            "dynamic",
+            |e| qc(e, &[("dynamic", json!({"-:.*down_proj.*": {}}))]),
+        ),
+        case(
+            "auto-round awq packing",
+            GPTQ,
+            Build,
+            UNSUPPORTED,
+            "auto_round:auto_awq",
+            |e| {
+                qc(
+                    e,
+                    &[
+                        ("quant_method", json!("auto-round")),
+                        ("packing_format", json!("auto_round:auto_awq")),
+                    ],
+                )
+            },
+        ),
+        case(
+            "gptq qweight stored as F32",
+            GPTQ,
+            Plan,
+            DTYPE,
+            "down_proj.qweight",
+            |e| {
+                set_entry(&e.st(), &down("qweight"), "dtype", json!("F32"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq qweight one row short",
+            GPTQ,
+            Plan,
+            SHAPE,
+            "down_proj.qweight",
+            |e| {
+                reshape_tensor(&e.st(), &down("qweight"), "I32", &[95, 256], 95 * 256 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq g_idx one input short",
+            GPTQ,
+            Plan,
+            SHAPE,
+            "g_idx's length",
+            |e| {
+                reshape_tensor(&e.st(), &down("g_idx"), "I32", &[767], 767 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq g_idx names group 6 of 6",
+            GPTQ,
+            Plan,
+            VALUE,
+            "down_proj.g_idx",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    tensor_mut(ts, &down("g_idx")).data[12..16].copy_from_slice(&6i32.to_le_bytes())
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq g_idx negative",
+            GPTQ,
+            Plan,
+            VALUE,
+            "down_proj.g_idx",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    tensor_mut(ts, &down("g_idx")).data[..4].copy_from_slice(&(-1i32).to_le_bytes())
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq scales one group short",
+            GPTQ,
+            Plan,
+            SHAPE,
+            "down_proj.scales",
+            |e| {
+                reshape_tensor(&e.st(), &down("scales"), "F16", &[5, 256], 5 * 256 * 2);
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq scales transposed",
+            GPTQ,
+            Plan,
+            SHAPE,
+            "down_proj.scales",
+            |e| {
+                set_entry(&e.st(), &down("scales"), "shape", json!([256, 6]));
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq qzeros one word short",
+            GPTQ,
+            Plan,
+            SHAPE,
+            "down_proj.qzeros",
+            |e| {
+                reshape_tensor(&e.st(), &down("qzeros"), "I32", &[6, 31], 6 * 31 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "gptq asym without qzeros",
+            GPTQ,
+            Plan,
+            MISSING,
+            "down_proj.qzeros",
+            |e| {
+                remove_tensor(&e.st(), &down("qzeros"));
+                qc(e, &[("sym", json!(false))])
+            },
+        ),
+    ]
+}
+
 fn corpus() -> Vec<Case> {
     [
         release_cases(),
+        gptq_cases(),
         container_cases(),
         ct_cases(),
         tensor_cases(),
@@ -2027,6 +2235,11 @@ fn missing_and_misshaped_tensors() {
 #[test]
 fn config_faults() {
     run_cases(config_cases());
+}
+
+#[test]
+fn gptq_format_faults() {
+    run_cases(gptq_cases());
 }
 
 #[test]
