@@ -98,6 +98,8 @@ pub mod fixtures {
     pub const FP8_BLOCK: &[u8] = fixture!("fp8-block-bf16", "model.safetensors");
     /// AutoAWQ GEMM int4 group 128.
     pub const AWQ: &[u8] = fixture!("awq-gemm-w4-g128", "model.safetensors");
+    /// GPTQModel GPTQ v1 int4 group 128, desc_act (g_idx permuted).
+    pub const GPTQ: &[u8] = fixture!("gptq-w4-g128-actorder", "model.safetensors");
     /// GPT-OSS's native MXFP4 experts.
     pub const GPT_OSS: &[u8] = fixture!("gpt-oss-mxfp4", "model.safetensors");
 }

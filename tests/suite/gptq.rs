@@ -352,3 +352,44 @@ fn gptq_module_split_across_shards() {
     let got = decode(dir.path(), OutDtype::F16);
     check_output("sharded", &got, OutDtype::F16, &[want], &[]);
 }
+
+/// The config's spellings: no `checkpoint_format`/`format` is v1, `format`
+/// alone names it, AutoRound's method may be written `auto_round`; each
+/// gives the fixture's bytes. `inspect`'s format line says what was read.
+#[test]
+fn gptq_config_spellings() {
+    let fixture = crate::common::fixtures().join("gptq-w4-g128/model");
+    let want = decode(&fixture, OutDtype::F16);
+    let edits: [(&str, fn(&mut Value)); 3] = [
+        ("no format keys", |qc| {
+            let o = qc.as_object_mut().unwrap();
+            o.remove("checkpoint_format");
+            o.remove("format");
+        }),
+        ("format alone", |qc| {
+            qc.as_object_mut().unwrap().remove("checkpoint_format");
+        }),
+        ("auto_round", |qc| {
+            let o = qc.as_object_mut().unwrap();
+            o.remove("checkpoint_format");
+            o.remove("format");
+            o.insert("quant_method".into(), json!("auto_round"));
+            o.insert("packing_format".into(), json!("auto_round:auto_gptq"));
+        }),
+    ];
+    for (ctx, edit) in edits {
+        let tmp = tempfile::tempdir().unwrap();
+        crate::common::copy_dir(&fixture, tmp.path());
+        let path = tmp.path().join("config.json");
+        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut cfg["quantization_config"]);
+        write_json(&path, &cfg);
+        assert!(decode(tmp.path(), OutDtype::F16) == want, "{ctx}");
+        let ckpt = wgpu_dequant::Checkpoint::open(tmp.path()).unwrap();
+        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let line = plan.format.describe();
+        assert!(line.contains("int4 group 128 sym v1"), "{ctx}: {line}");
+        let lines = plan.format.report_lines().join("; ");
+        assert!(lines.contains("z - 1"), "{ctx}: {lines}");
+    }
+}

@@ -710,8 +710,8 @@ fn config_group_without_num_bits_is_config_error() {
 
 #[test]
 fn unknown_quant_method_is_unsupported() {
-    let e = expect_qc(|qc| qc["quant_method"] = json!("gptq"), Rule::Unsupported);
-    assert!(e.to_string().contains("gptq"), "{e}");
+    let e = expect_qc(|qc| qc["quant_method"] = json!("hqq"), Rule::Unsupported);
+    assert!(e.to_string().contains("hqq"), "{e}");
 }
 
 #[test]
