@@ -360,7 +360,8 @@ fn gptq_module_split_across_shards() {
 fn gptq_config_spellings() {
     let fixture = crate::common::fixtures().join("gptq-w4-g128/model");
     let want = decode(&fixture, OutDtype::F16);
-    let edits: [(&str, fn(&mut Value)); 3] = [
+    type Edit = (&'static str, fn(&mut Value));
+    let edits: [Edit; 3] = [
         ("no format keys", |qc| {
             let o = qc.as_object_mut().unwrap();
             o.remove("checkpoint_format");
