@@ -116,6 +116,7 @@ fn format_name(model: &Path) -> &'static str {
         {
             Some("fp8") => "fp8-block",
             Some("awq") => "awq",
+            Some("gptq") => "gptq",
             Some("mxfp4") => "gpt-oss",
             _ => "compressed-tensors",
         }

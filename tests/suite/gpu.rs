@@ -67,8 +67,12 @@ fn fixtures_take_the_fast_kernels() {
             let after = gpu.decoder().dispatches();
             let ran = (after.fast - before.fast, after.generic - before.generic);
             // 3-bit packs and transposed outputs (AutoAWQ, GPT-OSS) take the
-            // generic kernel.
-            if case.contains("w3a16") || case.starts_with("awq") || case.starts_with("gpt-oss") {
+            // generic kernel; so do GPTQ's packs (a lane's words `out` apart).
+            if case.contains("w3a16")
+                || case.starts_with("awq")
+                || case.starts_with("gpt-oss")
+                || case.starts_with("gptq")
+            {
                 assert!(
                     ran.0 == 0 && ran.1 > 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"
