@@ -559,9 +559,9 @@ override TILE_RUNS: u32 = 32u;         // runs per tile, even
 override TILE_PITCH: u32 = TILE_RUNS + 1u;
 override TILE_WORDS: u32 = TILE_RUN * TILE_RUNS;
 
-// One tile of code words: at most 288 = TILE_RUN * TILE_PITCH for the tiles
-// the host picks (1152 bytes; WebGPU allows 16 KiB).
-var<workgroup> tile_words: array<u32, 288>;
+// One tile of code words: at most 1056 = TILE_RUN * TILE_PITCH for the tiles
+// the host picks (4224 bytes; WebGPU allows 16 KiB).
+var<workgroup> tile_words: array<u32, 1056>;
 
 // Slot of element m of a code word (Fields::locate).
 fn slot_of(m: u32) -> u32 {

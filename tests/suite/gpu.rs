@@ -603,9 +603,9 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
         for pack in prefixed("PACK_") {
             // layout::Tile::runs.
             let (run, runs) = if pack == named("PACK_TRANSPOSED") {
-                (8, 32)
+                (8, 128)
             } else {
-                (32, 8)
+                (32, 32)
             };
             for code in prefixed("CODE_") {
                 for out in prefixed("OUT_") {

@@ -134,7 +134,7 @@ shader_enum! {
 /// what `TILE_RUN · (TILE_RUNS + 1)` of every [`Pack`]'s tile stays within
 /// (checked by a test).
 #[cfg(test)]
-const TILE_LEN: u32 = 288;
+const TILE_LEN: u32 = 1056;
 
 /// `Params::gidx` of a job without g_idx (`NO_G_IDX` in decode.wgsl).
 pub(super) const NO_G_IDX: u32 = u32::MAX;
@@ -427,12 +427,13 @@ impl CodeKind {
 impl Tile {
     /// Code words per run read at once and runs per tile (`TILE_RUN`,
     /// `TILE_RUNS`): runs of 32 bytes down a transposed tile's stored rows,
-    /// of 128 across a strided one's lanes; 256 words a tile, within
-    /// [`TILE_LEN`].
+    /// of 128 across a strided one's lanes; 1024 words a tile (four per
+    /// invocation of 256: one barrier for four words, which llvmpipe runs
+    /// faster than 256-word tiles), within [`TILE_LEN`].
     pub(super) fn runs(&self) -> (u32, u32) {
         match self.pack {
-            Pack::Transposed => (8, 32),
-            Pack::Strided => (32, 8),
+            Pack::Transposed => (8, 128),
+            Pack::Strided => (32, 32),
         }
     }
 
