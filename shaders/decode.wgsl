@@ -1,8 +1,11 @@
 // Decodes one chunk of rows of a DecodeJob (src/job.rs) to dense f32, bf16 or f16.
-// Two entry points share everything below: `main`, the generic kernel, one
-// output word per invocation for any job; and `fast`, one 32-bit word of
-// 4- or 8-bit codes per invocation, specialised by override constants for
-// the jobs nearly every checkpoint has (src/backend/gpu/layout.rs picks).
+// Three entry points share everything below: `main`, the generic kernel, one
+// output word per invocation for any job; `fast`, one 32-bit word of 4- or
+// 8-bit codes per invocation, specialised by override constants for the jobs
+// nearly every checkpoint has; and `fast_t`, the same for codes packed along
+// the input dimension (AutoAWQ, GPT-OSS, GPTQ), one tile of output per
+// workgroup transposed through workgroup memory (src/backend/gpu/layout.rs
+// picks).
 //
 // Everything the chunk needs sits in one word array `src`: the code-value and
 // scale tables, g_idx, and the byte ranges of the code, zero-point and scale
@@ -47,6 +50,10 @@ const CODE_OFFSET: u32 = 1u;             // code - code_offset
 const CODE_TWOS_COMPLEMENT: u32 = 2u;
 const CODE_E2M1: u32 = 3u;               // numerics::e2m1
 const CODE_E4M3: u32 = 4u;               // numerics::e4m3
+
+// PACK: how the tile kernel's code words lie against its output.
+const PACK_TRANSPOSED: u32 = 0u;  // transposed output: a word holds output rows
+const PACK_STRIDED: u32 = 1u;     // lanes one word apart, a lane's words strided
 
 // Params::gidx of a job without g_idx.
 const NO_G_IDX: u32 = 0xffffffffu;
@@ -517,5 +524,283 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
         fast_store(word, PER, z, s, flat, col0, o);
     } else {
         fast_store(word, n, z, s, flat, col0, o);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The tile kernel: 4- or 8-bit codes packed along the input dimension, whose
+// straight reading order writes the output column-wise. The host sends it
+// jobs whose code words are whole aligned 32-bit words in one of two shapes:
+//
+// - PACK_TRANSPOSED (AutoAWQ GEMM, GPT-OSS experts): a transposed job whose
+//   stored rows' words are contiguous (word_bits 32). A word holds PER output
+//   rows of one output column; output rows per slice are a multiple of PER.
+// - PACK_STRIDED (GPTQ): an untransposed job with lanes one word apart
+//   (lane_bits 32) and each lane's words word_bits apart. A word holds PER
+//   columns of one output row; consecutive words are consecutive rows.
+//
+// A workgroup decodes one tile of TILE_RUNS runs of TILE_RUN consecutive
+// code words: it reads them with consecutive invocations on consecutive
+// words into `tile_words`, and after a barrier each invocation decodes words
+// of one run position across the runs (as `fast` does, bit for bit) and
+// writes them, consecutive invocations on consecutive output words. Zero
+// points are plain or packed along columns (in the codes' own word layout);
+// groups hold whole words (WORD_GROUPS: one scale per word) or not (one per
+// code, g_idx included); no low-rank branch; 16-bit outputs have an even
+// column count.
+
+override PACK: u32 = PACK_TRANSPOSED;  // PACK_*
+override INTERLEAVED: bool = false;    // AutoAWQ's word order (Fields::interleaved)
+override WORD_GROUPS: bool = true;     // every scale/zero group holds whole code words
+override TILE_RUN: u32 = 8u;           // consecutive code words read as one run
+override TILE_RUNS: u32 = 32u;         // runs per tile, even
+// Words from one run position to the next in `tile_words`: one more than
+// the runs, so that invocations storing a run fall in different banks.
+override TILE_PITCH: u32 = TILE_RUNS + 1u;
+override TILE_WORDS: u32 = TILE_RUN * TILE_RUNS;
+
+// One tile of code words: at most 1056 = TILE_RUN * TILE_PITCH for the tiles
+// the host picks (4224 bytes; WebGPU allows 16 KiB).
+var<workgroup> tile_words: array<u32, 1056>;
+
+// Slot of element m of a code word (Fields::locate).
+fn slot_of(m: u32) -> u32 {
+    if (INTERLEAVED) {
+        return (m >> 1u) + (m & 1u) * (PER >> 1u);
+    }
+    return m;
+}
+
+fn tile_group(g: Grid, col: u32) -> u32 {
+    if (p.gidx != NO_G_IDX) {
+        return src[p.gidx + col];
+    }
+    return div_small(col, g.col_div);
+}
+
+// The zero-point word of stored columns col0.. of stored `row` (lane: its
+// row group on the scale grid), packed along columns as the codes are.
+fn tile_zero_word(slice: u32, row: u32, col0: u32) -> u32 {
+    if (ZERO != ZERO_PACKED_ALONG_COLS) {
+        return 0u;
+    }
+    var lane = 0u;
+    if (SCALED) {
+        lane = div_small(row, p.sgrid.row_div);
+    }
+    let pos = p.zero.base + slice * p.zero.slice_bits + lane * p.zero.lane_bits
+        + (col0 / PER) * p.zero.word_bits;
+    return src[pos >> 5u];
+}
+
+// What the codes of one word share: their scale and zero point when groups
+// hold whole words, and their zero-point word when packed along columns.
+struct TileWord {
+    s: f32,
+    z: f32,
+    zword: u32,
+}
+
+// The shared part of the word of stored columns col0.. of stored `row` in `slice`.
+fn tile_word(slice: u32, row: u32, col0: u32) -> TileWord {
+    var w = TileWord(1.0, 0.0, tile_zero_word(slice, row, col0));
+    if (WORD_GROUPS) {
+        if (SCALED) {
+            let g = div_small(col0, p.sgrid.col_div);
+            w.s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
+        }
+        if (ZERO == ZERO_PLAIN) {
+            let g = div_small(col0, p.zgrid.col_div);
+            w.z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, g));
+        }
+    }
+    return w;
+}
+
+// The encoded output (16-bit ones in the low half) of element m of `word`,
+// stored column col0 + m of stored `row` in `slice`.
+fn tile_code(word: u32, w: TileWord, m: u32, slice: u32, row: u32, col0: u32) -> u32 {
+    let mask = (1u << BITS) - 1u;
+    let sh = slot_of(m) * BITS;
+    var s = w.s;
+    var z = w.z;
+    if (!WORD_GROUPS) {
+        if (SCALED) {
+            s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, tile_group(p.sgrid, col0 + m)));
+        }
+        if (ZERO == ZERO_PLAIN) {
+            z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, tile_group(p.zgrid, col0 + m)));
+        }
+    }
+    if (ZERO == ZERO_PACKED_ALONG_COLS) {
+        z = code_value((w.zword >> sh) & mask);
+    }
+    return encode_out(fast_value((word >> sh) & mask, z, s, 0u, 0u));
+}
+
+// Writes the n codes of `word` (a strided tile's: one output row, columns
+// col0 on) at output element o.
+fn tile_store_row(word: u32, n: u32, slice: u32, row: u32, col0: u32, o: u32) {
+    let w = tile_word(slice, row, col0);
+    if (OUT == OUT_F32) {
+        for (var m = 0u; m < n; m = m + 1u) {
+            dst[p.out_base + o + m] = tile_code(word, w, m, slice, row, col0);
+        }
+        return;
+    }
+    // n is even: the column count is.
+    for (var m = 0u; m < n; m = m + 2u) {
+        let lo = tile_code(word, w, m, slice, row, col0);
+        let hi = tile_code(word, w, m + 1u, slice, row, col0);
+        dst[p.out_base + (o + m) / 2u] = lo | (hi << 16u);
+    }
+}
+
+// The bench baseline: the tile's share of the chunk's code words read in
+// order and written as many times as decoding writes output words, in order.
+fn tile_copy(g: u32, li: u32) {
+    var start = p.codes.base + p.slice0 * p.codes.slice_bits;
+    if (PACK == PACK_STRIDED) {
+        start = start + p.row0 * p.codes.lane_bits;
+    }
+    let words = (p.elems + PER - 1u) / PER;
+    let per_out = select(PER / 2u, PER, OUT == OUT_F32);
+    let out_words = select((p.elems + 1u) / 2u, p.elems, OUT == OUT_F32);
+    for (var q = li; q < TILE_WORDS; q = q + WG) {
+        let t = g * TILE_WORDS + q;
+        if (t < words) {
+            let word = src[(start >> 5u) + t];
+            for (var i = 0u; i < per_out; i = i + 1u) {
+                let o = t * per_out + i;
+                if (o < out_words) {
+                    dst[p.out_base + o] = word;
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (CODE == CODE_TABLE && !COPY) {
+        for (var i = li; i < (1u << BITS); i = i + WG) {
+            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
+        }
+        workgroupBarrier();
+    }
+    let g = wid.x + wid.y * (p.row_threads / WG);
+    if (COPY) {
+        tile_copy(g, li);
+        return;
+    }
+    // Rows count from the start of slice p.slice0; this chunk's are
+    // row0..end. Transposed tiles start on a code word (PER rows).
+    var tile_rows = TILE_RUN;
+    var tile_cols = TILE_RUNS * PER;
+    var first = p.row0;
+    if (PACK == PACK_TRANSPOSED) {
+        tile_rows = TILE_RUN * PER;
+        tile_cols = TILE_RUNS;
+        first = p.row0 - p.row0 % PER;
+    }
+    let col_tiles = (p.cols + tile_cols - 1u) / tile_cols;
+    let rt = g / col_tiles;
+    let c0 = (g - rt * col_tiles) * tile_cols;
+    let t0 = first + rt * tile_rows;
+    let end = p.row0 + p.fast_rows;
+    if (t0 >= end) {
+        return;
+    }
+
+    // Read: consecutive invocations on consecutive code words, word a of
+    // run b into tile_words[a * TILE_PITCH + b].
+    for (var q = li; q < TILE_WORDS; q = q + WG) {
+        let a = q % TILE_RUN;
+        let b = q / TILE_RUN;
+        var pos: u32;
+        var inside: bool;
+        if (PACK == PACK_TRANSPOSED) {
+            // Run b is stored row (output column) c0 + b; word a holds output
+            // rows t0 + a·PER on.
+            let r = t0 + a * PER;
+            let col = c0 + b;
+            inside = r < end && col < p.cols;
+            let k = div_small(r, p.rows);
+            let i0 = r - k * p.rows;
+            pos = p.codes.base + (p.slice0 + k) * p.codes.slice_bits + col * p.codes.lane_bits
+                + (i0 / PER) * p.codes.word_bits;
+        } else {
+            // Run b is the code word of output columns c0 + b·PER on; word a
+            // is output row (lane) t0 + a.
+            let r = t0 + a;
+            let col0 = c0 + b * PER;
+            inside = r < end && col0 < p.cols;
+            let k = div_small(r, p.rows);
+            pos = p.codes.base + (p.slice0 + k) * p.codes.slice_bits
+                + (r - k * p.rows) * p.codes.lane_bits + (col0 / PER) * p.codes.word_bits;
+        }
+        if (inside) {
+            tile_words[a * TILE_PITCH + b] = src[pos >> 5u];
+        }
+    }
+    workgroupBarrier();
+
+    // Decode and write: consecutive invocations on consecutive runs, so on
+    // consecutive output words of one output row.
+    if (PACK == PACK_STRIDED) {
+        for (var q = li; q < TILE_WORDS; q = q + WG) {
+            let b = q % TILE_RUNS;
+            let a = q / TILE_RUNS;
+            let r = t0 + a;
+            let col0 = c0 + b * PER;
+            if (r < end && col0 < p.cols) {
+                let k = div_small(r, p.rows);
+                let word = tile_words[a * TILE_PITCH + b];
+                let n = min(PER, p.cols - col0);
+                let o = (r - p.row0) * p.cols + col0;
+                // A whole word (nearly always) takes a loop of constant length.
+                if (n == PER) {
+                    tile_store_row(word, PER, p.slice0 + k, r - k * p.rows, col0, o);
+                } else {
+                    tile_store_row(word, n, p.slice0 + k, r - k * p.rows, col0, o);
+                }
+            }
+        }
+        return;
+    }
+    // Transposed: a word is PER output rows of one column; 16-bit outputs
+    // pair the words of two neighbouring columns.
+    let pair = select(2u, 1u, OUT == OUT_F32);
+    for (var q = li; q < TILE_WORDS / pair; q = q + WG) {
+        let b = (q % (TILE_RUNS / pair)) * pair;
+        let a = q / (TILE_RUNS / pair);
+        let r = t0 + a * PER;
+        let col = c0 + b;
+        if (r < end && col < p.cols) {
+            let k = div_small(r, p.rows);
+            let slice = p.slice0 + k;
+            let i0 = r - k * p.rows;
+            let w0 = tile_words[a * TILE_PITCH + b];
+            let s0 = tile_word(slice, col, i0);
+            if (OUT == OUT_F32) {
+                for (var m = 0u; m < PER; m = m + 1u) {
+                    let row = r + m;
+                    if (row >= p.row0 && row < end) {
+                        dst[p.out_base + (row - p.row0) * p.cols + col] = tile_code(w0, s0, m, slice, col, i0);
+                    }
+                }
+            } else {
+                let w1 = tile_words[a * TILE_PITCH + b + 1u];
+                let s1 = tile_word(slice, col + 1u, i0);
+                for (var m = 0u; m < PER; m = m + 1u) {
+                    let row = r + m;
+                    if (row >= p.row0 && row < end) {
+                        let lo = tile_code(w0, s0, m, slice, col, i0);
+                        let hi = tile_code(w1, s1, m, slice, col + 1u, i0);
+                        dst[p.out_base + ((row - p.row0) * p.cols + col) / 2u] = lo | (hi << 16u);
+                    }
+                }
+            }
+        }
     }
 }

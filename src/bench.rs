@@ -356,11 +356,7 @@ pub(crate) fn gpu_kernels(
                 buf.destroy();
                 Ok(())
             })?;
-            let kernel = if decoder.dispatches().generic > before.generic {
-                "generic kernel"
-            } else {
-                "fast kernel"
-            };
+            let kernel = kernel_name(before, decoder.dispatches());
             figures.push(Figure {
                 backend: "gpu",
                 what: format!("{} ({kernel})", case_name(layout, out)),
@@ -388,6 +384,209 @@ pub(crate) fn gpu_kernels(
                     baseline_seconds: upload,
                 });
             }
+        }
+    }
+    figures.extend(gpu_input_packed(decoder, rows, cols, runs, &wait)?);
+    Ok(figures)
+}
+
+/// Which kernel ran between two [`GpuDecoder::dispatches`] readings.
+fn kernel_name(
+    before: crate::backend::gpu::Dispatches,
+    after: crate::backend::gpu::Dispatches,
+) -> &'static str {
+    if after.generic > before.generic {
+        "generic kernel"
+    } else if after.tiled > before.tiled {
+        "tile kernel"
+    } else {
+        "fast kernel"
+    }
+}
+
+/// The layouts whose codes are packed along the input dimension (the GPU's
+/// tile kernel), each an `[out, in]` = `rows × cols` output over random
+/// storage. Apart from [`Layout`]: no CPU figures of their own yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InputPacked {
+    /// AutoAWQ GEMM: int32 `[in, out/8]` in AutoAWQ's word order, packed
+    /// zero points `[in/128, out/8]`, f16 scales `[in/128, out]`; the
+    /// output is the transpose.
+    AwqGemm,
+    /// GPT-OSS MXFP4 experts: 4 experts of blocks `[out, in/32, 16]` with
+    /// e8m0 scales `[out, in/32]`, each written transposed `[in, out]`:
+    /// `rows / 4` inputs of `cols` outputs each.
+    GptOss,
+    /// GPTQ int4 group 128: int32 `[in/8, out]` packed down the input rows,
+    /// f16 scales as a plain `[out, in/128]` grid, symmetric.
+    Gptq,
+}
+
+impl InputPacked {
+    /// Every such layout, in report order.
+    pub(crate) const ALL: [InputPacked; 3] =
+        [InputPacked::AwqGemm, InputPacked::GptOss, InputPacked::Gptq];
+
+    fn name(self) -> &'static str {
+        match self {
+            InputPacked::AwqGemm => "autoawq gemm int4 g128",
+            InputPacked::GptOss => "gpt-oss mxfp4 experts",
+            InputPacked::Gptq => "gptq int4 g128",
+        }
+    }
+
+    /// Random storage for a `rows × cols` output (`rows` a multiple of 128,
+    /// `cols` of 128): (codes, scales, zero points).
+    fn storage(self, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut bytes = |n: usize| {
+            let mut v = vec![0u8; n];
+            rng.fill(&mut v);
+            v
+        };
+        let codes = bytes(rows * cols / 2);
+        let (mut scale, zero) = match self {
+            InputPacked::AwqGemm => (bytes(cols / 128 * rows * 2), bytes(cols / 128 * rows / 2)),
+            InputPacked::GptOss => (bytes(rows * cols / 32), Vec::new()),
+            InputPacked::Gptq => (bytes(rows * cols / 128 * 2), Vec::new()),
+        };
+        // f16 scales as moderate finite numbers (0x30.. is about 1/8).
+        if self != InputPacked::GptOss {
+            for c in scale.chunks_mut(2) {
+                c[1] = 0x30;
+            }
+        }
+        (codes, scale, zero)
+    }
+
+    /// The job over [`InputPacked::storage`] writing `out`.
+    fn job<'a>(
+        self,
+        (rows, cols): (usize, usize),
+        (codes, scale, zero): &'a (Vec<u8>, Vec<u8>, Vec<u8>),
+        out: OutDtype,
+    ) -> DecodeJob<'a> {
+        let int4 = (0..16).map(|c| c as f32 - 8.0).collect();
+        match self {
+            InputPacked::AwqGemm => {
+                // Stored [in, out]: `cols` rows of `rows` columns.
+                let stored = Dims {
+                    slices: 1,
+                    rows: cols,
+                    cols: rows,
+                };
+                let lane = (rows / 8) as u64 * 32;
+                let scale = Values {
+                    data: scale.as_slice().into(),
+                    kind: ValueKind::F16,
+                    grid: Grid {
+                        row_div: 128,
+                        col_div: 1,
+                        row_stride: rows,
+                        slice_stride: 0,
+                    },
+                };
+                let zero = ZeroPoint::PackedAlongCols {
+                    fields: Fields::padded(zero.as_slice(), 4, lane).interleaved(),
+                };
+                let codes = Fields::padded(codes.as_slice(), 4, lane).interleaved();
+                DecodeJob::new(stored, codes, int4, out)
+                    .with_scale(scale)
+                    .with_zero(zero)
+                    .transpose()
+            }
+            InputPacked::GptOss => {
+                // Stored [E, out, in]: 4 slices of `cols` rows of `rows / 4`.
+                let inputs = rows / 4;
+                let stored = Dims {
+                    slices: 4,
+                    rows: cols,
+                    cols: inputs,
+                };
+                let codes = Fields::dense(codes.as_slice(), 4, inputs as u64 * 4)
+                    .with_slice_bits((cols * inputs) as u64 * 4);
+                let scale = Values {
+                    data: scale.as_slice().into(),
+                    kind: table(e8m0),
+                    grid: Grid {
+                        row_div: 1,
+                        col_div: 32,
+                        row_stride: inputs / 32,
+                        slice_stride: cols * inputs / 32,
+                    },
+                };
+                DecodeJob::new(stored, codes, (0..16).map(e2m1).collect(), out)
+                    .with_scale(scale)
+                    .transpose()
+            }
+            InputPacked::Gptq => {
+                let dims = Dims {
+                    slices: 1,
+                    rows,
+                    cols,
+                };
+                let codes = Fields::dense(codes.as_slice(), 4, 32).with_word_bits(32 * rows as u64);
+                let scale = Values {
+                    data: scale.as_slice().into(),
+                    kind: ValueKind::F16,
+                    grid: Grid {
+                        row_div: 1,
+                        col_div: 128,
+                        row_stride: cols / 128,
+                        slice_stride: 0,
+                    },
+                };
+                DecodeJob::new(dims, codes, int4, out).with_scale(scale)
+            }
+        }
+    }
+}
+
+/// GPU decode of the [`InputPacked`] layouts into a GPU buffer against the
+/// copy shader of the same dispatch; none when `rows` is not a multiple of
+/// 128.
+fn gpu_input_packed(
+    decoder: &GpuDecoder,
+    rows: usize,
+    cols: usize,
+    runs: usize,
+    wait: &dyn Fn() -> Result<()>,
+) -> Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+    if !rows.is_multiple_of(128) {
+        return Ok(figures);
+    }
+    for layout in InputPacked::ALL {
+        let storage = layout.storage(rows, cols);
+        for out in [OutDtype::Bf16, OutDtype::F32] {
+            let job = layout.job((rows, cols), &storage, out);
+            let copy = best(runs, || {
+                let buf = decoder.copy_baseline(&job).ok_or_else(|| {
+                    Error::bare(
+                        Rule::Gpu,
+                        format!("bench: no fast kernel for {}", layout.name()),
+                    )
+                })??;
+                wait()?;
+                buf.destroy();
+                Ok(())
+            })?;
+            let before = decoder.dispatches();
+            let decode = best(runs, || {
+                let buf = decoder.decode_to_buffer(&job)?;
+                wait()?;
+                buf.destroy();
+                Ok(())
+            })?;
+            let kernel = kernel_name(before, decoder.dispatches());
+            figures.push(Figure {
+                backend: "gpu",
+                what: format!("{} -> {out} ({kernel})", layout.name()),
+                baseline: "copy shader, same geometry".into(),
+                bytes: job.out_bytes() as u64,
+                seconds: decode,
+                baseline_seconds: copy,
+            });
         }
     }
     Ok(figures)

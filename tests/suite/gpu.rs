@@ -5,7 +5,7 @@
 //! without an adapter it does not run, and is counted in the line the run
 //! ends with; `WGPU_DEQUANT_REQUIRE_GPU=1` (set by CI) makes it fail instead.
 
-use crate::common::jobs::{for_random_jobs, normal, RandomJob, GRID_SIZES};
+use crate::common::jobs::{for_random_jobs, normal, RandomJob, GRID_SIZES, WHOLE_WORD_SIZES};
 use crate::common::{auto_digests, check_case, fixtures, gpu_test, read_dir_tensors, Rng, CASES};
 use wgpu_dequant::backend::gpu::{Gpu, GpuDecoder};
 use wgpu_dequant::backend::{Backend, Cpu};
@@ -46,7 +46,8 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
 
 /// Every fixture tensor by tensor on the GPU: the CPU's bytes, through the
 /// fast kernels for every 4- and 8-bit format (SVDQuant's main term and
-/// low-rank branch included); the 3-bit packs take the generic kernel.
+/// low-rank branch included), the tile kernel for the transposed ones
+/// (AutoAWQ, GPT-OSS); the 3-bit packs take the generic kernel.
 #[test]
 fn fixtures_take_the_fast_kernels() {
     gpu_test(|adapter| {
@@ -65,21 +66,29 @@ fn fixtures_take_the_fast_kernels() {
                 assert!(got == want, "{case} {}: GPU and CPU differ", t.name);
             }
             let after = gpu.decoder().dispatches();
-            let ran = (after.fast - before.fast, after.generic - before.generic);
-            // 3-bit packs and transposed outputs (AutoAWQ, GPT-OSS) take the
-            // generic kernel; so do GPTQ's packs (a lane's words `out` apart).
-            if case.contains("w3a16")
-                || case.starts_with("awq")
+            let ran = (
+                after.fast - before.fast,
+                after.generic - before.generic,
+                after.tiled - before.tiled,
+            );
+            // 3-bit packs take the generic kernel; packs along the input
+            // dimension (AutoAWQ, GPT-OSS transposed, GPTQ strided) the tile kernel.
+            if case.contains("w3a16") {
+                assert!(
+                    ran.0 == 0 && ran.1 > 0 && ran.2 == 0,
+                    "{case}: ran {ran:?}, wanted the generic kernel"
+                );
+            } else if case.starts_with("awq")
                 || case.starts_with("gpt-oss")
                 || case.starts_with("gptq")
             {
                 assert!(
-                    ran.0 == 0 && ran.1 > 0,
-                    "{case}: ran {ran:?}, wanted the generic kernel"
+                    ran.0 == 0 && ran.1 == 0 && ran.2 > 0,
+                    "{case}: ran {ran:?}, wanted the tile kernel"
                 );
             } else {
                 assert!(
-                    ran.0 > 0 && ran.1 == 0,
+                    ran.0 > 0 && ran.1 == 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the fast kernels"
                 );
             }
@@ -215,6 +224,69 @@ fn fast_kernels_equal_cpu_and_run_where_they_apply() {
         }
         let (fast, generic) = (fast.get(), generic.get());
         assert!(fast > 200 && generic > 50, "fast {fast} generic {generic}");
+    });
+}
+
+/// The tile kernel on random jobs aimed at it (transposed and strided,
+/// partial tiles and words, 3-D, g_idx, zero points along columns): the
+/// CPU's bytes, to host memory and into a GPU buffer, through the tile
+/// kernel wherever it applies. Tight limits put chunk boundaries inside
+/// slices and tiles into 2-D dispatch grids.
+#[test]
+fn tile_kernel_equals_cpu_and_runs_where_it_applies() {
+    gpu_test(|adapter| {
+        let roomy = GpuDecoder::open(&adapter).unwrap();
+        let small_groups = GpuDecoder::open(&adapter).unwrap().with_workgroup_size(64);
+        // 32 KiB holds a whole stored slice of any of these jobs (what a
+        // transposed or strided chunk binds) but not its f32 output.
+        let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(32 << 10, 8);
+        let (tiled, generic) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        for (decoder, sizes, cases) in [
+            (&roomy, &GRID_SIZES, 150),
+            (&small_groups, &GRID_SIZES, 60),
+            (&cramped, &WHOLE_WORD_SIZES, 100),
+        ] {
+            for_random_jobs(cases, &[8, 300], |d, rng| {
+                let r = RandomJob::aimed_at_tile_kernel(rng, d, sizes);
+                let before = decoder.dispatches();
+                check_job(&r, decoder);
+                let job = r.job();
+                let want = Cpu::new().decode(&job).unwrap();
+                let buffer = decoder.decode_to_buffer(&job).unwrap();
+                let got = decoder.read_back(&buffer).unwrap();
+                assert!(
+                    got[..want.len()] == want[..],
+                    "{}: decode_to_buffer",
+                    r.describe()
+                );
+                let after = decoder.dispatches();
+                let ran = (
+                    after.fast - before.fast,
+                    after.generic - before.generic,
+                    after.tiled - before.tiled,
+                );
+                if r.tile_eligible() {
+                    assert!(
+                        ran.0 == 0 && ran.1 == 0 && ran.2 > 0,
+                        "{}: ran {ran:?}, wanted the tile kernel",
+                        r.describe()
+                    );
+                    tiled.set(tiled.get() + 1);
+                } else {
+                    assert!(
+                        ran.1 > 0 && ran.2 == 0,
+                        "{}: ran {ran:?}, wanted the generic kernel",
+                        r.describe()
+                    );
+                    generic.set(generic.get() + 1);
+                }
+            });
+        }
+        let (tiled, generic) = (tiled.get(), generic.get());
+        assert!(
+            tiled > 150 && generic > 20,
+            "tiled {tiled} generic {generic}"
+        );
     });
 }
 
@@ -430,9 +502,15 @@ fn shaders_translate_for_every_backend() {
             ("main".to_string(), naga::back::PipelineConstants::default()),
             ("main-wg64".to_string(), small),
         ];
-        for set in fast_variants(&module) {
+        let sets = fast_variants(&module).into_iter().map(|set| ("fast", set));
+        let sets = sets.chain(
+            tile_variants(&module)
+                .into_iter()
+                .map(|set| ("fast_t", set)),
+        );
+        for (entry, set) in sets {
             let mut constants = naga::back::PipelineConstants::default();
-            let mut variant = "fast".to_string();
+            let mut variant = entry.to_string();
             for (k, v) in set {
                 constants.insert(k.to_string(), v as f64);
                 variant += &format!("-{}{v}", k.to_lowercase());
@@ -476,6 +554,80 @@ fn shaders_translate_for_every_backend() {
         translated += 1;
     }
     assert!(translated > 0, "no shader found in {}", dir.display());
+}
+
+/// The shader's u32 constants by name.
+fn shader_constants(module: &naga::Module) -> Vec<(String, u32)> {
+    module
+        .constants
+        .iter()
+        .filter_map(|(_, c)| match module.global_expressions[c.init] {
+            naga::Expression::Literal(naga::Literal::U32(v)) => Some((c.name.clone()?, v)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Override constants of the tile kernel (`fast_t`): every `BITS` with
+/// every `PACK_*` (and the tile size the host gives it), `CODE_*` and
+/// `OUT_*`, each with the other overrides at their usual values and varied
+/// one at a time. None for a shader without `fast_t`.
+fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
+    if !module.entry_points.iter().any(|e| e.name == "fast_t") {
+        return Vec::new();
+    }
+    let constants = shader_constants(module);
+    let prefixed = |prefix: &str| -> Vec<u32> {
+        let values: Vec<u32> = constants
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|&(_, v)| v)
+            .collect();
+        assert!(!values.is_empty(), "no {prefix}* constant");
+        values
+    };
+    let named = |name: &str| -> u32 {
+        let found = constants.iter().find(|(n, _)| n == name);
+        found.unwrap_or_else(|| panic!("no constant {name}")).1
+    };
+    // The tile kernel's zero points and options (layout::Tile::for_job).
+    let extra: Vec<Vec<(&'static str, u32)>> = vec![
+        vec![],
+        vec![("ZERO", named("ZERO_PLAIN"))],
+        vec![("ZERO", named("ZERO_PACKED_ALONG_COLS"))],
+        vec![("ZERO", named("ZERO_PLAIN")), ("WORD_GROUPS", 0)],
+        vec![("SCALED", 0)],
+        vec![("INTERLEAVED", 1)],
+        vec![("COPY", 1)],
+        vec![("WG", 64)],
+    ];
+    let mut all = Vec::new();
+    for bits in [4, 8] {
+        for pack in prefixed("PACK_") {
+            // layout::Tile::runs.
+            let (run, runs) = if pack == named("PACK_TRANSPOSED") {
+                (8, 128)
+            } else {
+                (32, 32)
+            };
+            for code in prefixed("CODE_") {
+                for out in prefixed("OUT_") {
+                    let base = [
+                        ("BITS", bits),
+                        ("PACK", pack),
+                        ("TILE_RUN", run),
+                        ("TILE_RUNS", runs),
+                        ("CODE", code),
+                        ("OUT", out),
+                    ];
+                    for e in &extra {
+                        all.push(base.iter().chain(e).copied().collect());
+                    }
+                }
+            }
+        }
+    }
+    all
 }
 
 /// Override constants of the fast kernels: every `BITS` with every `CODE_*`

@@ -118,6 +118,24 @@ shader_enum! {
     }
 }
 
+shader_enum! {
+    /// How the tile kernel's code words lie against its output (`PACK`).
+    pub enum Pack {
+        /// A transposed job whose stored rows' words are contiguous: a word
+        /// holds output rows of one output column (AutoAWQ, GPT-OSS).
+        Transposed = 0 as PACK_TRANSPOSED,
+        /// Lanes one word apart, each lane's words strided: a word holds
+        /// columns of one output row, the next word the next row's (GPTQ).
+        Strided = 1 as PACK_STRIDED,
+    }
+}
+
+/// Words of the tile kernel's workgroup array `tile_words` (decode.wgsl):
+/// what `TILE_RUN · (TILE_RUNS + 1)` of every [`Pack`]'s tile stays within
+/// (checked by a test).
+#[cfg(test)]
+const TILE_LEN: u32 = 1056;
+
 /// `Params::gidx` of a job without g_idx (`NO_G_IDX` in decode.wgsl).
 pub(super) const NO_G_IDX: u32 = u32::MAX;
 
@@ -228,6 +246,32 @@ pub(super) enum Kernel {
     Generic,
     /// One code word per invocation.
     Fast(Fast),
+    /// Codes packed along the input dimension: one output tile per
+    /// workgroup, transposed through workgroup memory (`fast_t`).
+    Tile(Tile),
+}
+
+/// The override constants of the tile kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Tile {
+    /// `BITS`: 4 or 8.
+    pub bits: u32,
+    /// `CODE`.
+    pub code: CodeKind,
+    /// `OUT`.
+    pub out: OutKind,
+    /// `ZERO`: none, plain or packed along columns.
+    pub zero: ZeroMode,
+    /// `SCALED`.
+    pub scaled: bool,
+    /// `PACK`.
+    pub pack: Pack,
+    /// `INTERLEAVED`: AutoAWQ's word order.
+    pub interleaved: bool,
+    /// `WORD_GROUPS`: one scale and zero-point group per code word.
+    pub word_groups: bool,
+    /// `COPY`: the bench baseline.
+    pub copy: bool,
 }
 
 /// The override constants of the fast kernel.
@@ -255,6 +299,7 @@ impl Kernel {
         match self {
             Kernel::Generic => "main",
             Kernel::Fast(_) => "fast",
+            Kernel::Tile(_) => "fast_t",
         }
     }
 
@@ -271,6 +316,18 @@ impl Kernel {
                 k.zero,
                 if k.scaled { "" } else { "not " },
                 k.low_rank,
+            ),
+            Kernel::Tile(k) => format!(
+                "wgpu-dequant fast_t{} ({}-bit {:?} codes {:?}{}, {:?} out, zero {:?}, {}scaled{})",
+                if k.copy { " copy baseline" } else { "" },
+                k.bits,
+                k.code,
+                k.pack,
+                if k.interleaved { " interleaved" } else { "" },
+                k.out,
+                k.zero,
+                if k.scaled { "" } else { "not " },
+                if k.word_groups { "" } else { ", groups per code" },
             ),
         }
     }
@@ -327,8 +384,23 @@ impl Fast {
         if out != OutKind::F32 && !d.cols.is_multiple_of(2) {
             return None;
         }
-        // Which formula gives the job's code table (a NaN stands for any NaN:
-        // outputs write one canonical NaN).
+        Some(Fast {
+            bits: c.bits,
+            code: CodeKind::of(job),
+            out,
+            zero: ZeroMode::of(job.zero.as_ref()),
+            scaled: job.scale.is_some(),
+            low_rank: LowRankMode::of(job.low_rank.as_ref()),
+            copy: false,
+        })
+    }
+}
+
+impl CodeKind {
+    /// Which formula gives `job`'s code table (4- or 8-bit codes; a NaN
+    /// stands for any NaN: outputs write one canonical NaN).
+    fn of(job: &DecodeJob<'_>) -> CodeKind {
+        let c = &job.codes;
         let cv = &job.code_values;
         let table_is = |f: &dyn Fn(u8) -> f32| {
             cv.len() == 1 << c.bits
@@ -338,7 +410,7 @@ impl Fast {
                 })
         };
         let (offset, sign_shift) = (1i32 << (c.bits - 1), 32 - c.bits);
-        let code = if table_is(&|k| (k as i32 - offset) as f32) {
+        if table_is(&|k| (k as i32 - offset) as f32) {
             CodeKind::Offset
         } else if table_is(&|k| ((k as i32) << sign_shift >> sign_shift) as f32) {
             CodeKind::TwosComplement
@@ -348,14 +420,114 @@ impl Fast {
             CodeKind::E4m3
         } else {
             CodeKind::Table
+        }
+    }
+}
+
+impl Tile {
+    /// Code words per run read at once and runs per tile (`TILE_RUN`,
+    /// `TILE_RUNS`): runs of 32 bytes down a transposed tile's stored rows,
+    /// of 128 across a strided one's lanes; 1024 words a tile (four per
+    /// invocation of 256: one barrier for four words, which llvmpipe runs
+    /// faster than 256-word tiles), within [`TILE_LEN`].
+    pub(super) fn runs(&self) -> (u32, u32) {
+        match self.pack {
+            Pack::Transposed => (8, 128),
+            Pack::Strided => (32, 32),
+        }
+    }
+
+    /// Output rows and columns of one tile.
+    pub(super) fn size(&self) -> (u32, u32) {
+        let (run, runs) = self.runs();
+        let per = 32 / self.bits;
+        match self.pack {
+            Pack::Transposed => (run * per, runs),
+            Pack::Strided => (run, runs * per),
+        }
+    }
+
+    /// The constants as wgpu takes them.
+    pub(super) fn constants(&self) -> [(&'static str, f64); 11] {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let (run, runs) = self.runs();
+        [
+            ("BITS", self.bits as f64),
+            ("CODE", self.code as u32 as f64),
+            ("OUT", self.out as u32 as f64),
+            ("ZERO", self.zero as u32 as f64),
+            ("SCALED", flag(self.scaled)),
+            ("PACK", self.pack as u32 as f64),
+            ("INTERLEAVED", flag(self.interleaved)),
+            ("WORD_GROUPS", flag(self.word_groups)),
+            ("TILE_RUN", run as f64),
+            ("TILE_RUNS", runs as f64),
+            ("COPY", flag(self.copy)),
+        ]
+    }
+
+    /// The tile kernel for `job`, when it fits: 4- or 8-bit codes in whole
+    /// aligned 32-bit words, either a transposed job whose stored rows'
+    /// words are contiguous and whose output rows per slice are whole words
+    /// ([`Pack::Transposed`]) or lanes one word apart with strided words
+    /// ([`Pack::Strided`]); no low-rank branch; zero points plain or packed
+    /// along columns in the codes' word layout; (16-bit outputs) an even
+    /// column count. Groups of any size and g_idx are taken.
+    pub(super) fn for_job(job: &DecodeJob<'_>) -> Option<Tile> {
+        let c = &job.codes;
+        let d = job.dims;
+        if !matches!(c.bits, 4 | 8) || job.low_rank.is_some() {
+            return None;
+        }
+        let per = 32 / c.bits;
+        // Whole aligned words of `per` fields each, in some order.
+        let words = |f: &Fields<'_>| {
+            f.bits == c.bits
+                && (f.per_word == 0 || f.per_word == per)
+                && [f.lane_bits, f.word_bits, f.slice_bits]
+                    .iter()
+                    .all(|b| b.is_multiple_of(32))
         };
-        Some(Fast {
+        if !words(c) || d.rows >= 1 << 23 || d.cols >= 1 << 23 {
+            return None;
+        }
+        let pack = if job.transposed && c.word_bits == 32 && d.rows.is_multiple_of(per as usize)
+        {
+            Pack::Transposed
+        } else if !job.transposed && c.lane_bits == 32 && c.word_bits > 32 {
+            Pack::Strided
+        } else {
+            return None;
+        };
+        match &job.zero {
+            None | Some(ZeroPoint::Plain(_)) => {}
+            Some(ZeroPoint::PackedAlongCols { fields })
+                if words(fields) && fields.interleaved == c.interleaved => {}
+            Some(_) => return None,
+        }
+        let out = OutKind::of(job.out);
+        if out != OutKind::F32 && !d.cols.is_multiple_of(2) {
+            return None;
+        }
+        let stored_cols = job.stored_dims().cols;
+        let whole_words = |v: &Values<'_>| {
+            v.grid.col_div >= stored_cols || v.grid.col_div.is_multiple_of(per as usize)
+        };
+        let word_groups = job.g_idx.is_none()
+            && job.scale.as_ref().is_none_or(whole_words)
+            && match &job.zero {
+                Some(ZeroPoint::Plain(z)) => whole_words(z),
+                _ => true,
+            };
+        Some(Tile {
             bits: c.bits,
-            code,
+            code: CodeKind::of(job),
             out,
             zero: ZeroMode::of(job.zero.as_ref()),
             scaled: job.scale.is_some(),
-            low_rank: LowRankMode::of(job.low_rank.as_ref()),
+            pack,
+            interleaved: c.interleaved,
+            word_groups,
             copy: false,
         })
     }
@@ -608,15 +780,26 @@ fn chunk<'a>(
     } else {
         elems.div_ceil(2)
     };
-    let (invocations, words_per_row, code_offset) = match kernel {
-        Kernel::Generic => (out_words, 0, 0.0),
+    let (groups, words_per_row, code_offset) = match kernel {
+        Kernel::Generic => (out_words.div_ceil(limits.workgroup as u64), 0, 0.0),
         Kernel::Fast(k) => {
             let per_row = d.cols.div_ceil((32 / k.bits) as usize) as u64;
             let offset = (1u32 << (k.bits - 1)) as f32;
-            ((f1 - f0) as u64 * per_row, per_row, offset)
+            let invocations = (f1 - f0) as u64 * per_row;
+            (invocations.div_ceil(limits.workgroup as u64), per_row, offset)
+        }
+        Kernel::Tile(k) => {
+            // One workgroup per tile; transposed tiles start on a code word.
+            let (tr, tc) = k.size();
+            let lead = match k.pack {
+                Pack::Transposed => (f0 % d.rows) % (32 / k.bits) as usize,
+                Pack::Strided => 0,
+            };
+            let tiles = ((f1 - f0 + lead) as u64).div_ceil(tr as u64)
+                * (d.cols as u64).div_ceil(tc as u64);
+            (tiles, 0, (1u32 << (k.bits - 1)) as f32)
         }
     };
-    let groups = invocations.div_ceil(limits.workgroup as u64);
     let x = groups.min(limits.max_groups_per_dim as u64).max(1);
     let y = groups.div_ceil(x).max(1);
     let src_cap = limits.max_binding.min(SRC_CAP);
@@ -644,8 +827,10 @@ fn chunk<'a>(
         words_per_row: words_per_row as u32,
         fast_rows: (f1 - f0) as u32,
         code_offset,
-        slice0: first.0 as u32,
-        row0: first.1 as u32,
+        // The output's slice and row of f0 (a transposed chunk reads from
+        // stored row 0 of its slices on).
+        slice0: (f0 / d.rows) as u32,
+        row0: (f0 % d.rows) as u32,
         out_base: 0,
         transposed: job.transposed as u32,
         _pad: 0,
@@ -692,6 +877,13 @@ pub(super) fn plan<'a>(
     let unit = if row_out.is_multiple_of(4) { 1 } else { 2 };
     let fit = (limits.out_cap() / row_out) as usize;
     let mut per = (fit / unit * unit).max(unit);
+    // Whole tiles, where they fit.
+    if let Kernel::Tile(k) = kernel {
+        let rows = k.size().0 as usize;
+        if per >= rows {
+            per = per / rows * rows;
+        }
+    }
     let mut chunks = Vec::new();
     let mut f = rows.start;
     while f < rows.end {
@@ -834,6 +1026,7 @@ mod tests {
             values(ZeroMode::WGSL),
             values(LowRankMode::WGSL),
             values(CodeKind::WGSL),
+            values(Pack::WGSL),
             vec![("NO_G_IDX", NO_G_IDX)],
         ]
         .concat();
@@ -864,16 +1057,28 @@ mod tests {
             low_rank: LowRankMode::None,
             copy: false,
         };
-        for (name, _) in fast.constants().iter().chain(&[("WG", 0.0)]) {
+        let tile = Tile {
+            bits: 4,
+            code: CodeKind::Offset,
+            out: OutKind::Bf16,
+            zero: ZeroMode::PackedAlongCols,
+            scaled: true,
+            pack: Pack::Transposed,
+            interleaved: true,
+            word_groups: false,
+            copy: false,
+        };
+        let constants = fast.constants().into_iter().chain(tile.constants());
+        for (name, _) in constants.chain([("WG", 0.0)]) {
             assert!(
                 module
                     .overrides
                     .iter()
-                    .any(|(_, o)| o.name.as_deref() == Some(*name)),
+                    .any(|(_, o)| o.name.as_deref() == Some(name)),
                 "decode.wgsl has no override {name}"
             );
         }
-        for kernel in [Kernel::Generic, Kernel::Fast(fast)] {
+        for kernel in [Kernel::Generic, Kernel::Fast(fast), Kernel::Tile(tile)] {
             assert!(
                 module.entry_points.iter().any(
                     |e| e.name == kernel.entry_point() && e.stage == naga::ShaderStage::Compute
@@ -881,6 +1086,45 @@ mod tests {
                 "decode.wgsl has no compute entry point {}",
                 kernel.entry_point()
             );
+        }
+    }
+
+    /// The tile kernel's workgroup array holds [`TILE_LEN`] words, and every
+    /// tile the host picks fits it in whole code words.
+    #[test]
+    fn tiles_fit_the_workgroup_array() {
+        let module = shader();
+        let tile = module
+            .global_variables
+            .iter()
+            .find(|(_, g)| g.name.as_deref() == Some("tile_words"))
+            .expect("var<workgroup> tile_words")
+            .1;
+        assert_eq!(tile.space, naga::AddressSpace::WorkGroup);
+        match module.types[tile.ty].inner {
+            naga::TypeInner::Array {
+                size: naga::ArraySize::Constant(n),
+                ..
+            } => assert_eq!(n.get(), TILE_LEN, "tile length, host vs decode.wgsl"),
+            ref t => panic!("tile is {t:?}"),
+        }
+        for pack in [Pack::Transposed, Pack::Strided] {
+            for bits in [4, 8] {
+                let tile = Tile {
+                    bits,
+                    code: CodeKind::Table,
+                    out: OutKind::F32,
+                    zero: ZeroMode::None,
+                    scaled: false,
+                    pack,
+                    interleaved: false,
+                    word_groups: true,
+                    copy: false,
+                };
+                let (run, runs) = tile.runs();
+                assert!(run * (runs + 1) <= TILE_LEN, "{pack:?}");
+                assert!(runs % 2 == 0, "{pack:?}: 16-bit outputs pair runs");
+            }
         }
     }
 

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::backend::{Backend, Decoding};
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
-use layout::{Chunk, Fast, Kernel, Limits};
+use layout::{Chunk, Fast, Kernel, Limits, Tile};
 
 const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
 
@@ -207,6 +207,9 @@ pub struct Dispatches {
     pub fast: u64,
     /// Chunks run by the generic kernel (one output word per invocation).
     pub generic: u64,
+    /// Chunks run by the tile kernel (codes packed along the input
+    /// dimension, one output tile per workgroup).
+    pub tiled: u64,
 }
 
 /// Decodes on a wgpu device: the app's own ([`GpuDecoder::new`]), or one
@@ -227,7 +230,7 @@ pub struct GpuDecoder {
     pipeline_layout: wgpu::PipelineLayout,
     pipelines: std::sync::Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
     fast: bool,
-    dispatched: [AtomicU64; 2],
+    dispatched: [AtomicU64; 3],
     limits: Limits,
     /// Idle pairs of slots; each call takes one, so calls from several
     /// threads run at once and keep the queue full between them.
@@ -302,13 +305,33 @@ impl GpuDecoder {
         Dispatches {
             fast: self.dispatched[0].load(Ordering::Relaxed),
             generic: self.dispatched[1].load(Ordering::Relaxed),
+            tiled: self.dispatched[2].load(Ordering::Relaxed),
         }
     }
 
     fn kernel(&self, job: &DecodeJob<'_>) -> Kernel {
-        match Fast::for_job(job) {
-            Some(k) if self.fast => Kernel::Fast(k),
-            _ => Kernel::Generic,
+        if !self.fast {
+            return Kernel::Generic;
+        }
+        fast_kernel(job).unwrap_or(Kernel::Generic)
+    }
+
+    /// The chunks of `rows` of `job` for `kernel`, or for the generic kernel
+    /// when a decoding fast kernel's do not fit (a row of tiles may need more
+    /// workgroups than a dispatch dimension holds on a cramped device).
+    fn plan<'a>(
+        &self,
+        job: &'a DecodeJob<'_>,
+        kernel: Kernel,
+        rows: Range<usize>,
+    ) -> Result<Vec<Chunk<'a>>> {
+        let copy = matches!(kernel, Kernel::Fast(Fast { copy: true, .. }))
+            || matches!(kernel, Kernel::Tile(Tile { copy: true, .. }));
+        match layout::plan(job, kernel, rows.clone(), &self.limits) {
+            Err(_) if kernel != Kernel::Generic && !copy => {
+                layout::plan(job, Kernel::Generic, rows, &self.limits)
+            }
+            planned => planned,
         }
     }
 
@@ -324,6 +347,7 @@ impl GpuDecoder {
                 let mut constants = match kernel {
                     Kernel::Generic => Vec::new(),
                     Kernel::Fast(k) => k.constants().to_vec(),
+                    Kernel::Tile(k) => k.constants().to_vec(),
                 };
                 constants.push(("WG", self.limits.workgroup as f64));
                 self.device
@@ -442,6 +466,8 @@ impl GpuDecoder {
             Kernel::Fast(k) if !k.copy => Some(0),
             Kernel::Fast(_) => None,
             Kernel::Generic => Some(1),
+            Kernel::Tile(k) if !k.copy => Some(2),
+            Kernel::Tile(_) => None,
         };
         if let Some(i) = counter {
             self.dispatched[i].fetch_add(1, Ordering::Relaxed);
@@ -573,7 +599,7 @@ impl GpuDecoder {
         out: &mut [u8],
     ) -> Result<()> {
         crate::backend::check_rows(job, &rows, out)?;
-        let chunks = layout::plan(job, self.kernel(job), rows.clone(), &self.limits)?;
+        let chunks = self.plan(job, self.kernel(job), rows.clone())?;
         let mut slots = self.take_slots();
         let result = self
             .scoped(self.run_chunks(job, &chunks, rows.start, &mut slots, out))
@@ -693,16 +719,17 @@ impl GpuDecoder {
     /// else. `None` for a job no fast kernel takes.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) async fn copy_baseline_async(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
-        let k = Fast::for_job(job)?;
-        Some(
-            self.to_buffer(job, Kernel::Fast(Fast { copy: true, ..k }))
-                .await,
-        )
+        let copy = match fast_kernel(job)? {
+            Kernel::Fast(k) => Kernel::Fast(Fast { copy: true, ..k }),
+            Kernel::Tile(k) => Kernel::Tile(Tile { copy: true, ..k }),
+            Kernel::Generic => return None,
+        };
+        Some(self.to_buffer(job, copy).await)
     }
 
     async fn to_buffer(&self, job: &DecodeJob<'_>, kernel: Kernel) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(job.out_bytes() as u64)?;
-        let chunks = layout::plan(job, kernel, 0..job.dims.total_rows(), &self.limits)?;
+        let chunks = self.plan(job, kernel, 0..job.dims.total_rows())?;
         let row_bytes = (job.dims.cols * job.out.size()) as u64;
         let mut slots = self.take_slots();
         let result = self
@@ -809,6 +836,14 @@ impl GpuDecoder {
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
+}
+
+/// The fast kernel that takes `job`: the straight one, or the tile kernel
+/// for codes packed along the input dimension; `None` for the generic one.
+fn fast_kernel(job: &DecodeJob<'_>) -> Option<Kernel> {
+    Fast::for_job(job)
+        .map(Kernel::Fast)
+        .or_else(|| Tile::for_job(job).map(Kernel::Tile))
 }
 
 /// The GPU backend used by the command line: an adapter and a decoder on it.

@@ -193,6 +193,8 @@ pub struct RandomJob {
     pub interleaved: bool,
     pub transposed: bool,
     pub lane_bits: u64,
+    /// Bits from one code word of a lane to the next (32: contiguous).
+    pub word_bits: u64,
     pub slice_bits: u64,
     pub codes: Vec<u8>,
     pub code_values: Vec<f32>,
@@ -308,6 +310,7 @@ impl RandomJob {
             interleaved,
             transposed: rng.below(4) == 0,
             lane_bits,
+            word_bits: 32,
             slice_bits,
             codes,
             code_values,
@@ -377,6 +380,87 @@ impl RandomJob {
         }
     }
 
+    /// A random job of the kinds the GPU's tile kernel takes when
+    /// [`RandomJob::tile_eligible`]: 4- or 8-bit codes packed along the input
+    /// dimension, either transposed (stored rows of whole words, dense or
+    /// padded, AutoAWQ's order included; stored columns mostly whole words)
+    /// or strided (lanes one word apart, a lane's words `rows` words apart,
+    /// as GPTQ's `[in·b/32, out]`), with every scale kind on any grid, g_idx,
+    /// zero points plain or packed along columns, and every output dtype.
+    pub fn aimed_at_tile_kernel(rng: &mut Rng, d: Dims, sizes: &GridSizes) -> RandomJob {
+        let bits = [4u32, 8][rng.below(2) as usize];
+        let per = (32 / bits) as usize;
+        let strided = rng.below(2) == 0;
+        let mut d = d;
+        if !strided && rng.below(4) != 0 {
+            d.cols = d.cols.next_multiple_of(per);
+        }
+        let r = RandomJob::new(rng, d, sizes);
+        let padded = rng.below(2) == 0;
+        let per_word = if padded { per as u32 } else { 0 };
+        let interleaved = padded && rng.below(2) == 0;
+        let words = d.cols.div_ceil(per);
+        // Strided words of one lane `rows` words apart, or more (one row of
+        // padding: a single row's words are still strided).
+        let spaced = d.rows + usize::from(d.rows == 1 || rng.below(3) == 0);
+        let (lane_bits, word_bits, slice_bits) = if strided {
+            (32, 32 * spaced as u64, (spaced * words) as u64 * 32)
+        } else {
+            (words as u64 * 32, 32, (d.rows * words) as u64 * 32)
+        };
+        let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
+        let offset = 1i32 << (bits - 1);
+        let code_values: Vec<f32> = match rng.below(4) {
+            0 => (0..1 << bits).map(|c| (c - offset) as f32).collect(),
+            1 => (0..1 << bits)
+                .map(|c| if c >= offset { c - 2 * offset } else { c } as f32)
+                .collect(),
+            2 if bits == 4 => (0..16).map(e2m1).collect(),
+            2 => (0..=255).map(e4m3).collect(),
+            _ => (0..1 << bits).map(|_| normal(rng, 6)).collect(),
+        };
+        let (zero, zero_bytes) = match r.zero {
+            ZeroSpec::AlongCols { lanes, .. } => {
+                let bytes = (0..d.slices * lanes * words * 4)
+                    .map(|_| rng.next() as u8)
+                    .collect();
+                let lane_bits = words as u64 * 32;
+                (ZeroSpec::AlongCols { lanes, lane_bits }, bytes)
+            }
+            ZeroSpec::Packed { .. } => (ZeroSpec::None, Vec::new()),
+            zero => (zero, r.zero_bytes),
+        };
+        RandomJob {
+            bits,
+            padded,
+            per_word,
+            interleaved,
+            transposed: !strided,
+            lane_bits,
+            word_bits,
+            slice_bits,
+            codes: (0..code_len).map(|_| rng.next() as u8).collect(),
+            code_values,
+            zero,
+            zero_bytes,
+            ..r
+        }
+    }
+
+    /// True when the GPU takes a job [`RandomJob::aimed_at_tile_kernel`]
+    /// makes to the tile kernel: transposed ones whose stored columns are
+    /// whole words, and (16-bit outputs) an even output column count.
+    pub fn tile_eligible(&self) -> bool {
+        let per = (32 / self.bits) as usize;
+        let out_cols = if self.transposed {
+            self.dims.rows
+        } else {
+            self.dims.cols
+        };
+        (!self.transposed || self.dims.cols.is_multiple_of(per))
+            && (self.out == OutDtype::F32 || out_cols.is_multiple_of(2))
+    }
+
     /// True when the GPU takes this job to a fast kernel: always for jobs
     /// [`RandomJob::aimed_at_fast_kernels`] makes, except 16-bit outputs of
     /// an odd number of columns (an output word would span two rows).
@@ -395,7 +479,7 @@ impl RandomJob {
                 per_word: self.per_word,
                 interleaved: self.interleaved,
                 lane_bits: self.lane_bits,
-                word_bits: 32,
+                word_bits: self.word_bits,
                 slice_bits: self.slice_bits,
             },
             code_values: self.code_values.clone(),
@@ -453,13 +537,14 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?}{} bits {} padded {}{} lane_bits {} scale {:?} zero {} g_idx {} out {}",
+            "{:?}{} bits {} padded {}{} lane_bits {} word_bits {} scale {:?} zero {} g_idx {} out {}",
             self.dims,
             if self.transposed { " transposed" } else { "" },
             self.bits,
             self.padded,
             if self.interleaved { " interleaved" } else { "" },
             self.lane_bits,
+            self.word_bits,
             self.scale.as_ref().map(|(g, k)| (g, kind(k))),
             match &self.zero {
                 ZeroSpec::None => "none".to_string(),
