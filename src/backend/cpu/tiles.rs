@@ -1,0 +1,416 @@
+//! Jobs whose codes run along the output's columns in memory — transposed
+//! jobs (AutoAWQ GEMM, GPT-OSS experts: an output row is a stored column)
+//! and strided ones (GPTQ: an output row's code words are a whole stored
+//! row apart) — decoded a tile at a time: the tile's codes are read in
+//! memory order (whole cache lines of stored rows) into a byte per code in
+//! output order, and each is then looked up in a code table of its entry,
+//! written out row by row.
+//!
+//! An entry (zero point and scale) is constant over blocks of stored rows
+//! (`rows_per_key`) and of stored columns (`cols_per_key`, or g_idx's
+//! groups); a tile builds one table per block it touches, from a stored
+//! element of that block, with exactly the operations `DecodeJob::value`
+//! performs, so the bytes are the element path's.
+
+use crate::job::{DecodeJob, ZeroPoint};
+use crate::numerics::{self, OutDtype};
+
+/// Output elements one thread task decodes at least.
+const TASK_ELEMENTS: usize = 1 << 16;
+
+/// How a stored column's entry is found.
+#[derive(Debug, Clone, Copy)]
+enum ColKey {
+    /// Columns `k·d .. (k+1)·d` share an entry (`usize::MAX`: all of them).
+    Div(usize),
+    /// Column `j` is in group `g_idx[j]`.
+    GIdx,
+}
+
+/// How a tile's codes are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// One field at a time (any layout).
+    Fields,
+    /// Transposed, 4-bit codes two to a byte, each stored row starting on a
+    /// byte: a stored row's run of the tile is a run of bytes.
+    Nibbles,
+    /// Transposed, 4-bit codes eight to a word in AutoAWQ's order.
+    Interleaved,
+    /// Not transposed, 4-bit codes eight to a word, a lane's words apart
+    /// (GPTQ): the tile's rows' words for eight columns are adjacent.
+    StridedWords,
+}
+
+/// The tiled decoding of one job.
+#[derive(Debug)]
+pub(super) struct Tiles {
+    /// Stored rows sharing an entry (`usize::MAX`: all of them).
+    rows_per_key: usize,
+    cols_per_key: ColKey,
+    /// Output rows and columns of a tile.
+    tile_rows: usize,
+    tile_cols: usize,
+    fill: Fill,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Tiles {
+    /// The tiling of a transposed or strided job, when its entries span
+    /// enough elements to pay for their tables.
+    pub(super) fn of(job: &DecodeJob<'_>) -> Option<Tiles> {
+        let f = &job.codes;
+        if job.low_rank.is_some() || !(job.transposed || f.word_bits != 32) {
+            return None;
+        }
+        let stored = job.stored_dims();
+        // Stored rows sharing every component's entry: the gcd of their
+        // row divisors (0 while no component depends on the row).
+        let mut rows = 0;
+        let mut cols = 0;
+        if let Some(s) = &job.scale {
+            rows = gcd(rows, s.grid.row_div);
+            cols = gcd(cols, s.grid.col_div);
+            if s.grid.row_div == 0 || s.grid.col_div == 0 {
+                return None;
+            }
+        }
+        let mut along_cols = false;
+        match &job.zero {
+            Some(ZeroPoint::Plain(z)) => {
+                if z.grid.row_div == 0 || z.grid.col_div == 0 {
+                    return None;
+                }
+                rows = gcd(rows, z.grid.row_div);
+                cols = gcd(cols, z.grid.col_div);
+            }
+            // Lane = row, read on the scale's column groups.
+            Some(ZeroPoint::Packed { .. }) => rows = 1,
+            // Lane = the scale's row group, index = column.
+            Some(ZeroPoint::PackedAlongCols { .. }) => along_cols = true,
+            None => {}
+        }
+        let by_col = job.scale.is_some() || matches!(job.zero, Some(ZeroPoint::Plain(_)));
+        let cols_per_key = if along_cols {
+            ColKey::Div(1)
+        } else if job.g_idx.is_some() && by_col {
+            ColKey::GIdx
+        } else if cols == 0 {
+            ColKey::Div(usize::MAX)
+        } else {
+            ColKey::Div(cols)
+        };
+        let rows_per_key = if rows == 0 { usize::MAX } else { rows };
+        // Elements per entry, at least twice a table.
+        let key_cols = match cols_per_key {
+            ColKey::Div(d) => d.min(stored.cols),
+            ColKey::GIdx => {
+                let groups = job.g_idx.as_ref()?.iter().max().map_or(1, |&m| m as usize + 1);
+                stored.cols / groups
+            }
+        };
+        if rows_per_key.min(stored.rows).saturating_mul(key_cols) < 2 * job.code_values.len() {
+            return None;
+        }
+        let whole_bytes = f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8);
+        let dense4 = f.bits == 4 && (f.per_word == 0 || f.per_word == 8 && !f.interleaved);
+        let fill = if job.transposed && f.word_bits == 32 && whole_bytes && dense4 {
+            Fill::Nibbles
+        } else if job.transposed
+            && f.word_bits == 32
+            && whole_bytes
+            && f.bits == 4
+            && f.per_word == 8
+            && f.interleaved
+            && f.lane_bits.is_multiple_of(32)
+        {
+            Fill::Interleaved
+        } else if !job.transposed && whole_bytes && dense4 && f.word_bits.is_multiple_of(8) {
+            Fill::StridedWords
+        } else {
+            Fill::Fields
+        };
+        // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 64
+        // stored rows. Strided: 16 rows' words (a cache line) of 256
+        // columns, or whole rows when g_idx scatters the groups.
+        let (tile_rows, tile_cols) = match (job.transposed, cols_per_key) {
+            (true, _) => (128, 64),
+            (false, ColKey::GIdx) => (16, job.dims.cols.max(1)),
+            (false, ColKey::Div(_)) => (16, 256),
+        };
+        Some(Tiles {
+            rows_per_key,
+            cols_per_key,
+            tile_rows,
+            tile_cols,
+            fill,
+        })
+    }
+
+    /// Output rows one task decodes: whole tiles, at least `TASK_ELEMENTS`.
+    pub(super) fn rows_per_task(&self, cols: usize) -> usize {
+        TASK_ELEMENTS
+            .div_ceil(cols.max(1))
+            .next_multiple_of(self.tile_rows)
+    }
+
+    /// Decodes flat output rows `rows` into `out` (theirs exactly).
+    pub(super) fn decode(
+        &self,
+        job: &DecodeJob<'_>,
+        rows: std::ops::Range<usize>,
+        out: &mut [u8],
+        scratch: &mut Scratch,
+    ) {
+        let per_slice = job.dims.rows;
+        let row_bytes = job.dims.cols * job.out.size();
+        let mut flat = rows.start;
+        while flat < rows.end {
+            let (slice, r0) = (flat / per_slice, flat % per_slice);
+            let band_end = ((r0 / self.tile_rows + 1) * self.tile_rows).min(per_slice);
+            let r1 = band_end.min(r0 + rows.end - flat);
+            let at = (flat - rows.start) * row_bytes;
+            let band = &mut out[at..at + (r1 - r0) * row_bytes];
+            let mut c0 = 0;
+            while c0 < job.dims.cols {
+                let c1 = (c0 + self.tile_cols).min(job.dims.cols);
+                match job.out.size() {
+                    2 => self.tile::<2>(job, slice, r0..r1, c0..c1, band, scratch),
+                    _ => self.tile::<4>(job, slice, r0..r1, c0..c1, band, scratch),
+                }
+                c0 = c1;
+            }
+            flat += r1 - r0;
+        }
+    }
+
+    /// Decodes output rows `rows` × columns `cols` of `slice` into `band`
+    /// (the rows' whole output).
+    fn tile<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        band: &mut [u8],
+        s: &mut Scratch,
+    ) {
+        let n = job.code_values.len();
+        // Stored rows (lanes) and stored columns of the tile.
+        let (lanes, index) = if job.transposed {
+            (cols.clone(), rows.clone())
+        } else {
+            (rows.clone(), cols.clone())
+        };
+        // Lane keys: blocks of `rows_per_key`, numbered from the first.
+        let key = |i: usize| i / self.rows_per_key;
+        let (k0, k1) = (key(lanes.start), key(lanes.end - 1));
+        let lane_keys = k1 - k0 + 1;
+        s.lane_rep.clear();
+        s.lane_rep
+            .extend((k0..=k1).map(|k| k.saturating_mul(self.rows_per_key).max(lanes.start)));
+        // Column keys.
+        s.col_rep.clear();
+        s.col_base.clear();
+        match self.cols_per_key {
+            ColKey::Div(d) => {
+                let (g0, g1) = (index.start / d, (index.end - 1) / d);
+                s.col_rep
+                    .extend((g0..=g1).map(|g| Some(g.saturating_mul(d).max(index.start))));
+                s.col_base.extend(index.clone().map(|j| (j / d - g0) as u32));
+            }
+            ColKey::GIdx => {
+                let g_idx = job.g_idx.as_deref().unwrap_or(&[]);
+                let groups = &g_idx[index.clone()];
+                let g0 = groups.iter().copied().min().unwrap_or(0);
+                let g1 = groups.iter().copied().max().unwrap_or(0);
+                s.col_rep.resize((g1 - g0) as usize + 1, None);
+                for (j, &g) in index.clone().zip(groups) {
+                    s.col_rep[(g - g0) as usize].get_or_insert(j);
+                    s.col_base.push(g - g0);
+                }
+            }
+        }
+        let col_keys = s.col_rep.len();
+        // The tables, lane key major.
+        s.tables.resize(lane_keys * col_keys * n, 0);
+        for (ki, &i) in s.lane_rep.iter().enumerate() {
+            for (kj, j) in s.col_rep.iter().enumerate() {
+                if let Some(j) = *j {
+                    let (zero, scale) = job.zero_and_scale(slice, i, j);
+                    let at = (ki * col_keys + kj) * n;
+                    fill_table(job, zero, scale, &mut s.tables[at..at + n]);
+                }
+            }
+        }
+        // Offsets of each output row and column into the tables.
+        let (tr, tc) = (rows.len(), cols.len());
+        s.row_off.clear();
+        s.col_off.clear();
+        let lane_off = |i: usize| ((key(i) - k0) * col_keys * n) as u32;
+        let n32 = n as u32;
+        if job.transposed {
+            s.row_off.extend(s.col_base.iter().map(|&k| k * n32));
+            s.col_off.extend(lanes.clone().map(lane_off));
+        } else {
+            s.row_off.extend(lanes.clone().map(lane_off));
+            s.col_off.extend(s.col_base.iter().map(|&k| k * n32));
+        }
+        s.codes.resize(tr * tc, 0);
+        self.fill(job, slice, &rows, &cols, &mut s.codes);
+        let row_bytes = job.dims.cols * N;
+        for (ri, (&ro, codes)) in s.row_off.iter().zip(s.codes.chunks_exact(tc)).enumerate() {
+            let at = ri * row_bytes + cols.start * N;
+            let dst = &mut band[at..at + tc * N];
+            for ((o, &code), &co) in dst.chunks_exact_mut(N).zip(codes).zip(&s.col_off) {
+                let e = s.tables[(ro + co + code as u32) as usize];
+                o.copy_from_slice(&e.to_le_bytes()[..N]);
+            }
+        }
+    }
+
+    /// Reads the codes of output `rows` × `cols` of `slice` into `codes`,
+    /// row-major in output order.
+    fn fill(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: &std::ops::Range<usize>,
+        cols: &std::ops::Range<usize>,
+        codes: &mut [u8],
+    ) {
+        let f = &job.codes;
+        let tc = cols.len();
+        let data: &[u8] = &f.data;
+        let base = slice as u64 * f.slice_bits;
+        match self.fill {
+            Fill::Nibbles => {
+                for (ci, i) in cols.clone().enumerate() {
+                    let start = ((base + i as u64 * f.lane_bits) / 8) as usize;
+                    let mut j = rows.start;
+                    while j < rows.end {
+                        let o = (j - rows.start) * tc + ci;
+                        let b = data[start + j / 2];
+                        if j % 2 == 1 || j + 1 == rows.end {
+                            codes[o] = (b >> (4 * (j % 2))) & 15;
+                            j += 1;
+                        } else {
+                            codes[o] = b & 15;
+                            codes[o + tc] = b >> 4;
+                            j += 2;
+                        }
+                    }
+                }
+            }
+            Fill::Interleaved => {
+                // Slot of element e in its word: e/2 + (e%2)·4.
+                const SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+                for (ci, i) in cols.clone().enumerate() {
+                    let start = ((base + i as u64 * f.lane_bits) / 8) as usize;
+                    for w in rows.start / 8..(rows.end - 1) / 8 + 1 {
+                        let at = start + 4 * w;
+                        let Some(x) = data.get(at..at + 4) else {
+                            for j in (8 * w).max(rows.start)..(8 * w + 8).min(rows.end) {
+                                codes[(j - rows.start) * tc + ci] = f.get(slice, i, j) as u8;
+                            }
+                            continue;
+                        };
+                        let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                        for (e, &slot) in SLOT.iter().enumerate() {
+                            let j = 8 * w + e;
+                            if (rows.start..rows.end).contains(&j) {
+                                codes[(j - rows.start) * tc + ci] = ((x >> (4 * slot)) & 15) as u8;
+                            }
+                        }
+                    }
+                }
+            }
+            Fill::StridedWords => {
+                let tr = rows.len();
+                for w in cols.start / 8..(cols.end - 1) / 8 + 1 {
+                    let whole = 8 * w >= cols.start && 8 * w + 8 <= cols.end;
+                    for ri in 0..tr {
+                        let r = rows.start + ri;
+                        let at = ((base + r as u64 * f.lane_bits + w as u64 * f.word_bits) / 8)
+                            as usize;
+                        let o = ri * tc;
+                        match data.get(at..at + 4) {
+                            Some(x) if whole => {
+                                let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                                let o = o + 8 * w - cols.start;
+                                for (k, c) in codes[o..o + 8].iter_mut().enumerate() {
+                                    *c = ((x >> (4 * k)) & 15) as u8;
+                                }
+                            }
+                            _ => {
+                                for c in (8 * w).max(cols.start)..(8 * w + 8).min(cols.end) {
+                                    codes[o + c - cols.start] = f.get(slice, r, c) as u8;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Fill::Fields => {
+                for (ri, r) in rows.clone().enumerate() {
+                    for (ci, c) in cols.clone().enumerate() {
+                        let (i, j) = if job.transposed { (c, r) } else { (r, c) };
+                        codes[ri * tc + ci] = f.get(slice, i, j) as u8;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One task's reusable buffers.
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    /// A stored row of each lane key, and a stored column of each column key.
+    lane_rep: Vec<usize>,
+    col_rep: Vec<Option<usize>>,
+    /// Column key of each stored column of the tile, from the first.
+    col_base: Vec<u32>,
+    /// Table offsets of each output row and column.
+    row_off: Vec<u32>,
+    col_off: Vec<u32>,
+    /// The encoded value of every code of every entry the tile touches.
+    tables: Vec<u32>,
+    /// The tile's codes, output row-major.
+    codes: Vec<u8>,
+}
+
+/// The encoded outputs of every code under one entry: `(c − zero)·scale`,
+/// exactly the operations `DecodeJob::value` performs.
+fn fill_table(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, t: &mut [u32]) {
+    let value = |c: f32| {
+        let q = zero.map_or(c, |z| c - z);
+        scale.map_or(q, |s| q * s)
+    };
+    if let (Ok(codes), Ok(t)) = (
+        <&[f32; 16]>::try_from(job.code_values.as_slice()),
+        <&mut [u32; 16]>::try_from(&mut *t),
+    ) {
+        // 4-bit codes: fixed-size loops the compiler vectorizes.
+        let v: [f32; 16] = std::array::from_fn(|k| value(codes[k]));
+        match job.out {
+            OutDtype::Bf16 => *t = std::array::from_fn(|k| numerics::f32_to_bf16(v[k]) as u32),
+            OutDtype::F16 => *t = std::array::from_fn(|k| numerics::f32_to_f16(v[k]) as u32),
+            OutDtype::F32 => *t = std::array::from_fn(|k| numerics::f32_bits(v[k])),
+        }
+        return;
+    }
+    let values = t.iter_mut().zip(&job.code_values);
+    match job.out {
+        OutDtype::Bf16 => values.for_each(|(t, &c)| *t = numerics::f32_to_bf16(value(c)) as u32),
+        OutDtype::F16 => values.for_each(|(t, &c)| *t = numerics::f32_to_f16(value(c)) as u32),
+        OutDtype::F32 => values.for_each(|(t, &c)| *t = numerics::f32_bits(value(c))),
+    }
+}
