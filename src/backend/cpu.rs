@@ -94,9 +94,11 @@ impl RowTables {
     /// Tables pay off when a row holds more elements than its tables.
     fn of(job: &DecodeJob<'_>) -> Option<RowTables> {
         // Transposed rows and zero points along columns change their scale
-        // or zero point from column to column.
+        // or zero point from column to column; strided words are read in
+        // tiles of rows ([`tiles`]).
         if job.low_rank.is_some()
             || job.transposed
+            || job.codes.word_bits != 32
             || matches!(job.zero, Some(ZeroPoint::PackedAlongCols { .. }))
         {
             return None;

@@ -55,9 +55,9 @@ fn reference(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
 }
 
 /// Whether the CPU backend decodes `job` through its tables, by the rule
-/// src/backend/cpu.rs documents (`RowTables::of`): no low-rank branch, a
-/// plain zero point on the scale's grid, and tables (groups · 2^bits
-/// entries) at most half a row. Only used to check that the random jobs
+/// src/backend/cpu.rs documents (`RowTables::of`): contiguous words, no
+/// low-rank branch, a plain zero point on the scale's grid, and tables
+/// (groups · 2^bits entries) at most half a row. Only used to check that the random jobs
 /// reach the table path often enough, in every variant.
 fn takes_table_path(job: &DecodeJob<'_>) -> bool {
     let cols = job.dims.cols;
@@ -81,6 +81,7 @@ fn takes_table_path(job: &DecodeJob<'_>) -> bool {
     };
     job.low_rank.is_none()
         && !job.transposed
+        && job.codes.word_bits == 32
         && !matches!(job.zero, Some(ZeroPoint::PackedAlongCols { .. }))
         && groups * job.code_values.len() * 2 <= cols
 }

@@ -263,15 +263,102 @@ impl Tiles {
             s.row_off.extend(lanes.clone().map(lane_off));
             s.col_off.extend(s.col_base.iter().map(|&k| k * n32));
         }
+        let row_bytes = job.dims.cols * N;
+        // Strided words whose eight columns share a table: straight from
+        // the words, row by row of words, as the straight path decodes.
+        if let (Fill::StridedWords, ColKey::Div(d), 16) = (self.fill, self.cols_per_key, n) {
+            if d.is_multiple_of(8) && cols.start.is_multiple_of(8) {
+                self.strided_words::<N>(job, slice, &rows, &cols, band, s);
+                return;
+            }
+        }
         s.codes.resize(tr * tc, 0);
         self.fill(job, slice, &rows, &cols, &mut s.codes);
-        let row_bytes = job.dims.cols * N;
+        // Runs of columns sharing a table.
+        s.runs.clear();
+        let mut a = 0;
+        for c in 1..=tc {
+            if c == tc || s.col_off[c] != s.col_off[a] {
+                s.runs.push((a, c));
+                a = c;
+            }
+        }
         for (ri, (&ro, codes)) in s.row_off.iter().zip(s.codes.chunks_exact(tc)).enumerate() {
             let at = ri * row_bytes + cols.start * N;
             let dst = &mut band[at..at + tc * N];
-            for ((o, &code), &co) in dst.chunks_exact_mut(N).zip(codes).zip(&s.col_off) {
-                let e = s.tables[(ro + co + code as u32) as usize];
-                o.copy_from_slice(&e.to_le_bytes()[..N]);
+            for &(a, b) in &s.runs {
+                let t = (ro + s.col_off[a]) as usize;
+                let t = &s.tables[t..t + n];
+                let (codes, dst) = (&codes[a..b], &mut dst[a * N..b * N]);
+                let mut done = 0;
+                if let Ok(t) = <&[u32; 16]>::try_from(t) {
+                    if N == 2 {
+                        done = shuffle::bytes_to_16bit(codes, t, dst);
+                    }
+                    for (o, &code) in dst.chunks_exact_mut(N).zip(codes).skip(done) {
+                        o.copy_from_slice(&t[(code & 15) as usize].to_le_bytes()[..N]);
+                    }
+                    continue;
+                }
+                for (o, &code) in dst.chunks_exact_mut(N).zip(codes) {
+                    o.copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
+                }
+            }
+        }
+    }
+
+    /// Decodes a tile of 4-bit strided words whose eight columns share a
+    /// table: for each word column, the tile's rows' words (adjacent in
+    /// memory), eight lookups each assembled in registers.
+    fn strided_words<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: &std::ops::Range<usize>,
+        cols: &std::ops::Range<usize>,
+        band: &mut [u8],
+        s: &Scratch,
+    ) {
+        let f = &job.codes;
+        let data: &[u8] = &f.data;
+        let base = slice as u64 * f.slice_bits;
+        let row_bytes = job.dims.cols * N;
+        for w in cols.start / 8..(cols.end - 1) / 8 + 1 {
+            let c = 8 * w;
+            let whole = c + 8 <= cols.end;
+            let co = s.col_off[c - cols.start];
+            for (ri, &ro) in s.row_off.iter().enumerate() {
+                let r = rows.start + ri;
+                let t = (ro + co) as usize;
+                let t = &s.tables[t..t + 16];
+                let at = ((base + r as u64 * f.lane_bits + w as u64 * f.word_bits) / 8) as usize;
+                let o = ri * row_bytes + c * N;
+                match (data.get(at..at + 4), <&[u32; 16]>::try_from(t)) {
+                    (Some(x), Ok(t)) if whole => {
+                        let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                        let at = |k: u32| t[((x >> (4 * k)) & 15) as usize] as u64;
+                        let o = &mut band[o..o + 8 * N];
+                        if N == 2 {
+                            let lo = at(0) | at(1) << 16 | at(2) << 32 | at(3) << 48;
+                            let hi = at(4) | at(5) << 16 | at(6) << 32 | at(7) << 48;
+                            o[..8].copy_from_slice(&lo.to_le_bytes());
+                            o[8..16].copy_from_slice(&hi.to_le_bytes());
+                        } else {
+                            for k in 0..4 {
+                                let v = at(2 * k) | at(2 * k + 1) << 32;
+                                let k = k as usize;
+                                o[8 * k..8 * k + 8].copy_from_slice(&v.to_le_bytes());
+                            }
+                        }
+                    }
+                    _ => {
+                        for col in c..(c + 8).min(cols.end) {
+                            let e = t[f.get(slice, r, col) as usize];
+                            let o = ri * row_bytes + col * N;
+                            band[o..o + N].copy_from_slice(&e.to_le_bytes()[..N]);
+                        }
+                    }
+                }
             }
         }
     }
@@ -385,6 +472,8 @@ pub(super) struct Scratch {
     tables: Vec<u32>,
     /// The tile's codes, output row-major.
     codes: Vec<u8>,
+    /// Runs of the tile's columns sharing a table.
+    runs: Vec<(usize, usize)>,
 }
 
 /// The encoded outputs of every code under one entry: `(c − zero)·scale`,
@@ -412,5 +501,55 @@ fn fill_table(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, t: &mu
         OutDtype::Bf16 => values.for_each(|(t, &c)| *t = numerics::f32_to_bf16(value(c)) as u32),
         OutDtype::F16 => values.for_each(|(t, &c)| *t = numerics::f32_to_f16(value(c)) as u32),
         OutDtype::F32 => values.for_each(|(t, &c)| *t = numerics::f32_bits(value(c))),
+    }
+}
+
+/// Table lookups 16 at a time with a byte shuffle (x86-64 SSSE3), for codes
+/// of one byte each below 16 and 16-bit outputs, as the straight path's
+/// shuffle does for nibbles. Same bytes as the scalar loop.
+mod shuffle {
+    /// Decodes whole 16-code blocks of `codes` through `table` into `out`
+    /// (2 bytes per output); returns how many outputs were written (0 when
+    /// the CPU has no SSSE3).
+    pub(super) fn bytes_to_16bit(codes: &[u8], table: &[u32; 16], out: &mut [u8]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("ssse3") {
+                // SAFETY: the CPU has SSSE3 (checked just above).
+                return unsafe { x86::bytes_to_16bit(codes, table, out) };
+            }
+        }
+        let _ = (codes, table, out);
+        0
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "ssse3")]
+        pub(super) unsafe fn bytes_to_16bit(codes: &[u8], table: &[u32; 16], out: &mut [u8]) -> usize {
+            let lo: [u8; 16] = std::array::from_fn(|c| table[c] as u8);
+            let hi: [u8; 16] = std::array::from_fn(|c| (table[c] >> 8) as u8);
+            let blocks = (codes.len() / 16).min(out.len() / 32);
+            // SAFETY: every load reads 16 bytes at 16·i ≤ codes.len() - 16
+            // and every store writes 32 bytes at 32·i ≤ out.len() - 32, for
+            // i < blocks; unaligned loads and stores are used throughout.
+            unsafe {
+                let t_lo = _mm_loadu_si128(lo.as_ptr().cast());
+                let t_hi = _mm_loadu_si128(hi.as_ptr().cast());
+                // Codes are below 16; the mask keeps pshufb's index in range.
+                let nibble = _mm_set1_epi8(0x0F);
+                for i in 0..blocks {
+                    let idx = _mm_and_si128(_mm_loadu_si128(codes.as_ptr().add(16 * i).cast()), nibble);
+                    let v_lo = _mm_shuffle_epi8(t_lo, idx);
+                    let v_hi = _mm_shuffle_epi8(t_hi, idx);
+                    let dst = out.as_mut_ptr().add(32 * i);
+                    _mm_storeu_si128(dst.cast(), _mm_unpacklo_epi8(v_lo, v_hi));
+                    _mm_storeu_si128(dst.add(16).cast(), _mm_unpackhi_epi8(v_lo, v_hi));
+                }
+            }
+            blocks * 16
+        }
     }
 }
