@@ -138,12 +138,13 @@ impl Tiles {
             Fill::Fields
         };
         // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 64
-        // stored rows. Strided: 16 rows' words (a cache line) of 256
-        // columns, or whole rows when g_idx scatters the groups.
+        // stored rows. Strided: 64 rows' words (four cache lines) of 1024
+        // columns (fewer pages at once than more rows), or 16 whole rows
+        // when g_idx scatters the groups.
         let (tile_rows, tile_cols) = match (job.transposed, cols_per_key) {
             (true, _) => (128, 64),
             (false, ColKey::GIdx) => (16, job.dims.cols.max(1)),
-            (false, ColKey::Div(_)) => (16, 256),
+            (false, ColKey::Div(_)) => (64, 1024),
         };
         Some(Tiles {
             rows_per_key,
@@ -263,6 +264,15 @@ impl Tiles {
             s.row_off.extend(lanes.clone().map(lane_off));
             s.col_off.extend(s.col_base.iter().map(|&k| k * n32));
         }
+        // Runs of columns sharing a table.
+        s.runs.clear();
+        let mut a = 0;
+        for c in 1..=tc {
+            if c == tc || s.col_off[c] != s.col_off[a] {
+                s.runs.push((a, c));
+                a = c;
+            }
+        }
         let row_bytes = job.dims.cols * N;
         // Strided words whose eight columns share a table: straight from
         // the words, row by row of words, as the straight path decodes.
@@ -274,15 +284,6 @@ impl Tiles {
         }
         s.codes.resize(tr * tc, 0);
         self.fill(job, slice, &rows, &cols, &mut s.codes);
-        // Runs of columns sharing a table.
-        s.runs.clear();
-        let mut a = 0;
-        for c in 1..=tc {
-            if c == tc || s.col_off[c] != s.col_off[a] {
-                s.runs.push((a, c));
-                a = c;
-            }
-        }
         for (ri, (&ro, codes)) in s.row_off.iter().zip(s.codes.chunks_exact(tc)).enumerate() {
             let at = ri * row_bytes + cols.start * N;
             let dst = &mut band[at..at + tc * N];
@@ -317,27 +318,54 @@ impl Tiles {
         rows: &std::ops::Range<usize>,
         cols: &std::ops::Range<usize>,
         band: &mut [u8],
-        s: &Scratch,
+        s: &mut Scratch,
     ) {
         let f = &job.codes;
         let data: &[u8] = &f.data;
         let base = slice as u64 * f.slice_bits;
         let row_bytes = job.dims.cols * N;
-        for w in cols.start / 8..(cols.end - 1) / 8 + 1 {
-            let c = 8 * w;
-            let whole = c + 8 <= cols.end;
-            let co = s.col_off[c - cols.start];
+        let (w0, w1) = (cols.start / 8, cols.end / 8);
+        let stride = (f.word_bits / 8) as usize;
+        let first = ((base + rows.start as u64 * f.lane_bits) / 8) as usize + w0 * stride;
+        let lane = (f.lane_bits / 8) as usize;
+        // The last byte whole words read, checked once for the tile.
+        let end = (w1 > w0).then(|| first + (rows.len() - 1) * lane + (w1 - 1 - w0) * stride + 4);
+        if end.is_some_and(|e| e <= data.len()) {
+            // The tile's words, gathered row by row: each row's then lie
+            // as a straight row's nibbles do.
+            let nw = w1 - w0;
+            s.words.resize(rows.len() * nw * 4, 0);
+            for w in 0..nw {
+                let at = first + w * stride;
+                for ri in 0..rows.len() {
+                    let at = at + ri * lane;
+                    let o = (ri * nw + w) * 4;
+                    s.words[o..o + 4].copy_from_slice(&data[at..at + 4]);
+                }
+            }
             for (ri, &ro) in s.row_off.iter().enumerate() {
-                let r = rows.start + ri;
-                let t = (ro + co) as usize;
-                let t = &s.tables[t..t + 16];
-                let at = ((base + r as u64 * f.lane_bits + w as u64 * f.word_bits) / 8) as usize;
-                let o = ri * row_bytes + c * N;
-                match (data.get(at..at + 4), <&[u32; 16]>::try_from(t)) {
-                    (Some(x), Ok(t)) if whole => {
-                        let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                let codes = &s.words[ri * nw * 4..(ri + 1) * nw * 4];
+                let o = ri * row_bytes + cols.start * N;
+                let dst = &mut band[o..o + 8 * nw * N];
+                for &(a, b) in &s.runs {
+                    let b = b.min(8 * nw);
+                    if a >= b {
+                        break;
+                    }
+                    let t = ro as usize + s.col_off[a] as usize;
+                    let Ok(t) = <&[u32; 16]>::try_from(&s.tables[t..t + 16]) else {
+                        continue;
+                    };
+                    let (codes, dst) = (&codes[a / 2..b / 2], &mut dst[a * N..b * N]);
+                    let mut done = 0;
+                    if N == 2 {
+                        let t64: [u64; 16] = std::array::from_fn(|k| t[k] as u64);
+                        done = super::shuffle::nibbles_to_16bit(codes, &t64, dst);
+                    }
+                    let words = codes[done / 2..].chunks_exact(4);
+                    for (w, o) in words.zip(dst[done * N..].chunks_exact_mut(8 * N)) {
+                        let x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
                         let at = |k: u32| t[((x >> (4 * k)) & 15) as usize] as u64;
-                        let o = &mut band[o..o + 8 * N];
                         if N == 2 {
                             let lo = at(0) | at(1) << 16 | at(2) << 32 | at(3) << 48;
                             let hi = at(4) | at(5) << 16 | at(6) << 32 | at(7) << 48;
@@ -351,14 +379,38 @@ impl Tiles {
                             }
                         }
                     }
-                    _ => {
-                        for col in c..(c + 8).min(cols.end) {
-                            let e = t[f.get(slice, r, col) as usize];
-                            let o = ri * row_bytes + col * N;
-                            band[o..o + N].copy_from_slice(&e.to_le_bytes()[..N]);
-                        }
-                    }
                 }
+            }
+        } else {
+            // Near the end of the data: field by field.
+            self.strided_fields::<N>(job, slice, rows, cols.start, w0 * 8..w1 * 8, band, s);
+        }
+        // The columns of a last partial word.
+        let tail = (w1 * 8).max(cols.start)..cols.end;
+        self.strided_fields::<N>(job, slice, rows, cols.start, tail, band, s);
+    }
+
+    /// Columns `cols` of the tile starting at column `tile_start`, for
+    /// [`Tiles::strided_words`], a field at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn strided_fields<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: &std::ops::Range<usize>,
+        tile_start: usize,
+        cols: std::ops::Range<usize>,
+        band: &mut [u8],
+        s: &Scratch,
+    ) {
+        let row_bytes = job.dims.cols * N;
+        for (ri, &ro) in s.row_off.iter().enumerate() {
+            let r = rows.start + ri;
+            for col in cols.clone() {
+                let t = (ro + s.col_off[col - tile_start]) as usize;
+                let e = s.tables[t + job.codes.get(slice, r, col) as usize];
+                let o = ri * row_bytes + col * N;
+                band[o..o + N].copy_from_slice(&e.to_le_bytes()[..N]);
             }
         }
     }
@@ -474,6 +526,8 @@ pub(super) struct Scratch {
     codes: Vec<u8>,
     /// Runs of the tile's columns sharing a table.
     runs: Vec<(usize, usize)>,
+    /// A strided tile's words, row by row.
+    words: Vec<u8>,
 }
 
 /// The encoded outputs of every code under one entry: `(c − zero)·scale`,
