@@ -282,6 +282,15 @@ impl Tiles {
                 return;
             }
         }
+        // Transposed nibbles whose tables change from column to column but
+        // hold down runs of stored columns (GPT-OSS's 32 inputs): decoded
+        // in stored order, the values then transposed.
+        if let (Fill::Nibbles, ColKey::Div(d), 16) = (self.fill, self.cols_per_key, n) {
+            if self.rows_per_key < 16 && d >= 16 && d.is_multiple_of(2) && rows.start % 2 == 0 {
+                self.stored_order::<N>(job, slice, &rows, &cols, band, s);
+                return;
+            }
+        }
         s.codes.resize(tr * tc, 0);
         self.fill(job, slice, &rows, &cols, &mut s.codes);
         for (ri, (&ro, codes)) in s.row_off.iter().zip(s.codes.chunks_exact(tc)).enumerate() {
@@ -415,6 +424,98 @@ impl Tiles {
         }
     }
 
+    /// Decodes a transposed tile of nibbles stored row by stored row, each
+    /// run of stored columns sharing a table at once, into a tile of values
+    /// it then writes transposed.
+    fn stored_order<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: &std::ops::Range<usize>,
+        cols: &std::ops::Range<usize>,
+        band: &mut [u8],
+        s: &mut Scratch,
+    ) {
+        let f = &job.codes;
+        let data: &[u8] = &f.data;
+        let base = slice as u64 * f.slice_bits;
+        let (tr, tc) = (rows.len(), cols.len());
+        let row_bytes = job.dims.cols * N;
+        // Runs of output rows (stored columns) sharing a table.
+        s.runs.clear();
+        let mut a = 0;
+        for r in 1..=tr {
+            if r == tr || s.row_off[r] != s.row_off[a] {
+                s.runs.push((a, r));
+                a = r;
+            }
+        }
+        s.vals.resize(tc * tr * N, 0);
+        for (ci, i) in cols.clone().enumerate() {
+            let start = ((base + i as u64 * f.lane_bits) / 8) as usize + rows.start / 2;
+            let codes = &data[start..start + tr.div_ceil(2)];
+            let vals = &mut s.vals[ci * tr * N..(ci + 1) * tr * N];
+            for &(a, b) in &s.runs {
+                let t = (s.row_off[a] + s.col_off[ci]) as usize;
+                let Ok(t) = <&[u32; 16]>::try_from(&s.tables[t..t + 16]) else {
+                    continue;
+                };
+                let mut done = a;
+                if N == 2 && a % 2 == 0 {
+                    let t64: [u64; 16] = std::array::from_fn(|k| t[k] as u64);
+                    let out = &mut vals[a * N..b * N];
+                    done += super::shuffle::nibbles_to_16bit(&codes[a / 2..b / 2], &t64, out);
+                }
+                if done % 8 == 0 {
+                    let words = codes[done / 2..b / 2].chunks_exact(4);
+                    for (w, o) in words.zip(vals[done * N..b * N].chunks_exact_mut(8 * N)) {
+                        let x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        for (k, o) in o.chunks_exact_mut(N).enumerate() {
+                            let e = t[((x >> (4 * k)) & 15) as usize];
+                            o.copy_from_slice(&e.to_le_bytes()[..N]);
+                        }
+                        done += 8;
+                    }
+                }
+                for j in done..b {
+                    let code = (codes[j / 2] >> (4 * (j % 2))) & 15;
+                    vals[j * N..j * N + N].copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
+                }
+            }
+        }
+        // The transpose, in cache: blocks of 8 × 8, then the edges.
+        let (tr8, tc8) = if N == 2 {
+            (tr / 8 * 8, tc / 8 * 8)
+        } else {
+            (0, 0)
+        };
+        for rb in (0..tr8).step_by(8) {
+            for cb in (0..tc8).step_by(8) {
+                let mut block = [[0u8; 32]; 8];
+                for (ci, b) in block.iter_mut().enumerate() {
+                    let v = ((cb + ci) * tr + rb) * N;
+                    b[..8 * N].copy_from_slice(&s.vals[v..v + 8 * N]);
+                }
+                for ri in 0..8 {
+                    let o = (rb + ri) * row_bytes + (cols.start + cb) * N;
+                    let dst = &mut band[o..o + 8 * N];
+                    for (o, b) in dst.chunks_exact_mut(N).zip(&block) {
+                        o.copy_from_slice(&b[ri * N..ri * N + N]);
+                    }
+                }
+            }
+        }
+        for ri in 0..tr {
+            let o = ri * row_bytes + cols.start * N;
+            let dst = &mut band[o..o + tc * N];
+            let from = if ri < tr8 { tc8 } else { 0 };
+            for (ci, o) in dst.chunks_exact_mut(N).enumerate().skip(from) {
+                let v = (ci * tr + ri) * N;
+                o.copy_from_slice(&s.vals[v..v + N]);
+            }
+        }
+    }
+
     /// Reads the codes of output `rows` × `cols` of `slice` into `codes`,
     /// row-major in output order.
     fn fill(
@@ -528,6 +629,8 @@ pub(super) struct Scratch {
     runs: Vec<(usize, usize)>,
     /// A strided tile's words, row by row.
     words: Vec<u8>,
+    /// A transposed tile's encoded values, stored row by stored row.
+    vals: Vec<u8>,
 }
 
 /// The encoded outputs of every code under one entry: `(c − zero)·scale`,
