@@ -563,6 +563,13 @@ impl Tiles {
                             continue;
                         };
                         let x = u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                        if 8 * w >= rows.start && 8 * w + 8 <= rows.end {
+                            let o = (8 * w - rows.start) * tc + ci;
+                            for (e, &slot) in SLOT.iter().enumerate() {
+                                codes[o + e * tc] = ((x >> (4 * slot)) & 15) as u8;
+                            }
+                            continue;
+                        }
                         for (e, &slot) in SLOT.iter().enumerate() {
                             let j = 8 * w + e;
                             if (rows.start..rows.end).contains(&j) {
