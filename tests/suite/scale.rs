@@ -1299,7 +1299,7 @@ fn cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs() {
             Some(ZeroPoint::PackedAlongCols { .. }) => v.push("zero along columns".into()),
             None => {}
         }
-        if job.dims.rows % 8 != 0 || job.dims.cols % 8 != 0 {
+        if !job.dims.rows.is_multiple_of(8) || !job.dims.cols.is_multiple_of(8) {
             v.push("partial words".into());
         }
         if tiles {

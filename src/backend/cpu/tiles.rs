@@ -286,7 +286,7 @@ impl Tiles {
         // hold down runs of stored columns (GPT-OSS's 32 inputs): decoded
         // in stored order, the values then transposed.
         if let (Fill::Nibbles, ColKey::Div(d), 16) = (self.fill, self.cols_per_key, n) {
-            if self.rows_per_key < 16 && d >= 16 && d.is_multiple_of(2) && rows.start % 2 == 0 {
+            if self.rows_per_key < 16 && d >= 16 && d.is_multiple_of(2) && rows.start.is_multiple_of(2) {
                 self.stored_order::<N>(job, slice, &rows, &cols, band, s);
                 return;
             }
@@ -461,12 +461,12 @@ impl Tiles {
                     continue;
                 };
                 let mut done = a;
-                if N == 2 && a % 2 == 0 {
+                if N == 2 && a.is_multiple_of(2) {
                     let t64: [u64; 16] = std::array::from_fn(|k| t[k] as u64);
                     let out = &mut vals[a * N..b * N];
                     done += super::shuffle::nibbles_to_16bit(&codes[a / 2..b / 2], &t64, out);
                 }
-                if done % 8 == 0 {
+                if done.is_multiple_of(8) {
                     let words = codes[done / 2..b / 2].chunks_exact(4);
                     for (w, o) in words.zip(vals[done * N..b * N].chunks_exact_mut(8 * N)) {
                         let x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
