@@ -114,6 +114,16 @@ pub(crate) enum Layout {
     Int8,
     /// FP8 E4M3 with f32 128×128 block scales (DeepSeek style).
     Fp8Block,
+    /// GPTQ int4 g128: `qweight` int32 `[in/8, out]`, an output row's words
+    /// a stored row apart; f16 scales and plain zero points on `[out, G]`.
+    Gptq,
+    /// AutoAWQ GEMM int4 g128: `[in, out/8]` int32 in AutoAWQ's word order,
+    /// zero points packed along columns, f16 scales `[in/g, out]`; the
+    /// output is the transpose.
+    Awq,
+    /// GPT-OSS experts: MXFP4 `[out, in/32, 16]` bytes, e8m0 scales per 32
+    /// inputs; the output is the transpose, `[in, out]`.
+    GptOss,
 }
 
 impl Layout {
@@ -126,6 +136,10 @@ impl Layout {
         Layout::Int8,
         Layout::Fp8Block,
     ];
+
+    /// The layouts whose codes run along the input dimension (the CPU's
+    /// tiled path), each measured against the straight int4 layout too.
+    pub(crate) const ALONG_INPUTS: [Layout; 3] = [Layout::Gptq, Layout::Awq, Layout::GptOss];
 
     /// Bits per code.
     fn bits(self) -> u32 {
@@ -143,6 +157,9 @@ impl Layout {
             Layout::Mxfp4 => "mxfp4 g32",
             Layout::Int8 => "int8 channel",
             Layout::Fp8Block => "fp8 block128",
+            Layout::Gptq => "gptq int4 g128 (strided)",
+            Layout::Awq => "autoawq int4 g128 (transposed)",
+            Layout::GptOss => "gpt-oss mxfp4 (transposed)",
         }
     }
 }
@@ -167,7 +184,8 @@ fn table(f: impl Fn(u8) -> f32) -> ValueKind {
 }
 
 impl Weight {
-    /// Random storage; `cols` a multiple of 128.
+    /// Random storage; `cols` (and for [`Layout::ALONG_INPUTS`] `rows`) a
+    /// multiple of 128.
     pub(crate) fn random(layout: Layout, rows: usize, cols: usize, seed: u64) -> Weight {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut bytes = |n: usize| {
@@ -177,9 +195,11 @@ impl Weight {
         };
         let codes = bytes(rows * cols * layout.bits() as usize / 8);
         let scale = match layout {
-            Layout::Int4 | Layout::Int4Asym => bytes(rows * cols / 128 * 2),
+            Layout::Int4 | Layout::Int4Asym | Layout::Gptq | Layout::Awq => {
+                bytes(rows * cols / 128 * 2)
+            }
             Layout::Nvfp4 => bytes(rows * cols / 16),
-            Layout::Mxfp4 => bytes(rows * cols / 32),
+            Layout::Mxfp4 | Layout::GptOss => bytes(rows * cols / 32),
             Layout::Int8 => bytes(rows * 2),
             Layout::Fp8Block => bytes(rows.div_ceil(128) * cols / 128 * 4),
         };
@@ -191,6 +211,12 @@ impl Weight {
                     c[1] = 0x3c;
                 }
             }
+            // f16 0x2c..: about 1/16.
+            Layout::Gptq | Layout::Awq => {
+                for c in scale.chunks_mut(2) {
+                    c[1] = 0x2c;
+                }
+            }
             Layout::Fp8Block => {
                 for c in scale.chunks_mut(4) {
                     c[3] = 0x3c;
@@ -200,6 +226,11 @@ impl Weight {
         }
         let zero = match layout {
             Layout::Int4Asym => bytes(rows / 8 * cols / 128 * 4),
+            // One 4-bit zero point per row and group, as GPTQ's are after
+            // the host rearranges them.
+            Layout::Gptq => bytes(rows * cols / 128).iter().map(|b| b & 15).collect(),
+            // AutoAWQ's qzeros: [in/g, out/8] int32.
+            Layout::Awq => bytes(cols / 128 * rows / 2),
             _ => Vec::new(),
         };
         Weight {
@@ -215,6 +246,9 @@ impl Weight {
     /// The job that decodes it to `out`.
     pub(crate) fn job(&self, out: OutDtype) -> DecodeJob<'_> {
         let (rows, cols) = (self.rows, self.cols);
+        if Layout::ALONG_INPUTS.contains(&self.layout) {
+            return self.along_inputs_job(out);
+        }
         let bits = self.layout.bits();
         let grid = |row_div: usize, col_div: usize| Grid {
             row_div,
@@ -229,12 +263,13 @@ impl Weight {
             Layout::Mxfp4 => (table(e8m0), grid(1, 32)),
             Layout::Int8 => (ValueKind::Bf16, grid(1, cols)),
             Layout::Fp8Block => (ValueKind::F32, grid(128, 128)),
+            _ => (ValueKind::Bf16, grid(1, cols)),
         };
         let code_values: Vec<f32> = match self.layout {
             Layout::Int4 | Layout::Int4Asym => (0..16).map(|c| c as f32 - 8.0).collect(),
             Layout::Int8 => (0..=255u8).map(|c| c as i8 as f32).collect(),
             Layout::Nvfp4 | Layout::Mxfp4 => (0..16).map(e2m1).collect(),
-            Layout::Fp8Block => (0..=255).map(e4m3).collect(),
+            _ => (0..=255).map(e4m3).collect(),
         };
         let zero = (self.layout == Layout::Int4Asym).then(|| ZeroPoint::Packed {
             fields: Fields {
@@ -277,6 +312,71 @@ impl Weight {
     }
 }
 
+impl Weight {
+    /// The job of a layout whose codes run along the inputs: output
+    /// `[rows, cols]` = `[out, in]` (`[in, out]` for GPT-OSS's experts).
+    fn along_inputs_job(&self, out: OutDtype) -> DecodeJob<'_> {
+        let (rows, cols) = (self.rows, self.cols);
+        let int4: Vec<f32> = (0..16).map(|c| c as f32 - 8.0).collect();
+        fn values(data: &[u8], kind: ValueKind, grid: Grid) -> Values<'_> {
+            Values {
+                data: data.into(),
+                kind,
+                grid,
+            }
+        }
+        match self.layout {
+            Layout::Gptq => {
+                // Lane = output row, its words `rows` words apart.
+                let codes =
+                    Fields::dense(self.codes.as_slice(), 4, 32).with_word_bits(32 * rows as u64);
+                let grid = Grid {
+                    row_div: 1,
+                    col_div: 128,
+                    row_stride: cols / 128,
+                    slice_stride: 0,
+                };
+                DecodeJob::new(dims(1, rows, cols), codes, int4, out)
+                    .with_scale(values(&self.scale, ValueKind::F16, grid))
+                    .with_zero(ZeroPoint::Plain(values(&self.zero, ValueKind::I8, grid)))
+            }
+            Layout::Awq => {
+                // Stored [in, out]: `cols` rows of `rows` columns.
+                let lane_bits = rows as u64 * 4;
+                let codes = Fields::padded(self.codes.as_slice(), 4, lane_bits).interleaved();
+                let zeros = Fields::padded(self.zero.as_slice(), 4, lane_bits).interleaved();
+                let grid = Grid {
+                    row_div: 128,
+                    col_div: 1,
+                    row_stride: rows,
+                    slice_stride: 0,
+                };
+                DecodeJob::new(dims(1, cols, rows), codes, int4, out)
+                    .with_scale(values(&self.scale, ValueKind::F16, grid))
+                    .with_zero(ZeroPoint::PackedAlongCols { fields: zeros })
+                    .transpose()
+            }
+            _ => {
+                // Stored [out, in]: `cols` rows of `rows` columns.
+                let codes = Fields::dense(self.codes.as_slice(), 4, rows as u64 * 4);
+                let grid = Grid {
+                    row_div: 1,
+                    col_div: 32,
+                    row_stride: rows / 32,
+                    slice_stride: 0,
+                };
+                DecodeJob::new(dims(1, cols, rows), codes, (0..16).map(e2m1).collect(), out)
+                    .with_scale(values(&self.scale, table(e8m0), grid))
+                    .transpose()
+            }
+        }
+    }
+}
+
+fn dims(slices: usize, rows: usize, cols: usize) -> Dims {
+    Dims { slices, rows, cols }
+}
+
 /// One kernel measurement: `case` names the layout and output dtype.
 fn case_name(layout: Layout, out: OutDtype) -> String {
     format!("{} -> {out}", layout.name())
@@ -286,7 +386,16 @@ fn case_name(layout: Layout, out: OutDtype) -> String {
 /// bytes.
 pub(crate) fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
-    for layout in Layout::ALL {
+    // The straight int4 decode of each output dtype, for the layouts along
+    // the inputs to be compared with.
+    let mut straight: Vec<(OutDtype, f64)> = Vec::new();
+    // Their codes and scales need whole groups of 128 rows too.
+    let along = if rows.is_multiple_of(128) {
+        &Layout::ALONG_INPUTS[..]
+    } else {
+        &[]
+    };
+    for &layout in Layout::ALL.iter().chain(along) {
         let w = Weight::random(layout, rows, cols, 7);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = w.job(out);
@@ -303,7 +412,24 @@ pub(crate) fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<F
                 Ok(())
             })?;
             let cpu = Cpu::new();
-            let decode = best(runs, || cpu.decode_rows(&job, 0..rows, &mut dst))?;
+            let decode = best(runs, || {
+                cpu.decode_rows(&job, 0..job.dims.total_rows(), &mut dst)
+            })?;
+            if layout == Layout::Int4 {
+                straight.push((out, decode));
+            }
+            if let Some(&(_, s)) = straight.iter().find(|s| s.0 == out) {
+                if layout != Layout::Int4 && along.contains(&layout) {
+                    figures.push(Figure {
+                        backend: "cpu",
+                        what: case_name(layout, out),
+                        baseline: format!("straight {}", case_name(Layout::Int4, out)),
+                        bytes: bytes as u64,
+                        seconds: decode,
+                        baseline_seconds: s,
+                    });
+                }
+            }
             figures.push(Figure {
                 backend: "cpu",
                 what: case_name(layout, out),

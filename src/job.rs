@@ -576,14 +576,28 @@ impl DecodeJob<'_> {
     #[inline]
     fn code_and_scale(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
         let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
-        if let Some(z) = self.zero_at(slice, row, self.zero_group(col)) {
+        let (zero, s) = self.zero_and_scale(slice, row, col);
+        if let Some(z) = zero {
             v -= z;
         }
+        (v, s)
+    }
+
+    /// The zero point and the scale of one stored element (what a backend's
+    /// code table for that element's entries is built from).
+    #[inline]
+    pub(crate) fn zero_and_scale(
+        &self,
+        slice: usize,
+        row: usize,
+        col: usize,
+    ) -> (Option<f32>, Option<f32>) {
+        let z = self.zero_at(slice, row, self.zero_group(col));
         let s = self
             .scale
             .as_ref()
             .and_then(|s| self.scale_at(slice, row, self.group(&s.grid, col)));
-        (v, s)
+        (z, s)
     }
 
     /// Column group of `col` on the grid the zero point is read on: its own

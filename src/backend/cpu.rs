@@ -1,6 +1,7 @@
 //! The reference backend: rows spread over threads, each row decoded from
-//! per-group lookup tables when the job allows it, else element by element
-//! with the job's own accessor ([`DecodeJob::value`]).
+//! per-group lookup tables when the job allows it, transposed and strided
+//! jobs a tile at a time through the same kind of tables ([`tiles`]), else
+//! element by element with the job's own accessor ([`DecodeJob::value`]).
 //!
 //! The tables hold the encoded output of every code of one column group of
 //! one row, computed with exactly the operations `value` performs, so both
@@ -15,6 +16,8 @@ use super::Backend;
 use crate::error::Result;
 use crate::job::{DecodeJob, Fields, ZeroPoint};
 use crate::numerics::{self, OutDtype};
+
+mod tiles;
 
 /// Output elements one thread task decodes at least (amortizes scheduling).
 const TASK_ELEMENTS: usize = 1 << 16;
@@ -41,8 +44,19 @@ impl Backend for Cpu {
         if row_bytes == 0 || rows.is_empty() {
             return Ok(());
         }
-        let rows_per_task = TASK_ELEMENTS.div_ceil(job.dims.cols);
         let plan = RowTables::of(job);
+        if let Some(tiles) = plan.is_none().then(|| tiles::Tiles::of(job)).flatten() {
+            let rows_per_task = tiles.rows_per_task(job.dims.cols);
+            out.par_chunks_mut(rows_per_task * row_bytes)
+                .enumerate()
+                .for_each_init(tiles::Scratch::default, |scratch, (task, chunk)| {
+                    let first = rows.start + task * rows_per_task;
+                    let last = first + chunk.len() / row_bytes;
+                    tiles.decode(job, first..last, chunk, scratch);
+                });
+            return Ok(());
+        }
+        let rows_per_task = TASK_ELEMENTS.div_ceil(job.dims.cols);
         out.par_chunks_mut(rows_per_task * row_bytes)
             .enumerate()
             .for_each(|(task, chunk)| {
@@ -80,9 +94,11 @@ impl RowTables {
     /// Tables pay off when a row holds more elements than its tables.
     fn of(job: &DecodeJob<'_>) -> Option<RowTables> {
         // Transposed rows and zero points along columns change their scale
-        // or zero point from column to column.
+        // or zero point from column to column; strided words are read in
+        // tiles of rows ([`tiles`]).
         if job.low_rank.is_some()
             || job.transposed
+            || job.codes.word_bits != 32
             || matches!(job.zero, Some(ZeroPoint::PackedAlongCols { .. }))
         {
             return None;

@@ -55,9 +55,9 @@ fn reference(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
 }
 
 /// Whether the CPU backend decodes `job` through its tables, by the rule
-/// src/backend/cpu.rs documents (`RowTables::of`): no low-rank branch, a
-/// plain zero point on the scale's grid, and tables (groups · 2^bits
-/// entries) at most half a row. Only used to check that the random jobs
+/// src/backend/cpu.rs documents (`RowTables::of`): contiguous words, no
+/// low-rank branch, a plain zero point on the scale's grid, and tables
+/// (groups · 2^bits entries) at most half a row. Only used to check that the random jobs
 /// reach the table path often enough, in every variant.
 fn takes_table_path(job: &DecodeJob<'_>) -> bool {
     let cols = job.dims.cols;
@@ -81,6 +81,7 @@ fn takes_table_path(job: &DecodeJob<'_>) -> bool {
     };
     job.low_rank.is_none()
         && !job.transposed
+        && job.codes.word_bits == 32
         && !matches!(job.zero, Some(ZeroPoint::PackedAlongCols { .. }))
         && groups * job.code_values.len() * 2 <= cols
 }
@@ -1155,4 +1156,202 @@ fn max_shard_size_fans_out_and_merges() {
     }
     ok(&merge_index(&out), "merge-index");
     assert_same_files(&out, &want, "split --shards runs + merge-index");
+}
+
+// ---------------------------------------------------------------------------
+// 1b. CPU tiles (transposed and strided jobs) = reference
+// ---------------------------------------------------------------------------
+
+/// Grids whose entries span enough elements for the tiles' tables, and
+/// some that do not (decoded element by element).
+const TILE_SIZES: GridSizes = GridSizes {
+    groups: &[3, 8, 32, 64, 128],
+    block_rows: &[1, 16, 32, 128],
+    block_cols: &[1, 7, 32, 64],
+};
+
+/// Whether the CPU backend decodes `job` in tiles, by the rule
+/// src/backend/cpu/tiles.rs documents (`Tiles::of`): transposed or strided,
+/// no low-rank branch, entries spanning at least twice a table. Only used
+/// to check that the random jobs reach the tiles often enough.
+fn takes_tiles(job: &DecodeJob<'_>) -> bool {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    if takes_table_path(job) || !(job.transposed || job.codes.word_bits != 32) {
+        return false;
+    }
+    let stored = job.stored_dims();
+    let (mut rows, mut cols) = (0, 0);
+    if let Some(s) = &job.scale {
+        (rows, cols) = (gcd(rows, s.grid.row_div), gcd(cols, s.grid.col_div));
+    }
+    match &job.zero {
+        Some(ZeroPoint::Plain(z)) => {
+            (rows, cols) = (gcd(rows, z.grid.row_div), gcd(cols, z.grid.col_div));
+        }
+        Some(ZeroPoint::Packed { .. }) => rows = 1,
+        Some(ZeroPoint::PackedAlongCols { .. }) => cols = 1,
+        None => {}
+    }
+    let by_col = job.scale.is_some() || matches!(job.zero, Some(ZeroPoint::Plain(_)));
+    let key_cols = match &job.g_idx {
+        Some(g) if by_col && cols != 1 => {
+            stored.cols / g.iter().max().map_or(1, |&m| m as usize + 1)
+        }
+        _ if cols == 0 => stored.cols,
+        _ => cols.min(stored.cols),
+    };
+    let key_rows = if rows == 0 {
+        stored.rows
+    } else {
+        rows.min(stored.rows)
+    };
+    key_rows * key_cols >= 2 * job.code_values.len()
+}
+
+/// Rewrites `r`'s codes as GPTQ stores them: lane = stored row, 32 bits
+/// wide, its words a whole row of words apart (`[words, rows]` int32).
+fn strided(r: &mut RandomJob, rng: &mut Rng) -> u64 {
+    let d = r.dims;
+    let words = if r.per_word != 0 {
+        d.cols.div_ceil(r.per_word as usize)
+    } else {
+        (d.cols * r.bits as usize).div_ceil(32)
+    };
+    r.lane_bits = 32;
+    r.slice_bits = (words * d.rows) as u64 * 32;
+    r.codes = (0..d.slices * words * d.rows * 4 + 4)
+        .map(|_| rng.next() as u8)
+        .collect();
+    32 * d.rows as u64
+}
+
+#[test]
+fn cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs() {
+    let seen: RefCell<BTreeMap<String, usize>> = RefCell::default();
+    let tiled = Cell::new(0);
+    let jobs = 400;
+    for_random_jobs(jobs, &[40, 300, 700], |d, rng| {
+        let mut r = RandomJob::new(rng, d, &TILE_SIZES);
+        // Mostly 4-bit codes, the tiles' fast reads.
+        if rng.below(3) != 0 {
+            r.bits = 4;
+            r.per_word = if r.padded { 8 } else { 0 };
+            r.interleaved = r.interleaved || r.padded && rng.below(2) == 0;
+            r.code_values = (0..16).map(|c| c as f32 - 8.0).collect();
+            let words = d.cols.div_ceil(8);
+            r.lane_bits = if r.padded || rng.below(2) == 0 {
+                words as u64 * 32
+            } else {
+                (d.cols * 4).div_ceil(8) as u64 * 8
+            };
+            r.slice_bits = d.rows as u64 * r.lane_bits;
+            r.codes = (0..(d.slices as u64 * r.slice_bits).div_ceil(8) as usize + 4)
+                .map(|_| rng.next() as u8)
+                .collect();
+            // Packed zero points now read 4-bit fields: room for them (lanes
+            // laid out for narrower fields overlap, which changes nothing).
+            let more = d.slices * d.rows * d.cols;
+            r.zero_bytes.extend((0..more).map(|_| rng.next() as u8));
+        }
+        // Activation order as GPTQ writes it: each group's columns
+        // scattered over the row.
+        if let Some((g, _)) = &r.scale {
+            if g.row_div == 1 && g.row_stride > 1 && g.col_div < d.cols && rng.below(3) == 0 {
+                let mut groups: Vec<u32> = (0..d.cols).map(|j| (j / g.col_div) as u32).collect();
+                for k in (1..groups.len()).rev() {
+                    groups.swap(k, rng.below(k as u64 + 1) as usize);
+                }
+                r.g_idx = Some(groups);
+            }
+        }
+        let is_strided = !r.interleaved && rng.below(3) != 0;
+        let word_bits = if is_strided {
+            r.transposed = false;
+            strided(&mut r, rng)
+        } else {
+            r.transposed = true;
+            32
+        };
+        let mut job = r.job();
+        job.codes.word_bits = word_bits;
+        let tiles = takes_tiles(&job);
+        tiled.set(tiled.get() + usize::from(tiles));
+        let mut v = vec![if is_strided { "strided" } else { "transposed" }.to_string()];
+        v.push(format!("bits {} {}", job.codes.bits, job.out));
+        if job.codes.interleaved {
+            v.push("interleaved".into());
+        }
+        if job.g_idx.is_some() {
+            v.push("g_idx".into());
+        }
+        if job.dims.slices > 1 {
+            v.push("3-D".into());
+        }
+        match &job.zero {
+            Some(ZeroPoint::Packed { .. }) => v.push("packed zero".into()),
+            Some(ZeroPoint::Plain(_)) => v.push("plain zero".into()),
+            Some(ZeroPoint::PackedAlongCols { .. }) => v.push("zero along columns".into()),
+            None => {}
+        }
+        if !job.dims.rows.is_multiple_of(8) || !job.dims.cols.is_multiple_of(8) {
+            v.push("partial words".into());
+        }
+        if tiles {
+            for v in v {
+                *seen.borrow_mut().entry(v).or_default() += 1;
+            }
+        }
+        let total = job.dims.total_rows();
+        let want = reference(&job, 0..total);
+        let got = cpu_rows(&job, 0..total);
+        assert!(
+            got == want,
+            "{}: {}",
+            r.describe(),
+            first_difference(&got, &want, &job, 0)
+        );
+        let row_bytes = job.dims.cols * job.out.size();
+        for _ in 0..2 {
+            let a = rng.below(total as u64 + 1) as usize;
+            let b = a + rng.below((total - a) as u64 + 1) as usize;
+            let got = cpu_rows(&job, a..b);
+            let want = &want[a * row_bytes..b * row_bytes];
+            assert!(
+                got == want,
+                "rows {a}..{b}: {}: {}",
+                r.describe(),
+                first_difference(&got, want, &job, a)
+            );
+        }
+    });
+    let seen = seen.into_inner();
+    let needed = [
+        "strided",
+        "transposed",
+        "bits 4 bf16",
+        "bits 4 f32",
+        "bits 4 f16",
+        "interleaved",
+        "g_idx",
+        "3-D",
+        "plain zero",
+        "packed zero",
+        "zero along columns",
+        "partial words",
+    ];
+    let missing: Vec<&str> = needed
+        .into_iter()
+        .filter(|n| !seen.contains_key(*n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {jobs} random jobs took the tiles, none of them {missing:?} (seen: {seen:?})",
+        tiled.get()
+    );
 }
