@@ -270,6 +270,9 @@ pub(super) struct Tile {
     pub interleaved: bool,
     /// `WORD_GROUPS`: one scale and zero-point group per code word.
     pub word_groups: bool,
+    /// `SCALE_CACHE`: a transposed tile's scales (groups not of whole
+    /// words) loaded once per tile into workgroup memory.
+    pub scale_cache: bool,
     /// `COPY`: the bench baseline.
     pub copy: bool,
 }
@@ -448,7 +451,7 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 11] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 12] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let (run, runs) = self.runs();
         [
@@ -460,6 +463,7 @@ impl Tile {
             ("PACK", self.pack as u32 as f64),
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
+            ("SCALE_CACHE", flag(self.scale_cache)),
             ("TILE_RUN", run as f64),
             ("TILE_RUNS", runs as f64),
             ("COPY", flag(self.copy)),
@@ -519,6 +523,17 @@ impl Tile {
                 Some(ZeroPoint::Plain(z)) => whole_words(z),
                 _ => true,
             };
+        // The row groups that a transposed tile's stored rows (TILE_RUNS,
+        // `runs().1`) span at most, times its stored columns, fit the
+        // shader's tile_scales (512 entries).
+        let stored_rows = job.stored_dims().rows.max(1);
+        let scale_cache = pack == Pack::Transposed
+            && !word_groups
+            && job.scale.as_ref().is_some_and(|v| {
+                let rd = v.grid.row_div.clamp(1, stored_rows);
+                let groups = (stored_rows.min(128) - 1) / rd + 2;
+                groups * 8 * per as usize <= 512
+            });
         Some(Tile {
             bits: c.bits,
             code: CodeKind::of(job),
@@ -528,6 +543,7 @@ impl Tile {
             pack,
             interleaved: c.interleaved,
             word_groups,
+            scale_cache,
             copy: false,
         })
     }
@@ -1066,6 +1082,7 @@ mod tests {
             pack: Pack::Transposed,
             interleaved: true,
             word_groups: false,
+            scale_cache: true,
             copy: false,
         };
         let constants = fast.constants().into_iter().chain(tile.constants());
@@ -1119,6 +1136,7 @@ mod tests {
                     pack,
                     interleaved: false,
                     word_groups: true,
+                    scale_cache: false,
                     copy: false,
                 };
                 let (run, runs) = tile.runs();
