@@ -187,9 +187,16 @@ fn value(g: Grid, slice: u32, row: u32, group: u32) -> f32 {
 
 // Entry `idx` of a grid.
 fn value_at(g: Grid, idx: u32) -> f32 {
+    return value_as(g, idx, g.kind);
+}
+
+// Entry `idx` of a grid stored as `kind` (GRID_*): an override constant
+// where the host knows it, so the switch folds away (llvmpipe otherwise
+// runs every case).
+fn value_as(g: Grid, idx: u32, kind: u32) -> f32 {
     let pos = idx * g.size + g.base;
     let word = src[pos >> 2u];
-    switch g.kind {
+    switch kind {
         case GRID_BF16: {
             return bitcast<f32>(((word >> ((pos & 2u) * 8u)) & 0xffffu) << 16u);
         }
@@ -572,6 +579,9 @@ var<workgroup> tile_words: array<u32, 1056>;
 // runs both sides of a branch.
 var<workgroup> tile_scales: array<f32, 512>;
 override SCALE_CACHE: bool = false;
+// How the tile kernel's scale and plain zero-point grids are stored (GRID_*).
+override SKIND: u32 = GRID_BF16;
+override ZKIND: u32 = GRID_BF16;
 
 // Slot of element m of a code word (Fields::locate).
 fn slot_of(m: u32) -> u32 {
@@ -617,11 +627,11 @@ fn tile_word(slice: u32, row: u32, col0: u32) -> TileWord {
     if (WORD_GROUPS) {
         if (SCALED) {
             let g = div_small(col0, p.sgrid.col_div);
-            w.s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
+            w.s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
         }
         if (ZERO == ZERO_PLAIN) {
             let g = div_small(col0, p.zgrid.col_div);
-            w.z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, g));
+            w.z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
         }
     }
     return w;
@@ -639,10 +649,10 @@ fn tile_code(word: u32, w: TileWord, m: u32, slice: u32, row: u32, col0: u32, ca
         if (SCALED && SCALE_CACHE) {
             s = tile_scales[cache_at + m];
         } else if (SCALED) {
-            s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, tile_group(p.sgrid, col0 + m)));
+            s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, tile_group(p.sgrid, col0 + m)), SKIND);
         }
         if (ZERO == ZERO_PLAIN) {
-            z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, tile_group(p.zgrid, col0 + m)));
+            z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, tile_group(p.zgrid, col0 + m)), ZKIND);
         }
     }
     if (ZERO == ZERO_PACKED_ALONG_COLS) {
@@ -772,8 +782,8 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 let k = div_small(r, p.rows);
                 let slice = p.slice0 + k;
                 let col = r - k * p.rows + j % PER;
-                tile_scales[q] = value_at(p.sgrid, slice * p.sgrid.slice_stride
-                    + (rg0 + rg) * p.sgrid.row_stride + tile_group(p.sgrid, col));
+                tile_scales[q] = value_as(p.sgrid, slice * p.sgrid.slice_stride
+                    + (rg0 + rg) * p.sgrid.row_stride + tile_group(p.sgrid, col), SKIND);
             }
         }
     }

@@ -273,6 +273,10 @@ pub(super) struct Tile {
     /// `SCALE_CACHE`: a transposed tile's scales (groups not of whole
     /// words) loaded once per tile into workgroup memory.
     pub scale_cache: bool,
+    /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
+    /// stored (`Grid::kind`, fixed so the shader's switch folds away).
+    pub skind: GridKind,
+    pub zkind: GridKind,
     /// `COPY`: the bench baseline.
     pub copy: bool,
 }
@@ -427,6 +431,20 @@ impl CodeKind {
     }
 }
 
+impl GridKind {
+    /// How `v`'s entries are stored.
+    pub(super) fn of(v: &Values<'_>) -> GridKind {
+        match &v.kind {
+            ValueKind::Bf16 => GridKind::Bf16,
+            ValueKind::F16 => GridKind::F16,
+            ValueKind::F32 => GridKind::F32,
+            ValueKind::I8 => GridKind::I8,
+            ValueKind::I32 => GridKind::I32,
+            ValueKind::Table(_) => GridKind::Table,
+        }
+    }
+}
+
 impl Tile {
     /// Code words per run read at once and runs per tile (`TILE_RUN`,
     /// `TILE_RUNS`): runs of 32 bytes down a transposed tile's stored rows,
@@ -451,7 +469,7 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 12] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 14] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let (run, runs) = self.runs();
         [
@@ -464,6 +482,8 @@ impl Tile {
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
             ("SCALE_CACHE", flag(self.scale_cache)),
+            ("SKIND", self.skind as u32 as f64),
+            ("ZKIND", self.zkind as u32 as f64),
             ("TILE_RUN", run as f64),
             ("TILE_RUNS", runs as f64),
             ("COPY", flag(self.copy)),
@@ -544,6 +564,11 @@ impl Tile {
             interleaved: c.interleaved,
             word_groups,
             scale_cache,
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            zkind: match &job.zero {
+                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                _ => GridKind::Bf16,
+            },
             copy: false,
         })
     }
@@ -674,13 +699,10 @@ impl<'a> Src<'a> {
         let start = (lo as u64 * size) & !3;
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&v.data[start as usize..end as usize]));
-        let (kind, table) = match &v.kind {
-            ValueKind::Bf16 => (GridKind::Bf16, 0),
-            ValueKind::F16 => (GridKind::F16, 0),
-            ValueKind::F32 => (GridKind::F32, 0),
-            ValueKind::I8 => (GridKind::I8, 0),
-            ValueKind::I32 => (GridKind::I32, 0),
-            ValueKind::Table(t) => (GridKind::Table, self.push_f32(&t[..])),
+        let kind = GridKind::of(v);
+        let table = match &v.kind {
+            ValueKind::Table(t) => self.push_f32(&t[..]),
+            _ => 0,
         };
         GridParams {
             kind: kind as u32,
@@ -1083,6 +1105,8 @@ mod tests {
             interleaved: true,
             word_groups: false,
             scale_cache: true,
+            skind: GridKind::F16,
+            zkind: GridKind::Bf16,
             copy: false,
         };
         let constants = fast.constants().into_iter().chain(tile.constants());
@@ -1137,6 +1161,8 @@ mod tests {
                     interleaved: false,
                     word_groups: true,
                     scale_cache: false,
+                    skind: GridKind::Bf16,
+                    zkind: GridKind::Bf16,
                     copy: false,
                 };
                 let (run, runs) = tile.runs();
