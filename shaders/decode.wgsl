@@ -187,9 +187,16 @@ fn value(g: Grid, slice: u32, row: u32, group: u32) -> f32 {
 
 // Entry `idx` of a grid.
 fn value_at(g: Grid, idx: u32) -> f32 {
+    return value_as(g, idx, g.kind);
+}
+
+// Entry `idx` of a grid stored as `kind` (GRID_*): an override constant
+// where the host knows it, so the switch folds away (llvmpipe otherwise
+// runs every case).
+fn value_as(g: Grid, idx: u32, kind: u32) -> f32 {
     let pos = idx * g.size + g.base;
     let word = src[pos >> 2u];
-    switch g.kind {
+    switch kind {
         case GRID_BF16: {
             return bitcast<f32>(((word >> ((pos & 2u) * 8u)) & 0xffffu) << 16u);
         }
@@ -563,6 +570,19 @@ override TILE_WORDS: u32 = TILE_RUN * TILE_RUNS;
 // the host picks (4224 bytes; WebGPU allows 16 KiB).
 var<workgroup> tile_words: array<u32, 1056>;
 
+// A transposed tile's scales when groups do not hold whole words (AutoAWQ:
+// one scale per stored column): entry rg · TILE_RUN · PER + j is the scale
+// of the tile's stored column j in its rg-th row group, loaded once per
+// tile instead of once per code. The host sets SCALE_CACHE only for such
+// jobs (transposed, scaled, !WORD_GROUPS) whose tiles' stored rows span at
+// most 512 / (TILE_RUN · PER) row groups. A compile-time choice: llvmpipe
+// runs both sides of a branch.
+var<workgroup> tile_scales: array<f32, 512>;
+override SCALE_CACHE: bool = false;
+// How the tile kernel's scale and plain zero-point grids are stored (GRID_*).
+override SKIND: u32 = GRID_BF16;
+override ZKIND: u32 = GRID_BF16;
+
 // Slot of element m of a code word (Fields::locate).
 fn slot_of(m: u32) -> u32 {
     if (INTERLEAVED) {
@@ -607,29 +627,32 @@ fn tile_word(slice: u32, row: u32, col0: u32) -> TileWord {
     if (WORD_GROUPS) {
         if (SCALED) {
             let g = div_small(col0, p.sgrid.col_div);
-            w.s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
+            w.s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
         }
         if (ZERO == ZERO_PLAIN) {
             let g = div_small(col0, p.zgrid.col_div);
-            w.z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, g));
+            w.z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
         }
     }
     return w;
 }
 
 // The encoded output (16-bit ones in the low half) of element m of `word`,
-// stored column col0 + m of stored `row` in `slice`.
-fn tile_code(word: u32, w: TileWord, m: u32, slice: u32, row: u32, col0: u32) -> u32 {
+// stored column col0 + m of stored `row` in `slice`; its scale is
+// tile_scales[cache_at + m] with SCALE_CACHE.
+fn tile_code(word: u32, w: TileWord, m: u32, slice: u32, row: u32, col0: u32, cache_at: u32) -> u32 {
     let mask = (1u << BITS) - 1u;
     let sh = slot_of(m) * BITS;
     var s = w.s;
     var z = w.z;
     if (!WORD_GROUPS) {
-        if (SCALED) {
-            s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, tile_group(p.sgrid, col0 + m)));
+        if (SCALED && SCALE_CACHE) {
+            s = tile_scales[cache_at + m];
+        } else if (SCALED) {
+            s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, tile_group(p.sgrid, col0 + m)), SKIND);
         }
         if (ZERO == ZERO_PLAIN) {
-            z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, tile_group(p.zgrid, col0 + m)));
+            z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, tile_group(p.zgrid, col0 + m)), ZKIND);
         }
     }
     if (ZERO == ZERO_PACKED_ALONG_COLS) {
@@ -644,14 +667,14 @@ fn tile_store_row(word: u32, n: u32, slice: u32, row: u32, col0: u32, o: u32) {
     let w = tile_word(slice, row, col0);
     if (OUT == OUT_F32) {
         for (var m = 0u; m < n; m = m + 1u) {
-            dst[p.out_base + o + m] = tile_code(word, w, m, slice, row, col0);
+            dst[p.out_base + o + m] = tile_code(word, w, m, slice, row, col0, 0u);
         }
         return;
     }
     // n is even: the column count is.
     for (var m = 0u; m < n; m = m + 2u) {
-        let lo = tile_code(word, w, m, slice, row, col0);
-        let hi = tile_code(word, w, m + 1u, slice, row, col0);
+        let lo = tile_code(word, w, m, slice, row, col0, 0u);
+        let hi = tile_code(word, w, m + 1u, slice, row, col0, 0u);
         dst[p.out_base + (o + m) / 2u] = lo | (hi << 16u);
     }
 }
@@ -743,6 +766,27 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             tile_words[a * TILE_PITCH + b] = src[pos >> 5u];
         }
     }
+    // The tile's scales, once per stored column and row group (uniform
+    // across the workgroup: it depends on the tile only).
+    var rg0 = 0u;
+    if (SCALE_CACHE) {
+        let span = TILE_RUN * PER;
+        rg0 = div_small(c0, p.sgrid.row_div);
+        let last = min(c0 + TILE_RUNS, p.cols) - 1u;
+        let groups = div_small(last, p.sgrid.row_div) - rg0 + 1u;
+        for (var q = li; q < groups * span; q = q + WG) {
+            let rg = q / span;
+            let j = q - rg * span;
+            let r = t0 + (j / PER) * PER;
+            if (r < end) {
+                let k = div_small(r, p.rows);
+                let slice = p.slice0 + k;
+                let col = r - k * p.rows + j % PER;
+                tile_scales[q] = value_as(p.sgrid, slice * p.sgrid.slice_stride
+                    + (rg0 + rg) * p.sgrid.row_stride + tile_group(p.sgrid, col), SKIND);
+            }
+        }
+    }
     workgroupBarrier();
 
     // Decode and write: consecutive invocations on consecutive runs, so on
@@ -780,27 +824,41 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             let k = div_small(r, p.rows);
             let slice = p.slice0 + k;
             let i0 = r - k * p.rows;
-            let w0 = tile_words[a * TILE_PITCH + b];
-            let s0 = tile_word(slice, col, i0);
-            if (OUT == OUT_F32) {
-                for (var m = 0u; m < PER; m = m + 1u) {
-                    let row = r + m;
-                    if (row >= p.row0 && row < end) {
-                        dst[p.out_base + (row - p.row0) * p.cols + col] = tile_code(w0, s0, m, slice, col, i0);
-                    }
-                }
-            } else {
-                let w1 = tile_words[a * TILE_PITCH + b + 1u];
-                let s1 = tile_word(slice, col + 1u, i0);
-                for (var m = 0u; m < PER; m = m + 1u) {
-                    let row = r + m;
-                    if (row >= p.row0 && row < end) {
-                        let lo = tile_code(w0, s0, m, slice, col, i0);
-                        let hi = tile_code(w1, s1, m, slice, col + 1u, i0);
-                        dst[p.out_base + ((row - p.row0) * p.cols + col) / 2u] = lo | (hi << 16u);
-                    }
-                }
+            var at0 = 0u;
+            var at1 = 0u;
+            if (SCALE_CACHE) {
+                let span = TILE_RUN * PER;
+                at0 = (div_small(col, p.sgrid.row_div) - rg0) * span + a * PER;
+                at1 = (div_small(col + 1u, p.sgrid.row_div) - rg0) * span + a * PER;
             }
+            tile_store_col(a, b, r, col, slice, i0, at0, at1, end);
+        }
+    }
+}
+
+// Writes the chunk's output rows among r .. r + PER (below end) of column
+// `col` (and col + 1 for 16-bit outputs) from the tile's word a of run b
+// (and b + 1): stored row col of `slice` from stored column i0 on, scales
+// at at0 (at1) in tile_scales with SCALE_CACHE.
+fn tile_store_col(a: u32, b: u32, r: u32, col: u32, slice: u32, i0: u32, at0: u32, at1: u32,
+    end: u32) {
+    let w0 = tile_words[a * TILE_PITCH + b];
+    let s0 = tile_word(slice, col, i0);
+    if (OUT == OUT_F32) {
+        for (var m = 0u; m < PER; m = m + 1u) {
+            if (r + m >= p.row0 && r + m < end) {
+                dst[p.out_base + (r + m - p.row0) * p.cols + col] = tile_code(w0, s0, m, slice, col, i0, at0);
+            }
+        }
+        return;
+    }
+    let w1 = tile_words[a * TILE_PITCH + b + 1u];
+    let s1 = tile_word(slice, col + 1u, i0);
+    for (var m = 0u; m < PER; m = m + 1u) {
+        if (r + m >= p.row0 && r + m < end) {
+            let lo = tile_code(w0, s0, m, slice, col, i0, at0);
+            let hi = tile_code(w1, s1, m, slice, col + 1u, i0, at1);
+            dst[p.out_base + ((r + m - p.row0) * p.cols + col) / 2u] = lo | (hi << 16u);
         }
     }
 }

@@ -270,6 +270,13 @@ pub(super) struct Tile {
     pub interleaved: bool,
     /// `WORD_GROUPS`: one scale and zero-point group per code word.
     pub word_groups: bool,
+    /// `SCALE_CACHE`: a transposed tile's scales (groups not of whole
+    /// words) loaded once per tile into workgroup memory.
+    pub scale_cache: bool,
+    /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
+    /// stored (`Grid::kind`, fixed so the shader's switch folds away).
+    pub skind: GridKind,
+    pub zkind: GridKind,
     /// `COPY`: the bench baseline.
     pub copy: bool,
 }
@@ -424,6 +431,20 @@ impl CodeKind {
     }
 }
 
+impl GridKind {
+    /// How `v`'s entries are stored.
+    pub(super) fn of(v: &Values<'_>) -> GridKind {
+        match &v.kind {
+            ValueKind::Bf16 => GridKind::Bf16,
+            ValueKind::F16 => GridKind::F16,
+            ValueKind::F32 => GridKind::F32,
+            ValueKind::I8 => GridKind::I8,
+            ValueKind::I32 => GridKind::I32,
+            ValueKind::Table(_) => GridKind::Table,
+        }
+    }
+}
+
 impl Tile {
     /// Code words per run read at once and runs per tile (`TILE_RUN`,
     /// `TILE_RUNS`): runs of 32 bytes down a transposed tile's stored rows,
@@ -448,7 +469,7 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 11] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 14] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let (run, runs) = self.runs();
         [
@@ -460,6 +481,9 @@ impl Tile {
             ("PACK", self.pack as u32 as f64),
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
+            ("SCALE_CACHE", flag(self.scale_cache)),
+            ("SKIND", self.skind as u32 as f64),
+            ("ZKIND", self.zkind as u32 as f64),
             ("TILE_RUN", run as f64),
             ("TILE_RUNS", runs as f64),
             ("COPY", flag(self.copy)),
@@ -519,6 +543,17 @@ impl Tile {
                 Some(ZeroPoint::Plain(z)) => whole_words(z),
                 _ => true,
             };
+        // The row groups that a transposed tile's stored rows (TILE_RUNS,
+        // `runs().1`) span at most, times its stored columns, fit the
+        // shader's tile_scales (512 entries).
+        let stored_rows = job.stored_dims().rows.max(1);
+        let scale_cache = pack == Pack::Transposed
+            && !word_groups
+            && job.scale.as_ref().is_some_and(|v| {
+                let rd = v.grid.row_div.clamp(1, stored_rows);
+                let groups = (stored_rows.min(128) - 1) / rd + 2;
+                groups * 8 * per as usize <= 512
+            });
         Some(Tile {
             bits: c.bits,
             code: CodeKind::of(job),
@@ -528,6 +563,12 @@ impl Tile {
             pack,
             interleaved: c.interleaved,
             word_groups,
+            scale_cache,
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            zkind: match &job.zero {
+                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                _ => GridKind::Bf16,
+            },
             copy: false,
         })
     }
@@ -658,13 +699,10 @@ impl<'a> Src<'a> {
         let start = (lo as u64 * size) & !3;
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&v.data[start as usize..end as usize]));
-        let (kind, table) = match &v.kind {
-            ValueKind::Bf16 => (GridKind::Bf16, 0),
-            ValueKind::F16 => (GridKind::F16, 0),
-            ValueKind::F32 => (GridKind::F32, 0),
-            ValueKind::I8 => (GridKind::I8, 0),
-            ValueKind::I32 => (GridKind::I32, 0),
-            ValueKind::Table(t) => (GridKind::Table, self.push_f32(&t[..])),
+        let kind = GridKind::of(v);
+        let table = match &v.kind {
+            ValueKind::Table(t) => self.push_f32(&t[..]),
+            _ => 0,
         };
         GridParams {
             kind: kind as u32,
@@ -1066,6 +1104,9 @@ mod tests {
             pack: Pack::Transposed,
             interleaved: true,
             word_groups: false,
+            scale_cache: true,
+            skind: GridKind::F16,
+            zkind: GridKind::Bf16,
             copy: false,
         };
         let constants = fast.constants().into_iter().chain(tile.constants());
@@ -1119,6 +1160,9 @@ mod tests {
                     pack,
                     interleaved: false,
                     word_groups: true,
+                    scale_cache: false,
+                    skind: GridKind::Bf16,
+                    zkind: GridKind::Bf16,
                     copy: false,
                 };
                 let (run, runs) = tile.runs();
