@@ -552,9 +552,35 @@ impl Tiles {
             Fill::Interleaved => {
                 // Slot of element e in its word: e/2 + (e%2)·4.
                 const SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+                let lane_at = |i: usize| ((base + i as u64 * f.lane_bits) / 8) as usize;
+                // Whole words of eight lanes at once: each word's codes
+                // spread to a byte each, then the 8 × 8 bytes transposed.
+                let (w0, w1) = (rows.start.div_ceil(8), rows.end / 8);
+                let mut c8 = tc / 8 * 8;
+                if c8 == 0 || w1 <= w0 || lane_at(cols.start + c8 - 1) + 4 * w1 > data.len() {
+                    c8 = 0;
+                }
+                for cb in (0..c8).step_by(8) {
+                    let starts: [usize; 8] = std::array::from_fn(|k| lane_at(cols.start + cb + k));
+                    for w in w0..w1 {
+                        let m: [u64; 8] = std::array::from_fn(|k| {
+                            let at = starts[k] + 4 * w;
+                            let x = &data[at..at + 4];
+                            spread_awq(u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                        });
+                        let t = transpose_8x8(m);
+                        let o = (8 * w - rows.start) * tc + cb;
+                        for (e, v) in t.iter().enumerate() {
+                            codes[o + e * tc..o + e * tc + 8].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
                 for (ci, i) in cols.clone().enumerate() {
-                    let start = ((base + i as u64 * f.lane_bits) / 8) as usize;
+                    let start = lane_at(i);
                     for w in rows.start / 8..(rows.end - 1) / 8 + 1 {
+                        if ci < c8 && (w0..w1).contains(&w) {
+                            continue;
+                        }
                         let at = start + 4 * w;
                         let Some(x) = data.get(at..at + 4) else {
                             for j in (8 * w).max(rows.start)..(8 * w + 8).min(rows.end) {
@@ -615,6 +641,37 @@ impl Tiles {
             }
         }
     }
+}
+
+/// An AutoAWQ word's eight codes, a byte each in element order (element
+/// `2j` in nibble `j`, element `2j + 1` in nibble `j + 4`).
+fn spread_awq(x: u32) -> u64 {
+    // Four nibbles to bytes 0, 2, 4 and 6.
+    let spread = |a: u64| {
+        let t = (a & 0xFF) | (a & 0xFF00) << 24;
+        (t & 0x0000_000F_0000_000F) | (t & 0x0000_00F0_0000_00F0) << 12
+    };
+    spread((x & 0xFFFF) as u64) | spread((x >> 16) as u64) << 8
+}
+
+/// Transposes 8 × 8 bytes: byte `e` of `m[k]` becomes byte `k` of the
+/// result's `e`.
+fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
+    for (shift, mask) in [
+        (8, 0x00FF_00FF_00FF_00FFu64),
+        (16, 0x0000_FFFF_0000_FFFF),
+        (32, 0x0000_0000_FFFF_FFFF),
+    ] {
+        let step = shift / 8;
+        for k in 0..8 {
+            if k & step == 0 {
+                let t = ((m[k] >> shift) ^ m[k + step]) & mask;
+                m[k + step] ^= t;
+                m[k] ^= t << shift;
+            }
+        }
+    }
+    m
 }
 
 /// One task's reusable buffers.
