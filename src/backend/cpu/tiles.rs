@@ -242,12 +242,33 @@ impl Tiles {
         let col_keys = s.col_rep.len();
         // The tables, lane key major.
         s.tables.resize(lane_keys * col_keys * n, 0);
+        // Without zero points a 4-bit table depends on the scale alone,
+        // which takes few values in a tile of small blocks (GPT-OSS's e8m0
+        // bytes: at most 256): tables remembered per scale, one slot per
+        // exponent byte and checked against the whole scale.
+        let memo = n == 16 && job.zero.is_none();
+        if memo && s.memo.is_empty() {
+            s.memo.resize(256, None);
+        }
         for (ki, &i) in s.lane_rep.iter().enumerate() {
             for (kj, j) in s.col_rep.iter().enumerate() {
                 if let Some(j) = *j {
                     let (zero, scale) = job.zero_and_scale(slice, i, j);
                     let at = (ki * col_keys + kj) * n;
-                    fill_table(job, zero, scale, &mut s.tables[at..at + n]);
+                    let t = &mut s.tables[at..at + n];
+                    if let (true, Some(scale), Ok(t)) = (memo, scale, <&mut [u32; 16]>::try_from(&mut *t)) {
+                        let bits = scale.to_bits();
+                        let slot = &mut s.memo[((bits >> 23) & 0xFF) as usize];
+                        match slot {
+                            Some((b, m)) if *b == bits => *t = *m,
+                            _ => {
+                                fill_table(job, zero, Some(scale), t);
+                                *slot = Some((bits, *t));
+                            }
+                        }
+                        continue;
+                    }
+                    fill_table(job, zero, scale, t);
                 }
             }
         }
@@ -695,6 +716,9 @@ pub(super) struct Scratch {
     words: Vec<u8>,
     /// A transposed tile's encoded values, stored row by stored row.
     vals: Vec<u8>,
+    /// Tables of scales without zero points, by the scale's exponent byte:
+    /// the scale's bits and its table.
+    memo: Vec<Option<(u32, [u32; 16])>>,
 }
 
 /// The encoded outputs of every code under one entry: `(c − zero)·scale`,
