@@ -137,12 +137,13 @@ impl Tiles {
         } else {
             Fill::Fields
         };
-        // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 64
-        // stored rows. Strided: 64 rows' words (four cache lines) of 1024
-        // columns (fewer pages at once than more rows), or 16 whole rows
-        // when g_idx scatters the groups.
+        // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 128
+        // stored rows (an AutoAWQ table then serves 128 outputs, not 64).
+        // Strided: 64 rows' words (four cache lines) of 1024 columns (fewer
+        // pages at once than more rows), or 16 whole rows when g_idx
+        // scatters the groups.
         let (tile_rows, tile_cols) = match (job.transposed, cols_per_key) {
-            (true, _) => (128, 64),
+            (true, _) => (128, 128),
             (false, ColKey::GIdx) => (16, job.dims.cols.max(1)),
             (false, ColKey::Div(_)) => (64, 1024),
         };
