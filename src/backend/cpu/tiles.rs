@@ -137,12 +137,13 @@ impl Tiles {
         } else {
             Fill::Fields
         };
-        // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 64
-        // stored rows. Strided: 64 rows' words (four cache lines) of 1024
-        // columns (fewer pages at once than more rows), or 16 whole rows
-        // when g_idx scatters the groups.
+        // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 128
+        // stored rows (an AutoAWQ table then serves 128 outputs, not 64).
+        // Strided: 64 rows' words (four cache lines) of 1024 columns (fewer
+        // pages at once than more rows), or 16 whole rows when g_idx
+        // scatters the groups.
         let (tile_rows, tile_cols) = match (job.transposed, cols_per_key) {
-            (true, _) => (128, 64),
+            (true, _) => (128, 128),
             (false, ColKey::GIdx) => (16, job.dims.cols.max(1)),
             (false, ColKey::Div(_)) => (64, 1024),
         };
@@ -242,12 +243,33 @@ impl Tiles {
         let col_keys = s.col_rep.len();
         // The tables, lane key major.
         s.tables.resize(lane_keys * col_keys * n, 0);
+        // Without zero points a 4-bit table depends on the scale alone,
+        // which takes few values in a tile of small blocks (GPT-OSS's e8m0
+        // bytes: at most 256): tables remembered per scale, one slot per
+        // exponent byte and checked against the whole scale.
+        let memo = n == 16 && job.zero.is_none();
+        if memo && s.memo.is_empty() {
+            s.memo.resize(256, None);
+        }
         for (ki, &i) in s.lane_rep.iter().enumerate() {
             for (kj, j) in s.col_rep.iter().enumerate() {
                 if let Some(j) = *j {
                     let (zero, scale) = job.zero_and_scale(slice, i, j);
                     let at = (ki * col_keys + kj) * n;
-                    fill_table(job, zero, scale, &mut s.tables[at..at + n]);
+                    let t = &mut s.tables[at..at + n];
+                    if let (true, Some(scale), Ok(t)) = (memo, scale, <&mut [u32; 16]>::try_from(&mut *t)) {
+                        let bits = scale.to_bits();
+                        let slot = &mut s.memo[((bits >> 23) & 0xFF) as usize];
+                        match slot {
+                            Some((b, m)) if *b == bits => *t = *m,
+                            _ => {
+                                fill_table(job, zero, Some(scale), t);
+                                *slot = Some((bits, *t));
+                            }
+                        }
+                        continue;
+                    }
+                    fill_table(job, zero, scale, t);
                 }
             }
         }
@@ -552,9 +574,35 @@ impl Tiles {
             Fill::Interleaved => {
                 // Slot of element e in its word: e/2 + (e%2)·4.
                 const SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+                let lane_at = |i: usize| ((base + i as u64 * f.lane_bits) / 8) as usize;
+                // Whole words of eight lanes at once: each word's codes
+                // spread to a byte each, then the 8 × 8 bytes transposed.
+                let (w0, w1) = (rows.start.div_ceil(8), rows.end / 8);
+                let mut c8 = tc / 8 * 8;
+                if c8 == 0 || w1 <= w0 || lane_at(cols.start + c8 - 1) + 4 * w1 > data.len() {
+                    c8 = 0;
+                }
+                for cb in (0..c8).step_by(8) {
+                    let starts: [usize; 8] = std::array::from_fn(|k| lane_at(cols.start + cb + k));
+                    for w in w0..w1 {
+                        let m: [u64; 8] = std::array::from_fn(|k| {
+                            let at = starts[k] + 4 * w;
+                            let x = &data[at..at + 4];
+                            spread_awq(u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                        });
+                        let t = transpose_8x8(m);
+                        let o = (8 * w - rows.start) * tc + cb;
+                        for (e, v) in t.iter().enumerate() {
+                            codes[o + e * tc..o + e * tc + 8].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
                 for (ci, i) in cols.clone().enumerate() {
-                    let start = ((base + i as u64 * f.lane_bits) / 8) as usize;
+                    let start = lane_at(i);
                     for w in rows.start / 8..(rows.end - 1) / 8 + 1 {
+                        if ci < c8 && (w0..w1).contains(&w) {
+                            continue;
+                        }
                         let at = start + 4 * w;
                         let Some(x) = data.get(at..at + 4) else {
                             for j in (8 * w).max(rows.start)..(8 * w + 8).min(rows.end) {
@@ -617,6 +665,37 @@ impl Tiles {
     }
 }
 
+/// An AutoAWQ word's eight codes, a byte each in element order (element
+/// `2j` in nibble `j`, element `2j + 1` in nibble `j + 4`).
+fn spread_awq(x: u32) -> u64 {
+    // Four nibbles to bytes 0, 2, 4 and 6.
+    let spread = |a: u64| {
+        let t = (a & 0xFF) | (a & 0xFF00) << 24;
+        (t & 0x0000_000F_0000_000F) | (t & 0x0000_00F0_0000_00F0) << 12
+    };
+    spread((x & 0xFFFF) as u64) | spread((x >> 16) as u64) << 8
+}
+
+/// Transposes 8 × 8 bytes: byte `e` of `m[k]` becomes byte `k` of the
+/// result's `e`.
+fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
+    for (shift, mask) in [
+        (8, 0x00FF_00FF_00FF_00FFu64),
+        (16, 0x0000_FFFF_0000_FFFF),
+        (32, 0x0000_0000_FFFF_FFFF),
+    ] {
+        let step = shift / 8;
+        for k in 0..8 {
+            if k & step == 0 {
+                let t = ((m[k] >> shift) ^ m[k + step]) & mask;
+                m[k + step] ^= t;
+                m[k] ^= t << shift;
+            }
+        }
+    }
+    m
+}
+
 /// One task's reusable buffers.
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
@@ -638,6 +717,9 @@ pub(super) struct Scratch {
     words: Vec<u8>,
     /// A transposed tile's encoded values, stored row by stored row.
     vals: Vec<u8>,
+    /// Tables of scales without zero points, by the scale's exponent byte:
+    /// the scale's bits and its table.
+    memo: Vec<Option<(u32, [u32; 16])>>,
 }
 
 /// The encoded outputs of every code under one entry: `(c − zero)·scale`,
