@@ -513,7 +513,7 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
     var g = 0u;
     if (SCALED) {
         g = div_small(col0, p.sgrid.col_div);
-        s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
+        s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
     }
     var z = 0.0;
     if (ZERO == ZERO_PACKED) {
@@ -524,7 +524,7 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
         z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
     } else if (ZERO == ZERO_PLAIN) {
         let zg = div_small(col0, p.zgrid.col_div);
-        z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, zg));
+        z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
     }
     // A whole word (nearly always) takes a loop of constant length.
     if (n == PER) {
@@ -579,7 +579,8 @@ var<workgroup> tile_words: array<u32, 1056>;
 // runs both sides of a branch.
 var<workgroup> tile_scales: array<f32, 512>;
 override SCALE_CACHE: bool = false;
-// How the tile kernel's scale and plain zero-point grids are stored (GRID_*).
+// How the fast and tile kernels' scale and plain zero-point grids are stored
+// (GRID_*).
 override SKIND: u32 = GRID_BF16;
 override ZKIND: u32 = GRID_BF16;
 

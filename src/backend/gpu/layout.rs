@@ -296,6 +296,10 @@ pub(super) struct Fast {
     pub scaled: bool,
     /// `LOW_RANK`: as `Params::lr_mode`.
     pub low_rank: LowRankMode,
+    /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
+    /// stored, as for [`Tile`].
+    pub skind: GridKind,
+    pub zkind: GridKind,
     /// `COPY`: the bench baseline (same reads and writes, no decoding).
     pub copy: bool,
 }
@@ -342,7 +346,7 @@ impl Kernel {
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 7] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 9] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
@@ -351,6 +355,8 @@ impl Fast {
             ("ZERO", self.zero as u32 as f64),
             ("SCALED", flag(self.scaled)),
             ("LOW_RANK", self.low_rank as u32 as f64),
+            ("SKIND", self.skind as u32 as f64),
+            ("ZKIND", self.zkind as u32 as f64),
             ("COPY", flag(self.copy)),
         ]
     }
@@ -398,6 +404,11 @@ impl Fast {
             zero: ZeroMode::of(job.zero.as_ref()),
             scaled: job.scale.is_some(),
             low_rank: LowRankMode::of(job.low_rank.as_ref()),
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            zkind: match &job.zero {
+                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                _ => GridKind::Bf16,
+            },
             copy: false,
         })
     }
@@ -1093,6 +1104,8 @@ mod tests {
             zero: ZeroMode::None,
             scaled: true,
             low_rank: LowRankMode::None,
+            skind: GridKind::Bf16,
+            zkind: GridKind::F32,
             copy: false,
         };
         let tile = Tile {
