@@ -579,6 +579,10 @@ var<workgroup> tile_words: array<u32, 1056>;
 // runs both sides of a branch.
 var<workgroup> tile_scales: array<f32, 512>;
 override SCALE_CACHE: bool = false;
+// A transposed 16-bit tile's neighbouring stored rows col, col + 1 (col
+// even) share their scales and zero points (the host checks the grids' row
+// groups), so the second column reuses the first's lookups.
+override PAIR_SHARED: bool = false;
 // How the fast and tile kernels' scale and plain zero-point grids are stored
 // (GRID_*).
 override SKIND: u32 = GRID_BF16;
@@ -831,6 +835,9 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 let span = TILE_RUN * PER;
                 at0 = (div_small(col, p.sgrid.row_div) - rg0) * span + a * PER;
                 at1 = (div_small(col + 1u, p.sgrid.row_div) - rg0) * span + a * PER;
+                if (PAIR_SHARED) {
+                    at1 = at0;
+                }
             }
             tile_store_col(a, b, r, col, slice, i0, at0, at1, end);
         }
@@ -854,7 +861,10 @@ fn tile_store_col(a: u32, b: u32, r: u32, col: u32, slice: u32, i0: u32, at0: u3
         return;
     }
     let w1 = tile_words[a * TILE_PITCH + b + 1u];
-    let s1 = tile_word(slice, col + 1u, i0);
+    var s1 = s0;
+    if (!PAIR_SHARED) {
+        s1 = tile_word(slice, col + 1u, i0);
+    }
     for (var m = 0u; m < PER; m = m + 1u) {
         if (r + m >= p.row0 && r + m < end) {
             let lo = tile_code(w0, s0, m, slice, col, i0, at0);

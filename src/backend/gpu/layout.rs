@@ -273,6 +273,10 @@ pub(super) struct Tile {
     /// `SCALE_CACHE`: a transposed tile's scales (groups not of whole
     /// words) loaded once per tile into workgroup memory.
     pub scale_cache: bool,
+    /// `PAIR_SHARED`: a transposed 16-bit tile's stored rows col and
+    /// col + 1 (col even) always share their row group on the scale and
+    /// plain zero-point grids, so one lookup serves both.
+    pub pair_shared: bool,
     /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
     /// stored (`Grid::kind`, fixed so the shader's switch folds away).
     pub skind: GridKind,
@@ -480,7 +484,7 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 14] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 15] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let (run, runs) = self.runs();
         [
@@ -493,6 +497,7 @@ impl Tile {
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
             ("SCALE_CACHE", flag(self.scale_cache)),
+            ("PAIR_SHARED", flag(self.pair_shared)),
             ("SKIND", self.skind as u32 as f64),
             ("ZKIND", self.zkind as u32 as f64),
             ("TILE_RUN", run as f64),
@@ -565,6 +570,19 @@ impl Tile {
                 let groups = (stored_rows.min(128) - 1) / rd + 2;
                 groups * 8 * per as usize <= 512
             });
+        // Rows col and col + 1 (col even) of a grid fall in one row group
+        // when its groups are an even number of rows or hold them all.
+        let pairs = |v: &Values<'_>| {
+            let rd = v.grid.row_div.max(1);
+            rd.is_multiple_of(2) || rd >= stored_rows
+        };
+        let pair_shared = pack == Pack::Transposed
+            && out != OutKind::F32
+            && job.scale.as_ref().is_none_or(pairs)
+            && match &job.zero {
+                Some(ZeroPoint::Plain(z)) => pairs(z),
+                _ => true,
+            };
         Some(Tile {
             bits: c.bits,
             code: CodeKind::of(job),
@@ -575,6 +593,7 @@ impl Tile {
             interleaved: c.interleaved,
             word_groups,
             scale_cache,
+            pair_shared,
             skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
             zkind: match &job.zero {
                 Some(ZeroPoint::Plain(z)) => GridKind::of(z),
@@ -1118,6 +1137,7 @@ mod tests {
             interleaved: true,
             word_groups: false,
             scale_cache: true,
+            pair_shared: true,
             skind: GridKind::F16,
             zkind: GridKind::Bf16,
             copy: false,
@@ -1174,6 +1194,7 @@ mod tests {
                     interleaved: false,
                     word_groups: true,
                     scale_cache: false,
+                    pair_shared: false,
                     skind: GridKind::Bf16,
                     zkind: GridKind::Bf16,
                     copy: false,
