@@ -852,10 +852,13 @@ fn tile_store_col(a: u32, b: u32, r: u32, col: u32, slice: u32, i0: u32, at0: u3
     end: u32) {
     let w0 = tile_words[a * TILE_PITCH + b];
     let s0 = tile_word(slice, col, i0);
+    // Output word of row r + m: o0 + m · step, in wrapping arithmetic (r
+    // may lie below p.row0; the rows written do not).
     if (OUT == OUT_F32) {
+        let o0 = p.out_base + (r - p.row0) * p.cols + col;
         for (var m = 0u; m < PER; m = m + 1u) {
             if (r + m >= p.row0 && r + m < end) {
-                dst[p.out_base + (r + m - p.row0) * p.cols + col] = tile_code(w0, s0, m, slice, col, i0, at0);
+                dst[o0 + m * p.cols] = tile_code(w0, s0, m, slice, col, i0, at0);
             }
         }
         return;
@@ -865,11 +868,14 @@ fn tile_store_col(a: u32, b: u32, r: u32, col: u32, slice: u32, i0: u32, at0: u3
     if (!PAIR_SHARED) {
         s1 = tile_word(slice, col + 1u, i0);
     }
+    // Columns and col are even.
+    let half = p.cols / 2u;
+    let o0 = p.out_base + (r - p.row0) * half + col / 2u;
     for (var m = 0u; m < PER; m = m + 1u) {
         if (r + m >= p.row0 && r + m < end) {
             let lo = tile_code(w0, s0, m, slice, col, i0, at0);
             let hi = tile_code(w1, s1, m, slice, col + 1u, i0, at1);
-            dst[p.out_base + ((r + m - p.row0) * p.cols + col) / 2u] = lo | (hi << 16u);
+            dst[o0 + m * half] = lo | (hi << 16u);
         }
     }
 }
