@@ -596,8 +596,11 @@ fn slot_of(m: u32) -> u32 {
     return m;
 }
 
+// The tile kernel's groups come from g_idx (p.gidx): fixed by the host.
+override GIDX: bool = false;
+
 fn tile_group(g: Grid, col: u32) -> u32 {
-    if (p.gidx != NO_G_IDX) {
+    if (GIDX) {
         return src[p.gidx + col];
     }
     return div_small(col, g.col_div);

@@ -277,6 +277,8 @@ pub(super) struct Tile {
     /// col + 1 (col even) always share their row group on the scale and
     /// plain zero-point grids, so one lookup serves both.
     pub pair_shared: bool,
+    /// `GIDX`: groups come from the job's g_idx.
+    pub gidx: bool,
     /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
     /// stored (`Grid::kind`, fixed so the shader's switch folds away).
     pub skind: GridKind,
@@ -484,7 +486,7 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 15] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 16] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let (run, runs) = self.runs();
         [
@@ -498,6 +500,7 @@ impl Tile {
             ("WORD_GROUPS", flag(self.word_groups)),
             ("SCALE_CACHE", flag(self.scale_cache)),
             ("PAIR_SHARED", flag(self.pair_shared)),
+            ("GIDX", flag(self.gidx)),
             ("SKIND", self.skind as u32 as f64),
             ("ZKIND", self.zkind as u32 as f64),
             ("TILE_RUN", run as f64),
@@ -594,6 +597,7 @@ impl Tile {
             word_groups,
             scale_cache,
             pair_shared,
+            gidx: job.g_idx.is_some(),
             skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
             zkind: match &job.zero {
                 Some(ZeroPoint::Plain(z)) => GridKind::of(z),
@@ -1138,6 +1142,7 @@ mod tests {
             word_groups: false,
             scale_cache: true,
             pair_shared: true,
+            gidx: false,
             skind: GridKind::F16,
             zkind: GridKind::Bf16,
             copy: false,
@@ -1195,6 +1200,7 @@ mod tests {
                     word_groups: true,
                     scale_cache: false,
                     pair_shared: false,
+                    gidx: false,
                     skind: GridKind::Bf16,
                     zkind: GridKind::Bf16,
                     copy: false,
