@@ -464,13 +464,14 @@ impl GridKind {
 
 impl Tile {
     /// Code words per run read at once and runs per tile (`TILE_RUN`,
-    /// `TILE_RUNS`): runs of 32 bytes down a transposed tile's stored rows,
-    /// of 128 across a strided one's lanes; 1024 words a tile (four per
-    /// invocation of 256: one barrier for four words, which llvmpipe runs
-    /// faster than 256-word tiles), within [`TILE_LEN`].
+    /// `TILE_RUNS`): runs of 16 bytes down a transposed tile's stored rows
+    /// (512 words a tile: llvmpipe ran AutoAWQ faster than with 1024 or
+    /// 256), of 128 across a strided one's lanes (1024 words a tile, four
+    /// per invocation of 256: one barrier for four words, which llvmpipe
+    /// runs faster than 256-word tiles), within [`TILE_LEN`].
     pub(super) fn runs(&self) -> (u32, u32) {
         match self.pack {
-            Pack::Transposed => (8, 128),
+            Pack::Transposed => (4, 128),
             Pack::Strided => (32, 32),
         }
     }
