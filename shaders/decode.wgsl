@@ -513,7 +513,7 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
     var g = 0u;
     if (SCALED) {
         g = div_small(col0, p.sgrid.col_div);
-        s = value_at(p.sgrid, fast_index(p.sgrid, slice, row, g));
+        s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
     }
     var z = 0.0;
     if (ZERO == ZERO_PACKED) {
@@ -524,7 +524,7 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
         z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
     } else if (ZERO == ZERO_PLAIN) {
         let zg = div_small(col0, p.zgrid.col_div);
-        z = value_at(p.zgrid, fast_index(p.zgrid, slice, row, zg));
+        z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
     }
     // A whole word (nearly always) takes a loop of constant length.
     if (n == PER) {
@@ -579,7 +579,12 @@ var<workgroup> tile_words: array<u32, 1056>;
 // runs both sides of a branch.
 var<workgroup> tile_scales: array<f32, 512>;
 override SCALE_CACHE: bool = false;
-// How the tile kernel's scale and plain zero-point grids are stored (GRID_*).
+// A transposed 16-bit tile's neighbouring stored rows col, col + 1 (col
+// even) share their scales and zero points (the host checks the grids' row
+// groups), so the second column reuses the first's lookups.
+override PAIR_SHARED: bool = false;
+// How the fast and tile kernels' scale and plain zero-point grids are stored
+// (GRID_*).
 override SKIND: u32 = GRID_BF16;
 override ZKIND: u32 = GRID_BF16;
 
@@ -591,8 +596,11 @@ fn slot_of(m: u32) -> u32 {
     return m;
 }
 
+// The tile kernel's groups come from g_idx (p.gidx): fixed by the host.
+override GIDX: bool = false;
+
 fn tile_group(g: Grid, col: u32) -> u32 {
-    if (p.gidx != NO_G_IDX) {
+    if (GIDX) {
         return src[p.gidx + col];
     }
     return div_small(col, g.col_div);
@@ -830,6 +838,9 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 let span = TILE_RUN * PER;
                 at0 = (div_small(col, p.sgrid.row_div) - rg0) * span + a * PER;
                 at1 = (div_small(col + 1u, p.sgrid.row_div) - rg0) * span + a * PER;
+                if (PAIR_SHARED) {
+                    at1 = at0;
+                }
             }
             tile_store_col(a, b, r, col, slice, i0, at0, at1, end);
         }
@@ -844,21 +855,30 @@ fn tile_store_col(a: u32, b: u32, r: u32, col: u32, slice: u32, i0: u32, at0: u3
     end: u32) {
     let w0 = tile_words[a * TILE_PITCH + b];
     let s0 = tile_word(slice, col, i0);
+    // Output word of row r + m: o0 + m · step, in wrapping arithmetic (r
+    // may lie below p.row0; the rows written do not).
     if (OUT == OUT_F32) {
+        let o0 = p.out_base + (r - p.row0) * p.cols + col;
         for (var m = 0u; m < PER; m = m + 1u) {
             if (r + m >= p.row0 && r + m < end) {
-                dst[p.out_base + (r + m - p.row0) * p.cols + col] = tile_code(w0, s0, m, slice, col, i0, at0);
+                dst[o0 + m * p.cols] = tile_code(w0, s0, m, slice, col, i0, at0);
             }
         }
         return;
     }
     let w1 = tile_words[a * TILE_PITCH + b + 1u];
-    let s1 = tile_word(slice, col + 1u, i0);
+    var s1 = s0;
+    if (!PAIR_SHARED) {
+        s1 = tile_word(slice, col + 1u, i0);
+    }
+    // Columns and col are even.
+    let half = p.cols / 2u;
+    let o0 = p.out_base + (r - p.row0) * half + col / 2u;
     for (var m = 0u; m < PER; m = m + 1u) {
         if (r + m >= p.row0 && r + m < end) {
             let lo = tile_code(w0, s0, m, slice, col, i0, at0);
             let hi = tile_code(w1, s1, m, slice, col + 1u, i0, at1);
-            dst[p.out_base + ((r + m - p.row0) * p.cols + col) / 2u] = lo | (hi << 16u);
+            dst[o0 + m * half] = lo | (hi << 16u);
         }
     }
 }

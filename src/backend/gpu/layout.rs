@@ -273,6 +273,12 @@ pub(super) struct Tile {
     /// `SCALE_CACHE`: a transposed tile's scales (groups not of whole
     /// words) loaded once per tile into workgroup memory.
     pub scale_cache: bool,
+    /// `PAIR_SHARED`: a transposed 16-bit tile's stored rows col and
+    /// col + 1 (col even) always share their row group on the scale and
+    /// plain zero-point grids, so one lookup serves both.
+    pub pair_shared: bool,
+    /// `GIDX`: groups come from the job's g_idx.
+    pub gidx: bool,
     /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
     /// stored (`Grid::kind`, fixed so the shader's switch folds away).
     pub skind: GridKind,
@@ -296,6 +302,10 @@ pub(super) struct Fast {
     pub scaled: bool,
     /// `LOW_RANK`: as `Params::lr_mode`.
     pub low_rank: LowRankMode,
+    /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
+    /// stored, as for [`Tile`].
+    pub skind: GridKind,
+    pub zkind: GridKind,
     /// `COPY`: the bench baseline (same reads and writes, no decoding).
     pub copy: bool,
 }
@@ -342,7 +352,7 @@ impl Kernel {
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 7] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 9] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
@@ -351,6 +361,8 @@ impl Fast {
             ("ZERO", self.zero as u32 as f64),
             ("SCALED", flag(self.scaled)),
             ("LOW_RANK", self.low_rank as u32 as f64),
+            ("SKIND", self.skind as u32 as f64),
+            ("ZKIND", self.zkind as u32 as f64),
             ("COPY", flag(self.copy)),
         ]
     }
@@ -398,6 +410,11 @@ impl Fast {
             zero: ZeroMode::of(job.zero.as_ref()),
             scaled: job.scale.is_some(),
             low_rank: LowRankMode::of(job.low_rank.as_ref()),
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            zkind: match &job.zero {
+                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                _ => GridKind::Bf16,
+            },
             copy: false,
         })
     }
@@ -447,13 +464,14 @@ impl GridKind {
 
 impl Tile {
     /// Code words per run read at once and runs per tile (`TILE_RUN`,
-    /// `TILE_RUNS`): runs of 32 bytes down a transposed tile's stored rows,
-    /// of 128 across a strided one's lanes; 1024 words a tile (four per
-    /// invocation of 256: one barrier for four words, which llvmpipe runs
-    /// faster than 256-word tiles), within [`TILE_LEN`].
+    /// `TILE_RUNS`): runs of 16 bytes down a transposed tile's stored rows
+    /// (512 words a tile: llvmpipe ran AutoAWQ faster than with 1024 or
+    /// 256), of 128 across a strided one's lanes (1024 words a tile, four
+    /// per invocation of 256: one barrier for four words, which llvmpipe
+    /// runs faster than 256-word tiles), within [`TILE_LEN`].
     pub(super) fn runs(&self) -> (u32, u32) {
         match self.pack {
-            Pack::Transposed => (8, 128),
+            Pack::Transposed => (4, 128),
             Pack::Strided => (32, 32),
         }
     }
@@ -469,7 +487,7 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 14] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 16] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let (run, runs) = self.runs();
         [
@@ -482,6 +500,8 @@ impl Tile {
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
             ("SCALE_CACHE", flag(self.scale_cache)),
+            ("PAIR_SHARED", flag(self.pair_shared)),
+            ("GIDX", flag(self.gidx)),
             ("SKIND", self.skind as u32 as f64),
             ("ZKIND", self.zkind as u32 as f64),
             ("TILE_RUN", run as f64),
@@ -554,6 +574,19 @@ impl Tile {
                 let groups = (stored_rows.min(128) - 1) / rd + 2;
                 groups * 8 * per as usize <= 512
             });
+        // Rows col and col + 1 (col even) of a grid fall in one row group
+        // when its groups are an even number of rows or hold them all.
+        let pairs = |v: &Values<'_>| {
+            let rd = v.grid.row_div.max(1);
+            rd.is_multiple_of(2) || rd >= stored_rows
+        };
+        let pair_shared = pack == Pack::Transposed
+            && out != OutKind::F32
+            && job.scale.as_ref().is_none_or(pairs)
+            && match &job.zero {
+                Some(ZeroPoint::Plain(z)) => pairs(z),
+                _ => true,
+            };
         Some(Tile {
             bits: c.bits,
             code: CodeKind::of(job),
@@ -564,6 +597,8 @@ impl Tile {
             interleaved: c.interleaved,
             word_groups,
             scale_cache,
+            pair_shared,
+            gidx: job.g_idx.is_some(),
             skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
             zkind: match &job.zero {
                 Some(ZeroPoint::Plain(z)) => GridKind::of(z),
@@ -1093,6 +1128,8 @@ mod tests {
             zero: ZeroMode::None,
             scaled: true,
             low_rank: LowRankMode::None,
+            skind: GridKind::Bf16,
+            zkind: GridKind::F32,
             copy: false,
         };
         let tile = Tile {
@@ -1105,6 +1142,8 @@ mod tests {
             interleaved: true,
             word_groups: false,
             scale_cache: true,
+            pair_shared: true,
+            gidx: false,
             skind: GridKind::F16,
             zkind: GridKind::Bf16,
             copy: false,
@@ -1161,6 +1200,8 @@ mod tests {
                     interleaved: false,
                     word_groups: true,
                     scale_cache: false,
+                    pair_shared: false,
+                    gidx: false,
                     skind: GridKind::Bf16,
                     zkind: GridKind::Bf16,
                     copy: false,
