@@ -443,6 +443,42 @@ pub(crate) fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<F
     Ok(figures)
 }
 
+/// `job` decoded into a GPU buffer (upload included) against the copy
+/// shader of the same geometry, best of `runs` each; the figure names the
+/// kernel that ran.
+fn against_copy(
+    decoder: &GpuDecoder,
+    job: &DecodeJob<'_>,
+    name: &str,
+    runs: usize,
+    wait: &dyn Fn() -> Result<()>,
+) -> Result<Figure> {
+    let copy = best(runs, || {
+        let buf = decoder
+            .copy_baseline(job)
+            .ok_or_else(|| Error::bare(Rule::Gpu, format!("bench: no fast kernel for {name}")))??;
+        wait()?;
+        buf.destroy();
+        Ok(())
+    })?;
+    let before = decoder.dispatches();
+    let decode = best(runs, || {
+        let buf = decoder.decode_to_buffer(job)?;
+        wait()?;
+        buf.destroy();
+        Ok(())
+    })?;
+    let kernel = kernel_name(before, decoder.dispatches());
+    Ok(Figure {
+        backend: "gpu",
+        what: format!("{name} ({kernel})"),
+        baseline: "copy shader, same geometry".into(),
+        bytes: job.out_bytes() as u64,
+        seconds: decode,
+        baseline_seconds: copy,
+    })
+}
+
 /// GPU decode of every layout into a GPU buffer (upload included) against
 /// the copy shader with the fast kernel's geometry, which uploads the same
 /// bytes, reads each code word and writes as many output words.
@@ -464,33 +500,9 @@ pub(crate) fn gpu_kernels(
         let w = Weight::random(layout, rows, cols, 7);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = w.job(out);
-            let copy = best(runs, || {
-                let buf = decoder.copy_baseline(&job).ok_or_else(|| {
-                    Error::bare(
-                        Rule::Gpu,
-                        format!("bench: no fast kernel for {}", layout.name()),
-                    )
-                })??;
-                wait()?;
-                buf.destroy();
-                Ok(())
-            })?;
-            let before = decoder.dispatches();
-            let decode = best(runs, || {
-                let buf = decoder.decode_to_buffer(&job)?;
-                wait()?;
-                buf.destroy();
-                Ok(())
-            })?;
-            let kernel = kernel_name(before, decoder.dispatches());
-            figures.push(Figure {
-                backend: "gpu",
-                what: format!("{} ({kernel})", case_name(layout, out)),
-                baseline: "copy shader, same geometry".into(),
-                bytes: job.out_bytes() as u64,
-                seconds: decode,
-                baseline_seconds: copy,
-            });
+            let figure = against_copy(decoder, &job, &case_name(layout, out), runs, &wait)?;
+            let decode = figure.seconds;
+            figures.push(figure);
             // A model decoded into GPU memory should cost about its upload.
             if out == OutDtype::Bf16 && matches!(layout, Layout::Int4 | Layout::Nvfp4) {
                 let input = job.codes.data.len() + job.scale.as_ref().map_or(0, |s| s.data.len());
@@ -686,33 +698,8 @@ fn gpu_input_packed(
         let storage = layout.storage(rows, cols);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = layout.job((rows, cols), &storage, out);
-            let copy = best(runs, || {
-                let buf = decoder.copy_baseline(&job).ok_or_else(|| {
-                    Error::bare(
-                        Rule::Gpu,
-                        format!("bench: no fast kernel for {}", layout.name()),
-                    )
-                })??;
-                wait()?;
-                buf.destroy();
-                Ok(())
-            })?;
-            let before = decoder.dispatches();
-            let decode = best(runs, || {
-                let buf = decoder.decode_to_buffer(&job)?;
-                wait()?;
-                buf.destroy();
-                Ok(())
-            })?;
-            let kernel = kernel_name(before, decoder.dispatches());
-            figures.push(Figure {
-                backend: "gpu",
-                what: format!("{} -> {out} ({kernel})", layout.name()),
-                baseline: "copy shader, same geometry".into(),
-                bytes: job.out_bytes() as u64,
-                seconds: decode,
-                baseline_seconds: copy,
-            });
+            let name = format!("{} -> {out}", layout.name());
+            figures.push(against_copy(decoder, &job, &name, runs, &wait)?);
         }
     }
     Ok(figures)
