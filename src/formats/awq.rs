@@ -74,17 +74,7 @@ impl Config {
                 format!("AWQ bits {bits} is not decoded (only 4)"),
             ));
         }
-        let group_size = match raw.group_size.unwrap_or(128) {
-            -1 => None,
-            g if g > 0 => Some(usize::try_from(g).unwrap_or(usize::MAX)),
-            g => {
-                return Err(Error::new(
-                    Rule::Config,
-                    path,
-                    format!("group_size {g}: expected a positive integer or -1"),
-                ))
-            }
-        };
+        let group_size = super::group_size(raw.group_size, path)?;
         Ok(Config {
             path: path.to_path_buf(),
             group_size,

@@ -181,17 +181,7 @@ impl Config {
                 "GPTQ bits {bits} is not decoded (only 2, 3, 4 and 8)"
             ));
         }
-        let group_size = match raw.group_size.unwrap_or(128) {
-            -1 => None,
-            g if g > 0 => Some(usize::try_from(g).unwrap_or(usize::MAX)),
-            g => {
-                return Err(Error::new(
-                    Rule::Config,
-                    path,
-                    format!("group_size {g}: expected a positive integer or -1"),
-                ))
-            }
-        };
+        let group_size = super::group_size(raw.group_size, path)?;
         let quantizer = match raw.meta.as_ref().and_then(|m| m.get("quantizer")) {
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(a)) => a

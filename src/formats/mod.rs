@@ -544,6 +544,20 @@ pub fn stored_kind(t: &TensorRef<'_>) -> Result<ValueKind> {
     }
 }
 
+/// A config's `group_size` as AutoAWQ and GPTQ write it: absent means 128,
+/// -1 one group per row (`None`), anything else below 1 is CFG-001.
+pub fn group_size(raw: Option<i64>, path: &Path) -> Result<Option<usize>> {
+    match raw.unwrap_or(128) {
+        -1 => Ok(None),
+        g if g > 0 => Ok(Some(usize::try_from(g).unwrap_or(usize::MAX))),
+        g => Err(Error::new(
+            Rule::Config,
+            path,
+            format!("group_size {g}: expected a positive integer or -1"),
+        )),
+    }
+}
+
 /// A single f32 stored as `[]` or `[1]` (global scales).
 pub fn scalar_f32(t: &TensorRef<'_>) -> Result<f32> {
     expect_dtype(t, &[Dtype::F32])?;
