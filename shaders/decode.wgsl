@@ -66,7 +66,8 @@ struct Stream {
     slice_bits: u32,  // bits between slices (mod 2^32)
     base: u32,        // added to every bit position (mod 2^32)
     interleave: u32,  // padded words hold even fields first, then odd (AutoAWQ)
-    _pad1: u32,
+    swap: u32,        // XORed with every field's bit position: 8 - bits for
+                      // bytes filled from the high bits down (bitsandbytes), else 0
 }
 
 struct Grid {
@@ -104,7 +105,7 @@ struct Params {
     row0: u32,
     out_base: u32,    // dst word where this chunk's output starts
     transposed: u32,  // 1: output (row, col) is stored (col, row)
-    _pad1: u32,
+    post_scale: f32,  // every value times this last (LLM.int8's 1/127); 1.0: none
     codes: Stream,
     zero: Stream,
     zgrid: Grid,
@@ -148,7 +149,9 @@ fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
     }
     let base = st.base + slice * st.slice_bits + lane * st.lane_bits;
     let lo_n = min(32u - off, st.bits);
-    var v = bits_at(base + w * st.word_bits + off, lo_n);
+    // High-first fields never cross a byte (the host's rule), so only the
+    // first read is swapped; base is a multiple of 8, so XOR commutes with it.
+    var v = bits_at((base + w * st.word_bits + off) ^ st.swap, lo_n);
     if (lo_n < st.bits) {
         v = v | (bits_at(base + (w + 1u) * st.word_bits, st.bits - lo_n) << lo_n);
     }
@@ -245,8 +248,17 @@ fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
     return opaque(qs * rs) + acc;
 }
 
-// DecodeJob::value.
+// DecodeJob::value: the value below, then the post scale.
 fn decode(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
+    let v = decode_scaled(slice, row, col, flat);
+    if (p.post_scale != 1.0) {
+        return v * p.post_scale;
+    }
+    return v;
+}
+
+// DecodeJob::value before its post scale.
+fn decode_scaled(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
     var v = bitcast<f32>(src[p.code_table + field(p.codes, slice, row, col)]);
     if (p.zero_mode == ZERO_PACKED) {
         var g = 0u;
@@ -379,6 +391,8 @@ override OUT: u32 = OUT_BF16;        // OUT_*, as out_kind
 override ZERO: u32 = ZERO_NONE;      // ZERO_*, as zero_mode
 override SCALED: bool = true;        // as has_scale
 override LOW_RANK: u32 = LOW_RANK_NONE; // LOW_RANK_*, as lr_mode
+override HIGH_FIRST: bool = false;   // code bytes hold their fields high bits first (p.codes.swap)
+override POST: bool = false;         // values times p.post_scale last
 override COPY: bool = false;  // bench baseline: the same reads and writes, no decoding
 override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets it)
 
@@ -425,6 +439,15 @@ fn code_value(c: u32) -> f32 {
 
 // DecodeJob::value of code `c` whose zero point `z` and scale `s` are known.
 fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
+    let v = fast_scaled(c, z, s, flat, col);
+    if (POST) {
+        return v * p.post_scale;
+    }
+    return v;
+}
+
+// fast_value before the post scale.
+fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     var v = code_value(c);
     if (ZERO != ZERO_NONE) {
         v = v - z;
@@ -436,6 +459,15 @@ fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
         return v * s;
     }
     return v;
+}
+
+// A raw code word of a high-first stream in LSB-first order: the fields of
+// each byte mirrored (4-bit: nibbles swapped; 8-bit: as it is).
+fn lsb_first(w: u32) -> u32 {
+    if (!HIGH_FIRST || BITS == 8u) {
+        return w;
+    }
+    return ((w >> 4u) & 0x0f0f0f0fu) | ((w & 0x0f0f0f0fu) << 4u);
 }
 
 fn encode_out(x: f32) -> u32 {
@@ -494,9 +526,9 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
     // The 32 bits of codes from col0 on.
     let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits + col0 * BITS;
     let sh = pos & 31u;
-    var word = src[pos >> 5u];
+    var word = lsb_first(src[pos >> 5u]);
     if (sh != 0u) {
-        word = (word >> sh) | (src[(pos >> 5u) + 1u] << (32u - sh));
+        word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
     }
     let n = min(PER, p.cols - col0);
     if (COPY) {

@@ -280,6 +280,7 @@ impl Weight {
                 lane_bits: 32,
                 word_bits: 32 * (cols / 128) as u64,
                 slice_bits: 0,
+                high_first: false,
             },
         });
         DecodeJob {
@@ -296,6 +297,7 @@ impl Weight {
                 lane_bits: (cols * bits as usize) as u64,
                 word_bits: 32,
                 slice_bits: 0,
+                high_first: false,
             },
             code_values,
             zero,
@@ -306,6 +308,7 @@ impl Weight {
             }),
             g_idx: None,
             low_rank: None,
+            post_scale: None,
             transposed: false,
             out,
         }

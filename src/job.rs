@@ -130,6 +130,12 @@ pub struct Fields<'a> {
     pub word_bits: u64,
     /// Bits from one slice to the next.
     pub slice_bits: u64,
+    /// Each byte holds its fields from the high bits down: of two 4-bit
+    /// fields the first is the high nibble (bitsandbytes), the opposite of
+    /// the LSB-first order. Only for the dense layout with `bits` 1, 2, 4 or
+    /// 8, where no field crosses a byte: field `i`'s bit position is the
+    /// LSB-first one with its offset in the byte mirrored, `pos ^ (8 − bits)`.
+    pub high_first: bool,
 }
 
 /// A stream's layout is named by its constructor; its geometry beyond the
@@ -148,6 +154,7 @@ impl<'a> Fields<'a> {
             lane_bits,
             word_bits: 32,
             slice_bits: 0,
+            high_first: false,
         }
     }
 
@@ -180,9 +187,27 @@ impl<'a> Fields<'a> {
         self.interleaved = true;
         self
     }
+
+    /// Bytes filled from their high bits down (bitsandbytes' nibble order:
+    /// byte k holds field 2k in its high nibble).
+    pub fn high_first(mut self) -> Self {
+        self.high_first = true;
+        self
+    }
 }
 
 impl Fields<'_> {
+    /// What a bit position is XORed with to find its field in the byte
+    /// (`8 − bits` for [`Fields::high_first`] streams, else 0).
+    #[inline]
+    pub fn swap_mask(&self) -> u64 {
+        if self.high_first {
+            8u64.saturating_sub(self.bits as u64) & 7
+        } else {
+            0
+        }
+    }
+
     /// Bit position inside a lane's words: (word, offset in word).
     #[inline]
     pub(crate) fn locate(&self, i: usize) -> (u64, u32) {
@@ -240,7 +265,13 @@ impl Fields<'_> {
         } else {
             w.checked_mul(self.word_bits)? + end_in_word
         };
-        self.lane_start(slice, lane)?.checked_add(end)
+        let end = self.lane_start(slice, lane)?.checked_add(end)?;
+        // A high-first field may sit at the top of its byte.
+        if self.high_first {
+            end.checked_next_multiple_of(8)
+        } else {
+            Some(end)
+        }
     }
 
     /// The last bit (exclusive) any field of a `slices × lanes × len` stream
@@ -258,7 +289,7 @@ impl Fields<'_> {
         let base = slice as u64 * self.slice_bits + lane as u64 * self.lane_bits;
         let (w, off) = self.locate(i);
         let lo_n = (32 - off).min(self.bits);
-        let lo = self.read_bits(base + w * self.word_bits + off as u64, lo_n);
+        let lo = self.read_bits((base + w * self.word_bits + off as u64) ^ self.swap_mask(), lo_n);
         if lo_n == self.bits {
             lo
         } else {
@@ -403,6 +434,10 @@ pub struct DecodeJob<'a> {
     pub g_idx: Option<Vec<u32>>,
     /// SVDQuant's low-rank branch and smoothing, when the job has them.
     pub low_rank: Option<LowRank>,
+    /// A constant the value is multiplied by last, rounded on its own:
+    /// `f32(f32(q · s) · post_scale)` (LLM.int8's `1/127`, applied after its
+    /// per-row scale, as bitsandbytes computes it).
+    pub post_scale: Option<f32>,
     /// Output dtype.
     pub out: OutDtype,
     /// The output is the stored matrix transposed: element (slice, row, col)
@@ -479,9 +514,16 @@ impl<'a> DecodeJob<'a> {
             scale: None,
             g_idx: None,
             low_rank: None,
+            post_scale: None,
             out,
             transposed: false,
         }
+    }
+
+    /// Multiplies every value by `factor` last (see [`DecodeJob::post_scale`]).
+    pub fn with_post_scale(mut self, factor: f32) -> Self {
+        self.post_scale = Some(factor);
+        self
     }
 
     /// Scales the codes' values by `scale`.
@@ -551,10 +593,20 @@ impl DecodeJob<'_> {
             (row, col)
         };
         let (q, s) = self.code_and_scale(slice, row, col);
-        match (&self.low_rank, s) {
+        let v = match (&self.low_rank, s) {
             (Some(lr), s) => lr.apply(q, s.unwrap_or(1.0), row, col),
             (None, Some(s)) => q * s,
             (None, None) => q,
+        };
+        self.post(v)
+    }
+
+    /// `v` times the job's [`DecodeJob::post_scale`], when it has one.
+    #[inline]
+    pub fn post(&self, v: f32) -> f32 {
+        match self.post_scale {
+            Some(f) => v * f,
+            None => v,
         }
     }
 

@@ -155,10 +155,11 @@ impl RowTables {
             // Without a scale there is one group, so g is also the packed
             // zero points' lane 0.
             let (zero, scale) = (job.zero_at(slice, row, g), job.scale_at(slice, row, g));
-            // The operations are exactly `DecodeJob::value`'s: (q − z)·s.
+            // The operations are exactly `DecodeJob::value`'s: (q − z)·s,
+            // then the post scale.
             let value = |c: f32| {
                 let q = zero.map_or(c, |z| c - z);
-                scale.map_or(q, |s| q * s)
+                job.post(scale.map_or(q, |s| q * s))
             };
             if let Ok(codes) = <&[f32; 16]>::try_from(job.code_values.as_slice()) {
                 // 4-bit codes: loops over fixed-size arrays the compiler
@@ -226,6 +227,8 @@ impl RowTables {
         let f = &job.codes;
         let per_byte = 8 / BITS;
         let mask = (1u32 << BITS) - 1;
+        // High-first bytes: slot k of a byte holds field per_byte − 1 − k.
+        let slot_flip = if f.high_first { per_byte - 1 } else { 0 };
         let cols = out.len() / N;
         let start = ((slice as u64 * f.slice_bits + row as u64 * f.lane_bits) / 8) as usize;
         let bytes = &f.data[start..start + cols.div_ceil(per_byte)];
@@ -238,14 +241,17 @@ impl RowTables {
                 let codes = &bytes[first / 2..];
                 if N == 2 {
                     // 16 codes per shuffle where the CPU has one.
-                    done = shuffle::nibbles_to_16bit(codes, t, group_out);
+                    done = shuffle::nibbles_to_16bit(codes, t, group_out, f.high_first);
                 }
                 // Eight codes per little-endian u32: one load, eight lookups
                 // assembled in registers, two (bf16/f16) or four (f32) stores.
                 let words = codes[done / 2..].chunks_exact(4);
                 let rest = &mut group_out[done * N..];
                 for (w, o) in words.zip(rest.chunks_exact_mut(8 * N)) {
-                    let x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    let mut x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    if f.high_first {
+                        x = (x >> 4) & 0x0F0F_0F0F | (x & 0x0F0F_0F0F) << 4;
+                    }
                     let at = |k: u32| t[((x >> (4 * k)) & 15) as usize];
                     if N == 2 {
                         let lo = at(0) | at(1) << 16 | at(2) << 32 | at(3) << 48;
@@ -264,7 +270,8 @@ impl RowTables {
             }
             for (i, o) in group_out.chunks_exact_mut(N).enumerate().skip(done) {
                 let col = first + i;
-                let code = (bytes[col / per_byte] as u32 >> ((col % per_byte) * BITS)) & mask;
+                let slot = (col % per_byte) ^ slot_flip;
+                let code = (bytes[col / per_byte] as u32 >> (slot * BITS)) & mask;
                 o.copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
             }
         }
@@ -278,17 +285,23 @@ impl RowTables {
 /// scalar loop; other CPUs use that loop.
 mod shuffle {
     /// Decodes whole 16-code blocks of `codes` (two per byte, low nibble
-    /// first) through `table` into `out` (2 bytes per output); returns how
-    /// many outputs were written (0 when the CPU has no SSSE3).
-    pub(super) fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
+    /// first, or high nibble first with `high_first`) through `table` into
+    /// `out` (2 bytes per output); returns how many outputs were written (0
+    /// when the CPU has no SSSE3).
+    pub(super) fn nibbles_to_16bit(
+        codes: &[u8],
+        table: &[u64; 16],
+        out: &mut [u8],
+        high_first: bool,
+    ) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("ssse3") {
                 // SAFETY: the CPU has SSSE3 (checked just above).
-                return unsafe { x86::nibbles_to_16bit(codes, table, out) };
+                return unsafe { x86::nibbles_to_16bit(codes, table, out, high_first) };
             }
         }
-        let _ = (codes, table, out);
+        let _ = (codes, table, out, high_first);
         0
     }
 
@@ -297,7 +310,12 @@ mod shuffle {
         use std::arch::x86_64::*;
 
         #[target_feature(enable = "ssse3")]
-        pub(super) unsafe fn nibbles_to_16bit(codes: &[u8], table: &[u64; 16], out: &mut [u8]) -> usize {
+        pub(super) unsafe fn nibbles_to_16bit(
+            codes: &[u8],
+            table: &[u64; 16],
+            out: &mut [u8],
+            high_first: bool,
+        ) -> usize {
             let lo: [u8; 16] = std::array::from_fn(|c| table[c] as u8);
             let hi: [u8; 16] = std::array::from_fn(|c| (table[c] >> 8) as u8);
             let blocks = (codes.len() / 8).min(out.len() / 32);
@@ -313,8 +331,13 @@ mod shuffle {
                     let low = _mm_and_si128(b, nibble);
                     let high = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
                     // Codes in column order: low nibble of byte 0, its high
-                    // nibble, low nibble of byte 1, …
-                    let idx = _mm_unpacklo_epi8(low, high);
+                    // nibble, low nibble of byte 1, … (high nibble first
+                    // for high-first bytes).
+                    let idx = if high_first {
+                        _mm_unpacklo_epi8(high, low)
+                    } else {
+                        _mm_unpacklo_epi8(low, high)
+                    };
                     let v_lo = _mm_shuffle_epi8(t_lo, idx);
                     let v_hi = _mm_shuffle_epi8(t_hi, idx);
                     let dst = out.as_mut_ptr().add(32 * i);

@@ -312,6 +312,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
             lane_bits: d.cols as u64 * 4,
             word_bits: 32,
             slice_bits: (d.rows * d.cols) as u64 * 4,
+            high_first: false,
         },
         code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
         zero: None,
@@ -327,6 +328,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
         }),
         g_idx: None,
         low_rank: None,
+        post_scale: None,
         transposed: false,
         out,
     }
@@ -425,6 +427,7 @@ fn decode_to_buffer_matches_cpu() {
                     lane_bits: lane_words as u64 * 32,
                     word_bits: 32,
                     slice_bits: (d.rows * lane_words) as u64 * 32,
+                    high_first: false,
                 },
                 code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
                 zero: None,
@@ -440,6 +443,7 @@ fn decode_to_buffer_matches_cpu() {
                 }),
                 g_idx: None,
                 low_rank: None,
+                post_scale: None,
                 transposed: false,
                 out,
             };
@@ -666,6 +670,8 @@ fn fast_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
         vec![("SCALED", 0)],
         vec![("LOW_RANK", named("LOW_RANK_SMOOTH_LAST"))],
         vec![("LOW_RANK", named("LOW_RANK_SMOOTH_FIRST"))],
+        vec![("HIGH_FIRST", 1)],
+        vec![("POST", 1)],
         vec![("COPY", 1)],
         vec![("WG", 64)],
     ];

@@ -67,7 +67,12 @@ impl Tiles {
     /// enough elements to pay for their tables.
     pub(super) fn of(job: &DecodeJob<'_>) -> Option<Tiles> {
         let f = &job.codes;
-        if job.low_rank.is_some() || !(job.transposed || f.word_bits != 32) {
+        // A post scale would need its own tables (and the memo below keys
+        // tables by the scale alone); such jobs (LLM.int8) are straight.
+        if job.low_rank.is_some()
+            || job.post_scale.is_some()
+            || !(job.transposed || f.word_bits != 32)
+        {
             return None;
         }
         let stored = job.stored_dims();
@@ -119,7 +124,9 @@ impl Tiles {
         if rows_per_key.min(stored.rows).saturating_mul(key_cols) < 2 * job.code_values.len() {
             return None;
         }
-        let whole_bytes = f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8);
+        // High-first bytes are read field by field.
+        let whole_bytes =
+            f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8) && !f.high_first;
         let dense4 = f.bits == 4 && (f.per_word == 0 || f.per_word == 8 && !f.interleaved);
         let fill = if job.transposed && f.word_bits == 32 && whole_bytes && dense4 {
             Fill::Nibbles
@@ -391,7 +398,7 @@ impl Tiles {
                     let mut done = 0;
                     if N == 2 {
                         let t64: [u64; 16] = std::array::from_fn(|k| t[k] as u64);
-                        done = super::shuffle::nibbles_to_16bit(codes, &t64, dst);
+                        done = super::shuffle::nibbles_to_16bit(codes, &t64, dst, false);
                     }
                     let words = codes[done / 2..].chunks_exact(4);
                     for (w, o) in words.zip(dst[done * N..].chunks_exact_mut(8 * N)) {
@@ -486,7 +493,7 @@ impl Tiles {
                 if N == 2 && a.is_multiple_of(2) {
                     let t64: [u64; 16] = std::array::from_fn(|k| t[k] as u64);
                     let out = &mut vals[a * N..b * N];
-                    done += super::shuffle::nibbles_to_16bit(&codes[a / 2..b / 2], &t64, out);
+                    done += super::shuffle::nibbles_to_16bit(&codes[a / 2..b / 2], &t64, out, false);
                 }
                 if done.is_multiple_of(8) {
                     let words = codes[done / 2..b / 2].chunks_exact(4);

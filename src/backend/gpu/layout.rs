@@ -181,7 +181,9 @@ pub(super) struct StreamParams {
     slice_bits: u32,
     base: u32,
     interleave: u32,
-    _pad: u32,
+    /// XORed with a field's bit position ([`Fields::swap_mask`]: 4 for
+    /// bitsandbytes' high-nibble-first bytes).
+    swap: u32,
 }
 
 /// Mirrors `Grid` in decode.wgsl.
@@ -231,7 +233,8 @@ pub(super) struct Params {
     row0: u32,
     out_base: u32,
     transposed: u32,
-    _pad: u32,
+    /// [`DecodeJob::post_scale`], 1.0 without one.
+    post_scale: f32,
     codes: StreamParams,
     zero: StreamParams,
     zgrid: GridParams,
@@ -306,6 +309,11 @@ pub(super) struct Fast {
     /// stored, as for [`Tile`].
     pub skind: GridKind,
     pub zkind: GridKind,
+    /// `HIGH_FIRST`: the code bytes hold their fields from the high bits
+    /// down ([`Fields::high_first`]).
+    pub high_first: bool,
+    /// `POST`: values are multiplied by `Params::post_scale` last.
+    pub post: bool,
     /// `COPY`: the bench baseline (same reads and writes, no decoding).
     pub copy: bool,
 }
@@ -352,7 +360,7 @@ impl Kernel {
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 9] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 11] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
@@ -363,6 +371,8 @@ impl Fast {
             ("LOW_RANK", self.low_rank as u32 as f64),
             ("SKIND", self.skind as u32 as f64),
             ("ZKIND", self.zkind as u32 as f64),
+            ("HIGH_FIRST", flag(self.high_first)),
+            ("POST", flag(self.post)),
             ("COPY", flag(self.copy)),
         ]
     }
@@ -395,7 +405,10 @@ impl Fast {
         }
         match &job.zero {
             Some(ZeroPoint::Plain(z)) if !whole_words(z) => return None,
-            Some(ZeroPoint::Packed { fields }) if fields.bits != c.bits => return None,
+            // The kernel reads packed zero points LSB first.
+            Some(ZeroPoint::Packed { fields }) if fields.bits != c.bits || fields.high_first => {
+                return None
+            }
             Some(ZeroPoint::PackedAlongCols { .. }) => return None,
             _ => {}
         }
@@ -415,6 +428,8 @@ impl Fast {
                 Some(ZeroPoint::Plain(z)) => GridKind::of(z),
                 _ => GridKind::Bf16,
             },
+            high_first: c.high_first,
+            post: job.post_scale.is_some(),
             copy: false,
         })
     }
@@ -520,7 +535,13 @@ impl Tile {
     pub(super) fn for_job(job: &DecodeJob<'_>) -> Option<Tile> {
         let c = &job.codes;
         let d = job.dims;
-        if !matches!(c.bits, 4 | 8) || job.low_rank.is_some() {
+        // High-first bytes and post scales (bitsandbytes) are straight jobs
+        // the fast kernel takes.
+        if !matches!(c.bits, 4 | 8)
+            || job.low_rank.is_some()
+            || c.high_first
+            || job.post_scale.is_some()
+        {
             return None;
         }
         let per = 32 / c.bits;
@@ -724,7 +745,7 @@ impl<'a> Src<'a> {
             slice_bits: f.slice_bits as u32,
             base: (offset * 8).wrapping_sub(start * 8) as u32,
             interleave: f.interleaved as u32,
-            _pad: 0,
+            swap: f.swap_mask() as u32,
         }
     }
 
@@ -906,7 +927,7 @@ fn chunk<'a>(
         row0: (f0 % d.rows) as u32,
         out_base: 0,
         transposed: job.transposed as u32,
-        _pad: 0,
+        post_scale: job.post_scale.unwrap_or(1.0),
         codes,
         zero,
         zgrid,
@@ -1045,18 +1066,15 @@ mod tests {
         let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
             lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
-            row0, out_base, transposed];
-        host.push(("_pad1".into(), offset_of!(Params, _pad) as u32));
+            row0, out_base, transposed, post_scale];
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
         ] {
             host.extend(
                 fields![StreamParams, name, at; bits, per_word, lane_bits, word_bits,
-                slice_bits, base, interleave],
+                slice_bits, base, interleave, swap],
             );
-            let pad = (at + offset_of!(StreamParams, _pad)) as u32;
-            host.push((format!("{name}_pad1"), pad));
         }
         for (name, at) in [
             ("zgrid.", offset_of!(Params, zgrid)),
@@ -1130,6 +1148,8 @@ mod tests {
             low_rank: LowRankMode::None,
             skind: GridKind::Bf16,
             zkind: GridKind::F32,
+            high_first: true,
+            post: true,
             copy: false,
         };
         let tile = Tile {
@@ -1237,6 +1257,7 @@ mod tests {
                 lane_bits: words as u64 * 32,
                 word_bits: 32,
                 slice_bits: (rows * words) as u64 * 32,
+                high_first: false,
             },
             code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
             zero: None,
@@ -1252,6 +1273,7 @@ mod tests {
             }),
             g_idx: None,
             low_rank: None,
+            post_scale: None,
             transposed: false,
             out,
         }

@@ -205,6 +205,10 @@ pub struct RandomJob {
     pub zero: ZeroSpec,
     pub zero_bytes: Vec<u8>,
     pub g_idx: Option<Vec<u32>>,
+    /// Bytes hold their fields from the high bits down (bitsandbytes).
+    pub high_first: bool,
+    /// A factor every value is multiplied by last (LLM.int8's 1/127).
+    pub post_scale: Option<f32>,
     pub out: OutDtype,
 }
 
@@ -302,6 +306,8 @@ impl RandomJob {
             _ => None,
         };
         let out = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32][rng.below(3) as usize];
+        let high_first = !padded && 8 % bits == 0 && rng.below(3) == 0;
+        let post_scale = (rng.below(5) == 0).then(|| normal(rng, 4));
         RandomJob {
             dims: d,
             bits,
@@ -320,6 +326,8 @@ impl RandomJob {
             zero,
             zero_bytes,
             g_idx,
+            high_first,
+            post_scale,
             out,
         }
     }
@@ -376,6 +384,7 @@ impl RandomJob {
             codes: (0..code_len).map(|_| rng.next() as u8).collect(),
             code_values,
             g_idx: None,
+            high_first: rng.below(3) == 0,
             ..r
         }
     }
@@ -443,6 +452,9 @@ impl RandomJob {
             code_values,
             zero,
             zero_bytes,
+            // Neither is a tile kernel job.
+            high_first: false,
+            post_scale: None,
             ..r
         }
     }
@@ -481,6 +493,7 @@ impl RandomJob {
                 lane_bits: self.lane_bits,
                 word_bits: self.word_bits,
                 slice_bits: self.slice_bits,
+                high_first: self.high_first,
             },
             code_values: self.code_values.clone(),
             zero: match &self.zero {
@@ -493,6 +506,7 @@ impl RandomJob {
                         lane_bits: 32,
                         word_bits: 32 * *groups as u64,
                         slice_bits: (zrows * groups) as u64 * 32,
+                        high_first: false,
                     },
                 }),
                 ZeroSpec::Plain { kind, grid } => Some(ZeroPoint::Plain(Values {
@@ -509,6 +523,7 @@ impl RandomJob {
                         lane_bits: *lane_bits,
                         word_bits: 32,
                         slice_bits: *lanes as u64 * lane_bits,
+                        high_first: false,
                     },
                 }),
                 ZeroSpec::None => None,
@@ -520,6 +535,7 @@ impl RandomJob {
             }),
             g_idx: self.g_idx.clone(),
             low_rank: None,
+            post_scale: self.post_scale,
             transposed: false,
             out: self.out,
         };
@@ -537,12 +553,13 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?}{} bits {} padded {}{} lane_bits {} word_bits {} scale {:?} zero {} g_idx {} out {}",
+            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} zero {} g_idx {} post {:?} out {}",
             self.dims,
             if self.transposed { " transposed" } else { "" },
             self.bits,
             self.padded,
             if self.interleaved { " interleaved" } else { "" },
+            if self.high_first { " high-first" } else { "" },
             self.lane_bits,
             self.word_bits,
             self.scale.as_ref().map(|(g, k)| (g, kind(k))),
@@ -553,6 +570,7 @@ impl RandomJob {
                 ZeroSpec::AlongCols { lanes, .. } => format!("along columns, {lanes} lanes"),
             },
             self.g_idx.is_some(),
+            self.post_scale,
             self.out
         )
     }
