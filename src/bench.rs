@@ -124,17 +124,26 @@ pub(crate) enum Layout {
     /// GPT-OSS experts: MXFP4 `[out, in/32, 16]` bytes, e8m0 scales per 32
     /// inputs; the output is the transpose, `[in, out]`.
     GptOss,
+    /// bitsandbytes NF4: high-nibble-first codes over the flattened
+    /// tensor, one f32 absmax per 64 elements (double quant's absmax is
+    /// made f32 on the host while planning).
+    BnbNf4,
+    /// bitsandbytes LLM.int8: int8 codes, f32 `SCB` per row, then the
+    /// post scale `1/127`.
+    BnbInt8,
 }
 
 impl Layout {
     /// Every layout, in report order.
-    pub(crate) const ALL: [Layout; 6] = [
+    pub(crate) const ALL: [Layout; 8] = [
         Layout::Int4,
         Layout::Int4Asym,
         Layout::Nvfp4,
         Layout::Mxfp4,
         Layout::Int8,
         Layout::Fp8Block,
+        Layout::BnbNf4,
+        Layout::BnbInt8,
     ];
 
     /// The layouts whose codes run along the input dimension (the CPU's
@@ -144,7 +153,7 @@ impl Layout {
     /// Bits per code.
     fn bits(self) -> u32 {
         match self {
-            Layout::Int8 | Layout::Fp8Block => 8,
+            Layout::Int8 | Layout::Fp8Block | Layout::BnbInt8 => 8,
             _ => 4,
         }
     }
@@ -160,6 +169,8 @@ impl Layout {
             Layout::Gptq => "gptq int4 g128 (strided)",
             Layout::Awq => "autoawq int4 g128 (transposed)",
             Layout::GptOss => "gpt-oss mxfp4 (transposed)",
+            Layout::BnbNf4 => "bnb nf4 b64 (high nibble first)",
+            Layout::BnbInt8 => "bnb llm.int8 (post scale)",
         }
     }
 }
@@ -202,6 +213,8 @@ impl Weight {
             Layout::Mxfp4 | Layout::GptOss => bytes(rows * cols / 32),
             Layout::Int8 => bytes(rows * 2),
             Layout::Fp8Block => bytes(rows.div_ceil(128) * cols / 128 * 4),
+            Layout::BnbNf4 => bytes(rows * cols / 64 * 4),
+            Layout::BnbInt8 => bytes(rows * 4),
         };
         // Scales as moderate finite numbers: bf16 0x3c00.., f32 0x3c....
         let mut scale = scale;
@@ -217,7 +230,7 @@ impl Weight {
                     c[1] = 0x2c;
                 }
             }
-            Layout::Fp8Block => {
+            Layout::Fp8Block | Layout::BnbNf4 | Layout::BnbInt8 => {
                 for c in scale.chunks_mut(4) {
                     c[3] = 0x3c;
                 }
@@ -263,12 +276,15 @@ impl Weight {
             Layout::Mxfp4 => (table(e8m0), grid(1, 32)),
             Layout::Int8 => (ValueKind::Bf16, grid(1, cols)),
             Layout::Fp8Block => (ValueKind::F32, grid(128, 128)),
+            Layout::BnbNf4 => (ValueKind::F32, grid(1, 64)),
+            Layout::BnbInt8 => (ValueKind::F32, grid(1, cols)),
             _ => (ValueKind::Bf16, grid(1, cols)),
         };
         let code_values: Vec<f32> = match self.layout {
             Layout::Int4 | Layout::Int4Asym => (0..16).map(|c| c as f32 - 8.0).collect(),
-            Layout::Int8 => (0..=255u8).map(|c| c as i8 as f32).collect(),
+            Layout::Int8 | Layout::BnbInt8 => (0..=255u8).map(|c| c as i8 as f32).collect(),
             Layout::Nvfp4 | Layout::Mxfp4 => (0..16).map(e2m1).collect(),
+            Layout::BnbNf4 => crate::formats::bnb::NF4.to_vec(),
             _ => (0..=255).map(e4m3).collect(),
         };
         let zero = (self.layout == Layout::Int4Asym).then(|| ZeroPoint::Packed {
@@ -297,7 +313,7 @@ impl Weight {
                 lane_bits: (cols * bits as usize) as u64,
                 word_bits: 32,
                 slice_bits: 0,
-                high_first: false,
+                high_first: self.layout == Layout::BnbNf4,
             },
             code_values,
             zero,
@@ -308,7 +324,7 @@ impl Weight {
             }),
             g_idx: None,
             low_rank: None,
-            post_scale: None,
+            post_scale: (self.layout == Layout::BnbInt8).then_some(crate::formats::bnb::INT8_POST),
             transposed: false,
             out,
         }

@@ -3,7 +3,7 @@
 //! tensors' bytes read (a browser reads its files slice by slice).
 
 mod header;
-mod json;
+pub(crate) mod json;
 mod listing;
 mod memory;
 mod origin;

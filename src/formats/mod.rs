@@ -6,6 +6,7 @@
 //! code of its own.
 
 pub mod awq;
+pub mod bnb;
 pub mod compressed_tensors;
 pub mod fp8_block;
 pub mod gpt_oss;
@@ -45,6 +46,8 @@ pub enum Format {
     Gptq(gptq::Config),
     /// OpenAI's native MXFP4 (`quant_method: "mxfp4"`, GPT-OSS).
     GptOss(gpt_oss::Config),
+    /// bitsandbytes 4-bit (NF4, FP4) and LLM.int8 (`quant_method: "bitsandbytes"`).
+    Bnb(bnb::Config),
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant::Config),
     /// No quantization: every tensor is copied.
@@ -69,6 +72,7 @@ impl Format {
             Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
             Format::Gptq(c) => format!("{} {}", c.producer_name(), c.describe()),
             Format::GptOss(_) => "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into(),
+            Format::Bnb(c) => format!("bitsandbytes {}", c.describe()),
             Format::Svdquant(c) => format!(
                 "svdquant rank {} ({} weights, {} targets, {} structural patches)",
                 c.rank,
@@ -90,6 +94,7 @@ impl Format {
             Format::Awq(c) => c.report_lines(),
             Format::Gptq(c) => c.report_lines(),
             Format::GptOss(c) => c.report_lines(),
+            Format::Bnb(c) => c.report_lines(),
             Format::Svdquant(c) => c.report_lines(),
             Format::Dense => Vec::new(),
         }
@@ -152,10 +157,11 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
                 gptq::Producer::AutoRound,
             )?)),
             "mxfp4" => Ok(Format::GptOss(gpt_oss::Config::parse(&file.path, qc)?)),
+            "bitsandbytes" => Ok(Format::Bnb(bnb::Config::parse(&file.path, qc)?)),
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq, gptq, auto-round, mxfp4)"),
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq, gptq, auto-round, mxfp4, bitsandbytes)"),
             )),
         };
     }
@@ -195,7 +201,12 @@ pub fn default_dtype(ckpt: &Checkpoint, format: &Format) -> OutDtype {
                 .and_then(OutDtype::from_name)
         })
     });
+    let from_state = || match format {
+        Format::Bnb(_) => bnb::default_dtype(ckpt),
+        _ => None,
+    };
     from_config
+        .or_else(from_state)
         .or_else(|| {
             ckpt.names()
                 .iter()
@@ -234,6 +245,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
         Format::Gptq(cfg) => gptq::plan(cfg, ckpt, dtype),
         Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),
+        Format::Bnb(cfg) => bnb::plan(cfg, ckpt, dtype),
         Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
         Format::Dense => return Modules::default(),
     };
@@ -308,6 +320,15 @@ pub const WEIGHT_QUANT_PARAMS: &[&str] = &[
     "weight_scale_inv",
     "qweight",
     "qzeros",
+    // bitsandbytes (`<m>.weight.absmax`, `<m>.weight.quant_state.bitsandbytes__nf4`, `<m>.SCB`, …).
+    "absmax",
+    "nested_absmax",
+    "quant_map",
+    "nested_quant_map",
+    "bitsandbytes__nf4",
+    "bitsandbytes__fp4",
+    "SCB",
+    "weight_format",
 ];
 
 /// The modules that carry tensor `suffix` (`<module>.<suffix>`), sorted.

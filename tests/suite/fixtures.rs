@@ -24,8 +24,9 @@ fn every_fixture_default_dtype_matches_bf16_reference() {
 #[test]
 fn every_fixture_f32_matches_reference() {
     for case in CASES {
-        if case.starts_with("modelopt") {
-            // ModelOpt's f32 reference is the f32 product itself.
+        if case.starts_with("modelopt") || case.starts_with("bnb-") {
+            // ModelOpt's and bitsandbytes' f32 references are the f32
+            // products themselves.
             check_case(
                 case,
                 DtypeChoice::Fixed(OutDtype::F32),
@@ -69,6 +70,32 @@ fn fp8_block_f16_matches_reference(backend: BackendChoice) {
 }
 
 const GPTQ: [&str; 2] = ["gptq-w4-g128", "gptq-w4-g128-actorder"];
+
+const BNB: [&str; 2] = ["bnb-nf4-dq-bf16", "bnb-int8-bf16"];
+
+/// transformers + bitsandbytes' checkpoints decode to their references in
+/// bf16 (the model's) and f32 (the exact products), on each backend.
+#[test]
+fn bnb_fixtures_match_every_reference_on_cpu() {
+    bnb_fixtures_match_every_reference(BackendChoice::Cpu);
+}
+
+#[test]
+fn bnb_fixtures_match_every_reference_on_gpu() {
+    gpu_test(|_| bnb_fixtures_match_every_reference(BackendChoice::Gpu));
+}
+
+fn bnb_fixtures_match_every_reference(backend: BackendChoice) {
+    for case in BNB {
+        for (dtype, digests) in [
+            (DtypeChoice::Auto, "expected-bf16.digests.json"),
+            (DtypeChoice::Fixed(OutDtype::Bf16), "expected-bf16.digests.json"),
+            (DtypeChoice::Fixed(OutDtype::F32), "expected-f32.digests.json"),
+        ] {
+            check_case(case, dtype, backend, digests, false);
+        }
+    }
+}
 
 /// GPTQModel's f16 checkpoints decode to its references in f16 (the
 /// model's), bf16 and f32, on each backend: the f32 products rounded once.
