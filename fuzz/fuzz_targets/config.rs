@@ -1,4 +1,5 @@
-//! Any bytes as `config.json` (compressed-tensors, FP8 block, AutoAWQ, GPTQ/AutoRound, GPT-OSS) or
+//! Any bytes as `config.json` (compressed-tensors, FP8 block, AutoAWQ, GPTQ/AutoRound, GPT-OSS,
+//! bitsandbytes) or
 //! `hf_quant_config.json` (ModelOpt), beside a real checkpoint.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
@@ -8,13 +9,15 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    let dir = match which % 7 {
+    let dir = match which % 9 {
         0 => checkpoint_dir(&[("model.safetensors", fixtures::W4A16_ASYM), ("config.json", rest)]),
         1 => checkpoint_dir(&[("model.safetensors", fixtures::W3A16), ("config.json", rest)]),
         2 => checkpoint_dir(&[("model.safetensors", fixtures::FP8_BLOCK), ("config.json", rest)]),
         3 => checkpoint_dir(&[("model.safetensors", fixtures::AWQ), ("config.json", rest)]),
         4 => checkpoint_dir(&[("model.safetensors", fixtures::GPT_OSS), ("config.json", rest)]),
         5 => checkpoint_dir(&[("model.safetensors", fixtures::GPTQ), ("config.json", rest)]),
+        6 => checkpoint_dir(&[("model.safetensors", fixtures::BNB_NF4), ("config.json", rest)]),
+        7 => checkpoint_dir(&[("model.safetensors", fixtures::BNB_INT8), ("config.json", rest)]),
         _ => checkpoint_dir(&[("model.safetensors", fixtures::MODELOPT), ("hf_quant_config.json", rest)]),
     };
     exercise(&dir);

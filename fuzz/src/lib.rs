@@ -57,6 +57,57 @@ pub fn exercise(path: &Path) {
     }
 }
 
+/// A bitsandbytes 4-bit checkpoint of one `[4, 32]` NF4 module (two
+/// blocks of 64), plain or with nested absmax, whose quant state is `state`.
+pub fn bnb_checkpoint(state: &[u8], nested: bool) -> PathBuf {
+    let m = "model.layers.0.mlp.down_proj.weight";
+    let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let codes: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
+    let map: Vec<f32> = (0..16).map(|i| i as f32 / 7.5 - 1.0).collect();
+    let mut tensors: Vec<(String, &str, Vec<usize>, Vec<u8>)> = vec![
+        (m.to_string(), "U8", vec![64, 1], codes),
+        (format!("{m}.quant_map"), "F32", vec![16], f32s(&map)),
+    ];
+    if nested {
+        let qm: Vec<f32> = (0..256).map(|i| i as f32 / 256.0).collect();
+        tensors.push((format!("{m}.absmax"), "U8", vec![2], vec![17, 250]));
+        tensors.push((format!("{m}.nested_absmax"), "F32", vec![1], f32s(&[0.5])));
+        tensors.push((format!("{m}.nested_quant_map"), "F32", vec![256], f32s(&qm)));
+    } else {
+        tensors.push((format!("{m}.absmax"), "F32", vec![2], f32s(&[0.25, 3.0])));
+    }
+    tensors.push((
+        format!("{m}.quant_state.bitsandbytes__nf4"),
+        "U8",
+        vec![state.len()],
+        state.to_vec(),
+    ));
+    let mut header = String::from("{");
+    let mut data = Vec::new();
+    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        header.push_str(&format!(
+            "{}\"{name}\": {{\"dtype\": \"{dtype}\", \"shape\": [{}], \"data_offsets\": [{}, {}]}}",
+            if i == 0 { "" } else { ", " },
+            dims.join(", "),
+            data.len(),
+            data.len() + bytes.len()
+        ));
+        data.extend_from_slice(bytes);
+    }
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut st = (header.len() as u64).to_le_bytes().to_vec();
+    st.extend_from_slice(header.as_bytes());
+    st.extend_from_slice(&data);
+    let config = format!(
+        "{{\"dtype\": \"bfloat16\", \"quantization_config\": {{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": {nested}}}}}"
+    );
+    checkpoint_dir(&[("model.safetensors", &st), ("config.json", config.as_bytes())])
+}
+
 /// Fixture files the targets start from.
 pub mod fixtures {
     macro_rules! fixture {
@@ -102,4 +153,8 @@ pub mod fixtures {
     pub const GPTQ: &[u8] = fixture!("gptq-w4-g128-actorder", "model.safetensors");
     /// GPT-OSS's native MXFP4 experts.
     pub const GPT_OSS: &[u8] = fixture!("gpt-oss-mxfp4", "model.safetensors");
+    /// bitsandbytes NF4 with nested absmax (transformers 5.24 + bitsandbytes 0.50.2).
+    pub const BNB_NF4: &[u8] = fixture!("bnb-nf4-dq-bf16", "model.safetensors");
+    /// bitsandbytes LLM.int8.
+    pub const BNB_INT8: &[u8] = fixture!("bnb-int8-bf16", "model.safetensors");
 }

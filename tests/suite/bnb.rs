@@ -454,3 +454,69 @@ fn bnb_tables_are_the_kernels() {
         assert_eq!(k.to_bits() == m.to_bits(), c != 8, "code {c}");
     }
 }
+
+/// The fuzz target `bnb_state` in small, on every run: a valid quant state
+/// with random bytes overwritten (and random bytes as a whole state) is
+/// refused or decoded, never a panic, and a refusal is one line naming the
+/// module's tensor.
+#[test]
+fn bnb_mutated_quant_states_never_panic() {
+    let mut rng = Rng::new(70);
+    let s = Spec {
+        shape: [4, 40],
+        ..BASE
+    };
+    let (tensors, _) = module(&mut rng, "model.layers.0.mlp.up_proj", s);
+    let state_name = "model.layers.0.mlp.up_proj.weight.quant_state.bitsandbytes__nf4";
+    let valid = tensors
+        .iter()
+        .find(|t| t.name == state_name)
+        .unwrap()
+        .data
+        .clone();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), quant_config(true, s, Value::Null), "bfloat16");
+    let (mut refused, mut decoded) = (0, 0);
+    for case in 0..400 {
+        let state: Vec<u8> = if case % 10 == 0 {
+            (0..rng.below(64)).map(|_| rng.below(256) as u8).collect()
+        } else {
+            let mut st = valid.clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(st.len() as u64) as usize;
+                // Digits, quotes and structure more often than other bytes.
+                const PICKS: &[u8] = b"0123456789-.,:\"{}[]e ";
+                st[at] = if rng.below(2) == 0 {
+                    PICKS[rng.below(PICKS.len() as u64) as usize]
+                } else {
+                    rng.below(256) as u8
+                };
+            }
+            st
+        };
+        let mut ts = tensors.clone();
+        let t = ts.iter_mut().find(|t| t.name == state_name).unwrap();
+        t.shape = vec![state.len()];
+        t.data = state.clone();
+        write_safetensors(&dir.path().join("model.safetensors"), &ts);
+        let out = crate::common::caught(|| -> Result<(), wgpu_dequant::Error> {
+            let ckpt = Checkpoint::open(dir.path())?;
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+            plan.check()?;
+            let model = wgpu_dequant::Model::open(dir.path(), DtypeChoice::Auto)?;
+            model.decode("model.layers.0.mlp.up_proj.weight", BackendChoice::Cpu)?;
+            Ok(())
+        });
+        match out {
+            Err(p) => panic!("state {:?}: panicked: {p}", String::from_utf8_lossy(&state)),
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                assert!(!msg.contains('\n'), "{msg}");
+                assert!(msg.contains("up_proj"), "{msg}");
+                refused += 1;
+            }
+            Ok(Ok(())) => decoded += 1,
+        }
+    }
+    assert!(refused > 100 && decoded > 0, "refused {refused}, decoded {decoded}");
+}
