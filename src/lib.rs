@@ -1,7 +1,8 @@
 //! Decode quantized weight packs stored in safetensors checkpoints
 //! (compressed-tensors, NVIDIA ModelOpt NVFP4, DeepSeek-style FP8, AutoAWQ,
-//! GPT-OSS MXFP4, SVDQuant) to dense bf16 / f16 / f32, on the CPU or on any
-//! GPU wgpu reaches, with the same bytes.
+//! GPTQ, bitsandbytes (NF4/FP4, LLM.int8), GPT-OSS MXFP4, SVDQuant) to dense
+//! bf16 / f16 / f32, on the CPU or on any GPU wgpu reaches, with the same
+//! bytes.
 //!
 //! A whole checkpoint to a dense one on disk ([`Dequantize`] takes every
 //! setting of the command line, a progress callback and a canceller):

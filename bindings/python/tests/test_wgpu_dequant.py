@@ -79,6 +79,28 @@ def test_dequantize_writes_the_clis_files(model, tmp_path):
     assert summary["decoded"] > 0 or "fp8" in str(model)
 
 
+@pytest.mark.parametrize("case", ["bnb-nf4-dq-bf16", "bnb-int8-bf16"])
+@pytest.mark.parametrize("dtype", ["auto", "f32"])
+def test_bnb_load_file_gives_the_transformers_dequantize_bytes(case, dtype):
+    """load_file on a bitsandbytes checkpoint replaces transformers +
+    bitsandbytes + torch (load, dequantize(), save_pretrained): its tensors
+    are the reference's bytes (the decoded ones the exact f32 products)."""
+    import hashlib
+
+    np = pytest.importorskip("numpy")
+    fixture = ROOT / "tests" / "fixtures" / case
+    digests = json.loads((fixture / f"expected-{'bf16' if dtype == 'auto' else 'f32'}.digests.json").read_text())
+    got = wdq.load_file(fixture / "model", dtype=dtype, backend="auto", framework="np")
+    assert sorted(got) == sorted(digests)
+    for name, want in digests.items():
+        data = np.ascontiguousarray(got[name]).tobytes()
+        if want["dtype"] == "BF16" and dtype == "f32":
+            # Copied tensors widened exactly; the reference keeps them stored.
+            data = (np.frombuffer(data, dtype=np.uint32) >> 16).astype(np.uint16).tobytes()
+        assert list(got[name].shape) == want["shape"], name
+        assert hashlib.sha256(data).hexdigest() == want["sha256"], name
+
+
 def test_inspect_is_the_clis_report():
     want = json.loads(subprocess.run([CLI, "inspect", str(SAMPLE), "--json"], capture_output=True, check=True).stdout)
     assert wdq.inspect(SAMPLE) == want

@@ -14,7 +14,8 @@ use wgpu_dequant::{
 };
 
 /// Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt
-/// NVFP4, SVDQuant) to dense weights.
+/// NVFP4, FP8, AutoAWQ, GPTQ, bitsandbytes, GPT-OSS, SVDQuant) to dense
+/// weights.
 #[derive(Parser)]
 #[command(
     name = "wgpu-dequant",

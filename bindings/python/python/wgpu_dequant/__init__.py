@@ -1,6 +1,9 @@
 """Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt
-NVFP4, SVDQuant) to dense bf16 / f16 / f32 tensors, on any GPU wgpu reaches
-or on the CPU, with the same bytes as the ``wgpu-dequant`` CLI.
+NVFP4, FP8, AutoAWQ, GPTQ, bitsandbytes, GPT-OSS, SVDQuant) to dense bf16 /
+f16 / f32 tensors, on any GPU wgpu reaches or on the CPU, with the same bytes
+as the ``wgpu-dequant`` CLI. ``load_file("model-bnb-4bit")`` gives a
+bitsandbytes checkpoint's dense tensors without torch, transformers or
+bitsandbytes.
 
 Shaped like ``safetensors``' own API::
 
