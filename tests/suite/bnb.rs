@@ -25,7 +25,8 @@ use crate::common::{
     gpu_test, read_dir_tensors, write_json, write_safetensors, Rng, Tensor, SHARD1, SHARD2,
 };
 
-/// `dDequantizeNF4`.
+/// `dDequantizeNF4`, its literals as bitsandbytes writes them.
+#[allow(clippy::excessive_precision)]
 const NF4: [f32; 16] = [
     -1.0,
     -0.6961928009986877,
@@ -45,7 +46,9 @@ const NF4: [f32; 16] = [
     1.0,
 ];
 
-/// `dDequantizeFP4Tree`: the magnitude by bits 0–2, the sign by bit 3.
+/// `dDequantizeFP4Tree`: the magnitude by bits 0–2, the sign by bit 3
+/// (its literals as bitsandbytes writes them).
+#[allow(clippy::excessive_precision)]
 fn fp4(code: u8) -> f32 {
     const MAG: [f32; 8] = [
         0.0,
@@ -69,8 +72,8 @@ fn fp4(code: u8) -> f32 {
 /// +0.0 at code 8, unlike its kernels).
 fn fp4_map() -> Vec<f32> {
     let data = [
-        0.0f32, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0,
-        -2.0, -3.0,
+        0.0f32, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0,
+        -3.0,
     ];
     data.iter().map(|x| x / 12.0).collect()
 }
@@ -145,7 +148,11 @@ fn module(rng: &mut Rng, module: &str, s: Spec) -> (Vec<Tensor>, Want) {
         state["nested_dtype"] = json!("float32");
         state["nested_offset"] = json!(offset);
         tensors.push(Tensor::u8(format!("{w}.absmax"), "U8", &[blocks], &a));
-        tensors.push(Tensor::f32(format!("{w}.nested_absmax"), &[outer.len()], &outer));
+        tensors.push(Tensor::f32(
+            format!("{w}.nested_absmax"),
+            &[outer.len()],
+            &outer,
+        ));
         tensors.push(Tensor::f32(format!("{w}.nested_quant_map"), &[256], &qm));
         a.iter()
             .enumerate()
@@ -177,7 +184,9 @@ fn module(rng: &mut Rng, module: &str, s: Spec) -> (Vec<Tensor>, Want) {
 
 /// The stored tensors of LLM.int8 `module` `[out, in]`.
 fn int8_module(rng: &mut Rng, module: &str, out: usize, inputs: usize) -> (Vec<Tensor>, Want) {
-    let q: Vec<i8> = (0..out * inputs).map(|_| rng.below(256) as u8 as i8).collect();
+    let q: Vec<i8> = (0..out * inputs)
+        .map(|_| rng.below(256) as u8 as i8)
+        .collect();
     let scb: Vec<f32> = (0..out).map(|_| positive(rng) * 8.0).collect();
     let bytes: Vec<u8> = q.iter().map(|&x| x as u8).collect();
     let tensors = vec![
@@ -226,7 +235,10 @@ fn gpu_equals_cpu(ctx: &str, dir: &Path, cpu: &[crate::common::producer::Tensors
             .zip(cpu)
         {
             let gpu = decode_with(dir, out, BackendChoice::Gpu);
-            assert!(&gpu == cpu, "{ctx} -> {out}: GPU bytes differ from the CPU's");
+            assert!(
+                &gpu == cpu,
+                "{ctx} -> {out}: GPU bytes differ from the CPU's"
+            );
         }
     });
 }
@@ -272,15 +284,38 @@ fn bnb_fp4_plain_and_nested_block_128() {
     run("fp4 b128 plain", s, 2);
     run("fp4 b128 nested", Spec { nested: true, ..s }, 3);
     // Blocks along the rows, as most real models have them.
-    run("fp4 b64 256 wide", Spec { blocksize: 64, shape: [32, 256], ..s }, 4);
+    run(
+        "fp4 b64 256 wide",
+        Spec {
+            blocksize: 64,
+            shape: [32, 256],
+            ..s
+        },
+        4,
+    );
 }
 
 #[test]
 fn bnb_partial_last_block_and_odd_element_count() {
     // 300 elements in blocks of 64: the last block holds 44.
-    run("partial block", Spec { shape: [10, 30], ..BASE }, 5);
+    run(
+        "partial block",
+        Spec {
+            shape: [10, 30],
+            ..BASE
+        },
+        5,
+    );
     // 63 elements: one partial block, the last byte's low nibble unused.
-    run("odd count", Spec { shape: [7, 9], nested: false, ..BASE }, 6);
+    run(
+        "odd count",
+        Spec {
+            shape: [7, 9],
+            nested: false,
+            ..BASE
+        },
+        6,
+    );
     // More than 256 blocks: the nested absmax has several entries, the last
     // block partial.
     run(
@@ -400,10 +435,19 @@ fn bnb_skip_list_matches_as_transformers_does() {
         (json!([r"model\.layers\.\d+\.mlp"]), true),
         (json!(["gate_proj"]), true),
     ] {
-        write_config(dir.path(), quant_config(true, BASE, skip.clone()), "bfloat16");
+        write_config(
+            dir.path(),
+            quant_config(true, BASE, skip.clone()),
+            "bfloat16",
+        );
         let ckpt = Checkpoint::open(dir.path()).unwrap();
         let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
-        assert_eq!(!plan.warnings.is_empty(), warned, "{skip}: {:?}", plan.warnings);
+        assert_eq!(
+            !plan.warnings.is_empty(),
+            warned,
+            "{skip}: {:?}",
+            plan.warnings
+        );
         assert!(plan.errors.is_empty(), "{skip}: {:?}", plan.errors);
     }
     let got = decode(dir.path(), OutDtype::Bf16);
@@ -417,8 +461,9 @@ fn bnb_module_split_across_shards() {
     let mut rng = Rng::new(60);
     let (tensors, want) = module(&mut rng, "model.layers.0.mlp.gate_proj", BASE);
     let dir = tempfile::tempdir().unwrap();
-    let (first, second): (Vec<Tensor>, Vec<Tensor>) =
-        tensors.into_iter().partition(|t| t.name.ends_with("weight"));
+    let (first, second): (Vec<Tensor>, Vec<Tensor>) = tensors
+        .into_iter()
+        .partition(|t| t.name.ends_with("weight"));
     write_safetensors(&dir.path().join(SHARD1), &first);
     write_safetensors(&dir.path().join(SHARD2), &second);
     let map: serde_json::Map<String, Value> = first
@@ -430,7 +475,11 @@ fn bnb_module_split_across_shards() {
         &dir.path().join("model.safetensors.index.json"),
         &json!({"metadata": {}, "weight_map": map}),
     );
-    write_config(dir.path(), quant_config(true, BASE, Value::Null), "bfloat16");
+    write_config(
+        dir.path(),
+        quant_config(true, BASE, Value::Null),
+        "bfloat16",
+    );
     let got = decode(dir.path(), OutDtype::Bf16);
     check_output("sharded", &got, OutDtype::Bf16, &[want], &[]);
 }
@@ -518,5 +567,8 @@ fn bnb_mutated_quant_states_never_panic() {
             Ok(Ok(())) => decoded += 1,
         }
     }
-    assert!(refused > 100 && decoded > 0, "refused {refused}, decoded {decoded}");
+    assert!(
+        refused > 100 && decoded > 0,
+        "refused {refused}, decoded {decoded}"
+    );
 }

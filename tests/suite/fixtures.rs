@@ -89,8 +89,14 @@ fn bnb_fixtures_match_every_reference(backend: BackendChoice) {
     for case in BNB {
         for (dtype, digests) in [
             (DtypeChoice::Auto, "expected-bf16.digests.json"),
-            (DtypeChoice::Fixed(OutDtype::Bf16), "expected-bf16.digests.json"),
-            (DtypeChoice::Fixed(OutDtype::F32), "expected-f32.digests.json"),
+            (
+                DtypeChoice::Fixed(OutDtype::Bf16),
+                "expected-bf16.digests.json",
+            ),
+            (
+                DtypeChoice::Fixed(OutDtype::F32),
+                "expected-f32.digests.json",
+            ),
         ] {
             check_case(case, dtype, backend, digests, false);
         }

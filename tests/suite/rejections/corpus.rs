@@ -1999,8 +1999,7 @@ fn edit_state(e: &Env, edit: impl FnOnce(&mut Map<String, Value>)) -> PathBuf {
     let bytes = std::fs::read(&st).unwrap();
     let (h, data) = split(&bytes);
     let [a, b]: [u64; 2] = serde_json::from_value(h[BNB_STATE]["data_offsets"].clone()).unwrap();
-    let mut v: Map<String, Value> =
-        serde_json::from_slice(&data[a as usize..b as usize]).unwrap();
+    let mut v: Map<String, Value> = serde_json::from_slice(&data[a as usize..b as usize]).unwrap();
     edit(&mut v);
     set_state(e, Value::Object(v).to_string().as_bytes())
 }
@@ -2024,33 +2023,74 @@ fn bnb_cases() -> Vec<Case> {
         e.model.clone()
     }
     vec![
-        case("bnb quant state not UTF-8", BNB4, Plan, VALUE, "not UTF-8", |e| {
-            set_state(e, b"{\"quant_type\": \"nf4\xff\"}")
-        }),
-        case("bnb quant state not JSON", BNB4, Plan, VALUE, "not JSON", |e| {
-            set_state(e, b"{\"quant_type\": nf4")
-        }),
-        case("bnb quant state a list", BNB4, Plan, VALUE, "not a JSON object", |e| {
-            set_state(e, b"[64]")
-        }),
-        case("bnb quant state key twice", BNB4, Plan, VALUE, "twice", |e| {
-            set_state(e, b"{\"blocksize\": 64, \"blocksize\": 64}")
-        }),
-        case("bnb quant state unknown key", BNB4, Plan, VALUE, "\"scale\"", |e| {
-            edit_state(e, |s| {
-                s.insert("scale".into(), json!(1.0));
-            })
-        }),
-        case("bnb quant state without blocksize", BNB4, Plan, VALUE, "blocksize", |e| {
-            edit_state(e, |s| {
-                s.remove("blocksize");
-            })
-        }),
-        case("bnb quant_type fp4 in an nf4 state", BNB4, Plan, VALUE, "quant_type", |e| {
-            edit_state(e, |s| {
-                s.insert("quant_type".into(), json!("fp4"));
-            })
-        }),
+        case(
+            "bnb quant state not UTF-8",
+            BNB4,
+            Plan,
+            VALUE,
+            "not UTF-8",
+            |e| set_state(e, b"{\"quant_type\": \"nf4\xff\"}"),
+        ),
+        case(
+            "bnb quant state not JSON",
+            BNB4,
+            Plan,
+            VALUE,
+            "not JSON",
+            |e| set_state(e, b"{\"quant_type\": nf4"),
+        ),
+        case(
+            "bnb quant state a list",
+            BNB4,
+            Plan,
+            VALUE,
+            "not a JSON object",
+            |e| set_state(e, b"[64]"),
+        ),
+        case(
+            "bnb quant state key twice",
+            BNB4,
+            Plan,
+            VALUE,
+            "twice",
+            |e| set_state(e, b"{\"blocksize\": 64, \"blocksize\": 64}"),
+        ),
+        case(
+            "bnb quant state unknown key",
+            BNB4,
+            Plan,
+            VALUE,
+            "\"scale\"",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("scale".into(), json!(1.0));
+                })
+            },
+        ),
+        case(
+            "bnb quant state without blocksize",
+            BNB4,
+            Plan,
+            VALUE,
+            "blocksize",
+            |e| {
+                edit_state(e, |s| {
+                    s.remove("blocksize");
+                })
+            },
+        ),
+        case(
+            "bnb quant_type fp4 in an nf4 state",
+            BNB4,
+            Plan,
+            VALUE,
+            "quant_type",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("quant_type".into(), json!("fp4"));
+                })
+            },
+        ),
         case("bnb blocksize 0", BNB4, Plan, VALUE, "blocksize 0", |e| {
             edit_state(e, |s| {
                 s.insert("blocksize".into(), json!(0));
@@ -2061,98 +2101,233 @@ fn bnb_cases() -> Vec<Case> {
                 s.insert("blocksize".into(), json!(96));
             })
         }),
-        case("bnb blocksize as text", BNB4, Plan, VALUE, "blocksize", |e| {
-            edit_state(e, |s| {
-                s.insert("blocksize".into(), json!("64"));
-            })
-        }),
+        case(
+            "bnb blocksize as text",
+            BNB4,
+            Plan,
+            VALUE,
+            "blocksize",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("blocksize".into(), json!("64"));
+                })
+            },
+        ),
         case("bnb state dtype int8", BNB4, Plan, VALUE, "dtype", |e| {
             edit_state(e, |s| {
                 s.insert("dtype".into(), json!("int8"));
             })
         }),
-        case("bnb nested_dtype float16", BNB4, Plan, VALUE, "nested_dtype", |e| {
-            edit_state(e, |s| {
-                s.insert("nested_dtype".into(), json!("float16"));
-            })
-        }),
-        case("bnb nested_offset missing", BNB4, Plan, VALUE, "nested_offset", |e| {
-            edit_state(e, |s| {
-                s.remove("nested_offset");
-            })
-        }),
-        case("bnb state shape one column more", BNB4, Plan, SHAPE, "down_proj.weight", |e| {
-            edit_state(e, |s| {
-                s.insert("shape".into(), json!([320, 705]));
-            })
-        }),
-        case("bnb state shape with a zero", BNB4, Plan, SHAPE, "shape", |e| {
-            edit_state(e, |s| {
-                s.insert("shape".into(), json!([320, 0]));
-            })
-        }),
-        case("bnb state shape negative", BNB4, Plan, SHAPE, "shape", |e| {
-            edit_state(e, |s| {
-                s.insert("shape".into(), json!([-320, 704]));
-            })
-        }),
-        case("bnb codes one byte short", BNB4, Plan, SHAPE, "down_proj.weight", |e| {
-            reshape(e, "weight", "U8", &[112639, 1], 112639)
-        }),
-        case("bnb codes stored as BOOL", BNB4, Plan, DTYPE, "down_proj.weight", |e| {
-            reshape(e, "weight", "BOOL", &[112640, 1], 112640)
-        }),
-        case("bnb absmax one block short", BNB4, Plan, SHAPE, "absmax", |e| {
-            reshape(e, "weight.absmax", "U8", &[3519], 3519)
-        }),
-        case("bnb absmax one block long", BNB4, Plan, SHAPE, "absmax", |e| {
-            reshape(e, "weight.absmax", "U8", &[3521], 3521)
-        }),
-        case("bnb nested absmax one short", BNB4, Plan, SHAPE, "nested_absmax", |e| {
-            reshape(e, "weight.nested_absmax", "F32", &[13], 13 * 4)
-        }),
-        case("bnb nested absmax one long", BNB4, Plan, SHAPE, "nested_absmax", |e| {
-            reshape(e, "weight.nested_absmax", "F32", &[15], 15 * 4)
-        }),
-        case("bnb nested quant map short", BNB4, Plan, SHAPE, "nested_quant_map", |e| {
-            reshape(e, "weight.nested_quant_map", "F32", &[255], 255 * 4)
-        }),
-        case("bnb nested absmax as F16", BNB4, Plan, DTYPE, "nested_absmax", |e| {
-            reshape(e, "weight.nested_absmax", "F16", &[14], 14 * 2)
-        }),
-        case("bnb without quant_map", BNB4, Plan, MISSING, "quant_map", |e| {
-            remove(e, "weight.quant_map")
-        }),
-        case("bnb without quant state", BNB4, Plan, MISSING, "quant_state", |e| {
-            remove(e, "weight.quant_state.bitsandbytes__nf4")
-        }),
-        case("bnb without nested absmax", BNB4, Plan, MISSING, "nested_absmax", |e| {
-            remove(e, "weight.nested_absmax")
-        }),
+        case(
+            "bnb nested_dtype float16",
+            BNB4,
+            Plan,
+            VALUE,
+            "nested_dtype",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("nested_dtype".into(), json!("float16"));
+                })
+            },
+        ),
+        case(
+            "bnb nested_offset missing",
+            BNB4,
+            Plan,
+            VALUE,
+            "nested_offset",
+            |e| {
+                edit_state(e, |s| {
+                    s.remove("nested_offset");
+                })
+            },
+        ),
+        case(
+            "bnb state shape one column more",
+            BNB4,
+            Plan,
+            SHAPE,
+            "down_proj.weight",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("shape".into(), json!([320, 705]));
+                })
+            },
+        ),
+        case(
+            "bnb state shape with a zero",
+            BNB4,
+            Plan,
+            SHAPE,
+            "shape",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("shape".into(), json!([320, 0]));
+                })
+            },
+        ),
+        case(
+            "bnb state shape negative",
+            BNB4,
+            Plan,
+            SHAPE,
+            "shape",
+            |e| {
+                edit_state(e, |s| {
+                    s.insert("shape".into(), json!([-320, 704]));
+                })
+            },
+        ),
+        case(
+            "bnb codes one byte short",
+            BNB4,
+            Plan,
+            SHAPE,
+            "down_proj.weight",
+            |e| reshape(e, "weight", "U8", &[112639, 1], 112639),
+        ),
+        case(
+            "bnb codes stored as BOOL",
+            BNB4,
+            Plan,
+            DTYPE,
+            "down_proj.weight",
+            |e| reshape(e, "weight", "BOOL", &[112640, 1], 112640),
+        ),
+        case(
+            "bnb absmax one block short",
+            BNB4,
+            Plan,
+            SHAPE,
+            "absmax",
+            |e| reshape(e, "weight.absmax", "U8", &[3519], 3519),
+        ),
+        case(
+            "bnb absmax one block long",
+            BNB4,
+            Plan,
+            SHAPE,
+            "absmax",
+            |e| reshape(e, "weight.absmax", "U8", &[3521], 3521),
+        ),
+        case(
+            "bnb nested absmax one short",
+            BNB4,
+            Plan,
+            SHAPE,
+            "nested_absmax",
+            |e| reshape(e, "weight.nested_absmax", "F32", &[13], 13 * 4),
+        ),
+        case(
+            "bnb nested absmax one long",
+            BNB4,
+            Plan,
+            SHAPE,
+            "nested_absmax",
+            |e| reshape(e, "weight.nested_absmax", "F32", &[15], 15 * 4),
+        ),
+        case(
+            "bnb nested quant map short",
+            BNB4,
+            Plan,
+            SHAPE,
+            "nested_quant_map",
+            |e| reshape(e, "weight.nested_quant_map", "F32", &[255], 255 * 4),
+        ),
+        case(
+            "bnb nested absmax as F16",
+            BNB4,
+            Plan,
+            DTYPE,
+            "nested_absmax",
+            |e| reshape(e, "weight.nested_absmax", "F16", &[14], 14 * 2),
+        ),
+        case(
+            "bnb without quant_map",
+            BNB4,
+            Plan,
+            MISSING,
+            "quant_map",
+            |e| remove(e, "weight.quant_map"),
+        ),
+        case(
+            "bnb without quant state",
+            BNB4,
+            Plan,
+            MISSING,
+            "quant_state",
+            |e| remove(e, "weight.quant_state.bitsandbytes__nf4"),
+        ),
+        case(
+            "bnb without nested absmax",
+            BNB4,
+            Plan,
+            MISSING,
+            "nested_absmax",
+            |e| remove(e, "weight.nested_absmax"),
+        ),
         case("bnb without absmax", BNB4, Plan, MISSING, "absmax", |e| {
             remove(e, "weight.absmax")
         }),
         case("bnb quant map of 8", BNB4, Plan, SHAPE, "quant_map", |e| {
             reshape(e, "weight.quant_map", "F32", &[8], 8 * 4)
         }),
-        case("int8 without SCB", BNB8, Plan, MISSING, "down_proj.SCB", |e| remove(e, "SCB")),
-        case("int8 SCB one row short", BNB8, Plan, SHAPE, "down_proj.SCB", |e| {
-            reshape(e, "SCB", "F32", &[319], 319 * 4)
-        }),
-        case("int8 SCB as BF16", BNB8, Plan, DTYPE, "down_proj.SCB", |e| {
-            reshape(e, "SCB", "BF16", &[320], 320 * 2)
-        }),
-        case("int8 weight_format 1", BNB8, Plan, VALUE, "weight_format", |e| {
-            edit_tensors(&e.st(), |ts| tensor_mut(ts, &down("weight_format")).data = vec![1]);
-            e.model.clone()
-        }),
-        case("int8 weight as U8 [out, in]", BNB8, Plan, DTYPE, "down_proj.weight", |e| {
-            set_entry(&e.st(), &down("weight"), "dtype", json!("U8"));
-            e.model.clone()
-        }),
-        case("int8 SCB without its weight", BNB8, Plan, MISSING, "down_proj.weight", |e| {
-            remove(e, "weight")
-        }),
+        case(
+            "int8 without SCB",
+            BNB8,
+            Plan,
+            MISSING,
+            "down_proj.SCB",
+            |e| remove(e, "SCB"),
+        ),
+        case(
+            "int8 SCB one row short",
+            BNB8,
+            Plan,
+            SHAPE,
+            "down_proj.SCB",
+            |e| reshape(e, "SCB", "F32", &[319], 319 * 4),
+        ),
+        case(
+            "int8 SCB as BF16",
+            BNB8,
+            Plan,
+            DTYPE,
+            "down_proj.SCB",
+            |e| reshape(e, "SCB", "BF16", &[320], 320 * 2),
+        ),
+        case(
+            "int8 weight_format 1",
+            BNB8,
+            Plan,
+            VALUE,
+            "weight_format",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    tensor_mut(ts, &down("weight_format")).data = vec![1]
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "int8 weight as U8 [out, in]",
+            BNB8,
+            Plan,
+            DTYPE,
+            "down_proj.weight",
+            |e| {
+                set_entry(&e.st(), &down("weight"), "dtype", json!("U8"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "int8 SCB without its weight",
+            BNB8,
+            Plan,
+            MISSING,
+            "down_proj.weight",
+            |e| remove(e, "weight"),
+        ),
         case("bnb quant type nf5", BNB4, Build, UNSUPPORTED, "nf5", |e| {
             qc(e, "bnb_4bit_quant_type", json!("nf5"))
         }),
@@ -2162,12 +2337,22 @@ fn bnb_cases() -> Vec<Case> {
         case("bnb quant storage int3", BNB4, Build, CFG, "int3", |e| {
             qc(e, "bnb_4bit_quant_storage", json!("int3"))
         }),
-        case("bnb skip modules bad regex", BNB4, Build, CFG, "llm_int8_skip_modules", |e| {
-            qc(e, "llm_int8_skip_modules", json!(["lm_head", "(unclosed"]))
-        }),
-        case("bnb skip modules not a list", BNB4, Build, CFG, "llm_int8_skip_modules", |e| {
-            qc(e, "llm_int8_skip_modules", json!("lm_head"))
-        }),
+        case(
+            "bnb skip modules bad regex",
+            BNB4,
+            Build,
+            CFG,
+            "llm_int8_skip_modules",
+            |e| qc(e, "llm_int8_skip_modules", json!(["lm_head", "(unclosed"])),
+        ),
+        case(
+            "bnb skip modules not a list",
+            BNB4,
+            Build,
+            CFG,
+            "llm_int8_skip_modules",
+            |e| qc(e, "llm_int8_skip_modules", json!("lm_head")),
+        ),
     ]
 }
 
