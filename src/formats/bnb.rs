@@ -628,16 +628,12 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
         grid,
     });
     let nested = match st.nested {
-        Some((nbs, _)) => format!(" double-quant (nested block {nbs})"),
-        None => String::new(),
-    };
-    let storage = match w.dtype {
-        Dtype::U8 => String::new(),
-        other => format!(", stored as {other}"),
+        Some((nbs, _)) => format!("nested absmax (block {nbs})"),
+        None => "absmax f32".into(),
     };
     let scheme = format!(
-        "bitsandbytes {} block {bs}{nested}{storage} ({})",
-        st.quant_type, st.dtype
+        "bitsandbytes {} block {bs}, {nested}, storage {}, dtype {}",
+        st.quant_type, w.dtype, st.dtype
     );
     Ok(decoded_output(module, w.shard, st.shape, job, scheme))
 }
