@@ -47,6 +47,7 @@ pub enum Format {
     /// OpenAI's native MXFP4 (`quant_method: "mxfp4"`, GPT-OSS).
     GptOss(gpt_oss::Config),
     /// bitsandbytes 4-bit (NF4, FP4) and LLM.int8 (`quant_method: "bitsandbytes"`).
+    #[serde(rename = "bitsandbytes")]
     Bnb(bnb::Config),
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant::Config),

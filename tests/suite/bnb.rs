@@ -449,6 +449,12 @@ fn bnb_skip_list_matches_as_transformers_does() {
             plan.warnings
         );
         assert!(plan.errors.is_empty(), "{skip}: {:?}", plan.errors);
+        // inspect's line per module: quant type, block size, nesting, storage.
+        let scheme = plan.outputs[0].scheme.as_deref().unwrap_or_default();
+        assert_eq!(
+            scheme,
+            "bitsandbytes nf4 block 64, nested absmax (block 256), storage U8, dtype bfloat16"
+        );
     }
     let got = decode(dir.path(), OutDtype::Bf16);
     check_output("skipped but quantized", &got, OutDtype::Bf16, &[want], &[]);

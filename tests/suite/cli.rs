@@ -118,6 +118,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("awq") => "awq",
             Some("gptq") => "gptq",
             Some("mxfp4") => "gpt-oss",
+            Some("bitsandbytes") => "bitsandbytes",
             _ => "compressed-tensors",
         }
     }
