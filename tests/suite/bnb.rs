@@ -389,6 +389,14 @@ fn bnb_f16_model_defaults_to_f16() {
         serde_json::from_slice(&std::fs::read(dense.join("config.json")).unwrap()).unwrap();
     assert!(cfg.get("quantization_config").is_none());
     assert_eq!(cfg["dtype"], "float16");
+    // Without a dtype in config.json, the quant state's is the default.
+    write_json(
+        &dir.path().join("config.json"),
+        &json!({"quantization_config": quant_config(true, s, Value::Null)}),
+    );
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    assert_eq!(plan.dtype, OutDtype::F16);
 }
 
 /// LLM.int8 modules, with one the config skips stored dense beside them.
