@@ -71,10 +71,20 @@ fn fp8_block_f16_matches_reference(backend: BackendChoice) {
 
 const GPTQ: [&str; 2] = ["gptq-w4-g128", "gptq-w4-g128-actorder"];
 
-const BNB: [&str; 2] = ["bnb-nf4-dq-bf16", "bnb-int8-bf16"];
+/// transformers + bitsandbytes' own checkpoints: the two shared fixtures
+/// (their references written by transformers' `dequantize()`, checked
+/// against bitsandbytes' kernels) and two made by tests/bnb/make_fixture.py
+/// (FP4, blocks crossing rows, bf16 quant storage, an f16 model; references
+/// computed from the stored tensors with the kernels' arithmetic).
+const BNB: [&str; 4] = [
+    "bnb-nf4-dq-bf16",
+    "bnb-int8-bf16",
+    "bnb-fp4-bf16",
+    "bnb-fp4-dq-bf16storage-f16",
+];
 
-/// transformers + bitsandbytes' checkpoints decode to their references in
-/// bf16 (the model's) and f32 (the exact products), on each backend.
+/// Each decodes to its references in the model's dtype and in f32 (the
+/// exact products), on each backend.
 #[test]
 fn bnb_fixtures_match_every_reference_on_cpu() {
     bnb_fixtures_match_every_reference(BackendChoice::Cpu);
@@ -88,11 +98,7 @@ fn bnb_fixtures_match_every_reference_on_gpu() {
 fn bnb_fixtures_match_every_reference(backend: BackendChoice) {
     for case in BNB {
         for (dtype, digests) in [
-            (DtypeChoice::Auto, "expected-bf16.digests.json"),
-            (
-                DtypeChoice::Fixed(OutDtype::Bf16),
-                "expected-bf16.digests.json",
-            ),
+            (DtypeChoice::Auto, auto_digests(case)),
             (
                 DtypeChoice::Fixed(OutDtype::F32),
                 "expected-f32.digests.json",

@@ -360,6 +360,8 @@ impl Rng {
 /// The reference checkpoints in tests/fixtures.
 pub const CASES: &[&str] = &[
     "awq-gemm-w4-g128",
+    "bnb-fp4-bf16",
+    "bnb-fp4-dq-bf16storage-f16",
     "bnb-int8-bf16",
     "bnb-nf4-dq-bf16",
     "fp8-block-bf16",
