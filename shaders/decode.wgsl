@@ -27,6 +27,7 @@ const GRID_F32: u32 = 2u;
 const GRID_I8: u32 = 3u;
 const GRID_I32: u32 = 4u;
 const GRID_TABLE: u32 = 5u;   // one byte indexing a 256-entry f32 table
+const GRID_NESTED: u32 = 6u;  // the same, times outer[idx / per_outer], plus offset
 
 // Params::out_kind and OUT: the output dtype.
 const OUT_F32: u32 = 0u;
@@ -78,7 +79,11 @@ struct Grid {
     row_stride: u32,
     slice_stride: u32,
     base: u32,        // added to every byte position (mod 2^32)
-    table: u32,       // word index of the 256-entry table (GRID_TABLE)
+    table: u32,       // word index of the 256-entry table (GRID_TABLE, GRID_NESTED)
+    outer: u32,       // GRID_NESTED: word index of entry 0's outer factor (mod 2^32)
+    per_outer: u32,   // GRID_NESTED: entries per outer factor
+    offset: f32,      // GRID_NESTED: added last
+    _pad1: u32,
 }
 
 struct Params {
@@ -215,6 +220,12 @@ fn value_as(g: Grid, idx: u32, kind: u32) -> f32 {
         }
         case GRID_I32: {
             return f32(bitcast<i32>(word));
+        }
+        case GRID_NESTED: {
+            // job::Nested::get: two f32 operations, each rounded.
+            let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
+            let t = bitcast<f32>(src[g.table + b]);
+            return opaque(t * bitcast<f32>(src[g.outer + idx / g.per_outer])) + g.offset;
         }
         case GRID_TABLE, default: {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;

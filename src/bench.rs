@@ -124,9 +124,9 @@ pub(crate) enum Layout {
     /// GPT-OSS experts: MXFP4 `[out, in/32, 16]` bytes, e8m0 scales per 32
     /// inputs; the output is the transpose, `[in, out]`.
     GptOss,
-    /// bitsandbytes NF4: high-nibble-first codes over the flattened
-    /// tensor, one f32 absmax per 64 elements (double quant's absmax is
-    /// made f32 on the host while planning).
+    /// bitsandbytes NF4 with double quant: high-nibble-first codes over
+    /// the flattened tensor, one absmax byte per 64 elements read through a
+    /// 256-entry table times one f32 per 256 blocks, plus an offset.
     BnbNf4,
     /// bitsandbytes LLM.int8: int8 codes, f32 `SCB` per row, then the
     /// post scale `1/127`.
@@ -169,7 +169,7 @@ impl Layout {
             Layout::Gptq => "gptq int4 g128 (strided)",
             Layout::Awq => "autoawq int4 g128 (transposed)",
             Layout::GptOss => "gpt-oss mxfp4 (transposed)",
-            Layout::BnbNf4 => "bnb nf4 b64 (high nibble first)",
+            Layout::BnbNf4 => "bnb nf4 b64 double quant",
             Layout::BnbInt8 => "bnb llm.int8 (post scale)",
         }
     }
@@ -213,7 +213,7 @@ impl Weight {
             Layout::Mxfp4 | Layout::GptOss => bytes(rows * cols / 32),
             Layout::Int8 => bytes(rows * 2),
             Layout::Fp8Block => bytes(rows.div_ceil(128) * cols / 128 * 4),
-            Layout::BnbNf4 => bytes(rows * cols / 64 * 4),
+            Layout::BnbNf4 => bytes(rows * cols / 64),
             Layout::BnbInt8 => bytes(rows * 4),
         };
         // Scales as moderate finite numbers: bf16 0x3c00.., f32 0x3c....
@@ -230,7 +230,7 @@ impl Weight {
                     c[1] = 0x2c;
                 }
             }
-            Layout::Fp8Block | Layout::BnbNf4 | Layout::BnbInt8 => {
+            Layout::Fp8Block | Layout::BnbInt8 => {
                 for c in scale.chunks_mut(4) {
                     c[3] = 0x3c;
                 }
@@ -276,7 +276,19 @@ impl Weight {
             Layout::Mxfp4 => (table(e8m0), grid(1, 32)),
             Layout::Int8 => (ValueKind::Bf16, grid(1, cols)),
             Layout::Fp8Block => (ValueKind::F32, grid(128, 128)),
-            Layout::BnbNf4 => (ValueKind::F32, grid(1, 64)),
+            Layout::BnbNf4 => {
+                let mut table = [0f32; 256];
+                for (i, v) in table.iter_mut().enumerate() {
+                    *v = (i as f32 - 127.5) / 128.0;
+                }
+                let nested = crate::job::Nested {
+                    table,
+                    outer: vec![0.0625f32; (rows * cols / 64).div_ceil(256)].into(),
+                    per_outer: 256,
+                    offset: 0.125,
+                };
+                (ValueKind::Nested(Box::new(nested)), grid(1, 64))
+            }
             Layout::BnbInt8 => (ValueKind::F32, grid(1, cols)),
             _ => (ValueKind::Bf16, grid(1, cols)),
         };

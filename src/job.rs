@@ -315,6 +315,33 @@ pub enum ValueKind {
     /// One byte indexing a 256-entry table of f32 (e4m3 or e8m0 scales, with
     /// any per-tensor factor already folded in on the host).
     Table(Box<[f32; 256]>),
+    /// One byte, quantized itself (bitsandbytes' double quant): see
+    /// [`Nested`].
+    Nested(Box<Nested>),
+}
+
+/// Scales stored as bytes quantized blockwise: entry `i` is
+/// `f32(table[byte[i]] · outer[i div per_outer]) + offset`, two f32
+/// operations rounded on their own, in that order (bitsandbytes'
+/// `dequantize_blockwise` of its absmax, then `+= offset`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nested {
+    /// The value of each byte (`nested_quant_map`).
+    pub table: [f32; 256],
+    /// One factor per `per_outer` entries (`nested_absmax`).
+    pub outer: Arc<[f32]>,
+    /// Entries sharing one outer factor (`nested_blocksize`), at least 1.
+    pub per_outer: usize,
+    /// Added last (`nested_offset`).
+    pub offset: f32,
+}
+
+impl Nested {
+    /// Entry `i` whose byte is `b` (Rust never fuses the two operations).
+    #[inline]
+    pub fn get(&self, i: usize, b: u8) -> f32 {
+        self.table[b as usize] * self.outer[i / self.per_outer] + self.offset
+    }
 }
 
 impl ValueKind {
@@ -323,7 +350,7 @@ impl ValueKind {
         match self {
             ValueKind::Bf16 | ValueKind::F16 => 2,
             ValueKind::F32 | ValueKind::I32 => 4,
-            ValueKind::I8 | ValueKind::Table(_) => 1,
+            ValueKind::I8 | ValueKind::Table(_) | ValueKind::Nested(_) => 1,
         }
     }
 }
@@ -382,6 +409,7 @@ impl Values<'_> {
                 i32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]]) as f32
             }
             ValueKind::Table(t) => t[d[i] as usize],
+            ValueKind::Nested(n) => n.get(i, d[i]),
         }
     }
 

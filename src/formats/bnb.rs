@@ -22,10 +22,11 @@
 //! output bytes are the same row-major bytes either way; the output tensor
 //! has the quant state's `shape`.
 //!
-//! Nested absmax is made f32 on the host while planning, as bitsandbytes
-//! does before it decodes: `absmax[i] = f32(nested_quant_map[u8[i]] ·
-//! nested_absmax[i div nbs]) + f32(nested_offset)`, two f32 operations in
-//! that order (n/bs floats a module, 1/8 of its codes' bytes at block 64).
+//! Nested absmax is read through [`ValueKind::Nested`], as bitsandbytes
+//! computes it before it decodes: `absmax[i] = f32(nested_quant_map[u8[i]]
+//! · nested_absmax[i div nbs]) + f32(nested_offset)`, two f32 operations in
+//! that order, by both backends (the stored bytes are read in place; only
+//! the two small maps are copied).
 //! The value is `f32(LUT[code] · absmax[e div bs])`, rounded once, with the
 //! kernels' tables: NF4's (equal to the stored `quant_map`) and FP4's
 //! (code 8 is −0.0 there, +0.0 in the stored map).
@@ -52,7 +53,7 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{Bytes, DecodeJob, Dims, Fields, ValueKind, Values};
+use crate::job::{DecodeJob, Dims, Fields, Nested, ValueKind, Values};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
@@ -558,13 +559,13 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
         ));
     }
 
-    // absmax, made f32.
+    // absmax: f32, or bytes quantized blockwise themselves (double quant).
     let absmax_t = require(ckpt, module, "weight.absmax")?;
     let nested_t = ckpt.get(&format!("{module}.weight.nested_absmax"));
-    let absmax: Bytes<'c> = match (st.nested, nested_t) {
+    let scale_kind = match (st.nested, nested_t) {
         (None, None) => {
             expect_len(&absmax_t, &[Dtype::F32], blocks, "one absmax per block")?;
-            absmax_t.into()
+            ValueKind::F32
         }
         (Some((nbs, offset)), Some(nested)) => {
             expect_len(&absmax_t, &[Dtype::U8], blocks, "one absmax code per block")?;
@@ -572,16 +573,14 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
             expect_len(&nested, &[Dtype::F32], outer, "one nested absmax per nested block")?;
             let qmap = require(ckpt, module, "weight.nested_quant_map")?;
             expect_len(&qmap, &[Dtype::F32], 256, "one value per absmax code")?;
-            let table = qmap.floats()?;
-            let outer = nested.floats()?;
-            let codes = absmax_t.data()?;
-            // Two f32 operations, in bitsandbytes' order.
-            let values: Vec<u8> = codes
-                .iter()
-                .enumerate()
-                .flat_map(|(i, &c)| (table[c as usize] * outer[i / nbs] + offset).to_le_bytes())
-                .collect();
-            Bytes::from(values)
+            let mut table = [0f32; 256];
+            table.copy_from_slice(&qmap.floats()?);
+            ValueKind::Nested(Box::new(Nested {
+                table,
+                outer: nested.floats()?.into(),
+                per_outer: nbs,
+                offset,
+            }))
         }
         (None, Some(nested)) => {
             return Err(nested.error(
@@ -623,8 +622,8 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
         _ => FP4,
     };
     let job = DecodeJob::new(dims, codes, lut.to_vec(), dtype).with_scale(Values {
-        data: absmax,
-        kind: ValueKind::F32,
+        data: absmax_t.into(),
+        kind: scale_kind,
         grid,
     });
     let nested = match st.nested {

@@ -121,8 +121,15 @@ fn variants(job: &DecodeJob<'_>) -> Vec<String> {
         Some(ZeroPoint::PackedAlongCols { .. }) => v.push("zero along columns".into()),
         None => {}
     }
+    if job.codes.high_first {
+        v.push("high-first bytes".into());
+    }
+    if job.post_scale.is_some() {
+        v.push("post scale".into());
+    }
     match &job.scale {
         Some(s) if matches!(s.kind, ValueKind::Table(_)) => v.push("Table scale".into()),
+        Some(s) if matches!(s.kind, ValueKind::Nested(_)) => v.push("Nested scale".into()),
         Some(s) if s.grid.row_div > 1 => v.push("block scale".into()),
         None => v.push("no scale".into()),
         _ => {}

@@ -69,6 +69,9 @@ shader_enum! {
         I32 = 4 as GRID_I32,
         /// One byte indexing a 256-entry f32 table placed in `src`.
         Table = 5 as GRID_TABLE,
+        /// One byte indexing a table, times an outer factor, plus an
+        /// offset ([`crate::job::Nested`]).
+        Nested = 6 as GRID_NESTED,
     }
 }
 
@@ -188,7 +191,7 @@ pub(super) struct StreamParams {
 
 /// Mirrors `Grid` in decode.wgsl.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Pod, Zeroable)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
 pub(super) struct GridParams {
     /// [`GridKind`].
     kind: u32,
@@ -199,6 +202,12 @@ pub(super) struct GridParams {
     slice_stride: u32,
     base: u32,
     table: u32,
+    /// [`GridKind::Nested`]: word index in `src` of the outer factor of
+    /// entry 0 (wrapping: entry i reads word `outer + i / per_outer`).
+    outer: u32,
+    per_outer: u32,
+    offset: f32,
+    _pad: u32,
 }
 
 /// Mirrors `Params` in decode.wgsl.
@@ -473,6 +482,7 @@ impl GridKind {
             ValueKind::I8 => GridKind::I8,
             ValueKind::I32 => GridKind::I32,
             ValueKind::Table(_) => GridKind::Table,
+            ValueKind::Nested(_) => GridKind::Nested,
         }
     }
 }
@@ -756,9 +766,16 @@ impl<'a> Src<'a> {
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&v.data[start as usize..end as usize]));
         let kind = GridKind::of(v);
-        let table = match &v.kind {
-            ValueKind::Table(t) => self.push_f32(&t[..]),
-            _ => 0,
+        let (table, outer, per_outer, add) = match &v.kind {
+            ValueKind::Table(t) => (self.push_f32(&t[..]), 0, 0, 0.0),
+            ValueKind::Nested(n) => {
+                let per = n.per_outer.max(1);
+                let (first, last) = (lo / per, hi.div_ceil(per).min(n.outer.len()));
+                let table = self.push_f32(&n.table[..]);
+                let at = self.push_f32(n.outer.get(first..last.max(first)).unwrap_or(&[]));
+                (table, at.wrapping_sub(first as u32), per as u32, n.offset)
+            }
+            _ => (0, 0, 0, 0.0),
         };
         GridParams {
             kind: kind as u32,
@@ -771,6 +788,10 @@ impl<'a> Src<'a> {
             slice_stride: v.grid.slice_stride as u32,
             base: offset.wrapping_sub(start) as u32,
             table,
+            outer,
+            per_outer,
+            offset: add,
+            _pad: 0,
         }
     }
 }
@@ -1082,8 +1103,10 @@ mod tests {
         ] {
             host.extend(
                 fields![GridParams, name, at; kind, size, row_div, col_div, row_stride,
-                slice_stride, base, table],
+                slice_stride, base, table, outer, per_outer, offset],
             );
+            let pad = (at + offset_of!(GridParams, _pad)) as u32;
+            host.push((format!("{name}_pad1"), pad));
         }
         let (shader, size) = shader_params();
         assert_eq!(

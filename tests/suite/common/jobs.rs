@@ -6,7 +6,9 @@
 //! other (or against `DecodeJob::value`) on them.
 #![allow(dead_code)]
 
-use wgpu_dequant::job::{e2m1, e4m3, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use wgpu_dequant::job::{
+    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, Nested, ValueKind, Values, ZeroPoint,
+};
 use wgpu_dequant::OutDtype;
 
 use super::Rng;
@@ -75,7 +77,9 @@ pub fn value_bytes(rng: &mut Rng, kind: &ValueKind, n: usize) -> Vec<u8> {
                     .to_le_bytes()
                     .to_vec(),
                 ValueKind::F32 => normal(rng, 12).to_le_bytes().to_vec(),
-                ValueKind::I8 | ValueKind::Table(_) => vec![rng.next() as u8],
+                ValueKind::I8 | ValueKind::Table(_) | ValueKind::Nested(_) => {
+                    vec![rng.next() as u8]
+                }
                 ValueKind::I32 => (rng.below(300) as i32 - 150).to_le_bytes().to_vec(),
             }
         })
@@ -83,7 +87,7 @@ pub fn value_bytes(rng: &mut Rng, kind: &ValueKind, n: usize) -> Vec<u8> {
 }
 
 pub fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
-    match rng.below(if allow_int { 6 } else { 4 }) {
+    match rng.below(if allow_int { 6 } else { 5 }) {
         0 => ValueKind::Bf16,
         1 => ValueKind::F16,
         2 => ValueKind::F32,
@@ -93,6 +97,22 @@ pub fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
                 *v = normal(rng, 10);
             }
             ValueKind::Table(t)
+        }
+        // Scales quantized themselves (bitsandbytes' double quant): enough
+        // outer factors for any grid the random jobs draw (< 2^18 entries).
+        4 if !allow_int => {
+            let mut table = [0f32; 256];
+            for v in table.iter_mut() {
+                *v = normal(rng, 6);
+            }
+            let per_outer = [64usize, 256][rng.below(2) as usize];
+            let outer: Vec<f32> = (0..(1 << 18) / per_outer).map(|_| normal(rng, 4)).collect();
+            ValueKind::Nested(Box::new(Nested {
+                table,
+                outer: outer.into(),
+                per_outer,
+                offset: normal(rng, 6),
+            }))
         }
         4 => ValueKind::I8,
         _ => ValueKind::I32,
@@ -550,6 +570,7 @@ impl RandomJob {
     pub fn describe(&self) -> String {
         let kind = |k: &ValueKind| match k {
             ValueKind::Table(_) => "Table".to_string(),
+            ValueKind::Nested(_) => "Nested".to_string(),
             k => format!("{k:?}"),
         };
         format!(
