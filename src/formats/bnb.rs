@@ -305,8 +305,15 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         ckpt.get(&format!("{m}.weight"))
             .is_some_and(|t| t.dtype == Dtype::U8 && matches!(*t.shape, [_, 1]))
     }));
-    let eight = super::quantized_modules(ckpt, "SCB", Dtype::I8);
-    let both: Vec<&str> = four.intersection(&eight).copied().collect();
+    // An int8 weight is LLM.int8's unless its module is 4-bit (codes stored
+    // as int8, `bnb_4bit_quant_storage: int8`); one with an SCB and 4-bit
+    // tensors is both, and refused.
+    let scb: std::collections::BTreeSet<&str> = modules_with(ckpt, "SCB").into_iter().collect();
+    let eight: std::collections::BTreeSet<&str> = super::quantized_modules(ckpt, "SCB", Dtype::I8)
+        .into_iter()
+        .filter(|m| scb.contains(m) || !four.contains(m))
+        .collect();
+    let both: Vec<&str> = four.intersection(&scb).copied().collect();
     let skipped = |m: &str| {
         cfg.skipped(m).then_some(
             "named in llm_int8_skip_modules but stored quantized: decoded anyway",

@@ -208,7 +208,8 @@ fn quant_config(four_bit: bool, s: Spec, skip: Value) -> Value {
         "load_in_4bit": four_bit, "load_in_8bit": !four_bit,
         "bnb_4bit_compute_dtype": s.dtype,
         "bnb_4bit_quant_storage": match s.storage {
-            "U8" => "uint8", "BF16" => "bfloat16", "F16" => "float16", _ => "float32",
+            "U8" => "uint8", "I8" => "int8", "BF16" => "bfloat16", "F16" => "float16",
+            _ => "float32",
         },
         "bnb_4bit_quant_type": if s.fp4 { "fp4" } else { "nf4" },
         "bnb_4bit_use_double_quant": s.nested,
@@ -348,7 +349,7 @@ fn bnb_every_block_size() {
 
 #[test]
 fn bnb_quant_storage_dtypes() {
-    for (k, storage) in ["BF16", "F16", "F32"].into_iter().enumerate() {
+    for (k, storage) in ["I8", "BF16", "F16", "F32"].into_iter().enumerate() {
         let s = Spec {
             storage,
             shape: [32, 64],
