@@ -30,6 +30,15 @@ mod tiles;
 /// Output elements one thread task decodes at least (amortizes scheduling).
 const TASK_ELEMENTS: usize = 1 << 16;
 
+/// Greatest common divisor (of rows or columns per entry).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// The ways [`Cpu`] decodes a job, as [`way`] tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Way {

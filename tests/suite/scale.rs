@@ -142,8 +142,8 @@ fn cpu_table_rows_equal_reference_on_random_jobs() {
     // Wide rows too: 8-bit codes need 512 columns per group for tables.
     for_random_jobs(jobs, &[300, 1100, 2100], |d, rng| {
         let mut r = RandomJob::new(rng, d, &TABLE_SIZES);
-        // Transposed jobs and zero points along columns are decoded element by
-        // element, which is the reference itself; the GPU tests check them.
+        // Straight rows here; transposed and strided jobs, and zero points
+        // along columns, are the tests of 1b and 1c below.
         r.transposed = false;
         if matches!(r.zero, crate::common::jobs::ZeroSpec::AlongCols { .. }) {
             r.zero = crate::common::jobs::ZeroSpec::None;

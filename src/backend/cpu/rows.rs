@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::simd;
+use super::{gcd, simd};
 use super::table::{ByScale, Table16};
 use crate::job::{DecodeJob, Fields, ZeroPoint};
 use crate::numerics::{self, OutDtype};
@@ -45,6 +45,8 @@ pub(super) struct Rows {
     byte_packed: bool,
     /// The job's tables by scale byte, when it has so few.
     by_scale: Option<ByScale>,
+    /// Rows sharing every entry (1 unless straight block scales).
+    rows_per_entry: usize,
 }
 
 /// One thread's reusable buffers: kept from task to task, as fresh ones
@@ -115,9 +117,22 @@ impl Rows {
             Some(g) => g.iter().max().map_or(1, |&m| m as usize + 1),
             None => cols.div_ceil(group_cols),
         };
+        // Straight rows whose entries hold over several rows (block scales)
+        // share their tables: they are built once per row group.
+        let rows_per_entry = match (&job.zero, &job.scale, gather) {
+            (None | Some(ZeroPoint::Plain(_)), Some(s), Gather::InPlace) => {
+                let z = match &job.zero {
+                    Some(ZeroPoint::Plain(z)) => z.grid.row_div,
+                    _ => s.grid.row_div,
+                };
+                gcd(s.grid.row_div, z).clamp(1, job.dims.rows.max(1))
+            }
+            _ => 1,
+        };
         // Tables by scale byte cost nothing per entry.
         let by_scale = ByScale::of(job).filter(|_| !job.transposed && job.g_idx.is_none());
-        if by_scale.is_none() && groups.checked_mul(job.code_values.len())? * 2 > cols {
+        let entries = groups.checked_mul(job.code_values.len())?;
+        if by_scale.is_none() && entries * 2 > cols.saturating_mul(rows_per_entry) {
             return None;
         }
         let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
@@ -130,6 +145,7 @@ impl Rows {
             gather,
             byte_packed: byte_packed || gather != Gather::InPlace,
             by_scale,
+            rows_per_entry,
         })
     }
 
@@ -167,13 +183,17 @@ impl Rows {
             let band = &mut out[at..at + (r1 - r0) * row_bytes];
             let Scratch { codes, tables } = s;
             if self.gather == Gather::InPlace {
+                let mut last = None;
                 for (r, o) in (r0..r1).zip(band.chunks_exact_mut(row_bytes)) {
-                    self.row::<N>(job, slice, r, (&job.codes, slice, r), o, tables);
+                    let key = Some(r / self.rows_per_entry);
+                    let fresh = key != last;
+                    last = key;
+                    self.row::<N>(job, slice, r, (&job.codes, slice, r), o, (tables, fresh));
                 }
             } else if !self.packed::<N>(job, slice, r0..r1, band) {
                 let gathered = self.gather(job, slice, r0..r1, codes);
                 for (k, o) in band.chunks_exact_mut(row_bytes).enumerate() {
-                    self.row::<N>(job, slice, r0 + k, (&gathered, 0, k), o, tables);
+                    self.row::<N>(job, slice, r0 + k, (&gathered, 0, k), o, (tables, true));
                 }
             }
             flat += r1 - r0;
@@ -289,7 +309,8 @@ impl Rows {
 
     /// Decodes output row `row` of `slice`, whose codes are lane `lane` of
     /// `codes`' slice `cs`, through the tables of its entries (`s` is
-    /// scratch space, reused from row to row).
+    /// scratch space, reused from row to row: unless `fresh`, it holds them
+    /// already, the previous row's).
     fn row<const N: usize>(
         &self,
         job: &DecodeJob<'_>,
@@ -297,29 +318,33 @@ impl Rows {
         row: usize,
         (codes, cs, lane): (&Fields<'_>, usize, usize),
         out: &mut [u8],
-        s: &mut Tables,
+        (s, fresh): (&mut Tables, bool),
     ) {
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
         if let (true, 16) = (straight4, job.code_values.len()) {
             let tables = &mut s.t16;
-            tables.clear();
             if let Some(by) = &self.by_scale {
                 let grid = job.scale.as_ref().map(|v| v.grid);
                 let index = |g| grid.map_or(0, |grid| grid.index(slice, row, g));
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| by.at(job, index(g)));
             } else {
-                tables.extend((0..self.groups).map(|g| {
-                    let (zero, scale) = self.entry(job, slice, row, g);
-                    Table16::new(job, zero, scale)
-                }));
+                if fresh {
+                    tables.clear();
+                    tables.extend((0..self.groups).map(|g| {
+                        let (zero, scale) = self.entry(job, slice, row, g);
+                        Table16::new(job, zero, scale)
+                    }));
+                }
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             }
             return;
         }
         let n = job.code_values.len();
         let tables = &mut s.values;
-        tables.clear();
-        for g in 0..self.groups {
+        if fresh {
+            tables.clear();
+        }
+        for g in (0..self.groups).filter(|_| fresh) {
             let (zero, scale) = self.entry(job, slice, row, g);
             // The operations are exactly `DecodeJob::value`'s: (q − z)·s.
             let value = |c: f32| {

@@ -11,7 +11,7 @@
 //! performs, so the bytes are the element path's.
 
 use crate::job::{DecodeJob, ZeroPoint};
-use super::simd;
+use super::{gcd, simd};
 use super::table::{ByScale, Table16};
 use crate::numerics::{self, OutDtype};
 
@@ -49,14 +49,6 @@ pub(super) struct Tiles {
     fill: Fill,
     /// The job's tables by scale byte, when it has so few.
     by_scale: Option<ByScale>,
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
 }
 
 impl Tiles {
