@@ -415,7 +415,12 @@ fn case_name(layout: Layout, out: OutDtype) -> String {
 
 /// CPU decode of every layout against a multi-threaded copy of the output
 /// bytes.
-pub(crate) fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<Figure>> {
+pub(crate) fn cpu_kernels(
+    rows: usize,
+    cols: usize,
+    runs: usize,
+    only: &str,
+) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
     // The straight int4 decode of each output dtype, for the layouts along
     // the inputs to be compared with.
@@ -426,7 +431,13 @@ pub(crate) fn cpu_kernels(rows: usize, cols: usize, runs: usize) -> Result<Vec<F
     } else {
         &[]
     };
-    for &layout in Layout::ALL.iter().chain(along) {
+    // The straight int4 case stays when an input-packed one is asked for:
+    // it is their baseline.
+    let wanted = |layout: Layout| {
+        layout.name().contains(only)
+            || layout == Layout::Int4 && along.iter().any(|l| l.name().contains(only))
+    };
+    for &layout in Layout::ALL.iter().chain(along).filter(|&&l| wanted(l)) {
         let w = Weight::random(layout, rows, cols, 7);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = w.job(out);
@@ -518,6 +529,7 @@ pub(crate) fn gpu_kernels(
     rows: usize,
     cols: usize,
     runs: usize,
+    only: &str,
 ) -> Result<Vec<Figure>> {
     let wait = || {
         decoder
@@ -527,7 +539,7 @@ pub(crate) fn gpu_kernels(
             .map_err(|e| Error::bare(Rule::Gpu, "bench: poll").caused_by(e))
     };
     let mut figures = Vec::new();
-    for layout in Layout::ALL {
+    for layout in Layout::ALL.into_iter().filter(|l| l.name().contains(only)) {
         let w = Weight::random(layout, rows, cols, 7);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = w.job(out);
@@ -555,7 +567,7 @@ pub(crate) fn gpu_kernels(
             }
         }
     }
-    figures.extend(gpu_input_packed(decoder, rows, cols, runs, &wait)?);
+    figures.extend(gpu_input_packed(decoder, rows, cols, runs, only, &wait)?);
     Ok(figures)
 }
 
@@ -719,13 +731,17 @@ fn gpu_input_packed(
     rows: usize,
     cols: usize,
     runs: usize,
+    only: &str,
     wait: &dyn Fn() -> Result<()>,
 ) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
     if !rows.is_multiple_of(128) {
         return Ok(figures);
     }
-    for layout in InputPacked::ALL {
+    for layout in InputPacked::ALL
+        .into_iter()
+        .filter(|l| l.name().contains(only))
+    {
         let storage = layout.storage(rows, cols);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = layout.job((rows, cols), &storage, out);
@@ -1006,6 +1022,8 @@ pub struct Settings {
     /// `cpu`, `gpu` (any adapter), or `auto` (the CPU, and the GPU
     /// `dequantize --backend auto` would run on, if any).
     pub backend: BackendChoice,
+    /// Only the kernel cases whose name contains this ("" for all).
+    pub only: String,
 }
 
 /// What `bench` reports, in order.
@@ -1060,13 +1078,13 @@ pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
         }
     };
     if backend != BackendChoice::Gpu {
-        cpu_kernels(rows, cols, runs)?
+        cpu_kernels(rows, cols, runs, &settings.only)?
             .into_iter()
             .for_each(|f| show(Line::Figure(f)));
     }
     if let Some((b, decoder)) = gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
         show(Line::Say(b.name()));
-        gpu_kernels(decoder, rows, cols, runs)?
+        gpu_kernels(decoder, rows, cols, runs, &settings.only)?
             .into_iter()
             .for_each(|f| show(Line::Figure(f)));
     }

@@ -217,13 +217,13 @@ impl Fields<'_> {
             ((i * b) / 32, ((i * b) % 32) as u32)
         } else {
             let pw = self.per_word as u64;
-            let m = i % pw;
+            let m = rem(i, pw);
             let slot = if self.interleaved {
                 m / 2 + (m % 2) * (pw / 2)
             } else {
                 m
             };
-            (i / pw, (slot * b) as u32)
+            (div(i, pw), (slot * b) as u32)
         }
     }
 
@@ -298,6 +298,55 @@ impl Fields<'_> {
         }
     }
 }
+
+/// `x / d`, by a shift when `d` is a power of two: the divisors of the
+/// accessors (fields per word, rows and columns per entry) mostly are, and
+/// a division costs tens of cycles where a table is built per entry.
+#[inline]
+fn div<T: Divisor>(x: T, d: T) -> T {
+    if d.is_pow2() {
+        x.shr(d)
+    } else {
+        x / d
+    }
+}
+
+/// `x % d`, by a mask when `d` is a power of two.
+#[inline]
+fn rem<T: Divisor>(x: T, d: T) -> T {
+    if d.is_pow2() {
+        x.mask(d)
+    } else {
+        x % d
+    }
+}
+
+/// The unsigned integers [`div`] and [`rem`] take.
+trait Divisor: Copy + std::ops::Div<Output = Self> + std::ops::Rem<Output = Self> {
+    fn is_pow2(self) -> bool;
+    fn shr(self, d: Self) -> Self;
+    fn mask(self, d: Self) -> Self;
+}
+
+macro_rules! divisor {
+    ($($t:ty),*) => {$(
+        impl Divisor for $t {
+            #[inline]
+            fn is_pow2(self) -> bool {
+                self.is_power_of_two()
+            }
+            #[inline]
+            fn shr(self, d: Self) -> Self {
+                self >> d.trailing_zeros()
+            }
+            #[inline]
+            fn mask(self, d: Self) -> Self {
+                self & (d - 1)
+            }
+        }
+    )*};
+}
+divisor!(u64, usize);
 
 /// How the stored elements of a scale or plain zero-point tensor read as f32.
 #[derive(Debug, Clone, PartialEq)]
@@ -374,7 +423,7 @@ impl Grid {
     /// Entry index of (slice, row, column group).
     #[inline]
     pub fn index(&self, slice: usize, row: usize, group: usize) -> usize {
-        slice * self.slice_stride + (row / self.row_div) * self.row_stride + group
+        slice * self.slice_stride + div(row, self.row_div) * self.row_stride + group
     }
 }
 
@@ -586,7 +635,7 @@ impl DecodeJob<'_> {
     fn group(&self, grid: &Grid, col: usize) -> usize {
         match &self.g_idx {
             Some(g) => g[col] as usize,
-            None => col / grid.col_div,
+            None => div(col, grid.col_div),
         }
     }
 
@@ -676,8 +725,16 @@ impl DecodeJob<'_> {
         let s = self
             .scale
             .as_ref()
-            .and_then(|s| self.scale_at(slice, row, self.group(&s.grid, col)));
+            .zip(self.scale_index(slice, row, col))
+            .map(|(s, i)| s.get(i));
         (z, s)
+    }
+
+    /// Where the scale of one stored element is stored.
+    #[inline]
+    pub(crate) fn scale_index(&self, slice: usize, row: usize, col: usize) -> Option<usize> {
+        let s = self.scale.as_ref()?;
+        Some(s.grid.index(slice, row, self.group(&s.grid, col)))
     }
 
     /// Column group of `col` on the grid the zero point is read on: its own
@@ -710,7 +767,7 @@ impl DecodeJob<'_> {
     /// group on the scale grid (lane 0 without a scale).
     #[inline]
     pub fn zero_lane(&self, row: usize) -> usize {
-        self.scale.as_ref().map_or(0, |s| row / s.grid.row_div)
+        self.scale.as_ref().map_or(0, |s| div(row, s.grid.row_div))
     }
 
     /// The scale of (slice, row) in column group `g`.

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 
-pub use cpu::Cpu;
+pub use cpu::{way, Cpu, Way};
 pub use select::{select, select_async, BackendChoice};
 #[cfg(feature = "testing")]
 pub use select::Fallback;

@@ -19,7 +19,7 @@ use crate::common::{
     write_json, Rng, Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
-use wgpu_dequant::backend::{Backend, Cpu};
+use wgpu_dequant::backend::{way, Backend, Cpu, Way};
 use wgpu_dequant::Checkpoint;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -54,36 +54,9 @@ fn reference(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
     out
 }
 
-/// Whether the CPU backend decodes `job` through its tables, by the rule
-/// src/backend/cpu.rs documents (`RowTables::of`): contiguous words, no
-/// low-rank branch, a plain zero point on the scale's grid, and tables
-/// (groups · 2^bits entries) at most half a row. Only used to check that the random jobs
-/// reach the table path often enough, in every variant.
+/// Whether the CPU backend decodes `job` through its tables in place.
 fn takes_table_path(job: &DecodeJob<'_>) -> bool {
-    let cols = job.dims.cols;
-    let group_cols = job
-        .scale
-        .as_ref()
-        .map_or(cols, |s| s.grid.col_div.min(cols))
-        .max(1);
-    match (&job.zero, &job.scale) {
-        (Some(ZeroPoint::Plain(_)), None) => return false,
-        (Some(ZeroPoint::Plain(z)), Some(s))
-            if z.grid.col_div.min(cols) != group_cols || z.grid.row_div != s.grid.row_div =>
-        {
-            return false
-        }
-        _ => {}
-    }
-    let groups = match &job.g_idx {
-        Some(g) => g.iter().max().map_or(1, |&m| m as usize + 1),
-        None => cols.div_ceil(group_cols),
-    };
-    job.low_rank.is_none()
-        && !job.transposed
-        && job.codes.word_bits == 32
-        && !matches!(job.zero, Some(ZeroPoint::PackedAlongCols { .. }))
-        && groups * job.code_values.len() * 2 <= cols
+    way(job) == Way::Rows
 }
 
 /// Labels of the variants a table-path job exercises.
@@ -176,8 +149,8 @@ fn cpu_table_rows_equal_reference_on_random_jobs() {
     // Wide rows too: 8-bit codes need 512 columns per group for tables.
     for_random_jobs(jobs, &[300, 1100, 2100], |d, rng| {
         let mut r = RandomJob::new(rng, d, &TABLE_SIZES);
-        // Transposed jobs and zero points along columns are decoded element by
-        // element, which is the reference itself; the GPU tests check them.
+        // Straight rows here; transposed and strided jobs, and zero points
+        // along columns, are the tests of 1b and 1c below.
         r.transposed = false;
         if matches!(r.zero, crate::common::jobs::ZeroSpec::AlongCols { .. }) {
             r.zero = crate::common::jobs::ZeroSpec::None;
@@ -1177,48 +1150,10 @@ const TILE_SIZES: GridSizes = GridSizes {
     block_cols: &[1, 7, 32, 64],
 };
 
-/// Whether the CPU backend decodes `job` in tiles, by the rule
-/// src/backend/cpu/tiles.rs documents (`Tiles::of`): transposed or strided,
-/// no low-rank branch, entries spanning at least twice a table. Only used
-/// to check that the random jobs reach the tiles often enough.
+/// Whether the CPU backend decodes `job`, packed along its inputs, through
+/// tables: in rows gathered from the words, or in tiles.
 fn takes_tiles(job: &DecodeJob<'_>) -> bool {
-    fn gcd(a: usize, b: usize) -> usize {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    if takes_table_path(job) || !(job.transposed || job.codes.word_bits != 32) {
-        return false;
-    }
-    let stored = job.stored_dims();
-    let (mut rows, mut cols) = (0, 0);
-    if let Some(s) = &job.scale {
-        (rows, cols) = (gcd(rows, s.grid.row_div), gcd(cols, s.grid.col_div));
-    }
-    match &job.zero {
-        Some(ZeroPoint::Plain(z)) => {
-            (rows, cols) = (gcd(rows, z.grid.row_div), gcd(cols, z.grid.col_div));
-        }
-        Some(ZeroPoint::Packed { .. }) => rows = 1,
-        Some(ZeroPoint::PackedAlongCols { .. }) => cols = 1,
-        None => {}
-    }
-    let by_col = job.scale.is_some() || matches!(job.zero, Some(ZeroPoint::Plain(_)));
-    let key_cols = match &job.g_idx {
-        Some(g) if by_col && cols != 1 => {
-            stored.cols / g.iter().max().map_or(1, |&m| m as usize + 1)
-        }
-        _ if cols == 0 => stored.cols,
-        _ => cols.min(stored.cols),
-    };
-    let key_rows = if rows == 0 {
-        stored.rows
-    } else {
-        rows.min(stored.rows)
-    };
-    key_rows * key_cols >= 2 * job.code_values.len()
+    matches!(way(job), Way::PackedRows | Way::Tiles)
 }
 
 /// Rewrites `r`'s codes as GPTQ stores them: lane = stored row, 32 bits
@@ -1361,4 +1296,147 @@ fn cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs() {
         "{} of {jobs} random jobs took the tiles, none of them {missing:?} (seen: {seen:?})",
         tiled.get()
     );
+}
+
+// ---------------------------------------------------------------------------
+// 1c. CPU rows packed along the inputs (GPTQ, AutoAWQ) = reference
+// ---------------------------------------------------------------------------
+
+/// A GPTQ-packed (strided words) or AutoAWQ-packed (transposed, interleaved)
+/// 4-bit job of `out × inputs` in groups of `group` inputs, f16 scales, with
+/// or without zero points, and its storage.
+fn packed_job<'a>(
+    awq: bool,
+    (out, inputs, group): (usize, usize, usize),
+    storage: &'a (Vec<u8>, Vec<u8>, Vec<u8>),
+    zero: bool,
+    dtype: OutDtype,
+) -> DecodeJob<'a> {
+    use wgpu_dequant::job::{Fields, Grid, Values};
+    let (codes, scales, zeros) = storage;
+    let groups = inputs.div_ceil(group);
+    let f16 = |data: &'a [u8], grid| Values {
+        data: data.into(),
+        kind: ValueKind::F16,
+        grid,
+    };
+    if awq {
+        // Stored [in, out/8] words; scales [G, out]; zero points [G, out/8].
+        let stored = Dims {
+            slices: 1,
+            rows: inputs,
+            cols: out,
+        };
+        let lane = out.div_ceil(8) as u64 * 32;
+        let grid = Grid {
+            row_div: group,
+            col_div: 1,
+            row_stride: out,
+            slice_stride: 0,
+        };
+        let job = DecodeJob::new(
+            stored,
+            Fields::padded(codes.as_slice(), 4, lane).interleaved(),
+            (0..16).map(|c| c as f32 - 8.0).collect(),
+            dtype,
+        )
+        .with_scale(f16(scales, grid));
+        let job = if zero {
+            job.with_zero(ZeroPoint::PackedAlongCols {
+                fields: Fields::padded(zeros.as_slice(), 4, lane).interleaved(),
+            })
+        } else {
+            job
+        };
+        return job.transpose();
+    }
+    // [in/8, out] words, a whole row of words apart; scales and integer
+    // zero points [out, G], as the GPTQ planner rearranges them.
+    let grid = Grid {
+        row_div: 1,
+        col_div: group,
+        row_stride: groups,
+        slice_stride: 0,
+    };
+    let dims = Dims {
+        slices: 1,
+        rows: out,
+        cols: inputs,
+    };
+    let codes = Fields::dense(codes.as_slice(), 4, 32).with_word_bits(32 * out as u64);
+    let job = DecodeJob::new(dims, codes, (0..16).map(|c| c as f32).collect(), dtype)
+        .with_scale(f16(scales, grid));
+    if zero {
+        job.with_zero(ZeroPoint::Plain(Values {
+            data: zeros.as_slice().into(),
+            kind: ValueKind::I32,
+            grid,
+        }))
+    } else {
+        job
+    }
+}
+
+/// The vector kernels decode bands of 32 rows (AutoAWQ) or 4 (GPTQ) of
+/// 32-input blocks straight from the words; other shapes are gathered into
+/// straight rows first. Both, at band edges and from the middle of a band
+/// (where a task starts), give the reference's bytes.
+#[test]
+fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
+    let mut rng = Rng::new(0x5EED_0A11_7A57_0001);
+    let shapes: [(usize, usize, usize); 8] = [
+        (32, 32, 32),
+        (64, 128, 64),
+        (96, 256, 128),
+        (160, 96, 96),
+        (128, 64, 4096),
+        (40, 128, 128),
+        (200, 144, 48),
+        (36, 100, 50),
+    ];
+    for awq in [false, true] {
+        for &(out, inputs, group) in &shapes {
+            let groups = inputs.div_ceil(group);
+            let words = inputs.div_ceil(8) * out.next_multiple_of(8);
+            let bytes =
+                |rng: &mut Rng, n: usize| (0..n).map(|_| rng.next() as u8).collect::<Vec<u8>>();
+            let codes = bytes(&mut rng, 4 * words + 16);
+            // Moderate finite f16 scales, signed.
+            let scales: Vec<u8> = (0..groups * out.next_multiple_of(8))
+                .flat_map(|_| {
+                    ((0x2C00u16 + rng.below(0x1000) as u16) | ((rng.below(2) as u16) << 15))
+                        .to_le_bytes()
+                })
+                .collect();
+            let zeros: Vec<u8> = if awq {
+                bytes(&mut rng, groups * out.div_ceil(8) * 4 + 16)
+            } else {
+                (0..groups * out)
+                    .flat_map(|_| (rng.below(16) as i32).to_le_bytes())
+                    .collect()
+            };
+            let storage = (codes, scales, zeros);
+            for zero in [false, true] {
+                for dtype in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+                    let job =
+                        packed_job(awq, (out, inputs, group.min(inputs)), &storage, zero, dtype);
+                    let what = format!("awq {awq}, {out}x{inputs} g{group}, zero {zero}, {dtype}");
+                    assert_eq!(way(&job), Way::PackedRows, "{what}");
+                    let total = job.dims.total_rows();
+                    let want = reference(&job, 0..total);
+                    let row_bytes = job.dims.cols * job.out.size();
+                    for (a, b) in [(0, total), (1, total), (8, total.min(72)), (33, total - 3)] {
+                        let (a, b) = (a.min(total), b.max(a.min(total)));
+                        let got = cpu_rows(&job, a..b);
+                        let want = &want[a * row_bytes..b * row_bytes];
+                        assert!(
+                            got == want,
+                            "{what}, rows {a}..{b}: {}",
+                            first_difference(&got, want, &job, a)
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -123,6 +123,11 @@ enum Command {
         /// hardware GPU when there is one).
         #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
         backend: BackendArg,
+        /// Only the kernel cases whose name contains this text, e.g.
+        /// `gptq` (the straight int4 case stays as the baseline of the
+        /// input-packed ones).
+        #[arg(long, default_value = "")]
+        only: String,
         /// One JSON object per figure and line: backend, case, gbps,
         /// baseline, baseline_gbps, ratio.
         #[arg(long)]
@@ -228,6 +233,7 @@ fn main() -> ExitCode {
             e2e_shape,
             dir,
             backend,
+            only,
             json,
         } => bench(
             &bench::Settings {
@@ -236,6 +242,7 @@ fn main() -> ExitCode {
                 runs: runs as usize,
                 e2e: e2e_gb.map(|gb| (gb, e2e_shape, dir)),
                 backend: backend.into(),
+                only,
             },
             json,
         ),

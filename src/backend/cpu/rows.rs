@@ -1,0 +1,469 @@
+//! Jobs whose entries (zero point and scale) hold over runs of an output
+//! row's columns, decoded a row at a time through one code table per run:
+//! straight rows read in place, and rows packed along the input dimension
+//! — GPTQ's strided words, AutoAWQ's transposed ones — first gathered, a
+//! band of rows at a time, into straight rows of codes, so that every such
+//! job runs the same inner loop.
+//!
+//! The tables hold the encoded output of every code of one entry, computed
+//! with exactly the operations `DecodeJob::value` performs, so both ways
+//! give the same bytes; the table way turns the inner loop into a lookup.
+
+use std::ops::Range;
+
+use super::{gcd, simd};
+use super::table::{ByScale, Table16};
+use crate::job::{DecodeJob, Fields, ZeroPoint};
+use crate::numerics::{self, OutDtype};
+
+/// Output rows gathered at once (four AutoAWQ word columns).
+const BAND: usize = 128;
+
+/// How a row's codes are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gather {
+    /// In place: a row is a lane of the stored stream.
+    InPlace,
+    /// A row's 32-bit words are `word_bits` apart and hold whole fields
+    /// (GPTQ): a band's words are copied into straight rows.
+    Words,
+    /// Transposed 4-bit AutoAWQ words: a band's codes are transposed into
+    /// straight rows of nibbles.
+    Awq,
+}
+
+/// How a row is decoded through tables.
+#[derive(Debug)]
+pub(super) struct Rows {
+    /// Output columns per entry, unless `g_idx` maps them.
+    group_cols: usize,
+    /// Entries per output row.
+    groups: usize,
+    gather: Gather,
+    /// Codes are whole fields of 1, 2, 4 or 8 bits, each row starting on a
+    /// byte.
+    byte_packed: bool,
+    /// The job's tables by scale byte, when it has so few.
+    by_scale: Option<ByScale>,
+    /// Rows sharing every entry (1 unless straight block scales).
+    rows_per_entry: usize,
+}
+
+/// One thread's reusable buffers: kept from task to task, as fresh ones
+/// would fault their pages in again each time.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// A band's gathered rows of codes.
+    codes: Vec<u8>,
+    tables: Tables,
+}
+
+/// The tables of the row being decoded, entry after entry.
+#[derive(Debug, Default)]
+struct Tables {
+    /// Of 4-bit codes.
+    t16: Vec<Table16>,
+    /// Of other widths: 2^bits values each.
+    values: Vec<u64>,
+}
+
+impl Rows {
+    /// Tables pay off when a row holds more elements than its tables.
+    pub(super) fn of(job: &DecodeJob<'_>) -> Option<Rows> {
+        let f: &Fields<'_> = &job.codes;
+        if job.low_rank.is_some() {
+            return None;
+        }
+        let whole = f.word_bits.is_multiple_of(32)
+            && f.lane_bits.is_multiple_of(32)
+            && f.slice_bits.is_multiple_of(8)
+            && matches!(f.bits, 1 | 2 | 4 | 8)
+            && !f.interleaved
+            && (f.per_word == 0 || f.per_word * f.bits == 32);
+        let gather = match (job.transposed, f.word_bits == 32) {
+            (false, true) => Gather::InPlace,
+            // Gathered codes are read LSB first.
+            (false, false) if whole && !f.high_first => Gather::Words,
+            (true, true) if f.bits == 4 && f.per_word == 8 && f.interleaved => {
+                let aligned = f.lane_bits.is_multiple_of(32) && f.slice_bits.is_multiple_of(8);
+                (aligned && job.g_idx.is_none()).then_some(Gather::Awq)?
+            }
+            _ => return None,
+        };
+        let cols = job.dims.cols;
+        // Output columns sharing an entry: a stored row group when
+        // transposed, a stored column group when not.
+        let along = |g: &crate::job::Grid| if job.transposed { g.row_div } else { g.col_div };
+        let group_cols = job.scale.as_ref().map_or(cols, |s| along(&s.grid).min(cols)).max(1);
+        match (&job.zero, job.transposed) {
+            (None, _) => {}
+            (Some(ZeroPoint::Plain(_)), _) if job.scale.is_none() => return None,
+            // A plain zero point on another grid than the scale's would need
+            // a table per (scale entry, zero entry) pair.
+            (Some(ZeroPoint::Plain(z)), _) => {
+                let s = job.scale.as_ref()?;
+                let same_rows = job.transposed || z.grid.row_div == s.grid.row_div;
+                if along(&z.grid).min(cols) != group_cols || !same_rows {
+                    return None;
+                }
+            }
+            // Lane = the scale's column group, index = stored row.
+            (Some(ZeroPoint::Packed { .. }), false) => {}
+            // Lane = the scale's row group, index = stored column: an
+            // output row when transposed.
+            (Some(ZeroPoint::PackedAlongCols { .. }), true) => {}
+            _ => return None,
+        }
+        let groups = match &job.g_idx {
+            Some(g) => g.iter().max().map_or(1, |&m| m as usize + 1),
+            None => cols.div_ceil(group_cols),
+        };
+        // Straight rows whose entries hold over several rows (block scales)
+        // share their tables: they are built once per row group.
+        let rows_per_entry = match (&job.zero, &job.scale, gather) {
+            (None | Some(ZeroPoint::Plain(_)), Some(s), Gather::InPlace) => {
+                let z = match &job.zero {
+                    Some(ZeroPoint::Plain(z)) => z.grid.row_div,
+                    _ => s.grid.row_div,
+                };
+                gcd(s.grid.row_div, z).clamp(1, job.dims.rows.max(1))
+            }
+            _ => 1,
+        };
+        // Tables by scale byte cost nothing per entry.
+        let by_scale = ByScale::of(job).filter(|_| !job.transposed && job.g_idx.is_none());
+        let entries = groups.checked_mul(job.code_values.len())?;
+        if by_scale.is_none() && entries * 2 > cols.saturating_mul(rows_per_entry) {
+            return None;
+        }
+        let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
+            && (f.per_word == 0 || f.per_word * f.bits == 32 && !f.interleaved)
+            && f.lane_bits.is_multiple_of(8)
+            && f.slice_bits.is_multiple_of(8);
+        Some(Rows {
+            group_cols,
+            groups,
+            gather,
+            byte_packed: byte_packed || gather != Gather::InPlace,
+            by_scale,
+            rows_per_entry,
+        })
+    }
+
+    /// Output rows one task decodes: whole bands, at least `elements`.
+    pub(super) fn rows_per_task(&self, cols: usize, elements: usize) -> usize {
+        let rows = elements.div_ceil(cols.max(1));
+        match self.gather {
+            Gather::InPlace => rows,
+            _ => rows.next_multiple_of(BAND),
+        }
+    }
+
+    /// Decodes flat output rows `rows` into `out` (theirs exactly).
+    pub(super) fn decode(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) {
+        thread_local!(static SCRATCH: std::cell::RefCell<Scratch> = Default::default());
+        SCRATCH.with_borrow_mut(|s| match job.out.size() {
+            2 => self.decode_n::<2>(job, rows, out, s),
+            _ => self.decode_n::<4>(job, rows, out, s),
+        })
+    }
+
+    fn decode_n<const N: usize>(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8], s: &mut Scratch) {
+        let row_bytes = job.dims.cols * N;
+        let per_slice = job.dims.rows;
+        let mut flat = rows.start;
+        while flat < rows.end {
+            let (slice, r0) = (flat / per_slice, flat % per_slice);
+            let r1 = match self.gather {
+                Gather::InPlace => per_slice,
+                _ => (r0 / BAND + 1) * BAND,
+            }
+            .min(per_slice)
+            .min(r0 + rows.end - flat);
+            let at = (flat - rows.start) * row_bytes;
+            let band = &mut out[at..at + (r1 - r0) * row_bytes];
+            let Scratch { codes, tables } = s;
+            if self.gather == Gather::InPlace {
+                let mut last = None;
+                for (r, o) in (r0..r1).zip(band.chunks_exact_mut(row_bytes)) {
+                    let key = Some(r / self.rows_per_entry);
+                    let fresh = key != last;
+                    last = key;
+                    self.row::<N>(job, slice, r, (&job.codes, slice, r), o, (tables, fresh));
+                }
+            } else if !self.packed::<N>(job, slice, r0..r1, band) {
+                let gathered = self.gather(job, slice, r0..r1, codes);
+                for (k, o) in band.chunks_exact_mut(row_bytes).enumerate() {
+                    self.row::<N>(job, slice, r0 + k, (&gathered, 0, k), o, (tables, true));
+                }
+            }
+            flat += r1 - r0;
+        }
+    }
+
+    /// Decodes output rows `rows` of `slice` into `band` straight from
+    /// their packed 4-bit words, where the band and its entries are
+    /// aligned to the vector kernel's blocks (`simd::decode_packed`);
+    /// false, having written nothing, where not.
+    fn packed<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: Range<usize>,
+        band: &mut [u8],
+    ) -> bool {
+        let f = &job.codes;
+        let (cols, lanes) = (job.dims.cols, rows.len());
+        let aligned = cols.is_multiple_of(32) && (self.group_cols.is_multiple_of(32) || self.groups == 1);
+        if f.bits != 4 || job.g_idx.is_some() || job.code_values.len() != 16 || !aligned {
+            return false;
+        }
+        let base = (slice as u64 * f.slice_bits / 8) as usize;
+        let packed = match self.gather {
+            Gather::Words if f.lane_bits == 32 && lanes.is_multiple_of(4) => simd::Packed::Words {
+                first: base + 4 * rows.start,
+                stride: (f.word_bits / 8) as usize,
+            },
+            Gather::Awq if rows.start.is_multiple_of(8) && lanes.is_multiple_of(32) => simd::Packed::Awq {
+                first: base + rows.start / 8 * 4,
+                lane: (f.lane_bits / 8) as usize,
+            },
+            _ => return false,
+        };
+        if !simd::has_ssse3() {
+            return false;
+        }
+        let mut table = |k: usize, g: usize| {
+            let (zero, scale) = self.entry(job, slice, rows.start + k, g);
+            Table16::new(job, zero, scale).planes
+        };
+        let shape = (lanes, cols, self.group_cols);
+        simd::decode_packed::<N>(&f.data, packed, shape, &mut table, band, N * cols);
+        true
+    }
+
+    /// Gathers the codes of output rows `rows` of `slice` into `buf` as
+    /// straight rows (lane k = row `rows.start + k`).
+    fn gather<'b>(&self, job: &DecodeJob<'_>, slice: usize, rows: Range<usize>, buf: &'b mut Vec<u8>) -> Fields<'b> {
+        let f = &job.codes;
+        let data: &[u8] = &f.data;
+        let base = (slice as u64 * f.slice_bits / 8) as usize;
+        let cols = job.dims.cols;
+        let lanes = rows.len();
+        match self.gather {
+            Gather::Awq => {
+                // Output row = stored column, in word column row / 8; lane =
+                // input. The band's whole word columns are gathered.
+                let row = cols.div_ceil(8) * 4;
+                let (c0, c1) = (rows.start / 8, rows.end.div_ceil(8));
+                buf.clear();
+                buf.resize((c1 - c0) * 8 * row, 0);
+                let lane_bytes = (f.lane_bits / 8) as usize;
+                let whole = cols / 8 * 8;
+                simd::gather_awq(data, (base + 4 * c0, lane_bytes), (c1 - c0, whole), buf, row);
+                // A band starts inside its first word column when a task
+                // does; its rows start that far in.
+                let first = rows.start - 8 * c0;
+                // Inputs past the last whole eight, field by field.
+                for k in 0..lanes {
+                    for i in whole..cols {
+                        let code = f.get(slice, i, rows.start + k) as u8;
+                        buf[(first + k) * row + i / 2] |= code << (4 * (i % 2));
+                    }
+                }
+                Fields::dense(&buf[first * row..], 4, row as u64 * 8)
+            }
+            _ => {
+                let words = (cols as u64 * f.bits as u64).div_ceil(32) as usize;
+                let row = 4 * words;
+                buf.clear();
+                buf.resize(lanes * row, 0);
+                let (lane, stride) = ((f.lane_bits / 8) as usize, (f.word_bits / 8) as usize);
+                let first = base + rows.start * lane;
+                if lane == 4 {
+                    simd::gather_words(data, (first, stride), (lanes, words), buf, row);
+                } else {
+                    for k in 0..lanes {
+                        for w in 0..words {
+                            let at = first + k * lane + w * stride;
+                            buf[k * row + 4 * w..k * row + 4 * w + 4].copy_from_slice(&data[at..at + 4]);
+                        }
+                    }
+                }
+                Fields::new(&buf[..], f.bits, f.per_word, row as u64 * 8)
+            }
+        }
+    }
+
+    /// The zero point and scale of output row `row`'s entry `g`.
+    fn entry(&self, job: &DecodeJob<'_>, slice: usize, row: usize, g: usize) -> (Option<f32>, Option<f32>) {
+        if job.transposed {
+            // Entry g spans stored rows g·group_cols …; the stored column is
+            // the output row.
+            job.zero_and_scale(slice, g * self.group_cols, row)
+        } else {
+            // Without a scale there is one group, so g is also the packed
+            // zero points' lane 0.
+            (job.zero_at(slice, row, g), job.scale_at(slice, row, g))
+        }
+    }
+
+    /// Decodes output row `row` of `slice`, whose codes are lane `lane` of
+    /// `codes`' slice `cs`, through the tables of its entries (`s` is
+    /// scratch space, reused from row to row: unless `fresh`, it holds them
+    /// already, the previous row's).
+    fn row<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        row: usize,
+        (codes, cs, lane): (&Fields<'_>, usize, usize),
+        out: &mut [u8],
+        (s, fresh): (&mut Tables, bool),
+    ) {
+        let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
+        if let (true, 16) = (straight4, job.code_values.len()) {
+            let tables = &mut s.t16;
+            if let Some(by) = &self.by_scale {
+                let grid = job.scale.as_ref().map(|v| v.grid);
+                let index = |g| grid.map_or(0, |grid| grid.index(slice, row, g));
+                self.nibble_row::<N>(codes, (cs, lane), out, |g| by.at(job, index(g)));
+            } else {
+                if fresh {
+                    tables.clear();
+                    tables.extend((0..self.groups).map(|g| {
+                        let (zero, scale) = self.entry(job, slice, row, g);
+                        Table16::new(job, zero, scale)
+                    }));
+                }
+                self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
+            }
+            return;
+        }
+        let n = job.code_values.len();
+        let tables = &mut s.values;
+        if fresh {
+            tables.clear();
+        }
+        for g in (0..self.groups).filter(|_| fresh) {
+            let (zero, scale) = self.entry(job, slice, row, g);
+            // The operations are exactly `DecodeJob::value`'s: (q − z)·s,
+            // then the post scale.
+            let value = |c: f32| {
+                let q = zero.map_or(c, |z| c - z);
+                job.post(scale.map_or(q, |s| q * s))
+            };
+            if n == 16 {
+                tables.extend(Table16::new(job, zero, scale).values.map(u64::from));
+                continue;
+            }
+            let values = job.code_values.iter().map(|&c| value(c));
+            match job.out {
+                OutDtype::Bf16 => tables.extend(values.map(|v| numerics::f32_to_bf16(v) as u64)),
+                OutDtype::F16 => tables.extend(values.map(|v| numerics::f32_to_f16(v) as u64)),
+                OutDtype::F32 => tables.extend(values.map(|v| numerics::f32_bits(v) as u64)),
+            }
+        }
+        match (&job.g_idx, self.byte_packed, codes.bits) {
+            (None, true, 8) => self.packed_row::<N, 8>(codes, cs, lane, out, tables),
+            (None, true, 2) => self.packed_row::<N, 2>(codes, cs, lane, out, tables),
+            (None, true, 1) => self.packed_row::<N, 1>(codes, cs, lane, out, tables),
+            (g_idx, _, _) => {
+                for (col, o) in out.chunks_exact_mut(N).enumerate() {
+                    let g = match g_idx {
+                        Some(gi) => gi[col] as usize,
+                        None => col / self.group_cols,
+                    };
+                    let e = tables[g * n + codes.get(cs, lane, col) as usize];
+                    o.copy_from_slice(&e.to_le_bytes()[..N]);
+                }
+            }
+        }
+    }
+
+    /// The inner loop for 4-bit codes two to a byte, `table(g)` the table of
+    /// entry g.
+    fn nibble_row<'t, const N: usize>(
+        &self,
+        f: &Fields<'_>,
+        (slice, lane): (usize, usize),
+        out: &mut [u8],
+        table: impl Fn(usize) -> &'t Table16,
+    ) {
+        let cols = out.len() / N;
+        let start = ((slice as u64 * f.slice_bits + lane as u64 * f.lane_bits) / 8) as usize;
+        let bytes = &f.data[start..start + cols.div_ceil(2)];
+        // High-first bytes (bitsandbytes) hold the even column in the high nibble.
+        let hf = f.high_first;
+        for (g, group_out) in out.chunks_mut(self.group_cols * N).enumerate() {
+            let t = table(g);
+            let first = g * self.group_cols;
+            let mut done = 0;
+            if first.is_multiple_of(2) {
+                let codes = &bytes[first / 2..];
+                if N == 2 {
+                    // 16 codes per shuffle where the CPU has one.
+                    done = simd::nibbles_to_16bit(codes, &t.planes, group_out, hf);
+                }
+                // Eight codes per little-endian u32: one load, eight lookups
+                // assembled in registers, two (bf16/f16) or four (f32) stores.
+                let words = codes[done / 2..].chunks_exact(4);
+                let rest = &mut group_out[done * N..];
+                for (w, o) in words.zip(rest.chunks_exact_mut(8 * N)) {
+                    let mut x = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    if hf {
+                        x = (x >> 4) & 0x0F0F_0F0F | (x & 0x0F0F_0F0F) << 4;
+                    }
+                    let at = |k: u32| t.values[((x >> (4 * k)) & 15) as usize] as u64;
+                    if N == 2 {
+                        let lo = at(0) | at(1) << 16 | at(2) << 32 | at(3) << 48;
+                        let hi = at(4) | at(5) << 16 | at(6) << 32 | at(7) << 48;
+                        o[..8].copy_from_slice(&lo.to_le_bytes());
+                        o[8..16].copy_from_slice(&hi.to_le_bytes());
+                    } else {
+                        for k in 0..4 {
+                            let v = at(2 * k) | at(2 * k + 1) << 32;
+                            let k = k as usize;
+                            o[8 * k..8 * k + 8].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    done += 8;
+                }
+            }
+            for (i, o) in group_out.chunks_exact_mut(N).enumerate().skip(done) {
+                let col = first + i;
+                let code = (bytes[col / 2] >> (((col % 2) ^ usize::from(hf)) * 4)) & 15;
+                o.copy_from_slice(&t.values[code as usize].to_le_bytes()[..N]);
+            }
+        }
+    }
+
+    /// The inner loop for codes of 1, 2 or 8 bits packed whole into bytes.
+    fn packed_row<const N: usize, const BITS: usize>(
+        &self,
+        f: &Fields<'_>,
+        slice: usize,
+        lane: usize,
+        out: &mut [u8],
+        tables: &[u64],
+    ) {
+        let per_byte = 8 / BITS;
+        let mask = (1u32 << BITS) - 1;
+        // High-first bytes: slot k of a byte holds field per_byte − 1 − k.
+        let flip = if f.high_first { per_byte - 1 } else { 0 };
+        let cols = out.len() / N;
+        let start = ((slice as u64 * f.slice_bits + lane as u64 * f.lane_bits) / 8) as usize;
+        let bytes = &f.data[start..start + cols.div_ceil(per_byte)];
+        let n = 1 << BITS;
+        for (g, group_out) in out.chunks_mut(self.group_cols * N).enumerate() {
+            let t = &tables[g * n..g * n + n];
+            let first = g * self.group_cols;
+            for (i, o) in group_out.chunks_exact_mut(N).enumerate() {
+                let col = first + i;
+                let code = (bytes[col / per_byte] as u32 >> (((col % per_byte) ^ flip) * BITS)) & mask;
+                o.copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
+            }
+        }
+    }
+}
+

@@ -1,0 +1,750 @@
+//! The CPU's vector kernels (x86-64: SSE2, and SSSE3 where the CPU has it),
+//! each next to the scalar loop it equals byte for byte and that other CPUs
+//! run: table lookups of 4-bit codes, and the transposes that turn packs
+//! along the input dimension into straight rows.
+//!
+//! Every load and store goes through a bounds-checked slice of exactly the
+//! bytes it touches; the only unsafety is the CPU feature.
+
+/// Slot of element `e` in an AutoAWQ word: `e/2 + (e%2)·4`.
+const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// Whether the CPU has SSSE3 (`pshufb`), checked once per call site batch.
+#[inline]
+pub(super) fn has_ssse3() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("ssse3")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A 16-entry code table split into byte planes: plane `b` holds byte `b`
+/// of each little-endian entry (what `pshufb` looks up 16 codes in).
+pub(super) fn planes(table: &[u32; 16]) -> [[u8; 16]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_ssse3() {
+            // SAFETY: the CPU has SSSE3 (checked just above).
+            return unsafe { x86::planes(table) };
+        }
+    }
+    std::array::from_fn(|b| std::array::from_fn(|c| (table[c] >> (8 * b)) as u8))
+}
+
+/// Decodes whole 16-code blocks of `codes` (two per byte, low nibble first,
+/// or high nibble first with `high_first`: bitsandbytes) through the table
+/// of byte `planes` into `out` (2 bytes per output); returns how many
+/// outputs were written (0 without SSSE3).
+pub(super) fn nibbles_to_16bit(
+    codes: &[u8],
+    planes: &[[u8; 16]; 4],
+    out: &mut [u8],
+    high_first: bool,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_ssse3() {
+            // SAFETY: the CPU has SSSE3 (checked just above).
+            return unsafe { x86::nibbles_to_16bit(codes, planes, out, high_first) };
+        }
+    }
+    let _ = (codes, planes, out, high_first);
+    0
+}
+
+/// Gathers `lanes` rows of `words` 32-bit words each, word `w` of lane `k`
+/// at byte `first + w·stride + 4k` of `src` (lanes adjacent, words a stride
+/// apart: GPTQ's `qweight`), into `dst`, lane `k`'s words at `k·row`.
+pub(super) fn gather_words(
+    src: &[u8],
+    (first, stride): (usize, usize),
+    (lanes, words): (usize, usize),
+    dst: &mut [u8],
+    row: usize,
+) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let (k4, w4) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    let (k4, w4) = (lanes / 4 * 4, words / 4 * 4);
+    #[cfg(target_arch = "x86_64")]
+    {
+        for w in (0..w4).step_by(4) {
+            for k in (0..k4).step_by(4) {
+                let at = |q: usize| first + (w + q) * stride + 4 * k;
+                let rows: [&[u8; 16]; 4] = std::array::from_fn(|q| slice16(src, at(q)));
+                // SAFETY: SSE2 is part of x86-64.
+                let out = unsafe { x86::transpose_4x4(rows) };
+                for (j, v) in out.iter().enumerate() {
+                    let o = (k + j) * row + 4 * w;
+                    dst[o..o + 16].copy_from_slice(v);
+                }
+            }
+        }
+    }
+    for w in 0..words {
+        for k in 0..lanes {
+            if k < k4 && w < w4 {
+                continue;
+            }
+            let at = first + w * stride + 4 * k;
+            dst[k * row + 4 * w..k * row + 4 * w + 4].copy_from_slice(&src[at..at + 4]);
+        }
+    }
+}
+
+/// Gathers AutoAWQ codes into straight nibble rows: input `i`'s word
+/// holding outputs `8·c .. 8·c + 8` is at byte `first + i·lane + 4·c` of
+/// `src`, for `c < columns`; output `8·c + e`'s codes of inputs
+/// `0..inputs` go to `dst` at `(8·c + e)·row`, two to a byte, low nibble
+/// first. `inputs` is a multiple of 8.
+pub(super) fn gather_awq(
+    src: &[u8],
+    (first, lane): (usize, usize),
+    (columns, inputs): (usize, usize),
+    dst: &mut [u8],
+    row: usize,
+) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let c4 = 0;
+    #[cfg(target_arch = "x86_64")]
+    let c4 = columns / 4 * 4;
+    // SAFETY: SSE2 is part of x86-64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        x86::gather_awq(src, (first, lane), (c4, inputs), dst, row)
+    };
+    for c in c4..columns {
+        for i in (0..inputs).step_by(8) {
+            let words: [u64; 8] = std::array::from_fn(|j| {
+                let a = first + (i + j) * lane + 4 * c;
+                spread_awq(u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]]))
+            });
+            for (e, v) in transpose_8x8(words).iter().enumerate() {
+                let k = 8 * c + e;
+                dst[k * row + i / 2..k * row + i / 2 + 4].copy_from_slice(&pack_nibbles(*v).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Where the 4-bit codes of a band of rows packed along the input dimension
+/// lie, for [`decode_packed`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Packed {
+    /// GPTQ: word `w` of row `k` at byte `first + w·stride + 4k`.
+    Words { first: usize, stride: usize },
+    /// AutoAWQ: input `i`'s word of outputs `8c .. 8c + 8` at byte
+    /// `first + i·lane + 4c`.
+    Awq { first: usize, lane: usize },
+}
+
+/// Decodes a band of `rows` output rows of `cols` inputs straight from
+/// their packed words, through the table planes `table(k, g)` of row `k`'s
+/// entry `g` (entries of `group` inputs; N planes used), into `out` (row k
+/// at `k·row_bytes`, input i at byte `i·N`): the transposes of
+/// [`gather_words`] and [`gather_awq`] with the lookups of the straight
+/// rows, without the rows in between. `cols` and `group` are multiples of
+/// 32 (or `group ≥ cols`), `rows` of 4 (words) or 32 (AutoAWQ). Returns
+/// false, having written nothing, without SSSE3.
+pub(super) fn decode_packed<const N: usize>(
+    src: &[u8],
+    packed: Packed,
+    (rows, cols, group): (usize, usize, usize),
+    table: &mut dyn FnMut(usize, usize) -> [[u8; 16]; 4],
+    out: &mut [u8],
+    row_bytes: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_ssse3() {
+            // SAFETY: the CPU has SSSE3 (checked just above).
+            unsafe { x86::decode_packed::<N>(src, packed, (rows, cols, group), table, out, row_bytes) };
+            return true;
+        }
+    }
+    let _ = (src, packed, rows, cols, group, table, out, row_bytes);
+    false
+}
+
+/// Decodes a block of codes stored along the output's columns and writes it
+/// transposed: lane `q < lanes` (an output column) has 16 codes (two to a
+/// byte, low nibble first) at `codes[q]`, its table's byte planes at
+/// `planes[q]` (N of them used); output row `e < 16`'s `lanes` values go to `out` at
+/// `e·row_bytes` (N bytes each). `lanes` is at most 8 (N = 2) or 4 (N = 4).
+pub(super) fn transposed_block<const N: usize>(
+    codes: &[&[u8; 8]],
+    planes: &[&[[u8; 16]; 4]],
+    out: &mut [u8],
+    row_bytes: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if codes.len() == 16 / N && has_ssse3() {
+            // SAFETY: the CPU has SSSE3 (checked just above).
+            unsafe { x86::transposed_block::<N>(codes, planes, out, row_bytes) };
+            return;
+        }
+    }
+    for (q, (c, p)) in codes.iter().zip(planes).enumerate() {
+        for e in 0..16 {
+            let code = ((c[e / 2] >> (4 * (e % 2))) & 15) as usize;
+            for (b, plane) in p.iter().enumerate() {
+                out[e * row_bytes + q * N + b] = plane[code];
+            }
+        }
+    }
+}
+
+/// The 16 bytes at `at`.
+#[inline]
+fn slice16(src: &[u8], at: usize) -> &[u8; 16] {
+    let s = &src[at..at + 16];
+    s.try_into().unwrap_or_else(|_| unreachable!("a 16-byte slice"))
+}
+
+/// An AutoAWQ word's eight codes, a byte each in element order.
+fn spread_awq(x: u32) -> u64 {
+    AWQ_SLOT
+        .iter()
+        .enumerate()
+        .fold(0, |v, (e, &slot)| v | (((x >> (4 * slot)) & 15) as u64) << (8 * e))
+}
+
+/// Eight byte-wide codes (each below 16) packed two to a byte, low first.
+fn pack_nibbles(v: u64) -> u32 {
+    let t = (v | v >> 4) & 0x00FF_00FF_00FF_00FF;
+    let t = (t | t >> 8) & 0x0000_FFFF_0000_FFFF;
+    (t | t >> 16) as u32
+}
+
+/// Transposes 8 × 8 bytes: byte `e` of `m[k]` becomes byte `k` of the
+/// result's `e`.
+fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
+    for (shift, mask) in [
+        (8, 0x00FF_00FF_00FF_00FFu64),
+        (16, 0x0000_FFFF_0000_FFFF),
+        (32, 0x0000_0000_FFFF_FFFF),
+    ] {
+        let step = shift / 8;
+        for k in 0..8 {
+            if k & step == 0 {
+                let t = ((m[k] >> shift) ^ m[k + step]) & mask;
+                m[k + step] ^= t;
+                m[k] ^= t << shift;
+            }
+        }
+    }
+    m
+}
+
+#[cfg(target_arch = "x86_64")]
+// The loops index several arrays of registers by the same lane.
+#[allow(clippy::needless_range_loop)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// 16 bytes as a register.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn load(b: &[u8; 16]) -> __m128i {
+        // SAFETY: reads exactly the 16 bytes of `b` (unaligned load).
+        unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+    }
+
+    /// A register as 16 bytes.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn bytes(v: __m128i) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        // SAFETY: writes exactly the 16 bytes of `b` (unaligned store).
+        unsafe { _mm_storeu_si128(b.as_mut_ptr().cast(), v) };
+        b
+    }
+
+    /// Transposes 4 × 4 words: word `k` of `rows[q]` becomes word `q` of
+    /// the result's `k`.
+    #[target_feature(enable = "sse2")]
+    pub(super) fn transpose_4x4(rows: [&[u8; 16]; 4]) -> [[u8; 16]; 4] {
+        transpose_4x4_32(rows.map(|b| load(b))).map(|v| bytes(v))
+    }
+
+    /// Stores a register at `dst[at..at + 16]`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn store(dst: &mut [u8], at: usize, v: __m128i) {
+        let d = &mut dst[at..at + 16];
+        // SAFETY: writes exactly the 16 bytes of `d` (unaligned store).
+        unsafe { _mm_storeu_si128(d.as_mut_ptr().cast(), v) };
+    }
+
+    /// Transposes 4 × 4 words: word `k` of `r[q]` becomes word `q` of the
+    /// result's `k`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn transpose_4x4_32(r: [__m128i; 4]) -> [__m128i; 4] {
+        let (ab0, cd0) = (_mm_unpacklo_epi32(r[0], r[1]), _mm_unpacklo_epi32(r[2], r[3]));
+        let (ab1, cd1) = (_mm_unpackhi_epi32(r[0], r[1]), _mm_unpackhi_epi32(r[2], r[3]));
+        [
+            _mm_unpacklo_epi64(ab0, cd0),
+            _mm_unpackhi_epi64(ab0, cd0),
+            _mm_unpacklo_epi64(ab1, cd1),
+            _mm_unpackhi_epi64(ab1, cd1),
+        ]
+    }
+
+    /// Eight inputs' words of four AutoAWQ word columns (32 outputs) to
+    /// each output's eight codes as one word: from the low nibbles
+    /// (register q lane l: column q's element [0, 4, 1, 5][l]) and from the
+    /// high ones (element [2, 6, 3, 7][l]).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn awq_8x32(r: [__m128i; 8]) -> [[__m128i; 4]; 2] {
+        let (lo, hi) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(0xF0u8 as i8));
+        // Byte b of p[m]: inputs 2m and 2m + 1 of a low-nibble output, low first.
+        let p: [__m128i; 4] = std::array::from_fn(|m| {
+            let (a, b) = (r[2 * m], r[2 * m + 1]);
+            _mm_or_si128(_mm_and_si128(a, lo), _mm_and_si128(_mm_slli_epi16(b, 4), hi))
+        });
+        let q: [__m128i; 4] = std::array::from_fn(|m| {
+            let (a, b) = (r[2 * m], r[2 * m + 1]);
+            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), lo), _mm_and_si128(b, hi))
+        });
+        // Bytes (p0[b], p1[b], p2[b], p3[b]) as word b.
+        let words = |p: [__m128i; 4]| {
+            let (a, b) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
+            let (c, d) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
+            [
+                _mm_unpacklo_epi16(a, b),
+                _mm_unpackhi_epi16(a, b),
+                _mm_unpacklo_epi16(c, d),
+                _mm_unpackhi_epi16(c, d),
+            ]
+        };
+        [words(p), words(q)]
+    }
+
+    /// `super::gather_awq` for `columns` a multiple of 4: blocks of 32
+    /// inputs × 32 outputs (each output's 16 bytes stored at once), then
+    /// blocks of 8 inputs.
+    #[target_feature(enable = "sse2")]
+    pub(super) fn gather_awq(
+        src: &[u8],
+        (first, lane): (usize, usize),
+        (columns, inputs): (usize, usize),
+        dst: &mut [u8],
+        row: usize,
+    ) {
+        const ELEMENT: [[usize; 4]; 2] = [[0, 4, 1, 5], [2, 6, 3, 7]];
+        let block = |c: usize, i: usize| {
+            awq_8x32(std::array::from_fn(|j| load(super::slice16(src, first + (i + j) * lane + 4 * c))))
+        };
+        let i32 = inputs / 32 * 32;
+
+        // Inputs outer: each input's bytes of the band (whole cache lines)
+        // are read together.
+        for i in (0..i32).step_by(32) {
+            for c in (0..columns).step_by(4) {
+                let b: [[[__m128i; 4]; 2]; 4] = std::array::from_fn(|k| block(c, i + 8 * k));
+                for (half, element) in ELEMENT.iter().enumerate() {
+                    for q in 0..4 {
+                        let t = transpose_4x4_32(std::array::from_fn(|k| b[k][half][q]));
+                        for (v, e) in t.into_iter().zip(element) {
+                            store(dst, (8 * (c + q) + e) * row + i / 2, v);
+                        }
+                    }
+                }
+            }
+        }
+        for c in (0..columns).step_by(4) {
+            for i in (i32..inputs).step_by(8) {
+                let b = block(c, i);
+                for (half, element) in ELEMENT.iter().enumerate() {
+                    for q in 0..4 {
+                        let w = bytes(b[half][q]);
+                        for (l, e) in element.iter().enumerate() {
+                            let at = (8 * (c + q) + e) * row + i / 2;
+                            dst[at..at + 4].copy_from_slice(&w[4 * l..4 * l + 4]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes 32 codes (16 bytes, low nibble first) through `planes`
+    /// into `out[at..at + 32·N]`.
+    #[inline]
+    #[target_feature(enable = "ssse3")]
+    fn segment<const N: usize>(v: __m128i, planes: &[[u8; 16]; 4], out: &mut [u8], at: usize) {
+        let nibble = _mm_set1_epi8(0x0F);
+        let (lo, hi) = (_mm_and_si128(v, nibble), _mm_and_si128(_mm_srli_epi16(v, 4), nibble));
+        let (i0, i1) = (_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
+        // One bounds check for the segment's bytes.
+        let o = &mut out[at..at + 32 * N];
+        let mut put = |k: usize, v: __m128i| {
+            // SAFETY: `k < 2·N`, so 16·k + 16 ≤ o.len() (unaligned store).
+            unsafe { _mm_storeu_si128(o.as_mut_ptr().add(16 * k).cast(), v) };
+        };
+        if N == 2 {
+            let (t0, t1) = (load(&planes[0]), load(&planes[1]));
+            for (h, idx) in [i0, i1].into_iter().enumerate() {
+                let (a, b) = (_mm_shuffle_epi8(t0, idx), _mm_shuffle_epi8(t1, idx));
+                put(2 * h, _mm_unpacklo_epi8(a, b));
+                put(2 * h + 1, _mm_unpackhi_epi8(a, b));
+            }
+        } else {
+            let t: [__m128i; 4] = std::array::from_fn(|b| load(&planes[b]));
+            for (h, idx) in [i0, i1].into_iter().enumerate() {
+                let p: [__m128i; 4] = std::array::from_fn(|b| _mm_shuffle_epi8(t[b], idx));
+                let (a, b) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
+                let (c, d) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
+                put(4 * h, _mm_unpacklo_epi16(a, b));
+                put(4 * h + 1, _mm_unpackhi_epi16(a, b));
+                put(4 * h + 2, _mm_unpacklo_epi16(c, d));
+                put(4 * h + 3, _mm_unpackhi_epi16(c, d));
+            }
+        }
+    }
+
+    /// Hints the CPU to fetch the cache line at `at` bytes into `data`
+    /// (for reading, or for writing); anywhere is fine: a prefetch reads
+    /// and writes nothing.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn prefetch<const WRITE: bool>(data: &[u8], at: usize) {
+        let p = data.as_ptr().wrapping_add(at).cast();
+        if WRITE {
+            _mm_prefetch::<_MM_HINT_ET0>(p);
+        } else {
+            _mm_prefetch::<_MM_HINT_T1>(p);
+        }
+    }
+
+    /// See `super::decode_packed`. A few rows at a time (4 words, or 32
+    /// AutoAWQ outputs), entry by entry: each row is written in runs of a
+    /// whole entry, and few output pages are open at once.
+    #[target_feature(enable = "ssse3")]
+    pub(super) fn decode_packed<const N: usize>(
+        src: &[u8],
+        packed: super::Packed,
+        (rows, cols, group): (usize, usize, usize),
+        table: &mut dyn FnMut(usize, usize) -> [[u8; 16]; 4],
+        out: &mut [u8],
+        row_bytes: usize,
+    ) {
+        const ELEMENT: [[usize; 4]; 2] = [[0, 4, 1, 5], [2, 6, 3, 7]];
+        // Inputs ahead whose output lines are fetched for writing: rows
+        // are written a few at a time, too many streams for the hardware
+        // to fetch ahead on its own.
+        const AHEAD: usize = 128;
+        const SRC_AHEAD: usize = 256;
+        let group = group.min(cols).max(32);
+        let inputs = |g: usize| (g * group..((g + 1) * group).min(cols)).step_by(32);
+        match packed {
+            super::Packed::Words { first, stride } => {
+                for k in (0..rows).step_by(4) {
+                    for g in 0..cols.div_ceil(group) {
+                        let p: [[[u8; 16]; 4]; 4] = std::array::from_fn(|j| table(k + j, g));
+                        for i in inputs(g) {
+                            let w = i / 8;
+                            // Lines of later words (a stride apart) and
+                            // of later outputs, as the AutoAWQ loop does.
+                            if k % 16 == 0 {
+                                for q in 16..20 {
+                                    prefetch::<false>(src, first + (w + q) * stride + 4 * k);
+                                }
+                            }
+                            for j in 0..4 {
+                                for l in (0..32 * N).step_by(64) {
+                                    prefetch::<true>(out, (k + j) * row_bytes + (i + AHEAD) * N + l);
+                                }
+                            }
+                            let r: [__m128i; 4] =
+                                std::array::from_fn(|q| load(super::slice16(src, first + (w + q) * stride + 4 * k)));
+                            for (j, v) in transpose_4x4_32(r).into_iter().enumerate() {
+                                segment::<N>(v, &p[j], out, (k + j) * row_bytes + i * N);
+                            }
+                        }
+                    }
+                }
+            }
+            super::Packed::Awq { first, lane } => {
+                let block = |c: usize, i: usize| {
+                    awq_8x32(std::array::from_fn(|j| load(super::slice16(src, first + (i + j) * lane + 4 * c))))
+                };
+                // Up to 128 rows (one 64-byte line of each input) at a time.
+                for r0 in (0..rows).step_by(128) {
+                    let band = (rows - r0).min(128);
+                    let mut p = [[[0u8; 16]; 4]; 128];
+                    for g in 0..cols.div_ceil(group) {
+                        for (r, p) in p.iter_mut().enumerate().take(band) {
+                            *p = table(r0 + r, g);
+                        }
+                        for i in inputs(g) {
+                            // The next block's lines (inputs a lane apart,
+                            // too far for the hardware to guess).
+                            for j in 0..32 {
+                                prefetch::<false>(src, first + (i + SRC_AHEAD + j) * lane + r0 / 2);
+                            }
+                            for r in r0..r0 + band {
+                                for l in (0..32 * N).step_by(64) {
+                                    prefetch::<true>(out, r * row_bytes + (i + AHEAD) * N + l);
+                                }
+                            }
+                            for c in (r0 / 8..(r0 + band) / 8).step_by(4) {
+                                let b: [[[__m128i; 4]; 2]; 4] = std::array::from_fn(|k| block(c, i + 8 * k));
+                                for (half, element) in ELEMENT.iter().enumerate() {
+                                    for q in 0..4 {
+                                        let t = transpose_4x4_32(std::array::from_fn(|k| b[k][half][q]));
+                                        for (v, e) in t.into_iter().zip(element) {
+                                            let r = 8 * (c + q) + e;
+                                            segment::<N>(v, &p[r - r0], out, r * row_bytes + i * N);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// See `super::planes`: each register of four entries sorted by byte,
+    /// then the 4 × 4 words transposed.
+    #[target_feature(enable = "ssse3")]
+    pub(super) fn planes(table: &[u32; 16]) -> [[u8; 16]; 4] {
+        let by_byte = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let r: [__m128i; 4] = std::array::from_fn(|q| {
+            let mut b = [0u8; 16];
+            for (b, t) in b.chunks_exact_mut(4).zip(&table[4 * q..4 * q + 4]) {
+                b.copy_from_slice(&t.to_le_bytes());
+            }
+            _mm_shuffle_epi8(load(&b), by_byte)
+        });
+        transpose_4x4_32(r).map(|v| bytes(v))
+    }
+
+    /// The 16 codes of 8 bytes (low nibble first) as pshufb indices.
+    #[inline]
+    #[target_feature(enable = "ssse3")]
+    fn indices(codes: &[u8; 8]) -> __m128i {
+        // SAFETY: reads exactly the 8 bytes of `codes`.
+        let b = unsafe { _mm_loadl_epi64(codes.as_ptr().cast()) };
+        let nibble = _mm_set1_epi8(0x0F);
+        let low = _mm_and_si128(b, nibble);
+        let high = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+        _mm_unpacklo_epi8(low, high)
+    }
+
+    /// The same with each byte's high nibble first.
+    #[inline]
+    #[target_feature(enable = "ssse3")]
+    fn indices_high_first(codes: &[u8; 8]) -> __m128i {
+        // SAFETY: reads exactly the 8 bytes of `codes`.
+        let b = unsafe { _mm_loadl_epi64(codes.as_ptr().cast()) };
+        let nibble = _mm_set1_epi8(0x0F);
+        let low = _mm_and_si128(b, nibble);
+        let high = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+        _mm_unpacklo_epi8(high, low)
+    }
+
+    #[target_feature(enable = "ssse3")]
+    pub(super) fn nibbles_to_16bit(
+        codes: &[u8],
+        planes: &[[u8; 16]; 4],
+        out: &mut [u8],
+        high_first: bool,
+    ) -> usize {
+        let (t_lo, t_hi) = (load(&planes[0]), load(&planes[1]));
+        let blocks = (codes.len() / 8).min(out.len() / 32);
+        for (c, o) in codes.chunks_exact(8).zip(out.chunks_exact_mut(32)).take(blocks) {
+            let c: &[u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!("8 bytes"));
+            let idx = if high_first {
+                indices_high_first(c)
+            } else {
+                indices(c)
+            };
+            let (v_lo, v_hi) = (_mm_shuffle_epi8(t_lo, idx), _mm_shuffle_epi8(t_hi, idx));
+            o[..16].copy_from_slice(&bytes(_mm_unpacklo_epi8(v_lo, v_hi)));
+            o[16..].copy_from_slice(&bytes(_mm_unpackhi_epi8(v_lo, v_hi)));
+        }
+        blocks * 16
+    }
+
+    /// See `super::transposed_block`: 8 lanes of 2-byte or 4 of 4-byte
+    /// outputs.
+    #[target_feature(enable = "ssse3")]
+    pub(super) fn transposed_block<const N: usize>(
+        codes: &[&[u8; 8]],
+        planes: &[&[[u8; 16]; 4]],
+        out: &mut [u8],
+        row_bytes: usize,
+    ) {
+        // One bounds check for the block's last row; every row then lies in.
+        let end = 15 * row_bytes + 16;
+        let out = &mut out[..end];
+        let mut store = |e: usize, v: __m128i| {
+            debug_assert!(e < 16);
+            // SAFETY: e < 16, so e·row_bytes + 16 ≤ end = out.len()
+            // (unaligned store).
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(e * row_bytes).cast(), v) };
+        };
+        if N == 2 {
+            // Per lane, the values of rows 0..8 and 8..16.
+            let v: [[__m128i; 2]; 8] = std::array::from_fn(|q| {
+                let idx = indices(codes[q]);
+                let (lo, hi) = (load(&planes[q][0]), load(&planes[q][1]));
+                let (v_lo, v_hi) = (_mm_shuffle_epi8(lo, idx), _mm_shuffle_epi8(hi, idx));
+                [_mm_unpacklo_epi8(v_lo, v_hi), _mm_unpackhi_epi8(v_lo, v_hi)]
+            });
+            for half in 0..2 {
+                let r: [__m128i; 8] = std::array::from_fn(|q| v[q][half]);
+                for (e, row) in transpose_8x8_16(r).into_iter().enumerate() {
+                    store(8 * half + e, row);
+                }
+            }
+        } else {
+            // Per lane, the values of rows 4k..4k + 4.
+            let v: [[__m128i; 4]; 4] = std::array::from_fn(|q| {
+                let idx = indices(codes[q]);
+                let p: [__m128i; 4] = std::array::from_fn(|b| _mm_shuffle_epi8(load(&planes[q][b]), idx));
+                let (a, b) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
+                let (c, d) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
+                [
+                    _mm_unpacklo_epi16(a, b),
+                    _mm_unpackhi_epi16(a, b),
+                    _mm_unpacklo_epi16(c, d),
+                    _mm_unpackhi_epi16(c, d),
+                ]
+            });
+            for k in 0..4 {
+                let [a, b, c, d] = [v[0][k], v[1][k], v[2][k], v[3][k]];
+                let (ab0, cd0) = (_mm_unpacklo_epi32(a, b), _mm_unpacklo_epi32(c, d));
+                let (ab1, cd1) = (_mm_unpackhi_epi32(a, b), _mm_unpackhi_epi32(c, d));
+                store(4 * k, _mm_unpacklo_epi64(ab0, cd0));
+                store(4 * k + 1, _mm_unpackhi_epi64(ab0, cd0));
+                store(4 * k + 2, _mm_unpacklo_epi64(ab1, cd1));
+                store(4 * k + 3, _mm_unpackhi_epi64(ab1, cd1));
+            }
+        }
+    }
+
+    /// Transposes 8 × 8 16-bit values: value `e` of `r[q]` becomes value
+    /// `q` of the result's `e`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn transpose_8x8_16(r: [__m128i; 8]) -> [__m128i; 8] {
+        let a: [__m128i; 8] = std::array::from_fn(|k| {
+            let (x, y) = (r[k / 2 * 2], r[k / 2 * 2 + 1]);
+            if k % 2 == 0 {
+                _mm_unpacklo_epi16(x, y)
+            } else {
+                _mm_unpackhi_epi16(x, y)
+            }
+        });
+        // a[0], a[2], a[4], a[6]: values 0..4 of row pairs; a[odd]: 4..8.
+        let b = |x: __m128i, y: __m128i| (_mm_unpacklo_epi32(x, y), _mm_unpackhi_epi32(x, y));
+        let (b0, b1) = b(a[0], a[2]);
+        let (b2, b3) = b(a[1], a[3]);
+        let (b4, b5) = b(a[4], a[6]);
+        let (b6, b7) = b(a[5], a[7]);
+        [
+            _mm_unpacklo_epi64(b0, b4),
+            _mm_unpackhi_epi64(b0, b4),
+            _mm_unpacklo_epi64(b1, b5),
+            _mm_unpackhi_epi64(b1, b5),
+            _mm_unpacklo_epi64(b2, b6),
+            _mm_unpackhi_epi64(b2, b6),
+            _mm_unpacklo_epi64(b3, b7),
+            _mm_unpackhi_epi64(b3, b7),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn awq_gather_equals_the_field_order() {
+        // 9 word columns (two SIMD groups and a scalar rest) of 48 inputs (a
+        // block of 32 and one of 8, twice).
+        let (columns, inputs) = (9, 48);
+        let mut rng = fastrand::Rng::with_seed(3);
+        let src: Vec<u8> = (0..columns * 4 * inputs).map(|_| rng.u8(..)).collect();
+        let row = inputs / 2;
+        let mut dst = vec![0u8; 8 * columns * row];
+        gather_awq(&src, (0, columns * 4), (columns, inputs), &mut dst, row);
+        for o in 0..8 * columns {
+            for i in 0..inputs {
+                let a = i * columns * 4 + o / 8 * 4;
+                let word = u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]]);
+                let want = (word >> (4 * AWQ_SLOT[o % 8])) & 15;
+                let got = (dst[o * row + i / 2] >> (4 * (i % 2))) & 15;
+                assert_eq!(got as u32, want, "output {o}, input {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn planes_hold_each_byte_of_each_entry() {
+        let table: [u32; 16] = std::array::from_fn(|c| 0x0403_0201u32.wrapping_mul(c as u32 + 7) ^ 0xA5A5_5A5A);
+        let p = planes(&table);
+        for (c, t) in table.iter().enumerate() {
+            for (b, plane) in p.iter().enumerate() {
+                assert_eq!(plane[c], (t >> (8 * b)) as u8, "entry {c}, byte {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn word_gather_equals_the_scalar_copy() {
+        let (lanes, words, stride) = (7, 6, 40);
+        let src: Vec<u8> = (0..words * stride + 64).map(|b| b as u8).collect();
+        let row = 4 * words + 4;
+        let mut dst = vec![0u8; lanes * row];
+        gather_words(&src, (8, stride), (lanes, words), &mut dst, row);
+        for k in 0..lanes {
+            for w in 0..words {
+                let at = 8 + w * stride + 4 * k;
+                assert_eq!(&dst[k * row + 4 * w..][..4], &src[at..at + 4], "lane {k}, word {w}");
+            }
+        }
+    }
+
+    fn transposed_equals_scalar<const N: usize>(lanes: usize) {
+        let mut rng = fastrand::Rng::with_seed(5);
+        let codes: Vec<[u8; 8]> = (0..lanes).map(|_| std::array::from_fn(|_| rng.u8(..))).collect();
+        let tables: Vec<[u8; 16 * 4]> = (0..lanes).map(|_| std::array::from_fn(|_| rng.u8(..))).collect();
+        let planes: Vec<[[u8; 16]; 4]> = tables
+            .iter()
+            .map(|t| std::array::from_fn(|b| std::array::from_fn(|c| t[16 * b + c])))
+            .collect();
+        let row_bytes = lanes * N + 6;
+        let mut out = vec![0u8; 16 * row_bytes];
+        let c: Vec<&[u8; 8]> = codes.iter().collect();
+        let p: Vec<&[[u8; 16]; 4]> = planes.iter().collect();
+        transposed_block::<N>(&c, &p, &mut out, row_bytes);
+        for q in 0..lanes {
+            for e in 0..16 {
+                let code = ((codes[q][e / 2] >> (4 * (e % 2))) & 15) as usize;
+                for b in 0..N {
+                    assert_eq!(out[e * row_bytes + q * N + b], planes[q][b][code], "lane {q}, row {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_blocks_equal_the_scalar_lookup() {
+        transposed_equals_scalar::<2>(8);
+        transposed_equals_scalar::<4>(4);
+        transposed_equals_scalar::<2>(3);
+        transposed_equals_scalar::<4>(1);
+    }
+}

@@ -1,0 +1,81 @@
+//! Code tables of 4-bit jobs: the encoded output of each of the 16 codes
+//! under one entry, computed with exactly the operations
+//! `DecodeJob::value` performs (`(c − zero)·scale`, then the post scale,
+//! rounded once), and
+//! their byte planes for the vector lookups.
+//!
+//! Jobs without zero points whose scale is a byte through a 256-entry table
+//! (e8m0, e4m3: MXFP4, NVFP4, GPT-OSS) have at most 256 different tables:
+//! [`ByScale`] builds them once per job, and an entry's table is then the
+//! scale byte itself, however small the entries.
+
+use super::simd;
+use crate::job::{DecodeJob, ValueKind};
+use crate::numerics::{self, OutDtype};
+
+/// One entry's table.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Table16 {
+    /// The encoded output of each code (16 or 32 bits).
+    pub(super) values: [u32; 16],
+    /// Byte `b` of each value in plane `b` ([`simd::planes`]).
+    pub(super) planes: [[u8; 16]; 4],
+}
+
+impl Table16 {
+    /// The table of `job`'s 16 codes under (`zero`, `scale`).
+    pub(super) fn new(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
+        let mut v: [f32; 16] = std::array::from_fn(|k| job.code_values.get(k).copied().unwrap_or(0.0));
+        // Each step its own loop, without a branch inside: each vectorizes.
+        if let Some(z) = zero {
+            v.iter_mut().for_each(|v| *v -= z);
+        }
+        if let Some(s) = scale {
+            v.iter_mut().for_each(|v| *v *= s);
+        }
+        if let Some(f) = job.post_scale {
+            v.iter_mut().for_each(|v| *v *= f);
+        }
+        let mut values = [0u32; 16];
+        let pairs = values.iter_mut().zip(&v);
+        match job.out {
+            OutDtype::Bf16 => pairs.for_each(|(t, &v)| *t = numerics::f32_to_bf16(v) as u32),
+            OutDtype::F16 => pairs.for_each(|(t, &v)| *t = numerics::f32_to_f16(v) as u32),
+            OutDtype::F32 => pairs.for_each(|(t, &v)| *t = numerics::f32_bits(v)),
+        }
+        Table16 {
+            values,
+            planes: simd::planes(&values),
+        }
+    }
+}
+
+/// The 256 tables of a 4-bit job without zero points whose scale is a
+/// byte through a table, by scale byte.
+#[derive(Debug)]
+pub(super) struct ByScale {
+    tables: Vec<Table16>,
+}
+
+impl ByScale {
+    /// The tables, when `job` is such a job.
+    pub(super) fn of(job: &DecodeJob<'_>) -> Option<ByScale> {
+        let scale = job.scale.as_ref()?;
+        let ValueKind::Table(t) = &scale.kind else {
+            return None;
+        };
+        if job.zero.is_some() || job.code_values.len() != 16 || job.low_rank.is_some() {
+            return None;
+        }
+        Some(ByScale {
+            tables: t.iter().map(|&s| Table16::new(job, None, Some(s))).collect(),
+        })
+    }
+
+    /// The table of the entry whose scale is stored at `index`.
+    #[inline]
+    pub(super) fn at<'t>(&'t self, job: &DecodeJob<'_>, index: usize) -> &'t Table16 {
+        let byte = job.scale.as_ref().map_or(0, |s| s.data[index]);
+        &self.tables[byte as usize]
+    }
+}
