@@ -24,6 +24,8 @@ use crate::job::DecodeJob;
 
 mod rows;
 mod simd;
+#[cfg(feature = "testing")]
+pub use simd::set_vector_kernels;
 mod table;
 mod tiles;
 

@@ -15,6 +15,8 @@ use std::ops::Range;
 use std::pin::Pin;
 
 pub use cpu::{way, Cpu, Way};
+#[cfg(feature = "testing")]
+pub use cpu::set_vector_kernels;
 pub use select::{select, select_async, BackendChoice};
 #[cfg(feature = "testing")]
 pub use select::Fallback;

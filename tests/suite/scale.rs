@@ -19,7 +19,7 @@ use crate::common::{
     write_json, Rng, Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
-use wgpu_dequant::backend::{way, Backend, Cpu, Way};
+use wgpu_dequant::backend::{set_vector_kernels, way, Backend, Cpu, Way};
 use wgpu_dequant::Checkpoint;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -1438,5 +1438,22 @@ fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
                 }
             }
         }
+    }
+}
+
+/// The scalar loops that other CPUs run (aarch64, wasm32) give the same
+/// bytes: the random and packed-row checks again, the vector kernels off
+/// (tests running meanwhile take either; both give the same bytes).
+#[test]
+fn cpu_scalar_loops_equal_reference() {
+    set_vector_kernels(false);
+    let checks = std::panic::catch_unwind(|| {
+        cpu_table_rows_equal_reference_on_random_jobs();
+        cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs();
+        cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs();
+    });
+    set_vector_kernels(true);
+    if let Err(e) = checks {
+        std::panic::resume_unwind(e);
     }
 }

@@ -6,15 +6,33 @@
 //! Every load and store goes through a bounds-checked slice of exactly the
 //! bytes it touches; the only unsafety is the CPU feature.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 /// Slot of element `e` in an AutoAWQ word: `e/2 + (e%2)·4`.
 const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
-/// Whether the CPU has SSSE3 (`pshufb`), checked once per call site batch.
+/// Whether the vector kernels may run: tests turn them off to check the
+/// scalar loops other CPUs run, on this one.
+static VECTORS: AtomicBool = AtomicBool::new(true);
+
+/// Lets the vector kernels run, or not (the scalar loops give the same
+/// bytes).
+pub fn set_vector_kernels(on: bool) {
+    VECTORS.store(on, Ordering::Relaxed);
+}
+
+/// Whether the SSE2 kernels run (SSE2 is part of x86-64).
+#[inline]
+fn sse2() -> bool {
+    cfg!(target_arch = "x86_64") && VECTORS.load(Ordering::Relaxed)
+}
+
+/// Whether the SSSE3 (`pshufb`) kernels run.
 #[inline]
 pub(super) fn has_ssse3() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("ssse3")
+        sse2() && std::arch::is_x86_feature_detected!("ssse3")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -66,10 +84,7 @@ pub(super) fn gather_words(
     dst: &mut [u8],
     row: usize,
 ) {
-    #[cfg(not(target_arch = "x86_64"))]
-    let (k4, w4) = (0, 0);
-    #[cfg(target_arch = "x86_64")]
-    let (k4, w4) = (lanes / 4 * 4, words / 4 * 4);
+    let (k4, w4) = if sse2() { (lanes / 4 * 4, words / 4 * 4) } else { (0, 0) };
     #[cfg(target_arch = "x86_64")]
     {
         for w in (0..w4).step_by(4) {
@@ -108,10 +123,7 @@ pub(super) fn gather_awq(
     dst: &mut [u8],
     row: usize,
 ) {
-    #[cfg(not(target_arch = "x86_64"))]
-    let c4 = 0;
-    #[cfg(target_arch = "x86_64")]
-    let c4 = columns / 4 * 4;
+    let c4 = if sse2() { columns / 4 * 4 } else { 0 };
     // SAFETY: SSE2 is part of x86-64.
     #[cfg(target_arch = "x86_64")]
     unsafe {
@@ -192,7 +204,7 @@ pub(super) fn transposed_block<const N: usize>(
     for (q, (c, p)) in codes.iter().zip(planes).enumerate() {
         for e in 0..16 {
             let code = ((c[e / 2] >> (4 * (e % 2))) & 15) as usize;
-            for (b, plane) in p.iter().enumerate() {
+            for (b, plane) in p.iter().take(N).enumerate() {
                 out[e * row_bytes + q * N + b] = plane[code];
             }
         }
@@ -720,24 +732,29 @@ mod tests {
     fn transposed_equals_scalar<const N: usize>(lanes: usize) {
         let mut rng = fastrand::Rng::with_seed(5);
         let codes: Vec<[u8; 8]> = (0..lanes).map(|_| std::array::from_fn(|_| rng.u8(..))).collect();
-        let tables: Vec<[u8; 16 * 4]> = (0..lanes).map(|_| std::array::from_fn(|_| rng.u8(..))).collect();
-        let planes: Vec<[[u8; 16]; 4]> = tables
-            .iter()
-            .map(|t| std::array::from_fn(|b| std::array::from_fn(|c| t[16 * b + c])))
-            .collect();
+        let planes: Vec<[[u8; 16]; 4]> =
+            (0..lanes).map(|_| std::array::from_fn(|_| std::array::from_fn(|_| rng.u8(..)))).collect();
+        // Rows wider than the block, whose other bytes must stay as they are.
         let row_bytes = lanes * N + 6;
-        let mut out = vec![0u8; 16 * row_bytes];
         let c: Vec<&[u8; 8]> = codes.iter().collect();
         let p: Vec<&[[u8; 16]; 4]> = planes.iter().collect();
-        transposed_block::<N>(&c, &p, &mut out, row_bytes);
-        for q in 0..lanes {
-            for e in 0..16 {
-                let code = ((codes[q][e / 2] >> (4 * (e % 2))) & 15) as usize;
-                for b in 0..N {
-                    assert_eq!(out[e * row_bytes + q * N + b], planes[q][b][code], "lane {q}, row {e}");
-                }
+        for vectors in [true, false] {
+            set_vector_kernels(vectors);
+            let mut out = vec![0x5Au8; 15 * row_bytes + lanes * N];
+            transposed_block::<N>(&c, &p, &mut out, row_bytes);
+            for (i, &b) in out.iter().enumerate() {
+                let (e, at) = (i / row_bytes, i % row_bytes);
+                let want = if at < lanes * N {
+                    let (q, byte) = (at / N, at % N);
+                    let code = ((codes[q][e / 2] >> (4 * (e % 2))) & 15) as usize;
+                    planes[q][byte][code]
+                } else {
+                    0x5A
+                };
+                assert_eq!(b, want, "vectors {vectors}, row {e}, byte {at}");
             }
         }
+        set_vector_kernels(true);
     }
 
     #[test]
