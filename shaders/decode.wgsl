@@ -111,6 +111,10 @@ struct Params {
     out_base: u32,    // dst word where this chunk's output starts
     transposed: u32,  // 1: output (row, col) is stored (col, row)
     post_scale: f32,  // every value times this last (LLM.int8's 1/127); 1.0: none
+    product: u32,     // OUT_BF16 / OUT_F16: the scaled value computed in that dtype (job::Product); OUT_F32: in f32
+    pad0: u32,        // the streams below start 16-byte aligned (uniform layout)
+    pad1: u32,
+    pad2: u32,
     codes: Stream,
     zero: Stream,
     zgrid: Grid,
@@ -291,10 +295,35 @@ fn decode_scaled(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
     if (p.lr_mode != LOW_RANK_NONE) {
         return low_rank(v, s, flat, col);
     }
-    if (p.has_scale == 1u) {
-        return v * s;
+    return scaled(v, s, p.has_scale == 1u);
+}
+
+// `x` rounded to the product's dtype (OutDtype::round), as an f32 again.
+fn in_product(x: f32) -> f32 {
+    if (p.product == OUT_BF16) {
+        return bitcast<f32>(to_bf16(x) << 16u);
     }
-    return v;
+    if (p.product == OUT_F16) {
+        return f16_to_f32(to_f16(x));
+    }
+    return x;
+}
+
+// DecodeJob::scaled: `v · s` (`v` without a scale) in the job's Product
+// arithmetic: in f32, or both operands and the product rounded to a 16-bit
+// dtype (their f32 product is exact, so that is the dtype's own multiply).
+fn scaled(v: f32, s: f32, has_scale: bool) -> f32 {
+    if (p.product == OUT_F32) {
+        if (has_scale) {
+            return v * s;
+        }
+        return v;
+    }
+    let q = in_product(v);
+    if (has_scale) {
+        return in_product(q * in_product(s));
+    }
+    return q;
 }
 
 // numerics::f32_bits: NaN payloads and signs are not portable, so one NaN.
@@ -404,6 +433,7 @@ override SCALED: bool = true;        // as has_scale
 override LOW_RANK: u32 = LOW_RANK_NONE; // LOW_RANK_*, as lr_mode
 override HIGH_FIRST: bool = false;   // code bytes hold their fields high bits first (p.codes.swap)
 override POST: bool = false;         // values times p.post_scale last
+override PRODUCT: u32 = OUT_F32;     // as p.product (job::Product), fixed so its branch folds away
 override COPY: bool = false;  // bench baseline: the same reads and writes, no decoding
 override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets it)
 
@@ -465,6 +495,14 @@ fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     }
     if (LOW_RANK != LOW_RANK_NONE) {
         return low_rank(v, s, flat, col);
+    }
+    if (PRODUCT != OUT_F32) {
+        // scaled() with the dtype fixed (p.product equals PRODUCT).
+        let q = in_product(v);
+        if (SCALED) {
+            return in_product(q * in_product(s));
+        }
+        return q;
     }
     if (SCALED) {
         return v * s;

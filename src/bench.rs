@@ -337,6 +337,7 @@ impl Weight {
             g_idx: None,
             low_rank: None,
             post_scale: (self.layout == Layout::BnbInt8).then_some(crate::formats::bnb::INT8_POST),
+            product: Default::default(),
             transposed: false,
             out,
         }

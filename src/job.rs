@@ -493,6 +493,36 @@ pub enum ZeroPoint<'a> {
     Plain(Values<'a>),
 }
 
+/// The arithmetic the scaled value `(q − zero) · scale` is computed in,
+/// before any post scale and the final rounding to the output dtype. A
+/// producer whose dequantizer multiplies two tensors of a 16-bit dtype rounds
+/// both operands and the product to that dtype; this names it, so that every
+/// backend performs the same operations (planners choose it, backends never
+/// branch on the format). With a dtype `d`:
+///
+/// ```text
+/// round_out( round_d( round_d(q − zero) · round_d(scale) ) )
+/// ```
+///
+/// The f32 product of two values of 8 (bf16) or 11 (f16) significant bits is
+/// exact, so rounding it once to `d` is `d`'s own correctly rounded multiply
+/// (what torch computes for two bf16 or f16 tensors). Jobs with a low-rank
+/// branch always compute in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Product {
+    /// In f32 (the numerics contract's default).
+    #[default]
+    F32,
+    /// In the output dtype: the scale is rounded to it first (ModelOpt's
+    /// `FP8QTensor.dequantize`: `weight.to(dtype) * scale.to(dtype)`). An f32
+    /// output makes this the f32 product.
+    OutDtype,
+    /// In bf16 whatever the output, then cast (compressed-tensors'
+    /// `mxfp8-quantized`: a bf16 `2^(e−127)` scale times bf16 codes; an f16
+    /// or f32 output is that bf16 value cast).
+    Bf16,
+}
+
 /// Everything needed to produce one dense tensor.
 #[derive(Debug, Clone)]
 pub struct DecodeJob<'a> {
@@ -515,6 +545,8 @@ pub struct DecodeJob<'a> {
     /// `f32(f32(q · s) · post_scale)` (LLM.int8's `1/127`, applied after its
     /// per-row scale, as bitsandbytes computes it).
     pub post_scale: Option<f32>,
+    /// The arithmetic of the scaled value (see [`Product`]).
+    pub product: Product,
     /// Output dtype.
     pub out: OutDtype,
     /// The output is the stored matrix transposed: element (slice, row, col)
@@ -592,9 +624,16 @@ impl<'a> DecodeJob<'a> {
             g_idx: None,
             low_rank: None,
             post_scale: None,
+            product: Product::F32,
             out,
             transposed: false,
         }
+    }
+
+    /// Computes the scaled value in `product`'s arithmetic (see [`Product`]).
+    pub fn with_product(mut self, product: Product) -> Self {
+        self.product = product;
+        self
     }
 
     /// Multiplies every value by `factor` last (see [`DecodeJob::post_scale`]).
@@ -670,12 +709,36 @@ impl DecodeJob<'_> {
             (row, col)
         };
         let (q, s) = self.code_and_scale(slice, row, col);
-        let v = match (&self.low_rank, s) {
-            (Some(lr), s) => lr.apply(q, s.unwrap_or(1.0), row, col),
-            (None, Some(s)) => q * s,
-            (None, None) => q,
+        let v = match &self.low_rank {
+            Some(lr) => lr.apply(q, s.unwrap_or(1.0), row, col),
+            None => self.scaled(q, s),
         };
         self.post(v)
+    }
+
+    /// The dtype the scaled value is computed in when it is not f32 (see
+    /// [`Product`]).
+    #[inline]
+    pub fn product_dtype(&self) -> Option<OutDtype> {
+        match (self.product, self.out) {
+            (Product::F32, _) | (Product::OutDtype, OutDtype::F32) => None,
+            (Product::OutDtype, d) => Some(d),
+            (Product::Bf16, _) => Some(OutDtype::Bf16),
+        }
+    }
+
+    /// `q · s` (`q` alone without a scale) in the job's [`Product`]
+    /// arithmetic: what every backend's value and table builders compute
+    /// from a code's value less its zero point and its entry's scale.
+    #[inline]
+    pub fn scaled(&self, q: f32, s: Option<f32>) -> f32 {
+        match self.product_dtype() {
+            None => s.map_or(q, |s| q * s),
+            Some(d) => {
+                let q = d.round(q);
+                s.map_or(q, |s| d.round(q * d.round(s)))
+            }
+        }
     }
 
     /// `v` times the job's [`DecodeJob::post_scale`], when it has one.

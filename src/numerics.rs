@@ -92,6 +92,18 @@ impl OutDtype {
         }
     }
 
+    /// `x` rounded to this dtype, as an f32 again (exact: every bf16 and f16
+    /// value is one); f32 leaves it alone. Integer bit operations, as the
+    /// shaders' `to_bf16` / `to_f16`.
+    #[inline]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            OutDtype::Bf16 => bf16_to_f32(f32_to_bf16(x)),
+            OutDtype::F16 => f16_to_f32(f32_to_f16(x)),
+            OutDtype::F32 => x,
+        }
+    }
+
     /// Rounds `x` once to this dtype and appends its little-endian bytes.
     #[inline]
     pub fn encode(self, x: f32, out: &mut [u8]) {

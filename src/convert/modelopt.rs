@@ -161,6 +161,18 @@ pub(super) fn convert<'c>(
     cfg: &modelopt::Config,
     mut plan: Plan<'c>,
 ) -> Result<Plan<'c>> {
+    if cfg.algo != modelopt::Algo::Nvfp4 {
+        // compressed-tensors has no converter from ModelOpt's FP8 or MXFP8
+        // exports to match byte for byte (issue 26).
+        return Err(Error::new(
+            Rule::Ct005,
+            &cfg.path,
+            format!(
+                "ModelOpt {} has no compressed-tensors conversion here (only NVFP4); dequantize it instead",
+                cfg.quant_algo
+            ),
+        ));
+    }
     plan.check()?;
     let modules: BTreeSet<String> = plan
         .outputs

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, ZeroPoint};
+use crate::job::{DecodeJob, Dims, Fields, Product, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 use crate::output::{Output, Warning};
 
@@ -34,6 +34,7 @@ const FORMATS: &[&str] = &[
     "pack-quantized",
     "nvfp4-pack-quantized",
     "mxfp4-pack-quantized",
+    "mxfp8-quantized",
     "int-quantized",
     "float-quantized",
     "naive-quantized",
@@ -418,6 +419,16 @@ fn plan_module<'c>(
             };
             Ok(decoded_output(module, shard, shape, job, describe(what)))
         }
+        "mxfp8-quantized" => {
+            let (job, shape, shard) = mxfp8(ckpt, module, layout, out)?;
+            Ok(decoded_output(
+                module,
+                shard,
+                shape,
+                job,
+                describe("fp8 e4m3 e8m0-scale (bf16 product)"),
+            ))
+        }
         _ => {
             let (job, shape, shard, kind) = byte_weight(ckpt, module, scheme, layout, out)?;
             Ok(decoded_output(module, shard, shape, job, describe(kind)))
@@ -689,6 +700,41 @@ fn fp4_packed<'c>(
     };
     let job = fp4_job(&packed, dims, scale_t, table, layout, out)?;
     Ok((job, shape, packed.shard))
+}
+
+/// Columns per `mxfp8-quantized` scale (the MX block).
+const MX_GROUP: usize = 32;
+
+/// `mxfp8-quantized`: `weight` F8_E4M3, `weight_scale` U8 E8M0 per 32
+/// columns. compressed-tensors makes each scale a bf16 `2^(e−127)` and
+/// multiplies in bf16 before it casts: a [`Product::Bf16`] job.
+fn mxfp8<'c>(
+    ckpt: &'c Checkpoint,
+    module: &str,
+    layout: ScaleLayout,
+    out: OutDtype,
+) -> Result<(DecodeJob<'c>, Vec<usize>, usize)> {
+    let w = require(ckpt, module, "weight")?;
+    expect_dtype(&w, &[Dtype::F8_E4M3])?;
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    expect_dtype(&scale_t, &[Dtype::U8])?;
+    if layout != ScaleLayout::Group(MX_GROUP) {
+        return Err(scale_t.error(
+            Rule::Config,
+            format!(
+                "mxfp8-quantized scales one E8M0 byte per {MX_GROUP} columns; the config says {}",
+                layout.describe()
+            ),
+        ));
+    }
+    let (slices, rows, cols) = split_shape(&w, w.shape)?;
+    let dims = Dims { slices, rows, cols };
+    let scale = grid_values(scale_t, byte_table(numerics::e8m0), layout, dims)?;
+    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+        .with_scale(scale)
+        .with_product(Product::Bf16);
+    Ok((job, w.shape.to_vec(), w.shard))
 }
 
 /// int8 / fp8 weights stored one byte per element.

@@ -7,6 +7,7 @@
 
 pub mod awq;
 pub mod bnb;
+pub mod fbgemm;
 pub mod compressed_tensors;
 pub mod fp8_block;
 pub mod gpt_oss;
@@ -39,6 +40,9 @@ pub enum Format {
     Modelopt(modelopt::Config),
     /// DeepSeek-style FP8 with block scales (`quant_method: "fp8"`).
     Fp8Block(fp8_block::Config),
+    /// fbgemm FP8 (`quant_method: "fbgemm_fp8"`): per-row f32 scales.
+    #[serde(rename = "fbgemm-fp8")]
+    Fbgemm(fbgemm::Config),
     /// An AutoAWQ GEMM checkpoint (`quant_method: "awq"`).
     Awq(awq::Config),
     /// A GPTQ checkpoint (`quant_method: "gptq"`) or AutoRound's GPTQ-packed
@@ -70,6 +74,7 @@ impl Format {
                 c.quant_algo
             ),
             Format::Fp8Block(c) => format!("fp8 e4m3 {} (weight_scale_inv)", c.describe()),
+            Format::Fbgemm(_) => "fbgemm_fp8 (fp8 e4m3, f32 scale per row)".into(),
             Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
             Format::Gptq(c) => format!("{} {}", c.producer_name(), c.describe()),
             Format::GptOss(_) => "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into(),
@@ -92,6 +97,7 @@ impl Format {
             Format::CompressedTensors(c) => c.report_lines(),
             Format::Modelopt(c) => c.report_lines(),
             Format::Fp8Block(c) => c.report_lines(),
+            Format::Fbgemm(c) => c.report_lines(),
             Format::Awq(c) => c.report_lines(),
             Format::Gptq(c) => c.report_lines(),
             Format::GptOss(c) => c.report_lines(),
@@ -146,6 +152,7 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
                 None => modelopt::Config::from_config_json(&file.path, qc)?,
             })),
             "fp8" => Ok(Format::Fp8Block(fp8_block::Config::parse(&file.path, qc)?)),
+            "fbgemm_fp8" => Ok(Format::Fbgemm(fbgemm::Config::parse(&file.path, qc)?)),
             "awq" => Ok(Format::Awq(awq::Config::parse(&file.path, qc)?)),
             "gptq" => Ok(Format::Gptq(gptq::Config::parse(
                 &file.path,
@@ -162,7 +169,7 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, awq, gptq, auto-round, mxfp4, bitsandbytes)"),
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, fbgemm_fp8, awq, gptq, auto-round, mxfp4, bitsandbytes)"),
             )),
         };
     }
@@ -243,6 +250,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, ckpt, dtype),
         Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
         Format::Fp8Block(cfg) => fp8_block::plan(cfg, ckpt, dtype),
+        Format::Fbgemm(cfg) => fbgemm::plan(cfg, ckpt, dtype),
         Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
         Format::Gptq(cfg) => gptq::plan(cfg, ckpt, dtype),
         Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),

@@ -1,5 +1,10 @@
-//! NVIDIA ModelOpt NVFP4 exports (`hf_quant_config.json`, or `config.json`
-//! with `quant_method: "modelopt"`).
+//! NVIDIA ModelOpt exports (`hf_quant_config.json`, or `config.json` with
+//! `quant_method: "modelopt"`): NVFP4, FP8 per tensor and per channel, FP8
+//! 128×128 blocks (`fp8_pb_wo`) and MXFP8.
+//!
+//! ModelOpt's `FP8QTensor.dequantize` multiplies in the output dtype
+//! (`weight.to(dtype) * scale.to(dtype)`): its FP8 jobs are
+//! [`Product::OutDtype`] ones. `MXFP8QTensor` computes in f32.
 
 use std::path::{Path, PathBuf};
 
@@ -8,12 +13,12 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, decoded_output, expect_dtype, fp4_job, plan_each, quantized_modules, require,
-    scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
+    byte_codes, byte_table, decoded_output, expect_dtype, fp4_job, grid_values, plan_each,
+    quantized_modules, require, scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
 };
-use crate::checkpoint::{Checkpoint, JsonFile};
+use crate::checkpoint::{Checkpoint, JsonFile, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::Dims;
+use crate::job::{DecodeJob, Dims, Product, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
@@ -25,8 +30,11 @@ pub struct Config {
     pub path: PathBuf,
     /// ModelOpt version that wrote it.
     pub producer_version: Option<String>,
-    /// `NVFP4` (the only algorithm decoded).
+    /// `NVFP4`, `FP8`, `FP8_PER_CHANNEL_PER_TOKEN`, `FP8_PB_WO`, `MXFP8`
+    /// (upper case).
     pub quant_algo: String,
+    /// What the algorithm stores.
+    pub algo: Algo,
     /// Columns per e4m3 scale.
     pub group_size: usize,
     /// Modules left unquantized.
@@ -34,6 +42,54 @@ pub struct Config {
     /// KV cache quantization (`FP8`), when set.
     pub kv_cache_quant_algo: Option<String>,
 }
+
+/// The weight layouts of the decoded ModelOpt algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algo {
+    /// E2M1 nibbles, e4m3 scales per `group_size`, f32 `weight_scale_2`.
+    Nvfp4,
+    /// E4M3 weight, one f32 scale per tensor (`FP8`).
+    Fp8Tensor,
+    /// E4M3 weight, one f32 scale per output row (`FP8_PER_CHANNEL_PER_TOKEN`).
+    Fp8Channel,
+    /// E4M3 weight, f32 scales per 128×128 block (`FP8_PB_WO`).
+    Fp8Block,
+    /// E4M3 weight, E8M0 scales per 32 columns (`MXFP8`).
+    Mxfp8,
+}
+
+impl Algo {
+    fn of(name: &str) -> Option<Algo> {
+        Some(match name {
+            // W4A16_NVFP4 stores the same NVFP4 weights (activations stay 16-bit).
+            "NVFP4" | "W4A16_NVFP4" => Algo::Nvfp4,
+            "FP8" => Algo::Fp8Tensor,
+            "FP8_PER_CHANNEL_PER_TOKEN" => Algo::Fp8Channel,
+            "FP8_PB_WO" => Algo::Fp8Block,
+            "MXFP8" => Algo::Mxfp8,
+            _ => return None,
+        })
+    }
+
+    /// For people: how each weight is scaled.
+    fn describe(self, group_size: usize) -> String {
+        match self {
+            Algo::Nvfp4 => format!("group {group_size}"),
+            Algo::Fp8Tensor => "per-tensor".into(),
+            Algo::Fp8Channel => "per-channel".into(),
+            Algo::Fp8Block => format!("block {FP8_BLOCK}x{FP8_BLOCK}"),
+            Algo::Mxfp8 => format!("e8m0 group {MX_GROUP}"),
+        }
+    }
+}
+
+/// Rows and columns of an `FP8_PB_WO` block: written nowhere, ModelOpt's
+/// only block size; a scale whose shape does not fit it is refused.
+pub const FP8_BLOCK: usize = 128;
+
+/// Columns per MXFP8 scale.
+pub const MX_GROUP: usize = 32;
 
 /// The `quantization` object (or a flat `quantization_config`) as ModelOpt
 /// writes it; keys it does not name are ignored.
@@ -74,12 +130,16 @@ impl Config {
     /// `inspect`'s line: the algorithm, its group size and the excluded modules.
     pub fn report_lines(&self) -> Vec<String> {
         let ex: Vec<&str> = self.exclude_modules.iter().map(Target::text).collect();
-        vec![format!(
-            "{} group {}; exclude {}",
+        let mut lines = vec![format!(
+            "{} {}; exclude {}",
             self.quant_algo,
-            self.group_size,
+            self.algo.describe(self.group_size),
             ex.join(", ")
-        )]
+        )];
+        if let Some(kv) = &self.kv_cache_quant_algo {
+            lines.push(format!("kv cache {kv} (scales dropped from the dense output)"));
+        }
+        lines
     }
 
     /// Reads the `quantization` object (hf_quant_config.json's, or the one a
@@ -108,10 +168,20 @@ impl Config {
             ));
         }
         let algo = raw.quant_algo.unwrap_or_default();
+        let Some(kind) = Algo::of(&algo.to_ascii_uppercase()) else {
+            return Err(Error::new(
+                Rule::Unsupported,
+                path,
+                format!(
+                    "ModelOpt quant_algo {algo:?} is not decoded (NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8)"
+                ),
+            ));
+        };
         let cfg = Config {
             path: path.to_path_buf(),
             producer_version: outer_producer.or(raw.producer).and_then(|p| p.version),
             quant_algo: algo.to_ascii_uppercase(),
+            algo: kind,
             group_size: group_size.unwrap_or(16),
             exclude_modules: raw
                 .exclude_modules
@@ -122,14 +192,6 @@ impl Config {
                 .collect(),
             kv_cache_quant_algo: raw.kv_cache_quant_algo,
         };
-        // W4A16_NVFP4 stores the same NVFP4 weights (activations stay 16-bit).
-        if !matches!(cfg.quant_algo.as_str(), "NVFP4" | "W4A16_NVFP4") {
-            return Err(Error::new(
-                Rule::Unsupported,
-                path,
-                format!("ModelOpt quant_algo {algo:?} is not decoded (only NVFP4)"),
-            ));
-        }
         Ok(cfg)
     }
 
@@ -151,9 +213,24 @@ impl Config {
     }
 }
 
-/// The decoded NVFP4 modules: every module with a uint8 `weight` beside
-/// `weight_scale_2`. Other `weight`s pass through.
+/// The decoded modules. NVFP4: every module with a uint8 `weight` beside
+/// `weight_scale_2`; FP8 and MXFP8: every module with an F8_E4M3 `weight`
+/// or a `weight_scale`. Other `weight`s pass through.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    if cfg.algo != Algo::Nvfp4 {
+        return plan_each(
+            ckpt,
+            quantized_modules(ckpt, "weight_scale", Dtype::F8_E4M3),
+            &["weight", "weight_scale"],
+            |m| {
+                cfg.exclude_modules
+                    .iter()
+                    .any(|t| t.rank(m).is_some())
+                    .then_some("listed in exclude_modules but stored as FP8; decoded anyway")
+            },
+            |m, _| plan_fp8(cfg, ckpt, m, dtype),
+        );
+    }
     plan_each(
         ckpt,
         quantized_modules(ckpt, "weight_scale_2", Dtype::U8),
@@ -202,4 +279,79 @@ fn plan_module<'c>(
             layout.describe()
         ),
     ))
+}
+
+/// An FP8 (E4M3) module of the FP8 and MXFP8 algorithms.
+fn plan_fp8<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<Output<'c>> {
+    let w = require(ckpt, module, "weight")?;
+    expect_dtype(&w, &[Dtype::F8_E4M3])?;
+    let scale = require(ckpt, module, "weight_scale")?;
+    let (slices, rows, cols) = split_shape(&w, w.shape)?;
+    let dims = Dims { slices, rows, cols };
+    let (values, product) = match cfg.algo {
+        Algo::Mxfp8 => {
+            expect_dtype(&scale, &[Dtype::U8])?;
+            let kind = byte_table(numerics::e8m0);
+            let v = grid_values(scale, kind, ScaleLayout::Group(MX_GROUP), dims)?;
+            (v, Product::F32)
+        }
+        Algo::Fp8Block => {
+            expect_dtype(&scale, &[Dtype::F32])?;
+            (block_scale(scale, dims)?, Product::OutDtype)
+        }
+        Algo::Fp8Channel => {
+            expect_dtype(&scale, &[Dtype::F32])?;
+            let v = grid_values(scale, ValueKind::F32, ScaleLayout::Channel, dims)?;
+            (v, Product::OutDtype)
+        }
+        Algo::Fp8Tensor | Algo::Nvfp4 => {
+            expect_dtype(&scale, &[Dtype::F32])?;
+            let v = grid_values(scale, ValueKind::F32, ScaleLayout::Tensor, dims)?;
+            (v, Product::OutDtype)
+        }
+    };
+    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+        .with_scale(values)
+        .with_product(product);
+    Ok(decoded_output(
+        module,
+        w.shard,
+        w.shape.to_vec(),
+        job,
+        format!(
+            "modelopt {} fp8 e4m3 {}",
+            cfg.quant_algo,
+            cfg.algo.describe(cfg.group_size)
+        ),
+    ))
+}
+
+/// An `FP8_PB_WO` scale: f32 `[ceil(rows/128), 1, ceil(cols/128), 1]` (or
+/// `[ceil(rows/128), ceil(cols/128)]`); the block size is written nowhere,
+/// so the shape must be the one 128×128 blocks give.
+fn block_scale<'c>(t: TensorRef<'c>, dims: Dims) -> Result<Values<'c>> {
+    let (nr, nc) = (dims.rows.div_ceil(FP8_BLOCK), dims.cols.div_ceil(FP8_BLOCK));
+    let grid_shape: Vec<usize> = t.shape.iter().copied().filter(|&d| d != 1).collect();
+    let fits = dims.slices == 1
+        && t.elements() == nr * nc
+        && match *t.shape {
+            [a, 1, b, 1] | [a, b] => (a, b) == (nr, nc),
+            _ => false,
+        };
+    if !fits {
+        return Err(t.error(
+            Rule::TensorShape,
+            format!(
+                "shape {:?} does not fit {FP8_BLOCK}x{FP8_BLOCK} blocks of a {}x{} weight (expected [{nr}, 1, {nc}, 1]; {grid_shape:?} without its unit dimensions)",
+                t.shape, dims.rows, dims.cols
+            ),
+        ));
+    }
+    let (grid, _) = ScaleLayout::Block(FP8_BLOCK, FP8_BLOCK).grid(dims);
+    Ok(Values {
+        data: t.into(),
+        kind: ValueKind::F32,
+        grid,
+    })
 }

@@ -329,6 +329,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
         g_idx: None,
         low_rank: None,
         post_scale: None,
+        product: Default::default(),
         transposed: false,
         out,
     }
@@ -444,6 +445,7 @@ fn decode_to_buffer_matches_cpu() {
                 g_idx: None,
                 low_rank: None,
                 post_scale: None,
+                product: Default::default(),
                 transposed: false,
                 out,
             };

@@ -351,7 +351,7 @@ impl Rows {
             // then the post scale.
             let value = |c: f32| {
                 let q = zero.map_or(c, |z| c - z);
-                job.post(scale.map_or(q, |s| q * s))
+                job.post(job.scaled(q, scale))
             };
             if n == 16 {
                 tables.extend(Table16::new(job, zero, scale).values.map(u64::from));

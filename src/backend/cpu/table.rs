@@ -1,6 +1,7 @@
 //! Code tables of 4-bit jobs: the encoded output of each of the 16 codes
 //! under one entry, computed with exactly the operations
-//! `DecodeJob::value` performs (`(c − zero)·scale`, then the post scale,
+//! `DecodeJob::value` performs (`(c − zero)·scale` in the job's `Product`
+//! arithmetic, then the post scale,
 //! rounded once), and
 //! their byte planes for the vector lookups.
 //!
@@ -30,8 +31,11 @@ impl Table16 {
         if let Some(z) = zero {
             v.iter_mut().for_each(|v| *v -= z);
         }
-        if let Some(s) = scale {
-            v.iter_mut().for_each(|v| *v *= s);
+        match (job.product_dtype(), scale) {
+            (None, Some(s)) => v.iter_mut().for_each(|v| *v *= s),
+            (None, None) => {}
+            // A 16-bit product (job::Product): the job's own operations.
+            (Some(_), _) => v.iter_mut().for_each(|v| *v = job.scaled(*v, scale)),
         }
         if let Some(f) = job.post_scale {
             v.iter_mut().for_each(|v| *v *= f);

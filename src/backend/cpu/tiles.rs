@@ -440,7 +440,7 @@ pub(super) struct Scratch {
 fn fill_table(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, t: &mut [u32]) {
     let value = |c: f32| {
         let q = zero.map_or(c, |z| c - z);
-        job.post(scale.map_or(q, |s| q * s))
+        job.post(job.scaled(q, scale))
     };
     if let (Ok(codes), Ok(t)) = (
         <&[f32; 16]>::try_from(job.code_values.as_slice()),

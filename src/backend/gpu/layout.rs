@@ -244,6 +244,11 @@ pub(super) struct Params {
     transposed: u32,
     /// [`DecodeJob::post_scale`], 1.0 without one.
     post_scale: f32,
+    /// The [`OutKind`] the scaled value is computed in
+    /// ([`DecodeJob::product_dtype`]; `F32` when it is f32).
+    product: u32,
+    /// Keep `codes` 16-byte aligned, as a uniform's structs must be.
+    pad: [u32; 3],
     codes: StreamParams,
     zero: StreamParams,
     zgrid: GridParams,
@@ -323,6 +328,8 @@ pub(super) struct Fast {
     pub high_first: bool,
     /// `POST`: values are multiplied by `Params::post_scale` last.
     pub post: bool,
+    /// `PRODUCT`: as `Params::product` ([`crate::job::Product`]).
+    pub product: OutKind,
     /// `COPY`: the bench baseline (same reads and writes, no decoding).
     pub copy: bool,
 }
@@ -369,7 +376,7 @@ impl Kernel {
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 11] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 12] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
@@ -382,6 +389,7 @@ impl Fast {
             ("ZKIND", self.zkind as u32 as f64),
             ("HIGH_FIRST", flag(self.high_first)),
             ("POST", flag(self.post)),
+            ("PRODUCT", self.product as u32 as f64),
             ("COPY", flag(self.copy)),
         ]
     }
@@ -439,9 +447,15 @@ impl Fast {
             },
             high_first: c.high_first,
             post: job.post_scale.is_some(),
+            product: product_kind(job),
             copy: false,
         })
     }
+}
+
+/// The [`OutKind`] a job's scaled value is computed in (`F32`: in f32).
+fn product_kind(job: &DecodeJob<'_>) -> OutKind {
+    job.product_dtype().map_or(OutKind::F32, OutKind::of)
 }
 
 impl CodeKind {
@@ -551,6 +565,8 @@ impl Tile {
             || job.low_rank.is_some()
             || c.high_first
             || job.post_scale.is_some()
+            // Tiles compute in f32 only (PRODUCT is the fast kernel's).
+            || job.product_dtype().is_some()
         {
             return None;
         }
@@ -949,6 +965,8 @@ fn chunk<'a>(
         out_base: 0,
         transposed: job.transposed as u32,
         post_scale: job.post_scale.unwrap_or(1.0),
+        product: product_kind(job) as u32,
+        pad: [0; 3],
         codes,
         zero,
         zgrid,
@@ -1087,7 +1105,10 @@ mod tests {
         let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
             lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
-            row0, out_base, transposed, post_scale];
+            row0, out_base, transposed, post_scale, product];
+        for (k, name) in ["pad0", "pad1", "pad2"].into_iter().enumerate() {
+            host.push((name.into(), (offset_of!(Params, pad) + 4 * k) as u32));
+        }
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
@@ -1173,6 +1194,7 @@ mod tests {
             zkind: GridKind::F32,
             high_first: true,
             post: true,
+            product: OutKind::F16,
             copy: false,
         };
         let tile = Tile {
@@ -1297,6 +1319,7 @@ mod tests {
             g_idx: None,
             low_rank: None,
             post_scale: None,
+            product: Default::default(),
             transposed: false,
             out,
         }

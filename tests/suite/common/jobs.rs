@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use wgpu_dequant::job::{
-    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, Nested, ValueKind, Values, ZeroPoint,
+    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, Nested, Product, ValueKind, Values, ZeroPoint,
 };
 use wgpu_dequant::OutDtype;
 
@@ -229,6 +229,8 @@ pub struct RandomJob {
     pub high_first: bool,
     /// A factor every value is multiplied by last (LLM.int8's 1/127).
     pub post_scale: Option<f32>,
+    /// The arithmetic of the scaled value (ModelOpt FP8, compressed-tensors mxfp8).
+    pub product: Product,
     pub out: OutDtype,
 }
 
@@ -328,6 +330,8 @@ impl RandomJob {
         let out = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32][rng.below(3) as usize];
         let high_first = !padded && 8 % bits == 0 && rng.below(3) == 0;
         let post_scale = (rng.below(5) == 0).then(|| normal(rng, 4));
+        let product =
+            [Product::F32, Product::F32, Product::OutDtype, Product::Bf16][rng.below(4) as usize];
         RandomJob {
             dims: d,
             bits,
@@ -348,6 +352,7 @@ impl RandomJob {
             g_idx,
             high_first,
             post_scale,
+            product,
             out,
         }
     }
@@ -475,6 +480,7 @@ impl RandomJob {
             // Neither is a tile kernel job.
             high_first: false,
             post_scale: None,
+            product: Default::default(),
             ..r
         }
     }
@@ -556,6 +562,7 @@ impl RandomJob {
             g_idx: self.g_idx.clone(),
             low_rank: None,
             post_scale: self.post_scale,
+            product: self.product,
             transposed: false,
             out: self.out,
         };
@@ -574,7 +581,7 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} zero {} g_idx {} post {:?} out {}",
+            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} zero {} g_idx {} post {:?} product {:?} out {}",
             self.dims,
             if self.transposed { " transposed" } else { "" },
             self.bits,
@@ -592,6 +599,7 @@ impl RandomJob {
             },
             self.g_idx.is_some(),
             self.post_scale,
+            self.product,
             self.out
         )
     }
