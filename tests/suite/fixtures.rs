@@ -69,6 +69,50 @@ fn fp8_block_f16_matches_reference(backend: BackendChoice) {
     );
 }
 
+/// ModelOpt FP8 decoded to f16 is what `FP8QTensor.dequantize(dtype=float16)`
+/// writes: the scale rounded to f16, the product in f16 (copies cast).
+#[test]
+fn modelopt_fp8_f16_matches_reference_on_cpu() {
+    modelopt_fp8_f16_matches_reference(BackendChoice::Cpu);
+}
+
+#[test]
+fn modelopt_fp8_f16_matches_reference_on_gpu() {
+    gpu_test(|_| modelopt_fp8_f16_matches_reference(BackendChoice::Gpu));
+}
+
+fn modelopt_fp8_f16_matches_reference(backend: BackendChoice) {
+    check_case(
+        "modelopt-fp8",
+        DtypeChoice::Fixed(OutDtype::F16),
+        backend,
+        "expected-f16.digests.json",
+        false,
+    );
+}
+
+/// The FP8 family's fixtures in f32 on the GPU: ModelOpt's reference is the
+/// f32 product; compressed-tensors' mxfp8 is its bf16 product widened.
+#[test]
+fn fp8_family_f32_matches_reference_on_gpu() {
+    gpu_test(|_| {
+        check_case(
+            "modelopt-fp8",
+            DtypeChoice::Fixed(OutDtype::F32),
+            BackendChoice::Gpu,
+            "expected-f32.digests.json",
+            false,
+        );
+        check_case(
+            "ct-mxfp8",
+            DtypeChoice::Fixed(OutDtype::F32),
+            BackendChoice::Gpu,
+            "expected-f32.digests.json",
+            false,
+        );
+    });
+}
+
 const GPTQ: [&str; 2] = ["gptq-w4-g128", "gptq-w4-g128-actorder"];
 
 /// transformers + bitsandbytes' own checkpoints: the two shared fixtures

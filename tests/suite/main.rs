@@ -13,6 +13,7 @@ mod cli;
 mod config_variants;
 mod convert;
 mod fixtures;
+mod fp8_family;
 mod gptq;
 mod gpu;
 mod interruption;

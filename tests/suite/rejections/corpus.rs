@@ -323,6 +323,8 @@ const GPT_OSS: &str = "gpt-oss-mxfp4";
 const GPTQ: &str = "gptq-w4-g128";
 const BNB4: &str = "bnb-nf4-dq-bf16";
 const BNB8: &str = "bnb-int8-bf16";
+const MO_FP8: &str = "modelopt-fp8";
+const CT_MX8: &str = "ct-mxfp8";
 const GPT_OSS_UP: &str = "model.layers.0.mlp.experts.gate_up_proj";
 
 fn case(
@@ -2356,9 +2358,263 @@ fn bnb_cases() -> Vec<Case> {
     ]
 }
 
+/// Sets `hf_quant_config.json`'s `quant_algo`.
+fn set_algo(e: &Env, algo: &str) {
+    edit_json(&e.file("hf_quant_config.json"), |v| {
+        v["quantization"]["quant_algo"] = json!(algo)
+    });
+}
+
+/// fp8-dynamic's tensors (E4M3 weights, `[out, 1]` scales, widened to f32
+/// as fbgemm stores them) under an fbgemm_fp8 config.
+fn as_fbgemm(e: &Env) {
+    edit_tensors(&e.st(), |ts| {
+        for t in ts.iter_mut().filter(|t| t.name.ends_with(".weight_scale")) {
+            assert_eq!(t.dtype, "BF16");
+            t.data = t
+                .data
+                .chunks(2)
+                .flat_map(|b| ((u16::from_le_bytes([b[0], b[1]]) as u32) << 16).to_le_bytes())
+                .collect();
+            t.dtype = "F32";
+        }
+    });
+    as_fbgemm_config(e);
+}
+
+/// ct-mxfp8's tensors (E4M3 weights, E8M0 scales per 32) are ModelOpt
+/// MXFP8's: the same files under ModelOpt's configs.
+fn as_modelopt_mxfp8(e: &Env) {
+    edit_json(&e.config(), |v| {
+        v["quantization_config"] = json!({"quant_method": "modelopt", "quant_algo": "MXFP8"})
+    });
+    std::fs::write(
+        e.file("hf_quant_config.json"),
+        serde_json::to_vec(&json!({
+            "producer": {"name": "modelopt", "version": "0.47.0"},
+            "quantization": {"quant_algo": "MXFP8", "exclude_modules": ["lm_head"]},
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+/// fp8-dynamic's config replaced by an fbgemm_fp8 one (its BF16 scales kept).
+fn as_fbgemm_config(e: &Env) {
+    edit_json(&e.config(), |v| {
+        v["quantization_config"] = json!({
+            "quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+            "modules_to_not_convert": ["lm_head"],
+        })
+    });
+}
+
+/// The rest of the FP8 and MX family (issue 26): ModelOpt FP8 / MXFP8 /
+/// FP8_PB_WO, compressed-tensors mxfp8-quantized, fbgemm_fp8.
+fn fp8_family_cases() -> Vec<Case> {
+    use Rule::{
+        Config as CFG, MissingTensor as MISSING, TensorDtype as DTYPE, TensorShape as SHAPE,
+        Unsupported as UNSUP,
+    };
+    use Stage::{Build, Plan};
+    vec![
+        case(
+            "modelopt quant_algo unknown",
+            MO_FP8,
+            Build,
+            UNSUP,
+            "quant_algo",
+            |e| {
+                set_algo(e, "FP6_SOMETHING");
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt fp8 weight_scale missing",
+            MO_FP8,
+            Plan,
+            MISSING,
+            "down_proj.weight_scale",
+            |e| {
+                remove_tensor(&e.st(), &down("weight_scale"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt fp8 weight_scale as BF16",
+            MO_FP8,
+            Plan,
+            DTYPE,
+            "down_proj.weight_scale",
+            |e| {
+                reshape_tensor(&e.st(), &down("weight_scale"), "BF16", &[], 2);
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt fp8 per-tensor scale with one per row",
+            MO_FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                reshape_tensor(&e.st(), &down("weight_scale"), "F32", &[256], 256 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt fp8 weight stored as U8",
+            MO_FP8,
+            Plan,
+            DTYPE,
+            "down_proj.weight",
+            |e| {
+                set_entry(&e.st(), &down("weight"), "dtype", json!("U8"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt per-channel scale per tensor",
+            MO_FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                set_algo(e, "FP8_PER_CHANNEL_PER_TOKEN");
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt per-channel scale one row short",
+            MO_FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                set_algo(e, "FP8_PER_CHANNEL_PER_TOKEN");
+                reshape_tensor(&e.st(), &down("weight_scale"), "F32", &[255], 255 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt fp8_pb_wo scale not of 128x128 blocks",
+            MO_FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                set_algo(e, "FP8_PB_WO");
+                // down_proj is 256x512: [2, 1, 4, 1]; this is 64-column blocks.
+                reshape_tensor(&e.st(), &down("weight_scale"), "F32", &[2, 1, 8, 1], 64);
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt mxfp8 scale width for 16 columns",
+            CT_MX8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                as_modelopt_mxfp8(e);
+                // down_proj is 256x704: 22 scales per row, not 44.
+                reshape_tensor(&e.st(), &down("weight_scale"), "U8", &[256, 44], 256 * 44);
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt mxfp8 scale as F32",
+            MO_FP8,
+            Plan,
+            DTYPE,
+            "down_proj.weight_scale",
+            |e| {
+                set_algo(e, "MXFP8");
+                e.model.clone()
+            },
+        ),
+        case(
+            "ct mxfp8 scale one group short",
+            CT_MX8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                reshape_tensor(&e.st(), &down("weight_scale"), "U8", &[256, 21], 256 * 21);
+                e.model.clone()
+            },
+        ),
+        case(
+            "ct mxfp8 scale as BF16",
+            CT_MX8,
+            Plan,
+            DTYPE,
+            "down_proj.weight_scale",
+            |e| {
+                reshape_tensor(&e.st(), &down("weight_scale"), "BF16", &[256, 22], 256 * 44);
+                e.model.clone()
+            },
+        ),
+        case("ct mxfp8 group_size 16", CT_MX8, Plan, CFG, "E8M0", |e| {
+            edit_json(&e.config(), |v| weights_of(v)["group_size"] = json!(16));
+            e.model.clone()
+        }),
+        case(
+            "fbgemm weight_scale as BF16",
+            FP8,
+            Plan,
+            DTYPE,
+            "down_proj.weight_scale",
+            |e| {
+                as_fbgemm_config(e);
+                e.model.clone()
+            },
+        ),
+        case(
+            "fbgemm weight_scale one row short",
+            FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                as_fbgemm(e);
+                reshape_tensor(&e.st(), &down("weight_scale"), "F32", &[255, 1], 255 * 4);
+                e.model.clone()
+            },
+        ),
+        case(
+            "fbgemm weight_scale missing",
+            FP8,
+            Plan,
+            MISSING,
+            "down_proj.weight_scale",
+            |e| {
+                as_fbgemm(e);
+                remove_tensor(&e.st(), &down("weight_scale"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "fbgemm activation_scale_ub negative",
+            FP8,
+            Build,
+            CFG,
+            "activation_scale_ub",
+            |e| {
+                edit_json(&e.config(), |v| {
+                    v["quantization_config"] =
+                        json!({"quant_method": "fbgemm_fp8", "activation_scale_ub": -1.0})
+                });
+                e.model.clone()
+            },
+        ),
+    ]
+}
+
 fn corpus() -> Vec<Case> {
     [
         release_cases(),
+        fp8_family_cases(),
         gptq_cases(),
         bnb_cases(),
         container_cases(),
@@ -2619,6 +2875,11 @@ fn config_faults() {
 #[test]
 fn gptq_format_faults() {
     run_cases(gptq_cases());
+}
+
+#[test]
+fn fp8_family_format_faults() {
+    run_cases(fp8_family_cases());
 }
 
 #[test]

@@ -1,0 +1,447 @@
+//! The rest of the FP8 and MX family (issue 26), written here the way each
+//! producer stores it and compared byte for byte, on the CPU and the GPU and
+//! in every output dtype, with the producer's arithmetic computed here by
+//! the `half` crate:
+//!
+//! - ModelOpt `FP8` (per tensor, q/k/v scales apart), `FP8_PER_CHANNEL_PER_TOKEN`
+//!   and `FP8_PB_WO` (128×128 blocks): `FP8QTensor.dequantize` multiplies in
+//!   the output dtype, `d(q · d(s))`; f32 outputs are the f32 product.
+//! - ModelOpt `MXFP8`: `q · 2^(e−127)` in f32, rounded once.
+//! - compressed-tensors `mxfp8-quantized`: the scale a bf16 `2^(e−127)`, the
+//!   product rounded to bf16, then cast (an f16 output is that bf16 cast).
+//! - fbgemm_fp8: `q · s[row]` in f32, rounded once.
+//!
+//! Codes include −0.0 (0x80), +0, the smallest subnormals and the largest
+//! normals; a tiny scale makes products underflow the 16-bit dtypes.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, OutDtype, Plan};
+
+use crate::common::producer::{check_output, decode_with, e4m3_byte, e4m3_ref, Want, OUTS};
+use crate::common::{gpu_test, hf_quant_config, write_checkpoint, write_json, Rng, Tensor};
+
+/// `x` rounded to `d` (RNE, by `half`), as an f32 again.
+fn round(d: OutDtype, x: f32) -> f32 {
+    match d {
+        OutDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        OutDtype::F16 => half::f16::from_f32(x).to_f32(),
+        OutDtype::F32 => x,
+    }
+}
+
+/// `rows × cols` E4M3 bytes with −0, +0, the smallest subnormals and the
+/// largest normal planted in the first row.
+fn codes(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let mut c: Vec<u8> = (0..rows * cols).map(|_| e4m3_byte(rng)).collect();
+    for (i, b) in [0x80u8, 0x00, 0x01, 0x81, 0x7E, 0xFE]
+        .into_iter()
+        .enumerate()
+    {
+        c[i.min(rows * cols - 1)] = b;
+    }
+    c
+}
+
+/// A scale of a few binades around 2^-8, not a power of two.
+fn scale(rng: &mut Rng) -> f32 {
+    let m = 1.0 + rng.below(1 << 20) as f32 / (1 << 20) as f32;
+    m * 2f32.powi(rng.below(8) as i32 - 12)
+}
+
+/// The arithmetic of a module's value.
+#[derive(Clone, Copy)]
+enum Arith {
+    /// `round_out(q · s)`: the f32 product rounded once.
+    F32,
+    /// `round_out(q · round_out(s))`: in the output dtype (ModelOpt FP8).
+    Out,
+    /// `round_out(round_bf16(q · s))`: in bf16, then cast (CT mxfp8).
+    Bf16,
+}
+
+fn value(a: Arith, out: OutDtype, q: f32, s: f32) -> f32 {
+    match a {
+        Arith::F32 => q * s,
+        Arith::Out => round(out, q * round(out, s)),
+        Arith::Bf16 => round(OutDtype::Bf16, q * round(OutDtype::Bf16, s)),
+    }
+}
+
+/// One FP8 module: its codes, dims and the scale of each element.
+struct Module {
+    name: String,
+    rows: usize,
+    cols: usize,
+    codes: Vec<u8>,
+    /// Scale of element (r, c).
+    scale_of: Box<dyn Fn(usize, usize) -> f32>,
+}
+
+impl Module {
+    fn want(&self, a: Arith, out: OutDtype) -> Want {
+        let vals = (0..self.rows * self.cols)
+            .map(|i| {
+                let (r, c) = (i / self.cols, i % self.cols);
+                value(a, out, e4m3_ref(self.codes[i]), (self.scale_of)(r, c))
+            })
+            .collect();
+        Want::weight(&self.name, vec![self.rows, self.cols], vals)
+    }
+
+    fn weight(&self) -> Tensor {
+        Tensor::u8(
+            format!("{}.weight", self.name),
+            "F8_E4M3",
+            &[self.rows, self.cols],
+            &self.codes,
+        )
+    }
+}
+
+/// Decodes `dir` in every output dtype on `backend` and compares.
+fn check_all(
+    ctx: &str,
+    dir: &Path,
+    a: Arith,
+    modules: &[Module],
+    copies: &[Tensor],
+    backend: BackendChoice,
+) {
+    for out in OUTS {
+        let got = decode_with(dir, out, backend);
+        let wants: Vec<Want> = modules.iter().map(|m| m.want(a, out)).collect();
+        check_output(
+            &format!("{ctx} -> {out} ({backend:?})"),
+            &got,
+            out,
+            &wants,
+            copies,
+        );
+    }
+}
+
+/// Both backends (the GPU's on its adapter).
+fn check_both(ctx: &str, dir: &Path, a: Arith, modules: &[Module], copies: &[Tensor]) {
+    check_all(ctx, dir, a, modules, copies, BackendChoice::Cpu);
+    gpu_test(|_| check_all(ctx, dir, a, modules, copies, BackendChoice::Gpu));
+}
+
+/// The scheme `inspect` shows for `module`.
+fn scheme(dir: &Path, module: &str) -> String {
+    let ckpt = Checkpoint::open(dir).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    assert!(plan.errors.is_empty(), "{:?}", plan.errors);
+    let name = format!("{module}.weight");
+    plan.outputs
+        .iter()
+        .find(|o| o.name == name)
+        .and_then(|o| o.scheme.clone())
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+const ATTN: &str = "model.layers.0.self_attn";
+
+/// The copies every synthetic model has beside its FP8 modules.
+fn copies(rng: &mut Rng) -> Vec<Tensor> {
+    let head: Vec<f32> = (0..64 * 32).map(|_| scale(rng) * 256.0).collect();
+    vec![
+        Tensor::bf16("lm_head.weight", &[64, 32], &head),
+        Tensor::bf16("model.norm.weight", &[32], &head[..32]),
+    ]
+}
+
+/// A ModelOpt checkpoint: `config.json` (torch dtype `dtype`, ModelOpt's
+/// own `quantization_config`) and `hf_quant_config.json` for `algo` with
+/// an FP8 KV cache.
+fn modelopt_dir(dir: &Path, tensors: &[Tensor], algo: &str, dtype: &str) {
+    write_checkpoint(dir, tensors, Value::Null);
+    write_json(
+        &dir.join("config.json"),
+        &json!({
+            "architectures": ["LlamaForCausalLM"], "torch_dtype": dtype,
+            "quantization_config": {"quant_method": "modelopt", "quant_algo": algo,
+                "kv_cache_quant_algo": "FP8", "ignore": ["lm_head"]},
+        }),
+    );
+    let mut hq = hf_quant_config(algo);
+    hq["quantization"]["kv_cache_quant_algo"] = json!("FP8");
+    write_json(&dir.join("hf_quant_config.json"), &hq);
+}
+
+/// ModelOpt FP8 per tensor, q/k/v with scales of their own, an FP8 KV
+/// cache (`k_scale`, `v_scale`) and `input_scale`s (all dropped), an f16
+/// model and a bf16 one; one module's scale is tiny (products below the
+/// 16-bit dtypes' normals).
+#[test]
+fn modelopt_fp8_per_tensor_multiplies_in_the_output_dtype() {
+    for dtype in ["float16", "bfloat16"] {
+        let mut rng = Rng::new(26);
+        let tmp = tempfile::tempdir().unwrap();
+        let mut tensors = copies(&mut rng);
+        let copies = tensors.clone();
+        let mut modules = Vec::new();
+        for (p, rows) in [("q_proj", 32), ("k_proj", 16), ("v_proj", 16)] {
+            let name = format!("{ATTN}.{p}");
+            let s = if p == "v_proj" {
+                3.0e-6
+            } else {
+                scale(&mut rng)
+            };
+            let m = Module {
+                name: name.clone(),
+                rows,
+                cols: 32,
+                codes: codes(&mut rng, rows, 32),
+                scale_of: Box::new(move |_, _| s),
+            };
+            tensors.push(m.weight());
+            tensors.push(Tensor::f32(format!("{name}.weight_scale"), &[], &[s]));
+            tensors.push(Tensor::f32(format!("{name}.input_scale"), &[], &[0.02]));
+            modules.push(m);
+        }
+        tensors.push(Tensor::f32(format!("{ATTN}.k_proj.k_scale"), &[], &[0.5]));
+        tensors.push(Tensor::f32(format!("{ATTN}.v_proj.v_scale"), &[], &[0.25]));
+        modelopt_dir(tmp.path(), &tensors, "FP8", dtype);
+        assert_eq!(
+            scheme(tmp.path(), &format!("{ATTN}.k_proj")),
+            "modelopt FP8 fp8 e4m3 per-tensor"
+        );
+        check_both(
+            &format!("modelopt FP8 {dtype}"),
+            tmp.path(),
+            Arith::Out,
+            &modules,
+            &copies,
+        );
+    }
+}
+
+/// The f32 product rounded once is not what ModelOpt writes: a scale whose
+/// bf16 rounding moves a product across a rounding boundary tells them apart.
+#[test]
+fn modelopt_fp8_is_not_the_f32_product_rounded_once() {
+    // q = 1.125 (0x39), s = 1 + 15·2^-12: bf16(s) = 1, so ModelOpt writes
+    // 1.125, while bf16(q · s) = 1.1328125.
+    let (q, s) = (e4m3_ref(0x39), 1.0 + 15.0 * 2f32.powi(-12));
+    let ours = value(Arith::Out, OutDtype::Bf16, q, s);
+    let f32_once = round(OutDtype::Bf16, q * s);
+    assert_ne!(ours.to_bits(), f32_once.to_bits());
+    let tmp = tempfile::tempdir().unwrap();
+    let name = format!("{ATTN}.o_proj");
+    let m = Module {
+        name: name.clone(),
+        rows: 2,
+        cols: 4,
+        codes: vec![0x39; 8],
+        scale_of: Box::new(move |_, _| s),
+    };
+    let tensors = [
+        m.weight(),
+        Tensor::f32(format!("{name}.weight_scale"), &[], &[s]),
+    ];
+    modelopt_dir(tmp.path(), &tensors, "FP8", "bfloat16");
+    check_both("modelopt FP8 boundary", tmp.path(), Arith::Out, &[m], &[]);
+}
+
+/// FP8_PER_CHANNEL_PER_TOKEN: one f32 scale per row (`[out]`), an f16 model.
+#[test]
+fn modelopt_fp8_per_channel() {
+    let mut rng = Rng::new(27);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tensors = copies(&mut rng);
+    let copies = tensors.clone();
+    let (rows, cols) = (48, 40);
+    let mut scales: Vec<f32> = (0..rows).map(|_| scale(&mut rng)).collect();
+    scales[1] = 1.0e-7;
+    let name = "model.layers.0.mlp.down_proj".to_string();
+    let s = scales.clone();
+    let m = Module {
+        name: name.clone(),
+        rows,
+        cols,
+        codes: codes(&mut rng, rows, cols),
+        scale_of: Box::new(move |r, _| s[r]),
+    };
+    tensors.push(m.weight());
+    tensors.push(Tensor::f32(
+        format!("{name}.weight_scale"),
+        &[rows],
+        &scales,
+    ));
+    tensors.push(Tensor::f32(format!("{name}.input_scale"), &[], &[0.1]));
+    modelopt_dir(tmp.path(), &tensors, "FP8_PER_CHANNEL_PER_TOKEN", "float16");
+    assert_eq!(
+        scheme(tmp.path(), &name),
+        "modelopt FP8_PER_CHANNEL_PER_TOKEN fp8 e4m3 per-channel"
+    );
+    check_both(
+        "modelopt per-channel",
+        tmp.path(),
+        Arith::Out,
+        &[m],
+        &copies,
+    );
+}
+
+/// FP8_PB_WO: 128×128 blocks with partial edges (200×300: 2×3 blocks),
+/// scale `[2, 1, 3, 1]`, one block's scale tiny.
+#[test]
+fn modelopt_fp8_blocks_with_partial_edges() {
+    let mut rng = Rng::new(28);
+    let tmp = tempfile::tempdir().unwrap();
+    let (rows, cols) = (200, 300);
+    let mut scales: Vec<f32> = (0..6).map(|_| scale(&mut rng)).collect();
+    scales[5] = 2.0e-7;
+    let name = "model.layers.0.mlp.up_proj".to_string();
+    let s = scales.clone();
+    let m = Module {
+        name: name.clone(),
+        rows,
+        cols,
+        codes: codes(&mut rng, rows, cols),
+        scale_of: Box::new(move |r, c| s[(r / 128) * 3 + c / 128]),
+    };
+    let tensors = [
+        m.weight(),
+        Tensor::f32(format!("{name}.weight_scale"), &[2, 1, 3, 1], &scales),
+    ];
+    modelopt_dir(tmp.path(), &tensors, "FP8_PB_WO", "bfloat16");
+    assert_eq!(
+        scheme(tmp.path(), &name),
+        "modelopt FP8_PB_WO fp8 e4m3 block 128x128"
+    );
+    check_both("modelopt fp8_pb_wo", tmp.path(), Arith::Out, &[m], &[]);
+}
+
+/// E8M0 bytes for `n` groups: around 2^0, with 0 (2^-127) and 254 planted.
+fn e8m0_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    let mut e: Vec<u8> = (0..n).map(|_| 118 + rng.below(16) as u8).collect();
+    e[0] = 0;
+    if n > 1 {
+        e[1] = 254;
+    }
+    e
+}
+
+fn e8m0_ref(e: u8) -> f32 {
+    2f64.powi(e as i32 - 127) as f32
+}
+
+/// ModelOpt MXFP8: E8M0 per 32 columns, the f32 product rounded once.
+#[test]
+fn modelopt_mxfp8() {
+    let mut rng = Rng::new(29);
+    let tmp = tempfile::tempdir().unwrap();
+    let (rows, cols) = (24, 96);
+    let e = e8m0_bytes(&mut rng, rows * cols / 32);
+    let name = "model.layers.0.mlp.gate_proj".to_string();
+    let e2 = e.clone();
+    let m = Module {
+        name: name.clone(),
+        rows,
+        cols,
+        codes: codes(&mut rng, rows, cols),
+        scale_of: Box::new(move |r, c| e8m0_ref(e2[r * (cols / 32) + c / 32])),
+    };
+    let tensors = [
+        m.weight(),
+        Tensor::u8(format!("{name}.weight_scale"), "U8", &[rows, cols / 32], &e),
+    ];
+    modelopt_dir(tmp.path(), &tensors, "MXFP8", "bfloat16");
+    assert_eq!(
+        scheme(tmp.path(), &name),
+        "modelopt MXFP8 fp8 e4m3 e8m0 group 32"
+    );
+    check_both("modelopt mxfp8", tmp.path(), Arith::F32, &[m], &[]);
+}
+
+/// compressed-tensors mxfp8-quantized in an f16 model: the bf16 product,
+/// then cast (2^-127 times small codes rounds in bf16 first).
+#[test]
+fn ct_mxfp8_multiplies_in_bf16() {
+    for dtype in ["float16", "bfloat16"] {
+        let mut rng = Rng::new(30);
+        let tmp = tempfile::tempdir().unwrap();
+        let (rows, cols) = (16, 64);
+        let e = e8m0_bytes(&mut rng, rows * cols / 32);
+        let name = "model.layers.0.mlp.down_proj".to_string();
+        let e2 = e.clone();
+        let m = Module {
+            name: name.clone(),
+            rows,
+            cols,
+            codes: codes(&mut rng, rows, cols),
+            scale_of: Box::new(move |r, c| e8m0_ref(e2[r * (cols / 32) + c / 32])),
+        };
+        let tensors = [
+            m.weight(),
+            Tensor::u8(format!("{name}.weight_scale"), "U8", &[rows, cols / 32], &e),
+        ];
+        let weights = json!({"num_bits": 8, "type": "float", "strategy": "group",
+            "group_size": 32, "symmetric": true, "dynamic": false, "scale_dtype": "torch.uint8"});
+        write_checkpoint(
+            tmp.path(),
+            &tensors,
+            crate::common::ct_config("mxfp8-quantized", weights, "0.20.0"),
+        );
+        let mut cfg: Value =
+            serde_json::from_slice(&std::fs::read(tmp.path().join("config.json")).unwrap())
+                .unwrap();
+        cfg["torch_dtype"] = json!(dtype);
+        write_json(&tmp.path().join("config.json"), &cfg);
+        assert_eq!(
+            scheme(tmp.path(), &name),
+            "mxfp8-quantized fp8 e4m3 e8m0-scale (bf16 product) group 32"
+        );
+        check_both(
+            &format!("ct mxfp8 {dtype}"),
+            tmp.path(),
+            Arith::Bf16,
+            &[m],
+            &[],
+        );
+    }
+}
+
+/// fbgemm_fp8: `[out, 1]` f32 scales, the f32 product rounded once;
+/// `input_scale_ub` dropped, `modules_to_not_convert` copied.
+#[test]
+fn fbgemm_fp8_per_row() {
+    let mut rng = Rng::new(31);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tensors = copies(&mut rng);
+    let copies = tensors.clone();
+    let (rows, cols) = (40, 24);
+    let mut scales: Vec<f32> = (0..rows).map(|_| scale(&mut rng)).collect();
+    scales[0] = 1.0e-30;
+    let name = "model.layers.0.mlp.down_proj".to_string();
+    let s = scales.clone();
+    let m = Module {
+        name: name.clone(),
+        rows,
+        cols,
+        codes: codes(&mut rng, rows, cols),
+        scale_of: Box::new(move |r, _| s[r]),
+    };
+    tensors.push(m.weight());
+    tensors.push(Tensor::f32(
+        format!("{name}.weight_scale"),
+        &[rows, 1],
+        &scales,
+    ));
+    tensors.push(Tensor::f32(
+        format!("{name}.input_scale_ub"),
+        &[1],
+        &[1200.0],
+    ));
+    write_checkpoint(
+        tmp.path(),
+        &tensors,
+        json!({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+            "modules_to_not_convert": ["lm_head"]}),
+    );
+    assert_eq!(scheme(tmp.path(), &name), "fbgemm_fp8 fp8 e4m3 per-channel");
+    check_both("fbgemm", tmp.path(), Arith::F32, &[m], &copies);
+}
