@@ -1,6 +1,6 @@
 //! Any bytes as `config.json` (compressed-tensors, FP8 block, AutoAWQ, GPTQ/AutoRound, GPT-OSS,
-//! bitsandbytes) or
-//! `hf_quant_config.json` (ModelOpt), beside a real checkpoint.
+//! bitsandbytes, compressed-tensors mxfp8, fbgemm_fp8) or
+//! `hf_quant_config.json` (ModelOpt NVFP4, FP8, MXFP8), beside a real checkpoint.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use wgpu_dequant_fuzz::{checkpoint_dir, exercise, fixtures};
@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    let dir = match which % 9 {
+    let dir = match which % 12 {
         0 => checkpoint_dir(&[("model.safetensors", fixtures::W4A16_ASYM), ("config.json", rest)]),
         1 => checkpoint_dir(&[("model.safetensors", fixtures::W3A16), ("config.json", rest)]),
         2 => checkpoint_dir(&[("model.safetensors", fixtures::FP8_BLOCK), ("config.json", rest)]),
@@ -18,6 +18,10 @@ fuzz_target!(|data: &[u8]| {
         5 => checkpoint_dir(&[("model.safetensors", fixtures::GPTQ), ("config.json", rest)]),
         6 => checkpoint_dir(&[("model.safetensors", fixtures::BNB_NF4), ("config.json", rest)]),
         7 => checkpoint_dir(&[("model.safetensors", fixtures::BNB_INT8), ("config.json", rest)]),
+        8 => checkpoint_dir(&[("model.safetensors", fixtures::CT_MXFP8), ("config.json", rest)]),
+        9 => checkpoint_dir(&[("model.safetensors", fixtures::FP8_DYNAMIC), ("config.json", rest)]),
+        10 => checkpoint_dir(&[("model.safetensors", fixtures::MODELOPT_FP8), ("hf_quant_config.json", rest)]),
+        11 => checkpoint_dir(&[("model.safetensors", fixtures::CT_MXFP8), ("hf_quant_config.json", rest)]),
         _ => checkpoint_dir(&[("model.safetensors", fixtures::MODELOPT), ("hf_quant_config.json", rest)]),
     };
     exercise(&dir);

@@ -157,4 +157,11 @@ pub mod fixtures {
     pub const BNB_NF4: &[u8] = fixture!("bnb-nf4-dq-bf16", "model.safetensors");
     /// bitsandbytes LLM.int8.
     pub const BNB_INT8: &[u8] = fixture!("bnb-int8-bf16", "model.safetensors");
+    /// ModelOpt FP8 per tensor (issue 26).
+    pub const MODELOPT_FP8: &[u8] = fixture!("modelopt-fp8", "model.safetensors");
+    /// compressed-tensors mxfp8-quantized (E8M0 scales per 32): also ModelOpt
+    /// MXFP8's layout.
+    pub const CT_MXFP8: &[u8] = fixture!("ct-mxfp8", "model.safetensors");
+    /// fp8-dynamic's E4M3 weights with `[out, 1]` scales (fbgemm_fp8's layout).
+    pub const FP8_DYNAMIC: &[u8] = fixture!("fp8-dynamic", "model.safetensors");
 }

@@ -320,7 +320,7 @@ fn plan_fp8<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype)
         w.shape.to_vec(),
         job,
         format!(
-            "modelopt {} fp8 e4m3 {}",
+            "modelopt {} {}",
             cfg.quant_algo,
             cfg.algo.describe(cfg.group_size)
         ),
