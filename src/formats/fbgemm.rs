@@ -45,7 +45,10 @@ impl Config {
     /// Reads config.json's `quantization_config`.
     pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
         let raw: Raw = super::from_value(path, qc)?;
-        if raw.activation_scale_ub.is_some_and(|u| !(u > 0.0)) {
+        if raw
+            .activation_scale_ub
+            .is_some_and(|u| u.is_nan() || u <= 0.0)
+        {
             return Err(Error::new(
                 Rule::Config,
                 path,

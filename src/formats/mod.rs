@@ -13,6 +13,7 @@ pub mod fp8_block;
 pub mod gpt_oss;
 pub mod gptq;
 pub mod modelopt;
+pub mod quark;
 pub mod svdquant;
 mod targets;
 
@@ -43,6 +44,8 @@ pub enum Format {
     /// fbgemm FP8 (`quant_method: "fbgemm_fp8"`): per-row f32 scales.
     #[serde(rename = "fbgemm-fp8")]
     Fbgemm(fbgemm::Config),
+    /// An AMD Quark export (`quant_method: "quark"`): FP8, MXFP4.
+    Quark(quark::Config),
     /// An AutoAWQ GEMM checkpoint (`quant_method: "awq"`).
     Awq(awq::Config),
     /// A GPTQ checkpoint (`quant_method: "gptq"`) or AutoRound's GPTQ-packed
@@ -75,6 +78,7 @@ impl Format {
             ),
             Format::Fp8Block(c) => format!("fp8 e4m3 {} (weight_scale_inv)", c.describe()),
             Format::Fbgemm(_) => "fbgemm_fp8 (fp8 e4m3, f32 scale per row)".into(),
+            Format::Quark(c) => c.describe().into(),
             Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
             Format::Gptq(c) => format!("{} {}", c.producer_name(), c.describe()),
             Format::GptOss(_) => "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into(),
@@ -98,6 +102,7 @@ impl Format {
             Format::Modelopt(c) => c.report_lines(),
             Format::Fp8Block(c) => c.report_lines(),
             Format::Fbgemm(c) => c.report_lines(),
+            Format::Quark(c) => c.report_lines(),
             Format::Awq(c) => c.report_lines(),
             Format::Gptq(c) => c.report_lines(),
             Format::GptOss(c) => c.report_lines(),
@@ -153,6 +158,7 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
             })),
             "fp8" => Ok(Format::Fp8Block(fp8_block::Config::parse(&file.path, qc)?)),
             "fbgemm_fp8" => Ok(Format::Fbgemm(fbgemm::Config::parse(&file.path, qc)?)),
+            "quark" => Ok(Format::Quark(quark::Config::parse(&file.path, qc)?)),
             "awq" => Ok(Format::Awq(awq::Config::parse(&file.path, qc)?)),
             "gptq" => Ok(Format::Gptq(gptq::Config::parse(
                 &file.path,
@@ -169,7 +175,7 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
             other => Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, fbgemm_fp8, awq, gptq, auto-round, mxfp4, bitsandbytes)"),
+                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, fbgemm_fp8, quark, awq, gptq, auto-round, mxfp4, bitsandbytes)"),
             )),
         };
     }
@@ -251,6 +257,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
         Format::Fp8Block(cfg) => fp8_block::plan(cfg, ckpt, dtype),
         Format::Fbgemm(cfg) => fbgemm::plan(cfg, ckpt, dtype),
+        Format::Quark(cfg) => quark::plan(cfg, ckpt, dtype),
         Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
         Format::Gptq(cfg) => gptq::plan(cfg, ckpt, dtype),
         Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),

@@ -442,3 +442,211 @@ fn fbgemm_fp8_per_row() {
     assert_eq!(scheme(tmp.path(), &name), "fbgemm_fp8 fp8 e4m3 per-channel");
     check_both("fbgemm", tmp.path(), Arith::F32, &[m], &copies);
 }
+
+/// A Quark `quantization_config` whose global weight scheme is `weight`.
+fn quark_config(weight: Value, layers: Value) -> Value {
+    json!({
+        "quant_method": "quark", "quant_mode": "eager_mode", "version": "0.9",
+        "export": {"weight_format": "real_quantized", "pack_method": "reorder"},
+        "global_quant_config": {
+            "weight": weight,
+            "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": false},
+            "output_tensors": null, "bias": null,
+        },
+        "layer_quant_config": layers, "exclude": ["lm_head"],
+    })
+}
+
+fn quark_fp8(qscheme: &str) -> Value {
+    json!({"dtype": "fp8_e4m3", "qscheme": qscheme, "ch_axis": 0, "group_size": null,
+        "is_dynamic": false, "scale_type": "float"})
+}
+
+fn quark_mxfp4() -> Value {
+    json!({"dtype": "fp4", "qscheme": "per_group", "ch_axis": -1, "group_size": 32,
+        "is_dynamic": false, "scale_format": "e8m0", "scale_calculation_mode": "even"})
+}
+
+/// AMD Quark: FP8 per tensor globally (bf16 scales, the model's dtype, with
+/// `input_scale` and a KV `output_scale` dropped), one module per channel
+/// and one MXFP4 through `layer_quant_config`, lm_head excluded (copied);
+/// Quark's dequantizer computes in f32 and casts once.
+#[test]
+fn quark_fp8_and_mxfp4() {
+    let mut rng = Rng::new(32);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tensors = copies(&mut rng);
+    let copies = tensors.clone();
+    // bf16 scales, as Quark stores them in a bf16 model.
+    let bf = |x: f32| half::bf16::from_f32(x).to_f32();
+    let q = format!("{ATTN}.q_proj");
+    let s_q = bf(scale(&mut rng));
+    let mq = Module {
+        name: q.clone(),
+        rows: 32,
+        cols: 32,
+        codes: codes(&mut rng, 32, 32),
+        scale_of: Box::new(move |_, _| s_q),
+    };
+    tensors.push(mq.weight());
+    tensors.push(Tensor::bf16(format!("{q}.weight_scale"), &[], &[s_q]));
+    tensors.push(Tensor::bf16(format!("{q}.input_scale"), &[], &[0.03]));
+    let k = format!("{ATTN}.k_proj");
+    let s_k: Vec<f32> = (0..16).map(|_| bf(scale(&mut rng))).collect();
+    let s_k2 = s_k.clone();
+    let mk = Module {
+        name: k.clone(),
+        rows: 16,
+        cols: 32,
+        codes: codes(&mut rng, 16, 32),
+        scale_of: Box::new(move |r, _| s_k2[r]),
+    };
+    tensors.push(mk.weight());
+    tensors.push(Tensor::bf16(format!("{k}.weight_scale"), &[16, 1], &s_k));
+    tensors.push(Tensor::bf16(format!("{k}.output_scale"), &[], &[0.5]));
+    // MXFP4: nibbles low first, E8M0 per 32 (−0 planted: code 8).
+    let d = "model.layers.0.mlp.down_proj".to_string();
+    let (rows, cols) = (8, 64);
+    let mut nib: Vec<u8> = (0..rows * cols).map(|_| rng.below(16) as u8).collect();
+    nib[0] = 8;
+    let packed: Vec<u8> = nib.chunks(2).map(|p| p[0] | p[1] << 4).collect();
+    let e = e8m0_bytes(&mut rng, rows * cols / 32);
+    tensors.push(Tensor::u8(
+        format!("{d}.weight"),
+        "U8",
+        &[rows, cols / 2],
+        &packed,
+    ));
+    tensors.push(Tensor::u8(
+        format!("{d}.weight_scale"),
+        "U8",
+        &[rows, cols / 32],
+        &e,
+    ));
+    write_checkpoint(
+        tmp.path(),
+        &tensors,
+        quark_config(
+            quark_fp8("per_tensor"),
+            json!({"*k_proj": {"weight": quark_fp8("per_channel")},
+                "*mlp.down_proj": {"weight": quark_mxfp4()}}),
+        ),
+    );
+    assert_eq!(scheme(tmp.path(), &q), "quark fp8 per-tensor");
+    assert_eq!(scheme(tmp.path(), &k), "quark fp8 per-channel");
+    assert_eq!(scheme(tmp.path(), &d), "quark mxfp4 (e8m0 group 32)");
+    let fp4 = |c: u8| crate::common::producer::e2m1_ref(c);
+    let mx_vals: Vec<f32> = (0..rows * cols)
+        .map(|i| fp4(nib[i]) * e8m0_ref(e[(i / cols) * (cols / 32) + (i % cols) / 32]))
+        .collect();
+    let run = |backend: BackendChoice| {
+        for out in OUTS {
+            let got = decode_with(tmp.path(), out, backend);
+            let wants = vec![
+                mq.want(Arith::F32, out),
+                mk.want(Arith::F32, out),
+                Want::weight(&d, vec![rows, cols], mx_vals.clone()),
+            ];
+            check_output(
+                &format!("quark -> {out} ({backend:?})"),
+                &got,
+                out,
+                &wants,
+                &copies,
+            );
+        }
+    };
+    run(BackendChoice::Cpu);
+    gpu_test(|_| run(BackendChoice::Gpu));
+}
+
+/// fp8-dynamic's tensors (E4M3, bf16 scales per row) under a Quark
+/// per-channel config decode to compressed-tensors' reference bytes: both
+/// are the f32 product rounded once.
+#[test]
+fn quark_per_channel_over_the_fp8_dynamic_fixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    crate::common::copy_dir(&crate::common::fixtures().join("fp8-dynamic/model"), &dir);
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    cfg["quantization_config"] = quark_config(quark_fp8("per_channel"), json!({}));
+    write_json(&path, &cfg);
+    let want: serde_json::Map<String, Value> = serde_json::from_slice(
+        &std::fs::read(crate::common::fixtures().join("fp8-dynamic/expected-bf16.digests.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let got = decode_with(&dir, OutDtype::Bf16, BackendChoice::Cpu);
+    assert_eq!(got.len(), want.len());
+    for (name, w) in &want {
+        let (_, _, bytes) = &got[name];
+        assert_eq!(
+            crate::common::sha256_hex(bytes),
+            w["sha256"].as_str().unwrap(),
+            "{name}"
+        );
+    }
+}
+
+/// Quark configs this tool does not decode are refused by rule: fake
+/// quantized exports and other dtypes (CFG-002), MXFP4 groups other than 32
+/// (CFG-001); scales that do not fit are TEN-003.
+#[test]
+fn quark_faults_are_refused_by_rule() {
+    use wgpu_dequant::Rule;
+    let mut rng = Rng::new(33);
+    let d = "model.layers.0.mlp.down_proj";
+    let tensors = vec![
+        Tensor::u8(format!("{d}.weight"), "U8", &[8, 32], &vec![0x21; 256]),
+        Tensor::u8(
+            format!("{d}.weight_scale"),
+            "U8",
+            &[8, 2],
+            &e8m0_bytes(&mut rng, 16),
+        ),
+    ];
+    let build = |qc: Value| {
+        let tmp = tempfile::tempdir().unwrap();
+        write_checkpoint(tmp.path(), &tensors, qc);
+        let ckpt = Checkpoint::open(tmp.path()).unwrap();
+        match Plan::build(&ckpt, DtypeChoice::Auto) {
+            Err(e) => Some(e.rule),
+            Ok(plan) => plan.errors.first().map(|e| e.rule),
+        }
+    };
+    let mut fake = quark_config(quark_mxfp4(), json!({}));
+    fake["export"]["weight_format"] = json!("fake_quantized");
+    assert_eq!(build(fake), Some(Rule::Unsupported));
+    let mut int8 = quark_mxfp4();
+    int8["dtype"] = json!("int8");
+    assert_eq!(
+        build(quark_config(int8, json!({}))),
+        Some(Rule::Unsupported)
+    );
+    let mut g16 = quark_mxfp4();
+    g16["group_size"] = json!(16);
+    assert_eq!(build(quark_config(g16, json!({}))), Some(Rule::Config));
+    // The scale is stored for 64 columns: 2 per row; per tensor needs 1.
+    assert_eq!(
+        build(quark_config(
+            quark_fp8("per_tensor"),
+            json!({"*down_proj": {"weight": quark_mxfp4()}})
+        )),
+        None
+    );
+    let wide = vec![
+        tensors[0].clone(),
+        Tensor::u8(format!("{d}.weight_scale"), "U8", &[8, 4], &[127; 32]),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    write_checkpoint(tmp.path(), &wide, quark_config(quark_mxfp4(), json!({})));
+    let ckpt = Checkpoint::open(tmp.path()).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    assert_eq!(plan.errors.first().map(|e| e.rule), Some(Rule::TensorShape));
+    assert!(
+        plan.errors[0].to_string().contains("weight_scale"),
+        "{}",
+        plan.errors[0]
+    );
+}

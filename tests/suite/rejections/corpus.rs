@@ -2399,6 +2399,19 @@ fn as_modelopt_mxfp8(e: &Env) {
     .unwrap();
 }
 
+/// fp8-dynamic's config replaced by an AMD Quark FP8 one with weight
+/// `qscheme` (its BF16 `[out, 1]` scales are Quark's per-channel layout).
+fn as_quark(e: &Env, qscheme: &str) {
+    edit_json(&e.config(), |v| {
+        v["quantization_config"] = json!({
+            "quant_method": "quark",
+            "export": {"weight_format": "real_quantized", "pack_method": "reorder"},
+            "global_quant_config": {"weight": {"dtype": "fp8_e4m3", "qscheme": qscheme}},
+            "layer_quant_config": {}, "exclude": ["lm_head"],
+        })
+    });
+}
+
 /// fp8-dynamic's config replaced by an fbgemm_fp8 one (its BF16 scales kept).
 fn as_fbgemm_config(e: &Env) {
     edit_json(&e.config(), |v| {
@@ -2594,6 +2607,50 @@ fn fp8_family_cases() -> Vec<Case> {
                 e.model.clone()
             },
         ),
+        case(
+            "quark fp8 per-channel scale one row short",
+            FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                as_quark(e, "per_channel");
+                reshape_tensor(&e.st(), &down("weight_scale"), "BF16", &[255, 1], 255 * 2);
+                e.model.clone()
+            },
+        ),
+        case(
+            "quark fp8 per_tensor against per-row scales",
+            FP8,
+            Plan,
+            SHAPE,
+            "down_proj.weight_scale",
+            |e| {
+                as_quark(e, "per_tensor");
+                e.model.clone()
+            },
+        ),
+        case(
+            "quark fake_quantized export",
+            FP8,
+            Build,
+            UNSUP,
+            "weight_format",
+            |e| {
+                as_quark(e, "per_channel");
+                edit_json(&e.config(), |v| {
+                    v["quantization_config"]["export"]["weight_format"] = json!("fake_quantized")
+                });
+                e.model.clone()
+            },
+        ),
+        case("quark weight dtype int4", FP8, Build, UNSUP, "int4", |e| {
+            as_quark(e, "per_group");
+            edit_json(&e.config(), |v| {
+                v["quantization_config"]["global_quant_config"]["weight"]["dtype"] = json!("int4")
+            });
+            e.model.clone()
+        }),
         case(
             "fbgemm activation_scale_ub negative",
             FP8,
