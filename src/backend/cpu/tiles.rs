@@ -53,7 +53,8 @@ pub(super) struct Tiles {
 
 impl Tiles {
     /// The tiling of a transposed or strided job, when its entries span
-    /// enough elements to pay for their tables.
+    /// enough elements to pay for their tables (or its tables are by scale
+    /// byte, [`ByScale`]).
     pub(super) fn of(job: &DecodeJob<'_>) -> Option<Tiles> {
         let f = &job.codes;
         // Jobs with a post scale (LLM.int8) are straight rows; tiles are
