@@ -1,9 +1,10 @@
 //! Jobs whose entries (zero point and scale) hold over runs of an output
 //! row's columns, decoded a row at a time through one code table per run:
 //! straight rows read in place, and rows packed along the input dimension
-//! — GPTQ's strided words, AutoAWQ's transposed ones — first gathered, a
-//! band of rows at a time, into straight rows of codes, so that every such
-//! job runs the same inner loop.
+//! — GPTQ's strided words, AutoAWQ's transposed ones — a band of rows at a
+//! time, straight from the words by the vector kernels where the band
+//! aligns with their blocks, else gathered into straight rows of codes
+//! first and then decoded by the same inner loop as straight rows.
 //!
 //! The tables hold the encoded output of every code of one entry, computed
 //! with exactly the operations `DecodeJob::value` performs, so both ways
@@ -16,7 +17,8 @@ use super::table::{ByScale, Table16};
 use crate::job::{DecodeJob, Fields, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
-/// Output rows gathered at once (four AutoAWQ word columns).
+/// Output rows of a band: 16 AutoAWQ word columns, one 64-byte line of
+/// each input; 512 bytes of each of GPTQ's word rows.
 const BAND: usize = 128;
 
 /// How a row's codes are read.

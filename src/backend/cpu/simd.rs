@@ -182,6 +182,23 @@ pub(super) fn decode_packed<const N: usize>(
     false
 }
 
+/// Hints the CPU to fetch the cache lines of `data[range]` for writing
+/// (nothing on other CPUs): for outputs written a few bytes per row across
+/// many rows, too many streams for the hardware to fetch ahead.
+pub(super) fn prefetch_write(data: &[u8], range: std::ops::Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if sse2() {
+            for at in range.step_by(64) {
+                // SAFETY: SSE2 is part of x86-64.
+                unsafe { x86::prefetch::<true>(data, at) };
+            }
+            return;
+        }
+    }
+    let _ = (data, range);
+}
+
 /// Decodes a block of codes stored along the output's columns and writes it
 /// transposed: lane `q < lanes` (an output column) has 16 codes (two to a
 /// byte, low nibble first) at `codes[q]`, its table's byte planes at
@@ -427,7 +444,7 @@ mod x86 {
     /// and writes nothing.
     #[inline]
     #[target_feature(enable = "sse2")]
-    fn prefetch<const WRITE: bool>(data: &[u8], at: usize) {
+    pub(super) fn prefetch<const WRITE: bool>(data: &[u8], at: usize) {
         let p = data.as_ptr().wrapping_add(at).cast();
         if WRITE {
             _mm_prefetch::<_MM_HINT_ET0>(p);

@@ -79,7 +79,12 @@ impl ByScale {
     /// The table of the entry whose scale is stored at `index`.
     #[inline]
     pub(super) fn at<'t>(&'t self, job: &DecodeJob<'_>, index: usize) -> &'t Table16 {
-        let byte = job.scale.as_ref().map_or(0, |s| s.data[index]);
-        &self.tables[byte as usize]
+        self.byte(job.scale.as_ref().map_or(0, |s| s.data[index]))
+    }
+
+    /// The table of scale byte `b`.
+    #[inline]
+    pub(super) fn byte(&self, b: u8) -> &Table16 {
+        &self.tables[b as usize]
     }
 }

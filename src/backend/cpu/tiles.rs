@@ -53,7 +53,8 @@ pub(super) struct Tiles {
 
 impl Tiles {
     /// The tiling of a transposed or strided job, when its entries span
-    /// enough elements to pay for their tables.
+    /// enough elements to pay for their tables (or its tables are by scale
+    /// byte, [`ByScale`]).
     pub(super) fn of(job: &DecodeJob<'_>) -> Option<Tiles> {
         let f = &job.codes;
         // Jobs with a post scale (LLM.int8) are straight rows; tiles are
@@ -232,10 +233,16 @@ impl Tiles {
         // in stored order, written transposed.
         let stored_order = matches!((self.fill, self.cols_per_key, n), (Fill::Nibbles, ColKey::Div(d), 16)
             if self.rows_per_key < 16 && d >= 16 && d.is_multiple_of(2) && rows.start.is_multiple_of(2));
-        if let (true, Some(by)) = (stored_order, &self.by_scale) {
-            let table = |r: usize, ci: usize| {
-                by.at(job, job.scale_index(slice, cols.start + ci, rows.start + r).unwrap_or(0))
-            };
+        if let (true, Some(by), Some(scale), ColKey::Div(_)) = (stored_order, &self.by_scale, &job.scale, self.cols_per_key) {
+            // Scale bytes: each lane's first, then one per d output rows
+            // (the scale's column groups, which d divides).
+            s.lane_base.clear();
+            s.lane_base.extend(lanes.clone().map(|i| job.scale_index(slice, i, 0).unwrap_or(0)));
+            let per = scale.grid.col_div.max(1);
+            s.row_off.clear();
+            s.row_off.extend(rows.clone().map(|j| (j / per) as u32));
+            let (bytes, base, group) = (&scale.data[..], &s.lane_base, &s.row_off);
+            let table = |r: usize, ci: usize| by.byte(bytes[base[ci] + group[r] as usize]);
             self.stored_order::<N>(job, slice, &rows, &cols, band, table);
             return;
         }
@@ -350,6 +357,11 @@ impl Tiles {
                 r += 1;
                 continue;
             }
+            // The next block's output lines, for writing.
+            for e in r + 16..(r + 32).min(tr) {
+                let o = e * row_bytes + cols.start * N;
+                simd::prefetch_write(band, o..o + tc * N);
+            }
             let mut ci = 0;
             while ci + lanes <= tc {
                 let codes: [&[u8; 8]; 8] = std::array::from_fn(|q| {
@@ -432,6 +444,8 @@ pub(super) struct Scratch {
     runs: Vec<(usize, usize)>,
     /// The tables of 4-bit codes, with their byte planes.
     t16: Vec<Table16>,
+    /// Where each lane's scales start (tables by scale byte).
+    lane_base: Vec<usize>,
 }
 
 /// The encoded outputs of every code under one entry: `(c − zero)·scale`
