@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    let dir = match which % 12 {
+    let dir = match which % 13 {
         0 => checkpoint_dir(&[("model.safetensors", fixtures::W4A16_ASYM), ("config.json", rest)]),
         1 => checkpoint_dir(&[("model.safetensors", fixtures::W3A16), ("config.json", rest)]),
         2 => checkpoint_dir(&[("model.safetensors", fixtures::FP8_BLOCK), ("config.json", rest)]),
