@@ -529,7 +529,7 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
         .shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&n| n < 1 << 52)
+        .filter(|&n| (n as u64) < 1u64 << 52)
         .ok_or_else(|| {
             state_t.error(
                 Rule::TensorShape,
