@@ -342,18 +342,22 @@ mod x86 {
             let (a, b) = (r[2 * m], r[2 * m + 1]);
             _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), lo), _mm_and_si128(b, hi))
         });
-        // Bytes (p0[b], p1[b], p2[b], p3[b]) as word b.
-        let words = |p: [__m128i; 4]| {
-            let (a, b) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
-            let (c, d) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
-            [
-                _mm_unpacklo_epi16(a, b),
-                _mm_unpackhi_epi16(a, b),
-                _mm_unpacklo_epi16(c, d),
-                _mm_unpackhi_epi16(c, d),
-            ]
-        };
-        [words(p), words(q)]
+        [bytes_to_words(p), bytes_to_words(q)]
+    }
+
+    /// Byte b of each of four registers as word b: (p0[b], p1[b], p2[b],
+    /// p3[b]), little-endian, words 0..16 across the four results.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn bytes_to_words(p: [__m128i; 4]) -> [__m128i; 4] {
+        let (ab0, cd0) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
+        let (ab1, cd1) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
+        [
+            _mm_unpacklo_epi16(ab0, cd0),
+            _mm_unpackhi_epi16(ab0, cd0),
+            _mm_unpacklo_epi16(ab1, cd1),
+            _mm_unpackhi_epi16(ab1, cd1),
+        ]
     }
 
     /// `super::gather_awq` for `columns` a multiple of 4: blocks of 32
@@ -404,6 +408,27 @@ mod x86 {
         }
     }
 
+    /// The table planes as registers.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn tables(planes: &[[u8; 16]; 4]) -> [__m128i; 4] {
+        std::array::from_fn(|b| load(&planes[b]))
+    }
+
+    /// The outputs of the 16 codes `idx` through the table planes `t`, in
+    /// order: N·16 bytes, in the first N registers.
+    #[inline]
+    #[target_feature(enable = "ssse3")]
+    fn lookup<const N: usize>(t: &[__m128i; 4], idx: __m128i) -> [__m128i; 4] {
+        let (a, b) = (_mm_shuffle_epi8(t[0], idx), _mm_shuffle_epi8(t[1], idx));
+        if N == 2 {
+            let zero = _mm_setzero_si128();
+            return [_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b), zero, zero];
+        }
+        let (c, d) = (_mm_shuffle_epi8(t[2], idx), _mm_shuffle_epi8(t[3], idx));
+        bytes_to_words([a, b, c, d])
+    }
+
     /// Decodes 32 codes (16 bytes, low nibble first) through `planes`
     /// into `out[at..at + 32·N]`.
     #[inline]
@@ -411,30 +436,15 @@ mod x86 {
     fn segment<const N: usize>(v: __m128i, planes: &[[u8; 16]; 4], out: &mut [u8], at: usize) {
         let nibble = _mm_set1_epi8(0x0F);
         let (lo, hi) = (_mm_and_si128(v, nibble), _mm_and_si128(_mm_srli_epi16(v, 4), nibble));
-        let (i0, i1) = (_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
+        let t = tables(planes);
         // One bounds check for the segment's bytes.
         let o = &mut out[at..at + 32 * N];
-        let mut put = |k: usize, v: __m128i| {
-            // SAFETY: `k < 2·N`, so 16·k + 16 ≤ o.len() (unaligned store).
-            unsafe { _mm_storeu_si128(o.as_mut_ptr().add(16 * k).cast(), v) };
-        };
-        if N == 2 {
-            let (t0, t1) = (load(&planes[0]), load(&planes[1]));
-            for (h, idx) in [i0, i1].into_iter().enumerate() {
-                let (a, b) = (_mm_shuffle_epi8(t0, idx), _mm_shuffle_epi8(t1, idx));
-                put(2 * h, _mm_unpacklo_epi8(a, b));
-                put(2 * h + 1, _mm_unpackhi_epi8(a, b));
-            }
-        } else {
-            let t: [__m128i; 4] = std::array::from_fn(|b| load(&planes[b]));
-            for (h, idx) in [i0, i1].into_iter().enumerate() {
-                let p: [__m128i; 4] = std::array::from_fn(|b| _mm_shuffle_epi8(t[b], idx));
-                let (a, b) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
-                let (c, d) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
-                put(4 * h, _mm_unpacklo_epi16(a, b));
-                put(4 * h + 1, _mm_unpackhi_epi16(a, b));
-                put(4 * h + 2, _mm_unpacklo_epi16(c, d));
-                put(4 * h + 3, _mm_unpackhi_epi16(c, d));
+        for (h, idx) in [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)].into_iter().enumerate() {
+            for (k, v) in lookup::<N>(&t, idx).into_iter().take(N).enumerate() {
+                let at = 16 * (N * h + k);
+                // SAFETY: h < 2 and k < N, so at + 16 ≤ 32·N = o.len()
+                // (unaligned store).
+                unsafe { _mm_storeu_si128(o.as_mut_ptr().add(at).cast(), v) };
             }
         }
     }
@@ -558,28 +568,21 @@ mod x86 {
         transpose_4x4_32(r).map(|v| bytes(v))
     }
 
-    /// The 16 codes of 8 bytes (low nibble first) as pshufb indices.
+    /// The 16 codes of 8 bytes as pshufb indices, in order: each byte's
+    /// low nibble first, or its high one first (`high_first`).
     #[inline]
     #[target_feature(enable = "ssse3")]
-    fn indices(codes: &[u8; 8]) -> __m128i {
+    fn indices(codes: &[u8; 8], high_first: bool) -> __m128i {
         // SAFETY: reads exactly the 8 bytes of `codes`.
         let b = unsafe { _mm_loadl_epi64(codes.as_ptr().cast()) };
         let nibble = _mm_set1_epi8(0x0F);
         let low = _mm_and_si128(b, nibble);
         let high = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
-        _mm_unpacklo_epi8(low, high)
-    }
-
-    /// The same with each byte's high nibble first.
-    #[inline]
-    #[target_feature(enable = "ssse3")]
-    fn indices_high_first(codes: &[u8; 8]) -> __m128i {
-        // SAFETY: reads exactly the 8 bytes of `codes`.
-        let b = unsafe { _mm_loadl_epi64(codes.as_ptr().cast()) };
-        let nibble = _mm_set1_epi8(0x0F);
-        let low = _mm_and_si128(b, nibble);
-        let high = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
-        _mm_unpacklo_epi8(high, low)
+        if high_first {
+            _mm_unpacklo_epi8(high, low)
+        } else {
+            _mm_unpacklo_epi8(low, high)
+        }
     }
 
     #[target_feature(enable = "ssse3")]
@@ -589,18 +592,14 @@ mod x86 {
         out: &mut [u8],
         high_first: bool,
     ) -> usize {
-        let (t_lo, t_hi) = (load(&planes[0]), load(&planes[1]));
+        let t = tables(planes);
         let blocks = (codes.len() / 8).min(out.len() / 32);
         for (c, o) in codes.chunks_exact(8).zip(out.chunks_exact_mut(32)).take(blocks) {
             let c: &[u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!("8 bytes"));
-            let idx = if high_first {
-                indices_high_first(c)
-            } else {
-                indices(c)
-            };
-            let (v_lo, v_hi) = (_mm_shuffle_epi8(t_lo, idx), _mm_shuffle_epi8(t_hi, idx));
-            o[..16].copy_from_slice(&bytes(_mm_unpacklo_epi8(v_lo, v_hi)));
-            o[16..].copy_from_slice(&bytes(_mm_unpackhi_epi8(v_lo, v_hi)));
+            let idx = indices(c, high_first);
+            let [v0, v1, ..] = lookup::<2>(&t, idx);
+            o[..16].copy_from_slice(&bytes(v0));
+            o[16..].copy_from_slice(&bytes(v1));
         }
         blocks * 16
     }
@@ -618,19 +617,19 @@ mod x86 {
         let end = 15 * row_bytes + 16;
         let out = &mut out[..end];
         let mut store = |e: usize, v: __m128i| {
-            debug_assert!(e < 16);
-            // SAFETY: e < 16, so e·row_bytes + 16 ≤ end = out.len()
-            // (unaligned store).
-            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(e * row_bytes).cast(), v) };
+            if e < 16 {
+                // SAFETY: e < 16, so e·row_bytes + 16 ≤ end = out.len()
+                // (unaligned store).
+                unsafe { _mm_storeu_si128(out.as_mut_ptr().add(e * row_bytes).cast(), v) };
+            }
         };
+        // Per lane, its 16 rows' values: rows 0..8 and 8..16 (N = 2), or
+        // rows 4k..4k + 4 (N = 4).
+        let v: [[__m128i; 4]; 8] = std::array::from_fn(|q| match (codes.get(q), planes.get(q)) {
+            (Some(c), Some(p)) if q < 16 / N => lookup::<N>(&tables(p), indices(c, false)),
+            _ => [_mm_setzero_si128(); 4],
+        });
         if N == 2 {
-            // Per lane, the values of rows 0..8 and 8..16.
-            let v: [[__m128i; 2]; 8] = std::array::from_fn(|q| {
-                let idx = indices(codes[q]);
-                let (lo, hi) = (load(&planes[q][0]), load(&planes[q][1]));
-                let (v_lo, v_hi) = (_mm_shuffle_epi8(lo, idx), _mm_shuffle_epi8(hi, idx));
-                [_mm_unpacklo_epi8(v_lo, v_hi), _mm_unpackhi_epi8(v_lo, v_hi)]
-            });
             for half in 0..2 {
                 let r: [__m128i; 8] = std::array::from_fn(|q| v[q][half]);
                 for (e, row) in transpose_8x8_16(r).into_iter().enumerate() {
@@ -638,27 +637,11 @@ mod x86 {
                 }
             }
         } else {
-            // Per lane, the values of rows 4k..4k + 4.
-            let v: [[__m128i; 4]; 4] = std::array::from_fn(|q| {
-                let idx = indices(codes[q]);
-                let p: [__m128i; 4] = std::array::from_fn(|b| _mm_shuffle_epi8(load(&planes[q][b]), idx));
-                let (a, b) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
-                let (c, d) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
-                [
-                    _mm_unpacklo_epi16(a, b),
-                    _mm_unpackhi_epi16(a, b),
-                    _mm_unpacklo_epi16(c, d),
-                    _mm_unpackhi_epi16(c, d),
-                ]
-            });
             for k in 0..4 {
-                let [a, b, c, d] = [v[0][k], v[1][k], v[2][k], v[3][k]];
-                let (ab0, cd0) = (_mm_unpacklo_epi32(a, b), _mm_unpacklo_epi32(c, d));
-                let (ab1, cd1) = (_mm_unpackhi_epi32(a, b), _mm_unpackhi_epi32(c, d));
-                store(4 * k, _mm_unpacklo_epi64(ab0, cd0));
-                store(4 * k + 1, _mm_unpackhi_epi64(ab0, cd0));
-                store(4 * k + 2, _mm_unpacklo_epi64(ab1, cd1));
-                store(4 * k + 3, _mm_unpackhi_epi64(ab1, cd1));
+                let rows = transpose_4x4_32([v[0][k], v[1][k], v[2][k], v[3][k]]);
+                for (e, row) in rows.into_iter().enumerate() {
+                    store(4 * k + e, row);
+                }
             }
         }
     }
