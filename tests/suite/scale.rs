@@ -54,6 +54,31 @@ fn reference(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
     out
 }
 
+/// Asserts that the CPU backend decodes all of `job`'s rows, and `ranges`
+/// random ranges of them (a task may start anywhere), as the reference does.
+fn assert_cpu_equals_reference(job: &DecodeJob<'_>, rng: &mut Rng, ranges: usize, what: &str) {
+    let total = job.dims.total_rows();
+    let want = reference(job, 0..total);
+    let got = cpu_rows(job, 0..total);
+    assert!(
+        got == want,
+        "{what}: {}",
+        first_difference(&got, &want, job, 0)
+    );
+    let row_bytes = job.dims.cols * job.out.size();
+    for _ in 0..ranges {
+        let a = rng.below(total as u64 + 1) as usize;
+        let b = a + rng.below((total - a) as u64 + 1) as usize;
+        let got = cpu_rows(job, a..b);
+        let want = &want[a * row_bytes..b * row_bytes];
+        assert!(
+            got == want,
+            "rows {a}..{b}: {what}: {}",
+            first_difference(&got, want, job, a)
+        );
+    }
+}
+
 /// Whether the CPU backend decodes `job` through its tables in place.
 fn takes_table_path(job: &DecodeJob<'_>) -> bool {
     way(job) == Way::Rows
@@ -164,28 +189,7 @@ fn cpu_table_rows_equal_reference_on_random_jobs() {
             }
             *seen.borrow_mut().entry(v).or_default() += 1;
         }
-        let total = job.dims.total_rows();
-        let want = reference(&job, 0..total);
-        let got = cpu_rows(&job, 0..total);
-        assert!(
-            got == want,
-            "{}: {}",
-            r.describe(),
-            first_difference(&got, &want, &job, 0)
-        );
-        let row_bytes = job.dims.cols * job.out.size();
-        for _ in 0..3 {
-            let a = rng.below(total as u64 + 1) as usize;
-            let b = a + rng.below((total - a) as u64 + 1) as usize;
-            let got = cpu_rows(&job, a..b);
-            let want = &want[a * row_bytes..b * row_bytes];
-            assert!(
-                got == want,
-                "rows {a}..{b}: {}: {}",
-                r.describe(),
-                first_difference(&got, want, &job, a)
-            );
-        }
+        assert_cpu_equals_reference(&job, rng, 3, &r.describe());
     });
     let (seen, seen_table, table_jobs) =
         (seen.into_inner(), seen_table.into_inner(), table_jobs.get());
@@ -1249,28 +1253,7 @@ fn cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs() {
                 *seen.borrow_mut().entry(v).or_default() += 1;
             }
         }
-        let total = job.dims.total_rows();
-        let want = reference(&job, 0..total);
-        let got = cpu_rows(&job, 0..total);
-        assert!(
-            got == want,
-            "{}: {}",
-            r.describe(),
-            first_difference(&got, &want, &job, 0)
-        );
-        let row_bytes = job.dims.cols * job.out.size();
-        for _ in 0..2 {
-            let a = rng.below(total as u64 + 1) as usize;
-            let b = a + rng.below((total - a) as u64 + 1) as usize;
-            let got = cpu_rows(&job, a..b);
-            let want = &want[a * row_bytes..b * row_bytes];
-            assert!(
-                got == want,
-                "rows {a}..{b}: {}: {}",
-                r.describe(),
-                first_difference(&got, want, &job, a)
-            );
-        }
+        assert_cpu_equals_reference(&job, rng, 2, &r.describe());
     });
     let seen = seen.into_inner();
     let needed = [
