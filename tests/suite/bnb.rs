@@ -22,7 +22,7 @@ use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, OutDtype, Plan};
 
 use crate::common::producer::{check_output, decode, decode_with, expect_decodes, Want};
 use crate::common::{
-    gpu_test, read_dir_tensors, write_json, write_safetensors, Rng, Tensor, SHARD1, SHARD2,
+    gpu_test, read_dir_tensors, write_json, write_safetensors, write_two_shards, Rng, Tensor,
 };
 
 /// `dDequantizeNF4`, its literals as bitsandbytes writes them.
@@ -479,17 +479,7 @@ fn bnb_module_split_across_shards() {
     let (first, second): (Vec<Tensor>, Vec<Tensor>) = tensors
         .into_iter()
         .partition(|t| t.name.ends_with("weight"));
-    write_safetensors(&dir.path().join(SHARD1), &first);
-    write_safetensors(&dir.path().join(SHARD2), &second);
-    let map: serde_json::Map<String, Value> = first
-        .iter()
-        .map(|t| (t.name.clone(), json!(SHARD1)))
-        .chain(second.iter().map(|t| (t.name.clone(), json!(SHARD2))))
-        .collect();
-    write_json(
-        &dir.path().join("model.safetensors.index.json"),
-        &json!({"metadata": {}, "weight_map": map}),
-    );
+    write_two_shards(dir.path(), &first, &second);
     write_config(
         dir.path(),
         quant_config(true, BASE, Value::Null),

@@ -65,6 +65,21 @@ pub fn normal(rng: &mut Rng, spread: i32) -> f32 {
     s * m * 2f32.powi(e)
 }
 
+/// Random values of `bits`-bit codes: offset or two's-complement integers,
+/// the minifloats (E2M1 for FP4, E4M3 for FP8; NaN included), or normals.
+pub fn code_values(rng: &mut Rng, bits: u32) -> Vec<f32> {
+    let offset = 1i32 << (bits - 1);
+    match rng.below(4) {
+        0 => (0..1 << bits).map(|c| (c - offset) as f32).collect(),
+        1 => (0..1 << bits)
+            .map(|c| if c >= offset { c - 2 * offset } else { c } as f32)
+            .collect(),
+        2 if bits == 4 => (0..16).map(e2m1).collect(),
+        2 => (0..=255).map(e4m3).collect(),
+        _ => (0..1 << bits).map(|_| normal(rng, 6)).collect(),
+    }
+}
+
 pub fn value_bytes(rng: &mut Rng, kind: &ValueKind, n: usize) -> Vec<u8> {
     (0..n)
         .flat_map(|_| -> Vec<u8> {
@@ -373,17 +388,7 @@ impl RandomJob {
         };
         let slice_bits = d.rows as u64 * lane_bits;
         let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
-        let offset = 1i32 << (bits - 1);
-        let code_values: Vec<f32> = match rng.below(4) {
-            0 => (0..1 << bits).map(|c| (c - offset) as f32).collect(),
-            1 => (0..1 << bits)
-                .map(|c| if c >= offset { c - 2 * offset } else { c } as f32)
-                .collect(),
-            // The minifloats (E2M1 for FP4, E4M3 for FP8), NaN included.
-            2 if bits == 4 => (0..16).map(e2m1).collect(),
-            2 => (0..=255).map(e4m3).collect(),
-            _ => (0..1 << bits).map(|_| normal(rng, 6)).collect(),
-        };
+        let code_values = code_values(rng, bits);
         let groups = match &r.zero {
             ZeroSpec::Packed { groups, .. } => *groups,
             _ => 0,
@@ -443,16 +448,7 @@ impl RandomJob {
             (words as u64 * 32, 32, (d.rows * words) as u64 * 32)
         };
         let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
-        let offset = 1i32 << (bits - 1);
-        let code_values: Vec<f32> = match rng.below(4) {
-            0 => (0..1 << bits).map(|c| (c - offset) as f32).collect(),
-            1 => (0..1 << bits)
-                .map(|c| if c >= offset { c - 2 * offset } else { c } as f32)
-                .collect(),
-            2 if bits == 4 => (0..16).map(e2m1).collect(),
-            2 => (0..=255).map(e4m3).collect(),
-            _ => (0..1 << bits).map(|_| normal(rng, 6)).collect(),
-        };
+        let code_values = code_values(rng, bits);
         let (zero, zero_bytes) = match r.zero {
             ZeroSpec::AlongCols { lanes, .. } => {
                 let bytes = (0..d.slices * lanes * words * 4)

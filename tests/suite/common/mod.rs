@@ -124,6 +124,26 @@ pub fn raw_safetensors_text(header: &[u8], data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Writes `first` as SHARD1 and `second` as SHARD2 of a checkpoint in
+/// `dir`, with the index naming each tensor's shard.
+pub fn write_two_shards(dir: &Path, first: &[Tensor], second: &[Tensor]) {
+    write_safetensors(&dir.join(SHARD1), first);
+    write_safetensors(&dir.join(SHARD2), second);
+    let map: serde_json::Map<String, serde_json::Value> = first
+        .iter()
+        .map(|t| (t.name.clone(), serde_json::json!(SHARD1)))
+        .chain(
+            second
+                .iter()
+                .map(|t| (t.name.clone(), serde_json::json!(SHARD2))),
+        )
+        .collect();
+    write_json(
+        &dir.join("model.safetensors.index.json"),
+        &serde_json::json!({"metadata": {}, "weight_map": map}),
+    );
+}
+
 pub fn write_safetensors(path: &Path, tensors: &[Tensor]) {
     std::fs::write(path, safetensors_bytes(tensors, None)).unwrap();
 }
