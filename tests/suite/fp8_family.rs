@@ -329,26 +329,29 @@ fn e8m0_ref(e: u8) -> f32 {
     2f64.powi(e as i32 - 127) as f32
 }
 
+/// An MX module `name` of `rows × cols` FP8 codes with random E8M0 scales
+/// per 32 columns, and its two stored tensors.
+fn mx_module(rng: &mut Rng, name: &str, rows: usize, cols: usize) -> (Module, [Tensor; 2]) {
+    let e = e8m0_bytes(rng, rows * cols / 32);
+    let scale = Tensor::u8(format!("{name}.weight_scale"), "U8", &[rows, cols / 32], &e);
+    let m = Module {
+        name: name.to_string(),
+        rows,
+        cols,
+        codes: codes(rng, rows, cols),
+        scale_of: Box::new(move |r, c| e8m0_ref(e[r * (cols / 32) + c / 32])),
+    };
+    let tensors = [m.weight(), scale];
+    (m, tensors)
+}
+
 /// ModelOpt MXFP8: E8M0 per 32 columns, the f32 product rounded once.
 #[test]
 fn modelopt_mxfp8() {
     let mut rng = Rng::new(29);
     let tmp = tempfile::tempdir().unwrap();
-    let (rows, cols) = (24, 96);
-    let e = e8m0_bytes(&mut rng, rows * cols / 32);
     let name = "model.layers.0.mlp.gate_proj".to_string();
-    let e2 = e.clone();
-    let m = Module {
-        name: name.clone(),
-        rows,
-        cols,
-        codes: codes(&mut rng, rows, cols),
-        scale_of: Box::new(move |r, c| e8m0_ref(e2[r * (cols / 32) + c / 32])),
-    };
-    let tensors = [
-        m.weight(),
-        Tensor::u8(format!("{name}.weight_scale"), "U8", &[rows, cols / 32], &e),
-    ];
+    let (m, tensors) = mx_module(&mut rng, &name, 24, 96);
     modelopt_dir(tmp.path(), &tensors, "MXFP8", "bfloat16");
     assert_eq!(scheme(tmp.path(), &name), "modelopt MXFP8 e8m0 group 32");
     check_both("modelopt mxfp8", tmp.path(), Arith::F32, &[m], &[]);
@@ -361,21 +364,8 @@ fn ct_mxfp8_multiplies_in_bf16() {
     for dtype in ["float16", "bfloat16"] {
         let mut rng = Rng::new(30);
         let tmp = tempfile::tempdir().unwrap();
-        let (rows, cols) = (16, 64);
-        let e = e8m0_bytes(&mut rng, rows * cols / 32);
         let name = "model.layers.0.mlp.down_proj".to_string();
-        let e2 = e.clone();
-        let m = Module {
-            name: name.clone(),
-            rows,
-            cols,
-            codes: codes(&mut rng, rows, cols),
-            scale_of: Box::new(move |r, c| e8m0_ref(e2[r * (cols / 32) + c / 32])),
-        };
-        let tensors = [
-            m.weight(),
-            Tensor::u8(format!("{name}.weight_scale"), "U8", &[rows, cols / 32], &e),
-        ];
+        let (m, tensors) = mx_module(&mut rng, &name, 16, 64);
         let weights = json!({"num_bits": 8, "type": "float", "strategy": "group",
             "group_size": 32, "symmetric": true, "dynamic": false, "scale_dtype": "torch.uint8"});
         write_checkpoint(
