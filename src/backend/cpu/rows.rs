@@ -2,9 +2,8 @@
 //! row's columns, decoded a row at a time through one code table per run:
 //! straight rows read in place, and rows packed along the input dimension
 //! — GPTQ's strided words, AutoAWQ's transposed ones — a band of rows at a
-//! time, straight from the words by the vector kernels where the band
-//! aligns with their blocks, else gathered into straight rows of codes
-//! first and then decoded by the same inner loop as straight rows.
+//! time, gathered into straight rows of codes that stay in cache and then
+//! decoded by the same inner loop as straight rows.
 //!
 //! The tables hold the encoded output of every code of one entry, computed
 //! with exactly the operations `DecodeJob::value` performs, so both ways
@@ -17,9 +16,9 @@ use super::table::{ByScale, Table16};
 use crate::job::{DecodeJob, Fields, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
-/// Output rows of a band: 16 AutoAWQ word columns, one 64-byte line of
-/// each input; 512 bytes of each of GPTQ's word rows.
-const BAND: usize = 128;
+/// Bytes between gathered rows past their codes: rows a power of two
+/// apart would fall into the same few cache sets.
+const PAD: usize = 64;
 
 /// How a row's codes are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,12 +151,24 @@ impl Rows {
         })
     }
 
+    /// Output rows gathered at once: as few as read whole lines of the
+    /// packed words, so that the gathered rows stay in cache.
+    fn band(&self) -> usize {
+        match self.gather {
+            // Two 64-byte lines of each word row (a pair the hardware
+            // fetches together).
+            Gather::Words => 32,
+            // One line of each input: 16 word columns.
+            _ => 128,
+        }
+    }
+
     /// Output rows one task decodes: whole bands, at least `elements`.
     pub(super) fn rows_per_task(&self, cols: usize, elements: usize) -> usize {
         let rows = elements.div_ceil(cols.max(1));
         match self.gather {
             Gather::InPlace => rows,
-            _ => rows.next_multiple_of(BAND),
+            _ => rows.next_multiple_of(self.band()),
         }
     }
 
@@ -178,7 +189,7 @@ impl Rows {
             let (slice, r0) = (flat / per_slice, flat % per_slice);
             let r1 = match self.gather {
                 Gather::InPlace => per_slice,
-                _ => (r0 / BAND + 1) * BAND,
+                _ => (r0 / self.band() + 1) * self.band(),
             }
             .min(per_slice)
             .min(r0 + rows.end - flat);
@@ -193,7 +204,7 @@ impl Rows {
                     last = key;
                     self.row::<N>(job, slice, r, (&job.codes, slice, r), o, (tables, fresh));
                 }
-            } else if !self.packed::<N>(job, slice, r0..r1, band) {
+            } else {
                 let gathered = self.gather(job, slice, r0..r1, codes);
                 for (k, o) in band.chunks_exact_mut(row_bytes).enumerate() {
                     self.row::<N>(job, slice, r0 + k, (&gathered, 0, k), o, (tables, true));
@@ -201,47 +212,6 @@ impl Rows {
             }
             flat += r1 - r0;
         }
-    }
-
-    /// Decodes output rows `rows` of `slice` into `band` straight from
-    /// their packed 4-bit words, where the band and its entries are
-    /// aligned to the vector kernel's blocks (`simd::decode_packed`);
-    /// false, having written nothing, where not.
-    fn packed<const N: usize>(
-        &self,
-        job: &DecodeJob<'_>,
-        slice: usize,
-        rows: Range<usize>,
-        band: &mut [u8],
-    ) -> bool {
-        let f = &job.codes;
-        let (cols, lanes) = (job.dims.cols, rows.len());
-        let aligned = cols.is_multiple_of(32) && (self.group_cols.is_multiple_of(32) || self.groups == 1);
-        if f.bits != 4 || job.g_idx.is_some() || job.code_values.len() != 16 || !aligned {
-            return false;
-        }
-        let base = (slice as u64 * f.slice_bits / 8) as usize;
-        let packed = match self.gather {
-            Gather::Words if f.lane_bits == 32 && lanes.is_multiple_of(4) => simd::Packed::Words {
-                first: base + 4 * rows.start,
-                stride: (f.word_bits / 8) as usize,
-            },
-            Gather::Awq if rows.start.is_multiple_of(8) && lanes.is_multiple_of(32) => simd::Packed::Awq {
-                first: base + rows.start / 8 * 4,
-                lane: (f.lane_bits / 8) as usize,
-            },
-            _ => return false,
-        };
-        if !simd::has_ssse3() {
-            return false;
-        }
-        let mut table = |k: usize, g: usize| {
-            let (zero, scale) = self.entry(job, slice, rows.start + k, g);
-            Table16::new(job, zero, scale).planes
-        };
-        let shape = (lanes, cols, self.group_cols);
-        simd::decode_packed::<N>(&f.data, packed, shape, &mut table, band, N * cols);
-        true
     }
 
     /// Gathers the codes of output rows `rows` of `slice` into `buf` as
@@ -256,10 +226,9 @@ impl Rows {
             Gather::Awq => {
                 // Output row = stored column, in word column row / 8; lane =
                 // input. The band's whole word columns are gathered.
-                let row = cols.div_ceil(8) * 4;
+                let row = cols.div_ceil(8) * 4 + PAD;
                 let (c0, c1) = (rows.start / 8, rows.end.div_ceil(8));
-                buf.clear();
-                buf.resize((c1 - c0) * 8 * row, 0);
+                grow(buf, (c1 - c0) * 8 * row);
                 let lane_bytes = (f.lane_bits / 8) as usize;
                 let whole = cols / 8 * 8;
                 simd::gather_awq(data, (base + 4 * c0, lane_bytes), (c1 - c0, whole), buf, row);
@@ -267,7 +236,8 @@ impl Rows {
                 // does; its rows start that far in.
                 let first = rows.start - 8 * c0;
                 // Inputs past the last whole eight, field by field.
-                for k in 0..lanes {
+                for k in (0..lanes).filter(|_| whole < cols) {
+                    buf[(first + k) * row + whole / 2..][..(cols - whole).div_ceil(2)].fill(0);
                     for i in whole..cols {
                         let code = f.get(slice, i, rows.start + k) as u8;
                         buf[(first + k) * row + i / 2] |= code << (4 * (i % 2));
@@ -277,9 +247,9 @@ impl Rows {
             }
             _ => {
                 let words = (cols as u64 * f.bits as u64).div_ceil(32) as usize;
-                let row = 4 * words;
-                buf.clear();
-                buf.resize(lanes * row, 0);
+                let row = 4 * words + PAD;
+                // Every word of every lane is written.
+                grow(buf, lanes * row);
                 let (lane, stride) = ((f.lane_bits / 8) as usize, (f.word_bits / 8) as usize);
                 let first = base + rows.start * lane;
                 if lane == 4 {
@@ -333,10 +303,8 @@ impl Rows {
             } else {
                 if fresh {
                     tables.clear();
-                    tables.extend((0..self.groups).map(|g| {
-                        let (zero, scale) = self.entry(job, slice, row, g);
-                        Table16::new(job, zero, scale)
-                    }));
+                    let entries = (0..self.groups).map(|g| self.entry(job, slice, row, g));
+                    Table16::extend(job, entries, &mut |t| tables.push(t));
                 }
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             }
@@ -403,10 +371,8 @@ impl Rows {
             let mut done = 0;
             if first.is_multiple_of(2) {
                 let codes = &bytes[first / 2..];
-                if N == 2 {
-                    // 16 codes per shuffle where the CPU has one.
-                    done = simd::nibbles_to_16bit(codes, &t.planes, group_out, hf);
-                }
+                // 32 codes per load where the CPU has shuffles.
+                done = simd::nibbles::<N>(codes, &t.planes, group_out, hf);
                 // Eight codes per little-endian u32: one load, eight lookups
                 // assembled in registers, two (bf16/f16) or four (f32) stores.
                 let words = codes[done / 2..].chunks_exact(4);
@@ -469,3 +435,10 @@ impl Rows {
     }
 }
 
+/// Makes `buf` at least `len` bytes long; what it holds stays (the gathers
+/// write every byte they read, so zeroing each band would only cost).
+fn grow(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+}

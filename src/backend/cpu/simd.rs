@@ -8,6 +8,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::numerics::OutDtype;
+
+/// Word rows ahead whose lines [`gather_words`] fetches.
+const WORDS_AHEAD: usize = 8;
+
 /// Slot of element `e` in an AutoAWQ word: `e/2 + (e%2)·4`.
 const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
@@ -53,11 +58,36 @@ pub(super) fn planes(table: &[u32; 16]) -> [[u8; 16]; 4] {
     std::array::from_fn(|b| std::array::from_fn(|c| (table[c] >> (8 * b)) as u8))
 }
 
-/// Decodes whole 16-code blocks of `codes` (two per byte, low nibble first,
+/// The tables of 16 code values `codes` under each entry (zero, scale):
+/// `(c − zero)·scale·post` in f32, rounded once to `out`, given to `each`
+/// in order as encoded output bits and byte planes; false, having given
+/// none, where the CPU lacks the instructions (f16 needs F16C), and the
+/// caller's scalar loop gives the same bytes.
+pub(super) fn tables16(
+    codes: &[f32; 16],
+    entries: &[(f32, f32)],
+    (post, out): (f32, OutDtype),
+    each: &mut impl FnMut([u32; 16], [[u8; 16]; 4]),
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f16c = || std::arch::is_x86_feature_detected!("f16c");
+        if has_ssse3() && (out != OutDtype::F16 || f16c()) {
+            // SAFETY: the CPU has SSSE3, and F16C where the output is f16
+            // (checked just above).
+            unsafe { x86::tables16(codes, entries, (post, out), each) };
+            return true;
+        }
+    }
+    let _ = (codes, entries, post, out, each);
+    false
+}
+
+/// Decodes whole 32-code blocks of `codes` (two per byte, low nibble first,
 /// or high nibble first with `high_first`: bitsandbytes) through the table
-/// of byte `planes` into `out` (2 bytes per output); returns how many
+/// of byte `planes` into `out` (N bytes per output); returns how many
 /// outputs were written (0 without SSSE3).
-pub(super) fn nibbles_to_16bit(
+pub(super) fn nibbles<const N: usize>(
     codes: &[u8],
     planes: &[[u8; 16]; 4],
     out: &mut [u8],
@@ -67,7 +97,7 @@ pub(super) fn nibbles_to_16bit(
     {
         if has_ssse3() {
             // SAFETY: the CPU has SSSE3 (checked just above).
-            return unsafe { x86::nibbles_to_16bit(codes, planes, out, high_first) };
+            return unsafe { x86::nibbles::<N>(codes, planes, out, high_first) };
         }
     }
     let _ = (codes, planes, out, high_first);
@@ -88,6 +118,15 @@ pub(super) fn gather_words(
     #[cfg(target_arch = "x86_64")]
     {
         for w in (0..w4).step_by(4) {
+            // The lanes' lines of words a few steps on: a stride apart, too
+            // far for the hardware to guess.
+            for q in WORDS_AHEAD..WORDS_AHEAD + 4 {
+                let at = first + (w + q) * stride;
+                for l in (0..4 * k4).step_by(64).chain((4 * k4).checked_sub(1)) {
+                    // SAFETY: SSE2 is part of x86-64.
+                    unsafe { x86::prefetch::<false>(src, at + l) };
+                }
+            }
             for k in (0..k4).step_by(4) {
                 let at = |q: usize| first + (w + q) * stride + 4 * k;
                 let rows: [&[u8; 16]; 4] = std::array::from_fn(|q| slice16(src, at(q)));
@@ -100,14 +139,12 @@ pub(super) fn gather_words(
             }
         }
     }
-    for w in 0..words {
-        for k in 0..lanes {
-            if k < k4 && w < w4 {
-                continue;
-            }
-            let at = first + w * stride + 4 * k;
-            dst[k * row + 4 * w..k * row + 4 * w + 4].copy_from_slice(&src[at..at + 4]);
-        }
+    // What the blocks left: the last lanes of every word, the last words
+    // of the others.
+    let rest = (0..words).flat_map(|w| (k4..lanes).map(move |k| (w, k)));
+    for (w, k) in rest.chain((w4..words).flat_map(|w| (0..k4).map(move |k| (w, k)))) {
+        let at = first + w * stride + 4 * k;
+        dst[k * row + 4 * w..k * row + 4 * w + 4].copy_from_slice(&src[at..at + 4]);
     }
 }
 
@@ -141,45 +178,6 @@ pub(super) fn gather_awq(
             }
         }
     }
-}
-
-/// Where the 4-bit codes of a band of rows packed along the input dimension
-/// lie, for [`decode_packed`].
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Packed {
-    /// GPTQ: word `w` of row `k` at byte `first + w·stride + 4k`.
-    Words { first: usize, stride: usize },
-    /// AutoAWQ: input `i`'s word of outputs `8c .. 8c + 8` at byte
-    /// `first + i·lane + 4c`.
-    Awq { first: usize, lane: usize },
-}
-
-/// Decodes a band of `rows` output rows of `cols` inputs straight from
-/// their packed words, through the table planes `table(k, g)` of row `k`'s
-/// entry `g` (entries of `group` inputs; N planes used), into `out` (row k
-/// at `k·row_bytes`, input i at byte `i·N`): the transposes of
-/// [`gather_words`] and [`gather_awq`] with the lookups of the straight
-/// rows, without the rows in between. `cols` and `group` are multiples of
-/// 32 (or `group ≥ cols`), `rows` of 4 (words) or 32 (AutoAWQ). Returns
-/// false, having written nothing, without SSSE3.
-pub(super) fn decode_packed<const N: usize>(
-    src: &[u8],
-    packed: Packed,
-    (rows, cols, group): (usize, usize, usize),
-    table: &mut dyn FnMut(usize, usize) -> [[u8; 16]; 4],
-    out: &mut [u8],
-    row_bytes: usize,
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_ssse3() {
-            // SAFETY: the CPU has SSSE3 (checked just above).
-            unsafe { x86::decode_packed::<N>(src, packed, (rows, cols, group), table, out, row_bytes) };
-            return true;
-        }
-    }
-    let _ = (src, packed, rows, cols, group, table, out, row_bytes);
-    false
 }
 
 /// Hints the CPU to fetch the cache lines of `data[range]` for writing
@@ -380,6 +378,13 @@ mod x86 {
         // Inputs outer: each input's bytes of the band (whole cache lines)
         // are read together.
         for i in (0..i32).step_by(32) {
+            // The lines of the inputs two blocks on (a lane apart).
+            for j in 64..96 {
+                let at = first + (i + j) * lane;
+                for l in (0..4 * columns).step_by(64).chain((4 * columns).checked_sub(1)) {
+                    prefetch::<false>(src, at + l);
+                }
+            }
             for c in (0..columns).step_by(4) {
                 let b: [[[__m128i; 4]; 2]; 4] = std::array::from_fn(|k| block(c, i + 8 * k));
                 for (half, element) in ELEMENT.iter().enumerate() {
@@ -429,18 +434,20 @@ mod x86 {
         bytes_to_words([a, b, c, d])
     }
 
-    /// Decodes 32 codes (16 bytes, low nibble first) through `planes`
-    /// into `out[at..at + 32·N]`.
+    /// Decodes 32 codes (16 bytes, low nibble first, or high first)
+    /// through the table registers `t` into the 32·N bytes of `o`.
     #[inline]
     #[target_feature(enable = "ssse3")]
-    fn segment<const N: usize>(v: __m128i, planes: &[[u8; 16]; 4], out: &mut [u8], at: usize) {
+    fn segment<const N: usize>(v: __m128i, t: &[__m128i; 4], high_first: bool, o: &mut [u8]) {
         let nibble = _mm_set1_epi8(0x0F);
-        let (lo, hi) = (_mm_and_si128(v, nibble), _mm_and_si128(_mm_srli_epi16(v, 4), nibble));
-        let t = tables(planes);
+        let (mut lo, mut hi) = (_mm_and_si128(v, nibble), _mm_and_si128(_mm_srli_epi16(v, 4), nibble));
+        if high_first {
+            (lo, hi) = (hi, lo);
+        }
         // One bounds check for the segment's bytes.
-        let o = &mut out[at..at + 32 * N];
+        let o = &mut o[..32 * N];
         for (h, idx) in [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)].into_iter().enumerate() {
-            for (k, v) in lookup::<N>(&t, idx).into_iter().take(N).enumerate() {
+            for (k, v) in lookup::<N>(t, idx).into_iter().take(N).enumerate() {
                 let at = 16 * (N * h + k);
                 // SAFETY: h < 2 and k < N, so at + 16 ≤ 32·N = o.len()
                 // (unaligned store).
@@ -463,96 +470,6 @@ mod x86 {
         }
     }
 
-    /// See `super::decode_packed`. A few rows at a time (4 words, or 32
-    /// AutoAWQ outputs), entry by entry: each row is written in runs of a
-    /// whole entry, and few output pages are open at once.
-    #[target_feature(enable = "ssse3")]
-    pub(super) fn decode_packed<const N: usize>(
-        src: &[u8],
-        packed: super::Packed,
-        (rows, cols, group): (usize, usize, usize),
-        table: &mut dyn FnMut(usize, usize) -> [[u8; 16]; 4],
-        out: &mut [u8],
-        row_bytes: usize,
-    ) {
-        const ELEMENT: [[usize; 4]; 2] = [[0, 4, 1, 5], [2, 6, 3, 7]];
-        // Inputs ahead whose output lines are fetched for writing: rows
-        // are written a few at a time, too many streams for the hardware
-        // to fetch ahead on its own.
-        const AHEAD: usize = 128;
-        const SRC_AHEAD: usize = 256;
-        let group = group.min(cols).max(32);
-        let inputs = |g: usize| (g * group..((g + 1) * group).min(cols)).step_by(32);
-        match packed {
-            super::Packed::Words { first, stride } => {
-                for k in (0..rows).step_by(4) {
-                    for g in 0..cols.div_ceil(group) {
-                        let p: [[[u8; 16]; 4]; 4] = std::array::from_fn(|j| table(k + j, g));
-                        for i in inputs(g) {
-                            let w = i / 8;
-                            // Lines of later words (a stride apart) and
-                            // of later outputs, as the AutoAWQ loop does.
-                            if k % 16 == 0 {
-                                for q in 16..20 {
-                                    prefetch::<false>(src, first + (w + q) * stride + 4 * k);
-                                }
-                            }
-                            for j in 0..4 {
-                                for l in (0..32 * N).step_by(64) {
-                                    prefetch::<true>(out, (k + j) * row_bytes + (i + AHEAD) * N + l);
-                                }
-                            }
-                            let r: [__m128i; 4] =
-                                std::array::from_fn(|q| load(super::slice16(src, first + (w + q) * stride + 4 * k)));
-                            for (j, v) in transpose_4x4_32(r).into_iter().enumerate() {
-                                segment::<N>(v, &p[j], out, (k + j) * row_bytes + i * N);
-                            }
-                        }
-                    }
-                }
-            }
-            super::Packed::Awq { first, lane } => {
-                let block = |c: usize, i: usize| {
-                    awq_8x32(std::array::from_fn(|j| load(super::slice16(src, first + (i + j) * lane + 4 * c))))
-                };
-                // Up to 128 rows (one 64-byte line of each input) at a time.
-                for r0 in (0..rows).step_by(128) {
-                    let band = (rows - r0).min(128);
-                    let mut p = [[[0u8; 16]; 4]; 128];
-                    for g in 0..cols.div_ceil(group) {
-                        for (r, p) in p.iter_mut().enumerate().take(band) {
-                            *p = table(r0 + r, g);
-                        }
-                        for i in inputs(g) {
-                            // The next block's lines (inputs a lane apart,
-                            // too far for the hardware to guess).
-                            for j in 0..32 {
-                                prefetch::<false>(src, first + (i + SRC_AHEAD + j) * lane + r0 / 2);
-                            }
-                            for r in r0..r0 + band {
-                                for l in (0..32 * N).step_by(64) {
-                                    prefetch::<true>(out, r * row_bytes + (i + AHEAD) * N + l);
-                                }
-                            }
-                            for c in (r0 / 8..(r0 + band) / 8).step_by(4) {
-                                let b: [[[__m128i; 4]; 2]; 4] = std::array::from_fn(|k| block(c, i + 8 * k));
-                                for (half, element) in ELEMENT.iter().enumerate() {
-                                    for q in 0..4 {
-                                        let t = transpose_4x4_32(std::array::from_fn(|k| b[k][half][q]));
-                                        for (v, e) in t.into_iter().zip(element) {
-                                            let r = 8 * (c + q) + e;
-                                            segment::<N>(v, &p[r - r0], out, r * row_bytes + i * N);
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// See `super::planes`: each register of four entries sorted by byte,
     /// then the 4 × 4 words transposed.
     #[target_feature(enable = "ssse3")]
@@ -566,6 +483,60 @@ mod x86 {
             _mm_shuffle_epi8(load(&b), by_byte)
         });
         transpose_4x4_32(r).map(|v| bytes(v))
+    }
+
+    /// See `super::tables16`: four codes a register, encoded as
+    /// `numerics` does it (round to nearest even; NaN as the canonical
+    /// 0x7FC0 / 0x7E00 / 0x7FC0_0000).
+    #[target_feature(enable = "ssse3")]
+    pub(super) fn tables16(
+        codes: &[f32; 16],
+        entries: &[(f32, f32)],
+        (post, out): (f32, super::OutDtype),
+        each: &mut impl FnMut([u32; 16], [[u8; 16]; 4]),
+    ) {
+        let c: [__m128; 4] = std::array::from_fn(|q| {
+            let c: &[f32; 4] = codes[4 * q..4 * q + 4].try_into().unwrap_or_else(|_| unreachable!("4 codes"));
+            // SAFETY: reads exactly the 16 bytes of `c` (unaligned load).
+            unsafe { _mm_loadu_ps(c.as_ptr()) }
+        });
+        let f = _mm_set1_ps(post);
+        let by_byte = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        for &(zero, scale) in entries {
+            let (z, s) = (_mm_set1_ps(zero), _mm_set1_ps(scale));
+            let r: [__m128i; 4] = std::array::from_fn(|q| {
+                let v = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(c[q], z), s), f);
+                let nan = _mm_castps_si128(_mm_cmpunord_ps(v, v));
+                let (bits, canonical) = match out {
+                    super::OutDtype::Bf16 => {
+                        let b = _mm_castps_si128(v);
+                        let odd = _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1));
+                        let up = _mm_add_epi32(_mm_add_epi32(b, _mm_set1_epi32(0x7FFF)), odd);
+                        (_mm_srli_epi32(up, 16), 0x7FC0)
+                    }
+                    // SAFETY: the caller checked F16C.
+                    super::OutDtype::F16 => (unsafe { half_bits(v) }, 0x7E00),
+                    super::OutDtype::F32 => (_mm_castps_si128(v), 0x7FC0_0000),
+                };
+                _mm_or_si128(_mm_andnot_si128(nan, bits), _mm_and_si128(nan, _mm_set1_epi32(canonical)))
+            });
+            let mut values = [0u32; 16];
+            for (q, v) in r.iter().enumerate() {
+                let b = bytes(*v);
+                for (t, w) in values[4 * q..4 * q + 4].iter_mut().zip(b.chunks_exact(4)) {
+                    *t = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                }
+            }
+            each(values, transpose_4x4_32(r.map(|v| _mm_shuffle_epi8(v, by_byte))).map(|v| bytes(v)));
+        }
+    }
+
+    /// f32 → IEEE half bits, round to nearest even, each in a 32-bit lane.
+    #[inline]
+    #[target_feature(enable = "sse2,f16c")]
+    fn half_bits(v: __m128) -> __m128i {
+        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        _mm_unpacklo_epi16(h, _mm_setzero_si128())
     }
 
     /// The 16 codes of 8 bytes as pshufb indices, in order: each byte's
@@ -585,23 +556,35 @@ mod x86 {
         }
     }
 
+    /// See `super::nibbles`.
     #[target_feature(enable = "ssse3")]
-    pub(super) fn nibbles_to_16bit(
+    pub(super) fn nibbles<const N: usize>(
         codes: &[u8],
         planes: &[[u8; 16]; 4],
         out: &mut [u8],
         high_first: bool,
     ) -> usize {
         let t = tables(planes);
-        let blocks = (codes.len() / 8).min(out.len() / 32);
-        for (c, o) in codes.chunks_exact(8).zip(out.chunks_exact_mut(32)).take(blocks) {
-            let c: &[u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!("8 bytes"));
-            let idx = indices(c, high_first);
-            let [v0, v1, ..] = lookup::<2>(&t, idx);
-            o[..16].copy_from_slice(&bytes(v0));
-            o[16..].copy_from_slice(&bytes(v1));
+        let blocks = (codes.len() / 16).min(out.len() / (32 * N));
+        for (c, o) in codes.chunks_exact(16).zip(out.chunks_exact_mut(32 * N)).take(blocks) {
+            // The lines 512 outputs on, fetched for writing: the hardware
+            // fetches them too, but later.
+            for l in (0..32 * N).step_by(64) {
+                prefetch::<true>(o, 512 * N + l);
+            }
+            segment::<N>(load(super::slice16(c, 0)), &t, high_first, o);
         }
-        blocks * 16
+        // A last half block (groups of 16: NVFP4).
+        let (c, o) = (&codes[16 * blocks..], &mut out[32 * N * blocks..]);
+        match (c.first_chunk::<8>(), o.get_mut(..16 * N)) {
+            (Some(c), Some(o)) => {
+                for (k, v) in lookup::<N>(&t, indices(c, high_first)).into_iter().take(N).enumerate() {
+                    o[16 * k..16 * k + 16].copy_from_slice(&bytes(v));
+                }
+                blocks * 32 + 16
+            }
+            _ => blocks * 32,
+        }
     }
 
     /// See `super::transposed_block`: 8 lanes of 2-byte or 4 of 4-byte
@@ -704,6 +687,88 @@ mod tests {
     }
 
     #[test]
+    fn vector_tables_equal_the_scalar_encoding() {
+        use crate::numerics;
+        // Ties, subnormals, overflow to infinity, signed zeros and NaNs.
+        let special = [
+            0.0,
+            -0.0,
+            1.0 + f32::EPSILON,
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            65520.0,
+            65519.99,
+            6.0e-8,
+            1.0e-40,
+            f32::INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::MAX,
+            -7.0,
+            8.0,
+            -1.5,
+        ];
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut codes: Vec<[f32; 16]> = vec![special];
+        codes.extend((0..8).map(|_| std::array::from_fn(|_| f32::from_bits(rng.u32(..)))));
+        let entries: Vec<(f32, f32)> = [(0.0, 1.0), (-0.0, -1.0), (8.0, 0.5), (f32::NAN, 1.0), (1.0, f32::INFINITY)]
+            .into_iter()
+            .chain((0..40).map(|_| (f32::from_bits(rng.u32(..)), f32::from_bits(rng.u32(..)))))
+            .collect();
+        for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+            for c in &codes {
+                for post in [1.0, 1.0 / 127.0] {
+                    let mut got = Vec::new();
+                    if !tables16(c, &entries, (post, out), &mut |v, p| got.push((v, p))) {
+                        continue;
+                    }
+                    assert_eq!(got.len(), entries.len());
+                    for (&(z, s), (values, p)) in entries.iter().zip(&got) {
+                        let want: [u32; 16] = std::array::from_fn(|k| {
+                            let v = (c[k] - z) * s * post;
+                            match out {
+                                OutDtype::Bf16 => numerics::f32_to_bf16(v) as u32,
+                                OutDtype::F16 => numerics::f32_to_f16(v) as u32,
+                                OutDtype::F32 => numerics::f32_bits(v),
+                            }
+                        });
+                        assert_eq!(values, &want, "{out} codes {c:?} entry ({z}, {s}) post {post}");
+                        assert_eq!(p, &planes(&want), "{out} planes");
+                    }
+                }
+            }
+        }
+    }
+
+    fn nibbles_equal_the_lookup<const N: usize>() {
+        let mut rng = fastrand::Rng::with_seed(13);
+        let p: [[u8; 16]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| rng.u8(..)));
+        // Whole blocks, a last half block, and bytes past both.
+        for bytes in [8, 16, 24, 40, 43] {
+            let codes: Vec<u8> = (0..bytes).map(|_| rng.u8(..)).collect();
+            for high_first in [false, true] {
+                let mut out = vec![0u8; 2 * bytes * N];
+                let done = nibbles::<N>(&codes, &p, &mut out, high_first);
+                if has_ssse3() {
+                    assert_eq!(done, 2 * bytes / 32 * 32 + (2 * bytes % 32) / 16 * 16);
+                }
+                for i in 0..done {
+                    let shift = 4 * ((i % 2) ^ usize::from(high_first));
+                    let code = ((codes[i / 2] >> shift) & 15) as usize;
+                    let want: Vec<u8> = (0..N).map(|b| p[b][code]).collect();
+                    assert_eq!(&out[i * N..i * N + N], &want[..], "{bytes} bytes, high first {high_first}, code {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nibble_blocks_equal_the_lookup() {
+        nibbles_equal_the_lookup::<2>();
+        nibbles_equal_the_lookup::<4>();
+    }
+
+    #[test]
     fn planes_hold_each_byte_of_each_entry() {
         let table: [u32; 16] = std::array::from_fn(|c| 0x0403_0201u32.wrapping_mul(c as u32 + 7) ^ 0xA5A5_5A5A);
         let p = planes(&table);
@@ -765,3 +830,6 @@ mod tests {
         transposed_equals_scalar::<4>(1);
     }
 }
+
+
+

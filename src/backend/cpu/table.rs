@@ -26,6 +26,48 @@ pub(super) struct Table16 {
 impl Table16 {
     /// The table of `job`'s 16 codes under (`zero`, `scale`).
     pub(super) fn new(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
+        let mut table = None;
+        Table16::extend(job, [(zero, scale)], &mut |t| table = Some(t));
+        table.unwrap_or_else(|| Table16::scalar(job, zero, scale))
+    }
+
+    /// The tables of `entries` (zero point, scale), given to `each` in
+    /// order: a batch at a time by the vector kernel where it runs, else
+    /// one by one.
+    pub(super) fn extend(
+        job: &DecodeJob<'_>,
+        entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
+        each: &mut impl FnMut(Table16),
+    ) {
+        let mut entries = entries.into_iter();
+        let how = (job.post_scale.unwrap_or(1.0), job.out);
+        let codes = job.code_values.first_chunk::<16>().filter(|_| job.product_dtype().is_none());
+        // An empty batch asks whether the kernel runs.
+        if let Some(codes) = codes.filter(|c| simd::tables16(c, &[], how, &mut |_, _| {})) {
+            // Without a 16-bit product, a missing zero point, scale or post
+            // scale is the same as 0 or 1: x − 0 and x · 1 are x exactly.
+            let mut batch = [(0.0, 1.0); 16];
+            loop {
+                let mut n = 0;
+                // The batch first: zip takes from it first, and leaves
+                // the entries past a full batch where they are.
+                for (b, (z, s)) in batch.iter_mut().zip(entries.by_ref()) {
+                    *b = (z.unwrap_or(0.0), s.unwrap_or(1.0));
+                    n += 1;
+                }
+                if n == 0 {
+                    return;
+                }
+                simd::tables16(codes, &batch[..n], how, &mut |values, planes| each(Table16 { values, planes }));
+            }
+        }
+        for (zero, scale) in entries {
+            each(Table16::scalar(job, zero, scale));
+        }
+    }
+
+    /// `new` without the vector kernel.
+    fn scalar(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
         let mut v: [f32; 16] = std::array::from_fn(|k| job.code_values.get(k).copied().unwrap_or(0.0));
         // Each step its own loop, without a branch inside: each vectorizes.
         if let Some(z) = zero {
