@@ -249,14 +249,18 @@ fn opaque(x: f32) -> f32 {
 // LowRank::apply: the low-rank branch summed in order, then the smoothing
 // reciprocal in the job's order; every operation rounds on its own.
 fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
+    let rs = bitcast<f32>(src[p.lr_smooth + col]);
+    let qs = opaque(q * s);
+    // Rank 0: the smoothing alone, nothing added (LowRank::apply).
+    if (p.lr_rank == 0u) {
+        return qs * rs;
+    }
     let u = p.lr_up + (flat - p.first_row) * p.lr_rank;
     let d = p.lr_down + col * p.lr_rank;
     var acc = 0.0;
     for (var j = 0u; j < p.lr_rank; j = j + 1u) {
         acc = acc + opaque(bitcast<f32>(src[u + j]) * bitcast<f32>(src[d + j]));
     }
-    let rs = bitcast<f32>(src[p.lr_smooth + col]);
-    let qs = opaque(q * s);
     if (p.lr_mode == LOW_RANK_SMOOTH_LAST) {
         return (qs + acc) * rs;
     }

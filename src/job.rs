@@ -572,7 +572,7 @@ pub struct DecodeJob<'a> {
 /// host-computed reciprocal because WGSL division is not correctly rounded.
 #[derive(Debug, Clone)]
 pub struct LowRank {
-    /// Rank r.
+    /// Rank r; 0: no branch, the smoothing alone.
     pub rank: usize,
     /// `[rows, r]`, row-major.
     pub up: Arc<[f32]>,
@@ -598,8 +598,13 @@ impl LowRank {
     /// The dense value of scaled code `q·s` at (row, col).
     #[inline]
     pub fn apply(&self, q: f32, s: f32, row: usize, col: usize) -> f32 {
-        let lr = self.sum(row, col);
         let rs = self.inv_smooth[col];
+        // Rank 0 is the smoothing alone (ModelOpt's pre-quant scale): nothing
+        // is added, not even an empty sum's +0.0, which turns −0.0 into +0.0.
+        if self.rank == 0 {
+            return q * s * rs;
+        }
+        let lr = self.sum(row, col);
         if self.smooth_first {
             q * s * rs + lr
         } else {

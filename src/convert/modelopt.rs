@@ -173,6 +173,19 @@ pub(super) fn convert<'c>(
             ),
         ));
     }
+    // compressed-tensors' NVFP4 has no pre-quant scale: the converted model
+    // would run without it (NVFP4_AWQ).
+    if let Some(name) = ckpt.names().into_iter().find(|n| n.ends_with(".pre_quant_scale")) {
+        return Err(Error::tensor(
+            Rule::Ct005,
+            ckpt.display_path(),
+            name,
+            format!(
+                "ModelOpt {}'s pre-quant scales have no compressed-tensors equivalent; dequantize it instead",
+                cfg.quant_algo
+            ),
+        ));
+    }
     plan.check()?;
     let modules: BTreeSet<String> = plan
         .outputs

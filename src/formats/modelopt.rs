@@ -1,10 +1,15 @@
 //! NVIDIA ModelOpt exports (`hf_quant_config.json`, or `config.json` with
 //! `quant_method: "modelopt"`): NVFP4, FP8 per tensor and per channel, FP8
-//! 128×128 blocks (`fp8_pb_wo`) and MXFP8.
+//! 128×128 blocks (`fp8_pb_wo`), MXFP8 and INT4 AWQ.
 //!
 //! ModelOpt's `FP8QTensor.dequantize` multiplies in the output dtype
 //! (`weight.to(dtype) * scale.to(dtype)`): its FP8 jobs are
 //! [`Product::OutDtype`] ones. `MXFP8QTensor` computes in f32.
+//!
+//! AWQ exports keep a `pre_quant_scale` on the modules whose input scaling
+//! could not be folded into the layer before (o_proj, down_proj): the
+//! model multiplies its input by it, so the dense weight carries it, column
+//! by column — a rank-0 [`LowRank`] smoothing.
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +23,7 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, JsonFile, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Product, ValueKind, Values};
+use crate::job::{DecodeJob, Dims, Fields, Grid, LowRank, Product, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
@@ -57,17 +62,21 @@ pub enum Algo {
     Fp8Block,
     /// E4M3 weight, E8M0 scales per 32 columns (`MXFP8`).
     Mxfp8,
+    /// Signed 4-bit codes packed down the rows, f32 scales per
+    /// `group_size` columns (`W4A16_AWQ`, `W4A8_AWQ`: the same weights).
+    Int4Awq,
 }
 
 impl Algo {
     fn of(name: &str) -> Option<Algo> {
         Some(match name {
             // W4A16_NVFP4 stores the same NVFP4 weights (activations stay 16-bit).
-            "NVFP4" | "W4A16_NVFP4" => Algo::Nvfp4,
+            "NVFP4" | "W4A16_NVFP4" | "NVFP4_AWQ" => Algo::Nvfp4,
             "FP8" => Algo::Fp8Tensor,
             "FP8_PER_CHANNEL_PER_TOKEN" => Algo::Fp8Channel,
             "FP8_PB_WO" => Algo::Fp8Block,
             "MXFP8" => Algo::Mxfp8,
+            "W4A16_AWQ" | "W4A8_AWQ" => Algo::Int4Awq,
             _ => return None,
         })
     }
@@ -80,6 +89,7 @@ impl Algo {
             Algo::Fp8Channel => "per-channel".into(),
             Algo::Fp8Block => format!("block {FP8_BLOCK}x{FP8_BLOCK}"),
             Algo::Mxfp8 => format!("e8m0 group {MX_GROUP}"),
+            Algo::Int4Awq => format!("int4 group {group_size}"),
         }
     }
 }
@@ -173,7 +183,7 @@ impl Config {
                 Rule::Unsupported,
                 path,
                 format!(
-                    "ModelOpt quant_algo {algo:?} is not decoded (NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8)"
+                    "ModelOpt quant_algo {algo:?} is not decoded (NVFP4, NVFP4_AWQ, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8, W4A16_AWQ, W4A8_AWQ)"
                 ),
             ));
         };
@@ -182,7 +192,7 @@ impl Config {
             producer_version: outer_producer.or(raw.producer).and_then(|p| p.version),
             quant_algo: algo.to_ascii_uppercase(),
             algo: kind,
-            group_size: group_size.unwrap_or(16),
+            group_size: group_size.unwrap_or(if kind == Algo::Int4Awq { 128 } else { 16 }),
             exclude_modules: raw
                 .exclude_modules
                 .or(raw.ignore)
@@ -217,6 +227,17 @@ impl Config {
 /// `weight_scale_2`; FP8 and MXFP8: every module with an F8_E4M3 `weight`
 /// or a `weight_scale`. Other `weight`s pass through.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    let listed = |m: &str| cfg.exclude_modules.iter().any(|t| t.rank(m).is_some());
+    if cfg.algo == Algo::Int4Awq {
+        return plan_each(
+            ckpt,
+            quantized_modules(ckpt, "weight_scale", Dtype::U8),
+            // W4A8's second weight scale belongs to its FP8 activation path.
+            &["weight", "weight_scale", "pre_quant_scale", "weight_scale_2"],
+            |m| listed(m).then_some("listed in exclude_modules but stored as INT4; decoded anyway"),
+            |m, _| plan_int4(cfg, ckpt, m, dtype),
+        );
+    }
     if cfg.algo != Algo::Nvfp4 {
         return plan_each(
             ckpt,
@@ -234,7 +255,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
     plan_each(
         ckpt,
         quantized_modules(ckpt, "weight_scale_2", Dtype::U8),
-        &["weight", "weight_scale", "weight_scale_2"],
+        &["weight", "weight_scale", "weight_scale_2", "pre_quant_scale"],
         |m| {
             cfg.exclude_modules
                 .iter()
@@ -264,7 +285,7 @@ fn plan_module<'c>(
     };
     let layout = ScaleLayout::Group(cfg.group_size);
     let table = byte_table(|b| numerics::e4m3(b) * scale_2);
-    let job = fp4_job(&packed, dims, scale_t, table, layout, out)?;
+    let job = with_pre_quant_scale(ckpt, module, fp4_job(&packed, dims, scale_t, table, layout, out)?)?;
     let mut shape = packed.shape.to_vec();
     if let Some(last) = shape.last_mut() {
         *last = dims.cols;
@@ -279,6 +300,82 @@ fn plan_module<'c>(
             layout.describe()
         ),
     ))
+}
+
+/// An INT4 AWQ module: `weight` uint8 `[out/2, in]`, byte `[r, c]`
+/// holding rows 2r (low nibble) and 2r + 1 of column c as two's-complement
+/// codes; `weight_scale` `[out, in/group]`; value `(q·s)·pre_quant_scale`
+/// in f32, rounded once.
+fn plan_int4<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<Output<'c>> {
+    let w = require(ckpt, module, "weight")?;
+    expect_dtype(&w, &[Dtype::U8, Dtype::I8])?;
+    let scale = require(ckpt, module, "weight_scale")?;
+    let kind = super::float_kind(&scale)?;
+    let (slices, pairs, cols) = split_shape(&w, w.shape)?;
+    let (rows, groups) = match *scale.shape {
+        [r, g] => (r, g),
+        _ => (0, 0),
+    };
+    let g = cfg.group_size;
+    if slices != 1 || rows != 2 * pairs || groups != cols.div_ceil(g) {
+        return Err(scale.error(
+            Rule::TensorShape,
+            format!(
+                "shape {:?} does not fit a 2-D weight {:?} of two rows a byte in groups of {g} columns (expected [{}, {}])",
+                scale.shape,
+                w.shape,
+                2 * pairs,
+                cols.div_ceil(g)
+            ),
+        ));
+    }
+    // A byte row is a slice of two lanes (its nibbles) a field a byte.
+    let dims = Dims { slices: pairs, rows: 2, cols };
+    let codes = Fields::new(w, 4, 1, 4).with_word_bits(8).with_slice_bits(cols as u64 * 8);
+    super::check_extent(&w, &codes, pairs, 2, cols)?;
+    let grid = Grid {
+        row_div: 1,
+        col_div: g,
+        row_stride: groups,
+        slice_stride: 2 * groups,
+    };
+    let int4 = (0..16).map(|c: i32| (if c < 8 { c } else { c - 16 }) as f32).collect();
+    let job = DecodeJob::new(dims, codes, int4, out).with_scale(Values {
+        data: scale.into(),
+        kind,
+        grid,
+    });
+    let job = with_pre_quant_scale(ckpt, module, job)?;
+    Ok(decoded_output(
+        module,
+        w.shard,
+        vec![rows, cols],
+        job,
+        format!("modelopt {} {}", cfg.quant_algo, cfg.algo.describe(g)),
+    ))
+}
+
+/// `job` with the module's `pre_quant_scale` (one factor per input column)
+/// multiplied in after its scale, when it has one.
+fn with_pre_quant_scale<'c>(ckpt: &'c Checkpoint, module: &str, job: DecodeJob<'c>) -> Result<DecodeJob<'c>> {
+    let Some(t) = ckpt.get(&format!("{module}.pre_quant_scale")) else {
+        return Ok(job);
+    };
+    let cols = job.dims.cols;
+    if job.dims.slices * job.dims.rows == 0 || t.elements() != cols || t.shape.len() > 1 {
+        return Err(t.error(
+            Rule::TensorShape,
+            format!("shape {:?}; one factor per input column ({cols}) is expected", t.shape),
+        ));
+    }
+    let factors = t.floats()?;
+    Ok(job.with_low_rank(LowRank {
+        rank: 0,
+        up: Vec::new().into(),
+        down: Vec::new().into(),
+        inv_smooth: factors.into(),
+        smooth_first: true,
+    }))
 }
 
 /// An FP8 (E4M3) module of the FP8 and MXFP8 algorithms.
@@ -304,7 +401,7 @@ fn plan_fp8<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype)
             let v = grid_values(scale, ValueKind::F32, ScaleLayout::Channel, dims)?;
             (v, Product::OutDtype)
         }
-        Algo::Fp8Tensor | Algo::Nvfp4 => {
+        Algo::Fp8Tensor | Algo::Nvfp4 | Algo::Int4Awq => {
             expect_dtype(&scale, &[Dtype::F32])?;
             let v = grid_values(scale, ValueKind::F32, ScaleLayout::Tensor, dims)?;
             (v, Product::OutDtype)

@@ -901,3 +901,35 @@ fn autoawq_weight_in_an_ignored_module_is_refused() {
     let e = library_refuses(&model, Rule::Ct005);
     assert!(e.contains("down_proj.qweight"), "{e}");
 }
+
+/// NVFP4_AWQ keeps pre-quant scales that compressed-tensors' NVFP4 has no
+/// place for: the converted model would run without them. It dequantizes.
+#[test]
+fn nvfp4_awq_pre_quant_scales_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tensors = read_tensors(&modelopt_fixture().join("model.safetensors"));
+    let (name, (_, shape, _)) = tensors
+        .iter()
+        .find(|(n, (dt, _, _))| n.ends_with("down_proj.weight") && dt == "U8")
+        .expect("an NVFP4 down_proj");
+    let pqs = name.replace(".weight", ".pre_quant_scale");
+    let cols = 2 * shape[1];
+    let model = modelopt_with(
+        tmp.path(),
+        &[Tensor::bf16(&pqs, &[cols], &vec![0.5; cols])],
+        |hq| {
+            hq["quantization"]["quant_algo"] = json!("NVFP4_AWQ");
+        },
+    );
+    convert_refused(&model, Rule::Ct005, &[&pqs]);
+    let dense = tmp.path().join("dense");
+    let o = run(&[
+        "dequantize",
+        model.to_str().unwrap(),
+        "-o",
+        dense.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    ok(&o, "dequantize NVFP4_AWQ");
+}

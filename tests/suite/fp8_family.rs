@@ -357,6 +357,108 @@ fn modelopt_mxfp8() {
     check_both("modelopt mxfp8", tmp.path(), Arith::F32, &[m], &[]);
 }
 
+/// One ModelOpt INT4 AWQ module: `rows × cols` signed codes packed two
+/// rows a byte, f32 scales per row and `group` columns (one group all
+/// zero, so that negative codes give −0.0), and a bf16 pre-quant scale
+/// when `pre_quant` (one factor negative, one tiny).
+fn int4_awq_module(
+    rng: &mut Rng,
+    name: &str,
+    (rows, cols, group): (usize, usize, usize),
+    pre_quant: bool,
+) -> (Want, Vec<Tensor>) {
+    let codes: Vec<u8> = (0..rows * cols).map(|_| rng.below(16) as u8).collect();
+    let groups = cols.div_ceil(group);
+    let mut scales: Vec<f32> = (0..rows * groups).map(|_| scale(rng)).collect();
+    let zeroed = groups.min(scales.len() - 1);
+    scales[zeroed] = 0.0;
+    // Stored as bf16: the factors are bf16 values.
+    let factors: Vec<f32> = (0..cols)
+        .map(|c| match c {
+            0 => -1.5,
+            1 => 2f32.powi(-130),
+            _ => half::bf16::from_f32(0.5 + rng.below(1000) as f32 / 500.0).to_f32(),
+        })
+        .collect();
+    let packed: Vec<u8> = (0..rows / 2 * cols)
+        .map(|i| {
+            let (r, c) = (i / cols, i % cols);
+            codes[2 * r * cols + c] | codes[(2 * r + 1) * cols + c] << 4
+        })
+        .collect();
+    let vals = (0..rows * cols)
+        .map(|i| {
+            let (r, c) = (i / cols, i % cols);
+            let q = (codes[i] as i32 - if codes[i] < 8 { 0 } else { 16 }) as f32;
+            let v = q * scales[r * groups + c / group];
+            if pre_quant {
+                v * factors[c]
+            } else {
+                v
+            }
+        })
+        .collect();
+    let mut tensors = vec![
+        Tensor::u8(format!("{name}.weight"), "U8", &[rows / 2, cols], &packed),
+        Tensor::f32(format!("{name}.weight_scale"), &[rows, groups], &scales),
+    ];
+    if pre_quant {
+        tensors.push(Tensor::bf16(
+            format!("{name}.pre_quant_scale"),
+            &[cols],
+            &factors,
+        ));
+    }
+    (Want::weight(name, vec![rows, cols], vals), tensors)
+}
+
+/// ModelOpt W4A16_AWQ and W4A8_AWQ: the dense weight is `(q·s)·pre_quant`
+/// in f32, rounded once, on the modules that kept a pre-quant scale;
+/// W4A8's `weight_scale_2` and `input_scale` belong to its activations.
+#[test]
+fn modelopt_int4_awq_folds_the_pre_quant_scale() {
+    for (algo, group) in [("W4A16_AWQ", 128), ("W4A8_AWQ", 64)] {
+        let mut rng = Rng::new(31);
+        let tmp = tempfile::tempdir().unwrap();
+        let o = format!("{ATTN}.o_proj");
+        let q = format!("{ATTN}.q_proj");
+        let (want_o, mut tensors) = int4_awq_module(&mut rng, &o, (24, 320, group), true);
+        let (want_q, more) = int4_awq_module(&mut rng, &q, (16, 256, group), false);
+        tensors.extend(more);
+        if algo == "W4A8_AWQ" {
+            for m in [&o, &q] {
+                tensors.push(Tensor::f32(format!("{m}.weight_scale_2"), &[], &[0.25]));
+                tensors.push(Tensor::f32(format!("{m}.input_scale"), &[], &[0.5]));
+            }
+        }
+        let copies = copies(&mut rng);
+        tensors.extend(copies.iter().cloned());
+        modelopt_dir(tmp.path(), &tensors, algo, "bfloat16");
+        let mut hq = hf_quant_config(algo);
+        hq["quantization"]["group_size"] = json!(group);
+        write_json(&tmp.path().join("hf_quant_config.json"), &hq);
+        assert_eq!(
+            scheme(tmp.path(), &o),
+            format!("modelopt {algo} int4 group {group}")
+        );
+        let wants = [want_o, want_q];
+        let check = |backend| {
+            for out in OUTS {
+                let got = decode_with(tmp.path(), out, backend);
+                check_output(
+                    &format!("{algo} -> {out} ({backend:?})"),
+                    &got,
+                    out,
+                    &wants,
+                    &copies,
+                );
+            }
+        };
+        check(BackendChoice::Cpu);
+        gpu_test(|_| check(BackendChoice::Gpu));
+    }
+}
+
 /// compressed-tensors mxfp8-quantized in an f16 model: the bf16 product,
 /// then cast (2^-127 times small codes rounds in bf16 first).
 #[test]
@@ -639,4 +741,75 @@ fn quark_faults_are_refused_by_rule() {
         "{}",
         plan.errors[0]
     );
+}
+
+/// Misshaped INT4 AWQ modules are refused with the tensor and the rule: a
+/// scale for other rows or groups, a pre-quant scale of the wrong length, a
+/// float weight, a missing scale.
+#[test]
+fn modelopt_int4_awq_faults_are_refused_by_rule() {
+    use wgpu_dequant::Rule;
+    let mut rng = Rng::new(35);
+    let m = "model.layers.0.mlp.down_proj";
+    let (_, good) = int4_awq_module(&mut rng, m, (8, 256, 128), true);
+    let refused = |tensors: &[Tensor]| {
+        let tmp = tempfile::tempdir().unwrap();
+        modelopt_dir(tmp.path(), tensors, "W4A16_AWQ", "bfloat16");
+        let mut hq = hf_quant_config("W4A16_AWQ");
+        hq["quantization"]["group_size"] = json!(128);
+        write_json(&tmp.path().join("hf_quant_config.json"), &hq);
+        let ckpt = Checkpoint::open(tmp.path()).unwrap();
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        plan.errors.first().map(|e| (e.rule, e.to_string()))
+    };
+    assert_eq!(refused(&good), None);
+    let swap = |k: usize, t: Tensor| {
+        let mut v = good.clone();
+        v[k] = t;
+        v
+    };
+    let cases = [
+        (
+            swap(
+                1,
+                Tensor::f32(format!("{m}.weight_scale"), &[8, 4], &[1.0; 32]),
+            ),
+            Rule::TensorShape,
+            "weight_scale",
+        ),
+        (
+            swap(
+                1,
+                Tensor::f32(format!("{m}.weight_scale"), &[6, 2], &[1.0; 12]),
+            ),
+            Rule::TensorShape,
+            "weight_scale",
+        ),
+        (
+            swap(
+                2,
+                Tensor::bf16(format!("{m}.pre_quant_scale"), &[128], &[1.0; 128]),
+            ),
+            Rule::TensorShape,
+            "pre_quant_scale",
+        ),
+        (
+            swap(
+                0,
+                Tensor::f32(format!("{m}.weight"), &[4, 256], &[0.0; 1024]),
+            ),
+            Rule::TensorDtype,
+            "weight",
+        ),
+        (
+            vec![good[0].clone(), good[2].clone()],
+            Rule::MissingTensor,
+            "weight_scale",
+        ),
+    ];
+    for (tensors, rule, tensor) in cases {
+        let (got, line) = refused(&tensors).unwrap_or_else(|| panic!("{tensor}: accepted"));
+        assert_eq!(got, rule, "{line}");
+        assert!(line.contains(&format!("{m}.{tensor}")), "{line}");
+    }
 }

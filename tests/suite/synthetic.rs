@@ -7,9 +7,10 @@
 //! Nothing here calls the crate's own decoding helpers.
 
 use crate::common::producer::{
-    e2m1_ref, e4m3_byte, e4m3_ref, expect_decodes, pack_fields, words_for, ScaleScheme, Want,
+    check_output, decode_with, e2m1_ref, e4m3_byte, e4m3_ref, expect_decodes, pack_fields,
+    words_for, ScaleScheme, Want, OUTS,
 };
-use crate::common::{ct_config, ct_config_groups, write_checkpoint, Rng, Tensor};
+use crate::common::{ct_config, ct_config_groups, gpu_test, write_checkpoint, Rng, Tensor};
 use serde_json::{json, Value};
 
 /// E4M3 of a byte the generator made, which is never NaN.
@@ -705,7 +706,8 @@ fn mxfp4_compressed_tensors() {
 }
 
 /// ModelOpt NVFP4 export: `e2m1 · (f32(e4m3) · weight_scale_2)`; input scales
-/// dropped, the BF16 lm_head and norms copied unchanged.
+/// dropped, the BF16 lm_head and norms copied unchanged; NVFP4_AWQ's
+/// pre-quant scale multiplies its module's columns.
 #[test]
 fn modelopt_nvfp4_export() {
     let mut rng = Rng::new(0x510E_527F_ADE6_82D1);
@@ -742,13 +744,20 @@ fn modelopt_nvfp4_export() {
                 &[],
                 &[f32_exp(&mut rng, -10, 0)],
             ));
+            // NVFP4_AWQ: the down projection kept its pre-quant scale.
+            let factors: Option<Vec<f32>> = (case == 2 && module.ends_with("down_proj"))
+                .then(|| (0..cols).map(|_| f32_exp(&mut rng, -3, 3)).collect());
+            if let Some(f) = &factors {
+                tensors.push(Tensor::f32(format!("{module}.pre_quant_scale"), &[cols], f));
+            }
             let vals = codes
                 .iter()
                 .enumerate()
                 .map(|(i, &code)| {
                     let (r, c) = (i / cols, i % cols);
                     let s_eff = e4m3_finite(sc[r * ng + c / 16]) * s2;
-                    e2m1_ref(code) * s_eff
+                    let v = e2m1_ref(code) * s_eff;
+                    factors.as_ref().map_or(v, |f| v * f[c])
                 })
                 .collect();
             wants.push(Want::weight(module, vec![rows, cols], vals));
@@ -778,7 +787,7 @@ fn modelopt_nvfp4_export() {
         write_checkpoint(dir.path(), &tensors, Value::Null);
         let hf = json!({
             "producer": {"name": "modelopt", "version": "0.47.0"},
-            "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]},
+            "quantization": {"quant_algo": if case == 2 { "NVFP4_AWQ" } else { "NVFP4" }, "group_size": 16, "exclude_modules": ["lm_head"]},
         });
         std::fs::write(
             dir.path().join("hf_quant_config.json"),
@@ -791,6 +800,18 @@ fn modelopt_nvfp4_export() {
             &wants,
             &copies,
         );
+        gpu_test(|_| {
+            for out in OUTS {
+                let got = decode_with(dir.path(), out, wgpu_dequant::BackendChoice::Gpu);
+                check_output(
+                    &format!("modelopt case {case} -> {out} (GPU)"),
+                    &got,
+                    out,
+                    &wants,
+                    &copies,
+                );
+            }
+        });
     }
 }
 

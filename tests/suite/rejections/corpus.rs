@@ -2423,7 +2423,7 @@ fn as_fbgemm_config(e: &Env) {
 }
 
 /// The rest of the FP8 and MX family (issue 26): ModelOpt FP8 / MXFP8 /
-/// FP8_PB_WO, compressed-tensors mxfp8-quantized, fbgemm_fp8.
+/// FP8_PB_WO / INT4 AWQ, compressed-tensors mxfp8-quantized, fbgemm_fp8.
 fn fp8_family_cases() -> Vec<Case> {
     use Rule::{
         Config as CFG, MissingTensor as MISSING, TensorDtype as DTYPE, TensorShape as SHAPE,
@@ -2543,6 +2543,17 @@ fn fp8_family_cases() -> Vec<Case> {
             "down_proj.weight_scale",
             |e| {
                 set_algo(e, "MXFP8");
+                e.model.clone()
+            },
+        ),
+        case(
+            "modelopt int4 awq over fp8 weights",
+            MO_FP8,
+            Plan,
+            DTYPE,
+            "down_proj.weight",
+            |e| {
+                set_algo(e, "W4A16_AWQ");
                 e.model.clone()
             },
         ),

@@ -790,7 +790,7 @@ fn sparse_24_bitmask_sparsity_is_unsupported() {
 #[test]
 fn modelopt_unknown_algo_is_unsupported() {
     let (_tmp, dir) = scratch();
-    modelopt_ckpt(&dir, &modelopt_tensors(), "W4A8_AWQ");
+    modelopt_ckpt(&dir, &modelopt_tensors(), "W8A8_SQ_PER_CHANNEL");
     let e = expect_in(
         &dir,
         Stage::Build,
@@ -798,7 +798,7 @@ fn modelopt_unknown_algo_is_unsupported() {
         "hf_quant_config.json",
         None,
     );
-    assert!(e.to_string().contains("W4A8_AWQ"), "{e}");
+    assert!(e.to_string().contains("W8A8_SQ_PER_CHANNEL"), "{e}");
 }
 
 #[test]
