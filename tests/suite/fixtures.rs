@@ -96,13 +96,15 @@ fn modelopt_fp8_f16_matches_reference(backend: BackendChoice) {
 #[test]
 fn fp8_family_f32_matches_reference_on_gpu() {
     gpu_test(|_| {
-        check_case(
-            "modelopt-fp8",
-            DtypeChoice::Fixed(OutDtype::F32),
-            BackendChoice::Gpu,
-            "expected-f32.digests.json",
-            false,
-        );
+        for case in ["modelopt-fp8", "modelopt-int4-awq", "modelopt-w4a8-awq"] {
+            check_case(
+                case,
+                DtypeChoice::Fixed(OutDtype::F32),
+                BackendChoice::Gpu,
+                "expected-f32.digests.json",
+                false,
+            );
+        }
         check_case(
             "ct-mxfp8",
             DtypeChoice::Fixed(OutDtype::F32),

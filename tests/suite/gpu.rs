@@ -47,7 +47,8 @@ fn every_fixture_gpu_equals_cpu_and_digests() {
 /// Every fixture tensor by tensor on the GPU: the CPU's bytes, through the
 /// fast kernels for every 4- and 8-bit format (SVDQuant's main term and
 /// low-rank branch included), the tile kernel for the transposed ones
-/// (AutoAWQ, GPT-OSS); the 3-bit packs take the generic kernel.
+/// (AutoAWQ, GPT-OSS); the 3-bit packs and ModelOpt's INT4 AWQ take the
+/// generic kernel.
 #[test]
 fn fixtures_take_the_fast_kernels() {
     gpu_test(|adapter| {
@@ -71,9 +72,11 @@ fn fixtures_take_the_fast_kernels() {
                 after.generic - before.generic,
                 after.tiled - before.tiled,
             );
-            // 3-bit packs take the generic kernel; packs along the input
-            // dimension (AutoAWQ, GPT-OSS transposed, GPTQ strided) the tile kernel.
-            if case.contains("w3a16") {
+            // 3-bit packs and ModelOpt's INT4 AWQ (codes packed down the
+            // rows, some with the pre-quant smoothing) take the generic
+            // kernel; packs along the input dimension (AutoAWQ, GPT-OSS
+            // transposed, GPTQ strided) the tile kernel.
+            if case.contains("w3a16") || case.starts_with("modelopt") && case.ends_with("awq") {
                 assert!(
                     ran.0 == 0 && ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"
