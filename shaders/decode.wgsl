@@ -167,22 +167,17 @@ fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
     return v;
 }
 
-// IEEE half bits -> f32, exact (job::f16_to_f32).
+// IEEE half bits -> f32, exact (job::f16_to_f32). Without branches, which
+// llvmpipe would run all of for every lane: a subnormal m · 2^-24 is exact
+// in f32, and infinities and NaNs keep their payload.
 fn f16_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000u) << 16u;
     let e = (h >> 10u) & 0x1fu;
     let m = h & 0x3ffu;
-    if (e == 0u) {
-        if (m == 0u) {
-            return bitcast<f32>(sign);
-        }
-        let lz = countLeadingZeros(m) - 21u;
-        return bitcast<f32>(sign | ((113u - lz) << 23u) | (((m << lz) & 0x3ffu) << 13u));
-    }
-    if (e == 0x1fu) {
-        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
-    }
-    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+    let normal = ((e + 112u) << 23u) | (m << 13u);
+    let special = select(normal, 0x7f800000u | (m << 13u), e == 0x1fu);
+    let sub = bitcast<u32>(f32(m) * 5.9604644775390625e-8);
+    return bitcast<f32>(sign | select(special, sub, e == 0u));
 }
 
 fn group_of(g: Grid, col: u32) -> u32 {
@@ -647,9 +642,9 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
 override PACK: u32 = PACK_TRANSPOSED;  // PACK_*
 override INTERLEAVED: bool = false;    // AutoAWQ's word order (Fields::interleaved)
 override WORD_GROUPS: bool = true;     // every scale/zero group holds whole code words
-override RUN: u32 = 8u;                // code words per invocation, even, at most 16
-override TILE_LANES: u32 = 64u;        // runs per tile along the words' other axis
-override TILE_RUNS: u32 = 4u;          // runs per tile along the run's axis
+override RUN: u32 = 32u;               // code words per invocation, even
+override TILE_LANES: u32 = 16u;        // runs per tile along the words' other axis
+override TILE_RUNS: u32 = 16u;         // runs per tile along the run's axis
 override TILE_WORDS: u32 = RUN * TILE_LANES * TILE_RUNS;
 // The run's words share every scale and zero point code by code: the same
 // stored columns of stored rows in one row group (transposed), or words of
@@ -672,11 +667,25 @@ fn slot_of(m: u32) -> u32 {
 // The tile kernel's groups come from g_idx (p.gidx): fixed by the host.
 override GIDX: bool = false;
 
-fn tile_group(g: Grid, col: u32) -> u32 {
+// Column groups of stored columns col0, col0 + 1, .. on a grid: the group
+// and the column's place in it, stepped one column at a time, so that a
+// word's codes take one division instead of one each.
+fn group_at(g: Grid, col0: u32) -> vec2<u32> {
+    let q = div_small(col0, g.col_div);
+    return vec2<u32>(q, col0 - q * g.col_div);
+}
+
+fn next_group(g: Grid, at: vec2<u32>) -> vec2<u32> {
+    let i = at.y + 1u;
+    return select(vec2<u32>(at.x, i), vec2<u32>(at.x + 1u, 0u), i == g.col_div);
+}
+
+// The group of stored column col, `at` its group_at.
+fn tile_group(col: u32, at: vec2<u32>) -> u32 {
     if (GIDX) {
         return src[p.gidx + col];
     }
-    return div_small(col, g.col_div);
+    return at.x;
 }
 
 // The zero-point word of stored columns col0.. of stored `row` (lane: its
@@ -715,17 +724,27 @@ fn word_values(slice: u32, row: u32, col0: u32) -> WordValues {
         z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
     }
     let zword = tile_zero_word(slice, row, col0);
+    var sg = vec2<u32>();
+    var zg = vec2<u32>();
+    if (!WORD_GROUPS && SCALED) {
+        sg = group_at(p.sgrid, col0);
+    }
+    if (!WORD_GROUPS && ZERO == ZERO_PLAIN) {
+        zg = group_at(p.zgrid, col0);
+    }
     var v: WordValues;
     for (var m = 0u; m < PER; m = m + 1u) {
         v.s[m] = s;
         v.z[m] = z;
         if (!WORD_GROUPS && SCALED) {
-            let g = tile_group(p.sgrid, col0 + m);
+            let g = tile_group(col0 + m, sg);
             v.s[m] = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
+            sg = next_group(p.sgrid, sg);
         }
         if (!WORD_GROUPS && ZERO == ZERO_PLAIN) {
-            let g = tile_group(p.zgrid, col0 + m);
+            let g = tile_group(col0 + m, zg);
             v.z[m] = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
+            zg = next_group(p.zgrid, zg);
         }
         if (ZERO == ZERO_PACKED_ALONG_COLS) {
             v.z[m] = code_value((zword >> (slot_of(m) * BITS)) & ((1u << BITS) - 1u));
@@ -740,18 +759,19 @@ fn tile_out(word: u32, v: WordValues, m: u32) -> u32 {
     return encode_out(fast_value(c, v.z[m], v.s[m], 0u, 0u));
 }
 
-// Writes the n codes of `word` (a strided tile's: one output row) at output
-// element o.
-fn tile_store_row(word: u32, v: WordValues, n: u32, o: u32) {
-    if (OUT == OUT_F32) {
-        for (var m = 0u; m < n; m = m + 1u) {
-            dst[p.out_base + o + m] = tile_out(word, v, m);
+// Writes the codes of `word` (a strided tile's: one output row, columns col
+// on) at output element o, those below p.cols (even for 16-bit outputs): one
+// loop of constant length with a mask, since llvmpipe runs both paths of a
+// separate one for partial words (GPTQ ran 1.4x faster without it).
+fn tile_store_row(word: u32, v: WordValues, o: u32, col: u32) {
+    for (var m = 0u; m < PER; m = m + select(2u, 1u, OUT == OUT_F32)) {
+        if (col + m < p.cols) {
+            if (OUT == OUT_F32) {
+                dst[p.out_base + o + m] = tile_out(word, v, m);
+            } else {
+                dst[p.out_base + (o + m) / 2u] = tile_out(word, v, m) | (tile_out(word, v, m + 1u) << 16u);
+            }
         }
-        return;
-    }
-    // n is even: the column count is.
-    for (var m = 0u; m < n; m = m + 2u) {
-        dst[p.out_base + (o + m) / 2u] = tile_out(word, v, m) | (tile_out(word, v, m + 1u) << 16u);
     }
 }
 
@@ -773,13 +793,7 @@ fn tile_strided(r: u32, col0: u32) {
             if (!SHARED) {
                 v = word_values(slice, row, c);
             }
-            // A whole word (nearly always) takes a loop of constant length.
-            let n = min(PER, p.cols - c);
-            if (n == PER) {
-                tile_store_row(word, v, PER, o + j * PER);
-            } else {
-                tile_store_row(word, v, n, o + j * PER);
-            }
+            tile_store_row(word, v, o + j * PER, c);
         }
     }
 }

@@ -614,9 +614,9 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
         for pack in prefixed("PACK_") {
             // layout::Tile::runs.
             let (run, lanes, runs) = if pack == named("PACK_TRANSPOSED") {
-                (8, 8, 32)
+                (32, 16, 16)
             } else {
-                (4, 16, 16)
+                (16, 16, 16)
             };
             for code in prefixed("CODE_") {
                 for out in prefixed("OUT_") {

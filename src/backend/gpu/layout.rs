@@ -494,22 +494,24 @@ impl GridKind {
 impl Tile {
     /// Code words an invocation decodes, and its tile's runs along the
     /// words' other axis and along the run (`RUN`, `TILE_LANES`,
-    /// `TILE_RUNS`): 256 runs a tile, so that a workgroup of 256 takes a
-    /// tile in one pass, and rows of 512 or more output bytes per tile:
-    /// on llvmpipe narrower, taller tiles (64 rows of 64 bytes) ran the
-    /// transposed ones at half the speed.
+    /// `TILE_RUNS`).
     pub(super) fn runs(&self) -> (u32, u32, u32) {
-        match self.pack {
-            Pack::Transposed => (Self::RUN_TRANSPOSED, 8, 32),
-            Pack::Strided => (Self::RUN_STRIDED, 16, 16),
-        }
+        Self::geometry(self.pack)
     }
 
-    /// `RUN` of each [`Pack`]: a transposed run of 8 stored rows shares
-    /// AutoAWQ's 8 scale lookups per code word; a strided run of 4 words
-    /// (32 4-bit columns) stays within groups of 32, 64 or 128 columns.
-    const RUN_TRANSPOSED: u32 = 8;
-    const RUN_STRIDED: u32 = 4;
+    /// [`Tile::runs`] of each [`Pack`]: 256 runs a tile, so that a
+    /// workgroup of 256 takes a tile in one pass. Long runs spread an
+    /// invocation's fixed costs (and AutoAWQ's 8 scale lookups) over more
+    /// words: on llvmpipe runs of 32 transposed words (16 strided, 128
+    /// 4-bit columns: GPTQ's usual group) ran 1.4x faster than runs of
+    /// 8 (4), and 64 (32) no faster, while the tile shape mattered little
+    /// once a SIMD batch's writes fill whole lines.
+    fn geometry(pack: Pack) -> (u32, u32, u32) {
+        match pack {
+            Pack::Transposed => (32, 16, 16),
+            Pack::Strided => (16, 16, 16),
+        }
+    }
 
     /// Output rows and columns of one tile.
     pub(super) fn size(&self) -> (u32, u32) {
@@ -612,14 +614,15 @@ impl Tile {
         // the scale grid's row groups; strided runs are RUN · per stored
         // columns, each word with its own zero-point word.
         let stored_rows = job.stored_dims().rows.max(1);
+        let run = Self::geometry(pack).0 as usize;
         let holds = |v: &Values<'_>| match pack {
             Pack::Transposed => {
                 let rd = v.grid.row_div.max(1);
-                rd.is_multiple_of(Self::RUN_TRANSPOSED as usize) || rd >= stored_rows
+                rd.is_multiple_of(run) || rd >= stored_rows
             }
             Pack::Strided => {
                 let cd = v.grid.col_div;
-                cd.is_multiple_of((Self::RUN_STRIDED * per) as usize) || cd >= stored_cols
+                cd.is_multiple_of(run * per as usize) || cd >= stored_cols
             }
         };
         let shared = (pack == Pack::Transposed || word_groups)
