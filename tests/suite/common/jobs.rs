@@ -434,7 +434,18 @@ impl RandomJob {
         if !strided && rng.below(4) != 0 {
             d.cols = d.cols.next_multiple_of(per);
         }
-        let r = RandomJob::new(rng, d, sizes);
+        let mut r = RandomJob::new(rng, d, sizes);
+        // Now and then row groups of whole transposed runs (32 stored rows,
+        // layout::Tile::geometry), whose words share their scale and zero
+        // point lookups in the tile kernel, as AutoAWQ's groups of 128 do.
+        if !strided && rng.below(3) == 0 {
+            if let Some((grid, _)) = &mut r.scale {
+                grid.row_div *= 32;
+            }
+            if let ZeroSpec::Plain { grid, .. } = &mut r.zero {
+                grid.row_div *= 32;
+            }
+        }
         let padded = rng.below(2) == 0;
         let per_word = if padded { per as u32 } else { 0 };
         let interleaved = padded && rng.below(2) == 0;
