@@ -28,6 +28,7 @@ const GRID_I8: u32 = 3u;
 const GRID_I32: u32 = 4u;
 const GRID_TABLE: u32 = 5u;   // one byte indexing a 256-entry f32 table
 const GRID_NESTED: u32 = 6u;  // the same, times outer[idx / per_outer], plus offset
+const GRID_E8M0: u32 = 7u;    // a GRID_TABLE that is numerics::e8m0's: 2^(byte - 127) by formula
 
 // Params::out_kind and OUT: the output dtype.
 const OUT_F32: u32 = 0u;
@@ -225,6 +226,13 @@ fn value_as(g: Grid, idx: u32, kind: u32) -> f32 {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
             let t = bitcast<f32>(src[g.table + b]);
             return opaque(t * bitcast<f32>(src[g.outer + idx / g.per_outer])) + g.offset;
+        }
+        case GRID_E8M0: {
+            // One load instead of two (SKIND, ZKIND only: the host checks the
+            // table); 2^-127 is a subnormal, 255 NaN.
+            let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
+            let bits = select(b << 23u, 0x00400000u, b == 0u);
+            return bitcast<f32>(select(bits, 0x7fc00000u, b == 255u));
         }
         case GRID_TABLE, default: {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
@@ -544,7 +552,12 @@ fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
 
 // Grid::index without an integer division.
 fn fast_index(g: Grid, slice: u32, row: u32, group: u32) -> u32 {
-    return slice * g.slice_stride + div_small(row, g.row_div) * g.row_stride + group;
+    return grid_index(g, slice, div_small(row, g.row_div), group);
+}
+
+// Grid::index of row group `rg`.
+fn grid_index(g: Grid, slice: u32, rg: u32, group: u32) -> u32 {
+    return slice * g.slice_stride + rg * g.row_stride + group;
 }
 
 @compute @workgroup_size(WG)
@@ -667,20 +680,43 @@ fn slot_of(m: u32) -> u32 {
 // The tile kernel's groups come from g_idx (p.gidx): fixed by the host.
 override GIDX: bool = false;
 
-// Column groups of stored columns col0, col0 + 1, .. on a grid: the group
-// and the column's place in it, stepped one column at a time, so that a
-// word's codes take one division instead of one each.
-fn group_at(g: Grid, col0: u32) -> vec2<u32> {
-    let q = div_small(col0, g.col_div);
-    return vec2<u32>(q, col0 - q * g.col_div);
+// The group of n, n + 1, .. in groups of d, and its place in it: quot_rem
+// once, then step_group one at a time, so that a word's codes (or a run's
+// stored rows) take one division instead of one each.
+fn quot_rem(n: u32, d: u32) -> vec2<u32> {
+    let q = div_small(n, d);
+    return vec2<u32>(q, n - q * d);
 }
 
-fn next_group(g: Grid, at: vec2<u32>) -> vec2<u32> {
+fn step_group(at: vec2<u32>, d: u32) -> vec2<u32> {
     let i = at.y + 1u;
-    return select(vec2<u32>(at.x, i), vec2<u32>(at.x + 1u, 0u), i == g.col_div);
+    return select(vec2<u32>(at.x, i), vec2<u32>(at.x + 1u, 0u), i == d);
 }
 
-// The group of stored column col, `at` its group_at.
+// A stored row's row groups (quot_rem) on the scale and plain zero-point
+// grids (zero points packed along columns take the scale grid's).
+struct RowGroups {
+    s: vec2<u32>,
+    z: vec2<u32>,
+}
+
+fn row_groups(row: u32) -> RowGroups {
+    var g: RowGroups;
+    if (SCALED) {
+        g.s = quot_rem(row, p.sgrid.row_div);
+    }
+    if (ZERO == ZERO_PLAIN) {
+        g.z = quot_rem(row, p.zgrid.row_div);
+    }
+    return g;
+}
+
+// The row groups of the next stored row.
+fn next_row(g: RowGroups) -> RowGroups {
+    return RowGroups(step_group(g.s, p.sgrid.row_div), step_group(g.z, p.zgrid.row_div));
+}
+
+// The group of stored column col, `at` its quot_rem.
 fn tile_group(col: u32, at: vec2<u32>) -> u32 {
     if (GIDX) {
         return src[p.gidx + col];
@@ -688,17 +724,14 @@ fn tile_group(col: u32, at: vec2<u32>) -> u32 {
     return at.x;
 }
 
-// The zero-point word of stored columns col0.. of stored `row` (lane: its
-// row group on the scale grid), packed along columns as the codes are.
-fn tile_zero_word(slice: u32, row: u32, col0: u32) -> u32 {
+// The zero-point word of stored columns col0.. of a stored row (lane: its
+// row group on the scale grid, 0 without one), packed along columns as the
+// codes are.
+fn tile_zero_word(slice: u32, rg: RowGroups, col0: u32) -> u32 {
     if (ZERO != ZERO_PACKED_ALONG_COLS) {
         return 0u;
     }
-    var lane = 0u;
-    if (SCALED) {
-        lane = div_small(row, p.sgrid.row_div);
-    }
-    let pos = p.zero.base + slice * p.zero.slice_bits + lane * p.zero.lane_bits
+    let pos = p.zero.base + slice * p.zero.slice_bits + rg.s.x * p.zero.lane_bits
         + (col0 / PER) * p.zero.word_bits;
     return src[pos >> 5u];
 }
@@ -710,27 +743,28 @@ struct WordValues {
     z: array<f32, 8>,
 }
 
-// The values of the word of stored columns col0.. of stored `row` in `slice`:
-// one lookup each when groups hold whole words, else one per code.
-fn word_values(slice: u32, row: u32, col0: u32) -> WordValues {
+// The values of the word of stored columns col0.. of the stored row in
+// `slice` whose row groups are rg: one lookup each when groups hold whole
+// words, else one per code.
+fn word_values(slice: u32, rg: RowGroups, col0: u32) -> WordValues {
     var s = 1.0;
     var z = 0.0;
     if (WORD_GROUPS && SCALED) {
         let g = div_small(col0, p.sgrid.col_div);
-        s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
+        s = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
     }
     if (WORD_GROUPS && ZERO == ZERO_PLAIN) {
         let g = div_small(col0, p.zgrid.col_div);
-        z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
+        z = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
     }
-    let zword = tile_zero_word(slice, row, col0);
+    let zword = tile_zero_word(slice, rg, col0);
     var sg = vec2<u32>();
     var zg = vec2<u32>();
     if (!WORD_GROUPS && SCALED) {
-        sg = group_at(p.sgrid, col0);
+        sg = quot_rem(col0, p.sgrid.col_div);
     }
     if (!WORD_GROUPS && ZERO == ZERO_PLAIN) {
-        zg = group_at(p.zgrid, col0);
+        zg = quot_rem(col0, p.zgrid.col_div);
     }
     var v: WordValues;
     for (var m = 0u; m < PER; m = m + 1u) {
@@ -738,13 +772,13 @@ fn word_values(slice: u32, row: u32, col0: u32) -> WordValues {
         v.z[m] = z;
         if (!WORD_GROUPS && SCALED) {
             let g = tile_group(col0 + m, sg);
-            v.s[m] = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
-            sg = next_group(p.sgrid, sg);
+            v.s[m] = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
+            sg = step_group(sg, p.sgrid.col_div);
         }
         if (!WORD_GROUPS && ZERO == ZERO_PLAIN) {
             let g = tile_group(col0 + m, zg);
-            v.z[m] = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
-            zg = next_group(p.zgrid, zg);
+            v.z[m] = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
+            zg = step_group(zg, p.zgrid.col_div);
         }
         if (ZERO == ZERO_PACKED_ALONG_COLS) {
             v.z[m] = code_value((zword >> (slot_of(m) * BITS)) & ((1u << BITS) - 1u));
@@ -784,14 +818,15 @@ fn tile_strided(r: u32, col0: u32) {
     let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits
         + (col0 / PER) * p.codes.word_bits;
     let o = (r - p.row0) * p.cols + col0;
-    let first = word_values(slice, row, col0);
+    let rg = row_groups(row);
+    let first = word_values(slice, rg, col0);
     for (var j = 0u; j < RUN; j = j + 1u) {
         let c = col0 + j * PER;
         if (c < p.cols) {
             let word = src[(pos + j * p.codes.word_bits) >> 5u];
             var v = first;
             if (!SHARED) {
-                v = word_values(slice, row, c);
+                v = word_values(slice, rg, c);
             }
             tile_store_row(word, v, o + j * PER, c);
         }
@@ -807,7 +842,9 @@ fn tile_transposed(r: u32, col: u32, end: u32) {
     let i0 = r - k * p.rows;
     let pos = p.codes.base + slice * p.codes.slice_bits + col * p.codes.lane_bits
         + (i0 / PER) * p.codes.word_bits;
-    let first = word_values(slice, col, i0);
+    // Stored row col + j's groups, stepped along the run.
+    var rg = row_groups(col);
+    let first = word_values(slice, rg, i0);
     // Output word of row r + m: o0 + m · step, in wrapping arithmetic (r may
     // lie below p.row0; the rows written do not).
     if (OUT == OUT_F32) {
@@ -817,7 +854,8 @@ fn tile_transposed(r: u32, col: u32, end: u32) {
                 let w = src[(pos + j * p.codes.lane_bits) >> 5u];
                 var v = first;
                 if (!SHARED) {
-                    v = word_values(slice, col + j, i0);
+                    v = word_values(slice, rg, i0);
+                    rg = next_row(rg);
                 }
                 for (var m = 0u; m < PER; m = m + 1u) {
                     if (r + m >= p.row0 && r + m < end) {
@@ -839,8 +877,9 @@ fn tile_transposed(r: u32, col: u32, end: u32) {
             var v0 = first;
             var v1 = first;
             if (!SHARED) {
-                v0 = word_values(slice, col + j, i0);
-                v1 = word_values(slice, col + j + 1u, i0);
+                v0 = word_values(slice, rg, i0);
+                v1 = word_values(slice, next_row(rg), i0);
+                rg = next_row(next_row(rg));
             }
             for (var m = 0u; m < PER; m = m + 1u) {
                 if (r + m >= p.row0 && r + m < end) {

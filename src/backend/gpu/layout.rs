@@ -72,6 +72,10 @@ shader_enum! {
         /// One byte indexing a table, times an outer factor, plus an
         /// offset ([`crate::job::Nested`]).
         Nested = 6 as GRID_NESTED,
+        /// A [`GridKind::Table`] that is [`numerics::e8m0`]'s (MX scales),
+        /// computed from the byte: one read instead of two. Only as the
+        /// fast kernels' `SKIND`, `ZKIND` ([`GridKind::fast`]).
+        E8m0 = 7 as GRID_E8M0,
     }
 }
 
@@ -430,9 +434,9 @@ impl Fast {
             zero: ZeroMode::of(job.zero.as_ref()),
             scaled: job.scale.is_some(),
             low_rank: LowRankMode::of(job.low_rank.as_ref()),
-            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::fast),
             zkind: match &job.zero {
-                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                Some(ZeroPoint::Plain(z)) => GridKind::fast(z),
                 _ => GridKind::Bf16,
             },
             high_first: c.high_first,
@@ -487,6 +491,22 @@ impl GridKind {
             ValueKind::I32 => GridKind::I32,
             ValueKind::Table(_) => GridKind::Table,
             ValueKind::Nested(_) => GridKind::Nested,
+        }
+    }
+
+    /// How the fast and tile kernels read `v`'s entries: as stored, or by
+    /// formula where a table is e8m0's (NaN for NaN).
+    fn fast(v: &Values<'_>) -> GridKind {
+        match &v.kind {
+            ValueKind::Table(t)
+                if t.iter().zip(0..=u8::MAX).all(|(&x, b)| {
+                    let want = numerics::e8m0(b);
+                    x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan())
+                }) =>
+            {
+                GridKind::E8m0
+            }
+            _ => GridKind::of(v),
         }
     }
 }
@@ -643,9 +663,9 @@ impl Tile {
             word_groups,
             shared,
             gidx: job.g_idx.is_some(),
-            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::fast),
             zkind: match &job.zero {
-                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                Some(ZeroPoint::Plain(z)) => GridKind::fast(z),
                 _ => GridKind::Bf16,
             },
             copy: false,
