@@ -261,8 +261,8 @@ pub(super) enum Kernel {
     Generic,
     /// One code word per invocation.
     Fast(Fast),
-    /// Codes packed along the input dimension: one output tile per
-    /// workgroup, transposed through workgroup memory (`fast_t`).
+    /// Codes packed along the input dimension: a run of code words per
+    /// invocation, one output tile per workgroup (`fast_t`).
     Tile(Tile),
 }
 
