@@ -3,8 +3,8 @@
 // output word per invocation for any job; `fast`, one 32-bit word of 4- or
 // 8-bit codes per invocation, specialised by override constants for the jobs
 // nearly every checkpoint has; and `fast_t`, the same for codes packed along
-// the input dimension (AutoAWQ, GPT-OSS, GPTQ), one tile of output per
-// workgroup transposed through workgroup memory (src/backend/gpu/layout.rs
+// the input dimension (AutoAWQ, GPT-OSS, GPTQ), a run of code words per
+// invocation and one tile of output per workgroup (src/backend/gpu/layout.rs
 // picks).
 //
 // Everything the chunk needs sits in one word array `src`: the code-value and
@@ -28,6 +28,7 @@ const GRID_I8: u32 = 3u;
 const GRID_I32: u32 = 4u;
 const GRID_TABLE: u32 = 5u;   // one byte indexing a 256-entry f32 table
 const GRID_NESTED: u32 = 6u;  // the same, times outer[idx / per_outer], plus offset
+const GRID_E8M0: u32 = 7u;    // a GRID_TABLE that is numerics::e8m0's: 2^(byte - 127) by formula
 
 // Params::out_kind and OUT: the output dtype.
 const OUT_F32: u32 = 0u;
@@ -167,22 +168,17 @@ fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
     return v;
 }
 
-// IEEE half bits -> f32, exact (job::f16_to_f32).
+// IEEE half bits -> f32, exact (job::f16_to_f32). Without branches, which
+// llvmpipe would run all of for every lane: a subnormal m · 2^-24 is exact
+// in f32, and infinities and NaNs keep their payload.
 fn f16_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000u) << 16u;
     let e = (h >> 10u) & 0x1fu;
     let m = h & 0x3ffu;
-    if (e == 0u) {
-        if (m == 0u) {
-            return bitcast<f32>(sign);
-        }
-        let lz = countLeadingZeros(m) - 21u;
-        return bitcast<f32>(sign | ((113u - lz) << 23u) | (((m << lz) & 0x3ffu) << 13u));
-    }
-    if (e == 0x1fu) {
-        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
-    }
-    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+    let normal = ((e + 112u) << 23u) | (m << 13u);
+    let special = select(normal, 0x7f800000u | (m << 13u), e == 0x1fu);
+    let sub = bitcast<u32>(f32(m) * 5.9604644775390625e-8);
+    return bitcast<f32>(sign | select(special, sub, e == 0u));
 }
 
 fn group_of(g: Grid, col: u32) -> u32 {
@@ -230,6 +226,13 @@ fn value_as(g: Grid, idx: u32, kind: u32) -> f32 {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
             let t = bitcast<f32>(src[g.table + b]);
             return opaque(t * bitcast<f32>(src[g.outer + idx / g.per_outer])) + g.offset;
+        }
+        case GRID_E8M0: {
+            // One load instead of two (SKIND, ZKIND only: the host checks the
+            // table); 2^-127 is a subnormal, 255 NaN.
+            let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
+            let bits = select(b << 23u, 0x00400000u, b == 0u);
+            return bitcast<f32>(select(bits, 0x7fc00000u, b == 255u));
         }
         case GRID_TABLE, default: {
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
@@ -553,7 +556,12 @@ fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
 
 // Grid::index without an integer division.
 fn fast_index(g: Grid, slice: u32, row: u32, group: u32) -> u32 {
-    return slice * g.slice_stride + div_small(row, g.row_div) * g.row_stride + group;
+    return grid_index(g, slice, div_small(row, g.row_div), group);
+}
+
+// Grid::index of row group `rg`.
+fn grid_index(g: Grid, slice: u32, rg: u32, group: u32) -> u32 {
+    return slice * g.slice_stride + rg * g.row_stride + group;
 }
 
 @compute @workgroup_size(WG)
@@ -631,43 +639,35 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
 //   (lane_bits 32) and each lane's words word_bits apart. A word holds PER
 //   columns of one output row; consecutive words are consecutive rows.
 //
-// A workgroup decodes one tile of TILE_RUNS runs of TILE_RUN consecutive
-// code words: it reads them with consecutive invocations on consecutive
-// words into `tile_words`, and after a barrier each invocation decodes words
-// of one run position across the runs (as `fast` does, bit for bit) and
-// writes them, consecutive invocations on consecutive output words. Zero
-// points are plain or packed along columns (in the codes' own word layout);
-// groups hold whole words (WORD_GROUPS: one scale per word) or not (one per
-// code, g_idx included); no low-rank branch; 16-bit outputs have an even
-// column count.
+// An invocation decodes a run of RUN code words and writes their outputs
+// itself: the same word of RUN consecutive stored rows (transposed: a block
+// of PER output rows by RUN columns), or RUN consecutive words of one lane
+// (strided: RUN · PER columns of one output row). No workgroup memory and no
+// barrier: llvmpipe runs both as ordinary memory and splits the shader at
+// every barrier, which cost more than reading each word straight from `src`
+// (neighbouring invocations read neighbouring words, so the caches see the
+// same lines a transpose through workgroup memory would). The run's words
+// share their scale and zero-point lookups where the host says so (SHARED),
+// which is what makes AutoAWQ's scale per stored column affordable.
+// A workgroup covers a tile of TILE_LANES runs along the words' other axis
+// by TILE_RUNS runs, so that its writes fill whole cache lines of output.
+// Zero points are plain or packed along columns (in the codes' own word
+// layout); groups hold whole words (WORD_GROUPS: one scale per word) or not
+// (one per code, g_idx included); no low-rank branch; 16-bit outputs have an
+// even column count.
 
 override PACK: u32 = PACK_TRANSPOSED;  // PACK_*
 override INTERLEAVED: bool = false;    // AutoAWQ's word order (Fields::interleaved)
 override WORD_GROUPS: bool = true;     // every scale/zero group holds whole code words
-override TILE_RUN: u32 = 8u;           // consecutive code words read as one run
-override TILE_RUNS: u32 = 32u;         // runs per tile, even
-// Words from one run position to the next in `tile_words`: one more than
-// the runs, so that invocations storing a run fall in different banks.
-override TILE_PITCH: u32 = TILE_RUNS + 1u;
-override TILE_WORDS: u32 = TILE_RUN * TILE_RUNS;
-
-// One tile of code words: at most 1056 = TILE_RUN * TILE_PITCH for the tiles
-// the host picks (4224 bytes; WebGPU allows 16 KiB).
-var<workgroup> tile_words: array<u32, 1056>;
-
-// A transposed tile's scales when groups do not hold whole words (AutoAWQ:
-// one scale per stored column): entry rg · TILE_RUN · PER + j is the scale
-// of the tile's stored column j in its rg-th row group, loaded once per
-// tile instead of once per code. The host sets SCALE_CACHE only for such
-// jobs (transposed, scaled, !WORD_GROUPS) whose tiles' stored rows span at
-// most 512 / (TILE_RUN · PER) row groups. A compile-time choice: llvmpipe
-// runs both sides of a branch.
-var<workgroup> tile_scales: array<f32, 512>;
-override SCALE_CACHE: bool = false;
-// A transposed 16-bit tile's neighbouring stored rows col, col + 1 (col
-// even) share their scales and zero points (the host checks the grids' row
-// groups), so the second column reuses the first's lookups.
-override PAIR_SHARED: bool = false;
+override RUN: u32 = 32u;               // code words per invocation, even
+override TILE_LANES: u32 = 16u;        // runs per tile along the words' other axis
+override TILE_RUNS: u32 = 16u;         // runs per tile along the run's axis
+override TILE_WORDS: u32 = RUN * TILE_LANES * TILE_RUNS;
+// The run's words share every scale and zero point code by code: the same
+// stored columns of stored rows in one row group (transposed), or words of
+// one lane in one column group (strided, WORD_GROUPS, no zero points packed
+// along columns). The host checks the grids.
+override SHARED: bool = false;
 // How the fast and tile kernels' scale and plain zero-point grids are stored
 // (GRID_*).
 override SKIND: u32 = GRID_BF16;
@@ -684,91 +684,213 @@ fn slot_of(m: u32) -> u32 {
 // The tile kernel's groups come from g_idx (p.gidx): fixed by the host.
 override GIDX: bool = false;
 
-fn tile_group(g: Grid, col: u32) -> u32 {
+// The group of n, n + 1, .. in groups of d, and its place in it: quot_rem
+// once, then step_group one at a time, so that a word's codes (or a run's
+// stored rows) take one division instead of one each.
+fn quot_rem(n: u32, d: u32) -> vec2<u32> {
+    let q = div_small(n, d);
+    return vec2<u32>(q, n - q * d);
+}
+
+fn step_group(at: vec2<u32>, d: u32) -> vec2<u32> {
+    let i = at.y + 1u;
+    return select(vec2<u32>(at.x, i), vec2<u32>(at.x + 1u, 0u), i == d);
+}
+
+// A stored row's row groups (quot_rem) on the scale and plain zero-point
+// grids (zero points packed along columns take the scale grid's).
+struct RowGroups {
+    s: vec2<u32>,
+    z: vec2<u32>,
+}
+
+fn row_groups(row: u32) -> RowGroups {
+    var g: RowGroups;
+    if (SCALED) {
+        g.s = quot_rem(row, p.sgrid.row_div);
+    }
+    if (ZERO == ZERO_PLAIN) {
+        g.z = quot_rem(row, p.zgrid.row_div);
+    }
+    return g;
+}
+
+// The row groups of the next stored row.
+fn next_row(g: RowGroups) -> RowGroups {
+    return RowGroups(step_group(g.s, p.sgrid.row_div), step_group(g.z, p.zgrid.row_div));
+}
+
+// The group of stored column col, `at` its quot_rem.
+fn tile_group(col: u32, at: vec2<u32>) -> u32 {
     if (GIDX) {
         return src[p.gidx + col];
     }
-    return div_small(col, g.col_div);
+    return at.x;
 }
 
-// The zero-point word of stored columns col0.. of stored `row` (lane: its
-// row group on the scale grid), packed along columns as the codes are.
-fn tile_zero_word(slice: u32, row: u32, col0: u32) -> u32 {
+// The zero-point word of stored columns col0.. of a stored row (lane: its
+// row group on the scale grid, 0 without one), packed along columns as the
+// codes are.
+fn tile_zero_word(slice: u32, rg: RowGroups, col0: u32) -> u32 {
     if (ZERO != ZERO_PACKED_ALONG_COLS) {
         return 0u;
     }
-    var lane = 0u;
-    if (SCALED) {
-        lane = div_small(row, p.sgrid.row_div);
-    }
-    let pos = p.zero.base + slice * p.zero.slice_bits + lane * p.zero.lane_bits
+    let pos = p.zero.base + slice * p.zero.slice_bits + rg.s.x * p.zero.lane_bits
         + (col0 / PER) * p.zero.word_bits;
     return src[pos >> 5u];
 }
 
-// What the codes of one word share: their scale and zero point when groups
-// hold whole words, and their zero-point word when packed along columns.
-struct TileWord {
-    s: f32,
-    z: f32,
-    zword: u32,
+// The scale and zero point of each code of one word: entry m is stored
+// column col0 + m's.
+struct WordValues {
+    s: array<f32, 8>,
+    z: array<f32, 8>,
 }
 
-// The shared part of the word of stored columns col0.. of stored `row` in `slice`.
-fn tile_word(slice: u32, row: u32, col0: u32) -> TileWord {
-    var w = TileWord(1.0, 0.0, tile_zero_word(slice, row, col0));
-    if (WORD_GROUPS) {
-        if (SCALED) {
-            let g = div_small(col0, p.sgrid.col_div);
-            w.s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
+// The values of the word of stored columns col0.. of the stored row in
+// `slice` whose row groups are rg: one lookup each when groups hold whole
+// words, else one per code.
+fn word_values(slice: u32, rg: RowGroups, col0: u32) -> WordValues {
+    var s = 1.0;
+    var z = 0.0;
+    if (WORD_GROUPS && SCALED) {
+        let g = div_small(col0, p.sgrid.col_div);
+        s = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
+    }
+    if (WORD_GROUPS && ZERO == ZERO_PLAIN) {
+        let g = div_small(col0, p.zgrid.col_div);
+        z = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
+    }
+    let zword = tile_zero_word(slice, rg, col0);
+    var sg = vec2<u32>();
+    var zg = vec2<u32>();
+    if (!WORD_GROUPS && SCALED) {
+        sg = quot_rem(col0, p.sgrid.col_div);
+    }
+    if (!WORD_GROUPS && ZERO == ZERO_PLAIN) {
+        zg = quot_rem(col0, p.zgrid.col_div);
+    }
+    var v: WordValues;
+    for (var m = 0u; m < PER; m = m + 1u) {
+        v.s[m] = s;
+        v.z[m] = z;
+        if (!WORD_GROUPS && SCALED) {
+            let g = tile_group(col0 + m, sg);
+            v.s[m] = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
+            sg = step_group(sg, p.sgrid.col_div);
         }
-        if (ZERO == ZERO_PLAIN) {
-            let g = div_small(col0, p.zgrid.col_div);
-            w.z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, g), ZKIND);
+        if (!WORD_GROUPS && ZERO == ZERO_PLAIN) {
+            let g = tile_group(col0 + m, zg);
+            v.z[m] = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
+            zg = step_group(zg, p.zgrid.col_div);
+        }
+        if (ZERO == ZERO_PACKED_ALONG_COLS) {
+            v.z[m] = code_value((zword >> (slot_of(m) * BITS)) & ((1u << BITS) - 1u));
         }
     }
-    return w;
+    return v;
 }
 
-// The encoded output (16-bit ones in the low half) of element m of `word`,
-// stored column col0 + m of stored `row` in `slice`; its scale is
-// tile_scales[cache_at + m] with SCALE_CACHE.
-fn tile_code(word: u32, w: TileWord, m: u32, slice: u32, row: u32, col0: u32, cache_at: u32) -> u32 {
-    let mask = (1u << BITS) - 1u;
-    let sh = slot_of(m) * BITS;
-    var s = w.s;
-    var z = w.z;
-    if (!WORD_GROUPS) {
-        if (SCALED && SCALE_CACHE) {
-            s = tile_scales[cache_at + m];
-        } else if (SCALED) {
-            s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, tile_group(p.sgrid, col0 + m)), SKIND);
-        }
-        if (ZERO == ZERO_PLAIN) {
-            z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, tile_group(p.zgrid, col0 + m)), ZKIND);
-        }
-    }
-    if (ZERO == ZERO_PACKED_ALONG_COLS) {
-        z = code_value((w.zword >> sh) & mask);
-    }
-    return encode_out(fast_value((word >> sh) & mask, z, s, 0u, 0u));
+// The encoded output (16-bit ones in the low half) of element m of `word`.
+fn tile_out(word: u32, v: WordValues, m: u32) -> u32 {
+    let c = (word >> (slot_of(m) * BITS)) & ((1u << BITS) - 1u);
+    return encode_out(fast_value(c, v.z[m], v.s[m], 0u, 0u));
 }
 
-// Writes the n codes of `word` (a strided tile's: one output row, columns
-// col0 on) at output element o.
-fn tile_store_row(word: u32, n: u32, slice: u32, row: u32, col0: u32, o: u32) {
-    let w = tile_word(slice, row, col0);
+// Writes the codes of `word` (a strided tile's: one output row, columns col
+// on) at output element o, those below p.cols (even for 16-bit outputs): one
+// loop of constant length with a mask, since llvmpipe runs both paths of a
+// separate one for partial words (GPTQ ran 1.4x faster without it).
+fn tile_store_row(word: u32, v: WordValues, o: u32, col: u32) {
+    for (var m = 0u; m < PER; m = m + select(2u, 1u, OUT == OUT_F32)) {
+        if (col + m < p.cols) {
+            if (OUT == OUT_F32) {
+                dst[p.out_base + o + m] = tile_out(word, v, m);
+            } else {
+                dst[p.out_base + (o + m) / 2u] = tile_out(word, v, m) | (tile_out(word, v, m + 1u) << 16u);
+            }
+        }
+    }
+}
+
+// A strided run: words col0 / PER .. of output row (lane) r, output columns
+// col0 on.
+fn tile_strided(r: u32, col0: u32) {
+    let k = div_small(r, p.rows);
+    let slice = p.slice0 + k;
+    let row = r - k * p.rows;
+    let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits
+        + (col0 / PER) * p.codes.word_bits;
+    let o = (r - p.row0) * p.cols + col0;
+    let rg = row_groups(row);
+    let first = word_values(slice, rg, col0);
+    for (var j = 0u; j < RUN; j = j + 1u) {
+        let c = col0 + j * PER;
+        if (c < p.cols) {
+            let word = src[(pos + j * p.codes.word_bits) >> 5u];
+            var v = first;
+            if (!SHARED) {
+                v = word_values(slice, rg, c);
+            }
+            tile_store_row(word, v, o + j * PER, c);
+        }
+    }
+}
+
+// A transposed run: the code word of output rows r .. r + PER (those of the
+// chunk, below end) in output columns col .. col + RUN, which are stored rows
+// of `slice`.
+fn tile_transposed(r: u32, col: u32, end: u32) {
+    let k = div_small(r, p.rows);
+    let slice = p.slice0 + k;
+    let i0 = r - k * p.rows;
+    let pos = p.codes.base + slice * p.codes.slice_bits + col * p.codes.lane_bits
+        + (i0 / PER) * p.codes.word_bits;
+    // Stored row col + j's groups, stepped along the run.
+    var rg = row_groups(col);
+    let first = word_values(slice, rg, i0);
+    // Output word of row r + m: o0 + m · step, in wrapping arithmetic (r may
+    // lie below p.row0; the rows written do not).
     if (OUT == OUT_F32) {
-        for (var m = 0u; m < n; m = m + 1u) {
-            dst[p.out_base + o + m] = tile_code(word, w, m, slice, row, col0, 0u);
+        let o0 = p.out_base + (r - p.row0) * p.cols + col;
+        for (var j = 0u; j < RUN; j = j + 1u) {
+            if (col + j < p.cols) {
+                let w = src[(pos + j * p.codes.lane_bits) >> 5u];
+                var v = first;
+                if (!SHARED) {
+                    v = word_values(slice, rg, i0);
+                    rg = next_row(rg);
+                }
+                for (var m = 0u; m < PER; m = m + 1u) {
+                    if (r + m >= p.row0 && r + m < end) {
+                        dst[o0 + m * p.cols + j] = tile_out(w, v, m);
+                    }
+                }
+            }
         }
         return;
     }
-    // n is even: the column count is.
-    for (var m = 0u; m < n; m = m + 2u) {
-        let lo = tile_code(word, w, m, slice, row, col0, 0u);
-        let hi = tile_code(word, w, m + 1u, slice, row, col0, 0u);
-        dst[p.out_base + (o + m) / 2u] = lo | (hi << 16u);
+    // 16-bit outputs pair columns col + j, col + j + 1 (columns and col are
+    // even).
+    let half = p.cols / 2u;
+    let o0 = p.out_base + (r - p.row0) * half + col / 2u;
+    for (var j = 0u; j < RUN; j = j + 2u) {
+        if (col + j < p.cols) {
+            let w0 = src[(pos + j * p.codes.lane_bits) >> 5u];
+            let w1 = src[(pos + (j + 1u) * p.codes.lane_bits) >> 5u];
+            var v0 = first;
+            var v1 = first;
+            if (!SHARED) {
+                v0 = word_values(slice, rg, i0);
+                v1 = word_values(slice, next_row(rg), i0);
+                rg = next_row(next_row(rg));
+            }
+            for (var m = 0u; m < PER; m = m + 1u) {
+                if (r + m >= p.row0 && r + m < end) {
+                    dst[o0 + m * half + j / 2u] = tile_out(w0, v0, m) | (tile_out(w1, v1, m) << 16u);
+                }
+            }
+        }
     }
 }
 
@@ -811,12 +933,12 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
     // Rows count from the start of slice p.slice0; this chunk's are
     // row0..end. Transposed tiles start on a code word (PER rows).
-    var tile_rows = TILE_RUN;
-    var tile_cols = TILE_RUNS * PER;
+    var tile_rows = TILE_LANES;
+    var tile_cols = TILE_RUNS * RUN * PER;
     var first = p.row0;
     if (PACK == PACK_TRANSPOSED) {
-        tile_rows = TILE_RUN * PER;
-        tile_cols = TILE_RUNS;
+        tile_rows = TILE_LANES * PER;
+        tile_cols = TILE_RUNS * RUN;
         first = p.row0 - p.row0 % PER;
     }
     let col_tiles = (p.cols + tile_cols - 1u) / tile_cols;
@@ -824,146 +946,24 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let c0 = (g - rt * col_tiles) * tile_cols;
     let t0 = first + rt * tile_rows;
     let end = p.row0 + p.fast_rows;
-    if (t0 >= end) {
-        return;
-    }
-
-    // Read: consecutive invocations on consecutive code words, word a of
-    // run b into tile_words[a * TILE_PITCH + b].
-    for (var q = li; q < TILE_WORDS; q = q + WG) {
-        let a = q % TILE_RUN;
-        let b = q / TILE_RUN;
-        var pos: u32;
-        var inside: bool;
+    // Consecutive invocations on consecutive runs: each SIMD batch of them
+    // (llvmpipe's 8 lanes) writes whole cache lines of output rows, instead
+    // of touching lines 4 KiB apart that other batches complete later.
+    for (var q = li; q < TILE_LANES * TILE_RUNS; q = q + WG) {
+        let a = q / TILE_RUNS;
+        let b = q % TILE_RUNS;
         if (PACK == PACK_TRANSPOSED) {
-            // Run b is stored row (output column) c0 + b; word a holds output
-            // rows t0 + a·PER on.
             let r = t0 + a * PER;
-            let col = c0 + b;
-            inside = r < end && col < p.cols;
-            let k = div_small(r, p.rows);
-            let i0 = r - k * p.rows;
-            pos = p.codes.base + (p.slice0 + k) * p.codes.slice_bits + col * p.codes.lane_bits
-                + (i0 / PER) * p.codes.word_bits;
+            let col = c0 + b * RUN;
+            if (r < end && col < p.cols) {
+                tile_transposed(r, col, end);
+            }
         } else {
-            // Run b is the code word of output columns c0 + b·PER on; word a
-            // is output row (lane) t0 + a.
             let r = t0 + a;
-            let col0 = c0 + b * PER;
-            inside = r < end && col0 < p.cols;
-            let k = div_small(r, p.rows);
-            pos = p.codes.base + (p.slice0 + k) * p.codes.slice_bits
-                + (r - k * p.rows) * p.codes.lane_bits + (col0 / PER) * p.codes.word_bits;
-        }
-        if (inside) {
-            tile_words[a * TILE_PITCH + b] = src[pos >> 5u];
-        }
-    }
-    // The tile's scales, once per stored column and row group (uniform
-    // across the workgroup: it depends on the tile only).
-    var rg0 = 0u;
-    if (SCALE_CACHE) {
-        let span = TILE_RUN * PER;
-        rg0 = div_small(c0, p.sgrid.row_div);
-        let last = min(c0 + TILE_RUNS, p.cols) - 1u;
-        let groups = div_small(last, p.sgrid.row_div) - rg0 + 1u;
-        for (var q = li; q < groups * span; q = q + WG) {
-            let rg = q / span;
-            let j = q - rg * span;
-            let r = t0 + (j / PER) * PER;
-            if (r < end) {
-                let k = div_small(r, p.rows);
-                let slice = p.slice0 + k;
-                let col = r - k * p.rows + j % PER;
-                tile_scales[q] = value_as(p.sgrid, slice * p.sgrid.slice_stride
-                    + (rg0 + rg) * p.sgrid.row_stride + tile_group(p.sgrid, col), SKIND);
-            }
-        }
-    }
-    workgroupBarrier();
-
-    // Decode and write: consecutive invocations on consecutive runs, so on
-    // consecutive output words of one output row.
-    if (PACK == PACK_STRIDED) {
-        for (var q = li; q < TILE_WORDS; q = q + WG) {
-            let b = q % TILE_RUNS;
-            let a = q / TILE_RUNS;
-            let r = t0 + a;
-            let col0 = c0 + b * PER;
+            let col0 = c0 + b * RUN * PER;
             if (r < end && col0 < p.cols) {
-                let k = div_small(r, p.rows);
-                let word = tile_words[a * TILE_PITCH + b];
-                let n = min(PER, p.cols - col0);
-                let o = (r - p.row0) * p.cols + col0;
-                // A whole word (nearly always) takes a loop of constant length.
-                if (n == PER) {
-                    tile_store_row(word, PER, p.slice0 + k, r - k * p.rows, col0, o);
-                } else {
-                    tile_store_row(word, n, p.slice0 + k, r - k * p.rows, col0, o);
-                }
+                tile_strided(r, col0);
             }
-        }
-        return;
-    }
-    // Transposed: a word is PER output rows of one column; 16-bit outputs
-    // pair the words of two neighbouring columns.
-    let pair = select(2u, 1u, OUT == OUT_F32);
-    for (var q = li; q < TILE_WORDS / pair; q = q + WG) {
-        let b = (q % (TILE_RUNS / pair)) * pair;
-        let a = q / (TILE_RUNS / pair);
-        let r = t0 + a * PER;
-        let col = c0 + b;
-        if (r < end && col < p.cols) {
-            let k = div_small(r, p.rows);
-            let slice = p.slice0 + k;
-            let i0 = r - k * p.rows;
-            var at0 = 0u;
-            var at1 = 0u;
-            if (SCALE_CACHE) {
-                let span = TILE_RUN * PER;
-                at0 = (div_small(col, p.sgrid.row_div) - rg0) * span + a * PER;
-                at1 = (div_small(col + 1u, p.sgrid.row_div) - rg0) * span + a * PER;
-                if (PAIR_SHARED) {
-                    at1 = at0;
-                }
-            }
-            tile_store_col(a, b, r, col, slice, i0, at0, at1, end);
-        }
-    }
-}
-
-// Writes the chunk's output rows among r .. r + PER (below end) of column
-// `col` (and col + 1 for 16-bit outputs) from the tile's word a of run b
-// (and b + 1): stored row col of `slice` from stored column i0 on, scales
-// at at0 (at1) in tile_scales with SCALE_CACHE.
-fn tile_store_col(a: u32, b: u32, r: u32, col: u32, slice: u32, i0: u32, at0: u32, at1: u32,
-    end: u32) {
-    let w0 = tile_words[a * TILE_PITCH + b];
-    let s0 = tile_word(slice, col, i0);
-    // Output word of row r + m: o0 + m · step, in wrapping arithmetic (r
-    // may lie below p.row0; the rows written do not).
-    if (OUT == OUT_F32) {
-        let o0 = p.out_base + (r - p.row0) * p.cols + col;
-        for (var m = 0u; m < PER; m = m + 1u) {
-            if (r + m >= p.row0 && r + m < end) {
-                dst[o0 + m * p.cols] = tile_code(w0, s0, m, slice, col, i0, at0);
-            }
-        }
-        return;
-    }
-    let w1 = tile_words[a * TILE_PITCH + b + 1u];
-    var s1 = s0;
-    if (!PAIR_SHARED) {
-        s1 = tile_word(slice, col + 1u, i0);
-    }
-    // Columns and col are even.
-    let half = p.cols / 2u;
-    let o0 = p.out_base + (r - p.row0) * half + col / 2u;
-    for (var m = 0u; m < PER; m = m + 1u) {
-        if (r + m >= p.row0 && r + m < end) {
-            let lo = tile_code(w0, s0, m, slice, col, i0, at0);
-            let hi = tile_code(w1, s1, m, slice, col + 1u, i0, at1);
-            dst[o0 + m * half] = lo | (hi << 16u);
         }
     }
 }

@@ -607,6 +607,8 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
         vec![("ZERO", named("ZERO_PLAIN")), ("WORD_GROUPS", 0)],
         vec![("SCALED", 0)],
         vec![("INTERLEAVED", 1)],
+        vec![("SHARED", 1)],
+        vec![("ZERO", named("ZERO_PACKED_ALONG_COLS")), ("SHARED", 1)],
         vec![("COPY", 1)],
         vec![("WG", 64)],
     ];
@@ -614,17 +616,18 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
     for bits in [4, 8] {
         for pack in prefixed("PACK_") {
             // layout::Tile::runs.
-            let (run, runs) = if pack == named("PACK_TRANSPOSED") {
-                (8, 128)
+            let (run, lanes, runs) = if pack == named("PACK_TRANSPOSED") {
+                (32, 16, 16)
             } else {
-                (32, 32)
+                (16, 16, 16)
             };
             for code in prefixed("CODE_") {
                 for out in prefixed("OUT_") {
                     let base = [
                         ("BITS", bits),
                         ("PACK", pack),
-                        ("TILE_RUN", run),
+                        ("RUN", run),
+                        ("TILE_LANES", lanes),
                         ("TILE_RUNS", runs),
                         ("CODE", code),
                         ("OUT", out),

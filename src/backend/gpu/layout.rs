@@ -72,6 +72,10 @@ shader_enum! {
         /// One byte indexing a table, times an outer factor, plus an
         /// offset ([`crate::job::Nested`]).
         Nested = 6 as GRID_NESTED,
+        /// A [`GridKind::Table`] that is [`numerics::e8m0`]'s (MX scales),
+        /// computed from the byte: one read instead of two. Only as the
+        /// fast kernels' `SKIND`, `ZKIND` ([`GridKind::fast`]).
+        E8m0 = 7 as GRID_E8M0,
     }
 }
 
@@ -132,12 +136,6 @@ shader_enum! {
         Strided = 1 as PACK_STRIDED,
     }
 }
-
-/// Words of the tile kernel's workgroup array `tile_words` (decode.wgsl):
-/// what `TILE_RUN · (TILE_RUNS + 1)` of every [`Pack`]'s tile stays within
-/// (checked by a test).
-#[cfg(test)]
-const TILE_LEN: u32 = 1056;
 
 /// `Params::gidx` of a job without g_idx (`NO_G_IDX` in decode.wgsl).
 pub(super) const NO_G_IDX: u32 = u32::MAX;
@@ -263,8 +261,8 @@ pub(super) enum Kernel {
     Generic,
     /// One code word per invocation.
     Fast(Fast),
-    /// Codes packed along the input dimension: one output tile per
-    /// workgroup, transposed through workgroup memory (`fast_t`).
+    /// Codes packed along the input dimension: a run of code words per
+    /// invocation, one output tile per workgroup (`fast_t`).
     Tile(Tile),
 }
 
@@ -287,13 +285,9 @@ pub(super) struct Tile {
     pub interleaved: bool,
     /// `WORD_GROUPS`: one scale and zero-point group per code word.
     pub word_groups: bool,
-    /// `SCALE_CACHE`: a transposed tile's scales (groups not of whole
-    /// words) loaded once per tile into workgroup memory.
-    pub scale_cache: bool,
-    /// `PAIR_SHARED`: a transposed 16-bit tile's stored rows col and
-    /// col + 1 (col even) always share their row group on the scale and
-    /// plain zero-point grids, so one lookup serves both.
-    pub pair_shared: bool,
+    /// `SHARED`: the words of an invocation's run share every scale and
+    /// zero point code by code ([`Tile::for_job`] checks the grids).
+    pub shared: bool,
     /// `GIDX`: groups come from the job's g_idx.
     pub gidx: bool,
     /// `SKIND`, `ZKIND`: how the scale and plain zero-point grids are
@@ -440,9 +434,9 @@ impl Fast {
             zero: ZeroMode::of(job.zero.as_ref()),
             scaled: job.scale.is_some(),
             low_rank: LowRankMode::of(job.low_rank.as_ref()),
-            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::fast),
             zkind: match &job.zero {
-                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                Some(ZeroPoint::Plain(z)) => GridKind::fast(z),
                 _ => GridKind::Bf16,
             },
             high_first: c.high_first,
@@ -499,36 +493,60 @@ impl GridKind {
             ValueKind::Nested(_) => GridKind::Nested,
         }
     }
+
+    /// How the fast and tile kernels read `v`'s entries: as stored, or by
+    /// formula where a table is e8m0's (NaN for NaN).
+    fn fast(v: &Values<'_>) -> GridKind {
+        match &v.kind {
+            ValueKind::Table(t)
+                if t.iter().zip(0..=u8::MAX).all(|(&x, b)| {
+                    let want = numerics::e8m0(b);
+                    x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan())
+                }) =>
+            {
+                GridKind::E8m0
+            }
+            _ => GridKind::of(v),
+        }
+    }
 }
 
 impl Tile {
-    /// Code words per run read at once and runs per tile (`TILE_RUN`,
-    /// `TILE_RUNS`): runs of 16 bytes down a transposed tile's stored rows
-    /// (512 words a tile: llvmpipe ran AutoAWQ faster than with 1024 or
-    /// 256), of 128 across a strided one's lanes (1024 words a tile, four
-    /// per invocation of 256: one barrier for four words, which llvmpipe
-    /// runs faster than 256-word tiles), within [`TILE_LEN`].
-    pub(super) fn runs(&self) -> (u32, u32) {
-        match self.pack {
-            Pack::Transposed => (4, 128),
-            Pack::Strided => (32, 32),
+    /// Code words an invocation decodes, and its tile's runs along the
+    /// words' other axis and along the run (`RUN`, `TILE_LANES`,
+    /// `TILE_RUNS`).
+    pub(super) fn runs(&self) -> (u32, u32, u32) {
+        Self::geometry(self.pack)
+    }
+
+    /// [`Tile::runs`] of each [`Pack`]: 256 runs a tile, so that a
+    /// workgroup of 256 takes a tile in one pass. Long runs spread an
+    /// invocation's fixed costs (and AutoAWQ's 8 scale lookups) over more
+    /// words: on llvmpipe runs of 32 transposed words (16 strided, 128
+    /// 4-bit columns: GPTQ's usual group) ran 1.4x faster than runs of
+    /// 8 (4), and 64 (32) no faster, while the tile shape mattered little
+    /// once a SIMD batch's writes fill whole lines.
+    fn geometry(pack: Pack) -> (u32, u32, u32) {
+        match pack {
+            Pack::Transposed => (32, 16, 16),
+            Pack::Strided => (16, 16, 16),
         }
     }
 
     /// Output rows and columns of one tile.
     pub(super) fn size(&self) -> (u32, u32) {
-        let (run, runs) = self.runs();
+        let (run, lanes, runs) = self.runs();
         let per = 32 / self.bits;
         match self.pack {
-            Pack::Transposed => (run * per, runs),
-            Pack::Strided => (run, runs * per),
+            Pack::Transposed => (lanes * per, runs * run),
+            Pack::Strided => (lanes, runs * run * per),
         }
     }
 
     /// The constants as wgpu takes them.
     pub(super) fn constants(&self) -> [(&'static str, f64); 16] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        let (run, runs) = self.runs();
+        let (run, lanes, runs) = self.runs();
         [
             ("BITS", self.bits as f64),
             ("CODE", self.code as u32 as f64),
@@ -538,12 +556,12 @@ impl Tile {
             ("PACK", self.pack as u32 as f64),
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
-            ("SCALE_CACHE", flag(self.scale_cache)),
-            ("PAIR_SHARED", flag(self.pair_shared)),
+            ("SHARED", flag(self.shared)),
             ("GIDX", flag(self.gidx)),
             ("SKIND", self.skind as u32 as f64),
             ("ZKIND", self.zkind as u32 as f64),
-            ("TILE_RUN", run as f64),
+            ("RUN", run as f64),
+            ("TILE_LANES", lanes as f64),
             ("TILE_RUNS", runs as f64),
             ("COPY", flag(self.copy)),
         ]
@@ -610,28 +628,28 @@ impl Tile {
                 Some(ZeroPoint::Plain(z)) => whole_words(z),
                 _ => true,
             };
-        // The row groups that a transposed tile's stored rows (TILE_RUNS,
-        // `runs().1`) span at most, times its stored columns, fit the
-        // shader's tile_scales (512 entries).
+        // A run's words share their lookups when every grid they read puts
+        // the run in one group: transposed runs are RUN stored rows (from a
+        // multiple of RUN), whose zero points packed along columns sit in
+        // the scale grid's row groups; strided runs are RUN · per stored
+        // columns, each word with its own zero-point word.
         let stored_rows = job.stored_dims().rows.max(1);
-        let scale_cache = pack == Pack::Transposed
-            && !word_groups
-            && job.scale.as_ref().is_some_and(|v| {
-                let rd = v.grid.row_div.clamp(1, stored_rows);
-                let groups = (stored_rows.min(128) - 1) / rd + 2;
-                groups * 8 * per as usize <= 512
-            });
-        // Rows col and col + 1 (col even) of a grid fall in one row group
-        // when its groups are an even number of rows or hold them all.
-        let pairs = |v: &Values<'_>| {
-            let rd = v.grid.row_div.max(1);
-            rd.is_multiple_of(2) || rd >= stored_rows
+        let run = Self::geometry(pack).0 as usize;
+        let holds = |v: &Values<'_>| match pack {
+            Pack::Transposed => {
+                let rd = v.grid.row_div.max(1);
+                rd.is_multiple_of(run) || rd >= stored_rows
+            }
+            Pack::Strided => {
+                let cd = v.grid.col_div;
+                cd.is_multiple_of(run * per as usize) || cd >= stored_cols
+            }
         };
-        let pair_shared = pack == Pack::Transposed
-            && out != OutKind::F32
-            && job.scale.as_ref().is_none_or(pairs)
+        let shared = (pack == Pack::Transposed || word_groups)
+            && job.scale.as_ref().is_none_or(holds)
             && match &job.zero {
-                Some(ZeroPoint::Plain(z)) => pairs(z),
+                Some(ZeroPoint::Plain(z)) => holds(z),
+                Some(ZeroPoint::PackedAlongCols { .. }) => pack == Pack::Transposed,
                 _ => true,
             };
         Some(Tile {
@@ -643,12 +661,11 @@ impl Tile {
             pack,
             interleaved: c.interleaved,
             word_groups,
-            scale_cache,
-            pair_shared,
+            shared,
             gidx: job.g_idx.is_some(),
-            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::of),
+            skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::fast),
             zkind: match &job.zero {
-                Some(ZeroPoint::Plain(z)) => GridKind::of(z),
+                Some(ZeroPoint::Plain(z)) => GridKind::fast(z),
                 _ => GridKind::Bf16,
             },
             copy: false,
@@ -1206,8 +1223,7 @@ mod tests {
             pack: Pack::Transposed,
             interleaved: true,
             word_groups: false,
-            scale_cache: true,
-            pair_shared: true,
+            shared: true,
             gidx: false,
             skind: GridKind::F16,
             zkind: GridKind::Bf16,
@@ -1231,50 +1247,6 @@ mod tests {
                 "decode.wgsl has no compute entry point {}",
                 kernel.entry_point()
             );
-        }
-    }
-
-    /// The tile kernel's workgroup array holds [`TILE_LEN`] words, and every
-    /// tile the host picks fits it in whole code words.
-    #[test]
-    fn tiles_fit_the_workgroup_array() {
-        let module = shader();
-        let tile = module
-            .global_variables
-            .iter()
-            .find(|(_, g)| g.name.as_deref() == Some("tile_words"))
-            .expect("var<workgroup> tile_words")
-            .1;
-        assert_eq!(tile.space, naga::AddressSpace::WorkGroup);
-        match module.types[tile.ty].inner {
-            naga::TypeInner::Array {
-                size: naga::ArraySize::Constant(n),
-                ..
-            } => assert_eq!(n.get(), TILE_LEN, "tile length, host vs decode.wgsl"),
-            ref t => panic!("tile is {t:?}"),
-        }
-        for pack in [Pack::Transposed, Pack::Strided] {
-            for bits in [4, 8] {
-                let tile = Tile {
-                    bits,
-                    code: CodeKind::Table,
-                    out: OutKind::F32,
-                    zero: ZeroMode::None,
-                    scaled: false,
-                    pack,
-                    interleaved: false,
-                    word_groups: true,
-                    scale_cache: false,
-                    pair_shared: false,
-                    gidx: false,
-                    skind: GridKind::Bf16,
-                    zkind: GridKind::Bf16,
-                    copy: false,
-                };
-                let (run, runs) = tile.runs();
-                assert!(run * (runs + 1) <= TILE_LEN, "{pack:?}");
-                assert!(runs % 2 == 0, "{pack:?}: 16-bit outputs pair runs");
-            }
         }
     }
 

@@ -108,8 +108,16 @@ pub fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
         2 => ValueKind::F32,
         3 => {
             let mut t = Box::new([0f32; 256]);
-            for v in t.iter_mut() {
-                *v = normal(rng, 10);
+            // Half of them MX's e8m0 (2^(b - 127), 2^-127 subnormal, 255
+            // NaN), which the fast kernels compute instead of reading.
+            let e8m0 = rng.below(2) == 0;
+            for (b, v) in t.iter_mut().enumerate() {
+                *v = match b {
+                    _ if !e8m0 => normal(rng, 10),
+                    0 => f32::from_bits(1 << 22),
+                    255 => f32::NAN,
+                    _ => f32::from_bits((b as u32) << 23),
+                };
             }
             ValueKind::Table(t)
         }
@@ -434,7 +442,18 @@ impl RandomJob {
         if !strided && rng.below(4) != 0 {
             d.cols = d.cols.next_multiple_of(per);
         }
-        let r = RandomJob::new(rng, d, sizes);
+        let mut r = RandomJob::new(rng, d, sizes);
+        // Now and then row groups of whole transposed runs (32 stored rows,
+        // layout::Tile::geometry), whose words share their scale and zero
+        // point lookups in the tile kernel, as AutoAWQ's groups of 128 do.
+        if !strided && rng.below(3) == 0 {
+            if let Some((grid, _)) = &mut r.scale {
+                grid.row_div *= 32;
+            }
+            if let ZeroSpec::Plain { grid, .. } = &mut r.zero {
+                grid.row_div *= 32;
+            }
+        }
         let padded = rng.below(2) == 0;
         let per_word = if padded { per as u32 } else { 0 };
         let interleaved = padded && rng.below(2) == 0;
