@@ -31,6 +31,9 @@ enum Gather {
     /// Transposed 4-bit AutoAWQ words: a band's codes are transposed into
     /// straight rows of nibbles.
     Awq,
+    /// Slices of two rows whose codes share bytes, the first row's in the
+    /// low nibbles (ModelOpt's INT4 AWQ): split into two straight rows.
+    Pairs,
 }
 
 /// How a row is decoded through tables.
@@ -85,6 +88,11 @@ impl Rows {
             (false, true) => Gather::InPlace,
             // Gathered codes are read LSB first.
             (false, false) if whole && !f.high_first => Gather::Words,
+            // ModelOpt's INT4 AWQ: a byte holds column c of two rows.
+            (false, false) if f.bits == 4 && f.per_word == 1 && f.word_bits == 8 && f.lane_bits == 4 => {
+                let pairs = job.dims.rows == 2 && f.slice_bits == job.dims.cols as u64 * 8;
+                (pairs && !f.high_first && job.g_idx.is_none()).then_some(Gather::Pairs)?
+            }
             (true, true) if f.bits == 4 && f.per_word == 8 && f.interleaved => {
                 let aligned = f.lane_bits.is_multiple_of(32) && f.slice_bits.is_multiple_of(8);
                 (aligned && job.g_idx.is_none()).then_some(Gather::Awq)?
@@ -159,7 +167,8 @@ impl Rows {
             // fetches together).
             Gather::Words => 32,
             // One line of each input: 16 word columns.
-            _ => 128,
+            Gather::Awq => 128,
+            Gather::Pairs | Gather::InPlace => 2,
         }
     }
 
@@ -244,6 +253,15 @@ impl Rows {
                     }
                 }
                 Fields::dense(&buf[first * row..], 4, row as u64 * 8)
+            }
+            Gather::Pairs => {
+                // The slice's bytes, one per column: lane 0's codes in the
+                // low nibbles, lane 1's in the high ones.
+                let row = cols.div_ceil(2) + PAD;
+                grow(buf, 2 * row);
+                let (lo, hi) = buf.split_at_mut(row);
+                simd::split_nibbles(&data[base..base + cols], &mut lo[..cols.div_ceil(2)], &mut hi[..cols.div_ceil(2)]);
+                Fields::dense(&buf[rows.start * row..], 4, row as u64 * 8)
             }
             _ => {
                 let words = (cols as u64 * f.bits as u64).div_ceil(32) as usize;

@@ -180,6 +180,25 @@ pub(super) fn gather_awq(
     }
 }
 
+/// Splits bytes holding two 4-bit codes each into two rows of codes two to a
+/// byte (low nibble first): the low nibbles of `src` into `lo`, the high
+/// ones into `hi` (each `src.len().div_ceil(2)` bytes).
+pub(super) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_ssse3() {
+            // SAFETY: the CPU has SSSE3 (checked just above).
+            done = unsafe { x86::split_nibbles(src, lo, hi) };
+        }
+    }
+    for (k, pair) in src[done..].chunks(2).enumerate() {
+        let (a, b) = (pair[0], pair.get(1).copied().unwrap_or(0));
+        lo[done / 2 + k] = a & 15 | b << 4;
+        hi[done / 2 + k] = a >> 4 | b & 0xF0;
+    }
+}
+
 /// Hints the CPU to fetch the cache lines of `data[range]` for writing
 /// (nothing on other CPUs): for outputs written a few bytes per row across
 /// many rows, too many streams for the hardware to fetch ahead.
@@ -411,6 +430,23 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// See `super::split_nibbles`: 16 bytes at a time; returns how many.
+    #[target_feature(enable = "ssse3")]
+    pub(super) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) -> usize {
+        let (nibble, pack) = (_mm_set1_epi8(0x0F), _mm_set1_epi16(0x1001));
+        let blocks = src.len() / 16;
+        for (k, c) in src.chunks_exact(16).enumerate() {
+            let v = load(super::slice16(c, 0));
+            // Each pair of bytes' nibbles as one byte: a + 16·b.
+            let l = _mm_maddubs_epi16(_mm_and_si128(v, nibble), pack);
+            let h = _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), nibble), pack);
+            let b = bytes(_mm_packus_epi16(l, h));
+            lo[8 * k..8 * k + 8].copy_from_slice(&b[..8]);
+            hi[8 * k..8 * k + 8].copy_from_slice(&b[8..]);
+        }
+        16 * blocks
     }
 
     /// The table planes as registers.
@@ -766,6 +802,24 @@ mod tests {
     fn nibble_blocks_equal_the_lookup() {
         nibbles_equal_the_lookup::<2>();
         nibbles_equal_the_lookup::<4>();
+    }
+
+    #[test]
+    fn split_nibbles_equal_the_field_order() {
+        let mut rng = fastrand::Rng::with_seed(17);
+        for len in [1usize, 15, 16, 33, 48] {
+            let src: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+            for vectors in [true, false] {
+                set_vector_kernels(vectors);
+                let (mut lo, mut hi) = (vec![0u8; len.div_ceil(2)], vec![0u8; len.div_ceil(2)]);
+                split_nibbles(&src, &mut lo, &mut hi);
+                for (c, &b) in src.iter().enumerate() {
+                    let at = |row: &[u8]| (row[c / 2] >> (4 * (c % 2))) & 15;
+                    assert_eq!((at(&lo), at(&hi)), (b & 15, b >> 4), "{len} bytes, column {c}, vectors {vectors}");
+                }
+            }
+            set_vector_kernels(true);
+        }
     }
 
     #[test]
