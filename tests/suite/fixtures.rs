@@ -24,9 +24,12 @@ fn every_fixture_default_dtype_matches_bf16_reference() {
 #[test]
 fn every_fixture_f32_matches_reference() {
     for case in CASES {
-        if case.starts_with("modelopt") || case.starts_with("bnb-") {
-            // ModelOpt's and bitsandbytes' f32 references are the f32
-            // products themselves.
+        if ["modelopt", "bnb-", "quark"]
+            .iter()
+            .any(|p| case.starts_with(p))
+        {
+            // ModelOpt's, bitsandbytes' and Quark's f32 references are the
+            // f32 products themselves.
             check_case(
                 case,
                 DtypeChoice::Fixed(OutDtype::F32),
@@ -96,7 +99,14 @@ fn modelopt_fp8_f16_matches_reference(backend: BackendChoice) {
 #[test]
 fn fp8_family_f32_matches_reference_on_gpu() {
     gpu_test(|_| {
-        for case in ["modelopt-fp8", "modelopt-int4-awq", "modelopt-w4a8-awq"] {
+        let cases = [
+            "modelopt-fp8",
+            "modelopt-int4-awq",
+            "modelopt-w4a8-awq",
+            "quark-fp8-per-channel",
+            "quark-mxfp4",
+        ];
+        for case in cases {
             check_case(
                 case,
                 DtypeChoice::Fixed(OutDtype::F32),
