@@ -1,28 +1,16 @@
 import json, sys, torch
 torch.set_num_threads(1)
 from safetensors.torch import load_file
+import decode_lib
 case = sys.argv[1]
 sd = load_file(f"{case}/model/model.safetensors")
 
 R = torch.load(f"{case}/quark_reference.pt")
-FP4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float32)
-
 def bits_eq(a, b):
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 def decode(prefix):
-    w = sd[prefix + ".weight"]; s = sd[prefix + ".weight_scale"]
-    if w.dtype == torch.float8_e4m3fn:
-        c = w.float(); sf = s.float()
-        if sf.dim() == 1: sf = sf[:, None]
-        return c * sf
-    if w.dtype == torch.uint8:  # mxfp4 packed
-        lo = FP4[(w & 0xF).long()]; hi = FP4[(w >> 4).long()]
-        codes = torch.stack([lo, hi], -1).reshape(w.shape[0], w.shape[1] * 2)
-        assert s.dtype == torch.uint8
-        sc = torch.exp2(s.float() - 127)
-        return (codes.reshape(w.shape[0], -1, 32) * sc[..., None]).reshape(codes.shape)
-    raise ValueError(w.dtype)
+    return decode_lib.decode(sd, prefix)
 
 for k in sorted(R["frozen"]):
     p = k[:-len(".weight")]

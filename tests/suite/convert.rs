@@ -576,16 +576,7 @@ fn orphan_input_scale_on_bf16_module_is_refused() {
     );
     // The same checkpoint dequantizes (the scale is an activation parameter):
     // only conversion has nowhere to put it.
-    let dense = tmp.path().join("dense");
-    let o = run(&[
-        "dequantize",
-        model.to_str().unwrap(),
-        "-o",
-        dense.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
-    ok(&o, "dequantize with orphan input_scale");
+    dequantize_ok(&model, "with orphan input_scale");
     convert_refused(&model, Rule::Ct005, &["lm_head.input_scale"]);
 }
 
@@ -922,7 +913,12 @@ fn nvfp4_awq_pre_quant_scales_are_refused() {
         },
     );
     convert_refused(&model, Rule::Ct005, &[&pqs]);
-    let dense = tmp.path().join("dense");
+    dequantize_ok(&model, "NVFP4_AWQ");
+}
+
+/// `dequantize` of `model` on the CPU succeeds (into a folder beside it).
+fn dequantize_ok(model: &Path, what: &str) {
+    let dense = model.with_file_name("dense");
     let o = run(&[
         "dequantize",
         model.to_str().unwrap(),
@@ -931,5 +927,5 @@ fn nvfp4_awq_pre_quant_scales_are_refused() {
         "--backend",
         "cpu",
     ]);
-    ok(&o, "dequantize NVFP4_AWQ");
+    ok(&o, &format!("dequantize {what}"));
 }
