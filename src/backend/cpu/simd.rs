@@ -601,6 +601,20 @@ mod x86 {
         high_first: bool,
     ) -> usize {
         let t = tables(planes);
+        // A half block: 16 codes through one shuffle (groups of 16: NVFP4).
+        let half = |c: &[u8], o: &mut [u8]| match (c.first_chunk::<8>(), o.get_mut(..16 * N)) {
+            (Some(c), Some(o)) => {
+                for (k, v) in lookup::<N>(&t, indices(c, high_first)).into_iter().take(N).enumerate() {
+                    // SAFETY: k < N, so 16·k + 16 ≤ 16·N = o.len() (unaligned store).
+                    unsafe { _mm_storeu_si128(o.as_mut_ptr().add(16 * k).cast(), v) };
+                }
+                16
+            }
+            _ => 0,
+        };
+        if out.len() < 32 * N {
+            return half(codes, out);
+        }
         let blocks = (codes.len() / 16).min(out.len() / (32 * N));
         for (c, o) in codes.chunks_exact(16).zip(out.chunks_exact_mut(32 * N)).take(blocks) {
             // The lines 512 outputs on, fetched for writing: the hardware
@@ -610,17 +624,7 @@ mod x86 {
             }
             segment::<N>(load(super::slice16(c, 0)), &t, high_first, o);
         }
-        // A last half block (groups of 16: NVFP4).
-        let (c, o) = (&codes[16 * blocks..], &mut out[32 * N * blocks..]);
-        match (c.first_chunk::<8>(), o.get_mut(..16 * N)) {
-            (Some(c), Some(o)) => {
-                for (k, v) in lookup::<N>(&t, indices(c, high_first)).into_iter().take(N).enumerate() {
-                    o[16 * k..16 * k + 16].copy_from_slice(&bytes(v));
-                }
-                blocks * 32 + 16
-            }
-            _ => blocks * 32,
-        }
+        blocks * 32 + half(&codes[16 * blocks..], &mut out[32 * N * blocks..])
     }
 
     /// See `super::transposed_block`: 8 lanes of 2-byte or 4 of 4-byte
