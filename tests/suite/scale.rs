@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use crate::common::cli::{error_line, ok, read_json, run, stderr, stdout};
-use crate::common::jobs::{for_random_jobs, GridSizes, RandomJob};
+use crate::common::jobs::{for_random_jobs, normal, GridSizes, RandomJob};
 use crate::common::producer::ScaleScheme;
 use crate::common::{
     copy_dir, ct_config, fixtures, read_dir_tensors, read_tensors, snapshot, write_checkpoint,
@@ -1424,6 +1424,108 @@ fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
     }
 }
 
+/// Rows smoothed by a factor per column (a rank-0 low-rank branch:
+/// ModelOpt's pre-quant scale) give the reference's bytes through the
+/// product tables: straight int4 rows with and without zero points, and
+/// ModelOpt's INT4 AWQ bytes of two rows, in every dtype; factors include a
+/// negative one, a subnormal one and ones that overflow f16.
+#[test]
+fn cpu_smoothed_rows_equal_reference() {
+    use std::sync::Arc;
+    use wgpu_dequant::job::{Fields, Grid, LowRank, Values};
+    let mut rng = Rng::new(0x5EED_0A11_7A57_0002);
+    for &(rows, cols, group) in &[
+        (6usize, 64usize, 32usize),
+        (8, 256, 128),
+        (10, 96, 48),
+        (4, 150, 64),
+    ] {
+        let groups = cols.div_ceil(group);
+        let codes: Vec<u8> = (0..rows * cols / 2 + 16)
+            .map(|_| rng.next() as u8)
+            .collect();
+        let scales: Vec<u8> = (0..rows * groups)
+            .flat_map(|i| if i == 1 { 0.0f32 } else { normal(&mut rng, 4) }.to_le_bytes())
+            .collect();
+        let factors: Arc<[f32]> = (0..cols)
+            .map(|c| match c {
+                0 => -1.5,
+                1 => f32::from_bits(3),
+                2 => 1.0e5,
+                _ => normal(&mut rng, 2),
+            })
+            .collect();
+        let grid = Grid {
+            row_div: 1,
+            col_div: group,
+            row_stride: groups,
+            slice_stride: 2 * groups,
+        };
+        let int4: Vec<f32> = (0..16)
+            .map(|c| if c < 8 { c } else { c - 16 } as f32)
+            .collect();
+        for (pairs, zero) in [(false, false), (false, true), (true, false)] {
+            for dtype in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+                let (dims, fields) = if pairs {
+                    let f = Fields::new(&codes[..], 4, 1, 4)
+                        .with_word_bits(8)
+                        .with_slice_bits(cols as u64 * 8);
+                    (
+                        Dims {
+                            slices: rows / 2,
+                            rows: 2,
+                            cols,
+                        },
+                        f,
+                    )
+                } else {
+                    (
+                        Dims {
+                            slices: 1,
+                            rows,
+                            cols,
+                        },
+                        Fields::dense(&codes[..], 4, cols as u64 * 4),
+                    )
+                };
+                let grid = if pairs {
+                    grid
+                } else {
+                    Grid {
+                        slice_stride: 0,
+                        ..grid
+                    }
+                };
+                let mut job = DecodeJob::new(dims, fields, int4.clone(), dtype)
+                    .with_scale(Values {
+                        data: scales.as_slice().into(),
+                        kind: ValueKind::F32,
+                        grid,
+                    })
+                    .with_low_rank(LowRank {
+                        rank: 0,
+                        up: Vec::new().into(),
+                        down: Vec::new().into(),
+                        inv_smooth: factors.clone(),
+                        smooth_first: true,
+                    });
+                if zero {
+                    let z = Values {
+                        data: scales.as_slice().into(),
+                        kind: ValueKind::F32,
+                        grid,
+                    };
+                    job = job.with_zero(ZeroPoint::Plain(z));
+                }
+                let what = format!("{rows}x{cols} g{group}, pairs {pairs}, zero {zero}, {dtype}");
+                let want = if pairs { Way::PackedRows } else { Way::Rows };
+                assert_eq!(way(&job), want, "{what}");
+                assert_cpu_equals_reference(&job, &mut rng, 4, &what);
+            }
+        }
+    }
+}
+
 /// The scalar loops that other CPUs run (aarch64, wasm32) give the same
 /// bytes: the random and packed-row checks again, the vector kernels off
 /// (tests running meanwhile take either; both give the same bytes).
@@ -1434,6 +1536,7 @@ fn cpu_scalar_loops_equal_reference() {
         cpu_table_rows_equal_reference_on_random_jobs();
         cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs();
         cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs();
+        cpu_smoothed_rows_equal_reference();
     });
     set_vector_kernels(true);
     if let Err(e) = checks {

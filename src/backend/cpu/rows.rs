@@ -51,6 +51,9 @@ pub(super) struct Rows {
     by_scale: Option<ByScale>,
     /// Rows sharing every entry (1 unless straight block scales).
     rows_per_entry: usize,
+    /// Each value is the table's f32 product times its column's factor
+    /// (the job's rank-0 low-rank smoothing), rounded once.
+    smoothing: bool,
 }
 
 /// One thread's reusable buffers: kept from task to task, as fresh ones
@@ -75,9 +78,19 @@ impl Rows {
     /// Tables pay off when a row holds more elements than its tables.
     pub(super) fn of(job: &DecodeJob<'_>) -> Option<Rows> {
         let f: &Fields<'_> = &job.codes;
-        if job.low_rank.is_some() {
-            return None;
-        }
+        // A rank-0 low-rank branch is a factor per column (ModelOpt's
+        // pre-quant scale), applied to the f32 products of the tables.
+        let smoothing = match &job.low_rank {
+            None => false,
+            Some(lr) => {
+                let simple = job.product_dtype().is_none() && job.post_scale.is_none() && !job.transposed;
+                let nibbles = f.bits == 4 && job.code_values.len() == 16;
+                if lr.rank != 0 || !simple || !nibbles || lr.inv_smooth.len() != job.dims.cols {
+                    return None;
+                }
+                true
+            }
+        };
         let whole = f.word_bits.is_multiple_of(32)
             && f.lane_bits.is_multiple_of(32)
             && f.slice_bits.is_multiple_of(8)
@@ -154,8 +167,9 @@ impl Rows {
             groups,
             gather,
             byte_packed: byte_packed || gather != Gather::InPlace,
-            by_scale,
+            by_scale: by_scale.filter(|_| !smoothing),
             rows_per_entry,
+            smoothing,
         })
     }
 
@@ -314,7 +328,14 @@ impl Rows {
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
         if let (true, 16) = (straight4, job.code_values.len()) {
             let tables = &mut s.t16;
-            if let Some(by) = &self.by_scale {
+            if let (true, Some(lr)) = (self.smoothing, &job.low_rank) {
+                if fresh {
+                    tables.clear();
+                    let entries = (0..self.groups).map(|g| self.entry(job, slice, row, g));
+                    Table16::products(job, entries, &mut |t| tables.push(t));
+                }
+                self.smoothed_row::<N>(job, codes, (cs, lane), out, (tables, &lr.inv_smooth));
+            } else if let Some(by) = &self.by_scale {
                 let grid = job.scale.as_ref().map(|v| v.grid);
                 let index = |g| grid.map_or(0, |grid| grid.index(slice, row, g));
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| by.at(job, index(g)));
@@ -365,6 +386,40 @@ impl Rows {
                     let e = tables[g * n + codes.get(cs, lane, col) as usize];
                     o.copy_from_slice(&e.to_le_bytes()[..N]);
                 }
+            }
+        }
+    }
+
+    /// The inner loop of a smoothed row: 4-bit codes two to a byte, entry
+    /// g's f32 products in `tables[g]`, each product times its column's
+    /// factor and rounded once (`DecodeJob::value` through a rank-0
+    /// `LowRank::apply`).
+    fn smoothed_row<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        f: &Fields<'_>,
+        (slice, lane): (usize, usize),
+        out: &mut [u8],
+        (tables, factors): (&[Table16], &[f32]),
+    ) {
+        let cols = out.len() / N;
+        let start = ((slice as u64 * f.slice_bits + lane as u64 * f.lane_bits) / 8) as usize;
+        let bytes = &f.data[start..start + cols.div_ceil(2)];
+        let hf = f.high_first;
+        for ((g, group_out), t) in out.chunks_mut(self.group_cols * N).enumerate().zip(tables) {
+            let first = g * self.group_cols;
+            let n = group_out.len() / N;
+            let done = if first.is_multiple_of(2) {
+                let factors = (&factors[first..first + n], hf);
+                simd::smoothed::<N>(&bytes[first / 2..], &t.planes, factors, group_out, job.out)
+            } else {
+                0
+            };
+            for (i, o) in group_out.chunks_exact_mut(N).enumerate().skip(done) {
+                let col = first + i;
+                let code = (bytes[col / 2] >> (((col % 2) ^ usize::from(hf)) * 4)) & 15;
+                let v = f32::from_bits(t.values[code as usize]) * factors[col];
+                job.out.encode(v, o);
             }
         }
     }

@@ -83,6 +83,30 @@ pub(super) fn tables16(
     false
 }
 
+/// Decodes whole 16-code blocks of `codes` (two per byte, low nibble first,
+/// or high first) through a table of f32 products (its byte `planes`),
+/// each times its column's factor in `factors`, rounded once to `out` (N
+/// bytes each); returns how many outputs were written (0 where the CPU
+/// lacks the instructions: f16 needs F16C).
+pub(super) fn smoothed<const N: usize>(
+    codes: &[u8],
+    planes: &[[u8; 16]; 4],
+    factors: (&[f32], bool),
+    dst: &mut [u8],
+    out: OutDtype,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_ssse3() && (out != OutDtype::F16 || std::arch::is_x86_feature_detected!("f16c")) {
+            // SAFETY: the CPU has SSSE3, and F16C where the output is f16
+            // (checked just above).
+            return unsafe { x86::smoothed::<N>(codes, planes, factors, dst, out) };
+        }
+    }
+    let _ = (codes, planes, factors, dst, out);
+    0
+}
+
 /// Decodes whole 32-code blocks of `codes` (two per byte, low nibble first,
 /// or high nibble first with `high_first`: bitsandbytes) through the table
 /// of byte `planes` into `out` (N bytes per output); returns how many
@@ -540,22 +564,9 @@ mod x86 {
         let by_byte = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         for &(zero, scale) in entries {
             let (z, s) = (_mm_set1_ps(zero), _mm_set1_ps(scale));
-            let r: [__m128i; 4] = std::array::from_fn(|q| {
-                let v = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(c[q], z), s), f);
-                let nan = _mm_castps_si128(_mm_cmpunord_ps(v, v));
-                let (bits, canonical) = match out {
-                    super::OutDtype::Bf16 => {
-                        let b = _mm_castps_si128(v);
-                        let odd = _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1));
-                        let up = _mm_add_epi32(_mm_add_epi32(b, _mm_set1_epi32(0x7FFF)), odd);
-                        (_mm_srli_epi32(up, 16), 0x7FC0)
-                    }
-                    // SAFETY: the caller checked F16C.
-                    super::OutDtype::F16 => (unsafe { half_bits(v) }, 0x7E00),
-                    super::OutDtype::F32 => (_mm_castps_si128(v), 0x7FC0_0000),
-                };
-                _mm_or_si128(_mm_andnot_si128(nan, bits), _mm_and_si128(nan, _mm_set1_epi32(canonical)))
-            });
+            // SAFETY: the caller checked F16C where the output is f16.
+            let r: [__m128i; 4] =
+                std::array::from_fn(|q| unsafe { encode(_mm_mul_ps(_mm_mul_ps(_mm_sub_ps(c[q], z), s), f), out) });
             let mut values = [0u32; 16];
             for (q, v) in r.iter().enumerate() {
                 let b = bytes(*v);
@@ -565,6 +576,67 @@ mod x86 {
             }
             each(values, transpose_4x4_32(r.map(|v| _mm_shuffle_epi8(v, by_byte))).map(|v| bytes(v)));
         }
+    }
+
+    /// Four f32 encoded as `numerics` does it, each in a 32-bit lane: round
+    /// to nearest even; NaN as the canonical 0x7FC0 / 0x7E00 / 0x7FC0_0000.
+    ///
+    /// # Safety
+    /// The CPU has F16C where `out` is f16.
+    #[inline]
+    #[target_feature(enable = "ssse3")]
+    unsafe fn encode(v: __m128, out: super::OutDtype) -> __m128i {
+        let nan = _mm_castps_si128(_mm_cmpunord_ps(v, v));
+        let (bits, canonical) = match out {
+            super::OutDtype::Bf16 => {
+                let b = _mm_castps_si128(v);
+                let odd = _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1));
+                let up = _mm_add_epi32(_mm_add_epi32(b, _mm_set1_epi32(0x7FFF)), odd);
+                (_mm_srli_epi32(up, 16), 0x7FC0)
+            }
+            // SAFETY: the caller has F16C (this function's contract).
+            super::OutDtype::F16 => (unsafe { half_bits(v) }, 0x7E00),
+            super::OutDtype::F32 => (_mm_castps_si128(v), 0x7FC0_0000),
+        };
+        _mm_or_si128(_mm_andnot_si128(nan, bits), _mm_and_si128(nan, _mm_set1_epi32(canonical)))
+    }
+
+    /// See `super::smoothed`: 16 codes a step.
+    ///
+    /// # Safety
+    /// The CPU has F16C where `out` is f16.
+    #[target_feature(enable = "ssse3")]
+    pub(super) unsafe fn smoothed<const N: usize>(
+        codes: &[u8],
+        planes: &[[u8; 16]; 4],
+        (factors, high_first): (&[f32], bool),
+        dst: &mut [u8],
+        out: super::OutDtype,
+    ) -> usize {
+        let t = tables(planes);
+        // The low 16 bits of each 32-bit lane, packed into the low half.
+        let low16 = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+        let blocks = (codes.len() / 8).min(factors.len() / 16).min(dst.len() / (16 * N));
+        let steps = codes.chunks_exact(8).zip(factors.chunks_exact(16)).zip(dst.chunks_exact_mut(16 * N));
+        for ((c, f), o) in steps.take(blocks) {
+            let c: &[u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!("8 bytes"));
+            let products = lookup::<4>(&t, indices(c, high_first));
+            let o = &mut o[..16 * N];
+            for (q, p) in products.into_iter().enumerate() {
+                let f: &[f32; 4] = f[4 * q..4 * q + 4].try_into().unwrap_or_else(|_| unreachable!("4 factors"));
+                // SAFETY: reads exactly the 16 bytes of `f` (unaligned load).
+                let f = unsafe { _mm_loadu_ps(f.as_ptr()) };
+                // SAFETY: the caller has F16C where `out` is f16.
+                let v = unsafe { encode(_mm_mul_ps(_mm_castsi128_ps(p), f), out) };
+                if N == 2 {
+                    let b = bytes(_mm_shuffle_epi8(v, low16));
+                    o[8 * q..8 * q + 8].copy_from_slice(&b[..8]);
+                } else {
+                    store(o, 16 * q, v);
+                }
+            }
+        }
+        16 * blocks
     }
 
     /// f32 → IEEE half bits, round to nearest even, each in a 32-bit lane.

@@ -28,7 +28,7 @@ impl Table16 {
     pub(super) fn new(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
         let mut table = None;
         Table16::extend(job, [(zero, scale)], &mut |t| table = Some(t));
-        table.unwrap_or_else(|| Table16::scalar(job, zero, scale))
+        table.unwrap_or_else(|| Table16::scalar(job, zero, scale, (job.post_scale, job.out)))
     }
 
     /// The tables of `entries` (zero point, scale), given to `each` in
@@ -39,8 +39,30 @@ impl Table16 {
         entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
         each: &mut impl FnMut(Table16),
     ) {
+        Table16::extend_as(job, (job.post_scale, job.out), entries, each)
+    }
+
+    /// The tables of the f32 products `(c − zero)·scale` themselves, for
+    /// jobs that multiply them by a factor per column before rounding (the
+    /// smoothing of a rank-0 [`crate::job::LowRank`]); no 16-bit product,
+    /// no post scale.
+    pub(super) fn products(
+        job: &DecodeJob<'_>,
+        entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
+        each: &mut impl FnMut(Table16),
+    ) {
+        Table16::extend_as(job, (None, OutDtype::F32), entries, each)
+    }
+
+    /// `extend` with its post scale and output dtype `how`.
+    fn extend_as(
+        job: &DecodeJob<'_>,
+        (post, out): (Option<f32>, OutDtype),
+        entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
+        each: &mut impl FnMut(Table16),
+    ) {
         let mut entries = entries.into_iter();
-        let how = (job.post_scale.unwrap_or(1.0), job.out);
+        let how = (post.unwrap_or(1.0), out);
         let codes = job.code_values.first_chunk::<16>().filter(|_| job.product_dtype().is_none());
         // An empty batch asks whether the kernel runs.
         if let Some(codes) = codes.filter(|c| simd::tables16(c, &[], how, &mut |_, _| {})) {
@@ -62,12 +84,13 @@ impl Table16 {
             }
         }
         for (zero, scale) in entries {
-            each(Table16::scalar(job, zero, scale));
+            each(Table16::scalar(job, zero, scale, (post, out)));
         }
     }
 
-    /// `new` without the vector kernel.
-    fn scalar(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
+    /// `new` without the vector kernel, with the post scale and output
+    /// dtype `how`.
+    fn scalar(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, how: (Option<f32>, OutDtype)) -> Table16 {
         let mut v: [f32; 16] = std::array::from_fn(|k| job.code_values.get(k).copied().unwrap_or(0.0));
         // Each step its own loop, without a branch inside: each vectorizes.
         if let Some(z) = zero {
@@ -79,12 +102,12 @@ impl Table16 {
             // A 16-bit product (job::Product): the job's own operations.
             (Some(_), _) => v.iter_mut().for_each(|v| *v = job.scaled(*v, scale)),
         }
-        if let Some(f) = job.post_scale {
+        if let Some(f) = how.0 {
             v.iter_mut().for_each(|v| *v *= f);
         }
         let mut values = [0u32; 16];
         let pairs = values.iter_mut().zip(&v);
-        match job.out {
+        match how.1 {
             OutDtype::Bf16 => pairs.for_each(|(t, &v)| *t = numerics::f32_to_bf16(v) as u32),
             OutDtype::F16 => pairs.for_each(|(t, &v)| *t = numerics::f32_to_f16(v) as u32),
             OutDtype::F32 => pairs.for_each(|(t, &v)| *t = numerics::f32_bits(v)),
