@@ -1,6 +1,6 @@
 //! Any bytes as `config.json` (compressed-tensors, FP8 block, AutoAWQ, GPTQ/AutoRound, GPT-OSS,
-//! bitsandbytes, compressed-tensors mxfp8, fbgemm_fp8) or
-//! `hf_quant_config.json` (ModelOpt NVFP4, FP8, MXFP8), beside a real checkpoint.
+//! bitsandbytes, compressed-tensors mxfp8, fbgemm_fp8, AMD Quark) or
+//! `hf_quant_config.json` (ModelOpt NVFP4, FP8, MXFP8, INT4 AWQ), beside a real checkpoint.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use wgpu_dequant_fuzz::{checkpoint_dir, exercise, fixtures};
@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    let dir = match which % 13 {
+    let dir = match which % 15 {
         0 => checkpoint_dir(&[("model.safetensors", fixtures::W4A16_ASYM), ("config.json", rest)]),
         1 => checkpoint_dir(&[("model.safetensors", fixtures::W3A16), ("config.json", rest)]),
         2 => checkpoint_dir(&[("model.safetensors", fixtures::FP8_BLOCK), ("config.json", rest)]),
@@ -22,6 +22,8 @@ fuzz_target!(|data: &[u8]| {
         9 => checkpoint_dir(&[("model.safetensors", fixtures::FP8_DYNAMIC), ("config.json", rest)]),
         10 => checkpoint_dir(&[("model.safetensors", fixtures::MODELOPT_FP8), ("hf_quant_config.json", rest)]),
         11 => checkpoint_dir(&[("model.safetensors", fixtures::CT_MXFP8), ("hf_quant_config.json", rest)]),
+        12 => checkpoint_dir(&[("model.safetensors", fixtures::MODELOPT_INT4_AWQ), ("hf_quant_config.json", rest)]),
+        13 => checkpoint_dir(&[("model.safetensors", fixtures::QUARK_MIXED), ("config.json", rest)]),
         _ => checkpoint_dir(&[("model.safetensors", fixtures::MODELOPT), ("hf_quant_config.json", rest)]),
     };
     exercise(&dir);

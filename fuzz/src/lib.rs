@@ -164,4 +164,9 @@ pub mod fixtures {
     pub const CT_MXFP8: &[u8] = fixture!("ct-mxfp8", "model.safetensors");
     /// fp8-dynamic's E4M3 weights with `[out, 1]` scales (fbgemm_fp8's layout).
     pub const FP8_DYNAMIC: &[u8] = fixture!("fp8-dynamic", "model.safetensors");
+    /// ModelOpt 0.47's own W4A16_AWQ export (codes two rows a byte,
+    /// pre-quant scales).
+    pub const MODELOPT_INT4_AWQ: &[u8] = fixture!("modelopt-int4-awq", "model.safetensors");
+    /// AMD Quark 0.13's own FP8 export with an MXFP4 layer override.
+    pub const QUARK_MIXED: &[u8] = fixture!("quark-mixed-exclude", "model.safetensors");
 }

@@ -813,3 +813,59 @@ fn modelopt_int4_awq_faults_are_refused_by_rule() {
         assert!(line.contains(&format!("{m}.{tensor}")), "{line}");
     }
 }
+
+/// The fuzz target `config` in small, on every run, over the producers' own
+/// files: ModelOpt's INT4 AWQ `hf_quant_config.json` and Quark's
+/// `config.json` with random bytes overwritten are refused in one line or
+/// decoded, never a panic.
+#[test]
+fn mutated_modelopt_and_quark_configs_never_panic() {
+    use crate::common::{caught, copy_dir, fixtures};
+    use wgpu_dequant::{BackendChoice, Model};
+    let mut rng = Rng::new(37);
+    for (case, file) in [
+        ("modelopt-int4-awq", "hf_quant_config.json"),
+        ("quark-mixed-exclude", "config.json"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        copy_dir(&fixtures().join(case).join("model"), tmp.path());
+        let valid = std::fs::read(tmp.path().join(file)).unwrap();
+        let (mut refused, mut decoded) = (0, 0);
+        for _ in 0..150 {
+            let mut text = valid.clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(text.len() as u64) as usize;
+                // Digits, quotes and structure more often than other bytes.
+                const PICKS: &[u8] = b"0123456789-.,:\"{}[]e _";
+                text[at] = if rng.below(2) == 0 {
+                    PICKS[rng.below(PICKS.len() as u64) as usize]
+                } else {
+                    rng.below(256) as u8
+                };
+            }
+            std::fs::write(tmp.path().join(file), &text).unwrap();
+            let out = caught(|| -> Result<(), wgpu_dequant::Error> {
+                let model = Model::open(tmp.path(), DtypeChoice::Auto)?;
+                for t in model.tensors() {
+                    model.decode(&t.name, BackendChoice::Cpu)?;
+                }
+                Ok(())
+            });
+            match out {
+                Err(p) => panic!(
+                    "{case} {file} {:?}: panicked: {p}",
+                    String::from_utf8_lossy(&text)
+                ),
+                Ok(Err(e)) => {
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                    refused += 1;
+                }
+                Ok(Ok(())) => decoded += 1,
+            }
+        }
+        assert!(
+            refused > 10 && decoded > 10,
+            "{case}: refused {refused}, decoded {decoded}"
+        );
+    }
+}
