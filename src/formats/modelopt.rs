@@ -243,12 +243,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             ckpt,
             quantized_modules(ckpt, "weight_scale", Dtype::F8_E4M3),
             &["weight", "weight_scale"],
-            |m| {
-                cfg.exclude_modules
-                    .iter()
-                    .any(|t| t.rank(m).is_some())
-                    .then_some("listed in exclude_modules but stored as FP8; decoded anyway")
-            },
+            |m| listed(m).then_some("listed in exclude_modules but stored as FP8; decoded anyway"),
             |m, _| plan_fp8(cfg, ckpt, m, dtype),
         );
     }
@@ -256,12 +251,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         ckpt,
         quantized_modules(ckpt, "weight_scale_2", Dtype::U8),
         &["weight", "weight_scale", "weight_scale_2", "pre_quant_scale"],
-        |m| {
-            cfg.exclude_modules
-                .iter()
-                .any(|t| t.rank(m).is_some())
-                .then_some("listed in exclude_modules but stored as NVFP4; decoded anyway")
-        },
+        |m| listed(m).then_some("listed in exclude_modules but stored as NVFP4; decoded anyway"),
         |m, _| plan_module(cfg, ckpt, m, dtype),
     )
 }

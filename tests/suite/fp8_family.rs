@@ -832,17 +832,7 @@ fn mutated_modelopt_and_quark_configs_never_panic() {
         let valid = std::fs::read(tmp.path().join(file)).unwrap();
         let (mut refused, mut decoded) = (0, 0);
         for _ in 0..150 {
-            let mut text = valid.clone();
-            for _ in 0..1 + rng.below(3) {
-                let at = rng.below(text.len() as u64) as usize;
-                // Digits, quotes and structure more often than other bytes.
-                const PICKS: &[u8] = b"0123456789-.,:\"{}[]e _";
-                text[at] = if rng.below(2) == 0 {
-                    PICKS[rng.below(PICKS.len() as u64) as usize]
-                } else {
-                    rng.below(256) as u8
-                };
-            }
+            let text = rng.mutate(&valid);
             std::fs::write(tmp.path().join(file), &text).unwrap();
             let out = caught(|| -> Result<(), wgpu_dequant::Error> {
                 let model = Model::open(tmp.path(), DtypeChoice::Auto)?;

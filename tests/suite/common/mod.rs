@@ -375,6 +375,22 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.0.u64(..n)
     }
+
+    /// `text` with one to three bytes overwritten: digits, quotes and JSON
+    /// structure as often as any other byte (what config fuzzing mutates).
+    pub fn mutate(&mut self, text: &[u8]) -> Vec<u8> {
+        const PICKS: &[u8] = b"0123456789-.,:\"{}[]e ";
+        let mut t = text.to_vec();
+        for _ in 0..1 + self.below(3) {
+            let at = self.below(t.len() as u64) as usize;
+            t[at] = if self.below(2) == 0 {
+                PICKS[self.below(PICKS.len() as u64) as usize]
+            } else {
+                self.below(256) as u8
+            };
+        }
+        t
+    }
 }
 
 /// The reference checkpoints in tests/fixtures.
