@@ -25,7 +25,7 @@ use crate::job::DecodeJob;
 mod rows;
 mod simd;
 #[cfg(feature = "testing")]
-pub use simd::set_vector_kernels;
+pub use simd::{set_vector_kernels, set_wide_kernels};
 mod table;
 mod tiles;
 

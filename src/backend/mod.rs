@@ -16,7 +16,7 @@ use std::pin::Pin;
 
 pub use cpu::{way, Cpu, Way};
 #[cfg(feature = "testing")]
-pub use cpu::set_vector_kernels;
+pub use cpu::{set_vector_kernels, set_wide_kernels};
 pub use select::{select, select_async, BackendChoice};
 #[cfg(feature = "testing")]
 pub use select::Fallback;

@@ -19,11 +19,11 @@ use crate::common::{
     write_json, Rng, Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
-use wgpu_dequant::backend::{set_vector_kernels, way, Backend, Cpu, Way};
+use wgpu_dequant::backend::{set_vector_kernels, set_wide_kernels, way, Backend, Cpu, Way};
 use wgpu_dequant::Checkpoint;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
-use wgpu_dequant::job::{DecodeJob, Dims, ValueKind, ZeroPoint};
+use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
 use wgpu_dequant::writer::{OutputDir, Summary, PART_SUFFIX};
 use wgpu_dequant::{DtypeChoice, OutDtype, Plan};
 
@@ -1521,6 +1521,75 @@ fn cpu_smoothed_rows_equal_reference() {
                 let want = if pairs { Way::PackedRows } else { Way::Rows };
                 assert_eq!(way(&job), want, "{what}");
                 assert_cpu_equals_reference(&job, &mut rng, 4, &what);
+            }
+        }
+    }
+}
+
+/// GPT-OSS's experts (MXFP4 packs along the inputs, an e8m0 scale per
+/// output column and 32 rows): the AVX-512 blocks, whose tables are one
+/// table shifted by each scale's exponent, and the SSSE3 tiles, give the
+/// reference's bytes, on shapes whose blocks do not fill the tensor and
+/// with scales whose tables are no shift (blocks holding one are decoded
+/// the other way).
+#[test]
+fn cpu_mxfp4_experts_equal_reference_in_shifted_blocks_and_tiles() {
+    let mut rng = Rng::new(0x6f55);
+    let e2m1: Vec<f32> = (0..16).map(wgpu_dequant::numerics::e2m1).collect();
+    let mut e8m0 = Box::new([0f32; 256]);
+    for (b, v) in e8m0.iter_mut().enumerate() {
+        *v = wgpu_dequant::numerics::e8m0(b as u8);
+    }
+    // (experts, stored rows = output columns, inputs = output rows)
+    for (slices, outs, ins) in [(2, 128, 64), (1, 300, 96), (1, 512, 256), (3, 256, 160)] {
+        let codes: Vec<u8> = (0..slices * outs * ins / 2)
+            .map(|_| rng.next() as u8)
+            .collect();
+        for extreme in [false, true] {
+            // Trained experts' scales, and now and then one whose products
+            // are subnormal, overflow or NaN.
+            let scales: Vec<u8> = (0..slices * outs * ins / 32)
+                .map(|_| match rng.below(40) {
+                    0 if extreme => [0, 1, 2, 150, 200, 253, 254, 255][rng.below(8) as usize],
+                    _ => 116 + rng.below(12) as u8,
+                })
+                .collect();
+            for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+                let grid = Grid {
+                    row_div: 1,
+                    col_div: 32,
+                    row_stride: ins / 32,
+                    slice_stride: outs * ins / 32,
+                };
+                let dims = Dims {
+                    slices,
+                    rows: ins,
+                    cols: outs,
+                };
+                let mut fields = Fields::dense(codes.as_slice(), 4, ins as u64 * 4);
+                fields.slice_bits = (outs * ins * 4) as u64;
+                let scale = Values {
+                    data: scales.as_slice().into(),
+                    kind: ValueKind::Table(e8m0.clone()),
+                    grid,
+                };
+                let job = DecodeJob::new(dims, fields, e2m1.clone(), out)
+                    .with_scale(scale)
+                    .transpose();
+                assert_eq!(way(&job), Way::Tiles);
+                for wide in [true, false] {
+                    set_wide_kernels(wide);
+                    let what = format!(
+                        "{slices}x{outs}x{ins} {out}, extreme scales {extreme}, AVX-512 {wide}"
+                    );
+                    let checked = std::panic::catch_unwind(|| {
+                        assert_cpu_equals_reference(&job, &mut Rng::new(3), 3, &what)
+                    });
+                    set_wide_kernels(true);
+                    if let Err(e) = checked {
+                        std::panic::resume_unwind(e);
+                    }
+                }
             }
         }
     }

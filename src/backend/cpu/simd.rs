@@ -20,10 +20,20 @@ const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 /// scalar loops other CPUs run, on this one.
 static VECTORS: AtomicBool = AtomicBool::new(true);
 
+/// Whether the AVX-512 kernels may run where the CPU has them: tests turn
+/// them off to check the SSSE3 ones on this CPU too.
+static WIDE: AtomicBool = AtomicBool::new(true);
+
 /// Lets the vector kernels run, or not (the scalar loops give the same
 /// bytes).
 pub fn set_vector_kernels(on: bool) {
     VECTORS.store(on, Ordering::Relaxed);
+}
+
+/// Lets the AVX-512 kernels run where the CPU has them, or not (the
+/// SSSE3 ones and the scalar loops give the same bytes).
+pub fn set_wide_kernels(on: bool) {
+    WIDE.store(on, Ordering::Relaxed);
 }
 
 /// Whether the SSE2 kernels run (SSE2 is part of x86-64).
@@ -38,6 +48,20 @@ pub(super) fn has_ssse3() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         sse2() && std::arch::is_x86_feature_detected!("ssse3")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the AVX-512 kernels (F, BW, VBMI) run.
+#[inline]
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        sse2() && WIDE.load(Ordering::Relaxed) && has!("avx512f") && has!("avx512bw") && has!("avx512vbmi")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -71,6 +95,11 @@ pub(super) fn tables16(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
+            unsafe { x86::tables16_avx512(codes, entries, (post, out), each) };
+            return true;
+        }
         let f16c = || std::arch::is_x86_feature_detected!("f16c");
         if has_ssse3() && (out != OutDtype::F16 || f16c()) {
             // SAFETY: the CPU has SSSE3, and F16C where the output is f16
@@ -126,6 +155,33 @@ pub(super) fn nibbles<const N: usize>(
     }
     let _ = (codes, planes, out, high_first);
     0
+}
+
+/// Decodes a block of 32 output rows × 128 output columns of a transposed
+/// pack of 4-bit codes (GPT-OSS's experts): output column `o`'s codes of
+/// the 32 rows are the 16 bytes at `first + o·lane` of `src`, low nibble
+/// first, and its values those of `base` with `shifts[o]` added to every
+/// value of nonzero magnitude (a table whose scale is a power of two: the
+/// caller checked that each column's own table is exactly that), written
+/// to row `r` at `out[r·row_bytes ..]`, N bytes each; false, having
+/// written nothing, where the CPU lacks AVX-512 (F, BW, VBMI).
+pub(super) fn shifted_block<const N: usize>(
+    src: &[u8],
+    (first, lane): (usize, usize),
+    (base, shifts): (&[u32; 16], &[u32; 128]),
+    out: &mut [u8],
+    row_bytes: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
+            unsafe { x86::shifted_block::<N>(src, (first, lane), (base, shifts), out, row_bytes) };
+            return true;
+        }
+    }
+    let _ = (src, first, lane, base, shifts, out, row_bytes);
+    false
 }
 
 /// Gathers `lanes` rows of `words` 32-bit words each, word `w` of lane `k`
@@ -238,6 +294,23 @@ pub(super) fn prefetch_write(data: &[u8], range: std::ops::Range<usize>) {
         }
     }
     let _ = (data, range);
+}
+
+/// Hints the CPU to fetch the cache line at each of `at` in `data` for
+/// reading (nothing on other CPUs): lines a stride apart, too far for the
+/// hardware to guess.
+pub(super) fn prefetch_read(data: &[u8], at: impl Iterator<Item = usize>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if sse2() {
+            for at in at {
+                // SAFETY: SSE2 is part of x86-64.
+                unsafe { x86::prefetch::<false>(data, at) };
+            }
+            return;
+        }
+    }
+    let _ = (data, at);
 }
 
 /// Decodes a block of codes stored along the output's columns and writes it
@@ -578,6 +651,58 @@ mod x86 {
         }
     }
 
+    /// See `super::tables16`: one table a register, its byte planes one
+    /// byte permutation.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VBMI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) unsafe fn tables16_avx512(
+        codes: &[f32; 16],
+        entries: &[(f32, f32)],
+        (post, out): (f32, super::OutDtype),
+        each: &mut impl FnMut([u32; 16], [[u8; 16]; 4]),
+    ) {
+        // SAFETY: reads exactly the 64 bytes of `codes` (unaligned load).
+        let c = unsafe { _mm512_loadu_ps(codes.as_ptr()) };
+        let f = _mm512_set1_ps(post);
+        // Byte 16·b + k of the planes is byte b of entry k.
+        let by_plane = _mm512_set_epi8(
+            63, 59, 55, 51, 47, 43, 39, 35, 31, 27, 23, 19, 15, 11, 7, 3, //
+            62, 58, 54, 50, 46, 42, 38, 34, 30, 26, 22, 18, 14, 10, 6, 2, //
+            61, 57, 53, 49, 45, 41, 37, 33, 29, 25, 21, 17, 13, 9, 5, 1, //
+            60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0,
+        );
+        let (one, round) = (_mm512_set1_epi32(1), _mm512_set1_epi32(0x7FFF));
+        for &(zero, scale) in entries {
+            let (z, s) = (_mm512_set1_ps(zero), _mm512_set1_ps(scale));
+            let v = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(c, z), s), f);
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            let (bits, canonical) = match out {
+                super::OutDtype::Bf16 => {
+                    let b = _mm512_castps_si512(v);
+                    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
+                    (_mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(b, round), odd)), 0x7FC0)
+                }
+                super::OutDtype::F16 => {
+                    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                    (_mm512_cvtepu16_epi32(h), 0x7E00)
+                }
+                super::OutDtype::F32 => (_mm512_castps_si512(v), 0x7FC0_0000),
+            };
+            let bits = _mm512_mask_blend_epi32(nan, bits, _mm512_set1_epi32(canonical));
+            let mut values = [0u32; 16];
+            let mut planes = [[0u8; 16]; 4];
+            // SAFETY: each writes exactly the 64 bytes of its array
+            // (unaligned stores).
+            unsafe {
+                _mm512_storeu_si512(values.as_mut_ptr().cast(), bits);
+                _mm512_storeu_si512(planes.as_mut_ptr().cast(), _mm512_permutexvar_epi8(by_plane, bits));
+            }
+            each(values, planes);
+        }
+    }
+
     /// Four f32 encoded as `numerics` does it, each in a 32-bit lane: round
     /// to nearest even; NaN as the canonical 0x7FC0 / 0x7E00 / 0x7FC0_0000.
     ///
@@ -697,6 +822,135 @@ mod x86 {
             segment::<N>(load(super::slice16(c, 0)), &t, high_first, o);
         }
         blocks * 32 + half(&codes[16 * blocks..], &mut out[32 * N * blocks..])
+    }
+
+    /// See `super::shifted_block`: the 128 columns' 16 bytes transposed
+    /// into each row's 128 codes (a byte each), then looked up in `base`
+    /// and shifted, a row's 128·N bytes written at once.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VBMI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) unsafe fn shifted_block<const N: usize>(
+        src: &[u8],
+        (first, lane): (usize, usize),
+        (base, shifts): (&[u32; 16], &[u32; 128]),
+        out: &mut [u8],
+        row_bytes: usize,
+    ) {
+        // One bounds check each for the last column's bytes and last row.
+        let src = &src[..first + 127 * lane + 16];
+        let out = &mut out[..31 * row_bytes + 128 * N];
+        let column = |o: usize| load(super::slice16(src, first + o * lane));
+        // Register j: columns 4j .. 4j + 4, one per 128-bit lane, each
+        // reordered byte-major (byte 4b + l: byte b of the lane's column l).
+        let major: [u8; 64] = std::array::from_fn(|p| (16 * (p % 4) + p / 4) as u8);
+        // SAFETY: reads exactly the 64 bytes of `major`.
+        let major = unsafe { _mm512_loadu_si512(major.as_ptr().cast()) };
+        // w[m][q], lane l: byte 4l + q of columns 16m .. 16m + 16.
+        let w: [[__m512i; 4]; 8] = std::array::from_fn(|m| {
+            let a: [__m512i; 4] = std::array::from_fn(|j| {
+                let o = 16 * m + 4 * j;
+                let v = _mm512_castsi128_si512(column(o));
+                let v = _mm512_inserti32x4::<1>(v, column(o + 1));
+                let v = _mm512_inserti32x4::<2>(v, column(o + 2));
+                _mm512_permutexvar_epi8(major, _mm512_inserti32x4::<3>(v, column(o + 3)))
+            });
+            let (ab0, cd0) = (_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpacklo_epi32(a[2], a[3]));
+            let (ab1, cd1) = (_mm512_unpackhi_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[2], a[3]));
+            [
+                _mm512_unpacklo_epi64(ab0, cd0),
+                _mm512_unpackhi_epi64(ab0, cd0),
+                _mm512_unpacklo_epi64(ab1, cd1),
+                _mm512_unpackhi_epi64(ab1, cd1),
+            ]
+        });
+        // bytes[b][h]: byte b of columns 64h .. 64h + 64 (lanes transposed).
+        let mut bytes = [[_mm512_setzero_si512(); 2]; 16];
+        for q in 0..4 {
+            for h in 0..2 {
+                let x: [__m512i; 4] = std::array::from_fn(|t| w[4 * h + t][q]);
+                let t0 = _mm512_shuffle_i64x2::<0x44>(x[0], x[1]);
+                let t1 = _mm512_shuffle_i64x2::<0xEE>(x[0], x[1]);
+                let t2 = _mm512_shuffle_i64x2::<0x44>(x[2], x[3]);
+                let t3 = _mm512_shuffle_i64x2::<0xEE>(x[2], x[3]);
+                bytes[q][h] = _mm512_shuffle_i64x2::<0x88>(t0, t2);
+                bytes[4 + q][h] = _mm512_shuffle_i64x2::<0xDD>(t0, t2);
+                bytes[8 + q][h] = _mm512_shuffle_i64x2::<0x88>(t1, t3);
+                bytes[12 + q][h] = _mm512_shuffle_i64x2::<0xDD>(t1, t3);
+            }
+        }
+        // SAFETY: reads exactly the 64 bytes of `base`.
+        let table = unsafe { _mm512_loadu_si512(base.as_ptr().cast()) };
+        let nibble = _mm512_set1_epi8(0x0F);
+        if N == 2 {
+            // The 16-bit table in the low half, the shifts 32 columns a register.
+            let table = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(table));
+            let shift: [__m512i; 4] = std::array::from_fn(|k| {
+                // SAFETY: reads exactly the 128 bytes of shifts 32k .. 32k + 32.
+                let (a, b) = unsafe {
+                    (
+                        _mm512_loadu_si512(shifts.as_ptr().add(32 * k).cast()),
+                        _mm512_loadu_si512(shifts.as_ptr().add(32 * k + 16).cast()),
+                    )
+                };
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b))
+            });
+            let mag = _mm512_set1_epi16(0x7FFF);
+            for (b, by) in bytes.iter().enumerate() {
+                for h in 0..2 {
+                    let row = 2 * b + h;
+                    let o = &mut out[row * row_bytes..][..256];
+                    for (half, &v) in by.iter().enumerate() {
+                        let codes = if h == 0 {
+                            _mm512_and_si512(v, nibble)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble)
+                        };
+                        let parts = [_mm512_castsi512_si256(codes), _mm512_extracti64x4_epi64::<1>(codes)];
+                        for (p, c) in parts.into_iter().enumerate() {
+                            let k = 2 * half + p;
+                            let v = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(c), table);
+                            let v = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, mag), v, shift[k]);
+                            // SAFETY: writes exactly bytes 64k .. 64k + 64 of `o`.
+                            unsafe { _mm512_storeu_si512(o.as_mut_ptr().add(64 * k).cast(), v) };
+                        }
+                    }
+                }
+            }
+        } else {
+            let shift: [__m512i; 8] = std::array::from_fn(|k| {
+                // SAFETY: reads exactly the 64 bytes of shifts 16k .. 16k + 16.
+                unsafe { _mm512_loadu_si512(shifts.as_ptr().add(16 * k).cast()) }
+            });
+            let mag = _mm512_set1_epi32(0x7FFF_FFFF);
+            for (b, by) in bytes.iter().enumerate() {
+                for h in 0..2 {
+                    let row = 2 * b + h;
+                    let o = &mut out[row * row_bytes..][..512];
+                    for (half, &v) in by.iter().enumerate() {
+                        let codes = if h == 0 {
+                            _mm512_and_si512(v, nibble)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble)
+                        };
+                        let parts = [
+                            _mm512_extracti32x4_epi32::<0>(codes),
+                            _mm512_extracti32x4_epi32::<1>(codes),
+                            _mm512_extracti32x4_epi32::<2>(codes),
+                            _mm512_extracti32x4_epi32::<3>(codes),
+                        ];
+                        for (p, c) in parts.into_iter().enumerate() {
+                            let k = 4 * half + p;
+                            let v = _mm512_permutexvar_epi32(_mm512_cvtepu8_epi32(c), table);
+                            let v = _mm512_mask_add_epi32(v, _mm512_test_epi32_mask(v, mag), v, shift[k]);
+                            // SAFETY: writes exactly bytes 64k .. 64k + 64 of `o`.
+                            unsafe { _mm512_storeu_si512(o.as_mut_ptr().add(64 * k).cast(), v) };
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// See `super::transposed_block`: 8 lanes of 2-byte or 4 of 4-byte
@@ -827,7 +1081,10 @@ mod tests {
             .into_iter()
             .chain((0..40).map(|_| (f32::from_bits(rng.u32(..)), f32::from_bits(rng.u32(..)))))
             .collect();
-        for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+        // The AVX-512 kernel where the CPU has it, then the SSSE3 one (each
+        // turn of the switch gives the same bytes to the other tests).
+        for (wide, out) in [true, false].into_iter().flat_map(|w| [OutDtype::Bf16, OutDtype::F16, OutDtype::F32].map(|o| (w, o))) {
+            WIDE.store(wide, Ordering::Relaxed);
             for c in &codes {
                 for post in [1.0, 1.0 / 127.0] {
                     let mut got = Vec::new();
@@ -850,6 +1107,41 @@ mod tests {
                 }
             }
         }
+        WIDE.store(true, Ordering::Relaxed);
+    }
+
+    fn shifted_equals_the_lookup<const N: usize>() {
+        let mut rng = fastrand::Rng::with_seed(17);
+        let mag = if N == 2 { 0x7FFF } else { 0x7FFF_FFFF };
+        let wrap = if N == 2 { 0xFFFF } else { u32::MAX };
+        for (lane, row_bytes) in [(16, 128 * N), (64, 128 * N + 64), (2048, 4096 * N)] {
+            let src: Vec<u8> = (0..127 * lane + 16 + 5).map(|_| rng.u8(..)).collect();
+            // Zeros of both signs among the values, and shifts that wrap.
+            let mut base: [u32; 16] = std::array::from_fn(|_| rng.u32(..) & wrap);
+            base[0] = 0;
+            base[8] = if N == 2 { 0x8000 } else { 0x8000_0000 };
+            let shifts: [u32; 128] = std::array::from_fn(|_| rng.u32(..) & wrap);
+            let first = 5;
+            let mut out = vec![0u8; 31 * row_bytes + 128 * N];
+            if !shifted_block::<N>(&src, (first, lane), (&base, &shifts), &mut out, row_bytes) {
+                return;
+            }
+            for r in 0..32 {
+                for o in 0..128 {
+                    let code = (src[first + o * lane + r / 2] >> (4 * (r % 2))) & 15;
+                    let v = base[code as usize];
+                    let want = if v & mag == 0 { v } else { v.wrapping_add(shifts[o]) & wrap };
+                    let at = r * row_bytes + o * N;
+                    assert_eq!(&out[at..at + N], &want.to_le_bytes()[..N], "row {r} column {o} lane {lane}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shifted_blocks_equal_the_lookup() {
+        shifted_equals_the_lookup::<2>();
+        shifted_equals_the_lookup::<4>();
     }
 
     fn nibbles_equal_the_lookup<const N: usize>() {
@@ -960,6 +1252,3 @@ mod tests {
         transposed_equals_scalar::<4>(1);
     }
 }
-
-
-

@@ -153,3 +153,34 @@ impl ByScale {
         &self.tables[b as usize]
     }
 }
+
+/// Tables by scale byte that are all one table shifted: each value of
+/// nonzero magnitude plus the byte's own shift, the zeros as they are (a
+/// scale that is a power of two, its products normal: e8m0's MXFP4), which
+/// [`simd::shifted_block`] decodes without a table per column.
+#[derive(Debug)]
+pub(super) struct Shifted {
+    /// The table the others are shifts of (scale byte 127's, e8m0's 1).
+    pub(super) base: [u32; 16],
+    /// Each byte's shift, and whether its table is exactly that.
+    pub(super) by_byte: [u32; 256],
+    pub(super) exact: [bool; 256],
+}
+
+impl ByScale {
+    /// The shifts of these tables of N-byte outputs, where any is one.
+    pub(super) fn shifted(&self, n: usize) -> Option<Shifted> {
+        let (mag, wrap) = if n == 2 { (0x7FFF, 0xFFFF) } else { (0x7FFF_FFFF, u32::MAX) };
+        let base = self.tables[127].values;
+        let c = base.iter().position(|&v| v & mag != 0)?;
+        let by_byte: [u32; 256] = std::array::from_fn(|b| self.tables[b].values[c].wrapping_sub(base[c]) & wrap);
+        let exact = std::array::from_fn(|b| {
+            let t = &self.tables[b].values;
+            (0..16).all(|k| {
+                let want = if base[k] & mag == 0 { base[k] } else { base[k].wrapping_add(by_byte[b]) & wrap };
+                t[k] == want
+            })
+        });
+        Some(Shifted { base, by_byte, exact })
+    }
+}

@@ -12,7 +12,7 @@
 
 use crate::job::{DecodeJob, ZeroPoint};
 use super::{gcd, simd};
-use super::table::{ByScale, Table16};
+use super::table::{ByScale, Shifted, Table16};
 use crate::numerics::{self, OutDtype};
 
 /// Output elements one thread task decodes at least.
@@ -49,6 +49,8 @@ pub(super) struct Tiles {
     fill: Fill,
     /// The job's tables by scale byte, when it has so few.
     by_scale: Option<ByScale>,
+    /// Those tables as shifts of one, where they are.
+    shifted: Option<Shifted>,
 }
 
 impl Tiles {
@@ -134,6 +136,15 @@ impl Tiles {
             (false, ColKey::GIdx) => (16, job.dims.cols.max(1)),
             (false, ColKey::Div(_)) => (64, 1024),
         };
+        let shifted = match (&by_scale, fill, cols_per_key) {
+            (Some(by), Fill::Nibbles, ColKey::Div(d)) if d.is_multiple_of(32) && f.lane_bits.is_multiple_of(8) => {
+                by.shifted(job.out.size())
+            }
+            _ => None,
+        };
+        // Shifted blocks: 256 columns, two blocks' runs of each row written
+        // one after the other.
+        let tile_cols = if shifted.is_some() { 256 } else { tile_cols };
         Some(Tiles {
             rows_per_key,
             cols_per_key,
@@ -141,6 +152,7 @@ impl Tiles {
             tile_cols,
             fill,
             by_scale,
+            shifted,
         })
     }
 
@@ -192,6 +204,19 @@ impl Tiles {
         band: &mut [u8],
         s: &mut Scratch,
     ) {
+        if let (Some(sh), Some(by), Some(scale)) = (&self.shifted, &self.by_scale, &job.scale) {
+            // The scale byte of output row r and column ci of the tile:
+            // each lane's first, then one per scale group of rows.
+            s.lane_base.clear();
+            s.lane_base.extend(cols.clone().map(|i| scale.grid.index(slice, i, 0)));
+            s.row_off.clear();
+            s.row_off.extend(rows.clone().map(|j| (j / scale.grid.col_div) as u32));
+            let (base, group) = (&s.lane_base, &s.row_off);
+            let byte = |r: usize, ci: usize| scale.data[base[ci] + group[r] as usize];
+            let table = |r: usize, ci: usize| by.byte(byte(r, ci));
+            self.shifted_blocks::<N>(job, slice, (&rows, &cols), (band, &mut s.codes), (sh, byte, table));
+            return;
+        }
         let n = job.code_values.len();
         // Stored rows (lanes) and stored columns of the tile.
         let (lanes, index) = if job.transposed {
@@ -311,6 +336,85 @@ impl Tiles {
                 let (codes, dst) = (&codes[a..b], &mut dst[a * N..b * N]);
                 for (o, &code) in dst.chunks_exact_mut(N).zip(codes) {
                     o.copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
+                }
+            }
+        }
+    }
+
+    /// Decodes a transposed tile of nibbles whose tables by scale byte are
+    /// shifts of one ([`Shifted`]) in blocks of 32 rows (a scale group's,
+    /// or part of one) × 128 columns through [`simd::shifted_block`], the
+    /// rest (and blocks with a byte that is no shift) as
+    /// [`Tiles::stored_order`] does.
+    fn shifted_blocks<'t, const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        (rows, cols): (&std::ops::Range<usize>, &std::ops::Range<usize>),
+        (band, codes): (&mut [u8], &mut Vec<u8>),
+        (sh, byte, table): (&Shifted, impl Fn(usize, usize) -> u8, impl Fn(usize, usize) -> &'t Table16),
+    ) {
+        let f = &job.codes;
+        let row_bytes = job.dims.cols * N;
+        let (tr, tc) = (rows.len(), cols.len());
+        // Whole blocks: rows from the first multiple of 32, columns from the first.
+        let r0 = (rows.start.next_multiple_of(32) - rows.start).min(tr);
+        let r1 = r0 + (tr - r0) / 32 * 32;
+        let c1 = tc / 128 * 128;
+        // A part of the tile, decoded as `stored_order` does.
+        let rest = |band: &mut [u8], (ra, rb): (usize, usize), (ca, cb): (usize, usize)| {
+            if ra < rb && ca < cb {
+                let (sub_rows, sub_cols) = (rows.start + ra..rows.start + rb, cols.start + ca..cols.start + cb);
+                let table = |r: usize, ci: usize| table(r + ra, ci + ca);
+                self.stored_order::<N>(job, slice, &sub_rows, &sub_cols, &mut band[ra * row_bytes..], table);
+            }
+        };
+        rest(band, (0, r0), (0, tc));
+        rest(band, (r1, tr), (0, tc));
+        rest(band, (r0, r1), (c1, tc));
+        let base = slice as u64 * f.slice_bits;
+        let lane = (f.lane_bits / 8) as usize;
+        // The next tile's lines of codes and scales: its columns a lane
+        // apart, too far for the hardware to guess.
+        let next = cols.end..(cols.end + tc).min(job.stored_dims().rows);
+        let at = ((base + next.start as u64 * f.lane_bits) / 8) as usize + rows.start / 2;
+        simd::prefetch_read(&f.data, (0..next.len()).map(|k| at + k * lane));
+        if let Some(scale) = &job.scale {
+            let first = job.scale_index(slice, next.start, rows.start).unwrap_or(0);
+            let step = job.scale_index(slice, next.start + 1, rows.start).unwrap_or(0).saturating_sub(first);
+            simd::prefetch_read(&scale.data, (0..next.len()).map(|k| first + k * step));
+        }
+        // The blocks' codes, each column's run of bytes next to the next:
+        // columns a power of two apart would share a few cache sets, and
+        // each line is read by every block of rows.
+        let run = (r1 - r0) / 2;
+        if run == 0 || c1 == 0 {
+            return;
+        }
+        let at = ((base + cols.start as u64 * f.lane_bits) / 8) as usize + (rows.start + r0) / 2;
+        codes.resize(c1 * run, 0);
+        for (k, dst) in codes.chunks_exact_mut(run).take(c1).enumerate() {
+            dst.copy_from_slice(&f.data[at + k * lane..at + k * lane + run]);
+        }
+        let mut shifts = [0u32; 128];
+        for r in (r0..r1).step_by(32) {
+            for c in (0..c1).step_by(128) {
+                let mut all = true;
+                for (k, s) in shifts.iter_mut().enumerate() {
+                    let b = byte(r, c + k);
+                    *s = sh.by_byte[b as usize];
+                    all &= sh.exact[b as usize];
+                }
+                let first = c * run + (r - r0) / 2;
+                let o = r * row_bytes + (cols.start + c) * N;
+                // The next block's output lines, for writing.
+                for e in r + 32..(r + 64).min(r1) {
+                    let o = e * row_bytes + (cols.start + c) * N;
+                    simd::prefetch_write(band, o..o + 128 * N);
+                }
+                let done = all && simd::shifted_block::<N>(codes, (first, run), (&sh.base, &shifts), &mut band[o..], row_bytes);
+                if !done {
+                    rest(band, (r, r + 32), (c, c + 128));
                 }
             }
         }
