@@ -394,7 +394,12 @@ impl Tiles {
         let at = ((base + cols.start as u64 * f.lane_bits) / 8) as usize + (rows.start + r0) / 2;
         codes.resize(c1 * run, 0);
         for (k, dst) in codes.chunks_exact_mut(run).take(c1).enumerate() {
-            dst.copy_from_slice(&f.data[at + k * lane..at + k * lane + run]);
+            let src = &f.data[at + k * lane..at + k * lane + run];
+            // A whole line (tiles of 128 rows) as one fixed-size copy.
+            match (<&mut [u8; 64]>::try_from(&mut *dst), <&[u8; 64]>::try_from(src)) {
+                (Ok(d), Ok(s)) => *d = *s,
+                _ => dst.copy_from_slice(src),
+            }
         }
         let mut shifts = [0u32; 128];
         for r in (r0..r1).step_by(32) {
