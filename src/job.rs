@@ -283,6 +283,26 @@ impl Fields<'_> {
         self.lane_end(slices - 1, lanes - 1, len)
     }
 
+    /// Whether no field crosses a word: each is read whole at its
+    /// [`Fields::position`].
+    pub(crate) fn whole_fields(&self) -> bool {
+        self.per_word != 0 || 32 % self.bits == 0
+    }
+
+    /// The first bit of the field of `lane`, index `i`, in `slice`, for
+    /// [`Fields::field_at`] (fields that cross no word: `whole_fields`).
+    #[inline]
+    pub(crate) fn position(&self, slice: usize, lane: usize, i: usize) -> u64 {
+        let (w, off) = self.locate(i);
+        slice as u64 * self.slice_bits + lane as u64 * self.lane_bits + w * self.word_bits + off as u64
+    }
+
+    /// The field at bit `pos` of a [`Fields::position`]: what `get` reads.
+    #[inline]
+    pub(crate) fn field_at(&self, pos: u64) -> u32 {
+        self.read_bits(pos ^ self.swap_mask(), self.bits)
+    }
+
     /// The field of `lane`, index `i`, in `slice`.
     #[inline]
     pub fn get(&self, slice: usize, lane: usize, i: usize) -> u32 {
@@ -402,6 +422,15 @@ impl ValueKind {
             ValueKind::I8 | ValueKind::Table(_) | ValueKind::Nested(_) => 1,
         }
     }
+}
+
+/// Where a zero point or scale is stored ([`DecodeJob::zero_source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A packed field's first bit ([`Fields::position`]).
+    Field(u64),
+    /// A value's index ([`Values::get`]).
+    Value(usize),
 }
 
 /// Where element (slice, row, col) finds its scale or zero point:
@@ -809,7 +838,7 @@ impl DecodeJob<'_> {
     /// for plain zero points, the scale's for packed ones (lane 0 without a
     /// scale).
     #[inline]
-    fn zero_group(&self, col: usize) -> usize {
+    pub(crate) fn zero_group(&self, col: usize) -> usize {
         match (&self.zero, &self.scale) {
             (Some(ZeroPoint::Plain(z)), _) => self.group(&z.grid, col),
             (Some(ZeroPoint::PackedAlongCols { .. }), _) => col,
@@ -828,6 +857,16 @@ impl DecodeJob<'_> {
                 self.code_values[fields.get(slice, self.zero_lane(row), g) as usize]
             }
             ZeroPoint::Plain(v) => v.get(v.grid.index(slice, row, g)),
+        })
+    }
+
+    /// Where `zero_at(slice, row, g)` reads its zero point.
+    #[inline]
+    pub(crate) fn zero_source(&self, slice: usize, row: usize, g: usize) -> Option<Source> {
+        self.zero.as_ref().map(|z| match z {
+            ZeroPoint::Packed { fields } => Source::Field(fields.position(slice, g, row)),
+            ZeroPoint::PackedAlongCols { fields } => Source::Field(fields.position(slice, self.zero_lane(row), g)),
+            ZeroPoint::Plain(v) => Source::Value(v.grid.index(slice, row, g)),
         })
     }
 

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use super::{gcd, simd};
 use super::table::{ByScale, Table16};
-use crate::job::{DecodeJob, Fields, ZeroPoint};
+use crate::job::{DecodeJob, Fields, Source, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Bytes between gathered rows past their codes: rows a power of two
@@ -65,9 +65,14 @@ struct Scratch {
     tables: Tables,
 }
 
+/// An entry's zero point and scale.
+type Entry = (Option<f32>, Option<f32>);
+
 /// The tables of the row being decoded, entry after entry.
 #[derive(Debug, Default)]
 struct Tables {
+    /// The row's entries.
+    entries: Vec<Entry>,
     /// Of 4-bit codes.
     t16: Vec<Table16>,
     /// Of other widths: 2^bits values each.
@@ -312,6 +317,54 @@ impl Rows {
         }
     }
 
+    /// Where entry g of output row `row` reads its zero point and scale
+    /// (what [`Rows::entry`] reads).
+    fn sources(&self, job: &DecodeJob<'_>, slice: usize, row: usize, g: usize) -> (Option<Source>, Option<usize>) {
+        if job.transposed {
+            let i = g * self.group_cols;
+            (job.zero_source(slice, i, job.zero_group(row)), job.scale_index(slice, i, row))
+        } else {
+            let s = job.scale.as_ref().map(|s| s.grid.index(slice, row, g));
+            (job.zero_source(slice, row, g), s)
+        }
+    }
+
+    /// Output row `row`'s entries, in order, into `out`: what
+    /// [`Rows::entry`] gives, read as runs (entry g's zero point and scale
+    /// are a fixed step past entry g − 1's) without its arithmetic per
+    /// entry.
+    fn entries(&self, job: &DecodeJob<'_>, slice: usize, row: usize, out: &mut Vec<Entry>) {
+        let n = self.groups;
+        out.clear();
+        let (z0, s0) = self.sources(job, slice, row, 0);
+        let (z1, s1) = if n > 1 { self.sources(job, slice, row, 1) } else { (z0, s0) };
+        let zeros = match (&job.zero, z0, z1) {
+            (None, ..) => Some(Run::None),
+            (Some(ZeroPoint::Packed { fields } | ZeroPoint::PackedAlongCols { fields }), Some(Source::Field(a)), Some(Source::Field(b)))
+                if fields.whole_fields() && b >= a =>
+            {
+                Some(Run::Fields(fields, a, b - a))
+            }
+            (Some(ZeroPoint::Plain(v)), Some(Source::Value(a)), Some(Source::Value(b))) if b >= a => Some(Run::Values(v, a, b - a)),
+            _ => None,
+        };
+        let scales = match (&job.scale, s0, s1) {
+            (None, ..) => Some(Run::None),
+            (Some(v), Some(a), Some(b)) if b >= a => Some(Run::Values(v, a, b - a)),
+            _ => None,
+        };
+        let (Some(zeros), Some(scales)) = (zeros, scales) else {
+            out.extend((0..n).map(|g| self.entry(job, slice, row, g)));
+            return;
+        };
+        out.resize(n, (None, None));
+        zeros.read(job, n, &mut |g, z| out[g].0 = Some(z));
+        scales.read(job, n, &mut |g, s| out[g].1 = Some(s));
+        // The runs are the accessors' own steps (checked in tests' builds).
+        let bits = |(z, s): Entry| (z.map(f32::to_bits), s.map(f32::to_bits));
+        debug_assert_eq!(out.last().copied().map(bits), Some(bits(self.entry(job, slice, row, n - 1))));
+    }
+
     /// Decodes output row `row` of `slice`, whose codes are lane `lane` of
     /// `codes`' slice `cs`, through the tables of its entries (`s` is
     /// scratch space, reused from row to row: unless `fresh`, it holds them
@@ -326,13 +379,17 @@ impl Rows {
         (s, fresh): (&mut Tables, bool),
     ) {
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
+        // Tables by scale byte need no entries.
+        let by_scale = straight4 && job.code_values.len() == 16 && !self.smoothing && self.by_scale.is_some();
+        if fresh && !by_scale {
+            self.entries(job, slice, row, &mut s.entries);
+        }
         if let (true, 16) = (straight4, job.code_values.len()) {
-            let tables = &mut s.t16;
+            let (tables, entries) = (&mut s.t16, &s.entries);
             if let (true, Some(lr)) = (self.smoothing, &job.low_rank) {
                 if fresh {
                     tables.clear();
-                    let entries = (0..self.groups).map(|g| self.entry(job, slice, row, g));
-                    Table16::products(job, entries, &mut |t| tables.push(t));
+                    Table16::products(job, entries.iter().copied(), &mut |t| tables.push(t));
                 }
                 self.smoothed_row::<N>(job, codes, (cs, lane), out, (tables, &lr.inv_smooth));
             } else if let Some(by) = &self.by_scale {
@@ -342,8 +399,7 @@ impl Rows {
             } else {
                 if fresh {
                     tables.clear();
-                    let entries = (0..self.groups).map(|g| self.entry(job, slice, row, g));
-                    Table16::extend(job, entries, &mut |t| tables.push(t));
+                    Table16::extend(job, entries.iter().copied(), &mut |t| tables.push(t));
                 }
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             }
@@ -354,8 +410,7 @@ impl Rows {
         if fresh {
             tables.clear();
         }
-        for g in (0..self.groups).filter(|_| fresh) {
-            let (zero, scale) = self.entry(job, slice, row, g);
+        for &(zero, scale) in s.entries.iter().filter(|_| fresh) {
             // The operations are exactly `DecodeJob::value`'s: (q − z)·s,
             // then the post scale.
             let value = |c: f32| {
@@ -513,5 +568,51 @@ impl Rows {
 fn grow(buf: &mut Vec<u8>, len: usize) {
     if buf.len() < len {
         buf.resize(len, 0);
+    }
+}
+
+/// A run of zero points or scales, each a fixed step past the last.
+#[derive(Debug, Clone, Copy)]
+enum Run<'j, 'a> {
+    /// None stored.
+    None,
+    /// Packed fields (of `code_values`) from bit `start`, `step` bits apart.
+    Fields(&'j Fields<'a>, u64, u64),
+    /// Values from index `start`, `step` apart.
+    Values(&'j Values<'a>, usize, usize),
+}
+
+impl Run<'_, '_> {
+    /// Gives `each` every entry g < n's value, as the job's accessors read it.
+    fn read(self, job: &DecodeJob<'_>, n: usize, each: &mut impl FnMut(usize, f32)) {
+        match self {
+            Run::None => {}
+            Run::Fields(f, start, step) => {
+                for g in 0..n {
+                    each(g, job.code_values[f.field_at(start + g as u64 * step) as usize]);
+                }
+            }
+            Run::Values(v, start, step) => {
+                let d: &[u8] = &v.data;
+                let at = |g: usize| start + g * step;
+                // The kinds scales mostly are, without a match per entry.
+                match v.kind {
+                    ValueKind::F16 => (0..n).for_each(|g| {
+                        let i = at(g);
+                        each(g, numerics::f16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])))
+                    }),
+                    ValueKind::Bf16 => (0..n).for_each(|g| {
+                        let i = at(g);
+                        each(g, numerics::bf16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])))
+                    }),
+                    ValueKind::I8 => (0..n).for_each(|g| each(g, d[at(g)] as i8 as f32)),
+                    ValueKind::F32 => (0..n).for_each(|g| {
+                        let i = 4 * at(g);
+                        each(g, f32::from_le_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]))
+                    }),
+                    _ => (0..n).for_each(|g| each(g, v.get(at(g)))),
+                }
+            }
+        }
     }
 }
