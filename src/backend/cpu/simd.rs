@@ -194,6 +194,14 @@ pub(super) fn gather_words(
     dst: &mut [u8],
     row: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() && lanes.is_multiple_of(16) && words.is_multiple_of(16) {
+            // SAFETY: the CPU has AVX-512 F (checked just above).
+            unsafe { x86::gather_words_avx512(src, (first, stride), (lanes, words), dst, row) };
+            return;
+        }
+    }
     let (k4, w4) = if sse2() { (lanes / 4 * 4, words / 4 * 4) } else { (0, 0) };
     #[cfg(target_arch = "x86_64")]
     {
@@ -240,6 +248,14 @@ pub(super) fn gather_awq(
     dst: &mut [u8],
     row: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() && columns.is_multiple_of(16) && inputs.is_multiple_of(32) {
+            // SAFETY: the CPU has AVX-512 F and BW (checked just above).
+            unsafe { x86::gather_awq_avx512(src, (first, lane), (columns, inputs), dst, row) };
+            return;
+        }
+    }
     let c4 = if sse2() { columns / 4 * 4 } else { 0 };
     // SAFETY: SSE2 is part of x86-64.
     #[cfg(target_arch = "x86_64")]
@@ -529,6 +545,94 @@ mod x86 {
         }
     }
 
+    /// `super::gather_awq` for `columns` a multiple of 16 and `inputs` of
+    /// 32: `gather_awq`'s blocks, four of them side by side in a register
+    /// (a whole line of each input's words), each 128-bit lane stored to
+    /// its own output rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn gather_awq_avx512(
+        src: &[u8],
+        (first, lane): (usize, usize),
+        (columns, inputs): (usize, usize),
+        dst: &mut [u8],
+        row: usize,
+    ) {
+        const ELEMENT: [[usize; 4]; 2] = [[0, 4, 1, 5], [2, 6, 3, 7]];
+        if columns == 0 || inputs == 0 {
+            return;
+        }
+        // One bounds check each for the last input's words and the last
+        // output row's codes.
+        let src = &src[..first + (inputs - 1) * lane + 4 * columns];
+        let dst = &mut dst[..(8 * columns - 1) * row + inputs / 2];
+        let (lo, hi) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
+        // Eight inputs' words of 16 word columns: `awq_8x32` lane by lane.
+        let block = |c: usize, i: usize| -> [[__m512i; 4]; 2] {
+            // SAFETY: i + j < inputs and c + 16 ≤ columns: each line lies in `src`.
+            let r: [__m512i; 8] =
+                std::array::from_fn(|j| unsafe { _mm512_loadu_si512(src.as_ptr().add(first + (i + j) * lane + 4 * c).cast()) });
+            let p: [__m512i; 4] = std::array::from_fn(|m| {
+                let (a, b) = (r[2 * m], r[2 * m + 1]);
+                _mm512_or_si512(_mm512_and_si512(a, lo), _mm512_and_si512(_mm512_slli_epi16::<4>(b), hi))
+            });
+            let q: [__m512i; 4] = std::array::from_fn(|m| {
+                let (a, b) = (r[2 * m], r[2 * m + 1]);
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(a), lo), _mm512_and_si512(b, hi))
+            });
+            let words = |p: [__m512i; 4]| -> [__m512i; 4] {
+                let (ab0, cd0) = (_mm512_unpacklo_epi8(p[0], p[1]), _mm512_unpacklo_epi8(p[2], p[3]));
+                let (ab1, cd1) = (_mm512_unpackhi_epi8(p[0], p[1]), _mm512_unpackhi_epi8(p[2], p[3]));
+                [
+                    _mm512_unpacklo_epi16(ab0, cd0),
+                    _mm512_unpackhi_epi16(ab0, cd0),
+                    _mm512_unpacklo_epi16(ab1, cd1),
+                    _mm512_unpackhi_epi16(ab1, cd1),
+                ]
+            };
+            [words(p), words(q)]
+        };
+        for i in (0..inputs).step_by(32) {
+            // The lines of the inputs two blocks on (a lane apart).
+            for j in 64..96 {
+                let at = first + (i + j) * lane;
+                for l in (0..4 * columns).step_by(64) {
+                    prefetch::<false>(src, at + l);
+                }
+            }
+            for c in (0..columns).step_by(16) {
+                let b: [[[__m512i; 4]; 2]; 4] = std::array::from_fn(|k| block(c, i + 8 * k));
+                for (half, element) in ELEMENT.iter().enumerate() {
+                    for q in 0..4 {
+                        let x: [__m512i; 4] = std::array::from_fn(|k| b[k][half][q]);
+                        let (ab0, cd0) = (_mm512_unpacklo_epi32(x[0], x[1]), _mm512_unpacklo_epi32(x[2], x[3]));
+                        let (ab1, cd1) = (_mm512_unpackhi_epi32(x[0], x[1]), _mm512_unpackhi_epi32(x[2], x[3]));
+                        let t = [
+                            _mm512_unpacklo_epi64(ab0, cd0),
+                            _mm512_unpackhi_epi64(ab0, cd0),
+                            _mm512_unpacklo_epi64(ab1, cd1),
+                            _mm512_unpackhi_epi64(ab1, cd1),
+                        ];
+                        for (v, e) in t.into_iter().zip(element) {
+                            // 128-bit lane l: word columns c + 4l.
+                            let lanes = [
+                                _mm512_extracti32x4_epi32::<0>(v),
+                                _mm512_extracti32x4_epi32::<1>(v),
+                                _mm512_extracti32x4_epi32::<2>(v),
+                                _mm512_extracti32x4_epi32::<3>(v),
+                            ];
+                            for (l, v) in lanes.into_iter().enumerate() {
+                                store(dst, (8 * (c + 4 * l + q) + e) * row + i / 2, v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// See `super::split_nibbles`: 16 bytes at a time; returns how many.
     #[target_feature(enable = "ssse3")]
     pub(super) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) -> usize {
@@ -648,6 +752,84 @@ mod x86 {
                 }
             }
             each(values, transpose_4x4_32(r.map(|v| _mm_shuffle_epi8(v, by_byte))).map(|v| bytes(v)));
+        }
+    }
+
+    /// See `super::gather_words`, for lanes and words multiples of 16:
+    /// blocks of 16 word rows × 16 lanes (a line each way), transposed in
+    /// registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gather_words_avx512(
+        src: &[u8],
+        (first, stride): (usize, usize),
+        (lanes, words): (usize, usize),
+        dst: &mut [u8],
+        row: usize,
+    ) {
+        if lanes == 0 || words == 0 {
+            return;
+        }
+        // One bounds check each for the last word row's line and the last
+        // lane's words.
+        let src = &src[..first + (words - 1) * stride + 4 * lanes];
+        let dst = &mut dst[..(lanes - 1) * row + 4 * words];
+        for w in (0..words).step_by(16) {
+            for q in 0..16 {
+                let at = first + (w + q + super::WORDS_AHEAD * 2) * stride;
+                for l in (0..4 * lanes).step_by(64) {
+                    prefetch::<false>(src, at + l);
+                }
+            }
+            for k in (0..lanes).step_by(16) {
+                // SAFETY: w + i < words and k + 16 ≤ lanes: each line lies in `src`.
+                let r: [__m512i; 16] =
+                    std::array::from_fn(|i| unsafe { _mm512_loadu_si512(src.as_ptr().add(first + (w + i) * stride + 4 * k).cast()) });
+                let t: [__m512i; 16] = std::array::from_fn(|i| {
+                    let (x, y) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+                    if i % 2 == 0 {
+                        _mm512_unpacklo_epi32(x, y)
+                    } else {
+                        _mm512_unpackhi_epi32(x, y)
+                    }
+                });
+                let u: [__m512i; 16] = std::array::from_fn(|i| {
+                    // Pairs (t[4m], t[4m + 2]) and (t[4m + 1], t[4m + 3]).
+                    let m = i / 4;
+                    let (x, y) = match i % 4 {
+                        0 | 1 => (t[4 * m], t[4 * m + 2]),
+                        _ => (t[4 * m + 1], t[4 * m + 3]),
+                    };
+                    if i % 2 == 0 {
+                        _mm512_unpacklo_epi64(x, y)
+                    } else {
+                        _mm512_unpackhi_epi64(x, y)
+                    }
+                });
+                // u[4m + c], 128-bit lane l: lane 4l + c's words w + 4m ..
+                // w + 4m + 4; v pairs word quads 0, 1 and 2, 3.
+                let v: [__m512i; 16] = std::array::from_fn(|i| {
+                    let (c, hi, half) = (i % 4, (i / 4) % 2 == 1, i / 8);
+                    let (x, y) = (u[8 * half + c], u[8 * half + 4 + c]);
+                    if hi {
+                        _mm512_shuffle_i32x4::<0xDD>(x, y)
+                    } else {
+                        _mm512_shuffle_i32x4::<0x88>(x, y)
+                    }
+                });
+                for j in 0..16 {
+                    // v[c + 4·odd] and v[8 + c + 4·odd] hold lanes c + 4·odd
+                    // and 8 + c + 4·odd, in their even and odd 128-bit lanes.
+                    let (c, odd, top) = (j % 4, (j / 4) % 2 == 1, j / 8 == 1);
+                    let (x, y) = (v[c + 4 * usize::from(odd)], v[8 + c + 4 * usize::from(odd)]);
+                    let out = if top { _mm512_shuffle_i32x4::<0xDD>(x, y) } else { _mm512_shuffle_i32x4::<0x88>(x, y) };
+                    let o = &mut dst[(k + j) * row + 4 * w..][..64];
+                    // SAFETY: writes exactly the 64 bytes of `o`.
+                    unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), out) };
+                }
+            }
         }
     }
 
@@ -1033,21 +1215,23 @@ mod tests {
 
     #[test]
     fn awq_gather_equals_the_field_order() {
-        // 9 word columns (two SIMD groups and a scalar rest) of 48 inputs (a
-        // block of 32 and one of 8, twice).
-        let (columns, inputs) = (9, 48);
-        let mut rng = fastrand::Rng::with_seed(3);
-        let src: Vec<u8> = (0..columns * 4 * inputs).map(|_| rng.u8(..)).collect();
-        let row = inputs / 2;
-        let mut dst = vec![0u8; 8 * columns * row];
-        gather_awq(&src, (0, columns * 4), (columns, inputs), &mut dst, row);
-        for o in 0..8 * columns {
-            for i in 0..inputs {
-                let a = i * columns * 4 + o / 8 * 4;
-                let word = u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]]);
-                let want = (word >> (4 * AWQ_SLOT[o % 8])) & 15;
-                let got = (dst[o * row + i / 2] >> (4 * (i % 2))) & 15;
-                assert_eq!(got as u32, want, "output {o}, input {i}");
+        // 9 word columns (two SSE2 groups and a scalar rest) of 48 inputs (a
+        // block of 32 and one of 8, twice); 16 and 32 columns of 64 and 96
+        // inputs (AVX-512's blocks).
+        for (columns, inputs) in [(9, 48), (16, 64), (32, 96)] {
+            let mut rng = fastrand::Rng::with_seed(3);
+            let src: Vec<u8> = (0..columns * 4 * inputs).map(|_| rng.u8(..)).collect();
+            let row = inputs / 2;
+            let mut dst = vec![0u8; 8 * columns * row];
+            gather_awq(&src, (0, columns * 4), (columns, inputs), &mut dst, row);
+            for o in 0..8 * columns {
+                for i in 0..inputs {
+                    let a = i * columns * 4 + o / 8 * 4;
+                    let word = u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]]);
+                    let want = (word >> (4 * AWQ_SLOT[o % 8])) & 15;
+                    let got = (dst[o * row + i / 2] >> (4 * (i % 2))) & 15;
+                    assert_eq!(got as u32, want, "output {o}, input {i} of {columns} x {inputs}");
+                }
             }
         }
     }
@@ -1203,15 +1387,18 @@ mod tests {
 
     #[test]
     fn word_gather_equals_the_scalar_copy() {
-        let (lanes, words, stride) = (7, 6, 40);
-        let src: Vec<u8> = (0..words * stride + 64).map(|b| b as u8).collect();
-        let row = 4 * words + 4;
-        let mut dst = vec![0u8; lanes * row];
-        gather_words(&src, (8, stride), (lanes, words), &mut dst, row);
-        for k in 0..lanes {
-            for w in 0..words {
-                let at = 8 + w * stride + 4 * k;
-                assert_eq!(&dst[k * row + 4 * w..][..4], &src[at..at + 4], "lane {k}, word {w}");
+        // Blocks of 4 (SSE2) with remainders, and of 16 (AVX-512), whose
+        // rows' lines are a stride apart.
+        for (lanes, words, stride) in [(7, 6, 40), (32, 48, 200), (16, 16, 64)] {
+            let src: Vec<u8> = (0..words * stride + 64).map(|b| (b * 7 + b / 251) as u8).collect();
+            let row = 4 * words + 4;
+            let mut dst = vec![0u8; lanes * row];
+            gather_words(&src, (8, stride), (lanes, words), &mut dst, row);
+            for k in 0..lanes {
+                for w in 0..words {
+                    let at = 8 + w * stride + 4 * k;
+                    assert_eq!(&dst[k * row + 4 * w..][..4], &src[at..at + 4], "lane {k}, word {w} of {lanes} x {words}");
+                }
             }
         }
     }
