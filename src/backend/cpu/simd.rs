@@ -414,6 +414,38 @@ mod x86 {
         unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
     }
 
+    /// 64 bytes as a register.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn load64(b: &[u8; 64]) -> __m512i {
+        // SAFETY: reads exactly the 64 bytes of `b` (unaligned load).
+        unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+    }
+
+    /// Stores a register in exactly the 64 bytes of `o`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn store64(o: &mut [u8], v: __m512i) {
+        let o = &mut o[..64];
+        // SAFETY: writes exactly the 64 bytes of `o` (unaligned store).
+        unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), v) };
+    }
+
+    /// The 64 bytes of `src` at `at`.
+    #[inline]
+    fn slice64(src: &[u8], at: usize) -> &[u8; 64] {
+        src[at..at + 64].try_into().unwrap_or_else(|_| unreachable!("64 bytes"))
+    }
+
+    /// 16 u32 as a register.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn load_u32s(v: &[u32]) -> __m512i {
+        let v: &[u32; 16] = v[..16].try_into().unwrap_or_else(|_| unreachable!("16 words"));
+        // SAFETY: reads exactly the 64 bytes of `v` (unaligned load).
+        unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+    }
+
     /// A register as 16 bytes.
     #[inline]
     #[target_feature(enable = "sse2")]
@@ -549,11 +581,8 @@ mod x86 {
     /// 32: `gather_awq`'s blocks, four of them side by side in a register
     /// (a whole line of each input's words), each 128-bit lane stored to
     /// its own output rows.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F and BW.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn gather_awq_avx512(
+    pub(super) fn gather_awq_avx512(
         src: &[u8],
         (first, lane): (usize, usize),
         (columns, inputs): (usize, usize),
@@ -571,9 +600,7 @@ mod x86 {
         let (lo, hi) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
         // Eight inputs' words of 16 word columns: `awq_8x32` lane by lane.
         let block = |c: usize, i: usize| -> [[__m512i; 4]; 2] {
-            // SAFETY: i + j < inputs and c + 16 ≤ columns: each line lies in `src`.
-            let r: [__m512i; 8] =
-                std::array::from_fn(|j| unsafe { _mm512_loadu_si512(src.as_ptr().add(first + (i + j) * lane + 4 * c).cast()) });
+            let r: [__m512i; 8] = std::array::from_fn(|j| load64(slice64(src, first + (i + j) * lane + 4 * c)));
             let p: [__m512i; 4] = std::array::from_fn(|m| {
                 let (a, b) = (r[2 * m], r[2 * m + 1]);
                 _mm512_or_si512(_mm512_and_si512(a, lo), _mm512_and_si512(_mm512_slli_epi16::<4>(b), hi))
@@ -758,11 +785,8 @@ mod x86 {
     /// See `super::gather_words`, for lanes and words multiples of 16:
     /// blocks of 16 word rows × 16 lanes (a line each way), transposed in
     /// registers.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn gather_words_avx512(
+    pub(super) fn gather_words_avx512(
         src: &[u8],
         (first, stride): (usize, usize),
         (lanes, words): (usize, usize),
@@ -784,9 +808,7 @@ mod x86 {
                 }
             }
             for k in (0..lanes).step_by(16) {
-                // SAFETY: w + i < words and k + 16 ≤ lanes: each line lies in `src`.
-                let r: [__m512i; 16] =
-                    std::array::from_fn(|i| unsafe { _mm512_loadu_si512(src.as_ptr().add(first + (w + i) * stride + 4 * k).cast()) });
+                let r: [__m512i; 16] = std::array::from_fn(|i| load64(slice64(src, first + (w + i) * stride + 4 * k)));
                 let t: [__m512i; 16] = std::array::from_fn(|i| {
                     let (x, y) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
                     if i % 2 == 0 {
@@ -825,9 +847,7 @@ mod x86 {
                     let (c, odd, top) = (j % 4, (j / 4) % 2 == 1, j / 8 == 1);
                     let (x, y) = (v[c + 4 * usize::from(odd)], v[8 + c + 4 * usize::from(odd)]);
                     let out = if top { _mm512_shuffle_i32x4::<0xDD>(x, y) } else { _mm512_shuffle_i32x4::<0x88>(x, y) };
-                    let o = &mut dst[(k + j) * row + 4 * w..][..64];
-                    // SAFETY: writes exactly the 64 bytes of `o`.
-                    unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), out) };
+                    store64(&mut dst[(k + j) * row + 4 * w..], out);
                 }
             }
         }
@@ -835,11 +855,8 @@ mod x86 {
 
     /// See `super::tables16`: one table a register, its byte planes one
     /// byte permutation.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F, BW and VBMI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    pub(super) unsafe fn tables16_avx512(
+    pub(super) fn tables16_avx512(
         codes: &[f32; 16],
         entries: &[(f32, f32)],
         (post, out): (f32, super::OutDtype),
@@ -1009,11 +1026,8 @@ mod x86 {
     /// See `super::shifted_block`: the 128 columns' 16 bytes transposed
     /// into each row's 128 codes (a byte each), then looked up in `base`
     /// and shifted, a row's 128·N bytes written at once.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F, BW and VBMI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    pub(super) unsafe fn shifted_block<const N: usize>(
+    pub(super) fn shifted_block<const N: usize>(
         src: &[u8],
         (first, lane): (usize, usize),
         (base, shifts): (&[u32; 16], &[u32; 128]),
@@ -1027,8 +1041,7 @@ mod x86 {
         // Register j: columns 4j .. 4j + 4, one per 128-bit lane, each
         // reordered byte-major (byte 4b + l: byte b of the lane's column l).
         let major: [u8; 64] = std::array::from_fn(|p| (16 * (p % 4) + p / 4) as u8);
-        // SAFETY: reads exactly the 64 bytes of `major`.
-        let major = unsafe { _mm512_loadu_si512(major.as_ptr().cast()) };
+        let major = load64(&major);
         // w[m][q], lane l: byte 4l + q of columns 16m .. 16m + 16.
         let w: [[__m512i; 4]; 8] = std::array::from_fn(|m| {
             let a: [__m512i; 4] = std::array::from_fn(|j| {
@@ -1062,20 +1075,13 @@ mod x86 {
                 bytes[12 + q][h] = _mm512_shuffle_i64x2::<0xDD>(t1, t3);
             }
         }
-        // SAFETY: reads exactly the 64 bytes of `base`.
-        let table = unsafe { _mm512_loadu_si512(base.as_ptr().cast()) };
+        let table = load_u32s(base);
         let nibble = _mm512_set1_epi8(0x0F);
         if N == 2 {
             // The 16-bit table in the low half, the shifts 32 columns a register.
             let table = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(table));
             let shift: [__m512i; 4] = std::array::from_fn(|k| {
-                // SAFETY: reads exactly the 128 bytes of shifts 32k .. 32k + 32.
-                let (a, b) = unsafe {
-                    (
-                        _mm512_loadu_si512(shifts.as_ptr().add(32 * k).cast()),
-                        _mm512_loadu_si512(shifts.as_ptr().add(32 * k + 16).cast()),
-                    )
-                };
+                let (a, b) = (load_u32s(&shifts[32 * k..]), load_u32s(&shifts[32 * k + 16..]));
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b))
             });
             let mag = _mm512_set1_epi16(0x7FFF);
@@ -1094,17 +1100,13 @@ mod x86 {
                             let k = 2 * half + p;
                             let v = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(c), table);
                             let v = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, mag), v, shift[k]);
-                            // SAFETY: writes exactly bytes 64k .. 64k + 64 of `o`.
-                            unsafe { _mm512_storeu_si512(o.as_mut_ptr().add(64 * k).cast(), v) };
+                            store64(&mut o[64 * k..], v);
                         }
                     }
                 }
             }
         } else {
-            let shift: [__m512i; 8] = std::array::from_fn(|k| {
-                // SAFETY: reads exactly the 64 bytes of shifts 16k .. 16k + 16.
-                unsafe { _mm512_loadu_si512(shifts.as_ptr().add(16 * k).cast()) }
-            });
+            let shift: [__m512i; 8] = std::array::from_fn(|k| load_u32s(&shifts[16 * k..]));
             let mag = _mm512_set1_epi32(0x7FFF_FFFF);
             for (b, by) in bytes.iter().enumerate() {
                 for h in 0..2 {
@@ -1126,8 +1128,7 @@ mod x86 {
                             let k = 4 * half + p;
                             let v = _mm512_permutexvar_epi32(_mm512_cvtepu8_epi32(c), table);
                             let v = _mm512_mask_add_epi32(v, _mm512_test_epi32_mask(v, mag), v, shift[k]);
-                            // SAFETY: writes exactly bytes 64k .. 64k + 64 of `o`.
-                            unsafe { _mm512_storeu_si512(o.as_mut_ptr().add(64 * k).cast(), v) };
+                            store64(&mut o[64 * k..], v);
                         }
                     }
                 }
