@@ -1,4 +1,4 @@
-//! The CPU's vector kernels (x86-64: SSE2, and SSSE3 where the CPU has it),
+//! The CPU's vector kernels (x86-64: SSE2, SSSE3 and AVX-512 where the CPU has them),
 //! each next to the scalar loop it equals byte for byte and that other CPUs
 //! run: table lookups of 4-bit codes, and the transposes that turn packs
 //! along the input dimension into straight rows.
