@@ -248,14 +248,6 @@ pub(super) fn gather_awq(
     dst: &mut [u8],
     row: usize,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx512() && columns.is_multiple_of(16) && inputs.is_multiple_of(32) {
-            // SAFETY: the CPU has AVX-512 F and BW (checked just above).
-            unsafe { x86::gather_awq_avx512(src, (first, lane), (columns, inputs), dst, row) };
-            return;
-        }
-    }
     let c4 = if sse2() { columns / 4 * 4 } else { 0 };
     // SAFETY: SSE2 is part of x86-64.
     #[cfg(target_arch = "x86_64")]
@@ -570,89 +562,6 @@ mod x86 {
                         for (l, e) in element.iter().enumerate() {
                             let at = (8 * (c + q) + e) * row + i / 2;
                             dst[at..at + 4].copy_from_slice(&w[4 * l..4 * l + 4]);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// `super::gather_awq` for `columns` a multiple of 16 and `inputs` of
-    /// 32: `gather_awq`'s blocks, four of them side by side in a register
-    /// (a whole line of each input's words), each 128-bit lane stored to
-    /// its own output rows.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) fn gather_awq_avx512(
-        src: &[u8],
-        (first, lane): (usize, usize),
-        (columns, inputs): (usize, usize),
-        dst: &mut [u8],
-        row: usize,
-    ) {
-        const ELEMENT: [[usize; 4]; 2] = [[0, 4, 1, 5], [2, 6, 3, 7]];
-        if columns == 0 || inputs == 0 {
-            return;
-        }
-        // One bounds check each for the last input's words and the last
-        // output row's codes.
-        let src = &src[..first + (inputs - 1) * lane + 4 * columns];
-        let dst = &mut dst[..(8 * columns - 1) * row + inputs / 2];
-        let (lo, hi) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
-        // Eight inputs' words of 16 word columns: `awq_8x32` lane by lane.
-        let block = |c: usize, i: usize| -> [[__m512i; 4]; 2] {
-            let r: [__m512i; 8] = std::array::from_fn(|j| load64(slice64(src, first + (i + j) * lane + 4 * c)));
-            let p: [__m512i; 4] = std::array::from_fn(|m| {
-                let (a, b) = (r[2 * m], r[2 * m + 1]);
-                _mm512_or_si512(_mm512_and_si512(a, lo), _mm512_and_si512(_mm512_slli_epi16::<4>(b), hi))
-            });
-            let q: [__m512i; 4] = std::array::from_fn(|m| {
-                let (a, b) = (r[2 * m], r[2 * m + 1]);
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(a), lo), _mm512_and_si512(b, hi))
-            });
-            let words = |p: [__m512i; 4]| -> [__m512i; 4] {
-                let (ab0, cd0) = (_mm512_unpacklo_epi8(p[0], p[1]), _mm512_unpacklo_epi8(p[2], p[3]));
-                let (ab1, cd1) = (_mm512_unpackhi_epi8(p[0], p[1]), _mm512_unpackhi_epi8(p[2], p[3]));
-                [
-                    _mm512_unpacklo_epi16(ab0, cd0),
-                    _mm512_unpackhi_epi16(ab0, cd0),
-                    _mm512_unpacklo_epi16(ab1, cd1),
-                    _mm512_unpackhi_epi16(ab1, cd1),
-                ]
-            };
-            [words(p), words(q)]
-        };
-        for i in (0..inputs).step_by(32) {
-            // The lines of the inputs two blocks on (a lane apart).
-            for j in 64..96 {
-                let at = first + (i + j) * lane;
-                for l in (0..4 * columns).step_by(64) {
-                    prefetch::<false>(src, at + l);
-                }
-            }
-            for c in (0..columns).step_by(16) {
-                let b: [[[__m512i; 4]; 2]; 4] = std::array::from_fn(|k| block(c, i + 8 * k));
-                for (half, element) in ELEMENT.iter().enumerate() {
-                    for q in 0..4 {
-                        let x: [__m512i; 4] = std::array::from_fn(|k| b[k][half][q]);
-                        let (ab0, cd0) = (_mm512_unpacklo_epi32(x[0], x[1]), _mm512_unpacklo_epi32(x[2], x[3]));
-                        let (ab1, cd1) = (_mm512_unpackhi_epi32(x[0], x[1]), _mm512_unpackhi_epi32(x[2], x[3]));
-                        let t = [
-                            _mm512_unpacklo_epi64(ab0, cd0),
-                            _mm512_unpackhi_epi64(ab0, cd0),
-                            _mm512_unpacklo_epi64(ab1, cd1),
-                            _mm512_unpackhi_epi64(ab1, cd1),
-                        ];
-                        for (v, e) in t.into_iter().zip(element) {
-                            // 128-bit lane l: word columns c + 4l.
-                            let lanes = [
-                                _mm512_extracti32x4_epi32::<0>(v),
-                                _mm512_extracti32x4_epi32::<1>(v),
-                                _mm512_extracti32x4_epi32::<2>(v),
-                                _mm512_extracti32x4_epi32::<3>(v),
-                            ];
-                            for (l, v) in lanes.into_iter().enumerate() {
-                                store(dst, (8 * (c + 4 * l + q) + e) * row + i / 2, v);
-                            }
                         }
                     }
                 }
@@ -1075,61 +984,50 @@ mod x86 {
                 bytes[12 + q][h] = _mm512_shuffle_i64x2::<0xDD>(t1, t3);
             }
         }
-        let table = load_u32s(base);
         let nibble = _mm512_set1_epi8(0x0F);
-        if N == 2 {
-            // The 16-bit table in the low half, the shifts 32 columns a register.
-            let table = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(table));
-            let shift: [__m512i; 4] = std::array::from_fn(|k| {
+        // The table, the shifts (a register per 64 bytes of a row's output)
+        // and the magnitude bits, in N-byte lanes.
+        let (table, shift, mag) = if N == 2 {
+            let table = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(load_u32s(base)));
+            let shift: [__m512i; 8] = std::array::from_fn(|k| {
+                if k >= 4 {
+                    return _mm512_setzero_si512();
+                }
                 let (a, b) = (load_u32s(&shifts[32 * k..]), load_u32s(&shifts[32 * k + 16..]));
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b))
             });
-            let mag = _mm512_set1_epi16(0x7FFF);
-            for (b, by) in bytes.iter().enumerate() {
-                for h in 0..2 {
-                    let row = 2 * b + h;
-                    let o = &mut out[row * row_bytes..][..256];
-                    for (half, &v) in by.iter().enumerate() {
-                        let codes = if h == 0 {
-                            _mm512_and_si512(v, nibble)
-                        } else {
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble)
-                        };
-                        let parts = [_mm512_castsi512_si256(codes), _mm512_extracti64x4_epi64::<1>(codes)];
-                        for (p, c) in parts.into_iter().enumerate() {
-                            let k = 2 * half + p;
-                            let v = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(c), table);
-                            let v = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, mag), v, shift[k]);
-                            store64(&mut o[64 * k..], v);
-                        }
-                    }
-                }
-            }
+            (table, shift, _mm512_set1_epi16(0x7FFF))
         } else {
             let shift: [__m512i; 8] = std::array::from_fn(|k| load_u32s(&shifts[16 * k..]));
-            let mag = _mm512_set1_epi32(0x7FFF_FFFF);
-            for (b, by) in bytes.iter().enumerate() {
-                for h in 0..2 {
-                    let row = 2 * b + h;
-                    let o = &mut out[row * row_bytes..][..512];
-                    for (half, &v) in by.iter().enumerate() {
-                        let codes = if h == 0 {
-                            _mm512_and_si512(v, nibble)
-                        } else {
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble)
-                        };
-                        let parts = [
-                            _mm512_extracti32x4_epi32::<0>(codes),
-                            _mm512_extracti32x4_epi32::<1>(codes),
-                            _mm512_extracti32x4_epi32::<2>(codes),
-                            _mm512_extracti32x4_epi32::<3>(codes),
-                        ];
-                        for (p, c) in parts.into_iter().enumerate() {
-                            let k = 4 * half + p;
-                            let v = _mm512_permutexvar_epi32(_mm512_cvtepu8_epi32(c), table);
-                            let v = _mm512_mask_add_epi32(v, _mm512_test_epi32_mask(v, mag), v, shift[k]);
-                            store64(&mut o[64 * k..], v);
-                        }
+            (load_u32s(base), shift, _mm512_set1_epi32(0x7FFF_FFFF))
+        };
+        for row in 0..32 {
+            let o = &mut out[row * row_bytes..][..128 * N];
+            // Byte b holds rows 2b (low nibbles) and 2b + 1 (high ones).
+            for (half, &v) in bytes[row / 2].iter().enumerate() {
+                let codes = if row % 2 == 0 { v } else { _mm512_srli_epi16::<4>(v) };
+                let codes = _mm512_and_si512(codes, nibble);
+                // Each 64 codes' outputs, 64 bytes at a time.
+                if N == 2 {
+                    let parts = [_mm512_castsi512_si256(codes), _mm512_extracti64x4_epi64::<1>(codes)];
+                    for (p, c) in parts.into_iter().enumerate() {
+                        let k = 2 * half + p;
+                        let v = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(c), table);
+                        let v = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, mag), v, shift[k]);
+                        store64(&mut o[64 * k..], v);
+                    }
+                } else {
+                    let parts = [
+                        _mm512_extracti32x4_epi32::<0>(codes),
+                        _mm512_extracti32x4_epi32::<1>(codes),
+                        _mm512_extracti32x4_epi32::<2>(codes),
+                        _mm512_extracti32x4_epi32::<3>(codes),
+                    ];
+                    for (p, c) in parts.into_iter().enumerate() {
+                        let k = 4 * half + p;
+                        let v = _mm512_permutexvar_epi32(_mm512_cvtepu8_epi32(c), table);
+                        let v = _mm512_mask_add_epi32(v, _mm512_test_epi32_mask(v, mag), v, shift[k]);
+                        store64(&mut o[64 * k..], v);
                     }
                 }
             }
@@ -1217,8 +1115,7 @@ mod tests {
     #[test]
     fn awq_gather_equals_the_field_order() {
         // 9 word columns (two SSE2 groups and a scalar rest) of 48 inputs (a
-        // block of 32 and one of 8, twice); 16 and 32 columns of 64 and 96
-        // inputs (AVX-512's blocks).
+        // block of 32 and one of 8, twice), and whole groups only.
         for (columns, inputs) in [(9, 48), (16, 64), (32, 96)] {
             let mut rng = fastrand::Rng::with_seed(3);
             let src: Vec<u8> = (0..columns * 4 * inputs).map(|_| rng.u8(..)).collect();
