@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::numerics::OutDtype;
 
 /// Word rows ahead whose lines [`gather_words`] fetches.
+#[cfg(target_arch = "x86_64")]
 const WORDS_AHEAD: usize = 8;
 
 /// Slot of element `e` in an AutoAWQ word: `e/2 + (e%2)·4`.
@@ -43,30 +44,18 @@ fn sse2() -> bool {
 }
 
 /// Whether the SSSE3 (`pshufb`) kernels run.
+#[cfg(target_arch = "x86_64")]
 #[inline]
-pub(super) fn has_ssse3() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        sse2() && std::arch::is_x86_feature_detected!("ssse3")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+fn has_ssse3() -> bool {
+    sse2() && std::arch::is_x86_feature_detected!("ssse3")
 }
 
 /// Whether the AVX-512 kernels (F, BW, VBMI) run.
+#[cfg(target_arch = "x86_64")]
 #[inline]
 fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        sse2() && WIDE.load(Ordering::Relaxed) && has!("avx512f") && has!("avx512bw") && has!("avx512vbmi")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    use std::arch::is_x86_feature_detected as has;
+    sse2() && WIDE.load(Ordering::Relaxed) && has!("avx512f") && has!("avx512bw") && has!("avx512vbmi")
 }
 
 /// A 16-entry code table split into byte planes: plane `b` holds byte `b`
@@ -272,14 +261,11 @@ pub(super) fn gather_awq(
 /// byte (low nibble first): the low nibbles of `src` into `lo`, the high
 /// ones into `hi` (each `src.len().div_ceil(2)` bytes).
 pub(super) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) {
-    let mut done = 0;
+    // SAFETY: the CPU has SSSE3 (checked just before).
     #[cfg(target_arch = "x86_64")]
-    {
-        if has_ssse3() {
-            // SAFETY: the CPU has SSSE3 (checked just above).
-            done = unsafe { x86::split_nibbles(src, lo, hi) };
-        }
-    }
+    let done = if has_ssse3() { unsafe { x86::split_nibbles(src, lo, hi) } } else { 0 };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for (k, pair) in src[done..].chunks(2).enumerate() {
         let (a, b) = (pair[0], pair.get(1).copied().unwrap_or(0));
         lo[done / 2 + k] = a & 15 | b << 4;
