@@ -337,6 +337,7 @@ pub(super) fn transposed_block<const N: usize>(
 }
 
 /// The 16 bytes at `at`.
+#[cfg(target_arch = "x86_64")]
 #[inline]
 fn slice16(src: &[u8], at: usize) -> &[u8; 16] {
     let s = &src[at..at + 16];
