@@ -293,7 +293,12 @@ impl Fields<'_> {
     /// [`Fields::field_at`] (fields that cross no word: `whole_fields`).
     #[inline]
     pub(crate) fn position(&self, slice: usize, lane: usize, i: usize) -> u64 {
-        let (w, off) = self.locate(i);
+        self.bit(slice, lane, self.locate(i))
+    }
+
+    /// The bit at offset `off` of word `w` of `lane` in `slice`.
+    #[inline]
+    fn bit(&self, slice: usize, lane: usize, (w, off): (u64, u32)) -> u64 {
         slice as u64 * self.slice_bits + lane as u64 * self.lane_bits + w * self.word_bits + off as u64
     }
 
@@ -306,14 +311,13 @@ impl Fields<'_> {
     /// The field of `lane`, index `i`, in `slice`.
     #[inline]
     pub fn get(&self, slice: usize, lane: usize, i: usize) -> u32 {
-        let base = slice as u64 * self.slice_bits + lane as u64 * self.lane_bits;
         let (w, off) = self.locate(i);
         let lo_n = (32 - off).min(self.bits);
-        let lo = self.read_bits((base + w * self.word_bits + off as u64) ^ self.swap_mask(), lo_n);
+        let lo = self.read_bits(self.bit(slice, lane, (w, off)) ^ self.swap_mask(), lo_n);
         if lo_n == self.bits {
             lo
         } else {
-            let hi = self.read_bits(base + (w + 1) * self.word_bits, self.bits - lo_n);
+            let hi = self.read_bits(self.bit(slice, lane, (w + 1, 0)), self.bits - lo_n);
             lo | hi << lo_n
         }
     }
