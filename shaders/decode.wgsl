@@ -57,6 +57,12 @@ const CODE_E4M3: u32 = 4u;               // numerics::e4m3
 const PACK_TRANSPOSED: u32 = 0u;  // transposed output: a word holds output rows
 const PACK_STRIDED: u32 = 1u;     // lanes one word apart, a lane's words strided
 
+// Params::sp_mode: codes read through a bitmask (job::Sparse), and where
+// its blocks start among the kept codes (job::Starts).
+const SPARSE_NONE: u32 = 0u;
+const SPARSE_FIXED: u32 = 1u;   // row * sp_step + block * sp_per_block
+const SPARSE_TABLE: u32 = 2u;   // src[sp_starts + (row - sp_row0) * sp_step + block]
+
 // Params::gidx of a job without g_idx.
 const NO_G_IDX: u32 = 0xffffffffu;
 
@@ -113,11 +119,16 @@ struct Params {
     transposed: u32,  // 1: output (row, col) is stored (col, row)
     post_scale: f32,  // every value times this last (LLM.int8's 1/127); 1.0: none
     product: u32,     // OUT_BF16 / OUT_F16: the scaled value computed in that dtype (job::Product); OUT_F32: in f32
-    pad0: u32,        // the streams below start 16-byte aligned (uniform layout)
-    pad1: u32,
-    pad2: u32,
+    sp_mode: u32,     // SPARSE_*
+    sp_block: u32,    // columns per block of the bitmask
+    sp_step: u32,     // SPARSE_FIXED: kept codes per row; SPARSE_TABLE: blocks per row
+    sp_per_block: u32, // SPARSE_FIXED: kept codes per block
+    sp_starts: u32,   // SPARSE_TABLE: word index of row sp_row0's block starts
+    sp_row0: u32,
+    pad: u32,         // the streams below start 16-byte aligned (uniform layout)
     codes: Stream,
     zero: Stream,
+    mask: Stream,     // a sparse job's bitmask: 1-bit fields, lane = row
     zgrid: Grid,
     sgrid: Grid,
 }
@@ -130,7 +141,7 @@ override WG: u32 = 256u;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 
-// `n` (<= 8) bits starting at bit `pos` of src.
+// `n` (<= 16) bits starting at bit `pos` of src.
 fn bits_at(pos: u32, n: u32) -> u32 {
     let w = pos >> 5u;
     let sh = pos & 31u;
@@ -279,9 +290,35 @@ fn decode(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
     return v;
 }
 
+// DecodeJob::code: the field, or through a sparse job's bitmask (code 0
+// where the bit is clear, else the kept code at the block's start plus the
+// bits set before it in the block).
+fn code_of(slice: u32, row: u32, col: u32) -> u32 {
+    if (p.sp_mode == SPARSE_NONE) {
+        return field(p.codes, slice, row, col);
+    }
+    if (field(p.mask, 0u, row, col) == 0u) {
+        return 0u;
+    }
+    let b = col / p.sp_block;
+    var idx = row * p.sp_step + b * p.sp_per_block;
+    if (p.sp_mode == SPARSE_TABLE) {
+        idx = src[p.sp_starts + (row - p.sp_row0) * p.sp_step + b];
+    }
+    var pos = p.mask.base + row * p.mask.lane_bits + b * p.sp_block;
+    var n = col - b * p.sp_block;
+    while (n > 0u) {
+        let k = min(n, 16u);
+        idx = idx + countOneBits(bits_at(pos, k));
+        pos = pos + k;
+        n = n - k;
+    }
+    return field(p.codes, 0u, 0u, idx);
+}
+
 // DecodeJob::value before its post scale.
 fn decode_scaled(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
-    var v = bitcast<f32>(src[p.code_table + field(p.codes, slice, row, col)]);
+    var v = bitcast<f32>(src[p.code_table + code_of(slice, row, col)]);
     if (p.zero_mode == ZERO_PACKED) {
         var g = 0u;
         if (p.has_scale == 1u) {

@@ -334,7 +334,7 @@ impl Weight {
                 slice_bits: 0,
                 high_first: self.layout == Layout::BnbNf4,
             },
-            code_values,
+            code_values: code_values.into(),
             zero,
             scale: Some(Values {
                 data: self.scale.as_slice().into(),
@@ -345,6 +345,7 @@ impl Weight {
             low_rank: None,
             post_scale: (self.layout == Layout::BnbInt8).then_some(crate::formats::bnb::INT8_POST),
             product: Default::default(),
+            sparse: None,
             transposed: false,
             out,
         }
@@ -404,9 +405,14 @@ impl Weight {
                     row_stride: rows / 32,
                     slice_stride: 0,
                 };
-                DecodeJob::new(dims(1, cols, rows), codes, (0..16).map(e2m1).collect(), out)
-                    .with_scale(values(&self.scale, table(e8m0), grid))
-                    .transpose()
+                DecodeJob::new(
+                    dims(1, cols, rows),
+                    codes,
+                    (0..16).map(e2m1).collect::<Vec<f32>>(),
+                    out,
+                )
+                .with_scale(values(&self.scale, table(e8m0), grid))
+                .transpose()
             }
         }
     }
@@ -655,7 +661,7 @@ impl InputPacked {
         (codes, scale, zero): &'a (Vec<u8>, Vec<u8>, Vec<u8>),
         out: OutDtype,
     ) -> DecodeJob<'a> {
-        let int4 = (0..16).map(|c| c as f32 - 8.0).collect();
+        let int4 = (0..16).map(|c| c as f32 - 8.0).collect::<Vec<f32>>();
         match self {
             InputPacked::AwqGemm => {
                 // Stored [in, out]: `cols` rows of `rows` columns.
@@ -704,7 +710,7 @@ impl InputPacked {
                         slice_stride: cols * inputs / 32,
                     },
                 };
-                DecodeJob::new(stored, codes, (0..16).map(e2m1).collect(), out)
+                DecodeJob::new(stored, codes, (0..16).map(e2m1).collect::<Vec<f32>>(), out)
                     .with_scale(scale)
                     .transpose()
             }

@@ -22,6 +22,9 @@ pub enum Rule {
     /// `weight_scale`, `weight_global_scale = 1/weight_scale_2` (and
     /// `input_global_scale = 1/input_scale`); anything else cannot be converted.
     Ct005,
+    /// SP-001: a sparse module's bitmask, kept values and row offsets agree
+    /// (2:4 keeps exactly 2 of every 4 columns).
+    Sparse,
     /// IO-001: a file could not be read or written.
     Io,
     /// ST-001: a safetensors container is malformed (header, offsets, sizes).
@@ -63,6 +66,7 @@ impl Rule {
             Rule::Ct001 => "CT-001",
             Rule::Ct004 => "CT-004",
             Rule::Ct005 => "CT-005",
+            Rule::Sparse => "SP-001",
             Rule::Io => "IO-001",
             Rule::Container => "ST-001",
             Rule::Index => "ST-002",

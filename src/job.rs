@@ -227,7 +227,8 @@ impl Fields<'_> {
         }
     }
 
-    /// Reads `n` (≤ 8) bits starting at absolute bit `pos`.
+    /// Reads `n` (≤ 8, or 16 from a byte's first bit) bits starting at
+    /// absolute bit `pos`.
     #[inline]
     fn read_bits(&self, pos: u64, n: u32) -> u32 {
         let byte = (pos / 8) as usize;
@@ -306,6 +307,19 @@ impl Fields<'_> {
     #[inline]
     pub(crate) fn field_at(&self, pos: u64) -> u32 {
         self.read_bits(pos ^ self.swap_mask(), self.bits)
+    }
+
+    /// The set bits at positions `lo..hi` of the stream (a bitmask's count).
+    #[inline]
+    pub fn ones(&self, lo: u64, hi: u64) -> u64 {
+        let mut n = 0;
+        let mut pos = lo;
+        while pos < hi {
+            let k = (hi - pos).min(8 - pos % 8) as u32;
+            n += self.read_bits(pos, k).count_ones() as u64;
+            pos += k as u64;
+        }
+        n
     }
 
     /// The field of `lane`, index `i`, in `slice`.
@@ -526,6 +540,70 @@ pub enum ZeroPoint<'a> {
     Plain(Values<'a>),
 }
 
+/// Codes kept only where a bitmask is set (compressed-tensors' sparse
+/// formats): element (row, col) reads code 0 — which a sparse job's
+/// `code_values` make +0.0 — where its bit is clear, else code
+///
+/// ```text
+/// start(row, col div block) + (set bits of row before col, from the block's first column)
+/// ```
+///
+/// of the job's codes (lane 0: the kept codes, row after row). 2-D jobs only.
+#[derive(Debug, Clone)]
+pub struct Sparse<'a> {
+    /// One bit per element, lane = row, LSB first.
+    pub mask: Fields<'a>,
+    /// Columns per block.
+    pub block: usize,
+    /// Where each block's kept codes start.
+    pub starts: Starts,
+}
+
+/// Where a sparse job's blocks start among its kept codes.
+#[derive(Debug, Clone)]
+pub enum Starts {
+    /// `row·per_row + block·per_block`: a fixed count per block (2:4 keeps
+    /// 2 of every 4 columns).
+    Fixed {
+        /// Kept codes per row.
+        per_row: u64,
+        /// Kept codes per block.
+        per_block: u64,
+    },
+    /// One per (row, block), row-major (unstructured masks).
+    Table {
+        /// Blocks per row.
+        blocks: usize,
+        /// The starts.
+        at: Arc<[u64]>,
+    },
+}
+
+impl Sparse<'_> {
+    /// Blocks per row of `cols` columns.
+    pub fn blocks(&self, cols: usize) -> usize {
+        cols.div_ceil(self.block.max(1))
+    }
+
+    /// Index among the kept codes of the first in block `b` of `row` (of
+    /// the row itself for `b` = 0; past the table: `u64::MAX`).
+    #[inline]
+    pub fn start(&self, row: usize, b: usize) -> u64 {
+        match &self.starts {
+            Starts::Fixed { per_row, per_block } => row as u64 * per_row + b as u64 * per_block,
+            Starts::Table { blocks, at } => at.get(row * blocks + b).copied().unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Index among the kept codes of element (row, col), whose bit is set.
+    #[inline]
+    pub fn index(&self, row: usize, col: usize) -> u64 {
+        let b = col / self.block;
+        let first = self.mask.lane_start(0, row).unwrap_or(0) + (b * self.block) as u64;
+        self.start(row, b) + self.mask.ones(first, first + (col % self.block) as u64)
+    }
+}
+
 /// The arithmetic the scaled value `(q − zero) · scale` is computed in,
 /// before any post scale and the final rounding to the output dtype. A
 /// producer whose dequantizer multiplies two tensors of a 16-bit dtype rounds
@@ -565,7 +643,7 @@ pub struct DecodeJob<'a> {
     pub codes: Fields<'a>,
     /// Value of each code (length 2^bits): integer codes with their offset
     /// removed, E2M1 or E4M3 values.
-    pub code_values: Vec<f32>,
+    pub code_values: Arc<[f32]>,
     /// Zero point, when the scheme is asymmetric.
     pub zero: Option<ZeroPoint<'a>>,
     /// Scale, when there is one.
@@ -582,6 +660,8 @@ pub struct DecodeJob<'a> {
     pub product: Product,
     /// Output dtype.
     pub out: OutDtype,
+    /// The codes are kept only where a bitmask is set ([`Sparse`]).
+    pub sparse: Option<Sparse<'a>>,
     /// The output is the stored matrix transposed: element (slice, row, col)
     /// is stored element (slice, col, row). `dims` are the output's; codes,
     /// zero point and scale are addressed in the stored orientation
@@ -652,11 +732,11 @@ impl LowRank {
 impl<'a> DecodeJob<'a> {
     /// The job writing `code_values[code]` of each of `codes` as `out`:
     /// no zero point, scale, g_idx or low-rank branch, not transposed.
-    pub fn new(dims: Dims, codes: Fields<'a>, code_values: Vec<f32>, out: OutDtype) -> Self {
+    pub fn new(dims: Dims, codes: Fields<'a>, code_values: impl Into<Arc<[f32]>>, out: OutDtype) -> Self {
         DecodeJob {
             dims,
             codes,
-            code_values,
+            code_values: code_values.into(),
             zero: None,
             scale: None,
             g_idx: None,
@@ -664,8 +744,16 @@ impl<'a> DecodeJob<'a> {
             post_scale: None,
             product: Product::F32,
             out,
+            sparse: None,
             transposed: false,
         }
+    }
+
+    /// Reads the codes through a bitmask (see [`Sparse`]): `codes` then holds
+    /// the kept codes alone, in lane 0.
+    pub fn with_sparse(mut self, sparse: Sparse<'a>) -> Self {
+        self.sparse = Some(sparse);
+        self
     }
 
     /// Computes the scaled value in `product`'s arithmetic (see [`Product`]).
@@ -805,12 +893,32 @@ impl DecodeJob<'_> {
     /// element.
     #[inline]
     fn code_and_scale(&self, slice: usize, row: usize, col: usize) -> (f32, Option<f32>) {
-        let mut v = self.code_values[self.codes.get(slice, row, col) as usize];
+        let mut v = self.code_values[self.code(slice, row, col) as usize];
         let (zero, s) = self.zero_and_scale(slice, row, col);
         if let Some(z) = zero {
             v -= z;
         }
         (v, s)
+    }
+
+    /// The code of one stored element: its field, or through the bitmask of
+    /// a sparse job (code 0 where the bit is clear).
+    #[inline]
+    pub fn code(&self, slice: usize, row: usize, col: usize) -> u32 {
+        match &self.sparse {
+            None => self.codes.get(slice, row, col),
+            Some(sp) if sp.mask.get(slice, row, col) == 0 => 0,
+            Some(sp) => self.codes.get(slice, 0, sp.index(row, col) as usize),
+        }
+    }
+
+    /// The first bit of the codes of stored (slice, row), for the ranges
+    /// backends upload and writers release.
+    pub fn codes_start(&self, slice: usize, row: usize) -> Option<u64> {
+        match &self.sparse {
+            None => self.codes.lane_start(slice, row),
+            Some(sp) => sp.start(row, 0).checked_mul(self.codes.bits as u64),
+        }
     }
 
     /// The zero point and the scale of one stored element (what a backend's
@@ -1068,7 +1176,7 @@ mod tests {
                 slice_stride: 2,
             },
         };
-        let code_values = (0..256).map(|c| c as f32).collect();
+        let code_values = (0..256).map(|c| c as f32).collect::<Vec<f32>>();
         let job = DecodeJob::new(dims, codes, code_values, OutDtype::F32)
             .with_scale(scale)
             .transpose();

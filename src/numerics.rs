@@ -104,6 +104,17 @@ impl OutDtype {
         }
     }
 
+    /// Rounds `x` once to this dtype and writes its little-endian bytes
+    /// (a value from f64 arithmetic, such as a rotation folded in).
+    pub fn encode_f64(self, x: f64, out: &mut [u8]) {
+        match self {
+            OutDtype::F32 => self.encode(x as f32, out),
+            // Rounded to odd at f32's precision, then to nearest: one
+            // correct rounding (f32 keeps more than two bits beyond either).
+            _ => self.encode(f64_to_f32_odd(x), out),
+        }
+    }
+
     /// Rounds `x` once to this dtype and appends its little-endian bytes.
     #[inline]
     pub fn encode(self, x: f32, out: &mut [u8]) {
@@ -113,6 +124,22 @@ impl OutDtype {
             OutDtype::F32 => out.copy_from_slice(&f32_bits(x).to_le_bytes()),
         }
     }
+}
+
+/// `x` rounded to f32 toward zero, with the last bit set when that was
+/// inexact ("round to odd"): rounding the result again to nearest at a
+/// precision at least two bits narrower is the correct rounding of `x`.
+pub fn f64_to_f32_odd(x: f64) -> f32 {
+    let f = x as f32;
+    if f as f64 == x || x.is_nan() {
+        return f;
+    }
+    let mut bits = f.to_bits();
+    // Rounded away from zero (overflow to infinity included): one step back.
+    if (f as f64).abs() > x.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
 }
 
 impl std::fmt::Display for OutDtype {

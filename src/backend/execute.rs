@@ -12,6 +12,7 @@ use crate::checkpoint::TensorRef;
 use crate::error::{Error, Result, ResultExt, Rule};
 use crate::numerics::OutDtype;
 use crate::output::assembly::Assembly;
+use crate::output::fold::Fold;
 use crate::output::{cast_layout, Output, Source};
 
 impl Output<'_> {
@@ -36,6 +37,7 @@ impl Output<'_> {
         let r = match &self.source {
             Source::Decode(job) => backend.decode_rows_async(job, rows, out).await,
             Source::Assemble(a) => assembled_rows(a, backend, rows, out).await,
+            Source::Fold(f) => folded_rows(f, backend, rows, out).await,
             Source::Cast(t, to) => cast_rows(t, *to, rows, out),
             _ => Err(Error::bare(
                 Rule::Argument,
@@ -58,7 +60,7 @@ impl Output<'_> {
             Source::Bytes(b) => Ok(Cow::Borrowed(b)),
             Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
             Source::Rearrange(r) => Ok(Cow::Owned(r.bytes()?)),
-            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) => {
+            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) | Source::Fold(_) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];
                 self.decode_rows_async(backend, 0..rows, &mut out).await?;
@@ -125,6 +127,30 @@ async fn assembled_rows(
             }
         }
         done += band.rows;
+    }
+    Ok(())
+}
+
+/// Decodes rows `rows` of a folded weight into `out`: the bands of rows
+/// they fall in, decoded and folded, of which `rows` are kept.
+async fn folded_rows(f: &Fold<'_>, backend: &dyn Backend, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+    let (total, cols) = f.dims();
+    let row_bytes = cols * f.out.size();
+    crate::backend::check_span(total, row_bytes, &rows, out)?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let band = f.band();
+    let (b0, b1) = (rows.start / band * band, rows.end.next_multiple_of(band).min(total));
+    let mut wq = vec![0u8; (b1 - b0) * cols * f.job.out.size()];
+    backend.decode_rows_async(&f.job, b0..b1, &mut wq).await?;
+    if (b0, b1) == (rows.start, rows.end) {
+        f.fold(&wq, out);
+    } else {
+        let mut all = vec![0u8; (b1 - b0) * row_bytes];
+        f.fold(&wq, &mut all);
+        let at = (rows.start - b0) * row_bytes;
+        out.copy_from_slice(&all[at..at + rows.len() * row_bytes]);
     }
     Ok(())
 }

@@ -180,7 +180,7 @@ fn module_job<'c>(
     };
     // Codes and zero points as compressed-tensors holds them, q − 8; the
     // offsets cancel in (q − 8) − (z − 8).
-    let code_values = (0..16).map(|c| c as f32 - 8.0).collect();
+    let code_values = (0..16).map(|c| c as f32 - 8.0).collect::<Vec<f32>>();
     let job = DecodeJob::new(stored, codes, code_values, out)
         .with_scale(scale)
         .with_zero(zero);

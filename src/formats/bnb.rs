@@ -683,7 +683,7 @@ fn int8<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<Outpu
     let scale = grid_values(scb, ValueKind::F32, ScaleLayout::Channel, dims)?;
     let codes = byte_codes(&w, dims);
     check_extent(&w, &codes, 1, rows, cols)?;
-    let code_values = (0..=255u8).map(|c| c as i8 as f32).collect();
+    let code_values = (0..=255u8).map(|c| c as i8 as f32).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, codes, code_values, dtype)
         .with_scale(scale)
         .with_post_scale(INT8_POST);

@@ -9,7 +9,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
+    sparse, byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
     grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind, Modules,
     ScaleLayout, Target,
 };
@@ -17,7 +17,9 @@ use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Product, ZeroPoint};
 use crate::numerics::{self, OutDtype};
-use crate::output::{Output, Warning};
+use crate::output::fold::Fold;
+use crate::output::{Output, Source, Warning};
+use super::transform::Transforms;
 
 /// Weight parameters of a compressed-tensors module (besides `weight` itself).
 const WEIGHT_PARAMS: &[&str] = &[
@@ -85,6 +87,11 @@ pub struct Config {
     pub groups: Vec<Group>,
     /// Modules left unquantized.
     pub ignore: Vec<Target>,
+    /// The sparse layout of modules that store a bitmask
+    /// (`sparsity_config.format`).
+    pub sparsity: Option<sparse::Layout>,
+    /// Rotations at inference (`transform_config`).
+    pub transforms: Option<Transforms>,
 }
 
 impl Scheme {
@@ -132,6 +139,8 @@ fn cfg_err(path: &Path, detail: impl Into<String>) -> Error {
 #[derive(serde::Deserialize)]
 struct RawConfig {
     format: Option<String>,
+    /// Absent from configs that only sparsify.
+    #[serde(default)]
     config_groups: IndexMap<String, RawGroup>,
     version: Option<String>,
     ignore: Option<Vec<String>>,
@@ -256,36 +265,32 @@ impl Config {
                 weights,
             });
         }
-        if let Some(f) = raw
-            .sparsity_config
-            .and_then(|s| s.format)
-            .filter(|f| f != "dense")
-        {
-            return Err(Error::new(
-                Rule::Unsupported,
-                path,
-                format!("sparsity format {f:?} is not decoded (only dense)"),
-            ));
-        }
-        let transforms = raw.transform_config.is_some_and(|t| match t {
-            Value::Object(o) => o
-                .values()
-                .any(|v| !(v.is_null() || v.as_object().is_some_and(|o| o.is_empty()))),
-            Value::Null => false,
-            _ => true,
-        });
-        if transforms {
-            return Err(Error::new(
-                Rule::Unsupported,
-                path,
-                "transform_config (online rotations) is set: the stored weights are in a rotated basis that a dense checkpoint cannot express",
-            ));
-        }
+        let sparsity = match raw.sparsity_config.and_then(|s| s.format) {
+            None => None,
+            Some(f) => sparse::Layout::of(&f).ok_or_else(|| {
+                let why = if f == "marlin-24" {
+                    ": its Marlin tiles and `meta` tensors have no dequantizer anywhere"
+                } else {
+                    ""
+                };
+                Error::new(
+                    Rule::Unsupported,
+                    path,
+                    format!("sparsity format {f:?} is not decoded (dense, sparse-24-bitmask and sparse-bitmask are){why}"),
+                )
+            })?,
+        };
+        let transforms = match &raw.transform_config {
+            Some(t) => Transforms::parse(path, t)?,
+            None => None,
+        };
         Ok(Config {
             path: path.to_path_buf(),
             version: raw.version,
             groups,
             ignore: targets(path, raw.ignore)?,
+            sparsity,
+            transforms,
         })
     }
 
@@ -296,6 +301,12 @@ impl Config {
         let ignore: Vec<&str> = self.ignore.iter().map(Target::text).collect();
         if !ignore.is_empty() {
             lines.push(format!("ignore   {}", ignore.join(", ")));
+        }
+        if let Some(s) = self.sparsity {
+            lines.push(format!("sparsity {}", s.name()));
+        }
+        if let Some(t) = &self.transforms {
+            lines.extend(t.report_lines());
         }
         lines
     }
@@ -342,19 +353,66 @@ impl Config {
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
     let mut modules: BTreeSet<&str> = modules_with(ckpt, "weight_packed").into_iter().collect();
     modules.extend(modules_with(ckpt, "weight_scale"));
+    modules.extend(modules_with(ckpt, "bitmask"));
+    let params: Vec<&str> = WEIGHT_PARAMS.iter().chain(sparse::PARAMS).copied().collect();
 
     let ignored = |m: &str| {
         cfg.ignore
             .iter()
             .any(|t| !matches!(t, Target::Class(_)) && t.rank(m).is_some())
     };
-    plan_each(
+    let mut found = plan_each(
         ckpt,
         modules,
-        WEIGHT_PARAMS,
+        &params,
         |m| ignored(m).then_some("listed in ignore but stored quantized; decoded anyway"),
-        |m, warnings| plan_module(cfg, ckpt, m, dtype, warnings),
-    )
+        |m, warnings| {
+            let out = plan_module(cfg, ckpt, m, dtype, warnings)?;
+            match &cfg.transforms {
+                Some(t) => fold(t, ckpt, m, out),
+                None => Ok(out),
+            }
+        },
+    );
+    if let Some(t) = &cfg.transforms {
+        found.consumed.extend(t.stored_matrices(ckpt).into_iter().map(String::from));
+        // A Linear left dense that a runtime rotates would be copied
+        // unrotated: a different model.
+        for m in modules_with(ckpt, "weight").into_iter().filter(|m| ignored(m)) {
+            if t.rotates(m) {
+                found.errors.push(Error::tensor(
+                    Rule::Unsupported,
+                    &cfg.path,
+                    format!("{m}.weight"),
+                    "left unquantized but rotated online by transform_config: rotations are folded into decoded modules only",
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// A decoded module with the online rotations `t` puts on it folded in.
+fn fold<'c>(t: &Transforms, ckpt: &'c Checkpoint, module: &str, out: Output<'c>) -> Result<Output<'c>> {
+    let Source::Decode(job) = out.source else {
+        return Ok(out);
+    };
+    let d = job.dims;
+    if d.slices != 1 || job.transposed {
+        return Ok(Output { source: Source::Decode(job), ..out });
+    }
+    match t.rotations(ckpt, module, (d.rows, d.cols))? {
+        (None, None) => Ok(Output { source: Source::Decode(job), ..out }),
+        (input, output) => {
+            let dtype = job.out;
+            // The runtime multiplies by the weight in the model's dtype.
+            let mut wq = *job;
+            wq.out = super::config_dtype(ckpt).unwrap_or(dtype);
+            let fold = Fold { job: wq, input, output, out: dtype };
+            let scheme = out.scheme.map(|s| format!("{s}, rotations folded"));
+            Ok(Output { source: Source::Fold(Box::new(fold)), scheme, ..out })
+        }
+    }
 }
 
 fn plan_module<'c>(
@@ -365,6 +423,9 @@ fn plan_module<'c>(
     warnings: &mut Vec<Warning>,
 ) -> Result<Output<'c>> {
     let packed = ckpt.get(&format!("{module}.weight_packed")).is_some();
+    if ckpt.get(&format!("{module}.bitmask")).is_some() {
+        return sparse_module(cfg, ckpt, module, out);
+    }
     let group = cfg.group_for(module, packed).ok_or_else(|| {
         Error::tensor(
             Rule::Config,
@@ -433,6 +494,79 @@ fn plan_module<'c>(
             let (job, shape, shard, kind) = byte_weight(ckpt, module, scheme, layout, out)?;
             Ok(decoded_output(module, shard, shape, job, describe(kind)))
         }
+    }
+}
+
+/// A module stored sparse: its kept values scattered over its bitmask, then
+/// dequantized as its config group says (int8 or fp8 values), or as they
+/// are (16-bit float values of a model only sparsified).
+fn sparse_module<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<Output<'c>> {
+    let layout = cfg.sparsity.ok_or_else(|| {
+        Error::tensor(
+            Rule::Config,
+            &cfg.path,
+            format!("{module}.bitmask"),
+            "stored sparse, but sparsity_config names no sparse format",
+        )
+    })?;
+    let s = sparse::read(ckpt, module, layout)?;
+    let (values, dims) = (s.values, s.dims);
+    let sparsity = format!("{} ({:.0}% kept)", layout.name(), 100.0 * s.kept);
+    let codes = Fields::dense(values, values.dtype.bitsize() as u32, values.len() as u64 * 8);
+    let group = cfg.group_for(module, false);
+    let Some((group, scheme)) = group.and_then(|g| Some((g, g.weights.as_ref()?))) else {
+        let code_values = sparse::float_codes(&values).ok_or_else(|| {
+            values.error(
+                Rule::TensorDtype,
+                format!("dtype {}; values no config group quantizes are BF16 or F16", values.dtype),
+            )
+        })?;
+        let job = DecodeJob::new(dims, codes, code_values, out).with_sparse(s.sparse);
+        let shape = vec![dims.rows, dims.cols];
+        return Ok(decoded_output(module, values.shard, shape, job, sparsity));
+    };
+    let byte_format = ["int-quantized", "float-quantized", "naive-quantized"].contains(&group.format.as_str());
+    if !byte_format || scheme.num_bits != 8 {
+        return Err(Error::tensor(
+            Rule::Unsupported,
+            &cfg.path,
+            module,
+            format!(
+                "{} over {} ({} bits) is not a layout compressed-tensors decompresses",
+                layout.name(),
+                group.format,
+                scheme.num_bits
+            ),
+        ));
+    }
+    let scale_layout = scale_layout(cfg, module, scheme)?;
+    let (code_values, kind) = byte_values(&values, scheme)?;
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    let scale = grid_values(scale_t, float_kind(&scale_t)?, scale_layout, dims)?;
+    let zero = if scheme.symmetric {
+        None
+    } else {
+        let t = require(ckpt, module, "weight_zero_point")?;
+        Some(ZeroPoint::Plain(grid_values(t, stored_kind(&t)?, scale_layout, dims)?))
+    };
+    let job = DecodeJob::new(dims, codes, code_values, out)
+        .with_sparse(s.sparse)
+        .with_scale(scale)
+        .with_zero(zero);
+    let what = format!("{} {kind} {} {sparsity}", group.format, scale_layout.describe());
+    Ok(decoded_output(module, values.shard, vec![dims.rows, dims.cols], job, what))
+}
+
+/// The code values of one-byte weights: int8 or fp8 e4m3, as the scheme's
+/// type says.
+fn byte_values(w: &TensorRef<'_>, scheme: &Scheme) -> Result<(Vec<f32>, &'static str)> {
+    match (w.dtype, scheme.kind.as_str()) {
+        (Dtype::I8, "int") => Ok(((0..=255u8).map(|b| b as i8 as f32).collect(), "int8")),
+        (Dtype::F8_E4M3, "float") => Ok(((0..=255u8).map(numerics::e4m3).collect(), "fp8 e4m3")),
+        (other, kind) => Err(w.error(
+            Rule::TensorDtype,
+            format!("dtype {other:?}; {kind} weights are {}", if kind == "int" { "I8" } else { "F8_E4M3" }),
+        )),
     }
 }
 
@@ -730,7 +864,7 @@ fn mxfp8<'c>(
     let (slices, rows, cols) = split_shape(&w, w.shape)?;
     let dims = Dims { slices, rows, cols };
     let scale = grid_values(scale_t, byte_table(numerics::e8m0), layout, dims)?;
-    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
         .with_scale(scale)
         .with_product(Product::Bf16);
@@ -746,16 +880,7 @@ fn byte_weight<'c>(
     out: OutDtype,
 ) -> Result<(DecodeJob<'c>, Vec<usize>, usize, &'static str)> {
     let w = require(ckpt, module, "weight")?;
-    let (code_values, kind): (Vec<f32>, _) = match w.dtype {
-        Dtype::I8 => ((0..=255u8).map(|b| b as i8 as f32).collect(), "int8"),
-        Dtype::F8_E4M3 => ((0..=255u8).map(numerics::e4m3).collect(), "fp8 e4m3"),
-        other => {
-            return Err(w.error(
-                Rule::TensorDtype,
-                format!("dtype {other:?}; {} weights are I8 or F8_E4M3", scheme.kind),
-            ))
-        }
-    };
+    let (code_values, kind) = byte_values(&w, scheme)?;
     let (slices, rows, cols) = split_shape(&w, w.shape)?;
     let dims = Dims { slices, rows, cols };
     let scale_t = require(ckpt, module, "weight_scale")?;

@@ -97,7 +97,7 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     let dims = Dims { slices, rows, cols };
     // `[out, 1]` (or `[out]`): one per row; grid_values checks the count.
     let values = grid_values(scale, ValueKind::F32, ScaleLayout::Channel, dims)?;
-    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out).with_scale(values);
     Ok(decoded_output(
         module,

@@ -132,7 +132,7 @@ fn plan_module<'c>(
     let (slices, rows, cols) = split_shape(&w, w.shape)?;
     let dims = Dims { slices, rows, cols };
     let layout = cfg.layout();
-    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out).with_scale(grid_values(
         scale,
         float_kind(&scale)?,

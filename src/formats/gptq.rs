@@ -445,7 +445,7 @@ fn module_job<'c>(
     };
     let codes = Fields::dense(q, cfg.bits, 32).with_word_bits(32 * out as u64);
     check_extent(&q, &codes, 1, out, inputs)?;
-    let code_values = (0..1u32 << cfg.bits).map(|c| c as f32).collect();
+    let code_values = (0..1u32 << cfg.bits).map(|c| c as f32).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, codes, code_values, dtype)
         .with_scale(Values {
             data: Bytes::from(scales),

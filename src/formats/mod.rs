@@ -14,6 +14,8 @@ pub mod gpt_oss;
 pub mod gptq;
 pub mod modelopt;
 pub mod quark;
+pub mod sparse;
+pub mod transform;
 pub mod svdquant;
 mod targets;
 
@@ -207,14 +209,7 @@ pub fn default_dtype(ckpt: &Checkpoint, format: &Format) -> OutDtype {
     if let Format::Svdquant(cfg) = format {
         return svdquant::default_dtype(cfg, ckpt);
     }
-    let from_config = ckpt.config.as_ref().and_then(|c| {
-        ["torch_dtype", "dtype"].iter().find_map(|k| {
-            c.value
-                .get(*k)
-                .and_then(Value::as_str)
-                .and_then(OutDtype::from_name)
-        })
-    });
+    let from_config = config_dtype(ckpt);
     let from_state = || match format {
         Format::Bnb(_) => bnb::default_dtype(ckpt),
         _ => None,
@@ -233,6 +228,18 @@ pub fn default_dtype(ckpt: &Checkpoint, format: &Format) -> OutDtype {
                 })
         })
         .unwrap_or(OutDtype::Bf16)
+}
+
+/// The dtype config.json names (`torch_dtype`/`dtype`).
+pub fn config_dtype(ckpt: &Checkpoint) -> Option<OutDtype> {
+    ckpt.config.as_ref().and_then(|c| {
+        ["torch_dtype", "dtype"].iter().find_map(|k| {
+            c.value
+                .get(*k)
+                .and_then(Value::as_str)
+                .and_then(OutDtype::from_name)
+        })
+    })
 }
 
 /// What planning a checkpoint's quantized modules found: what each module

@@ -329,7 +329,7 @@ fn plan_int4<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype
         row_stride: groups,
         slice_stride: 2 * groups,
     };
-    let int4 = (0..16).map(|c: i32| (if c < 8 { c } else { c - 16 }) as f32).collect();
+    let int4 = (0..16).map(|c: i32| (if c < 8 { c } else { c - 16 }) as f32).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, codes, int4, out).with_scale(Values {
         data: scale.into(),
         kind,
@@ -397,7 +397,7 @@ fn plan_fp8<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype)
             (v, Product::OutDtype)
         }
     };
-    let code_values = (0..=255u8).map(numerics::e4m3).collect();
+    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
     let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
         .with_scale(values)
         .with_product(product);

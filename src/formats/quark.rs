@@ -267,7 +267,7 @@ fn plan_module<'c>(
                 ScaleLayout::Channel
             };
             let values = grid_values(scale, float_kind(&scale)?, layout, dims)?;
-            let code_values = (0..=255u8).map(numerics::e4m3).collect();
+            let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
             let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
                 .with_scale(values);
             (job, w.shape.to_vec())

@@ -3,12 +3,14 @@
 //! ([`crate::backend::execute`]).
 
 pub mod assembly;
+pub mod fold;
 pub mod rearrange;
 
 use crate::checkpoint::TensorRef;
 use crate::job::{Bytes, DecodeJob, ZeroPoint};
 use crate::numerics::OutDtype;
 use assembly::{Assembly, BiasSum, BiasTerm};
+use fold::Fold;
 use rearrange::Rearrange;
 use safetensors::Dtype;
 
@@ -29,6 +31,8 @@ pub enum Source<'a> {
     Bias(BiasSum<'a>),
     /// A stored tensor rearranged on the host when written (conversions).
     Rearrange(Rearrange<'a>),
+    /// A decoded weight with the rotations its runtime applies folded in.
+    Fold(Box<Fold<'a>>),
 }
 
 /// One tensor of the dense output.
@@ -65,7 +69,7 @@ impl Source<'_> {
     pub fn is_decoded(&self) -> bool {
         matches!(
             self,
-            Source::Decode(_) | Source::Assemble(_) | Source::Bias(_)
+            Source::Decode(_) | Source::Assemble(_) | Source::Bias(_) | Source::Fold(_)
         )
     }
 }
@@ -81,6 +85,7 @@ impl<'a> Output<'a> {
             Source::Assemble(a) => a.stack.rows() * a.cols * a.out.size(),
             Source::Bias(b) => b.stack.rows() * b.out.size(),
             Source::Rearrange(r) => r.byte_len(),
+            Source::Fold(f) => f.dims().0 * f.dims().1 * f.out.size(),
         }
     }
 
@@ -91,7 +96,17 @@ impl<'a> Output<'a> {
             Source::Decode(job) => Some((job.dims.total_rows(), job.dims.cols * job.out.size())),
             Source::Assemble(a) => Some((a.stack.rows(), a.cols * a.out.size())),
             Source::Cast(t, to) => Some(cast_layout(t, *to)),
+            Source::Fold(f) => Some((f.dims().0, f.dims().1 * f.out.size())),
             _ => None,
+        }
+    }
+
+    /// Rows decoded together: a piece of rows (see [`Output::row_layout`])
+    /// is best a multiple of them (a fold's output rotation mixes them).
+    pub fn row_band(&self) -> usize {
+        match &self.source {
+            Source::Fold(f) => f.band(),
+            _ => 1,
         }
     }
 
@@ -101,6 +116,9 @@ impl<'a> Output<'a> {
         fn of_job<'a>(job: &DecodeJob<'a>, v: &mut Vec<TensorRef<'a>>) {
             let mut add = |b: &Bytes<'a>| v.extend(b.tensor());
             add(&job.codes.data);
+            if let Some(sp) = &job.sparse {
+                add(&sp.mask.data);
+            }
             if let Some(s) = &job.scale {
                 add(&s.data);
             }
@@ -116,6 +134,7 @@ impl<'a> Output<'a> {
         match &self.source {
             Source::Copy(t) | Source::Cast(t, _) => v.push(*t),
             Source::Decode(job) => of_job(job, &mut v),
+            Source::Fold(f) => of_job(&f.job, &mut v),
             Source::Assemble(a) => {
                 for band in &a.stack.bands {
                     for p in &band.parts {
@@ -161,7 +180,7 @@ impl<'a> Output<'a> {
                     let bit = if job.transposed {
                         job.codes.lane_start(slice, 0)?
                     } else {
-                        job.codes.lane_start(slice, row)?
+                        job.codes_start(slice, row)?
                     };
                     Some((bit / 8) as usize)
                 };

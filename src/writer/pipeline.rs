@@ -146,7 +146,7 @@ impl<'t, 'a> Piece<'t, 'a> {
 pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
     match t.row_layout() {
         Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
-            let per = (PIECE_BYTES / row_bytes).max(1);
+            let per = (PIECE_BYTES / row_bytes).max(1).next_multiple_of(t.row_band());
             let starts = (0..total).step_by(per);
             Some(
                 starts

@@ -72,11 +72,13 @@ fn fixtures_take_the_fast_kernels() {
                 after.generic - before.generic,
                 after.tiled - before.tiled,
             );
-            // 3-bit packs and ModelOpt's INT4 AWQ (codes packed down the
-            // rows, some with the pre-quant smoothing) take the generic
-            // kernel; packs along the input dimension (AutoAWQ, GPT-OSS
-            // transposed, GPTQ strided) the tile kernel.
-            if case.contains("w3a16") || case.starts_with("modelopt") && case.ends_with("awq") {
+            // 3-bit packs, ModelOpt's INT4 AWQ (codes packed down the rows,
+            // some with the pre-quant smoothing) and sparse codes (read
+            // through a bitmask) take the generic kernel; packs along the
+            // input dimension (AutoAWQ, GPT-OSS transposed, GPTQ strided)
+            // the tile kernel.
+            let generic = case.contains("w3a16") || case.contains("sparse");
+            if generic || case.starts_with("modelopt") && case.ends_with("awq") {
                 assert!(
                     ran.0 == 0 && ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"
@@ -333,6 +335,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
         low_rank: None,
         post_scale: None,
         product: Default::default(),
+        sparse: None,
         transposed: false,
         out,
     }
@@ -449,6 +452,7 @@ fn decode_to_buffer_matches_cpu() {
                 low_rank: None,
                 post_scale: None,
                 product: Default::default(),
+                sparse: None,
                 transposed: false,
                 out,
             };

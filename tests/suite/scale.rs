@@ -1320,7 +1320,7 @@ fn packed_job<'a>(
         let job = DecodeJob::new(
             stored,
             Fields::padded(codes.as_slice(), 4, lane).interleaved(),
-            (0..16).map(|c| c as f32 - 8.0).collect(),
+            (0..16).map(|c| c as f32 - 8.0).collect::<Vec<f32>>(),
             dtype,
         )
         .with_scale(f16(scales, grid));
@@ -1347,8 +1347,13 @@ fn packed_job<'a>(
         cols: inputs,
     };
     let codes = Fields::dense(codes.as_slice(), 4, 32).with_word_bits(32 * out as u64);
-    let job = DecodeJob::new(dims, codes, (0..16).map(|c| c as f32).collect(), dtype)
-        .with_scale(f16(scales, grid));
+    let job = DecodeJob::new(
+        dims,
+        codes,
+        (0..16).map(|c| c as f32).collect::<Vec<f32>>(),
+        dtype,
+    )
+    .with_scale(f16(scales, grid));
     if zero {
         job.with_zero(ZeroPoint::Plain(Values {
             data: zeros.as_slice().into(),

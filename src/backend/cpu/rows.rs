@@ -34,6 +34,9 @@ enum Gather {
     /// Slices of two rows whose codes share bytes, the first row's in the
     /// low nibbles (ModelOpt's INT4 AWQ): split into two straight rows.
     Pairs,
+    /// Byte codes kept where a bitmask is set ([`crate::job::Sparse`]):
+    /// scattered into straight rows, code 0 elsewhere.
+    Sparse,
 }
 
 /// How a row is decoded through tables.
@@ -103,6 +106,10 @@ impl Rows {
             && !f.interleaved
             && (f.per_word == 0 || f.per_word * f.bits == 32);
         let gather = match (job.transposed, f.word_bits == 32) {
+            _ if job.sparse.is_some() => {
+                let bytes = f.bits == 8 && f.per_word == 0 && job.dims.slices == 1 && !f.high_first;
+                (bytes && !job.transposed).then_some(Gather::Sparse)?
+            }
             (false, true) => Gather::InPlace,
             // Gathered codes are read LSB first.
             (false, false) if whole && !f.high_first => Gather::Words,
@@ -187,7 +194,7 @@ impl Rows {
             Gather::Words => 32,
             // One line of each input: 16 word columns.
             Gather::Awq => 128,
-            Gather::Pairs | Gather::InPlace => 2,
+            Gather::Pairs | Gather::InPlace | Gather::Sparse => 2,
         }
     }
 
@@ -272,6 +279,32 @@ impl Rows {
                     }
                 }
                 Fields::dense(&buf[first * row..], 4, row as u64 * 8)
+            }
+            Gather::Sparse => {
+                let row = cols + PAD;
+                grow(buf, lanes * row);
+                if let Some(sp) = &job.sparse {
+                    let mask: &[u8] = &sp.mask.data;
+                    for (k, dst) in buf.chunks_mut(row).take(lanes).enumerate() {
+                        let r = rows.start + k;
+                        // Kept codes are read in order; the planner checked
+                        // that the bitmask's counts are the starts.
+                        let mut at = sp.start(r, 0) as usize;
+                        let first = (sp.mask.lane_start(0, r).unwrap_or(0) / 8) as usize;
+                        let bits = mask.get(first..).unwrap_or(&[]);
+                        for (out, &m) in dst[..cols].chunks_mut(8).zip(bits) {
+                            for (j, o) in out.iter_mut().enumerate() {
+                                *o = if m >> j & 1 == 1 {
+                                    at += 1;
+                                    data.get(at - 1).copied().unwrap_or(0)
+                                } else {
+                                    0
+                                };
+                            }
+                        }
+                    }
+                }
+                Fields::dense(&buf[..], 8, row as u64 * 8)
             }
             Gather::Pairs => {
                 // The slice's bytes, one per column: lane 0's codes in the

@@ -63,6 +63,7 @@ impl Tiles {
         // not measured for them.
         if job.low_rank.is_some()
             || job.post_scale.is_some()
+            || job.sparse.is_some()
             || !(job.transposed || f.word_bits != 32)
         {
             return None;
@@ -566,7 +567,7 @@ fn fill_table(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, t: &mu
         job.post(job.scaled(q, scale))
     };
     if let (Ok(codes), Ok(t)) = (
-        <&[f32; 16]>::try_from(job.code_values.as_slice()),
+        <&[f32; 16]>::try_from(&job.code_values[..]),
         <&mut [u32; 16]>::try_from(&mut *t),
     ) {
         // 4-bit codes: fixed-size loops the compiler vectorizes.
@@ -578,7 +579,7 @@ fn fill_table(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, t: &mu
         }
         return;
     }
-    let values = t.iter_mut().zip(&job.code_values);
+    let values = t.iter_mut().zip(job.code_values.iter());
     match job.out {
         OutDtype::Bf16 => values.for_each(|(t, &c)| *t = numerics::f32_to_bf16(value(c)) as u32),
         OutDtype::F16 => values.for_each(|(t, &c)| *t = numerics::f32_to_f16(value(c)) as u32),

@@ -9,7 +9,7 @@ use std::ops::Range;
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, LowRank, ValueKind, Values, ZeroPoint};
+use crate::job::{DecodeJob, Dims, Fields, LowRank, Starts, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Output bytes one chunk produces at most: big enough to keep the device
@@ -137,6 +137,16 @@ shader_enum! {
     }
 }
 
+shader_enum! {
+    /// Whether codes are read through a bitmask (`Params::sp_mode`), and
+    /// where its blocks start, as [`Starts`] says.
+    pub enum SparseMode {
+        None = 0 as SPARSE_NONE,
+        Fixed = 1 as SPARSE_FIXED,
+        Table = 2 as SPARSE_TABLE,
+    }
+}
+
 /// `Params::gidx` of a job without g_idx (`NO_G_IDX` in decode.wgsl).
 pub(super) const NO_G_IDX: u32 = u32::MAX;
 
@@ -245,10 +255,24 @@ pub(super) struct Params {
     /// The [`OutKind`] the scaled value is computed in
     /// ([`DecodeJob::product_dtype`]; `F32` when it is f32).
     product: u32,
+    /// [`SparseMode`].
+    sp_mode: u32,
+    /// [`Sparse::block`].
+    sp_block: u32,
+    /// [`Starts::Fixed`]: kept codes per row; [`Starts::Table`]: blocks per row.
+    sp_step: u32,
+    /// [`Starts::Fixed`]: kept codes per block.
+    sp_per_block: u32,
+    /// [`Starts::Table`]: word index of the chunk's first row's starts.
+    sp_starts: u32,
+    /// [`Starts::Table`]: the stored row those are of.
+    sp_row0: u32,
     /// Keep `codes` 16-byte aligned, as a uniform's structs must be.
-    pad: [u32; 3],
+    pad: u32,
     codes: StreamParams,
     zero: StreamParams,
+    /// The bitmask of a sparse job.
+    mask: StreamParams,
     zgrid: GridParams,
     sgrid: GridParams,
 }
@@ -400,6 +424,7 @@ impl Fast {
             || c.word_bits != 32
             || job.g_idx.is_some()
             || job.transposed
+            || job.sparse.is_some()
         {
             return None;
         }
@@ -581,6 +606,7 @@ impl Tile {
         // the fast kernel takes.
         if !matches!(c.bits, 4 | 8)
             || job.low_rank.is_some()
+            || job.sparse.is_some()
             || c.high_first
             || job.post_scale.is_some()
             // Tiles compute in f32 only (PRODUCT is the fast kernel's).
@@ -829,6 +855,17 @@ impl<'a> Src<'a> {
     }
 }
 
+/// A sparse job's part of [`Params`].
+#[derive(Default)]
+struct SparseParams {
+    mode: u32,
+    block: u32,
+    step: u32,
+    per_block: u32,
+    starts: u32,
+    row0: u32,
+}
+
 fn too_big(detail: String) -> Error {
     Error::bare(Rule::Gpu, detail)
 }
@@ -874,9 +911,49 @@ fn chunk<'a>(
         }
         None => NO_G_IDX,
     };
-    let lo = job.codes.lane_start(first.0, first.1)?;
-    let hi = job.codes.lane_end(last.0, last.1, sd.cols)?;
-    let codes = src.push_fields(&job.codes, lo, hi);
+    let (codes, mask, sparse) = match &job.sparse {
+        None => {
+            let lo = job.codes.lane_start(first.0, first.1)?;
+            let hi = job.codes.lane_end(last.0, last.1, sd.cols)?;
+            let none = SparseParams {
+                mode: SparseMode::None as u32,
+                ..Default::default()
+            };
+            (src.push_fields(&job.codes, lo, hi), StreamParams::default(), none)
+        }
+        Some(sp) => {
+            // The kept codes of the chunk's rows, their bits of the mask
+            // and (unstructured) their blocks' starts.
+            let bits = job.codes.bits as u64;
+            let (k0, k1) = (sp.start(first.1, 0), sp.start(last.1 + 1, 0));
+            let codes = src.push_fields(&job.codes, k0.checked_mul(bits)?, k1.checked_mul(bits)?);
+            let lo = sp.mask.lane_start(0, first.1)?;
+            let hi = sp.mask.lane_end(0, last.1, sd.cols)?;
+            let mask = src.push_fields(&sp.mask, lo, hi);
+            let params = match &sp.starts {
+                Starts::Fixed { per_row, per_block } => SparseParams {
+                    mode: SparseMode::Fixed as u32,
+                    block: sp.block as u32,
+                    step: *per_row as u32,
+                    per_block: *per_block as u32,
+                    ..Default::default()
+                },
+                Starts::Table { blocks, at } => {
+                    let rows = at.get(first.1 * blocks..(last.1 + 1) * blocks)?;
+                    let words: Vec<u8> = rows.iter().flat_map(|&k| (k as u32).to_le_bytes()).collect();
+                    SparseParams {
+                        mode: SparseMode::Table as u32,
+                        block: sp.block as u32,
+                        step: *blocks as u32,
+                        per_block: 0,
+                        starts: (src.push(Cow::Owned(words)) / 4) as u32,
+                        row0: first.1 as u32,
+                    }
+                }
+            };
+            (codes, mask, params)
+        }
+    };
 
     let zero_mode = ZeroMode::of(job.zero.as_ref());
     let (zero, zgrid) = match &job.zero {
@@ -983,9 +1060,16 @@ fn chunk<'a>(
         transposed: job.transposed as u32,
         post_scale: job.post_scale.unwrap_or(1.0),
         product: product_kind(job) as u32,
-        pad: [0; 3],
+        sp_mode: sparse.mode,
+        sp_block: sparse.block,
+        sp_step: sparse.step,
+        sp_per_block: sparse.per_block,
+        sp_starts: sparse.starts,
+        sp_row0: sparse.row0,
+        pad: 0,
         codes,
         zero,
+        mask,
         zgrid,
         sgrid,
     };
@@ -1122,13 +1206,12 @@ mod tests {
         let mut host = fields![Params, "", 0; rows, cols, first_row, elems, out_kind,
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
             lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
-            row0, out_base, transposed, post_scale, product];
-        for (k, name) in ["pad0", "pad1", "pad2"].into_iter().enumerate() {
-            host.push((name.into(), (offset_of!(Params, pad) + 4 * k) as u32));
-        }
+            row0, out_base, transposed, post_scale, product, sp_mode, sp_block, sp_step,
+            sp_per_block, sp_starts, sp_row0, pad];
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
+            ("mask.", offset_of!(Params, mask)),
         ] {
             host.extend(
                 fields![StreamParams, name, at; bits, per_word, lane_bits, word_bits,
@@ -1179,6 +1262,7 @@ mod tests {
             values(LowRankMode::WGSL),
             values(CodeKind::WGSL),
             values(Pack::WGSL),
+            values(SparseMode::WGSL),
             vec![("NO_G_IDX", NO_G_IDX)],
         ]
         .concat();
@@ -1292,6 +1376,7 @@ mod tests {
             low_rank: None,
             post_scale: None,
             product: Default::default(),
+            sparse: None,
             transposed: false,
             out,
         }

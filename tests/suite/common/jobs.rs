@@ -536,7 +536,7 @@ impl RandomJob {
                 slice_bits: self.slice_bits,
                 high_first: self.high_first,
             },
-            code_values: self.code_values.clone(),
+            code_values: self.code_values.clone().into(),
             zero: match &self.zero {
                 ZeroSpec::Packed { zrows, groups } => Some(ZeroPoint::Packed {
                     fields: Fields {
@@ -578,6 +578,7 @@ impl RandomJob {
             low_rank: None,
             post_scale: self.post_scale,
             product: self.product,
+            sparse: None,
             transposed: false,
             out: self.out,
         };

@@ -401,6 +401,7 @@ pub const CASES: &[&str] = &[
     "bnb-int8-bf16",
     "bnb-nf4-dq-bf16",
     "ct-mxfp8",
+    "ct-sparse24-fp8",
     "fp8-block-bf16",
     "fp8-dynamic",
     "gpt-oss-mxfp4",
