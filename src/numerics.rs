@@ -259,6 +259,46 @@ pub(crate) fn cast(from: safetensors::Dtype, src: &[u8], to: OutDtype, out: &mut
 mod tests {
     use super::*;
 
+    /// f64 values rounded once to bf16 and f16 are the nearest of each
+    /// dtype (ties to even), checked against both neighbours, on values
+    /// just around the midpoints where rounding through f32 to nearest
+    /// would round twice.
+    #[test]
+    fn f64_rounds_once_to_16_bits() {
+        let mut rng = fastrand::Rng::with_seed(0xF64);
+        for dtype in [OutDtype::Bf16, OutDtype::F16] {
+            let (size, read) = float_reader(dtype.safetensors()).unwrap_or_else(|| unreachable!());
+            assert_eq!(size, 2);
+            let value = |bits: u16| read(&bits.to_le_bytes()) as f64;
+            for _ in 0..20_000 {
+                // A finite 16-bit value, a midpoint to the next, nudged by a
+                // few f64 ulps (below f32's precision) or not at all.
+                let b = rng.u16(..) & 0x7fff;
+                let (lo, hi) = (value(b), value(b + 1));
+                if !hi.is_finite() || !lo.is_finite() || lo == 0.0 {
+                    continue;
+                }
+                let mid = (lo + hi) / 2.0;
+                let x = match rng.u8(..3) {
+                    0 => mid,
+                    1 => f64::from_bits(mid.to_bits() + rng.u64(1..1 << 20)),
+                    _ => f64::from_bits(mid.to_bits() - rng.u64(1..1 << 20)),
+                };
+                let x = if rng.bool() { -x } else { x };
+                let mut out = [0u8; 2];
+                dtype.encode_f64(x, &mut out);
+                let got = u16::from_le_bytes(out);
+                let want = match x.abs().partial_cmp(&mid) {
+                    Some(std::cmp::Ordering::Less) => b,
+                    Some(std::cmp::Ordering::Greater) => b + 1,
+                    _ if b.is_multiple_of(2) => b,
+                    _ => b + 1,
+                } | if x < 0.0 { 0x8000 } else { 0 };
+                assert_eq!(got, want, "{dtype} of {x:e}: {got:#06x}, want {want:#06x}");
+            }
+        }
+    }
+
     #[test]
     fn e2m1_all_codes() {
         let want: [f32; 16] = [

@@ -140,8 +140,7 @@ fn cfg_err(path: &Path, detail: impl Into<String>) -> Error {
 struct RawConfig {
     format: Option<String>,
     /// Absent from configs that only sparsify.
-    #[serde(default)]
-    config_groups: IndexMap<String, RawGroup>,
+    config_groups: Option<IndexMap<String, RawGroup>>,
     version: Option<String>,
     ignore: Option<Vec<String>>,
     sparsity_config: Option<RawSparsity>,
@@ -248,8 +247,14 @@ impl Config {
     /// Parses `quantization_config` of `path`.
     pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
         let raw: RawConfig = super::from_value(path, qc)?;
+        let sparse = raw.sparsity_config.as_ref().is_some_and(|s| s.format.is_some());
+        let config_groups = match raw.config_groups {
+            Some(g) => g,
+            None if sparse => IndexMap::new(),
+            None => return Err(cfg_err(path, "missing field `config_groups` (and no sparsity_config)")),
+        };
         let mut groups = Vec::new();
-        for (name, g) in raw.config_groups {
+        for (name, g) in config_groups {
             let format = g
                 .format
                 .or_else(|| raw.format.clone())

@@ -493,8 +493,10 @@ fn two_linear_groups_pick_by_stored_form() {
 // 8. transform_config
 // ---------------------------------------------------------------------------
 
+/// A transform type that is not a ±1 Hadamard matrix is refused for the
+/// whole checkpoint; a config that rotates nothing online decodes as stored.
 #[test]
-fn non_empty_transform_config_is_unsupported_and_empty_is_accepted() {
+fn unfoldable_transform_config_is_unsupported_and_empty_is_accepted() {
     let (tensors, wants) = int4_ckpt(0xA54F_F53A_5F1D_36F1, ScaleScheme::Group(16));
     let with = |tc: Value| {
         let tmp = tempfile::tempdir().unwrap();
@@ -507,16 +509,23 @@ fn non_empty_transform_config_is_unsupported_and_empty_is_accepted() {
         write_checkpoint(tmp.path(), &tensors, qc);
         tmp
     };
-    let tmp = with(json!({"config_groups": {"u": {"type": "hadamard"}}}));
+    let tmp = with(json!({"config_groups": {"u": {"type": "random-matrix"}}}));
     // A whole-checkpoint fault: Plan::build itself refuses.
     let ckpt = Checkpoint::open(tmp.path()).unwrap();
     match Plan::build(&ckpt, DtypeChoice::Auto) {
-        Ok(_) => panic!("a hadamard transform_config was planned"),
+        Ok(_) => panic!("a random-matrix transform_config was planned"),
         Err(e) => assert_eq!(e.rule, Rule::Unsupported, "{e}"),
     }
     drop(ckpt);
     expect_refused(tmp.path(), Rule::Unsupported, None);
-    for tc in [json!({}), Value::Null, json!({"config_groups": {}})] {
+    let fused_only = json!({"config_groups": {"u": {"type": "hadamard", "apply": [
+        {"targets": ["Linear"], "location": "weight_input"}]}}});
+    for tc in [
+        json!({}),
+        Value::Null,
+        json!({"config_groups": {}}),
+        fused_only,
+    ] {
         let tmp = with(tc.clone());
         expect_decodes(
             &format!("transform_config {tc}"),

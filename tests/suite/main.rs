@@ -21,6 +21,8 @@ mod model;
 mod moe;
 mod rejections;
 mod scale;
+mod sparse;
 mod stream;
 mod svdquant;
 mod synthetic;
+mod transform;

@@ -325,6 +325,9 @@ const BNB4: &str = "bnb-nf4-dq-bf16";
 const BNB8: &str = "bnb-int8-bf16";
 const MO_FP8: &str = "modelopt-fp8";
 const CT_MX8: &str = "ct-mxfp8";
+const SPARSE: &str = "ct-sparse24-fp8";
+const SPARSE_BITMASK: &str = "ct-sparse-bitmask-fp8";
+const QUIP: &str = "ct-transform-quip-w4a16";
 const GPT_OSS_UP: &str = "model.layers.0.mlp.experts.gate_up_proj";
 
 fn case(
@@ -2679,8 +2682,257 @@ fn fp8_family_cases() -> Vec<Case> {
     ]
 }
 
+/// compressed-tensors' sparse formats and transforms (issue 27): masks,
+/// values, offsets and rotations that disagree.
+fn sparse_and_transform_cases() -> Vec<Case> {
+    use Stage::{Build, Plan};
+    fn sparsity(e: &Env, format: &str) -> PathBuf {
+        edit_json(&e.config(), |v| {
+            v["quantization_config"]["sparsity_config"]["format"] = json!(format)
+        });
+        e.model.clone()
+    }
+    vec![
+        case(
+            "sparse: bitmask a byte short",
+            SPARSE,
+            Plan,
+            Rule::TensorShape,
+            "bitmask",
+            |e| {
+                reshape_tensor(&e.st(), &down("bitmask"), "U8", &[256, 95], 256 * 95);
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: bitmask a byte long",
+            SPARSE,
+            Plan,
+            Rule::TensorShape,
+            "bitmask",
+            |e| {
+                reshape_tensor(&e.st(), &down("bitmask"), "U8", &[256, 97], 256 * 97);
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: bitmask stored as I8",
+            SPARSE,
+            Plan,
+            Rule::TensorDtype,
+            "bitmask",
+            |e| {
+                set_entry(&e.st(), &down("bitmask"), "dtype", json!("I8"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: a value short per row",
+            SPARSE,
+            Plan,
+            Rule::TensorShape,
+            "compressed",
+            |e| {
+                reshape_tensor(
+                    &e.st(),
+                    &down("compressed"),
+                    "F8_E4M3",
+                    &[256, 383],
+                    256 * 383,
+                );
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: fp8 group over BF16 values",
+            SPARSE,
+            Plan,
+            Rule::TensorDtype,
+            "compressed",
+            |e| {
+                reshape_tensor(
+                    &e.st(),
+                    &down("compressed"),
+                    "BF16",
+                    &[256, 384],
+                    256 * 384 * 2,
+                );
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: a group keeping 3 of 4",
+            SPARSE,
+            Plan,
+            Rule::Sparse,
+            "keeps 3 of columns 0..4",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    let t = tensor_mut(ts, &down("bitmask"));
+                    t.data[0] = t.data[0] & 0xf0 | 0x07;
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: shape wider than the mask",
+            SPARSE,
+            Plan,
+            Rule::TensorShape,
+            "bitmask",
+            |e| {
+                set_i64(&e.st(), &down("shape"), &[256, 776]);
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: shape of three values",
+            SPARSE,
+            Plan,
+            Rule::TensorValue,
+            "shape",
+            |e| {
+                set_i64(&e.st(), &down("shape"), &[1, 256, 768]);
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: shape missing",
+            SPARSE,
+            Plan,
+            Rule::MissingTensor,
+            "shape",
+            |e| {
+                remove_tensor(&e.st(), &down("shape"));
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: marlin-24",
+            SPARSE,
+            Build,
+            Rule::Unsupported,
+            "marlin-24",
+            |e| sparsity(e, "marlin-24"),
+        ),
+        case(
+            "sparse: unstructured named, 2:4 stored",
+            SPARSE,
+            Plan,
+            Rule::MissingTensor,
+            "row_offsets",
+            |e| sparsity(e, "sparse-bitmask"),
+        ),
+        case(
+            "sparse: a bitmask without a sparse format",
+            SPARSE,
+            Plan,
+            Rule::Config,
+            "sparsity_config",
+            |e| sparsity(e, "dense"),
+        ),
+        case(
+            "sparse: row_offsets that disagree",
+            SPARSE_BITMASK,
+            Plan,
+            Rule::Sparse,
+            "row_offsets",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    let t = tensor_mut(ts, &down("row_offsets"));
+                    t.data[8] = t.data[8].wrapping_add(1);
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "sparse: more values than the mask keeps",
+            SPARSE_BITMASK,
+            Plan,
+            Rule::Sparse,
+            "keeps",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    let t = tensor_mut(ts, &down("compressed"));
+                    t.data.push(0x38);
+                    t.shape[0] += 1;
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "transform: random-matrix type",
+            QUIP,
+            Build,
+            Rule::Unsupported,
+            "random-matrix",
+            |e| {
+                edit_json(&e.config(), |v| {
+                    v["quantization_config"]["transform_config"]["config_groups"]["u"]["type"] =
+                        json!("random-matrix")
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "transform: an unknown location",
+            QUIP,
+            Build,
+            Rule::Unsupported,
+            "attn_head",
+            |e| {
+                edit_json(&e.config(), |v| {
+                    v["quantization_config"]["transform_config"]["config_groups"]["v"]["apply"][0]
+                        ["location"] = json!("attn_head")
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "transform: the stored matrix missing",
+            QUIP,
+            Plan,
+            Rule::MissingTensor,
+            "v_input",
+            |e| {
+                remove_tensor(&e.st(), "model.layers.0.self_attn.q_proj.v_input.weight");
+                e.model.clone()
+            },
+        ),
+        case(
+            "transform: a matrix entry not ±1",
+            QUIP,
+            Plan,
+            Rule::TensorValue,
+            "±1",
+            |e| {
+                edit_tensors(&e.st(), |ts| {
+                    let t = tensor_mut(ts, "model.layers.0.self_attn.q_proj.u_output.weight");
+                    t.data[..8].copy_from_slice(&0.25f64.to_le_bytes());
+                });
+                e.model.clone()
+            },
+        ),
+        case(
+            "transform: a block that does not divide",
+            QUIP,
+            Plan,
+            Rule::TensorShape,
+            "block 100",
+            |e| {
+                edit_json(&e.config(), |v| {
+                    v["quantization_config"]["transform_config"]["config_groups"]["v"]["head_dim"] =
+                        json!(100)
+                });
+                e.model.clone()
+            },
+        ),
+    ]
+}
+
 fn corpus() -> Vec<Case> {
     [
+        sparse_and_transform_cases(),
         release_cases(),
         fp8_family_cases(),
         gptq_cases(),
@@ -2958,6 +3210,11 @@ fn bnb_format_faults() {
 #[test]
 fn release_format_faults() {
     run_cases(release_cases());
+}
+
+#[test]
+fn sparse_and_transform_faults() {
+    run_cases(sparse_and_transform_cases());
 }
 
 #[test]

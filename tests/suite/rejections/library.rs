@@ -771,20 +771,6 @@ fn unsupported_format_marlin_24_is_unsupported() {
     assert!(e.to_string().contains("marlin-24"), "{e}");
 }
 
-#[test]
-fn sparse_24_bitmask_sparsity_is_unsupported() {
-    let e = expect_qc(
-        |qc| {
-            qc["sparsity_config"] = json!({
-                "format": "sparse-24-bitmask", "global_sparsity": 0.5,
-                "sparsity_structure": "2:4", "targets": ["Linear"], "ignore": ["lm_head"],
-            })
-        },
-        Rule::Unsupported,
-    );
-    assert!(e.to_string().contains("sparse-24-bitmask"), "{e}");
-}
-
 /// An algorithm ModelOpt writes that is not decoded yet (INT4 AWQ) is
 /// refused by name, not as a malformed config.
 #[test]
