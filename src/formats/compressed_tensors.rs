@@ -381,6 +381,29 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
     );
     if let Some(t) = &cfg.transforms {
         found.consumed.extend(t.stored_matrices(ckpt).into_iter().map(String::from));
+        // A bias under an output rotation is rotated too.
+        let mut biases = Vec::new();
+        for o in &found.outputs {
+            let (Source::Fold(f), Some(m)) = (&o.source, o.name.strip_suffix(".weight")) else {
+                continue;
+            };
+            let (Some(b), Some(rot)) = (ckpt.get(&format!("{m}.bias")), &f.output) else {
+                continue;
+            };
+            match b.floats() {
+                Ok(v) if b.shape == [f.dims().0] => biases.push(Output {
+                    name: b.name.to_string(),
+                    shard: b.shard,
+                    shape: b.shape.to_vec(),
+                    dtype: f.out.safetensors(),
+                    source: Source::Bytes(rot.fold_bias(&v, f.out)),
+                    scheme: Some("rotated as its weight's outputs".into()),
+                }),
+                Ok(_) => found.errors.push(b.error(Rule::TensorShape, format!("shape {:?}, expected [{}]", b.shape, f.dims().0))),
+                Err(e) => found.errors.push(e),
+            }
+        }
+        found.outputs.extend(biases);
         // A Linear left dense that a runtime rotates would be copied
         // unrotated: a different model.
         for m in modules_with(ckpt, "weight").into_iter().filter(|m| ignored(m)) {

@@ -38,6 +38,24 @@ impl Rotation {
     }
 }
 
+impl Rotation {
+    /// `Bᵀ · v / √n` of a vector of its rows (a bias under an output
+    /// rotation: `(x·Wᵀ + b)·B = x·(Bᵀ·W)ᵀ + Bᵀ·b`), each value rounded once
+    /// to `out`.
+    pub fn fold_bias(&self, v: &[f32], out: OutDtype) -> Vec<u8> {
+        let n = self.n;
+        let norm = (n as f64).sqrt();
+        let mut bytes = vec![0u8; v.len() * out.size()];
+        for (blk, dst) in v.chunks_exact(n).zip(bytes.chunks_exact_mut(n * out.size())) {
+            for (a, d) in dst.chunks_exact_mut(out.size()).enumerate() {
+                let s: f64 = blk.iter().enumerate().map(|(k, &x)| self.at(k, a) * x as f64).sum();
+                out.encode_f64(s / norm, d);
+            }
+        }
+        bytes
+    }
+}
+
 /// A decoded weight with its rotations folded in.
 #[derive(Debug)]
 pub struct Fold<'a> {
@@ -64,55 +82,53 @@ impl Fold<'_> {
 
     /// Folds whole bands of decoded rows `wq` (the job's output bytes of
     /// `wq.len() / row bytes` rows from a band's first) into `out`, in
-    /// [`Fold::out`].
+    /// [`Fold::out`], a band at a time on each thread (its f64 rows are all
+    /// the memory it takes).
     pub fn fold(&self, wq: &[u8], out: &mut [u8]) {
         let (_, cols) = self.dims();
         let size = self.job.out.size();
-        let read = numerics::float_reader(self.job.out.safetensors()).map(|(_, r)| r);
-        let Some(read) = read else { return };
-        let rows = wq.len() / (cols * size).max(1);
-        // Wq · Aᵀ, row by row: y[j·n + a] = Σ_b w[j·n + b] · A[a, b].
-        let mut y: Vec<f64> = wq.chunks_exact(size).map(|c| read(c) as f64).collect();
-        if let Some(a) = &self.input {
-            let n = a.n;
-            // Column b of the block, contiguous: y_blk += w[b] · A[:, b].
-            let by_col: Vec<f64> = (0..n * n).map(|k| a.at(k % n, k / n)).collect();
-            y.par_chunks_mut(cols).for_each(|row| {
-                let mut acc = vec![0.0f64; n];
-                for blk in row.chunks_exact_mut(n) {
-                    acc.fill(0.0);
-                    for (b, &w) in blk.iter().enumerate() {
-                        for (s, &t) in acc.iter_mut().zip(&by_col[b * n..b * n + n]) {
-                            *s += w * t;
-                        }
-                    }
-                    blk.copy_from_slice(&acc);
-                }
-            });
-        }
-        // Bᵀ · Y, a band of n rows at a time: z[a] = Σ_b B[b, a] · y[b].
-        let z = match &self.output {
-            None => y,
-            Some(b) => {
-                let n = b.n;
-                let mut z = vec![0.0f64; rows * cols];
-                z.par_chunks_mut(n * cols).zip(y.par_chunks(n * cols)).for_each(|(zb, yb)| {
-                    for (a, zr) in zb.chunks_exact_mut(cols).enumerate() {
-                        for (k, yr) in yb.chunks_exact(cols).enumerate() {
-                            let t = b.at(k, a);
-                            zr.iter_mut().zip(yr).for_each(|(s, &v)| *s += t * v);
-                        }
-                    }
-                });
-                z
-            }
+        let Some((_, read)) = numerics::float_reader(self.job.out.safetensors()) else {
+            return;
         };
+        // Bands of the output rotation, else of a few rows.
+        let band = if self.output.is_some() { self.band() } else { 16 };
+        // Column b of the input block, contiguous: y_blk += w[b] · A[:, b].
+        let by_col: Option<Vec<f64>> = self.input.as_ref().map(|a| (0..a.n * a.n).map(|k| a.at(k % a.n, k / a.n)).collect());
         let norm = (self.input.as_ref().map_or(1, |r| r.n) as f64 * self.band() as f64).sqrt();
         let o = self.out.size();
-        out.par_chunks_mut(o * cols)
-            .zip(z.par_chunks(cols))
+        out.par_chunks_mut(band * cols * o)
+            .zip(wq.par_chunks(band * cols * size))
             .for_each(|(dst, src)| {
-                for (d, &v) in dst.chunks_exact_mut(o).zip(src) {
+                let mut y: Vec<f64> = src.chunks_exact(size).map(|c| read(c) as f64).collect();
+                // Wq · Aᵀ, row by row: y[j·n + a] = Σ_b w[j·n + b] · A[a, b].
+                if let (Some(a), Some(by_col)) = (&self.input, &by_col) {
+                    let n = a.n;
+                    let mut acc = vec![0.0f64; n];
+                    for blk in y.chunks_exact_mut(n) {
+                        acc.fill(0.0);
+                        for (b, &w) in blk.iter().enumerate() {
+                            for (s, &t) in acc.iter_mut().zip(&by_col[b * n..b * n + n]) {
+                                *s += w * t;
+                            }
+                        }
+                        blk.copy_from_slice(&acc);
+                    }
+                }
+                // Bᵀ · Y over the band's rows: z[a] = Σ_b B[b, a] · y[b].
+                let z = match &self.output {
+                    None => y,
+                    Some(b) => {
+                        let mut z = vec![0.0f64; y.len()];
+                        for (a, zr) in z.chunks_exact_mut(cols).enumerate() {
+                            for (k, yr) in y.chunks_exact(cols).enumerate() {
+                                let t = b.at(k, a);
+                                zr.iter_mut().zip(yr).for_each(|(s, &v)| *s += t * v);
+                            }
+                        }
+                        z
+                    }
+                };
+                for (d, &v) in dst.chunks_exact_mut(o).zip(&z) {
                     self.out.encode_f64(v / norm, d);
                 }
             });

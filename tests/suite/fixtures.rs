@@ -24,12 +24,14 @@ fn every_fixture_default_dtype_matches_bf16_reference() {
 #[test]
 fn every_fixture_f32_matches_reference() {
     for case in CASES {
-        if ["modelopt", "bnb-", "quark"]
+        if ["modelopt", "bnb-", "quark", "ct-transform"]
             .iter()
             .any(|p| case.starts_with(p))
         {
             // ModelOpt's, bitsandbytes' and Quark's f32 references are the
-            // f32 products themselves.
+            // f32 products themselves; a folded rotation's is the fold
+            // rounded once to f32, whose own rounding to bf16 may differ
+            // from the fold rounded once to bf16.
             check_case(
                 case,
                 DtypeChoice::Fixed(OutDtype::F32),

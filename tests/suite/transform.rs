@@ -90,6 +90,8 @@ struct Model {
     wq: Vec<(String, usize, usize, Vec<f64>)>,
     t_in: Vec<f64>,
     t_out: Vec<f64>,
+    /// `q`'s bias.
+    bias: Vec<f32>,
 }
 
 const N: usize = 4;
@@ -130,11 +132,14 @@ fn model(seed: u64) -> Model {
         f64s(&t_out),
     ));
     tensors.push(Tensor::bf16(NORM, &[8], &[1.0; 8]));
+    let bias: Vec<f32> = (0..8).map(|r| r as f32 * 0.25 - 1.0).collect();
+    tensors.push(Tensor::bf16(format!("{Q}.bias"), &[8], &bias));
     Model {
         tensors,
         wq,
         t_in,
         t_out,
+        bias,
     }
 }
 
@@ -180,14 +185,32 @@ fn fold_by_hand(m: &Model, rows: usize, cols: usize, wq: &[f64]) -> Vec<f32> {
     out
 }
 
+/// The weights folded, and `q`'s bias rotated as its outputs are:
+/// `b'[r] = Σ_a Bᵀ[r, a]·b[a] = Σ_a T_out[r, a]·b[a] / √n`.
 fn wants(m: &Model) -> Vec<Want> {
-    m.wq.iter()
-        .map(|(name, rows, cols, w)| Want {
-            name: format!("{name}.weight"),
-            shape: vec![*rows, *cols],
-            vals: fold_by_hand(m, *rows, *cols, w),
+    let mut w: Vec<Want> =
+        m.wq.iter()
+            .map(|(name, rows, cols, w)| Want {
+                name: format!("{name}.weight"),
+                shape: vec![*rows, *cols],
+                vals: fold_by_hand(m, *rows, *cols, w),
+            })
+            .collect();
+    let bias = (0..8)
+        .map(|r| {
+            let rb = r / N * N;
+            let s: f64 = (0..N)
+                .map(|a| m.t_out[(r - rb) * N + a] * m.bias[rb + a] as f64)
+                .sum();
+            (s / 2.0) as f32
         })
-        .collect()
+        .collect();
+    w.push(Want {
+        name: format!("{Q}.bias"),
+        shape: vec![8],
+        vals: bias,
+    });
+    w
 }
 
 fn fold_matches_by_hand(backend: BackendChoice) {
