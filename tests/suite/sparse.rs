@@ -318,6 +318,12 @@ fn sparse_config_over_plain_weights_decodes_what_is_stored() {
     );
 }
 
+/// The module's stored tensor `p`.
+fn param<'t>(ts: &'t mut [Tensor], p: &str) -> &'t mut Tensor {
+    let name = format!("{M}.{p}");
+    ts.iter_mut().find(|t| t.name == name).unwrap()
+}
+
 /// The planning error of `module`'s only fault.
 fn refusal(dir: &Path) -> wgpu_dequant::Error {
     let ckpt = Checkpoint::open(dir).unwrap();
@@ -336,11 +342,8 @@ fn disagreeing_sparse_tensors_are_refused() {
             "row_offsets off by one",
             Layout::Bitmask,
             |ts| {
-                let i = ts
-                    .iter()
-                    .position(|t| t.name.ends_with("row_offsets"))
-                    .unwrap();
-                ts[i].data[8] ^= 1;
+                let t = param(ts, "row_offsets");
+                t.data[8] ^= 1;
             },
             Rule::Sparse,
             "row_offsets",
@@ -349,12 +352,9 @@ fn disagreeing_sparse_tensors_are_refused() {
             "row_offsets of the wrong length",
             Layout::Bitmask,
             |ts| {
-                let i = ts
-                    .iter()
-                    .position(|t| t.name.ends_with("row_offsets"))
-                    .unwrap();
-                ts[i].data.truncate(8 * 6);
-                ts[i].shape = vec![6];
+                let t = param(ts, "row_offsets");
+                t.data.truncate(8 * 6);
+                t.shape = vec![6];
             },
             Rule::TensorShape,
             "row_offsets",
@@ -363,12 +363,9 @@ fn disagreeing_sparse_tensors_are_refused() {
             "one value more than the mask keeps",
             Layout::Bitmask,
             |ts| {
-                let i = ts
-                    .iter()
-                    .position(|t| t.name.ends_with("compressed"))
-                    .unwrap();
-                ts[i].data.push(0);
-                ts[i].shape[0] += 1;
+                let t = param(ts, "compressed");
+                t.data.push(0);
+                t.shape[0] += 1;
             },
             Rule::Sparse,
             "compressed",
@@ -377,10 +374,10 @@ fn disagreeing_sparse_tensors_are_refused() {
             "a mask bit set past the value count",
             Layout::Bitmask,
             |ts| {
-                let i = ts.iter().position(|t| t.name.ends_with("bitmask")).unwrap();
+                let t = param(ts, "bitmask");
                 // Row 1 keeps nothing; now it keeps column 0.
-                let per = ts[i].shape[1];
-                ts[i].data[per] |= 1;
+                let per = t.shape[1];
+                t.data[per] |= 1;
             },
             Rule::Sparse,
             "row_offsets",
@@ -389,8 +386,8 @@ fn disagreeing_sparse_tensors_are_refused() {
             "2:4 with 3 of 4 kept",
             Layout::TwoFour,
             |ts| {
-                let i = ts.iter().position(|t| t.name.ends_with("bitmask")).unwrap();
-                ts[i].data[0] |= 0x0f;
+                let t = param(ts, "bitmask");
+                t.data[0] |= 0x0f;
             },
             Rule::Sparse,
             "2 of every 4",
@@ -399,10 +396,10 @@ fn disagreeing_sparse_tensors_are_refused() {
             "2:4 columns not in fours",
             Layout::TwoFour,
             |ts| {
-                let i = ts.iter().position(|t| t.name.ends_with("shape")).unwrap();
-                ts[i].data[8..16].copy_from_slice(&22i64.to_le_bytes());
-                let i = ts.iter().position(|t| t.name.ends_with("bitmask")).unwrap();
-                assert_eq!(ts[i].shape[1], 3, "22 and 24 columns take 3 bytes");
+                let t = param(ts, "shape");
+                t.data[8..16].copy_from_slice(&22i64.to_le_bytes());
+                let t = param(ts, "bitmask");
+                assert_eq!(t.shape[1], 3, "22 and 24 columns take 3 bytes");
             },
             Rule::TensorShape,
             "2 of every 4",
@@ -411,10 +408,10 @@ fn disagreeing_sparse_tensors_are_refused() {
             "a mask a byte short",
             Layout::TwoFour,
             |ts| {
-                let i = ts.iter().position(|t| t.name.ends_with("bitmask")).unwrap();
-                ts[i].shape[1] -= 1;
-                let n = ts[i].shape.iter().product();
-                ts[i].data.truncate(n);
+                let t = param(ts, "bitmask");
+                t.shape[1] -= 1;
+                let n = t.shape.iter().product();
+                t.data.truncate(n);
             },
             Rule::TensorShape,
             "bitmask",
@@ -423,9 +420,9 @@ fn disagreeing_sparse_tensors_are_refused() {
             "a shape of three values",
             Layout::TwoFour,
             |ts| {
-                let i = ts.iter().position(|t| t.name.ends_with("shape")).unwrap();
-                ts[i].data.extend_from_slice(&1i64.to_le_bytes());
-                ts[i].shape = vec![3, 1];
+                let t = param(ts, "shape");
+                t.data.extend_from_slice(&1i64.to_le_bytes());
+                t.shape = vec![3, 1];
             },
             Rule::TensorValue,
             "shape",
