@@ -128,12 +128,12 @@ impl Tiles {
         } else {
             Fill::Fields
         };
-        // Transposed: 128 stored columns (64 bytes of 4-bit codes) of 128
-        // stored rows. Strided: 64 rows' words (four cache lines) of 1024
+        // Transposed: 256 stored columns (128 bytes of 4-bit codes, a pair
+        // of lines the hardware fetches together) of 128 stored rows. Strided: 64 rows' words (four cache lines) of 1024
         // columns (fewer pages at once than more rows), or 16 whole rows
         // when g_idx scatters the groups.
         let (tile_rows, tile_cols) = match (job.transposed, cols_per_key) {
-            (true, _) => (128, 128),
+            (true, _) => (256, 128),
             (false, ColKey::GIdx) => (16, job.dims.cols.max(1)),
             (false, ColKey::Div(_)) => (64, 1024),
         };
@@ -396,8 +396,8 @@ impl Tiles {
         codes.resize(c1 * run, 0);
         for (k, dst) in codes.chunks_exact_mut(run).take(c1).enumerate() {
             let src = &f.data[at + k * lane..at + k * lane + run];
-            // A whole line (tiles of 128 rows) as one fixed-size copy.
-            match (<&mut [u8; 64]>::try_from(&mut *dst), <&[u8; 64]>::try_from(src)) {
+            // A whole pair of lines (tiles of 256 rows) as one fixed-size copy.
+            match (<&mut [u8; 128]>::try_from(&mut *dst), <&[u8; 128]>::try_from(src)) {
                 (Ok(d), Ok(s)) => *d = *s,
                 _ => dst.copy_from_slice(src),
             }
