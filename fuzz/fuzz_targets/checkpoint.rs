@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, edits)) = data.split_first() else {
         return;
     };
-    let mut files: Vec<(&str, Vec<u8>)> = match which % 4 {
+    let mut files: Vec<(&str, Vec<u8>)> = match which % 6 {
         0 => vec![
             ("model.safetensors", fixtures::W4A16_ASYM.to_vec()),
             ("config.json", fixtures::W4A16_ASYM_CONFIG.to_vec()),
@@ -24,9 +24,17 @@ fuzz_target!(|data: &[u8]| {
             ("model.safetensors", fixtures::MODELOPT.to_vec()),
             ("hf_quant_config.json", fixtures::MODELOPT_HF.to_vec()),
         ],
-        _ => vec![
+        3 => vec![
             ("model.safetensors", fixtures::SVDQ.to_vec()),
             ("model.config.yaml", fixtures::SVDQ_SIDECAR.to_vec()),
+        ],
+        4 => vec![
+            ("model.safetensors", fixtures::SPARSE_BITMASK.to_vec()),
+            ("config.json", fixtures::SPARSE_BITMASK_CONFIG.to_vec()),
+        ],
+        _ => vec![
+            ("model.safetensors", fixtures::QUIP.to_vec()),
+            ("config.json", fixtures::QUIP_CONFIG.to_vec()),
         ],
     };
     // Edits of 6 bytes: file, offset (u32, biased towards headers), value.

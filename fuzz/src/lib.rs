@@ -169,4 +169,12 @@ pub mod fixtures {
     pub const MODELOPT_INT4_AWQ: &[u8] = fixture!("modelopt-int4-awq", "model.safetensors");
     /// AMD Quark 0.13's own FP8 export with an MXFP4 layer override.
     pub const QUARK_MIXED: &[u8] = fixture!("quark-mixed-exclude", "model.safetensors");
+    /// compressed-tensors 0.14's unstructured sparse-bitmask over FP8
+    /// (issue 27): masks, row offsets and kept values that must agree.
+    pub const SPARSE_BITMASK: &[u8] = fixture!("ct-sparse-bitmask-fp8", "model.safetensors");
+    pub const SPARSE_BITMASK_CONFIG: &[u8] = fixture!("ct-sparse-bitmask-fp8", "config.json");
+    /// llmcompressor's QuIP rotations over W4A16 (issue 27): stored ±1
+    /// matrices folded into each Linear.
+    pub const QUIP: &[u8] = fixture!("ct-transform-quip-w4a16", "model.safetensors");
+    pub const QUIP_CONFIG: &[u8] = fixture!("ct-transform-quip-w4a16", "config.json");
 }

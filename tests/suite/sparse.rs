@@ -486,3 +486,66 @@ fn sparse_modules_in_many_chunks_equal_cpu() {
         }
     });
 }
+
+/// Masks, offsets and shapes with random bytes overwritten are refused or
+/// decoded, never a panic, and a refusal is one line naming the module.
+#[test]
+fn mutated_sparse_tensors_never_panic() {
+    let mut rng = Rng::new(27);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut refused, mut decoded) = (0, 0);
+    for case in 0..300 {
+        let layout = if case % 2 == 0 {
+            Layout::Bitmask
+        } else {
+            Layout::TwoFour
+        };
+        let mut w = weight(
+            Values::Fp8Channel,
+            layout,
+            7,
+            21 + 3 * (case % 2),
+            case as u64,
+        );
+        let p = ["bitmask", "row_offsets", "shape", "compressed"][rng.below(4) as usize];
+        if let Some(t) = w.tensors.iter_mut().find(|t| t.name == format!("{M}.{p}")) {
+            t.data = rng.mutate(&t.data);
+            let size = if p == "row_offsets" || p == "shape" {
+                8
+            } else {
+                1
+            };
+            t.data.truncate(t.data.len() / size * size);
+            // The shape follows the bytes (the container checks they agree).
+            let n = t.data.len() / size;
+            if t.shape.len() == 1 || n % t.shape[1..].iter().product::<usize>().max(1) != 0 {
+                t.shape = vec![n];
+            } else {
+                t.shape[0] = n / t.shape[1..].iter().product::<usize>().max(1);
+            }
+        }
+        write(dir.path(), &w, config(Values::Fp8Channel, layout));
+        let out = crate::common::caught(|| -> Result<(), wgpu_dequant::Error> {
+            let ckpt = Checkpoint::open(dir.path())?;
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+            plan.check()?;
+            let model = wgpu_dequant::Model::open(dir.path(), DtypeChoice::Auto)?;
+            model.decode(&format!("{M}.weight"), BackendChoice::Cpu)?;
+            Ok(())
+        });
+        match out {
+            Err(panic) => panic!("case {case} ({p}): panicked: {panic}"),
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                assert!(!msg.contains('\n'), "{msg}");
+                assert!(msg.contains("down_proj"), "{msg}");
+                refused += 1;
+            }
+            Ok(Ok(())) => decoded += 1,
+        }
+    }
+    assert!(
+        refused > 100 && decoded > 0,
+        "refused {refused}, decoded {decoded}"
+    );
+}
