@@ -580,11 +580,6 @@ pub enum Starts {
 }
 
 impl Sparse<'_> {
-    /// Blocks per row of `cols` columns.
-    pub fn blocks(&self, cols: usize) -> usize {
-        cols.div_ceil(self.block.max(1))
-    }
-
     /// Index among the kept codes of the first in block `b` of `row` (of
     /// the row itself for `b` = 0; past the table: `u64::MAX`).
     #[inline]

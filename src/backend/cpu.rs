@@ -3,8 +3,8 @@
 //! job's own accessor ([`DecodeJob::value`]):
 //!
 //! - [`rows`]: entries that hold over runs of an output row — straight rows,
-//!   and GPTQ's and AutoAWQ's packs along the inputs gathered into straight
-//!   rows first;
+//!   and GPTQ's and AutoAWQ's packs along the inputs and sparse byte codes
+//!   gathered into straight rows first;
 //! - [`tiles`]: entries that change along an output row (GPT-OSS's experts,
 //!   whose scale is per output column), and whatever else is transposed or
 //!   strided, a tile at a time;

@@ -8,10 +8,11 @@ use indexmap::IndexMap;
 use safetensors::Dtype;
 use serde_json::Value;
 
+use super::transform::Transforms;
 use super::{
-    sparse, byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
-    grid_values, modules_with, plan_each, require, scalar_f32, split_shape, stored_kind, Modules,
-    ScaleLayout, Target,
+    byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
+    grid_values, modules_with, plan_each, require, scalar_f32, sparse, split_shape, stored_kind,
+    Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -19,7 +20,6 @@ use crate::job::{DecodeJob, Dims, Fields, Product, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 use crate::output::fold::Fold;
 use crate::output::{Output, Source, Warning};
-use super::transform::Transforms;
 
 /// Weight parameters of a compressed-tensors module (besides `weight` itself).
 const WEIGHT_PARAMS: &[&str] = &[

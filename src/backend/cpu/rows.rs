@@ -1,9 +1,10 @@
 //! Jobs whose entries (zero point and scale) hold over runs of an output
 //! row's columns, decoded a row at a time through one code table per run:
 //! straight rows read in place, and rows packed along the input dimension
-//! — GPTQ's strided words, AutoAWQ's transposed ones — a band of rows at a
-//! time, gathered into straight rows of codes that stay in cache and then
-//! decoded by the same inner loop as straight rows.
+//! — GPTQ's strided words, AutoAWQ's transposed ones — and sparse rows (byte
+//! codes kept where a bitmask is set) a band of rows at a time, gathered
+//! into straight rows of codes that stay in cache and then decoded by the
+//! same inner loop as straight rows.
 //!
 //! The tables hold the encoded output of every code of one entry, computed
 //! with exactly the operations `DecodeJob::value` performs, so both ways
