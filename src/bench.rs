@@ -76,7 +76,7 @@ impl std::fmt::Display for Figure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} {:<40} {:>8.2} GB/s   {:<28} {:>8.2} GB/s   ratio {:.2}",
+            "{} {:<40} {:>8.2} GB/s   {:<31} {:>8.2} GB/s   ratio {:.2}",
             self.backend,
             self.what,
             self.gbps(),
@@ -149,6 +149,8 @@ impl Layout {
     /// The layouts whose codes run along the input dimension (the CPU's
     /// tiled path), each measured against the straight int4 layout too.
     pub(crate) const ALONG_INPUTS: [Layout; 3] = [Layout::Gptq, Layout::Awq, Layout::GptOss];
+    /// Their baselines: straight int4 g128, without and with zero points.
+    pub(crate) const STRAIGHT: [Layout; 2] = [Layout::Int4, Layout::Int4Asym];
 
     /// Bits per code.
     fn bits(self) -> u32 {
@@ -436,20 +438,20 @@ pub(crate) fn cpu_kernels(
     only: &str,
 ) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
-    // The straight int4 decode of each output dtype, for the layouts along
-    // the inputs to be compared with.
-    let mut straight: Vec<(OutDtype, f64)> = Vec::new();
+    // The straight int4 decodes (with and without zero points) of each
+    // output dtype, for the layouts along the inputs to be compared with.
+    let mut straight: Vec<(Layout, OutDtype, f64)> = Vec::new();
     // Their codes and scales need whole groups of 128 rows too.
     let along = if rows.is_multiple_of(128) {
         &Layout::ALONG_INPUTS[..]
     } else {
         &[]
     };
-    // The straight int4 case stays when an input-packed one is asked for:
-    // it is their baseline.
+    // The straight int4 cases stay when an input-packed one is asked for:
+    // they are its baselines.
     let wanted = |layout: Layout| {
         layout.name().contains(only)
-            || layout == Layout::Int4 && along.iter().any(|l| l.name().contains(only))
+            || Layout::STRAIGHT.contains(&layout) && along.iter().any(|l| l.name().contains(only))
     };
     for &layout in Layout::ALL.iter().chain(along).filter(|&&l| wanted(l)) {
         let w = Weight::random(layout, rows, cols, 7);
@@ -471,15 +473,22 @@ pub(crate) fn cpu_kernels(
             let decode = best(runs, || {
                 cpu.decode_rows(&job, 0..job.dims.total_rows(), &mut dst)
             })?;
-            if layout == Layout::Int4 {
-                straight.push((out, decode));
+            if Layout::STRAIGHT.contains(&layout) {
+                straight.push((layout, out, decode));
             }
-            if let Some(&(_, s)) = straight.iter().find(|s| s.0 == out) {
-                if layout != Layout::Int4 && along.contains(&layout) {
+            // Each along the inputs against the straight job of the same
+            // shape, and those with zero points also against the straight
+            // one with zero points: the cost of the transposition alone.
+            let zero_points = matches!(layout, Layout::Gptq | Layout::Awq);
+            for &(base, _, s) in straight
+                .iter()
+                .filter(|s| s.1 == out && along.contains(&layout))
+            {
+                if base == Layout::Int4 || zero_points {
                     figures.push(Figure {
                         backend: "cpu",
                         what: case_name(layout, out),
-                        baseline: format!("straight {}", case_name(Layout::Int4, out)),
+                        baseline: format!("straight {}", case_name(base, out)),
                         bytes: bytes as u64,
                         seconds: decode,
                         baseline_seconds: s,

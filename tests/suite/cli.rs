@@ -438,6 +438,51 @@ fn workgroup_size_override_keeps_the_bytes() {
     });
 }
 
+/// `bench --backend cpu --only`: a pack along the inputs is measured
+/// against the straight int4 job of its shape, and one with zero points
+/// (AutoAWQ, GPTQ) also against the straight one with zero points.
+#[test]
+fn bench_cpu_compares_packs_along_the_inputs_with_straight_ones() {
+    for (only, with_zeros) in [("autoawq", true), ("gptq", true), ("gpt-oss", false)] {
+        let o = run(&[
+            "bench",
+            "--backend",
+            "cpu",
+            "--json",
+            "--rows",
+            "128",
+            "--cols",
+            "128",
+            "--runs",
+            "1",
+            "--only",
+            only,
+        ]);
+        ok(&o, "bench --backend cpu");
+        let lines: Vec<Value> = stdout(&o)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        for dtype in ["bf16", "f32"] {
+            let baselines: Vec<&str> = lines
+                .iter()
+                .filter(|l| {
+                    l["case"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with(only) && c.ends_with(dtype))
+                })
+                .filter_map(|l| l["baseline"].as_str())
+                .filter(|b| b.starts_with("straight"))
+                .collect();
+            let mut want = vec![format!("straight int4 g128 -> {dtype}")];
+            if with_zeros {
+                want.push(format!("straight int4 g128 asym -> {dtype}"));
+            }
+            assert_eq!(baselines, want, "{only} -> {dtype}: {lines:?}");
+        }
+    }
+}
+
 /// `bench --backend gpu --json`: one object per line with the agreed keys,
 /// every format to bf16 and f32 against the copy shader, the GPU alone, and
 /// every case on a fast kernel.

@@ -124,8 +124,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
         backend: BackendArg,
         /// Only the kernel cases whose name contains this text, e.g.
-        /// `gptq` (the straight int4 case stays as the baseline of the
-        /// input-packed ones).
+        /// `gptq` (the straight int4 cases, with and without zero points, stay
+        /// as the baselines of the input-packed ones).
         #[arg(long, default_value = "")]
         only: String,
         /// One JSON object per figure and line: backend, case, gbps,
