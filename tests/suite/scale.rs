@@ -69,11 +69,12 @@ fn assert_cpu_equals_reference(job: &DecodeJob<'_>, rng: &mut Rng, ranges: usize
     for _ in 0..ranges {
         let a = rng.below(total as u64 + 1) as usize;
         let b = a + rng.below((total - a) as u64 + 1) as usize;
-        let got = cpu_rows(job, a..b);
+        let skew = rng.below(64) as usize;
+        let got = cpu_rows_at(job, a..b, skew);
         let want = &want[a * row_bytes..b * row_bytes];
         assert!(
             got == want,
-            "rows {a}..{b}: {what}: {}",
+            "rows {a}..{b}, {skew} bytes past a line: {what}: {}",
             first_difference(&got, want, job, a)
         );
     }
@@ -142,11 +143,20 @@ fn variants(job: &DecodeJob<'_>) -> Vec<String> {
 /// Decodes `rows` with the CPU backend into a buffer first filled with
 /// garbage, so rows it never writes show.
 fn cpu_rows(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
-    let mut out = vec![0xA5u8; rows.len() * job.dims.cols * job.out.size()];
+    cpu_rows_at(job, rows, 0)
+}
+
+/// [`cpu_rows`] decoded into a buffer `skew` bytes past a cache line:
+/// kernels that align their stores to lines must give the same bytes at
+/// any address.
+fn cpu_rows_at(job: &DecodeJob<'_>, rows: Range<usize>, skew: usize) -> Vec<u8> {
+    let len = rows.len() * job.dims.cols * job.out.size();
+    let mut buf = vec![0xA5u8; len + 128];
+    let at = (64 - buf.as_ptr() as usize % 64) % 64 + skew % 64;
     Cpu::new()
-        .decode_rows(job, rows.clone(), &mut out)
+        .decode_rows(job, rows.clone(), &mut buf[at..at + len])
         .unwrap_or_else(|e| panic!("decode_rows {rows:?}: {e}"));
-    out
+    buf[at..at + len].to_vec()
 }
 
 fn first_difference(got: &[u8], want: &[u8], job: &DecodeJob<'_>, start_row: usize) -> String {
@@ -1588,7 +1598,14 @@ fn cpu_mxfp4_experts_equal_reference_in_shifted_blocks_and_tiles() {
                         "{slices}x{outs}x{ins} {out}, extreme scales {extreme}, AVX-512 {wide}"
                     );
                     let checked = std::panic::catch_unwind(|| {
-                        assert_cpu_equals_reference(&job, &mut Rng::new(3), 3, &what)
+                        assert_cpu_equals_reference(&job, &mut Rng::new(3), 3, &what);
+                        // Blocks start on the output's lines, wherever it is.
+                        let total = job.dims.total_rows();
+                        let want = reference(&job, 0..total);
+                        for skew in [2, 16, 48] {
+                            let got = cpu_rows_at(&job, 0..total, skew);
+                            assert!(got == want, "{what}, {skew} bytes past a line");
+                        }
                     });
                     set_wide_kernels(true);
                     if let Err(e) = checked {

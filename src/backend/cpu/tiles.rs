@@ -181,9 +181,17 @@ impl Tiles {
             let r1 = band_end.min(r0 + rows.end - flat);
             let at = (flat - rows.start) * row_bytes;
             let band = &mut out[at..at + (r1 - r0) * row_bytes];
+            // Shifted blocks write whole 64-byte registers: the first tile
+            // ends where rows' lines start (when every row starts at the same
+            // place in a line), so that no store splits a line.
+            let size = job.out.size();
+            let lead = match (&self.shifted, row_bytes % 64, (64 - band.as_ptr() as usize % 64) % 64) {
+                (Some(_), 0, skew) if skew % size == 0 => skew / size,
+                _ => 0,
+            };
             let mut c0 = 0;
             while c0 < job.dims.cols {
-                let c1 = (c0 + self.tile_cols).min(job.dims.cols);
+                let c1 = if c0 == 0 && lead > 0 { lead } else { c0 + self.tile_cols }.min(job.dims.cols);
                 match job.out.size() {
                     2 => self.tile::<2>(job, slice, r0..r1, c0..c1, band, scratch),
                     _ => self.tile::<4>(job, slice, r0..r1, c0..c1, band, scratch),
