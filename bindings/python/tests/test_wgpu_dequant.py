@@ -190,13 +190,20 @@ def test_ctrl_c_stops_dequantize_and_leaves_nothing(tmp_path):
 
     write_big_checkpoint(tmp_path / "big")
     out = tmp_path / "dense"
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            wdq.dequantize(tmp_path / "big", out, backend="cpu")
-    finally:
-        timer.cancel()
+    pieces = []
+
+    def ctrl_c_after_the_first_piece(done, total, tensor):
+        # Ctrl-C while the run is under way, not after a timer that a fast
+        # machine outruns: the main thread sees it within its 50 ms wait,
+        # and this piece is not done before then.
+        pieces.append((done, total))
+        if len(pieces) == 1:
+            _thread.interrupt_main()
+            threading.Event().wait(0.5)
+
+    with pytest.raises(KeyboardInterrupt):
+        wdq.dequantize(tmp_path / "big", out, backend="cpu", progress=ctrl_c_after_the_first_piece)
+    assert pieces[-1][0] < pieces[-1][1], f"the run was not stopped: {pieces[-1]}"
     assert not out.exists(), "an interrupted dequantize left its output"
     # The next run is not refused: the interruption was this run's alone.
     assert wdq.dequantize(tmp_path / "big", out, backend="cpu", progress=True)["decoded"] == 6
