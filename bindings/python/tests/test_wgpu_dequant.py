@@ -186,6 +186,7 @@ def write_big_checkpoint(model, layers=6, rows=2048, cols=8192):
 
 def test_ctrl_c_stops_dequantize_and_leaves_nothing(tmp_path):
     import _thread
+    import signal
     import threading
 
     write_big_checkpoint(tmp_path / "big")
@@ -201,8 +202,14 @@ def test_ctrl_c_stops_dequantize_and_leaves_nothing(tmp_path):
             _thread.interrupt_main()
             threading.Event().wait(0.5)
 
-    with pytest.raises(KeyboardInterrupt):
-        wdq.dequantize(tmp_path / "big", out, backend="cpu", progress=ctrl_c_after_the_first_piece)
+    # A Python started with SIGINT ignored (a shell's background job) keeps
+    # ignoring it; Ctrl-C is Python's to see here, as in a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wdq.dequantize(tmp_path / "big", out, backend="cpu", progress=ctrl_c_after_the_first_piece)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert pieces[-1][0] < pieces[-1][1], f"the run was not stopped: {pieces[-1]}"
     assert not out.exists(), "an interrupted dequantize left its output"
     # The next run is not refused: the interruption was this run's alone.
