@@ -194,9 +194,9 @@ def test_ctrl_c_stops_dequantize_and_leaves_nothing(tmp_path):
     pieces = []
 
     def ctrl_c_after_the_first_piece(done, total, tensor):
-        # Ctrl-C while the run is under way, not after a timer that a fast
-        # machine outruns: the main thread sees it within its 50 ms wait,
-        # and this piece is not done before then.
+        # Ctrl-C while the run is under way, however fast the machine: the
+        # main thread sees it within its 50 ms wait, and this piece is not
+        # done before then.
         pieces.append((done, total))
         if len(pieces) == 1:
             _thread.interrupt_main()
