@@ -1595,7 +1595,7 @@ fn cpu_mxfp4_experts_equal_reference_in_shifted_blocks_and_tiles() {
                 for wide in [true, false] {
                     set_wide_kernels(wide);
                     let what = format!(
-                        "{slices}x{outs}x{ins} {out}, extreme scales {extreme}, AVX-512 {wide}"
+                        "{slices}x{outs}x{ins} {out}, extreme scales {extreme}, wide kernels {wide}"
                     );
                     let checked = std::panic::catch_unwind(|| {
                         assert_cpu_equals_reference(&job, &mut Rng::new(3), 3, &what);

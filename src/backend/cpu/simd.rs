@@ -1,4 +1,4 @@
-//! The CPU's vector kernels (x86-64: SSE2, SSSE3 and AVX-512 where the CPU has them),
+//! The CPU's vector kernels (x86-64: SSE2, SSSE3, and AVX2 or AVX-512 where the CPU has them),
 //! each next to the scalar loop it equals byte for byte and that other CPUs
 //! run: table lookups of 4-bit codes, and the transposes that turn packs
 //! along the input dimension into straight rows.
@@ -21,8 +21,8 @@ const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 /// scalar loops other CPUs run, on this one.
 static VECTORS: AtomicBool = AtomicBool::new(true);
 
-/// Whether the AVX-512 kernels may run where the CPU has them: tests turn
-/// them off to check the SSSE3 ones on this CPU too.
+/// Whether the AVX-512 and AVX2 kernels may run where the CPU has them:
+/// tests turn them off to check the SSSE3 ones on this CPU too.
 static WIDE: AtomicBool = AtomicBool::new(true);
 
 /// Lets the vector kernels run, or not (the scalar loops give the same
@@ -31,8 +31,8 @@ pub fn set_vector_kernels(on: bool) {
     VECTORS.store(on, Ordering::Relaxed);
 }
 
-/// Lets the AVX-512 kernels run where the CPU has them, or not (the
-/// SSSE3 ones and the scalar loops give the same bytes).
+/// Lets the AVX-512 and AVX2 kernels run where the CPU has them, or not
+/// (the SSSE3 ones and the scalar loops give the same bytes).
 pub fn set_wide_kernels(on: bool) {
     WIDE.store(on, Ordering::Relaxed);
 }
@@ -48,6 +48,13 @@ fn sse2() -> bool {
 #[inline]
 fn has_ssse3() -> bool {
     sse2() && std::arch::is_x86_feature_detected!("ssse3")
+}
+
+/// Whether the AVX2 kernels run (where the AVX-512 ones do not).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2() -> bool {
+    sse2() && WIDE.load(Ordering::Relaxed) && std::arch::is_x86_feature_detected!("avx2")
 }
 
 /// Whether the AVX-512 kernels (F, BW, VBMI) run.
@@ -166,6 +173,11 @@ pub(super) fn shifted_block<const N: usize>(
         if has_avx512() {
             // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
             unsafe { x86::shifted_block::<N>(src, (first, lane), (base, shifts), out, row_bytes) };
+            return true;
+        }
+        if has_avx2() {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            unsafe { x86::shifted_block_avx2::<N>(src, (first, lane), (base, shifts), out, row_bytes) };
             return true;
         }
     }
@@ -1021,6 +1033,120 @@ mod x86 {
         }
     }
 
+    /// See `super::shifted_block`, for CPUs with AVX2 but not AVX-512:
+    /// columns 16 at a time, their 16 bytes transposed (two columns a
+    /// register, one per 128-bit lane), so that a register holds byte b and
+    /// b + 1 of the 16 columns, which are four rows' codes; each row's 16
+    /// values looked up in `base`'s byte planes and shifted.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn shifted_block_avx2<const N: usize>(
+        src: &[u8],
+        (first, lane): (usize, usize),
+        (base, shifts): (&[u32; 16], &[u32; 128]),
+        out: &mut [u8],
+        row_bytes: usize,
+    ) {
+        // One bounds check each for the last column's bytes and last row.
+        let src = &src[..first + 127 * lane + 16];
+        let out = &mut out[..31 * row_bytes + 128 * N];
+        let column = |o: usize| load(super::slice16(src, first + o * lane));
+        let planes = super::planes(base);
+        let plane: [__m256i; 4] = std::array::from_fn(|b| _mm256_broadcastsi128_si256(load(&planes[b])));
+        let nibble = _mm256_set1_epi8(0x0F);
+        let zero = _mm256_setzero_si256();
+        // A value of nonzero magnitude gets its column's shift.
+        let shifted = |v: __m256i, s: __m256i| {
+            let is_zero = if N == 2 {
+                _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7FFF)), zero)
+            } else {
+                _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF)), zero)
+            };
+            if N == 2 {
+                _mm256_add_epi16(v, _mm256_andnot_si256(is_zero, s))
+            } else {
+                _mm256_add_epi32(v, _mm256_andnot_si256(is_zero, s))
+            }
+        };
+        let mut store = |r: usize, c: usize, v: __m256i| {
+            let o = &mut out[r * row_bytes + c * N..][..32];
+            // SAFETY: writes exactly the 32 bytes of `o` (unaligned store).
+            unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) };
+        };
+        // The shifts as N-byte lanes, as the values are.
+        let mut shift_bytes = [0u8; 512];
+        for (d, s) in shift_bytes.chunks_exact_mut(N).zip(shifts) {
+            d.copy_from_slice(&s.to_le_bytes()[..N]);
+        }
+        for m in 0..8 {
+            let c0 = 16 * m;
+            // Each 16 bytes of the columns' shifts, in both lanes.
+            let shift: [__m256i; 4] = std::array::from_fn(|k| {
+                let at = (c0 * N + 16 * k) % 512;
+                _mm256_broadcastsi128_si256(load(super::slice16(&shift_bytes, at)))
+            });
+            // y[l]: column c0 + l in lane 0, c0 + 8 + l in lane 1.
+            let y: [__m256i; 8] = std::array::from_fn(|l| _mm256_set_m128i(column(c0 + 8 + l), column(c0 + l)));
+            // a[2k]: bytes 0..8 of columns 2k, 2k + 1 interleaved; a[2k + 1]: bytes 8..16.
+            let a: [__m256i; 8] = std::array::from_fn(|i| {
+                let (x, z) = (y[i / 2 * 2], y[i / 2 * 2 + 1]);
+                if i % 2 == 0 {
+                    _mm256_unpacklo_epi8(x, z)
+                } else {
+                    _mm256_unpackhi_epi8(x, z)
+                }
+            });
+            // b[q][h][s]: columns 4q .. 4q + 4, bytes 8h + 4s .. 8h + 4s + 4.
+            let b: [[[__m256i; 2]; 2]; 2] = std::array::from_fn(|q| {
+                std::array::from_fn(|h| {
+                    let (x, z) = (a[4 * q + h], a[4 * q + 2 + h]);
+                    [_mm256_unpacklo_epi16(x, z), _mm256_unpackhi_epi16(x, z)]
+                })
+            });
+            for h in 0..2 {
+                for s in 0..2 {
+                    let (x, z) = (b[0][h][s], b[1][h][s]);
+                    for (t, c) in [_mm256_unpacklo_epi32(x, z), _mm256_unpackhi_epi32(x, z)].into_iter().enumerate() {
+                        // Bytes bt, bt + 1 of a lane's 8 columns; then byte
+                        // bt of all 16 in lane 0, bt + 1 in lane 1.
+                        let bt = 8 * h + 4 * s + 2 * t;
+                        let z = _mm256_permute4x64_epi64::<0xD8>(c);
+                        let lo = _mm256_and_si256(z, nibble);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(z), nibble);
+                        // Rows 2bt, 2bt + 2 (low nibbles), 2bt + 1, 2bt + 3.
+                        for (codes, r) in [(lo, 2 * bt), (hi, 2 * bt + 1)] {
+                            let p: [__m256i; 4] = std::array::from_fn(|k| {
+                                if k < N {
+                                    _mm256_shuffle_epi8(plane[k], codes)
+                                } else {
+                                    zero
+                                }
+                            });
+                            if N == 2 {
+                                let v0 = shifted(_mm256_unpacklo_epi8(p[0], p[1]), shift[0]);
+                                let v1 = shifted(_mm256_unpackhi_epi8(p[0], p[1]), shift[1]);
+                                store(r, c0, _mm256_permute2x128_si256::<0x20>(v0, v1));
+                                store(r + 2, c0, _mm256_permute2x128_si256::<0x31>(v0, v1));
+                            } else {
+                                let (w01, w23) = (_mm256_unpacklo_epi8(p[0], p[1]), _mm256_unpacklo_epi8(p[2], p[3]));
+                                let (x01, x23) = (_mm256_unpackhi_epi8(p[0], p[1]), _mm256_unpackhi_epi8(p[2], p[3]));
+                                let d = [
+                                    shifted(_mm256_unpacklo_epi16(w01, w23), shift[0]),
+                                    shifted(_mm256_unpackhi_epi16(w01, w23), shift[1]),
+                                    shifted(_mm256_unpacklo_epi16(x01, x23), shift[2]),
+                                    shifted(_mm256_unpackhi_epi16(x01, x23), shift[3]),
+                                ];
+                                store(r, c0, _mm256_permute2x128_si256::<0x20>(d[0], d[1]));
+                                store(r, c0 + 8, _mm256_permute2x128_si256::<0x20>(d[2], d[3]));
+                                store(r + 2, c0, _mm256_permute2x128_si256::<0x31>(d[0], d[1]));
+                                store(r + 2, c0 + 8, _mm256_permute2x128_si256::<0x31>(d[2], d[3]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// See `super::transposed_block`: 8 lanes of 2-byte or 4 of 4-byte
     /// outputs.
     #[target_feature(enable = "ssse3")]
@@ -1191,11 +1317,20 @@ mod tests {
             base[8] = if N == 2 { 0x8000 } else { 0x8000_0000 };
             let shifts: [u32; 128] = std::array::from_fn(|_| rng.u32(..) & wrap);
             let first = 5;
-            let mut out = vec![0u8; 31 * row_bytes + 128 * N];
-            if !shifted_block::<N>(&src, (first, lane), (&base, &shifts), &mut out, row_bytes) {
+            // The kernel this CPU runs, and the AVX2 one where it has that
+            // too (an AVX-512 CPU runs the other).
+            let mut outs = vec![vec![0u8; 31 * row_bytes + 128 * N]];
+            if !shifted_block::<N>(&src, (first, lane), (&base, &shifts), &mut outs[0], row_bytes) {
                 return;
             }
-            for r in 0..32 {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                let mut out = vec![0u8; 31 * row_bytes + 128 * N];
+                // SAFETY: the CPU has AVX2 (checked just above).
+                unsafe { x86::shifted_block_avx2::<N>(&src, (first, lane), (&base, &shifts), &mut out, row_bytes) };
+                outs.push(out);
+            }
+            for (out, r) in outs.iter().flat_map(|o| (0..32).map(move |r| (o, r))) {
                 for o in 0..128 {
                     let code = (src[first + o * lane + r / 2] >> (4 * (r % 2))) & 15;
                     let v = base[code as usize];
