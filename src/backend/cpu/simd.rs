@@ -1056,14 +1056,11 @@ mod x86 {
         let zero = _mm256_setzero_si256();
         // A value of nonzero magnitude gets its column's shift.
         let shifted = |v: __m256i, s: __m256i| {
-            let is_zero = if N == 2 {
-                _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7FFF)), zero)
-            } else {
-                _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF)), zero)
-            };
             if N == 2 {
+                let is_zero = _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7FFF)), zero);
                 _mm256_add_epi16(v, _mm256_andnot_si256(is_zero, s))
             } else {
+                let is_zero = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF)), zero);
                 _mm256_add_epi32(v, _mm256_andnot_si256(is_zero, s))
             }
         };
@@ -1079,10 +1076,10 @@ mod x86 {
         }
         for m in 0..8 {
             let c0 = 16 * m;
-            // Each 16 bytes of the columns' shifts, in both lanes.
+            // Each 16 bytes of the columns' shifts, in both lanes (N of
+            // them used).
             let shift: [__m256i; 4] = std::array::from_fn(|k| {
-                let at = (c0 * N + 16 * k) % 512;
-                _mm256_broadcastsi128_si256(load(super::slice16(&shift_bytes, at)))
+                _mm256_broadcastsi128_si256(load(super::slice16(&shift_bytes, c0 * N + 16 * k)))
             });
             // y[l]: column c0 + l in lane 0, c0 + 8 + l in lane 1.
             let y: [__m256i; 8] = std::array::from_fn(|l| _mm256_set_m128i(column(c0 + 8 + l), column(c0 + l)));
