@@ -45,6 +45,12 @@ pub enum Rule {
     TensorValue,
     /// TEN-005: the same tensor name appears in two shards.
     DuplicateTensor,
+    /// HUB-001: the Hugging Face Hub (or the mirror `HF_ENDPOINT` names)
+    /// has no such repository, revision or file, wants a token, or answered
+    /// what no Hub answers; or `HF_HUB_OFFLINE` is set and the cache lacks it.
+    Hub,
+    /// HUB-002: a download's bytes are not the size and SHA-256 the Hub states.
+    Integrity,
     /// OUT-001: the output location is not usable (exists and is not empty, or is the input).
     Output,
     /// ARG-001: a command-line or API argument is invalid.
@@ -77,6 +83,8 @@ impl Rule {
             Rule::TensorShape => "TEN-003",
             Rule::TensorValue => "TEN-004",
             Rule::DuplicateTensor => "TEN-005",
+            Rule::Hub => "HUB-001",
+            Rule::Integrity => "HUB-002",
             Rule::Output => "OUT-001",
             Rule::Argument => "ARG-001",
             Rule::Gpu => "GPU-001",
@@ -97,6 +105,8 @@ impl Rule {
             // Cancelled and Internal were IO-001 before they had ids of their
             // own: they keep its status, which the bindings map.
             Rule::Io | Rule::Output | Rule::Gpu | Rule::Cancelled | Rule::Internal => 1,
+            // Like a path that does not exist, or a read that failed.
+            Rule::Hub | Rule::Integrity => 1,
             _ => 3,
         }
     }

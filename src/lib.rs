@@ -70,6 +70,8 @@ internal! {
 #[doc(hidden)]
 pub mod bench;
 mod error;
+#[cfg(not(target_arch = "wasm32"))]
+mod hub;
 mod model;
 mod names;
 mod run;
@@ -82,11 +84,13 @@ pub use error::{Cause, Error, Result, Rule};
 pub use model::{Model, TensorInfo};
 pub use numerics::OutDtype;
 pub use plan::{DtypeChoice, Warning};
-pub use report::{Finding, Report};
-pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options, Validation};
+pub use report::{Finding, Report, Validation};
+pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options};
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
-pub use writer::{interrupt, merge_index, parse_size, Canceller, Merged, Progress, Summary};
+pub use writer::{
+    interrupt, merge_index, parse_size, Canceller, Fetched, Merged, Progress, Summary,
+};
 
 #[cfg(feature = "testing")]
 #[doc(hidden)]

@@ -73,7 +73,7 @@ impl Model {
     /// file) and plans its dense form in `dtype`. Fails on the first thing
     /// wrong with it (`validate` lists them all).
     pub fn open(path: impl AsRef<Path>, dtype: DtypeChoice) -> Result<Model> {
-        let ckpt = Checkpoint::open(path)?;
+        let ckpt = Checkpoint::open(crate::run::local(path.as_ref())?)?;
         let cell = Cell::try_new(ckpt, |ckpt| {
             let plan = Plan::build(ckpt, dtype)?;
             plan.check()?;

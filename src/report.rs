@@ -214,3 +214,38 @@ impl Report {
         s
     }
 }
+
+/// Every rule finding of a checkpoint (`validate`): what stops decoding and
+/// what does not. Serializes as `validate --json` prints it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Validation {
+    /// Rule violations; decoding refuses while there are any.
+    pub errors: Vec<Finding>,
+    /// Findings that do not stop decoding.
+    pub warnings: Vec<Warning>,
+}
+
+impl Validation {
+    /// The findings of `plan`.
+    pub(crate) fn of(plan: Plan<'_>) -> Validation {
+        Validation {
+            errors: plan.errors.iter().map(Finding::from).collect(),
+            warnings: plan.warnings,
+        }
+    }
+
+    /// The exit status for these findings: 0 when clean, else the first one's.
+    pub fn exit_code(&self) -> u8 {
+        self.errors.first().map_or(0, |e| e.exit_code)
+    }
+}
+
+impl From<&Error> for Validation {
+    /// A fault of the whole checkpoint, as the one finding.
+    fn from(e: &Error) -> Self {
+        Validation {
+            errors: vec![Finding::from(e)],
+            warnings: Vec::new(),
+        }
+    }
+}

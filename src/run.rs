@@ -5,15 +5,21 @@
 //! here once; the command line, Python, C and the browser only translate
 //! their arguments and show what they are told.
 
+use std::collections::BTreeSet;
+use std::ops::Range;
 use std::path::Path;
 
-use crate::backend::{self, Backend, BackendChoice};
+use crate::backend::{self, select_async, Backend, BackendChoice};
 use crate::checkpoint::Checkpoint;
 use crate::convert::ConvertTo;
+use crate::error::Rule;
 use crate::error::{Error, Result};
-use crate::plan::{DtypeChoice, Plan, Warning};
-use crate::report::{Finding, Report};
-use crate::writer::{Canceller, OutputDir, Progress, Summary};
+use crate::plan::{DtypeChoice, Plan};
+use crate::report::{Report, Validation};
+use crate::stream::{
+    batches, load, make, open, prepare, schedule, Files, OutFile, Part, BATCH_BYTES,
+};
+use crate::writer::{self, Canceller, OutputDir, Progress, Summary};
 
 /// The two choices every run makes: the output dtype and the backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -62,6 +68,7 @@ pub struct Dequantize<'a> {
     pub(crate) progress: Box<dyn FnMut(&Progress<'_>) + 'a>,
     pub(crate) note: Box<dyn FnMut(Note<'_>) + 'a>,
     canceller: Canceller,
+    delete_downloaded: bool,
     /// Stored input bytes a `stream` batch loads at most, when not its own.
     pub(crate) batch_bytes: Option<usize>,
 }
@@ -86,6 +93,7 @@ impl<'a> Dequantize<'a> {
             progress: Box::new(|_| {}),
             note: Box::new(|_| {}),
             canceller: Canceller::default(),
+            delete_downloaded: false,
             batch_bytes: None,
         }
     }
@@ -159,6 +167,15 @@ impl<'a> Dequantize<'a> {
         self
     }
 
+    /// A Hub checkpoint's shards that this run downloads are removed from
+    /// the cache again as soon as every tensor that reads them is written,
+    /// so that the cache holds about two shards at a time (shards that were
+    /// there already, or that another snapshot links to, are kept).
+    pub fn delete_downloaded(mut self, delete: bool) -> Self {
+        self.delete_downloaded = delete;
+        self
+    }
+
     /// Stored input bytes a `stream` batch loads at most (the tests make
     /// it small to cross batch boundaries on small checkpoints).
     #[cfg(feature = "testing")]
@@ -219,6 +236,13 @@ impl<'a> Dequantize<'a> {
     /// `.safetensors` file) into the dense checkpoint in `output`. Nothing is
     /// left in `output` when it fails or is cancelled.
     pub fn run(mut self, input: impl AsRef<Path>, output: impl AsRef<Path>) -> Result<Summary> {
+        #[cfg(not(target_arch = "wasm32"))]
+        let input = match crate::hub::input(input.as_ref())? {
+            crate::hub::Input::Local(path) => path,
+            // A --shards job writes its part of the index: the writer's.
+            crate::hub::Input::Hub(remote) if self.shards.is_some() => remote.fetch_checkpoint()?,
+            crate::hub::Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
+        };
         let ckpt = Checkpoint::open(input)?;
         let plan = self.plan(&ckpt)?;
         let out = output.as_ref();
@@ -250,6 +274,74 @@ impl<'a> Dequantize<'a> {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
+impl Dequantize<'_> {
+    /// Dequantizes a Hub checkpoint as it downloads: the stream of its
+    /// dense files, read through a [`Fetcher`](crate::hub::Fetcher)
+    /// (shards one ahead of the decoder), written part by part.
+    fn run_hub(mut self, remote: &crate::hub::Remote, out: &Path) -> Result<Summary> {
+        let dir = if self.force {
+            OutputDir::force(out)?
+        } else {
+            OutputDir::create(out)?
+        };
+        let mut w = dir.cancelled_by(&self.canceller).parts()?;
+        let fetcher =
+            crate::hub::Fetcher::new(remote, out, std::mem::take(&mut self.delete_downloaded))?;
+        let mut failed = None;
+        let summary = std::thread::scope(|scope| {
+            scope.spawn(|| fetcher.download());
+            let summary = pollster::block_on(self.stream(&fetcher, |name, part| {
+                if failed.is_some() {
+                    return;
+                }
+                let written = match part {
+                    Part::Bytes(bytes) => w.append(name, &bytes),
+                    Part::Stored { file, range } => {
+                        copy_range(&fetcher, &mut w, name, &file, range)
+                    }
+                    Part::File(file) => fetcher
+                        .whole(&file)
+                        .and_then(|bytes| w.append(name, &bytes)),
+                };
+                if let Err(e) = written {
+                    fetcher.stop();
+                    failed = Some(e);
+                }
+            }));
+            fetcher.stop();
+            summary
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut summary = summary?;
+        summary.files = w.commit()?;
+        summary.fetched = Some(fetcher.finish()?);
+        Ok(summary)
+    }
+}
+
+/// Appends bytes `range` of input file `file` to output file `name`, a
+/// bounded piece at a time.
+#[cfg(not(target_arch = "wasm32"))]
+fn copy_range(
+    fetcher: &crate::hub::Fetcher<'_>,
+    w: &mut writer::PartWriter,
+    name: &str,
+    file: &str,
+    range: Range<u64>,
+) -> Result<()> {
+    const PIECE: u64 = 64 << 20;
+    let mut at = range.start;
+    while at < range.end {
+        let end = (at + PIECE).min(range.end);
+        w.append(name, &fetcher.read_now(file, at..end)?)?;
+        at = end;
+    }
+    Ok(())
+}
+
 /// Dequantizes the checkpoint at `input` into a dense checkpoint in `output`
 /// (a new or empty directory): [`Dequantize`] with `options` and nothing
 /// else. Nothing is left in `output` when it fails.
@@ -265,47 +357,41 @@ pub fn dequantize(
 /// tensor and every rule finding. Fails only when the checkpoint cannot be
 /// read or planned at all.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Report> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let path = match crate::hub::input(path.as_ref())? {
+        crate::hub::Input::Local(path) => path,
+        crate::hub::Input::Hub(remote) => {
+            let mut report = pollster::block_on(crate::stream::inspect(&*remote))?;
+            report.path = remote.pinned();
+            return Ok(report);
+        }
+    };
     let ckpt = Checkpoint::open(path)?;
     Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
 }
 
-/// Every rule finding of a checkpoint (`validate`): what stops decoding and
-/// what does not. Serializes as `validate --json` prints it.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Validation {
-    /// Rule violations; decoding refuses while there are any.
-    pub errors: Vec<Finding>,
-    /// Findings that do not stop decoding.
-    pub warnings: Vec<Warning>,
-}
-
-impl Validation {
-    /// The exit status for these findings: 0 when clean, else the first one's.
-    pub fn exit_code(&self) -> u8 {
-        self.errors.first().map_or(0, |e| e.exit_code)
-    }
-}
-
-impl From<&Error> for Validation {
-    /// A fault of the whole checkpoint, as the one finding.
-    fn from(e: &Error) -> Self {
-        Validation {
-            errors: vec![Finding::from(e)],
-            warnings: Vec::new(),
-        }
-    }
+/// `path`, or the snapshot folder of the Hub id it names once the files a
+/// run needs are in the cache.
+pub(crate) fn local(path: &Path) -> Result<std::path::PathBuf> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::hub::local(path);
+    #[cfg(target_arch = "wasm32")]
+    Ok(path.to_path_buf())
 }
 
 /// Checks every rule the checkpoint at `path` must follow; a checkpoint that
 /// cannot be read at all is one finding.
 pub fn validate(path: impl AsRef<Path>) -> Validation {
-    let found = Checkpoint::open(path).and_then(|ckpt| {
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
-        Ok(Validation {
-            errors: plan.errors.iter().map(Finding::from).collect(),
-            warnings: plan.warnings,
-        })
-    });
+    #[cfg(not(target_arch = "wasm32"))]
+    let path = match crate::hub::input(path.as_ref()) {
+        Ok(crate::hub::Input::Local(path)) => path,
+        Ok(crate::hub::Input::Hub(remote)) => {
+            return pollster::block_on(crate::stream::validate(&*remote))
+        }
+        Err(e) => return Validation::from(&e),
+    };
+    let found = Checkpoint::open(path)
+        .and_then(|ckpt| Ok(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?)));
     found.unwrap_or_else(|e| Validation::from(&e))
 }
 
@@ -317,7 +403,7 @@ pub fn convert(
     output: impl AsRef<Path>,
     to: ConvertTo,
 ) -> Result<Summary> {
-    let ckpt = Checkpoint::open(input)?;
+    let ckpt = Checkpoint::open(local(input.as_ref())?)?;
     let plan = crate::convert::plan(&ckpt, to)?;
     let dir = OutputDir::create(output.as_ref())?;
     // Renaming, inverted scales and repacking are made on the host.
@@ -328,4 +414,89 @@ pub fn convert(
         .filter(|o| o.name.ends_with(".weight_packed"))
         .count();
     Ok(summary)
+}
+
+impl Dequantize<'_> {
+    /// The dense checkpoint of the checkpoint in `files`: the files
+    /// [`Dequantize::run`] writes, handed to `emit` as parts in file order,
+    /// file after file. Nothing blocks: this is what a browser runs.
+    /// `force` and `shards` concern a directory and do not apply. A batch
+    /// of tensors holds about 256 MiB of stored inputs in memory, besides
+    /// what planning reads.
+    pub async fn stream(
+        mut self,
+        files: &impl Files,
+        mut emit: impl FnMut(&str, Part),
+    ) -> Result<Summary> {
+        let mut ckpt = open(files).await?;
+        let keep = prepare(&mut ckpt, files, |c| Ok(self.planned(c)?.needs)).await?;
+        let (backend, schedule, mut summary, mut tally) = {
+            let plan = self.plan(&ckpt)?;
+            let (backend, note) = select_async(self.options.backend).await?;
+            self.start(&plan, backend.as_ref(), note);
+            let (schedule, summary, tally) = schedule(&plan, self.max_shard_size)?;
+            (backend, schedule, summary, tally)
+        };
+        files.planned(summary.tensor_bytes)?;
+        for file in schedule {
+            let (name, header, tensors) = match file {
+                OutFile::Shard(name, header, tensors) => (name, header, tensors),
+                OutFile::Bytes(name, bytes) => {
+                    emit(&name, Part::Bytes(bytes));
+                    summary.files.push(name.into());
+                    continue;
+                }
+                OutFile::Copy(name) => {
+                    emit(&name, Part::File(name.clone()));
+                    summary.files.push(name.into());
+                    continue;
+                }
+            };
+            emit(&name, Part::Bytes(header));
+            for batch in batches(&tensors, self.batch_bytes.unwrap_or(BATCH_BYTES)) {
+                let inputs: BTreeSet<&String> = batch
+                    .iter()
+                    .filter(|t| t.copy.is_none())
+                    .flat_map(|t| t.inputs.iter().map(|(name, _)| name))
+                    .filter(|name| !keep.contains(*name))
+                    .collect();
+                for name in inputs {
+                    load(&mut ckpt, files, name).await?;
+                }
+                let plan = self.planned(&ckpt)?;
+                for t in batch {
+                    if let Some((file, range)) = &t.copy {
+                        let (file, range) = (file.clone(), range.clone());
+                        emit(&name, Part::Stored { file, range });
+                    } else {
+                        let o = plan
+                            .outputs
+                            .binary_search_by(|o| o.name.as_str().cmp(&t.name))
+                            .map(|i| &plan.outputs[i])
+                            .map_err(|_| {
+                                Error::bare(
+                                    Rule::Internal,
+                                    format!("{}: not planned again", t.name),
+                                )
+                            })?;
+                        // Runs of rows, or the whole tensor at once (`None`).
+                        let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {
+                            Some(runs) => runs.into_iter().map(Some).collect(),
+                            None => vec![None],
+                        };
+                        for rows in pieces {
+                            let made = make(o, backend.as_ref(), rows).await?;
+                            Dequantize::fallback(self.note.as_mut(), backend.as_ref());
+                            emit(&name, Part::Bytes(made));
+                        }
+                    }
+                    (self.progress)(&tally.step(&t.name, t.bytes, true));
+                }
+                drop(plan);
+                ckpt.unload(|n| keep.contains(n));
+            }
+            summary.files.push(name.into());
+        }
+        Ok(summary)
+    }
 }

@@ -13,12 +13,12 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::ops::Range;
 
-use crate::backend::{select_async, Backend};
+use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, Listing, Wanted};
 use crate::error::{Error, Result, Rule};
 use crate::plan::{DtypeChoice, Plan, Source};
 use crate::report::Report;
-use crate::run::Dequantize;
+use crate::report::Validation;
 use crate::writer::{self, Summary, Tally};
 
 /// The checkpoint's files, read on demand.
@@ -28,6 +28,14 @@ pub trait Files {
 
     /// Bytes `range` of file `name`.
     fn read(&self, name: &str, range: Range<u64>) -> impl Future<Output = Result<Vec<u8>>>;
+
+    /// Planning is over, and `out_bytes` of dense tensors follow: the reads
+    /// after this are the batches' inputs, file after file. Files fetched
+    /// from afar may start coming whole, or the run be refused (no room).
+    fn planned(&self, out_bytes: u64) -> Result<()> {
+        let _ = out_bytes;
+        Ok(())
+    }
 }
 
 /// A piece of a dense output file, in file order.
@@ -51,7 +59,7 @@ pub(crate) const BATCH_BYTES: usize = 256 << 20;
 
 /// Opens the checkpoint in `files`: every header and sidecar is read, no
 /// tensor yet.
-async fn open(files: &impl Files) -> Result<Checkpoint> {
+pub(crate) async fn open(files: &impl Files) -> Result<Checkpoint> {
     let mut listing = Listing::default();
     for (name, len) in files.list() {
         let head = match Listing::wants(&name, len) {
@@ -71,14 +79,14 @@ async fn open(files: &impl Files) -> Result<Checkpoint> {
 
 /// Loads every stored tensor whose values planning (as `run` plans) reads,
 /// planning again until it needs nothing new; returns their names.
-async fn prepare(
+pub(crate) async fn prepare(
     ckpt: &mut Checkpoint,
     files: &impl Files,
-    run: &Dequantize<'_>,
+    needs: impl Fn(&Checkpoint) -> Result<Vec<String>>,
 ) -> Result<BTreeSet<String>> {
     let mut read = BTreeSet::new();
     loop {
-        let needs = run.planned(ckpt)?.needs;
+        let needs = needs(ckpt)?;
         if needs.is_empty() {
             return Ok(read);
         }
@@ -89,7 +97,7 @@ async fn prepare(
     }
 }
 
-async fn load(ckpt: &mut Checkpoint, files: &impl Files, name: &str) -> Result<()> {
+pub(crate) async fn load(ckpt: &mut Checkpoint, files: &impl Files, name: &str) -> Result<()> {
     let (file, range) = ckpt
         .location(name)
         .map(|(f, r)| (f.to_string(), r))
@@ -98,27 +106,42 @@ async fn load(ckpt: &mut Checkpoint, files: &impl Files, name: &str) -> Result<(
     ckpt.load(name, bytes)
 }
 
+/// What planning as `inspect` and `validate` plan reads.
+fn auto_needs(ckpt: &Checkpoint) -> Result<Vec<String>> {
+    Ok(Plan::build(ckpt, DtypeChoice::Auto)?.needs)
+}
+
 /// What `inspect --json` reports of the checkpoint in `files`.
 pub async fn inspect(files: &impl Files) -> Result<Report> {
     let mut ckpt = open(files).await?;
-    let run = Dequantize::new();
     // A fault of the whole checkpoint is for the report to show, as the CLI does.
-    let _ = prepare(&mut ckpt, files, &run).await;
+    let _ = prepare(&mut ckpt, files, auto_needs).await;
     Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
 }
 
+/// What `validate` finds in the checkpoint in `files`; a checkpoint that
+/// cannot be read at all is one finding.
+pub async fn validate(files: &impl Files) -> Validation {
+    let found = async {
+        let mut ckpt = open(files).await?;
+        prepare(&mut ckpt, files, auto_needs).await?;
+        Ok::<_, Error>(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?))
+    };
+    found.await.unwrap_or_else(|e| Validation::from(&e))
+}
+
 /// One tensor of the dense output, as the schedule keeps it.
-struct Tensor {
-    name: String,
+pub(crate) struct Tensor {
+    pub(crate) name: String,
     /// The input range it is copied from, for a copy.
-    copy: Option<(String, Range<u64>)>,
+    pub(crate) copy: Option<(String, Range<u64>)>,
     /// The stored tensors it is made from, and their sizes.
-    inputs: Vec<(String, usize)>,
-    bytes: u64,
+    pub(crate) inputs: Vec<(String, usize)>,
+    pub(crate) bytes: u64,
 }
 
 /// One dense file, in the order the CLI's writer makes them.
-enum OutFile {
+pub(crate) enum OutFile {
     /// A safetensors shard: its header, then its tensors.
     Shard(String, Vec<u8>, Vec<Tensor>),
     /// A file made whole (the index, `config.json`).
@@ -127,92 +150,8 @@ enum OutFile {
     Copy(String),
 }
 
-impl Dequantize<'_> {
-    /// The dense checkpoint of the checkpoint in `files`: the files
-    /// [`Dequantize::run`] writes, handed to `emit` as parts in file order,
-    /// file after file. Nothing blocks: this is what a browser runs.
-    /// `force` and `shards` concern a directory and do not apply. A batch
-    /// of tensors holds about 256 MiB of stored inputs in memory, besides
-    /// what planning reads.
-    pub async fn stream(
-        mut self,
-        files: &impl Files,
-        mut emit: impl FnMut(&str, Part),
-    ) -> Result<Summary> {
-        let mut ckpt = open(files).await?;
-        let keep = prepare(&mut ckpt, files, &self).await?;
-        let (backend, schedule, mut summary, mut tally) = {
-            let plan = self.plan(&ckpt)?;
-            let (backend, note) = select_async(self.options.backend).await?;
-            self.start(&plan, backend.as_ref(), note);
-            let (schedule, summary, tally) = schedule(&plan, self.max_shard_size)?;
-            (backend, schedule, summary, tally)
-        };
-        for file in schedule {
-            let (name, header, tensors) = match file {
-                OutFile::Shard(name, header, tensors) => (name, header, tensors),
-                OutFile::Bytes(name, bytes) => {
-                    emit(&name, Part::Bytes(bytes));
-                    summary.files.push(name.into());
-                    continue;
-                }
-                OutFile::Copy(name) => {
-                    emit(&name, Part::File(name.clone()));
-                    summary.files.push(name.into());
-                    continue;
-                }
-            };
-            emit(&name, Part::Bytes(header));
-            for batch in batches(&tensors, self.batch_bytes.unwrap_or(BATCH_BYTES)) {
-                let inputs: BTreeSet<&String> = batch
-                    .iter()
-                    .filter(|t| t.copy.is_none())
-                    .flat_map(|t| t.inputs.iter().map(|(name, _)| name))
-                    .filter(|name| !keep.contains(*name))
-                    .collect();
-                for name in inputs {
-                    load(&mut ckpt, files, name).await?;
-                }
-                let plan = self.planned(&ckpt)?;
-                for t in batch {
-                    if let Some((file, range)) = &t.copy {
-                        let (file, range) = (file.clone(), range.clone());
-                        emit(&name, Part::Stored { file, range });
-                    } else {
-                        let o = plan
-                            .outputs
-                            .binary_search_by(|o| o.name.as_str().cmp(&t.name))
-                            .map(|i| &plan.outputs[i])
-                            .map_err(|_| {
-                                Error::bare(
-                                    Rule::Internal,
-                                    format!("{}: not planned again", t.name),
-                                )
-                            })?;
-                        // Runs of rows, or the whole tensor at once (`None`).
-                        let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {
-                            Some(runs) => runs.into_iter().map(Some).collect(),
-                            None => vec![None],
-                        };
-                        for rows in pieces {
-                            let made = make(o, backend.as_ref(), rows).await?;
-                            Dequantize::fallback(self.note.as_mut(), backend.as_ref());
-                            emit(&name, Part::Bytes(made));
-                        }
-                    }
-                    (self.progress)(&tally.step(&t.name, t.bytes, true));
-                }
-                drop(plan);
-                ckpt.unload(|n| keep.contains(n));
-            }
-            summary.files.push(name.into());
-        }
-        Ok(summary)
-    }
-}
-
 /// Rows `rows` of `o`, or all of it made whole when `None`.
-async fn make(
+pub(crate) async fn make(
     o: &crate::plan::Output<'_>,
     backend: &dyn Backend,
     rows: Option<Range<usize>>,
@@ -230,7 +169,7 @@ async fn make(
 
 /// The dense files of `plan`, in order, what writing them amounts to, and
 /// the tally of their tensors.
-fn schedule(
+pub(crate) fn schedule(
     plan: &Plan<'_>,
     max_shard_size: Option<u64>,
 ) -> Result<(Vec<OutFile>, Summary, Tally)> {
@@ -270,7 +209,7 @@ fn schedule(
 
 /// Runs of consecutive tensors whose stored inputs (copies aside) take at
 /// most `budget` bytes; a run holds one tensor at least.
-fn batches(tensors: &[Tensor], budget: usize) -> Vec<&[Tensor]> {
+pub(crate) fn batches(tensors: &[Tensor], budget: usize) -> Vec<&[Tensor]> {
     let mut runs = Vec::new();
     let (mut start, mut bytes) = (0, 0usize);
     for (i, t) in tensors.iter().enumerate() {

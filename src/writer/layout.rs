@@ -156,6 +156,7 @@ impl Summary {
             modules: 0,
             tensor_bytes: total_bytes(shards),
             files: Vec::new(),
+            fetched: None,
         };
         for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {

@@ -59,6 +59,23 @@ pub struct Summary {
     pub tensor_bytes: u64,
     /// Files written.
     pub files: Vec<PathBuf>,
+    /// What a run from the Hub fetched into the cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fetched: Option<Fetched>,
+}
+
+/// What a Hub run fetched: files downloaded into the cache, files found
+/// there, and downloads removed again (`--delete-downloaded`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Fetched {
+    /// Downloaded by this run.
+    pub downloaded: Vec<String>,
+    /// Already in the cache.
+    pub reused: Vec<String>,
+    /// Downloaded, then removed once every tensor that reads it was written.
+    pub deleted: Vec<String>,
+    /// The most bytes of shards this run kept in the cache at once.
+    pub peak_bytes: u64,
 }
 
 fn finish(path: &Path, w: BufWriter<File>) -> Result<()> {
@@ -374,6 +391,71 @@ fn write_into(
         name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
     })?;
     Ok(summary)
+}
+
+/// A dense checkpoint written file after file from the parts a stream of
+/// it hands over ([`Part`](crate::stream::Part)), staged and committed as
+/// [`OutputDir::write`] stages and commits: what a run over a checkpoint
+/// read piece by piece (a Hub id's) writes.
+pub(crate) struct PartWriter {
+    staging: Staging,
+    cancelled: Arc<AtomicBool>,
+    /// The file being written.
+    open: Option<(String, PathBuf, BufWriter<File>)>,
+}
+
+impl OutputDir {
+    /// This directory, written part by part. `--shards` runs are for
+    /// [`OutputDir::write`], which writes their partial index.
+    pub(crate) fn parts(self) -> Result<PartWriter> {
+        if self.shards.is_some() {
+            return Err(Error::bare(Rule::Internal, "a --shards run written part by part"));
+        }
+        Ok(PartWriter {
+            staging: self.staging,
+            cancelled: self.cancelled,
+            open: None,
+        })
+    }
+}
+
+impl PartWriter {
+    /// The file `name`, created (and the one before it finished) when it is
+    /// not the one being written.
+    pub(crate) fn file(&mut self, name: &str) -> Result<&mut dyn Write> {
+        check(&self.cancelled)?;
+        if self.open.as_ref().is_none_or(|(n, ..)| n != name) {
+            self.close()?;
+            let (path, w) = create(&self.staging, name)?;
+            self.open = Some((name.to_string(), path, w));
+        }
+        match &mut self.open {
+            Some((_, _, w)) => Ok(w),
+            None => Err(Error::bare(Rule::Internal, "no file open")),
+        }
+    }
+
+    /// Appends `bytes` to file `name`.
+    pub(crate) fn append(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let path = self.staging.out().join(name);
+        self.file(name)?
+            .write_all(bytes)
+            .map_err(|e| Error::io(&path, "cannot write", e))
+    }
+
+    fn close(&mut self) -> Result<()> {
+        match self.open.take() {
+            Some((_, path, w)) => finish(&path, w),
+            None => Ok(()),
+        }
+    }
+
+    /// Finishes the last file and moves everything into the output directory.
+    pub(crate) fn commit(mut self) -> Result<Vec<PathBuf>> {
+        self.close()?;
+        check(&self.cancelled)?;
+        self.staging.commit(|_| true)
+    }
 }
 
 /// A size as Hugging Face writes `max_shard_size`: bytes, or a number with

@@ -16,6 +16,7 @@ mod fixtures;
 mod fp8_family;
 mod gptq;
 mod gpu;
+mod hub;
 mod interruption;
 mod model;
 mod moe;

@@ -2,6 +2,7 @@
 refusals carry the CLI's rule ids. The CLI is WGPU_DEQUANT_BIN, else
 target/debug/wgpu-dequant (cargo build)."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -135,6 +136,37 @@ def test_refusals_carry_the_clis_rule(tmp_path):
         wdq.dequantize(SAMPLE, tmp_path / "full")
     assert e.value.rule == "OUT-001"
     assert wdq.dequantize(SAMPLE, tmp_path / "full", force=True)["decoded"] == 7
+
+
+def test_hub_ids_read_the_cache_python_shares(tmp_path, monkeypatch):
+    """A Hub id is read from a Hugging Face cache laid out as huggingface_hub
+    lays it out (offline here: no request is made)."""
+    model = ROOT / "tests" / "fixtures" / "sharded-nvfp4a16" / "model"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "v1").write_text(commit)
+    snapshot, blobs = repo / "snapshots" / commit, repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for f in model.iterdir():
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copy(f, blobs / digest)
+        (snapshot / f.name).symlink_to(Path("../../blobs") / digest)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    want = wdq.load_file(model, framework="np")
+    for got in (wdq.load_file("org/name", revision="v1", framework="np"), wdq.load_file("org/name@v1", framework="np")):
+        assert sorted(got) == sorted(want)
+        assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+    assert wdq.inspect("org/name@v1")["tensors"] == wdq.inspect(model)["tensors"]
+    for call in (lambda: wdq.inspect(model, revision="v1"), lambda: wdq.inspect("org/name@v1", revision="v2")):
+        with pytest.raises(wdq.DequantError) as e:
+            call()
+        assert e.value.rule == "ARG-001"
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.load_file("org/name", revision="v2")
+    assert e.value.rule == "HUB-001" and "HF_HUB_OFFLINE" in str(e.value)
 
 
 def test_torch_tensors_are_bf16_with_the_clis_bytes(tmp_path):

@@ -34,16 +34,16 @@ enum Command {
     /// Show the format, schemes, every output tensor and rule findings
     /// (exit 0 when clean, 3 with findings, as validate).
     Inspect {
-        /// Checkpoint directory or .safetensors file.
-        path: PathBuf,
+        #[command(flatten)]
+        path: Source,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Write a dense Hugging Face checkpoint.
     Dequantize {
-        /// Checkpoint directory or .safetensors file.
-        path: PathBuf,
+        #[command(flatten)]
+        path: Source,
         /// Output directory (must not exist, or be empty). Another run writing
         /// there makes this one refuse; what a killed run left is removed.
         #[arg(short, long)]
@@ -76,6 +76,14 @@ enum Command {
         /// checkpoints name them differently (Mixtral-style MoE experts).
         #[arg(long)]
         keep_names: bool,
+        /// A Hub id's shards this run downloads are removed from the cache
+        /// once written out: the cache holds about two shards at a time.
+        #[arg(long)]
+        delete_downloaded: bool,
+        /// Print the summary as JSON on stdout (files written, tensors, and
+        /// for a Hub id what was downloaded, reused and removed).
+        #[arg(long)]
+        json: bool,
     },
     /// Join the partial indexes of `dequantize --shards` runs into model.safetensors.index.json.
     MergeIndex {
@@ -84,8 +92,9 @@ enum Command {
     },
     /// Rename a ModelOpt NVFP4 checkpoint's tensors to compressed-tensors names (CT-005).
     Convert {
-        /// ModelOpt checkpoint directory or .safetensors file.
-        path: PathBuf,
+        /// ModelOpt checkpoint directory or .safetensors file, or a Hub id.
+        #[command(flatten)]
+        path: Source,
         /// Output directory (must not exist, or be empty).
         #[arg(short, long)]
         output: PathBuf,
@@ -135,12 +144,44 @@ enum Command {
     },
     /// Check every rule; exit 0 when clean, 3 with findings.
     Validate {
-        /// Checkpoint directory or .safetensors file.
-        path: PathBuf,
+        #[command(flatten)]
+        path: Source,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The checkpoint a command reads.
+#[derive(clap::Args)]
+struct Source {
+    /// Checkpoint directory or .safetensors file, or a Hugging Face Hub id
+    /// (ORG/NAME or ORG/NAME@REV, fetched into the Hugging Face cache) when
+    /// no such path exists.
+    #[arg(value_name = "PATH")]
+    path: PathBuf,
+    /// The Hub id's branch, tag or commit (default: main).
+    #[arg(long, value_name = "REV")]
+    revision: Option<String>,
+}
+
+impl Source {
+    /// The path, with the revision joined to a Hub id as ORG/NAME@REV.
+    fn resolved(&self) -> Result<PathBuf, Error> {
+        let Some(rev) = &self.revision else {
+            return Ok(self.path.clone());
+        };
+        let text = self.path.to_string_lossy();
+        if self.path.exists() {
+            let detail = format!("--revision is for Hub ids, and {text} is a local path");
+            return Err(Error::bare(Rule::Argument, detail));
+        }
+        if text.contains('@') {
+            let detail = format!("{text} names a revision already; give it once");
+            return Err(Error::bare(Rule::Argument, detail));
+        }
+        Ok(PathBuf::from(format!("{text}@{rev}")))
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -198,8 +239,8 @@ fn main() -> ExitCode {
         eprintln!("note: cannot listen for interruptions ({e}); an interrupted run leaves its staging folder for the next run to remove");
     }
     let result = match cli.command {
-        Command::Inspect { path, json } => inspect(&path, json),
-        Command::Validate { path, json } => validate(&path, json),
+        Command::Inspect { path, json } => path.resolved().and_then(|p| inspect(&p, json)),
+        Command::Validate { path, json } => path.resolved().and_then(|p| validate(&p, json)),
         Command::Dequantize {
             path,
             output,
@@ -210,19 +251,25 @@ fn main() -> ExitCode {
             shards,
             max_shard_size,
             keep_names,
+            delete_downloaded,
+            json,
         } => {
             let mut run = Dequantize::new()
                 .dtype(dtype.into())
                 .backend(backend.into())
                 .force(force)
-                .keep_names(keep_names);
+                .keep_names(keep_names)
+                .delete_downloaded(delete_downloaded);
             if let Some(shards) = shards {
                 run = run.shards(shards);
             }
             if let Some(max) = max_shard_size {
                 run = run.max_shard_size(max);
             }
-            dequantize(&path, &output, run, quiet)
+            let done = path
+                .resolved()
+                .and_then(|p| dequantize(&p, &output, run, quiet, json));
+            json_failure(json, done)
         }
         Command::MergeIndex { dir } => merge_index(&dir),
         Command::Bench {
@@ -251,7 +298,9 @@ fn main() -> ExitCode {
             output,
             to: ConvertArg::CompressedTensors,
             quiet,
-        } => convert(&path, &output, ConvertTo::CompressedTensors, quiet),
+        } => path
+            .resolved()
+            .and_then(|p| convert(&p, &output, ConvertTo::CompressedTensors, quiet)),
     };
     match result {
         Ok(code) => code,
@@ -336,6 +385,7 @@ fn dequantize(
     out: &Path,
     run: Dequantize<'_>,
     quiet: bool,
+    json: bool,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
     let meter = std::cell::RefCell::new(Meter::new(quiet));
@@ -352,6 +402,9 @@ fn dequantize(
         .run(path, out);
     meter.borrow().finish();
     let summary = summary?;
+    if json {
+        print_json(&summary)?;
+    }
     if !quiet {
         let secs = started.elapsed().as_secs_f64();
         let cast = if summary.cast > 0 {
@@ -370,6 +423,15 @@ fn dequantize(
             secs,
             megabytes(summary.tensor_bytes as f64 / secs.max(1e-9)),
         );
+        if let Some(f) = &summary.fetched {
+            eprintln!(
+                "from the Hub: {} shards downloaded, {} found in the cache, {} removed again (at most {} held at once)",
+                f.downloaded.len(),
+                f.reused.len(),
+                f.deleted.len(),
+                megabytes(f.peak_bytes as f64),
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

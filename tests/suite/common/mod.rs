@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod hub;
 pub mod jobs;
 pub mod producer;
 

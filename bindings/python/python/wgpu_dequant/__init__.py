@@ -13,9 +13,14 @@ Shaped like ``safetensors``' own API::
         w = f.get_tensor(f.keys()[0])
     summary = wdq.dequantize("ckpt", "out")
     report = wdq.inspect("ckpt")
+
+A path that does not exist but reads ``ORG/NAME`` (or ``ORG/NAME@REV``, or
+with ``revision=``) is a Hugging Face Hub repository, fetched into the
+Hugging Face cache (``inspect`` reads only its headers).
 """
 
 import json
+import os
 
 from . import _native
 from ._native import DequantError
@@ -35,6 +40,18 @@ def _refuse(detail):
     err = DequantError(f"[ARG-001] {detail}")
     err.rule = "ARG-001"
     return err
+
+
+def _source(path, revision):
+    """``path`` as the library takes it: a Hub id's revision joined as ``@REV``."""
+    path = os.fspath(path)
+    if revision is None:
+        return str(path)
+    if os.path.exists(path):
+        raise _refuse(f"revision= is for Hub ids, and {path} is a local path")
+    if "@" in str(path):
+        raise _refuse(f"{path} names a revision already; give it once")
+    return f"{path}@{revision}"
 
 
 def _tensor(buf, dtype, shape, framework):
@@ -70,8 +87,8 @@ class safe_open:
     """A checkpoint opened and planned once; ``get_tensor`` decodes just the
     tensor asked for. Use as a context manager, as ``safetensors.safe_open``."""
 
-    def __init__(self, path, framework="pt", dtype="auto", backend="auto"):
-        self._checkpoint = _native.Checkpoint(str(path), dtype)
+    def __init__(self, path, framework="pt", dtype="auto", backend="auto", revision=None):
+        self._checkpoint = _native.Checkpoint(_source(path, revision), dtype)
         self._framework = framework
         self._backend = backend
 
@@ -93,9 +110,9 @@ class safe_open:
         return _tensor(buf, dtype, shape, self._framework)
 
 
-def load_file(path, dtype="auto", backend="auto", framework="pt"):
+def load_file(path, dtype="auto", backend="auto", framework="pt", revision=None):
     """Every tensor of the dense form of checkpoint ``path``: name -> tensor."""
-    with safe_open(path, framework=framework, dtype=dtype, backend=backend) as f:
+    with safe_open(path, framework=framework, dtype=dtype, backend=backend, revision=revision) as f:
         return {name: f.get_tensor(name) for name in f.keys()}
 
 
@@ -129,7 +146,7 @@ class _Bar:
             print(file=sys.stderr)
 
 
-def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False):
+def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False, revision=None):
     """Writes the dense checkpoint of ``path`` into ``out`` as the CLI does and
     returns its summary. Ctrl-C stops it and leaves nothing behind.
 
@@ -138,13 +155,13 @@ def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=Fa
     bar = _Bar() if progress is True else None
     callback = bar or (progress if callable(progress) else None)
     try:
-        text = _native.dequantize(str(path), str(out), dtype, backend, force, callback)
+        text = _native.dequantize(_source(path, revision), str(out), dtype, backend, force, callback)
     finally:
         if bar is not None:
             bar.close()
     return json.loads(text)
 
 
-def inspect(path):
+def inspect(path, revision=None):
     """The report ``wgpu-dequant inspect --json`` prints, as a dict."""
-    return json.loads(_native.inspect(str(path)))
+    return json.loads(_native.inspect(_source(path, revision)))

@@ -1,0 +1,869 @@
+//! Checkpoints named by their Hugging Face Hub id (`ORG/NAME[@REV]`): the
+//! revision is pinned to one commit, headers are read by range requests
+//! (so `inspect` and `validate` of a release download a few megabytes),
+//! and whole files go into the Hugging Face cache, checked against the
+//! size and SHA-256 the Hub states, where Python finds them too.
+//!
+//! A path that exists locally always wins over an id.
+
+mod cache;
+mod http;
+mod id;
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result, Rule};
+use crate::writer::Fetched;
+use cache::Cache;
+use http::Client;
+pub(crate) use id::RepoId;
+
+/// JSON answers (a revision's file list) larger than this are refused.
+const MAX_JSON: u64 = 64 << 20;
+
+/// What a path argument names.
+pub(crate) enum Input {
+    /// A file or folder here (or a Hub id in offline mode: its snapshot).
+    Local(PathBuf),
+    /// A repository on the Hub, pinned to a commit.
+    Hub(Box<Remote>),
+}
+
+/// `path` as a local path, or as a Hub id when nothing exists there.
+pub(crate) fn input(path: &Path) -> Result<Input> {
+    if path.exists() {
+        return Ok(Input::Local(path.to_path_buf()));
+    }
+    match path.to_str().and_then(RepoId::parse) {
+        Some(id) => Remote::open(id),
+        None => Ok(Input::Local(path.to_path_buf())),
+    }
+}
+
+/// `path` as a local checkpoint: a Hub id's files needed to dequantize it
+/// are fetched into the cache first, and its snapshot folder returned.
+pub(crate) fn local(path: &Path) -> Result<PathBuf> {
+    match input(path)? {
+        Input::Local(p) => Ok(p),
+        Input::Hub(remote) => remote.fetch_checkpoint(),
+    }
+}
+
+/// Whether `HF_HUB_OFFLINE` asks for no network at all.
+fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
+/// `HF_TOKEN`, else the token `huggingface-cli login` saved.
+fn token() -> Option<String> {
+    let saved = || fs::read_to_string(cache::home().join("token")).ok();
+    let token = std::env::var("HF_TOKEN")
+        .ok()
+        .or_else(|| std::env::var("HUGGING_FACE_HUB_TOKEN").ok())
+        .or_else(saved)?;
+    let token = token.trim();
+    (!token.is_empty()).then(|| token.to_string())
+}
+
+/// Where a file of the repository is served, and what it must be.
+#[derive(Debug, Clone)]
+struct Meta {
+    url: String,
+    /// The blob's name: the SHA-256 of a file stored with LFS.
+    etag: String,
+    size: u64,
+    lfs: bool,
+}
+
+/// A repository pinned to one commit.
+pub(crate) struct Remote {
+    id: RepoId,
+    commit: String,
+    /// Its top-level files and their sizes (where the Hub said).
+    files: Vec<(String, Option<u64>)>,
+    client: Client,
+    cache: Cache,
+    metas: Mutex<HashMap<String, Meta>>,
+    /// Set when the run stops: a download in progress ends at its next
+    /// piece (its partial file kept, to resume from).
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Remote {
+    /// Pins `id`'s revision to its commit. Offline, the revision the cache
+    /// last resolved is its snapshot, used as a local folder.
+    fn open(id: RepoId) -> Result<Input> {
+        let cache = Cache::from_env();
+        let shown = PathBuf::from(id.to_string());
+        if offline() {
+            let commit = if id.is_commit() {
+                Some(id.revision.clone())
+            } else {
+                cache.read_ref(&id)
+            };
+            let dir = commit
+                .map(|c| cache.snapshot(&id, &c))
+                .filter(|d| d.is_dir());
+            return dir.map(Input::Local).ok_or_else(|| {
+                let detail = format!(
+                    "HF_HUB_OFFLINE is set and the cache ({}) has no snapshot of it",
+                    cache.root.display()
+                );
+                Error::new(Rule::Hub, &shown, detail)
+            });
+        }
+        let endpoint = std::env::var("HF_ENDPOINT")
+            .ok()
+            .filter(|e| !e.trim().is_empty())
+            .unwrap_or_else(|| "https://huggingface.co".to_string());
+        let client = Client::new(endpoint, token());
+        let url = format!(
+            "{}/api/models/{}/revision/{}?blobs=true",
+            client.endpoint,
+            id.repo,
+            http::escape(&id.revision)
+        );
+        let (_, resp) = client.follow(false, &url, &shown, |_| false)?;
+        if !resp.status().is_success() {
+            return Err(http::refusal(&resp, &id.to_string(), &shown));
+        }
+        let text = resp
+            .into_body()
+            .with_config()
+            .limit(MAX_JSON)
+            .read_to_vec()
+            .map_err(|e| {
+                Error::new(Rule::Io, &shown, "cannot read the Hub's answer").caused_by(e)
+            })?;
+        let bad = |what: &str| {
+            Error::new(
+                Rule::Hub,
+                &shown,
+                format!("the Hub's revision answer {what}"),
+            )
+        };
+        let info: Value =
+            serde_json::from_slice(&text).map_err(|e| bad("is not JSON").caused_by(e))?;
+        let commit = info
+            .get("sha")
+            .and_then(Value::as_str)
+            .filter(|s| id::is_commit(s))
+            .ok_or_else(|| bad("has no commit (\"sha\")"))?
+            .to_string();
+        let siblings = info
+            .get("siblings")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("lists no files"))?;
+        // Top-level files only: a checkpoint is one folder, and a name
+        // with a folder in it could lead out of the cache.
+        let files = siblings
+            .iter()
+            .filter_map(|s| {
+                let name = s.get("rfilename")?.as_str()?;
+                let plain =
+                    !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..";
+                let size = s.get("size").and_then(Value::as_u64);
+                plain.then(|| (name.to_string(), size))
+            })
+            .collect();
+        cache.write_ref(&id, &commit)?;
+        Ok(Input::Hub(Box::new(Remote {
+            id,
+            commit,
+            files,
+            client,
+            cache,
+            metas: Mutex::default(),
+            stopped: Default::default(),
+        })))
+    }
+
+    /// `ORG/NAME@COMMIT`: the id of exactly what was read.
+    pub(crate) fn pinned(&self) -> String {
+        format!("{}@{}", self.id.repo, self.commit)
+    }
+
+    /// How errors name `file`: `ORG/NAME[@REV]/file`.
+    fn shown(&self, file: &str) -> PathBuf {
+        PathBuf::from(format!("{}/{file}", self.id))
+    }
+
+    fn snapshot_file(&self, file: &str) -> PathBuf {
+        self.cache.snapshot(&self.id, &self.commit).join(file)
+    }
+
+    /// Where `file` is served and what it must be: the resolve route's
+    /// answer (a redirect to the CDN for LFS files, carrying the blob's
+    /// SHA-256 and size).
+    fn meta(&self, file: &str) -> Result<Meta> {
+        if let Some(m) = self.metas.lock().ok().and_then(|m| m.get(file).cloned()) {
+            return Ok(m);
+        }
+        let shown = self.shown(file);
+        let url = format!(
+            "{}/{}/resolve/{}/{}",
+            self.client.endpoint,
+            self.id.repo,
+            self.commit,
+            http::escape(file)
+        );
+        let has_etag = |r: &ureq::http::Response<ureq::Body>| {
+            http::header(r, "x-linked-etag")
+                .or_else(|| http::header(r, "etag"))
+                .is_some()
+        };
+        let (at, resp) = self.client.follow(true, &url, &shown, has_etag)?;
+        let status = resp.status();
+        if !(status.is_success() || status.is_redirection()) {
+            return Err(http::refusal(&resp, &self.id.to_string(), &shown));
+        }
+        let linked = http::header(&resp, "x-linked-etag");
+        let etag = linked
+            .or_else(|| http::header(&resp, "etag"))
+            .map(http::etag)
+            .unwrap_or_default();
+        let safe = (1..=128).contains(&etag.len())
+            && etag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+        if !safe {
+            return Err(Error::new(
+                Rule::Hub,
+                &shown,
+                "the Hub states no usable ETag for it",
+            ));
+        }
+        let size = http::header(&resp, "x-linked-size")
+            .or_else(|| http::header(&resp, "content-length"))
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| Error::new(Rule::Hub, &shown, "the Hub states no size for it"))?;
+        let url = match http::header(&resp, "location") {
+            Some(to) if status.is_redirection() => http::join(&at, to),
+            _ => at,
+        };
+        let m = Meta {
+            url,
+            etag,
+            size,
+            lfs: linked.is_some(),
+        };
+        if let Ok(mut metas) = self.metas.lock() {
+            metas.insert(file.to_string(), m.clone());
+        }
+        Ok(m)
+    }
+
+    /// `file` in the cache (downloaded unless it is there), as a path in
+    /// the commit's snapshot folder.
+    fn fetch(&self, file: &str) -> Result<PathBuf> {
+        self.fetched(file).map(|(path, _)| path)
+    }
+
+    /// [`Remote::fetch`], and whether this call downloaded it.
+    fn fetched(&self, file: &str) -> Result<(PathBuf, bool)> {
+        let at = self.snapshot_file(file);
+        if at.is_file() {
+            return Ok((at, false));
+        }
+        let m = self.meta(file)?;
+        let blob = self.cache.blob(&self.id, &m.etag);
+        let whole = |b: &Path| fs::metadata(b).is_ok_and(|md| md.is_file() && md.len() == m.size);
+        let mut downloaded = false;
+        if !whole(&blob) {
+            // Another process (Python, another shard's job) may be writing it.
+            let _lock = self.cache.lock(&self.id, &m.etag)?;
+            if !whole(&blob) {
+                self.download(file, &m, &blob)?;
+                downloaded = true;
+            }
+        }
+        let path = self.cache.link(&self.id, &self.commit, file, &m.etag)?;
+        Ok((path, downloaded))
+    }
+
+    /// Removes `file` (which this run downloaded) from the cache: its
+    /// snapshot entry, and its blob unless another snapshot links to it.
+    fn remove(&self, file: &str) -> Result<()> {
+        let m = self.meta(file)?;
+        let _lock = self.cache.lock(&self.id, &m.etag)?;
+        let ours = self.snapshot_file(file);
+        let _ = fs::remove_file(&ours);
+        let blob = self.cache.blob(&self.id, &m.etag);
+        let snapshots = self.cache.snapshot(&self.id, &self.commit);
+        let others = snapshots.parent().and_then(|d| fs::read_dir(d).ok());
+        let linked = others.into_iter().flatten().flatten().any(|e| {
+            let entry = e.path().join(file);
+            entry != ours && fs::canonicalize(&entry).ok() == fs::canonicalize(&blob).ok()
+        });
+        if !linked {
+            fs::remove_file(&blob).map_err(|e| Error::io(&blob, "cannot remove", e))?;
+        }
+        Ok(())
+    }
+
+    /// Downloads `file` into `blob`, through `<blob>.incomplete`, resuming
+    /// from what a cut connection or an earlier run left there.
+    fn download(&self, file: &str, m: &Meta, blob: &Path) -> Result<()> {
+        let shown = self.shown(file);
+        let part = PathBuf::from(format!("{}.incomplete", blob.display()));
+        cache::create_parent(&part)?;
+        let io = |what: &'static str| move |e: std::io::Error| Error::io(part_name(blob), what, e);
+        let mut out = File::options()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(&part)
+            .map_err(io("cannot create"))?;
+        let mut have = out.metadata().map_err(io("cannot read"))?.len();
+        let mut hash = Sha256::new();
+        if have > m.size {
+            out.set_len(0).map_err(io("cannot truncate"))?;
+            have = 0;
+        } else if have > 0 {
+            out.seek(SeekFrom::Start(0)).map_err(io("cannot read"))?;
+            let copied = std::io::copy(&mut (&mut out).take(have), &mut HashWriter(&mut hash))
+                .map_err(io("cannot read"))?;
+            if copied != have {
+                return Err(Error::new(Rule::Io, &part, "shrank while it was read"));
+            }
+        }
+        let mut cuts = 0;
+        let mut buf = vec![0u8; 1 << 20];
+        while have < m.size {
+            let range = format!("bytes={have}-");
+            let (_, resp) = self.get(&m.url, (have > 0).then_some(range.as_str()), &shown)?;
+            let status = resp.status();
+            if !status.is_success() {
+                return Err(http::refusal(&resp, &self.id.to_string(), &shown));
+            }
+            // A 200 is the whole file (the server ignored the range); a 206
+            // starts where its Content-Range says (some mirrors say nothing:
+            // then where it was asked to).
+            let start = match (status.as_u16(), http::header(&resp, "content-range")) {
+                (206, Some(cr)) => content_range_start(cr).unwrap_or(u64::MAX),
+                (206, None) => have,
+                _ => 0,
+            };
+            if start != have {
+                if start != 0 {
+                    return Err(Error::new(
+                        Rule::Hub,
+                        &shown,
+                        "the server answered another range than asked",
+                    ));
+                }
+                out.set_len(0).map_err(io("cannot truncate"))?;
+                have = 0;
+                hash = Sha256::new();
+            }
+            let mut body = resp.into_body().into_reader().take(m.size - have);
+            let cut = loop {
+                if self.stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    let detail = "the run stopped while downloading it";
+                    return Err(Error::new(Rule::Cancelled, &shown, detail));
+                }
+                match body.read(&mut buf) {
+                    Ok(0) => break have < m.size,
+                    Ok(n) => {
+                        out.write_all(&buf[..n]).map_err(io("cannot write"))?;
+                        hash.update(&buf[..n]);
+                        have += n as u64;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break true,
+                }
+            };
+            if cut {
+                cuts += 1;
+                if cuts >= http::ATTEMPTS {
+                    return Err(Error::new(
+                        Rule::Io,
+                        &shown,
+                        format!(
+                            "the download broke off {cuts} times ({have} of {} bytes)",
+                            m.size
+                        ),
+                    ));
+                }
+                std::thread::sleep(http::BACKOFF * cuts);
+            }
+        }
+        out.sync_all().map_err(io("cannot write"))?;
+        drop(out);
+        let digest = hex(&hash.finalize());
+        if m.lfs && digest != m.etag {
+            let _ = fs::remove_file(&part);
+            return Err(Error::new(
+                Rule::Integrity,
+                &shown,
+                format!(
+                    "downloaded bytes have SHA-256 {digest}, the Hub states {}",
+                    m.etag
+                ),
+            ));
+        }
+        fs::rename(&part, blob).map_err(|e| Error::io(blob, "cannot move into place", e))
+    }
+
+    /// GET `url`, following redirects (a mirror's CDN may move it again).
+    fn get(
+        &self,
+        url: &str,
+        range: Option<&str>,
+        shown: &Path,
+    ) -> Result<(String, ureq::http::Response<ureq::Body>)> {
+        let mut url = url.to_string();
+        for _ in 0..8 {
+            let resp = self.client.send(false, &url, range, shown)?;
+            match http::header(&resp, "location") {
+                Some(to) if resp.status().is_redirection() => url = http::join(&url, to),
+                _ => return Ok((url, resp)),
+            }
+        }
+        Err(Error::new(Rule::Hub, shown, "too many redirects"))
+    }
+
+    /// Bytes `range` of `file`: from the cache when it is there, else by a
+    /// range request (safetensors), else by fetching the file (sidecars).
+    fn read(&self, file: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        let shown = self.shown(file);
+        let len = usize::try_from(range.end.saturating_sub(range.start))
+            .map_err(|_| Error::new(Rule::Argument, &shown, "range too large"))?;
+        let cached = self.snapshot_file(file);
+        let path = if cached.is_file() || !file.ends_with(".safetensors") {
+            Some(self.fetch(file)?)
+        } else {
+            None
+        };
+        if let Some(path) = path {
+            let mut f = File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
+            let mut bytes = vec![0u8; len];
+            f.seek(SeekFrom::Start(range.start))
+                .and_then(|_| f.read_exact(&mut bytes))
+                .map_err(|e| Error::io(&path, "cannot read", e))?;
+            return Ok(bytes);
+        }
+        let m = self.meta(file)?;
+        if range.end > m.size {
+            return Err(Error::new(
+                Rule::Container,
+                &shown,
+                format!("a read past its {} bytes", m.size),
+            ));
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let ask = format!("bytes={}-{}", range.start, range.end - 1);
+        let (_, resp) = self.get(&m.url, Some(&ask), &shown)?;
+        let status = resp.status().as_u16();
+        let skip = match (status, http::header(&resp, "content-range")) {
+            (206, Some(cr)) if content_range_start(cr) != Some(range.start) => {
+                return Err(Error::new(
+                    Rule::Hub,
+                    &shown,
+                    "the server answered another range than asked",
+                ))
+            }
+            (206, _) => 0,
+            (200, _) => range.start,
+            _ => return Err(http::refusal(&resp, &self.id.to_string(), &shown)),
+        };
+        let mut body = resp.into_body().into_reader();
+        std::io::copy(&mut (&mut body).take(skip), &mut std::io::sink())
+            .map_err(|e| Error::io(&shown, "cannot download", e))?;
+        let mut bytes = vec![0u8; len];
+        body.read_exact(&mut bytes)
+            .map_err(|e| Error::io(&shown, "cannot download", e))?;
+        Ok(bytes)
+    }
+
+    /// Fetches what dequantizing needs (the shards the index names, or
+    /// every `.safetensors` file without one, and every file that is not
+    /// weights) and returns the snapshot folder holding them.
+    pub(crate) fn fetch_checkpoint(&self) -> Result<PathBuf> {
+        const WEIGHTS: &[&str] = &[
+            "bin",
+            "pt",
+            "pth",
+            "ckpt",
+            "gguf",
+            "h5",
+            "msgpack",
+            "onnx",
+            "safetensors",
+        ];
+        let names: Vec<&str> = self.files.iter().map(|(n, _)| n.as_str()).collect();
+        let weights = |n: &str| {
+            Path::new(n)
+                .extension()
+                .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)))
+        };
+        let small: Vec<&str> = names.iter().copied().filter(|n| !weights(n)).collect();
+        for name in &small {
+            self.fetch(name)?;
+        }
+        for shard in &self.shards()? {
+            self.fetch(shard)?;
+        }
+        Ok(self.cache.snapshot(&self.id, &self.commit))
+    }
+
+    /// The shards a run reads: those the index names (fetched), or every
+    /// `.safetensors` file without one; sorted, as the output is written.
+    fn shards(&self) -> Result<Vec<String>> {
+        let names: Vec<&str> = self.files.iter().map(|(n, _)| n.as_str()).collect();
+        let index = crate::checkpoint::INDEX_FILE;
+        let shards: Vec<String> = if names.contains(&index) {
+            let path = self.fetch(index)?;
+            let text = fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
+            let value: Value = serde_json::from_slice(&text)
+                .map_err(|e| Error::new(Rule::Index, &path, "invalid JSON").caused_by(e))?;
+            let mut listed: Vec<String> = value
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .filter_map(|(_, f)| f.as_str().map(str::to_string))
+                .filter(|f| names.contains(&f.as_str()))
+                .collect();
+            listed.sort();
+            listed.dedup();
+            listed
+        } else {
+            let mut all: Vec<String> = names
+                .iter()
+                .filter(|n| n.ends_with(".safetensors"))
+                .map(|n| n.to_string())
+                .collect();
+            all.sort();
+            all
+        };
+        Ok(shards)
+    }
+}
+
+/// A Hub checkpoint read while its shards download, one ahead of the
+/// decoder. Planning reads headers by range requests; once it is over
+/// ([`Files::planned`](crate::stream::Files::planned)), a shard that a
+/// batch reads is waited for whole and read from the cache, and (`delete`)
+/// a shard this run downloaded is removed once the decoder has moved past
+/// it. A later read of a removed shard (a scale stored beside another
+/// module) is a range request, so correctness never rests on the order.
+pub(crate) struct Fetcher<'r> {
+    remote: &'r Remote,
+    /// The shards, in the order the batches read them.
+    order: Vec<(String, u64)>,
+    delete: bool,
+    out: PathBuf,
+    state: Mutex<Fetch>,
+    wake: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Fetch {
+    decoding: bool,
+    /// The shard the batches read now (an index into `order`).
+    at: usize,
+    /// How each shard's fetch ended.
+    done: Vec<Option<Result<bool>>>,
+    /// Bytes of this run's downloads now in the cache.
+    held: u64,
+    fetched: Fetched,
+    stop: bool,
+}
+
+impl<'r> Fetcher<'r> {
+    /// Fetches `remote`'s shards (file-name order, as the output is written)
+    /// for a run writing into `out`.
+    pub(crate) fn new(remote: &'r Remote, out: &Path, delete: bool) -> Result<Fetcher<'r>> {
+        let listed = |name: &str| {
+            remote
+                .files
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, s)| *s)
+        };
+        let order = remote
+            .shards()?
+            .into_iter()
+            .map(|name| {
+                let size = match listed(&name) {
+                    Some(size) => size,
+                    None => remote.meta(&name)?.size,
+                };
+                Ok((name, size))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let state = Fetch {
+            done: (0..order.len()).map(|_| None).collect(),
+            ..Fetch::default()
+        };
+        Ok(Fetcher {
+            remote,
+            order,
+            delete,
+            out: out.to_path_buf(),
+            state: Mutex::new(state),
+            wake: std::sync::Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Fetch> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Downloads the shards in order, at most one ahead of the batches;
+    /// returns when all are fetched or [`Fetcher::stop`] is called.
+    pub(crate) fn download(&self) {
+        for (i, (name, size)) in self.order.iter().enumerate() {
+            {
+                // Nothing is downloaded before planning found the
+                // checkpoint sound, then at most one shard ahead.
+                let mut s = self.lock();
+                while !s.stop && (!s.decoding || i > s.at + 1) {
+                    s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+                }
+                if s.stop {
+                    return;
+                }
+            }
+            let result = self.remote.fetched(name).map(|(_, new)| new);
+            let mut s = self.lock();
+            match &result {
+                Ok(true) => {
+                    s.fetched.downloaded.push(name.clone());
+                    s.held += size;
+                    s.fetched.peak_bytes = s.fetched.peak_bytes.max(s.held);
+                }
+                Ok(false) => s.fetched.reused.push(name.clone()),
+                Err(_) => s.stop = true,
+            }
+            s.done[i] = Some(result);
+            self.wake.notify_all();
+        }
+    }
+
+    /// Ends [`Fetcher::download`] (the run is over, or failed).
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.remote
+            .stopped
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.wake.notify_all();
+    }
+
+    /// Ends the run: with `delete`, this run's remaining downloads are
+    /// removed too. Returns what was fetched.
+    pub(crate) fn finish(&self) -> Result<Fetched> {
+        self.stop();
+        if self.delete {
+            self.remove_before(self.order.len())?;
+        }
+        Ok(self.lock().fetched.clone())
+    }
+
+    /// Removes this run's downloads of the shards before `i`.
+    fn remove_before(&self, i: usize) -> Result<()> {
+        let mut s = self.lock();
+        for (name, size) in &self.order[..i.min(self.order.len())] {
+            if s.fetched.downloaded.contains(name) && !s.fetched.deleted.contains(name) {
+                self.remote.remove(name)?;
+                s.fetched.deleted.push(name.clone());
+                s.held = s.held.saturating_sub(*size);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for shard `i` when the batches read it, moving on to it.
+    fn reach(&self, i: usize) -> Result<()> {
+        let mut s = self.lock();
+        if s.stop {
+            // A download failed (its error), or the run did (it says why).
+            let failed = s
+                .done
+                .iter()
+                .flatten()
+                .find_map(|d| d.as_ref().err().cloned());
+            return Err(failed.unwrap_or_else(|| Error::bare(Rule::Cancelled, "the run stopped")));
+        }
+        if !s.decoding || i < s.at {
+            return Ok(());
+        }
+        let moved = i > s.at;
+        s.at = i;
+        self.wake.notify_all();
+        while s.done[i].is_none() && !s.stop {
+            s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        if let Some(Err(e)) = &s.done[i] {
+            return Err(e.clone());
+        }
+        drop(s);
+        if moved && self.delete {
+            self.remove_before(i)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes `range` of file `name`, once the batches may read it.
+    pub(crate) fn read_now(&self, name: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        if let Some(i) = self.order.iter().position(|(n, _)| n == name) {
+            self.reach(i)?;
+        }
+        self.remote.read(name, range)
+    }
+
+    /// File `name` whole, from the cache.
+    pub(crate) fn whole(&self, name: &str) -> Result<Vec<u8>> {
+        let path = self.remote.fetch(name)?;
+        fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))
+    }
+
+    /// Refuses a run that cannot fit: the dense tensors on the output's
+    /// file system and the shards still to download (two at a time with
+    /// `delete`) in the cache's, each against its free space.
+    fn check_space(&self, out_bytes: u64) -> Result<()> {
+        let missing: Vec<u64> = self
+            .order
+            .iter()
+            .filter(|(name, _)| !self.remote.snapshot_file(name).is_file())
+            .map(|(_, size)| *size)
+            .collect();
+        let mut cache_bytes: u64 = missing.iter().sum();
+        if self.delete {
+            let mut sizes = missing.clone();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            cache_bytes = sizes.iter().take(2).sum();
+        }
+        let existing = |p: &Path| p.ancestors().find(|a| a.exists()).map(Path::to_path_buf);
+        let (out, cache) = (existing(&self.out), existing(&self.remote.cache.root));
+        let free = |p: &Option<PathBuf>| p.as_ref().and_then(|p| fs4::available_space(p).ok());
+        let same = match (&out, &cache) {
+            (Some(a), Some(b)) => same_device(a, b),
+            _ => false,
+        };
+        let gb = |b: u64| format!("{:.2} GB", b as f64 / 1e9);
+        let mut needs = vec![(out.clone(), out_bytes, "the dense checkpoint")];
+        match same {
+            true => {
+                needs[0] = (
+                    out,
+                    out_bytes + cache_bytes,
+                    "the dense checkpoint and the downloads",
+                )
+            }
+            false => needs.push((cache, cache_bytes, "the downloads")),
+        }
+        for (place, need, what) in needs {
+            if let (Some(free), Some(at)) = (free(&place), place) {
+                if need > free {
+                    let detail = format!(
+                        "{what} need {}, and {} has {} free",
+                        gb(need),
+                        at.display(),
+                        gb(free)
+                    );
+                    return Err(Error::new(Rule::Output, &self.out, detail));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn same_device(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    matches!((fs::metadata(a), fs::metadata(b)), (Ok(x), Ok(y)) if x.dev() == y.dev())
+}
+
+#[cfg(not(unix))]
+fn same_device(a: &Path, b: &Path) -> bool {
+    a.components().next() == b.components().next()
+}
+
+impl crate::stream::Files for Fetcher<'_> {
+    fn list(&self) -> Vec<(String, u64)> {
+        crate::stream::Files::list(self.remote)
+    }
+
+    fn read(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>>> {
+        std::future::ready(self.read_now(name, range))
+    }
+
+    fn planned(&self, out_bytes: u64) -> Result<()> {
+        self.check_space(out_bytes)?;
+        self.lock().decoding = true;
+        self.wake.notify_all();
+        Ok(())
+    }
+}
+
+impl crate::stream::Files for Remote {
+    fn list(&self) -> Vec<(String, u64)> {
+        // A file whose size the Hub will not state is left out; reading
+        // the checkpoint then names what is missing.
+        self.files
+            .iter()
+            .filter_map(|(name, size)| {
+                Some((
+                    name.clone(),
+                    size.or_else(|| self.meta(name).ok().map(|m| m.size))?,
+                ))
+            })
+            .collect()
+    }
+
+    fn read(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>>> {
+        std::future::ready(Remote::read(self, name, range))
+    }
+}
+
+fn part_name(blob: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.incomplete", blob.display()))
+}
+
+/// The first byte of `bytes A-B/N`.
+fn content_range_start(value: &str) -> Option<u64> {
+    let rest = value.trim().strip_prefix("bytes")?.trim_start();
+    rest.split('-').next()?.trim().parse().ok()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Feeds what is written to a SHA-256.
+struct HashWriter<'h>(&'h mut Sha256);
+
+impl Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
