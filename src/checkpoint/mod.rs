@@ -256,22 +256,9 @@ impl Checkpoint {
     /// checkpoint directory.
     pub fn side_files(&self, skip: &[String]) -> Result<Vec<(PathBuf, String)>> {
         const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
-        const WEIGHTS: &[&str] = &[
-            "safetensors",
-            "bin",
-            "pt",
-            "pth",
-            "ckpt",
-            "gguf",
-            "h5",
-            "msgpack",
-            "onnx",
-        ];
         let mut files = Vec::new();
         for name in self.files.names()? {
-            let weights = Path::new(&name)
-                .extension()
-                .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)));
+            let weights = is_weights(&name);
             if weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
                 continue;
             }
@@ -328,6 +315,15 @@ impl Checkpoint {
             _ => &self.dir,
         }
     }
+}
+
+/// Whether file `name` holds weights in some format (safetensors, PyTorch,
+/// GGUF, …): what a dense checkpoint does not copy as a side file.
+pub fn is_weights(name: &str) -> bool {
+    const WEIGHTS: &[&str] = &["safetensors", "bin", "pt", "pth", "ckpt", "gguf", "h5", "msgpack", "onnx"];
+    Path::new(name)
+        .extension()
+        .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)))
 }
 
 /// Whether `path` (in checkpoint directory `dir`) resolves inside it, or

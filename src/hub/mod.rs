@@ -494,23 +494,8 @@ impl Remote {
     /// every `.safetensors` file without one, and every file that is not
     /// weights) and returns the snapshot folder holding them.
     pub(crate) fn fetch_checkpoint(&self) -> Result<PathBuf> {
-        const WEIGHTS: &[&str] = &[
-            "bin",
-            "pt",
-            "pth",
-            "ckpt",
-            "gguf",
-            "h5",
-            "msgpack",
-            "onnx",
-            "safetensors",
-        ];
         let names: Vec<&str> = self.files.iter().map(|(n, _)| n.as_str()).collect();
-        let weights = |n: &str| {
-            Path::new(n)
-                .extension()
-                .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)))
-        };
+        let weights = crate::checkpoint::is_weights;
         let small: Vec<&str> = names.iter().copied().filter(|n| !weights(n)).collect();
         for name in &small {
             self.fetch(name)?;

@@ -35,6 +35,16 @@ fn cli(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Outp
     cmd.output().unwrap()
 }
 
+/// `dequantize REPO -o out --backend cpu --quiet` from the mock.
+fn dequantize_cpu(hub: &MockHub, cache: &Path, out: &str, env: &[(&str, &str)]) -> Output {
+    cli(
+        hub,
+        cache,
+        &["dequantize", REPO, "-o", out, "--backend", "cpu", "--quiet"],
+        env,
+    )
+}
+
 /// Every file of a folder and its bytes.
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
@@ -73,20 +83,7 @@ fn hub_dequantize_equals_the_local_run_and_fills_the_cache_as_python_does() {
     let hub = MockHub::serve(REPO, &model(), Faults::default());
     let cache = tmp.path().join("cache");
     let out = tmp.path().join("hub");
-    let o = cli(
-        &hub,
-        &cache,
-        &[
-            "dequantize",
-            REPO,
-            "-o",
-            out.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--quiet",
-        ],
-        &[],
-    );
+    let o = dequantize_cpu(&hub, &cache, out.to_str().unwrap(), &[]);
     ok(&o, "dequantize from the Hub");
     assert_eq!(
         files(&out),
@@ -133,20 +130,7 @@ fn hub_dequantize_equals_the_local_run_and_fills_the_cache_as_python_does() {
     // A second run pins the commit again and downloads nothing.
     let before = hub.log().len();
     let again = tmp.path().join("again");
-    let o = cli(
-        &hub,
-        &cache,
-        &[
-            "dequantize",
-            REPO,
-            "-o",
-            again.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--quiet",
-        ],
-        &[],
-    );
+    let o = dequantize_cpu(&hub, &cache, again.to_str().unwrap(), &[]);
     ok(&o, "second dequantize");
     let later: Vec<String> = hub.log()[before..]
         .iter()
@@ -160,18 +144,10 @@ fn hub_dequantize_equals_the_local_run_and_fills_the_cache_as_python_does() {
     // Offline, the cache alone serves, with no request at all.
     let offline = tmp.path().join("offline");
     let before = hub.log().len();
-    let o = cli(
+    let o = dequantize_cpu(
         &hub,
         &cache,
-        &[
-            "dequantize",
-            REPO,
-            "-o",
-            offline.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--quiet",
-        ],
+        offline.to_str().unwrap(),
         &[("HF_HUB_OFFLINE", "1")],
     );
     ok(&o, "offline dequantize");
@@ -233,20 +209,7 @@ fn hub_downloads_survive_cut_connections_and_mirrors_quirks() {
     let hub = MockHub::serve(REPO, &model(), faults);
     let cache = tmp.path().join("cache");
     let out = tmp.path().join("hub");
-    let o = cli(
-        &hub,
-        &cache,
-        &[
-            "dequantize",
-            REPO,
-            "-o",
-            out.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--quiet",
-        ],
-        &[],
-    );
+    let o = dequantize_cpu(&hub, &cache, out.to_str().unwrap(), &[]);
     ok(&o, "dequantize through a cut connection");
     assert_eq!(files(&out), local_run(tmp.path()));
     let gets: Vec<Option<String>> = hub
