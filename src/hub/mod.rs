@@ -449,7 +449,7 @@ impl Remote {
         };
         if let Some(path) = path {
             let mut f = File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
-            let mut bytes = vec![0u8; len];
+            let mut bytes = buffer(len, &shown)?;
             f.seek(SeekFrom::Start(range.start))
                 .and_then(|_| f.read_exact(&mut bytes))
                 .map_err(|e| Error::io(&path, "cannot read", e))?;
@@ -484,7 +484,7 @@ impl Remote {
         let mut body = resp.into_body().into_reader();
         std::io::copy(&mut (&mut body).take(skip), &mut std::io::sink())
             .map_err(|e| Error::io(&shown, "cannot download", e))?;
-        let mut bytes = vec![0u8; len];
+        let mut bytes = buffer(len, &shown)?;
         body.read_exact(&mut bytes)
             .map_err(|e| Error::io(&shown, "cannot download", e))?;
         Ok(bytes)
@@ -824,6 +824,21 @@ impl crate::stream::Files for Remote {
     ) -> impl std::future::Future<Output = Result<Vec<u8>>> {
         std::future::ready(Remote::read(self, name, range))
     }
+}
+
+/// `len` zero bytes, or an error where memory cannot hold them (a size a
+/// server stated is a claim).
+fn buffer(len: usize, shown: &Path) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            Rule::Io,
+            shown,
+            format!("cannot hold {len} bytes in memory"),
+        )
+    })?;
+    bytes.resize(len, 0);
+    Ok(bytes)
 }
 
 fn part_name(blob: &Path) -> PathBuf {
