@@ -96,13 +96,11 @@ impl Cache {
         let at = self.snapshot(id, commit).join(file);
         create_parent(&at)?;
         let _ = fs::remove_file(&at);
-        let blob = self.blob(id, etag);
         #[cfg(unix)]
         let made = std::os::unix::fs::symlink(Path::new("../../blobs").join(etag), &at);
         #[cfg(not(unix))]
-        let made = fs::copy(&blob, &at).map(|_| ());
+        let made = fs::copy(self.blob(id, etag), &at).map(|_| ());
         made.map_err(|e| Error::io(&at, "cannot link to the cache's blob", e))?;
-        let _ = blob;
         Ok(at)
     }
 }

@@ -93,19 +93,20 @@ impl Client {
         }
     }
 
-    /// Follows redirects from `url` until an answer that is not one, or
+    /// Follows redirects from `url` (asking each for `range`) until an answer that is not one, or
     /// (`stop`) until a redirect `stop` accepts, which is returned with
     /// the URL it answered.
     pub(crate) fn follow(
         &self,
         head: bool,
         url: &str,
+        range: Option<&str>,
         what: &Path,
         stop: impl Fn(&Response<Body>) -> bool,
     ) -> Result<(String, Response<Body>)> {
         let mut url = url.to_string();
         for _ in 0..REDIRECTS {
-            let resp = self.send(head, &url, None, what)?;
+            let resp = self.send(head, &url, range, what)?;
             if !resp.status().is_redirection() || stop(&resp) {
                 return Ok((url, resp));
             }

@@ -135,7 +135,7 @@ impl Remote {
             id.repo,
             http::escape(&id.revision)
         );
-        let (_, resp) = client.follow(false, &url, &shown, |_| false)?;
+        let (_, resp) = client.follow(false, &url, None, &shown, |_| false)?;
         if !resp.status().is_success() {
             return Err(http::refusal(&resp, &id.to_string(), &shown));
         }
@@ -224,7 +224,7 @@ impl Remote {
                 .or_else(|| http::header(r, "etag"))
                 .is_some()
         };
-        let (at, resp) = self.client.follow(true, &url, &shown, has_etag)?;
+        let (at, resp) = self.client.follow(true, &url, None, &shown, has_etag)?;
         let status = resp.status();
         if !(status.is_success() || status.is_redirection()) {
             return Err(http::refusal(&resp, &self.id.to_string(), &shown));
@@ -317,7 +317,7 @@ impl Remote {
     /// from what a cut connection or an earlier run left there.
     fn download(&self, file: &str, m: &Meta, blob: &Path) -> Result<()> {
         let shown = self.shown(file);
-        let part = PathBuf::from(format!("{}.incomplete", blob.display()));
+        let part = part_name(blob);
         cache::create_parent(&part)?;
         let io = |what: &'static str| move |e: std::io::Error| Error::io(part_name(blob), what, e);
         let mut out = File::options()
@@ -343,7 +343,13 @@ impl Remote {
         let mut buf = vec![0u8; 1 << 20];
         while have < m.size {
             let range = format!("bytes={have}-");
-            let (_, resp) = self.get(&m.url, (have > 0).then_some(range.as_str()), &shown)?;
+            let (_, resp) = self.client.follow(
+                false,
+                &m.url,
+                (have > 0).then_some(range.as_str()),
+                &shown,
+                |_| false,
+            )?;
             let status = resp.status();
             if !status.is_success() {
                 return Err(http::refusal(&resp, &self.id.to_string(), &shown));
@@ -417,24 +423,6 @@ impl Remote {
         fs::rename(&part, blob).map_err(|e| Error::io(blob, "cannot move into place", e))
     }
 
-    /// GET `url`, following redirects (a mirror's CDN may move it again).
-    fn get(
-        &self,
-        url: &str,
-        range: Option<&str>,
-        shown: &Path,
-    ) -> Result<(String, ureq::http::Response<ureq::Body>)> {
-        let mut url = url.to_string();
-        for _ in 0..8 {
-            let resp = self.client.send(false, &url, range, shown)?;
-            match http::header(&resp, "location") {
-                Some(to) if resp.status().is_redirection() => url = http::join(&url, to),
-                _ => return Ok((url, resp)),
-            }
-        }
-        Err(Error::new(Rule::Hub, shown, "too many redirects"))
-    }
-
     /// Bytes `range` of `file`: from the cache when it is there, else by a
     /// range request (safetensors), else by fetching the file (sidecars).
     fn read(&self, file: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
@@ -467,7 +455,9 @@ impl Remote {
             return Ok(Vec::new());
         }
         let ask = format!("bytes={}-{}", range.start, range.end - 1);
-        let (_, resp) = self.get(&m.url, Some(&ask), &shown)?;
+        let (_, resp) = self
+            .client
+            .follow(false, &m.url, Some(&ask), &shown, |_| false)?;
         let status = resp.status().as_u16();
         let skip = match (status, http::header(&resp, "content-range")) {
             (206, Some(cr)) if content_range_start(cr) != Some(range.start) => {
