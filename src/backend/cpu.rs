@@ -32,6 +32,12 @@ mod tiles;
 /// Output elements one thread task decodes at least (amortizes scheduling).
 const TASK_ELEMENTS: usize = 1 << 16;
 
+/// Outputs of one call at least this large are written around the caches
+/// where the kernels can: they outgrow a core's share of the last-level
+/// cache, so their lines would be evicted unread, and a store that skips
+/// the caches does not read each line first.
+const STREAM_BYTES: usize = 8 << 20;
+
 /// Greatest common divisor (of rows or columns per entry).
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -88,6 +94,7 @@ impl Backend for Cpu {
             return Ok(());
         }
         if let Some(plan) = rows::Rows::of(job) {
+            let plan = plan.streaming(out.len() >= STREAM_BYTES);
             let rows_per_task = plan.rows_per_task(job.dims.cols, TASK_ELEMENTS);
             out.par_chunks_mut(rows_per_task * row_bytes)
                 .enumerate()
@@ -95,6 +102,7 @@ impl Backend for Cpu {
                     let first = rows.start + task * rows_per_task;
                     let last = first + chunk.len() / row_bytes;
                     plan.decode(job, first..last, chunk);
+                    simd::fence();
                 });
             return Ok(());
         }

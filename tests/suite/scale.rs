@@ -1439,6 +1439,83 @@ fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
     }
 }
 
+/// Outputs of one call large enough to go around the caches (8 MiB and
+/// more, into a buffer on a cache line) hold the bytes the same rows give
+/// decoded in small calls, which write through the caches; so does a large
+/// call into a buffer 16 bytes past a line: straight int4 rows, GPTQ's and
+/// AutoAWQ's packs.
+#[test]
+fn cpu_streamed_outputs_equal_cached_ones() {
+    let mut rng = Rng::new(0x5EED_0A11_7A57_0002);
+    let (out, inputs, group) = (1024, 4096, 128);
+    let bytes = |rng: &mut Rng, n: usize| (0..n).map(|_| rng.next() as u8).collect::<Vec<u8>>();
+    let codes = bytes(&mut rng, out * inputs / 2);
+    let scales: Vec<u8> = (0..inputs / group * out)
+        .flat_map(|_| (0x2C00u16 + rng.below(0x1000) as u16).to_le_bytes())
+        .collect();
+    let gptq_zeros: Vec<u8> = (0..inputs / group * out)
+        .flat_map(|_| (rng.below(16) as i32).to_le_bytes())
+        .collect();
+    let awq_zeros = bytes(&mut rng, inputs / group * out / 2);
+    let gptq = (codes.clone(), scales.clone(), gptq_zeros);
+    let awq = (codes.clone(), scales.clone(), awq_zeros);
+    let straight = |dtype| {
+        let dims = Dims {
+            slices: 1,
+            rows: out,
+            cols: inputs,
+        };
+        let grid = Grid {
+            row_div: 1,
+            col_div: group,
+            row_stride: inputs / group,
+            slice_stride: 0,
+        };
+        DecodeJob::new(
+            dims,
+            Fields::dense(codes.as_slice(), 4, inputs as u64 * 4),
+            (0..16).map(|c| c as f32 - 8.0).collect::<Vec<f32>>(),
+            dtype,
+        )
+        .with_scale(Values {
+            data: scales.as_slice().into(),
+            kind: ValueKind::F16,
+            grid,
+        })
+    };
+    let jobs = [
+        ("straight int4", straight(OutDtype::Bf16)),
+        (
+            "gptq",
+            packed_job(false, (out, inputs, group), &gptq, true, OutDtype::Bf16),
+        ),
+        (
+            "autoawq",
+            packed_job(true, (out, inputs, group), &awq, true, OutDtype::F32),
+        ),
+    ];
+    for (what, job) in &jobs {
+        let total = job.dims.total_rows();
+        assert!(
+            job.out_bytes() >= 8 << 20,
+            "{what}: {} bytes are not streamed",
+            job.out_bytes()
+        );
+        let cached: Vec<u8> = (0..total)
+            .step_by(64)
+            .flat_map(|r| cpu_rows(job, r..(r + 64).min(total)))
+            .collect();
+        for skew in [0, 16] {
+            let got = cpu_rows_at(job, 0..total, skew);
+            assert!(
+                got == cached,
+                "{what}, skew {skew}: {}",
+                first_difference(&got, &cached, job, 0)
+            );
+        }
+    }
+}
+
 /// Rows smoothed by a factor per column (a rank-0 low-rank branch:
 /// ModelOpt's pre-quant scale) give the reference's bytes through the
 /// product tables: straight int4 rows with and without zero points, and

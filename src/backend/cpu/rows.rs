@@ -21,6 +21,10 @@ use crate::numerics::{self, OutDtype};
 /// apart would fall into the same few cache sets.
 const PAD: usize = 64;
 
+/// Bytes of gathered codes a band of GPTQ's words fills at most: about a
+/// core's L2 cache, so that the band's rows are read back from it.
+const WORDS_BAND_BYTES: usize = 1 << 20;
+
 /// How a row's codes are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Gather {
@@ -58,6 +62,12 @@ pub(super) struct Rows {
     /// Each value is the table's f32 product times its column's factor
     /// (the job's rank-0 low-rank smoothing), rounded once.
     smoothing: bool,
+    /// Outputs go around the caches ([`Rows::streaming`]).
+    stream: bool,
+    /// Output rows gathered at once (1 in place).
+    band: usize,
+    /// The instructions of the kernels called per group.
+    isa: simd::Isa,
 }
 
 /// One thread's reusable buffers: kept from task to task, as fresh ones
@@ -183,20 +193,42 @@ impl Rows {
             by_scale: by_scale.filter(|_| !smoothing),
             rows_per_entry,
             smoothing,
+            stream: false,
+            band: Rows::band_of(job, gather),
+            isa: simd::Isa::detect(),
         })
     }
 
-    /// Output rows gathered at once: as few as read whole lines of the
-    /// packed words, so that the gathered rows stay in cache.
-    fn band(&self) -> usize {
-        match self.gather {
-            // Two 64-byte lines of each word row (a pair the hardware
-            // fetches together).
-            Gather::Words => 32,
+    /// Output rows gathered at once by `gather`.
+    fn band_of(job: &DecodeJob<'_>, gather: Gather) -> usize {
+        match gather {
+            // A word row's run of the band is read whole: the longer, the
+            // better memory serves runs a stored row apart. As many rows as
+            // fill about an L2 cache with codes, up to 256 (1 KiB runs),
+            // and still four bands a thread; in 16s, the vector gather's
+            // blocks.
+            Gather::Words => {
+                let row = (job.dims.cols as u64 * job.codes.bits as u64).div_ceil(32) as usize * 4 + PAD;
+                let threads = 4 * rayon::current_num_threads().max(1);
+                (WORDS_BAND_BYTES / row).min(256).min(job.dims.rows / threads) / 16 * 16
+            }
+            .max(16),
             // One line of each input: 16 word columns.
             Gather::Awq => 128,
-            Gather::Pairs | Gather::InPlace | Gather::Sparse => 2,
+            Gather::Pairs | Gather::Sparse => 2,
+            Gather::InPlace => 1,
         }
+    }
+
+    /// The same, writing its outputs around the caches where the vector
+    /// kernels can (`simd::fence` orders them).
+    pub(super) fn streaming(self, stream: bool) -> Rows {
+        Rows { stream, ..self }
+    }
+
+    /// Output rows gathered at once.
+    fn band(&self) -> usize {
+        self.band
     }
 
     /// Output rows one task decodes: whole bands, at least `elements`.
@@ -534,7 +566,7 @@ impl Rows {
             if first.is_multiple_of(2) {
                 let codes = &bytes[first / 2..];
                 // 32 codes per load where the CPU has shuffles.
-                done = simd::nibbles::<N>(codes, &t.planes, group_out, hf);
+                done = simd::nibbles::<N>(self.isa, codes, (&t.values, &t.planes), group_out, hf, self.stream);
                 // Eight codes per little-endian u32: one load, eight lookups
                 // assembled in registers, two (bf16/f16) or four (f32) stores.
                 let words = codes[done / 2..].chunks_exact(4);

@@ -132,25 +132,75 @@ pub(super) fn smoothed<const N: usize>(
     0
 }
 
+/// The widest vector instructions the kernels that are called per group of
+/// codes ([`nibbles`]) may use, read once for many calls: the CPU's
+/// features and the switches above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) enum Isa {
+    /// AVX-512 F, BW and VBMI (and SSSE3).
+    Avx512,
+    Ssse3,
+    /// None: the callers' scalar loops.
+    Scalar,
+}
+
+impl Isa {
+    /// This CPU's, as the switches allow now.
+    pub(super) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx512() {
+                return Isa::Avx512;
+            }
+            if has_ssse3() {
+                return Isa::Ssse3;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
 /// Decodes whole 32-code blocks of `codes` (two per byte, low nibble first,
-/// or high nibble first with `high_first`: bitsandbytes) through the table
-/// of byte `planes` into `out` (N bytes per output); returns how many
-/// outputs were written (0 without SSSE3).
+/// or high nibble first with `high_first`: bitsandbytes), and a last block
+/// of 16, through the table `values` (its byte `planes` for SSSE3) into
+/// `out` (N bytes per output), with the instructions of `isa`; returns how
+/// many outputs were written (0 without SSSE3). With `stream`, aligned
+/// lines go around the caches ([`fence`] orders them).
 pub(super) fn nibbles<const N: usize>(
+    isa: Isa,
     codes: &[u8],
-    planes: &[[u8; 16]; 4],
+    (values, planes): (&[u32; 16], &[[u8; 16]; 4]),
     out: &mut [u8],
     high_first: bool,
+    stream: bool,
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_ssse3() {
-            // SAFETY: the CPU has SSSE3 (checked just above).
-            return unsafe { x86::nibbles::<N>(codes, planes, out, high_first) };
+        // The AVX-512 kernel's setup pays off over a few registers of
+        // outputs, not over one (NVFP4's and MXFP4's groups of 16 and 32).
+        if isa == Isa::Avx512 && out.len() >= 256 {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (what Isa::detect
+            // found).
+            return unsafe { x86::nibbles_avx512::<N>(codes, values, out, high_first, stream) };
+        }
+        if isa != Isa::Scalar {
+            // SAFETY: the CPU has SSSE3 (what Isa::detect found).
+            return unsafe { x86::nibbles::<N>(codes, planes, out, high_first, stream) };
         }
     }
-    let _ = (codes, planes, out, high_first);
+    let _ = (isa, codes, values, planes, out, high_first, stream);
     0
+}
+
+/// Orders this thread's streaming stores before its later stores (a task's
+/// output handed on): they are weakly ordered, even against a release.
+pub(super) fn fence() {
+    // SAFETY: SSE is part of x86-64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 /// Decodes a block of 32 output rows × 128 output columns of a transposed
@@ -346,6 +396,13 @@ pub(super) fn transposed_block<const N: usize>(
             }
         }
     }
+}
+
+/// The first 8 bytes of `src`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn slice8(src: &[u8]) -> &[u8; 8] {
+    src.first_chunk().unwrap_or_else(|| unreachable!("8 bytes"))
 }
 
 /// The 16 bytes at `at`.
@@ -607,10 +664,11 @@ mod x86 {
     }
 
     /// Decodes 32 codes (16 bytes, low nibble first, or high first)
-    /// through the table registers `t` into the 32·N bytes of `o`.
+    /// through the table registers `t` into the 32·N bytes of `o`, around
+    /// the caches with `stream` where aligned.
     #[inline]
     #[target_feature(enable = "ssse3")]
-    fn segment<const N: usize>(v: __m128i, t: &[__m128i; 4], high_first: bool, o: &mut [u8]) {
+    fn segment<const N: usize>(v: __m128i, t: &[__m128i; 4], high_first: bool, o: &mut [u8], stream: bool) {
         let nibble = _mm_set1_epi8(0x0F);
         let (mut lo, mut hi) = (_mm_and_si128(v, nibble), _mm_and_si128(_mm_srli_epi16(v, 4), nibble));
         if high_first {
@@ -618,12 +676,21 @@ mod x86 {
         }
         // One bounds check for the segment's bytes.
         let o = &mut o[..32 * N];
+        let stream = stream && (o.as_ptr() as usize).is_multiple_of(16);
         for (h, idx) in [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)].into_iter().enumerate() {
             for (k, v) in lookup::<N>(t, idx).into_iter().take(N).enumerate() {
                 let at = 16 * (N * h + k);
                 // SAFETY: h < 2 and k < N, so at + 16 ≤ 32·N = o.len()
-                // (unaligned store).
-                unsafe { _mm_storeu_si128(o.as_mut_ptr().add(at).cast(), v) };
+                // (unaligned store, or aligned: o is, and at is a multiple
+                // of 16).
+                unsafe {
+                    let p = o.as_mut_ptr().add(at).cast();
+                    if stream {
+                        _mm_stream_si128(p, v)
+                    } else {
+                        _mm_storeu_si128(p, v)
+                    }
+                };
             }
         }
     }
@@ -708,13 +775,9 @@ mod x86 {
         // lane's words.
         let src = &src[..first + (words - 1) * stride + 4 * lanes];
         let dst = &mut dst[..(lanes - 1) * row + 4 * words];
+        // No prefetches: runs of a band's lanes are long enough for the
+        // hardware's (fetching them 16 word rows ahead was slower).
         for w in (0..words).step_by(16) {
-            for q in 0..16 {
-                let at = first + (w + q + super::WORDS_AHEAD * 2) * stride;
-                for l in (0..4 * lanes).step_by(64) {
-                    prefetch::<false>(src, at + l);
-                }
-            }
             for k in (0..lanes).step_by(16) {
                 let r: [__m512i; 16] = std::array::from_fn(|i| load64(slice64(src, first + (w + i) * stride + 4 * k)));
                 let t: [__m512i; 16] = std::array::from_fn(|i| {
@@ -903,6 +966,7 @@ mod x86 {
         planes: &[[u8; 16]; 4],
         out: &mut [u8],
         high_first: bool,
+        stream: bool,
     ) -> usize {
         let t = tables(planes);
         // A half block: 16 codes through one shuffle (groups of 16: NVFP4).
@@ -923,12 +987,106 @@ mod x86 {
         for (c, o) in codes.chunks_exact(16).zip(out.chunks_exact_mut(32 * N)).take(blocks) {
             // The lines 512 outputs on, fetched for writing: the hardware
             // fetches them too, but later.
-            for l in (0..32 * N).step_by(64) {
+            for l in (0..32 * N).step_by(64).filter(|_| !stream) {
                 prefetch::<true>(o, 512 * N + l);
             }
-            segment::<N>(load(super::slice16(c, 0)), &t, high_first, o);
+            segment::<N>(load(super::slice16(c, 0)), &t, high_first, o, stream);
         }
         blocks * 32 + half(&codes[16 * blocks..], &mut out[32 * N * blocks..])
+    }
+
+    /// See `super::nibbles`: a register of outputs at a time (32 codes to
+    /// bf16/f16, 16 to f32), each code's field picked out of its 64-bit lane
+    /// by one `vpmultishiftqb` and looked up in the table held in one
+    /// register (`vpermw`, `vpermd`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) fn nibbles_avx512<const N: usize>(
+        codes: &[u8],
+        values: &[u32; 16],
+        out: &mut [u8],
+        high_first: bool,
+        stream: bool,
+    ) -> usize {
+        let t = load_u32s(values);
+        // 16-bit outputs: the 16 values twice, as an index's bit 4 (the
+        // next code's lowest bit) picks the same value.
+        let table = if N == 2 {
+            let w = _mm512_cvtepi32_epi16(t);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w), w)
+        } else {
+            t
+        };
+        let ctrl = load64(&MULTISHIFT[usize::from(N == 4)][usize::from(high_first)]);
+        let halves = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0);
+        let lookup = |src: __m512i| {
+            let idx = _mm512_multishift_epi64_epi8(ctrl, src);
+            if N == 2 {
+                _mm512_permutexvar_epi16(idx, table)
+            } else {
+                _mm512_permutexvar_epi32(idx, table)
+            }
+        };
+        let word = |c: &[u8]| _mm512_set1_epi64(i64::from_le_bytes(*super::slice8(c)));
+        // Code bytes per register.
+        let per = 32 / N;
+        let regs = (codes.len() / per).min(out.len() / 64);
+        for (c, o) in codes.chunks_exact(per).zip(out.chunks_exact_mut(64)).take(regs) {
+            let src = if N == 2 {
+                _mm512_permutexvar_epi64(halves, _mm512_castsi128_si512(load(super::slice16(c, 0))))
+            } else {
+                word(c)
+            };
+            put64(o, lookup(src), stream);
+        }
+        // A last 16 codes to 16-bit outputs: half a register.
+        let (rest, tail) = (&codes[regs * per..], &mut out[regs * 64..]);
+        if N == 2 && rest.len() >= 8 && tail.len() >= 32 {
+            let o = &mut tail[..32];
+            // SAFETY: writes exactly the 32 bytes of `o` (unaligned store).
+            unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(lookup(word(rest)))) };
+            return regs * 32 + 16;
+        }
+        regs * 32 * 2 / N
+    }
+
+    /// The `vpmultishiftqb` controls of [`nibbles_avx512`], for 16-bit and
+    /// 32-bit outputs, low or high nibble first: byte 2k (16-bit) or 4k
+    /// (32-bit) of 64-bit lane m is the bit offset of its code in the lane's
+    /// word of codes (16-bit: lanes 0–3 read a block's first 8 bytes, 4–7
+    /// its second; 32-bit: all read one), the others are not looked at.
+    const MULTISHIFT: [[[u8; 64]; 2]; 2] = {
+        let mut c = [[[0u8; 64]; 2]; 2];
+        let mut p = 0;
+        while p < 64 {
+            let (m, b) = (p / 8, p % 8);
+            if b % 2 == 0 {
+                c[0][0][p] = (16 * (m % 4) + 2 * b) as u8;
+                c[0][1][p] = c[0][0][p] ^ 4;
+            }
+            if b % 4 == 0 {
+                c[1][0][p] = (8 * m + b) as u8;
+                c[1][1][p] = c[1][0][p] ^ 4;
+            }
+            p += 1;
+        }
+        c
+    };
+
+    /// Stores a register in exactly the 64 bytes of `o`; with `stream`,
+    /// around the caches where `o` is aligned.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn put64(o: &mut [u8], v: __m512i, stream: bool) {
+        let o = &mut o[..64];
+        // SAFETY: writes exactly the 64 bytes of `o` (unaligned store, or
+        // an aligned one where o is aligned).
+        unsafe {
+            if stream && (o.as_ptr() as usize).is_multiple_of(64) {
+                _mm512_stream_si512(o.as_mut_ptr().cast(), v)
+            } else {
+                _mm512_storeu_si512(o.as_mut_ptr().cast(), v)
+            }
+        };
     }
 
     /// See `super::shifted_block`: the 128 columns' 16 bytes transposed
@@ -1345,23 +1503,50 @@ mod tests {
         shifted_equals_the_lookup::<4>();
     }
 
+    /// Each nibble kernel this CPU has, by name: the dispatcher's choice,
+    /// and each of the AVX-512 and SSSE3 ones on its own.
+    #[allow(clippy::type_complexity)]
+    fn nibble_kernels<const N: usize>() -> Vec<(&'static str, fn(&[u8], (&[u32; 16], &[[u8; 16]; 4]), &mut [u8], bool, bool) -> usize)> {
+        let mut kernels: Vec<(&'static str, fn(&[u8], (&[u32; 16], &[[u8; 16]; 4]), &mut [u8], bool, bool) -> usize)> =
+            vec![("dispatched", |c, t, o, hf, st| nibbles::<N>(Isa::detect(), c, t, o, hf, st))];
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512() {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
+            kernels.push(("avx512", |c, (v, _), o, hf, st| unsafe { x86::nibbles_avx512::<N>(c, v, o, hf, st) }));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_ssse3() {
+            // SAFETY: the CPU has SSSE3 (checked just above).
+            kernels.push(("ssse3", |c, (_, p), o, hf, st| unsafe { x86::nibbles::<N>(c, p, o, hf, st) }));
+        }
+        kernels
+    }
+
     fn nibbles_equal_the_lookup<const N: usize>() {
         let mut rng = fastrand::Rng::with_seed(13);
-        let p: [[u8; 16]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| rng.u8(..)));
+        let v: [u32; 16] = std::array::from_fn(|_| rng.u32(..) >> (32 - 8 * N));
+        let p = planes(&v);
         // Whole blocks, a last half block, and bytes past both.
-        for bytes in [8, 16, 24, 40, 43] {
+        for bytes in [8, 16, 24, 40, 43, 64, 72, 200] {
             let codes: Vec<u8> = (0..bytes).map(|_| rng.u8(..)).collect();
-            for high_first in [false, true] {
-                let mut out = vec![0u8; 2 * bytes * N];
-                let done = nibbles::<N>(&codes, &p, &mut out, high_first);
-                if has_ssse3() {
-                    assert_eq!(done, 2 * bytes / 32 * 32 + (2 * bytes % 32) / 16 * 16);
-                }
-                for i in 0..done {
-                    let shift = 4 * ((i % 2) ^ usize::from(high_first));
-                    let code = ((codes[i / 2] >> shift) & 15) as usize;
-                    let want: Vec<u8> = (0..N).map(|b| p[b][code]).collect();
-                    assert_eq!(&out[i * N..i * N + N], &want[..], "{bytes} bytes, high first {high_first}, code {i}");
+            for ((name, kernel), high_first) in nibble_kernels::<N>().into_iter().flat_map(|k| [(k, false), (k, true)]) {
+                // Streamed into a line-aligned buffer, and 16 bytes past one.
+                for (stream, skew) in [(false, 0), (true, 0), (true, 16)] {
+                    let mut buf = vec![0u8; 2 * bytes * N + 128];
+                    let at = (64 - buf.as_ptr() as usize % 64) % 64 + skew;
+                    let out = &mut buf[at..at + 2 * bytes * N];
+                    let done = kernel(&codes, (&v, &p), out, high_first, stream);
+                    fence();
+                    if has_ssse3() {
+                        assert_eq!(done, 2 * bytes / 32 * 32 + (2 * bytes % 32) / 16 * 16, "{name}");
+                    }
+                    for i in 0..done {
+                        let shift = 4 * ((i % 2) ^ usize::from(high_first));
+                        let code = ((codes[i / 2] >> shift) & 15) as usize;
+                        let want = &v[code].to_le_bytes()[..N];
+                        let what = format!("{name}: {bytes} bytes, high first {high_first}, stream {stream}, skew {skew}, code {i}");
+                        assert_eq!(&out[i * N..i * N + N], want, "{what}");
+                    }
                 }
             }
         }
