@@ -19,10 +19,41 @@ use crate::plan::{Output, Source};
 /// decodes ahead.
 const PIECE_BYTES: usize = 32 << 20;
 
+/// A piece's decoded bytes, starting on a cache line: the CPU's kernels
+/// write whole lines of large outputs around the caches, which needs them
+/// aligned (an allocator's large blocks start 16 bytes past one).
+#[derive(Default)]
+struct Buffer {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Buffer {
+    /// Bytes already made (none to align).
+    fn made(bytes: Vec<u8>) -> Buffer {
+        let len = bytes.len();
+        Buffer { bytes, start: 0, len }
+    }
+
+    /// Its `len` bytes for a new piece to be made in (what the last piece
+    /// left, or zeros).
+    fn take(&mut self, len: usize) -> &mut [u8] {
+        self.bytes.resize(len + 64, 0);
+        self.start = self.bytes.as_ptr().align_offset(64).min(64);
+        self.len = len;
+        &mut self.bytes[self.start..self.start + len]
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+}
+
 /// What a piece is made into: bytes on their way to the file-writing thread.
 enum Made<'a> {
     /// Decoded (or computed) bytes; the buffer comes back for reuse.
-    Owned(Vec<u8>),
+    Owned(Buffer),
     /// Stored bytes copied as they are, released from memory once written.
     Stored(&'a [u8]),
 }
@@ -99,22 +130,20 @@ impl<'t, 'a> Piece<'t, 'a> {
     }
 
     /// The piece's bytes; a decoded piece goes into `buf`.
-    fn make(&self, backend: &dyn Backend, mut buf: Vec<u8>) -> Result<Made<'a>> {
+    fn make(&self, backend: &dyn Backend, mut buf: Buffer) -> Result<Made<'a>> {
         match self {
             Piece::Whole(t) => Ok(match &t.source {
                 Source::Copy(src) => Made::Stored(src.stored()),
-                _ => Made::Owned(t.bytes(backend)?.into_owned()),
+                _ => Made::Owned(Buffer::made(t.bytes(backend)?.into_owned())),
             }),
             Piece::Rows(t, rows) => {
                 let row_bytes = t.row_layout().map_or(0, |(_, b)| b);
-                buf.resize(rows.len() * row_bytes, 0);
-                t.decode_rows(backend, rows.clone(), &mut buf)?;
+                t.decode_rows(backend, rows.clone(), buf.take(rows.len() * row_bytes))?;
                 Ok(Made::Owned(buf))
             }
             Piece::Batch(ts) => {
-                buf.resize(ts.iter().map(|t| t.byte_len()).sum(), 0);
                 let mut jobs = Vec::with_capacity(ts.len());
-                let mut rest = &mut buf[..];
+                let mut rest = buf.take(ts.iter().map(|t| t.byte_len()).sum());
                 for t in ts {
                     let (out, tail) = rest.split_at_mut(t.byte_len());
                     jobs.push((*t, out));
@@ -170,7 +199,7 @@ fn send_pieces<'a>(
     backend: &dyn Backend,
     cancelled: &AtomicBool,
     tx: &SyncSender<Made<'a>>,
-    spare: &Receiver<Vec<u8>>,
+    spare: &Receiver<Buffer>,
     progress: &mut impl FnMut(&str, u64, bool),
 ) -> Result<bool> {
     std::thread::scope(|scope| {
@@ -179,7 +208,7 @@ fn send_pieces<'a>(
         // which has no threads).
         #[cfg(not(target_arch = "wasm32"))]
         let ahead = backend.decodes_ahead().then(|| {
-            let (ahead_tx, ahead_rx) = channel::<(usize, Vec<u8>)>();
+            let (ahead_tx, ahead_rx) = channel::<(usize, Buffer)>();
             scope.spawn(move || {
                 for (i, buf) in ahead_rx {
                     if done_tx.send(pieces[i].make(backend, buf)).is_err() {
@@ -190,7 +219,7 @@ fn send_pieces<'a>(
             ahead_tx
         });
         #[cfg(target_arch = "wasm32")]
-        let ahead: Option<std::sync::mpsc::Sender<(usize, Vec<u8>)>> = {
+        let ahead: Option<std::sync::mpsc::Sender<(usize, Buffer)>> = {
             let _ = (scope, done_tx);
             None
         };
@@ -250,12 +279,12 @@ pub(super) fn write_shard(
     std::thread::scope(|scope| {
         // Two chunks queued at most: one being written, one waiting.
         let (tx, rx) = sync_channel::<Made<'_>>(1);
-        let (spare_tx, spare) = channel::<Vec<u8>>();
+        let (spare_tx, spare) = channel::<Buffer>();
         let writer = scope.spawn(move || -> std::io::Result<BufWriter<File>> {
             for piece in rx {
                 match piece {
                     Made::Owned(buf) => {
-                        w.write_all(&buf)?;
+                        w.write_all(buf.as_slice())?;
                         let _ = spare_tx.send(buf);
                     }
                     Made::Stored(bytes) => {
