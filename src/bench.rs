@@ -429,8 +429,33 @@ fn case_name(layout: Layout, out: OutDtype) -> String {
     format!("{} -> {out}", layout.name())
 }
 
+/// Best wall times of `runs` calls each of `a` and `b`, taken in turns, so
+/// that a drift in the machine's speed (a shared host) hits both alike.
+fn best_of_turns(
+    runs: usize,
+    mut a: impl FnMut() -> Result<()>,
+    mut b: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    let (mut ta, mut tb) = (f64::MAX, f64::MAX);
+    for _ in 0..runs.max(1) {
+        ta = ta.min(best(1, &mut a)?);
+        tb = tb.min(best(1, &mut b)?);
+    }
+    Ok((ta, tb))
+}
+
+/// A zeroed buffer of `len` bytes that starts on a cache line, as the
+/// writer's do.
+fn line_aligned(len: usize) -> (Vec<u8>, usize) {
+    let buf = vec![0u8; len + 64];
+    let skew = (64 - buf.as_ptr() as usize % 64) % 64;
+    (buf, skew)
+}
+
 /// CPU decode of every layout against a multi-threaded copy of the output
-/// bytes.
+/// bytes; the layouts along the inputs also against the straight int4 job
+/// of the same shape (and those with zero points against the straight one
+/// with zero points: the cost of the transposition alone), in turns.
 pub(crate) fn cpu_kernels(
     rows: usize,
     cols: usize,
@@ -438,71 +463,77 @@ pub(crate) fn cpu_kernels(
     only: &str,
 ) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
-    // The straight int4 decodes (with and without zero points) of each
-    // output dtype, for the layouts along the inputs to be compared with.
-    let mut straight: Vec<(Layout, OutDtype, f64)> = Vec::new();
     // Their codes and scales need whole groups of 128 rows too.
     let along = if rows.is_multiple_of(128) {
         &Layout::ALONG_INPUTS[..]
     } else {
         &[]
     };
-    // The straight int4 cases stay when an input-packed one is asked for:
-    // they are its baselines.
-    let wanted = |layout: Layout| {
-        layout.name().contains(only)
-            || Layout::STRAIGHT.contains(&layout) && along.iter().any(|l| l.name().contains(only))
-    };
-    for &layout in Layout::ALL.iter().chain(along).filter(|&&l| wanted(l)) {
+    let straight: Vec<Weight> = Layout::STRAIGHT
+        .iter()
+        .filter(|_| along.iter().any(|l| l.name().contains(only)))
+        .map(|&l| Weight::random(l, rows, cols, 7))
+        .collect();
+    let cpu = Cpu::new();
+    let decode =
+        |job: &DecodeJob<'_>, dst: &mut [u8]| cpu.decode_rows(job, 0..job.dims.total_rows(), dst);
+    for &layout in Layout::ALL
+        .iter()
+        .chain(along)
+        .filter(|l| l.name().contains(only))
+    {
         let w = Weight::random(layout, rows, cols, 7);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = w.job(out);
             let bytes = job.out_bytes();
             let src = vec![1u8; bytes];
-            let mut dst = vec![0u8; bytes];
+            let (mut buf, skew) = line_aligned(bytes);
+            let dst = &mut buf[skew..skew + bytes];
             let chunk = (bytes / rayon::current_num_threads().max(1) / 4).max(1 << 16);
             // Touch both buffers once so page faults are not timed.
             dst.par_chunks_mut(chunk).for_each(|d| d.fill(0));
-            let copy = best(runs, || {
+            let copy = |dst: &mut [u8]| {
                 dst.par_chunks_mut(chunk)
                     .zip(src.par_chunks(chunk))
                     .for_each(|(d, s)| d.copy_from_slice(s));
                 Ok(())
-            })?;
-            let cpu = Cpu::new();
-            let decode = best(runs, || {
-                cpu.decode_rows(&job, 0..job.dims.total_rows(), &mut dst)
-            })?;
-            if Layout::STRAIGHT.contains(&layout) {
-                straight.push((layout, out, decode));
-            }
-            // Each along the inputs against the straight job of the same
-            // shape, and those with zero points also against the straight
-            // one with zero points: the cost of the transposition alone.
-            let zero_points = matches!(layout, Layout::Gptq | Layout::Awq);
-            for &(base, _, s) in straight
-                .iter()
-                .filter(|s| s.1 == out && along.contains(&layout))
-            {
-                if base == Layout::Int4 || zero_points {
-                    figures.push(Figure {
-                        backend: "cpu",
-                        what: case_name(layout, out),
-                        baseline: format!("straight {}", case_name(base, out)),
-                        bytes: bytes as u64,
-                        seconds: decode,
-                        baseline_seconds: s,
-                    });
-                }
-            }
+            };
+            // Both write the same buffer: one `dst` borrowed in turns.
+            let dst = std::cell::RefCell::new(dst);
+            let (t, copy) = best_of_turns(
+                runs,
+                || decode(&job, &mut dst.borrow_mut()),
+                || copy(&mut dst.borrow_mut()),
+            )?;
             figures.push(Figure {
                 backend: "cpu",
                 what: case_name(layout, out),
                 baseline: format!("memcpy, {} threads", rayon::current_num_threads()),
                 bytes: bytes as u64,
-                seconds: decode,
+                seconds: t,
                 baseline_seconds: copy,
             });
+            let zero_points = matches!(layout, Layout::Gptq | Layout::Awq);
+            for base in straight
+                .iter()
+                .filter(|_| along.contains(&layout))
+                .filter(|b| b.layout == Layout::Int4 || zero_points)
+            {
+                let base_job = base.job(out);
+                let (t, s) = best_of_turns(
+                    runs,
+                    || decode(&job, &mut dst.borrow_mut()),
+                    || decode(&base_job, &mut dst.borrow_mut()),
+                )?;
+                figures.push(Figure {
+                    backend: "cpu",
+                    what: case_name(layout, out),
+                    baseline: format!("straight {}", case_name(base.layout, out)),
+                    bytes: bytes as u64,
+                    seconds: t,
+                    baseline_seconds: s,
+                });
+            }
         }
     }
     Ok(figures)
