@@ -1443,11 +1443,15 @@ fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
 /// more, into a buffer on a cache line) hold the bytes the same rows give
 /// decoded in small calls, which write through the caches; so does a large
 /// call into a buffer 16 bytes past a line: straight int4 rows, GPTQ's and
-/// AutoAWQ's packs.
+/// AutoAWQ's packs, in groups of 128 and of 24.
 #[test]
 fn cpu_streamed_outputs_equal_cached_ones() {
+    streamed_outputs_equal_cached_ones(1024, 4096, 128);
+    streamed_outputs_equal_cached_ones(712, 6000, 24);
+}
+
+fn streamed_outputs_equal_cached_ones(out: usize, inputs: usize, group: usize) {
     let mut rng = Rng::new(0x5EED_0A11_7A57_0002);
-    let (out, inputs, group) = (1024, 4096, 128);
     let bytes = |rng: &mut Rng, n: usize| (0..n).map(|_| rng.next() as u8).collect::<Vec<u8>>();
     let codes = bytes(&mut rng, out * inputs / 2);
     let scales: Vec<u8> = (0..inputs / group * out)
@@ -1496,6 +1500,7 @@ fn cpu_streamed_outputs_equal_cached_ones() {
     ];
     for (what, job) in &jobs {
         let total = job.dims.total_rows();
+        let what = format!("{what} {out}x{inputs} g{group}");
         assert!(
             job.out_bytes() >= 8 << 20,
             "{what}: {} bytes are not streamed",
