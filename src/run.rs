@@ -69,6 +69,10 @@ pub struct Dequantize<'a> {
     pub(crate) note: Box<dyn FnMut(Note<'_>) + 'a>,
     canceller: Canceller,
     delete_downloaded: bool,
+    resume: bool,
+    /// Output files an earlier run finished (`resume`), which `stream`
+    /// skips.
+    finished: Option<std::sync::Arc<writer::Journal>>,
     /// Stored input bytes a `stream` batch loads at most, when not its own.
     pub(crate) batch_bytes: Option<usize>,
 }
@@ -94,6 +98,8 @@ impl<'a> Dequantize<'a> {
             note: Box::new(|_| {}),
             canceller: Canceller::default(),
             delete_downloaded: false,
+            resume: false,
+            finished: None,
             batch_bytes: None,
         }
     }
@@ -176,6 +182,17 @@ impl<'a> Dequantize<'a> {
         self
     }
 
+    /// Continue an interrupted run of the same job into the same output:
+    /// the output files it finished (whose bytes still have the SHA-256
+    /// recorded when they were written) are kept, the rest is written, and
+    /// the result is what an uninterrupted run writes. If this run fails or
+    /// is interrupted too, the files it finished stay for the next one (in
+    /// the output's staging folder), instead of being removed.
+    pub fn resume(mut self, resume: bool) -> Self {
+        self.resume = resume;
+        self
+    }
+
     /// Stored input bytes a `stream` batch loads at most (the tests make
     /// it small to cross batch boundaries on small checkpoints).
     #[cfg(feature = "testing")]
@@ -246,17 +263,15 @@ impl<'a> Dequantize<'a> {
         let ckpt = Checkpoint::open(input)?;
         let plan = self.plan(&ckpt)?;
         let out = output.as_ref();
-        let dir = match self.shards.take() {
-            Some(list) => {
-                let names = list
-                    .iter()
+        let shards = match self.shards.take() {
+            Some(list) => Some(
+                list.iter()
                     .map(|s| ckpt.shard_file_name(s).map(str::to_string))
-                    .collect::<Result<Vec<_>>>()?;
-                OutputDir::for_shards(out, names)?
-            }
-            None if self.force => OutputDir::force(out)?,
-            None => OutputDir::create(out)?,
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            None => None,
         };
+        let dir = OutputDir::open(out, self.force, shards, self.resume)?;
         let dir = match self.max_shard_size {
             Some(max) => dir.with_max_shard_size(max),
             None => dir,
@@ -280,12 +295,20 @@ impl Dequantize<'_> {
     /// dense files, read through a [`Fetcher`](crate::hub::Fetcher)
     /// (shards one ahead of the decoder), written part by part.
     fn run_hub(mut self, remote: &crate::hub::Remote, out: &Path) -> Result<Summary> {
-        let dir = if self.force {
-            OutputDir::force(out)?
-        } else {
-            OutputDir::create(out)?
+        let dir = OutputDir::open(out, self.force, None, self.resume)?;
+        // The pinned commit is the input, and these choices all that
+        // shapes the output.
+        let key = || {
+            let o = &self.options;
+            let choices = (o.dtype, self.max_shard_size, self.keep_names);
+            format!(
+                "{} {} {choices:?}",
+                env!("CARGO_PKG_VERSION"),
+                remote.pinned()
+            )
         };
-        let mut w = dir.cancelled_by(&self.canceller).parts()?;
+        let mut w = dir.cancelled_by(&self.canceller).parts(key)?;
+        self.finished = w.journal();
         let fetcher =
             crate::hub::Fetcher::new(remote, out, std::mem::take(&mut self.delete_downloaded))?;
         let mut failed = None;
@@ -437,9 +460,58 @@ impl Dequantize<'_> {
             let (schedule, summary, tally) = schedule(&plan, self.max_shard_size)?;
             (backend, schedule, summary, tally)
         };
-        files.planned(summary.tensor_bytes)?;
+        // The files an earlier run finished are kept, and their inputs
+        // are not read.
+        let mut finished = BTreeSet::new();
+        if let Some(journal) = &self.finished {
+            for file in &schedule {
+                if let OutFile::Shard(name, ..) = file {
+                    if journal.done(name)? {
+                        finished.insert(name.clone());
+                    }
+                }
+            }
+            let mut needed = BTreeSet::new();
+            let mut all = BTreeSet::new();
+            for file in &schedule {
+                let OutFile::Shard(name, _, tensors) = file else {
+                    continue;
+                };
+                for t in tensors {
+                    let files = t.copy.iter().map(|(f, _)| f.clone());
+                    let files =
+                        files.chain(t.inputs.iter().filter_map(|(input, _)| {
+                            ckpt.location(input).map(|(f, _)| f.to_string())
+                        }));
+                    for f in files {
+                        all.insert(f.clone());
+                        if !finished.contains(name) {
+                            needed.insert(f);
+                        }
+                    }
+                }
+            }
+            files.skip(&all.difference(&needed).cloned().collect());
+        }
+        let to_write: u64 = schedule
+            .iter()
+            .filter_map(|f| match f {
+                OutFile::Shard(name, header, tensors) if !finished.contains(name) => {
+                    Some(header.len() as u64 + tensors.iter().map(|t| t.bytes).sum::<u64>())
+                }
+                _ => None,
+            })
+            .sum();
+        files.planned(to_write)?;
         for file in schedule {
             let (name, header, tensors) = match file {
+                OutFile::Shard(name, _, tensors) if finished.contains(&name) => {
+                    for t in &tensors {
+                        (self.progress)(&tally.step(&t.name, t.bytes, true));
+                    }
+                    summary.files.push(name.into());
+                    continue;
+                }
                 OutFile::Shard(name, header, tensors) => (name, header, tensors),
                 OutFile::Bytes(name, bytes) => {
                     emit(&name, Part::Bytes(bytes));

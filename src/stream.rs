@@ -36,6 +36,12 @@ pub trait Files {
         let _ = out_bytes;
         Ok(())
     }
+
+    /// Files `names` will not be read: the output files made from them
+    /// were finished by an earlier run (`--resume`).
+    fn skip(&self, names: &std::collections::BTreeSet<String>) {
+        let _ = names;
+    }
 }
 
 /// A piece of a dense output file, in file order.

@@ -554,6 +554,8 @@ struct Fetch {
     at: usize,
     /// How each shard's fetch ended.
     done: Vec<Option<Result<bool>>>,
+    /// Shards the run will not read (`Files::skip`).
+    skipped: Vec<bool>,
     /// Bytes of this run's downloads now in the cache.
     held: u64,
     fetched: Fetched,
@@ -584,6 +586,7 @@ impl<'r> Fetcher<'r> {
             .collect::<Result<Vec<_>>>()?;
         let state = Fetch {
             done: (0..order.len()).map(|_| None).collect(),
+            skipped: vec![false; order.len()],
             ..Fetch::default()
         };
         Ok(Fetcher {
@@ -600,19 +603,26 @@ impl<'r> Fetcher<'r> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Downloads the shards in order, at most one ahead of the batches;
-    /// returns when all are fetched or [`Fetcher::stop`] is called.
+    /// Downloads the shards in order, at most one ahead of the batches
+    /// (skipped ones not counted, nor fetched); returns when all are
+    /// fetched or [`Fetcher::stop`] is called.
     pub(crate) fn download(&self) {
         for (i, (name, size)) in self.order.iter().enumerate() {
             {
                 // Nothing is downloaded before planning found the
                 // checkpoint sound, then at most one shard ahead.
+                let ahead = |s: &Fetch| (s.at + 1..i).any(|k| !s.skipped[k]);
                 let mut s = self.lock();
-                while !s.stop && (!s.decoding || i > s.at + 1) {
+                while !s.stop && (!s.decoding || ahead(&s)) {
                     s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
                 }
                 if s.stop {
                     return;
+                }
+                if s.skipped[i] {
+                    s.done[i] = Some(Ok(false));
+                    self.wake.notify_all();
+                    continue;
                 }
             }
             let result = self.remote.fetched(name).map(|(_, new)| new);
@@ -712,11 +722,13 @@ impl<'r> Fetcher<'r> {
     /// file system and the shards still to download (two at a time with
     /// `delete`) in the cache's, each against its free space.
     fn check_space(&self, out_bytes: u64) -> Result<()> {
+        let skipped = self.lock().skipped.clone();
         let missing: Vec<u64> = self
             .order
             .iter()
-            .filter(|(name, _)| !self.remote.snapshot_file(name).is_file())
-            .map(|(_, size)| *size)
+            .zip(skipped)
+            .filter(|((name, _), skip)| !skip && !self.remote.snapshot_file(name).is_file())
+            .map(|((_, size), _)| *size)
             .collect();
         let mut cache_bytes: u64 = missing.iter().sum();
         if self.delete {
@@ -772,6 +784,14 @@ fn same_device(a: &Path, b: &Path) -> bool {
 }
 
 impl crate::stream::Files for Fetcher<'_> {
+    fn skip(&self, names: &std::collections::BTreeSet<String>) {
+        let mut s = self.lock();
+        for (i, (name, _)) in self.order.iter().enumerate() {
+            s.skipped[i] |= names.contains(name);
+        }
+        self.wake.notify_all();
+    }
+
     fn list(&self) -> Vec<(String, u64)> {
         crate::stream::Files::list(self.remote)
     }

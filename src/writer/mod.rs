@@ -9,6 +9,7 @@
 //! interrupted run is undone.
 
 mod header;
+mod journal;
 pub mod json;
 mod layout;
 mod parts;
@@ -27,6 +28,8 @@ pub use layout::{json_files, shard_files, ShardFile};
 pub use parts::{merge_index, Merged, PART_SUFFIX};
 use pipeline::write_shard;
 pub use pipeline::row_pieces;
+use journal::Hashing;
+pub use journal::Journal;
 pub use staging::interrupt;
 use staging::{Mode, Staging};
 
@@ -200,24 +203,14 @@ impl OutputDir {
     /// Claims `out`, creating it (and missing parents) when needed; refuses a
     /// non-empty directory with `OUT-001`.
     pub fn create(out: &Path) -> Result<OutputDir> {
-        Ok(OutputDir {
-            staging: Staging::new(out, Mode::Fresh)?,
-            shards: None,
-            max_shard_size: None,
-            cancelled: Arc::default(),
-        })
+        OutputDir::open(out, false, None, false)
     }
 
     /// Claims `out` even when it holds files (`--force`): files of the same
     /// names are replaced when everything succeeded (and kept when anything
     /// failed); other files are left alone.
     pub fn force(out: &Path) -> Result<OutputDir> {
-        Ok(OutputDir {
-            staging: Staging::new(out, Mode::Force)?,
-            shards: None,
-            max_shard_size: None,
-            cancelled: Arc::default(),
-        })
+        OutputDir::open(out, true, None, false)
     }
 
     /// Claims `out` for the output of input shards `shards` only (file names),
@@ -226,13 +219,30 @@ impl OutputDir {
     /// (`<first shard>.index-part.json`) instead of the index, and
     /// [`merge_index`] joins the parts when all runs are done.
     pub fn for_shards(out: &Path, shards: Vec<String>) -> Result<OutputDir> {
-        let tag = shards
-            .first()
-            .map(|f| f.trim_end_matches(".safetensors").to_string())
-            .ok_or_else(|| Error::bare(Rule::Argument, "--shards: names no shard"))?;
+        OutputDir::open(out, false, Some(shards), false)
+    }
+
+    /// Claims `out` as [`OutputDir::force`] (`force`), [`OutputDir::for_shards`]
+    /// (`shards`) or [`OutputDir::create`] do; with `resume`, an earlier
+    /// run's staging folder is taken over: the output files it finished
+    /// (recorded with their SHA-256 in its journal, and still of those
+    /// bytes) are kept, and this run's own finished files are kept for the
+    /// next `resume` run if it fails or is interrupted too.
+    pub fn open(out: &Path, force: bool, shards: Option<Vec<String>>, resume: bool) -> Result<OutputDir> {
+        let staging = match (&shards, force) {
+            (Some(list), _) => {
+                let tag = list
+                    .first()
+                    .map(|f| f.trim_end_matches(".safetensors").to_string())
+                    .ok_or_else(|| Error::bare(Rule::Argument, "--shards: names no shard"))?;
+                Staging::new(out, Mode::Shared(&tag), resume)?
+            }
+            (None, true) => Staging::new(out, Mode::Force, resume)?,
+            (None, false) => Staging::new(out, Mode::Fresh, resume)?,
+        };
         Ok(OutputDir {
-            staging: Staging::new(out, Mode::Shared(&tag))?,
-            shards: Some(shards),
+            staging,
+            shards,
             max_shard_size: None,
             cancelled: Arc::default(),
         })
@@ -326,6 +336,7 @@ fn write_into(
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
     let shards = shard_files(plan, only, max_shard_size)?;
+    let journal = staging.journal(|| job_key(plan, &shards))?;
     let mut tally = Tally::of(&shards);
     let mut progress = |tensor: &str, bytes, done| progress(tally.step(tensor, bytes, done));
     // Each file is synced to disk on a thread of its own while the next is
@@ -333,7 +344,16 @@ fn write_into(
     std::thread::scope(|scope| -> Result<()> {
         let mut syncs = Vec::new();
         for file in &shards {
-            let (path, mut w) = create(&staging, &file.name)?;
+            if let Some(j) = &journal {
+                if j.done(&file.name)? {
+                    for t in &file.tensors {
+                        progress(&t.name, t.byte_len() as u64, true);
+                    }
+                    continue;
+                }
+            }
+            let (path, w) = create(&staging, &file.name)?;
+            let mut w = Hashing::new(w, journal.is_some());
             w.write_all(&file.header)
                 .map_err(|e| Error::io(&path, "cannot write", e))?;
             let w = write_shard(
@@ -345,10 +365,16 @@ fn write_into(
                 w,
                 &mut progress,
             )?;
+            let (w, len, sha256) = w.finish();
             let f = flush(&path, w)?;
-            syncs.push(
-                scope.spawn(move || f.sync_all().map_err(|e| Error::io(&path, "cannot sync", e))),
-            );
+            let (journal, name) = (journal.as_ref(), &file.name);
+            syncs.push(scope.spawn(move || {
+                f.sync_all().map_err(|e| Error::io(&path, "cannot sync", e))?;
+                match (journal, sha256) {
+                    (Some(j), Some(sha256)) => j.record(name, len, &sha256),
+                    _ => Ok(()),
+                }
+            }));
         }
         for s in syncs {
             s.join()
@@ -393,6 +419,38 @@ fn write_into(
     Ok(summary)
 }
 
+/// The key of the job that writes `shards` of `plan` (what a `--resume`
+/// run must share with the run it continues): this tool's version, the
+/// input files (names, sizes and modification times) and every output
+/// file's name and header.
+fn job_key(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> String {
+    use sha2::{Digest, Sha256};
+    let ckpt = plan.checkpoint;
+    let mut h = Sha256::new();
+    h.update(env!("CARGO_PKG_VERSION"));
+    let jsons = [&ckpt.index, &ckpt.config, &ckpt.hf_quant_config, &ckpt.svdquant_config];
+    let inputs = ckpt.shards.iter().map(|s| s.path.as_path());
+    let inputs = inputs.chain(jsons.into_iter().flatten().map(|j| j.path.as_path()));
+    for path in inputs.chain(plan.side_files.iter().map(|(p, _)| p.as_path())) {
+        let meta = std::fs::metadata(path).ok();
+        let modified = meta.as_ref().and_then(|m| m.modified().ok());
+        let since = modified.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        let stamp = format!(
+            "{}\0{}\0{}\0",
+            path.display(),
+            meta.map_or(0, |m| m.len()),
+            since.map_or(0, |d| d.as_nanos())
+        );
+        h.update(stamp);
+    }
+    for file in shards {
+        h.update(&file.name);
+        h.update([0]);
+        h.update(&file.header);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A dense checkpoint written file after file from the parts a stream of
 /// it hands over ([`Part`](crate::stream::Part)), staged and committed as
 /// [`OutputDir::write`] stages and commits: what a run over a checkpoint
@@ -401,25 +459,35 @@ pub(crate) struct PartWriter {
     staging: Staging,
     cancelled: Arc<AtomicBool>,
     /// The file being written.
-    open: Option<(String, PathBuf, BufWriter<File>)>,
+    open: Option<(String, PathBuf, Hashing<BufWriter<File>>)>,
+    /// A `--resume` run's record of its finished files.
+    journal: Option<Arc<Journal>>,
 }
 
 impl OutputDir {
-    /// This directory, written part by part. `--shards` runs are for
-    /// [`OutputDir::write`], which writes their partial index.
-    pub(crate) fn parts(self) -> Result<PartWriter> {
+    /// This directory, written part by part, for the job of key `key` (what
+    /// a `--resume` run must share with the run it continues). `--shards`
+    /// runs are for [`OutputDir::write`], which writes their partial index.
+    pub(crate) fn parts(self, key: impl FnOnce() -> String) -> Result<PartWriter> {
         if self.shards.is_some() {
             return Err(Error::bare(Rule::Internal, "a --shards run written part by part"));
         }
+        let journal = self.staging.journal(key)?.map(Arc::new);
         Ok(PartWriter {
             staging: self.staging,
             cancelled: self.cancelled,
             open: None,
+            journal,
         })
     }
 }
 
 impl PartWriter {
+    /// A `--resume` run's record: the files an earlier run finished.
+    pub(crate) fn journal(&self) -> Option<Arc<Journal>> {
+        self.journal.clone()
+    }
+
     /// The file `name`, created (and the one before it finished) when it is
     /// not the one being written.
     pub(crate) fn file(&mut self, name: &str) -> Result<&mut dyn Write> {
@@ -427,6 +495,7 @@ impl PartWriter {
         if self.open.as_ref().is_none_or(|(n, ..)| n != name) {
             self.close()?;
             let (path, w) = create(&self.staging, name)?;
+            let w = Hashing::new(w, self.journal.is_some());
             self.open = Some((name.to_string(), path, w));
         }
         match &mut self.open {
@@ -444,9 +513,14 @@ impl PartWriter {
     }
 
     fn close(&mut self) -> Result<()> {
-        match self.open.take() {
-            Some((_, path, w)) => finish(&path, w),
-            None => Ok(()),
+        let Some((name, path, w)) = self.open.take() else {
+            return Ok(());
+        };
+        let (w, len, sha256) = w.finish();
+        finish(&path, w)?;
+        match (&self.journal, sha256) {
+            (Some(j), Some(sha256)) => j.record(&name, len, &sha256),
+            _ => Ok(()),
         }
     }
 

@@ -2,8 +2,7 @@
 //! pieces (a helper decodes ahead when the backend can), a second one writes
 //! them, and inputs leave memory once used.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
@@ -267,20 +266,20 @@ fn send_pieces<'a>(
 /// Streams `tensors` into `w`: this thread decodes, a second one writes.
 /// Inputs leave resident memory once used, so memory stays bounded by a few
 /// chunks, not by the checkpoint.
-pub(super) fn write_shard(
+pub(super) fn write_shard<W: Write + Send>(
     ckpt: &Checkpoint,
     tensors: &[&Output<'_>],
     backend: &dyn Backend,
     cancelled: &AtomicBool,
     path: &Path,
-    mut w: BufWriter<File>,
+    mut w: W,
     progress: &mut impl FnMut(&str, u64, bool),
-) -> Result<BufWriter<File>> {
+) -> Result<W> {
     std::thread::scope(|scope| {
         // Two chunks queued at most: one being written, one waiting.
         let (tx, rx) = sync_channel::<Made<'_>>(1);
         let (spare_tx, spare) = channel::<Buffer>();
-        let writer = scope.spawn(move || -> std::io::Result<BufWriter<File>> {
+        let writer = scope.spawn(move || -> std::io::Result<W> {
             for piece in rx {
                 match piece {
                     Made::Owned(buf) => {

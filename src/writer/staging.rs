@@ -61,6 +61,9 @@ struct State {
     replaced: Vec<(PathBuf, PathBuf)>,
     /// Committed, or rolled back: nothing more may happen.
     finished: bool,
+    /// A `--resume` run: a rollback keeps the staging folder (the files
+    /// it finished, for the next `--resume` run) and what it moved.
+    keep: bool,
 }
 
 impl State {
@@ -73,9 +76,17 @@ impl State {
         Ok(())
     }
 
-    /// Undoes everything this run did in the output directory.
+    /// Undoes everything this run did in the output directory; a
+    /// `--resume` run only puts back the files it was replacing.
     fn rollback(&mut self) {
         if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        if self.keep {
+            for (backup, original) in &self.replaced {
+                let _ = fs::rename(backup, original);
+            }
+            self.lock = None;
             return;
         }
         for f in &self.moved {
@@ -130,13 +141,21 @@ pub(super) struct Staging {
     shared: bool,
     /// Files of the same names are replaced (`--force`).
     force: bool,
+    /// An earlier run's staging folder is taken over, not removed
+    /// (`--resume`).
+    resume: bool,
 }
 
 impl Staging {
     /// Claims a staging folder in `out` as `mode` allows, creating `out` (and
-    /// its missing parents) when needed.
-    pub(super) fn new(out: &Path, mode: Mode<'_>) -> Result<Staging> {
-        let state = Arc::new(Mutex::new(State::default()));
+    /// its missing parents) when needed; with `resume`, the one an earlier
+    /// run left (interrupted, killed) is taken over with what it holds, and
+    /// kept if this run fails too.
+    pub(super) fn new(out: &Path, mode: Mode<'_>, resume: bool) -> Result<Staging> {
+        let state = Arc::new(Mutex::new(State {
+            keep: resume,
+            ..State::default()
+        }));
         {
             let mut active = lock(&ACTIVE);
             if INTERRUPTED.load(Ordering::SeqCst) {
@@ -154,6 +173,7 @@ impl Staging {
             dir,
             shared: matches!(mode, Mode::Shared(_)),
             force: mode == Mode::Force,
+            resume,
         };
         match fs::read_dir(out) {
             Ok(entries) if mode == Mode::Fresh => staging.require_empty(entries)?,
@@ -170,11 +190,19 @@ impl Staging {
         &self.out
     }
 
-    /// Fails unless `out` holds nothing but what killed runs left.
+    /// Fails unless `out` holds nothing but what killed runs left (with
+    /// `resume`: its staging folder, and the files that folder's journal
+    /// lists, which a run killed while committing had moved).
     fn require_empty(&self, entries: fs::ReadDir) -> Result<()> {
+        let journaled = |name: &std::ffi::OsStr| {
+            self.resume && super::journal::lists(&self.dir, &name.to_string_lossy())
+        };
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.out, "cannot list", e))?;
             let name = entry.file_name();
+            if self.resume && entry.path() == self.dir || journaled(&name) {
+                continue;
+            }
             if !name.to_string_lossy().starts_with(STAGING) {
                 return Err(Error::new(
                     Rule::Output,
@@ -224,12 +252,59 @@ impl Staging {
                         state.lock = Some(file);
                         return Ok(());
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && self.resume => {
+                        return self.adopt(&mut state);
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(Error::io(&self.dir, "cannot create staging folder", e)),
                 }
             }
             self.clear_stale(&self.dir)?;
         }
+    }
+
+    /// Takes over the staging folder an earlier run left, unless a live run
+    /// holds it: its lock, and the files a killed `--force` commit had set
+    /// aside put back.
+    fn adopt(&self, state: &mut State) -> Result<()> {
+        let path = self.dir.join(LOCK);
+        let mut file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io(&path, "cannot open", e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(self.busy(&file)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, "cannot lock", e)),
+        }
+        file.set_len(0)
+            .map_err(|e| Error::io(&path, "cannot write", e))?;
+        let _ = writeln!(file, "{}", std::process::id());
+        restore_replaced(&self.dir, &self.out);
+        let _ = fs::remove_dir_all(self.dir.join(REPLACED));
+        state.dir = Some(self.dir.clone());
+        state.lock = Some(file);
+        Ok(())
+    }
+
+    /// The refusal of a staging folder whose lock `file` a live run holds.
+    fn busy(&self, file: &File) -> Error {
+        let mut pid = String::new();
+        let _ = (&*file).read_to_string(&mut pid);
+        let pid = pid.trim();
+        let who = if pid.is_empty() {
+            "another wgpu-dequant run".to_string()
+        } else {
+            format!("another wgpu-dequant run (pid {pid})")
+        };
+        Error::new(
+            Rule::Output,
+            &self.out,
+            format!("{who} is writing here; wait for it to finish or choose another directory"),
+        )
     }
 
     /// Removes `path`, a folder this tool left in the output directory, unless
@@ -258,21 +333,7 @@ impl Staging {
         if let Some(file) = &held {
             match file.try_lock() {
                 Ok(()) => {}
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    let mut pid = String::new();
-                    let _ = (&*file).read_to_string(&mut pid);
-                    let pid = pid.trim();
-                    let who = if pid.is_empty() {
-                        "another wgpu-dequant run".to_string()
-                    } else {
-                        format!("another wgpu-dequant run (pid {pid})")
-                    };
-                    return Err(Error::new(
-                        Rule::Output,
-                        &self.out,
-                        format!("{who} is writing here; wait for it to finish or choose another directory"),
-                    ));
-                }
+                Err(std::fs::TryLockError::WouldBlock) => return Err(self.busy(file)),
                 Err(std::fs::TryLockError::Error(e)) => {
                     return Err(Error::io(&lock_path, "cannot lock", e))
                 }
@@ -299,6 +360,28 @@ impl Staging {
         restore_replaced(&aside, &self.out);
         fs::remove_dir_all(&aside)
             .map_err(|e| Error::io(&aside, "cannot remove stale staging folder", e))
+    }
+
+    /// The journal of a `--resume` run, for the job of key `key` (what an
+    /// earlier run of that job finished); none for other runs.
+    pub(super) fn journal(&self, key: impl FnOnce() -> String) -> Result<Option<super::Journal>> {
+        if !self.resume {
+            return Ok(None);
+        }
+        let journal = super::Journal::open(&self.dir, &key());
+        // What the journal does not list is another job's, or was cut off
+        // mid-write: it would be committed with the rest.
+        let entries = fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = name == LOCK || name == REPLACED || name.starts_with(super::journal::JOURNAL);
+            if !ours && !journal.lists(&name) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| Error::io(&path, "cannot remove", e))?;
+            }
+        }
+        Ok(Some(journal))
     }
 
     /// Creates file `name` in the staging folder.
@@ -332,7 +415,7 @@ impl Staging {
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
             let name = entry.file_name();
-            if name != LOCK && name != REPLACED {
+            if name != LOCK && name != REPLACED && !name.to_string_lossy().starts_with(super::journal::JOURNAL) {
                 staged.push((entry.path(), self.out.join(name)));
             }
         }

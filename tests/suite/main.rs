@@ -21,6 +21,7 @@ mod interruption;
 mod model;
 mod moe;
 mod rejections;
+mod resume;
 mod scale;
 mod sparse;
 mod stream;

@@ -83,9 +83,11 @@ impl NativeCheckpoint {
 /// Writes the dense checkpoint of `path` into `out`, as the CLI does;
 /// returns the summary as JSON. `progress`, when not None, is called with
 /// `(done_bytes, total_bytes, tensor)` after every piece. Ctrl-C cancels the
-/// run and leaves nothing.
+/// run and leaves nothing (with `resume`: what it finished, for the next
+/// resumed run).
 #[pyfunction]
-#[pyo3(signature = (path, out, dtype, backend, force, progress))]
+#[pyo3(signature = (path, out, dtype, backend, force, progress, resume = false))]
+#[allow(clippy::too_many_arguments)]
 fn dequantize(
     py: Python<'_>,
     path: &str,
@@ -94,6 +96,7 @@ fn dequantize(
     backend: &str,
     force: bool,
     progress: Option<Py<PyAny>>,
+    resume: bool,
 ) -> PyResult<String> {
     let dtype: DtypeChoice = dtype.parse().map_err(py_err)?;
     let choice: BackendChoice = backend.parse().map_err(py_err)?;
@@ -115,6 +118,7 @@ fn dequantize(
             .dtype(dtype)
             .backend(choice)
             .force(force)
+            .resume(resume)
             .canceller(cancel)
             .on_progress(on_progress)
             .run(path, out)

@@ -80,6 +80,20 @@ def test_dequantize_writes_the_clis_files(model, tmp_path):
     assert summary["decoded"] > 0 or "fp8" in str(model)
 
 
+def test_dequantize_with_resume_writes_the_clis_files(tmp_path):
+    """resume=True reaches the run (what it keeps of an interrupted one is
+    the Rust suite's to check): into a new folder it writes the CLI's files,
+    and a finished output is not a run to resume (OUT-001)."""
+    model = FIXTURES[0]
+    want = cli_dense(model, tmp_path / "cli")
+    out = tmp_path / "py"
+    wdq.dequantize(model, out, backend="cpu", resume=True)
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == want
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.dequantize(model, out, backend="cpu", resume=True)
+    assert e.value.rule == "OUT-001"
+
+
 @pytest.mark.parametrize("case", ["bnb-nf4-dq-bf16", "bnb-int8-bf16"])
 @pytest.mark.parametrize("dtype", ["auto", "f32"])
 def test_bnb_load_file_gives_the_transformers_dequantize_bytes(case, dtype):

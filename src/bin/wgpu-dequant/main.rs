@@ -80,6 +80,12 @@ enum Command {
         /// once written out: the cache holds about two shards at a time.
         #[arg(long)]
         delete_downloaded: bool,
+        /// Continue an interrupted run into the same OUT: the output files it
+        /// finished (their bytes checked against the SHA-256 recorded when
+        /// they were written) are kept, the rest is written; if this run is
+        /// interrupted too, what it finished stays for the next --resume.
+        #[arg(long)]
+        resume: bool,
         /// Print the summary as JSON on stdout (files written, tensors, and
         /// for a Hub id what was downloaded, reused and removed).
         #[arg(long)]
@@ -252,6 +258,7 @@ fn main() -> ExitCode {
             max_shard_size,
             keep_names,
             delete_downloaded,
+            resume,
             json,
         } => {
             let mut run = Dequantize::new()
@@ -259,7 +266,8 @@ fn main() -> ExitCode {
                 .backend(backend.into())
                 .force(force)
                 .keep_names(keep_names)
-                .delete_downloaded(delete_downloaded);
+                .delete_downloaded(delete_downloaded)
+                .resume(resume);
             if let Some(shards) = shards {
                 run = run.shards(shards);
             }

@@ -146,16 +146,22 @@ class _Bar:
             print(file=sys.stderr)
 
 
-def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False, revision=None):
+def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False, revision=None,
+               resume=False):
     """Writes the dense checkpoint of ``path`` into ``out`` as the CLI does and
     returns its summary. Ctrl-C stops it and leaves nothing behind.
+
+    ``resume``: continue an interrupted run into the same ``out`` (the files it
+    finished are kept); what this run finishes stays for the next one if it
+    is interrupted too (``--resume``).
 
     ``progress``: ``True`` for a bar (tqdm's, when installed), or a callable
     ``progress(done_bytes, total_bytes, tensor)`` called after every piece."""
     bar = _Bar() if progress is True else None
     callback = bar or (progress if callable(progress) else None)
     try:
-        text = _native.dequantize(_source(path, revision), str(out), dtype, backend, force, callback)
+        text = _native.dequantize(_source(path, revision), str(out), dtype, backend, force, callback,
+                                  resume)
     finally:
         if bar is not None:
             bar.close()

@@ -1,0 +1,398 @@
+//! `dequantize --resume`: a run interrupted at any point (cancelled, or
+//! killed with SIGKILL) and then resumed writes what one uninterrupted run
+//! writes, byte for byte; the output files the first run finished are kept
+//! (the same files, not rewritten), a finished file whose bytes changed is
+//! written again, and a journal of another job keeps nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::common::cli::ok;
+use crate::common::{bin, ct_config, write_json, write_safetensors, Rng, Tensor};
+use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, OutDtype, Rule};
+
+const STAGING: &str = ".wgpu-dequant-partial";
+
+/// A W4A16 group-128 checkpoint of `n` shards, each one Linear of
+/// `rows × cols` (random codes, moderate scales), with its index.
+fn checkpoint(dir: &Path, n: usize, (rows, cols): (usize, usize)) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut rng = Rng::new(0x5EED_0A11_2E50_0001);
+    let mut map = serde_json::Map::new();
+    let mut shards = Vec::new();
+    for i in 0..n {
+        let m = format!("model.layers.{i}.mlp.down_proj");
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.next() as u8).collect();
+        let scale: Vec<u8> = (0..rows * cols / 128)
+            .flat_map(|_| (0x3C00u16 + rng.below(0x200) as u16).to_le_bytes())
+            .collect();
+        let shape: Vec<u8> = [rows as i64, cols as i64]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let tensors = [
+            Tensor::new(
+                format!("{m}.weight_packed"),
+                "I32",
+                &[rows, cols / 8],
+                packed,
+            ),
+            Tensor::new(
+                format!("{m}.weight_scale"),
+                "BF16",
+                &[rows, cols / 128],
+                scale,
+            ),
+            Tensor::new(format!("{m}.weight_shape"), "I64", &[2], shape),
+        ];
+        let file = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
+        write_safetensors(&dir.join(&file), &tensors);
+        for t in &tensors {
+            map.insert(t.name.clone(), json!(file));
+        }
+        shards.push(file);
+    }
+    write_json(
+        &dir.join("model.safetensors.index.json"),
+        &json!({"metadata": {}, "weight_map": map}),
+    );
+    let qc = ct_config(
+        "pack-quantized",
+        json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 128}),
+        "0.19.0",
+    );
+    write_json(
+        &dir.join("config.json"),
+        &json!({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "quantization_config": qc}),
+    );
+    shards
+}
+
+/// Every file of a folder (not its subfolders) and its bytes.
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that `got` holds `want`'s files and bytes, naming the ones that
+/// differ.
+fn assert_files(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>, what: &str) {
+    let names: std::collections::BTreeSet<&String> = got.keys().chain(want.keys()).collect();
+    let differ: Vec<&&String> = names
+        .iter()
+        .filter(|n| got.get(**n) != want.get(**n))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "{what}: these files differ from one plain run's: {differ:?}"
+    );
+}
+
+/// The files a staging folder's journal lists as finished.
+fn journaled(staging: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(staging.join(".journal.json")) else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["files"].as_object().unwrap().keys().cloned().collect()
+}
+
+/// When `p` was last written (a rename keeps it; writing again does not).
+fn written(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p).unwrap().modified().unwrap()
+}
+
+/// The library run of `input` into `out` with `resume`, cancelled after
+/// `cancel_after` output tensors (never with `None`).
+fn run(
+    input: &Path,
+    out: &Path,
+    resume: bool,
+    max: Option<u64>,
+    cancel_after: Option<usize>,
+) -> wgpu_dequant::Result<()> {
+    let canceller = wgpu_dequant::Canceller::default();
+    let c = canceller.clone();
+    let mut done = 0;
+    let mut run = Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .resume(resume)
+        .canceller(canceller)
+        .on_progress(move |p| {
+            done += usize::from(p.done);
+            if Some(done) == cancel_after {
+                c.cancel();
+            }
+        });
+    if let Some(max) = max {
+        run = run.max_shard_size(max);
+    }
+    run.run(input, out).map(|_| ())
+}
+
+/// Cancelled after every number of tensors in turn, with the input's
+/// sharding and re-sharded, then resumed: the bytes of one plain run, the
+/// files the interrupted run finished kept as they were.
+#[test]
+fn resumed_runs_equal_one_run_and_keep_what_was_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    checkpoint(&input, 4, (64, 256));
+    for max in [None, Some(20_000)] {
+        let reference = tmp.path().join(format!("reference-{max:?}"));
+        run(&input, &reference, false, max, None).unwrap();
+        let want = files(&reference);
+        for cancel_after in 1..=4 {
+            let what = format!("max {max:?}, cancelled after {cancel_after}");
+            let out = tmp.path().join(format!("out-{max:?}-{cancel_after}"));
+            let e = run(&input, &out, true, max, Some(cancel_after)).unwrap_err();
+            assert_eq!(e.rule, Rule::Cancelled, "{what}: {e}");
+            // Nothing in the output but the staging folder, which keeps
+            // what was finished.
+            let staging = out.join(STAGING);
+            assert_eq!(files(&out).len(), 0, "{what}");
+            let kept = journaled(&staging);
+            assert!(
+                !kept.is_empty() || cancel_after == 1,
+                "{what}: nothing journaled"
+            );
+            let stamps: Vec<_> = kept.iter().map(|f| written(&staging.join(f))).collect();
+            run(&input, &out, true, max, None).unwrap();
+            assert_files(&files(&out), &want, &what);
+            assert!(!staging.exists(), "{what}: staging folder left");
+            for (f, stamp) in kept.iter().zip(stamps) {
+                assert_eq!(
+                    written(&out.join(f)),
+                    stamp,
+                    "{what}: {f} was written again"
+                );
+            }
+        }
+    }
+}
+
+/// A finished file whose bytes changed since is written again; a journal
+/// of another job (another dtype) keeps nothing; a staged file the journal
+/// does not list never reaches the output; without `--resume` an earlier
+/// run's staging folder is removed and everything written anew.
+#[test]
+fn resume_keeps_only_files_of_the_same_job_with_their_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let shards = checkpoint(&input, 3, (64, 256));
+    let reference = tmp.path().join("reference");
+    run(&input, &reference, false, None, None).unwrap();
+    let want = files(&reference);
+    let interrupted = |out: &Path| {
+        run(&input, out, true, None, Some(2)).unwrap_err();
+        let staging = out.join(STAGING);
+        assert!(
+            journaled(&staging).contains(&shards[0]),
+            "{:?}",
+            journaled(&staging)
+        );
+        staging
+    };
+
+    // A byte of a finished file flipped: written again.
+    let out = tmp.path().join("flipped");
+    let staging = interrupted(&out);
+    let f = staging.join(&shards[0]);
+    let mut bytes = std::fs::read(&f).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&f, bytes).unwrap();
+    run(&input, &out, true, None, None).unwrap();
+    assert_files(&files(&out), &want, "flipped byte");
+
+    // Another dtype: the journal's key differs, nothing is kept.
+    let out = tmp.path().join("f32");
+    let staging = interrupted(&out);
+    let f = staging.join(&shards[0]);
+    let before = written(&f);
+    let want_f32 = tmp.path().join("reference-f32");
+    Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .dtype(DtypeChoice::Fixed(OutDtype::F32))
+        .run(&input, &want_f32)
+        .unwrap();
+    Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .dtype(DtypeChoice::Fixed(OutDtype::F32))
+        .resume(true)
+        .run(&input, &out)
+        .unwrap();
+    assert_files(&files(&out), &files(&want_f32), "another dtype");
+    assert_ne!(
+        written(&out.join(&shards[0])),
+        before,
+        "another job's file was kept"
+    );
+
+    // A file the journal does not list (cut off while written, or another
+    // job's) never reaches the output.
+    let out = tmp.path().join("stray");
+    let staging = interrupted(&out);
+    std::fs::write(
+        staging.join("model-00009-of-00009.safetensors"),
+        b"half a file",
+    )
+    .unwrap();
+    run(&input, &out, true, None, None).unwrap();
+    assert_files(&files(&out), &want, "a stray file in the staging folder");
+
+    // Without --resume: the staging folder goes, all is written.
+    let out = tmp.path().join("plain");
+    interrupted(&out);
+    run(&input, &out, false, None, None).unwrap();
+    assert_files(&files(&out), &want, "plain run after an interrupted one");
+}
+
+/// The command line killed with SIGKILL after one and after three of five
+/// output files, then run again with `--resume`: the bytes of one plain run;
+/// `--shards` jobs resume the same way.
+#[cfg(unix)]
+#[test]
+fn resume_after_sigkill_equals_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let shards = checkpoint(&input, 5, (1024, 2048));
+    let cli = |out: &Path, extra: &[&str]| {
+        let mut cmd = Command::new(bin());
+        cmd.args([
+            "dequantize",
+            input.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args(["--backend", "cpu", "--quiet", "--resume"])
+        .args(extra);
+        cmd
+    };
+    let reference = tmp.path().join("reference");
+    ok(&cli(&reference, &[]).output().unwrap(), "plain run");
+    let want = files(&reference);
+    let cases: [(&str, usize, Vec<String>); 3] = [
+        ("after one file", 1, vec![]),
+        ("after three files", 3, vec![]),
+        (
+            "a --shards job after one file",
+            1,
+            vec!["--shards".into(), shards[..3].join(",")],
+        ),
+    ];
+    for (what, after, extra) in cases {
+        let out = tmp.path().join(what.replace(' ', "-"));
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let staging: PathBuf = match extra.is_empty() {
+            true => out.join(STAGING),
+            false => out.join(format!(
+                "{STAGING}-{}",
+                shards[0].trim_end_matches(".safetensors")
+            )),
+        };
+        let mut child = cli(&out, &extra).spawn().unwrap();
+        // Stopped the moment the journal lists enough files, then killed.
+        loop {
+            if journaled(&staging).len() >= after {
+                let pid = child.id().to_string();
+                Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+                Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+                break;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("{what}: the run ended ({status}) before {after} files were journaled");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let _ = child.wait();
+        assert!(
+            journaled(&staging).len() < shards.len(),
+            "{what}: killed too late"
+        );
+        ok(&cli(&out, &extra).output().unwrap(), what);
+        let got = files(&out);
+        if extra.is_empty() {
+            assert_files(&got, &want, what);
+        } else {
+            for f in &shards[..3] {
+                assert_eq!(got.get(f), want.get(f), "{what}: {f}");
+            }
+        }
+        assert!(!staging.exists(), "{what}: staging folder left");
+    }
+}
+
+/// A Hub run with `--resume --delete-downloaded` that fails on its third
+/// shard (a wrong checksum) keeps the two files it finished; resumed, it
+/// writes what a local run writes, without downloading the shards those
+/// two files were made from again.
+#[test]
+fn hub_runs_resume_without_downloading_what_was_finished() {
+    use crate::common::hub::{Faults, MockHub};
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let shards = checkpoint(&input, 4, (64, 256));
+    let reference = tmp.path().join("reference");
+    run(&input, &reference, false, None, None).unwrap();
+    let (repo, cache, out) = (
+        "org/resume",
+        tmp.path().join("cache"),
+        tmp.path().join("out"),
+    );
+    let hub = MockHub::serve(
+        repo,
+        &input,
+        Faults {
+            wrong_sha: Some(shards[2].clone()),
+            ..Faults::default()
+        },
+    );
+    let args = [
+        "dequantize",
+        repo,
+        "-o",
+        out.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ];
+    let args = [&args[..], &["--quiet", "--resume", "--delete-downloaded"]].concat();
+    let o = crate::hub::cli(&hub, &cache, &args, &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(journaled(&out.join(STAGING)), shards[..2].to_vec());
+    hub.set_faults(Faults::default());
+    let before = hub.log().len();
+    ok(
+        &crate::hub::cli(&hub, &cache, &args, &[]),
+        "resumed from the Hub",
+    );
+    assert_files(&files(&out), &files(&reference), "from the Hub");
+    let fetched: Vec<String> = hub.log()[before..]
+        .iter()
+        .filter(|h| h.method == "GET" && h.range.is_none() && h.sent > 0)
+        .map(|h| h.path.clone())
+        .collect();
+    // The CDN serves a file by its SHA-256.
+    let got = |f: &String| fetched.iter().any(|p| p.ends_with(&hub.sha(f)));
+    for done in &shards[..2] {
+        assert!(!got(done), "{done} fetched again: {fetched:?}");
+    }
+    assert!(got(&shards[2]) && got(&shards[3]), "{fetched:?}");
+}
