@@ -106,6 +106,14 @@ impl Client {
     ) -> Result<(String, Response<Body>)> {
         let mut url = url.to_string();
         for _ in 0..REDIRECTS {
+            // A server may only send us on to another HTTP(S) server.
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(Error::new(
+                    Rule::Hub,
+                    what,
+                    format!("the Hub sent us to {url}, which is not an HTTP(S) address"),
+                ));
+            }
             let resp = self.send(head, &url, range, what)?;
             if !resp.status().is_redirection() || stop(&resp) {
                 return Ok((url, resp));

@@ -374,6 +374,22 @@ impl Remote {
                 have = 0;
                 hash = Sha256::new();
             }
+            // A length that is not what is left of the file the Hub sized is
+            // a broken or hostile server's (bytes are read up to the size
+            // the Hub stated, whatever it says).
+            let stated = http::header(&resp, "content-length").map(|v| v.trim().parse::<u64>());
+            if let Some(stated) = stated.filter(|n| n.as_ref().ok() != Some(&(m.size - have))) {
+                let stated = stated.map_or_else(|_| "an unreadable".to_string(), |n| n.to_string());
+                return Err(Error::new(
+                    Rule::Hub,
+                    &shown,
+                    format!(
+                        "the server states a Content-Length of {stated} for the {} bytes left of this {}-byte file",
+                        m.size - have,
+                        m.size
+                    ),
+                ));
+            }
             let mut body = resp.into_body().into_reader().take(m.size - have);
             let cut = loop {
                 if self.stopped.load(std::sync::atomic::Ordering::Relaxed) {

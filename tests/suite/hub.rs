@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use crate::common::cli::{error_line, ok, stdout};
 use crate::common::hub::folder_bytes;
 use crate::common::hub::{Faults, MockHub};
-use crate::common::{bin, fixtures, raw_safetensors, read_tensors, sha256_hex};
+use crate::common::{bin, copy_dir, fixtures, raw_safetensors, read_tensors, sha256_hex};
 
 const REPO: &str = "org/sharded-nvfp4a16";
 
@@ -20,7 +20,7 @@ fn model() -> PathBuf {
 
 /// The CLI with the mock as its endpoint and `cache` as its cache; no
 /// token and no offline switch from the caller's environment.
-fn cli(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn cli(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(bin());
     cmd.args(args)
         .env("HF_ENDPOINT", &hub.endpoint)
@@ -491,4 +491,114 @@ fn hub_runs_refused_by_planning_download_no_shard() {
         "shards downloaded for a run that planning refused: {whole:?}"
     );
     assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+}
+
+/// Hostile servers are hostile input: a redirect loop, a redirect to
+/// another scheme, a `Content-Length` that promises more than comes, a
+/// shard whose header length is absurd and an index naming a file outside
+/// the repository are each one error line with a rule id; nothing is
+/// written outside the cache and the output, and nothing panics.
+#[test]
+fn hub_hostile_servers_are_one_line_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shard = "model-00001-of-00002.safetensors";
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let check = |hub: &MockHub, what: &str, args: &[&str], rule: &str, names: &[&str]| {
+        let cache = tmp.path().join(format!("cache-{}", what.replace(' ', "-")));
+        let out = tmp.path().join(format!("out-{}", what.replace(' ', "-")));
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| {
+                if *a == "OUT" {
+                    out.to_str().unwrap()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let o = cli(hub, &cache, &args, &[]);
+        let line = error_line(&o, what, rule, names);
+        assert!(
+            !out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(),
+            "{what}: {line}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "{what}: wrote outside"
+        );
+    };
+    let dequantize = [
+        "dequantize",
+        REPO,
+        "-o",
+        "OUT",
+        "--backend",
+        "cpu",
+        "--quiet",
+    ];
+    let serve = |dir: &Path, faults: Faults| MockHub::serve(REPO, dir, faults);
+
+    let hub = serve(&model(), Faults::default());
+    let resolve = format!("/{REPO}/resolve/main/{shard}");
+    hub.set_faults(Faults {
+        redirect_to: Some(resolve),
+        ..Faults::default()
+    });
+    check(
+        &hub,
+        "redirect loop",
+        &["inspect", REPO],
+        "HUB-001",
+        &["redirects"],
+    );
+    hub.set_faults(Faults {
+        redirect_to: Some(format!("file://{}", outside.join("x").display())),
+        ..Faults::default()
+    });
+    check(
+        &hub,
+        "file redirect",
+        &["inspect", REPO],
+        "HUB-001",
+        &["file://"],
+    );
+    hub.set_faults(Faults {
+        long_length: Some(shard.into()),
+        ..Faults::default()
+    });
+    check(&hub, "lying length", &dequantize, "HUB-001", &[shard]);
+
+    // A shard that says its header is 2^60 bytes long.
+    let absurd = tmp.path().join("absurd");
+    copy_dir(&model(), &absurd);
+    let mut bytes = std::fs::read(absurd.join(shard)).unwrap();
+    bytes[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    std::fs::write(absurd.join(shard), bytes).unwrap();
+    let hub = serve(&absurd, Faults::default());
+    check(
+        &hub,
+        "absurd header",
+        &["inspect", REPO],
+        "ST-001",
+        &[shard],
+    );
+
+    // An index that names a file outside the repository.
+    let escape = tmp.path().join("escape");
+    copy_dir(&model(), &escape);
+    let index = escape.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index)
+        .unwrap()
+        .replace(shard, "../outside/x.safetensors");
+    std::fs::write(&index, text).unwrap();
+    let hub = serve(&escape, Faults::default());
+    check(
+        &hub,
+        "escaping index",
+        &dequantize,
+        "ST-002",
+        &["../outside/x.safetensors"],
+    );
 }

@@ -37,6 +37,10 @@ pub struct Faults {
     /// A folder whose size (its files, recursively) is measured at every
     /// request: the client's cache, to see how much it holds at once.
     pub watch: Option<std::path::PathBuf>,
+    /// Large files redirect here (`Location`) instead of to the CDN.
+    pub redirect_to: Option<String>,
+    /// This file's CDN answers state a `Content-Length` twice what they send.
+    pub long_length: Option<String>,
 }
 
 /// One request: method, path, and the bytes of body sent.
@@ -165,6 +169,8 @@ struct Reply {
     body: Vec<u8>,
     /// Cut the connection after this many body bytes.
     cut: Option<usize>,
+    /// The `Content-Length` stated, when not the body's.
+    length: Option<usize>,
 }
 
 fn reply(status: u16) -> Reply {
@@ -173,6 +179,7 @@ fn reply(status: u16) -> Reply {
         headers: Vec::new(),
         body: Vec::new(),
         cut: None,
+        length: None,
     }
 }
 
@@ -224,7 +231,7 @@ fn answer(stream: TcpStream, state: &Mutex<State>, base: &str) -> std::io::Resul
     let mut head = format!(
         "HTTP/1.1 {} X\r\nContent-Length: {}\r\nConnection: close\r\n",
         r.status,
-        r.body.len()
+        r.length.unwrap_or(r.body.len())
     );
     for (k, v) in &r.headers {
         head.push_str(&format!("{k}: {v}\r\n"));
@@ -282,6 +289,10 @@ fn route(
                 s.cut_done = true;
                 r.cut = Some(after);
             }
+        }
+        if s.faults.long_length.as_ref() == Some(name) {
+            r.length = Some(2 * body.len());
+            r.cut = Some(body.len());
         }
         r.body = body;
         return r;
@@ -342,10 +353,10 @@ fn route(
             f.sha.clone()
         };
         let to = format!("/cdn/{}", f.sha);
-        let to = if s.faults.absolute {
-            format!("{base}{to}")
-        } else {
-            to
+        let to = match &s.faults.redirect_to {
+            Some(to) => to.clone(),
+            None if s.faults.absolute => format!("{base}{to}"),
+            None => to,
         };
         r.status = 302;
         r.headers.push(("Location".into(), to));
