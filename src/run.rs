@@ -256,8 +256,6 @@ impl<'a> Dequantize<'a> {
         #[cfg(not(target_arch = "wasm32"))]
         let input = match crate::hub::input(input.as_ref())? {
             crate::hub::Input::Local(path) => path,
-            // A --shards job writes its part of the index: the writer's.
-            crate::hub::Input::Hub(remote) if self.shards.is_some() => remote.fetch_checkpoint()?,
             crate::hub::Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
         };
         let ckpt = Checkpoint::open(input)?;
@@ -295,12 +293,20 @@ impl Dequantize<'_> {
     /// dense files, read through a [`Fetcher`](crate::hub::Fetcher)
     /// (shards one ahead of the decoder), written part by part.
     fn run_hub(mut self, remote: &crate::hub::Remote, out: &Path) -> Result<Summary> {
-        let dir = OutputDir::open(out, self.force, None, self.resume)?;
+        // Shards by name (a path's last part): the stream checks them.
+        if let Some(list) = &mut self.shards {
+            for s in list.iter_mut() {
+                if let Some(name) = Path::new(s.as_str()).file_name() {
+                    *s = name.to_string_lossy().into_owned();
+                }
+            }
+        }
+        let dir = OutputDir::open(out, self.force, self.shards.clone(), self.resume)?;
         // The pinned commit is the input, and these choices all that
         // shapes the output.
         let key = || {
             let o = &self.options;
-            let choices = (o.dtype, self.max_shard_size, self.keep_names);
+            let choices = (o.dtype, self.max_shard_size, self.keep_names, &self.shards);
             format!(
                 "{} {} {choices:?}",
                 env!("CARGO_PKG_VERSION"),
@@ -443,7 +449,9 @@ impl Dequantize<'_> {
     /// The dense checkpoint of the checkpoint in `files`: the files
     /// [`Dequantize::run`] writes, handed to `emit` as parts in file order,
     /// file after file. Nothing blocks: this is what a browser runs.
-    /// `force` and `shards` concern a directory and do not apply. A batch
+    /// `force` concerns a directory and does not apply; with `shards`, the
+    /// files of those input shards (and their part of the index) are made,
+    /// and other shards are read only where they hold a companion. A batch
     /// of tensors holds about 256 MiB of stored inputs in memory, besides
     /// what planning reads.
     pub async fn stream(
@@ -457,11 +465,13 @@ impl Dequantize<'_> {
             let plan = self.plan(&ckpt)?;
             let (backend, note) = select_async(self.options.backend).await?;
             self.start(&plan, backend.as_ref(), note);
-            let (schedule, summary, tally) = schedule(&plan, self.max_shard_size)?;
+            let only = self.shards.as_deref();
+            let (schedule, summary, tally) = schedule(&plan, only, self.max_shard_size)?;
             (backend, schedule, summary, tally)
         };
         // The files an earlier run finished are kept, and their inputs
-        // are not read.
+        // are not read; other shards than a --shards run's are read only
+        // where they hold a companion, by range.
         let mut finished = BTreeSet::new();
         if let Some(journal) = &self.finished {
             for file in &schedule {
@@ -471,28 +481,26 @@ impl Dequantize<'_> {
                     }
                 }
             }
-            let mut needed = BTreeSet::new();
-            let mut all = BTreeSet::new();
-            for file in &schedule {
-                let OutFile::Shard(name, _, tensors) = file else {
-                    continue;
-                };
-                for t in tensors {
-                    let files = t.copy.iter().map(|(f, _)| f.clone());
-                    let files =
-                        files.chain(t.inputs.iter().filter_map(|(input, _)| {
-                            ckpt.location(input).map(|(f, _)| f.to_string())
-                        }));
-                    for f in files {
-                        all.insert(f.clone());
-                        if !finished.contains(name) {
-                            needed.insert(f);
-                        }
-                    }
-                }
-            }
-            files.skip(&all.difference(&needed).cloned().collect());
         }
+        let mut needed = BTreeSet::new();
+        for file in &schedule {
+            let OutFile::Shard(name, _, tensors) = file else {
+                continue;
+            };
+            for t in tensors.iter().filter(|_| !finished.contains(name)) {
+                let copies = t.copy.iter().map(|(f, _)| f.as_str());
+                let inputs = t
+                    .inputs
+                    .iter()
+                    .filter_map(|(input, _)| ckpt.location(input).map(|(f, _)| f));
+                needed.extend(copies.chain(inputs).map(str::to_string));
+            }
+        }
+        if let Some(only) = &self.shards {
+            needed.retain(|f| only.contains(f));
+        }
+        let shards = ckpt.shards.iter().map(|s| &s.file_name);
+        files.skip(&shards.filter(|f| !needed.contains(*f)).cloned().collect());
         let to_write: u64 = schedule
             .iter()
             .filter_map(|f| match f {

@@ -173,14 +173,17 @@ pub(crate) async fn make(
     }
 }
 
-/// The dense files of `plan`, in order, what writing them amounts to, and
-/// the tally of their tensors.
+/// The dense files of `plan` (of input shards `only`, when given: a
+/// `--shards` run's, its part of the index instead of the index), in
+/// order, what writing them amounts to, and the tally of their tensors.
 pub(crate) fn schedule(
     plan: &Plan<'_>,
+    only: Option<&[String]>,
     max_shard_size: Option<u64>,
 ) -> Result<(Vec<OutFile>, Summary, Tally)> {
     let ckpt = plan.checkpoint;
-    let shards = writer::shard_files(plan, None, max_shard_size)?;
+    writer::check_shards(plan, only)?;
+    let shards = writer::shard_files(plan, only, max_shard_size)?;
     let summary = Summary::of(plan, &shards);
     let tally = Tally::of(&shards);
     let mut files = Vec::new();
@@ -204,7 +207,7 @@ pub(crate) fn schedule(
             tensors.collect(),
         ));
     }
-    for (name, text) in writer::json_files(plan, &shards)? {
+    for (name, text) in writer::run_json_files(plan, &shards, only, max_shard_size)? {
         files.push(OutFile::Bytes(name, text));
     }
     for (_, name) in &plan.side_files {

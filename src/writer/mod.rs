@@ -285,23 +285,7 @@ impl OutputDir {
                 "is the input checkpoint's directory; refusing to write into it",
             ));
         }
-        if let Some(only) = &self.shards {
-            let known: Vec<&str> = plan
-                .checkpoint
-                .shards
-                .iter()
-                .map(|s| s.file_name.as_str())
-                .collect();
-            if let Some(bad) = only.iter().find(|f| !known.contains(&f.as_str())) {
-                return Err(Error::bare(
-                    Rule::Argument,
-                    format!(
-                        "--shards: {bad} is not a shard of this checkpoint ({})",
-                        known.join(", ")
-                    ),
-                ));
-            }
-        }
+        check_shards(plan, self.shards.as_deref())?;
         write_into(
             self.staging,
             self.shards.as_deref(),
@@ -323,6 +307,65 @@ pub fn write(
     progress: impl FnMut(Progress<'_>),
 ) -> Result<Summary> {
     OutputDir::create(out)?.write(plan, backend, progress)
+}
+
+/// Refuses `--shards` names that are not the checkpoint's shards.
+pub(crate) fn check_shards(plan: &Plan<'_>, only: Option<&[String]>) -> Result<()> {
+    let known: Vec<&str> = plan
+        .checkpoint
+        .shards
+        .iter()
+        .map(|s| s.file_name.as_str())
+        .collect();
+    match only.and_then(|only| only.iter().find(|f| !known.contains(&f.as_str()))) {
+        Some(bad) => Err(Error::bare(
+            Rule::Argument,
+            format!(
+                "--shards: {bad} is not a shard of this checkpoint ({})",
+                known.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The JSON files a run writes beside `shards`: the index and
+/// `config.json`, or for a `--shards` run (`only`) its part of the index
+/// (`<first shard>.index-part.json`, which [`merge_index`] joins) instead
+/// of the index.
+pub(crate) fn run_json_files(
+    plan: &Plan<'_>,
+    shards: &[ShardFile<'_, '_>],
+    only: Option<&[String]>,
+    max_shard_size: Option<u64>,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut json = json_files(plan, shards)?;
+    if let (Some(index), Some(only)) = (&plan.checkpoint.index, only) {
+        json.retain(|(name, _)| name != INDEX_FILE);
+        // Every output file: what merge_index waits for.
+        let all = all_file_names(plan, max_shard_size);
+        let part = parts::IndexPart {
+            metadata: parts::IndexPartMetadata {
+                total_size: total_bytes(shards),
+                shards: shards.iter().map(|f| f.name.clone()).collect(),
+                all_shards: all,
+                source_index_sha256: parts::digest(&index.value),
+                dtype: plan.dtype.to_string(),
+            },
+            weight_map: weight_map(shards),
+        };
+        let name = format!("{}{PART_SUFFIX}", only[0].trim_end_matches(".safetensors"));
+        let text = json_text(&name, &part)?;
+        json.insert(0, (name, text));
+    }
+    Ok(json)
+}
+
+/// The files of a shared output directory that one `--shards` run owns
+/// (its shards and its part of the index); the rest every run writes alike.
+fn owned(p: &Path) -> bool {
+    let name = p.to_string_lossy();
+    name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
 }
 
 fn write_into(
@@ -383,26 +426,7 @@ fn write_into(
         Ok(())
     })?;
     let mut summary = Summary::of(plan, &shards);
-    let mut json = json_files(plan, &shards)?;
-    if let (Some(index), Some(only)) = (&ckpt.index, only) {
-        // A --shards run writes its part of the index instead.
-        json.retain(|(name, _)| name != INDEX_FILE);
-        // Every output file: what merge_index waits for.
-        let all = all_file_names(plan, max_shard_size);
-        let part = parts::IndexPart {
-            metadata: parts::IndexPartMetadata {
-                total_size: summary.tensor_bytes,
-                shards: shards.iter().map(|f| f.name.clone()).collect(),
-                all_shards: all,
-                source_index_sha256: parts::digest(&index.value),
-                dtype: plan.dtype.to_string(),
-            },
-            weight_map: weight_map(&shards),
-        };
-        let name = format!("{}{PART_SUFFIX}", only[0].trim_end_matches(".safetensors"));
-        let text = json_text(&name, &part)?;
-        json.insert(0, (name, text));
-    }
+    let json = run_json_files(plan, &shards, only, max_shard_size)?;
     for (name, text) in &json {
         write_file(&staging, name, text)?;
     }
@@ -410,12 +434,7 @@ fn write_into(
         staging.copy_in(path, name)?;
     }
     check(cancelled)?;
-    // In a shared directory, these are this run's alone; the rest every part
-    // writes alike.
-    summary.files = staging.commit(|p| {
-        let name = p.to_string_lossy();
-        name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
-    })?;
+    summary.files = staging.commit(owned)?;
     Ok(summary)
 }
 
@@ -466,12 +485,8 @@ pub(crate) struct PartWriter {
 
 impl OutputDir {
     /// This directory, written part by part, for the job of key `key` (what
-    /// a `--resume` run must share with the run it continues). `--shards`
-    /// runs are for [`OutputDir::write`], which writes their partial index.
+    /// a `--resume` run must share with the run it continues).
     pub(crate) fn parts(self, key: impl FnOnce() -> String) -> Result<PartWriter> {
-        if self.shards.is_some() {
-            return Err(Error::bare(Rule::Internal, "a --shards run written part by part"));
-        }
         let journal = self.staging.journal(key)?.map(Arc::new);
         Ok(PartWriter {
             staging: self.staging,
@@ -528,7 +543,7 @@ impl PartWriter {
     pub(crate) fn commit(mut self) -> Result<Vec<PathBuf>> {
         self.close()?;
         check(&self.cancelled)?;
-        self.staging.commit(|_| true)
+        self.staging.commit(owned)
     }
 }
 

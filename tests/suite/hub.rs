@@ -602,3 +602,92 @@ fn hub_hostile_servers_are_one_line_errors() {
         &["../outside/x.safetensors"],
     );
 }
+
+/// `--shards` jobs on a Hub id (a fan-out across machines) each download
+/// only their own shards whole, read a companion stored in another shard
+/// by a range request for just its bytes, and with `merge-index` write
+/// what the local run writes.
+#[test]
+fn hub_shards_jobs_download_only_their_own_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Split in five, the third shard's last pack has its scale in the
+    // fourth: the first job's companion in the second job's shard.
+    let src = tmp.path().join("five");
+    let shards = split(&fixtures().join("mixtral-w4a16/model"), 5, &src);
+    let local = tmp.path().join("local");
+    let o = Command::new(bin())
+        .args([
+            "dequantize",
+            src.to_str().unwrap(),
+            "-o",
+            local.to_str().unwrap(),
+        ])
+        .args(["--backend", "cpu", "--quiet"])
+        .output()
+        .unwrap();
+    ok(&o, "local dequantize of five shards");
+    let repo = "org/five";
+    let hub = MockHub::serve(repo, &src, Faults::default());
+    let out = tmp.path().join("fanned");
+    for (job, mine) in [(0, &shards[..3]), (1, &shards[3..])] {
+        // Each job on its own machine: its own cache.
+        let cache = tmp.path().join(format!("cache-{job}"));
+        let before = hub.log().len();
+        let list = mine.join(",");
+        let args = [
+            "dequantize",
+            repo,
+            "-o",
+            out.to_str().unwrap(),
+            "--shards",
+            &list,
+        ];
+        let o = cli(
+            &hub,
+            &cache,
+            &[&args[..], &["--backend", "cpu", "--quiet"]].concat(),
+            &[],
+        );
+        ok(&o, &format!("job {job}"));
+        let hits = hub.log()[before..].to_vec();
+        let cdn = |f: &String| -> Vec<&crate::common::hub::Hit> {
+            hits.iter()
+                .filter(|h| h.method == "GET" && h.path.ends_with(&hub.sha(f)))
+                .collect()
+        };
+        for f in &shards {
+            let whole = cdn(f).iter().any(|h| h.range.is_none());
+            assert_eq!(
+                whole,
+                mine.contains(f),
+                "job {job}: {f} downloaded whole: {whole}"
+            );
+        }
+        // Planning reads headers by range; a companion is a range too.
+        let other_bytes: usize = shards
+            .iter()
+            .filter(|f| !mine.contains(f))
+            .flat_map(cdn)
+            .map(|h| h.sent)
+            .sum();
+        let other_size: u64 = shards
+            .iter()
+            .filter(|f| !mine.contains(f))
+            .map(|f| std::fs::metadata(src.join(f)).unwrap().len())
+            .sum();
+        assert!(
+            (other_bytes as u64) < other_size,
+            "job {job} read {other_bytes} bytes of others' {other_size}"
+        );
+    }
+    let o = Command::new(bin())
+        .args(["merge-index", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    ok(&o, "merge-index");
+    assert_eq!(
+        files(&out),
+        files(&local),
+        "the fanned-out Hub jobs and merge-index"
+    );
+}
