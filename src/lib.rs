@@ -89,7 +89,7 @@ pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options}
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
 pub use writer::{
-    interrupt, merge_index, parse_size, Canceller, Fetched, Merged, Progress, Summary,
+    interrupt, merge_index, parse_size, Canceller, Download, Fetched, Merged, Progress, Summary,
 };
 
 #[cfg(feature = "testing")]

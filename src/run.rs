@@ -46,6 +46,9 @@ pub enum Note<'a> {
     Text(&'a str),
 }
 
+/// What [`Dequantize::on_download`] calls, from the downloading side.
+type DownloadCallback<'a> = Box<dyn Fn(&writer::Download) + Send + Sync + 'a>;
+
 /// A dequantize run, configured step by step, then [`run`](Dequantize::run)
 /// (or, over files read piece by piece, `stream`).
 ///
@@ -70,6 +73,8 @@ pub struct Dequantize<'a> {
     canceller: Canceller,
     delete_downloaded: bool,
     resume: bool,
+    /// Told how far a Hub run's downloads are, a few times a second.
+    download: Option<DownloadCallback<'a>>,
     /// Output files an earlier run finished (`resume`), which `stream`
     /// skips.
     finished: Option<std::sync::Arc<writer::Journal>>,
@@ -99,6 +104,7 @@ impl<'a> Dequantize<'a> {
             canceller: Canceller::default(),
             delete_downloaded: false,
             resume: false,
+            download: None,
             finished: None,
             batch_bytes: None,
         }
@@ -156,6 +162,15 @@ impl<'a> Dequantize<'a> {
     /// Called after every piece written (about 32 MiB).
     pub fn on_progress(mut self, progress: impl FnMut(&Progress<'_>) + 'a) -> Self {
         self.progress = Box::new(progress);
+        self
+    }
+
+    /// Called a few times a second, from another thread, while a Hub run
+    /// downloads shards (the decoding may be waiting for them, so that
+    /// [`Dequantize::on_progress`] is not called meanwhile); every progress
+    /// report carries the same figures too.
+    pub fn on_download(mut self, download: impl Fn(&writer::Download) + Send + Sync + 'a) -> Self {
+        self.download = Some(Box::new(download));
         self
     }
 
@@ -318,8 +333,19 @@ impl Dequantize<'_> {
         let fetcher =
             crate::hub::Fetcher::new(remote, out, std::mem::take(&mut self.delete_downloaded))?;
         let mut failed = None;
+        let tick = self.download.take();
         let summary = std::thread::scope(|scope| {
             scope.spawn(|| fetcher.download());
+            if let Some(tick) = &tick {
+                scope.spawn(|| {
+                    while !fetcher.stopped() {
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                        if let Some(d) = fetcher.downloads() {
+                            tick(&d);
+                        }
+                    }
+                });
+            }
             let summary = pollster::block_on(self.stream(&fetcher, |name, part| {
                 if failed.is_some() {
                     return;
@@ -515,7 +541,11 @@ impl Dequantize<'_> {
             let (name, header, tensors) = match file {
                 OutFile::Shard(name, _, tensors) if finished.contains(&name) => {
                     for t in &tensors {
-                        (self.progress)(&tally.step(&t.name, t.bytes, true));
+                        let p = tally.step(&t.name, t.bytes, true);
+                        (self.progress)(&Progress {
+                            download: files.downloads(),
+                            ..p
+                        });
                     }
                     summary.files.push(name.into());
                     continue;
@@ -570,7 +600,11 @@ impl Dequantize<'_> {
                             emit(&name, Part::Bytes(made));
                         }
                     }
-                    (self.progress)(&tally.step(&t.name, t.bytes, true));
+                    let p = tally.step(&t.name, t.bytes, true);
+                    (self.progress)(&Progress {
+                        download: files.downloads(),
+                        ..p
+                    });
                 }
                 drop(plan);
                 ckpt.unload(|n| keep.contains(n));

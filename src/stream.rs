@@ -38,9 +38,15 @@ pub trait Files {
     }
 
     /// Files `names` will not be read: the output files made from them
-    /// were finished by an earlier run (`--resume`).
+    /// were finished by an earlier run (`--resume`), or are another
+    /// `--shards` job's.
     fn skip(&self, names: &std::collections::BTreeSet<String>) {
         let _ = names;
+    }
+
+    /// How far downloads of whole files are, for files fetched from afar.
+    fn downloads(&self) -> Option<writer::Download> {
+        None
     }
 }
 

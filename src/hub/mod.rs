@@ -20,7 +20,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, Rule};
-use crate::writer::Fetched;
+use crate::writer::{Download, Fetched};
 use cache::Cache;
 use http::Client;
 pub(crate) use id::RepoId;
@@ -99,6 +99,8 @@ pub(crate) struct Remote {
     /// Set when the run stops: a download in progress ends at its next
     /// piece (its partial file kept, to resume from).
     stopped: std::sync::atomic::AtomicBool,
+    /// Bytes its downloads have received so far.
+    received: std::sync::atomic::AtomicU64,
 }
 
 impl Remote {
@@ -187,6 +189,7 @@ impl Remote {
             cache,
             metas: Mutex::default(),
             stopped: Default::default(),
+            received: Default::default(),
         })))
     }
 
@@ -402,6 +405,8 @@ impl Remote {
                         out.write_all(&buf[..n]).map_err(io("cannot write"))?;
                         hash.update(&buf[..n]);
                         have += n as u64;
+                        let received = &self.received;
+                        received.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => break true,
@@ -572,6 +577,8 @@ struct Fetch {
     done: Vec<Option<Result<bool>>>,
     /// Shards the run will not read (`Files::skip`).
     skipped: Vec<bool>,
+    /// Bytes the run downloads in all, once planned.
+    to_download: u64,
     /// Bytes of this run's downloads now in the cache.
     held: u64,
     fetched: Fetched,
@@ -657,6 +664,11 @@ impl<'r> Fetcher<'r> {
         }
     }
 
+    /// Whether the run is over (or failed).
+    pub(crate) fn stopped(&self) -> bool {
+        self.lock().stop
+    }
+
     /// Ends [`Fetcher::download`] (the run is over, or failed).
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
@@ -734,18 +746,36 @@ impl<'r> Fetcher<'r> {
         fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))
     }
 
-    /// Refuses a run that cannot fit: the dense tensors on the output's
-    /// file system and the shards still to download (two at a time with
-    /// `delete`) in the cache's, each against its free space.
-    fn check_space(&self, out_bytes: u64) -> Result<()> {
+    /// The sizes of the shards the run reads that the cache lacks.
+    fn missing(&self) -> Vec<u64> {
         let skipped = self.lock().skipped.clone();
-        let missing: Vec<u64> = self
-            .order
+        self.order
             .iter()
             .zip(skipped)
             .filter(|((name, _), skip)| !skip && !self.remote.snapshot_file(name).is_file())
             .map(|((_, size), _)| *size)
-            .collect();
+            .collect()
+    }
+
+    /// How far the run's downloads are (none to tell before planning).
+    pub(crate) fn downloads(&self) -> Option<Download> {
+        let total_bytes = self.lock().to_download;
+        let done = self
+            .remote
+            .received
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (total_bytes > 0).then_some(Download {
+            done_bytes: done.min(total_bytes),
+            total_bytes,
+        })
+    }
+
+    /// Refuses a run that cannot fit: the dense tensors on the output's
+    /// file system and the shards still to download (two at a time with
+    /// `delete`) in the cache's, each against its free space.
+    fn check_space(&self, out_bytes: u64) -> Result<()> {
+        let missing = self.missing();
+        self.lock().to_download = missing.iter().sum();
         let mut cache_bytes: u64 = missing.iter().sum();
         if self.delete {
             let mut sizes = missing.clone();
@@ -818,6 +848,10 @@ impl crate::stream::Files for Fetcher<'_> {
         range: std::ops::Range<u64>,
     ) -> impl std::future::Future<Output = Result<Vec<u8>>> {
         std::future::ready(self.read_now(name, range))
+    }
+
+    fn downloads(&self) -> Option<Download> {
+        Fetcher::downloads(self)
     }
 
     fn planned(&self, out_bytes: u64) -> Result<()> {

@@ -106,6 +106,17 @@ fn write_file(staging: &Staging, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// How far a run's downloads are (a Hub run's shards that the cache
+/// lacked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Download {
+    /// Bytes received so far.
+    pub done_bytes: u64,
+    /// Bytes the run downloads in all.
+    pub total_bytes: u64,
+}
+
 /// What a progress callback is told after each piece of output: `bytes`
 /// more bytes of `tensor` were written (and whether that finished it), and
 /// how far the whole run is.
@@ -126,6 +137,8 @@ pub struct Progress<'p> {
     pub done_tensors: usize,
     /// Tensors the run writes in all.
     pub total_tensors: usize,
+    /// A Hub run's downloads, when it has any.
+    pub download: Option<Download>,
 }
 
 /// Counts a run's progress, piece by piece.
@@ -159,6 +172,7 @@ impl Tally {
             total_bytes: self.total_bytes,
             done_tensors: self.done_tensors,
             total_tensors: self.total_tensors,
+            download: None,
         }
     }
 }

@@ -691,3 +691,75 @@ fn hub_shards_jobs_download_only_their_own_shards() {
         "the fanned-out Hub jobs and merge-index"
     );
 }
+
+/// A Hub run tells how far its downloads are: `on_download` a few times a
+/// second while shards come in slowly, and every progress report, up to
+/// every byte of the shards the cache lacked. (Run in a child process of
+/// this test binary, whose environment alone points at the mock.)
+#[test]
+fn hub_runs_report_their_downloads() {
+    if let Ok(endpoint) = std::env::var("WGPU_DEQUANT_TEST_CHILD_ENDPOINT") {
+        return downloads_reported(&endpoint);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = MockHub::serve(
+        REPO,
+        &model(),
+        Faults {
+            slow: Some(std::time::Duration::from_millis(60)),
+            ..Faults::default()
+        },
+    );
+    let o = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hub::hub_runs_report_their_downloads",
+            "--nocapture",
+        ])
+        .env("WGPU_DEQUANT_TEST_CHILD_ENDPOINT", &hub.endpoint)
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env("HF_HUB_CACHE", tmp.path().join("cache"))
+        .env("HF_HOME", tmp.path().join("home"))
+        .env("WGPU_DEQUANT_TEST_CHILD_OUT", tmp.path().join("out"))
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE")
+        .output()
+        .unwrap();
+    ok(&o, "the child test");
+    assert!(stdout(&o).contains("1 passed"), "{}", stdout(&o));
+}
+
+/// The child's side of [`hub_runs_report_their_downloads`].
+fn downloads_reported(_endpoint: &str) {
+    use std::sync::Mutex;
+    use wgpu_dequant::{BackendChoice, Dequantize, Download};
+    let out = PathBuf::from(std::env::var("WGPU_DEQUANT_TEST_CHILD_OUT").unwrap());
+    let shards: u64 = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
+    .iter()
+    .map(|f| std::fs::metadata(model().join(f)).unwrap().len())
+    .sum();
+    let ticks: Mutex<Vec<Download>> = Mutex::new(Vec::new());
+    let mut reported: Vec<Download> = Vec::new();
+    Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .on_download(|d| ticks.lock().unwrap().push(*d))
+        .on_progress(|p| reported.extend(p.download))
+        .run(REPO, &out)
+        .unwrap();
+    let ticks = ticks.into_inner().unwrap();
+    assert!(ticks.len() >= 2, "{ticks:?}");
+    for d in ticks.iter().chain(&reported) {
+        assert_eq!(d.total_bytes, shards, "{d:?}");
+    }
+    let done: Vec<u64> = ticks.iter().map(|d| d.done_bytes).collect();
+    assert!(done.windows(2).all(|w| w[0] <= w[1]), "{done:?}");
+    assert!(done[0] < shards, "{done:?}");
+    assert_eq!(
+        reported.last().map(|d| d.done_bytes),
+        Some(shards),
+        "{reported:?}"
+    );
+}

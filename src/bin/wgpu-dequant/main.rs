@@ -9,8 +9,8 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use wgpu_dequant::bench;
 use wgpu_dequant::{
-    BackendChoice, ConvertTo, Dequantize, DtypeChoice, Error, Merged, Note, OutDtype, Progress,
-    Rule, Validation,
+    BackendChoice, ConvertTo, Dequantize, Download, DtypeChoice, Error, Merged, Note, OutDtype,
+    Progress, Rule, Validation,
 };
 
 /// Decode quantized safetensors checkpoints (compressed-tensors, ModelOpt
@@ -396,19 +396,20 @@ fn dequantize(
     json: bool,
 ) -> Result<ExitCode, Error> {
     let started = Instant::now();
-    let meter = std::cell::RefCell::new(Meter::new(quiet));
+    let meter = Meter::new(quiet);
     let summary = run
         .on_note(|note| match note {
             _ if quiet => {}
-            Note::Start { format, backend } => meter
-                .borrow()
-                .println(&format!("{}: {format}; backend {backend}", path.display())),
-            Note::Text(text) => meter.borrow().println(&format!("note: {text}")),
+            Note::Start { format, backend } => {
+                meter.println(&format!("{}: {format}; backend {backend}", path.display()))
+            }
+            Note::Text(text) => meter.println(&format!("note: {text}")),
             _ => {}
         })
-        .on_progress(|p| meter.borrow_mut().update(p))
+        .on_progress(|p| meter.update(p))
+        .on_download(|d| meter.downloaded(d))
         .run(path, out);
-    meter.borrow().finish();
+    meter.finish();
     let summary = summary?;
     if json {
         print_json(&summary)?;
@@ -493,12 +494,23 @@ fn megabytes(bytes: f64) -> String {
 }
 
 /// Progress for long runs: a bar on a terminal, a plain line every few
-/// seconds otherwise, nothing with `--quiet`.
+/// seconds otherwise, nothing with `--quiet`; the decoding's bytes, and a
+/// Hub run's downloads beside them (told from another thread).
 struct Meter {
     bar: Option<indicatif::ProgressBar>,
     plain: bool,
     started: Instant,
+    seen: std::sync::Mutex<Seen>,
+}
+
+/// What the meter was last told.
+struct Seen {
     last_line: Instant,
+    /// Bytes written, of how many; tensors written, of how many.
+    decode: (u64, u64, usize, usize),
+    download: Option<Download>,
+    /// When the first downloaded bytes were seen (the rate's start).
+    download_started: Option<Instant>,
 }
 
 impl Meter {
@@ -519,7 +531,12 @@ impl Meter {
             bar,
             plain: !quiet && !terminal,
             started: Instant::now(),
-            last_line: Instant::now(),
+            seen: std::sync::Mutex::new(Seen {
+                last_line: Instant::now(),
+                decode: (0, 0, 0, 0),
+                download: None,
+                download_started: None,
+            }),
         }
     }
 
@@ -531,22 +548,73 @@ impl Meter {
         }
     }
 
-    fn update(&mut self, p: &Progress<'_>) {
-        let tensors = format!("{}/{} tensors", p.done_tensors, p.total_tensors);
+    fn update(&self, p: &Progress<'_>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.decode = (p.done_bytes, p.total_bytes, p.done_tensors, p.total_tensors);
+        if let Some(d) = p.download {
+            self.note_download(&mut seen, d);
+        }
+        self.show(&mut seen);
+    }
+
+    fn downloaded(&self, d: &Download) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        self.note_download(&mut seen, *d);
+        self.show(&mut seen);
+    }
+
+    fn note_download(&self, seen: &mut Seen, d: Download) {
+        if d.done_bytes > 0 && seen.download_started.is_none() {
+            seen.download_started = Some(Instant::now());
+        }
+        seen.download = Some(d);
+    }
+
+    /// The downloads' part of a line: bytes, rate and time left.
+    fn download_text(seen: &Seen) -> Option<String> {
+        let d = seen.download.filter(|d| d.total_bytes > 0)?;
+        let secs = seen
+            .download_started
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let rate = d.done_bytes as f64 / secs.max(1e-9);
+        let left = d.total_bytes.saturating_sub(d.done_bytes);
+        let eta = if left == 0 {
+            "done".to_string()
+        } else if rate > 0.0 && secs > 0.0 {
+            format!("{:.0} s left", left as f64 / rate)
+        } else {
+            "starting".to_string()
+        };
+        Some(format!(
+            "download {} of {} at {}/s, {eta}",
+            megabytes(d.done_bytes as f64),
+            megabytes(d.total_bytes as f64),
+            megabytes(if secs > 0.0 { rate } else { 0.0 }),
+        ))
+    }
+
+    fn show(&self, seen: &mut Seen) {
+        let (done, total, done_tensors, total_tensors) = seen.decode;
+        let tensors = format!("{done_tensors}/{total_tensors} tensors");
+        let download = Meter::download_text(seen);
         if let Some(bar) = &self.bar {
-            bar.set_length(p.total_bytes);
-            bar.set_position(p.done_bytes);
-            bar.set_message(tensors);
-        } else if self.plain && self.last_line.elapsed().as_secs_f64() >= 5.0 {
-            self.last_line = Instant::now();
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(match download {
+                Some(d) => format!("{tensors}; {d}"),
+                None => tensors,
+            });
+        } else if self.plain && seen.last_line.elapsed().as_secs_f64() >= 5.0 {
+            seen.last_line = Instant::now();
             let secs = self.started.elapsed().as_secs_f64();
-            let rate = p.done_bytes as f64 / secs.max(1e-9);
-            let left = p.total_bytes.saturating_sub(p.done_bytes) as f64 / rate.max(1.0);
+            let rate = done as f64 / secs.max(1e-9);
+            let left = total.saturating_sub(done) as f64 / rate.max(1.0);
+            let download = download.map_or(String::new(), |d| format!("; {d}"));
             eprintln!(
-                "progress: {:.0}% ({} of {}, {tensors}, {}/s, {:.0} s left)",
-                100.0 * p.done_bytes as f64 / p.total_bytes.max(1) as f64,
-                megabytes(p.done_bytes as f64),
-                megabytes(p.total_bytes as f64),
+                "progress: {:.0}% ({} of {}, {tensors}, {}/s, {:.0} s left){download}",
+                100.0 * done as f64 / total.max(1) as f64,
+                megabytes(done as f64),
+                megabytes(total as f64),
                 megabytes(rate),
                 left
             );

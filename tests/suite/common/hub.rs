@@ -41,6 +41,8 @@ pub struct Faults {
     pub redirect_to: Option<String>,
     /// This file's CDN answers state a `Content-Length` twice what they send.
     pub long_length: Option<String>,
+    /// Whole-file CDN answers send their body in pieces this long apart.
+    pub slow: Option<std::time::Duration>,
 }
 
 /// One request: method, path, and the bytes of body sent.
@@ -211,6 +213,10 @@ fn answer(stream: TcpStream, state: &Mutex<State>, base: &str) -> std::io::Resul
     }
     let range = headers.get("range").cloned();
     let mut s = state.lock().unwrap();
+    let slow = s
+        .faults
+        .slow
+        .filter(|_| range.is_none() && target.starts_with("/cdn/"));
     if let Some(dir) = s.faults.watch.clone() {
         s.peak = s.peak.max(folder_bytes(&dir));
     }
@@ -239,7 +245,17 @@ fn answer(stream: TcpStream, state: &Mutex<State>, base: &str) -> std::io::Resul
     head.push_str("\r\n");
     out.write_all(head.as_bytes())?;
     if method != "HEAD" {
-        out.write_all(&r.body[..sent])?;
+        match slow {
+            // Ten pieces, a pause before each.
+            Some(pause) => {
+                for piece in r.body[..sent].chunks(sent.div_ceil(10).max(1)) {
+                    std::thread::sleep(pause);
+                    out.write_all(piece)?;
+                    out.flush()?;
+                }
+            }
+            None => out.write_all(&r.body[..sent])?,
+        }
     }
     out.flush()?;
     if r.cut.is_some() {
