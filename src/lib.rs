@@ -74,6 +74,7 @@ mod error;
 mod hub;
 mod model;
 mod names;
+pub mod repo;
 mod run;
 pub mod stream;
 

@@ -416,9 +416,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Report> {
     let path = match crate::hub::input(path.as_ref())? {
         crate::hub::Input::Local(path) => path,
         crate::hub::Input::Hub(remote) => {
-            let mut report = pollster::block_on(crate::stream::inspect(&*remote))?;
-            report.path = remote.pinned();
-            return Ok(report);
+            return pollster::block_on(crate::stream::inspect(&*remote))
         }
     };
     let ckpt = Checkpoint::open(path)?;

@@ -29,6 +29,12 @@ pub trait Files {
     /// Bytes `range` of file `name`.
     fn read(&self, name: &str, range: Range<u64>) -> impl Future<Output = Result<Vec<u8>>>;
 
+    /// What reports call the checkpoint (a Hub repository's pinned id),
+    /// when not `.`.
+    fn name(&self) -> Option<String> {
+        None
+    }
+
     /// Planning is over, and `out_bytes` of dense tensors follow: the reads
     /// after this are the batches' inputs, file after file. Files fetched
     /// from afar may start coming whole, or the run be refused (no room).
@@ -128,7 +134,11 @@ pub async fn inspect(files: &impl Files) -> Result<Report> {
     let mut ckpt = open(files).await?;
     // A fault of the whole checkpoint is for the report to show, as the CLI does.
     let _ = prepare(&mut ckpt, files, auto_needs).await;
-    Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
+    let mut report = Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?);
+    if let Some(name) = files.name() {
+        report.path = name;
+    }
+    Ok(report)
 }
 
 /// What `validate` finds in the checkpoint in `files`; a checkpoint that

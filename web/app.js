@@ -1,9 +1,11 @@
-// The page: pick or drop a checkpoint folder (or run the bundled sample),
-// show its report, decode it with the package, and offer the dense files.
+// The page: pick or drop a checkpoint folder (or run the bundled sample, or
+// name a Hub repository), show its report, decode it with the package, and
+// offer the dense files. `?endpoint=URL` reads the Hub from a mirror.
 import init, { dequantize, inspect, adapterInfo } from './pkg/wgpu_dequant.js';
 
 const SAMPLE = { dir: '../assets/sample-w4a16/', files: ['config.json', 'model.safetensors', 'recipe.yaml'] };
 const $ = (id) => document.getElementById(id);
+const endpoint = new URLSearchParams(location.search).get('endpoint') || undefined;
 let busy = false;
 
 function fmtBytes(n) {
@@ -48,21 +50,24 @@ function showReport(name, report) {
   return rows;
 }
 
+// `files`: a Map of name → File, or a Hub id (a string).
 async function run(name, files) {
   if (busy) return;
   busy = true;
   document.querySelectorAll('button, select, input').forEach((e) => { e.disabled = true; });
   const dtype = $('dtype').value;
   const backend = $('backend').value;
+  const hub = typeof files === 'string' ? { endpoint } : {};
   document.body.dataset.state = 'running';
   try {
-    const report = await inspect(files);
+    const report = await inspect(files, hub);
     const rows = showReport(name, report);
     const info = backend === 'cpu' ? null : await adapterInfo();
     $('ranon').textContent = info ? `WebGPU: ${info.name} (${info.deviceType.toLowerCase()} adapter)` : 'CPU (wasm)';
     const started = performance.now();
     let done = 0;
     const out = await dequantize(files, {
+      ...hub,
       dtype,
       backend,
       onProgress: (doneBytes, totalBytes, detail) => {
@@ -138,6 +143,11 @@ adapterInfo().then((info) => {
   $('adapter').className = info ? 'done' : 'wait';
 });
 $('sample').onclick = async () => run('assets/sample-w4a16', await sampleFiles());
+$('hubform').onsubmit = (ev) => {
+  ev.preventDefault();
+  const id = $('hubid').value.trim();
+  if (id) run(id, id);
+};
 $('folder').onchange = (ev) => {
   const list = [...ev.target.files];
   if (!list.length) return;

@@ -12,8 +12,8 @@
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use super::id::RepoId;
 use crate::error::{Error, Result};
+use crate::repo::RepoId;
 
 /// A cache root (`HF_HUB_CACHE`).
 #[derive(Debug, Clone)]
@@ -52,7 +52,7 @@ impl Cache {
     pub(crate) fn read_ref(&self, id: &RepoId) -> Option<String> {
         let text = fs::read_to_string(self.repo(id).join("refs").join(&id.revision)).ok()?;
         let commit = text.trim();
-        super::id::is_commit(commit).then(|| commit.to_string())
+        crate::repo::is_commit(commit).then(|| commit.to_string())
     }
 
     /// Records that `id`'s revision names `commit` (nothing for a commit).

@@ -195,19 +195,6 @@ pub(crate) fn etag(value: &str) -> String {
         .to_string()
 }
 
-/// `%`-escapes what a URL path segment cannot hold (a revision's `/`).
-pub(crate) fn escape(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +205,5 @@ mod tests {
         assert_eq!(join("http://h:1/a/b/c", "d"), "http://h:1/a/b/d");
         assert_eq!(join("http://h:1/a", "https://cdn/z"), "https://cdn/z");
         assert_eq!(etag("W/\"abc\""), "abc");
-        assert_eq!(escape("refs/pr/1"), "refs%2Fpr%2F1");
     }
 }

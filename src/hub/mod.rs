@@ -8,7 +8,6 @@
 
 mod cache;
 mod http;
-mod id;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -20,10 +19,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, Rule};
+use crate::repo::{self, RepoId, Revision};
 use crate::writer::{Download, Fetched};
 use cache::Cache;
 use http::Client;
-pub(crate) use id::RepoId;
 
 /// JSON answers (a revision's file list) larger than this are refused.
 const MAX_JSON: u64 = 64 << 20;
@@ -129,14 +128,9 @@ impl Remote {
         let endpoint = std::env::var("HF_ENDPOINT")
             .ok()
             .filter(|e| !e.trim().is_empty())
-            .unwrap_or_else(|| "https://huggingface.co".to_string());
+            .unwrap_or_else(|| repo::ENDPOINT.to_string());
         let client = Client::new(endpoint, token());
-        let url = format!(
-            "{}/api/models/{}/revision/{}?blobs=true",
-            client.endpoint,
-            id.repo,
-            http::escape(&id.revision)
-        );
+        let url = id.revision_url(&client.endpoint);
         let (_, resp) = client.follow(false, &url, None, &shown, |_| false)?;
         if !resp.status().is_success() {
             return Err(http::refusal(&resp, &id.to_string(), &shown));
@@ -149,37 +143,7 @@ impl Remote {
             .map_err(|e| {
                 Error::new(Rule::Io, &shown, "cannot read the Hub's answer").caused_by(e)
             })?;
-        let bad = |what: &str| {
-            Error::new(
-                Rule::Hub,
-                &shown,
-                format!("the Hub's revision answer {what}"),
-            )
-        };
-        let info: Value =
-            serde_json::from_slice(&text).map_err(|e| bad("is not JSON").caused_by(e))?;
-        let commit = info
-            .get("sha")
-            .and_then(Value::as_str)
-            .filter(|s| id::is_commit(s))
-            .ok_or_else(|| bad("has no commit (\"sha\")"))?
-            .to_string();
-        let siblings = info
-            .get("siblings")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("lists no files"))?;
-        // Top-level files only: a checkpoint is one folder, and a name
-        // with a folder in it could lead out of the cache.
-        let files = siblings
-            .iter()
-            .filter_map(|s| {
-                let name = s.get("rfilename")?.as_str()?;
-                let plain =
-                    !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..";
-                let size = s.get("size").and_then(Value::as_u64);
-                plain.then(|| (name.to_string(), size))
-            })
-            .collect();
+        let Revision { id, commit, files } = Revision::parse(id, &text)?;
         cache.write_ref(&id, &commit)?;
         Ok(Input::Hub(Box::new(Remote {
             id,
@@ -220,7 +184,7 @@ impl Remote {
             self.client.endpoint,
             self.id.repo,
             self.commit,
-            http::escape(file)
+            repo::escape(file)
         );
         let has_etag = |r: &ureq::http::Response<ureq::Body>| {
             http::header(r, "x-linked-etag")
@@ -863,6 +827,10 @@ impl crate::stream::Files for Fetcher<'_> {
 }
 
 impl crate::stream::Files for Remote {
+    fn name(&self) -> Option<String> {
+        Some(self.pinned())
+    }
+
     fn list(&self) -> Vec<(String, u64)> {
         // A file whose size the Hub will not state is left out; reading
         // the checkpoint then names what is missing.

@@ -1,12 +1,15 @@
 //! wgpu-dequant in a browser: the library's `Dequantize::stream` over the
-//! `File`s (or bytes) a page hands in, and the dense files handed back as
-//! `Blob`s. Backend choice, fallback and planning are the library's; this
-//! file only translates between JavaScript and Rust.
+//! `File`s (or bytes) a page hands in, or over a Hugging Face Hub
+//! repository read with `fetch` (its revision pinned to a commit, byte
+//! ranges of its files), and the dense files handed back as `Blob`s.
+//! Backend choice, fallback, planning and the Hub's protocol are the
+//! library's; this file only translates between JavaScript and Rust.
 //!
 //! ```js
 //! import init, { dequantize, inspect, adapterInfo } from './pkg/wgpu_dequant.js';
 //! await init();
 //! const out = await dequantize(files, { dtype: 'auto', backend: 'auto', onProgress });
+//! const hub = await dequantize('org/name', { revision: 'main', token, endpoint });
 //! ```
 #![cfg(target_arch = "wasm32")]
 
@@ -15,7 +18,8 @@ use std::ops::Range;
 use js_sys::{Array, Function, Map, Object, Reflect, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
-use web_sys::Blob;
+use web_sys::{Blob, Headers, Request, RequestInit, Response};
+use wgpu_dequant::repo::{self, RepoId, Revision};
 use wgpu_dequant::stream::{self, Part};
 use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, GpuDecoder, Note, Rule};
 
@@ -109,6 +113,185 @@ impl stream::Files for Files {
     }
 }
 
+/// A repository on the Hub (or a mirror at `endpoint`), pinned to the
+/// commit its revision is, read by `fetch` (the Hub answers with CORS).
+struct HubFiles {
+    endpoint: String,
+    token: Option<String>,
+    revision: Revision,
+}
+
+impl HubFiles {
+    /// The repository `id` names (`ORG/NAME[@REV]`), with `options`'
+    /// `revision`, `endpoint` and `token`.
+    async fn open(id: &str, options: &JsValue) -> Result<HubFiles, JsValue> {
+        let named = RepoId::parse(id).ok_or_else(|| {
+            js_error(&argument(format!(
+                "{id}: not a Hub id (ORG/NAME or ORG/NAME@REVISION)"
+            )))
+        })?;
+        let revision = optional_string(options, "revision")?;
+        let endpoint =
+            optional_string(options, "endpoint")?.unwrap_or_else(|| repo::ENDPOINT.into());
+        let token = optional_string(options, "token")?;
+        let id = named.at(revision.as_deref());
+        let shown = id.to_string();
+        let answer = fetch(&id.revision_url(&endpoint), None, token.as_deref(), &shown)
+            .await
+            .map_err(|e| js_error(&e))?;
+        let revision = Revision::parse(id, &answer).map_err(|e| js_error(&e))?;
+        Ok(HubFiles {
+            endpoint,
+            token,
+            revision,
+        })
+    }
+
+    /// Bytes `range` of `file`, fetched.
+    async fn range(&self, file: &str, range: Range<u64>) -> wgpu_dequant::Result<Vec<u8>> {
+        let url = self.revision.file_url(&self.endpoint, file);
+        let shown = format!("{}/{file}", self.revision.pinned());
+        fetch(&url, Some(range), self.token.as_deref(), &shown).await
+    }
+}
+
+impl stream::Files for HubFiles {
+    fn name(&self) -> Option<String> {
+        Some(self.revision.pinned())
+    }
+
+    fn list(&self) -> Vec<(String, u64)> {
+        // The revision answer (asked with its blobs) sizes every file.
+        let files = self.revision.files.iter();
+        files
+            .filter_map(|(n, size)| Some((n.clone(), (*size)?)))
+            .collect()
+    }
+
+    async fn read(&self, name: &str, range: Range<u64>) -> wgpu_dequant::Result<Vec<u8>> {
+        self.range(name, range).await
+    }
+}
+
+/// `url`'s bytes (`range` of them, asked with a `Range` header), by the
+/// page's `fetch`; failures named after `shown`, with the Hub's rules.
+async fn fetch(
+    url: &str,
+    range: Option<Range<u64>>,
+    token: Option<&str>,
+    shown: &str,
+) -> wgpu_dequant::Result<Vec<u8>> {
+    let failed = |rule: Rule, detail: String| Error::new(rule, shown, detail);
+    let js = |what: &str| {
+        let what = what.to_string();
+        move |e: JsValue| failed(Rule::Io, format!("{what}: {e:?}"))
+    };
+    let headers = Headers::new().map_err(js("cannot ask"))?;
+    if let Some(r) = &range {
+        let asked = format!("bytes={}-{}", r.start, r.end.saturating_sub(1));
+        headers.set("Range", &asked).map_err(js("cannot ask"))?;
+    }
+    if let Some(t) = token {
+        headers
+            .set("Authorization", &format!("Bearer {t}"))
+            .map_err(js("cannot ask"))?;
+    }
+    let init = RequestInit::new();
+    init.set_method("GET");
+    init.set_headers(&headers);
+    let request = Request::new_with_str_and_init(url, &init).map_err(js("cannot ask"))?;
+    // The window's fetch, or a worker's.
+    let fetch: Function = Reflect::get(&js_sys::global(), &"fetch".into())
+        .and_then(|f| f.dyn_into().map_err(JsValue::from))
+        .map_err(js("no fetch here"))?;
+    let promise: js_sys::Promise = fetch
+        .call1(&JsValue::NULL, &request)
+        .and_then(|p| p.dyn_into().map_err(JsValue::from))
+        .map_err(js("cannot reach the Hub"))?;
+    let response: Response = JsFuture::from(promise)
+        .await
+        .and_then(|r| r.dyn_into().map_err(JsValue::from))
+        .map_err(js("cannot reach the Hub"))?;
+    let status = response.status();
+    if !response.ok() {
+        let detail = match status {
+            401 | 403 => "the Hub refuses it (gated or private: pass a token)".to_string(),
+            404 => "the Hub has no such repository, revision or file".to_string(),
+            s => format!("the Hub answered {s}"),
+        };
+        return Err(failed(Rule::Hub, detail));
+    }
+    let body = response
+        .array_buffer()
+        .map_err(js("cannot read the Hub's answer"))?;
+    let body = JsFuture::from(body)
+        .await
+        .map_err(js("cannot read the Hub's answer"))?;
+    let bytes = Uint8Array::new(&body);
+    let Some(r) = range else {
+        return Ok(bytes.to_vec());
+    };
+    let want = r.end - r.start;
+    let (at, len) = match status {
+        // The range itself.
+        206 => (0, bytes.length() as u64),
+        // The whole file: the server ignored the range.
+        _ => (r.start, (bytes.length() as u64).saturating_sub(r.start)),
+    };
+    if len < want {
+        let detail = format!("the Hub sent {len} of the {want} bytes asked for");
+        return Err(failed(Rule::Hub, detail));
+    }
+    Ok(bytes.subarray(at as u32, (at + want) as u32).to_vec())
+}
+
+/// What a page hands in: the files of a checkpoint, or a Hub id.
+enum Input {
+    Files(Files),
+    Hub(HubFiles),
+}
+
+impl Input {
+    /// `source`: a `Map` or object of files, or a Hub id (a string).
+    async fn from_js(source: &JsValue, options: &JsValue) -> Result<Input, JsValue> {
+        match source.as_string() {
+            Some(id) => Ok(Input::Hub(HubFiles::open(&id, options).await?)),
+            None => Ok(Input::Files(Files::from_js(source)?)),
+        }
+    }
+}
+
+impl stream::Files for Input {
+    fn name(&self) -> Option<String> {
+        match self {
+            Input::Files(f) => f.name(),
+            Input::Hub(h) => h.name(),
+        }
+    }
+
+    fn list(&self) -> Vec<(String, u64)> {
+        match self {
+            Input::Files(f) => f.list(),
+            Input::Hub(h) => h.list(),
+        }
+    }
+
+    async fn read(&self, name: &str, range: Range<u64>) -> wgpu_dequant::Result<Vec<u8>> {
+        match self {
+            Input::Files(f) => f.read(name, range).await,
+            Input::Hub(h) => h.read(name, range).await,
+        }
+    }
+}
+
+/// A part of an output file: a `Blob` made now, or a range of a Hub
+/// file, fetched once the decoding is over (the parts come in order,
+/// synchronously).
+enum OutPart {
+    Blob(JsValue),
+    Hub(String, Range<u64>),
+}
+
 fn argument(detail: impl Into<String>) -> Error {
     Error::bare(Rule::Argument, detail)
 }
@@ -129,20 +312,26 @@ fn option(options: &JsValue, key: &str) -> JsValue {
     }
 }
 
-fn string_option(options: &JsValue, key: &str, default: &str) -> Result<String, JsValue> {
+fn optional_string(options: &JsValue, key: &str) -> Result<Option<String>, JsValue> {
     let v = option(options, key);
     if v.is_undefined() || v.is_null() {
-        return Ok(default.to_string());
+        return Ok(None);
     }
     v.as_string()
+        .map(Some)
         .ok_or_else(|| js_error(&argument(format!("options.{key}: a string"))))
 }
 
-/// Dequantizes the checkpoint in `files` to the files the CLI writes:
-/// a `Map` of file name → `Blob`.
+fn string_option(options: &JsValue, key: &str, default: &str) -> Result<String, JsValue> {
+    Ok(optional_string(options, key)?.unwrap_or_else(|| default.to_string()))
+}
+
+/// Dequantizes the checkpoint in `files` (or the Hub repository that
+/// string names, with `options.revision`, `.endpoint`, `.token`) to the
+/// files the CLI writes: a `Map` of file name → `Blob`.
 #[wasm_bindgen]
 pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue> {
-    let files = Files::from_js(&files)?;
+    let files = Input::from_js(&files, &options).await?;
     let dtype: DtypeChoice = string_option(&options, "dtype", "auto")?
         .parse()
         .map_err(|e| js_error(&e))?;
@@ -166,36 +355,49 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
     };
     // Each part becomes a Blob at once, so the browser may keep it out of
     // this tab's memory; the files are Blobs of those.
-    let out: Vec<(String, Array)> = Vec::new();
+    let out: Vec<(String, Vec<OutPart>)> = Vec::new();
     let out = std::cell::RefCell::new(out);
     let failed = std::cell::RefCell::new(None);
+    let stored = |file: &str, range: Option<Range<u64>>| -> Result<OutPart, JsValue> {
+        match &files {
+            Input::Files(f) => {
+                let s = f
+                    .get(file)
+                    .ok_or_else(|| js_error(&Error::new(Rule::Io, file, "not handed in")))?;
+                let p = s.part(range.unwrap_or(0..s.len()))?;
+                Ok(OutPart::Blob(
+                    Blob::new_with_blob_sequence(&Array::of1(&p))?.into(),
+                ))
+            }
+            Input::Hub(h) => {
+                let size = stream::Files::list(h).into_iter().find(|(n, _)| n == file);
+                let range = range.or(size.map(|(_, s)| 0..s));
+                let range = range.ok_or_else(|| {
+                    js_error(&Error::new(
+                        Rule::Hub,
+                        file,
+                        "the Hub states no size for it",
+                    ))
+                })?;
+                Ok(OutPart::Hub(file.to_string(), range))
+            }
+        }
+    };
     let emit = |name: &str, part: Part| {
-        let blob = match part {
+        let made = match part {
             Part::Bytes(bytes) => {
                 let array = Array::of1(&Uint8Array::from(&bytes[..]));
-                Blob::new_with_u8_array_sequence(&array)
+                Blob::new_with_u8_array_sequence(&array).map(|b| OutPart::Blob(b.into()))
             }
-            Part::Stored { file, range } => match files.get(&file) {
-                Some(s) => s
-                    .part(range)
-                    .and_then(|p| Blob::new_with_blob_sequence(&Array::of1(&p))),
-                None => Err(js_error(&Error::new(Rule::Io, &file, "not handed in"))),
-            },
-            Part::File(file) => match files.get(&file) {
-                Some(s) => s
-                    .part(0..s.len())
-                    .and_then(|p| Blob::new_with_blob_sequence(&Array::of1(&p))),
-                None => Err(js_error(&Error::new(Rule::Io, &file, "not handed in"))),
-            },
+            Part::Stored { file, range } => stored(&file, Some(range)),
+            Part::File(file) => stored(&file, None),
         };
-        match blob {
-            Ok(blob) => {
+        match made {
+            Ok(part) => {
                 let mut out = out.borrow_mut();
                 match out.iter().position(|(n, _)| n == name) {
-                    Some(i) => {
-                        out[i].1.push(&blob);
-                    }
-                    None => out.push((name.to_string(), Array::of1(&blob))),
+                    Some(i) => out[i].1.push(part),
+                    None => out.push((name.to_string(), vec![part])),
                 }
             }
             Err(e) => {
@@ -224,15 +426,33 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
     }
     let map = Map::new();
     for (name, parts) in out.into_inner() {
-        map.set(&name.into(), &Blob::new_with_blob_sequence(&parts)?.into());
+        let blobs = Array::new();
+        for part in parts {
+            match part {
+                OutPart::Blob(b) => blobs.push(&b),
+                OutPart::Hub(file, range) => {
+                    let Input::Hub(h) = &files else {
+                        return Err(js_error(&Error::bare(
+                            Rule::Internal,
+                            "a Hub part of local files",
+                        )));
+                    };
+                    let bytes = h.range(&file, range).await.map_err(|e| js_error(&e))?;
+                    let array = Array::of1(&Uint8Array::from(&bytes[..]));
+                    blobs.push(&Blob::new_with_u8_array_sequence(&array)?.into())
+                }
+            };
+        }
+        map.set(&name.into(), &Blob::new_with_blob_sequence(&blobs)?.into());
     }
     Ok(map)
 }
 
-/// What `inspect --json` prints for the checkpoint in `files`.
+/// What `inspect --json` prints for the checkpoint in `files` (or the Hub
+/// repository that string names, with `options` as for `dequantize`).
 #[wasm_bindgen]
-pub async fn inspect(files: JsValue) -> Result<JsValue, JsValue> {
-    let files = Files::from_js(&files)?;
+pub async fn inspect(files: JsValue, options: JsValue) -> Result<JsValue, JsValue> {
+    let files = Input::from_js(&files, &options).await?;
     let report = stream::inspect(&files).await.map_err(|e| js_error(&e))?;
     let text = serde_json::to_string(&report).map_err(|e| JsError::new(&e.to_string()))?;
     js_sys::JSON::parse(&text)

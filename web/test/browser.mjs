@@ -1,8 +1,10 @@
 // The browser package in a real browser: headless Chromium (WebGPU on its
 // SwiftShader adapter: Dawn + Tint, not wgpu) dequantizes every fixture
 // through the JS API on 'gpu' and 'cpu' and must give the CLI's files, byte
-// for byte; malformed checkpoints must be refused with the CLI's rule and
-// line; the page must run the bundled sample and fill its table.
+// for byte, and so must a Hub id read from a mock Hub on another origin;
+// malformed checkpoints must be refused with the CLI's rule and line; the
+// page must run the bundled sample and fill its table, a picked folder and
+// a typed Hub id.
 //
 // Usage: node web/test/browser.mjs  (after web/build.sh and a build of the
 // CLI; WGPU_DEQUANT_BIN names the CLI, target/debug/wgpu-dequant by default).
@@ -62,6 +64,61 @@ const server = http.createServer((req, res) => {
 });
 await new Promise((ok) => server.listen(0, '127.0.0.1', ok));
 const base = `http://127.0.0.1:${server.address().port}`;
+
+// A mock of the Hub on another origin (so that CORS is what lets the page
+// read it): the revision API, resolve (a redirect to the CDN for
+// safetensors), and the CDN, which honours Range. It serves the sharded
+// fixture as org/sharded.
+const hubDir = path.join(root, 'tests/fixtures/sharded-nvfp4a16/model');
+const hubRepo = 'org/sharded';
+const commit = 'c0ffee'.padEnd(40, '0');
+const hubFiles = Object.fromEntries(filesOf(hubDir).map((f) => {
+  const bytes = fs.readFileSync(path.join(hubDir, f));
+  return [f, { bytes, sha: sha256(bytes) }];
+}));
+const hubLog = [];
+const cors = { 'access-control-allow-origin': '*', 'access-control-expose-headers': 'content-range, content-length' };
+function send(res, bytes, range) {
+  const r = range && /^bytes=(\d+)-(\d*)$/.exec(range);
+  if (!r) {
+    res.writeHead(200, { ...cors, 'content-length': bytes.length }).end(bytes);
+    return;
+  }
+  const a = Number(r[1]);
+  const b = r[2] ? Math.min(Number(r[2]), bytes.length - 1) : bytes.length - 1;
+  res.writeHead(206, { ...cors, 'content-range': `bytes ${a}-${b}/${bytes.length}`, 'content-length': b - a + 1 })
+    .end(bytes.subarray(a, b + 1));
+}
+const hub = http.createServer((req, res) => {
+  const url = new URL(req.url, 'http://x');
+  hubLog.push({ method: req.method, path: url.pathname, range: req.headers.range });
+  if (req.method === 'OPTIONS') {
+    res.writeHead(204, { ...cors, 'access-control-allow-headers': 'range, authorization' }).end();
+    return;
+  }
+  if (url.pathname === `/api/models/${hubRepo}/revision/main`) {
+    const siblings = Object.entries(hubFiles).map(([n, f]) => ({ rfilename: n, size: f.bytes.length }));
+    res.writeHead(200, { ...cors, 'content-type': 'application/json' })
+      .end(JSON.stringify({ id: hubRepo, sha: commit, siblings }));
+    return;
+  }
+  const resolve = url.pathname.match(/^\/org\/sharded\/resolve\/([^/]+)\/(.+)$/);
+  const named = resolve && resolve[1] === commit && hubFiles[decodeURIComponent(resolve[2])];
+  if (named) {
+    if (resolve[2].endsWith('.safetensors')) res.writeHead(302, { ...cors, location: `/cdn/${named.sha}` }).end();
+    else send(res, named.bytes, req.headers.range);
+    return;
+  }
+  const cdn = url.pathname.match(/^\/cdn\/([0-9a-f]{64})$/);
+  const blob = cdn && Object.values(hubFiles).find((f) => f.sha === cdn[1]);
+  if (blob) {
+    send(res, blob.bytes, req.headers.range);
+    return;
+  }
+  res.writeHead(404, { ...cors, 'x-error-code': 'RepoNotFound' }).end();
+});
+await new Promise((ok) => hub.listen(0, '127.0.0.1', ok));
+const hubBase = `http://127.0.0.1:${hub.address().port}`;
 
 const browser = await puppeteer.launch({
   executablePath: chromium,
@@ -157,6 +214,40 @@ try {
   delete report.path;
   check(JSON.stringify(report) === JSON.stringify(cliReport), 'inspect: the report inspect --json prints');
 
+  // A Hub id: read from the mock Hub (another origin) by range, the CLI's
+  // files on both backends; inspect's report; an unknown repository and
+  // what is no id are refused with the CLI's rules.
+  const wantHub = runCli(hubDir, 'auto');
+  const fromHub = (source, options) => page.evaluate(async (source, options) => {
+    const hex = (b) => [...new Uint8Array(b)].map((x) => x.toString(16).padStart(2, '0')).join('');
+    try {
+      const out = await window.wd.dequantize(source, options);
+      const got = {};
+      for (const [name, blob] of out) got[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
+      return { files: got };
+    } catch (e) {
+      return { error: e.message, rule: e.rule };
+    }
+  }, source, options);
+  for (const backend of ['gpu', 'cpu']) {
+    hubLog.length = 0;
+    const got = await fromHub(hubRepo, { endpoint: hubBase, backend });
+    const same = JSON.stringify(sorted(got.files)) === JSON.stringify(sorted(wantHub.files));
+    check(same, `${hubRepo} from the Hub on ${backend}: the CLI's files${same ? '' : `\n  got  ${JSON.stringify(got)}\n  want ${JSON.stringify(wantHub)}`}`);
+    const whole = hubLog.filter((h) => h.path.startsWith('/cdn/') && !h.range);
+    check(hubLog.some((h) => h.range) && whole.length === 0, `  its shards read by range only (${whole.length} whole)`);
+  }
+  const hubReport = await page.evaluate((id, endpoint) => window.wd.inspect(id, { endpoint }), hubRepo, hubBase);
+  const cliHubReport = JSON.parse(spawnSync(cli, ['inspect', hubDir, '--json']).stdout.toString());
+  check(hubReport.path === undefined || hubReport.path.includes(hubRepo), `inspect names the repository: ${hubReport.path}`);
+  delete hubReport.path;
+  delete cliHubReport.path;
+  check(JSON.stringify(hubReport) === JSON.stringify(cliHubReport), 'inspect of a Hub id: the report inspect --json prints');
+  const missing = await fromHub('org/missing', { endpoint: hubBase });
+  check(missing.rule === 'HUB-001', `an unknown repository: ${missing.error}`);
+  const notId = await fromHub('not/an/id', {});
+  check(notId.rule === 'ARG-001', `not a Hub id: ${notId.error}`);
+
   // The page: run the sample, see the table fill in, offer the files.
   await page.setViewport({ width: 1180, height: 900 });
   await page.goto(`${base}/web/index.html`);
@@ -194,7 +285,24 @@ try {
   check(picked.state === 'done' && picked.ranOn.startsWith('CPU')
     && JSON.stringify(sorted(picked.files)) === JSON.stringify(sorted(wantSharded.files)),
   `a picked folder on the CPU: the CLI's files (${picked.state}, ${picked.ranOn})`);
+  // A Hub id typed into the page (its Hub the mock: ?endpoint=).
+  await page.goto(`${base}/web/index.html?endpoint=${encodeURIComponent(hubBase)}`);
+  await page.waitForSelector('body[data-state="ready"]', { timeout: 60000 });
+  await page.evaluate(() => { window.lastOutput = null; });
+  await page.type('#hubid', hubRepo);
+  await page.click('#hubrun');
+  await page.waitForFunction(() => window.lastOutput || document.body.dataset.state === 'failed', { timeout: 120000 });
+  const typed = await page.evaluate(async () => {
+    const hex = (b) => [...new Uint8Array(b)].map((x) => x.toString(16).padStart(2, '0')).join('');
+    const got = {};
+    for (const [name, blob] of window.lastOutput || []) got[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
+    return { state: document.body.dataset.state, error: document.getElementById('error').textContent, files: got };
+  });
+  check(typed.state === 'done' && JSON.stringify(sorted(typed.files)) === JSON.stringify(sorted(wantHub.files)),
+    `a Hub id in the page: the CLI's files (${typed.state} ${typed.error})`);
   await page.select('#backend', 'auto');
+  // The sample is fetched before its run starts: "done" must be its own.
+  await page.evaluate(() => { document.body.dataset.state = 'ready'; });
   await page.click('#sample');
   await page.waitForSelector('body[data-state="done"]', { timeout: 120000 });
 
@@ -244,6 +352,7 @@ try {
 } finally {
   await browser.close();
   server.close();
+  hub.close();
   fs.rmSync(scratch, { recursive: true, force: true });
 }
 console.log(failures ? `${failures} failed` : 'all passed');
