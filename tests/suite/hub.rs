@@ -20,7 +20,7 @@ fn model() -> PathBuf {
 
 /// The CLI with the mock as its endpoint and `cache` as its cache; no
 /// token and no offline switch from the caller's environment.
-pub(crate) fn cli(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn command(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(bin());
     cmd.args(args)
         .env("HF_ENDPOINT", &hub.endpoint)
@@ -32,7 +32,12 @@ pub(crate) fn cli(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().unwrap()
+    cmd
+}
+
+/// [`command`], run to its end.
+pub(crate) fn cli(hub: &MockHub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    command(hub, cache, args, env).output().unwrap()
 }
 
 /// `dequantize REPO -o out --backend cpu --quiet` from the mock.
@@ -495,9 +500,10 @@ fn hub_runs_refused_by_planning_download_no_shard() {
 
 /// Hostile servers are hostile input: a redirect loop, a redirect to
 /// another scheme, a `Content-Length` that promises more than comes, a
-/// shard whose header length is absurd and an index naming a file outside
-/// the repository are each one error line with a rule id; nothing is
-/// written outside the cache and the output, and nothing panics.
+/// shard whose header length is absurd, an index naming a file the
+/// repository lacks and one naming a file outside it are each one error
+/// line with a rule id; nothing is written outside the cache and the
+/// output, and nothing panics.
 #[test]
 fn hub_hostile_servers_are_one_line_errors() {
     let tmp = tempfile::tempdir().unwrap();
@@ -583,6 +589,19 @@ fn hub_hostile_servers_are_one_line_errors() {
         &["inspect", REPO],
         "ST-001",
         &[shard],
+    );
+
+    // An index that names a file the repository does not have.
+    let gone = tmp.path().join("gone");
+    copy_dir(&model(), &gone);
+    std::fs::remove_file(gone.join(shard)).unwrap();
+    let hub = serve(&gone, Faults::default());
+    check(
+        &hub,
+        "missing file",
+        &["inspect", REPO],
+        "ST-002",
+        &[shard, "does not exist"],
     );
 
     // An index that names a file outside the repository.

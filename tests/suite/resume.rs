@@ -260,6 +260,28 @@ fn resume_keeps_only_files_of_the_same_job_with_their_bytes() {
     assert_files(&files(&out), &want, "plain run after an interrupted one");
 }
 
+/// Runs `cmd` and kills it with SIGKILL the moment the journal in
+/// `staging` lists `after` of its `total` files (stopped first, so that it
+/// writes nothing more).
+#[cfg(unix)]
+fn kill_after(mut cmd: Command, staging: &Path, after: usize, total: usize, what: &str) {
+    let mut child = cmd.spawn().unwrap();
+    loop {
+        if journaled(staging).len() >= after {
+            let pid = child.id().to_string();
+            Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+            Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("{what}: the run ended ({status}) before {after} files were journaled");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let _ = child.wait();
+    assert!(journaled(staging).len() < total, "{what}: killed too late");
+}
+
 /// The command line killed with SIGKILL after one and after three of five
 /// output files, then run again with `--resume`: the bytes of one plain run;
 /// `--shards` jobs resume the same way.
@@ -303,25 +325,7 @@ fn resume_after_sigkill_equals_one_run() {
                 shards[0].trim_end_matches(".safetensors")
             )),
         };
-        let mut child = cli(&out, &extra).spawn().unwrap();
-        // Stopped the moment the journal lists enough files, then killed.
-        loop {
-            if journaled(&staging).len() >= after {
-                let pid = child.id().to_string();
-                Command::new("kill").args(["-STOP", &pid]).status().unwrap();
-                Command::new("kill").args(["-KILL", &pid]).status().unwrap();
-                break;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("{what}: the run ended ({status}) before {after} files were journaled");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let _ = child.wait();
-        assert!(
-            journaled(&staging).len() < shards.len(),
-            "{what}: killed too late"
-        );
+        kill_after(cli(&out, &extra), &staging, after, shards.len(), what);
         ok(&cli(&out, &extra).output().unwrap(), what);
         let got = files(&out);
         if extra.is_empty() {
@@ -395,4 +399,49 @@ fn hub_runs_resume_without_downloading_what_was_finished() {
         assert!(!got(done), "{done} fetched again: {fetched:?}");
     }
     assert!(got(&shards[2]) && got(&shards[3]), "{fetched:?}");
+}
+
+/// A Hub run killed with SIGKILL after one and after three of five output
+/// files (its shards coming in slowly), then run again with `--resume`:
+/// the bytes of one local run.
+#[cfg(unix)]
+#[test]
+fn hub_resume_after_sigkill_equals_one_run() {
+    use crate::common::hub::{Faults, MockHub};
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let shards = checkpoint(&input, 5, (256, 512));
+    let reference = tmp.path().join("reference");
+    run(&input, &reference, false, None, None).unwrap();
+    let want = files(&reference);
+    let repo = "org/killed";
+    let hub = MockHub::serve(
+        repo,
+        &input,
+        Faults {
+            slow: Some(std::time::Duration::from_millis(5)),
+            ..Faults::default()
+        },
+    );
+    for after in [1, 3] {
+        let what = format!("from the Hub, killed after {after}");
+        let (cache, out) = (
+            tmp.path().join(format!("cache-{after}")),
+            tmp.path().join(format!("out-{after}")),
+        );
+        let args = [
+            "dequantize",
+            repo,
+            "-o",
+            out.to_str().unwrap(),
+            "--backend",
+            "cpu",
+            "--quiet",
+            "--resume",
+        ];
+        let cmd = crate::hub::command(&hub, &cache, &args, &[]);
+        kill_after(cmd, &out.join(STAGING), after, shards.len(), &what);
+        ok(&crate::hub::cli(&hub, &cache, &args, &[]), &what);
+        assert_files(&files(&out), &want, &what);
+    }
 }
