@@ -1004,3 +1004,123 @@ fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The matrix product kernel: y = x·Wᵀ (+ bias), W read from the packs the
+// fast kernel decodes (same Params, same word and scale lookups, same
+// fast_value), never written out dense. W is the dense weight dequantize
+// writes: each value rounded to the output dtype (OUT), widened back to f32.
+// x is [m, cols] and y [m, n] row-major f32; the bias, when there is one,
+// is f32 in src after the chunk's inputs.
+//
+// A workgroup takes GEMV_ROWS rows of W and MT rows of x: the WG /
+// GEMV_ROWS invocations of a row read its code words in turn (neighbouring
+// invocations, neighbouring words), decode each once and multiply it with
+// the MT rows of x, summing in f32 in word order; the row's partial sums
+// are then added pairwise in workgroup memory, in a fixed order, so a
+// result is the same from run to run.
+
+struct Gemv {
+    m: u32,       // rows of x and y
+    n: u32,       // y's row length (W's rows, every chunk's)
+    bias: u32,    // word index in src of this chunk's first row's bias, or NO_G_IDX
+    _pad: u32,
+}
+
+@group(0) @binding(3) var<storage, read> xs: array<f32>;
+@group(0) @binding(4) var<uniform> gm: Gemv;
+
+override GEMV_ROWS: u32 = 4u;  // rows of W per workgroup
+override MT: u32 = 1u;         // rows of x per workgroup, 1..=8
+
+var<workgroup> sums: array<f32, 2048>;  // MT partial sums of each invocation
+
+// `v` as dequantize writes it (rounded to OUT), widened back.
+fn as_written(v: f32) -> f32 {
+    if (OUT == OUT_BF16) {
+        return bitcast<f32>(to_bf16(v) << 16u);
+    }
+    if (OUT == OUT_F16) {
+        return f16_to_f32(to_f16(v));
+    }
+    return v;
+}
+
+@compute @workgroup_size(WG)
+fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (CODE == CODE_TABLE) {
+        for (var i = li; i < (1u << BITS); i = i + WG) {
+            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
+        }
+        workgroupBarrier();
+    }
+    let per_row = WG / GEMV_ROWS;
+    let lane = li % per_row;
+    let local = wid.x * GEMV_ROWS + li / per_row;
+    let m0 = wid.y * MT;
+    var acc: array<f32, 8>;
+    if (local < p.fast_rows) {
+        let flat = p.first_row + local;
+        let k = div_small(p.row0 + local, p.rows);
+        let slice = p.slice0 + k;
+        let row = p.row0 + local - k * p.rows;
+        let mask = (1u << BITS) - 1u;
+        for (var w = lane; w < p.words_per_row; w = w + per_row) {
+            let col0 = w * PER;
+            let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits + col0 * BITS;
+            let sh = pos & 31u;
+            var word = lsb_first(src[pos >> 5u]);
+            if (sh != 0u) {
+                word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+            }
+            let n = min(PER, p.cols - col0);
+            var s = 1.0;
+            var g = 0u;
+            if (SCALED) {
+                g = div_small(col0, p.sgrid.col_div);
+                s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
+            }
+            var z = 0.0;
+            if (ZERO == ZERO_PACKED) {
+                let b = row * BITS;
+                let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
+                    + (b >> 5u) * p.zero.word_bits + (b & 31u);
+                z = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
+            } else if (ZERO == ZERO_PLAIN) {
+                let zg = div_small(col0, p.zgrid.col_div);
+                z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
+            }
+            for (var i = 0u; i < n; i = i + 1u) {
+                let v = as_written(fast_value((word >> (i * BITS)) & mask, z, s, flat, col0 + i));
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    let m = min(m0 + t, gm.m - 1u);
+                    acc[t] = acc[t] + v * xs[m * p.cols + col0 + i];
+                }
+            }
+        }
+    }
+    for (var t = 0u; t < MT; t = t + 1u) {
+        sums[li * MT + t] = acc[t];
+    }
+    workgroupBarrier();
+    for (var half = per_row / 2u; half > 0u; half = half / 2u) {
+        if (lane < half) {
+            for (var t = 0u; t < MT; t = t + 1u) {
+                sums[li * MT + t] = sums[li * MT + t] + sums[(li + half) * MT + t];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && local < p.fast_rows) {
+        for (var t = 0u; t < MT; t = t + 1u) {
+            let m = m0 + t;
+            if (m < gm.m) {
+                var y = sums[li * MT + t];
+                if (gm.bias != NO_G_IDX) {
+                    y = y + bitcast<f32>(src[gm.bias + local]);
+                }
+                dst[p.out_base + m * gm.n + p.first_row + local] = bitcast<u32>(y);
+            }
+        }
+    }
+}

@@ -78,7 +78,7 @@ pub mod repo;
 mod run;
 pub mod stream;
 
-pub use backend::gpu::GpuDecoder;
+pub use backend::gpu::{GpuDecoder, PackedLinear};
 pub use backend::BackendChoice;
 pub use convert::ConvertTo;
 pub use error::{Cause, Error, Result, Rule};

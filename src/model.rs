@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use safetensors::Dtype;
 
-use crate::backend::gpu::GpuDecoder;
+use crate::backend::gpu::{GpuDecoder, PackedLinear};
 use crate::backend::{Backend, BackendChoice};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::output::Output;
+use crate::output::{Output, Source};
 use crate::plan::{DtypeChoice, Plan};
 
 self_cell::self_cell!(
@@ -199,5 +199,83 @@ impl Model {
     /// usage flags.
     pub fn decode_to_buffer(&self, name: &str, decoder: &GpuDecoder) -> Result<wgpu::Buffer> {
         self.output(name)?.to_buffer(decoder)
+    }
+
+    /// The job decoding quantized weight `weight`, and its Linear's bias
+    /// (`<module>.bias`, when the checkpoint has one) widened to f32.
+    fn linear(&self, weight: &str) -> Result<(&crate::job::DecodeJob<'_>, Option<Vec<f32>>)> {
+        let Source::Decode(job) = &self.output(weight)?.source else {
+            return Err(Error::tensor(
+                Rule::Argument,
+                self.cell.borrow_owner().display_path(),
+                weight,
+                "is not a quantized weight",
+            ));
+        };
+        let bias = match weight.strip_suffix(".weight").map(|m| format!("{m}.bias")) {
+            Some(b) if self.output(&b).is_ok() => Some(self.decode_f32(&b, BackendChoice::Cpu)?),
+            _ => None,
+        };
+        Ok((job, bias))
+    }
+
+    /// Quantized weight `weight` (a dense tensor's name, `<module>.weight`)
+    /// resident on `decoder`'s device as its packs are stored, with its
+    /// Linear's bias when the checkpoint has one, for
+    /// [`GpuDecoder::record_matmul`]: the dense weight is never made. Its
+    /// bytes are read from the checkpoint a chunk at a time.
+    pub fn upload_packed(&self, weight: &str, decoder: &GpuDecoder) -> Result<PackedLinear> {
+        pollster::block_on(self.upload_packed_async(weight, decoder))
+    }
+
+    /// [`Model::upload_packed`], awaited (in a browser).
+    pub async fn upload_packed_async(
+        &self,
+        weight: &str,
+        decoder: &GpuDecoder,
+    ) -> Result<PackedLinear> {
+        let (job, bias) = self.linear(weight)?;
+        decoder
+            .upload_linear_async(job, bias.as_deref(), weight)
+            .await
+    }
+
+    /// `y = x·Wᵀ (+ bias)` on the CPU for the `m` rows of `x` (`[m, k]`,
+    /// row-major, k the weight's columns): W is quantized weight `weight`
+    /// as [`Model::decode`] writes it, widened to f32; each output a
+    /// sequential f32 sum. What [`GpuDecoder::matmul`] computes, for apps
+    /// without an adapter and for tests.
+    pub fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let (_, bias) = self.linear(weight)?;
+        let info = self.info(weight)?;
+        let (n, k) = match info.shape[..] {
+            [n, k] => (n, k),
+            _ => {
+                return Err(Error::tensor(
+                    Rule::Argument,
+                    self.cell.borrow_owner().display_path(),
+                    weight,
+                    "is not a 2-D weight",
+                ))
+            }
+        };
+        if x.len() != m * k {
+            let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
+            return Err(Error::tensor(
+                Rule::Argument,
+                self.cell.borrow_owner().display_path(),
+                weight,
+                detail,
+            ));
+        }
+        let w = self.decode_f32(weight, BackendChoice::Cpu)?;
+        let mut y = vec![0f32; m * n];
+        for (xm, ym) in x.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
+            for (j, (yj, wj)) in ym.iter_mut().zip(w.chunks_exact(k.max(1))).enumerate() {
+                let dot = wj.iter().zip(xm).fold(0f32, |acc, (a, b)| acc + a * b);
+                *yj = dot + bias.as_ref().map_or(0.0, |b| b[j]);
+            }
+        }
+        Ok(y)
     }
 }

@@ -521,6 +521,7 @@ fn shaders_translate_for_every_backend() {
                 .into_iter()
                 .map(|set| ("fast_t", set)),
         );
+        let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| ("gemv", set)));
         for (entry, set) in sets {
             let mut constants = naga::back::PipelineConstants::default();
             let mut variant = entry.to_string();
@@ -649,6 +650,40 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
 /// Override constants of the fast kernels: every `BITS` with every `CODE_*`
 /// and `OUT_*` constant of `module`, each with the other overrides at their
 /// usual values and varied one at a time. None for a shader without `fast`.
+/// The products' kernel (`gemv`, layout::Fast's constants without COPY or
+/// LOW_RANK, which it refuses): every code and output with one and with
+/// eight rows of x, and each zero point, the unscaled, high-first and
+/// post-scaled kernels with eight.
+fn gemv_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
+    if !module.entry_points.iter().any(|e| e.name == "gemv") {
+        return Vec::new();
+    }
+    let fixed = [("WG", 256), ("GEMV_ROWS", 4)];
+    let mut all = Vec::new();
+    // fast_variants' sets: BITS, CODE, OUT, then at most one extra.
+    for set in fast_variants(module) {
+        let refused = set
+            .iter()
+            .any(|(k, _)| matches!(*k, "COPY" | "LOW_RANK" | "WG"));
+        let plain = set.len() == 3;
+        // The extras on 4-bit codes through the code table (CODE 0) alone.
+        let extras = set[0].1 == 4 && set[1].1 == 0;
+        if refused || !(plain || extras) {
+            continue;
+        }
+        for mt in if plain { vec![1, 8] } else { vec![8] } {
+            all.push(
+                set.iter()
+                    .copied()
+                    .chain(fixed)
+                    .chain([("MT", mt)])
+                    .collect(),
+            );
+        }
+    }
+    all
+}
+
 fn fast_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
     if !module.entry_points.iter().any(|e| e.name == "fast") {
         return Vec::new();

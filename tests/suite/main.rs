@@ -18,6 +18,7 @@ mod gptq;
 mod gpu;
 mod hub;
 mod interruption;
+mod matmul;
 mod model;
 mod moe;
 mod rejections;

@@ -7,6 +7,9 @@
 //! the previous one.
 
 mod layout;
+mod matmul;
+
+pub use matmul::PackedLinear;
 
 use futures::channel::oneshot;
 use std::collections::HashMap;
@@ -235,6 +238,8 @@ pub struct GpuDecoder {
     /// Idle pairs of slots; each call takes one, so calls from several
     /// threads run at once and keep the queue full between them.
     slots: std::sync::Mutex<Vec<[Slot; 2]>>,
+    /// The products with packed weights' layouts and pipelines.
+    gemv: matmul::Pipelines,
 }
 
 impl GpuDecoder {
@@ -263,6 +268,7 @@ impl GpuDecoder {
             fast: true,
             dispatched: Default::default(),
             slots: Default::default(),
+            gemv: matmul::Pipelines::new(device),
         }
     }
 

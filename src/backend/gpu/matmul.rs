@@ -1,0 +1,323 @@
+//! Products with packed weights: a quantized Linear's packs resident on the
+//! device as stored (the fast kernel's `src`, chunk by chunk), and
+//! `y = x·Wᵀ (+ bias)` computed from them by decode.wgsl's `gemv`, which
+//! decodes each word with the fast kernel's own code. W is never dense,
+//! on the host or the device.
+
+use super::layout::{self, Fast, Kernel};
+use super::{gpu_err, GpuDecoder, PARAMS, SRC, DST};
+use crate::error::{Error, Result, Rule};
+use crate::job::DecodeJob;
+
+/// `gemv`'s bindings past the decode kernels' three.
+const XS: u32 = 3;
+const GEMV: u32 = 4;
+
+/// Rows of W a workgroup takes (of 256 invocations: 64 to a row).
+const GEMV_ROWS: u32 = 4;
+/// The workgroup size `gemv` is built with, whatever the decoder's.
+const GEMV_WG: u32 = 256;
+/// Rows of x a workgroup multiplies at once, at most.
+const MAX_MT: u32 = 8;
+
+/// `gemv`'s own uniform block (decode.wgsl's `Gemv`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GemvParams {
+    m: u32,
+    n: u32,
+    bias: u32,
+    _pad: u32,
+}
+
+/// What `bias` holds when there is none (decode.wgsl's `NO_G_IDX`).
+const NO_BIAS: u32 = u32::MAX;
+
+/// The five bindings of `gemv`: the decode kernels' three (W's chunk in
+/// `src`, y as `dst`), x, and the product's own parameters.
+pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
+    let buffer = |binding, ty, min_size: u64| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: std::num::NonZeroU64::new(min_size),
+        },
+        count: None,
+    };
+    let storage = |read_only| wgpu::BufferBindingType::Storage { read_only };
+    let params = std::mem::size_of::<layout::Params>() as u64;
+    let gemv = std::mem::size_of::<GemvParams>() as u64;
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("wgpu-dequant gemv bindings"),
+        entries: &[
+            // The chunk's layout::Params, as the fast kernel reads them.
+            buffer(PARAMS, wgpu::BufferBindingType::Uniform, params),
+            // The chunk's packs (and tables, and its rows' f32 bias after them).
+            buffer(SRC, storage(true), 4),
+            // y: [m, n] f32, the app's.
+            buffer(DST, storage(false), 4),
+            // x: [m, k] f32, the app's.
+            buffer(XS, storage(true), 4),
+            buffer(GEMV, wgpu::BufferBindingType::Uniform, gemv),
+        ],
+    })
+}
+
+/// One chunk of rows of a packed Linear: its parameters and packs.
+#[derive(Debug)]
+struct Part {
+    kernel: Fast,
+    params: wgpu::Buffer,
+    src: wgpu::Buffer,
+    /// Word index of its rows' bias in `src`, or [`NO_BIAS`].
+    bias: u32,
+    /// Its rows of W.
+    rows: u32,
+}
+
+/// A quantized Linear's weights resident on a GPU device as they are
+/// stored (codes, scales, zero points, tables), ready for
+/// [`GpuDecoder::record_matmul`]: `y = x·Wᵀ (+ bias)` for the dense weight
+/// W that `dequantize` writes, which is never made.
+#[derive(Debug)]
+pub struct PackedLinear {
+    /// Output features: W's rows, y's row length.
+    pub n: usize,
+    /// Input features: W's columns, x's row length.
+    pub k: usize,
+    parts: Vec<Part>,
+    bytes: u64,
+}
+
+impl PackedLinear {
+    /// Bytes it holds on the device.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl GpuDecoder {
+    /// Uploads the packs of `job` (a 2-D weight a fast kernel decodes) and
+    /// `bias`, one chunk at a time, read from where they are stored.
+    pub(crate) async fn upload_linear_async(
+        &self,
+        job: &DecodeJob<'_>,
+        bias: Option<&[f32]>,
+        what: &str,
+    ) -> Result<PackedLinear> {
+        let refuse = |detail: &str| Err(Error::new(Rule::Argument, what, detail.to_string()));
+        let Some(kernel) = Fast::for_job(job) else {
+            return refuse("its packs are not ones the GPU multiplies by (yet): it takes straight 4- and 8-bit packs without g_idx");
+        };
+        if job.dims.slices != 1 || kernel.low_rank != layout::LowRankMode::None {
+            return refuse("not a plain 2-D Linear");
+        }
+        let (n, k) = (job.dims.rows, job.dims.cols);
+        if bias.is_some_and(|b| b.len() != n) {
+            return refuse("its bias has not one value per output");
+        }
+        let chunks = layout::plan(job, Kernel::Fast(kernel), 0..n, &self.limits)?;
+        self.scoped(async {
+            let mut parts = Vec::with_capacity(chunks.len());
+            let mut bytes = 0;
+            for chunk in &chunks {
+                let rows = &chunk.rows;
+                let bias = bias.map(|b| &b[rows.clone()]);
+                let bias_at = chunk.src_len;
+                let size = bias_at + bias.map_or(0, |b| 4 * b.len() as u64);
+                let src = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgpu-dequant packed weights"),
+                    size: size.max(4),
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                for r in &chunk.regions {
+                    self.write_padded(&src, r.offset, &r.bytes);
+                }
+                if let Some(b) = bias {
+                    self.queue.write_buffer(&src, bias_at, bytemuck::cast_slice(b));
+                }
+                let params = self.uniform("wgpu-dequant packed weights' params", bytemuck::bytes_of(&chunk.params));
+                bytes += src.size() + params.size();
+                parts.push(Part {
+                    kernel,
+                    params,
+                    src,
+                    bias: if bias.is_some() { (bias_at / 4) as u32 } else { NO_BIAS },
+                    rows: rows.len() as u32,
+                });
+            }
+            self.queue.submit([]);
+            Ok(PackedLinear { n, k, parts, bytes })
+        })
+        .await
+    }
+
+    /// A uniform buffer holding `bytes`.
+    fn uniform(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&b, 0, bytes);
+        b
+    }
+
+    /// The `gemv` pipeline of `kernel` taking `mt` rows of x at once.
+    fn gemv_pipeline(&self, kernel: Fast, mt: u32) -> wgpu::ComputePipeline {
+        let mut cache = self.gemv.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry((kernel, mt))
+            .or_insert_with(|| {
+                let mut constants = kernel.constants().to_vec();
+                constants.extend([("WG", GEMV_WG as f64), ("GEMV_ROWS", GEMV_ROWS as f64), ("MT", mt as f64)]);
+                self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&format!("wgpu-dequant gemv, {mt} rows of x ({})", Kernel::Fast(kernel).label())),
+                    layout: Some(&self.gemv.pipeline_layout),
+                    module: &self.module,
+                    entry_point: Some("gemv"),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: &constants,
+                        ..Default::default()
+                    },
+                    cache: None,
+                })
+            })
+            .clone()
+    }
+
+    /// Records `y = x·Wᵀ (+ bias)` into `encoder`, for the `m` rows of `x`
+    /// (`[m, w.k]` f32, row-major) into `y` (`[m, w.n]` f32): buffers of
+    /// this decoder's device with `STORAGE` usage. Each weight is decoded
+    /// once per 8 rows of x; the sums are f32, in a fixed order, so a
+    /// result is the same from run to run on one device.
+    pub fn record_matmul(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        w: &PackedLinear,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        m: u32,
+    ) -> Result<()> {
+        let (n, k) = (w.n as u64, w.k as u64);
+        if m == 0 {
+            return Ok(());
+        }
+        if x.size() < 4 * m as u64 * k || y.size() < 4 * m as u64 * n {
+            return Err(Error::bare(
+                Rule::Argument,
+                format!("matmul: x holds {} bytes and y {}, for {m} rows of {k} inputs and {n} outputs", x.size(), y.size()),
+            ));
+        }
+        let mt = m.min(MAX_MT);
+        let m_groups = m.div_ceil(mt);
+        let max = self.limits.max_groups_per_dim;
+        for part in &w.parts {
+            let row_groups = part.rows.div_ceil(GEMV_ROWS);
+            if row_groups > max || m_groups > max {
+                return Err(gpu_err(format!("matmul: {} rows and {m} rows of x exceed this device's {max} workgroups a dimension", part.rows)));
+            }
+            let gemv = GemvParams {
+                m,
+                n: w.n as u32,
+                bias: part.bias,
+                _pad: 0,
+            };
+            let gemv = self.uniform("wgpu-dequant gemv params", bytemuck::bytes_of(&gemv));
+            fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+                wgpu::BindGroupEntry {
+                    binding,
+                    resource: buffer.as_entire_binding(),
+                }
+            }
+            let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("wgpu-dequant gemv bindings"),
+                layout: &self.gemv.bind_group_layout,
+                entries: &[
+                    entry(PARAMS, &part.params),
+                    entry(SRC, &part.src),
+                    entry(DST, y),
+                    entry(XS, x),
+                    entry(GEMV, &gemv),
+                ],
+            });
+            let pipeline = self.gemv_pipeline(part.kernel, mt);
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("wgpu-dequant gemv"),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(row_groups, m_groups, 1);
+        }
+        Ok(())
+    }
+
+    /// `y = x·Wᵀ (+ bias)` for the `m` rows of `x` (`[m, w.k]`), read back:
+    /// [`GpuDecoder::record_matmul`] for tests and simple apps.
+    pub async fn matmul_async(&self, w: &PackedLinear, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        if x.len() != m * w.k {
+            return Err(Error::bare(
+                Rule::Argument,
+                format!("matmul: x holds {} values, not {m} rows of {}", x.len(), w.k),
+            ));
+        }
+        if m == 0 || w.n == 0 {
+            return Ok(Vec::new());
+        }
+        let m32 = u32::try_from(m).map_err(|_| Error::bare(Rule::Argument, "matmul: too many rows of x"))?;
+        self.scoped(async {
+            let xs = self.storage("wgpu-dequant matmul x", (4 * x.len()) as u64, wgpu::BufferUsages::COPY_DST);
+            self.queue.write_buffer(&xs, 0, bytemuck::cast_slice(x));
+            let ys = self.storage("wgpu-dequant matmul y", (4 * m * w.n) as u64, wgpu::BufferUsages::COPY_SRC);
+            let mut encoder = self.encoder("wgpu-dequant matmul");
+            self.record_matmul(&mut encoder, w, &xs, &ys, m32)?;
+            self.queue.submit([encoder.finish()]);
+            let bytes = self.read_back_async(&ys).await?;
+            Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        })
+        .await
+    }
+
+    /// [`GpuDecoder::matmul_async`], blocking.
+    pub fn matmul(&self, w: &PackedLinear, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        pollster::block_on(self.matmul_async(w, x, m))
+    }
+
+    /// A storage buffer of `size` bytes, with `usage` too.
+    fn storage(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::STORAGE | usage,
+            mapped_at_creation: false,
+        })
+    }
+}
+
+/// `gemv`'s layouts and pipelines, made with the decoder.
+pub(super) struct Pipelines {
+    bind_group_layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+    pipelines: std::sync::Mutex<std::collections::HashMap<(Fast, u32), wgpu::ComputePipeline>>,
+}
+
+impl Pipelines {
+    pub(super) fn new(device: &wgpu::Device) -> Pipelines {
+        let bind_group_layout = bind_group_layout(device);
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("wgpu-dequant gemv pipeline layout"),
+            bind_group_layouts: &[Some(&bind_group_layout)],
+            immediate_size: 0,
+        });
+        Pipelines {
+            bind_group_layout,
+            pipeline_layout,
+            pipelines: Default::default(),
+        }
+    }
+}

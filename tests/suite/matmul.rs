@@ -1,0 +1,248 @@
+//! Products with packed weights: `y = x·Wᵀ (+ bias)` on the GPU straight
+//! from the packs (`Model::upload_packed`, `GpuDecoder::matmul`) and on the
+//! CPU (`Model::matmul_cpu`), for every quantized Linear of the fixtures
+//! the GPU multiplies, against an f64 product of the very dense weight
+//! `dequantize` writes: within `K·2⁻²⁴·Σ|w·x|` (plus the bias's rounding),
+//! the same bits from run to run.
+
+use std::path::Path;
+
+use crate::common::{fixtures, gpu_test, Rng};
+use wgpu_dequant::{BackendChoice, DtypeChoice, GpuDecoder, Model, Rule};
+
+/// Rows of x tried: one (a token), a few, past a workgroup's 8, and 64.
+const MS: [usize; 4] = [1, 3, 17, 64];
+
+/// The fixtures whose Linears the GPU multiplies (straight 4- and 8-bit
+/// packs: int, NVFP4, MXFP4, int8, FP8).
+const FIXTURES: [&str; 8] = [
+    "w4a16-g128",
+    "w4a16-asym-g128",
+    "w8a16-g128",
+    "nvfp4a16",
+    "mxfp4a16",
+    "fp8-dynamic",
+    "fp8-block-bf16",
+    "modelopt-nvfp4",
+];
+
+/// x: `m` rows of `k` values of mixed signs and magnitudes.
+fn random_x(rng: &mut Rng, m: usize, k: usize, scale: f32) -> Vec<f32> {
+    (0..m * k)
+        .map(|_| {
+            let u = rng.below(1 << 20) as f32 / (1 << 20) as f32 - 0.5;
+            u * scale * (1 + rng.below(4)) as f32
+        })
+        .collect()
+}
+
+/// The f64 product of `w` (`[n, k]`) with `x` (`[m, k]`), plus `bias`, and
+/// the bound each f32 result must keep to: `K·2⁻²⁴·Σ|w·x|`, and half an
+/// ulp of the result for the bias's addition.
+fn reference(
+    w: &[f32],
+    x: &[f32],
+    bias: Option<&[f32]>,
+    (m, n, k): (usize, usize, usize),
+) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(m * n);
+    for xm in x.chunks_exact(k) {
+        for (j, wj) in w.chunks_exact(k).enumerate() {
+            let (mut dot, mut abs) = (0f64, 0f64);
+            for (a, b) in wj.iter().zip(xm) {
+                dot += *a as f64 * *b as f64;
+                abs += (*a as f64 * *b as f64).abs();
+            }
+            let b = bias.map_or(0.0, |b| b[j] as f64);
+            let y = dot + b;
+            out.push((
+                y,
+                k as f64 * abs * 2f64.powi(-24) + y.abs() * 2f64.powi(-24) + f64::MIN_POSITIVE,
+            ));
+        }
+    }
+    out
+}
+
+/// Asserts every value of `got` within its bound of `want`.
+fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, (y, bound))) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - y).abs();
+        assert!(
+            err <= *bound,
+            "{what}: y[{i}] = {g}, f64 {y}, error {err:e} above the bound {bound:e}"
+        );
+    }
+}
+
+/// The quantized Linears of `model` the GPU multiplies: their weights' names.
+fn linears(model: &Model, decoder: &GpuDecoder) -> Vec<String> {
+    model
+        .tensors()
+        .filter(|t| t.name.ends_with(".weight") && t.shape.len() == 2)
+        .filter(|t| model.upload_packed(&t.name, decoder).is_ok())
+        .map(|t| t.name)
+        .collect()
+}
+
+fn check_model(dir: &Path, decoder: &GpuDecoder, rng: &mut Rng) -> usize {
+    let model = Model::open(dir, DtypeChoice::Auto).unwrap();
+    let names = linears(&model, decoder);
+    for name in &names {
+        let info = model.info(name).unwrap();
+        let (n, k) = (info.shape[0], info.shape[1]);
+        let w = model.decode_f32(name, BackendChoice::Cpu).unwrap();
+        let bias_name = name.replace(".weight", ".bias");
+        let bias = model.decode_f32(&bias_name, BackendChoice::Cpu).ok();
+        let packed = model.upload_packed(name, decoder).unwrap();
+        assert!(
+            packed.gpu_bytes() > 0 && packed.gpu_bytes() < (n * k * 2) as u64,
+            "{name}: {} bytes on the GPU",
+            packed.gpu_bytes()
+        );
+        for m in MS {
+            let what = format!("{} {name} m={m}", dir.display());
+            let x = random_x(rng, m, k, 1.0);
+            let want = reference(&w, &x, bias.as_deref(), (m, n, k));
+            let gpu = decoder.matmul(&packed, &x, m).unwrap();
+            assert_within(&gpu, &want, &format!("{what} on the GPU"));
+            let again = decoder.matmul(&packed, &x, m).unwrap();
+            assert!(
+                gpu.iter()
+                    .zip(&again)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: not the same bits twice"
+            );
+            let cpu = model.matmul_cpu(name, &x, m).unwrap();
+            assert_within(&cpu, &want, &format!("{what} on the CPU"));
+        }
+    }
+    names.len()
+}
+
+#[test]
+fn matmul_of_every_fixture_linear_keeps_to_the_bound() {
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0001);
+        for f in FIXTURES {
+            let count = check_model(&fixtures().join(f).join("model"), &decoder, &mut rng);
+            assert!(count > 0, "{f}: no Linear the GPU multiplies");
+        }
+    });
+}
+
+/// Values near f32's largest: x scaled so that the sums reach about 10³⁷
+/// stay finite and within the bound; a weight the GPU does not multiply
+/// (a copied tensor) and an x of the wrong length are one-line errors.
+#[test]
+fn matmul_near_overflow_and_refusals() {
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let model = Model::open(fixtures().join("w4a16-g128/model"), DtypeChoice::Auto).unwrap();
+        let name = linears(&model, &decoder).into_iter().next().unwrap();
+        let info = model.info(&name).unwrap();
+        let (n, k) = (info.shape[0], info.shape[1]);
+        let w = model.decode_f32(&name, BackendChoice::Cpu).unwrap();
+        let packed = model.upload_packed(&name, &decoder).unwrap();
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0002);
+        let x = random_x(&mut rng, 2, k, 1e36);
+        let want = reference(&w, &x, None, (2, n, k));
+        let gpu = decoder.matmul(&packed, &x, 2).unwrap();
+        assert!(gpu.iter().all(|v| v.is_finite()), "overflowed");
+        assert!(
+            want.iter().any(|(y, _)| y.abs() > 1e36),
+            "not near overflow"
+        );
+        assert_within(&gpu, &want, "near overflow on the GPU");
+        assert_within(
+            &model.matmul_cpu(&name, &x, 2).unwrap(),
+            &want,
+            "near overflow on the CPU",
+        );
+
+        let e = model
+            .upload_packed("model.embed_tokens.weight", &decoder)
+            .unwrap_err();
+        assert_eq!(e.rule, Rule::Argument, "{e}");
+        assert!(e.to_string().contains("not a quantized weight"), "{e}");
+        let e = decoder.matmul(&packed, &x[..k], 2).unwrap_err();
+        assert_eq!(e.rule, Rule::Argument, "{e}");
+        let e = model.matmul_cpu(&name, &x[..k + 1], 1).unwrap_err();
+        assert_eq!(e.rule, Rule::Argument, "{e}");
+    });
+}
+
+/// A Linear whose inputs are no multiple of a workgroup's words (200
+/// inputs: 25 words, in groups of 40), whose outputs are no multiple of a
+/// workgroup's rows (37), with a bias: within the bound on both sides.
+#[test]
+fn matmul_of_odd_shapes_with_a_bias() {
+    use crate::common::producer::pack_fields;
+    use crate::common::{ct_config, write_checkpoint, Tensor};
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let (n, k, g) = (37usize, 200usize, 40usize);
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0003);
+        let m = "model.layers.0.mlp.down_proj";
+        let words: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                let fields: Vec<u32> = (0..k).map(|_| rng.below(16) as u32).collect();
+                pack_fields(&fields, 4, false)
+            })
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        let bf16 = |rng: &mut Rng, count: usize, top: u16| -> Vec<u8> {
+            (0..count)
+                .flat_map(|_| {
+                    ((top + rng.below(0x80) as u16) | ((rng.below(2) as u16) << 15)).to_le_bytes()
+                })
+                .collect()
+        };
+        let shape: Vec<u8> = [n as i64, k as i64]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let tensors = [
+            Tensor::new(format!("{m}.weight_packed"), "I32", &[n, k / 8], words),
+            Tensor::new(
+                format!("{m}.weight_scale"),
+                "BF16",
+                &[n, k / g],
+                bf16(&mut rng, n * k / g, 0x3C00),
+            ),
+            Tensor::new(format!("{m}.weight_shape"), "I64", &[2], shape),
+            Tensor::new(format!("{m}.bias"), "BF16", &[n], bf16(&mut rng, n, 0x3F00)),
+        ];
+        let weights = serde_json::json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": g});
+        let dir = tmp.path().join("odd");
+        write_checkpoint(
+            &dir,
+            &tensors,
+            ct_config("pack-quantized", weights, "0.19.0"),
+        );
+        let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
+        let name = format!("{m}.weight");
+        let w = model.decode_f32(&name, BackendChoice::Cpu).unwrap();
+        let bias = model
+            .decode_f32(&format!("{m}.bias"), BackendChoice::Cpu)
+            .unwrap();
+        let packed = model.upload_packed(&name, &decoder).unwrap();
+        for rows in [1, 9, 64] {
+            let x = random_x(&mut rng, rows, k, 3.0);
+            let want = reference(&w, &x, Some(&bias), (rows, n, k));
+            assert_within(
+                &decoder.matmul(&packed, &x, rows).unwrap(),
+                &want,
+                &format!("m={rows} on the GPU"),
+            );
+            assert_within(
+                &model.matmul_cpu(&name, &x, rows).unwrap(),
+                &want,
+                &format!("m={rows} on the CPU"),
+            );
+        }
+    });
+}
