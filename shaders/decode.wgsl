@@ -1032,6 +1032,9 @@ struct Gemv {
 
 override GEMV_ROWS: u32 = 4u;  // rows of W per workgroup
 override MT: u32 = 1u;         // rows of x per workgroup, 1..=8
+// The bench's baseline: the same reads of words, scales, zero points and
+// x, each word summed as a number instead of decoded.
+override READ: bool = false;
 
 var<workgroup> sums: array<f32, 2048>;  // MT partial sums of each invocation
 
@@ -1090,6 +1093,13 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let zg = div_small(col0, p.zgrid.col_div);
                 z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
             }
+            if (READ) {
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    let m = min(m0 + t, gm.m - 1u);
+                    acc[t] = acc[t] + (f32(word & 0xffffu) - z) * s * xs[m * p.cols + col0];
+                }
+                continue;
+            }
             for (var i = 0u; i < n; i = i + 1u) {
                 let v = as_written(fast_value((word >> (i * BITS)) & mask, z, s, flat, col0 + i));
                 for (var t = 0u; t < MT; t = t + 1u) {
@@ -1099,6 +1109,12 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
+    gemv_finish(acc, li, lane, local, m0, per_row);
+}
+
+// Adds up each row's partial sums pairwise (a fixed order) and writes y,
+// with the bias.
+fn gemv_finish(acc: array<f32, 8>, li: u32, lane: u32, local: u32, m0: u32, per_row: u32) {
     for (var t = 0u; t < MT; t = t + 1u) {
         sums[li * MT + t] = acc[t];
     }
@@ -1123,4 +1139,28 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
+}
+
+// The bench's other baseline, the path an app has without packed products:
+// the same product with a dense bf16 W (two to a word in src, rows
+// p.words_per_row words apart), in gemv's geometry and order.
+@compute @workgroup_size(WG)
+fn gemv_dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let per_row = WG / GEMV_ROWS;
+    let lane = li % per_row;
+    let local = wid.x * GEMV_ROWS + li / per_row;
+    let m0 = wid.y * MT;
+    var acc: array<f32, 8>;
+    if (local < p.fast_rows) {
+        for (var w = lane; w < p.words_per_row; w = w + per_row) {
+            let word = src[local * p.words_per_row + w];
+            let lo = bitcast<f32>(word << 16u);
+            let hi = bitcast<f32>(word & 0xffff0000u);
+            for (var t = 0u; t < MT; t = t + 1u) {
+                let m = min(m0 + t, gm.m - 1u);
+                acc[t] = acc[t] + lo * xs[m * p.cols + 2u * w] + hi * xs[m * p.cols + 2u * w + 1u];
+            }
+        }
+    }
+    gemv_finish(acc, li, lane, local, m0, per_row);
 }

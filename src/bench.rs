@@ -39,17 +39,22 @@ pub struct Figure {
     pub seconds: f64,
     /// Best time of the baseline, seconds.
     pub baseline_seconds: f64,
+    /// Rows of x of a product (`bench --gemv`).
+    pub m: Option<usize>,
+    /// Bytes the baseline handles, when not `bytes` (a product's baseline
+    /// reads other bytes).
+    pub baseline_bytes: Option<u64>,
 }
 
 impl Figure {
-    /// Output GB/s of the measured operation.
+    /// GB/s of the measured operation (output bytes; bytes read by a product).
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.seconds / 1e9
     }
 
-    /// Output GB/s of the baseline.
+    /// GB/s of the baseline.
     pub fn baseline_gbps(&self) -> f64 {
-        self.bytes as f64 / self.baseline_seconds / 1e9
+        self.baseline_bytes.unwrap_or(self.bytes) as f64 / self.baseline_seconds / 1e9
     }
 
     /// Measured speed as a fraction of the baseline's.
@@ -61,24 +66,32 @@ impl Figure {
 impl Figure {
     /// The line `bench --json` prints.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut line = serde_json::json!({
             "backend": self.backend,
             "case": self.what,
             "gbps": self.gbps(),
             "baseline": self.baseline,
             "baseline_gbps": self.baseline_gbps(),
             "ratio": self.ratio(),
-        })
+        });
+        if let Some(m) = self.m {
+            line["m"] = m.into();
+        }
+        line
     }
 }
 
 impl std::fmt::Display for Figure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.m {
+            Some(m) => format!("{} m={m}", self.what),
+            None => self.what.clone(),
+        };
         write!(
             f,
             "{} {:<40} {:>8.2} GB/s   {:<31} {:>8.2} GB/s   ratio {:.2}",
             self.backend,
-            self.what,
+            what,
             self.gbps(),
             self.baseline,
             self.baseline_gbps(),
@@ -512,6 +525,8 @@ pub(crate) fn cpu_kernels(
                 bytes: bytes as u64,
                 seconds: t,
                 baseline_seconds: copy,
+                m: None,
+                baseline_bytes: None,
             });
             let zero_points = matches!(layout, Layout::Gptq | Layout::Awq);
             for base in straight
@@ -532,6 +547,8 @@ pub(crate) fn cpu_kernels(
                     bytes: bytes as u64,
                     seconds: t,
                     baseline_seconds: s,
+                    m: None,
+                    baseline_bytes: None,
                 });
             }
         }
@@ -572,6 +589,8 @@ fn against_copy(
         bytes: job.out_bytes() as u64,
         seconds: decode,
         baseline_seconds: copy,
+        m: None,
+        baseline_bytes: None,
     })
 }
 
@@ -617,11 +636,111 @@ pub(crate) fn gpu_kernels(
                     bytes: input as u64,
                     seconds: decode,
                     baseline_seconds: upload,
+                    m: None,
+                    baseline_bytes: None,
                 });
             }
         }
     }
     figures.extend(gpu_input_packed(decoder, rows, cols, runs, only, &wait)?);
+    Ok(figures)
+}
+
+/// The weights `bench --gemv` multiplies by, `[out, in]`: a square and an
+/// MLP's two projections of a 7B-class model, and a MoE expert.
+pub const GEMV_SHAPES: [(usize, usize); 4] =
+    [(4096, 4096), (4096, 14336), (14336, 4096), (2048, 768)];
+
+/// Rows of x `bench --gemv` multiplies with: a token, and batches.
+pub const GEMV_MS: [usize; 4] = [1, 4, 16, 64];
+
+/// Products with packed weights (`gemv`, bf16 model weights) of every
+/// layout the GPU multiplies by, per shape and rows of x, against the read
+/// kernel (the same packed bytes and x read with the same geometry, summed
+/// as numbers) and against the product with the same weight dense in bf16
+/// (what an app does without packed products). GB/s count the bytes each
+/// kernel reads: packs (or the dense weight) and x.
+pub(crate) fn gpu_gemv(
+    decoder: &GpuDecoder,
+    shapes: &[(usize, usize)],
+    runs: usize,
+    only: &str,
+) -> Result<Vec<Figure>> {
+    use crate::backend::gpu::Product;
+    let wait = || {
+        decoder
+            .device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::bare(Rule::Gpu, "bench: poll").caused_by(e))
+    };
+    let device = decoder.device();
+    let buffer = |bytes: u64, usage: wgpu::BufferUsages| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-dequant bench gemv"),
+            size: bytes.max(4),
+            usage: wgpu::BufferUsages::STORAGE | usage,
+            mapped_at_creation: false,
+        })
+    };
+    let mut figures = Vec::new();
+    for &(n, k) in shapes {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let dense: Vec<u8> = (0..n * k)
+            .flat_map(|_| (0x3c00u16 | rng.u16(..0x200)).to_le_bytes())
+            .collect();
+        let dense = decoder.upload_dense_bf16((n, k), &dense)?;
+        for layout in Layout::ALL.into_iter().filter(|l| l.name().contains(only)) {
+            let w = Weight::random(layout, n, k, 7);
+            let job = w.job(OutDtype::Bf16);
+            let Ok(packed) =
+                pollster::block_on(decoder.upload_linear_async(&job, None, layout.name()))
+            else {
+                continue;
+            };
+            for &m in &GEMV_MS {
+                let x = buffer((4 * m * k) as u64, wgpu::BufferUsages::COPY_DST);
+                let xs: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
+                decoder
+                    .queue()
+                    .write_buffer(&x, 0, bytemuck::cast_slice(&xs));
+                let y = buffer((4 * m * n) as u64, wgpu::BufferUsages::empty());
+                let time = |w: &crate::backend::gpu::PackedLinear, product| {
+                    best(runs, || {
+                        let mut encoder = device.create_command_encoder(&Default::default());
+                        decoder.record_product(&mut encoder, w, (&x, &y, m as u32), product)?;
+                        decoder.queue().submit([encoder.finish()]);
+                        wait()
+                    })
+                };
+                let ours = time(&packed, Product::Decoded)?;
+                let read = time(&packed, Product::Read)?;
+                let plain = time(&dense, Product::Decoded)?;
+                let x_bytes = (4 * m * k) as u64;
+                let what = format!("{} {n}x{k}", layout.name());
+                let figure = |baseline: &str, seconds, bytes| Figure {
+                    backend: "gpu",
+                    what: what.clone(),
+                    baseline: baseline.to_string(),
+                    bytes: packed.gpu_bytes() + x_bytes,
+                    seconds: ours,
+                    baseline_seconds: seconds,
+                    m: Some(m),
+                    baseline_bytes: Some(bytes),
+                };
+                figures.push(figure(
+                    "read kernel, same bytes and geometry",
+                    read,
+                    packed.gpu_bytes() + x_bytes,
+                ));
+                figures.push(figure(
+                    "dense bf16 gemv",
+                    plain,
+                    (2 * n * k) as u64 + x_bytes,
+                ));
+            }
+        }
+    }
     Ok(figures)
 }
 
@@ -1040,6 +1159,8 @@ pub(crate) fn end_to_end(
             bytes,
             seconds,
             baseline_seconds: baseline,
+            m: None,
+            baseline_bytes: None,
         },
         input_bytes,
         peak_rss: peak,
@@ -1078,6 +1199,9 @@ pub struct Settings {
     pub backend: BackendChoice,
     /// Only the kernel cases whose name contains this ("" for all).
     pub only: String,
+    /// Products with packed weights (`--gemv`) of these `[out, in]` shapes
+    /// instead of decoding ([`GEMV_SHAPES`] by default).
+    pub gemv: Option<Vec<(usize, usize)>>,
 }
 
 /// What `bench` reports, in order.
@@ -1131,6 +1255,21 @@ pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
             }
         }
     };
+    if let Some(shapes) = &settings.gemv {
+        match gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
+            Some((b, decoder)) => {
+                show(Line::Say(b.name()));
+                gpu_gemv(decoder, shapes, runs, &settings.only)?
+                    .into_iter()
+                    .for_each(|f| show(Line::Figure(f)));
+            }
+            None => show(Line::Say(
+                "gemv: not measured: products run on a GPU (--backend gpu measures any adapter)"
+                    .into(),
+            )),
+        }
+        return Ok(());
+    }
     if backend != BackendChoice::Gpu {
         cpu_kernels(rows, cols, runs, &settings.only)?
             .into_iter()

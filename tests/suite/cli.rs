@@ -547,6 +547,69 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
     });
 }
 
+/// `bench --gemv --json`: for every fast format and every M, one line
+/// against the read kernel and one against the dense bf16 product, with
+/// `m` and ratios that are the baseline's time over ours.
+#[test]
+fn bench_gemv_lines_have_both_baselines_for_every_m() {
+    gpu_test(|_| {
+        let o = run(&[
+            "bench",
+            "--backend",
+            "gpu",
+            "--gemv",
+            "--gemv-shape",
+            "8x256",
+            "--json",
+            "--runs",
+            "1",
+        ]);
+        ok(&o, "bench --gemv --json");
+        let lines: Vec<Value> = stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        for format in ["int4 g128", "nvfp4", "mxfp4", "int8"] {
+            for m in [1, 4, 16, 64] {
+                let baselines: Vec<&str> = lines
+                    .iter()
+                    .filter(|l| {
+                        l["case"].as_str().is_some_and(|c| c.starts_with(format)) && l["m"] == m
+                    })
+                    .filter_map(|l| l["baseline"].as_str())
+                    .collect();
+                assert!(
+                    baselines.iter().any(|b| b.contains("read"))
+                        && baselines.iter().any(|b| b.contains("dense")),
+                    "{format} m={m}: {baselines:?}"
+                );
+            }
+        }
+        for l in &lines {
+            let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+            assert_eq!(
+                keys,
+                [
+                    "backend",
+                    "case",
+                    "gbps",
+                    "baseline",
+                    "baseline_gbps",
+                    "ratio",
+                    "m"
+                ]
+            );
+            assert!(l["case"].as_str().unwrap().ends_with("8x256"), "{l}");
+            let (g, b, r) = (
+                l["gbps"].as_f64(),
+                l["baseline_gbps"].as_f64(),
+                l["ratio"].as_f64(),
+            );
+            assert!(g > Some(0.0) && b > Some(0.0) && r > Some(0.0), "{l}");
+        }
+    });
+}
+
 /// The sample run as a newcomer meets it: no `XDG_RUNTIME_DIR`, nothing set
 /// for the GPU. Every line on stderr is the tool's own.
 #[test]

@@ -522,6 +522,18 @@ fn shaders_translate_for_every_backend() {
                 .map(|set| ("fast_t", set)),
         );
         let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| ("gemv", set)));
+        // The bench's dense baseline, with one and eight rows of x.
+        let sets = sets.chain(
+            [1, 8]
+                .into_iter()
+                .filter(|_| module.entry_points.iter().any(|e| e.name == "gemv_dense"))
+                .map(|mt| {
+                    (
+                        "gemv_dense",
+                        vec![("WG", 256), ("GEMV_ROWS", 4), ("MT", mt)],
+                    )
+                }),
+        );
         for (entry, set) in sets {
             let mut constants = naga::back::PipelineConstants::default();
             let mut variant = entry.to_string();
@@ -653,7 +665,8 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
 /// The products' kernel (`gemv`, layout::Fast's constants without COPY or
 /// LOW_RANK, which it refuses): every code and output with one and with
 /// eight rows of x, and each zero point, the unscaled, high-first and
-/// post-scaled kernels with eight.
+/// post-scaled kernels with eight; the plain ones with eight also as the
+/// bench's read kernel (READ).
 fn gemv_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
     if !module.entry_points.iter().any(|e| e.name == "gemv") {
         return Vec::new();
@@ -679,6 +692,14 @@ fn gemv_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
                     .chain([("MT", mt)])
                     .collect(),
             );
+            if plain && mt == 8 {
+                let read = set
+                    .iter()
+                    .copied()
+                    .chain(fixed)
+                    .chain([("MT", mt), ("READ", 1)]);
+                all.push(read.collect());
+            }
         }
     }
     all

@@ -700,6 +700,17 @@ impl Tile {
 }
 
 impl Params {
+    /// The parameters of a dense `rows × cols` bf16 weight, two values to
+    /// a word, for the products' dense baseline (decode.wgsl's `gemv_dense`).
+    pub(super) fn dense_bf16(rows: u32, cols: u32) -> Params {
+        Params {
+            cols,
+            fast_rows: rows,
+            words_per_row: cols / 2,
+            ..bytemuck::Zeroable::zeroed()
+        }
+    }
+
     /// The same chunk writing its output `words` words into the bound
     /// output buffer.
     pub(super) fn at_word(self, words: u32) -> Params {

@@ -65,10 +65,28 @@ pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout 
     })
 }
 
+/// How a part's weights are stored, and so which entry multiplies by them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Weights {
+    /// Packs the fast kernel decodes: `gemv`.
+    Packed(Fast),
+    /// Dense bf16, two to a word (the bench's baseline): `gemv_dense`.
+    DenseBf16,
+}
+
+/// What a product reads its weights as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Product {
+    /// Decoded: the product itself.
+    Decoded,
+    /// The packed words summed as numbers (the bench's read baseline).
+    Read,
+}
+
 /// One chunk of rows of a packed Linear: its parameters and packs.
 #[derive(Debug)]
 struct Part {
-    kernel: Fast,
+    weights: Weights,
     params: wgpu::Buffer,
     src: wgpu::Buffer,
     /// Word index of its rows' bias in `src`, or [`NO_BIAS`].
@@ -142,7 +160,7 @@ impl GpuDecoder {
                 let params = self.uniform("wgpu-dequant packed weights' params", bytemuck::bytes_of(&chunk.params));
                 bytes += src.size() + params.size();
                 parts.push(Part {
-                    kernel,
+                    weights: Weights::Packed(kernel),
                     params,
                     src,
                     bias: if bias.is_some() { (bias_at / 4) as u32 } else { NO_BIAS },
@@ -153,6 +171,28 @@ impl GpuDecoder {
             Ok(PackedLinear { n, k, parts, bytes })
         })
         .await
+    }
+
+    /// A dense `n × k` bf16 weight (`bytes`, row-major; `k` even) for
+    /// [`GpuDecoder::record_product`]: the bench's baseline, the path an app
+    /// has without packed products.
+    pub(crate) fn upload_dense_bf16(&self, (n, k): (usize, usize), bytes: &[u8]) -> Result<PackedLinear> {
+        if !k.is_multiple_of(2) || bytes.len() != 2 * n * k {
+            return Err(Error::bare(Rule::Argument, format!("dense bf16: {} bytes for {n} x {k}", bytes.len())));
+        }
+        let src = self.storage("wgpu-dequant dense bf16 weights", bytes.len() as u64, wgpu::BufferUsages::COPY_DST);
+        self.write_padded(&src, 0, bytes);
+        let params = layout::Params::dense_bf16(n as u32, k as u32);
+        let params = self.uniform("wgpu-dequant dense params", bytemuck::bytes_of(&params));
+        let bytes = src.size() + params.size();
+        let part = Part {
+            weights: Weights::DenseBf16,
+            params,
+            src,
+            bias: NO_BIAS,
+            rows: n as u32,
+        };
+        Ok(PackedLinear { n, k, parts: vec![part], bytes })
     }
 
     /// A uniform buffer holding `bytes`.
@@ -167,19 +207,27 @@ impl GpuDecoder {
         b
     }
 
-    /// The `gemv` pipeline of `kernel` taking `mt` rows of x at once.
-    fn gemv_pipeline(&self, kernel: Fast, mt: u32) -> wgpu::ComputePipeline {
+    /// The pipeline multiplying by `weights` read as `product`, taking `mt`
+    /// rows of x at once.
+    fn gemv_pipeline(&self, weights: Weights, product: Product, mt: u32) -> wgpu::ComputePipeline {
         let mut cache = self.gemv.pipelines.lock().unwrap_or_else(|p| p.into_inner());
         cache
-            .entry((kernel, mt))
+            .entry((weights, product, mt))
             .or_insert_with(|| {
-                let mut constants = kernel.constants().to_vec();
+                let (mut constants, entry, label) = match weights {
+                    Weights::Packed(k) => (k.constants().to_vec(), "gemv", Kernel::Fast(k).label()),
+                    Weights::DenseBf16 => (Vec::new(), "gemv_dense", "dense bf16".to_string()),
+                };
+                let read = if product == Product::Read { 1.0 } else { 0.0 };
                 constants.extend([("WG", GEMV_WG as f64), ("GEMV_ROWS", GEMV_ROWS as f64), ("MT", mt as f64)]);
+                if entry == "gemv" {
+                    constants.push(("READ", read));
+                }
                 self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(&format!("wgpu-dequant gemv, {mt} rows of x ({})", Kernel::Fast(kernel).label())),
+                    label: Some(&format!("wgpu-dequant {entry} {product:?}, {mt} rows of x ({label})")),
                     layout: Some(&self.gemv.pipeline_layout),
                     module: &self.module,
-                    entry_point: Some("gemv"),
+                    entry_point: Some(entry),
                     compilation_options: wgpu::PipelineCompilationOptions {
                         constants: &constants,
                         ..Default::default()
@@ -202,6 +250,17 @@ impl GpuDecoder {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         m: u32,
+    ) -> Result<()> {
+        self.record_product(encoder, w, (x, y, m), Product::Decoded)
+    }
+
+    /// [`GpuDecoder::record_matmul`] reading the weights as `product`.
+    pub(crate) fn record_product(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        w: &PackedLinear,
+        (x, y, m): (&wgpu::Buffer, &wgpu::Buffer, u32),
+        product: Product,
     ) -> Result<()> {
         let (n, k) = (w.n as u64, w.k as u64);
         if m == 0 {
@@ -245,7 +304,7 @@ impl GpuDecoder {
                     entry(GEMV, &gemv),
                 ],
             });
-            let pipeline = self.gemv_pipeline(part.kernel, mt);
+            let pipeline = self.gemv_pipeline(part.weights, product, mt);
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("wgpu-dequant gemv"),
                 timestamp_writes: None,
@@ -299,11 +358,14 @@ impl GpuDecoder {
     }
 }
 
+/// The pipelines of the products, by weights, reading and rows of x.
+type Cache = std::collections::HashMap<(Weights, Product, u32), wgpu::ComputePipeline>;
+
 /// `gemv`'s layouts and pipelines, made with the decoder.
 pub(super) struct Pipelines {
     bind_group_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
-    pipelines: std::sync::Mutex<std::collections::HashMap<(Fast, u32), wgpu::ComputePipeline>>,
+    pipelines: std::sync::Mutex<Cache>,
 }
 
 impl Pipelines {

@@ -10,6 +10,7 @@ mod layout;
 mod matmul;
 
 pub use matmul::PackedLinear;
+pub(crate) use matmul::Product;
 
 use futures::channel::oneshot;
 use std::collections::HashMap;

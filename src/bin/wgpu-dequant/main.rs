@@ -144,9 +144,18 @@ enum Command {
         #[arg(long, default_value = "")]
         only: String,
         /// One JSON object per figure and line: backend, case, gbps,
-        /// baseline, baseline_gbps, ratio.
+        /// baseline, baseline_gbps, ratio (and m for --gemv).
         #[arg(long)]
         json: bool,
+        /// Products with packed weights on the GPU (y = x·Wᵀ for 1 to 64
+        /// rows of x) against a read kernel of the same bytes and a dense
+        /// bf16 product, instead of decoding.
+        #[arg(long)]
+        gemv: bool,
+        /// The `[out, in]` shapes --gemv multiplies by, e.g. `4096x14336`
+        /// (repeatable; default: 4096x4096, 4096x14336, 14336x4096, 2048x768).
+        #[arg(long, value_parser = parse_gemv_shape)]
+        gemv_shape: Vec<(usize, usize)>,
     },
     /// Check every rule; exit 0 when clean, 3 with findings.
     Validate {
@@ -290,6 +299,8 @@ fn main() -> ExitCode {
             backend,
             only,
             json,
+            gemv,
+            gemv_shape,
         } => bench(
             &bench::Settings {
                 rows,
@@ -298,6 +309,10 @@ fn main() -> ExitCode {
                 e2e: e2e_gb.map(|gb| (gb, e2e_shape, dir)),
                 backend: backend.into(),
                 only,
+                gemv: gemv.then(|| match gemv_shape.is_empty() {
+                    true => bench::GEMV_SHAPES.to_vec(),
+                    false => gemv_shape,
+                }),
             },
             json,
         ),
@@ -635,6 +650,18 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// `--e2e-shape`.
+fn parse_gemv_shape(s: &str) -> Result<(usize, usize), String> {
+    let dims = s
+        .split_once('x')
+        .and_then(|(n, k)| Some((n.parse().ok()?, k.parse().ok()?)));
+    match dims {
+        Some((n, k)) if n > 0 && k > 0 && k % 2 == 0 => Ok((n, k)),
+        _ => Err(format!(
+            "{s:?} is not OUTxIN with positive sizes and an even IN"
+        )),
+    }
+}
+
 fn parse_shape(s: &str) -> Result<bench::Shape, String> {
     s.parse().map_err(|e: Error| e.detail)
 }
