@@ -663,9 +663,9 @@ pub const GEMV_MS: [usize; 4] = [1, 4, 16, 64];
 pub(crate) fn gpu_gemv(
     decoder: &GpuDecoder,
     shapes: &[(usize, usize)],
-    runs: usize,
-    only: &str,
-) -> Result<Vec<Figure>> {
+    (runs, only): (usize, &str),
+    mut show: impl FnMut(Figure),
+) -> Result<()> {
     use crate::backend::gpu::Product;
     let wait = || {
         decoder
@@ -683,7 +683,6 @@ pub(crate) fn gpu_gemv(
             mapped_at_creation: false,
         })
     };
-    let mut figures = Vec::new();
     for &(n, k) in shapes {
         let mut rng = fastrand::Rng::with_seed(11);
         let dense: Vec<u8> = (0..n * k)
@@ -728,12 +727,12 @@ pub(crate) fn gpu_gemv(
                     m: Some(m),
                     baseline_bytes: Some(bytes),
                 };
-                figures.push(figure(
+                show(figure(
                     "read kernel, same bytes and geometry",
                     read,
                     packed.gpu_bytes() + x_bytes,
                 ));
-                figures.push(figure(
+                show(figure(
                     "dense bf16 gemv",
                     plain,
                     (2 * n * k) as u64 + x_bytes,
@@ -741,7 +740,7 @@ pub(crate) fn gpu_gemv(
             }
         }
     }
-    Ok(figures)
+    Ok(())
 }
 
 /// Which kernel ran between two [`GpuDecoder::dispatches`] readings.
@@ -1259,9 +1258,9 @@ pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
         match gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
             Some((b, decoder)) => {
                 show(Line::Say(b.name()));
-                gpu_gemv(decoder, shapes, runs, &settings.only)?
-                    .into_iter()
-                    .for_each(|f| show(Line::Figure(f)));
+                gpu_gemv(decoder, shapes, (runs, &settings.only), |f| {
+                    show(Line::Figure(f))
+                })?;
             }
             None => show(Line::Say(
                 "gemv: not measured: products run on a GPU (--backend gpu measures any adapter)"

@@ -113,6 +113,15 @@ impl Model {
         self.plan().outputs.iter().map(TensorInfo::of)
     }
 
+    /// The quantized weights among [`Model::tensors`]: those decoded from
+    /// packs, which [`Model::upload_packed`] and [`Model::matmul_cpu`] take.
+    pub fn quantized(&self) -> impl Iterator<Item = TensorInfo> + '_ {
+        let outputs = self.plan().outputs.iter();
+        outputs
+            .filter(|o| matches!(o.source, Source::Decode(_)))
+            .map(TensorInfo::of)
+    }
+
     /// The dense tensor called `name` (ARG-001 when there is none).
     pub fn info(&self, name: &str) -> Result<TensorInfo> {
         self.output(name).map(TensorInfo::of)

@@ -79,8 +79,8 @@ fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
 /// The quantized Linears of `model` the GPU multiplies: their weights' names.
 fn linears(model: &Model, decoder: &GpuDecoder) -> Vec<String> {
     model
-        .tensors()
-        .filter(|t| t.name.ends_with(".weight") && t.shape.len() == 2)
+        .quantized()
+        .filter(|t| t.shape.len() == 2)
         .filter(|t| model.upload_packed(&t.name, decoder).is_ok())
         .map(|t| t.name)
         .collect()
@@ -135,7 +135,8 @@ fn matmul_of_every_fixture_linear_keeps_to_the_bound() {
 
 /// Values near f32's largest: x scaled so that the sums reach about 10³⁷
 /// stay finite and within the bound; a weight the GPU does not multiply
-/// (a copied tensor) and an x of the wrong length are one-line errors.
+/// (a copied tensor, an AutoAWQ pack) and an x of the wrong length are
+/// one-line errors.
 #[test]
 fn matmul_near_overflow_and_refusals() {
     gpu_test(|adapter| {
@@ -167,6 +168,17 @@ fn matmul_near_overflow_and_refusals() {
             .unwrap_err();
         assert_eq!(e.rule, Rule::Argument, "{e}");
         assert!(e.to_string().contains("not a quantized weight"), "{e}");
+        // Packs along the inputs are not multiplied yet: one line naming
+        // the tensor.
+        let awq =
+            Model::open(fixtures().join("awq-gemm-w4-g128/model"), DtypeChoice::Auto).unwrap();
+        let t = awq.quantized().next().unwrap();
+        let e = awq.upload_packed(&t.name, &decoder).unwrap_err();
+        assert_eq!(e.rule, Rule::Argument, "{e}");
+        assert!(
+            e.to_string().contains(&t.name) && !e.to_string().contains('\n'),
+            "{e}"
+        );
         let e = decoder.matmul(&packed, &x[..k], 2).unwrap_err();
         assert_eq!(e.rule, Rule::Argument, "{e}");
         let e = model.matmul_cpu(&name, &x[..k + 1], 1).unwrap_err();
@@ -243,6 +255,34 @@ fn matmul_of_odd_shapes_with_a_bias() {
                 &want,
                 &format!("m={rows} on the CPU"),
             );
+        }
+    });
+}
+
+/// `examples/matvec.rs` on the sample: a line per quantized Linear, each
+/// with its largest GPU-to-CPU difference, and success (it fails when a
+/// result leaves the bound).
+#[test]
+fn matvec_example_multiplies_every_quantized_linear_of_the_sample() {
+    gpu_test(|_| {
+        let o = std::process::Command::new(crate::common::example("matvec"))
+            .output()
+            .unwrap();
+        crate::common::cli::ok(&o, "matvec example");
+        let out = crate::common::cli::stdout(&o);
+        let sample = Model::open(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-w4a16"),
+            DtypeChoice::Auto,
+        )
+        .unwrap();
+        let names: Vec<String> = sample.quantized().map(|t| t.name).collect();
+        assert!(names.len() >= 7, "{names:?}");
+        for name in &names {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(name.as_str()))
+                .unwrap_or_else(|| panic!("no line for {name}: {out}"));
+            assert!(line.contains("max |gpu - cpu| = "), "{line}");
         }
     });
 }

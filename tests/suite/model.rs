@@ -3,7 +3,7 @@
 //! into a buffer on the app's own GPU device; `examples/tensor.rs` prints one
 //! tensor's digest that way.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use crate::common::cli::{ok, stdout};
@@ -138,29 +138,8 @@ fn gpu_buffers_hold_the_cpu_bytes_for_every_kind_of_tensor() {
     });
 }
 
-/// The `tensor` example, built beside this test (`cargo test` builds the
-/// examples; `cargo test --test model` alone does not, so it is built then).
-fn tensor_example() -> PathBuf {
-    // target/<profile>/deps/<this test> → target/<profile>/examples/tensor
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let example = dir
-        .join("examples")
-        .join(format!("tensor{}", std::env::consts::EXE_SUFFIX));
-    if !example.exists() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let built = Command::new(cargo)
-            .args(["build", "--quiet", "--example", "tensor"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .unwrap();
-        assert!(built.success(), "cannot build the tensor example");
-    }
-    example
-}
-
 fn run_example(ckpt: &Path, name: &str, gpu: bool) -> String {
-    let mut cmd = Command::new(tensor_example());
+    let mut cmd = Command::new(crate::common::example("tensor"));
     cmd.arg(ckpt).arg(name);
     if gpu {
         cmd.arg("--gpu-buffer");

@@ -243,6 +243,27 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_wgpu-dequant"))
 }
 
+/// Example `name`, built beside the tests (`cargo test` builds the
+/// examples; `cargo test --test suite` alone does not, so it is built then).
+pub fn example(name: &str) -> PathBuf {
+    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let example = dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !example.exists() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let built = std::process::Command::new(cargo)
+            .args(["build", "--quiet", "--example", name])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(built.success(), "cannot build the {name} example");
+    }
+    example
+}
+
 /// Shard names of a two-shard checkpoint.
 pub const SHARD1: &str = "model-00001-of-00002.safetensors";
 pub const SHARD2: &str = "model-00002-of-00002.safetensors";
