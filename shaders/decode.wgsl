@@ -1164,3 +1164,94 @@ fn gemv_dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
     gemv_finish(acc, li, lane, local, m0, per_row);
 }
+
+// The scale (x) and zero point (y) of one code of a tile job: the one in
+// stored column `col` of the stored row whose row groups are `rg`
+// (word_values for a single code).
+fn code_values(slice: u32, rg: RowGroups, col: u32) -> vec2<f32> {
+    var v = vec2<f32>(1.0, 0.0);
+    if (SCALED) {
+        let g = tile_group(col, quot_rem(col, p.sgrid.col_div));
+        v.x = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
+    }
+    if (ZERO == ZERO_PLAIN) {
+        let g = tile_group(col, quot_rem(col, p.zgrid.col_div));
+        v.y = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
+    }
+    if (ZERO == ZERO_PACKED_ALONG_COLS) {
+        let zword = tile_zero_word(slice, rg, col - col % PER);
+        v.y = code_value((zword >> (slot_of(col % PER) * BITS)) & ((1u << BITS) - 1u));
+    }
+    return v;
+}
+
+// gemv for the packs the tile kernel takes, which run along W's inputs
+// (GPTQ's strided words, AutoAWQ's and GPT-OSS's transposed ones), read
+// as stored with the tile kernel's lookups: the same geometry, order of
+// sums and finish as gemv. Strided: an invocation takes a row's words in
+// turn, as gemv does. Transposed: a word holds PER rows of one input, so
+// an invocation takes one code of each of its row's inputs in turn.
+@compute @workgroup_size(WG)
+fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (CODE == CODE_TABLE) {
+        for (var i = li; i < (1u << BITS); i = i + WG) {
+            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
+        }
+        workgroupBarrier();
+    }
+    let per_row = WG / GEMV_ROWS;
+    let lane = li % per_row;
+    let local = wid.x * GEMV_ROWS + li / per_row;
+    let m0 = wid.y * MT;
+    var acc: array<f32, 8>;
+    if (local < p.fast_rows) {
+        let r = p.row0 + local;
+        let k = div_small(r, p.rows);
+        let slice = p.slice0 + k;
+        let row = r - k * p.rows;
+        let mask = (1u << BITS) - 1u;
+        if (PACK == PACK_STRIDED) {
+            let rg = row_groups(row);
+            let at = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
+            for (var w = lane; w * PER < p.cols; w = w + per_row) {
+                let col0 = w * PER;
+                let word = src[(at + w * p.codes.word_bits) >> 5u];
+                let v = word_values(slice, rg, col0);
+                if (READ) {
+                    for (var t = 0u; t < MT; t = t + 1u) {
+                        let m = min(m0 + t, gm.m - 1u);
+                        acc[t] = acc[t] + (f32(word & 0xffffu) - v.z[0]) * v.s[0] * xs[m * p.cols + col0];
+                    }
+                    continue;
+                }
+                for (var i = 0u; i < PER; i = i + 1u) {
+                    if (col0 + i < p.cols) {
+                        let c = (word >> (slot_of(i) * BITS)) & mask;
+                        let value = as_written(fast_value(c, v.z[i], v.s[i], 0u, 0u));
+                        for (var t = 0u; t < MT; t = t + 1u) {
+                            let m = min(m0 + t, gm.m - 1u);
+                            acc[t] = acc[t] + value * xs[m * p.cols + col0 + i];
+                        }
+                    }
+                }
+            }
+        } else {
+            // Input col is stored row col; this row is stored column `row`.
+            let at = p.codes.base + slice * p.codes.slice_bits + (row / PER) * p.codes.word_bits;
+            let shift = slot_of(row % PER) * BITS;
+            for (var col = lane; col < p.cols; col = col + per_row) {
+                let word = src[(at + col * p.codes.lane_bits) >> 5u];
+                let v = code_values(slice, row_groups(col), row);
+                var value = (f32(word & 0xffffu) - v.y) * v.x;
+                if (!READ) {
+                    value = as_written(fast_value((word >> shift) & mask, v.y, v.x, 0u, 0u));
+                }
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    let m = min(m0 + t, gm.m - 1u);
+                    acc[t] = acc[t] + value * xs[m * p.cols + col];
+                }
+            }
+        }
+    }
+    gemv_finish(acc, li, lane, local, m0, per_row);
+}

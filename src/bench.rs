@@ -689,14 +689,15 @@ pub(crate) fn gpu_gemv(
             .flat_map(|_| (0x3c00u16 | rng.u16(..0x200)).to_le_bytes())
             .collect();
         let dense = decoder.upload_dense_bf16((n, k), &dense)?;
-        for layout in Layout::ALL.into_iter().filter(|l| l.name().contains(only)) {
+        for layout in Layout::ALL
+            .into_iter()
+            .chain(Layout::ALONG_INPUTS)
+            .filter(|l| l.name().contains(only))
+        {
             let w = Weight::random(layout, n, k, 7);
             let job = w.job(OutDtype::Bf16);
-            let Ok(packed) =
-                pollster::block_on(decoder.upload_linear_async(&job, None, layout.name()))
-            else {
-                continue;
-            };
+            let packed =
+                pollster::block_on(decoder.upload_linear_async(&job, None, layout.name()))?;
             for &m in &GEMV_MS {
                 let x = buffer((4 * m * k) as u64, wgpu::BufferUsages::COPY_DST);
                 let xs: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();

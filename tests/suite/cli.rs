@@ -569,7 +569,15 @@ fn bench_gemv_lines_have_both_baselines_for_every_m() {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
             .collect();
-        for format in ["int4 g128", "nvfp4", "mxfp4", "int8"] {
+        for format in [
+            "int4 g128",
+            "nvfp4",
+            "mxfp4",
+            "int8",
+            "gptq",
+            "autoawq",
+            "gpt-oss",
+        ] {
             for m in [1, 4, 16, 64] {
                 let baselines: Vec<&str> = lines
                     .iter()

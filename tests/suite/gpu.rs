@@ -522,6 +522,11 @@ fn shaders_translate_for_every_backend() {
                 .map(|set| ("fast_t", set)),
         );
         let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| ("gemv", set)));
+        let sets = sets.chain(
+            gemv_t_variants(&module)
+                .into_iter()
+                .map(|set| ("gemv_t", set)),
+        );
         // The bench's dense baseline, with one and eight rows of x.
         let sets = sets.chain(
             [1, 8]
@@ -654,6 +659,39 @@ fn tile_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
                     }
                 }
             }
+        }
+    }
+    all
+}
+
+/// The products' kernel for the tile kernel's packs (`gemv_t`, eight rows
+/// of x): the tile sets of the codes those packs have (integers, E2M1)
+/// with no zero point, plain ones per code and ones packed along columns,
+/// the first also as the bench's read kernel (READ).
+fn gemv_t_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
+    if !module.entry_points.iter().any(|e| e.name == "gemv_t") {
+        return Vec::new();
+    }
+    let constants = shader_constants(module);
+    let named = |name: &str| constants.iter().find(|(n, _)| n == name).unwrap().1;
+    let codes = [named("CODE_OFFSET"), named("CODE_E2M1")];
+    let fixed = [("WG", 256), ("GEMV_ROWS", 4), ("MT", 8)];
+    let mut all = Vec::new();
+    for set in tile_variants(module) {
+        let extra: Vec<&str> = set[7..].iter().map(|(k, _)| *k).collect();
+        let code = set.iter().find(|(k, _)| *k == "CODE").unwrap().1;
+        if !codes.contains(&code) || !matches!(extra[..], [] | ["ZERO"] | ["ZERO", "WORD_GROUPS"]) {
+            continue;
+        }
+        all.push(set.iter().copied().chain(fixed).collect());
+        if extra.is_empty() {
+            all.push(
+                set.iter()
+                    .copied()
+                    .chain(fixed)
+                    .chain([("READ", 1)])
+                    .collect(),
+            );
         }
     }
     all

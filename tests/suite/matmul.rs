@@ -14,8 +14,9 @@ use wgpu_dequant::{BackendChoice, DtypeChoice, GpuDecoder, Model, Rule};
 const MS: [usize; 4] = [1, 3, 17, 64];
 
 /// The fixtures whose Linears the GPU multiplies (straight 4- and 8-bit
-/// packs: int, NVFP4, MXFP4, int8, FP8).
-const FIXTURES: [&str; 8] = [
+/// packs: int, NVFP4, MXFP4, int8, FP8; packs along the inputs: GPTQ with
+/// and without act-order, AutoAWQ).
+const FIXTURES: [&str; 11] = [
     "w4a16-g128",
     "w4a16-asym-g128",
     "w8a16-g128",
@@ -24,6 +25,9 @@ const FIXTURES: [&str; 8] = [
     "fp8-dynamic",
     "fp8-block-bf16",
     "modelopt-nvfp4",
+    "gptq-w4-g128",
+    "gptq-w4-g128-actorder",
+    "awq-gemm-w4-g128",
 ];
 
 /// x: `m` rows of `k` values of mixed signs and magnitudes.
@@ -135,7 +139,7 @@ fn matmul_of_every_fixture_linear_keeps_to_the_bound() {
 
 /// Values near f32's largest: x scaled so that the sums reach about 10³⁷
 /// stay finite and within the bound; a weight the GPU does not multiply
-/// (a copied tensor, an AutoAWQ pack) and an x of the wrong length are
+/// (a copied tensor, a 3-bit pack) and an x of the wrong length are
 /// one-line errors.
 #[test]
 fn matmul_near_overflow_and_refusals() {
@@ -168,12 +172,10 @@ fn matmul_near_overflow_and_refusals() {
             .unwrap_err();
         assert_eq!(e.rule, Rule::Argument, "{e}");
         assert!(e.to_string().contains("not a quantized weight"), "{e}");
-        // Packs along the inputs are not multiplied yet: one line naming
-        // the tensor.
-        let awq =
-            Model::open(fixtures().join("awq-gemm-w4-g128/model"), DtypeChoice::Auto).unwrap();
-        let t = awq.quantized().next().unwrap();
-        let e = awq.upload_packed(&t.name, &decoder).unwrap_err();
+        // 3-bit packs (no fast kernel): one line naming the tensor.
+        let w3 = Model::open(fixtures().join("w3a16-g16/model"), DtypeChoice::Auto).unwrap();
+        let t = w3.quantized().next().unwrap();
+        let e = w3.upload_packed(&t.name, &decoder).unwrap_err();
         assert_eq!(e.rule, Rule::Argument, "{e}");
         assert!(
             e.to_string().contains(&t.name) && !e.to_string().contains('\n'),

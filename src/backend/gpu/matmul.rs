@@ -4,8 +4,8 @@
 //! decodes each word with the fast kernel's own code. W is never dense,
 //! on the host or the device.
 
-use super::layout::{self, Fast, Kernel};
-use super::{gpu_err, GpuDecoder, PARAMS, SRC, DST};
+use super::layout::{self, Fast, Kernel, Tile};
+use super::{fast_kernel, gpu_err, GpuDecoder, DST, PARAMS, SRC};
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 
@@ -70,6 +70,8 @@ pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout 
 enum Weights {
     /// Packs the fast kernel decodes: `gemv`.
     Packed(Fast),
+    /// Packs along the inputs, which the tile kernel decodes: `gemv_t`.
+    Tiled(Tile),
     /// Dense bf16, two to a word (the bench's baseline): `gemv_dense`.
     DenseBf16,
 }
@@ -126,17 +128,19 @@ impl GpuDecoder {
         what: &str,
     ) -> Result<PackedLinear> {
         let refuse = |detail: &str| Err(Error::new(Rule::Argument, what, detail.to_string()));
-        let Some(kernel) = Fast::for_job(job) else {
-            return refuse("its packs are not ones the GPU multiplies by (yet): it takes straight 4- and 8-bit packs without g_idx");
+        let (kernel, weights) = match fast_kernel(job) {
+            Some(Kernel::Fast(k)) if k.low_rank == layout::LowRankMode::None => (Kernel::Fast(k), Weights::Packed(k)),
+            Some(Kernel::Tile(t)) => (Kernel::Tile(t), Weights::Tiled(t)),
+            _ => return refuse("its packs are not ones the GPU multiplies by (yet): it takes 4- and 8-bit packs the fast kernels decode"),
         };
-        if job.dims.slices != 1 || kernel.low_rank != layout::LowRankMode::None {
+        if job.dims.slices != 1 {
             return refuse("not a plain 2-D Linear");
         }
         let (n, k) = (job.dims.rows, job.dims.cols);
         if bias.is_some_and(|b| b.len() != n) {
             return refuse("its bias has not one value per output");
         }
-        let chunks = layout::plan(job, Kernel::Fast(kernel), 0..n, &self.limits)?;
+        let chunks = layout::plan(job, kernel, 0..n, &self.limits)?;
         self.scoped(async {
             let mut parts = Vec::with_capacity(chunks.len());
             let mut bytes = 0;
@@ -160,7 +164,7 @@ impl GpuDecoder {
                 let params = self.uniform("wgpu-dequant packed weights' params", bytemuck::bytes_of(&chunk.params));
                 bytes += src.size() + params.size();
                 parts.push(Part {
-                    weights: Weights::Packed(kernel),
+                    weights,
                     params,
                     src,
                     bias: if bias.is_some() { (bias_at / 4) as u32 } else { NO_BIAS },
@@ -216,11 +220,12 @@ impl GpuDecoder {
             .or_insert_with(|| {
                 let (mut constants, entry, label) = match weights {
                     Weights::Packed(k) => (k.constants().to_vec(), "gemv", Kernel::Fast(k).label()),
+                    Weights::Tiled(t) => (t.constants().to_vec(), "gemv_t", Kernel::Tile(t).label()),
                     Weights::DenseBf16 => (Vec::new(), "gemv_dense", "dense bf16".to_string()),
                 };
                 let read = if product == Product::Read { 1.0 } else { 0.0 };
                 constants.extend([("WG", GEMV_WG as f64), ("GEMV_ROWS", GEMV_ROWS as f64), ("MT", mt as f64)]);
-                if entry == "gemv" {
+                if entry != "gemv_dense" {
                     constants.push(("READ", read));
                 }
                 self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
