@@ -82,7 +82,7 @@ pub use backend::gpu::{GpuDecoder, PackedLinear};
 pub use backend::BackendChoice;
 pub use convert::ConvertTo;
 pub use error::{Cause, Error, Result, Rule};
-pub use model::{Model, TensorInfo};
+pub use model::{Linears, Model, TensorInfo};
 pub use numerics::OutDtype;
 pub use plan::{DtypeChoice, Warning};
 pub use report::{Finding, Report, Validation};

@@ -1,19 +1,22 @@
 //! A checkpoint opened and planned in one value an app can keep: list the
 //! tensors of its dense form and decode any of them, to bytes, to `f32`
-//! values, or into a GPU buffer on the app's own device.
+//! values, or into a GPU buffer on the app's own device; multiply by its
+//! quantized Linears' packs. [`Linears`] does the latter over files read
+//! piece by piece (a browser's).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use safetensors::Dtype;
 
 use crate::backend::gpu::{GpuDecoder, PackedLinear};
-use crate::backend::{Backend, BackendChoice};
-use crate::checkpoint::Checkpoint;
+use crate::backend::{Backend, BackendChoice, Cpu};
+use crate::checkpoint::{Checkpoint, Listing};
 use crate::error::{Error, Result, Rule};
 use crate::output::{Output, Source};
 use crate::plan::{DtypeChoice, Plan};
+use crate::stream::{listing, load, prepare, Files};
 
 self_cell::self_cell!(
     /// The checkpoint and the plan that borrows its mapped bytes.
@@ -116,10 +119,7 @@ impl Model {
     /// The quantized weights among [`Model::tensors`]: those decoded from
     /// packs, which [`Model::upload_packed`] and [`Model::matmul_cpu`] take.
     pub fn quantized(&self) -> impl Iterator<Item = TensorInfo> + '_ {
-        let outputs = self.plan().outputs.iter();
-        outputs
-            .filter(|o| matches!(o.source, Source::Decode(_)))
-            .map(TensorInfo::of)
+        quantized(self.plan())
     }
 
     /// The dense tensor called `name` (ARG-001 when there is none).
@@ -128,18 +128,7 @@ impl Model {
     }
 
     fn output(&self, name: &str) -> Result<&Output<'_>> {
-        let outputs = &self.plan().outputs;
-        outputs
-            .binary_search_by(|o| o.name.as_str().cmp(name))
-            .map(|i| &outputs[i])
-            .map_err(|_| {
-                Error::tensor(
-                    Rule::Argument,
-                    self.cell.borrow_owner().display_path(),
-                    name,
-                    "no tensor of that name in the dense checkpoint",
-                )
-            })
+        output(self.plan(), name)
     }
 
     /// The little-endian bytes of tensor `name`, in its [`TensorInfo::dtype`],
@@ -168,12 +157,8 @@ impl Model {
         let backend = backend.as_ref();
         let o = self.output(name)?;
         if out.len() != o.byte_len() {
-            return Err(Error::tensor(
-                Rule::Argument,
-                self.cell.borrow_owner().display_path(),
-                name,
-                format!("{} bytes, into a {}-byte buffer", o.byte_len(), out.len()),
-            ));
+            let detail = format!("{} bytes, into a {}-byte buffer", o.byte_len(), out.len());
+            return Err(refuse(self.plan(), name, detail));
         }
         match o.row_layout() {
             Some((rows, _)) => o.decode_rows(backend, 0..rows, out),
@@ -187,20 +172,7 @@ impl Model {
     /// The values of floating point tensor `name`, widened exactly to `f32`
     /// (the bytes [`Model::decode`] gives, read as numbers).
     pub fn decode_f32(&self, name: &str, backend: BackendChoice) -> Result<Vec<f32>> {
-        let o = self.output(name)?;
-        let (size, read) = crate::numerics::float_reader(o.dtype).ok_or_else(|| {
-            Error::tensor(
-                Rule::Argument,
-                self.cell.borrow_owner().display_path(),
-                name,
-                format!(
-                    "is {}, not bf16, f16 or f32: use decode for its bytes",
-                    o.dtype
-                ),
-            )
-        })?;
-        let bytes = o.bytes(self.backend(backend)?.as_ref())?;
-        Ok(bytes.chunks_exact(size).map(read).collect())
+        values_f32(self.plan(), name, self.backend(backend)?.as_ref())
     }
 
     /// Tensor `name` in a new buffer on `decoder`'s device, decoded there
@@ -208,24 +180,6 @@ impl Model {
     /// usage flags.
     pub fn decode_to_buffer(&self, name: &str, decoder: &GpuDecoder) -> Result<wgpu::Buffer> {
         self.output(name)?.to_buffer(decoder)
-    }
-
-    /// The job decoding quantized weight `weight`, and its Linear's bias
-    /// (`<module>.bias`, when the checkpoint has one) widened to f32.
-    fn linear(&self, weight: &str) -> Result<(&crate::job::DecodeJob<'_>, Option<Vec<f32>>)> {
-        let Source::Decode(job) = &self.output(weight)?.source else {
-            return Err(Error::tensor(
-                Rule::Argument,
-                self.cell.borrow_owner().display_path(),
-                weight,
-                "is not a quantized weight",
-            ));
-        };
-        let bias = match weight.strip_suffix(".weight").map(|m| format!("{m}.bias")) {
-            Some(b) if self.output(&b).is_ok() => Some(self.decode_f32(&b, BackendChoice::Cpu)?),
-            _ => None,
-        };
-        Ok((job, bias))
     }
 
     /// Quantized weight `weight` (a dense tensor's name, `<module>.weight`)
@@ -243,7 +197,7 @@ impl Model {
         weight: &str,
         decoder: &GpuDecoder,
     ) -> Result<PackedLinear> {
-        let (job, bias) = self.linear(weight)?;
+        let (job, bias) = linear(self.plan(), weight)?;
         decoder
             .upload_linear_async(job, bias.as_deref(), weight)
             .await
@@ -255,36 +209,180 @@ impl Model {
     /// sequential f32 sum. What [`GpuDecoder::matmul`] computes, for apps
     /// without an adapter and for tests.
     pub fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let (_, bias) = self.linear(weight)?;
-        let info = self.info(weight)?;
-        let (n, k) = match info.shape[..] {
-            [n, k] => (n, k),
-            _ => {
-                return Err(Error::tensor(
-                    Rule::Argument,
-                    self.cell.borrow_owner().display_path(),
-                    weight,
-                    "is not a 2-D weight",
-                ))
-            }
-        };
-        if x.len() != m * k {
-            let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
-            return Err(Error::tensor(
-                Rule::Argument,
-                self.cell.borrow_owner().display_path(),
-                weight,
-                detail,
-            ));
-        }
-        let w = self.decode_f32(weight, BackendChoice::Cpu)?;
-        let mut y = vec![0f32; m * n];
-        for (xm, ym) in x.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
-            for (j, (yj, wj)) in ym.iter_mut().zip(w.chunks_exact(k.max(1))).enumerate() {
-                let dot = wj.iter().zip(xm).fold(0f32, |acc, (a, b)| acc + a * b);
-                *yj = dot + bias.as_ref().map_or(0.0, |b| b[j]);
-            }
-        }
-        Ok(y)
+        matmul_cpu(self.plan(), weight, x, m)
     }
+}
+
+/// The quantized Linears of a checkpoint read piece by piece (a browser's
+/// `File`s, a Hub repository), for products with packed weights: what
+/// [`Model::upload_packed_async`] and [`Model::matmul_cpu`] do, each call
+/// reading the stored tensors of its one weight and dropping them after.
+pub struct Linears<F> {
+    files: F,
+    /// The headers and sidecars, read once.
+    listing: Listing,
+    /// The stored tensors planning reads (global scales, `g_idx`, …).
+    kept: Vec<(String, Vec<u8>)>,
+    dtype: DtypeChoice,
+    quantized: Vec<TensorInfo>,
+}
+
+impl<F: Files> Linears<F> {
+    /// Opens the checkpoint in `files` and plans its dense form in
+    /// `dtype`; fails on the first thing wrong with it, as
+    /// [`Model::open`] does.
+    pub async fn open(files: F, dtype: DtypeChoice) -> Result<Linears<F>> {
+        let listing = listing(&files).await?;
+        let mut ckpt = Checkpoint::from_listing(listing.clone())?;
+        let needs = |c: &Checkpoint| Ok(Plan::build(c, dtype)?.needs);
+        let kept = prepare(&mut ckpt, &files, needs).await?;
+        let plan = Plan::build(&ckpt, dtype)?;
+        plan.check()?;
+        let quantized = quantized(&plan).collect();
+        let kept = kept
+            .into_iter()
+            .map(|name| {
+                let t = ckpt.get(&name).map(|t| t.data().map(<[u8]>::to_vec));
+                let bytes = t.unwrap_or_else(|| {
+                    Err(Error::bare(Rule::Internal, format!("{name}: not loaded")))
+                })?;
+                Ok((name, bytes))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Linears {
+            files,
+            listing,
+            kept,
+            dtype,
+            quantized,
+        })
+    }
+
+    /// The quantized weights, sorted by name: those decoded from packs
+    /// ([`Model::quantized`]).
+    pub fn quantized(&self) -> &[TensorInfo] {
+        &self.quantized
+    }
+
+    /// The checkpoint with the stored tensors of `weight` (and of its bias)
+    /// loaded, and those planning reads.
+    async fn with(&self, weight: &str) -> Result<Checkpoint> {
+        let mut ckpt = Checkpoint::from_listing(self.listing.clone())?;
+        for (name, bytes) in &self.kept {
+            ckpt.load(name, bytes.clone())?;
+        }
+        let inputs: BTreeSet<String> = {
+            let plan = Plan::build(&ckpt, self.dtype)?;
+            job(&plan, weight)?;
+            let bias = weight.strip_suffix(".weight").map(|m| format!("{m}.bias"));
+            let outputs = [Some(weight), bias.as_deref()].into_iter().flatten();
+            let outputs = outputs.filter_map(|name| output(&plan, name).ok());
+            let inputs = outputs.flat_map(|o| o.inputs());
+            inputs.map(|t| t.name.to_string()).collect()
+        };
+        for name in inputs
+            .iter()
+            .filter(|n| !self.kept.iter().any(|(k, _)| k == *n))
+        {
+            load(&mut ckpt, &self.files, name).await?;
+        }
+        Ok(ckpt)
+    }
+
+    /// Quantized weight `weight` resident on `decoder`'s device as its
+    /// packs are stored ([`Model::upload_packed_async`]).
+    pub async fn upload_packed(&self, weight: &str, decoder: &GpuDecoder) -> Result<PackedLinear> {
+        let ckpt = self.with(weight).await?;
+        let plan = Plan::build(&ckpt, self.dtype)?;
+        let (job, bias) = linear(&plan, weight)?;
+        decoder
+            .upload_linear_async(job, bias.as_deref(), weight)
+            .await
+    }
+
+    /// `y = x·Wᵀ (+ bias)` on the CPU ([`Model::matmul_cpu`]).
+    pub async fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let ckpt = self.with(weight).await?;
+        matmul_cpu(&Plan::build(&ckpt, self.dtype)?, weight, x, m)
+    }
+}
+
+/// The outputs of `plan` decoded from packs.
+fn quantized<'p>(plan: &'p Plan<'_>) -> impl Iterator<Item = TensorInfo> + 'p {
+    let outputs = plan.outputs.iter();
+    outputs
+        .filter(|o| matches!(o.source, Source::Decode(_)))
+        .map(TensorInfo::of)
+}
+
+/// Output `name` of `plan` (ARG-001 when there is none).
+fn output<'p, 'c>(plan: &'p Plan<'c>, name: &str) -> Result<&'p Output<'c>> {
+    let outputs = &plan.outputs;
+    outputs
+        .binary_search_by(|o| o.name.as_str().cmp(name))
+        .map(|i| &outputs[i])
+        .map_err(|_| refuse(plan, name, "no tensor of that name in the dense checkpoint"))
+}
+
+fn refuse(plan: &Plan<'_>, name: &str, detail: impl Into<String>) -> Error {
+    Error::tensor(Rule::Argument, plan.checkpoint.display_path(), name, detail)
+}
+
+/// The values of floating point output `name`, widened exactly to `f32`.
+fn values_f32(plan: &Plan<'_>, name: &str, backend: &dyn Backend) -> Result<Vec<f32>> {
+    let o = output(plan, name)?;
+    let (size, read) = crate::numerics::float_reader(o.dtype).ok_or_else(|| {
+        let detail = format!(
+            "is {}, not bf16, f16 or f32: use decode for its bytes",
+            o.dtype
+        );
+        refuse(plan, name, detail)
+    })?;
+    let bytes = o.bytes(backend)?;
+    Ok(bytes.chunks_exact(size).map(read).collect())
+}
+
+/// The job decoding quantized weight `weight` of `plan`.
+fn job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p crate::job::DecodeJob<'c>> {
+    match &output(plan, weight)?.source {
+        Source::Decode(job) => Ok(job),
+        _ => Err(refuse(plan, weight, "is not a quantized weight")),
+    }
+}
+
+/// The job decoding quantized weight `weight` of `plan`, and its Linear's
+/// bias (`<module>.bias`, when the checkpoint has one) widened to f32.
+fn linear<'p, 'c>(
+    plan: &'p Plan<'c>,
+    weight: &str,
+) -> Result<(&'p crate::job::DecodeJob<'c>, Option<Vec<f32>>)> {
+    let job = job(plan, weight)?;
+    let bias = match weight.strip_suffix(".weight").map(|m| format!("{m}.bias")) {
+        Some(b) if output(plan, &b).is_ok() => Some(values_f32(plan, &b, &Cpu::new())?),
+        _ => None,
+    };
+    Ok((job, bias))
+}
+
+/// `y = x·Wᵀ (+ bias)` on the CPU for quantized weight `weight` of `plan`
+/// ([`Model::matmul_cpu`]).
+fn matmul_cpu(plan: &Plan<'_>, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    let (_, bias) = linear(plan, weight)?;
+    let (n, k) = match output(plan, weight)?.shape[..] {
+        [n, k] => (n, k),
+        _ => return Err(refuse(plan, weight, "is not a 2-D weight")),
+    };
+    if x.len() != m * k {
+        let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
+        return Err(refuse(plan, weight, detail));
+    }
+    let w = values_f32(plan, weight, &Cpu::new())?;
+    let mut y = vec![0f32; m * n];
+    for (xm, ym) in x.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
+        for (j, (yj, wj)) in ym.iter_mut().zip(w.chunks_exact(k.max(1))).enumerate() {
+            let dot = wj.iter().zip(xm).fold(0f32, |acc, (a, b)| acc + a * b);
+            *yj = dot + bias.as_ref().map_or(0.0, |b| b[j]);
+        }
+    }
+    Ok(y)
 }

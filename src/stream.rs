@@ -56,6 +56,34 @@ pub trait Files {
     }
 }
 
+/// Files lent: the owner keeps them (and what they count) after a
+/// [`Linears`](crate::Linears) over them is gone.
+impl<F: Files> Files for &F {
+    fn list(&self) -> Vec<(String, u64)> {
+        (**self).list()
+    }
+
+    fn read(&self, name: &str, range: Range<u64>) -> impl Future<Output = Result<Vec<u8>>> {
+        (**self).read(name, range)
+    }
+
+    fn name(&self) -> Option<String> {
+        (**self).name()
+    }
+
+    fn planned(&self, out_bytes: u64) -> Result<()> {
+        (**self).planned(out_bytes)
+    }
+
+    fn skip(&self, names: &BTreeSet<String>) {
+        (**self).skip(names)
+    }
+
+    fn downloads(&self) -> Option<writer::Download> {
+        (**self).downloads()
+    }
+}
+
 /// A piece of a dense output file, in file order.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Part {
@@ -78,6 +106,11 @@ pub(crate) const BATCH_BYTES: usize = 256 << 20;
 /// Opens the checkpoint in `files`: every header and sidecar is read, no
 /// tensor yet.
 pub(crate) async fn open(files: &impl Files) -> Result<Checkpoint> {
+    Checkpoint::from_listing(listing(files).await?)
+}
+
+/// Every file of `files`, with the headers and sidecars read.
+pub(crate) async fn listing(files: &impl Files) -> Result<Listing> {
     let mut listing = Listing::default();
     for (name, len) in files.list() {
         let head = match Listing::wants(&name, len) {
@@ -92,7 +125,7 @@ pub(crate) async fn open(files: &impl Files) -> Result<Checkpoint> {
         };
         listing.add(name, len, head);
     }
-    Checkpoint::from_listing(listing)
+    Ok(listing)
 }
 
 /// Loads every stored tensor whose values planning (as `run` plans) reads,

@@ -288,3 +288,63 @@ fn matvec_example_multiplies_every_quantized_linear_of_the_sample() {
         }
     });
 }
+
+/// `stream::Linears` over files read piece by piece (what the browser
+/// runs): the Model's Linears, the same bits from the same packs on the
+/// GPU and on the CPU, and each Linear read alone: its own stored tensors
+/// and no other's, the few planning reads once at the start.
+#[test]
+fn linears_read_piece_by_piece_multiply_as_the_model_does() {
+    use crate::stream::DirFiles;
+    use wgpu_dequant::Linears;
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0004);
+        for f in ["sharded-nvfp4a16", "gptq-w4-g128-actorder"] {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(f)
+                .join("model");
+            let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
+            let stored = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+            let files = DirFiles::new(&dir);
+            let linears = pollster::block_on(Linears::open(&files, DtypeChoice::Auto)).unwrap();
+            let names: Vec<String> = model.quantized().map(|t| t.name).collect();
+            let listed: Vec<String> = linears.quantized().iter().map(|t| t.name.clone()).collect();
+            assert_eq!(listed, names, "{f}");
+            for name in &names {
+                let module = name.strip_suffix(".weight").unwrap();
+                let own: u64 = stored
+                    .names()
+                    .into_iter()
+                    .filter(|t| t.strip_prefix(module).is_some_and(|r| r.starts_with('.')))
+                    .map(|t| stored.get(t).unwrap().len() as u64)
+                    .sum();
+                let before: u64 = files.read.borrow().values().sum();
+                let packed = pollster::block_on(linears.upload_packed(name, &decoder)).unwrap();
+                let read = files.read.borrow().values().sum::<u64>() - before;
+                assert!(
+                    read > 0 && read <= own,
+                    "{f} {name}: read {read} bytes, its tensors hold {own}"
+                );
+                let k = packed.k;
+                let x = random_x(&mut rng, 3, k, 1.0);
+                let want = decoder
+                    .matmul(&model.upload_packed(name, &decoder).unwrap(), &x, 3)
+                    .unwrap();
+                let got = decoder.matmul(&packed, &x, 3).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{f} {name}: on the GPU");
+                let cpu = pollster::block_on(linears.matmul_cpu(name, &x, 3)).unwrap();
+                assert_eq!(
+                    bits(&cpu),
+                    bits(&model.matmul_cpu(name, &x, 3).unwrap()),
+                    "{f} {name}: on the CPU"
+                );
+            }
+            let e =
+                pollster::block_on(linears.upload_packed("lm_head.weight", &decoder)).unwrap_err();
+            assert_eq!(e.rule, Rule::Argument, "{e}");
+        }
+    });
+}

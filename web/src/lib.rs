@@ -1,7 +1,9 @@
 //! wgpu-dequant in a browser: the library's `Dequantize::stream` over the
 //! `File`s (or bytes) a page hands in, or over a Hugging Face Hub
 //! repository read with `fetch` (its revision pinned to a commit, byte
-//! ranges of its files), and the dense files handed back as `Blob`s.
+//! ranges of its files), and the dense files handed back as `Blob`s; and
+//! `Linears`' products with packed weights on the page's WebGPU
+//! device, `Float32Array`s in and out.
 //! Backend choice, fallback, planning and the Hub's protocol are the
 //! library's; this file only translates between JavaScript and Rust.
 //!
@@ -10,18 +12,27 @@
 //! await init();
 //! const out = await dequantize(files, { dtype: 'auto', backend: 'auto', onProgress });
 //! const hub = await dequantize('org/name', { revision: 'main', token, endpoint });
+//!
+//! // Products with packed weights: W stays packed in GPUBuffers.
+//! const linears = await openLinears(files, { dtype: 'auto' });
+//! const w = await linears.upload(linears.quantized()[0].name);
+//! const y = await w.matmul(x, m);              // Float32Array [m, w.n]
+//! const yCpu = await linears.matmulCpu(w.name, x, m);
 //! ```
 #![cfg(target_arch = "wasm32")]
 
 use std::ops::Range;
+use std::rc::Rc;
 
 use js_sys::{Array, Function, Map, Object, Reflect, Uint8Array};
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_futures::{future_to_promise, JsFuture};
 use web_sys::{Blob, Headers, Request, RequestInit, Response};
 use wgpu_dequant::repo::{self, RepoId, Revision};
 use wgpu_dequant::stream::{self, Part};
-use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, GpuDecoder, Note, Rule};
+use wgpu_dequant::{
+    BackendChoice, Dequantize, DtypeChoice, Error, GpuDecoder, Note, PackedLinear, Rule,
+};
 
 /// One file handed in: a `Blob` (a `File` is one), read slice by slice, or bytes.
 enum Source {
@@ -513,4 +524,146 @@ async fn browser_adapter_info() -> Option<JsValue> {
     let promise: js_sys::Promise = request.call0(&gpu).ok()?.dyn_into().ok()?;
     let adapter = JsFuture::from(promise).await.ok()?;
     Reflect::get(&adapter, &"info".into()).ok()
+}
+
+/// The quantized Linears of a checkpoint (`openLinears`), for products
+/// with packed weights: each read from its files only while it is
+/// uploaded or multiplied.
+#[wasm_bindgen]
+pub struct Linears(Rc<wgpu_dequant::Linears<Input>>);
+
+/// Opens the checkpoint in `files` (or the Hub repository that string
+/// names, with `options` as for `dequantize`) for products with its
+/// quantized Linears; `options.dtype` is the dense weight's, as for
+/// `dequantize`.
+#[wasm_bindgen(js_name = openLinears)]
+pub async fn open_linears(files: JsValue, options: JsValue) -> Result<Linears, JsValue> {
+    let files = Input::from_js(&files, &options).await?;
+    let dtype: DtypeChoice = string_option(&options, "dtype", "auto")?
+        .parse()
+        .map_err(|e| js_error(&e))?;
+    let linears = wgpu_dequant::Linears::open(files, dtype)
+        .await
+        .map_err(|e| js_error(&e))?;
+    Ok(Linears(Rc::new(linears)))
+}
+
+thread_local! {
+    /// The WebGPU device products run on, opened on the first upload.
+    static DECODER: std::cell::RefCell<Option<Rc<GpuDecoder>>> = Default::default();
+}
+
+/// The decoder on this page's WebGPU adapter, opened once.
+async fn decoder() -> Result<Rc<GpuDecoder>, JsValue> {
+    if let Some(d) = DECODER.with_borrow(Option::clone) {
+        return Ok(d);
+    }
+    let adapter = GpuDecoder::adapter().await.ok_or_else(|| {
+        js_error(&Error::bare(
+            Rule::Gpu,
+            "this browser has no WebGPU adapter: use matmulCpu",
+        ))
+    })?;
+    let opened = GpuDecoder::open_async(&adapter)
+        .await
+        .map_err(|e| js_error(&e))?;
+    // Another call may have opened one meanwhile: the first stays.
+    Ok(DECODER.with_borrow_mut(|slot| slot.get_or_insert(Rc::new(opened)).clone()))
+}
+
+#[wasm_bindgen]
+impl Linears {
+    /// The quantized weights: `[{ name, dtype, shape }]`, sorted by name.
+    pub fn quantized(&self) -> Array {
+        self.0
+            .quantized()
+            .iter()
+            .map(|t| {
+                let o = Object::new();
+                let _ = Reflect::set(&o, &"name".into(), &t.name.as_str().into());
+                let _ = Reflect::set(&o, &"dtype".into(), &t.dtype.to_string().into());
+                let shape: Array = t.shape.iter().map(|&d| JsValue::from(d as f64)).collect();
+                let _ = Reflect::set(&o, &"shape".into(), &shape);
+                JsValue::from(o)
+            })
+            .collect()
+    }
+
+    /// A `Promise` of weight `name` resident on the page's WebGPU device
+    /// as its packs are stored (a `PackedLinear`); the dense weight is
+    /// never made.
+    pub fn upload(&self, name: String) -> js_sys::Promise {
+        let linears = self.0.clone();
+        future_to_promise(async move {
+            let decoder = decoder().await?;
+            let w = linears
+                .upload_packed(&name, &decoder)
+                .await
+                .map_err(|e| js_error(&e))?;
+            let w = Rc::new(w);
+            Ok(Packed { name, w, decoder }.into())
+        })
+    }
+
+    /// A `Promise` of `y = x·Wᵀ (+ bias)` on the CPU for weight `name`
+    /// and the `m` rows of `x` (a `Float32Array`): a `Float32Array`.
+    #[wasm_bindgen(js_name = matmulCpu)]
+    pub fn matmul_cpu(&self, name: String, x: Vec<f32>, m: usize) -> js_sys::Promise {
+        let linears = self.0.clone();
+        future_to_promise(async move {
+            let y = linears
+                .matmul_cpu(&name, &x, m)
+                .await
+                .map_err(|e| js_error(&e))?;
+            Ok(js_sys::Float32Array::from(&y[..]).into())
+        })
+    }
+}
+
+/// A quantized Linear's packs in `GPUBuffer`s (`Linears.upload`).
+#[wasm_bindgen(js_name = PackedLinear)]
+pub struct Packed {
+    name: String,
+    w: Rc<PackedLinear>,
+    decoder: Rc<GpuDecoder>,
+}
+
+#[wasm_bindgen(js_class = PackedLinear)]
+impl Packed {
+    /// The weight's name.
+    #[wasm_bindgen(getter)]
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Outputs: W's rows.
+    #[wasm_bindgen(getter)]
+    pub fn n(&self) -> usize {
+        self.w.n
+    }
+
+    /// Inputs: W's columns, the length of a row of x.
+    #[wasm_bindgen(getter)]
+    pub fn k(&self) -> usize {
+        self.w.k
+    }
+
+    /// Bytes it holds on the GPU.
+    #[wasm_bindgen(getter, js_name = gpuBytes)]
+    pub fn gpu_bytes(&self) -> f64 {
+        self.w.gpu_bytes() as f64
+    }
+
+    /// A `Promise` of `y = x·Wᵀ (+ bias)` on the GPU for the `m` rows of
+    /// `x` (a `Float32Array`): a `Float32Array` of `m` rows of `n`.
+    pub fn matmul(&self, x: Vec<f32>, m: usize) -> js_sys::Promise {
+        let (w, decoder) = (self.w.clone(), self.decoder.clone());
+        future_to_promise(async move {
+            let y = decoder
+                .matmul_async(&w, &x, m)
+                .await
+                .map_err(|e| js_error(&e))?;
+            Ok(js_sys::Float32Array::from(&y[..]).into())
+        })
+    }
 }

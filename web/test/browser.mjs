@@ -172,6 +172,111 @@ try {
     }
   }
 
+  // Products with packed weights: every quantized Linear of a few fixtures
+  // (int4 with zero points, NVFP4 over two shards, MXFP4, FP8 blocks, GPTQ
+  // with act-order, AutoAWQ) uploaded to WebGPU and multiplied there and
+  // on the wasm CPU, Float32Arrays in and out: within K·2⁻²⁴·Σ|w·x| (and
+  // the bias's rounding) of an f64 product of the CLI's dense weight, the
+  // same bits twice on the GPU; read from the mock Hub, the same bits.
+  const products = (source, options, names) => page.evaluate(async (source, options, names) => {
+    let files = source;
+    if (names) {
+      files = new Map();
+      for (const n of names) files.set(n, await (await fetch(source + n)).blob());
+    }
+    let seed = 12345;
+    const random = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 - 0.5; };
+    const out = { products: [], refused: [] };
+    try {
+      const linears = await window.wd.openLinears(files, options);
+      for (const t of linears.quantized()) {
+        let w;
+        try {
+          w = await linears.upload(t.name);
+        } catch (e) {
+          out.refused.push(`${t.name} ${e.rule}`);
+          continue;
+        }
+        for (const m of [1, 5]) {
+          const x = Float32Array.from({ length: m * w.k }, random);
+          const gpu = await w.matmul(x, m);
+          const again = await w.matmul(x, m);
+          const cpu = await linears.matmulCpu(t.name, x, m);
+          const same = gpu.every((v, i) => Object.is(v, again[i]));
+          out.products.push({ name: t.name, m, n: w.n, k: w.k, gpuBytes: w.gpuBytes, x: [...x], gpu: [...gpu], cpu: [...cpu], same });
+        }
+      }
+    } catch (e) {
+      out.error = `${e.rule} ${e.message}`;
+    }
+    return out;
+  }, source, options, names);
+  // The tensors of the dense checkpoint the CLI writes of `dir`, as numbers.
+  const denseOf = (dir) => {
+    const out = fs.mkdtempSync(path.join(scratch, 'dense-'));
+    const r = spawnSync(cli, ['dequantize', dir, '-o', path.join(out, 'd'), '--backend', 'cpu', '-q']);
+    if (r.status !== 0) throw new Error(r.stderr.toString());
+    const tensors = {};
+    for (const f of filesOf(path.join(out, 'd')).filter((f) => f.endsWith('.safetensors'))) {
+      const b = fs.readFileSync(path.join(out, 'd', f));
+      const n = Number(b.readBigUInt64LE(0));
+      const header = JSON.parse(b.subarray(8, 8 + n).toString());
+      for (const [name, t] of Object.entries(header)) {
+        if (name === '__metadata__') continue;
+        const bytes = b.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]);
+        const read = { BF16: [2, (o) => { const u = Buffer.alloc(4); u.writeUInt16LE(bytes.readUInt16LE(o), 2); return u.readFloatLE(0); }],
+          F16: [2, (o) => f16(bytes.readUInt16LE(o))], F32: [4, (o) => bytes.readFloatLE(o)] }[t.dtype];
+        if (read) tensors[name] = Array.from({ length: bytes.length / read[0] }, (_, i) => read[1](i * read[0]));
+      }
+    }
+    fs.rmSync(out, { recursive: true, force: true });
+    return tensors;
+  };
+  const f16 = (h) => {
+    const e = (h >> 10) & 31;
+    const v = e === 0 ? (h & 1023) * 2 ** -24 : e === 31 ? ((h & 1023) ? NaN : Infinity) : (1 + (h & 1023) / 1024) * 2 ** (e - 15);
+    return h & 0x8000 ? -v : v;
+  };
+  // How far each of `p`'s results is outside its bound (none: []).
+  const outside = (p, dense, got) => {
+    const w = dense[p.name];
+    const bias = dense[p.name.replace(/\.weight$/, '.bias')];
+    const bad = [];
+    for (let i = 0; i < p.m; i++) {
+      for (let j = 0; j < p.n; j++) {
+        let dot = 0;
+        let abs = 0;
+        for (let c = 0; c < p.k; c++) {
+          const t = w[j * p.k + c] * p.x[i * p.k + c];
+          dot += t;
+          abs += Math.abs(t);
+        }
+        const y = dot + (bias ? bias[j] : 0);
+        const bound = p.k * abs * 2 ** -24 + Math.abs(y) * 2 ** -24 + 2 ** -126;
+        const v = got[i * p.n + j];
+        if (!(Math.abs(v - y) <= bound)) bad.push(`y[${i},${j}] = ${v}, f64 ${y}, bound ${bound}`);
+      }
+    }
+    return bad;
+  };
+  for (const name of ['w4a16-asym-g128', 'sharded-nvfp4a16', 'mxfp4a16', 'fp8-block-bf16', 'gptq-w4-g128-actorder', 'awq-gemm-w4-g128']) {
+    const dir = path.join(root, 'tests/fixtures', name, 'model');
+    const got = await products(`/tests/fixtures/${name}/model/`, {}, filesOf(dir));
+    const dense = denseOf(dir);
+    const bad = got.products.flatMap((p) => [...outside(p, dense, p.gpu).map((b) => `gpu ${p.name} m=${p.m} ${b}`),
+      ...outside(p, dense, p.cpu).map((b) => `cpu ${p.name} m=${p.m} ${b}`)]);
+    const packed = got.products.every((p) => p.gpuBytes > 0 && p.gpuBytes < 2 * p.n * p.k);
+    check(!got.error && got.products.length > 0 && got.refused.length === 0 && packed && bad.length === 0 && got.products.every((p) => p.same),
+      `${name}: ${got.products.length / 2} Linears multiplied on WebGPU and the CPU within the bound${got.error || ''} ${got.refused} ${bad.slice(0, 3)}`);
+    if (name === 'sharded-nvfp4a16') {
+      hubLog.length = 0;
+      const hubGot = await products(hubRepo, { endpoint: hubBase });
+      const whole = hubLog.filter((h) => h.path.startsWith('/cdn/') && !h.range);
+      const same = JSON.stringify(hubGot.products.map((p) => p.gpu)) === JSON.stringify(got.products.map((p) => p.gpu));
+      check(!hubGot.error && same && whole.length === 0, `${hubRepo} from the Hub: the same products, shards read by range only ${hubGot.error || ''}`);
+    }
+  }
+
   // Malformed checkpoints: refused with the CLI's rule and line.
   const broken = (name, from, edit) => {
     const dir = path.join(scratch, name);
