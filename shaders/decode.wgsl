@@ -344,10 +344,16 @@ fn decode_scaled(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
 
 // `x` rounded to the product's dtype (OutDtype::round), as an f32 again.
 fn in_product(x: f32) -> f32 {
-    if (p.product == OUT_BF16) {
+    return in_product_as(x, p.product);
+}
+
+// in_product for a product dtype `kind` (OUT_*): an override constant
+// where the host knows it, so that only its rounding is run.
+fn in_product_as(x: f32, kind: u32) -> f32 {
+    if (kind == OUT_BF16) {
         return bitcast<f32>(to_bf16(x) << 16u);
     }
-    if (p.product == OUT_F16) {
+    if (kind == OUT_F16) {
         return f16_to_f32(to_f16(x));
     }
     return x;
@@ -542,9 +548,9 @@ fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     }
     if (PRODUCT != OUT_F32) {
         // scaled() with the dtype fixed (p.product equals PRODUCT).
-        let q = in_product(v);
+        let q = in_product_as(v, PRODUCT);
         if (SCALED) {
-            return in_product(q * in_product(s));
+            return in_product_as(q * in_product_as(s, PRODUCT), PRODUCT);
         }
         return q;
     }
@@ -1031,12 +1037,21 @@ struct Gemv {
 @group(0) @binding(4) var<uniform> gm: Gemv;
 
 override GEMV_ROWS: u32 = 4u;  // rows of W per workgroup
+override RB: u32 = 1u;         // of them per invocation: 1, 2, 4 or 8 (gemv_t transposed: PER)
 override MT: u32 = 1u;         // rows of x per workgroup, 1..=8
 // The bench's baseline: the same reads of words, scales, zero points and
 // x, each word summed as a number instead of decoded.
 override READ: bool = false;
+// x's rows hold whole vec4s and W's rows whole code words (gemv, gemv_t
+// strided): x is read four values at a time (xs4, x's buffer again),
+// which llvmpipe runs as one load, not four.
+override X4: bool = false;
+// gemv: every row's codes start on a word of src (no second word to shift in).
+override ALIGNED: bool = false;
 
-var<workgroup> sums: array<f32, 2048>;  // MT partial sums of each invocation
+@group(0) @binding(5) var<storage, read> xs4: array<vec4<f32>>;
+
+var<workgroup> sums: array<f32, 2048>;  // partial sums, 8 per invocation a pass
 
 // `v` as dequantize writes it (rounded to OUT), widened back.
 fn as_written(v: f32) -> f32 {
@@ -1049,6 +1064,58 @@ fn as_written(v: f32) -> f32 {
     return v;
 }
 
+// fast_value as dequantize writes it: already in OUT's dtype when the
+// product is computed in it (and nothing scales it after).
+fn w_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
+    let v = fast_value(c, z, s, flat, col);
+    if (OUT == OUT_F32 || (PRODUCT == OUT && !POST)) {
+        return v;
+    }
+    return as_written(v);
+}
+
+// Word index of x[m, 0] for each of the MT rows of x from m0 (the last row
+// of x again past it: computed, never written).
+fn x_rows(m0: u32) -> array<u32, 16> {
+    var xo: array<u32, 16>;
+    for (var t = 0u; t < MT; t = t + 1u) {
+        xo[t] = min(m0 + t, gm.m - 1u) * p.cols;
+    }
+    return xo;
+}
+
+// x[.., at + i] for i < PER (row offset included in `at`), zero from
+// column `cols` on (X4: there is none).
+fn x_word(at: u32, col0: u32) -> array<f32, 8> {
+    var x: array<f32, 8>;
+    if (X4) {
+        let a = xs4[at >> 2u];
+        x[0] = a.x;
+        x[1] = a.y;
+        x[2] = a.z;
+        x[3] = a.w;
+        if (PER == 8u) {
+            let b = xs4[(at >> 2u) + 1u];
+            x[4] = b.x;
+            x[5] = b.y;
+            x[6] = b.z;
+            x[7] = b.w;
+        }
+        return x;
+    }
+    for (var i = 0u; i < PER; i = i + 1u) {
+        x[i] = select(0.0, xs[at + i], col0 + i < p.cols);
+    }
+    return x;
+}
+
+// A workgroup takes GEMV_ROWS rows of W and MT rows of x; an invocation
+// takes RB consecutive rows, and the WG · RB / GEMV_ROWS invocations of a
+// block of rows read its code words in turn (neighbouring invocations,
+// neighbouring words). Each word of the RB rows is decoded once, each
+// value of x read once for all RB rows (llvmpipe runs a load of each
+// invocation's own address one invocation at a time: those loads are the
+// cost), and the sums are f32, in word order.
 @compute @workgroup_size(WG)
 fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     if (CODE == CODE_TABLE) {
@@ -1057,63 +1124,144 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    let per_row = WG / GEMV_ROWS;
-    let lane = li % per_row;
-    let local = wid.x * GEMV_ROWS + li / per_row;
+    let lanes = WG * RB / GEMV_ROWS;
+    let lane = li % lanes;
+    let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
     let m0 = wid.y * MT;
-    var acc: array<f32, 8>;
-    if (local < p.fast_rows) {
-        let flat = p.first_row + local;
+    let xo = x_rows(m0);
+    let mask = (1u << BITS) - 1u;
+    // Each row's code bits, scale and zero-point entries, less the column's
+    // part (rows past the chunk read its last one's).
+    var at: array<u32, 8>;
+    var sat: array<u32, 8>;
+    var zat: array<u32, 8>;
+    var flat: array<u32, 8>;
+    for (var r = 0u; r < RB; r = r + 1u) {
+        let local = min(local0 + r, p.fast_rows - 1u);
+        flat[r] = p.first_row + local;
         let k = div_small(p.row0 + local, p.rows);
         let slice = p.slice0 + k;
         let row = p.row0 + local - k * p.rows;
-        let mask = (1u << BITS) - 1u;
-        for (var w = lane; w < p.words_per_row; w = w + per_row) {
-            let col0 = w * PER;
-            let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits + col0 * BITS;
-            let sh = pos & 31u;
+        at[r] = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
+        if (SCALED) {
+            sat[r] = fast_index(p.sgrid, slice, row, 0u);
+        }
+        if (ZERO == ZERO_PACKED) {
+            let b = row * BITS;
+            zat[r] = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
+        } else if (ZERO == ZERO_PLAIN) {
+            zat[r] = fast_index(p.zgrid, slice, row, 0u);
+        }
+    }
+    var acc: array<f32, 64>;  // [r · MT + t]
+    for (var w = lane; w < p.words_per_row; w = w + lanes) {
+        let col0 = w * PER;
+        var g = 0u;
+        if (SCALED) {
+            g = div_small(col0, p.sgrid.col_div);
+        }
+        var zg = 0u;
+        if (ZERO == ZERO_PLAIN) {
+            zg = div_small(col0, p.zgrid.col_div);
+        }
+        var v: array<f32, 64>;  // [r · PER + i]
+        var raw: array<f32, 8>;
+        for (var r = 0u; r < RB; r = r + 1u) {
+            let pos = at[r] + col0 * BITS;
             var word = lsb_first(src[pos >> 5u]);
-            if (sh != 0u) {
-                word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+            if (!ALIGNED) {
+                let sh = pos & 31u;
+                if (sh != 0u) {
+                    word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+                }
             }
-            let n = min(PER, p.cols - col0);
             var s = 1.0;
-            var g = 0u;
             if (SCALED) {
-                g = div_small(col0, p.sgrid.col_div);
-                s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
+                s = value_as(p.sgrid, sat[r] + g, SKIND);
             }
             var z = 0.0;
             if (ZERO == ZERO_PACKED) {
-                let b = row * BITS;
-                let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
-                    + (b >> 5u) * p.zero.word_bits + (b & 31u);
+                let zp = zat[r] + g * p.zero.lane_bits;
                 z = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
             } else if (ZERO == ZERO_PLAIN) {
-                let zg = div_small(col0, p.zgrid.col_div);
-                z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
+                z = value_as(p.zgrid, zat[r] + zg, ZKIND);
             }
             if (READ) {
-                for (var t = 0u; t < MT; t = t + 1u) {
-                    let m = min(m0 + t, gm.m - 1u);
-                    acc[t] = acc[t] + (f32(word & 0xffffu) - z) * s * xs[m * p.cols + col0];
+                raw[r] = (f32(word & 0xffffu) - z) * s;
+                continue;
+            }
+            for (var i = 0u; i < PER; i = i + 1u) {
+                var c = w_value((word >> (i * BITS)) & mask, z, s, flat[r], col0 + i);
+                if (!X4) {
+                    c = select(0.0, c, col0 + i < p.cols);
+                }
+                v[r * PER + i] = c;
+            }
+        }
+        for (var t = 0u; t < MT; t = t + 1u) {
+            if (READ) {
+                let x0 = xs[xo[t] + col0];
+                for (var r = 0u; r < RB; r = r + 1u) {
+                    acc[r * MT + t] = acc[r * MT + t] + raw[r] * x0;
                 }
                 continue;
             }
-            for (var i = 0u; i < n; i = i + 1u) {
-                let v = as_written(fast_value((word >> (i * BITS)) & mask, z, s, flat, col0 + i));
-                for (var t = 0u; t < MT; t = t + 1u) {
-                    let m = min(m0 + t, gm.m - 1u);
-                    acc[t] = acc[t] + v * xs[m * p.cols + col0 + i];
+            let x = x_word(xo[t] + col0, col0);
+            for (var r = 0u; r < RB; r = r + 1u) {
+                var a = acc[r * MT + t];
+                for (var i = 0u; i < PER; i = i + 1u) {
+                    a = a + v[r * PER + i] * x[i];
                 }
+                acc[r * MT + t] = a;
             }
         }
     }
-    gemv_finish(acc, li, lane, local, m0, per_row);
+    gemv_sum(acc, li, lane, lanes, local0, m0);
+}
+
+// Adds up each row's partial sums pairwise over its `lanes` invocations (a
+// fixed order) and writes y, with the bias: rows local0 + r of the chunk
+// (local0 wraps below it for gemv_t's transposed blocks), 8 / RB rows of
+// x a pass.
+fn gemv_sum(acc: array<f32, 64>, li: u32, lane: u32, lanes: u32, local0: u32, m0: u32) {
+    let tp = 8u / RB;
+    let per = RB * tp;
+    for (var t0 = 0u; t0 < MT; t0 = t0 + tp) {
+        for (var r = 0u; r < RB; r = r + 1u) {
+            for (var u = 0u; u < tp; u = u + 1u) {
+                sums[li * per + r * tp + u] = acc[r * MT + min(t0 + u, MT - 1u)];
+            }
+        }
+        workgroupBarrier();
+        for (var half = lanes / 2u; half > 0u; half = half / 2u) {
+            if (lane < half) {
+                for (var j = 0u; j < per; j = j + 1u) {
+                    sums[li * per + j] = sums[li * per + j] + sums[(li + half) * per + j];
+                }
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u) {
+            for (var r = 0u; r < RB; r = r + 1u) {
+                let local = local0 + r;
+                for (var u = 0u; u < tp; u = u + 1u) {
+                    let m = m0 + t0 + u;
+                    if (local < p.fast_rows && t0 + u < MT && m < gm.m) {
+                        var y = sums[li * per + r * tp + u];
+                        if (gm.bias != NO_G_IDX) {
+                            y = y + bitcast<f32>(src[gm.bias + local]);
+                        }
+                        dst[p.out_base + m * gm.n + p.first_row + local] = bitcast<u32>(y);
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
 }
 
 // Adds up each row's partial sums pairwise (a fixed order) and writes y,
-// with the bias.
+// with the bias (gemv_dense: a row an invocation).
 fn gemv_finish(acc: array<f32, 8>, li: u32, lane: u32, local: u32, m0: u32, per_row: u32) {
     for (var t = 0u; t < MT; t = t + 1u) {
         sums[li * MT + t] = acc[t];
@@ -1187,10 +1335,13 @@ fn code_values(slice: u32, rg: RowGroups, col: u32) -> vec2<f32> {
 
 // gemv for the packs the tile kernel takes, which run along W's inputs
 // (GPTQ's strided words, AutoAWQ's and GPT-OSS's transposed ones), read
-// as stored with the tile kernel's lookups: the same geometry, order of
-// sums and finish as gemv. Strided: an invocation takes a row's words in
-// turn, as gemv does. Transposed: a word holds PER rows of one input, so
-// an invocation takes one code of each of its row's inputs in turn.
+// as stored with the tile kernel's lookups (word_values): the same sums
+// in f32 and finish as gemv. Strided: an invocation takes RB rows' words
+// in turn, as gemv does. Transposed: a word holds PER rows of one input,
+// so an invocation takes a block of PER rows (RB = PER) and runs of RUN
+// inputs in turn, one word an input, with every code of it used; the
+// run's scales and zero points are looked up once where they are shared
+// (SHARED), as the tile kernel does.
 @compute @workgroup_size(WG)
 fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     if (CODE == CODE_TABLE) {
@@ -1199,59 +1350,109 @@ fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
         workgroupBarrier();
     }
-    let per_row = WG / GEMV_ROWS;
-    let lane = li % per_row;
-    let local = wid.x * GEMV_ROWS + li / per_row;
+    let lanes = WG * RB / GEMV_ROWS;
+    let lane = li % lanes;
     let m0 = wid.y * MT;
-    var acc: array<f32, 8>;
-    if (local < p.fast_rows) {
-        let r = p.row0 + local;
-        let k = div_small(r, p.rows);
-        let slice = p.slice0 + k;
-        let row = r - k * p.rows;
-        let mask = (1u << BITS) - 1u;
-        if (PACK == PACK_STRIDED) {
-            let rg = row_groups(row);
-            let at = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
-            for (var w = lane; w * PER < p.cols; w = w + per_row) {
-                let col0 = w * PER;
-                let word = src[(at + w * p.codes.word_bits) >> 5u];
-                let v = word_values(slice, rg, col0);
+    let xo = x_rows(m0);
+    let mask = (1u << BITS) - 1u;
+    var acc: array<f32, 64>;  // [r · MT + t]
+    if (PACK == PACK_STRIDED) {
+        let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
+        var at: array<u32, 8>;
+        var slices: array<u32, 8>;
+        var rgs: array<RowGroups, 8>;
+        for (var r = 0u; r < RB; r = r + 1u) {
+            let local = min(local0 + r, p.fast_rows - 1u);
+            let k = div_small(p.row0 + local, p.rows);
+            slices[r] = p.slice0 + k;
+            let row = p.row0 + local - k * p.rows;
+            rgs[r] = row_groups(row);
+            at[r] = p.codes.base + slices[r] * p.codes.slice_bits + row * p.codes.lane_bits;
+        }
+        for (var w = lane; w * PER < p.cols; w = w + lanes) {
+            let col0 = w * PER;
+            var v: array<f32, 64>;  // [r · PER + i]
+            var raw: array<f32, 8>;
+            for (var r = 0u; r < RB; r = r + 1u) {
+                let word = src[(at[r] + w * p.codes.word_bits) >> 5u];
+                let wv = word_values(slices[r], rgs[r], col0);
                 if (READ) {
-                    for (var t = 0u; t < MT; t = t + 1u) {
-                        let m = min(m0 + t, gm.m - 1u);
-                        acc[t] = acc[t] + (f32(word & 0xffffu) - v.z[0]) * v.s[0] * xs[m * p.cols + col0];
-                    }
+                    raw[r] = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
                     continue;
                 }
                 for (var i = 0u; i < PER; i = i + 1u) {
-                    if (col0 + i < p.cols) {
-                        let c = (word >> (slot_of(i) * BITS)) & mask;
-                        let value = as_written(fast_value(c, v.z[i], v.s[i], 0u, 0u));
-                        for (var t = 0u; t < MT; t = t + 1u) {
-                            let m = min(m0 + t, gm.m - 1u);
-                            acc[t] = acc[t] + value * xs[m * p.cols + col0 + i];
-                        }
+                    let c = (word >> (slot_of(i) * BITS)) & mask;
+                    var value = as_written(fast_value(c, wv.z[i], wv.s[i], 0u, 0u));
+                    if (!X4) {
+                        value = select(0.0, value, col0 + i < p.cols);
                     }
+                    v[r * PER + i] = value;
                 }
             }
-        } else {
-            // Input col is stored row col; this row is stored column `row`.
-            let at = p.codes.base + slice * p.codes.slice_bits + (row / PER) * p.codes.word_bits;
-            let shift = slot_of(row % PER) * BITS;
-            for (var col = lane; col < p.cols; col = col + per_row) {
-                let word = src[(at + col * p.codes.lane_bits) >> 5u];
-                let v = code_values(slice, row_groups(col), row);
-                var value = (f32(word & 0xffffu) - v.y) * v.x;
-                if (!READ) {
-                    value = as_written(fast_value((word >> shift) & mask, v.y, v.x, 0u, 0u));
+            for (var t = 0u; t < MT; t = t + 1u) {
+                if (READ) {
+                    let x0 = xs[xo[t] + col0];
+                    for (var r = 0u; r < RB; r = r + 1u) {
+                        acc[r * MT + t] = acc[r * MT + t] + raw[r] * x0;
+                    }
+                    continue;
                 }
+                let x = x_word(xo[t] + col0, col0);
+                for (var r = 0u; r < RB; r = r + 1u) {
+                    var a = acc[r * MT + t];
+                    for (var i = 0u; i < PER; i = i + 1u) {
+                        a = a + v[r * PER + i] * x[i];
+                    }
+                    acc[r * MT + t] = a;
+                }
+            }
+        }
+        gemv_sum(acc, li, lane, lanes, local0, m0);
+        return;
+    }
+    // Transposed: input col is stored row col, and row r0 + m of the
+    // block is stored column i0 + m, slot slot_of(m) of the word. Blocks
+    // start on a word (rows per slice are whole words); a block past the
+    // chunk reads its first one's words.
+    let first = p.row0 - p.row0 % PER;
+    var r0 = first + wid.x * GEMV_ROWS + (li / lanes) * PER;
+    let local0 = r0 - p.row0;
+    if (r0 >= p.row0 + p.fast_rows) {
+        r0 = first;
+    }
+    let k = div_small(r0, p.rows);
+    let slice = p.slice0 + k;
+    let i0 = r0 - k * p.rows;
+    let at = p.codes.base + slice * p.codes.slice_bits + (i0 / PER) * p.codes.word_bits;
+    for (var c0 = lane * RUN; c0 < p.cols; c0 = c0 + lanes * RUN) {
+        var rg = row_groups(c0);
+        var wv = word_values(slice, rg, i0);
+        let end = min(c0 + RUN, p.cols);
+        for (var col = c0; col < end; col = col + 1u) {
+            let word = src[(at + col * p.codes.lane_bits) >> 5u];
+            if (!SHARED) {
+                wv = word_values(slice, rg, i0);
+                rg = next_row(rg);
+            }
+            if (READ) {
+                let value = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
                 for (var t = 0u; t < MT; t = t + 1u) {
-                    let m = min(m0 + t, gm.m - 1u);
-                    acc[t] = acc[t] + value * xs[m * p.cols + col];
+                    acc[t] = acc[t] + value * xs[xo[t] + col];
+                }
+                continue;
+            }
+            var v: array<f32, 8>;
+            for (var m = 0u; m < PER; m = m + 1u) {
+                let c = (word >> (slot_of(m) * BITS)) & mask;
+                v[m] = as_written(fast_value(c, wv.z[m], wv.s[m], 0u, 0u));
+            }
+            for (var t = 0u; t < MT; t = t + 1u) {
+                let x = xs[xo[t] + col];
+                for (var m = 0u; m < PER; m = m + 1u) {
+                    acc[m * MT + t] = acc[m * MT + t] + v[m] * x;
                 }
             }
         }
     }
-    gemv_finish(acc, li, lane, local, m0, per_row);
+    gemv_sum(acc, li, lane, lanes, local0, m0);
 }

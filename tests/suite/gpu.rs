@@ -675,9 +675,22 @@ fn gemv_t_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
     let constants = shader_constants(module);
     let named = |name: &str| constants.iter().find(|(n, _)| n == name).unwrap().1;
     let codes = [named("CODE_OFFSET"), named("CODE_E2M1")];
-    let fixed = [("WG", 256), ("GEMV_ROWS", 4), ("MT", 8)];
     let mut all = Vec::new();
     for set in tile_variants(module) {
+        // The host's geometry: a word's rows an invocation (transposed), else
+        // two, with x read as vec4s.
+        let bits = set.iter().find(|(k, _)| *k == "BITS").unwrap().1;
+        let transposed = set
+            .iter()
+            .any(|&(k, v)| k == "PACK" && v == named("PACK_TRANSPOSED"));
+        let rb = if transposed { 32 / bits } else { 2 };
+        let fixed = [
+            ("WG", 256),
+            ("GEMV_ROWS", 4 * rb),
+            ("RB", rb),
+            ("MT", 8),
+            ("X4", u32::from(!transposed)),
+        ];
         let extra: Vec<&str> = set[7..].iter().map(|(k, _)| *k).collect();
         let code = set.iter().find(|(k, _)| *k == "CODE").unwrap().1;
         if !codes.contains(&code) || !matches!(extra[..], [] | ["ZERO"] | ["ZERO", "WORD_GROUPS"]) {
@@ -709,8 +722,16 @@ fn gemv_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
     if !module.entry_points.iter().any(|e| e.name == "gemv") {
         return Vec::new();
     }
-    let fixed = [("WG", 256), ("GEMV_ROWS", 4)];
-    let mut all = Vec::new();
+    // The host's geometry (two rows of W an invocation, x read as vec4s,
+    // rows on whole words), and the one without any of it.
+    let fixed = [
+        ("WG", 256),
+        ("GEMV_ROWS", 8),
+        ("RB", 2),
+        ("X4", 1),
+        ("ALIGNED", 1),
+    ];
+    let mut all = vec![vec![("WG", 256), ("GEMV_ROWS", 4), ("MT", 8)]];
     // fast_variants' sets: BITS, CODE, OUT, then at most one extra.
     for set in fast_variants(module) {
         let refused = set

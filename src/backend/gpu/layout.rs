@@ -711,6 +711,17 @@ impl Params {
         }
     }
 
+    /// The chunk's first row in its slice (the fast kernel's `row0`).
+    pub(super) fn row0(&self) -> u32 {
+        self.row0
+    }
+
+    /// Whether every row's (lane's) codes start on a 32-bit word.
+    pub(super) fn lanes_aligned(&self) -> bool {
+        let c = &self.codes;
+        (c.base | c.lane_bits | c.slice_bits).is_multiple_of(32)
+    }
+
     /// The same chunk writing its output `words` words into the bound
     /// output buffer.
     pub(super) fn at_word(self, words: u32) -> Params {

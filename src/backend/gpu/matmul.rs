@@ -9,14 +9,23 @@ use super::{fast_kernel, gpu_err, GpuDecoder, DST, PARAMS, SRC};
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 
-/// `gemv`'s bindings past the decode kernels' three.
+/// `gemv`'s bindings past the decode kernels' three: x, its parameters,
+/// and x again, read four values at a time.
 const XS: u32 = 3;
 const GEMV: u32 = 4;
+const XS4: u32 = 5;
 
-/// Rows of W a workgroup takes (of 256 invocations: 64 to a row).
-const GEMV_ROWS: u32 = 4;
 /// The workgroup size `gemv` is built with, whatever the decoder's.
 const GEMV_WG: u32 = 256;
+/// Invocations that share a block of rows of W, reading its words in turn.
+const GEMV_LANES: u32 = 64;
+/// Rows of W an invocation of `gemv` takes (straight and strided packs);
+/// transposed packs take a word's rows. On llvmpipe 4 ran slower than 2:
+/// a loop over them and their decoded values no longer unrolled, and the
+/// arrays indexed in it went to memory.
+const GEMV_RB: u32 = 2;
+/// Rows of W an invocation of the dense baseline takes (64 to a row).
+const DENSE_ROWS: u32 = 4;
 /// Rows of x a workgroup multiplies at once, at most.
 const MAX_MT: u32 = 8;
 
@@ -61,6 +70,8 @@ pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout 
             // x: [m, k] f32, the app's.
             buffer(XS, storage(true), 4),
             buffer(GEMV, wgpu::BufferBindingType::Uniform, gemv),
+            // x again, as vec4s.
+            buffer(XS4, storage(true), 16),
         ],
     })
 }
@@ -95,6 +106,11 @@ struct Part {
     bias: u32,
     /// Its rows of W.
     rows: u32,
+    /// Rows of W its dispatch covers: a transposed chunk's from the word
+    /// holding its first.
+    span: u32,
+    /// Its rows' codes start on words (straight packs).
+    aligned: bool,
 }
 
 /// A quantized Linear's weights resident on a GPU device as they are
@@ -169,6 +185,8 @@ impl GpuDecoder {
                     src,
                     bias: if bias.is_some() { (bias_at / 4) as u32 } else { NO_BIAS },
                     rows: rows.len() as u32,
+                    span: rows.len() as u32 + lead(weights, chunk.params.row0()),
+                    aligned: chunk.params.lanes_aligned(),
                 });
             }
             self.queue.submit([]);
@@ -195,6 +213,8 @@ impl GpuDecoder {
             src,
             bias: NO_BIAS,
             rows: n as u32,
+            span: n as u32,
+            aligned: true,
         };
         Ok(PackedLinear { n, k, parts: vec![part], bytes })
     }
@@ -212,21 +232,30 @@ impl GpuDecoder {
     }
 
     /// The pipeline multiplying by `weights` read as `product`, taking `mt`
-    /// rows of x at once.
-    fn gemv_pipeline(&self, weights: Weights, product: Product, mt: u32) -> wgpu::ComputePipeline {
+    /// rows of x at once, reading x as vec4s (`x4`), with rows whose codes
+    /// start on words (`aligned`).
+    fn gemv_pipeline(&self, weights: Weights, product: Product, mt: u32, (x4, aligned): (bool, bool)) -> wgpu::ComputePipeline {
         let mut cache = self.gemv.pipelines.lock().unwrap_or_else(|p| p.into_inner());
         cache
-            .entry((weights, product, mt))
+            .entry((weights, product, mt, x4, aligned))
             .or_insert_with(|| {
                 let (mut constants, entry, label) = match weights {
                     Weights::Packed(k) => (k.constants().to_vec(), "gemv", Kernel::Fast(k).label()),
                     Weights::Tiled(t) => (t.constants().to_vec(), "gemv_t", Kernel::Tile(t).label()),
                     Weights::DenseBf16 => (Vec::new(), "gemv_dense", "dense bf16".to_string()),
                 };
-                let read = if product == Product::Read { 1.0 } else { 0.0 };
-                constants.extend([("WG", GEMV_WG as f64), ("GEMV_ROWS", GEMV_ROWS as f64), ("MT", mt as f64)]);
+                let flag = |b: bool| if b { 1.0 } else { 0.0 };
+                let rb = block_rows(weights);
+                constants.extend([("WG", GEMV_WG as f64), ("GEMV_ROWS", gemv_rows(weights) as f64), ("MT", mt as f64)]);
                 if entry != "gemv_dense" {
-                    constants.push(("READ", read));
+                    constants.extend([
+                        ("READ", flag(product == Product::Read)),
+                        ("RB", rb as f64),
+                        ("X4", flag(x4)),
+                    ]);
+                }
+                if entry == "gemv" {
+                    constants.push(("ALIGNED", flag(aligned)));
                 }
                 self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&format!("wgpu-dequant {entry} {product:?}, {mt} rows of x ({label})")),
@@ -277,11 +306,11 @@ impl GpuDecoder {
                 format!("matmul: x holds {} bytes and y {}, for {m} rows of {k} inputs and {n} outputs", x.size(), y.size()),
             ));
         }
-        let mt = m.min(MAX_MT);
-        let m_groups = m.div_ceil(mt);
         let max = self.limits.max_groups_per_dim;
         for part in &w.parts {
-            let row_groups = part.rows.div_ceil(GEMV_ROWS);
+            let mt = m.min(max_mt(part.weights));
+            let m_groups = m.div_ceil(mt);
+            let row_groups = part.span.div_ceil(gemv_rows(part.weights));
             if row_groups > max || m_groups > max {
                 return Err(gpu_err(format!("matmul: {} rows and {m} rows of x exceed this device's {max} workgroups a dimension", part.rows)));
             }
@@ -307,9 +336,11 @@ impl GpuDecoder {
                     entry(DST, y),
                     entry(XS, x),
                     entry(GEMV, &gemv),
+                    entry(XS4, if x.size() >= 16 { x } else { &self.gemv.small_x }),
                 ],
             });
-            let pipeline = self.gemv_pipeline(part.weights, product, mt);
+            let x4 = x4(part.weights, w.k) && x.size() >= 16;
+            let pipeline = self.gemv_pipeline(part.weights, product, mt, (x4, part.aligned));
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("wgpu-dequant gemv"),
                 timestamp_writes: None,
@@ -363,14 +394,64 @@ impl GpuDecoder {
     }
 }
 
-/// The pipelines of the products, by weights, reading and rows of x.
-type Cache = std::collections::HashMap<(Weights, Product, u32), wgpu::ComputePipeline>;
+/// Rows of W an invocation takes.
+fn block_rows(weights: Weights) -> u32 {
+    match weights {
+        Weights::Tiled(t) if t.pack == layout::Pack::Transposed => 32 / t.bits,
+        Weights::DenseBf16 => 1,
+        _ => GEMV_RB,
+    }
+}
+
+/// Rows of W a workgroup takes.
+fn gemv_rows(weights: Weights) -> u32 {
+    match weights {
+        Weights::DenseBf16 => DENSE_ROWS,
+        _ => block_rows(weights) * GEMV_WG / GEMV_LANES,
+    }
+}
+
+/// Rows of x a workgroup takes at most.
+fn max_mt(weights: Weights) -> u32 {
+    match weights {
+        Weights::DenseBf16 => 8,
+        _ => MAX_MT.min(64 / block_rows(weights)),
+    }
+}
+
+/// Rows a chunk's dispatch covers before its first: those of the first
+/// row's code word (transposed packs).
+fn lead(weights: Weights, row0: u32) -> u32 {
+    match weights {
+        Weights::Tiled(t) if t.pack == layout::Pack::Transposed => row0 % (32 / t.bits),
+        _ => 0,
+    }
+}
+
+/// Whether the kernel reads x four values at a time (xs4): straight and
+/// strided packs whose rows of `k` hold whole code words (and so x's rows
+/// whole vec4s). Transposed packs read one input at a time: taking four
+/// (four words, their 32 values) ran 3x slower on llvmpipe, the loops no
+/// longer unrolled.
+fn x4(weights: Weights, k: usize) -> bool {
+    match weights {
+        Weights::Packed(f) => k.is_multiple_of((32 / f.bits) as usize),
+        Weights::Tiled(t) if t.pack == layout::Pack::Strided => k.is_multiple_of((32 / t.bits) as usize),
+        Weights::Tiled(_) | Weights::DenseBf16 => false,
+    }
+}
+
+/// The pipelines of the products, by weights, reading, rows of x, x4 and
+/// aligned rows.
+type Cache = std::collections::HashMap<(Weights, Product, u32, bool, bool), wgpu::ComputePipeline>;
 
 /// `gemv`'s layouts and pipelines, made with the decoder.
 pub(super) struct Pipelines {
     bind_group_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     pipelines: std::sync::Mutex<Cache>,
+    /// Bound as xs4 when x is too small to (x4 is off then).
+    small_x: wgpu::Buffer,
 }
 
 impl Pipelines {
@@ -381,10 +462,17 @@ impl Pipelines {
             bind_group_layouts: &[Some(&bind_group_layout)],
             immediate_size: 0,
         });
+        let small_x = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-dequant gemv small x"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Pipelines {
             bind_group_layout,
             pipeline_layout,
             pipelines: Default::default(),
+            small_x,
         }
     }
 }
