@@ -1109,6 +1109,30 @@ fn x_word(at: u32, col0: u32) -> array<f32, 8> {
     return x;
 }
 
+// Adds the RB rows' values of the word at col0 (`v`, PER a row; READ: the
+// words as numbers, `raw`, times x's first value) times x's, row of x by
+// row, to `acc`, in word order.
+fn gemv_add(acc: ptr<function, array<f32, 64>>, v: ptr<function, array<f32, 64>>,
+            raw: ptr<function, array<f32, 8>>, xo: array<u32, 16>, col0: u32) {
+    for (var t = 0u; t < MT; t = t + 1u) {
+        if (READ) {
+            let x0 = xs[xo[t] + col0];
+            for (var r = 0u; r < RB; r = r + 1u) {
+                (*acc)[r * MT + t] = (*acc)[r * MT + t] + (*raw)[r] * x0;
+            }
+            continue;
+        }
+        let x = x_word(xo[t] + col0, col0);
+        for (var r = 0u; r < RB; r = r + 1u) {
+            var a = (*acc)[r * MT + t];
+            for (var i = 0u; i < PER; i = i + 1u) {
+                a = a + (*v)[r * PER + i] * x[i];
+            }
+            (*acc)[r * MT + t] = a;
+        }
+    }
+}
+
 // A workgroup takes GEMV_ROWS rows of W and MT rows of x; an invocation
 // takes RB consecutive rows, and the WG · RB / GEMV_ROWS invocations of a
 // block of rows read its code words in turn (neighbouring invocations,
@@ -1198,23 +1222,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 v[r * PER + i] = c;
             }
         }
-        for (var t = 0u; t < MT; t = t + 1u) {
-            if (READ) {
-                let x0 = xs[xo[t] + col0];
-                for (var r = 0u; r < RB; r = r + 1u) {
-                    acc[r * MT + t] = acc[r * MT + t] + raw[r] * x0;
-                }
-                continue;
-            }
-            let x = x_word(xo[t] + col0, col0);
-            for (var r = 0u; r < RB; r = r + 1u) {
-                var a = acc[r * MT + t];
-                for (var i = 0u; i < PER; i = i + 1u) {
-                    a = a + v[r * PER + i] * x[i];
-                }
-                acc[r * MT + t] = a;
-            }
-        }
+        gemv_add(&acc, &v, &raw, xo, col0);
     }
     gemv_sum(acc, li, lane, lanes, local0, m0);
 }
@@ -1389,23 +1397,7 @@ fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                     v[r * PER + i] = value;
                 }
             }
-            for (var t = 0u; t < MT; t = t + 1u) {
-                if (READ) {
-                    let x0 = xs[xo[t] + col0];
-                    for (var r = 0u; r < RB; r = r + 1u) {
-                        acc[r * MT + t] = acc[r * MT + t] + raw[r] * x0;
-                    }
-                    continue;
-                }
-                let x = x_word(xo[t] + col0, col0);
-                for (var r = 0u; r < RB; r = r + 1u) {
-                    var a = acc[r * MT + t];
-                    for (var i = 0u; i < PER; i = i + 1u) {
-                        a = a + v[r * PER + i] * x[i];
-                    }
-                    acc[r * MT + t] = a;
-                }
-            }
+            gemv_add(&acc, &v, &raw, xo, col0);
         }
         gemv_sum(acc, li, lane, lanes, local0, m0);
         return;

@@ -610,14 +610,18 @@ impl Linears {
     #[wasm_bindgen(js_name = matmulCpu)]
     pub fn matmul_cpu(&self, name: String, x: Vec<f32>, m: usize) -> js_sys::Promise {
         let linears = self.0.clone();
-        future_to_promise(async move {
-            let y = linears
-                .matmul_cpu(&name, &x, m)
-                .await
-                .map_err(|e| js_error(&e))?;
-            Ok(js_sys::Float32Array::from(&y[..]).into())
-        })
+        values(async move { linears.matmul_cpu(&name, &x, m).await })
     }
+}
+
+/// A `Promise` of the values `y` gives, as a `Float32Array`.
+fn values(
+    y: impl std::future::Future<Output = wgpu_dequant::Result<Vec<f32>>> + 'static,
+) -> js_sys::Promise {
+    future_to_promise(async move {
+        let y = y.await.map_err(|e| js_error(&e))?;
+        Ok(js_sys::Float32Array::from(&y[..]).into())
+    })
 }
 
 /// A quantized Linear's packs in `GPUBuffer`s (`Linears.upload`).
@@ -658,12 +662,6 @@ impl Packed {
     /// `x` (a `Float32Array`): a `Float32Array` of `m` rows of `n`.
     pub fn matmul(&self, x: Vec<f32>, m: usize) -> js_sys::Promise {
         let (w, decoder) = (self.w.clone(), self.decoder.clone());
-        future_to_promise(async move {
-            let y = decoder
-                .matmul_async(&w, &x, m)
-                .await
-                .map_err(|e| js_error(&e))?;
-            Ok(js_sys::Float32Array::from(&y[..]).into())
-        })
+        values(async move { decoder.matmul_async(&w, &x, m).await })
     }
 }

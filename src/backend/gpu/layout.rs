@@ -537,6 +537,15 @@ impl GridKind {
 }
 
 impl Tile {
+    /// Rows before `row` (a row of its slice) in its code word, where a
+    /// transposed tile starts; none for strided packs.
+    pub(super) fn lead(&self, row: usize) -> usize {
+        match self.pack {
+            Pack::Transposed => row % (32 / self.bits) as usize,
+            Pack::Strided => 0,
+        }
+    }
+
     /// Code words an invocation decodes, and its tile's runs along the
     /// words' other axis and along the run (`RUN`, `TILE_LANES`,
     /// `TILE_RUNS`).
@@ -1038,10 +1047,7 @@ fn chunk<'a>(
         Kernel::Tile(k) => {
             // One workgroup per tile; transposed tiles start on a code word.
             let (tr, tc) = k.size();
-            let lead = match k.pack {
-                Pack::Transposed => (f0 % d.rows) % (32 / k.bits) as usize,
-                Pack::Strided => 0,
-            };
+            let lead = k.lead(f0 % d.rows);
             let tiles = ((f1 - f0 + lead) as u64).div_ceil(tr as u64)
                 * (d.cols as u64).div_ceil(tc as u64);
             (tiles, 0, (1u32 << (k.bits - 1)) as f32)

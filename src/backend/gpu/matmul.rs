@@ -423,7 +423,7 @@ fn max_mt(weights: Weights) -> u32 {
 /// row's code word (transposed packs).
 fn lead(weights: Weights, row0: u32) -> u32 {
     match weights {
-        Weights::Tiled(t) if t.pack == layout::Pack::Transposed => row0 % (32 / t.bits),
+        Weights::Tiled(t) => t.lead(row0 as usize) as u32,
         _ => 0,
     }
 }
