@@ -261,6 +261,77 @@ fn matmul_of_odd_shapes_with_a_bias() {
     });
 }
 
+/// Packs along the inputs (GPTQ's strided words, AutoAWQ's transposed
+/// ones) of a Linear whose dense weight spans several decode chunks (4096
+/// outputs of 2304 inputs: 18 MiB in bf16): resident once, within an
+/// eighth of their stored bytes (GPTQ's zero points are unpacked, a byte
+/// each), not once per chunk, and multiplied within the bound.
+#[test]
+fn packs_along_the_inputs_are_resident_once() {
+    use crate::common::{write_json, write_safetensors, Tensor};
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0005);
+        let (n, k, g) = (4096usize, 2304usize, 128usize);
+        let m = "model.layers.0.mlp.down_proj";
+        let mut words =
+            |count: usize| -> Vec<u32> { (0..count).map(|_| rng.next() as u32).collect() };
+        let scales: Vec<f32> = (0..k / g * n).map(|i| (1 + i % 7) as f32 / 256.0).collect();
+        let gptq = vec![
+            Tensor::u32_words(format!("{m}.qweight"), &[k / 8, n], &words(k / 8 * n)),
+            Tensor::u32_words(
+                format!("{m}.qzeros"),
+                &[k / g, n / 8],
+                &vec![0x7777_7777; k / g * n / 8],
+            ),
+            Tensor::f16(format!("{m}.scales"), &[k / g, n], &scales),
+            Tensor::i32(
+                format!("{m}.g_idx"),
+                &[k],
+                &(0..k).map(|i| (i / g) as i32).collect::<Vec<_>>(),
+            ),
+        ];
+        let awq = vec![
+            Tensor::u32_words(format!("{m}.qweight"), &[k, n / 8], &words(k * n / 8)),
+            Tensor::u32_words(
+                format!("{m}.qzeros"),
+                &[k / g, n / 8],
+                &words(k / g * n / 8),
+            ),
+            Tensor::f16(format!("{m}.scales"), &[k / g, n], &scales),
+        ];
+        let configs = [
+            serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": g, "sym": true,
+                               "desc_act": false, "checkpoint_format": "gptq"}),
+            serde_json::json!({"quant_method": "awq", "bits": 4, "group_size": g,
+                               "zero_point": true, "version": "gemm"}),
+        ];
+        for (tensors, config) in [gptq, awq].iter().zip(configs) {
+            let tmp = tempfile::tempdir().unwrap();
+            write_safetensors(&tmp.path().join("model.safetensors"), tensors);
+            write_json(
+                &tmp.path().join("config.json"),
+                &serde_json::json!({"architectures": ["LlamaForCausalLM"],
+                                    "torch_dtype": "float16", "quantization_config": config}),
+            );
+            let what = config["quant_method"].to_string();
+            let model = Model::open(tmp.path(), DtypeChoice::Auto).unwrap();
+            let name = format!("{m}.weight");
+            let packed = model.upload_packed(&name, &decoder).unwrap();
+            let stored: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+            assert!(
+                packed.gpu_bytes() <= stored + stored / 8,
+                "{what}: {} bytes on the GPU for {stored} stored",
+                packed.gpu_bytes()
+            );
+            let w = model.decode_f32(&name, BackendChoice::Cpu).unwrap();
+            let x = random_x(&mut rng, 2, k, 1.0);
+            let want = reference(&w, &x, None, (2, n, k));
+            assert_within(&decoder.matmul(&packed, &x, 2).unwrap(), &want, &what);
+        }
+    });
+}
+
 /// `examples/matvec.rs` on the sample: a line per quantized Linear, each
 /// with its largest GPU-to-CPU difference, and success (it fails when a
 /// result leaves the bound).

@@ -752,16 +752,29 @@ pub(super) struct Limits {
     pub workgroup: u32,
     /// Largest workgroup count per dispatch dimension.
     pub max_groups_per_dim: u32,
+    /// Output bytes a chunk aims at: [`OUT_CAP`] when decoding.
+    pub chunk_out: u64,
 }
 
 impl Limits {
-    /// Output bytes one chunk may produce: [`OUT_CAP`] within a binding,
+    /// Output bytes one chunk may produce: `chunk_out` within a binding,
     /// less room for a start inside a larger buffer, which a binding reaches
     /// from the aligned offset below it.
     fn out_cap(&self) -> u64 {
         self.max_binding
-            .min(OUT_CAP)
+            .min(self.chunk_out)
             .saturating_sub(self.offset_align)
+    }
+
+    /// The limits of chunks that stay resident for products, which write
+    /// y, never W: as many rows as their packs' binding holds, so that
+    /// packs along the inputs (GPTQ, AutoAWQ), whose every chunk binds the
+    /// words of all its inputs, are uploaded once, not once per chunk.
+    pub(super) fn resident(self) -> Limits {
+        Limits {
+            chunk_out: u64::MAX,
+            ..self
+        }
     }
 
     /// The limits of a wgpu device.
@@ -775,6 +788,7 @@ impl Limits {
                 .min(l.max_compute_workgroup_size_x)
                 .max(1),
             max_groups_per_dim: l.max_compute_workgroups_per_dimension.max(1),
+            chunk_out: OUT_CAP,
         }
     }
 }
@@ -1421,6 +1435,7 @@ mod tests {
             offset_align: 256,
             workgroup: WORKGROUP,
             max_groups_per_dim: 3,
+            chunk_out: OUT_CAP,
         };
         let chunks = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap();
         let mut next = 0;
@@ -1451,6 +1466,7 @@ mod tests {
             offset_align: 256,
             workgroup: WORKGROUP,
             max_groups_per_dim: 65535,
+            chunk_out: OUT_CAP,
         };
         let e = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap_err();
         assert_eq!(e.rule, Rule::Gpu);

@@ -156,7 +156,7 @@ impl GpuDecoder {
         if bias.is_some_and(|b| b.len() != n) {
             return refuse("its bias has not one value per output");
         }
-        let chunks = layout::plan(job, kernel, 0..n, &self.limits)?;
+        let chunks = layout::plan(job, kernel, 0..n, &self.limits.resident())?;
         self.scoped(async {
             let mut parts = Vec::with_capacity(chunks.len());
             let mut bytes = 0;
