@@ -1084,35 +1084,29 @@ fn x_rows(m0: u32) -> array<u32, 16> {
     return xo;
 }
 
-// x[.., at + i] for i < PER (row offset included in `at`), zero from
-// column `cols` on (X4: there is none).
-fn x_word(at: u32, col0: u32) -> array<f32, 8> {
-    var x: array<f32, 8>;
+// x[.., at + i] for i < PER (row offset included in `at`) as two vec4s,
+// zero from column `cols` on (X4: there is none) and past PER.
+fn x_word(at: u32, col0: u32) -> array<vec4<f32>, 2> {
+    var x: array<vec4<f32>, 2>;
     if (X4) {
-        let a = xs4[at >> 2u];
-        x[0] = a.x;
-        x[1] = a.y;
-        x[2] = a.z;
-        x[3] = a.w;
+        x[0] = xs4[at >> 2u];
         if (PER == 8u) {
-            let b = xs4[(at >> 2u) + 1u];
-            x[4] = b.x;
-            x[5] = b.y;
-            x[6] = b.z;
-            x[7] = b.w;
+            x[1] = xs4[(at >> 2u) + 1u];
         }
         return x;
     }
     for (var i = 0u; i < PER; i = i + 1u) {
-        x[i] = select(0.0, xs[at + i], col0 + i < p.cols);
+        x[i / 4u][i % 4u] = select(0.0, xs[at + i], col0 + i < p.cols);
     }
     return x;
 }
 
-// Adds the RB rows' values of the word at col0 (`v`, PER a row; READ: the
-// words as numbers, `raw`, times x's first value) times x's, row of x by
-// row, to `acc`, in word order.
-fn gemv_add(acc: ptr<function, array<f32, 64>>, v: ptr<function, array<f32, 64>>,
+// Adds the RB rows' values of the word at col0 (`v`, two vec4s a row;
+// READ: the words as numbers, `raw`, times x's first value) times x's,
+// row of x by row, to `acc`. Four values a step: with one a step, the
+// loops over rows of W and x no longer unrolled past 2 rows of x on
+// llvmpipe, and their arrays went to memory.
+fn gemv_add(acc: ptr<function, array<f32, 64>>, v: ptr<function, array<vec4<f32>, 16>>,
             raw: ptr<function, array<f32, 8>>, xo: array<u32, 16>, col0: u32) {
     for (var t = 0u; t < MT; t = t + 1u) {
         if (READ) {
@@ -1124,9 +1118,9 @@ fn gemv_add(acc: ptr<function, array<f32, 64>>, v: ptr<function, array<f32, 64>>
         }
         let x = x_word(xo[t] + col0, col0);
         for (var r = 0u; r < RB; r = r + 1u) {
-            var a = (*acc)[r * MT + t];
-            for (var i = 0u; i < PER; i = i + 1u) {
-                a = a + (*v)[r * PER + i] * x[i];
+            var a = (*acc)[r * MT + t] + dot((*v)[2u * r], x[0]);
+            if (PER == 8u) {
+                a = a + dot((*v)[2u * r + 1u], x[1]);
             }
             (*acc)[r * MT + t] = a;
         }
@@ -1188,7 +1182,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (ZERO == ZERO_PLAIN) {
             zg = div_small(col0, p.zgrid.col_div);
         }
-        var v: array<f32, 64>;  // [r · PER + i]
+        var v: array<vec4<f32>, 16>;  // [2r + i / 4][i % 4]
         var raw: array<f32, 8>;
         for (var r = 0u; r < RB; r = r + 1u) {
             let pos = at[r] + col0 * BITS;
@@ -1219,7 +1213,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 if (!X4) {
                     c = select(0.0, c, col0 + i < p.cols);
                 }
-                v[r * PER + i] = c;
+                v[2u * r + i / 4u][i % 4u] = c;
             }
         }
         gemv_add(&acc, &v, &raw, xo, col0);
@@ -1379,7 +1373,7 @@ fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
         for (var w = lane; w * PER < p.cols; w = w + lanes) {
             let col0 = w * PER;
-            var v: array<f32, 64>;  // [r · PER + i]
+            var v: array<vec4<f32>, 16>;  // [2r + i / 4][i % 4]
             var raw: array<f32, 8>;
             for (var r = 0u; r < RB; r = r + 1u) {
                 let word = src[(at[r] + w * p.codes.word_bits) >> 5u];
@@ -1394,7 +1388,7 @@ fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                     if (!X4) {
                         value = select(0.0, value, col0 + i < p.cols);
                     }
-                    v[r * PER + i] = value;
+                    v[2u * r + i / 4u][i % 4u] = value;
                 }
             }
             gemv_add(&acc, &v, &raw, xo, col0);
@@ -1416,6 +1410,9 @@ fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let slice = p.slice0 + k;
     let i0 = r0 - k * p.rows;
     let at = p.codes.base + slice * p.codes.slice_bits + (i0 / PER) * p.codes.word_bits;
+    // The block's rows four a vec4 ([2t + m / 4][m % 4]), so that the loop
+    // over x's rows unrolls (see gemv_add).
+    var acc4: array<vec4<f32>, 16>;
     for (var c0 = lane * RUN; c0 < p.cols; c0 = c0 + lanes * RUN) {
         var rg = row_groups(c0);
         var wv = word_values(slice, rg, i0);
@@ -1429,21 +1426,27 @@ fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             if (READ) {
                 let value = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
                 for (var t = 0u; t < MT; t = t + 1u) {
-                    acc[t] = acc[t] + value * xs[xo[t] + col];
+                    acc4[2u * t].x = acc4[2u * t].x + value * xs[xo[t] + col];
                 }
                 continue;
             }
-            var v: array<f32, 8>;
+            var v: array<vec4<f32>, 2>;
             for (var m = 0u; m < PER; m = m + 1u) {
                 let c = (word >> (slot_of(m) * BITS)) & mask;
-                v[m] = as_written(fast_value(c, wv.z[m], wv.s[m], 0u, 0u));
+                v[m / 4u][m % 4u] = as_written(fast_value(c, wv.z[m], wv.s[m], 0u, 0u));
             }
             for (var t = 0u; t < MT; t = t + 1u) {
                 let x = xs[xo[t] + col];
-                for (var m = 0u; m < PER; m = m + 1u) {
-                    acc[m * MT + t] = acc[m * MT + t] + v[m] * x;
+                acc4[2u * t] = acc4[2u * t] + v[0] * x;
+                if (PER == 8u) {
+                    acc4[2u * t + 1u] = acc4[2u * t + 1u] + v[1] * x;
                 }
             }
+        }
+    }
+    for (var t = 0u; t < MT; t = t + 1u) {
+        for (var m = 0u; m < PER; m = m + 1u) {
+            acc[m * MT + t] = acc4[2u * t + m / 4u][m % 4u];
         }
     }
     gemv_sum(acc, li, lane, lanes, local0, m0);

@@ -90,34 +90,42 @@ fn linears(model: &Model, decoder: &GpuDecoder) -> Vec<String> {
         .collect()
 }
 
-fn check_model(dir: &Path, decoder: &GpuDecoder, rng: &mut Rng) -> usize {
+/// Checks every Linear of the model at `dir` on each decoder (the
+/// adapter's own geometry, and a GPU's).
+fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
     let model = Model::open(dir, DtypeChoice::Auto).unwrap();
-    let names = linears(&model, decoder);
+    let names = linears(&model, &decoders[0]);
     for name in &names {
         let info = model.info(name).unwrap();
         let (n, k) = (info.shape[0], info.shape[1]);
         let w = model.decode_f32(name, BackendChoice::Cpu).unwrap();
         let bias_name = name.replace(".weight", ".bias");
         let bias = model.decode_f32(&bias_name, BackendChoice::Cpu).ok();
-        let packed = model.upload_packed(name, decoder).unwrap();
+        let packs: Vec<_> = decoders
+            .iter()
+            .map(|d| model.upload_packed(name, d).unwrap())
+            .collect();
         assert!(
-            packed.gpu_bytes() > 0 && packed.gpu_bytes() < (n * k * 2) as u64,
+            packs[0].gpu_bytes() > 0 && packs[0].gpu_bytes() < (n * k * 2) as u64,
             "{name}: {} bytes on the GPU",
-            packed.gpu_bytes()
+            packs[0].gpu_bytes()
         );
         for m in MS {
             let what = format!("{} {name} m={m}", dir.display());
             let x = random_x(rng, m, k, 1.0);
             let want = reference(&w, &x, bias.as_deref(), (m, n, k));
-            let gpu = decoder.matmul(&packed, &x, m).unwrap();
-            assert_within(&gpu, &want, &format!("{what} on the GPU"));
-            let again = decoder.matmul(&packed, &x, m).unwrap();
-            assert!(
-                gpu.iter()
-                    .zip(&again)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{what}: not the same bits twice"
-            );
+            for (i, (decoder, packed)) in decoders.iter().zip(&packs).enumerate() {
+                let what = format!("{what} on GPU decoder {i}");
+                let gpu = decoder.matmul(packed, &x, m).unwrap();
+                assert_within(&gpu, &want, &what);
+                let again = decoder.matmul(packed, &x, m).unwrap();
+                assert!(
+                    gpu.iter()
+                        .zip(&again)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: not the same bits twice"
+                );
+            }
             let cpu = model.matmul_cpu(name, &x, m).unwrap();
             assert_within(&cpu, &want, &format!("{what} on the CPU"));
         }
@@ -128,10 +136,13 @@ fn check_model(dir: &Path, decoder: &GpuDecoder, rng: &mut Rng) -> usize {
 #[test]
 fn matmul_of_every_fixture_linear_keeps_to_the_bound() {
     gpu_test(|adapter| {
-        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let decoders = [
+            GpuDecoder::open(&adapter).unwrap(),
+            GpuDecoder::open(&adapter).unwrap().gpu_geometry(),
+        ];
         let mut rng = Rng::new(0x5EED_6E3F_0000_0001);
         for f in FIXTURES {
-            let count = check_model(&fixtures().join(f).join("model"), &decoder, &mut rng);
+            let count = check_model(&fixtures().join(f).join("model"), &decoders, &mut rng);
             assert!(count > 0, "{f}: no Linear the GPU multiplies");
         }
     });
@@ -243,15 +254,18 @@ fn matmul_of_odd_shapes_with_a_bias() {
         let bias = model
             .decode_f32(&format!("{m}.bias"), BackendChoice::Cpu)
             .unwrap();
-        let packed = model.upload_packed(&name, &decoder).unwrap();
+        let spread = GpuDecoder::open(&adapter).unwrap().gpu_geometry();
+        let packs = [&decoder, &spread].map(|d| (d, model.upload_packed(&name, d).unwrap()));
         for rows in [1, 9, 64] {
             let x = random_x(&mut rng, rows, k, 3.0);
             let want = reference(&w, &x, Some(&bias), (rows, n, k));
-            assert_within(
-                &decoder.matmul(&packed, &x, rows).unwrap(),
-                &want,
-                &format!("m={rows} on the GPU"),
-            );
+            for (i, (decoder, packed)) in packs.iter().enumerate() {
+                assert_within(
+                    &decoder.matmul(packed, &x, rows).unwrap(),
+                    &want,
+                    &format!("m={rows} on GPU decoder {i}"),
+                );
+            }
             assert_within(
                 &model.matmul_cpu(&name, &x, rows).unwrap(),
                 &want,

@@ -15,19 +15,67 @@ const XS: u32 = 3;
 const GEMV: u32 = 4;
 const XS4: u32 = 5;
 
-/// The workgroup size `gemv` is built with, whatever the decoder's.
-const GEMV_WG: u32 = 256;
-/// Invocations that share a block of rows of W, reading its words in turn.
-const GEMV_LANES: u32 = 64;
 /// Rows of W an invocation of `gemv` takes (straight and strided packs);
 /// transposed packs take a word's rows. On llvmpipe 4 ran slower than 2:
 /// a loop over them and their decoded values no longer unrolled, and the
 /// arrays indexed in it went to memory.
 const GEMV_RB: u32 = 2;
-/// Rows of W an invocation of the dense baseline takes (64 to a row).
-const DENSE_ROWS: u32 = 4;
-/// Rows of x a workgroup multiplies at once, at most.
-const MAX_MT: u32 = 8;
+
+/// How the products spread over a device: chosen once per adapter kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Geometry {
+    /// The workgroup size `gemv` is built with, whatever the decoder's.
+    wg: u32,
+    /// Invocations that share a block of rows of W, reading its words in
+    /// turn (the dense baseline: a row).
+    lanes: u32,
+    /// Rows of x a workgroup multiplies at once, at most.
+    max_mt: u32,
+}
+
+impl Geometry {
+    /// On a GPU, 64 invocations read a block's words side by side and add
+    /// up their sums at the end; 8 rows of x share each decoded word. On a
+    /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
+    /// core's vector lanes, an invocation takes its rows whole: the
+    /// workgroup's sums across invocations cost more there than they save,
+    /// and all its invocations read the same x at once. Past 4 rows of x,
+    /// the loops over them no longer unroll there.
+    fn of(device: wgpu::DeviceType) -> Geometry {
+        match device {
+            wgpu::DeviceType::Cpu => Geometry {
+                wg: 64,
+                lanes: 1,
+                max_mt: 4,
+            },
+            _ => Geometry {
+                wg: 256,
+                lanes: 64,
+                max_mt: 8,
+            },
+        }
+    }
+
+    /// Rows of W an invocation takes.
+    fn block_rows(self, weights: Weights) -> u32 {
+        match weights {
+            Weights::Tiled(t) if t.pack == layout::Pack::Transposed => 32 / t.bits,
+            Weights::DenseBf16 => 1,
+            _ => GEMV_RB,
+        }
+    }
+
+    /// Rows of W a workgroup takes.
+    fn rows(self, weights: Weights) -> u32 {
+        self.block_rows(weights) * self.wg / self.lanes
+    }
+
+    /// Rows of x a workgroup takes at most: as many as its accumulators
+    /// (64 a invocation) hold.
+    fn max_mt(self, weights: Weights) -> u32 {
+        self.max_mt.min(64 / self.block_rows(weights))
+    }
+}
 
 /// `gemv`'s own uniform block (decode.wgsl's `Gemv`).
 #[repr(C)]
@@ -245,8 +293,9 @@ impl GpuDecoder {
                     Weights::DenseBf16 => (Vec::new(), "gemv_dense", "dense bf16".to_string()),
                 };
                 let flag = |b: bool| if b { 1.0 } else { 0.0 };
-                let rb = block_rows(weights);
-                constants.extend([("WG", GEMV_WG as f64), ("GEMV_ROWS", gemv_rows(weights) as f64), ("MT", mt as f64)]);
+                let g = self.gemv.geometry;
+                let rb = g.block_rows(weights);
+                constants.extend([("WG", g.wg as f64), ("GEMV_ROWS", g.rows(weights) as f64), ("MT", mt as f64)]);
                 if entry != "gemv_dense" {
                     constants.extend([
                         ("READ", flag(product == Product::Read)),
@@ -308,9 +357,9 @@ impl GpuDecoder {
         }
         let max = self.limits.max_groups_per_dim;
         for part in &w.parts {
-            let mt = m.min(max_mt(part.weights));
+            let mt = m.min(self.gemv.geometry.max_mt(part.weights));
             let m_groups = m.div_ceil(mt);
-            let row_groups = part.span.div_ceil(gemv_rows(part.weights));
+            let row_groups = part.span.div_ceil(self.gemv.geometry.rows(part.weights));
             if row_groups > max || m_groups > max {
                 return Err(gpu_err(format!("matmul: {} rows and {m} rows of x exceed this device's {max} workgroups a dimension", part.rows)));
             }
@@ -394,31 +443,6 @@ impl GpuDecoder {
     }
 }
 
-/// Rows of W an invocation takes.
-fn block_rows(weights: Weights) -> u32 {
-    match weights {
-        Weights::Tiled(t) if t.pack == layout::Pack::Transposed => 32 / t.bits,
-        Weights::DenseBf16 => 1,
-        _ => GEMV_RB,
-    }
-}
-
-/// Rows of W a workgroup takes.
-fn gemv_rows(weights: Weights) -> u32 {
-    match weights {
-        Weights::DenseBf16 => DENSE_ROWS,
-        _ => block_rows(weights) * GEMV_WG / GEMV_LANES,
-    }
-}
-
-/// Rows of x a workgroup takes at most.
-fn max_mt(weights: Weights) -> u32 {
-    match weights {
-        Weights::DenseBf16 => 8,
-        _ => MAX_MT.min(64 / block_rows(weights)),
-    }
-}
-
 /// Rows a chunk's dispatch covers before its first: those of the first
 /// row's code word (transposed packs).
 fn lead(weights: Weights, row0: u32) -> u32 {
@@ -452,6 +476,7 @@ pub(super) struct Pipelines {
     pipelines: std::sync::Mutex<Cache>,
     /// Bound as xs4 when x is too small to (x4 is off then).
     small_x: wgpu::Buffer,
+    geometry: Geometry,
 }
 
 impl Pipelines {
@@ -473,6 +498,15 @@ impl Pipelines {
             pipeline_layout,
             pipelines: Default::default(),
             small_x,
+            geometry: Geometry::of(device.adapter_info().device_type),
+        }
+    }
+
+    /// The same with a GPU's geometry, whatever the adapter.
+    pub(super) fn gpu_geometry(self) -> Pipelines {
+        Pipelines {
+            geometry: Geometry::of(wgpu::DeviceType::DiscreteGpu),
+            ..self
         }
     }
 }

@@ -306,6 +306,14 @@ impl GpuDecoder {
         self
     }
 
+    /// Multiplies with a GPU's geometry whatever the adapter, so that tests
+    /// run it on CPU adapters too.
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn gpu_geometry(mut self) -> GpuDecoder {
+        self.gemv = self.gemv.gpu_geometry();
+        self
+    }
+
     /// Chunks decoded so far, by kernel.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn dispatches(&self) -> Dispatches {
