@@ -1030,7 +1030,7 @@ struct Gemv {
     m: u32,       // rows of x and y
     n: u32,       // y's row length (W's rows, every chunk's)
     bias: u32,    // word index in src of this chunk's first row's bias, or NO_G_IDX
-    _pad: u32,
+    row0: u32,    // W's first row in its job (an expert's in a stack): y's column 0
 }
 
 @group(0) @binding(3) var<storage, read> xs: array<f32>;
@@ -1253,7 +1253,7 @@ fn gemv_sum(acc: array<f32, 64>, li: u32, lane: u32, lanes: u32, local0: u32, m0
                         if (gm.bias != NO_G_IDX) {
                             y = y + bitcast<f32>(src[gm.bias + local]);
                         }
-                        dst[p.out_base + m * gm.n + p.first_row + local] = bitcast<u32>(y);
+                        dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
                     }
                 }
             }
@@ -1285,7 +1285,7 @@ fn gemv_finish(acc: array<f32, 8>, li: u32, lane: u32, local: u32, m0: u32, per_
                 if (gm.bias != NO_G_IDX) {
                     y = y + bitcast<f32>(src[gm.bias + local]);
                 }
-                dst[p.out_base + m * gm.n + p.first_row + local] = bitcast<u32>(y);
+                dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
             }
         }
     }

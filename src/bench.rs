@@ -697,7 +697,7 @@ pub(crate) fn gpu_gemv(
             let w = Weight::random(layout, n, k, 7);
             let job = w.job(OutDtype::Bf16);
             let packed =
-                pollster::block_on(decoder.upload_linear_async(&job, None, layout.name()))?;
+                pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, layout.name()))?;
             for &m in &GEMV_MS {
                 let x = buffer((4 * m * k) as u64, wgpu::BufferUsages::COPY_DST);
                 let xs: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();

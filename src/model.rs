@@ -4,7 +4,9 @@
 //! quantized Linears' packs. [`Linears`] does the latter over files read
 //! piece by piece (a browser's).
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +16,7 @@ use crate::backend::gpu::{GpuDecoder, PackedLinear};
 use crate::backend::{Backend, BackendChoice, Cpu};
 use crate::checkpoint::{Checkpoint, Listing};
 use crate::error::{Error, Result, Rule};
+use crate::job::DecodeJob;
 use crate::output::{Output, Source};
 use crate::plan::{DtypeChoice, Plan};
 use crate::stream::{listing, load, prepare, Files};
@@ -197,10 +200,23 @@ impl Model {
         weight: &str,
         decoder: &GpuDecoder,
     ) -> Result<PackedLinear> {
-        let (job, bias) = linear(self.plan(), weight)?;
-        decoder
-            .upload_linear_async(job, bias.as_deref(), weight)
-            .await
+        upload(self.plan(), (weight, None), decoder).await
+    }
+
+    /// Expert `expert` of the 3-D stack of experts `weight` (`[E, …]`)
+    /// resident on `decoder`'s device as its packs are stored, with its
+    /// bias (`<weight>_bias[expert]`) when the checkpoint has one: the
+    /// product the model computes with it, whose inputs are the ones its
+    /// codes are packed along. That is `x·W[e]` for GPT-OSS's stacks, which
+    /// `dequantize` writes `[E, in, out]`, and `x·W[e]ᵀ` for `[E, out, in]`
+    /// ones; [`PackedLinear`]'s `k` and `n` say which.
+    pub fn upload_expert(
+        &self,
+        weight: &str,
+        expert: usize,
+        decoder: &GpuDecoder,
+    ) -> Result<PackedLinear> {
+        pollster::block_on(upload(self.plan(), (weight, Some(expert)), decoder))
     }
 
     /// `y = x·Wᵀ (+ bias)` on the CPU for the `m` rows of `x` (`[m, k]`,
@@ -209,7 +225,19 @@ impl Model {
     /// sequential f32 sum. What [`GpuDecoder::matmul`] computes, for apps
     /// without an adapter and for tests.
     pub fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        matmul_cpu(self.plan(), weight, x, m)
+        matmul_cpu(self.plan(), (weight, None), x, m)
+    }
+
+    /// The product with expert `expert` of stack `weight` on the CPU
+    /// ([`Model::upload_expert`], [`Model::matmul_cpu`]).
+    pub fn matmul_cpu_expert(
+        &self,
+        weight: &str,
+        expert: usize,
+        x: &[f32],
+        m: usize,
+    ) -> Result<Vec<f32>> {
+        matmul_cpu(self.plan(), (weight, Some(expert)), x, m)
     }
 }
 
@@ -274,8 +302,8 @@ impl<F: Files> Linears<F> {
         let inputs: BTreeSet<String> = {
             let plan = Plan::build(&ckpt, self.dtype)?;
             job(&plan, weight)?;
-            let bias = weight.strip_suffix(".weight").map(|m| format!("{m}.bias"));
-            let outputs = [Some(weight), bias.as_deref()].into_iter().flatten();
+            let bias = bias_name(weight);
+            let outputs = [weight, bias.as_str()].into_iter();
             let outputs = outputs.filter_map(|name| output(&plan, name).ok());
             let inputs = outputs.flat_map(|o| o.inputs());
             inputs.map(|t| t.name.to_string()).collect()
@@ -292,18 +320,49 @@ impl<F: Files> Linears<F> {
     /// Quantized weight `weight` resident on `decoder`'s device as its
     /// packs are stored ([`Model::upload_packed_async`]).
     pub async fn upload_packed(&self, weight: &str, decoder: &GpuDecoder) -> Result<PackedLinear> {
+        self.upload(weight, None, decoder).await
+    }
+
+    /// Expert `expert` of stack `weight` resident on `decoder`'s device
+    /// ([`Model::upload_expert`]).
+    pub async fn upload_expert(
+        &self,
+        weight: &str,
+        expert: usize,
+        decoder: &GpuDecoder,
+    ) -> Result<PackedLinear> {
+        self.upload(weight, Some(expert), decoder).await
+    }
+
+    async fn upload(
+        &self,
+        weight: &str,
+        expert: Option<usize>,
+        decoder: &GpuDecoder,
+    ) -> Result<PackedLinear> {
         let ckpt = self.with(weight).await?;
         let plan = Plan::build(&ckpt, self.dtype)?;
-        let (job, bias) = linear(&plan, weight)?;
-        decoder
-            .upload_linear_async(job, bias.as_deref(), weight)
-            .await
+        upload(&plan, (weight, expert), decoder).await
     }
 
     /// `y = x·Wᵀ (+ bias)` on the CPU ([`Model::matmul_cpu`]).
     pub async fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
         let ckpt = self.with(weight).await?;
-        matmul_cpu(&Plan::build(&ckpt, self.dtype)?, weight, x, m)
+        matmul_cpu(&Plan::build(&ckpt, self.dtype)?, (weight, None), x, m)
+    }
+
+    /// The product with expert `expert` of stack `weight` on the CPU
+    /// ([`Model::matmul_cpu_expert`]).
+    pub async fn matmul_cpu_expert(
+        &self,
+        weight: &str,
+        expert: usize,
+        x: &[f32],
+        m: usize,
+    ) -> Result<Vec<f32>> {
+        let ckpt = self.with(weight).await?;
+        let plan = Plan::build(&ckpt, self.dtype)?;
+        matmul_cpu(&plan, (weight, Some(expert)), x, m)
     }
 }
 
@@ -343,40 +402,110 @@ fn values_f32(plan: &Plan<'_>, name: &str, backend: &dyn Backend) -> Result<Vec<
 }
 
 /// The job decoding quantized weight `weight` of `plan`.
-fn job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p crate::job::DecodeJob<'c>> {
+fn job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p DecodeJob<'c>> {
     match &output(plan, weight)?.source {
         Source::Decode(job) => Ok(job),
         _ => Err(refuse(plan, weight, "is not a quantized weight")),
     }
 }
 
-/// The job decoding quantized weight `weight` of `plan`, and its Linear's
-/// bias (`<module>.bias`, when the checkpoint has one) widened to f32.
+/// The name of the bias of weight `name`: `<module>.bias` for a Linear's
+/// `<module>.weight`, `<name>_bias` for a stack of experts (GPT-OSS's).
+fn bias_name(name: &str) -> String {
+    match name.strip_suffix(".weight") {
+        Some(module) => format!("{module}.bias"),
+        None => format!("{name}_bias"),
+    }
+}
+
+/// What a product with quantized weight `weight` (expert `expert` of a 3-D
+/// stack) reads: the job in the orientation whose rows are the product's
+/// outputs and whose columns its inputs, the rows of it that are W, and
+/// their bias widened to f32.
+struct Linear<'p, 'c> {
+    job: Cow<'p, DecodeJob<'c>>,
+    rows: Range<usize>,
+    bias: Option<Vec<f32>>,
+}
+
+/// The product with weight `weight` of `plan`, or with expert `expert` of
+/// it: a stack's experts are taken as stored, rows their outputs (GPT-OSS
+/// stores `[E, out, in]` of a dense `[E, in, out]`).
 fn linear<'p, 'c>(
     plan: &'p Plan<'c>,
-    weight: &str,
-) -> Result<(&'p crate::job::DecodeJob<'c>, Option<Vec<f32>>)> {
+    (weight, expert): (&str, Option<usize>),
+) -> Result<Linear<'p, 'c>> {
     let job = job(plan, weight)?;
-    let bias = match weight.strip_suffix(".weight").map(|m| format!("{m}.bias")) {
-        Some(b) if output(plan, &b).is_ok() => Some(values_f32(plan, &b, &Cpu::new())?),
-        _ => None,
+    let stack = output(plan, weight)?.shape.len() == 3;
+    let (job, rows) = match (stack, expert) {
+        (false, None) => (Cow::Borrowed(job), 0..job.dims.total_rows()),
+        (true, Some(e)) if e < job.dims.slices => {
+            let job = match job.transposed {
+                true => Cow::Owned(job.clone().transpose()),
+                false => Cow::Borrowed(job),
+            };
+            let r = job.dims.rows;
+            (job, e * r..(e + 1) * r)
+        }
+        (true, Some(e)) => {
+            let detail = format!("has {} experts, not {}", job.dims.slices, e + 1);
+            return Err(refuse(plan, weight, detail));
+        }
+        (true, None) => {
+            let detail = "is a stack of experts: multiply by one of them (upload_expert)";
+            return Err(refuse(plan, weight, detail));
+        }
+        (false, Some(_)) => return Err(refuse(plan, weight, "is not a stack of experts")),
     };
-    Ok((job, bias))
+    let name = bias_name(weight);
+    let bias = match output(plan, &name) {
+        Ok(b) if b.shape.iter().product::<usize>() == job.dims.total_rows() => {
+            Some(values_f32(plan, &name, &Cpu::new())?[rows.clone()].to_vec())
+        }
+        Ok(_) => {
+            return Err(refuse(
+                plan,
+                weight,
+                "its bias has not one value per output",
+            ))
+        }
+        Err(_) => None,
+    };
+    Ok(Linear { job, rows, bias })
+}
+
+/// Uploads the product with `weight` (or one expert of it) of `plan`.
+async fn upload(
+    plan: &Plan<'_>,
+    weight: (&str, Option<usize>),
+    decoder: &GpuDecoder,
+) -> Result<PackedLinear> {
+    let w = linear(plan, weight)?;
+    decoder
+        .upload_linear_async(&w.job, w.rows, w.bias.as_deref(), weight.0)
+        .await
 }
 
 /// `y = x·Wᵀ (+ bias)` on the CPU for quantized weight `weight` of `plan`
-/// ([`Model::matmul_cpu`]).
-fn matmul_cpu(plan: &Plan<'_>, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
-    let (_, bias) = linear(plan, weight)?;
-    let (n, k) = match output(plan, weight)?.shape[..] {
-        [n, k] => (n, k),
-        _ => return Err(refuse(plan, weight, "is not a 2-D weight")),
-    };
+/// (or one expert of it): W is decoded as `dequantize` writes it, widened
+/// to f32, and each output summed in order ([`Model::matmul_cpu`]).
+fn matmul_cpu(
+    plan: &Plan<'_>,
+    weight: (&str, Option<usize>),
+    x: &[f32],
+    m: usize,
+) -> Result<Vec<f32>> {
+    let Linear { job, rows, bias } = linear(plan, weight)?;
+    let (n, k) = (rows.len(), job.dims.cols);
     if x.len() != m * k {
         let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
-        return Err(refuse(plan, weight, detail));
+        return Err(refuse(plan, weight.0, detail));
     }
-    let w = values_f32(plan, weight, &Cpu::new())?;
+    let mut bytes = vec![0u8; n * k * job.out.size()];
+    Cpu::new().decode_rows(&job, rows, &mut bytes)?;
+    let (size, read) = crate::numerics::float_reader(job.out.safetensors())
+        .ok_or_else(|| Error::bare(Rule::Internal, "a decoded dtype without a reader"))?;
+    let w: Vec<f32> = bytes.chunks_exact(size).map(read).collect();
     let mut y = vec![0f32; m * n];
     for (xm, ym) in x.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
         for (j, (yj, wj)) in ym.iter_mut().zip(w.chunks_exact(k.max(1))).enumerate() {

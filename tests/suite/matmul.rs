@@ -346,6 +346,113 @@ fn packs_along_the_inputs_are_resident_once() {
     });
 }
 
+/// 3-D stacks of experts, one expert a product, as the model computes it:
+/// GPT-OSS's (dense `[E, in, out]`, `x·W[e] + b[e]`) and a
+/// compressed-tensors int4 stack (dense `[E, out, in]`, `x·W[e]ᵀ`, outputs
+/// and inputs off the workgroup's and group's widths), on both geometries
+/// and the CPU within the bound; a stack taken whole, an expert past the
+/// last and an expert of a 2-D weight are one-line errors.
+#[test]
+fn matmul_of_experts_one_at_a_time() {
+    use crate::common::producer::pack_fields;
+    use crate::common::{ct_config, write_checkpoint, Tensor};
+    gpu_test(|adapter| {
+        let decoders = [
+            GpuDecoder::open(&adapter).unwrap(),
+            GpuDecoder::open(&adapter).unwrap().gpu_geometry(),
+        ];
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0006);
+        let tmp = tempfile::tempdir().unwrap();
+        let (e, n, k, g) = (3usize, 37usize, 200usize, 40usize);
+        let m = "model.layers.0.mlp.experts.gate_up_proj";
+        let words: Vec<u8> = (0..e * n)
+            .flat_map(|_| {
+                let fields: Vec<u32> = (0..k).map(|_| rng.below(16) as u32).collect();
+                pack_fields(&fields, 4, false)
+            })
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        let scales: Vec<u8> = (0..e * n * k / g)
+            .flat_map(|_| (0x3C00 + rng.below(0x80) as u16).to_le_bytes())
+            .collect();
+        let shape: Vec<u8> = [e as i64, n as i64, k as i64]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let tensors = [
+            Tensor::new(format!("{m}.weight_packed"), "I32", &[e, n, k / 8], words),
+            Tensor::new(format!("{m}.weight_scale"), "BF16", &[e, n, k / g], scales),
+            Tensor::new(format!("{m}.weight_shape"), "I64", &[3], shape),
+        ];
+        let weights = serde_json::json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": g});
+        let dir = tmp.path().join("stack");
+        write_checkpoint(
+            &dir,
+            &tensors,
+            ct_config("pack-quantized", weights, "0.19.0"),
+        );
+        let cases = [(fixtures().join("gpt-oss-mxfp4/model"), true), (dir, false)];
+        for (dir, transposed) in cases {
+            let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
+            let stacks: Vec<_> = model.quantized().filter(|t| t.shape.len() == 3).collect();
+            assert!(!stacks.is_empty(), "{}: no stack", dir.display());
+            for t in stacks {
+                let (experts, rows, cols) = (t.shape[0], t.shape[1], t.shape[2]);
+                let (n, k) = if transposed {
+                    (cols, rows)
+                } else {
+                    (rows, cols)
+                };
+                let dense = model.decode_f32(&t.name, BackendChoice::Cpu).unwrap();
+                let bias = model
+                    .decode_f32(&format!("{}_bias", t.name), BackendChoice::Cpu)
+                    .ok();
+                for x in 0..experts {
+                    let w = &dense[x * rows * cols..(x + 1) * rows * cols];
+                    // W[e] with rows the outputs.
+                    let w: Vec<f32> = match transposed {
+                        true => (0..n * k).map(|i| w[(i % k) * n + i / k]).collect(),
+                        false => w.to_vec(),
+                    };
+                    let b = bias.as_ref().map(|b| &b[x * n..(x + 1) * n]);
+                    for rows_x in [1, 5] {
+                        let what = format!("{} expert {x} m={rows_x}", t.name);
+                        let xs = random_x(&mut rng, rows_x, k, 1.0);
+                        let want = reference(&w, &xs, b, (rows_x, n, k));
+                        for (i, d) in decoders.iter().enumerate() {
+                            let packed = model.upload_expert(&t.name, x, d).unwrap();
+                            assert_eq!((packed.n, packed.k), (n, k), "{what}");
+                            let got = d.matmul(&packed, &xs, rows_x).unwrap();
+                            assert_within(&got, &want, &format!("{what} on GPU decoder {i}"));
+                        }
+                        let cpu = model.matmul_cpu_expert(&t.name, x, &xs, rows_x).unwrap();
+                        assert_within(&cpu, &want, &format!("{what} on the CPU"));
+                    }
+                }
+                for e in [
+                    model.upload_packed(&t.name, &decoders[0]).unwrap_err(),
+                    model
+                        .upload_expert(&t.name, experts, &decoders[0])
+                        .unwrap_err(),
+                    model
+                        .matmul_cpu_expert(&t.name, experts, &[0.0; 1], 1)
+                        .unwrap_err(),
+                ] {
+                    assert_eq!(e.rule, Rule::Argument, "{e}");
+                    assert!(
+                        e.to_string().contains(&t.name) && !e.to_string().contains('\n'),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        let model = Model::open(fixtures().join("w4a16-g128/model"), DtypeChoice::Auto).unwrap();
+        let name = model.quantized().next().unwrap().name;
+        let e = model.upload_expert(&name, 0, &decoders[0]).unwrap_err();
+        assert!(e.to_string().contains("not a stack of experts"), "{e}");
+    });
+}
+
 /// `examples/matvec.rs` on the sample: a line per quantized Linear, each
 /// with its largest GPU-to-CPU difference, and success (it fails when a
 /// result leaves the bound).

@@ -591,26 +591,39 @@ impl Linears {
 
     /// A `Promise` of weight `name` resident on the page's WebGPU device
     /// as its packs are stored (a `PackedLinear`); the dense weight is
-    /// never made.
-    pub fn upload(&self, name: String) -> js_sys::Promise {
+    /// never made. For a 3-D stack of experts, `expert` picks one: the
+    /// product the model computes with it (`Model::upload_expert`).
+    pub fn upload(&self, name: String, expert: Option<u32>) -> js_sys::Promise {
         let linears = self.0.clone();
         future_to_promise(async move {
             let decoder = decoder().await?;
-            let w = linears
-                .upload_packed(&name, &decoder)
-                .await
-                .map_err(|e| js_error(&e))?;
-            let w = Rc::new(w);
+            let w = match expert {
+                Some(e) => linears.upload_expert(&name, e as usize, &decoder).await,
+                None => linears.upload_packed(&name, &decoder).await,
+            };
+            let w = Rc::new(w.map_err(|e| js_error(&e))?);
             Ok(Packed { name, w, decoder }.into())
         })
     }
 
     /// A `Promise` of `y = x·Wᵀ (+ bias)` on the CPU for weight `name`
-    /// and the `m` rows of `x` (a `Float32Array`): a `Float32Array`.
+    /// (or expert `expert` of it) and the `m` rows of `x` (a
+    /// `Float32Array`): a `Float32Array`.
     #[wasm_bindgen(js_name = matmulCpu)]
-    pub fn matmul_cpu(&self, name: String, x: Vec<f32>, m: usize) -> js_sys::Promise {
+    pub fn matmul_cpu(
+        &self,
+        name: String,
+        x: Vec<f32>,
+        m: usize,
+        expert: Option<u32>,
+    ) -> js_sys::Promise {
         let linears = self.0.clone();
-        values(async move { linears.matmul_cpu(&name, &x, m).await })
+        values(async move {
+            match expert {
+                Some(e) => linears.matmul_cpu_expert(&name, e as usize, &x, m).await,
+                None => linears.matmul_cpu(&name, &x, m).await,
+            }
+        })
     }
 }
 

@@ -174,10 +174,11 @@ try {
 
   // Products with packed weights: every quantized Linear of a few fixtures
   // (int4 with zero points, NVFP4 over two shards, MXFP4, FP8 blocks, GPTQ
-  // with act-order, AutoAWQ) uploaded to WebGPU and multiplied there and
-  // on the wasm CPU, Float32Arrays in and out: within K·2⁻²⁴·Σ|w·x| (and
-  // the bias's rounding) of an f64 product of the CLI's dense weight, the
-  // same bits twice on the GPU; read from the mock Hub, the same bits.
+  // with act-order, AutoAWQ, GPT-OSS's experts one at a time) uploaded to
+  // WebGPU and multiplied there and on the wasm CPU, Float32Arrays in and
+  // out: within K·2⁻²⁴·Σ|w·x| (and the bias's rounding) of an f64 product
+  // of the CLI's dense weight, the same bits twice on the GPU; read from
+  // the mock Hub, the same bits.
   const products = (source, options, names) => page.evaluate(async (source, options, names) => {
     let files = source;
     if (names) {
@@ -190,20 +191,25 @@ try {
     try {
       const linears = await window.wd.openLinears(files, options);
       for (const t of linears.quantized()) {
-        let w;
-        try {
-          w = await linears.upload(t.name);
-        } catch (e) {
-          out.refused.push(`${t.name} ${e.rule}`);
-          continue;
-        }
-        for (const m of [1, 5]) {
-          const x = Float32Array.from({ length: m * w.k }, random);
-          const gpu = await w.matmul(x, m);
-          const again = await w.matmul(x, m);
-          const cpu = await linears.matmulCpu(t.name, x, m);
-          const same = gpu.every((v, i) => Object.is(v, again[i]));
-          out.products.push({ name: t.name, m, n: w.n, k: w.k, gpuBytes: w.gpuBytes, x: [...x], gpu: [...gpu], cpu: [...cpu], same });
+        // A 3-D stack: each of its experts.
+        const experts = t.shape.length === 3 ? [...Array(t.shape[0]).keys()] : [undefined];
+        for (const expert of experts) {
+          let w;
+          try {
+            w = await linears.upload(t.name, expert);
+          } catch (e) {
+            out.refused.push(`${t.name} ${expert} ${e.rule}`);
+            continue;
+          }
+          for (const m of [1, 5]) {
+            const x = Float32Array.from({ length: m * w.k }, random);
+            const gpu = await w.matmul(x, m);
+            const again = await w.matmul(x, m);
+            const cpu = await linears.matmulCpu(t.name, x, m, expert);
+            const same = gpu.every((v, i) => Object.is(v, again[i]));
+            out.products.push({ name: t.name, expert, shape: [...t.shape], m, n: w.n, k: w.k, gpuBytes: w.gpuBytes,
+              x: [...x], gpu: [...gpu], cpu: [...cpu], same });
+          }
         }
       }
     } catch (e) {
@@ -239,15 +245,23 @@ try {
   };
   // How far each of `p`'s results is outside its bound (none: []).
   const outside = (p, dense, got) => {
-    const w = dense[p.name];
-    const bias = dense[p.name.replace(/\.weight$/, '.bias')];
+    const full = dense[p.name];
+    let w = (j, c) => full[j * p.k + c];
+    let bias = dense[p.name.replace(/\.weight$/, '.bias')];
+    if (p.expert !== undefined) {
+      // Expert e of a stack: dense [E, in, out] (GPT-OSS: x·W[e]) or [E, out, in].
+      const base = p.expert * p.n * p.k;
+      w = p.shape[1] === p.k ? (j, c) => full[base + c * p.n + j] : (j, c) => full[base + j * p.k + c];
+      const b = dense[`${p.name}_bias`];
+      bias = b && b.slice(p.expert * p.n, (p.expert + 1) * p.n);
+    }
     const bad = [];
     for (let i = 0; i < p.m; i++) {
       for (let j = 0; j < p.n; j++) {
         let dot = 0;
         let abs = 0;
         for (let c = 0; c < p.k; c++) {
-          const t = w[j * p.k + c] * p.x[i * p.k + c];
+          const t = w(j, c) * p.x[i * p.k + c];
           dot += t;
           abs += Math.abs(t);
         }
@@ -259,7 +273,7 @@ try {
     }
     return bad;
   };
-  for (const name of ['w4a16-asym-g128', 'sharded-nvfp4a16', 'mxfp4a16', 'fp8-block-bf16', 'gptq-w4-g128-actorder', 'awq-gemm-w4-g128']) {
+  for (const name of ['w4a16-asym-g128', 'sharded-nvfp4a16', 'mxfp4a16', 'fp8-block-bf16', 'gptq-w4-g128-actorder', 'awq-gemm-w4-g128', 'gpt-oss-mxfp4']) {
     const dir = path.join(root, 'tests/fixtures', name, 'model');
     const got = await products(`/tests/fixtures/${name}/model/`, {}, filesOf(dir));
     const dense = denseOf(dir);

@@ -84,7 +84,8 @@ struct GemvParams {
     m: u32,
     n: u32,
     bias: u32,
-    _pad: u32,
+    /// W's first row in its job (an expert's in a stack): y's column 0.
+    row0: u32,
 }
 
 /// What `bias` holds when there is none (decode.wgsl's `NO_G_IDX`).
@@ -171,6 +172,8 @@ pub struct PackedLinear {
     pub n: usize,
     /// Input features: W's columns, x's row length.
     pub k: usize,
+    /// Its first row in its job (an expert's in a stack).
+    row0: u32,
     parts: Vec<Part>,
     bytes: u64,
 }
@@ -183,11 +186,14 @@ impl PackedLinear {
 }
 
 impl GpuDecoder {
-    /// Uploads the packs of `job` (a 2-D weight a fast kernel decodes) and
-    /// `bias`, one chunk at a time, read from where they are stored.
+    /// Uploads the packs of rows `rows` of `job` (counted over all slices:
+    /// a 2-D weight's, or an expert's of a stack; a job a fast kernel
+    /// decodes) and their `bias`, one chunk at a time, read from where they
+    /// are stored.
     pub(crate) async fn upload_linear_async(
         &self,
         job: &DecodeJob<'_>,
+        rows: std::ops::Range<usize>,
         bias: Option<&[f32]>,
         what: &str,
     ) -> Result<PackedLinear> {
@@ -197,20 +203,21 @@ impl GpuDecoder {
             Some(Kernel::Tile(t)) => (Kernel::Tile(t), Weights::Tiled(t)),
             _ => return refuse("its packs are not ones the GPU multiplies by (yet): it takes 4- and 8-bit packs the fast kernels decode"),
         };
-        if job.dims.slices != 1 {
-            return refuse("not a plain 2-D Linear");
+        if rows.end > job.dims.total_rows() || rows.start > rows.end {
+            return refuse("rows past the weight's");
         }
-        let (n, k) = (job.dims.rows, job.dims.cols);
+        let (n, k) = (rows.len(), job.dims.cols);
         if bias.is_some_and(|b| b.len() != n) {
             return refuse("its bias has not one value per output");
         }
-        let chunks = layout::plan(job, kernel, 0..n, &self.limits.resident())?;
+        let row0 = u32::try_from(rows.start).map_err(|_| Error::new(Rule::Argument, what, "too many rows".to_string()))?;
+        let chunks = layout::plan(job, kernel, rows, &self.limits.resident())?;
         self.scoped(async {
             let mut parts = Vec::with_capacity(chunks.len());
             let mut bytes = 0;
             for chunk in &chunks {
                 let rows = &chunk.rows;
-                let bias = bias.map(|b| &b[rows.clone()]);
+                let bias = bias.map(|b| &b[rows.start - row0 as usize..rows.end - row0 as usize]);
                 let bias_at = chunk.src_len;
                 let size = bias_at + bias.map_or(0, |b| 4 * b.len() as u64);
                 let src = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -238,7 +245,7 @@ impl GpuDecoder {
                 });
             }
             self.queue.submit([]);
-            Ok(PackedLinear { n, k, parts, bytes })
+            Ok(PackedLinear { n, k, row0, parts, bytes })
         })
         .await
     }
@@ -264,7 +271,7 @@ impl GpuDecoder {
             span: n as u32,
             aligned: true,
         };
-        Ok(PackedLinear { n, k, parts: vec![part], bytes })
+        Ok(PackedLinear { n, k, row0: 0, parts: vec![part], bytes })
     }
 
     /// A uniform buffer holding `bytes`.
@@ -324,8 +331,8 @@ impl GpuDecoder {
     /// Records `y = x·Wᵀ (+ bias)` into `encoder`, for the `m` rows of `x`
     /// (`[m, w.k]` f32, row-major) into `y` (`[m, w.n]` f32): buffers of
     /// this decoder's device with `STORAGE` usage. Each weight is decoded
-    /// once per 8 rows of x; the sums are f32, in a fixed order, so a
-    /// result is the same from run to run on one device.
+    /// once per 8 rows of x (4 on a CPU adapter); the sums are f32, in a
+    /// fixed order, so a result is the same from run to run on one device.
     pub fn record_matmul(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -367,7 +374,7 @@ impl GpuDecoder {
                 m,
                 n: w.n as u32,
                 bias: part.bias,
-                _pad: 0,
+                row0: w.row0,
             };
             let gemv = self.uniform("wgpu-dequant gemv params", bytemuck::bytes_of(&gemv));
             fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
