@@ -489,6 +489,25 @@ override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets 
 
 // The code table, loaded once per workgroup (CODE_TABLE).
 var<workgroup> codes_table: array<f32, 256>;
+// A 4-bit table's 16 entries again, in each invocation's registers.
+var<private> codes16: array<vec4<f32>, 4>;
+
+// Loads a CODE_TABLE job's table (every entry point that decodes words
+// calls it first, from uniform control flow).
+fn load_codes(li: u32) {
+    if (CODE == CODE_TABLE && !COPY) {
+        for (var i = li; i < (1u << BITS); i = i + WG) {
+            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
+        }
+        workgroupBarrier();
+        if (BITS == 4u) {
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                let t = 4u * i;
+                codes16[i] = vec4<f32>(codes_table[t], codes_table[t + 1u], codes_table[t + 2u], codes_table[t + 3u]);
+            }
+        }
+    }
+}
 
 // n / d for n, d below 2^24 (the host's rule for the fast kernel) without
 // an integer division, which few SIMD units have: the f32 quotient is
@@ -524,6 +543,18 @@ fn code_value(c: u32) -> f32 {
         var mag = select(((e + 120u) << 23u) | (m << 20u), sub, e == 0u);
         mag = select(mag, 0x7fc00000u, e == 15u && m == 7u);
         return bitcast<f32>(((c & 0x80u) << 24u) | mag);
+    }
+    if (BITS == 4u) {
+        // By selects over registers: CPU adapters read workgroup memory at
+        // each invocation's own address one invocation at a time.
+        let b0 = (c & 1u) != 0u;
+        let b1 = (c & 2u) != 0u;
+        let q0 = select(select(codes16[0].x, codes16[0].y, b0), select(codes16[0].z, codes16[0].w, b0), b1);
+        let q1 = select(select(codes16[1].x, codes16[1].y, b0), select(codes16[1].z, codes16[1].w, b0), b1);
+        let q2 = select(select(codes16[2].x, codes16[2].y, b0), select(codes16[2].z, codes16[2].w, b0), b1);
+        let q3 = select(select(codes16[3].x, codes16[3].y, b0), select(codes16[3].z, codes16[3].w, b0), b1);
+        let b2 = (c & 4u) != 0u;
+        return select(select(q0, q1, b2), select(q2, q3, b2), (c & 8u) != 0u);
     }
     return codes_table[c];
 }
@@ -609,12 +640,7 @@ fn grid_index(g: Grid, slice: u32, rg: u32, group: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (CODE == CODE_TABLE && !COPY) {
-        for (var i = li; i < (1u << BITS); i = i + WG) {
-            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
-        }
-        workgroupBarrier();
-    }
+    load_codes(li);
     let t = gid.x + gid.y * p.row_threads;
     let local = div_small(t, p.words_per_row);
     if (local >= p.fast_rows) {
@@ -963,12 +989,7 @@ fn tile_copy(g: u32, li: u32) {
 
 @compute @workgroup_size(WG)
 fn fast_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (CODE == CODE_TABLE && !COPY) {
-        for (var i = li; i < (1u << BITS); i = i + WG) {
-            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
-        }
-        workgroupBarrier();
-    }
+    load_codes(li);
     let g = wid.x + wid.y * (p.row_threads / WG);
     if (COPY) {
         tile_copy(g, li);
@@ -1136,12 +1157,7 @@ fn gemv_add(acc: ptr<function, array<f32, 64>>, v: ptr<function, array<vec4<f32>
 // cost), and the sums are f32, in word order.
 @compute @workgroup_size(WG)
 fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (CODE == CODE_TABLE) {
-        for (var i = li; i < (1u << BITS); i = i + WG) {
-            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
-        }
-        workgroupBarrier();
-    }
+    load_codes(li);
     let lanes = WG * RB / GEMV_ROWS;
     let lane = li % lanes;
     let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
@@ -1346,12 +1362,7 @@ fn code_values(slice: u32, rg: RowGroups, col: u32) -> vec2<f32> {
 // (SHARED), as the tile kernel does.
 @compute @workgroup_size(WG)
 fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (CODE == CODE_TABLE) {
-        for (var i = li; i < (1u << BITS); i = i + WG) {
-            codes_table[i] = bitcast<f32>(src[p.code_table + i]);
-        }
-        workgroupBarrier();
-    }
+    load_codes(li);
     let lanes = WG * RB / GEMV_ROWS;
     let lane = li % lanes;
     let m0 = wid.y * MT;
