@@ -320,7 +320,7 @@ impl<F: Files> Linears<F> {
     /// Quantized weight `weight` resident on `decoder`'s device as its
     /// packs are stored ([`Model::upload_packed_async`]).
     pub async fn upload_packed(&self, weight: &str, decoder: &GpuDecoder) -> Result<PackedLinear> {
-        self.upload(weight, None, decoder).await
+        self.upload((weight, None), decoder).await
     }
 
     /// Expert `expert` of stack `weight` resident on `decoder`'s device
@@ -331,24 +331,21 @@ impl<F: Files> Linears<F> {
         expert: usize,
         decoder: &GpuDecoder,
     ) -> Result<PackedLinear> {
-        self.upload(weight, Some(expert), decoder).await
+        self.upload((weight, Some(expert)), decoder).await
     }
 
     async fn upload(
         &self,
-        weight: &str,
-        expert: Option<usize>,
+        weight: (&str, Option<usize>),
         decoder: &GpuDecoder,
     ) -> Result<PackedLinear> {
-        let ckpt = self.with(weight).await?;
-        let plan = Plan::build(&ckpt, self.dtype)?;
-        upload(&plan, (weight, expert), decoder).await
+        let ckpt = self.with(weight.0).await?;
+        upload(&Plan::build(&ckpt, self.dtype)?, weight, decoder).await
     }
 
     /// `y = x·Wᵀ (+ bias)` on the CPU ([`Model::matmul_cpu`]).
     pub async fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let ckpt = self.with(weight).await?;
-        matmul_cpu(&Plan::build(&ckpt, self.dtype)?, (weight, None), x, m)
+        self.cpu((weight, None), x, m).await
     }
 
     /// The product with expert `expert` of stack `weight` on the CPU
@@ -360,9 +357,12 @@ impl<F: Files> Linears<F> {
         x: &[f32],
         m: usize,
     ) -> Result<Vec<f32>> {
-        let ckpt = self.with(weight).await?;
-        let plan = Plan::build(&ckpt, self.dtype)?;
-        matmul_cpu(&plan, (weight, Some(expert)), x, m)
+        self.cpu((weight, Some(expert)), x, m).await
+    }
+
+    async fn cpu(&self, weight: (&str, Option<usize>), x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let ckpt = self.with(weight.0).await?;
+        matmul_cpu(&Plan::build(&ckpt, self.dtype)?, weight, x, m)
     }
 }
 
