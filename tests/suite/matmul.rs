@@ -80,6 +80,14 @@ fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
     }
 }
 
+/// Two decoders on `adapter`: its own geometry, and a GPU's.
+fn decoders(adapter: &wgpu::Adapter) -> [GpuDecoder; 2] {
+    [
+        GpuDecoder::open(adapter).unwrap(),
+        GpuDecoder::open(adapter).unwrap().gpu_geometry(),
+    ]
+}
+
 /// The quantized Linears of `model` the GPU multiplies: their weights' names.
 fn linears(model: &Model, decoder: &GpuDecoder) -> Vec<String> {
     model
@@ -136,10 +144,7 @@ fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
 #[test]
 fn matmul_of_every_fixture_linear_keeps_to_the_bound() {
     gpu_test(|adapter| {
-        let decoders = [
-            GpuDecoder::open(&adapter).unwrap(),
-            GpuDecoder::open(&adapter).unwrap().gpu_geometry(),
-        ];
+        let decoders = decoders(&adapter);
         let mut rng = Rng::new(0x5EED_6E3F_0000_0001);
         for f in FIXTURES {
             let count = check_model(&fixtures().join(f).join("model"), &decoders, &mut rng);
@@ -207,7 +212,7 @@ fn matmul_of_odd_shapes_with_a_bias() {
     use crate::common::producer::pack_fields;
     use crate::common::{ct_config, write_checkpoint, Tensor};
     gpu_test(|adapter| {
-        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let decoders = decoders(&adapter);
         let tmp = tempfile::tempdir().unwrap();
         let (n, k, g) = (37usize, 200usize, 40usize);
         let mut rng = Rng::new(0x5EED_6E3F_0000_0003);
@@ -254,8 +259,9 @@ fn matmul_of_odd_shapes_with_a_bias() {
         let bias = model
             .decode_f32(&format!("{m}.bias"), BackendChoice::Cpu)
             .unwrap();
-        let spread = GpuDecoder::open(&adapter).unwrap().gpu_geometry();
-        let packs = [&decoder, &spread].map(|d| (d, model.upload_packed(&name, d).unwrap()));
+        let packs = decoders
+            .each_ref()
+            .map(|d| (d, model.upload_packed(&name, d).unwrap()));
         for rows in [1, 9, 64] {
             let x = random_x(&mut rng, rows, k, 3.0);
             let want = reference(&w, &x, Some(&bias), (rows, n, k));
@@ -357,10 +363,7 @@ fn matmul_of_experts_one_at_a_time() {
     use crate::common::producer::pack_fields;
     use crate::common::{ct_config, write_checkpoint, Tensor};
     gpu_test(|adapter| {
-        let decoders = [
-            GpuDecoder::open(&adapter).unwrap(),
-            GpuDecoder::open(&adapter).unwrap().gpu_geometry(),
-        ];
+        let decoders = decoders(&adapter);
         let mut rng = Rng::new(0x5EED_6E3F_0000_0006);
         let tmp = tempfile::tempdir().unwrap();
         let (e, n, k, g) = (3usize, 37usize, 200usize, 40usize);
@@ -415,14 +418,16 @@ fn matmul_of_experts_one_at_a_time() {
                         false => w.to_vec(),
                     };
                     let b = bias.as_ref().map(|b| &b[x * n..(x + 1) * n]);
+                    let packs = decoders
+                        .each_ref()
+                        .map(|d| model.upload_expert(&t.name, x, d).unwrap());
                     for rows_x in [1, 5] {
                         let what = format!("{} expert {x} m={rows_x}", t.name);
                         let xs = random_x(&mut rng, rows_x, k, 1.0);
                         let want = reference(&w, &xs, b, (rows_x, n, k));
-                        for (i, d) in decoders.iter().enumerate() {
-                            let packed = model.upload_expert(&t.name, x, d).unwrap();
+                        for (i, (d, packed)) in decoders.iter().zip(&packs).enumerate() {
                             assert_eq!((packed.n, packed.k), (n, k), "{what}");
-                            let got = d.matmul(&packed, &xs, rows_x).unwrap();
+                            let got = d.matmul(packed, &xs, rows_x).unwrap();
                             assert_within(&got, &want, &format!("{what} on GPU decoder {i}"));
                         }
                         let cpu = model.matmul_cpu_expert(&t.name, x, &xs, rows_x).unwrap();
