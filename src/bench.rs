@@ -449,12 +449,23 @@ fn best_of_turns(
     mut a: impl FnMut() -> Result<()>,
     mut b: impl FnMut() -> Result<()>,
 ) -> Result<(f64, f64)> {
-    let (mut ta, mut tb) = (f64::MAX, f64::MAX);
-    for _ in 0..runs.max(1) {
-        ta = ta.min(best(1, &mut a)?);
-        tb = tb.min(best(1, &mut b)?);
-    }
+    let [ta, tb] = best_in_turns(runs, [&mut a, &mut b])?;
     Ok((ta, tb))
+}
+
+/// The best of `runs` runs of each of `fs`, taken in turns, so that a slow
+/// spell of a shared machine slows them all alike.
+fn best_in_turns<const N: usize>(
+    runs: usize,
+    mut fs: [&mut dyn FnMut() -> Result<()>; N],
+) -> Result<[f64; N]> {
+    let mut times = [f64::MAX; N];
+    for _ in 0..runs.max(1) {
+        for (t, f) in times.iter_mut().zip(fs.iter_mut()) {
+            *t = t.min(best(1, f)?);
+        }
+    }
+    Ok(times)
 }
 
 /// A zeroed buffer of `len` bytes that starts on a cache line, as the
@@ -698,24 +709,30 @@ pub(crate) fn gpu_gemv(
             let job = w.job(OutDtype::Bf16);
             let packed =
                 pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, layout.name()))?;
-            for &m in &GEMV_MS {
+            let ms: Vec<usize> = std::env::var("MS")
+                .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
+                .unwrap_or(GEMV_MS.to_vec());
+            for &m in &ms {
                 let x = buffer((4 * m * k) as u64, wgpu::BufferUsages::COPY_DST);
                 let xs: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
                 decoder
                     .queue()
                     .write_buffer(&x, 0, bytemuck::cast_slice(&xs));
                 let y = buffer((4 * m * n) as u64, wgpu::BufferUsages::empty());
-                let time = |w: &crate::backend::gpu::PackedLinear, product| {
-                    best(runs, || {
-                        let mut encoder = device.create_command_encoder(&Default::default());
-                        decoder.record_product(&mut encoder, w, (&x, &y, m as u32), product)?;
-                        decoder.queue().submit([encoder.finish()]);
-                        wait()
-                    })
+                let run = |w: &crate::backend::gpu::PackedLinear, product| {
+                    let mut encoder = device.create_command_encoder(&Default::default());
+                    decoder.record_product(&mut encoder, w, (&x, &y, m as u32), product)?;
+                    decoder.queue().submit([encoder.finish()]);
+                    wait()
                 };
-                let ours = time(&packed, Product::Decoded)?;
-                let read = time(&packed, Product::Read)?;
-                let plain = time(&dense, Product::Decoded)?;
+                let [ours, read, plain] = best_in_turns(
+                    runs,
+                    [
+                        &mut || run(&packed, Product::Decoded),
+                        &mut || run(&packed, Product::Read),
+                        &mut || run(&dense, Product::Decoded),
+                    ],
+                )?;
                 let x_bytes = (4 * m * k) as u64;
                 let what = format!("{} {n}x{k}", layout.name());
                 let figure = |baseline: &str, seconds, bytes| Figure {
