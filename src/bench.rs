@@ -673,7 +673,7 @@ pub const GEMV_MS: [usize; 4] = [1, 4, 16, 64];
 /// kernel reads: packs (or the dense weight) and x.
 pub(crate) fn gpu_gemv(
     decoder: &GpuDecoder,
-    shapes: &[(usize, usize)],
+    (shapes, ms): (&[(usize, usize)], &[usize]),
     (runs, only): (usize, &str),
     mut show: impl FnMut(Figure),
 ) -> Result<()> {
@@ -709,10 +709,7 @@ pub(crate) fn gpu_gemv(
             let job = w.job(OutDtype::Bf16);
             let packed =
                 pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, layout.name()))?;
-            let ms: Vec<usize> = std::env::var("MS")
-                .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
-                .unwrap_or(GEMV_MS.to_vec());
-            for &m in &ms {
+            for &m in ms {
                 let x = buffer((4 * m * k) as u64, wgpu::BufferUsages::COPY_DST);
                 let xs: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
                 decoder
@@ -1216,9 +1213,17 @@ pub struct Settings {
     pub backend: BackendChoice,
     /// Only the kernel cases whose name contains this ("" for all).
     pub only: String,
-    /// Products with packed weights (`--gemv`) of these `[out, in]` shapes
-    /// instead of decoding ([`GEMV_SHAPES`] by default).
-    pub gemv: Option<Vec<(usize, usize)>>,
+    /// Products with packed weights (`--gemv`) instead of decoding.
+    pub gemv: Option<Gemv>,
+}
+
+/// What `bench --gemv` measures.
+#[derive(Debug, Clone)]
+pub struct Gemv {
+    /// `[out, in]` shapes ([`GEMV_SHAPES`] by default).
+    pub shapes: Vec<(usize, usize)>,
+    /// Rows of x ([`GEMV_MS`] by default).
+    pub ms: Vec<usize>,
 }
 
 /// What `bench` reports, in order.
@@ -1272,13 +1277,16 @@ pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
             }
         }
     };
-    if let Some(shapes) = &settings.gemv {
+    if let Some(gemv) = &settings.gemv {
         match gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
             Some((b, decoder)) => {
                 show(Line::Say(b.name()));
-                gpu_gemv(decoder, shapes, (runs, &settings.only), |f| {
-                    show(Line::Figure(f))
-                })?;
+                gpu_gemv(
+                    decoder,
+                    (&gemv.shapes, &gemv.ms),
+                    (runs, &settings.only),
+                    |f| show(Line::Figure(f)),
+                )?;
             }
             None => show(Line::Say(
                 "gemv: not measured: products run on a GPU (--backend gpu measures any adapter)"

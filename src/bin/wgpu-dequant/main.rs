@@ -156,6 +156,10 @@ enum Command {
         /// (repeatable; default: 4096x4096, 4096x14336, 14336x4096, 2048x768).
         #[arg(long, value_parser = parse_gemv_shape)]
         gemv_shape: Vec<(usize, usize)>,
+        /// The rows of x --gemv multiplies with (repeatable; default: 1, 4,
+        /// 16, 64).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        gemv_m: Vec<u32>,
     },
     /// Check every rule; exit 0 when clean, 3 with findings.
     Validate {
@@ -301,6 +305,7 @@ fn main() -> ExitCode {
             json,
             gemv,
             gemv_shape,
+            gemv_m,
         } => bench(
             &bench::Settings {
                 rows,
@@ -309,9 +314,15 @@ fn main() -> ExitCode {
                 e2e: e2e_gb.map(|gb| (gb, e2e_shape, dir)),
                 backend: backend.into(),
                 only,
-                gemv: gemv.then(|| match gemv_shape.is_empty() {
-                    true => bench::GEMV_SHAPES.to_vec(),
-                    false => gemv_shape,
+                gemv: gemv.then(|| bench::Gemv {
+                    shapes: match gemv_shape.is_empty() {
+                        true => bench::GEMV_SHAPES.to_vec(),
+                        false => gemv_shape,
+                    },
+                    ms: match gemv_m.is_empty() {
+                        true => bench::GEMV_MS.to_vec(),
+                        false => gemv_m.into_iter().map(|m| m as usize).collect(),
+                    },
                 }),
             },
             json,
