@@ -80,10 +80,12 @@ fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
     }
 }
 
-/// Two decoders on `adapter`: its own geometry, and a GPU's.
-fn decoders(adapter: &wgpu::Adapter) -> [GpuDecoder; 2] {
+/// Three decoders on `adapter`: its own geometry (on llvmpipe, x shared
+/// across a subgroup's lanes), the same without subgroups, and a GPU's.
+fn decoders(adapter: &wgpu::Adapter) -> [GpuDecoder; 3] {
     [
         GpuDecoder::open(adapter).unwrap(),
+        GpuDecoder::open(adapter).unwrap().without_subgroups(),
         GpuDecoder::open(adapter).unwrap().gpu_geometry(),
     ]
 }
@@ -99,7 +101,7 @@ fn linears(model: &Model, decoder: &GpuDecoder) -> Vec<String> {
 }
 
 /// Checks every Linear of the model at `dir` on each decoder (the
-/// adapter's own geometry, and a GPU's).
+/// adapter's own geometry, the same without subgroups, and a GPU's).
 fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
     let model = Model::open(dir, DtypeChoice::Auto).unwrap();
     let names = linears(&model, &decoders[0]);

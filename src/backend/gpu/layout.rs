@@ -710,7 +710,7 @@ impl Tile {
 
 impl Params {
     /// The parameters of a dense `rows × cols` bf16 weight, two values to
-    /// a word, for the products' dense baseline (decode.wgsl's `gemv_dense`).
+    /// a word, for the products' dense baseline (matmul.wgsl's `gemv_dense`).
     pub(super) fn dense_bf16(rows: u32, cols: u32) -> Params {
         Params {
             cols,

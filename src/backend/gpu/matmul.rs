@@ -1,8 +1,8 @@
 //! Products with packed weights: a quantized Linear's packs resident on the
 //! device as stored (the fast kernel's `src`, chunk by chunk), and
-//! `y = x·Wᵀ (+ bias)` computed from them by decode.wgsl's `gemv`, which
-//! decodes each word with the fast kernel's own code. W is never dense,
-//! on the host or the device.
+//! `y = x·Wᵀ (+ bias)` computed from them by matmul.wgsl's kernels, which
+//! decode each word with the fast kernels' own code (decode.wgsl, the
+//! same module). W is never dense, on the host or the device.
 
 use super::layout::{self, Fast, Kernel, Tile};
 use super::{fast_kernel, gpu_err, GpuDecoder, DST, PARAMS, SRC};
@@ -14,6 +14,10 @@ use crate::job::DecodeJob;
 const XS: u32 = 3;
 const GEMV: u32 = 4;
 const XS4: u32 = 5;
+
+const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const SUBGROUPS: &str = include_str!("../../../shaders/subgroups.wgsl");
+const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
 /// Rows of W an invocation of `gemv` takes (straight and strided packs);
 /// transposed packs take a word's rows. On llvmpipe 4 ran slower than 2:
@@ -31,6 +35,8 @@ struct Geometry {
     lanes: u32,
     /// Rows of x a workgroup multiplies at once, at most.
     max_mt: u32,
+    /// x read once for a subgroup's lanes (matmul.wgsl's SHARE_X).
+    share_x: bool,
 }
 
 impl Geometry {
@@ -39,19 +45,22 @@ impl Geometry {
     /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
     /// core's vector lanes, an invocation takes its rows whole: the
     /// workgroup's sums across invocations cost more there than they save
-    /// (on llvmpipe, 2-5x the time). Past 4 rows of x, the loops over them
-    /// no longer unroll there.
-    fn of(device: wgpu::DeviceType) -> Geometry {
+    /// (on llvmpipe, 2-5x the time). There, with subgroups, the lanes
+    /// share their reads of x; without, past 4 rows of x the loops over
+    /// them no longer unroll (with, past 8).
+    fn of(device: wgpu::DeviceType, subgroups: bool) -> Geometry {
         match device {
             wgpu::DeviceType::Cpu => Geometry {
                 wg: 64,
                 lanes: 1,
-                max_mt: 4,
+                max_mt: if subgroups { 8 } else { 4 },
+                share_x: subgroups,
             },
             _ => Geometry {
                 wg: 256,
                 lanes: 64,
                 max_mt: 8,
+                share_x: false,
             },
         }
     }
@@ -73,11 +82,16 @@ impl Geometry {
     /// Rows of x a workgroup takes at most: as many as its accumulators
     /// (64 a invocation) hold.
     fn max_mt(self, weights: Weights) -> u32 {
-        self.max_mt.min(64 / self.block_rows(weights))
+        let max = match weights {
+            // Transposed blocks of rows past 4 rows of x: 3x slower on llvmpipe.
+            Weights::Tiled(t) if t.pack == layout::Pack::Transposed && self.lanes == 1 => self.max_mt.min(4),
+            _ => self.max_mt,
+        };
+        max.min(64 / self.block_rows(weights))
     }
 }
 
-/// `gemv`'s own uniform block (decode.wgsl's `Gemv`).
+/// `gemv`'s own uniform block (matmul.wgsl's `Gemv`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct GemvParams {
@@ -302,7 +316,12 @@ impl GpuDecoder {
                 let flag = |b: bool| if b { 1.0 } else { 0.0 };
                 let g = self.gemv.geometry;
                 let rb = g.block_rows(weights);
-                constants.extend([("WG", g.wg as f64), ("GEMV_ROWS", g.rows(weights) as f64), ("MT", mt as f64)]);
+                constants.extend([
+                    ("WG", g.wg as f64),
+                    ("GEMV_ROWS", g.rows(weights) as f64),
+                    ("MT", mt as f64),
+                    ("SHARE_X", flag(g.share_x)),
+                ]);
                 if entry != "gemv_dense" {
                     constants.extend([
                         ("READ", flag(product == Product::Read)),
@@ -316,7 +335,7 @@ impl GpuDecoder {
                 self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&format!("wgpu-dequant {entry} {product:?}, {mt} rows of x ({label})")),
                     layout: Some(&self.gemv.pipeline_layout),
-                    module: &self.module,
+                    module: &self.gemv.module,
                     entry_point: Some(entry),
                     compilation_options: wgpu::PipelineCompilationOptions {
                         constants: &constants,
@@ -483,11 +502,14 @@ pub(super) struct Pipelines {
     pipelines: std::sync::Mutex<Cache>,
     /// Bound as xs4 when x is too small to (x4 is off then).
     small_x: wgpu::Buffer,
+    /// decode.wgsl, matmul.wgsl and the entry points.
+    module: wgpu::ShaderModule,
     geometry: Geometry,
 }
 
 impl Pipelines {
     pub(super) fn new(device: &wgpu::Device) -> Pipelines {
+        let subgroups = subgroups(device);
         let bind_group_layout = bind_group_layout(device);
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("wgpu-dequant gemv pipeline layout"),
@@ -505,15 +527,43 @@ impl Pipelines {
             pipeline_layout,
             pipelines: Default::default(),
             small_x,
-            geometry: Geometry::of(device.adapter_info().device_type),
+            module: module(device, subgroups),
+            geometry: Geometry::of(device.adapter_info().device_type, subgroups),
         }
     }
 
     /// The same with a GPU's geometry, whatever the adapter.
     pub(super) fn gpu_geometry(self) -> Pipelines {
         Pipelines {
-            geometry: Geometry::of(wgpu::DeviceType::DiscreteGpu),
+            geometry: Geometry::of(wgpu::DeviceType::DiscreteGpu, false),
+            pipelines: Default::default(),
             ..self
         }
     }
+
+    /// The same as on a device without subgroups.
+    pub(super) fn without_subgroups(self, device: &wgpu::Device) -> Pipelines {
+        Pipelines {
+            module: module(device, false),
+            geometry: Geometry::of(device.adapter_info().device_type, false),
+            pipelines: Default::default(),
+            ..self
+        }
+    }
+}
+
+/// Whether the products use `device`'s subgroups: where it has them, but
+/// not in browsers, whose WGSL would need an `enable` that naga refuses.
+pub(super) fn subgroups(device: &wgpu::Device) -> bool {
+    !cfg!(target_arch = "wasm32") && device.features().contains(wgpu::Features::SUBGROUP)
+}
+
+/// The products' module: decode.wgsl, matmul.wgsl and the entry points
+/// with (`subgroups`) or without subgroups.
+fn module(device: &wgpu::Device, subgroups: bool) -> wgpu::ShaderModule {
+    let entries = if subgroups { SUBGROUPS } else { NO_SUBGROUPS };
+    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("wgpu-dequant matmul.wgsl"),
+        source: wgpu::ShaderSource::Wgsl([super::SHADER, MATMUL, entries].concat().into()),
+    })
 }

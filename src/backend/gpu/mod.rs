@@ -278,6 +278,12 @@ impl GpuDecoder {
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-dequant"),
             required_limits: adapter.limits(),
+            // The products share reads of x across a subgroup's lanes
+            // (not in browsers: matmul::subgroups).
+            required_features: match cfg!(target_arch = "wasm32") {
+                true => wgpu::Features::empty(),
+                false => adapter.features() & wgpu::Features::SUBGROUP,
+            },
             ..Default::default()
         };
         let (device, queue) = adapter.request_device(&desc).await.map_err(|e| {
@@ -311,6 +317,13 @@ impl GpuDecoder {
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn gpu_geometry(mut self) -> GpuDecoder {
         self.gemv = self.gemv.gpu_geometry();
+        self
+    }
+
+    /// Multiplies as on a device without subgroups.
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn without_subgroups(mut self) -> GpuDecoder {
+        self.gemv = self.gemv.without_subgroups(&self.device);
         self
     }
 

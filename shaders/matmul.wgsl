@@ -1,0 +1,524 @@
+// The matrix product kernels: decode.wgsl, this file, then the entry
+// points of subgroups.wgsl or no_subgroups.wgsl make their module.
+//
+// y = x·Wᵀ (+ bias), W read from the packs the fast kernel decodes (same Params, same word and scale lookups, same
+// fast_value), never written out dense. W is the dense weight dequantize
+// writes: each value rounded to the output dtype (OUT), widened back to f32.
+// x is [m, cols] and y [m, n] row-major f32; the bias, when there is one,
+// is f32 in src after the chunk's inputs.
+//
+// A workgroup takes GEMV_ROWS rows of W and MT rows of x: the WG /
+// GEMV_ROWS invocations of a row read its code words in turn (neighbouring
+// invocations, neighbouring words), decode each once and multiply it with
+// the MT rows of x, summing in f32 in word order; the row's partial sums
+// are then added pairwise in workgroup memory, in a fixed order, so a
+// result is the same from run to run.
+
+struct Gemv {
+    m: u32,       // rows of x and y
+    n: u32,       // y's row length (W's rows, every chunk's)
+    bias: u32,    // word index in src of this chunk's first row's bias, or NO_G_IDX
+    row0: u32,    // W's first row in its job (an expert's in a stack): y's column 0
+}
+
+@group(0) @binding(3) var<storage, read> xs: array<f32>;
+@group(0) @binding(4) var<uniform> gm: Gemv;
+
+override GEMV_ROWS: u32 = 4u;  // rows of W per workgroup
+override RB: u32 = 1u;         // of them per invocation: 1, 2, 4 or 8 (gemv_t transposed: PER)
+override MT: u32 = 1u;         // rows of x per workgroup, 1..=8
+// The bench's baseline: the same reads of words, scales, zero points and
+// x, each word summed as a number instead of decoded.
+override READ: bool = false;
+// x's rows hold whole vec4s and W's rows whole code words (gemv, gemv_t
+// strided): x is read four values at a time (xs4, x's buffer again),
+// which llvmpipe runs as one load, not four.
+override X4: bool = false;
+// gemv: every row's codes start on a word of src (no second word to shift in).
+override ALIGNED: bool = false;
+// x read once for a subgroup's lanes: lane j reads the values of the j-th
+// word (or input) of each run of a subgroup's size, and every lane takes
+// them from it in turn (shuffle4, shuffle1). For CPU adapters, whose
+// invocations are a core's vector lanes, with an invocation a block of
+// rows (lanes = 1): llvmpipe runs a load of each invocation's own address
+// one invocation at a time, and the loads of x were most of a product's
+// time there (with it: 4 rows of x cost what 1 did).
+override SHARE_X: bool = false;
+
+// An invocation's place in its subgroup (no_subgroups.wgsl: a subgroup of one).
+struct Subgroup {
+    lane: u32,
+    size: u32,
+}
+
+@group(0) @binding(5) var<storage, read> xs4: array<vec4<f32>>;
+
+var<workgroup> sums: array<f32, 2048>;  // partial sums, 8 per invocation a pass
+
+// `v` as dequantize writes it (rounded to OUT), widened back.
+fn as_written(v: f32) -> f32 {
+    if (OUT == OUT_BF16) {
+        return bitcast<f32>(to_bf16(v) << 16u);
+    }
+    if (OUT == OUT_F16) {
+        return f16_to_f32(to_f16(v));
+    }
+    return v;
+}
+
+// fast_value as dequantize writes it: already in OUT's dtype when the
+// product is computed in it (and nothing scales it after).
+fn w_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
+    let v = fast_value(c, z, s, flat, col);
+    if (OUT == OUT_F32 || (PRODUCT == OUT && !POST)) {
+        return v;
+    }
+    return as_written(v);
+}
+
+// Word index of x[m, 0] for each of the MT rows of x from m0 (the last row
+// of x again past it: computed, never written).
+fn x_rows(m0: u32) -> array<u32, 16> {
+    var xo: array<u32, 16>;
+    for (var t = 0u; t < MT; t = t + 1u) {
+        xo[t] = min(m0 + t, gm.m - 1u) * p.cols;
+    }
+    return xo;
+}
+
+// x[.., at + i] for i < PER (row offset included in `at`) as two vec4s,
+// zero from column `cols` on (X4: there is none) and past PER.
+fn x_word(at: u32, col0: u32) -> array<vec4<f32>, 2> {
+    var x: array<vec4<f32>, 2>;
+    if (X4) {
+        x[0] = xs4[at >> 2u];
+        if (PER == 8u) {
+            x[1] = xs4[(at >> 2u) + 1u];
+        }
+        return x;
+    }
+    for (var i = 0u; i < PER; i = i + 1u) {
+        x[i / 4u][i % 4u] = select(0.0, xs[at + i], col0 + i < p.cols);
+    }
+    return x;
+}
+
+// SHARE_X: x's values for the word `w` of a run whose first is `w0`, for
+// the rows of x at xo: lane j reads word w0 + j's (the last word again
+// past the row's), and `w`'s are then taken from lane w - w0. `xl` is
+// kept from word to word of a run.
+fn x_shared(xl: ptr<function, array<vec4<f32>, 16>>, xo: array<u32, 16>, w: u32, words: u32, sg: Subgroup) -> u32 {
+    let i = w & (sg.size - 1u);
+    if (i == 0u) {
+        let col0 = min(w + sg.lane, words - 1u) * PER;
+        for (var t = 0u; t < MT; t = t + 1u) {
+            let x = x_word(xo[t] + col0, col0);
+            (*xl)[2u * t] = x[0];
+            (*xl)[2u * t + 1u] = x[1];
+        }
+    }
+    return i;
+}
+
+// Adds the RB rows' values of the word at col0 (`v`, two vec4s a row;
+// READ: the words as numbers, `raw`, times x's first value) times x's,
+// row of x by row, to `acc`. Four values a step: with one a step, the
+// loops over rows of W and x no longer unrolled past 2 rows of x on
+// llvmpipe, and their arrays went to memory.
+fn gemv_add(acc: ptr<function, array<f32, 64>>, v: ptr<function, array<vec4<f32>, 16>>,
+            raw: ptr<function, array<f32, 8>>, xo: array<u32, 16>, col0: u32,
+            xl: ptr<function, array<vec4<f32>, 16>>, i: u32) {
+    for (var t = 0u; t < MT; t = t + 1u) {
+        if (READ) {
+            var x0: f32;
+            if (SHARE_X) {
+                x0 = shuffle1((*xl)[2u * t].x, i);
+            } else {
+                x0 = xs[xo[t] + col0];
+            }
+            for (var r = 0u; r < RB; r = r + 1u) {
+                (*acc)[r * MT + t] = (*acc)[r * MT + t] + (*raw)[r] * x0;
+            }
+            continue;
+        }
+        var x: array<vec4<f32>, 2>;
+        if (SHARE_X) {
+            x[0] = shuffle4((*xl)[2u * t], i);
+            if (PER == 8u) {
+                x[1] = shuffle4((*xl)[2u * t + 1u], i);
+            }
+        } else {
+            x = x_word(xo[t] + col0, col0);
+        }
+        for (var r = 0u; r < RB; r = r + 1u) {
+            var a = (*acc)[r * MT + t] + dot((*v)[2u * r], x[0]);
+            if (PER == 8u) {
+                a = a + dot((*v)[2u * r + 1u], x[1]);
+            }
+            (*acc)[r * MT + t] = a;
+        }
+    }
+}
+
+// A workgroup takes GEMV_ROWS rows of W and MT rows of x; an invocation
+// takes RB consecutive rows, and the WG · RB / GEMV_ROWS invocations of a
+// block of rows read its code words in turn (neighbouring invocations,
+// neighbouring words). Each word of the RB rows is decoded once, each
+// value of x read once for all RB rows (SHARE_X: for a subgroup's), each
+// scale and zero point once per group, and the sums are f32, in word
+// order.
+fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
+    load_codes(li);
+    let lanes = WG * RB / GEMV_ROWS;
+    let lane = li % lanes;
+    let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
+    let m0 = wid.y * MT;
+    let xo = x_rows(m0);
+    let mask = (1u << BITS) - 1u;
+    // Each row's code bits, scale and zero-point entries, less the column's
+    // part (rows past the chunk read its last one's).
+    var at: array<u32, 8>;
+    var sat: array<u32, 8>;
+    var zat: array<u32, 8>;
+    var flat: array<u32, 8>;
+    for (var r = 0u; r < RB; r = r + 1u) {
+        let local = min(local0 + r, p.fast_rows - 1u);
+        flat[r] = p.first_row + local;
+        let k = div_small(p.row0 + local, p.rows);
+        let slice = p.slice0 + k;
+        let row = p.row0 + local - k * p.rows;
+        at[r] = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
+        if (SCALED) {
+            sat[r] = fast_index(p.sgrid, slice, row, 0u);
+        }
+        if (ZERO == ZERO_PACKED) {
+            let b = row * BITS;
+            zat[r] = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
+        } else if (ZERO == ZERO_PLAIN) {
+            zat[r] = fast_index(p.zgrid, slice, row, 0u);
+        }
+    }
+    var acc: array<f32, 64>;  // [r · MT + t]
+    var xl: array<vec4<f32>, 16>;
+    // The rows' scales and zero points, read again when the word's group
+    // is not the last word's.
+    var s: array<f32, 8>;
+    var z: array<f32, 8>;
+    var last = vec2<u32>(NO_G_IDX, NO_G_IDX);
+    for (var w = lane; w < p.words_per_row; w = w + lanes) {
+        let col0 = w * PER;
+        var i = 0u;
+        if (SHARE_X) {
+            i = x_shared(&xl, xo, w, p.words_per_row, sg);
+        }
+        var g = 0u;
+        if (SCALED) {
+            g = div_small(col0, p.sgrid.col_div);
+        }
+        if (g != last.x) {
+            for (var r = 0u; r < RB; r = r + 1u) {
+                if (SCALED) {
+                    s[r] = value_as(p.sgrid, sat[r] + g, SKIND);
+                }
+                if (ZERO == ZERO_PACKED) {
+                    let zp = zat[r] + g * p.zero.lane_bits;
+                    z[r] = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
+                }
+            }
+            last.x = g;
+        }
+        if (ZERO == ZERO_PLAIN) {
+            let zg = div_small(col0, p.zgrid.col_div);
+            if (zg != last.y) {
+                for (var r = 0u; r < RB; r = r + 1u) {
+                    z[r] = value_as(p.zgrid, zat[r] + zg, ZKIND);
+                }
+                last.y = zg;
+            }
+        }
+        var v: array<vec4<f32>, 16>;  // [2r + j / 4][j % 4]
+        var raw: array<f32, 8>;
+        for (var r = 0u; r < RB; r = r + 1u) {
+            let pos = at[r] + col0 * BITS;
+            var word = lsb_first(src[pos >> 5u]);
+            if (!ALIGNED) {
+                let sh = pos & 31u;
+                if (sh != 0u) {
+                    word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+                }
+            }
+            let sr = select(1.0, s[r], SCALED);
+            if (READ) {
+                raw[r] = (f32(word & 0xffffu) - z[r]) * sr;
+                continue;
+            }
+            for (var j = 0u; j < PER; j = j + 1u) {
+                var c = w_value((word >> (j * BITS)) & mask, z[r], sr, flat[r], col0 + j);
+                if (!X4) {
+                    c = select(0.0, c, col0 + j < p.cols);
+                }
+                v[2u * r + j / 4u][j % 4u] = c;
+            }
+        }
+        gemv_add(&acc, &v, &raw, xo, col0, &xl, i);
+    }
+    gemv_sum(acc, li, lane, lanes, local0, m0);
+}
+
+// Adds up each row's partial sums pairwise over its `lanes` invocations (a
+// fixed order) and writes y, with the bias: rows local0 + r of the chunk
+// (local0 wraps below it for gemv_t's transposed blocks), 8 / RB rows of
+// x a pass.
+fn gemv_sum(acc: array<f32, 64>, li: u32, lane: u32, lanes: u32, local0: u32, m0: u32) {
+    let tp = 8u / RB;
+    let per = RB * tp;
+    for (var t0 = 0u; t0 < MT; t0 = t0 + tp) {
+        for (var r = 0u; r < RB; r = r + 1u) {
+            for (var u = 0u; u < tp; u = u + 1u) {
+                sums[li * per + r * tp + u] = acc[r * MT + min(t0 + u, MT - 1u)];
+            }
+        }
+        workgroupBarrier();
+        for (var half = lanes / 2u; half > 0u; half = half / 2u) {
+            if (lane < half) {
+                for (var j = 0u; j < per; j = j + 1u) {
+                    sums[li * per + j] = sums[li * per + j] + sums[(li + half) * per + j];
+                }
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u) {
+            for (var r = 0u; r < RB; r = r + 1u) {
+                let local = local0 + r;
+                for (var u = 0u; u < tp; u = u + 1u) {
+                    let m = m0 + t0 + u;
+                    if (local < p.fast_rows && t0 + u < MT && m < gm.m) {
+                        var y = sums[li * per + r * tp + u];
+                        if (gm.bias != NO_G_IDX) {
+                            y = y + bitcast<f32>(src[gm.bias + local]);
+                        }
+                        dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// Adds up each row's partial sums pairwise (a fixed order) and writes y,
+// with the bias (gemv_dense: a row an invocation).
+fn gemv_finish(acc: array<f32, 8>, li: u32, lane: u32, local: u32, m0: u32, per_row: u32) {
+    for (var t = 0u; t < MT; t = t + 1u) {
+        sums[li * MT + t] = acc[t];
+    }
+    workgroupBarrier();
+    for (var half = per_row / 2u; half > 0u; half = half / 2u) {
+        if (lane < half) {
+            for (var t = 0u; t < MT; t = t + 1u) {
+                sums[li * MT + t] = sums[li * MT + t] + sums[(li + half) * MT + t];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && local < p.fast_rows) {
+        for (var t = 0u; t < MT; t = t + 1u) {
+            let m = m0 + t;
+            if (m < gm.m) {
+                var y = sums[li * MT + t];
+                if (gm.bias != NO_G_IDX) {
+                    y = y + bitcast<f32>(src[gm.bias + local]);
+                }
+                dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
+            }
+        }
+    }
+}
+
+// The bench's other baseline, the path an app has without packed products:
+// the same product with a dense bf16 W (two to a word in src, rows
+// p.words_per_row words apart), in gemv's geometry and order.
+fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
+    let per_row = WG / GEMV_ROWS;
+    let lane = li % per_row;
+    let local = wid.x * GEMV_ROWS + li / per_row;
+    // Rows past the chunk read its last one's (SHARE_X: every lane runs).
+    let row = min(local, p.fast_rows - 1u);
+    let m0 = wid.y * MT;
+    let xo = x_rows(m0);
+    var acc: array<f32, 8>;
+    var xl: array<vec4<f32>, 16>;
+    for (var w = lane; w < p.words_per_row; w = w + per_row) {
+        let word = src[row * p.words_per_row + w];
+        let lo = bitcast<f32>(word << 16u);
+        let hi = bitcast<f32>(word & 0xffff0000u);
+        let i = w & (sg.size - 1u);
+        if (SHARE_X && i == 0u) {
+            let at = 2u * min(w + sg.lane, p.words_per_row - 1u);
+            for (var t = 0u; t < MT; t = t + 1u) {
+                xl[t] = vec4<f32>(xs[xo[t] + at], xs[xo[t] + at + 1u], 0.0, 0.0);
+            }
+        }
+        for (var t = 0u; t < MT; t = t + 1u) {
+            var x: vec2<f32>;
+            if (SHARE_X) {
+                x = vec2<f32>(shuffle1(xl[t].x, i), shuffle1(xl[t].y, i));
+            } else {
+                x = vec2<f32>(xs[xo[t] + 2u * w], xs[xo[t] + 2u * w + 1u]);
+            }
+            acc[t] = acc[t] + lo * x.x + hi * x.y;
+        }
+    }
+    gemv_finish(acc, li, lane, local, m0, per_row);
+}
+
+// The scale (x) and zero point (y) of one code of a tile job: the one in
+// stored column `col` of the stored row whose row groups are `rg`
+// (word_values for a single code).
+fn code_values(slice: u32, rg: RowGroups, col: u32) -> vec2<f32> {
+    var v = vec2<f32>(1.0, 0.0);
+    if (SCALED) {
+        let g = tile_group(col, quot_rem(col, p.sgrid.col_div));
+        v.x = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
+    }
+    if (ZERO == ZERO_PLAIN) {
+        let g = tile_group(col, quot_rem(col, p.zgrid.col_div));
+        v.y = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
+    }
+    if (ZERO == ZERO_PACKED_ALONG_COLS) {
+        let zword = tile_zero_word(slice, rg, col - col % PER);
+        v.y = code_value((zword >> (slot_of(col % PER) * BITS)) & ((1u << BITS) - 1u));
+    }
+    return v;
+}
+
+// gemv for the packs the tile kernel takes, which run along W's inputs
+// (GPTQ's strided words, AutoAWQ's and GPT-OSS's transposed ones), read
+// as stored with the tile kernel's lookups (word_values): the same sums
+// in f32 and finish as gemv. Strided: an invocation takes RB rows' words
+// in turn, as gemv does. Transposed: a word holds PER rows of one input,
+// so an invocation takes a block of PER rows (RB = PER) and runs of RUN
+// inputs in turn, one word an input, with every code of it used; the
+// run's scales and zero points are looked up once where they are shared
+// (SHARED), as the tile kernel does.
+fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
+    load_codes(li);
+    let lanes = WG * RB / GEMV_ROWS;
+    let lane = li % lanes;
+    let m0 = wid.y * MT;
+    let xo = x_rows(m0);
+    let mask = (1u << BITS) - 1u;
+    var acc: array<f32, 64>;  // [r · MT + t]
+    var xl: array<vec4<f32>, 16>;
+    if (PACK == PACK_STRIDED) {
+        let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
+        var at: array<u32, 8>;
+        var slices: array<u32, 8>;
+        var rgs: array<RowGroups, 8>;
+        for (var r = 0u; r < RB; r = r + 1u) {
+            let local = min(local0 + r, p.fast_rows - 1u);
+            let k = div_small(p.row0 + local, p.rows);
+            slices[r] = p.slice0 + k;
+            let row = p.row0 + local - k * p.rows;
+            rgs[r] = row_groups(row);
+            at[r] = p.codes.base + slices[r] * p.codes.slice_bits + row * p.codes.lane_bits;
+        }
+        let words = (p.cols + PER - 1u) / PER;
+        for (var w = lane; w < words; w = w + lanes) {
+            let col0 = w * PER;
+            var i = 0u;
+            if (SHARE_X) {
+                i = x_shared(&xl, xo, w, words, sg);
+            }
+            var v: array<vec4<f32>, 16>;  // [2r + i / 4][i % 4]
+            var raw: array<f32, 8>;
+            for (var r = 0u; r < RB; r = r + 1u) {
+                let word = src[(at[r] + w * p.codes.word_bits) >> 5u];
+                let wv = word_values(slices[r], rgs[r], col0);
+                if (READ) {
+                    raw[r] = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
+                    continue;
+                }
+                for (var j = 0u; j < PER; j = j + 1u) {
+                    let c = (word >> (slot_of(j) * BITS)) & mask;
+                    var value = as_written(fast_value(c, wv.z[j], wv.s[j], 0u, 0u));
+                    if (!X4) {
+                        value = select(0.0, value, col0 + j < p.cols);
+                    }
+                    v[2u * r + j / 4u][j % 4u] = value;
+                }
+            }
+            gemv_add(&acc, &v, &raw, xo, col0, &xl, i);
+        }
+        gemv_sum(acc, li, lane, lanes, local0, m0);
+        return;
+    }
+    // Transposed: input col is stored row col, and row r0 + m of the
+    // block is stored column i0 + m, slot slot_of(m) of the word. Blocks
+    // start on a word (rows per slice are whole words); a block past the
+    // chunk reads its first one's words.
+    let first = p.row0 - p.row0 % PER;
+    var r0 = first + wid.x * GEMV_ROWS + (li / lanes) * PER;
+    let local0 = r0 - p.row0;
+    if (r0 >= p.row0 + p.fast_rows) {
+        r0 = first;
+    }
+    let k = div_small(r0, p.rows);
+    let slice = p.slice0 + k;
+    let i0 = r0 - k * p.rows;
+    let at = p.codes.base + slice * p.codes.slice_bits + (i0 / PER) * p.codes.word_bits;
+    // The block's rows four a vec4 ([2t + m / 4][m % 4]), so that the loop
+    // over x's rows unrolls (see gemv_add).
+    var acc4: array<vec4<f32>, 16>;
+    for (var c0 = lane * RUN; c0 < p.cols; c0 = c0 + lanes * RUN) {
+        var rg = row_groups(c0);
+        var wv = word_values(slice, rg, i0);
+        let end = min(c0 + RUN, p.cols);
+        for (var col = c0; col < end; col = col + 1u) {
+            let i = (col - c0) & (sg.size - 1u);
+            if (SHARE_X && i == 0u) {
+                let c = min(col + sg.lane, p.cols - 1u);
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    xl[t].x = xs[xo[t] + c];
+                }
+            }
+            var x: array<f32, 8>;
+            for (var t = 0u; t < MT; t = t + 1u) {
+                if (SHARE_X) {
+                    x[t] = shuffle1(xl[t].x, i);
+                } else {
+                    x[t] = xs[xo[t] + col];
+                }
+            }
+            let word = src[(at + col * p.codes.lane_bits) >> 5u];
+            if (!SHARED) {
+                wv = word_values(slice, rg, i0);
+                rg = next_row(rg);
+            }
+            if (READ) {
+                let value = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    acc4[2u * t].x = acc4[2u * t].x + value * x[t];
+                }
+                continue;
+            }
+            var v: array<vec4<f32>, 2>;
+            for (var m = 0u; m < PER; m = m + 1u) {
+                let c = (word >> (slot_of(m) * BITS)) & mask;
+                v[m / 4u][m % 4u] = as_written(fast_value(c, wv.z[m], wv.s[m], 0u, 0u));
+            }
+            for (var t = 0u; t < MT; t = t + 1u) {
+                acc4[2u * t] = acc4[2u * t] + v[0] * x[t];
+                if (PER == 8u) {
+                    acc4[2u * t + 1u] = acc4[2u * t + 1u] + v[1] * x[t];
+                }
+            }
+        }
+    }
+    for (var t = 0u; t < MT; t = t + 1u) {
+        for (var m = 0u; m < PER; m = m + 1u) {
+            acc[m * MT + t] = acc4[2u * t + m / 4u][m % 4u];
+        }
+    }
+    gemv_sum(acc, li, lane, lanes, local0, m0);
+}
