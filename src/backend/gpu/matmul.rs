@@ -19,11 +19,12 @@ const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const SUBGROUPS: &str = include_str!("../../../shaders/subgroups.wgsl");
 const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
-/// Rows of W an invocation of `gemv` takes (straight and strided packs);
-/// transposed packs take a word's rows. On llvmpipe 4 ran slower than 2:
-/// a loop over them and their decoded values no longer unrolled, and the
-/// arrays indexed in it went to memory.
-const GEMV_RB: u32 = 2;
+/// Values of W an invocation of `gemv` decodes a step (straight and
+/// strided packs): a word of each of its rows, 2 rows of 4-bit codes or 4
+/// of 8-bit ones; transposed packs take a word's rows. On llvmpipe more
+/// ran up to 4x slower: the loops over them and their decoded values no
+/// longer unrolled, and the arrays indexed in them went to memory.
+const GEMV_VALUES: u32 = 16;
 
 /// How the products spread over a device: chosen once per adapter kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +70,9 @@ impl Geometry {
     fn block_rows(self, weights: Weights) -> u32 {
         match weights {
             Weights::Tiled(t) if t.pack == layout::Pack::Transposed => 32 / t.bits,
+            Weights::Tiled(t) => GEMV_VALUES * t.bits / 32,
+            Weights::Packed(f) => GEMV_VALUES * f.bits / 32,
             Weights::DenseBf16 => 1,
-            _ => GEMV_RB,
         }
     }
 
