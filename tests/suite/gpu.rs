@@ -475,34 +475,67 @@ fn explicit_gpu_backend_names_its_adapter() {
     });
 }
 
-/// Every shader in `shaders/` parses, validates, and translates with naga (the
-/// translator wgpu itself runs) to what each native backend consumes: SPIR-V
-/// for Vulkan, MSL for Metal, HLSL for DX12. The outputs are left in
-/// `target/tmp/shaders/` for outside validators (CI runs `spirv-val` on the
-/// SPIR-V: `.ci/portability`).
+/// Every module the host builds from `shaders/` (the decode kernels'; the
+/// products', with and without subgroups) parses, validates, and
+/// translates with naga (the translator wgpu itself runs) to what each
+/// native backend consumes: SPIR-V for Vulkan, MSL for Metal, HLSL for
+/// DX12. The outputs are left in `target/tmp/shaders/` for outside
+/// validators (CI runs `spirv-val` on the SPIR-V: `.ci/portability`).
 #[test]
 fn shaders_translate_for_every_backend() {
     use naga::back::{hlsl, msl, spv};
+    use naga::valid::Capabilities;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shaders");
     std::fs::create_dir_all(&out).unwrap();
-    let mut translated = 0;
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let products = |entries: &str| read("decode.wgsl") + &read("matmul.wgsl") + &read(entries);
+    // (name, source, capabilities beyond WebGPU's, the entry points to build).
+    let decode: &[&str] = &["main", "fast", "fast_t"];
+    let gemv: &[&str] = &["gemv", "gemv_t", "gemv_dense"];
+    let modules = [
+        (
+            "decode",
+            read("decode.wgsl"),
+            Capabilities::default(),
+            decode,
+        ),
+        (
+            "matmul",
+            products("no_subgroups.wgsl"),
+            Capabilities::default(),
+            gemv,
+        ),
+        (
+            "matmul-subgroups",
+            products("subgroups.wgsl"),
+            Capabilities::SUBGROUP,
+            gemv,
+        ),
+    ];
+    // Every file is part of a module.
     for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "wgsl") {
-            continue;
-        }
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let source = std::fs::read_to_string(&path).unwrap();
+        let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            [
+                "decode.wgsl",
+                "matmul.wgsl",
+                "no_subgroups.wgsl",
+                "subgroups.wgsl"
+            ]
+            .contains(&file.as_str()),
+            "shaders/{file} is in no module this test builds"
+        );
+    }
+    for (name, source, capabilities, entries) in modules {
         let module = naga::front::wgsl::parse_str(&source)
-            .unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(&source)));
-        // WebGPU's capabilities: what every backend must support.
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::default(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{name}.wgsl: {}", e.emit_to_string(&source)));
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&source)));
+        // WebGPU's capabilities (what every backend must support), and
+        // subgroups where the host uses them.
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&source)));
+        let subgroups = capabilities.contains(Capabilities::SUBGROUP);
 
         // Each entry point with each value of the override constants the
         // host sets (layout::Fast), as a pipeline would compile it. The
@@ -539,6 +572,15 @@ fn shaders_translate_for_every_backend() {
                     )
                 }),
         );
+        // With subgroups, each product also as a CPU adapter runs it: an
+        // invocation a block of rows, x shared across the subgroup.
+        let sets = sets.flat_map(|(entry, set)| {
+            let rb = set.iter().find(|(k, _)| *k == "RB").map_or(1, |&(_, v)| v);
+            let shared = [("WG", 64), ("GEMV_ROWS", 64 * rb), ("SHARE_X", 1)];
+            let shared = (subgroups && entry.starts_with("gemv"))
+                .then(|| (entry, set.iter().copied().chain(shared).collect()));
+            std::iter::once((entry, set)).chain(shared)
+        });
         for (entry, set) in sets {
             let mut constants = naga::back::PipelineConstants::default();
             let mut variant = entry.to_string();
@@ -550,41 +592,65 @@ fn shaders_translate_for_every_backend() {
         }
         for (variant, constants) in &variants {
             let entry = variant.split('-').next().unwrap();
-            if !module.entry_points.iter().any(|e| e.name == entry) {
+            if !entries.contains(&entry) || !module.entry_points.iter().any(|e| e.name == entry) {
                 continue;
             }
             let stage = Some((naga::ShaderStage::Compute, entry));
             let (module, info) =
                 naga::back::pipeline_constants::process_overrides(&module, &info, stage, constants)
-                    .unwrap_or_else(|e| panic!("{name}.wgsl {variant}: {e}"));
+                    .unwrap_or_else(|e| panic!("{name} {variant}: {e}"));
             let (module, info) = (module.as_ref(), info.as_ref());
             let file = format!("{name}.{variant}");
 
-            let words = spv::write_vec(module, info, &spv::Options::default(), None)
+            // Subgroup operations need SPIR-V 1.3 (Vulkan 1.1).
+            let options = spv::Options {
+                lang_version: if subgroups {
+                    (1, 3)
+                } else {
+                    spv::Options::default().lang_version
+                },
+                ..Default::default()
+            };
+            let words = spv::write_vec(module, info, &options, None)
                 .unwrap_or_else(|e| panic!("{file} to SPIR-V: {e}"));
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             std::fs::write(out.join(format!("{file}.spv")), bytes).unwrap();
 
-            let (metal, _) = msl::write_string(
-                module,
-                info,
-                &msl::Options::default(),
-                &msl::PipelineOptions::default(),
-            )
-            .unwrap_or_else(|e| panic!("{file} to MSL: {e}"));
+            // And MSL 2.1 and HLSL's shader model 6.
+            let options = msl::Options {
+                lang_version: if subgroups {
+                    (2, 1)
+                } else {
+                    msl::Options::default().lang_version
+                },
+                ..Default::default()
+            };
+            let (metal, _) =
+                msl::write_string(module, info, &options, &msl::PipelineOptions::default())
+                    .unwrap_or_else(|e| panic!("{file} to MSL: {e}"));
             std::fs::write(out.join(format!("{file}.metal")), metal).unwrap();
 
             let mut text = String::new();
-            let options = hlsl::Options::default();
+            let options = hlsl::Options {
+                shader_model: if subgroups {
+                    hlsl::ShaderModel::V6_0
+                } else {
+                    hlsl::Options::default().shader_model
+                },
+                ..Default::default()
+            };
             let pipeline = hlsl::PipelineOptions::default();
             hlsl::Writer::new(&mut text, &options, &pipeline)
                 .write(module, info, None)
                 .unwrap_or_else(|e| panic!("{file} to HLSL: {e}"));
             std::fs::write(out.join(format!("{file}.hlsl")), text).unwrap();
         }
-        translated += 1;
+        let built = variants
+            .iter()
+            .filter(|(v, _)| entries.contains(&v.split('-').next().unwrap_or("")))
+            .count();
+        assert!(built > 0, "{name}: no entry point built");
     }
-    assert!(translated > 0, "no shader found in {}", dir.display());
 }
 
 /// The shader's u32 constants by name.
