@@ -26,6 +26,9 @@ const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 /// longer unrolled, and the arrays indexed in them went to memory.
 const GEMV_VALUES: u32 = 16;
 
+/// The workgroup size of the products on CPU adapters.
+const CPU_WG: u32 = 64;
+
 /// How the products spread over a device: chosen once per adapter kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Geometry {
@@ -52,7 +55,7 @@ impl Geometry {
     fn of(device: wgpu::DeviceType, subgroups: bool) -> Geometry {
         match device {
             wgpu::DeviceType::Cpu => Geometry {
-                wg: 64,
+                wg: CPU_WG,
                 lanes: 1,
                 max_mt: if subgroups { 8 } else { 4 },
                 share_x: subgroups,
@@ -554,10 +557,14 @@ impl Pipelines {
     }
 }
 
-/// Whether the products use `device`'s subgroups: where it has them, but
-/// not in browsers, whose WGSL would need an `enable` that naga refuses.
-pub(super) fn subgroups(device: &wgpu::Device) -> bool {
-    !cfg!(target_arch = "wasm32") && device.features().contains(wgpu::Features::SUBGROUP)
+/// Whether the products use `device`'s subgroups: where it has them and
+/// they fit in a CPU adapter's workgroup (whose invocations read x for the
+/// words of whole subgroups), but not in browsers, whose WGSL would need
+/// an `enable` that naga refuses.
+fn subgroups(device: &wgpu::Device) -> bool {
+    !cfg!(target_arch = "wasm32")
+        && device.features().contains(wgpu::Features::SUBGROUP)
+        && device.adapter_info().subgroup_max_size <= CPU_WG
 }
 
 /// The products' module: decode.wgsl, matmul.wgsl and the entry points
