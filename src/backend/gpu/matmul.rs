@@ -355,8 +355,9 @@ impl GpuDecoder {
     /// Records `y = x·Wᵀ (+ bias)` into `encoder`, for the `m` rows of `x`
     /// (`[m, w.k]` f32, row-major) into `y` (`[m, w.n]` f32): buffers of
     /// this decoder's device with `STORAGE` usage. Each weight is decoded
-    /// once per 8 rows of x (4 on a CPU adapter); the sums are f32, in a
-    /// fixed order, so a result is the same from run to run on one device.
+    /// once per 8 rows of x (4 on a CPU adapter without subgroups, and for
+    /// transposed packs on any CPU adapter); the sums are f32, in a fixed
+    /// order, so a result is the same from run to run on one device.
     pub fn record_matmul(
         &self,
         encoder: &mut wgpu::CommandEncoder,
