@@ -36,6 +36,10 @@ override READ: bool = false;
 override X4: bool = false;
 // gemv: every row's codes start on a word of src (no second word to shift in).
 override ALIGNED: bool = false;
+// Every value of W is an f32 that OUT holds exactly, so rounding it is the
+// identity (the host checks the codes and scales: E2M1 codes times e8m0
+// scales, to bf16).
+override EXACT: bool = false;
 // x read once for a subgroup's lanes: lane j reads the values of the j-th
 // word (or input) of each run of a subgroup's size, and every lane takes
 // them from it in turn (shuffle4, shuffle1). For CPU adapters, whose
@@ -44,6 +48,17 @@ override ALIGNED: bool = false;
 // one invocation at a time, and the loads of x were most of a product's
 // time there (with it: 4 rows of x cost what 1 did).
 override SHARE_X: bool = false;
+// Words an invocation takes in a row before the next invocation's (the
+// next run's): SHARE_X's subgroup size, or on a CPU adapter 8; 1 on GPUs,
+// where neighbouring invocations read neighbouring words. x (SHARE_X) is
+// read at a run's start and the scales at each RELOAD words' start, each
+// outside the loop over the words they serve: llvmpipe runs a load inside
+// an `if` (a word that starts a group, or a subgroup's run) at every
+// word, lanes masked or not.
+override XRUN: u32 = 1u;
+// Words between the scale and zero-point reloads: groups' and XRUN's
+// greatest common divisor (in words), fixed by the host.
+override RELOAD: u32 = 1u;
 
 // An invocation's place in its subgroup (no_subgroups.wgsl: a subgroup of one).
 struct Subgroup {
@@ -58,7 +73,10 @@ var<workgroup> sums: array<f32, 2048>;  // partial sums, 8 per invocation a pass
 // `v` as dequantize writes it (rounded to OUT), widened back.
 fn as_written(v: f32) -> f32 {
     if (OUT == OUT_BF16) {
-        return bitcast<f32>(to_bf16(v) << 16u);
+        // to_bf16 without the shift down and back.
+        let b = bitcast<u32>(v);
+        let r = (b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u;
+        return bitcast<f32>(select(r, 0x7fc00000u, (b & 0x7fffffffu) > 0x7f800000u));
     }
     if (OUT == OUT_F16) {
         return f16_to_f32(to_f16(v));
@@ -70,7 +88,7 @@ fn as_written(v: f32) -> f32 {
 // product is computed in it (and nothing scales it after).
 fn w_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     let v = fast_value(c, z, s, flat, col);
-    if (OUT == OUT_F32 || (PRODUCT == OUT && !POST)) {
+    if (OUT == OUT_F32 || EXACT || (PRODUCT == OUT && !POST)) {
         return v;
     }
     return as_written(v);
@@ -103,21 +121,17 @@ fn x_word(at: u32, col0: u32) -> array<vec4<f32>, 2> {
     return x;
 }
 
-// SHARE_X: x's values for the word `w` of a run whose first is `w0`, for
-// the rows of x at xo: lane j reads word w0 + j's (the last word again
-// past the row's), and `w`'s are then taken from lane w - w0. `xl` is
-// kept from word to word of a run.
-fn x_shared(xl: ptr<function, array<vec4<f32>, 16>>, xo: array<u32, 16>, w: u32, words: u32, sg: Subgroup) -> u32 {
-    let i = w & (sg.size - 1u);
-    if (i == 0u) {
-        let col0 = min(w + sg.lane, words - 1u) * PER;
-        for (var t = 0u; t < MT; t = t + 1u) {
-            let x = x_word(xo[t] + col0, col0);
-            (*xl)[2u * t] = x[0];
-            (*xl)[2u * t + 1u] = x[1];
-        }
+// SHARE_X: x's values for the run of words from w0, for the rows of x at
+// xo: lane j reads word w0 + j's (the last word again past the row's),
+// and word w0 + k's are then taken from lane k (XRUN is the subgroup's
+// size).
+fn x_shared(xl: ptr<function, array<vec4<f32>, 16>>, xo: array<u32, 16>, w0: u32, words: u32, sg: Subgroup) {
+    let col0 = min(w0 + sg.lane, words - 1u) * PER;
+    for (var t = 0u; t < MT; t = t + 1u) {
+        let x = x_word(xo[t] + col0, col0);
+        (*xl)[2u * t] = x[0];
+        (*xl)[2u * t + 1u] = x[1];
     }
-    return i;
 }
 
 // Adds the RB rows' values of the word at col0 (`v`, two vec4s a row;
@@ -200,69 +214,70 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
     }
     var acc: array<f32, 64>;  // [r · MT + t]
     var xl: array<vec4<f32>, 16>;
-    // The rows' scales and zero points, read again when the word's group
-    // is not the last word's.
-    var s: array<f32, 8>;
+    var s: array<f32, 8>;  // the rows' scales and zero points
     var z: array<f32, 8>;
-    var last = vec2<u32>(NO_G_IDX, NO_G_IDX);
-    for (var w = lane; w < p.words_per_row; w = w + lanes) {
-        let col0 = w * PER;
-        var i = 0u;
+    let words = p.words_per_row;
+    for (var w0 = lane * XRUN; w0 < words; w0 = w0 + lanes * XRUN) {
         if (SHARE_X) {
-            i = x_shared(&xl, xo, w, p.words_per_row, sg);
+            x_shared(&xl, xo, w0, words, sg);
         }
-        var g = 0u;
-        if (SCALED) {
-            g = div_small(col0, p.sgrid.col_div);
-        }
-        if (g != last.x) {
-            for (var r = 0u; r < RB; r = r + 1u) {
-                if (SCALED) {
-                    s[r] = value_as(p.sgrid, sat[r] + g, SKIND);
-                }
-                if (ZERO == ZERO_PACKED) {
-                    let zp = zat[r] + g * p.zero.lane_bits;
-                    z[r] = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
-                }
-            }
-            last.x = g;
-        }
-        if (ZERO == ZERO_PLAIN) {
-            let zg = div_small(col0, p.zgrid.col_div);
-            if (zg != last.y) {
+        let end = min(w0 + XRUN, words);
+        for (var g0 = w0; g0 < end; g0 = g0 + RELOAD) {
+            group_values(&s, &z, sat, zat, g0 * PER);
+            for (var w = g0; w < min(g0 + RELOAD, end); w = w + 1u) {
+                let col0 = w * PER;
+                var v: array<vec4<f32>, 16>;  // [2r + j / 4][j % 4]
+                var raw: array<f32, 8>;
                 for (var r = 0u; r < RB; r = r + 1u) {
-                    z[r] = value_as(p.zgrid, zat[r] + zg, ZKIND);
+                    let sr = select(1.0, s[r], SCALED);
+                    let word = row_word(at[r] + col0 * BITS);
+                    if (READ) {
+                        raw[r] = (f32(word & 0xffffu) - z[r]) * sr;
+                        continue;
+                    }
+                    for (var j = 0u; j < PER; j = j + 1u) {
+                        var c = w_value((word >> (j * BITS)) & mask, z[r], sr, flat[r], col0 + j);
+                        if (!X4) {
+                            c = select(0.0, c, col0 + j < p.cols);
+                        }
+                        v[2u * r + j / 4u][j % 4u] = c;
+                    }
                 }
-                last.y = zg;
+                gemv_add(&acc, &v, &raw, xo, col0, &xl, w - w0);
             }
         }
-        var v: array<vec4<f32>, 16>;  // [2r + j / 4][j % 4]
-        var raw: array<f32, 8>;
-        for (var r = 0u; r < RB; r = r + 1u) {
-            let pos = at[r] + col0 * BITS;
-            var word = lsb_first(src[pos >> 5u]);
-            if (!ALIGNED) {
-                let sh = pos & 31u;
-                if (sh != 0u) {
-                    word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
-                }
-            }
-            let sr = select(1.0, s[r], SCALED);
-            if (READ) {
-                raw[r] = (f32(word & 0xffffu) - z[r]) * sr;
-                continue;
-            }
-            for (var j = 0u; j < PER; j = j + 1u) {
-                var c = w_value((word >> (j * BITS)) & mask, z[r], sr, flat[r], col0 + j);
-                if (!X4) {
-                    c = select(0.0, c, col0 + j < p.cols);
-                }
-                v[2u * r + j / 4u][j % 4u] = c;
-            }
-        }
-        gemv_add(&acc, &v, &raw, xo, col0, &xl, i);
     }
     gemv_sum(acc, li, lane, lanes, local0, m0);
+}
+
+// The code word whose first field is at bit `pos` of src, LSB first.
+fn row_word(pos: u32) -> u32 {
+    var word = lsb_first(src[pos >> 5u]);
+    if (!ALIGNED) {
+        let sh = pos & 31u;
+        if (sh != 0u) {
+            word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+        }
+    }
+    return word;
+}
+
+// The scales (s) and zero points (z) of the RB rows' group of column col0
+// (sat, zat: each row's first entries).
+fn group_values(s: ptr<function, array<f32, 8>>, z: ptr<function, array<f32, 8>>,
+                sat: array<u32, 8>, zat: array<u32, 8>, col0: u32) {
+    let mask = (1u << BITS) - 1u;
+    for (var r = 0u; r < RB; r = r + 1u) {
+        if (SCALED) {
+            (*s)[r] = value_as(p.sgrid, sat[r] + div_small(col0, p.sgrid.col_div), SKIND);
+        }
+        if (ZERO == ZERO_PACKED) {
+            let zp = zat[r] + div_small(col0, p.sgrid.col_div) * p.zero.lane_bits;
+            (*z)[r] = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
+        } else if (ZERO == ZERO_PLAIN) {
+            (*z)[r] = value_as(p.zgrid, zat[r] + div_small(col0, p.zgrid.col_div), ZKIND);
+        }
+    }
 }
 
 // Adds up each row's partial sums pairwise over its `lanes` invocations (a
@@ -348,25 +363,31 @@ fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
     let xo = x_rows(m0);
     var acc: array<f32, 8>;
     var xl: array<vec4<f32>, 16>;
-    for (var w = lane; w < p.words_per_row; w = w + per_row) {
-        let word = src[row * p.words_per_row + w];
-        let lo = bitcast<f32>(word << 16u);
-        let hi = bitcast<f32>(word & 0xffff0000u);
-        let i = w & (sg.size - 1u);
-        if (SHARE_X && i == 0u) {
-            let at = 2u * min(w + sg.lane, p.words_per_row - 1u);
+    let words = p.words_per_row;
+    for (var w0 = lane * XRUN; w0 < words; w0 = w0 + per_row * XRUN) {
+        if (SHARE_X) {
+            let at = 2u * min(w0 + sg.lane, words - 1u);
             for (var t = 0u; t < MT; t = t + 1u) {
                 xl[t] = vec4<f32>(xs[xo[t] + at], xs[xo[t] + at + 1u], 0.0, 0.0);
             }
         }
-        for (var t = 0u; t < MT; t = t + 1u) {
-            var x: vec2<f32>;
-            if (SHARE_X) {
-                x = vec2<f32>(shuffle1(xl[t].x, i), shuffle1(xl[t].y, i));
-            } else {
-                x = vec2<f32>(xs[xo[t] + 2u * w], xs[xo[t] + 2u * w + 1u]);
+        for (var k = 0u; k < XRUN; k = k + 1u) {
+            let w = w0 + k;
+            if (w >= words) {
+                break;
             }
-            acc[t] = acc[t] + lo * x.x + hi * x.y;
+            let word = src[row * words + w];
+            let lo = bitcast<f32>(word << 16u);
+            let hi = bitcast<f32>(word & 0xffff0000u);
+            for (var t = 0u; t < MT; t = t + 1u) {
+                var x: vec2<f32>;
+                if (SHARE_X) {
+                    x = vec2<f32>(shuffle1(xl[t].x, k), shuffle1(xl[t].y, k));
+                } else {
+                    x = vec2<f32>(xs[xo[t] + 2u * w], xs[xo[t] + 2u * w + 1u]);
+                }
+                acc[t] = acc[t] + lo * x.x + hi * x.y;
+            }
         }
     }
     gemv_finish(acc, li, lane, local, m0, per_row);
@@ -423,32 +444,42 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
             rgs[r] = row_groups(row);
             at[r] = p.codes.base + slices[r] * p.codes.slice_bits + row * p.codes.lane_bits;
         }
+        // Groups of whole words without g_idx: each row's scale and zero
+        // point looked up once per group, as gemv does (else per word).
+        let reload = select(1u, RELOAD, WORD_GROUPS && ZERO != ZERO_PACKED_ALONG_COLS);
+        var wvs: array<WordValues, 8>;
         let words = (p.cols + PER - 1u) / PER;
-        for (var w = lane; w < words; w = w + lanes) {
-            let col0 = w * PER;
-            var i = 0u;
+        for (var w0 = lane * XRUN; w0 < words; w0 = w0 + lanes * XRUN) {
             if (SHARE_X) {
-                i = x_shared(&xl, xo, w, words, sg);
+                x_shared(&xl, xo, w0, words, sg);
             }
-            var v: array<vec4<f32>, 16>;  // [2r + i / 4][i % 4]
-            var raw: array<f32, 8>;
-            for (var r = 0u; r < RB; r = r + 1u) {
-                let word = src[(at[r] + w * p.codes.word_bits) >> 5u];
-                let wv = word_values(slices[r], rgs[r], col0);
-                if (READ) {
-                    raw[r] = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
-                    continue;
+            let end = min(w0 + XRUN, words);
+            for (var g0 = w0; g0 < end; g0 = g0 + reload) {
+                for (var r = 0u; r < RB; r = r + 1u) {
+                    wvs[r] = word_values(slices[r], rgs[r], g0 * PER);
                 }
-                for (var j = 0u; j < PER; j = j + 1u) {
-                    let c = (word >> (slot_of(j) * BITS)) & mask;
-                    var value = as_written(fast_value(c, wv.z[j], wv.s[j], 0u, 0u));
-                    if (!X4) {
-                        value = select(0.0, value, col0 + j < p.cols);
+                for (var w = g0; w < min(g0 + reload, end); w = w + 1u) {
+                    let col0 = w * PER;
+                    var v: array<vec4<f32>, 16>;  // [2r + i / 4][i % 4]
+                    var raw: array<f32, 8>;
+                    for (var r = 0u; r < RB; r = r + 1u) {
+                        let word = src[(at[r] + w * p.codes.word_bits) >> 5u];
+                        if (READ) {
+                            raw[r] = (f32(word & 0xffffu) - wvs[r].z[0]) * wvs[r].s[0];
+                            continue;
+                        }
+                        for (var j = 0u; j < PER; j = j + 1u) {
+                            let c = (word >> (slot_of(j) * BITS)) & mask;
+                            var value = w_value(c, wvs[r].z[j], wvs[r].s[j], 0u, 0u);
+                            if (!X4) {
+                                value = select(0.0, value, col0 + j < p.cols);
+                            }
+                            v[2u * r + j / 4u][j % 4u] = value;
+                        }
                     }
-                    v[2u * r + j / 4u][j % 4u] = value;
+                    gemv_add(&acc, &v, &raw, xo, col0, &xl, w - w0);
                 }
             }
-            gemv_add(&acc, &v, &raw, xo, col0, &xl, i);
         }
         gemv_sum(acc, li, lane, lanes, local0, m0);
         return;
@@ -474,43 +505,48 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
         var rg = row_groups(c0);
         var wv = word_values(slice, rg, i0);
         let end = min(c0 + RUN, p.cols);
-        for (var col = c0; col < end; col = col + 1u) {
-            let i = (col - c0) & (sg.size - 1u);
-            if (SHARE_X && i == 0u) {
-                let c = min(col + sg.lane, p.cols - 1u);
+        for (var cx = c0; cx < end; cx = cx + XRUN) {
+            if (SHARE_X) {
+                let c = min(cx + sg.lane, p.cols - 1u);
                 for (var t = 0u; t < MT; t = t + 1u) {
                     xl[t].x = xs[xo[t] + c];
                 }
             }
-            var x: array<f32, 8>;
-            for (var t = 0u; t < MT; t = t + 1u) {
-                if (SHARE_X) {
-                    x[t] = shuffle1(xl[t].x, i);
-                } else {
-                    x[t] = xs[xo[t] + col];
+            for (var k = 0u; k < XRUN; k = k + 1u) {
+                let col = cx + k;
+                if (col >= end) {
+                    break;
                 }
-            }
-            let word = src[(at + col * p.codes.lane_bits) >> 5u];
-            if (!SHARED) {
-                wv = word_values(slice, rg, i0);
-                rg = next_row(rg);
-            }
-            if (READ) {
-                let value = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
+                var x: array<f32, 8>;
                 for (var t = 0u; t < MT; t = t + 1u) {
-                    acc4[2u * t].x = acc4[2u * t].x + value * x[t];
+                    if (SHARE_X) {
+                        x[t] = shuffle1(xl[t].x, k);
+                    } else {
+                        x[t] = xs[xo[t] + col];
+                    }
                 }
-                continue;
-            }
-            var v: array<vec4<f32>, 2>;
-            for (var m = 0u; m < PER; m = m + 1u) {
-                let c = (word >> (slot_of(m) * BITS)) & mask;
-                v[m / 4u][m % 4u] = as_written(fast_value(c, wv.z[m], wv.s[m], 0u, 0u));
-            }
-            for (var t = 0u; t < MT; t = t + 1u) {
-                acc4[2u * t] = acc4[2u * t] + v[0] * x[t];
-                if (PER == 8u) {
-                    acc4[2u * t + 1u] = acc4[2u * t + 1u] + v[1] * x[t];
+                let word = src[(at + col * p.codes.lane_bits) >> 5u];
+                if (!SHARED) {
+                    wv = word_values(slice, rg, i0);
+                    rg = next_row(rg);
+                }
+                if (READ) {
+                    let value = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
+                    for (var t = 0u; t < MT; t = t + 1u) {
+                        acc4[2u * t].x = acc4[2u * t].x + value * x[t];
+                    }
+                    continue;
+                }
+                var v: array<vec4<f32>, 2>;
+                for (var m = 0u; m < PER; m = m + 1u) {
+                    let c = (word >> (slot_of(m) * BITS)) & mask;
+                    v[m / 4u][m % 4u] = w_value(c, wv.z[m], wv.s[m], 0u, 0u);
+                }
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    acc4[2u * t] = acc4[2u * t] + v[0] * x[t];
+                    if (PER == 8u) {
+                        acc4[2u * t + 1u] = acc4[2u * t + 1u] + v[1] * x[t];
+                    }
                 }
             }
         }

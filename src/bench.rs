@@ -705,10 +705,22 @@ pub(crate) fn gpu_gemv(
             .chain(Layout::ALONG_INPUTS)
             .filter(|l| l.name().contains(only))
         {
-            let w = Weight::random(layout, n, k, 7);
-            let job = w.job(OutDtype::Bf16);
-            let packed =
-                pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, layout.name()))?;
+            // GPT-OSS's experts multiply as stored, `[out, in]` (Model::upload_expert):
+            // its dense `[in, out]` transposed back.
+            let gpt_oss = layout == Layout::GptOss;
+            let w = match gpt_oss {
+                true => Weight::random(layout, k, n, 7),
+                false => Weight::random(layout, n, k, 7),
+            };
+            let job = match gpt_oss {
+                true => w.job(OutDtype::Bf16).transpose(),
+                false => w.job(OutDtype::Bf16),
+            };
+            let name = match gpt_oss {
+                true => "gpt-oss mxfp4 experts (as stored)",
+                false => layout.name(),
+            };
+            let packed = pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, name))?;
             for &m in ms {
                 let x = buffer((4 * m * k) as u64, wgpu::BufferUsages::COPY_DST);
                 let xs: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
@@ -731,7 +743,7 @@ pub(crate) fn gpu_gemv(
                     ],
                 )?;
                 let x_bytes = (4 * m * k) as u64;
-                let what = format!("{} {n}x{k}", layout.name());
+                let what = format!("{name} {n}x{k}");
                 let figure = |baseline: &str, seconds, bytes| Figure {
                     backend: "gpu",
                     what: what.clone(),

@@ -474,6 +474,16 @@ impl Grid {
     }
 }
 
+/// Greatest common divisor (`a` where `b` is 0): of rows or columns per
+/// grid entry.
+pub(crate) fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// A tensor of scalars read on a [`Grid`].
 #[derive(Debug, Clone)]
 pub struct Values<'a> {

@@ -38,15 +38,6 @@ const TASK_ELEMENTS: usize = 1 << 16;
 /// the caches does not read each line first.
 const STREAM_BYTES: usize = 8 << 20;
 
-/// Greatest common divisor (of rows or columns per entry).
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
 /// The ways [`Cpu`] decodes a job, as [`way`] tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Way {

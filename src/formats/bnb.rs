@@ -53,7 +53,7 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, Nested, ValueKind, Values};
+use crate::job::{gcd, DecodeJob, Dims, Fields, Nested, ValueKind, Values};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
@@ -467,15 +467,6 @@ fn expect_len(t: &TensorRef<'_>, dtypes: &[Dtype], n: usize, what: &str) -> Resu
         ));
     }
     Ok(())
-}
-
-/// Greatest common divisor.
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
 }
 
 /// The view `(rows, cols, layout)` of `n` flat elements in blocks of `bs`

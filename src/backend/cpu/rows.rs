@@ -12,9 +12,9 @@
 
 use std::ops::Range;
 
-use super::{gcd, simd};
+use super::simd;
 use super::table::{ByScale, Table16};
-use crate::job::{DecodeJob, Fields, Source, ValueKind, Values, ZeroPoint};
+use crate::job::{gcd, DecodeJob, Fields, Source, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Bytes between gathered rows past their codes: rows a power of two

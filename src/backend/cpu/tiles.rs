@@ -10,8 +10,8 @@
 //! element of that block, with exactly the operations `DecodeJob::value`
 //! performs, so the bytes are the element path's.
 
-use crate::job::{DecodeJob, ZeroPoint};
-use super::{gcd, simd};
+use crate::job::{gcd, DecodeJob, ZeroPoint};
+use super::simd;
 use super::table::{ByScale, Shifted, Table16};
 use crate::numerics::{self, OutDtype};
 

@@ -725,6 +725,19 @@ impl Params {
         self.row0
     }
 
+    /// Code words per scale and zero-point group along a row: the greatest
+    /// common divisor of the scale grid's and a plain zero-point grid's
+    /// (packed zero points take the scale's groups); 0 where neither
+    /// changes along a row. The kernels that use it take groups of whole
+    /// words.
+    pub(super) fn group_words(&self) -> u32 {
+        let per = 32 / self.codes.bits.max(1);
+        let scale = (self.has_scale != 0).then_some(self.sgrid.col_div);
+        let zero = (self.zero_mode == ZeroMode::Plain as u32).then_some(self.zgrid.col_div);
+        let along_row = |d: &u32| *d < self.cols;
+        scale.into_iter().chain(zero).filter(along_row).fold(0, |g, d| crate::job::gcd(g as usize, (d / per).max(1) as usize) as u32)
+    }
+
     /// Whether every row's (lane's) codes start on a 32-bit word.
     pub(super) fn lanes_aligned(&self) -> bool {
         let c = &self.codes;

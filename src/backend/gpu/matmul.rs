@@ -41,6 +41,9 @@ struct Geometry {
     max_mt: u32,
     /// x read once for a subgroup's lanes (matmul.wgsl's SHARE_X).
     share_x: bool,
+    /// Words an invocation takes in turn, reading x (with `share_x`) and
+    /// the scales once for them all (matmul.wgsl's XRUN).
+    xrun: u32,
 }
 
 impl Geometry {
@@ -49,24 +52,33 @@ impl Geometry {
     /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
     /// core's vector lanes, an invocation takes its rows whole: the
     /// workgroup's sums across invocations cost more there than they save
-    /// (on llvmpipe, 2-5x the time). There, with subgroups, the lanes
-    /// share their reads of x; without, past 4 rows of x the loops over
-    /// them no longer unroll (with, past 8).
-    fn of(device: wgpu::DeviceType, subgroups: bool) -> Geometry {
+    /// (on llvmpipe, 2-5x the time), and it takes its words in runs of a
+    /// subgroup's size (or 8). There, with subgroups (`subgroup`: their
+    /// size), the lanes share their reads of x; without, past 4 rows of x
+    /// the loops over them no longer unroll (with, past 8).
+    fn of(device: wgpu::DeviceType, subgroup: Option<u32>) -> Geometry {
         match device {
             wgpu::DeviceType::Cpu => Geometry {
                 wg: CPU_WG,
                 lanes: 1,
-                max_mt: if subgroups { 8 } else { 4 },
-                share_x: subgroups,
+                max_mt: if subgroup.is_some() { 8 } else { 4 },
+                share_x: subgroup.is_some(),
+                xrun: subgroup.unwrap_or(8),
             },
             _ => Geometry {
                 wg: 256,
                 lanes: 64,
                 max_mt: 8,
                 share_x: false,
+                xrun: 1,
             },
         }
+    }
+
+    /// Words between scale reloads in a run (matmul.wgsl's RELOAD) for
+    /// groups of `group_words` words (0: none along a row).
+    fn reload(self, group_words: u32) -> u32 {
+        crate::job::gcd(self.xrun as usize, group_words as usize) as u32
     }
 
     /// Rows of W an invocation takes.
@@ -179,6 +191,11 @@ struct Part {
     span: u32,
     /// Its rows' codes start on words (straight packs).
     aligned: bool,
+    /// Code words per scale and zero-point group along a row, as
+    /// [`layout::Params::group_words`].
+    group_words: u32,
+    /// Its values need no rounding to the output dtype ([`exact`]).
+    exact: bool,
 }
 
 /// A quantized Linear's weights resident on a GPU device as they are
@@ -231,6 +248,7 @@ impl GpuDecoder {
         }
         let row0 = u32::try_from(rows.start).map_err(|_| Error::new(Rule::Argument, what, "too many rows".to_string()))?;
         let chunks = layout::plan(job, kernel, rows, &self.limits.resident())?;
+        let exact = exact(job, weights);
         self.scoped(async {
             let mut parts = Vec::with_capacity(chunks.len());
             let mut bytes = 0;
@@ -261,6 +279,8 @@ impl GpuDecoder {
                     rows: rows.len() as u32,
                     span: rows.len() as u32 + lead(weights, chunk.params.row0()),
                     aligned: chunk.params.lanes_aligned(),
+                    group_words: chunk.params.group_words(),
+                    exact,
                 });
             }
             self.queue.submit([]);
@@ -289,6 +309,8 @@ impl GpuDecoder {
             rows: n as u32,
             span: n as u32,
             aligned: true,
+            group_words: 0,
+            exact: false,
         };
         Ok(PackedLinear { n, k, row0: 0, parts: vec![part], bytes })
     }
@@ -305,13 +327,20 @@ impl GpuDecoder {
         b
     }
 
-    /// The pipeline multiplying by `weights` read as `product`, taking `mt`
-    /// rows of x at once, reading x as vec4s (`x4`), with rows whose codes
-    /// start on words (`aligned`).
-    fn gemv_pipeline(&self, weights: Weights, product: Product, mt: u32, (x4, aligned): (bool, bool)) -> wgpu::ComputePipeline {
+    /// The pipeline of `variant`.
+    fn gemv_pipeline(&self, variant: Variant) -> wgpu::ComputePipeline {
+        let Variant {
+            weights,
+            product,
+            mt,
+            x4,
+            aligned,
+            reload,
+            exact,
+        } = variant;
         let mut cache = self.gemv.pipelines.lock().unwrap_or_else(|p| p.into_inner());
         cache
-            .entry((weights, product, mt, x4, aligned))
+            .entry(variant)
             .or_insert_with(|| {
                 let (mut constants, entry, label) = match weights {
                     Weights::Packed(k) => (k.constants().to_vec(), "gemv", Kernel::Fast(k).label()),
@@ -326,12 +355,15 @@ impl GpuDecoder {
                     ("GEMV_ROWS", g.rows(weights) as f64),
                     ("MT", mt as f64),
                     ("SHARE_X", flag(g.share_x)),
+                    ("XRUN", g.xrun as f64),
                 ]);
                 if entry != "gemv_dense" {
                     constants.extend([
                         ("READ", flag(product == Product::Read)),
                         ("RB", rb as f64),
                         ("X4", flag(x4)),
+                        ("RELOAD", reload as f64),
+                        ("EXACT", flag(exact)),
                     ]);
                 }
                 if entry == "gemv" {
@@ -421,7 +453,16 @@ impl GpuDecoder {
                 ],
             });
             let x4 = x4(part.weights, w.k) && x.size() >= 16;
-            let pipeline = self.gemv_pipeline(part.weights, product, mt, (x4, part.aligned));
+            let variant = Variant {
+                weights: part.weights,
+                product,
+                mt,
+                x4,
+                aligned: part.aligned,
+                reload: self.gemv.geometry.reload(part.group_words),
+                exact: part.exact,
+            };
+            let pipeline = self.gemv_pipeline(variant);
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("wgpu-dequant gemv"),
                 timestamp_writes: None,
@@ -484,6 +525,42 @@ fn lead(weights: Weights, row0: u32) -> u32 {
     }
 }
 
+/// Whether every value of `job`'s W is an f32 its bf16 output holds
+/// exactly, so that the products skip rounding it (matmul.wgsl's EXACT):
+/// no zero points, post scale or product dtype, scales powers of two
+/// (e8m0: 2^-127 at least) or none, and codes of 8 significant bits at
+/// most whose lowest is 2^-6 or more (a value's lowest bit then 2^-133 or
+/// more, bf16's smallest). MXFP4's E2M1 codes and e8m0 scales are.
+fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
+    let (out, skind, plain) = match weights {
+        Weights::Packed(f) => {
+            let plain = f.zero == layout::ZeroMode::None && !f.post && f.product == layout::OutKind::F32;
+            (f.out, f.scaled.then_some(f.skind), plain && f.low_rank == layout::LowRankMode::None)
+        }
+        Weights::Tiled(t) => (t.out, t.scaled.then_some(t.skind), t.zero == layout::ZeroMode::None),
+        Weights::DenseBf16 => return false,
+    };
+    // The exponent of the lowest bit a scale may bring.
+    let scale_low = match skind {
+        None => 0,
+        Some(layout::GridKind::E8m0) => -127,
+        Some(_) => return false,
+    };
+    let fits = |v: f32| {
+        let b = v.to_bits() & 0x7fff_ffff;
+        let (exp, mantissa) = ((b >> 23) as i32, b & 0x7f_ffff);
+        // Zero, and NaN or infinite (rounding keeps them so).
+        if b == 0 || exp == 255 {
+            return true;
+        }
+        let significand = if exp == 0 { mantissa } else { mantissa | 0x80_0000 };
+        let low = significand.trailing_zeros();
+        let bits = 32 - significand.leading_zeros() - low;
+        bits <= 8 && exp.max(1) - 150 + low as i32 + scale_low >= -133
+    };
+    out == layout::OutKind::Bf16 && plain && job.code_values.iter().all(|&v| fits(v))
+}
+
 /// Whether the kernel reads x four values at a time (xs4): straight and
 /// strided packs whose rows of `k` hold whole code words (and so x's rows
 /// whole vec4s). Transposed packs read one input at a time: taking four
@@ -497,9 +574,26 @@ fn x4(weights: Weights, k: usize) -> bool {
     }
 }
 
-/// The pipelines of the products, by weights, reading, rows of x, x4 and
-/// aligned rows.
-type Cache = std::collections::HashMap<(Weights, Product, u32, bool, bool), wgpu::ComputePipeline>;
+/// What a product's pipeline is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Variant {
+    weights: Weights,
+    /// What it reads the weights as.
+    product: Product,
+    /// Rows of x a workgroup takes.
+    mt: u32,
+    /// x read four values at a time.
+    x4: bool,
+    /// Rows whose codes start on words.
+    aligned: bool,
+    /// Words between scale reloads in a run ([`Geometry::reload`]).
+    reload: u32,
+    /// Values that need no rounding ([`exact`]).
+    exact: bool,
+}
+
+/// The products' pipelines.
+type Cache = std::collections::HashMap<Variant, wgpu::ComputePipeline>;
 
 /// `gemv`'s layouts and pipelines, made with the decoder.
 pub(super) struct Pipelines {
@@ -515,7 +609,7 @@ pub(super) struct Pipelines {
 
 impl Pipelines {
     pub(super) fn new(device: &wgpu::Device) -> Pipelines {
-        let subgroups = subgroups(device);
+        let subgroup = subgroup(device);
         let bind_group_layout = bind_group_layout(device);
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("wgpu-dequant gemv pipeline layout"),
@@ -533,15 +627,15 @@ impl Pipelines {
             pipeline_layout,
             pipelines: Default::default(),
             small_x,
-            module: module(device, subgroups),
-            geometry: Geometry::of(device.adapter_info().device_type, subgroups),
+            module: module(device, subgroup.is_some()),
+            geometry: Geometry::of(device.adapter_info().device_type, subgroup),
         }
     }
 
     /// The same with a GPU's geometry, whatever the adapter.
     pub(super) fn gpu_geometry(self) -> Pipelines {
         Pipelines {
-            geometry: Geometry::of(wgpu::DeviceType::DiscreteGpu, false),
+            geometry: Geometry::of(wgpu::DeviceType::DiscreteGpu, None),
             pipelines: Default::default(),
             ..self
         }
@@ -551,22 +645,24 @@ impl Pipelines {
     pub(super) fn without_subgroups(self, device: &wgpu::Device) -> Pipelines {
         Pipelines {
             module: module(device, false),
-            geometry: Geometry::of(device.adapter_info().device_type, false),
+            geometry: Geometry::of(device.adapter_info().device_type, None),
             pipelines: Default::default(),
             ..self
         }
     }
 }
 
-/// Whether the products use `device`'s subgroups: where it has them and
-/// they fit in a CPU adapter's workgroup (whose invocations read x for the
-/// words of whole subgroups), but not in browsers, whose WGSL would need
+/// The size of `device`'s subgroups, where the products use them: where
+/// it has them, of one size (a run of words is a subgroup's) that fits in
+/// a CPU adapter's workgroup, but not in browsers, whose WGSL would need
 /// an `enable` that naga refuses.
-fn subgroups(device: &wgpu::Device) -> bool {
-    !cfg!(target_arch = "wasm32")
-        && device.features().contains(wgpu::Features::SUBGROUP)
-        && device.adapter_info().subgroup_max_size <= CPU_WG
+fn subgroup(device: &wgpu::Device) -> Option<u32> {
+    let info = device.adapter_info();
+    let fits = info.subgroup_min_size == info.subgroup_max_size && (1..=CPU_WG).contains(&info.subgroup_max_size);
+    (!cfg!(target_arch = "wasm32") && device.features().contains(wgpu::Features::SUBGROUP) && fits)
+        .then_some(info.subgroup_max_size)
 }
+
 
 /// The products' module: decode.wgsl, matmul.wgsl and the entry points
 /// with (`subgroups`) or without subgroups.
@@ -576,4 +672,56 @@ fn module(device: &wgpu::Device, subgroups: bool) -> wgpu::ShaderModule {
         label: Some("wgpu-dequant matmul.wgsl"),
         source: wgpu::ShaderSource::Wgsl([super::SHADER, MATMUL, entries].concat().into()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Dims, Fields, Grid, ValueKind, Values};
+    use crate::numerics::{e2m1, e4m3, e8m0, OutDtype};
+
+    /// Whether the products skip rounding a 4 × 64 job of `bits`-bit codes
+    /// valued `values`, scaled per 32 columns by bytes read as `scale`.
+    fn exact_job(bits: u32, values: Vec<f32>, scale: Option<ValueKind>, out: OutDtype) -> bool {
+        let codes = Fields::dense(vec![0u8; 4 * 64 * bits as usize / 8], bits, 64 * bits as u64);
+        let mut job = DecodeJob::new(Dims { slices: 1, rows: 4, cols: 64 }, codes, values, out);
+        if let Some(kind) = scale {
+            let grid = Grid {
+                row_div: 1,
+                col_div: 32,
+                row_stride: 2,
+                slice_stride: 0,
+            };
+            let data = match kind {
+                ValueKind::Bf16 => vec![0u8; 16],
+                _ => vec![0u8; 8],
+            };
+            job = job.with_scale(Values { data: data.into(), kind, grid });
+        }
+        match fast_kernel(&job) {
+            Some(Kernel::Fast(k)) => exact(&job, Weights::Packed(k)),
+            other => panic!("not a fast job: {other:?}"),
+        }
+    }
+
+    fn e8m0_table() -> ValueKind {
+        ValueKind::Table(Box::new(std::array::from_fn(|b| e8m0(b as u8))))
+    }
+
+    #[test]
+    fn rounding_is_skipped_only_where_bf16_holds_every_value() {
+        let fp4 = || (0..16).map(e2m1).collect::<Vec<f32>>();
+        let fp8 = || (0..=255).map(e4m3).collect::<Vec<f32>>();
+        // MXFP4: 2 significant bits times a power of two, 2^-128 at least.
+        assert!(exact_job(4, fp4(), Some(e8m0_table()), OutDtype::Bf16));
+        assert!(exact_job(8, fp8(), None, OutDtype::Bf16));
+        // f16's range is narrower; a bf16 scale brings 8 bits of its own.
+        assert!(!exact_job(4, fp4(), Some(e8m0_table()), OutDtype::F16));
+        assert!(!exact_job(4, fp4(), Some(ValueKind::Bf16), OutDtype::Bf16));
+        // E4M3's subnormals (2^-9) times 2^-127 are below bf16's smallest.
+        assert!(!exact_job(8, fp8(), Some(e8m0_table()), OutDtype::Bf16));
+        // Nine significant bits.
+        let wide = (0..16).map(|c| if c == 1 { 257.0 } else { c as f32 }).collect();
+        assert!(!exact_job(4, wide, None, OutDtype::Bf16));
+    }
 }
