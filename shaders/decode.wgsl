@@ -530,18 +530,18 @@ fn code_value(c: u32) -> f32 {
     if (CODE == CODE_TWOS_COMPLEMENT) {
         return f32(bitcast<i32>(c << (32u - BITS)) >> (32u - BITS));
     }
+    // The minifloats: the magnitude's bits moved under f32's and its
+    // exponent bias added (a carry from the mantissa field is the exponent
+    // rising), the subnormals as f32 arithmetic (exact).
     if (CODE == CODE_E2M1) {
         let m = c & 7u;
-        let normal = (((m >> 1u) + 126u) << 23u) | ((m & 1u) << 22u);
-        let small = select(0u, 0x3f000000u, m == 1u);
-        return bitcast<f32>(((c & 8u) << 28u) | select(normal, small, m < 2u));
+        let mag = select((m << 22u) + (126u << 23u), bitcast<u32>(f32(m) * 0.5), m < 2u);
+        return bitcast<f32>(((c & 8u) << 28u) | mag);
     }
     if (CODE == CODE_E4M3) {
-        let e = (c >> 3u) & 15u;
-        let m = c & 7u;
-        let sub = bitcast<u32>(f32(m) * 0.001953125);
-        var mag = select(((e + 120u) << 23u) | (m << 20u), sub, e == 0u);
-        mag = select(mag, 0x7fc00000u, e == 15u && m == 7u);
+        let m = c & 0x7fu;
+        var mag = select((m << 20u) + (120u << 23u), bitcast<u32>(f32(m) * 0.001953125), m < 8u);
+        mag = select(mag, 0x7fc00000u, m == 0x7fu);
         return bitcast<f32>(((c & 0x80u) << 24u) | mag);
     }
     if (BITS == 4u) {
