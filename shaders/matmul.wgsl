@@ -57,8 +57,11 @@ override SHARE_X: bool = false;
 // word, lanes masked or not.
 override XRUN: u32 = 1u;
 // Words between the scale and zero-point reloads: groups' and XRUN's
-// greatest common divisor (in words), fixed by the host.
+// greatest common divisor (in words), fixed by the host; 0 where a row is
+// one group (read once).
 override RELOAD: u32 = 1u;
+// The words each reload serves.
+override STEP: u32 = select(RELOAD, XRUN, RELOAD == 0u);
 
 // An invocation's place in its subgroup (no_subgroups.wgsl: a subgroup of one).
 struct Subgroup {
@@ -216,15 +219,20 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
     var xl: array<vec4<f32>, 16>;
     var s: array<f32, 8>;  // the rows' scales and zero points
     var z: array<f32, 8>;
+    if (RELOAD == 0u) {
+        group_values(&s, &z, sat, zat, 0u);
+    }
     let words = p.words_per_row;
     for (var w0 = lane * XRUN; w0 < words; w0 = w0 + lanes * XRUN) {
         if (SHARE_X) {
             x_shared(&xl, xo, w0, words, sg);
         }
         let end = min(w0 + XRUN, words);
-        for (var g0 = w0; g0 < end; g0 = g0 + RELOAD) {
-            group_values(&s, &z, sat, zat, g0 * PER);
-            for (var w = g0; w < min(g0 + RELOAD, end); w = w + 1u) {
+        for (var g0 = w0; g0 < end; g0 = g0 + STEP) {
+            if (RELOAD != 0u) {
+                group_values(&s, &z, sat, zat, g0 * PER);
+            }
+            for (var w = g0; w < min(g0 + STEP, end); w = w + 1u) {
                 let col0 = w * PER;
                 var v: array<vec4<f32>, 16>;  // [2r + j / 4][j % 4]
                 var raw: array<f32, 8>;
@@ -267,12 +275,17 @@ fn row_word(pos: u32) -> u32 {
 fn group_values(s: ptr<function, array<f32, 8>>, z: ptr<function, array<f32, 8>>,
                 sat: array<u32, 8>, zat: array<u32, 8>, col0: u32) {
     let mask = (1u << BITS) - 1u;
+    // Packed zero points take the scale's groups (one a row without).
+    var g = 0u;
+    if (SCALED) {
+        g = div_small(col0, p.sgrid.col_div);
+    }
     for (var r = 0u; r < RB; r = r + 1u) {
         if (SCALED) {
-            (*s)[r] = value_as(p.sgrid, sat[r] + div_small(col0, p.sgrid.col_div), SKIND);
+            (*s)[r] = value_as(p.sgrid, sat[r] + g, SKIND);
         }
         if (ZERO == ZERO_PACKED) {
-            let zp = zat[r] + div_small(col0, p.sgrid.col_div) * p.zero.lane_bits;
+            let zp = zat[r] + g * p.zero.lane_bits;
             (*z)[r] = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
         } else if (ZERO == ZERO_PLAIN) {
             (*z)[r] = value_as(p.zgrid, zat[r] + div_small(col0, p.zgrid.col_div), ZKIND);
@@ -445,8 +458,9 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
             at[r] = p.codes.base + slices[r] * p.codes.slice_bits + row * p.codes.lane_bits;
         }
         // Groups of whole words without g_idx: each row's scale and zero
-        // point looked up once per group, as gemv does (else per word).
-        let reload = select(1u, RELOAD, WORD_GROUPS && ZERO != ZERO_PACKED_ALONG_COLS);
+        // point looked up once per group (at most per run), as gemv does;
+        // else per word.
+        let step = select(1u, STEP, WORD_GROUPS && ZERO != ZERO_PACKED_ALONG_COLS);
         var wvs: array<WordValues, 8>;
         let words = (p.cols + PER - 1u) / PER;
         for (var w0 = lane * XRUN; w0 < words; w0 = w0 + lanes * XRUN) {
@@ -454,11 +468,11 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
                 x_shared(&xl, xo, w0, words, sg);
             }
             let end = min(w0 + XRUN, words);
-            for (var g0 = w0; g0 < end; g0 = g0 + reload) {
+            for (var g0 = w0; g0 < end; g0 = g0 + step) {
                 for (var r = 0u; r < RB; r = r + 1u) {
                     wvs[r] = word_values(slices[r], rgs[r], g0 * PER);
                 }
-                for (var w = g0; w < min(g0 + reload, end); w = w + 1u) {
+                for (var w = g0; w < min(g0 + step, end); w = w + 1u) {
                     let col0 = w * PER;
                     var v: array<vec4<f32>, 16>;  // [2r + i / 4][i % 4]
                     var raw: array<f32, 8>;

@@ -75,10 +75,14 @@ impl Geometry {
         }
     }
 
-    /// Words between scale reloads in a run (matmul.wgsl's RELOAD) for
-    /// groups of `group_words` words (0: none along a row).
+    /// Words between scale reloads (matmul.wgsl's RELOAD) for groups of
+    /// `group_words` words: at most a run's; 0 for rows of one group
+    /// (`group_words` 0), whose scales are read once.
     fn reload(self, group_words: u32) -> u32 {
-        crate::job::gcd(self.xrun as usize, group_words as usize) as u32
+        match group_words {
+            0 => 0,
+            g => crate::job::gcd(self.xrun as usize, g as usize) as u32,
+        }
     }
 
     /// Rows of W an invocation takes.
