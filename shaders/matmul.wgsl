@@ -76,10 +76,7 @@ var<workgroup> sums: array<f32, 2048>;  // partial sums, 8 per invocation a pass
 // `v` as dequantize writes it (rounded to OUT), widened back.
 fn as_written(v: f32) -> f32 {
     if (OUT == OUT_BF16) {
-        // to_bf16 without the shift down and back.
-        let b = bitcast<u32>(v);
-        let r = (b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u;
-        return bitcast<f32>(select(r, 0x7fc00000u, (b & 0x7fffffffu) > 0x7f800000u));
+        return bitcast<f32>(to_bf16(v) << 16u);
     }
     if (OUT == OUT_F16) {
         return f16_to_f32(to_f16(v));
@@ -384,11 +381,8 @@ fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
                 xl[t] = vec4<f32>(xs[xo[t] + at], xs[xo[t] + at + 1u], 0.0, 0.0);
             }
         }
-        for (var k = 0u; k < XRUN; k = k + 1u) {
-            let w = w0 + k;
-            if (w >= words) {
-                break;
-            }
+        for (var w = w0; w < min(w0 + XRUN, words); w = w + 1u) {
+            let k = w - w0;
             let word = src[row * words + w];
             let lo = bitcast<f32>(word << 16u);
             let hi = bitcast<f32>(word & 0xffff0000u);
@@ -526,11 +520,8 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
                     xl[t].x = xs[xo[t] + c];
                 }
             }
-            for (var k = 0u; k < XRUN; k = k + 1u) {
-                let col = cx + k;
-                if (col >= end) {
-                    break;
-                }
+            for (var col = cx; col < min(cx + XRUN, end); col = col + 1u) {
+                let k = col - cx;
                 var x: array<f32, 8>;
                 for (var t = 0u; t < MT; t = t + 1u) {
                     if (SHARE_X) {

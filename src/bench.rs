@@ -708,17 +708,16 @@ pub(crate) fn gpu_gemv(
             // GPT-OSS's experts multiply as stored, `[out, in]` (Model::upload_expert):
             // its dense `[in, out]` transposed back.
             let gpt_oss = layout == Layout::GptOss;
-            let w = match gpt_oss {
-                true => Weight::random(layout, k, n, 7),
-                false => Weight::random(layout, n, k, 7),
+            let (w, name) = match gpt_oss {
+                true => (
+                    Weight::random(layout, k, n, 7),
+                    "gpt-oss mxfp4 experts (as stored)",
+                ),
+                false => (Weight::random(layout, n, k, 7), layout.name()),
             };
             let job = match gpt_oss {
                 true => w.job(OutDtype::Bf16).transpose(),
                 false => w.job(OutDtype::Bf16),
-            };
-            let name = match gpt_oss {
-                true => "gpt-oss mxfp4 experts (as stored)",
-                false => layout.name(),
             };
             let packed = pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, name))?;
             for &m in ms {

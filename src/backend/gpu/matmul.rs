@@ -667,7 +667,6 @@ fn subgroup(device: &wgpu::Device) -> Option<u32> {
         .then_some(info.subgroup_max_size)
 }
 
-
 /// The products' module: decode.wgsl, matmul.wgsl and the entry points
 /// with (`subgroups`) or without subgroups.
 fn module(device: &wgpu::Device, subgroups: bool) -> wgpu::ShaderModule {
