@@ -21,9 +21,9 @@ const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
 /// Values of W an invocation of `gemv` decodes a step (straight and
 /// strided packs): a word of each of its rows, 2 rows of 4-bit codes or 4
-/// of 8-bit ones; transposed packs take a word's rows. On llvmpipe more
-/// ran up to 4x slower: the loops over them and their decoded values no
-/// longer unrolled, and the arrays indexed in them went to memory.
+/// of 8-bit ones; transposed packs take a word's rows. On llvmpipe twice
+/// as many ran no faster (measured with each row's decode a call of its
+/// own, matmul.wgsl's add_words).
 const GEMV_VALUES: u32 = 16;
 
 /// The workgroup size of the products on CPU adapters.
