@@ -26,7 +26,7 @@ struct Gemv {
 
 override GEMV_ROWS: u32 = 4u;  // rows of W per workgroup
 override RB: u32 = 1u;         // of them per invocation: 1, 2, 4 or 8 (gemv_t transposed: PER)
-override MT: u32 = 1u;         // rows of x per workgroup, 1..=8
+override MT: u32 = 1u;         // rows of x per workgroup, 1..=16
 // The bench's baseline: the same reads of words, scales, zero points and
 // x, each word summed as a number instead of decoded.
 override READ: bool = false;
@@ -125,7 +125,7 @@ fn x_word(at: u32, col0: u32) -> array<vec4<f32>, 2> {
 // xo: lane j reads word w0 + j's (the last word again past the row's),
 // and word w0 + k's are then taken from lane k (XRUN is the subgroup's
 // size).
-fn x_shared(xl: ptr<function, array<vec4<f32>, 16>>, xo: array<u32, 16>, w0: u32, words: u32, sg: Subgroup) {
+fn x_shared(xl: ptr<function, array<vec4<f32>, 32>>, xo: array<u32, 16>, w0: u32, words: u32, sg: Subgroup) {
     let col0 = min(w0 + sg.lane, words - 1u) * PER;
     for (var t = 0u; t < MT; t = t + 1u) {
         let x = x_word(xo[t] + col0, col0);
@@ -136,8 +136,8 @@ fn x_shared(xl: ptr<function, array<vec4<f32>, 16>>, xo: array<u32, 16>, w0: u32
 
 // x's values of the word at col0 for the MT rows of x, two vec4s a row
 // (READ: the first value only); i: the word's place in its run (SHARE_X).
-fn word_x(xo: array<u32, 16>, col0: u32, xl: ptr<function, array<vec4<f32>, 16>>, i: u32) -> array<vec4<f32>, 16> {
-    var xw: array<vec4<f32>, 16>;
+fn word_x(xo: array<u32, 16>, col0: u32, xl: ptr<function, array<vec4<f32>, 32>>, i: u32) -> array<vec4<f32>, 32> {
+    var xw: array<vec4<f32>, 32>;
     for (var t = 0u; t < MT; t = t + 1u) {
         if (READ) {
             if (SHARE_X) {
@@ -168,7 +168,7 @@ fn word_x(xo: array<u32, 16>, col0: u32, xl: ptr<function, array<vec4<f32>, 16>>
 // where the loop over r unrolls, and with the decode inside, it did not;
 // a call per row made the straight and strided products 1.2-1.7x faster
 // there.
-fn add_word(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32>, 16>>, r: u32,
+fn add_word(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32>, 32>>, r: u32,
             word: u32, wv: WordValues, flat: u32, col0: u32) {
     if (READ) {
         let raw = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
@@ -196,7 +196,7 @@ fn add_word(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32
 }
 
 // add_word for the RB rows' words, each call with its row a constant.
-fn add_words(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32>, 16>>,
+fn add_words(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32>, 32>>,
              words: array<u32, 8>, wvs: ptr<function, array<WordValues, 8>>, flat: array<u32, 8>, col0: u32) {
     add_word(acc, xw, 0u, words[0], (*wvs)[0], flat[0], col0);
     if (RB > 1u) {
@@ -252,7 +252,7 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
         }
     }
     var acc: array<f32, 64>;  // [r · MT + t]
-    var xl: array<vec4<f32>, 16>;
+    var xl: array<vec4<f32>, 32>;
     var s: array<f32, 8>;  // the rows' scales and zero points
     var z: array<f32, 8>;
     if (RELOAD == 0u) {
@@ -367,7 +367,7 @@ fn gemv_sum(acc: array<f32, 64>, li: u32, lane: u32, lanes: u32, local0: u32, m0
 
 // Adds up each row's partial sums pairwise (a fixed order) and writes y,
 // with the bias (gemv_dense: a row an invocation).
-fn gemv_finish(acc: array<f32, 8>, li: u32, lane: u32, local: u32, m0: u32, per_row: u32) {
+fn gemv_finish(acc: array<f32, 16>, li: u32, lane: u32, local: u32, m0: u32, per_row: u32) {
     for (var t = 0u; t < MT; t = t + 1u) {
         sums[li * MT + t] = acc[t];
     }
@@ -405,8 +405,8 @@ fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
     let row = min(local, p.fast_rows - 1u);
     let m0 = wid.y * MT;
     let xo = x_rows(m0);
-    var acc: array<f32, 8>;
-    var xl: array<vec4<f32>, 16>;
+    var acc: array<f32, 16>;
+    var xl: array<vec4<f32>, 32>;
     let words = p.words_per_row;
     for (var w0 = lane * XRUN; w0 < words; w0 = w0 + per_row * XRUN) {
         if (SHARE_X) {
@@ -471,7 +471,7 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
     let xo = x_rows(m0);
     let mask = (1u << BITS) - 1u;
     var acc: array<f32, 64>;  // [r · MT + t]
-    var xl: array<vec4<f32>, 16>;
+    var xl: array<vec4<f32>, 32>;
     if (PACK == PACK_STRIDED) {
         let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
         var at: array<u32, 8>;
