@@ -196,6 +196,45 @@ impl<'a> Fields<'a> {
     }
 }
 
+impl Fields<'static> {
+    /// `lanes` lanes of `len` padded `bits`-wide fields for each of
+    /// `slices` slices, field (slice, lane, i) being `field(slice, lane,
+    /// i)`, on the host: each lane's words one after another, or
+    /// (`side_by_side`) word w of every lane, then word w + 1 (zero points
+    /// packed along rows, as compressed-tensors stores them and the fast
+    /// kernels read them). `None` where the sizes overflow.
+    fn in_lanes(
+        (slices, lanes, len): (usize, usize, usize),
+        bits: u32,
+        side_by_side: bool,
+        field: impl Fn(usize, usize, usize) -> u32,
+    ) -> Option<Fields<'static>> {
+        let per = (32 / bits) as usize;
+        let lane_words = len.div_ceil(per);
+        let slice_words = lanes.checked_mul(lane_words)?;
+        let mut words = vec![0u32; slices.checked_mul(slice_words)?];
+        for s in 0..slices {
+            for l in 0..lanes {
+                for i in 0..len {
+                    let w = i / per;
+                    let at = s * slice_words + if side_by_side { w * lanes + l } else { l * lane_words + w };
+                    words[at] |= field(s, l, i) << ((i % per) as u32 * bits);
+                }
+            }
+        }
+        let (lane_bits, word_bits) = match side_by_side {
+            true => (32, lanes as u64 * 32),
+            false => (lane_words as u64 * 32, 32),
+        };
+        let bytes: Arc<[u8]> = bytemuck::cast_slice::<u32, u8>(&words).into();
+        // Where the width divides 32, padded fields are dense ones: named
+        // dense, the layout the fast kernels take.
+        let per_word = if 32 % bits == 0 { 0 } else { per as u32 };
+        let fields = Fields::new(Bytes::Owned(bytes), bits, per_word, lane_bits);
+        Some(fields.with_word_bits(word_bits).with_slice_bits(slice_words as u64 * 32))
+    }
+}
+
 impl Fields<'_> {
     /// What a bit position is XORed with to find its field in the byte
     /// (`8 − bits` for [`Fields::high_first`] streams, else 0).
@@ -530,6 +569,43 @@ impl Values<'_> {
     }
 }
 
+impl Values<'_> {
+    /// The entries on the transposed grid, on the host, for a stored
+    /// `dims`: entry (row group, column group) becomes (column group, row
+    /// group). `None` for nested entries (whose outer factor
+    /// follows the stored order) and where an entry lies past the data.
+    fn transposed(&self, Dims { slices, rows, cols }: Dims) -> Option<Values<'static>> {
+        if matches!(self.kind, ValueKind::Nested(_)) {
+            return None;
+        }
+        let g = self.grid;
+        // Entries shared by every slice stay shared.
+        let slices = if g.slice_stride == 0 { 1 } else { slices };
+        let (row_groups, col_groups) = (rows.div_ceil(g.row_div), cols.div_ceil(g.col_div));
+        let size = self.kind.size();
+        let mut data = Vec::with_capacity(slices.checked_mul(row_groups)?.checked_mul(col_groups)?.checked_mul(size)?);
+        for s in 0..slices {
+            for c in 0..col_groups {
+                for r in 0..row_groups {
+                    let at = g.index(s, r * g.row_div, c).checked_mul(size)?;
+                    data.extend_from_slice(self.data.get(at..at.checked_add(size)?)?);
+                }
+            }
+        }
+        let grid = Grid {
+            row_div: g.col_div,
+            col_div: g.row_div,
+            row_stride: row_groups,
+            slice_stride: if g.slice_stride == 0 { 0 } else { row_groups * col_groups },
+        };
+        Some(Values {
+            data: Bytes::Owned(data.into()),
+            kind: self.kind.clone(),
+            grid,
+        })
+    }
+}
+
 /// The zero point subtracted from each code before scaling.
 #[derive(Debug, Clone)]
 pub enum ZeroPoint<'a> {
@@ -816,6 +892,54 @@ impl DecodeJob<'_> {
         self
     }
 
+    /// The same weight with its packs rewritten in output order: a
+    /// transposed job's codes (AutoAWQ's `[in, out]`) as a straight job's,
+    /// a row's codes one word after another, its scales and plain zero
+    /// points on the transposed grid, and zero points packed along columns
+    /// as packed along rows, in plain field order. What products read, one
+    /// word of a row after another, at the same size as stored. `None`
+    /// where the job is straight or has what this does not rewrite (g_idx,
+    /// a bitmask, a low-rank branch, nested scales, zero points packed
+    /// along rows).
+    pub(crate) fn in_output_order(&self) -> Option<DecodeJob<'static>> {
+        if !self.transposed || self.g_idx.is_some() || self.sparse.is_some() || self.low_rank.is_some() {
+            return None;
+        }
+        // Stored rows are the inputs, stored columns the outputs.
+        let stored = self.stored_dims();
+        let Dims { slices, rows: ins, cols: outs } = stored;
+        let codes = Fields::in_lanes((slices, outs, ins), self.codes.bits, false, |s, o, i| self.codes.get(s, i, o))?;
+        let scale = match &self.scale {
+            Some(v) => Some(v.transposed(stored)?),
+            None => None,
+        };
+        let zero = match &self.zero {
+            None => None,
+            Some(ZeroPoint::Plain(v)) => Some(ZeroPoint::Plain(v.transposed(stored)?)),
+            Some(ZeroPoint::PackedAlongCols { fields }) => {
+                // Lane: the stored row group, now the column group of both.
+                let lanes = self.scale.as_ref().map_or(1, |s| ins.div_ceil(s.grid.row_div));
+                let fields = Fields::in_lanes((slices, lanes, outs), fields.bits, true, |s, g, o| fields.get(s, g, o))?;
+                Some(ZeroPoint::Packed { fields })
+            }
+            Some(ZeroPoint::Packed { .. }) => return None,
+        };
+        Some(DecodeJob {
+            dims: self.dims,
+            codes,
+            code_values: self.code_values.clone(),
+            zero,
+            scale,
+            g_idx: None,
+            low_rank: None,
+            post_scale: self.post_scale,
+            product: self.product,
+            out: self.out,
+            sparse: None,
+            transposed: false,
+        })
+    }
+
     /// The dimensions codes, zero point and scale are addressed in.
     pub fn stored_dims(&self) -> Dims {
         let d = self.dims;
@@ -1039,6 +1163,57 @@ mod tests {
     fn codes(n: usize, b: u32, seed: u32) -> Vec<u32> {
         let mut rng = fastrand::Rng::with_seed(seed.into());
         (0..n).map(|_| rng.u32(..1 << b)).collect()
+    }
+
+    /// Every element of `a` and `b`, bit for bit.
+    fn same_values(a: &DecodeJob<'_>, b: &DecodeJob<'_>, what: &str) {
+        assert_eq!(a.dims, b.dims, "{what}");
+        let d = a.dims;
+        for s in 0..d.slices {
+            for r in 0..d.rows {
+                for c in 0..d.cols {
+                    let (x, y) = (a.value(s, r, c), b.value(s, r, c));
+                    assert_eq!(x.to_bits(), y.to_bits(), "{what}: ({s}, {r}, {c})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packs_in_output_order_decode_as_stored() {
+        let mut rng = fastrand::Rng::with_seed(0x0A17);
+        let mut bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| rng.u8(..)).collect() };
+        // AutoAWQ's shape: stored [2, 40 in, 24 out], 4-bit words in its
+        // order, f16 scales and packed zero points per 8 inputs (5 groups).
+        let stored = Dims { slices: 2, rows: 40, cols: 24 };
+        let grid = Grid { row_div: 8, col_div: 1, row_stride: 24, slice_stride: 5 * 24 };
+        // f16 scales from random bits, finite and nonzero: 0x3000..0x37ff.
+        let scales: Vec<u8> = bytes(2 * 2 * 5 * 24).chunks(2).flat_map(|b| [b[0], 0x30 | (b[1] & 7)]).collect();
+        let awq = DecodeJob::new(stored, Fields::padded(bytes(2 * 40 * 12), 4, 96).with_slice_bits(40 * 96).interleaved(), (0..16).map(|c| c as f32 - 8.0).collect::<Vec<_>>(), OutDtype::Bf16)
+            .with_scale(Values { data: scales.into(), kind: ValueKind::F16, grid })
+            .with_zero(ZeroPoint::PackedAlongCols { fields: Fields::padded(bytes(2 * 5 * 12), 4, 96).with_slice_bits(5 * 96).interleaved() })
+            .transpose();
+        let repacked = awq.in_output_order().unwrap();
+        assert!(!repacked.transposed && matches!(repacked.zero, Some(ZeroPoint::Packed { .. })));
+        same_values(&awq, &repacked, "4-bit, packed zero points");
+        // 8-bit codes, table scales shared by the slices, plain zero points
+        // on their own grid (3 stored columns a group).
+        let stored = Dims { slices: 2, rows: 6, cols: 9 };
+        let mut table = Box::new([0f32; 256]);
+        for (i, t) in table.iter_mut().enumerate() {
+            *t = crate::numerics::e4m3(i as u8) / 3.0;
+        }
+        let job = DecodeJob::new(stored, Fields::padded(bytes(2 * 6 * 12), 8, 96).with_slice_bits(6 * 96), (0..=255u8).map(|c| c as i8 as f32).collect::<Vec<_>>(), OutDtype::F32)
+            .with_scale(Values { data: bytes(3 * 9).into(), kind: ValueKind::Table(table), grid: Grid { row_div: 2, col_div: 1, row_stride: 9, slice_stride: 0 } })
+            .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * 6 * 3).into(), kind: ValueKind::I8, grid: Grid { row_div: 1, col_div: 3, row_stride: 3, slice_stride: 18 } }))
+            .transpose();
+        same_values(&job, &job.in_output_order().unwrap(), "8-bit, plain zero points");
+        // Straight jobs and nested scales are left as they are.
+        assert!(job.clone().transpose().in_output_order().is_none());
+        let nested = Nested { table: [1.0; 256], outer: vec![2.0; 4].into(), per_outer: 8, offset: 0.0 };
+        let mut job = job;
+        job.scale.as_mut().unwrap().kind = ValueKind::Nested(Box::new(nested));
+        assert!(job.in_output_order().is_none());
     }
 
     #[test]

@@ -441,8 +441,12 @@ impl Fast {
         }
         match &job.zero {
             Some(ZeroPoint::Plain(z)) if !whole_words(z) => return None,
-            // The kernel reads packed zero points LSB first.
-            Some(ZeroPoint::Packed { fields }) if fields.bits != c.bits || fields.high_first => {
+            // The kernel reads packed zero points LSB first, and a chunk
+            // takes its rows' words of every lane at once: lanes side by
+            // side, one word each (`plan`).
+            Some(ZeroPoint::Packed { fields })
+                if fields.bits != c.bits || fields.high_first || fields.lane_bits != 32 =>
+            {
                 return None
             }
             Some(ZeroPoint::PackedAlongCols { .. }) => return None,

@@ -240,6 +240,11 @@ impl GpuDecoder {
         what: &str,
     ) -> Result<PackedLinear> {
         let refuse = |detail: &str| Err(Error::new(Rule::Argument, what, detail.to_string()));
+        // Transposed packs (AutoAWQ's) are rewritten once, here, so that
+        // their products read a row's words one after another as the
+        // straight ones do, at the same size.
+        let repacked = job.in_output_order();
+        let job = repacked.as_ref().unwrap_or(job);
         let (kernel, weights) = match fast_kernel(job) {
             Some(Kernel::Fast(k)) if k.low_rank == layout::LowRankMode::None => (Kernel::Fast(k), Weights::Packed(k)),
             Some(Kernel::Tile(t)) => (Kernel::Tile(t), Weights::Tiled(t)),
