@@ -25,7 +25,7 @@ struct Gemv {
 @group(0) @binding(4) var<uniform> gm: Gemv;
 
 override GEMV_ROWS: u32 = 4u;  // rows of W per workgroup
-override RB: u32 = 1u;         // of them per invocation: 1, 2, 4 or 8 (gemv_t transposed: PER)
+override RB: u32 = 1u;         // of them per invocation: 1, 2, 4 or 8
 override MT: u32 = 1u;         // rows of x per workgroup, 1..=16
 // The bench's baseline: the same reads of words, scales, zero points and
 // x, each word summed as a number instead of decoded.
@@ -325,9 +325,8 @@ fn group_values(s: ptr<function, array<f32, 8>>, z: ptr<function, array<f32, 8>>
 }
 
 // Adds up each row's partial sums pairwise over its `lanes` invocations (a
-// fixed order) and writes y, with the bias: rows local0 + r of the chunk
-// (local0 wraps below it for gemv_t's transposed blocks), 8 / RB rows of
-// x a pass.
+// fixed order) and writes y, with the bias: rows local0 + r of the chunk,
+// 8 / RB rows of x a pass.
 fn gemv_sum(acc: array<f32, 64>, li: u32, lane: u32, lanes: u32, local0: u32, m0: u32) {
     let tp = 8u / RB;
     let per = RB * tp;
@@ -434,153 +433,55 @@ fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
     gemv_finish(acc, li, lane, local, m0, per_row);
 }
 
-// The scale (x) and zero point (y) of one code of a tile job: the one in
-// stored column `col` of the stored row whose row groups are `rg`
-// (word_values for a single code).
-fn code_values(slice: u32, rg: RowGroups, col: u32) -> vec2<f32> {
-    var v = vec2<f32>(1.0, 0.0);
-    if (SCALED) {
-        let g = tile_group(col, quot_rem(col, p.sgrid.col_div));
-        v.x = value_as(p.sgrid, grid_index(p.sgrid, slice, rg.s.x, g), SKIND);
-    }
-    if (ZERO == ZERO_PLAIN) {
-        let g = tile_group(col, quot_rem(col, p.zgrid.col_div));
-        v.y = value_as(p.zgrid, grid_index(p.zgrid, slice, rg.z.x, g), ZKIND);
-    }
-    if (ZERO == ZERO_PACKED_ALONG_COLS) {
-        let zword = tile_zero_word(slice, rg, col - col % PER);
-        v.y = code_value((zword >> (slot_of(col % PER) * BITS)) & ((1u << BITS) - 1u));
-    }
-    return v;
-}
-
-// gemv for the packs the tile kernel takes, which run along W's inputs
-// (GPTQ's strided words, AutoAWQ's and GPT-OSS's transposed ones), read
-// as stored with the tile kernel's lookups (word_values): the same sums
-// in f32 and finish as gemv. Strided: an invocation takes RB rows' words
-// in turn, as gemv does. Transposed: a word holds PER rows of one input,
-// so an invocation takes a block of PER rows (RB = PER) and runs of RUN
-// inputs in turn, one word an input, with every code of it used; the
-// run's scales and zero points are looked up once where they are shared
-// (SHARED), as the tile kernel does.
+// gemv for GPTQ's strided packs, which the tile kernel decodes: read as
+// stored with the tile kernel's lookups (word_values), the same sums in
+// f32 and finish as gemv; an invocation takes RB rows' words in turn, as
+// gemv does. (Transposed packs, AutoAWQ's, are rewritten for gemv at
+// upload: DecodeJob::in_output_order.)
 fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
     load_codes(li);
     let lanes = WG * RB / GEMV_ROWS;
     let lane = li % lanes;
     let m0 = wid.y * MT;
     let xo = x_rows(m0);
-    let mask = (1u << BITS) - 1u;
     var acc: array<f32, 64>;  // [r · MT + t]
     var xl: array<vec4<f32>, 32>;
-    if (PACK == PACK_STRIDED) {
-        let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
-        var at: array<u32, 8>;
-        var slices: array<u32, 8>;
-        var rgs: array<RowGroups, 8>;
-        for (var r = 0u; r < RB; r = r + 1u) {
-            let local = min(local0 + r, p.fast_rows - 1u);
-            let k = div_small(p.row0 + local, p.rows);
-            slices[r] = p.slice0 + k;
-            let row = p.row0 + local - k * p.rows;
-            rgs[r] = row_groups(row);
-            at[r] = p.codes.base + slices[r] * p.codes.slice_bits + row * p.codes.lane_bits;
+    let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
+    var at: array<u32, 8>;
+    var slices: array<u32, 8>;
+    var rgs: array<RowGroups, 8>;
+    for (var r = 0u; r < RB; r = r + 1u) {
+        let local = min(local0 + r, p.fast_rows - 1u);
+        let k = div_small(p.row0 + local, p.rows);
+        slices[r] = p.slice0 + k;
+        let row = p.row0 + local - k * p.rows;
+        rgs[r] = row_groups(row);
+        at[r] = p.codes.base + slices[r] * p.codes.slice_bits + row * p.codes.lane_bits;
+    }
+    // Groups of whole words without g_idx: each row's scale and zero
+    // point looked up once per group (at most per run), as gemv does;
+    // else per word.
+    let step = select(1u, STEP, WORD_GROUPS && ZERO != ZERO_PACKED_ALONG_COLS);
+    var wvs: array<WordValues, 8>;
+    let words = (p.cols + PER - 1u) / PER;
+    for (var w0 = lane * XRUN; w0 < words; w0 = w0 + lanes * XRUN) {
+        if (SHARE_X) {
+            x_shared(&xl, xo, w0, words, sg);
         }
-        // Groups of whole words without g_idx: each row's scale and zero
-        // point looked up once per group (at most per run), as gemv does;
-        // else per word.
-        let step = select(1u, STEP, WORD_GROUPS && ZERO != ZERO_PACKED_ALONG_COLS);
-        var wvs: array<WordValues, 8>;
-        let words = (p.cols + PER - 1u) / PER;
-        for (var w0 = lane * XRUN; w0 < words; w0 = w0 + lanes * XRUN) {
-            if (SHARE_X) {
-                x_shared(&xl, xo, w0, words, sg);
+        let end = min(w0 + XRUN, words);
+        for (var g0 = w0; g0 < end; g0 = g0 + step) {
+            for (var r = 0u; r < RB; r = r + 1u) {
+                wvs[r] = word_values(slices[r], rgs[r], g0 * PER);
             }
-            let end = min(w0 + XRUN, words);
-            for (var g0 = w0; g0 < end; g0 = g0 + step) {
+            for (var w = g0; w < min(g0 + step, end); w = w + 1u) {
+                let col0 = w * PER;
+                var xw = word_x(xo, col0, &xl, w - w0);
+                var words: array<u32, 8>;
                 for (var r = 0u; r < RB; r = r + 1u) {
-                    wvs[r] = word_values(slices[r], rgs[r], g0 * PER);
+                    words[r] = src[(at[r] + w * p.codes.word_bits) >> 5u];
                 }
-                for (var w = g0; w < min(g0 + step, end); w = w + 1u) {
-                    let col0 = w * PER;
-                    var xw = word_x(xo, col0, &xl, w - w0);
-                    var words: array<u32, 8>;
-                    for (var r = 0u; r < RB; r = r + 1u) {
-                        words[r] = src[(at[r] + w * p.codes.word_bits) >> 5u];
-                    }
-                    add_words(&acc, &xw, words, &wvs, array<u32, 8>(), col0);
-                }
+                add_words(&acc, &xw, words, &wvs, array<u32, 8>(), col0);
             }
-        }
-        gemv_sum(acc, li, lane, lanes, local0, m0);
-        return;
-    }
-    // Transposed: input col is stored row col, and row r0 + m of the
-    // block is stored column i0 + m, slot slot_of(m) of the word. Blocks
-    // start on a word (rows per slice are whole words); a block past the
-    // chunk reads its first one's words.
-    let first = p.row0 - p.row0 % PER;
-    var r0 = first + wid.x * GEMV_ROWS + (li / lanes) * PER;
-    let local0 = r0 - p.row0;
-    if (r0 >= p.row0 + p.fast_rows) {
-        r0 = first;
-    }
-    let k = div_small(r0, p.rows);
-    let slice = p.slice0 + k;
-    let i0 = r0 - k * p.rows;
-    let at = p.codes.base + slice * p.codes.slice_bits + (i0 / PER) * p.codes.word_bits;
-    // The block's rows four a vec4 ([2t + m / 4][m % 4]), so that the loop
-    // over x's rows unrolls (see gemv_add).
-    var acc4: array<vec4<f32>, 16>;
-    for (var c0 = lane * RUN; c0 < p.cols; c0 = c0 + lanes * RUN) {
-        var rg = row_groups(c0);
-        var wv = word_values(slice, rg, i0);
-        let end = min(c0 + RUN, p.cols);
-        for (var cx = c0; cx < end; cx = cx + XRUN) {
-            if (SHARE_X) {
-                let c = min(cx + sg.lane, p.cols - 1u);
-                for (var t = 0u; t < MT; t = t + 1u) {
-                    xl[t].x = xs[xo[t] + c];
-                }
-            }
-            for (var col = cx; col < min(cx + XRUN, end); col = col + 1u) {
-                let k = col - cx;
-                var x: array<f32, 8>;
-                for (var t = 0u; t < MT; t = t + 1u) {
-                    if (SHARE_X) {
-                        x[t] = shuffle1(xl[t].x, k);
-                    } else {
-                        x[t] = xs[xo[t] + col];
-                    }
-                }
-                let word = src[(at + col * p.codes.lane_bits) >> 5u];
-                if (!SHARED) {
-                    wv = word_values(slice, rg, i0);
-                    rg = next_row(rg);
-                }
-                if (READ) {
-                    let value = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
-                    for (var t = 0u; t < MT; t = t + 1u) {
-                        acc4[2u * t].x = acc4[2u * t].x + value * x[t];
-                    }
-                    continue;
-                }
-                var v: array<vec4<f32>, 2>;
-                for (var m = 0u; m < PER; m = m + 1u) {
-                    let c = (word >> (slot_of(m) * BITS)) & mask;
-                    v[m / 4u][m % 4u] = w_value(c, wv.z[m], wv.s[m], 0u, 0u);
-                }
-                for (var t = 0u; t < MT; t = t + 1u) {
-                    acc4[2u * t] = acc4[2u * t] + v[0] * x[t];
-                    if (PER == 8u) {
-                        acc4[2u * t + 1u] = acc4[2u * t + 1u] + v[1] * x[t];
-                    }
-                }
-            }
-        }
-    }
-    for (var t = 0u; t < MT; t = t + 1u) {
-        for (var m = 0u; m < PER; m = m + 1u) {
-            acc[m * MT + t] = acc4[2u * t + m / 4u][m % 4u];
         }
     }
     gemv_sum(acc, li, lane, lanes, local0, m0);

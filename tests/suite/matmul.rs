@@ -284,7 +284,7 @@ fn matmul_of_odd_shapes_with_a_bias() {
 }
 
 /// Packs along the inputs (GPTQ's strided words, AutoAWQ's transposed
-/// ones) of a Linear whose dense weight spans several decode chunks (4096
+/// ones, rewritten in output order at upload) of a Linear whose dense weight spans several decode chunks (4096
 /// outputs of 2304 inputs: 18 MiB in bf16): resident once, within an
 /// eighth of their stored bytes (GPTQ's zero points are unpacked, a byte
 /// each), not once per chunk, and multiplied within the bound.

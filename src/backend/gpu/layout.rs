@@ -724,11 +724,6 @@ impl Params {
         }
     }
 
-    /// The chunk's first row in its slice (the fast kernel's `row0`).
-    pub(super) fn row0(&self) -> u32 {
-        self.row0
-    }
-
     /// Code words per scale and zero-point group along a row: the greatest
     /// common divisor of the scale grid's and a plain zero-point grid's
     /// (packed zero points take the scale's groups); 0 where neither

@@ -21,7 +21,7 @@ const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
 /// Values of W an invocation of `gemv` decodes a step (straight and
 /// strided packs): a word of each of its rows, 2 rows of 4-bit codes or 4
-/// of 8-bit ones; transposed packs take a word's rows. On llvmpipe twice
+/// of 8-bit ones. On llvmpipe twice
 /// as many ran no faster (measured with each row's decode a call of its
 /// own, matmul.wgsl's add_words).
 const GEMV_VALUES: u32 = 16;
@@ -90,7 +90,6 @@ impl Geometry {
     /// Rows of W an invocation takes.
     fn block_rows(self, weights: Weights) -> u32 {
         match weights {
-            Weights::Tiled(t) if t.pack == layout::Pack::Transposed => 32 / t.bits,
             Weights::Tiled(t) => GEMV_VALUES * t.bits / 32,
             Weights::Packed(f) => GEMV_VALUES * f.bits / 32,
             Weights::DenseBf16 => 1,
@@ -105,12 +104,7 @@ impl Geometry {
     /// Rows of x a workgroup takes at most: as many as its accumulators
     /// (64 a invocation) hold.
     fn max_mt(self, weights: Weights) -> u32 {
-        let max = match weights {
-            // Transposed blocks of rows past 4 rows of x: 3x slower on llvmpipe.
-            Weights::Tiled(t) if t.pack == layout::Pack::Transposed && self.lanes == 1 => self.max_mt.min(4),
-            _ => self.max_mt,
-        };
-        max.min(64 / self.block_rows(weights))
+        self.max_mt.min(64 / self.block_rows(weights))
     }
 }
 
@@ -167,7 +161,7 @@ pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout 
 enum Weights {
     /// Packs the fast kernel decodes: `gemv`.
     Packed(Fast),
-    /// Packs along the inputs, which the tile kernel decodes: `gemv_t`.
+    /// GPTQ's strided packs, which the tile kernel decodes: `gemv_t`.
     Tiled(Tile),
     /// Dense bf16, two to a word (the bench's baseline): `gemv_dense`.
     DenseBf16,
@@ -192,9 +186,6 @@ struct Part {
     bias: u32,
     /// Its rows of W.
     rows: u32,
-    /// Rows of W its dispatch covers: a transposed chunk's from the word
-    /// holding its first.
-    span: u32,
     /// Its rows' codes start on words (straight packs).
     aligned: bool,
     /// Code words per scale and zero-point group along a row, as
@@ -247,7 +238,7 @@ impl GpuDecoder {
         let job = repacked.as_ref().unwrap_or(job);
         let (kernel, weights) = match fast_kernel(job) {
             Some(Kernel::Fast(k)) if k.low_rank == layout::LowRankMode::None => (Kernel::Fast(k), Weights::Packed(k)),
-            Some(Kernel::Tile(t)) => (Kernel::Tile(t), Weights::Tiled(t)),
+            Some(Kernel::Tile(t)) if t.pack == layout::Pack::Strided => (Kernel::Tile(t), Weights::Tiled(t)),
             _ => return refuse("its packs are not ones the GPU multiplies by (yet): it takes 4- and 8-bit packs the fast kernels decode"),
         };
         if rows.end > job.dims.total_rows() || rows.start > rows.end {
@@ -288,7 +279,6 @@ impl GpuDecoder {
                     src,
                     bias: if bias.is_some() { (bias_at / 4) as u32 } else { NO_BIAS },
                     rows: rows.len() as u32,
-                    span: rows.len() as u32 + lead(weights, chunk.params.row0()),
                     aligned: chunk.params.lanes_aligned(),
                     group_words: chunk.params.group_words(),
                     exact,
@@ -318,7 +308,6 @@ impl GpuDecoder {
             src,
             bias: NO_BIAS,
             rows: n as u32,
-            span: n as u32,
             aligned: true,
             group_words: 0,
             exact: false,
@@ -399,8 +388,8 @@ impl GpuDecoder {
     /// (`[m, w.k]` f32, row-major) into `y` (`[m, w.n]` f32): buffers of
     /// this decoder's device with `STORAGE` usage. Each weight is decoded
     /// once per 8 rows of x on a GPU, 16 on a CPU adapter with subgroups (4
-    /// without, and for transposed packs on any CPU adapter); the sums are f32, in a fixed
-    /// order, so a result is the same from run to run on one device.
+    /// without); the sums are f32, in a fixed order, so a result is the
+    /// same from run to run on one device.
     pub fn record_matmul(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -434,7 +423,7 @@ impl GpuDecoder {
         for part in &w.parts {
             let mt = m.min(self.gemv.geometry.max_mt(part.weights));
             let m_groups = m.div_ceil(mt);
-            let row_groups = part.span.div_ceil(self.gemv.geometry.rows(part.weights));
+            let row_groups = part.rows.div_ceil(self.gemv.geometry.rows(part.weights));
             if row_groups > max || m_groups > max {
                 return Err(gpu_err(format!("matmul: {} rows and {m} rows of x exceed this device's {max} workgroups a dimension", part.rows)));
             }
@@ -527,15 +516,6 @@ impl GpuDecoder {
     }
 }
 
-/// Rows a chunk's dispatch covers before its first: those of the first
-/// row's code word (transposed packs).
-fn lead(weights: Weights, row0: u32) -> u32 {
-    match weights {
-        Weights::Tiled(t) => t.lead(row0 as usize) as u32,
-        _ => 0,
-    }
-}
-
 /// Whether every value of `job`'s W is an f32 its bf16 output holds
 /// exactly, so that the products skip rounding it (matmul.wgsl's EXACT):
 /// no zero points, post scale or product dtype, scales powers of two
@@ -574,14 +554,12 @@ fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
 
 /// Whether the kernel reads x four values at a time (xs4): straight and
 /// strided packs whose rows of `k` hold whole code words (and so x's rows
-/// whole vec4s). Transposed packs read one input at a time: taking four
-/// (four words, their 32 values) ran 3x slower on llvmpipe, the loops no
-/// longer unrolled.
+/// whole vec4s).
 fn x4(weights: Weights, k: usize) -> bool {
     match weights {
         Weights::Packed(f) => k.is_multiple_of((32 / f.bits) as usize),
-        Weights::Tiled(t) if t.pack == layout::Pack::Strided => k.is_multiple_of((32 / t.bits) as usize),
-        Weights::Tiled(_) | Weights::DenseBf16 => false,
+        Weights::Tiled(t) => k.is_multiple_of((32 / t.bits) as usize),
+        Weights::DenseBf16 => false,
     }
 }
 
