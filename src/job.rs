@@ -567,9 +567,7 @@ impl Values<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-impl Values<'_> {
     /// The entries on the transposed grid, on the host, for a stored
     /// `dims`: entry (row group, column group) becomes (column group, row
     /// group). `None` for nested entries (whose outer factor
@@ -583,7 +581,9 @@ impl Values<'_> {
         let slices = if g.slice_stride == 0 { 1 } else { slices };
         let (row_groups, col_groups) = (rows.div_ceil(g.row_div), cols.div_ceil(g.col_div));
         let size = self.kind.size();
-        let mut data = Vec::with_capacity(slices.checked_mul(row_groups)?.checked_mul(col_groups)?.checked_mul(size)?);
+        // Each entry is copied once: no more than the data holds.
+        let len = slices.checked_mul(row_groups)?.checked_mul(col_groups)?.checked_mul(size)?;
+        let mut data = Vec::with_capacity(len.min(self.data.len()));
         for s in 0..slices {
             for c in 0..col_groups {
                 for r in 0..row_groups {

@@ -21,9 +21,8 @@ const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
 /// Values of W an invocation of `gemv` decodes a step (straight and
 /// strided packs): a word of each of its rows, 2 rows of 4-bit codes or 4
-/// of 8-bit ones. On llvmpipe twice
-/// as many ran no faster (measured with each row's decode a call of its
-/// own, matmul.wgsl's add_words).
+/// of 8-bit ones. On llvmpipe twice as many ran no faster (measured with
+/// each row's decode a call of its own, matmul.wgsl's add_words).
 const GEMV_VALUES: u32 = 16;
 
 /// The workgroup size of the products on CPU adapters.
