@@ -433,10 +433,11 @@ fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
     gemv_finish(acc, li, lane, local, m0, per_row);
 }
 
-// gemv for GPTQ's strided packs, which the tile kernel decodes: read as
-// stored with the tile kernel's lookups (word_values), the same sums in
-// f32 and finish as gemv; an invocation takes RB rows' words in turn, as
-// gemv does. (Transposed packs, AutoAWQ's, are rewritten for gemv at
+// gemv for GPTQ's strided packs with act order (g_idx), which the tile
+// kernel decodes: read as stored with the tile kernel's lookups
+// (word_values, a group per column), the same sums in f32 and finish as
+// gemv; an invocation takes RB rows' words in turn, as gemv does. (Other
+// strided packs, and AutoAWQ's transposed ones, are rewritten for gemv at
 // upload: DecodeJob::in_output_order.)
 fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
     load_codes(li);

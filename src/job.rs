@@ -875,7 +875,7 @@ impl<'a> DecodeJob<'a> {
     }
 }
 
-impl DecodeJob<'_> {
+impl<'a> DecodeJob<'a> {
     /// Column group of `col` on `grid`.
     #[inline]
     fn group(&self, grid: &Grid, col: usize) -> usize {
@@ -892,18 +892,30 @@ impl DecodeJob<'_> {
         self
     }
 
-    /// The same weight with its packs rewritten in output order: a
-    /// transposed job's codes (AutoAWQ's `[in, out]`) as a straight job's,
-    /// a row's codes one word after another, its scales and plain zero
-    /// points on the transposed grid, and zero points packed along columns
-    /// as packed along rows, in plain field order. What products read, one
-    /// word of a row after another, at the same size as stored. `None`
-    /// where the job is straight or has what this does not rewrite (g_idx,
-    /// a bitmask, a low-rank branch, nested scales, zero points packed
-    /// along rows).
-    pub(crate) fn in_output_order(&self) -> Option<DecodeJob<'static>> {
-        if !self.transposed || self.g_idx.is_some() || self.sparse.is_some() || self.low_rank.is_some() {
+    /// The same weight with its packs rewritten in output order, a row's
+    /// codes one word after another: what products read, at the same size
+    /// as stored. A transposed job's codes (AutoAWQ's `[in, out]`) become a
+    /// straight job's, its scales and plain zero points move to the
+    /// transposed grid, and zero points packed along columns become packed
+    /// along rows, in plain field order. A straight job whose rows' words
+    /// are strided (GPTQ's `[in/8, out]`) keeps its scales and zero points.
+    /// `None` where the job is already in output order or has what this
+    /// does not rewrite (g_idx, a bitmask, a low-rank branch, nested
+    /// scales, zero points packed along rows).
+    pub(crate) fn in_output_order(&self) -> Option<DecodeJob<'a>> {
+        if self.g_idx.is_some() || self.sparse.is_some() || self.low_rank.is_some() {
             return None;
+        }
+        let c = &self.codes;
+        if !self.transposed {
+            if !(c.lane_bits == 32 && c.word_bits > 32) {
+                return None;
+            }
+            let Dims { slices, rows, cols } = self.dims;
+            return Some(DecodeJob {
+                codes: Fields::in_lanes((slices, rows, cols), c.bits, false, |s, r, i| c.get(s, r, i))?,
+                ..self.clone()
+            });
         }
         // Stored rows are the inputs, stored columns the outputs.
         let stored = self.stored_dims();
@@ -1208,6 +1220,18 @@ mod tests {
             .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * 6 * 3).into(), kind: ValueKind::I8, grid: Grid { row_div: 1, col_div: 3, row_stride: 3, slice_stride: 18 } }))
             .transpose();
         same_values(&job, &job.in_output_order().unwrap(), "8-bit, plain zero points");
+        // GPTQ's shape: 2 slices of 12 outputs by 40 inputs, stored [in/8,
+        // out] (a row's words 12 words apart), with f16 scales and plain
+        // zero points per 8 inputs, left where they are.
+        let (rows, cols) = (12, 40);
+        let grid = Grid { row_div: 1, col_div: 8, row_stride: 5, slice_stride: rows * 5 };
+        let scales: Vec<u8> = bytes(2 * 2 * rows * 5).chunks(2).flat_map(|b| [b[0], 0x30 | (b[1] & 7)]).collect();
+        let gptq = DecodeJob::new(Dims { slices: 2, rows, cols }, Fields::dense(bytes(2 * 5 * rows * 4), 4, 32).with_word_bits(32 * rows as u64).with_slice_bits(5 * rows as u64 * 32), (0..16).map(|c| c as f32).collect::<Vec<_>>(), OutDtype::F16)
+            .with_scale(Values { data: scales.into(), kind: ValueKind::F16, grid })
+            .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * rows * 5).into(), kind: ValueKind::I8, grid }));
+        let repacked = gptq.in_output_order().unwrap();
+        assert!(repacked.codes.word_bits == 32 && repacked.codes.lane_bits == 5 * 32);
+        same_values(&gptq, &repacked, "4-bit, strided words");
         // Straight jobs and nested scales are left as they are.
         assert!(job.clone().transpose().in_output_order().is_none());
         let nested = Nested { table: [1.0; 256], outer: vec![2.0; 4].into(), per_outer: 8, offset: 0.0 };

@@ -284,10 +284,11 @@ fn matmul_of_odd_shapes_with_a_bias() {
 }
 
 /// Packs along the inputs (GPTQ's strided words, AutoAWQ's transposed
-/// ones, rewritten in output order at upload) of a Linear whose dense weight spans several decode chunks (4096
-/// outputs of 2304 inputs: 18 MiB in bf16): resident once, within an
-/// eighth of their stored bytes (GPTQ's zero points are unpacked, a byte
-/// each), not once per chunk, and multiplied within the bound.
+/// ones, both rewritten in output order at upload) of a Linear whose dense
+/// weight spans several decode chunks (4096 outputs of 2304 inputs: 18 MiB
+/// in bf16): resident once, within an eighth of their stored bytes (GPTQ's
+/// zero points are unpacked, an i32 each), not once per chunk, and
+/// multiplied within the bound.
 #[test]
 fn packs_along_the_inputs_are_resident_once() {
     use crate::common::{write_json, write_safetensors, Tensor};

@@ -160,7 +160,8 @@ pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout 
 enum Weights {
     /// Packs the fast kernel decodes: `gemv`.
     Packed(Fast),
-    /// GPTQ's strided packs, which the tile kernel decodes: `gemv_t`.
+    /// GPTQ's strided packs with act order (g_idx), which the tile kernel
+    /// decodes: `gemv_t`.
     Tiled(Tile),
     /// Dense bf16, two to a word (the bench's baseline): `gemv_dense`.
     DenseBf16,
@@ -230,9 +231,10 @@ impl GpuDecoder {
         what: &str,
     ) -> Result<PackedLinear> {
         let refuse = |detail: &str| Err(Error::new(Rule::Argument, what, detail.to_string()));
-        // Transposed packs (AutoAWQ's) are rewritten once, here, so that
-        // their products read a row's words one after another as the
-        // straight ones do, at the same size.
+        // Transposed packs (AutoAWQ's) and strided ones (GPTQ's, but with
+        // act order) are rewritten once, here, so that their products read
+        // a row's words one after another as the straight ones do, at the
+        // same size.
         let repacked = job.in_output_order();
         let job = repacked.as_ref().unwrap_or(job);
         let (kernel, weights) = match fast_kernel(job) {
