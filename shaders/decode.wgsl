@@ -391,7 +391,13 @@ fn to_bf16(x: f32) -> u32 {
     if ((b & 0x7fffffffu) > 0x7f800000u) {
         return 0x7fc0u;
     }
-    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+    return bf16_carry(b) >> 16u;
+}
+
+// The f32 bits `b` (not NaN's) rounded to bf16's, to nearest, ties to even,
+// in place: the carry into bf16's last bit, the bits below it dropped.
+fn bf16_carry(b: u32) -> u32 {
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u;
 }
 
 // numerics::f32_to_f16.

@@ -36,10 +36,13 @@ override READ: bool = false;
 override X4: bool = false;
 // gemv: every row's codes start on a word of src (no second word to shift in).
 override ALIGNED: bool = false;
-// Every value of W is an f32 that OUT holds exactly, so rounding it is the
-// identity (the host checks the codes and scales: E2M1 codes times e8m0
-// scales, to bf16).
-override EXACT: bool = false;
+// How a value of W is rounded to OUT (the host's Rounding): not at all,
+// where OUT holds every value exactly (the host checks the codes and
+// scales: E2M1 codes times e8m0 scales, to bf16); to bf16 by the carry
+// alone, where no value is NaN; or as dequantize does.
+override ROUNDING: u32 = 2u;
+const ROUND_NONE = 0u;
+const ROUND_CARRY = 1u;
 // x read once for a subgroup's lanes: lane j reads the values of the j-th
 // word (or input) of each run of a subgroup's size, and every lane takes
 // them from it in turn (shuffle4, shuffle1). For CPU adapters, whose
@@ -76,6 +79,9 @@ var<workgroup> sums: array<f32, 2048>;  // partial sums, 8 per invocation a pass
 // `v` as dequantize writes it (rounded to OUT), widened back.
 fn as_written(v: f32) -> f32 {
     if (OUT == OUT_BF16) {
+        if (ROUNDING == ROUND_CARRY) {
+            return bitcast<f32>(bf16_carry(bitcast<u32>(v)));
+        }
         return bitcast<f32>(to_bf16(v) << 16u);
     }
     if (OUT == OUT_F16) {
@@ -88,7 +94,7 @@ fn as_written(v: f32) -> f32 {
 // product is computed in it (and nothing scales it after).
 fn w_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     let v = fast_value(c, z, s, flat, col);
-    if (OUT == OUT_F32 || EXACT || (PRODUCT == OUT && !POST)) {
+    if (OUT == OUT_F32 || ROUNDING == ROUND_NONE || (PRODUCT == OUT && !POST)) {
         return v;
     }
     return as_written(v);
