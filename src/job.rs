@@ -236,6 +236,42 @@ impl Fields<'static> {
 }
 
 impl Fields<'_> {
+    /// The same `slices × lanes × len` fields with each lane's words one
+    /// after another, as [`Fields::in_lanes`] writes them: whole words
+    /// copied where each holds its lane's next fields in plain order
+    /// (GPTQ's `qweight`, whose words are strided), the last one's fields
+    /// past `len` cleared; else field by field. `None` past the data.
+    fn in_lane_order(&self, (slices, lanes, len): (usize, usize, usize)) -> Option<Fields<'static>> {
+        let words_whole = self.per_word == 0
+            && 32 % self.bits == 0
+            && !self.high_first
+            && [self.lane_bits, self.word_bits, self.slice_bits].iter().all(|b| b % 32 == 0);
+        if !words_whole {
+            return Fields::in_lanes((slices, lanes, len), self.bits, false, |s, l, i| self.get(s, l, i));
+        }
+        let per = (32 / self.bits) as usize;
+        let lane_words = len.div_ceil(per);
+        let tail = match len % per {
+            0 => u32::MAX,
+            r => (1 << (r as u32 * self.bits)) - 1,
+        };
+        let total = slices.checked_mul(lanes)?.checked_mul(lane_words)?;
+        let mut bytes = Vec::with_capacity(4 * total.min(self.data.len() / 4));
+        for s in 0..slices {
+            for l in 0..lanes {
+                for w in 0..lane_words {
+                    let at = (self.bit(s, l, (w as u64, 0)) / 8) as usize;
+                    let b = self.data.get(at..at.checked_add(4)?)?;
+                    let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    let word = if w + 1 == lane_words { word & tail } else { word };
+                    bytes.extend_from_slice(&word.to_le_bytes());
+                }
+            }
+        }
+        let lane_bits = lane_words as u64 * 32;
+        Some(Fields::dense(Bytes::Owned(bytes.into()), self.bits, lane_bits).with_slice_bits(lanes as u64 * lane_bits))
+    }
+
     /// What a bit position is XORed with to find its field in the byte
     /// (`8 − bits` for [`Fields::high_first`] streams, else 0).
     #[inline]
@@ -913,7 +949,7 @@ impl<'a> DecodeJob<'a> {
             }
             let Dims { slices, rows, cols } = self.dims;
             return Some(DecodeJob {
-                codes: Fields::in_lanes((slices, rows, cols), c.bits, false, |s, r, i| c.get(s, r, i))?,
+                codes: c.in_lane_order((slices, rows, cols))?,
                 ..self.clone()
             });
         }
@@ -1220,18 +1256,22 @@ mod tests {
             .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * 6 * 3).into(), kind: ValueKind::I8, grid: Grid { row_div: 1, col_div: 3, row_stride: 3, slice_stride: 18 } }))
             .transpose();
         same_values(&job, &job.in_output_order().unwrap(), "8-bit, plain zero points");
-        // GPTQ's shape: 2 slices of 12 outputs by 40 inputs, stored [in/8,
-        // out] (a row's words 12 words apart), with f16 scales and plain
-        // zero points per 8 inputs, left where they are.
-        let (rows, cols) = (12, 40);
-        let grid = Grid { row_div: 1, col_div: 8, row_stride: 5, slice_stride: rows * 5 };
-        let scales: Vec<u8> = bytes(2 * 2 * rows * 5).chunks(2).flat_map(|b| [b[0], 0x30 | (b[1] & 7)]).collect();
-        let gptq = DecodeJob::new(Dims { slices: 2, rows, cols }, Fields::dense(bytes(2 * 5 * rows * 4), 4, 32).with_word_bits(32 * rows as u64).with_slice_bits(5 * rows as u64 * 32), (0..16).map(|c| c as f32).collect::<Vec<_>>(), OutDtype::F16)
+        // GPTQ's shape: 2 slices of 12 outputs by 44 inputs, stored [in/8,
+        // out] (a row's words 12 words apart, the last half full), with f16
+        // scales and plain zero points per 8 inputs, left where they are.
+        let (rows, cols, words) = (12, 44, 6);
+        let grid = Grid { row_div: 1, col_div: 8, row_stride: words, slice_stride: rows * words };
+        let scales: Vec<u8> = bytes(2 * 2 * rows * words).chunks(2).flat_map(|b| [b[0], 0x30 | (b[1] & 7)]).collect();
+        let codes = Fields::dense(bytes(2 * words * rows * 4), 4, 32).with_word_bits(32 * rows as u64).with_slice_bits((words * rows * 32) as u64);
+        let gptq = DecodeJob::new(Dims { slices: 2, rows, cols }, codes.clone(), (0..16).map(|c| c as f32).collect::<Vec<_>>(), OutDtype::F16)
             .with_scale(Values { data: scales.into(), kind: ValueKind::F16, grid })
-            .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * rows * 5).into(), kind: ValueKind::I8, grid }));
+            .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * rows * words).into(), kind: ValueKind::I8, grid }));
         let repacked = gptq.in_output_order().unwrap();
-        assert!(repacked.codes.word_bits == 32 && repacked.codes.lane_bits == 5 * 32);
+        assert!(repacked.codes.word_bits == 32 && repacked.codes.lane_bits == words as u64 * 32);
         same_values(&gptq, &repacked, "4-bit, strided words");
+        // Whole words copied are the fields written one by one, tail too.
+        let by_field = Fields::in_lanes((2, rows, cols), 4, false, |s, l, i| codes.get(s, l, i)).unwrap();
+        assert_eq!(&repacked.codes.data[..], &by_field.data[..]);
         // Straight jobs and nested scales are left as they are.
         assert!(job.clone().transpose().in_output_order().is_none());
         let nested = Nested { table: [1.0; 256], outer: vec![2.0; 4].into(), per_outer: 8, offset: 0.0 };
