@@ -272,6 +272,45 @@ impl Fields<'_> {
         Some(Fields::dense(Bytes::Owned(bytes.into()), self.bits, lane_bits).with_slice_bits(lanes as u64 * lane_bits))
     }
 
+    /// [`Fields::in_lane_order`] for the stored `slices × rows × cols`
+    /// fields of a transposed job: lane = stored column, of `rows` fields.
+    /// AutoAWQ's words (eight 4-bit fields in its order, whole words, rows
+    /// a multiple of 8) are transposed 8 × 8 at a time; else field by field.
+    fn transposed_in_lane_order(&self, Dims { slices, rows, cols }: Dims) -> Option<Fields<'static>> {
+        let awq = self.bits == 4
+            && self.per_word == 8
+            && self.interleaved
+            && !self.high_first
+            && self.word_bits == 32
+            && [self.lane_bits, self.slice_bits].iter().all(|b| b % 32 == 0)
+            && rows.is_multiple_of(8);
+        let lane_words = rows / 8;
+        let total = slices.checked_mul(cols)?.checked_mul(lane_words)?;
+        if !awq || total > self.data.len() / 4 {
+            return Fields::in_lanes((slices, cols, rows), self.bits, false, |s, c, r| self.get(s, r, c));
+        }
+        let mut words = vec![0u32; total];
+        for s in 0..slices {
+            for c in 0..cols.div_ceil(8) {
+                for k in 0..lane_words {
+                    let mut block = [0u32; 8];
+                    for (j, w) in block.iter_mut().enumerate() {
+                        let at = (self.bit(s, 8 * k + j, (c as u64, 0)) / 8) as usize;
+                        let b = self.data.get(at..at.checked_add(4)?)?;
+                        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                    // Stored column 8c + e is output lane 8c + e.
+                    for (e, w) in awq_transposed(block).into_iter().enumerate().take(cols - 8 * c) {
+                        words[(s * cols + 8 * c + e) * lane_words + k] = w;
+                    }
+                }
+            }
+        }
+        let lane_bits = lane_words as u64 * 32;
+        let bytes: Arc<[u8]> = bytemuck::cast_slice::<u32, u8>(&words).into();
+        Some(Fields::dense(Bytes::Owned(bytes), 4, lane_bits).with_slice_bits(cols as u64 * lane_bits))
+    }
+
     /// What a bit position is XORed with to find its field in the byte
     /// (`8 − bits` for [`Fields::high_first`] streams, else 0).
     #[inline]
@@ -557,6 +596,52 @@ pub(crate) fn gcd(a: usize, b: usize) -> usize {
     } else {
         gcd(b, a % b)
     }
+}
+
+/// Slot of element `e` in an AutoAWQ word ([`Fields::interleaved`]):
+/// `e/2 + (e%2)·4`.
+pub(crate) const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// Eight AutoAWQ words, word `k` holding elements 0..8 of lane `k`, as
+/// eight plain ones, word `e` holding element `e` of lanes 0..8, low nibble
+/// first: an 8 × 8 block of 4-bit codes transposed.
+pub(crate) fn awq_transposed(words: [u32; 8]) -> [u32; 8] {
+    transpose_8x8(words.map(spread_awq)).map(pack_nibbles)
+}
+
+/// An AutoAWQ word's eight codes, a byte each in element order.
+fn spread_awq(x: u32) -> u64 {
+    AWQ_SLOT
+        .iter()
+        .enumerate()
+        .fold(0, |v, (e, &slot)| v | (((x >> (4 * slot)) & 15) as u64) << (8 * e))
+}
+
+/// Eight byte-wide codes (each below 16) packed two to a byte, low first.
+fn pack_nibbles(v: u64) -> u32 {
+    let t = (v | v >> 4) & 0x00FF_00FF_00FF_00FF;
+    let t = (t | t >> 8) & 0x0000_FFFF_0000_FFFF;
+    (t | t >> 16) as u32
+}
+
+/// Transposes 8 × 8 bytes: byte `e` of `m[k]` becomes byte `k` of the
+/// result's `e`.
+fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
+    for (shift, mask) in [
+        (8, 0x00FF_00FF_00FF_00FFu64),
+        (16, 0x0000_FFFF_0000_FFFF),
+        (32, 0x0000_0000_FFFF_FFFF),
+    ] {
+        let step = shift / 8;
+        for k in 0..8 {
+            if k & step == 0 {
+                let t = ((m[k] >> shift) ^ m[k + step]) & mask;
+                m[k + step] ^= t;
+                m[k] ^= t << shift;
+            }
+        }
+    }
+    m
 }
 
 /// A tensor of scalars read on a [`Grid`].
@@ -956,7 +1041,7 @@ impl<'a> DecodeJob<'a> {
         // Stored rows are the inputs, stored columns the outputs.
         let stored = self.stored_dims();
         let Dims { slices, rows: ins, cols: outs } = stored;
-        let codes = Fields::in_lanes((slices, outs, ins), self.codes.bits, false, |s, o, i| self.codes.get(s, i, o))?;
+        let codes = self.codes.transposed_in_lane_order(stored)?;
         let scale = match &self.scale {
             Some(v) => Some(v.transposed(stored)?),
             None => None,
@@ -1244,6 +1329,14 @@ mod tests {
         let repacked = awq.in_output_order().unwrap();
         assert!(!repacked.transposed && matches!(repacked.zero, Some(ZeroPoint::Packed { .. })));
         same_values(&awq, &repacked, "4-bit, packed zero points");
+        // Blocks transposed 8 × 8 are the fields rewritten one by one, with
+        // the last word column whole and half full.
+        for outs in [24, 20] {
+            let f = Fields::padded(bytes(2 * 40 * 12), 4, 96).with_slice_bits(40 * 96).interleaved();
+            let blocks = f.transposed_in_lane_order(Dims { slices: 2, rows: 40, cols: outs }).unwrap();
+            let by_field = Fields::in_lanes((2, outs, 40), 4, false, |s, c, r| f.get(s, r, c)).unwrap();
+            assert_eq!(&blocks.data[..], &by_field.data[..], "{outs} outputs");
+        }
         // 8-bit codes, table scales shared by the slices, plain zero points
         // on their own grid (3 stored columns a group).
         let stored = Dims { slices: 2, rows: 6, cols: 9 };

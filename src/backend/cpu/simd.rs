@@ -14,9 +14,6 @@ use crate::numerics::OutDtype;
 #[cfg(target_arch = "x86_64")]
 const WORDS_AHEAD: usize = 8;
 
-/// Slot of element `e` in an AutoAWQ word: `e/2 + (e%2)·4`.
-const AWQ_SLOT: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
-
 /// Whether the vector kernels may run: tests turn them off to check the
 /// scalar loops other CPUs run, on this one.
 static VECTORS: AtomicBool = AtomicBool::new(true);
@@ -307,13 +304,13 @@ pub(super) fn gather_awq(
     };
     for c in c4..columns {
         for i in (0..inputs).step_by(8) {
-            let words: [u64; 8] = std::array::from_fn(|j| {
+            let words: [u32; 8] = std::array::from_fn(|j| {
                 let a = first + (i + j) * lane + 4 * c;
-                spread_awq(u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]]))
+                u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]])
             });
-            for (e, v) in transpose_8x8(words).iter().enumerate() {
+            for (e, w) in crate::job::awq_transposed(words).iter().enumerate() {
                 let k = 8 * c + e;
-                dst[k * row + i / 2..k * row + i / 2 + 4].copy_from_slice(&pack_nibbles(*v).to_le_bytes());
+                dst[k * row + i / 2..k * row + i / 2 + 4].copy_from_slice(&w.to_le_bytes());
             }
         }
     }
@@ -411,41 +408,6 @@ fn slice8(src: &[u8]) -> &[u8; 8] {
 fn slice16(src: &[u8], at: usize) -> &[u8; 16] {
     let s = &src[at..at + 16];
     s.try_into().unwrap_or_else(|_| unreachable!("a 16-byte slice"))
-}
-
-/// An AutoAWQ word's eight codes, a byte each in element order.
-fn spread_awq(x: u32) -> u64 {
-    AWQ_SLOT
-        .iter()
-        .enumerate()
-        .fold(0, |v, (e, &slot)| v | (((x >> (4 * slot)) & 15) as u64) << (8 * e))
-}
-
-/// Eight byte-wide codes (each below 16) packed two to a byte, low first.
-fn pack_nibbles(v: u64) -> u32 {
-    let t = (v | v >> 4) & 0x00FF_00FF_00FF_00FF;
-    let t = (t | t >> 8) & 0x0000_FFFF_0000_FFFF;
-    (t | t >> 16) as u32
-}
-
-/// Transposes 8 × 8 bytes: byte `e` of `m[k]` becomes byte `k` of the
-/// result's `e`.
-fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
-    for (shift, mask) in [
-        (8, 0x00FF_00FF_00FF_00FFu64),
-        (16, 0x0000_FFFF_0000_FFFF),
-        (32, 0x0000_0000_FFFF_FFFF),
-    ] {
-        let step = shift / 8;
-        for k in 0..8 {
-            if k & step == 0 {
-                let t = ((m[k] >> shift) ^ m[k + step]) & mask;
-                m[k + step] ^= t;
-                m[k] ^= t << shift;
-            }
-        }
-    }
-    m
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1394,7 +1356,7 @@ mod tests {
                 for i in 0..inputs {
                     let a = i * columns * 4 + o / 8 * 4;
                     let word = u32::from_le_bytes([src[a], src[a + 1], src[a + 2], src[a + 3]]);
-                    let want = (word >> (4 * AWQ_SLOT[o % 8])) & 15;
+                    let want = (word >> (4 * crate::job::AWQ_SLOT[o % 8])) & 15;
                     let got = (dst[o * row + i / 2] >> (4 * (i % 2))) & 15;
                     assert_eq!(got as u32, want, "output {o}, input {i} of {columns} x {inputs}");
                 }
