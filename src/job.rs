@@ -222,16 +222,23 @@ impl Fields<'static> {
                 }
             }
         }
+        Some(Fields::of_words(&words, bits, (lanes, lane_words), side_by_side))
+    }
+
+    /// Padded `bits`-wide fields held in `words`: `lanes` lanes of
+    /// `lane_words` words a slice, each lane's words one after another or
+    /// (`side_by_side`) word w of every lane, then word w + 1.
+    fn of_words(words: &[u32], bits: u32, (lanes, lane_words): (usize, usize), side_by_side: bool) -> Fields<'static> {
         let (lane_bits, word_bits) = match side_by_side {
             true => (32, lanes as u64 * 32),
             false => (lane_words as u64 * 32, 32),
         };
-        let bytes: Arc<[u8]> = bytemuck::cast_slice::<u32, u8>(&words).into();
+        let bytes: Arc<[u8]> = bytemuck::cast_slice::<u32, u8>(words).into();
         // Where the width divides 32, padded fields are dense ones: named
         // dense, the layout the fast kernels take.
-        let per_word = if 32 % bits == 0 { 0 } else { per as u32 };
+        let per_word = if 32 % bits == 0 { 0 } else { 32 / bits };
         let fields = Fields::new(Bytes::Owned(bytes), bits, per_word, lane_bits);
-        Some(fields.with_word_bits(word_bits).with_slice_bits(slice_words as u64 * 32))
+        fields.with_word_bits(word_bits).with_slice_bits((lanes * lane_words) as u64 * 32)
     }
 }
 
@@ -256,20 +263,16 @@ impl Fields<'_> {
             r => (1 << (r as u32 * self.bits)) - 1,
         };
         let total = slices.checked_mul(lanes)?.checked_mul(lane_words)?;
-        let mut bytes = Vec::with_capacity(4 * total.min(self.data.len() / 4));
+        let mut words = Vec::with_capacity(total.min(self.data.len() / 4));
         for s in 0..slices {
             for l in 0..lanes {
                 for w in 0..lane_words {
-                    let at = (self.bit(s, l, (w as u64, 0)) / 8) as usize;
-                    let b = self.data.get(at..at.checked_add(4)?)?;
-                    let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    let word = if w + 1 == lane_words { word & tail } else { word };
-                    bytes.extend_from_slice(&word.to_le_bytes());
+                    let word = self.word(s, l, w)?;
+                    words.push(if w + 1 == lane_words { word & tail } else { word });
                 }
             }
         }
-        let lane_bits = lane_words as u64 * 32;
-        Some(Fields::dense(Bytes::Owned(bytes.into()), self.bits, lane_bits).with_slice_bits(lanes as u64 * lane_bits))
+        Some(Fields::of_words(&words, self.bits, (lanes, lane_words), false))
     }
 
     /// [`Fields::in_lane_order`] for the stored `slices × rows × cols`
@@ -295,9 +298,7 @@ impl Fields<'_> {
                 for k in 0..lane_words {
                     let mut block = [0u32; 8];
                     for (j, w) in block.iter_mut().enumerate() {
-                        let at = (self.bit(s, 8 * k + j, (c as u64, 0)) / 8) as usize;
-                        let b = self.data.get(at..at.checked_add(4)?)?;
-                        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        *w = self.word(s, 8 * k + j, c)?;
                     }
                     // Stored column 8c + e is output lane 8c + e.
                     for (e, w) in awq_transposed(block).into_iter().enumerate().take(cols - 8 * c) {
@@ -306,9 +307,15 @@ impl Fields<'_> {
                 }
             }
         }
-        let lane_bits = lane_words as u64 * 32;
-        let bytes: Arc<[u8]> = bytemuck::cast_slice::<u32, u8>(&words).into();
-        Some(Fields::dense(Bytes::Owned(bytes), 4, lane_bits).with_slice_bits(cols as u64 * lane_bits))
+        Some(Fields::of_words(&words, 4, (cols, lane_words), false))
+    }
+
+    /// Word `w` of `lane` in `slice` whole (a lane's words start on a byte
+    /// here), `None` past the data.
+    fn word(&self, slice: usize, lane: usize, w: usize) -> Option<u32> {
+        let at = usize::try_from(self.bit(slice, lane, (w as u64, 0)) / 8).ok()?;
+        let b = self.data.get(at..at.checked_add(4)?)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     /// What a bit position is XORed with to find its field in the byte
