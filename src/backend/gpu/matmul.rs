@@ -209,10 +209,11 @@ enum Rounding {
 }
 
 impl Rounding {
-    fn of(job: &DecodeJob<'_>, weights: Weights) -> Rounding {
+    /// The rounding of rows `rows` of `job` (counted over all slices).
+    fn of(job: &DecodeJob<'_>, weights: Weights, rows: std::ops::Range<usize>) -> Rounding {
         if exact(job, weights) {
             Rounding::None
-        } else if job.out == crate::numerics::OutDtype::Bf16 && nan_free(job) {
+        } else if job.out == crate::numerics::OutDtype::Bf16 && nan_free(job, rows) {
             Rounding::Carry
         } else {
             Rounding::Full
@@ -275,8 +276,8 @@ impl GpuDecoder {
             return refuse("its bias has not one value per output");
         }
         let row0 = u32::try_from(rows.start).map_err(|_| Error::new(Rule::Argument, what, "too many rows".to_string()))?;
+        let rounding = Rounding::of(job, weights, rows.clone());
         let chunks = layout::plan(job, kernel, rows, &self.limits.resident())?;
-        let rounding = Rounding::of(job, weights);
         self.scoped(async {
             let mut parts = Vec::with_capacity(chunks.len());
             let mut bytes = 0;
@@ -578,11 +579,24 @@ fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
     out == layout::OutKind::Bf16 && plain && job.code_values.iter().all(|&v| fits(v))
 }
 
-/// Whether no value of `job`'s W is NaN: its code values, scales and zero
-/// points are finite (every stored scale checked) and a post scale finite
-/// and nonzero, so that no difference or product of them is.
-fn nan_free(job: &DecodeJob<'_>) -> bool {
-    let finite = |v: &Values<'_>| (0..v.len()).all(|i| v.get(i).is_finite());
+/// Whether no value of rows `rows` of `job`'s W is NaN: its code values,
+/// scales and zero points are finite (every stored entry those rows read
+/// checked: an expert's, not its whole stack's; a transposed job's all)
+/// and a post scale finite and nonzero, so that no difference or product
+/// of them is.
+fn nan_free(job: &DecodeJob<'_>, rows: std::ops::Range<usize>) -> bool {
+    let d = job.dims;
+    let finite = |v: &Values<'_>| {
+        let all = |r: std::ops::Range<usize>| r.end <= v.len() && r.into_iter().all(|i| v.get(i).is_finite());
+        if job.transposed || d.rows == 0 {
+            return all(0..v.len());
+        }
+        let groups = d.cols.div_ceil(v.grid.col_div.max(1));
+        rows.clone().all(|flat| {
+            let at = v.grid.index(flat / d.rows, flat % d.rows, 0);
+            all(at..at + groups)
+        })
+    };
     job.code_values.iter().all(|v| v.is_finite())
         && job.scale.as_ref().is_none_or(finite)
         && match &job.zero {
@@ -764,7 +778,7 @@ mod tests {
                 .with_scale(Values { data: data.into(), kind: ValueKind::Bf16, grid })
         };
         let rounding = |job: &DecodeJob<'_>| match fast_kernel(job) {
-            Some(Kernel::Fast(k)) => Rounding::of(job, Weights::Packed(k)),
+            Some(Kernel::Fast(k)) => Rounding::of(job, Weights::Packed(k), 0..job.dims.total_rows()),
             other => panic!("not a fast job: {other:?}"),
         };
         let finite = [0x3c00u16; 8];
