@@ -621,7 +621,17 @@ impl<'r> Fetcher<'r> {
                     s.fetched.peak_bytes = s.fetched.peak_bytes.max(s.held);
                 }
                 Ok(false) => s.fetched.reused.push(name.clone()),
-                Err(_) => s.stop = true,
+                Err(e) => {
+                    // The run fails when the batches reach this shard, not
+                    // before: the shard they decode now is still finished
+                    // (and journaled, for `--resume`). No later shard is
+                    // fetched; each fails with this error.
+                    for d in &mut s.done[i..] {
+                        *d = Some(Err(e.clone()));
+                    }
+                    self.wake.notify_all();
+                    return;
+                }
             }
             s.done[i] = Some(result);
             self.wake.notify_all();
