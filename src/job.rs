@@ -19,7 +19,7 @@
 //! columns that share one scale or zero-point *entry* (a block's rows and
 //! columns for block scales); an *element* is one output value.
 
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 use crate::checkpoint::TensorRef;
@@ -1270,6 +1270,142 @@ impl<'a> DecodeJob<'a> {
     pub fn out_bytes(&self) -> usize {
         self.dims.elements() * self.out.size()
     }
+
+    /// Whether `f` holds for every entry of `v` (a scale or zero-point
+    /// grid) that rows `rows` read: a transposed job's all, else each row's
+    /// (an expert's, not its whole stack's). False when the grid is shorter
+    /// than they need.
+    pub(crate) fn entries_read(
+        &self,
+        v: &Values<'_>,
+        rows: Range<usize>,
+        mut f: impl FnMut(f32) -> bool,
+    ) -> bool {
+        let d = self.dims;
+        let mut all = |r: Range<usize>| r.end <= v.len() && r.into_iter().all(|i| f(v.get(i)));
+        if self.transposed || d.rows == 0 {
+            return all(0..v.len());
+        }
+        let groups = d.cols.div_ceil(v.grid.col_div.max(1));
+        rows.into_iter().all(|flat| {
+            let at = v.grid.index(flat / d.rows, flat % d.rows, 0);
+            all(at..at + groups)
+        })
+    }
+
+    /// Whether decoding rows `rows` keeps every f32 operand and result of
+    /// its arithmetic normal (or zero, infinite, NaN): GPUs may flush
+    /// subnormals to zero (WGSL allows it; NVIDIA's Vulkan driver does, and
+    /// an H200 decoded such values as zeros), so the GPU decodes a job only
+    /// where this holds, and the CPU the others. Conservative: it bounds
+    /// each step's smallest nonzero magnitude from the smallest inputs.
+    pub fn stays_normal(&self, rows: Range<usize>) -> bool {
+        self.smallest_value(rows)
+            .is_some_and(|w| w >= SAFE_PRODUCT)
+    }
+
+    /// A lower bound on the magnitude of each nonzero value the job
+    /// computes (its last product), or `None` where an input or an
+    /// intermediate step may be subnormal.
+    fn smallest_value(&self, rows: Range<usize>) -> Option<f64> {
+        let integral = |v: f32| !v.is_finite() || v.fract() == 0.0;
+        let codes = tiniest(self.code_values.iter().copied())?;
+        let mut integers = self.code_values.iter().all(|&c| integral(c));
+        // The code's value less its zero point: integers differ by 1 at
+        // least, others by their smaller one's last bit.
+        let mut w = match &self.zero {
+            None => codes,
+            Some(ZeroPoint::Plain(z)) => {
+                let mut zeros = f64::INFINITY;
+                let normal = self.entries_read(z, rows.clone(), |v| {
+                    integers &= integral(v);
+                    tiniest([v]).map(|t| zeros = zeros.min(t)).is_some()
+                });
+                if !normal {
+                    return None;
+                }
+                difference(integers, codes.min(zeros))?
+            }
+            Some(_) => difference(integers, codes)?,
+        };
+        if let Some(s) = &self.scale {
+            if let ValueKind::Nested(n) = &s.kind {
+                // f32(table · outer) + offset: the product and the offset
+                // are summands.
+                let product = tiniest(n.table)? * tiniest(n.outer.iter().copied())?;
+                let offset = tiniest([n.offset])?;
+                if product.min(offset) < SUMMAND {
+                    return None;
+                }
+            }
+            let mut scales = f64::INFINITY;
+            let normal = self.entries_read(s, rows, |v| {
+                tiniest([v]).map(|t| scales = scales.min(t)).is_some()
+            });
+            if !normal {
+                return None;
+            }
+            w *= scales;
+            if w < SAFE_PRODUCT {
+                return None;
+            }
+        }
+        if let Some(lr) = &self.low_rank {
+            let inv = tiniest(lr.inv_smooth.iter().copied())?;
+            let branch = match lr.rank {
+                0 => f64::INFINITY,
+                _ => tiniest(lr.up.iter().copied())? * tiniest(lr.down.iter().copied())?,
+            };
+            // (q·s + lr)·inv or (q·s)·inv + lr: each summand large enough
+            // that a nonzero sum is normal; the sum's last bit the bound.
+            w = match lr.smooth_first {
+                false if w.min(branch) >= SUMMAND => w.min(branch) * ULP * inv,
+                true if (w * inv).min(branch) >= SUMMAND => (w * inv).min(branch) * ULP,
+                _ => return None,
+            };
+        }
+        if let Some(p) = self.post_scale {
+            w *= tiniest([p])?;
+        }
+        Some(w)
+    }
+}
+
+/// 2^-24: an f32's last bit, relative to its value (at least).
+const ULP: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Values at least this large: a nonzero sum of two is at least the
+/// smaller one's last bit, 2^-126, the smallest normal f32.
+const SUMMAND: f64 = (f32::MIN_POSITIVE as f64) / ULP;
+
+/// A product's bound at least this large is normal even after its factors
+/// are rounded to bf16 or f16 first ([`Product`]): twice the smallest
+/// normal.
+const SAFE_PRODUCT: f64 = 2.0 * f32::MIN_POSITIVE as f64;
+
+/// The smallest magnitude of `values` that is not zero (infinity when
+/// there is none; infinities and NaN count as none), or `None` when one is
+/// subnormal.
+fn tiniest(values: impl IntoIterator<Item = f32>) -> Option<f64> {
+    values.into_iter().try_fold(f64::INFINITY, |min, v| {
+        let a = v.abs();
+        match a {
+            _ if a == 0.0 || !a.is_finite() => Some(min),
+            _ if a < f32::MIN_POSITIVE => None,
+            _ => Some(min.min(a as f64)),
+        }
+    })
+}
+
+/// A bound on a nonzero difference of values at least `smallest` (each
+/// normal): 1 for integers, else the smaller one's last bit, which must be
+/// normal itself.
+fn difference(integers: bool, smallest: f64) -> Option<f64> {
+    match integers {
+        true => Some(smallest.min(1.0)),
+        false if smallest >= SUMMAND => Some(smallest * ULP),
+        false => None,
+    }
 }
 
 #[cfg(test)]
@@ -1531,5 +1667,65 @@ mod tests {
             .map(|(r, c)| job.value(0, r, c))
             .collect();
         assert_eq!(got, [1.0, 40.0, 2.0, 50.0, 3.0, 60.0]);
+    }
+
+    /// `stays_normal`, step by step: subnormal inputs, products near the
+    /// smallest normal, a post scale, zero points that are not integers,
+    /// and only the scales of the rows asked about.
+    #[test]
+    fn stays_normal_bounds_every_step() {
+        let dims = Dims {
+            slices: 1,
+            rows: 2,
+            cols: 3,
+        };
+        let codes = [1u8, 2, 3, 4, 5, 6];
+        let f32s = |v: &[f32]| v.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let grid = Grid {
+            row_div: 1,
+            col_div: 3,
+            row_stride: 1,
+            slice_stride: 2,
+        };
+        let tiny = f32::MIN_POSITIVE;
+        let check = |code_values: &[f32], scales: &[f32], zeros: Option<&[f32]>, post: Option<f32>| {
+            let (scales, zeros) = (f32s(scales), zeros.map(f32s));
+            let values = |data: &[u8]| Values {
+                data: data.to_vec().into(),
+                kind: ValueKind::F32,
+                grid,
+            };
+            let mut job = DecodeJob::new(
+                dims,
+                Fields::dense(&codes[..], 8, 24).with_slice_bits(48),
+                code_values.to_vec(),
+                OutDtype::F32,
+            )
+            .with_scale(values(&scales))
+            .with_zero(zeros.as_deref().map(|z| ZeroPoint::Plain(values(z))));
+            job.post_scale = post;
+            (job.stays_normal(0..2), job.stays_normal(0..1))
+        };
+        let ints: Vec<f32> = (0..256).map(|c| c as f32 - 128.0).collect();
+        assert_eq!(check(&ints, &[1.0, 2.0], None, None), (true, true));
+        // A subnormal scale, in the second row only.
+        assert_eq!(check(&ints, &[1.0, tiny / 2.0], None, None), (false, true));
+        // Codes of 1 at least times 2^-125 stay normal; times 2^-126, too close.
+        assert_eq!(check(&ints, &[1.0, 2.0 * tiny], None, None), (true, true));
+        assert_eq!(check(&ints, &[1.0, tiny], None, None), (false, true));
+        // A post scale takes the product below.
+        assert_eq!(check(&ints, &[1.0, 2.0], None, Some(tiny)), (false, false));
+        assert_eq!(check(&ints, &[1.0, 2.0], None, Some(0.5)), (true, true));
+        // Integer zero points: differences of 1 at least.
+        let zeros = [3.0, 7.0];
+        assert_eq!(check(&ints, &[1.0, 1e-32], Some(&zeros), None), (true, true));
+        // Others: the difference is bounded by the smaller one's last bit.
+        let zeros = [3.5, 7.0];
+        assert_eq!(check(&ints, &[1.0, 1e-32], Some(&zeros), None), (false, true));
+        assert_eq!(check(&ints, &[1.0, 1.0], Some(&zeros), None), (true, true));
+        // A subnormal code value.
+        let mut subnormal = ints.clone();
+        subnormal[7] = tiny / 4.0;
+        assert_eq!(check(&subnormal, &[1.0, 1.0], None, None), (false, false));
     }
 }

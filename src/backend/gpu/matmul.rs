@@ -581,22 +581,10 @@ fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
 
 /// Whether no value of rows `rows` of `job`'s W is NaN: its code values,
 /// scales and zero points are finite (every stored entry those rows read
-/// checked: an expert's, not its whole stack's; a transposed job's all)
-/// and a post scale finite and nonzero, so that no difference or product
-/// of them is.
+/// checked) and a post scale finite and nonzero, so that no difference or
+/// product of them is.
 fn nan_free(job: &DecodeJob<'_>, rows: std::ops::Range<usize>) -> bool {
-    let d = job.dims;
-    let finite = |v: &Values<'_>| {
-        let all = |r: std::ops::Range<usize>| r.end <= v.len() && r.into_iter().all(|i| v.get(i).is_finite());
-        if job.transposed || d.rows == 0 {
-            return all(0..v.len());
-        }
-        let groups = d.cols.div_ceil(v.grid.col_div.max(1));
-        rows.clone().all(|flat| {
-            let at = v.grid.index(flat / d.rows, flat % d.rows, 0);
-            all(at..at + groups)
-        })
-    };
+    let finite = |v: &Values<'_>| job.entries_read(v, rows.clone(), f32::is_finite);
     job.code_values.iter().all(|v| v.is_finite())
         && job.scale.as_ref().is_none_or(finite)
         && match &job.zero {

@@ -214,6 +214,9 @@ pub struct Dispatches {
     /// Chunks run by the tile kernel (codes packed along the input
     /// dimension, one output tile per workgroup).
     pub tiled: u64,
+    /// Calls decoded on the CPU instead, where a subnormal could be
+    /// flushed ([`DecodeJob::stays_normal`]).
+    pub cpu: u64,
 }
 
 /// Decodes on a wgpu device: the app's own ([`GpuDecoder::new`]), or one
@@ -234,7 +237,11 @@ pub struct GpuDecoder {
     pipeline_layout: wgpu::PipelineLayout,
     pipelines: std::sync::Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
     fast: bool,
-    dispatched: [AtomicU64; 3],
+    /// The device may flush subnormal f32 operands and results to zero
+    /// (any but a CPU adapter: WGSL allows it, and NVIDIA's Vulkan driver
+    /// does): jobs that could compute one are decoded on the CPU.
+    flushes: bool,
+    dispatched: [AtomicU64; 4],
     limits: Limits,
     /// Idle pairs of slots; each call takes one, so calls from several
     /// threads run at once and keep the queue full between them.
@@ -267,6 +274,7 @@ impl GpuDecoder {
             pipeline_layout,
             pipelines: Default::default(),
             fast: true,
+            flushes: device.adapter_info().device_type != wgpu::DeviceType::Cpu,
             dispatched: Default::default(),
             slots: Default::default(),
             gemv: matmul::Pipelines::new(device),
@@ -312,6 +320,24 @@ impl GpuDecoder {
         self
     }
 
+    /// Decodes as on a device that flushes subnormals, whatever the
+    /// adapter, so that tests see which jobs go to the CPU.
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn flushing_subnormals(mut self) -> GpuDecoder {
+        self.flushes = true;
+        self
+    }
+
+    /// Whether rows `rows` of `job` are decoded on the CPU, where the
+    /// device could flush a subnormal to zero.
+    fn on_cpu(&self, job: &DecodeJob<'_>, rows: Range<usize>) -> bool {
+        let cpu = self.flushes && !job.stays_normal(rows);
+        if cpu {
+            self.dispatched[3].fetch_add(1, Ordering::Relaxed);
+        }
+        cpu
+    }
+
     /// Multiplies with a GPU's geometry whatever the adapter, so that tests
     /// run it on CPU adapters too.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -334,6 +360,7 @@ impl GpuDecoder {
             fast: self.dispatched[0].load(Ordering::Relaxed),
             generic: self.dispatched[1].load(Ordering::Relaxed),
             tiled: self.dispatched[2].load(Ordering::Relaxed),
+            cpu: self.dispatched[3].load(Ordering::Relaxed),
         }
     }
 
@@ -627,6 +654,9 @@ impl GpuDecoder {
         out: &mut [u8],
     ) -> Result<()> {
         crate::backend::check_rows(job, &rows, out)?;
+        if self.on_cpu(job, rows.clone()) {
+            return crate::backend::Cpu::new().decode_rows(job, rows, out);
+        }
         let chunks = self.plan(job, self.kernel(job), rows.clone())?;
         let mut slots = self.take_slots();
         let result = self
@@ -738,6 +768,13 @@ impl GpuDecoder {
     /// [`OUTPUT_USAGE`]: bind it as a storage buffer, or copy from it.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+        if self.on_cpu(job, 0..job.dims.total_rows()) {
+            let bytes = crate::backend::Cpu::new().decode(job)?;
+            let dest = self.output_buffer(bytes.len() as u64)?;
+            self.write_padded(&dest, 0, &bytes);
+            self.queue.submit([]);
+            return Ok(dest);
+        }
         self.to_buffer(job, self.kernel(job)).await
     }
 
