@@ -295,6 +295,77 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
     gemv_sum(acc, li, lane, lanes, local0, m0);
 }
 
+// On GPUs: product_dense's geometry and order with the packs' words: a
+// workgroup takes GEMV_ROWS rows of W and MT rows of x, and the WG /
+// GEMV_ROWS invocations of a row read its code words in turn (neighbouring
+// invocations, neighbouring words), each decoded once for the MT rows of
+// x, with the row's scale and zero point of the word's group; the sums
+// are f32, in word order, then pairwise (gemv_finish). Nothing but x's
+// values and the sums is kept per row of x: product's blocks of rows, with
+// their arrays of values per row and word, ran a GPU (an H200) at a
+// sixteenth of the dense product's speed per byte. RB is 1.
+fn product_rows(wid: vec3<u32>, li: u32) {
+    load_codes(li);
+    let per_row = WG / GEMV_ROWS;
+    let lane = li % per_row;
+    let local = wid.x * GEMV_ROWS + li / per_row;
+    // Rows past the chunk read its last one's.
+    let r = min(local, p.fast_rows - 1u);
+    let flat = p.first_row + r;
+    let k = div_small(p.row0 + r, p.rows);
+    let slice = p.slice0 + k;
+    let row = p.row0 + r - k * p.rows;
+    let at = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
+    var sat: array<u32, 8>;
+    var zat: array<u32, 8>;
+    if (SCALED) {
+        sat[0] = fast_index(p.sgrid, slice, row, 0u);
+    }
+    if (ZERO == ZERO_PACKED) {
+        let b = row * BITS;
+        zat[0] = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
+    } else if (ZERO == ZERO_PLAIN) {
+        zat[0] = fast_index(p.zgrid, slice, row, 0u);
+    }
+    let m0 = wid.y * MT;
+    let xo = x_rows(m0);
+    var acc: array<f32, 16>;
+    var s: array<f32, 8>;
+    var z: array<f32, 8>;
+    let mask = (1u << BITS) - 1u;
+    let words = p.words_per_row;
+    for (var w = lane; w < words; w = w + per_row) {
+        let col0 = w * PER;
+        group_values(&s, &z, sat, zat, col0);
+        let scale = select(1.0, s[0], SCALED);
+        let word = row_word(at + col0 * BITS);
+        if (READ) {
+            let raw = (f32(word & 0xffffu) - z[0]) * scale;
+            for (var t = 0u; t < MT; t = t + 1u) {
+                acc[t] = acc[t] + raw * xs[xo[t] + col0];
+            }
+            continue;
+        }
+        var v: array<vec4<f32>, 2>;
+        for (var j = 0u; j < PER; j = j + 1u) {
+            var value = w_value((word >> (slot_of(j) * BITS)) & mask, z[0], scale, flat, col0 + j);
+            if (!X4) {
+                value = select(0.0, value, col0 + j < p.cols);
+            }
+            v[j / 4u][j % 4u] = value;
+        }
+        for (var t = 0u; t < MT; t = t + 1u) {
+            let x = x_word(xo[t] + col0, col0);
+            var a = acc[t] + dot(v[0], x[0]);
+            if (PER == 8u) {
+                a = a + dot(v[1], x[1]);
+            }
+            acc[t] = a;
+        }
+    }
+    gemv_finish(acc, li, lane, local, m0, per_row);
+}
+
 // The code word whose first field is at bit `pos` of src, LSB first.
 fn row_word(pos: u32) -> u32 {
     var word = lsb_first(src[pos >> 5u]);

@@ -8,6 +8,11 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 @compute @workgroup_size(WG)
+fn gemv_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    product_rows(wid, li);
+}
+
+@compute @workgroup_size(WG)
 fn gemv_t(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     product_t(wid, li, Subgroup(0u, 1u));
 }

@@ -579,7 +579,7 @@ fn shaders_translate_for_every_backend() {
     let products = |entries: &str| read("decode.wgsl") + &read("matmul.wgsl") + &read(entries);
     // (name, source, capabilities beyond WebGPU's, the entry points to build).
     let decode: &[&str] = &["main", "fast", "fast_t"];
-    let gemv: &[&str] = &["gemv", "gemv_t", "gemv_dense"];
+    let gemv: &[&str] = &["gemv", "gemv_rows", "gemv_t", "gemv_dense"];
     let modules = [
         (
             "decode",
@@ -642,6 +642,15 @@ fn shaders_translate_for_every_backend() {
                 .map(|set| ("fast_t", set)),
         );
         let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| ("gemv", set)));
+        // The same on a GPU: a row of W per 64 invocations.
+        let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| {
+            let row = |(k, v)| match k {
+                "GEMV_ROWS" => (k, 4),
+                "RB" => (k, 1),
+                _ => (k, v),
+            };
+            ("gemv_rows", set.into_iter().map(row).collect())
+        }));
         let sets = sets.chain(
             gemv_t_variants(&module)
                 .into_iter()
@@ -664,7 +673,7 @@ fn shaders_translate_for_every_backend() {
         let sets = sets.flat_map(|(entry, set)| {
             let rb = set.iter().find(|(k, _)| *k == "RB").map_or(1, |&(_, v)| v);
             let shared = [("WG", 64), ("GEMV_ROWS", 64 * rb), ("SHARE_X", 1)];
-            let shared = (subgroups && entry.starts_with("gemv"))
+            let shared = (subgroups && entry.starts_with("gemv") && entry != "gemv_rows")
                 .then(|| (entry, set.iter().copied().chain(shared).collect()));
             std::iter::once((entry, set)).chain(shared)
         });

@@ -20,9 +20,11 @@ const SUBGROUPS: &str = include_str!("../../../shaders/subgroups.wgsl");
 const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
 /// Values of W an invocation of `gemv` decodes a step (straight and
-/// strided packs): a word of each of its rows, 2 rows of 4-bit codes or 4
-/// of 8-bit ones. On llvmpipe twice as many ran no faster (measured with
-/// each row's decode a call of its own, matmul.wgsl's add_words).
+/// strided packs on CPU adapters, strided ones on GPUs, which multiply
+/// straight packs a row at a time: `gemv_rows`): a word of each of its
+/// rows, 2 rows of 4-bit codes or 4 of 8-bit ones. On llvmpipe twice as
+/// many ran no faster (measured with each row's decode a call of its own,
+/// matmul.wgsl's add_words).
 const GEMV_VALUES: u32 = 16;
 
 /// The workgroup size of the products on CPU adapters.
@@ -43,11 +45,17 @@ struct Geometry {
     /// Words an invocation takes in turn, reading x (with `share_x`) and
     /// the scales once for them all (matmul.wgsl's XRUN).
     xrun: u32,
+    /// Packs multiplied a row per `lanes` invocations (matmul.wgsl's
+    /// gemv_rows), not a block of rows.
+    whole_rows: bool,
 }
 
 impl Geometry {
-    /// On a GPU, 64 invocations read a block's words side by side and add
-    /// up their sums at the end; 8 rows of x share each decoded word. On a
+    /// On a GPU, 64 invocations read a row's words side by side and add up
+    /// their sums at the end, as the dense product does; 8 rows of x share
+    /// each decoded word. (With blocks of 2-4 rows, and their arrays of
+    /// values per row and word, an H200 ran the products at 39 GB/s where
+    /// the dense one read 652 GB/s.) On a
     /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
     /// core's vector lanes, an invocation takes its rows whole: the
     /// workgroup's sums across invocations cost more there than they save
@@ -65,6 +73,7 @@ impl Geometry {
                 max_mt: if subgroup.is_some() { 16 } else { 4 },
                 share_x: subgroup.is_some(),
                 xrun: subgroup.unwrap_or(8),
+                whole_rows: false,
             },
             _ => Geometry {
                 wg: 256,
@@ -72,6 +81,7 @@ impl Geometry {
                 max_mt: 8,
                 share_x: false,
                 xrun: 1,
+                whole_rows: true,
             },
         }
     }
@@ -90,6 +100,7 @@ impl Geometry {
     fn block_rows(self, weights: Weights) -> u32 {
         match weights {
             Weights::Tiled(t) => GEMV_VALUES * t.bits / 32,
+            Weights::Packed(_) if self.whole_rows => 1,
             Weights::Packed(f) => GEMV_VALUES * f.bits / 32,
             Weights::DenseBf16 => 1,
         }
@@ -370,7 +381,10 @@ impl GpuDecoder {
             .entry(variant)
             .or_insert_with(|| {
                 let (mut constants, entry, label) = match weights {
-                    Weights::Packed(k) => (k.constants().to_vec(), "gemv", Kernel::Fast(k).label()),
+                    Weights::Packed(k) => {
+                        let entry = if self.gemv.geometry.whole_rows { "gemv_rows" } else { "gemv" };
+                        (k.constants().to_vec(), entry, Kernel::Fast(k).label())
+                    }
                     Weights::Tiled(t) => (t.constants().to_vec(), "gemv_t", Kernel::Tile(t).label()),
                     Weights::DenseBf16 => (Vec::new(), "gemv_dense", "dense bf16".to_string()),
                 };
@@ -393,7 +407,7 @@ impl GpuDecoder {
                         ("ROUNDING", rounding as u32 as f64),
                     ]);
                 }
-                if entry == "gemv" {
+                if entry == "gemv" || entry == "gemv_rows" {
                     constants.push(("ALIGNED", flag(aligned)));
                 }
                 self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
