@@ -3629,9 +3629,20 @@ fn gpu_faults_hand_over_to_the_cpu_with_the_same_bytes() {
                 .collect();
             assert!(!decoded.is_empty(), "{case}: nothing decoded");
             for o in &decoded {
-                let e = o.bytes(&bare).expect_err("the tiny-limit GPU fails");
-                assert_eq!(e.rule, Rule::Gpu, "{case}: {}: {e}", o.name);
-                one_line(&e.to_string());
+                let before = bare.decoder().dispatches().cpu;
+                match o.bytes(&bare) {
+                    Err(e) => {
+                        assert_eq!(e.rule, Rule::Gpu, "{case}: {}: {e}", o.name);
+                        one_line(&e.to_string());
+                    }
+                    // Where the device may flush subnormals, a tensor that
+                    // could meet one is decoded on the CPU, limits or not.
+                    Ok(bytes) => {
+                        let on_cpu = bare.decoder().dispatches().cpu > before;
+                        assert!(on_cpu, "{case}: {}: the tiny-limit GPU decoded it", o.name);
+                        assert!(bytes == o.bytes(&cpu).unwrap(), "{case}: {}", o.name);
+                    }
+                }
             }
 
             let gpu = Gpu::open(&adapter).unwrap().with_limits(4, 1);
