@@ -234,28 +234,16 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
     let local0 = wid.x * GEMV_ROWS + (li / lanes) * RB;
     let m0 = wid.y * MT;
     let xo = x_rows(m0);
-    // Each row's code bits, scale and zero-point entries, less the column's
-    // part (rows past the chunk read its last one's).
     var at: array<u32, 8>;
     var sat: array<u32, 8>;
     var zat: array<u32, 8>;
     var flat: array<u32, 8>;
     for (var r = 0u; r < RB; r = r + 1u) {
-        let local = min(local0 + r, p.fast_rows - 1u);
-        flat[r] = p.first_row + local;
-        let k = div_small(p.row0 + local, p.rows);
-        let slice = p.slice0 + k;
-        let row = p.row0 + local - k * p.rows;
-        at[r] = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
-        if (SCALED) {
-            sat[r] = fast_index(p.sgrid, slice, row, 0u);
-        }
-        if (ZERO == ZERO_PACKED) {
-            let b = row * BITS;
-            zat[r] = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
-        } else if (ZERO == ZERO_PLAIN) {
-            zat[r] = fast_index(p.zgrid, slice, row, 0u);
-        }
+        let start = row_start(local0 + r);
+        at[r] = start.at;
+        sat[r] = start.sat;
+        zat[r] = start.zat;
+        flat[r] = start.flat;
     }
     var acc: array<f32, 64>;  // [r · MT + t]
     var xl: array<vec4<f32>, 32>;
@@ -309,24 +297,14 @@ fn product_rows(wid: vec3<u32>, li: u32) {
     let per_row = WG / GEMV_ROWS;
     let lane = li % per_row;
     let local = wid.x * GEMV_ROWS + li / per_row;
-    // Rows past the chunk read its last one's.
-    let r = min(local, p.fast_rows - 1u);
-    let flat = p.first_row + r;
-    let k = div_small(p.row0 + r, p.rows);
-    let slice = p.slice0 + k;
-    let row = p.row0 + r - k * p.rows;
-    let at = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
+    let start = row_start(local);
+    let flat = start.flat;
+    let at = start.at;
+    // group_values' arrays, of RB = 1 rows.
     var sat: array<u32, 8>;
     var zat: array<u32, 8>;
-    if (SCALED) {
-        sat[0] = fast_index(p.sgrid, slice, row, 0u);
-    }
-    if (ZERO == ZERO_PACKED) {
-        let b = row * BITS;
-        zat[0] = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
-    } else if (ZERO == ZERO_PLAIN) {
-        zat[0] = fast_index(p.zgrid, slice, row, 0u);
-    }
+    sat[0] = start.sat;
+    zat[0] = start.zat;
     let m0 = wid.y * MT;
     let xo = x_rows(m0);
     var acc: array<f32, 16>;
@@ -364,6 +342,36 @@ fn product_rows(wid: vec3<u32>, li: u32) {
         }
     }
     gemv_finish(acc, li, lane, local, m0, per_row);
+}
+
+// Where a row of the chunk starts: its row over all slices, its code bits,
+// scale and zero-point entries, less the column's part (rows past the
+// chunk read its last one's).
+struct RowStart {
+    flat: u32,
+    at: u32,
+    sat: u32,
+    zat: u32,
+}
+
+fn row_start(local: u32) -> RowStart {
+    let r = min(local, p.fast_rows - 1u);
+    let k = div_small(p.row0 + r, p.rows);
+    let slice = p.slice0 + k;
+    let row = p.row0 + r - k * p.rows;
+    var start: RowStart;
+    start.flat = p.first_row + r;
+    start.at = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits;
+    if (SCALED) {
+        start.sat = fast_index(p.sgrid, slice, row, 0u);
+    }
+    if (ZERO == ZERO_PACKED) {
+        let b = row * BITS;
+        start.zat = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
+    } else if (ZERO == ZERO_PLAIN) {
+        start.zat = fast_index(p.zgrid, slice, row, 0u);
+    }
+    return start;
 }
 
 // The code word whose first field is at bit `pos` of src, LSB first.

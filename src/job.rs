@@ -1304,6 +1304,17 @@ impl<'a> DecodeJob<'a> {
             .is_some_and(|w| w >= SAFE_PRODUCT)
     }
 
+    /// [`tiniest`] of the entries of `v` that rows `rows` read, each also
+    /// shown to `each`; `None` when one is subnormal or the grid is short.
+    fn tiniest_read(&self, v: &Values<'_>, rows: Range<usize>, mut each: impl FnMut(f32)) -> Option<f64> {
+        let mut min = f64::INFINITY;
+        let normal = self.entries_read(v, rows, |x| {
+            each(x);
+            tiniest([x]).map(|t| min = min.min(t)).is_some()
+        });
+        normal.then_some(min)
+    }
+
     /// A lower bound on the magnitude of each nonzero value the job
     /// computes (its last product), or `None` where an input or an
     /// intermediate step may be subnormal.
@@ -1316,14 +1327,7 @@ impl<'a> DecodeJob<'a> {
         let mut w = match &self.zero {
             None => codes,
             Some(ZeroPoint::Plain(z)) => {
-                let mut zeros = f64::INFINITY;
-                let normal = self.entries_read(z, rows.clone(), |v| {
-                    integers &= integral(v);
-                    tiniest([v]).map(|t| zeros = zeros.min(t)).is_some()
-                });
-                if !normal {
-                    return None;
-                }
+                let zeros = self.tiniest_read(z, rows.clone(), |v| integers &= integral(v))?;
                 difference(integers, codes.min(zeros))?
             }
             Some(_) => difference(integers, codes)?,
@@ -1338,14 +1342,7 @@ impl<'a> DecodeJob<'a> {
                     return None;
                 }
             }
-            let mut scales = f64::INFINITY;
-            let normal = self.entries_read(s, rows, |v| {
-                tiniest([v]).map(|t| scales = scales.min(t)).is_some()
-            });
-            if !normal {
-                return None;
-            }
-            w *= scales;
+            w *= self.tiniest_read(s, rows, |_| ())?;
             if w < SAFE_PRODUCT {
                 return None;
             }
@@ -1358,11 +1355,14 @@ impl<'a> DecodeJob<'a> {
             };
             // (q·s + lr)·inv or (q·s)·inv + lr: each summand large enough
             // that a nonzero sum is normal; the sum's last bit the bound.
-            w = match lr.smooth_first {
-                false if w.min(branch) >= SUMMAND => w.min(branch) * ULP * inv,
-                true if (w * inv).min(branch) >= SUMMAND => (w * inv).min(branch) * ULP,
-                _ => return None,
+            let (summands, after) = match lr.smooth_first {
+                false => (w.min(branch), inv),
+                true => ((w * inv).min(branch), 1.0),
             };
+            if summands < SUMMAND {
+                return None;
+            }
+            w = summands * ULP * after;
         }
         if let Some(p) = self.post_scale {
             w *= tiniest([p])?;

@@ -750,12 +750,18 @@ impl GpuDecoder {
     /// `bytes` in a new buffer, laid out as decoded tensors are (see
     /// [`GpuDecoder`]).
     pub fn upload(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        pollster::block_on(self.upload_async(bytes))
+    }
+
+    /// [`GpuDecoder::upload`], awaited.
+    async fn upload_async(&self, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let dest = self.output_buffer(bytes.len() as u64)?;
-        pollster::block_on(self.scoped(async {
+        self.scoped(async {
             self.write_padded(&dest, 0, bytes);
             self.queue.submit([]);
             Ok(dest)
-        }))
+        })
+        .await
     }
 
     /// Decodes the whole tensor into a new buffer on this device and returns
@@ -770,10 +776,7 @@ impl GpuDecoder {
     pub(crate) async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
         if self.on_cpu(job, 0..job.dims.total_rows()) {
             let bytes = crate::backend::Cpu::new().decode(job)?;
-            let dest = self.output_buffer(bytes.len() as u64)?;
-            self.write_padded(&dest, 0, &bytes);
-            self.queue.submit([]);
-            return Ok(dest);
+            return self.upload_async(&bytes).await;
         }
         self.to_buffer(job, self.kernel(job)).await
     }
