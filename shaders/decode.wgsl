@@ -587,8 +587,14 @@ fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
         return low_rank(v, s, flat, col);
     }
     if (PRODUCT != OUT_F32) {
-        // scaled() with the dtype fixed (p.product equals PRODUCT).
-        let q = in_product_as(v, PRODUCT);
+        // scaled() with the dtype fixed (p.product equals PRODUCT). E2M1 and
+        // E4M3 codes, and integer ones less an integer zero point (|v| ≤
+        // 255), are 16-bit values already: rounding them changes nothing.
+        let integers = (CODE == CODE_OFFSET || CODE == CODE_TWOS_COMPLEMENT) && ZERO != ZERO_PLAIN;
+        var q = v;
+        if (!integers && (CODE == CODE_TABLE || ZERO != ZERO_NONE)) {
+            q = in_product_as(v, PRODUCT);
+        }
         if (SCALED) {
             return in_product_as(q * in_product_as(s, PRODUCT), PRODUCT);
         }
