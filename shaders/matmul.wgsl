@@ -36,6 +36,12 @@ override READ: bool = false;
 override X4: bool = false;
 // gemv: every row's codes start on a word of src (no second word to shift in).
 override ALIGNED: bool = false;
+// gemv_dense: words a load of W brings, 1 or 4 (src4: src's buffer again,
+// as vec4s), where every row starts on 16 bytes and holds whole vec4s.
+override WIDE: u32 = 1u;
+// gemv_rows with one row of x: words an invocation fetches before it
+// decodes them, 1 or 2.
+override UNROLL: u32 = 1u;
 // How a value of W is rounded to OUT (the host's Rounding): not at all,
 // where OUT holds every value exactly (the host checks the codes and
 // scales: E2M1 codes times e8m0 scales, to bf16); to bf16 by the carry
@@ -73,6 +79,7 @@ struct Subgroup {
 }
 
 @group(0) @binding(5) var<storage, read> xs4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> src4: array<vec4<u32>>;
 
 var<workgroup> sums: array<f32, 2048>;  // partial sums, 8 per invocation a pass
 
@@ -292,56 +299,178 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
 // values and the sums is kept per row of x: product's blocks of rows, with
 // their arrays of values per row and word, ran a GPU (an H200) at a
 // sixteenth of the dense product's speed per byte. RB is 1.
+//
+// The two loops below are the fastest of the forms an H200 ran (int4 g128
+// at 4096×14336, 2026-12-04), which differ by the rows of x:
+// - one row (a token): an invocation fetches UNROLL words and their groups'
+//   entries before it decodes the first, so that their loads wait
+//   together; the groups are stepped, not divided; a word's values go into
+//   vec4s by eight calls (487 GB/s; the same with an array and a loop, 191);
+// - more rows: the word's values through a loop and an array (4-bit codes;
+//   8-bit ones by eight calls) and the sums in this function, passed to
+//   none (m = 4: 123 GB/s; by eight calls, or with add_fetched, 57-59).
 fn product_rows(wid: vec3<u32>, li: u32) {
     load_codes(li);
     let per_row = WG / GEMV_ROWS;
     let lane = li % per_row;
     let local = wid.x * GEMV_ROWS + li / per_row;
     let start = row_start(local);
-    let flat = start.flat;
-    let at = start.at;
-    // group_values' arrays, of RB = 1 rows.
-    var sat: array<u32, 8>;
-    var zat: array<u32, 8>;
-    sat[0] = start.sat;
-    zat[0] = start.zat;
-    let m0 = wid.y * MT;
-    let xo = x_rows(m0);
+    let xo = x_rows(wid.y * MT);
     var acc: array<f32, 16>;
-    var s: array<f32, 8>;
-    var z: array<f32, 8>;
-    let mask = (1u << BITS) - 1u;
     let words = p.words_per_row;
-    for (var w = lane; w < words; w = w + per_row) {
-        let col0 = w * PER;
-        group_values(&s, &z, sat, zat, col0);
-        let scale = select(1.0, s[0], SCALED);
-        let word = row_word(at + col0 * BITS);
-        if (READ) {
-            let raw = (f32(word & 0xffffu) - z[0]) * scale;
+    if (MT == 1u) {
+        var at = group_step(lane * PER);
+        let by = group_step(per_row * PER);
+        for (var w0 = lane; w0 < words; w0 = w0 + per_row * UNROLL) {
+            let w1 = w0 + per_row;
+            let next = group_next(at, by);
+            let first = fetch(start, w0, at);
+            var second: Fetched;
+            if (UNROLL == 2u) {
+                // Past the row: its last word again, not added.
+                second = fetch(start, min(w1, words - 1u), next);
+            }
+            add_fetched(&acc, first, xo, start.flat, w0 * PER);
+            if (UNROLL == 2u && w1 < words) {
+                add_fetched(&acc, second, xo, start.flat, w1 * PER);
+            }
+            at = next;
+            if (UNROLL == 2u) {
+                at = group_next(next, by);
+            }
+        }
+    } else {
+        var group = group_entry(start.sat, start.zat, 0u);
+        for (var w = lane; w < words; w = w + per_row) {
+            let col0 = w * PER;
+            if (RELOAD != 0u) {
+                group = group_entry(start.sat, start.zat, col0);
+            }
+            let word = row_word(start.at + col0 * BITS);
+            if (READ) {
+                let raw = (f32(word & 0xffffu) - group.z) * group.s;
+                for (var t = 0u; t < MT; t = t + 1u) {
+                    acc[t] = acc[t] + raw * xs[xo[t] + col0];
+                }
+                continue;
+            }
+            var v: Values8;
+            if (PER == 4u) {
+                v = word_values8(word, group, start.flat, col0);
+            } else {
+                var a: array<vec4<f32>, 2>;
+                for (var j = 0u; j < PER; j = j + 1u) {
+                    a[j / 4u][j % 4u] = word_value(word, j, group, start.flat, col0);
+                }
+                v = Values8(a[0], a[1]);
+            }
             for (var t = 0u; t < MT; t = t + 1u) {
-                acc[t] = acc[t] + raw * xs[xo[t] + col0];
+                let x = x_word(xo[t] + col0, col0);
+                var a = acc[t] + dot(v.lo, x[0]);
+                if (PER == 8u) {
+                    a = a + dot(v.hi, x[1]);
+                }
+                acc[t] = a;
             }
-            continue;
-        }
-        var v: array<vec4<f32>, 2>;
-        for (var j = 0u; j < PER; j = j + 1u) {
-            var value = w_value((word >> (slot_of(j) * BITS)) & mask, z[0], scale, flat, col0 + j);
-            if (!X4) {
-                value = select(0.0, value, col0 + j < p.cols);
-            }
-            v[j / 4u][j % 4u] = value;
-        }
-        for (var t = 0u; t < MT; t = t + 1u) {
-            let x = x_word(xo[t] + col0, col0);
-            var a = acc[t] + dot(v[0], x[0]);
-            if (PER == 8u) {
-                a = a + dot(v[1], x[1]);
-            }
-            acc[t] = a;
         }
     }
-    gemv_finish(acc, li, lane, local, m0, per_row);
+    gemv_finish(acc, li, lane, local, wid.y * MT, per_row);
+}
+
+// Where a column is in its scale group and plain zero-point group: each
+// a quot_rem (rows of one group: 0).
+struct GroupAt {
+    s: vec2<u32>,
+    z: vec2<u32>,
+}
+
+fn group_step(col: u32) -> GroupAt {
+    var at: GroupAt;
+    if (SCALED && RELOAD != 0u) {
+        at.s = quot_rem(col, p.sgrid.col_div);
+    }
+    if (ZERO == ZERO_PLAIN && RELOAD != 0u) {
+        at.z = quot_rem(col, p.zgrid.col_div);
+    }
+    return at;
+}
+
+// `at` moved on by `by` columns' groups (group_step of the stride).
+fn group_next(at: GroupAt, by: GroupAt) -> GroupAt {
+    var next = at;
+    if (SCALED && RELOAD != 0u) {
+        next.s = carry(at.s, by.s, p.sgrid.col_div);
+    }
+    if (ZERO == ZERO_PLAIN && RELOAD != 0u) {
+        next.z = carry(at.z, by.z, p.zgrid.col_div);
+    }
+    return next;
+}
+
+fn carry(at: vec2<u32>, by: vec2<u32>, d: u32) -> vec2<u32> {
+    let r = at.y + by.y;
+    return select(vec2<u32>(at.x + by.x, r), vec2<u32>(at.x + by.x + 1u, r - d), r >= d);
+}
+
+// A code word of a row and its group's scale and zero point.
+struct Fetched {
+    word: u32,
+    group: Group,
+}
+
+fn fetch(start: RowStart, w: u32, at: GroupAt) -> Fetched {
+    return Fetched(row_word(start.at + w * PER * BITS), group_of_row(start.sat, start.zat, at.s.x, at.z.x));
+}
+
+// Adds a fetched word at col0 times x's values to the sum of its row
+// (product_rows with one row of x; READ: the word as a number, times x's
+// first value).
+fn add_fetched(acc: ptr<function, array<f32, 16>>, f: Fetched, xo: array<u32, 16>, flat: u32, col0: u32) {
+    if (READ) {
+        let raw = (f32(f.word & 0xffffu) - f.group.z) * f.group.s;
+        for (var t = 0u; t < MT; t = t + 1u) {
+            (*acc)[t] = (*acc)[t] + raw * xs[xo[t] + col0];
+        }
+        return;
+    }
+    let v = word_values8(f.word, f.group, flat, col0);
+    for (var t = 0u; t < MT; t = t + 1u) {
+        let x = x_word(xo[t] + col0, col0);
+        var a = (*acc)[t] + dot(v.lo, x[0]);
+        if (PER == 8u) {
+            a = a + dot(v.hi, x[1]);
+        }
+        (*acc)[t] = a;
+    }
+}
+
+// A code word's values as W holds them, in vec4s (not an array).
+struct Values8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// The values of a row's code word at col0, decoded with its group's scale
+// and zero point (hi: zero for 8-bit codes).
+fn word_values8(word: u32, group: Group, flat: u32, col0: u32) -> Values8 {
+    var v: Values8;
+    v.lo = vec4<f32>(word_value(word, 0u, group, flat, col0), word_value(word, 1u, group, flat, col0),
+                     word_value(word, 2u, group, flat, col0), word_value(word, 3u, group, flat, col0));
+    if (PER == 8u) {
+        v.hi = vec4<f32>(word_value(word, 4u, group, flat, col0), word_value(word, 5u, group, flat, col0),
+                         word_value(word, 6u, group, flat, col0), word_value(word, 7u, group, flat, col0));
+    }
+    return v;
+}
+
+// Value j of a row's code word at col0 as W holds it (zero past the row).
+fn word_value(word: u32, j: u32, group: Group, flat: u32, col0: u32) -> f32 {
+    let c = (word >> (slot_of(j) * BITS)) & ((1u << BITS) - 1u);
+    let value = w_value(c, group.z, group.s, flat, col0 + j);
+    if (X4) {
+        return value;
+    }
+    return select(0.0, value, col0 + j < p.cols);
 }
 
 // Where a row of the chunk starts: its row over all slices, its code bits,
@@ -386,26 +515,51 @@ fn row_word(pos: u32) -> u32 {
     return word;
 }
 
+// A row's scale (1 without) and zero point in a group.
+struct Group {
+    s: f32,
+    z: f32,
+}
+
+// The group of column col0 of a row whose first scale and zero-point
+// entries are sat and zat.
+fn group_entry(sat: u32, zat: u32, col0: u32) -> Group {
+    var gs = 0u;
+    if (SCALED) {
+        gs = div_small(col0, p.sgrid.col_div);
+    }
+    var gz = 0u;
+    if (ZERO == ZERO_PLAIN) {
+        gz = div_small(col0, p.zgrid.col_div);
+    }
+    return group_of_row(sat, zat, gs, gz);
+}
+
+// The scale (group gs) and zero point (packed: group gs; plain: gz) of a
+// row whose first entries are sat and zat.
+fn group_of_row(sat: u32, zat: u32, gs: u32, gz: u32) -> Group {
+    var group = Group(1.0, 0.0);
+    if (SCALED) {
+        group.s = value_as(p.sgrid, sat + gs, SKIND);
+    }
+    // Packed zero points take the scale's groups (one a row without).
+    if (ZERO == ZERO_PACKED) {
+        let zp = zat + gs * p.zero.lane_bits;
+        group.z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
+    } else if (ZERO == ZERO_PLAIN) {
+        group.z = value_as(p.zgrid, zat + gz, ZKIND);
+    }
+    return group;
+}
+
 // The scales (s) and zero points (z) of the RB rows' group of column col0
 // (sat, zat: each row's first entries).
 fn group_values(s: ptr<function, array<f32, 8>>, z: ptr<function, array<f32, 8>>,
                 sat: array<u32, 8>, zat: array<u32, 8>, col0: u32) {
-    let mask = (1u << BITS) - 1u;
-    // Packed zero points take the scale's groups (one a row without).
-    var g = 0u;
-    if (SCALED) {
-        g = div_small(col0, p.sgrid.col_div);
-    }
     for (var r = 0u; r < RB; r = r + 1u) {
-        if (SCALED) {
-            (*s)[r] = value_as(p.sgrid, sat[r] + g, SKIND);
-        }
-        if (ZERO == ZERO_PACKED) {
-            let zp = zat[r] + g * p.zero.lane_bits;
-            (*z)[r] = code_value((src[zp >> 5u] >> (zp & 31u)) & mask);
-        } else if (ZERO == ZERO_PLAIN) {
-            (*z)[r] = value_as(p.zgrid, zat[r] + div_small(col0, p.zgrid.col_div), ZKIND);
-        }
+        let group = group_entry(sat[r], zat[r], col0);
+        (*s)[r] = group.s;
+        (*z)[r] = group.z;
     }
 }
 
@@ -492,6 +646,22 @@ fn product_dense(wid: vec3<u32>, li: u32, sg: Subgroup) {
     var acc: array<f32, 16>;
     var xl: array<vec4<f32>, 32>;
     let words = p.words_per_row;
+    if (WIDE == 4u) {
+        // Eight values a load, x's four at a time.
+        for (var q = lane; q < words / 4u; q = q + per_row) {
+            let run = src4[row * (words / 4u) + q];
+            let w0 = vec4<f32>(bitcast<f32>(run.x << 16u), bitcast<f32>(run.x & 0xffff0000u),
+                               bitcast<f32>(run.y << 16u), bitcast<f32>(run.y & 0xffff0000u));
+            let w1 = vec4<f32>(bitcast<f32>(run.z << 16u), bitcast<f32>(run.z & 0xffff0000u),
+                               bitcast<f32>(run.w << 16u), bitcast<f32>(run.w & 0xffff0000u));
+            for (var t = 0u; t < MT; t = t + 1u) {
+                let at = (xo[t] >> 2u) + 2u * q;
+                acc[t] = acc[t] + dot(w0, xs4[at]) + dot(w1, xs4[at + 1u]);
+            }
+        }
+        gemv_finish(acc, li, lane, local, m0, per_row);
+        return;
+    }
     for (var w0 = lane * XRUN; w0 < words; w0 = w0 + per_row * XRUN) {
         if (SHARE_X) {
             let at = 2u * min(w0 + sg.lane, words - 1u);

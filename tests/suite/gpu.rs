@@ -642,29 +642,38 @@ fn shaders_translate_for_every_backend() {
                 .map(|set| ("fast_t", set)),
         );
         let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| ("gemv", set)));
-        // The same on a GPU: a row of W per 64 invocations.
-        let sets = sets.chain(gemv_variants(&module).into_iter().map(|set| {
-            let row = |(k, v)| match k {
-                "GEMV_ROWS" => (k, 4),
-                "RB" => (k, 1),
-                _ => (k, v),
-            };
-            ("gemv_rows", set.into_iter().map(row).collect())
-        }));
+        // The same on a GPU: a row of W per 64 invocations, fetching one
+        // or two words at a time.
+        let sets = sets.chain(
+            gemv_variants(&module)
+                .into_iter()
+                .enumerate()
+                .map(|(i, set)| {
+                    let row = |(k, v)| match k {
+                        "GEMV_ROWS" => (k, 4),
+                        "RB" => (k, 1),
+                        _ => (k, v),
+                    };
+                    // Scales read once a row, or stepped word by word.
+                    let fetch = [("UNROLL", [2, 1][i % 2]), ("RELOAD", [0, 1][i / 2 % 2])];
+                    ("gemv_rows", set.into_iter().map(row).chain(fetch).collect())
+                }),
+        );
         let sets = sets.chain(
             gemv_t_variants(&module)
                 .into_iter()
                 .map(|set| ("gemv_t", set)),
         );
-        // The bench's dense baseline, with one and eight rows of x.
+        // The bench's dense baseline, with one and eight rows of x, its
+        // words read one or four at a time.
         let sets = sets.chain(
-            [1, 8]
+            [(1, 1), (8, 1), (1, 4), (8, 4)]
                 .into_iter()
                 .filter(|_| module.entry_points.iter().any(|e| e.name == "gemv_dense"))
-                .map(|mt| {
+                .map(|(mt, wide)| {
                     (
                         "gemv_dense",
-                        vec![("WG", 256), ("GEMV_ROWS", 4), ("MT", mt)],
+                        vec![("WG", 256), ("GEMV_ROWS", 4), ("MT", mt), ("WIDE", wide)],
                     )
                 }),
         );

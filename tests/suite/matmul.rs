@@ -206,9 +206,12 @@ fn matmul_near_overflow_and_refusals() {
     });
 }
 
-/// A Linear whose inputs are no multiple of a workgroup's words (200
-/// inputs: 25 words, in groups of 40), whose outputs are no multiple of a
-/// workgroup's rows (37), with a bias: within the bound on both sides.
+/// A Linear whose inputs are no multiple of a workgroup's words (1000
+/// inputs: 125 words, more than a GPU row's 64 invocations take at once,
+/// in groups of 40, which a step of 64 words does not keep in place: a
+/// group stepped one column too late or early is caught), whose outputs
+/// are no multiple of a workgroup's rows (37), with a bias: within the
+/// bound on both sides.
 #[test]
 fn matmul_of_odd_shapes_with_a_bias() {
     use crate::common::producer::pack_fields;
@@ -216,7 +219,7 @@ fn matmul_of_odd_shapes_with_a_bias() {
     gpu_test(|adapter| {
         let decoders = decoders(&adapter);
         let tmp = tempfile::tempdir().unwrap();
-        let (n, k, g) = (37usize, 200usize, 40usize);
+        let (n, k, g) = (37usize, 1000usize, 40usize);
         let mut rng = Rng::new(0x5EED_6E3F_0000_0003);
         let m = "model.layers.0.mlp.down_proj";
         let words: Vec<u8> = (0..n)

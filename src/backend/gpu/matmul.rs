@@ -14,6 +14,7 @@ use crate::job::{DecodeJob, Values, ZeroPoint};
 const XS: u32 = 3;
 const GEMV: u32 = 4;
 const XS4: u32 = 5;
+const SRC4: u32 = 6;
 
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const SUBGROUPS: &str = include_str!("../../../shaders/subgroups.wgsl");
@@ -48,6 +49,12 @@ struct Geometry {
     /// Packs multiplied a row per `lanes` invocations (matmul.wgsl's
     /// gemv_rows), not a block of rows.
     whole_rows: bool,
+    /// Words an invocation of `gemv_rows` fetches before it decodes them
+    /// (matmul.wgsl's UNROLL).
+    unroll: u32,
+    /// Words a load of the dense baseline's W brings where its rows hold
+    /// whole runs of them (matmul.wgsl's WIDE).
+    wide: u32,
 }
 
 impl Geometry {
@@ -55,7 +62,13 @@ impl Geometry {
     /// their sums at the end, as the dense product does; 8 rows of x share
     /// each decoded word. (With blocks of 2-4 rows, and their arrays of
     /// values per row and word, an H200 ran the products at 39 GB/s where
-    /// the dense one read 652 GB/s.) On a
+    /// the dense one read 652 GB/s.) With one row of x, an invocation
+    /// fetches two words before it decodes them (int4 at 4096×14336 on an
+    /// H200: 487 GB/s, against 461 fetching one). The dense baseline reads
+    /// four words a load (1.8 TB/s there, against 650 GB/s a word a load);
+    /// the packs read a word a load: four words a load, whose x a lane
+    /// then reads 128 bytes from its neighbour's, ran them 13-39 % slower
+    /// at m = 1. On a
     /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
     /// core's vector lanes, an invocation takes its rows whole: the
     /// workgroup's sums across invocations cost more there than they save
@@ -74,6 +87,8 @@ impl Geometry {
                 share_x: subgroup.is_some(),
                 xrun: subgroup.unwrap_or(8),
                 whole_rows: false,
+                unroll: 1,
+                wide: 1,
             },
             _ => Geometry {
                 wg: 256,
@@ -82,6 +97,8 @@ impl Geometry {
                 share_x: false,
                 xrun: 1,
                 whole_rows: true,
+                unroll: 2,
+                wide: 4,
             },
         }
     }
@@ -162,6 +179,8 @@ pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout 
             buffer(GEMV, wgpu::BufferBindingType::Uniform, gemv),
             // x again, as vec4s.
             buffer(XS4, storage(true), 16),
+            // The chunk's packs again, as vec4s.
+            buffer(SRC4, storage(true), 16),
         ],
     })
 }
@@ -375,6 +394,7 @@ impl GpuDecoder {
             aligned,
             reload,
             rounding,
+            wide,
         } = variant;
         let mut cache = self.gemv.pipelines.lock().unwrap_or_else(|p| p.into_inner());
         cache
@@ -397,6 +417,8 @@ impl GpuDecoder {
                     ("MT", mt as f64),
                     ("SHARE_X", flag(g.share_x)),
                     ("XRUN", g.xrun as f64),
+                    ("WIDE", wide as f64),
+                    ("UNROLL", g.unroll as f64),
                 ]);
                 if entry != "gemv_dense" {
                     constants.extend([
@@ -490,10 +512,16 @@ impl GpuDecoder {
                     entry(DST, y),
                     entry(XS, x),
                     entry(GEMV, &gemv),
-                    entry(XS4, if x.size() >= 16 { x } else { &self.gemv.small_x }),
+                    entry(XS4, if x.size() >= 16 { x } else { &self.gemv.small }),
+                    entry(SRC4, if part.src.size() >= 16 { &part.src } else { &self.gemv.small }),
                 ],
             });
             let x4 = x4(part.weights, w.k) && x.size() >= 16;
+            // The dense baseline's rows in runs of 8 values on 16 bytes.
+            let wide = match part.weights {
+                Weights::DenseBf16 if w.k.is_multiple_of(8) && part.src.size() >= 16 => self.gemv.geometry.wide,
+                _ => 1,
+            };
             let variant = Variant {
                 weights: part.weights,
                 product,
@@ -502,6 +530,7 @@ impl GpuDecoder {
                 aligned: part.aligned,
                 reload: self.gemv.geometry.reload(part.group_words),
                 rounding: part.rounding,
+                wide,
             };
             let pipeline = self.gemv_pipeline(variant);
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -635,6 +664,8 @@ struct Variant {
     reload: u32,
     /// How values are rounded.
     rounding: Rounding,
+    /// Words a load of the dense baseline's W brings.
+    wide: u32,
 }
 
 /// The products' pipelines.
@@ -645,8 +676,9 @@ pub(super) struct Pipelines {
     bind_group_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     pipelines: std::sync::Mutex<Cache>,
-    /// Bound as xs4 when x is too small to (x4 is off then).
-    small_x: wgpu::Buffer,
+    /// Bound as xs4 or src4 where x or the weights are too small to be
+    /// (x4 is off then, and WIDE 1).
+    small: wgpu::Buffer,
     /// decode.wgsl, matmul.wgsl and the entry points.
     module: wgpu::ShaderModule,
     geometry: Geometry,
@@ -661,8 +693,8 @@ impl Pipelines {
             bind_group_layouts: &[Some(&bind_group_layout)],
             immediate_size: 0,
         });
-        let small_x = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgpu-dequant gemv small x"),
+        let small = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-dequant gemv small binding"),
             size: 16,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
@@ -671,7 +703,7 @@ impl Pipelines {
             bind_group_layout,
             pipeline_layout,
             pipelines: Default::default(),
-            small_x,
+            small,
             module: module(device, subgroup.is_some()),
             geometry: Geometry::of(device.adapter_info().device_type, subgroup),
         }
