@@ -286,6 +286,40 @@ fn matmul_of_odd_shapes_with_a_bias() {
     });
 }
 
+/// The bench's dense baseline (`gemv_dense`: on a GPU's geometry four
+/// words a load where rows hold runs of 8 values, else a word a load)
+/// multiplies by the whole weight it is given: within the bound of an f64
+/// product of the same bf16 values, so that its timings are of a product.
+#[test]
+fn dense_baseline_keeps_to_the_bound() {
+    gpu_test(|adapter| {
+        let decoders = decoders(&adapter);
+        let mut rng = Rng::new(0x5EED_DE45_0000_0001);
+        // 1000 inputs: runs of 8 values; 998: not.
+        for (n, k) in [(37usize, 1000usize), (5, 998)] {
+            let bits: Vec<u16> = (0..n * k)
+                .map(|_| 0x3c00 | rng.below(0x200) as u16 | ((rng.below(2) as u16) << 15))
+                .collect();
+            let w: Vec<f32> = bits
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect();
+            let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+            for (i, decoder) in decoders.iter().enumerate() {
+                let dense = decoder.upload_dense_bf16((n, k), &bytes).unwrap();
+                for m in [1, 3, 17] {
+                    let x = random_x(&mut rng, m, k, 1.0);
+                    assert_within(
+                        &decoder.matmul(&dense, &x, m).unwrap(),
+                        &reference(&w, &x, None, (m, n, k)),
+                        &format!("dense {n}x{k}, m={m} on GPU decoder {i}"),
+                    );
+                }
+            }
+        }
+    });
+}
+
 /// Packs along the inputs (GPTQ's strided words, AutoAWQ's transposed
 /// ones, both rewritten in output order at upload) of a Linear whose dense
 /// weight spans several decode chunks (4096 outputs of 2304 inputs: 18 MiB

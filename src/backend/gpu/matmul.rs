@@ -350,6 +350,7 @@ impl GpuDecoder {
     /// A dense `n × k` bf16 weight (`bytes`, row-major; `k` even) for
     /// [`GpuDecoder::record_product`]: the bench's baseline, the path an app
     /// has without packed products.
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn upload_dense_bf16(&self, (n, k): (usize, usize), bytes: &[u8]) -> Result<PackedLinear> {
         if !k.is_multiple_of(2) || bytes.len() != 2 * n * k {
             return Err(Error::bare(Rule::Argument, format!("dense bf16: {} bytes for {n} x {k}", bytes.len())));
