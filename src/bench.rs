@@ -449,20 +449,20 @@ fn best_of_turns(
     mut a: impl FnMut() -> Result<()>,
     mut b: impl FnMut() -> Result<()>,
 ) -> Result<(f64, f64)> {
-    let [ta, tb] = best_in_turns(runs, [&mut a, &mut b])?;
+    let [ta, tb] = best_in_turns(runs, [&mut || best(1, &mut a), &mut || best(1, &mut b)])?;
     Ok((ta, tb))
 }
 
-/// The best of `runs` runs of each of `fs`, taken in turns, so that a slow
-/// spell of a shared machine slows them all alike.
+/// The least of `runs` timings (in seconds) by each of `fs`, taken in
+/// turns, so that a slow spell of a shared machine slows them all alike.
 fn best_in_turns<const N: usize>(
     runs: usize,
-    mut fs: [&mut dyn FnMut() -> Result<()>; N],
+    mut fs: [&mut dyn FnMut() -> Result<f64>; N],
 ) -> Result<[f64; N]> {
     let mut times = [f64::MAX; N];
     for _ in 0..runs.max(1) {
         for (t, f) in times.iter_mut().zip(fs.iter_mut()) {
-            *t = t.min(best(1, f)?);
+            *t = t.min(f()?);
         }
     }
     Ok(times)
@@ -737,18 +737,15 @@ pub(crate) fn gpu_gemv(
             for &m in ms {
                 let (x, y) = x_of(m);
                 let io = (&x, &y, m as u32);
-                let mut batches = [
-                    Batch::of(decoder, &packed, Product::Decoded, io)?,
-                    Batch::of(decoder, &packed, Product::Read, io)?,
-                    Batch::of(decoder, &dense, Product::Decoded, io)?,
-                ];
-                let mut times = [f64::MAX; 3];
-                for _ in 0..runs.max(1) {
-                    for (t, batch) in times.iter_mut().zip(&mut batches) {
-                        *t = t.min(batch.seconds()?);
-                    }
-                }
-                let [ours, read, plain] = times;
+                let mut ours = Batch::of(decoder, &packed, Product::Decoded, io)?;
+                let mut read = Batch::of(decoder, &packed, Product::Read, io)?;
+                let mut plain = Batch::of(decoder, &dense, Product::Decoded, io)?;
+                let [ours, read, plain] = best_in_turns(
+                    runs,
+                    [&mut || ours.seconds(), &mut || read.seconds(), &mut || {
+                        plain.seconds()
+                    }],
+                )?;
                 let x_bytes = (4 * m * k) as u64;
                 let what = format!("{name} {n}x{k}");
                 let figure = |baseline: &str, seconds, baseline_bytes| Figure {
