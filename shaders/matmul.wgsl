@@ -192,12 +192,7 @@ fn add_word(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32
     }
     var v: array<vec4<f32>, 2>;
     for (var j = 0u; j < PER; j = j + 1u) {
-        let c = (word >> (slot_of(j) * BITS)) & ((1u << BITS) - 1u);
-        var value = w_value(c, wv.z[j], wv.s[j], flat, col0 + j);
-        if (!X4) {
-            value = select(0.0, value, col0 + j < p.cols);
-        }
-        v[j / 4u][j % 4u] = value;
+        v[j / 4u][j % 4u] = word_value(word, j, Group(wv.s[j], wv.z[j]), flat, col0);
     }
     for (var t = 0u; t < MT; t = t + 1u) {
         var a = (*acc)[r * MT + t] + dot(v[0], (*xw)[2u * t]);

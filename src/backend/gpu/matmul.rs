@@ -5,7 +5,7 @@
 //! same module). W is never dense, on the host or the device.
 
 use super::layout::{self, Fast, Kernel, Tile};
-use super::{fast_kernel, gpu_err, GpuDecoder, DST, PARAMS, SRC};
+use super::{buffer, fast_kernel, gpu_err, GpuDecoder, DST, PARAMS, SRC};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Values, ZeroPoint};
 
@@ -152,16 +152,6 @@ const NO_BIAS: u32 = u32::MAX;
 /// The five bindings of `gemv`: the decode kernels' three (W's chunk in
 /// `src`, y as `dst`), x, and the product's own parameters.
 pub(super) fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
-    let buffer = |binding, ty, min_size: u64| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: std::num::NonZeroU64::new(min_size),
-        },
-        count: None,
-    };
     let storage = |read_only| wgpu::BufferBindingType::Storage { read_only };
     let params = std::mem::size_of::<layout::Params>() as u64;
     let gemv = std::mem::size_of::<GemvParams>() as u64;
@@ -293,10 +283,13 @@ impl GpuDecoder {
         // same size.
         let repacked = job.in_output_order();
         let job = repacked.as_ref().unwrap_or(job);
+        // A low-rank branch of rank 0 is a factor per input (ModelOpt's
+        // pre_quant_scale); SVDQuant's own branch is not multiplied (yet).
+        let branch = job.low_rank.as_ref().is_some_and(|lr| lr.rank > 0);
         let (kernel, weights) = match fast_kernel(job) {
-            Some(Kernel::Fast(k)) if k.low_rank == layout::LowRankMode::None => (Kernel::Fast(k), Weights::Packed(k)),
+            Some(Kernel::Fast(k)) if !branch => (Kernel::Fast(k), Weights::Packed(k)),
             Some(Kernel::Tile(t)) if t.pack == layout::Pack::Strided => (Kernel::Tile(t), Weights::Tiled(t)),
-            _ => return refuse("its packs are not ones the GPU multiplies by (yet): it takes 4- and 8-bit packs the fast kernels decode"),
+            _ => return refuse("its packs are not ones the GPU multiplies by (yet): codes of 1 to 8 bits that the fast kernels decode, once rewritten in rows"),
         };
         if rows.end > job.dims.total_rows() || rows.start > rows.end {
             return refuse("rows past the weight's");
@@ -449,8 +442,9 @@ impl GpuDecoder {
     }
 
     /// Records `y = x·Wᵀ (+ bias)` into `encoder`, for the `m` rows of `x`
-    /// (`[m, w.k]` f32, row-major) into `y` (`[m, w.n]` f32): buffers of
-    /// this decoder's device with `STORAGE` usage. Each weight is decoded
+    /// (`[m, w.k]` f32, row-major) into `y` (`[m, w.n]` f32): two buffers
+    /// of this decoder's device with `STORAGE` usage (refused otherwise,
+    /// except another device's, which only wgpu can tell). Each weight is decoded
     /// once per 8 rows of x on a GPU, 16 on a CPU adapter with subgroups (4
     /// without); the sums are f32, in a fixed order, so a result is the
     /// same from run to run on one device.
@@ -474,6 +468,22 @@ impl GpuDecoder {
         product: Product,
     ) -> Result<()> {
         let (n, k) = (w.n as u64, w.k as u64);
+        // What binding would refuse, refused here: the app's device would
+        // take it as a validation error, which panics by default.
+        for (buffer, name) in [(x, "x"), (y, "y")] {
+            if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+                return Err(Error::bare(
+                    Rule::Argument,
+                    format!("matmul: {name} is bound as storage, and its buffer lacks BufferUsages::STORAGE"),
+                ));
+            }
+        }
+        if x == y {
+            return Err(Error::bare(
+                Rule::Argument,
+                "matmul: x and y are one buffer; y is written while x is read",
+            ));
+        }
         if m == 0 {
             return Ok(());
         }
@@ -548,7 +558,7 @@ impl GpuDecoder {
     /// `y = x·Wᵀ (+ bias)` for the `m` rows of `x` (`[m, w.k]`), read back:
     /// [`GpuDecoder::record_matmul`] for tests and simple apps.
     pub async fn matmul_async(&self, w: &PackedLinear, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        if x.len() != m * w.k {
+        if w.k == 0 || m.checked_mul(w.k) != Some(x.len()) {
             return Err(Error::bare(
                 Rule::Argument,
                 format!("matmul: x holds {} values, not {m} rows of {}", x.len(), w.k),
@@ -625,8 +635,9 @@ fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
 
 /// Whether no value of rows `rows` of `job`'s W is NaN: its code values,
 /// scales and zero points are finite (every stored entry those rows read
-/// checked) and a post scale finite and nonzero, so that no difference or
-/// product of them is.
+/// checked), and a post scale and the factors per input (a rank-0
+/// low-rank branch) finite and nonzero, so that no difference or product
+/// of them is.
 fn nan_free(job: &DecodeJob<'_>, rows: std::ops::Range<usize>) -> bool {
     let finite = |v: &Values<'_>| job.entries_read(v, rows.clone(), f32::is_finite);
     job.code_values.iter().all(|v| v.is_finite())
@@ -636,6 +647,9 @@ fn nan_free(job: &DecodeJob<'_>, rows: std::ops::Range<usize>) -> bool {
             _ => true,
         }
         && job.post_scale.is_none_or(|p| p.is_finite() && p != 0.0)
+        && job.low_rank.as_ref().is_none_or(|lr| {
+            lr.rank == 0 && lr.inv_smooth.iter().all(|f| f.is_finite() && *f != 0.0)
+        })
 }
 
 /// Whether the kernel reads x four values at a time (xs4): straight and

@@ -35,16 +35,6 @@ const DST: u32 = 2;
 /// pipeline, and a shader whose bindings drift from it fails when its
 /// pipeline is built.
 fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
-    let buffer = |binding, ty, min_size: u64| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: std::num::NonZeroU64::new(min_size),
-        },
-        count: None,
-    };
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some("wgpu-dequant bindings"),
         entries: &[
@@ -66,6 +56,20 @@ fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
             ),
         ],
     })
+}
+
+/// A compute kernel's buffer binding of at least `min_size` bytes.
+fn buffer(binding: u32, ty: wgpu::BufferBindingType, min_size: u64) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: std::num::NonZeroU64::new(min_size),
+        },
+        count: None,
+    }
 }
 
 fn gpu_err(detail: impl Into<String>) -> Error {
