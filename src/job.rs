@@ -243,18 +243,20 @@ impl Fields<'static> {
 }
 
 impl Fields<'_> {
-    /// The same `slices × lanes × len` fields with each lane's words one
-    /// after another, as [`Fields::in_lanes`] writes them: whole words
-    /// copied where each holds its lane's next fields in plain order
+    /// The same `slices × lanes × len` fields, `width` bits wide (this
+    /// width or more), with each lane's words one after another, as
+    /// [`Fields::in_lanes`] writes them: whole words copied where each
+    /// holds its lane's next fields in plain order at the same width
     /// (GPTQ's `qweight`, whose words are strided), the last one's fields
     /// past `len` cleared; else field by field. `None` past the data.
-    fn in_lane_order(&self, (slices, lanes, len): (usize, usize, usize)) -> Option<Fields<'static>> {
-        let words_whole = self.per_word == 0
+    fn in_lane_order(&self, (slices, lanes, len): (usize, usize, usize), width: u32) -> Option<Fields<'static>> {
+        let words_whole = width == self.bits
+            && self.per_word == 0
             && 32 % self.bits == 0
             && !self.high_first
             && [self.lane_bits, self.word_bits, self.slice_bits].iter().all(|b| b % 32 == 0);
         if !words_whole {
-            return Fields::in_lanes((slices, lanes, len), self.bits, false, |s, l, i| self.get(s, l, i));
+            return Fields::in_lanes((slices, lanes, len), width, false, |s, l, i| self.get(s, l, i));
         }
         let per = (32 / self.bits) as usize;
         let lane_words = len.div_ceil(per);
@@ -804,6 +806,31 @@ impl Sparse<'_> {
         }
     }
 
+    /// Every code of a `slices × rows × cols` job whose kept codes are
+    /// `codes`, as [`DecodeJob::code`] reads them (0 where the bit is
+    /// clear), as `width`-bit fields, each row's words one after another:
+    /// a row at a time, the index counted on from each block's start
+    /// rather than each element's bits counted again.
+    fn codes_whole(&self, codes: &Fields<'_>, (slices, rows, cols): (usize, usize, usize), width: u32) -> Option<Fields<'static>> {
+        let per = (32 / width) as usize;
+        let lane_words = cols.div_ceil(per);
+        let mut words = vec![0u32; slices.checked_mul(rows)?.checked_mul(lane_words)?];
+        for (i, row) in words.chunks_exact_mut(lane_words.max(1)).enumerate() {
+            let (s, r) = (i / rows.max(1), i % rows.max(1));
+            let mut at = 0;
+            for col in 0..cols {
+                if col % self.block == 0 {
+                    at = self.start(r, col / self.block);
+                }
+                if self.mask.get(s, r, col) != 0 {
+                    row[col / per] |= codes.get(s, 0, at as usize) << ((col % per) as u32 * width);
+                    at += 1;
+                }
+            }
+        }
+        Some(Fields::of_words(&words, width, (rows, lane_words), false))
+    }
+
     /// Index among the kept codes of element (row, col), whose bit is set.
     #[inline]
     pub fn index(&self, row: usize, col: usize) -> u64 {
@@ -1021,29 +1048,61 @@ impl<'a> DecodeJob<'a> {
     }
 
     /// The same weight with its packs rewritten in output order, a row's
-    /// codes one word after another: what products read, at the same size
-    /// as stored. A transposed job's codes (AutoAWQ's `[in, out]`) become a
-    /// straight job's, its scales and plain zero points move to the
-    /// transposed grid, and zero points packed along columns become packed
-    /// along rows, in plain field order. A straight job whose rows' words
-    /// are strided (GPTQ's `[in/8, out]`) keeps its scales and zero points.
-    /// `None` where the job is already in output order or has what this
-    /// does not rewrite (g_idx, a bitmask, a low-rank branch, nested
-    /// scales, zero points packed along rows).
+    /// 4- or 8-bit codes one word after another: what products read. A
+    /// transposed job's codes (AutoAWQ's `[in, out]`) become a straight
+    /// job's, its scales and plain zero points move to the transposed grid,
+    /// and zero points packed along columns become packed along rows, in
+    /// plain field order. A straight job keeps the rest: its rows' words
+    /// strided (GPTQ's `[in/8, out]`) or its rows' fields interleaved
+    /// (ModelOpt INT4-AWQ's two rows a byte) are put one after another, at
+    /// the same size; a sparse job's codes are written whole, the pruned
+    /// ones 0 as [`DecodeJob::code`] reads them (compressed-tensors' 2:4
+    /// FP8: a byte a weight, against about 0.56 stored); and narrower codes
+    /// (and packed zero points) are widened to 4 bits (int3: a third more
+    /// than stored), their table padded. `None` where the job is already
+    /// in output order or has what this does not rewrite (g_idx, a
+    /// transposed bitmask or low-rank branch, nested scales, zero points
+    /// packed along rows, codes wider than 8 bits).
     pub(crate) fn in_output_order(&self) -> Option<DecodeJob<'a>> {
-        if self.g_idx.is_some() || self.sparse.is_some() || self.low_rank.is_some() {
+        let c = &self.codes;
+        let width = match c.bits {
+            1..=4 => 4,
+            5..=8 => 8,
+            _ => return None,
+        };
+        if self.g_idx.is_some() {
             return None;
         }
-        let c = &self.codes;
         if !self.transposed {
-            if !(c.lane_bits == 32 && c.word_bits > 32) {
+            if c.bits == width && c.per_word == 0 && c.word_bits == 32 && self.sparse.is_none() {
                 return None;
             }
             let Dims { slices, rows, cols } = self.dims;
+            let codes = match &self.sparse {
+                Some(sp) => sp.codes_whole(c, (slices, rows, cols), width)?,
+                None => c.in_lane_order((slices, rows, cols), width)?,
+            };
+            let zero = match &self.zero {
+                // Lanes: the scale's column groups (one without), side by side.
+                Some(ZeroPoint::Packed { fields }) if fields.bits != width => {
+                    let groups = self.scale.as_ref().map_or(1, |v| cols.div_ceil(v.grid.col_div));
+                    let fields = Fields::in_lanes((slices, groups, rows), width, true, |s, g, r| fields.get(s, g, r))?;
+                    Some(ZeroPoint::Packed { fields })
+                }
+                zero => zero.clone(),
+            };
+            let mut code_values = self.code_values.to_vec();
+            code_values.resize(code_values.len().max(1 << width), 0.0);
             return Some(DecodeJob {
-                codes: c.in_lane_order((slices, rows, cols))?,
+                codes,
+                zero,
+                code_values: code_values.into(),
+                sparse: None,
                 ..self.clone()
             });
+        }
+        if self.sparse.is_some() || self.low_rank.is_some() || c.bits != width {
+            return None;
         }
         // Stored rows are the inputs, stored columns the outputs.
         let stored = self.stored_dims();
@@ -1077,6 +1136,66 @@ impl<'a> DecodeJob<'a> {
             out: self.out,
             sparse: None,
             transposed: false,
+        })
+    }
+
+    /// The same weight read as `n` rows of `k` inputs, for a job whose rows
+    /// are another view of the same row-major elements (bitsandbytes' 4-bit
+    /// packs, whose blocks cross the weight's rows, are decoded as rows of
+    /// whole blocks): its stream of codes cut into rows of `k`, and its
+    /// scales, each serving a run of elements, repeated for every row and
+    /// group of `gcd(k, run)` inputs as the f32 values they are. `None`
+    /// where the job is no such view (its rows W's own already, a stack,
+    /// codes not one stream, zero
+    /// points, runs that are not regular, sizes that overflow), or where
+    /// those groups would split code words.
+    pub(crate) fn in_rows(&self, n: usize, k: usize) -> Option<DecodeJob<'a>> {
+        let Dims { slices, rows, cols } = self.dims;
+        let c = &self.codes;
+        let stream = c.per_word == 0 && c.word_bits == 32 && c.lane_bits == (cols as u64).checked_mul(c.bits as u64)?;
+        let plain = self.zero.is_none() && self.g_idx.is_none() && self.sparse.is_none() && self.low_rank.is_none();
+        let view = (rows, cols) != (n, k) && rows.checked_mul(cols)? == n.checked_mul(k)?;
+        if slices != 1 || !view || !stream || !plain || self.transposed || k == 0 {
+            return None;
+        }
+        let codes = Fields {
+            lane_bits: k as u64 * c.bits as u64,
+            ..c.clone()
+        };
+        let scale = match &self.scale {
+            None => None,
+            Some(v) => {
+                // The elements one entry serves, one after another.
+                let g = v.grid;
+                let run = match g.col_div >= cols {
+                    true => g.row_div.checked_mul(cols)?,
+                    false if cols.is_multiple_of(g.col_div) => g.col_div,
+                    false => return None,
+                };
+                // Groups of whole code words (or rows of one group), as
+                // products read them: else a scale for each few codes.
+                let group = gcd(k, run);
+                if group < k && !group.is_multiple_of((32 / c.bits.max(1)) as usize) {
+                    return None;
+                }
+                let groups = k / group;
+                let mut values = Vec::with_capacity(n.checked_mul(groups)?.checked_mul(4)?);
+                for r in 0..n {
+                    for j in 0..groups {
+                        let at = r * k + j * group;
+                        let s = v.get(self.scale_index(0, at / cols, at % cols)?);
+                        values.extend_from_slice(&s.to_le_bytes());
+                    }
+                }
+                let grid = Grid { row_div: 1, col_div: group, row_stride: groups, slice_stride: 0 };
+                Some(Values { data: Bytes::Owned(values.into()), kind: ValueKind::F32, grid })
+            }
+        };
+        Some(DecodeJob {
+            dims: Dims { slices: 1, rows: n, cols: k },
+            codes,
+            scale,
+            ..self.clone()
         })
     }
 
@@ -1508,12 +1627,74 @@ mod tests {
         // Whole words copied are the fields written one by one, tail too.
         let by_field = Fields::in_lanes((2, rows, cols), 4, false, |s, l, i| codes.get(s, l, i)).unwrap();
         assert_eq!(&repacked.codes.data[..], &by_field.data[..]);
-        // Straight jobs and nested scales are left as they are.
-        assert!(job.clone().transpose().in_output_order().is_none());
+        // A straight job's padded fields become a stream; one in a stream
+        // already, and nested scales, are left as they are.
+        let straight = job.clone().transpose();
+        let stream = straight.in_output_order().unwrap();
+        same_values(&straight, &stream, "8-bit, padded");
+        assert!(stream.in_output_order().is_none());
         let nested = Nested { table: [1.0; 256], outer: vec![2.0; 4].into(), per_outer: 8, offset: 0.0 };
         let mut job = job;
         job.scale.as_mut().unwrap().kind = ValueKind::Nested(Box::new(nested));
         assert!(job.in_output_order().is_none());
+    }
+
+    #[test]
+    fn narrow_codes_and_zero_points_are_widened_as_they_decode() {
+        let mut rng = fastrand::Rng::with_seed(0x0A19);
+        let mut bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| rng.u8(..)).collect() };
+        // 2 slices of 6 rows by 40 columns, bf16 scales per 8 columns (5
+        // groups), zero points packed along rows, lanes (groups) side by side.
+        let (slices, rows, cols, groups) = (2, 6, 40, 5);
+        let grid = Grid { row_div: 1, col_div: 8, row_stride: groups, slice_stride: rows * groups };
+        let scales: Vec<u8> = bytes(2 * slices * rows * groups).chunks(2).flat_map(|b| [b[0], 0x3c]).collect();
+        for bits in [2u32, 3, 6] {
+            let codes = Fields::dense(bytes(slices * rows * cols), bits, (cols as u64) * bits as u64)
+                .with_slice_bits(rows as u64 * cols as u64 * bits as u64);
+            let values: Vec<f32> = (0..1 << bits).map(|c| c as f32 - 3.0).collect();
+            let words = rows.div_ceil((32 / bits) as usize);
+            let zero = Fields::padded(bytes(slices * words * groups * 4), bits, 32)
+                .with_word_bits(groups as u64 * 32)
+                .with_slice_bits((words * groups) as u64 * 32);
+            let job = DecodeJob::new(Dims { slices, rows, cols }, codes, values, OutDtype::Bf16)
+                .with_scale(Values { data: scales.clone().into(), kind: ValueKind::Bf16, grid })
+                .with_zero(ZeroPoint::Packed { fields: zero });
+            let wide = job.in_output_order().unwrap();
+            let width = if bits <= 4 { 4 } else { 8 };
+            assert_eq!(wide.codes.bits, width);
+            assert!(matches!(&wide.zero, Some(ZeroPoint::Packed { fields }) if fields.bits == width && fields.lane_bits == 32));
+            same_values(&job, &wide, &format!("{bits}-bit codes and zero points"));
+        }
+    }
+
+    #[test]
+    fn a_view_of_the_elements_is_read_in_the_weights_rows() {
+        let mut rng = fastrand::Rng::with_seed(0x0A18);
+        let mut bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| rng.u8(..)).collect() };
+        // bitsandbytes' views of a 6 × 40 weight in blocks of 16: rows of
+        // whole blocks (3 × 80), and blocks of rows (rows of 8, 2 a block).
+        let nf4: Vec<f32> = crate::formats::bnb::NF4.to_vec();
+        let scales: Vec<u8> = bytes(15 * 4).chunks(4).flat_map(|b| [b[0], b[1], b[2], 0x3c]).collect();
+        for (rows, cols, grid) in [
+            (3, 80, Grid { row_div: 1, col_div: 16, row_stride: 5, slice_stride: 0 }),
+            (30, 8, Grid { row_div: 2, col_div: 8, row_stride: 1, slice_stride: 0 }),
+        ] {
+            let codes = Fields::dense(bytes(120), 4, cols as u64 * 4).high_first();
+            let view = DecodeJob::new(Dims { slices: 1, rows, cols }, codes, nf4.clone(), OutDtype::Bf16)
+                .with_scale(Values { data: scales.clone().into(), kind: ValueKind::F32, grid });
+            let weight = view.in_rows(6, 40).unwrap();
+            assert_eq!(weight.dims, Dims { slices: 1, rows: 6, cols: 40 });
+            for at in 0..240 {
+                let (x, y) = (view.value(0, at / cols, at % cols), weight.value(0, at / 40, at % 40));
+                assert_eq!(x.to_bits(), y.to_bits(), "{rows} x {cols}: element {at}");
+            }
+            // The weight's rows split groups of 16 at 40: groups of 8.
+            assert_eq!(weight.scale.as_ref().unwrap().grid.col_div, 8);
+            // 7 × 40 is another weight; rows of 20 would split a word of
+            // codes between two blocks' scales.
+            assert!(view.in_rows(5, 48).is_some() && view.in_rows(7, 40).is_none());
+            assert!(view.in_rows(12, 20).is_none());
+        }
     }
 
     #[test]

@@ -420,11 +420,13 @@ fn bias_name(name: &str) -> String {
 
 /// What a product with quantized weight `weight` (expert `expert` of a 3-D
 /// stack) reads: the job in the orientation whose rows are the product's
-/// outputs and whose columns its inputs, the rows of it that are W, and
-/// their bias widened to f32.
+/// outputs and whose columns its inputs, the rows of it that are W, W's
+/// `[n, k]`, and its bias widened to f32. The rows are W's own, or (where
+/// no rewrite reads them so) another view of its row-major elements.
 struct Linear<'p, 'c> {
     job: Cow<'p, DecodeJob<'c>>,
     rows: Range<usize>,
+    shape: (usize, usize),
     bias: Option<Vec<f32>>,
 }
 
@@ -436,16 +438,30 @@ fn linear<'p, 'c>(
     (weight, expert): (&str, Option<usize>),
 ) -> Result<Linear<'p, 'c>> {
     let job = job(plan, weight)?;
-    let stack = output(plan, weight)?.shape.len() == 3;
-    let (job, rows) = match (stack, expert) {
-        (false, None) => (Cow::Borrowed(job), 0..job.dims.total_rows()),
+    let shape = &output(plan, weight)?.shape;
+    let stack = shape.len() == 3;
+    let (job, rows, (n, k)) = match (stack, expert) {
+        (false, None) => {
+            let all = (job.dims.total_rows(), job.dims.cols);
+            let (n, k) = match *shape.as_slice() {
+                [n, k] => (n, k),
+                _ => all,
+            };
+            // A job decoding another view of the weight's elements
+            // (bitsandbytes' rows of whole blocks), read in the weight's
+            // own rows where it can be.
+            match job.in_rows(n, k) {
+                Some(rows) => (Cow::Owned(rows), 0..n, (n, k)),
+                None => (Cow::Borrowed(job), 0..all.0, (n, k)),
+            }
+        }
         (true, Some(e)) if e < job.dims.slices => {
             let job = match job.transposed {
                 true => Cow::Owned(job.clone().transpose()),
                 false => Cow::Borrowed(job),
             };
-            let r = job.dims.rows;
-            (job, e * r..(e + 1) * r)
+            let (r, k) = (job.dims.rows, job.dims.cols);
+            (job, e * r..(e + 1) * r, (r, k))
         }
         (true, Some(e)) => {
             let detail = format!("has {} experts, not {}", job.dims.slices, e + 1);
@@ -457,10 +473,15 @@ fn linear<'p, 'c>(
         }
         (false, Some(_)) => return Err(refuse(plan, weight, "is not a stack of experts")),
     };
+    // W's outputs among the bias's: an expert's of a stack's, or all.
+    let (outputs, ours) = match stack {
+        true => (job.dims.total_rows(), rows.clone()),
+        false => (n, 0..n),
+    };
     let name = bias_name(weight);
     let bias = match output(plan, &name) {
-        Ok(b) if b.shape.iter().product::<usize>() == job.dims.total_rows() => {
-            Some(values_f32(plan, &name, &Cpu::new())?[rows.clone()].to_vec())
+        Ok(b) if b.shape.iter().product::<usize>() == outputs => {
+            Some(values_f32(plan, &name, &Cpu::new())?[ours].to_vec())
         }
         Ok(_) => {
             return Err(refuse(
@@ -471,7 +492,12 @@ fn linear<'p, 'c>(
         }
         Err(_) => None,
     };
-    Ok(Linear { job, rows, bias })
+    Ok(Linear {
+        job,
+        rows,
+        shape: (n, k),
+        bias,
+    })
 }
 
 /// Uploads the product with `weight` (or one expert of it) of `plan`.
@@ -481,37 +507,67 @@ async fn upload(
     decoder: &GpuDecoder,
 ) -> Result<PackedLinear> {
     let w = linear(plan, weight)?;
+    let (n, k) = w.shape;
+    if (w.rows.len(), w.job.dims.cols) != (n, k) {
+        let (r, c) = (w.rows.len(), w.job.dims.cols);
+        let detail = format!(
+            "is decoded as {r} rows of {c}, which the GPU cannot read as its {n} rows of {k}"
+        );
+        return Err(refuse(plan, weight.0, detail));
+    }
     decoder
         .upload_linear_async(&w.job, w.rows, w.bias.as_deref(), weight.0)
         .await
 }
 
+/// Bytes of f32 weights [`matmul_cpu`] decodes at a time.
+const CPU_ROWS_BYTES: usize = 1 << 20;
+
 /// `y = x·Wᵀ (+ bias)` on the CPU for quantized weight `weight` of `plan`
-/// (or one expert of it): W is decoded as `dequantize` writes it, widened
-/// to f32, and each output summed in order ([`Model::matmul_cpu`]).
+/// (or one expert of it): W is decoded as `dequantize` writes it, a block
+/// of rows at a time, widened to f32, and each output summed in order
+/// ([`Model::matmul_cpu`]).
 fn matmul_cpu(
     plan: &Plan<'_>,
     weight: (&str, Option<usize>),
     x: &[f32],
     m: usize,
 ) -> Result<Vec<f32>> {
-    let Linear { job, rows, bias } = linear(plan, weight)?;
-    let (n, k) = (rows.len(), job.dims.cols);
-    if x.len() != m * k {
+    let Linear {
+        job,
+        rows,
+        shape: (n, k),
+        bias,
+    } = linear(plan, weight)?;
+    if k == 0 || m.checked_mul(k) != Some(x.len()) {
         let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
         return Err(refuse(plan, weight.0, detail));
     }
-    let mut bytes = vec![0u8; n * k * job.out.size()];
-    Cpu::new().decode_rows(&job, rows, &mut bytes)?;
     let (size, read) = crate::numerics::float_reader(job.out.safetensors())
         .ok_or_else(|| Error::bare(Rule::Internal, "a decoded dtype without a reader"))?;
-    let w: Vec<f32> = bytes.chunks_exact(size).map(read).collect();
+    // W is decoded a block of rows at a time, about CPU_ROWS_BYTES of f32s
+    // (a view of its elements whole: its rows are not W's).
+    let per = match rows.len() == n {
+        true => (CPU_ROWS_BYTES / (4 * k)).clamp(1, n.max(1)),
+        false => rows.len().max(1),
+    };
+    let cpu = Cpu::new();
     let mut y = vec![0f32; m * n];
-    for (xm, ym) in x.chunks_exact(k.max(1)).zip(y.chunks_exact_mut(n.max(1))) {
-        for (j, (yj, wj)) in ym.iter_mut().zip(w.chunks_exact(k.max(1))).enumerate() {
-            let dot = wj.iter().zip(xm).fold(0f32, |acc, (a, b)| acc + a * b);
-            *yj = dot + bias.as_ref().map_or(0.0, |b| b[j]);
+    let (mut bytes, mut w) = (Vec::new(), Vec::new());
+    let mut j0 = 0;
+    for start in rows.clone().step_by(per) {
+        let end = (start + per).min(rows.end);
+        bytes.resize((end - start) * job.dims.cols * job.out.size(), 0);
+        cpu.decode_rows(&job, start..end, &mut bytes)?;
+        w.clear();
+        w.extend(bytes.chunks_exact(size).map(read));
+        for (xm, ym) in x.chunks_exact(k).zip(y.chunks_exact_mut(n.max(1))) {
+            for (j, wj) in (j0..).zip(w.chunks_exact(k)) {
+                let dot = wj.iter().zip(xm).fold(0f32, |acc, (a, b)| acc + a * b);
+                ym[j] = dot + bias.as_ref().map_or(0.0, |b| b[j]);
+            }
         }
+        j0 += w.len() / k;
     }
     Ok(y)
 }
