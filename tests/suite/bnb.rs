@@ -245,7 +245,8 @@ fn gpu_equals_cpu(ctx: &str, dir: &Path, cpu: &[crate::common::producer::Tensors
 }
 
 /// Writes one checkpoint of `s` (two 4-bit modules and a norm), decodes it
-/// to every dtype on the CPU, and checks the GPU's bytes against the CPU's.
+/// to every dtype on the CPU, checks the GPU's bytes against the CPU's,
+/// and multiplies by both modules.
 fn run(ctx: &str, s: Spec, seed: u64) {
     let mut rng = Rng::new(seed);
     let (mut tensors, a) = module(&mut rng, "model.layers.0.mlp.up_proj", s);
@@ -265,6 +266,7 @@ fn run(ctx: &str, s: Spec, seed: u64) {
     write_config(dir.path(), quant_config(true, s, Value::Null), s.dtype);
     let cpu = expect_decodes(ctx, dir.path(), &[a, b], &[norm]);
     gpu_equals_cpu(ctx, dir.path(), &cpu);
+    crate::matmul::products_keep_to_the_bound(ctx, dir.path());
 }
 
 #[test]

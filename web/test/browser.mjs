@@ -174,7 +174,8 @@ try {
 
   // Products with packed weights: every quantized Linear of a few fixtures
   // (int4 with zero points, NVFP4 over two shards, MXFP4, FP8 blocks, GPTQ
-  // with act-order, AutoAWQ, GPT-OSS's experts one at a time) uploaded to
+  // with act-order, AutoAWQ, GPT-OSS's experts one at a time, 2:4 sparse
+  // FP8, ModelOpt INT4-AWQ, bitsandbytes FP4 with blocks across rows) uploaded to
   // WebGPU and multiplied there and on the wasm CPU, Float32Arrays in and
   // out: within K·2⁻²⁴·Σ|w·x| (and the bias's rounding) of an f64 product
   // of the CLI's dense weight, the same bits twice on the GPU; read from
@@ -273,7 +274,8 @@ try {
     }
     return bad;
   };
-  for (const name of ['w4a16-asym-g128', 'sharded-nvfp4a16', 'mxfp4a16', 'fp8-block-bf16', 'gptq-w4-g128-actorder', 'awq-gemm-w4-g128', 'gpt-oss-mxfp4']) {
+  for (const name of ['w4a16-asym-g128', 'sharded-nvfp4a16', 'mxfp4a16', 'fp8-block-bf16', 'gptq-w4-g128-actorder', 'awq-gemm-w4-g128', 'gpt-oss-mxfp4',
+    'ct-sparse24-fp8', 'modelopt-int4-awq', 'bnb-fp4-bf16']) {
     const dir = path.join(root, 'tests/fixtures', name, 'model');
     const got = await products(`/tests/fixtures/${name}/model/`, {}, filesOf(dir));
     const dense = denseOf(dir);
