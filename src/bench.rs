@@ -391,7 +391,9 @@ impl Weight {
                     row_stride: cols / 128,
                     slice_stride: 0,
                 };
-                DecodeJob::new(dims(1, rows, cols), codes, int4, out)
+                // GPTQ's unsigned codes, less their zero points.
+                let unsigned = (0..16).map(|c| c as f32).collect::<Vec<f32>>();
+                DecodeJob::new(dims(1, rows, cols), codes, unsigned, out)
                     .with_scale(values(&self.scale, ValueKind::F16, grid))
                     .with_zero(ZeroPoint::Plain(values(&self.zero, ValueKind::I8, grid)))
             }

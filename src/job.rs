@@ -1091,8 +1091,18 @@ impl<'a> DecodeJob<'a> {
                 }
                 zero => zero.clone(),
             };
-            let mut code_values = self.code_values.to_vec();
-            code_values.resize(code_values.len().max(1 << width), 0.0);
+            // Entries no code reads; a table `c − offset` goes on as one,
+            // so that kernels still compute it rather than look it up.
+            let cv = &self.code_values;
+            let first = cv.first().copied().unwrap_or(0.0);
+            let offset = cv.iter().zip(0u16..).all(|(&v, c)| v == first + f32::from(c));
+            let code_values: Vec<f32> = (0..cv.len().max(1 << width))
+                .map(|c| match cv.get(c) {
+                    Some(&v) => v,
+                    None if offset => first + c as f32,
+                    None => 0.0,
+                })
+                .collect();
             return Some(DecodeJob {
                 codes,
                 zero,
@@ -1662,6 +1672,8 @@ mod tests {
             let wide = job.in_output_order().unwrap();
             let width = if bits <= 4 { 4 } else { 8 };
             assert_eq!(wide.codes.bits, width);
+            // The table goes on as `c − 3` where no code reads it.
+            assert!(wide.code_values.iter().zip(0..1 << width).all(|(&v, c)| v == c as f32 - 3.0));
             assert!(matches!(&wide.zero, Some(ZeroPoint::Packed { fields }) if fields.bits == width && fields.lane_bits == 32));
             same_values(&job, &wide, &format!("{bits}-bit codes and zero points"));
         }

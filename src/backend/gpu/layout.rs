@@ -116,7 +116,7 @@ shader_enum! {
     /// table, or from a formula that gives the same table without reading it.
     pub enum CodeKind {
         Table = 0 as CODE_TABLE,
-        /// `code − 2^(bits−1)`.
+        /// `code − offset` (`Params::code_offset`, see `code_offset`).
         Offset = 1 as CODE_OFFSET,
         /// The code as a two's complement integer.
         TwosComplement = 2 as CODE_TWOS_COMPLEMENT,
@@ -481,6 +481,18 @@ fn product_kind(job: &DecodeJob<'_>) -> OutKind {
     job.product_dtype().map_or(OutKind::F32, OutKind::of)
 }
 
+/// The offset of [`CodeKind::Offset`]: what code 0 stands for, negated
+/// (GPTQ's unsigned codes 0, a signed int4's 8, int3 widened to 4 bits 4).
+/// Whole, from 0 to 2^bits, so that `code - offset` is an integer of at
+/// most 8 bits' magnitude: exact in f32, bf16 and f16 (fast_scaled).
+fn code_offset(job: &DecodeJob<'_>) -> f32 {
+    let most = (1u32 << job.codes.bits.min(8)) as f32;
+    match job.code_values.first().map(|v| -v) {
+        Some(o) if (0.0..=most).contains(&o) => o.trunc(),
+        _ => 0.0,
+    }
+}
+
 impl CodeKind {
     /// Which formula gives `job`'s code table (4- or 8-bit codes; a NaN
     /// stands for any NaN: outputs write one canonical NaN).
@@ -494,8 +506,8 @@ impl CodeKind {
                     v.to_bits() == w.to_bits() || (v.is_nan() && w.is_nan())
                 })
         };
-        let (offset, sign_shift) = (1i32 << (c.bits - 1), 32 - c.bits);
-        if table_is(&|k| (k as i32 - offset) as f32) {
+        let (offset, sign_shift) = (code_offset(job), 32 - c.bits);
+        if table_is(&|k| k as f32 - offset) {
             CodeKind::Offset
         } else if table_is(&|k| ((k as i32) << sign_shift >> sign_shift) as f32) {
             CodeKind::TwosComplement
@@ -1062,13 +1074,12 @@ fn chunk<'a>(
     } else {
         elems.div_ceil(2)
     };
-    let (groups, words_per_row, code_offset) = match kernel {
-        Kernel::Generic => (out_words.div_ceil(limits.workgroup as u64), 0, 0.0),
+    let (groups, words_per_row) = match kernel {
+        Kernel::Generic => (out_words.div_ceil(limits.workgroup as u64), 0),
         Kernel::Fast(k) => {
             let per_row = d.cols.div_ceil((32 / k.bits) as usize) as u64;
-            let offset = (1u32 << (k.bits - 1)) as f32;
             let invocations = (f1 - f0) as u64 * per_row;
-            (invocations.div_ceil(limits.workgroup as u64), per_row, offset)
+            (invocations.div_ceil(limits.workgroup as u64), per_row)
         }
         Kernel::Tile(k) => {
             // One workgroup per tile; transposed tiles start on a code word.
@@ -1076,9 +1087,10 @@ fn chunk<'a>(
             let lead = k.lead(f0 % d.rows);
             let tiles = ((f1 - f0 + lead) as u64).div_ceil(tr as u64)
                 * (d.cols as u64).div_ceil(tc as u64);
-            (tiles, 0, (1u32 << (k.bits - 1)) as f32)
+            (tiles, 0)
         }
     };
+    let code_offset = code_offset(job);
     let x = groups.min(limits.max_groups_per_dim as u64).max(1);
     let y = groups.div_ceil(x).max(1);
     let src_cap = limits.max_binding.min(SRC_CAP);
@@ -1465,6 +1477,22 @@ mod tests {
         }
         assert_eq!(next, rows);
         assert!(chunks.len() > 1);
+    }
+
+    #[test]
+    fn whole_offsets_are_computed_and_other_tables_read() {
+        let mut j = job(&[0; 8], &[0; 2], 1, 8, OutDtype::F32);
+        // GPTQ's unsigned codes, a signed int4's, int3's widened to 4 bits.
+        for offset in [0.0, 8.0, 4.0] {
+            j.code_values = (0..16).map(|c| c as f32 - offset).collect();
+            assert_eq!((CodeKind::of(&j), code_offset(&j)), (CodeKind::Offset, offset));
+        }
+        j.code_values = (0..16).map(|c| c as f32 - 7.5).collect();
+        assert_eq!(CodeKind::of(&j), CodeKind::Table);
+        j.code_values = (0..16).map(|c| if c == 3 { 0.0 } else { c as f32 }).collect();
+        assert_eq!(CodeKind::of(&j), CodeKind::Table);
+        j.code_values = vec![f32::NAN; 16].into();
+        assert_eq!((CodeKind::of(&j), code_offset(&j)), (CodeKind::Table, 0.0));
     }
 
     #[test]
