@@ -1091,17 +1091,12 @@ impl<'a> DecodeJob<'a> {
                 }
                 zero => zero.clone(),
             };
-            // Entries no code reads; a table `c − offset` goes on as one,
-            // so that kernels still compute it rather than look it up.
+            // Entries no code reads, as `first + c`: a table `c − offset`
+            // goes on as one, so that kernels still compute it.
             let cv = &self.code_values;
             let first = cv.first().copied().unwrap_or(0.0);
-            let offset = cv.iter().zip(0u16..).all(|(&v, c)| v == first + f32::from(c));
             let code_values: Vec<f32> = (0..cv.len().max(1 << width))
-                .map(|c| match cv.get(c) {
-                    Some(&v) => v,
-                    None if offset => first + c as f32,
-                    None => 0.0,
-                })
+                .map(|c| cv.get(c).copied().unwrap_or(first + c as f32))
                 .collect();
             return Some(DecodeJob {
                 codes,
@@ -1156,9 +1151,8 @@ impl<'a> DecodeJob<'a> {
     /// scales, each serving a run of elements, repeated for every row and
     /// group of `gcd(k, run)` inputs as the f32 values they are. `None`
     /// where the job is no such view (its rows W's own already, a stack,
-    /// codes not one stream, zero
-    /// points, runs that are not regular, sizes that overflow), or where
-    /// those groups would split code words.
+    /// codes not one stream, zero points, runs that are not regular, sizes
+    /// that overflow), or where those groups would split code words.
     pub(crate) fn in_rows(&self, n: usize, k: usize) -> Option<DecodeJob<'a>> {
         let Dims { slices, rows, cols } = self.dims;
         let c = &self.codes;
