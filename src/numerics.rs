@@ -44,7 +44,7 @@ pub fn e8m0(byte: u8) -> f32 {
 }
 
 /// The dtype of a dense output tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutDtype {
     /// bfloat16.

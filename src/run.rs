@@ -66,6 +66,8 @@ pub struct Dequantize<'a> {
     pub(crate) options: Options,
     force: bool,
     shards: Option<Vec<String>>,
+    /// Job `.0` of `.1` (`--part`).
+    part: Option<(usize, usize)>,
     pub(crate) max_shard_size: Option<u64>,
     keep_names: bool,
     pub(crate) progress: Box<dyn FnMut(&Progress<'_>) + 'a>,
@@ -97,6 +99,7 @@ impl<'a> Dequantize<'a> {
             options: Options::default(),
             force: false,
             shards: None,
+            part: None,
             max_shard_size: None,
             keep_names: false,
             progress: Box::new(|_| {}),
@@ -141,6 +144,17 @@ impl<'a> Dequantize<'a> {
     /// for [`merge_index`](crate::merge_index).
     pub fn shards(mut self, shards: Vec<String>) -> Self {
         self.shards = Some(shards);
+        self
+    }
+
+    /// Only the input shards that fall to job `index` of `count` (`--part
+    /// I/N`; `index` from 0, as `SLURM_ARRAY_TASK_ID` and a Kubernetes
+    /// Indexed Job's `JOB_COMPLETION_INDEX` count): every job derives the
+    /// same assignment from the headers alone, balanced by the bytes each
+    /// shard writes, and runs as [`Dequantize::shards`] does with its own.
+    /// A job that no shard falls to (more jobs than shards) writes nothing.
+    pub fn part(mut self, index: usize, count: usize) -> Self {
+        self.part = Some((index, count));
         self
     }
 
@@ -202,7 +216,10 @@ impl<'a> Dequantize<'a> {
     /// recorded when they were written) are kept, the rest is written, and
     /// the result is what an uninterrupted run writes. If this run fails or
     /// is interrupted too, the files it finished stay for the next one (in
-    /// the output's staging folder), instead of being removed.
+    /// the output's staging folder), instead of being removed. When the
+    /// output already holds the finished run of the same job (its record
+    /// lists every file, of those bytes), nothing is read or written and
+    /// the summary says so ([`Summary::already_done`]).
     pub fn resume(mut self, resume: bool) -> Self {
         self.resume = resume;
         self
@@ -273,18 +290,35 @@ impl<'a> Dequantize<'a> {
             crate::hub::Input::Local(path) => path,
             crate::hub::Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
         };
+        let input = input.as_ref();
+        let out = output.as_ref();
+        let key = self.key(&writer::input_stamps(input))?;
+        let tag = self.tag()?;
+        if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
+            return Ok(summary);
+        }
         let ckpt = Checkpoint::open(input)?;
         let plan = self.plan(&ckpt)?;
-        let out = output.as_ref();
-        let shards = match self.shards.take() {
-            Some(list) => Some(
+        let shards = match (self.shards.take(), self.part) {
+            (Some(list), _) => Some(
                 list.iter()
                     .map(|s| ckpt.shard_file_name(s).map(str::to_string))
                     .collect::<Result<Vec<_>>>()?,
             ),
-            None => None,
+            (None, Some(_)) => match self.own_part(&plan)? {
+                mine if mine.is_empty() => return Ok(writer::Summary::of(&plan, &[])),
+                mine => Some(mine),
+            },
+            (None, None) => None,
         };
-        let dir = OutputDir::open(out, self.force, shards, self.resume)?;
+        let dir = OutputDir::claim(
+            out,
+            self.force,
+            shards,
+            tag.as_deref(),
+            self.resume,
+            Some(key),
+        )?;
         let dir = match self.max_shard_size {
             Some(max) => dir.with_max_shard_size(max),
             None => dir,
@@ -292,13 +326,101 @@ impl<'a> Dequantize<'a> {
         let dir = dir.cancelled_by(&self.canceller);
         let (backend, note) = backend::select(self.options.backend)?;
         self.start(&plan, backend.as_ref(), note);
-        let (progress, note) = (&mut self.progress, &mut self.note);
-        let summary = dir.write(&plan, backend.as_ref(), |p| {
-            Dequantize::fallback(note.as_mut(), backend.as_ref());
-            progress(&p);
-        });
-        Dequantize::fallback(note.as_mut(), backend.as_ref());
+        // Both callbacks tell notes, one at a time.
+        let (progress, note) = (&mut self.progress, std::cell::RefCell::new(&mut self.note));
+        let summary = dir.write_noting(
+            &plan,
+            backend.as_ref(),
+            |p| {
+                Dequantize::fallback(note.borrow_mut().as_mut(), backend.as_ref());
+                progress(&p);
+            },
+            &mut |line| (note.borrow_mut())(Note::Text(line)),
+        );
+        Dequantize::fallback(self.note.as_mut(), backend.as_ref());
         summary
+    }
+
+    /// The key of this run's job over the input `input` describes (stamps
+    /// of its files, a Hub commit): what `--resume` runs and finished runs'
+    /// records must share.
+    fn key(&self, input: &str) -> Result<String> {
+        if self.shards.is_some() && self.part.is_some() {
+            return Err(Error::bare(
+                Rule::Argument,
+                "--shards and --part: give one (--part derives the shards)",
+            ));
+        }
+        if let Some((index, count)) = self.part {
+            if index >= count {
+                return Err(Error::bare(
+                    Rule::Argument,
+                    format!("--part {index}/{count}: I must be at least 0 and below N"),
+                ));
+            }
+        }
+        let o = &self.options;
+        let shards = self.shards.as_ref().map(|list| {
+            let names = list
+                .iter()
+                .map(|s| Path::new(s).file_name().map(|n| n.to_string_lossy()));
+            names.collect::<Vec<_>>()
+        });
+        let choices = (
+            o.dtype,
+            self.max_shard_size,
+            self.keep_names,
+            shards,
+            self.part,
+        );
+        let text = format!("{} {input} {choices:?}", env!("CARGO_PKG_VERSION"));
+        Ok(writer::hex_sha256(&text))
+    }
+
+    /// The tag of a job that shares its output directory with others
+    /// (`--shards`: its first shard; `--part I/N`: `part-I-of-N`).
+    fn tag(&self) -> Result<Option<String>> {
+        match (&self.shards, self.part) {
+            (Some(list), _) => {
+                let names: Vec<String> = list
+                    .iter()
+                    .map(|s| {
+                        Path::new(s)
+                            .file_name()
+                            .map_or(s.clone(), |n| n.to_string_lossy().into_owned())
+                    })
+                    .collect();
+                writer::share_tag(&names).map(Some)
+            }
+            (None, Some((index, count))) => Ok(Some(format!("part-{index}-of-{count}"))),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// With `--resume`, the summary of the same job's finished run in
+    /// `out`; nothing is read of the input.
+    fn finished(&self, out: &Path, tag: Option<&str>, key: &str) -> Result<Option<Summary>> {
+        match self.resume {
+            true => writer::finished(out, tag, key),
+            false => Ok(None),
+        }
+    }
+
+    /// The input shards of this `--part` job (none, told as a note, when
+    /// none falls to it).
+    fn own_part(&mut self, plan: &Plan<'_>) -> Result<Vec<String>> {
+        let Some((index, count)) = self.part else {
+            return Ok(Vec::new());
+        };
+        let mine = writer::part_shards(plan, self.max_shard_size, index, count)?;
+        if mine.is_empty() {
+            let text = format!(
+                "part {index}/{count}: no input shard falls to this job ({} shards in {count} parts); nothing to write",
+                plan.checkpoint.shards.len()
+            );
+            (self.note)(Note::Text(&text));
+        }
+        Ok(mine)
     }
 }
 
@@ -316,20 +438,22 @@ impl Dequantize<'_> {
                 }
             }
         }
-        let dir = OutputDir::open(out, self.force, self.shards.clone(), self.resume)?;
-        // The pinned commit is the input, and these choices all that
-        // shapes the output.
-        let key = || {
-            let o = &self.options;
-            let choices = (o.dtype, self.max_shard_size, self.keep_names, &self.shards);
-            format!(
-                "{} {} {choices:?}",
-                env!("CARGO_PKG_VERSION"),
-                remote.pinned()
-            )
-        };
-        let mut w = dir.cancelled_by(&self.canceller).parts(key)?;
-        self.finished = w.journal();
+        // The pinned commit is the input.
+        let key = self.key(&remote.pinned())?;
+        let tag = self.tag()?;
+        if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
+            return Ok(summary);
+        }
+        let dir = OutputDir::claim(
+            out,
+            self.force,
+            self.shards.clone(),
+            tag.as_deref(),
+            self.resume,
+            Some(key.clone()),
+        )?;
+        let mut w = dir.cancelled_by(&self.canceller).parts(|| key)?;
+        self.finished = Some(w.journal());
         let fetcher =
             crate::hub::Fetcher::new(remote, out, std::mem::take(&mut self.delete_downloaded))?;
         let mut failed = None;
@@ -371,7 +495,7 @@ impl Dequantize<'_> {
             return Err(e);
         }
         let mut summary = summary?;
-        summary.files = w.commit()?;
+        summary.files = w.commit(&summary)?;
         summary.fetched = Some(fetcher.finish()?);
         Ok(summary)
     }
@@ -487,6 +611,14 @@ impl Dequantize<'_> {
         let keep = prepare(&mut ckpt, files, |c| Ok(self.planned(c)?.needs)).await?;
         let (backend, schedule, mut summary, mut tally) = {
             let plan = self.plan(&ckpt)?;
+            if self.part.is_some() {
+                let mine = self.own_part(&plan)?;
+                if mine.is_empty() {
+                    files.skip(&ckpt.shards.iter().map(|s| s.file_name.clone()).collect());
+                    return Ok(Summary::of(&plan, &[]));
+                }
+                self.shards = Some(mine);
+            }
             let (backend, note) = select_async(self.options.backend).await?;
             self.start(&plan, backend.as_ref(), note);
             let only = self.shards.as_deref();
@@ -525,16 +657,22 @@ impl Dequantize<'_> {
         }
         let shards = ckpt.shards.iter().map(|s| &s.file_name);
         files.skip(&shards.filter(|f| !needed.contains(*f)).cloned().collect());
+        // Every byte of every file this run writes, for the preflight.
+        let sizes: std::collections::BTreeMap<String, u64> = files.list().into_iter().collect();
         let to_write: u64 = schedule
             .iter()
-            .filter_map(|f| match f {
-                OutFile::Shard(name, header, tensors) if !finished.contains(name) => {
-                    Some(header.len() as u64 + tensors.iter().map(|t| t.bytes).sum::<u64>())
+            .map(|f| match f {
+                OutFile::Shard(name, _, _) if finished.contains(name) => 0,
+                OutFile::Shard(_, header, tensors) => {
+                    header.len() as u64 + tensors.iter().map(|t| t.bytes).sum::<u64>()
                 }
-                _ => None,
+                OutFile::Bytes(_, bytes) => bytes.len() as u64,
+                OutFile::Copy(name) => sizes.get(name).copied().unwrap_or(0),
             })
             .sum();
-        files.planned(to_write)?;
+        for line in files.planned(to_write)? {
+            (self.note)(Note::Text(&line));
+        }
         for file in schedule {
             let (name, header, tensors) = match file {
                 OutFile::Shard(name, _, tensors) if finished.contains(&name) => {

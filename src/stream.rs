@@ -35,12 +35,13 @@ pub trait Files {
         None
     }
 
-    /// Planning is over, and `out_bytes` of dense tensors follow: the reads
+    /// Planning is over, and `out_bytes` of dense files follow: the reads
     /// after this are the batches' inputs, file after file. Files fetched
     /// from afar may start coming whole, or the run be refused (no room).
-    fn planned(&self, out_bytes: u64) -> Result<()> {
+    /// Returns lines worth telling (a free space that cannot be read).
+    fn planned(&self, out_bytes: u64) -> Result<Vec<String>> {
         let _ = out_bytes;
-        Ok(())
+        Ok(Vec::new())
     }
 
     /// Files `names` will not be read: the output files made from them
@@ -71,7 +72,7 @@ impl<F: Files> Files for &F {
         (**self).name()
     }
 
-    fn planned(&self, out_bytes: u64) -> Result<()> {
+    fn planned(&self, out_bytes: u64) -> Result<Vec<String>> {
         (**self).planned(out_bytes)
     }
 

@@ -251,15 +251,17 @@ impl Checkpoint {
     }
 
     /// The checkpoint's other regular files (tokenizer, generation config, …),
-    /// to be copied: weights in any format, the index, config.json and the
-    /// quantization sidecars (`skip`) are not. Fails on a link leading out of the
-    /// checkpoint directory.
+    /// to be copied: weights in any format, the index, config.json, the
+    /// quantization sidecars (`skip`) and the record of the run that wrote
+    /// this checkpoint (when this tool did) are not. Fails on a link leading
+    /// out of the checkpoint directory.
     pub fn side_files(&self, skip: &[String]) -> Result<Vec<(PathBuf, String)>> {
         const SKIP: &[&str] = &[INDEX_FILE, "config.json"];
         let mut files = Vec::new();
         for name in self.files.names()? {
             let weights = is_weights(&name);
-            if weights || SKIP.contains(&name.as_str()) || skip.contains(&name) {
+            let ours = name.starts_with(".wgpu-dequant");
+            if weights || ours || SKIP.contains(&name.as_str()) || skip.contains(&name) {
                 continue;
             }
             let path = self.files.path(&name);

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, Rule};
 use crate::repo::{self, RepoId, Revision};
-use crate::writer::{Download, Fetched};
+use crate::writer::{self, Download, Fetched};
 use cache::Cache;
 use http::Client;
 
@@ -744,10 +744,10 @@ impl<'r> Fetcher<'r> {
         })
     }
 
-    /// Refuses a run that cannot fit: the dense tensors on the output's
+    /// Refuses a run that cannot fit: the dense files on the output's
     /// file system and the shards still to download (two at a time with
     /// `delete`) in the cache's, each against its free space.
-    fn check_space(&self, out_bytes: u64) -> Result<()> {
+    fn check_space(&self, out_bytes: u64) -> Result<Vec<String>> {
         let missing = self.missing();
         self.lock().to_download = missing.iter().sum();
         let mut cache_bytes: u64 = missing.iter().sum();
@@ -756,51 +756,20 @@ impl<'r> Fetcher<'r> {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
             cache_bytes = sizes.iter().take(2).sum();
         }
-        let existing = |p: &Path| p.ancestors().find(|a| a.exists()).map(Path::to_path_buf);
-        let (out, cache) = (existing(&self.out), existing(&self.remote.cache.root));
-        let free = |p: &Option<PathBuf>| p.as_ref().and_then(|p| fs4::available_space(p).ok());
-        let same = match (&out, &cache) {
-            (Some(a), Some(b)) => same_device(a, b),
-            _ => false,
-        };
-        let gb = |b: u64| format!("{:.2} GB", b as f64 / 1e9);
-        let mut needs = vec![(out.clone(), out_bytes, "the dense checkpoint")];
-        match same {
-            true => {
-                needs[0] = (
-                    out,
-                    out_bytes + cache_bytes,
-                    "the dense checkpoint and the downloads",
-                )
-            }
-            false => needs.push((cache, cache_bytes, "the downloads")),
-        }
-        for (place, need, what) in needs {
-            if let (Some(free), Some(at)) = (free(&place), place) {
-                if need > free {
-                    let detail = format!(
-                        "{what} need {}, and {} has {} free",
-                        gb(need),
-                        at.display(),
-                        gb(free)
-                    );
-                    return Err(Error::new(Rule::Output, &self.out, detail));
-                }
-            }
-        }
-        Ok(())
+        let needs = [
+            writer::Need {
+                what: "the dense checkpoint",
+                at: self.out.clone(),
+                bytes: out_bytes,
+            },
+            writer::Need {
+                what: "the downloads",
+                at: self.remote.cache.root.clone(),
+                bytes: cache_bytes,
+            },
+        ];
+        writer::check_space(&self.out, &needs)
     }
-}
-
-#[cfg(unix)]
-fn same_device(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    matches!((fs::metadata(a), fs::metadata(b)), (Ok(x), Ok(y)) if x.dev() == y.dev())
-}
-
-#[cfg(not(unix))]
-fn same_device(a: &Path, b: &Path) -> bool {
-    a.components().next() == b.components().next()
 }
 
 impl crate::stream::Files for Fetcher<'_> {
@@ -828,11 +797,11 @@ impl crate::stream::Files for Fetcher<'_> {
         Fetcher::downloads(self)
     }
 
-    fn planned(&self, out_bytes: u64) -> Result<()> {
-        self.check_space(out_bytes)?;
+    fn planned(&self, out_bytes: u64) -> Result<Vec<String>> {
+        let notes = self.check_space(out_bytes)?;
         self.lock().decoding = true;
         self.wake.notify_all();
-        Ok(())
+        Ok(notes)
     }
 }
 

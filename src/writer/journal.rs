@@ -1,8 +1,14 @@
-//! What a `--resume` run has finished: each output file's size and SHA-256,
-//! recorded in its staging folder once the file is synced, under the key of
-//! the job (its inputs and everything that shapes its output). A later
-//! `--resume` run of the same job keeps the files whose bytes still match
-//! and writes the rest; a run of another job finds nothing to keep.
+//! What a run has finished: each output file's size and SHA-256, recorded
+//! in its staging folder once the file is synced, under the key of the job
+//! (its inputs and everything that shapes its output). A later `--resume`
+//! run of the same job keeps the files whose bytes still match and writes
+//! the rest; a run of another job finds nothing to keep.
+//!
+//! When the run commits, the journal, completed with the small files
+//! written beside the shards, becomes the record of the finished run
+//! ([`record_name`]), moved into the output directory after every other
+//! file: a `--resume` run of the same job that finds it, with every file it
+//! lists still of those bytes, has nothing left to do.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -19,6 +25,93 @@ pub(super) const JOURNAL: &str = ".journal.json";
 
 /// Journals larger than this are not ours: nothing is kept.
 const MAX_JOURNAL_BYTES: u64 = 16 << 20;
+
+/// The record of a finished run in the output directory: `tag` is a
+/// `--shards` or `--part` job's (each keeps its own in a shared output).
+pub(crate) fn record_name(tag: Option<&str>) -> String {
+    match tag {
+        Some(tag) => format!(".wgpu-dequant-done-{tag}.json"),
+        None => ".wgpu-dequant-done.json".to_string(),
+    }
+}
+
+/// What a finished run wrote, as kept in the output directory.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(super) struct Finished {
+    /// The tool and version that wrote it.
+    tool: String,
+    /// The job's key ([`Journal::open`]).
+    key: String,
+    /// Every file the run moved into the output directory, the record aside.
+    files: BTreeMap<String, Done>,
+    /// What the run reported.
+    summary: super::Summary,
+}
+
+impl Finished {
+    /// The record `name` in `out`, if there is one this tool can read.
+    pub(super) fn read(out: &Path, name: &str) -> Option<Finished> {
+        let f = File::open(out.join(name)).ok()?;
+        let mut text = String::new();
+        f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Whether this is the record of job `key`.
+    pub(super) fn is_of(&self, key: &str) -> bool {
+        self.key == key
+    }
+
+    /// Whether this is the record of job `key` and lists file `name`.
+    pub(super) fn lists(&self, key: &str, name: &str) -> bool {
+        self.key == key && self.files.contains_key(name)
+    }
+
+    /// The summary of the finished job `key` whose files in `out` all still
+    /// have the recorded sizes and bytes (read whole to tell); `None` for
+    /// another job, or when a file is missing or differs.
+    pub(super) fn check(self, out: &Path, key: &str) -> Result<Option<super::Summary>> {
+        use rayon::prelude::*;
+        if self.key != key {
+            return Ok(None);
+        }
+        let same = self
+            .files
+            .par_iter()
+            .map(|(name, want)| matches(&out.join(name), want))
+            .collect::<Result<Vec<bool>>>()?;
+        if !same.iter().all(|s| *s) {
+            return Ok(None);
+        }
+        let mut summary = self.summary;
+        summary.already_done = true;
+        summary.files = self.files.keys().map(|n| out.join(n)).collect();
+        Ok(Some(summary))
+    }
+}
+
+/// Whether the file at `path` has `want`'s size and SHA-256.
+fn matches(path: &Path, want: &Done) -> Result<bool> {
+    let Ok(f) = File::open(path) else {
+        return Ok(false);
+    };
+    let len = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
+    Ok(len == want.size && sha256(f, path)? == want.sha256)
+}
+
+/// The SHA-256 of what `f` holds from where it stands, in hex.
+fn sha256(mut f: File, path: &Path) -> Result<String> {
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(path, "cannot read", e))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+    }
+    Ok(hex(&hash.finalize()))
+}
 
 /// One finished file.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -42,11 +135,12 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// The journal in staging folder `dir` for the job `key`: what an
-    /// earlier run recorded under the same key, else nothing.
-    pub(super) fn open(dir: &Path, key: &str) -> Journal {
+    /// The journal in staging folder `dir` for the job `key`: with
+    /// `resume`, what an earlier run recorded under the same key, else
+    /// nothing.
+    pub(super) fn open(dir: &Path, key: &str, resume: bool) -> Journal {
         let path = dir.join(JOURNAL);
-        let earlier = File::open(&path).ok().and_then(|f| {
+        let earlier = File::open(&path).ok().filter(|_| resume).and_then(|f| {
             let mut text = String::new();
             f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text).ok()?;
             serde_json::from_str::<Record>(&text).ok()
@@ -80,24 +174,45 @@ impl Journal {
         let Some(want) = self.lock().files.get(name).cloned() else {
             return Ok(false);
         };
-        let path = self.dir.join(name);
-        let Ok(mut f) = File::open(&path) else {
-            return Ok(false);
+        matches(&self.dir.join(name), &want)
+    }
+
+    /// The record of the finished run that moves `staged` (paths in the
+    /// staging folder) into the output directory and reported `summary`:
+    /// the files the journal lists as it recorded them, the others (JSON,
+    /// side files) hashed now.
+    pub(super) fn finished(&self, staged: &[PathBuf], summary: &super::Summary) -> Result<Vec<u8>> {
+        let record = self.lock();
+        let mut files = BTreeMap::new();
+        for path in staged {
+            let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let done = match record.files.get(&name) {
+                Some(done) => done.clone(),
+                None => {
+                    let f = File::open(path).map_err(|e| Error::io(path, "cannot read", e))?;
+                    let size = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
+                    Done {
+                        size,
+                        sha256: sha256(f, path)?,
+                    }
+                }
+            };
+            files.insert(name, done);
+        }
+        let finished = Finished {
+            tool: concat!("wgpu-dequant ", env!("CARGO_PKG_VERSION")).to_string(),
+            key: record.key.clone(),
+            files,
+            // Where the files are is the output directory's to say: the
+            // record of one job is the same wherever it was written.
+            summary: super::Summary {
+                files: Vec::new(),
+                ..summary.clone()
+            },
         };
-        let len = f.metadata().map_err(|e| Error::io(&path, "cannot read", e))?.len();
-        if len != want.size {
-            return Ok(false);
-        }
-        let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = f.read(&mut buf).map_err(|e| Error::io(&path, "cannot read", e))?;
-            if n == 0 {
-                break;
-            }
-            hash.update(&buf[..n]);
-        }
-        Ok(hex(&hash.finalize()) == want.sha256)
+        super::json::text(&finished).map_err(|e| {
+            Error::new(crate::error::Rule::Internal, &self.dir, format!("record: {e}"))
+        })
     }
 
     /// Records file `name` as finished: `size` bytes, of SHA-256 `sha256`,
@@ -142,35 +257,32 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A writer that counts what goes through it, and hashes it for a journal.
+/// A writer that counts and hashes what goes through it, for the journal.
 pub(super) struct Hashing<W> {
     inner: W,
-    hash: Option<Sha256>,
+    hash: Sha256,
     len: u64,
 }
 
 impl<W: Write> Hashing<W> {
-    /// Hashing when `on` (a run that journals its files).
-    pub(super) fn new(inner: W, on: bool) -> Hashing<W> {
+    pub(super) fn new(inner: W) -> Hashing<W> {
         Hashing {
             inner,
-            hash: on.then(Sha256::new),
+            hash: Sha256::new(),
             len: 0,
         }
     }
 
-    /// The writer, the bytes written and their SHA-256 (when hashed).
-    pub(super) fn finish(self) -> (W, u64, Option<[u8; 32]>) {
-        (self.inner, self.len, self.hash.map(|h| h.finalize().into()))
+    /// The writer, the bytes written and their SHA-256.
+    pub(super) fn finish(self) -> (W, u64, [u8; 32]) {
+        (self.inner, self.len, self.hash.finalize().into())
     }
 }
 
 impl<W: Write> Write for Hashing<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
-        if let Some(h) = &mut self.hash {
-            h.update(&buf[..n]);
-        }
+        self.hash.update(&buf[..n]);
         self.len += n as u64;
         Ok(n)
     }

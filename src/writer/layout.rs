@@ -18,6 +18,8 @@ pub struct ShardFile<'p, 'a> {
     pub header: Vec<u8>,
     /// The tensors, in file order.
     pub tensors: Vec<&'p Output<'a>>,
+    /// The input shard it is made from (its index in the checkpoint).
+    pub input: usize,
 }
 
 /// How the dense output is split into files: one per input shard, or
@@ -96,9 +98,41 @@ pub fn shard_files<'p, 'a>(
             name,
             header,
             tensors,
+            input,
         });
     }
     Ok(files)
+}
+
+/// The input shards that job `index` of `count` writes (`--part I/N`),
+/// derived from the headers alone, the same in every job: each shard goes,
+/// the largest output first, to the part that writes the fewest bytes so
+/// far (the lowest-numbered on a tie). Each shard is in exactly one part,
+/// and the parts differ by at most one shard's output bytes.
+pub(crate) fn part_shards(
+    plan: &Plan<'_>,
+    max_shard_size: Option<u64>,
+    index: usize,
+    count: usize,
+) -> Result<Vec<String>> {
+    let shards = &plan.checkpoint.shards;
+    let mut bytes = vec![0u64; shards.len()];
+    for f in shard_files(plan, None, max_shard_size)? {
+        bytes[f.input] += f.header.len() as u64 + total_bytes(std::slice::from_ref(&f));
+    }
+    let mut order: Vec<usize> = (0..shards.len()).collect();
+    order.sort_by(|&a, &b| bytes[b].cmp(&bytes[a]).then(a.cmp(&b)));
+    let mut load = vec![0u64; count.max(1)];
+    let mut mine = Vec::new();
+    for i in order {
+        let part = (0..load.len()).min_by_key(|&p| (load[p], p)).unwrap_or(0);
+        load[part] += bytes[i];
+        if part == index {
+            mine.push(i);
+        }
+    }
+    mine.sort_unstable();
+    Ok(mine.into_iter().map(|i| shards[i].file_name.clone()).collect())
 }
 
 /// Every output file's name, whichever run writes it.
@@ -157,6 +191,7 @@ impl Summary {
             tensor_bytes: total_bytes(shards),
             files: Vec::new(),
             fetched: None,
+            already_done: false,
         };
         for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {

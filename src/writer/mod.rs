@@ -11,9 +11,11 @@
 mod header;
 mod journal;
 pub mod json;
+mod key;
 mod layout;
 mod parts;
 mod pipeline;
+mod space;
 mod staging;
 
 use std::fs::File;
@@ -25,11 +27,17 @@ use std::sync::Arc;
 pub use header::safetensors_header;
 use layout::{all_file_names, json_text, total_bytes, weight_map};
 pub use layout::{json_files, shard_files, ShardFile};
+pub(crate) use layout::part_shards;
 pub use parts::{merge_index, Merged, PART_SUFFIX};
 use pipeline::write_shard;
 pub use pipeline::row_pieces;
 use journal::Hashing;
 pub use journal::Journal;
+pub(crate) use journal::record_name;
+use key::job_key;
+pub(crate) use key::{hex_sha256, input_stamps};
+pub use space::FREE_SPACE_VAR;
+pub(crate) use space::{check as check_space, Need};
 pub use staging::interrupt;
 use staging::{Mode, Staging};
 
@@ -40,7 +48,7 @@ use crate::numerics::OutDtype;
 use crate::plan::Plan;
 
 /// What a finished `dequantize` wrote.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Summary {
     /// Dtype of the decoded tensors.
@@ -65,11 +73,16 @@ pub struct Summary {
     /// What a run from the Hub fetched into the cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fetched: Option<Fetched>,
+    /// The output already held every file of this job (`--resume` of a
+    /// finished run, checked against its record): nothing was written, and
+    /// the rest of this summary is the finished run's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub already_done: bool,
 }
 
 /// What a Hub run fetched: files downloaded into the cache, files found
 /// there, and downloads removed again (`--delete-downloaded`).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Fetched {
     /// Downloaded by this run.
     pub downloaded: Vec<String>,
@@ -243,16 +256,25 @@ impl OutputDir {
     /// bytes) are kept, and this run's own finished files are kept for the
     /// next `resume` run if it fails or is interrupted too.
     pub fn open(out: &Path, force: bool, shards: Option<Vec<String>>, resume: bool) -> Result<OutputDir> {
-        let staging = match (&shards, force) {
-            (Some(list), _) => {
-                let tag = list
-                    .first()
-                    .map(|f| f.trim_end_matches(".safetensors").to_string())
-                    .ok_or_else(|| Error::bare(Rule::Argument, "--shards: names no shard"))?;
-                Staging::new(out, Mode::Shared(&tag), resume)?
-            }
-            (None, true) => Staging::new(out, Mode::Force, resume)?,
-            (None, false) => Staging::new(out, Mode::Fresh, resume)?,
+        let tag = shards.as_deref().map(share_tag).transpose()?;
+        OutputDir::claim(out, force, shards, tag.as_deref(), resume, None)
+    }
+
+    /// [`OutputDir::open`] for the job of key `key` (the same for every run
+    /// of one job, known before it plans), its staging folder and record
+    /// tagged `tag` when it shares the directory with other jobs.
+    pub(crate) fn claim(
+        out: &Path,
+        force: bool,
+        shards: Option<Vec<String>>,
+        tag: Option<&str>,
+        resume: bool,
+        key: Option<String>,
+    ) -> Result<OutputDir> {
+        let staging = match (tag, force) {
+            (Some(tag), _) => Staging::new(out, Mode::Shared(tag), resume, key)?,
+            (None, true) => Staging::new(out, Mode::Force, resume, key)?,
+            (None, false) => Staging::new(out, Mode::Fresh, resume, key)?,
         };
         Ok(OutputDir {
             staging,
@@ -283,12 +305,25 @@ impl OutputDir {
     }
 
     /// Writes the dense checkpoint of `plan`; `progress` hears of every
-    /// chunk written.
+    /// chunk written. Refuses (`OUT-001`) before writing anything when the
+    /// output's file system has too little room for it.
     pub fn write(
         self,
         plan: &Plan<'_>,
         backend: &dyn Backend,
         progress: impl FnMut(Progress<'_>),
+    ) -> Result<Summary> {
+        self.write_noting(plan, backend, progress, &mut |_| {})
+    }
+
+    /// [`OutputDir::write`], telling `note` what is worth a line (a free
+    /// space that cannot be read).
+    pub(crate) fn write_noting(
+        self,
+        plan: &Plan<'_>,
+        backend: &dyn Backend,
+        progress: impl FnMut(Progress<'_>),
+        note: &mut dyn FnMut(&str),
     ) -> Result<Summary> {
         plan.check()?;
         let input = plan.checkpoint.dir.canonicalize().ok();
@@ -308,8 +343,18 @@ impl OutputDir {
             backend,
             &self.cancelled,
             progress,
+            note,
         )
     }
+}
+
+/// The tag of a `--shards` job's staging folder and record: its first
+/// shard's name.
+pub(crate) fn share_tag(shards: &[String]) -> Result<String> {
+    shards
+        .first()
+        .map(|f| f.trim_end_matches(".safetensors").to_string())
+        .ok_or_else(|| Error::bare(Rule::Argument, "--shards: names no shard"))
 }
 
 /// Writes the dense checkpoint of `plan` into `out`, which must not exist or
@@ -321,6 +366,28 @@ pub fn write(
     progress: impl FnMut(Progress<'_>),
 ) -> Result<Summary> {
     OutputDir::create(out)?.write(plan, backend, progress)
+}
+
+/// The summary of the finished run of job `key` in `out` (tagged `tag`, a
+/// `--shards` or `--part` job's), when its record is there and every file
+/// it lists still has the recorded size and SHA-256; a staging folder a
+/// run killed after its last move left is removed. `None` otherwise.
+pub(crate) fn finished(out: &Path, tag: Option<&str>, key: &str) -> Result<Option<Summary>> {
+    let Some(record) = journal::Finished::read(out, &record_name(tag)) else {
+        return Ok(None);
+    };
+    let Some(summary) = record.check(out, key)? else {
+        return Ok(None);
+    };
+    let staging = match tag {
+        Some(tag) => out.join(format!("{}-{tag}", staging::STAGING)),
+        None => out.join(staging::STAGING),
+    };
+    if staging.exists() {
+        // Taken over and let go: what it holds was moved out already.
+        drop(OutputDir::claim(out, false, None, tag, true, Some(key.to_string()))?);
+    }
+    Ok(Some(summary))
 }
 
 /// Refuses `--shards` names that are not the checkpoint's shards.
@@ -382,6 +449,7 @@ fn owned(p: &Path) -> bool {
     name.ends_with(".safetensors") || name.ends_with(PART_SUFFIX)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write_into(
     staging: Staging,
     only: Option<&[String]>,
@@ -390,27 +458,44 @@ fn write_into(
     backend: &dyn Backend,
     cancelled: &AtomicBool,
     mut progress: impl FnMut(Progress<'_>),
+    note: &mut dyn FnMut(&str),
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
     let shards = shard_files(plan, only, max_shard_size)?;
     let journal = staging.journal(|| job_key(plan, &shards))?;
+    let done = shards
+        .iter()
+        .map(|f| journal.done(&f.name))
+        .collect::<Result<Vec<bool>>>()?;
+    let json = run_json_files(plan, &shards, only, max_shard_size)?;
+    // Everything this run writes, what an earlier run finished aside.
+    let weights = shards.iter().zip(&done).filter(|(_, done)| !**done);
+    let weights: u64 = weights.map(|(f, _)| f.header.len() as u64 + total_bytes(std::slice::from_ref(f))).sum();
+    let others = json.iter().map(|(_, text)| text.len() as u64);
+    let sides = plan.side_files.iter().map(|(p, _)| std::fs::metadata(p).map_or(0, |m| m.len()));
+    let need = Need {
+        what: "the dense checkpoint",
+        at: staging.out().to_path_buf(),
+        bytes: weights + others.chain(sides).sum::<u64>(),
+    };
+    for line in space::check(staging.out(), &[need])? {
+        note(&line);
+    }
     let mut tally = Tally::of(&shards);
     let mut progress = |tensor: &str, bytes, done| progress(tally.step(tensor, bytes, done));
     // Each file is synced to disk on a thread of its own while the next is
     // decoded: syncing in turn would leave the decoder idle for every flush.
     std::thread::scope(|scope| -> Result<()> {
         let mut syncs = Vec::new();
-        for file in &shards {
-            if let Some(j) = &journal {
-                if j.done(&file.name)? {
-                    for t in &file.tensors {
-                        progress(&t.name, t.byte_len() as u64, true);
-                    }
-                    continue;
+        for (file, done) in shards.iter().zip(done) {
+            if done {
+                for t in &file.tensors {
+                    progress(&t.name, t.byte_len() as u64, true);
                 }
+                continue;
             }
             let (path, w) = create(&staging, &file.name)?;
-            let mut w = Hashing::new(w, journal.is_some());
+            let mut w = Hashing::new(w);
             w.write_all(&file.header)
                 .map_err(|e| Error::io(&path, "cannot write", e))?;
             let w = write_shard(
@@ -424,13 +509,10 @@ fn write_into(
             )?;
             let (w, len, sha256) = w.finish();
             let f = flush(&path, w)?;
-            let (journal, name) = (journal.as_ref(), &file.name);
+            let (journal, name) = (&journal, &file.name);
             syncs.push(scope.spawn(move || {
                 f.sync_all().map_err(|e| Error::io(&path, "cannot sync", e))?;
-                match (journal, sha256) {
-                    (Some(j), Some(sha256)) => j.record(name, len, &sha256),
-                    _ => Ok(()),
-                }
+                journal.record(name, len, &sha256)
             }));
         }
         for s in syncs {
@@ -440,7 +522,6 @@ fn write_into(
         Ok(())
     })?;
     let mut summary = Summary::of(plan, &shards);
-    let json = run_json_files(plan, &shards, only, max_shard_size)?;
     for (name, text) in &json {
         write_file(&staging, name, text)?;
     }
@@ -448,40 +529,8 @@ fn write_into(
         staging.copy_in(path, name)?;
     }
     check(cancelled)?;
-    summary.files = staging.commit(owned)?;
+    summary.files = staging.commit(owned, &journal, &summary)?;
     Ok(summary)
-}
-
-/// The key of the job that writes `shards` of `plan` (what a `--resume`
-/// run must share with the run it continues): this tool's version, the
-/// input files (names, sizes and modification times) and every output
-/// file's name and header.
-fn job_key(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> String {
-    use sha2::{Digest, Sha256};
-    let ckpt = plan.checkpoint;
-    let mut h = Sha256::new();
-    h.update(env!("CARGO_PKG_VERSION"));
-    let jsons = [&ckpt.index, &ckpt.config, &ckpt.hf_quant_config, &ckpt.svdquant_config];
-    let inputs = ckpt.shards.iter().map(|s| s.path.as_path());
-    let inputs = inputs.chain(jsons.into_iter().flatten().map(|j| j.path.as_path()));
-    for path in inputs.chain(plan.side_files.iter().map(|(p, _)| p.as_path())) {
-        let meta = std::fs::metadata(path).ok();
-        let modified = meta.as_ref().and_then(|m| m.modified().ok());
-        let since = modified.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-        let stamp = format!(
-            "{}\0{}\0{}\0",
-            path.display(),
-            meta.map_or(0, |m| m.len()),
-            since.map_or(0, |d| d.as_nanos())
-        );
-        h.update(stamp);
-    }
-    for file in shards {
-        h.update(&file.name);
-        h.update([0]);
-        h.update(&file.header);
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A dense checkpoint written file after file from the parts a stream of
@@ -493,15 +542,15 @@ pub(crate) struct PartWriter {
     cancelled: Arc<AtomicBool>,
     /// The file being written.
     open: Option<(String, PathBuf, Hashing<BufWriter<File>>)>,
-    /// A `--resume` run's record of its finished files.
-    journal: Option<Arc<Journal>>,
+    /// The record of its finished files.
+    journal: Arc<Journal>,
 }
 
 impl OutputDir {
     /// This directory, written part by part, for the job of key `key` (what
     /// a `--resume` run must share with the run it continues).
     pub(crate) fn parts(self, key: impl FnOnce() -> String) -> Result<PartWriter> {
-        let journal = self.staging.journal(key)?.map(Arc::new);
+        let journal = Arc::new(self.staging.journal(key)?);
         Ok(PartWriter {
             staging: self.staging,
             cancelled: self.cancelled,
@@ -512,8 +561,8 @@ impl OutputDir {
 }
 
 impl PartWriter {
-    /// A `--resume` run's record: the files an earlier run finished.
-    pub(crate) fn journal(&self) -> Option<Arc<Journal>> {
+    /// The run's record: the files an earlier run finished.
+    pub(crate) fn journal(&self) -> Arc<Journal> {
         self.journal.clone()
     }
 
@@ -524,7 +573,7 @@ impl PartWriter {
         if self.open.as_ref().is_none_or(|(n, ..)| n != name) {
             self.close()?;
             let (path, w) = create(&self.staging, name)?;
-            let w = Hashing::new(w, self.journal.is_some());
+            let w = Hashing::new(w);
             self.open = Some((name.to_string(), path, w));
         }
         match &mut self.open {
@@ -547,17 +596,15 @@ impl PartWriter {
         };
         let (w, len, sha256) = w.finish();
         finish(&path, w)?;
-        match (&self.journal, sha256) {
-            (Some(j), Some(sha256)) => j.record(&name, len, &sha256),
-            _ => Ok(()),
-        }
+        self.journal.record(&name, len, &sha256)
     }
 
-    /// Finishes the last file and moves everything into the output directory.
-    pub(crate) fn commit(mut self) -> Result<Vec<PathBuf>> {
+    /// Finishes the last file and moves everything into the output
+    /// directory, with the record of a run that reported `summary`.
+    pub(crate) fn commit(mut self, summary: &Summary) -> Result<Vec<PathBuf>> {
         self.close()?;
         check(&self.cancelled)?;
-        self.staging.commit(owned)
+        self.staging.commit(owned, &self.journal, summary)
     }
 }
 

@@ -23,7 +23,7 @@ use crate::error::{Error, Result, Rule};
 
 /// Name of the staging folder inside the output directory; every folder this
 /// tool leaves there for itself starts with it.
-pub(super) const STAGING: &str = ".wgpu-dequant-partial";
+pub(crate) const STAGING: &str = ".wgpu-dequant-partial";
 
 /// The lock file inside a staging folder.
 const LOCK: &str = ".lock";
@@ -66,6 +66,18 @@ struct State {
     keep: bool,
 }
 
+/// Whether staging folder `dir` holds a finished file (not just the lock
+/// and the journal's bookkeeping): what a `--resume` run keeps.
+fn holds_files(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        !(name == LOCK || name == REPLACED || name.to_string_lossy().starts_with(super::journal::JOURNAL))
+    })
+}
+
 impl State {
     fn check_open(&self, what: &Path) -> Result<()> {
         if self.finished {
@@ -82,7 +94,9 @@ impl State {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        if self.keep {
+        // A `--resume` run keeps what it or an earlier run finished; with
+        // nothing finished it leaves nothing, as any other run.
+        if self.keep && self.dir.as_deref().is_some_and(holds_files) {
             for (backup, original) in &self.replaced {
                 let _ = fs::rename(backup, original);
             }
@@ -144,14 +158,20 @@ pub(super) struct Staging {
     /// An earlier run's staging folder is taken over, not removed
     /// (`--resume`).
     resume: bool,
+    /// The job's key, when known before the run plans ([`Staging::journal`]).
+    key: Option<String>,
+    /// The name of the finished run's record in the output directory.
+    record: String,
 }
 
 impl Staging {
     /// Claims a staging folder in `out` as `mode` allows, creating `out` (and
     /// its missing parents) when needed; with `resume`, the one an earlier
     /// run left (interrupted, killed) is taken over with what it holds, and
-    /// kept if this run fails too.
-    pub(super) fn new(out: &Path, mode: Mode<'_>, resume: bool) -> Result<Staging> {
+    /// kept if this run fails too. `key` is the job's when known already:
+    /// then a `--resume` run may also find the files of a finished run of
+    /// the same job in `out` (its record lists them), and write them again.
+    pub(super) fn new(out: &Path, mode: Mode<'_>, resume: bool, key: Option<String>) -> Result<Staging> {
         let state = Arc::new(Mutex::new(State {
             keep: resume,
             ..State::default()
@@ -163,9 +183,9 @@ impl Staging {
             }
             active.push(Arc::downgrade(&state));
         }
-        let dir = match mode {
-            Mode::Shared(tag) => out.join(format!("{STAGING}-{tag}")),
-            _ => out.join(STAGING),
+        let (dir, record) = match mode {
+            Mode::Shared(tag) => (out.join(format!("{STAGING}-{tag}")), super::journal::record_name(Some(tag))),
+            _ => (out.join(STAGING), super::journal::record_name(None)),
         };
         let staging = Staging {
             state,
@@ -174,6 +194,8 @@ impl Staging {
             shared: matches!(mode, Mode::Shared(_)),
             force: mode == Mode::Force,
             resume,
+            key,
+            record,
         };
         match fs::read_dir(out) {
             Ok(entries) if mode == Mode::Fresh => staging.require_empty(entries)?,
@@ -191,11 +213,20 @@ impl Staging {
     }
 
     /// Fails unless `out` holds nothing but what killed runs left (with
-    /// `resume`: its staging folder, and the files that folder's journal
-    /// lists, which a run killed while committing had moved).
+    /// `resume`: its staging folder, the files that folder's journal lists,
+    /// which a run killed while committing had moved, and the files a
+    /// finished run of the same job recorded, with its record).
     fn require_empty(&self, entries: fs::ReadDir) -> Result<()> {
+        let finished = match (&self.key, self.resume) {
+            (Some(key), true) => super::journal::Finished::read(&self.out, &self.record)
+                .filter(|f| f.is_of(key))
+                .map(|f| (f, key)),
+            _ => None,
+        };
         let journaled = |name: &std::ffi::OsStr| {
-            self.resume && super::journal::lists(&self.dir, &name.to_string_lossy())
+            let name = name.to_string_lossy();
+            let recorded = finished.as_ref().is_some_and(|(f, key)| name == self.record || f.lists(key, &name));
+            self.resume && (recorded || super::journal::lists(&self.dir, &name))
         };
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.out, "cannot list", e))?;
@@ -362,13 +393,12 @@ impl Staging {
             .map_err(|e| Error::io(&aside, "cannot remove stale staging folder", e))
     }
 
-    /// The journal of a `--resume` run, for the job of key `key` (what an
-    /// earlier run of that job finished); none for other runs.
-    pub(super) fn journal(&self, key: impl FnOnce() -> String) -> Result<Option<super::Journal>> {
-        if !self.resume {
-            return Ok(None);
-        }
-        let journal = super::Journal::open(&self.dir, &key());
+    /// The run's journal, for the job of key `key` (unless the staging
+    /// folder was given one): for a `--resume` run, what an earlier run of
+    /// that job finished.
+    pub(super) fn journal(&self, key: impl FnOnce() -> String) -> Result<super::Journal> {
+        let key = self.key.clone().unwrap_or_else(key);
+        let journal = super::Journal::open(&self.dir, &key, self.resume);
         // What the journal does not list is another job's, or was cut off
         // mid-write: it would be committed with the rest.
         let entries = fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
@@ -381,7 +411,7 @@ impl Staging {
                 fs::remove_file(&path).map_err(|e| Error::io(&path, "cannot remove", e))?;
             }
         }
-        Ok(Some(journal))
+        Ok(journal)
     }
 
     /// Creates file `name` in the staging folder.
@@ -402,11 +432,18 @@ impl Staging {
     }
 
     /// Moves every staged file into the output directory and returns their
-    /// paths, sorted. In a shared directory, weights and index parts must be
-    /// new, and the files every part writes alike (config.json, side files)
-    /// are kept when present. Holds the state for the whole move, so an
-    /// interruption undoes all of it or none.
-    pub(super) fn commit(self, owned: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>> {
+    /// paths, sorted; last, the record of the finished run (what `journal`
+    /// lists, and `summary`). In a shared directory, weights and index parts
+    /// must be new, and the files every part writes alike (config.json, side
+    /// files) are kept when present. Holds the state for the whole move, so
+    /// an interruption undoes all of it or none.
+    pub(super) fn commit(
+        self,
+        owned: impl Fn(&Path) -> bool,
+        journal: &super::Journal,
+        summary: &super::Summary,
+    ) -> Result<Vec<PathBuf>> {
+        let owned = |p: &Path| owned(p) || p.file_name().is_some_and(|n| n == self.record.as_str());
         let mut state = lock(&self.state);
         state.check_open(&self.dir)?;
         let mut staged = Vec::new();
@@ -429,6 +466,15 @@ impl Staging {
             }
             staged.retain(|(_, to)| owned(to) || !to.exists());
         }
+        // The record goes last: once it is in place, so is everything else.
+        staged.sort();
+        let paths: Vec<PathBuf> = staged.iter().map(|(from, _)| from.clone()).collect();
+        let record = self.dir.join(&self.record);
+        let mut f = File::create(&record).map_err(|e| Error::io(&record, "cannot create", e))?;
+        f.write_all(&journal.finished(&paths, summary)?)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| Error::io(&record, "cannot write", e))?;
+        staged.push((record, self.out.join(&self.record)));
         if let Some((_, to)) = staged.iter().find(|(_, to)| to.is_dir()) {
             return Err(Error::new(
                 Rule::Output,
@@ -456,7 +502,7 @@ impl Staging {
         fs::remove_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         state.finished = true;
         let mut moved = std::mem::take(&mut state.moved);
-        moved.sort();
+        moved.pop();
         Ok(moved)
     }
 }

@@ -50,10 +50,11 @@ fn dequantize_cpu(hub: &MockHub, cache: &Path, out: &str, env: &[(&str, &str)]) 
     )
 }
 
-/// Every file of a folder and its bytes.
+/// Every file of a folder and its bytes (a finished run's record aside).
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
+        .filter(|e| !crate::common::is_record(&e.as_ref().unwrap().file_name().to_string_lossy()))
         .map(|e| {
             let p = e.unwrap().path();
             (

@@ -22,6 +22,7 @@ mod matmul;
 mod model;
 mod moe;
 mod rejections;
+mod release;
 mod resume;
 mod scale;
 mod sparse;

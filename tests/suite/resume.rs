@@ -18,7 +18,7 @@ const STAGING: &str = ".wgpu-dequant-partial";
 
 /// A W4A16 group-128 checkpoint of `n` shards, each one Linear of
 /// `rows × cols` (random codes, moderate scales), with its index.
-fn checkpoint(dir: &Path, n: usize, (rows, cols): (usize, usize)) -> Vec<String> {
+pub(crate) fn checkpoint(dir: &Path, n: usize, (rows, cols): (usize, usize)) -> Vec<String> {
     std::fs::create_dir_all(dir).unwrap();
     let mut rng = Rng::new(0x5EED_0A11_2E50_0001);
     let mut map = serde_json::Map::new();
@@ -71,12 +71,15 @@ fn checkpoint(dir: &Path, n: usize, (rows, cols): (usize, usize)) -> Vec<String>
     shards
 }
 
-/// Every file of a folder (not its subfolders) and its bytes.
-fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+/// Every file of a folder (not its subfolders, nor a finished run's
+/// record) and its bytes.
+pub(crate) fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
+        .filter(|p| {
+            p.is_file() && !crate::common::is_record(&p.file_name().unwrap().to_string_lossy())
+        })
         .map(|p| {
             (
                 p.file_name().unwrap().to_string_lossy().into_owned(),
@@ -88,7 +91,11 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 
 /// Asserts that `got` holds `want`'s files and bytes, naming the ones that
 /// differ.
-fn assert_files(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>, what: &str) {
+pub(crate) fn assert_files(
+    got: &BTreeMap<String, Vec<u8>>,
+    want: &BTreeMap<String, Vec<u8>>,
+    what: &str,
+) {
     let names: std::collections::BTreeSet<&String> = got.keys().chain(want.keys()).collect();
     let differ: Vec<&&String> = names
         .iter()
@@ -399,6 +406,22 @@ fn hub_runs_resume_without_downloading_what_was_finished() {
         assert!(!got(done), "{done} fetched again: {fetched:?}");
     }
     assert!(got(&shards[2]) && got(&shards[3]), "{fetched:?}");
+    // Finished: a second --resume reads no shard, not even a header.
+    let before = hub.log().len();
+    ok(
+        &crate::hub::cli(&hub, &cache, &args, &[]),
+        "resumed when finished",
+    );
+    let shas: Vec<String> = shards.iter().map(|f| hub.sha(f)).collect();
+    let reads: Vec<_> = hub.log()[before..]
+        .iter()
+        .filter(|h| {
+            h.method == "GET" && (h.range.is_some() || shas.iter().any(|s| h.path.ends_with(s)))
+        })
+        .map(|h| h.path.clone())
+        .collect();
+    assert!(reads.is_empty(), "read when finished: {reads:?}");
+    assert_files(&files(&out), &files(&reference), "resumed when finished");
 }
 
 /// A Hub run killed with SIGKILL after one and after three of five output
@@ -444,4 +467,156 @@ fn hub_resume_after_sigkill_equals_one_run() {
         ok(&crate::hub::cli(&hub, &cache, &args, &[]), &what);
         assert_files(&files(&out), &want, &what);
     }
+}
+
+/// The record a finished run leaves in `out`, as JSON.
+fn record(out: &Path) -> serde_json::Value {
+    let text = std::fs::read(out.join(".wgpu-dequant-done.json")).expect("no record");
+    serde_json::from_slice(&text).unwrap()
+}
+
+/// Overwrites `path` with other bytes of the same size, its modification
+/// time kept: a run that read it would fail or write other bytes.
+fn garble(path: &Path) {
+    let when = written(path);
+    let len = std::fs::metadata(path).unwrap().len() as usize;
+    std::fs::write(path, vec![0xA5; len]).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
+
+/// A finished run leaves a record of its files (sizes and SHA-256); a
+/// `--resume` of the same job into it then has nothing to do: it exits 0
+/// saying so, reads no input shard (they are garbled, their stamps kept)
+/// and touches no file. A damaged output file is not taken for finished
+/// (the run writes the output again); another job's record keeps the
+/// refusal of a non-empty directory.
+#[test]
+fn a_finished_run_resumed_has_nothing_to_do_and_reads_no_shard() {
+    use sha2::{Digest, Sha256};
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    let shards = checkpoint(&input, 3, (64, 256));
+    let out = tmp.path().join("out");
+    run(&input, &out, false, None, None).unwrap();
+    let want = files(&out);
+    let r = record(&out);
+    let listed: Vec<&String> = r["files"].as_object().unwrap().keys().collect();
+    assert_eq!(listed, want.keys().collect::<Vec<_>>());
+    for (name, bytes) in &want {
+        let sha: String = Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(r["files"][name]["sha256"], sha, "{name}");
+        assert_eq!(r["files"][name]["size"], bytes.len(), "{name}");
+    }
+    let cli = |extra: &[&str]| {
+        Command::new(bin())
+            .args([
+                "dequantize",
+                input.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .args(["--backend", "cpu", "--resume"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // A damaged file is written again, with the rest.
+    let damaged = out.join(&shards[1]);
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&damaged, bytes).unwrap();
+    let o = cli(&["--quiet"]);
+    ok(&o, "resumed over a damaged file");
+    assert_files(&files(&out), &want, "resumed over a damaged file");
+    // Another job: refused as before.
+    let o = cli(&["--dtype", "f32"]);
+    crate::common::cli::error_line(&o, "another job", "OUT-001", &["not empty"]);
+    assert_files(&files(&out), &want, "after another job's refusal");
+    // Nothing to do, and nothing read: the shards are garbled now.
+    let stamps: Vec<_> = want.keys().map(|f| written(&out.join(f))).collect();
+    for s in &shards {
+        garble(&input.join(s));
+    }
+    let o = cli(&["--json"]);
+    ok(&o, "resumed when finished");
+    let err = crate::common::cli::stderr(&o);
+    assert!(err.contains("nothing left to do"), "{err}");
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["already_done"], true, "{summary}");
+    assert_eq!(summary["decoded"], 3, "{summary}");
+    assert_files(&files(&out), &want, "resumed when finished");
+    let now: Vec<_> = want.keys().map(|f| written(&out.join(f))).collect();
+    assert_eq!(now, stamps, "files touched");
+}
+
+/// Killed during its commit (at whichever rename the kill lands) and
+/// killed after the last one, before its staging folder was removed (made
+/// by hand: the folder with its lock and journal, the lock held by no one):
+/// `--resume` ends with one run's bytes and no staging folder; after the
+/// last rename it has nothing to do.
+#[cfg(unix)]
+#[test]
+fn resume_after_a_kill_in_the_commit_equals_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    checkpoint(&input, 6, (512, 1024));
+    let reference = tmp.path().join("reference");
+    run(&input, &reference, false, None, None).unwrap();
+    let want = files(&reference);
+    let cli = |out: &Path| {
+        let mut cmd = Command::new(bin());
+        cmd.args([
+            "dequantize",
+            input.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args(["--backend", "cpu", "--quiet", "--resume"]);
+        cmd
+    };
+    for k in 0..3 {
+        let what = format!("killed in the commit, try {k}");
+        let out = tmp.path().join(format!("commit-{k}"));
+        let mut child = cli(&out).spawn().unwrap();
+        loop {
+            let moved = std::fs::read_dir(&out)
+                .map(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                })
+                .unwrap_or(false);
+            if moved || child.try_wait().unwrap().is_some() {
+                break;
+            }
+        }
+        let pid = child.id().to_string();
+        Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+        let _ = child.wait();
+        ok(&cli(&out).output().unwrap(), &what);
+        assert_files(&files(&out), &want, &what);
+        assert!(!out.join(STAGING).exists(), "{what}: staging folder left");
+    }
+    let out = tmp.path().join("after-the-last-rename");
+    run(&input, &out, false, None, None).unwrap();
+    let staging = out.join(STAGING);
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::write(staging.join(".lock"), "1\n").unwrap();
+    std::fs::write(staging.join(".journal.json"), r#"{"key":"","files":{}}"#).unwrap();
+    let o = cli(&out).arg("--json").output().unwrap();
+    ok(&o, "after the last rename");
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["already_done"], true, "{summary}");
+    assert_files(&files(&out), &want, "after the last rename");
+    assert!(
+        !staging.exists(),
+        "after the last rename: staging folder left"
+    );
 }

@@ -67,6 +67,12 @@ enum Command {
         /// merge-index.
         #[arg(long, value_delimiter = ',')]
         shards: Option<Vec<String>>,
+        /// Only the input shards that fall to job I of N (0 <= I < N, as
+        /// SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX count): every job
+        /// derives the same assignment from the headers, balanced by the
+        /// bytes each shard writes, and runs as --shards does with its own.
+        #[arg(long, value_name = "I/N", value_parser = parse_part, conflicts_with = "shards")]
+        part: Option<(usize, usize)>,
         /// Split the output into model-0000i-of-0000N.safetensors files of at
         /// most SIZE each (5GB, 500MB, 2GiB, or bytes), unless one tensor
         /// alone is larger; without it, the input's sharding is kept.
@@ -268,6 +274,7 @@ fn main() -> ExitCode {
             quiet,
             force,
             shards,
+            part,
             max_shard_size,
             keep_names,
             delete_downloaded,
@@ -283,6 +290,9 @@ fn main() -> ExitCode {
                 .resume(resume);
             if let Some(shards) = shards {
                 run = run.shards(shards);
+            }
+            if let Some((index, count)) = part {
+                run = run.part(index, count);
             }
             if let Some(max) = max_shard_size {
                 run = run.max_shard_size(max);
@@ -440,7 +450,13 @@ fn dequantize(
     if json {
         print_json(&summary)?;
     }
-    if !quiet {
+    if !quiet && summary.already_done {
+        eprintln!(
+            "{} already holds this job's {} files, of the bytes its record lists; nothing left to do",
+            out.display(),
+            summary.files.len()
+        );
+    } else if !quiet {
         let secs = started.elapsed().as_secs_f64();
         let cast = if summary.cast > 0 {
             format!(" ({} cast to {})", summary.cast, summary.dtype)
@@ -661,6 +677,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// `--e2e-shape`.
+/// `--part I/N`: job I (from 0) of N.
+fn parse_part(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{s:?}: expected I/N with 0 <= I < N (job I of N, from 0)");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    let (i, n): (usize, usize) = (
+        i.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    );
+    if i >= n {
+        return Err(bad());
+    }
+    Ok((i, n))
+}
+
 fn parse_gemv_shape(s: &str) -> Result<(usize, usize), String> {
     let dims = s
         .split_once('x')

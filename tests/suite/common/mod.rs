@@ -279,10 +279,18 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Every entry of `dir`, sorted: (name, bytes), `<dir>` for directories.
+/// Whether `name` is the record a finished run leaves beside the dense
+/// checkpoint (what a `--resume` of the same job reads), not part of it.
+pub fn is_record(name: &str) -> bool {
+    name.starts_with(".wgpu-dequant-done") && name.ends_with(".json")
+}
+
+/// Every entry of `dir` but a finished run's record ([`is_record`]),
+/// sorted: (name, bytes), `<dir>` for directories.
 pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
+        .filter(|e| !is_record(&e.as_ref().unwrap().file_name().to_string_lossy()))
         .map(|e| {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
