@@ -345,20 +345,7 @@ impl<'a> Dequantize<'a> {
     /// of its files, a Hub commit): what `--resume` runs and finished runs'
     /// records must share.
     fn key(&self, input: &str) -> Result<String> {
-        if self.shards.is_some() && self.part.is_some() {
-            return Err(Error::bare(
-                Rule::Argument,
-                "--shards and --part: give one (--part derives the shards)",
-            ));
-        }
-        if let Some((index, count)) = self.part {
-            if index >= count {
-                return Err(Error::bare(
-                    Rule::Argument,
-                    format!("--part {index}/{count}: I must be at least 0 and below N"),
-                ));
-            }
-        }
+        self.check_part()?;
         let o = &self.options;
         let shards = self.shards.as_ref().map(|list| {
             let names = list
@@ -375,6 +362,21 @@ impl<'a> Dequantize<'a> {
         );
         let text = format!("{} {input} {choices:?}", env!("CARGO_PKG_VERSION"));
         Ok(writer::hex_sha256(&text))
+    }
+
+    /// Refuses a `--part` that names no job, or comes with `--shards`.
+    fn check_part(&self) -> Result<()> {
+        match self.part {
+            Some(_) if self.shards.is_some() => Err(Error::bare(
+                Rule::Argument,
+                "--shards and --part: give one (--part derives the shards)",
+            )),
+            Some((index, count)) if index >= count => Err(Error::bare(
+                Rule::Argument,
+                format!("--part {index}/{count}: I must be at least 0 and below N"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The tag of a job that shares its output directory with others
@@ -409,6 +411,7 @@ impl<'a> Dequantize<'a> {
     /// The input shards of this `--part` job (none, told as a note, when
     /// none falls to it).
     fn own_part(&mut self, plan: &Plan<'_>) -> Result<Vec<String>> {
+        self.check_part()?;
         let Some((index, count)) = self.part else {
             return Ok(Vec::new());
         };

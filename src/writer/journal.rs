@@ -120,6 +120,18 @@ struct Done {
     sha256: String,
 }
 
+impl Done {
+    /// The size and SHA-256 of the file at `path`.
+    fn of(path: &Path) -> Result<Done> {
+        let f = File::open(path).map_err(|e| Error::io(path, "cannot read", e))?;
+        let size = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
+        Ok(Done {
+            size,
+            sha256: sha256(f, path)?,
+        })
+    }
+}
+
 /// The journal's contents.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Record {
@@ -188,14 +200,7 @@ impl Journal {
             let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
             let done = match record.files.get(&name) {
                 Some(done) => done.clone(),
-                None => {
-                    let f = File::open(path).map_err(|e| Error::io(path, "cannot read", e))?;
-                    let size = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
-                    Done {
-                        size,
-                        sha256: sha256(f, path)?,
-                    }
-                }
+                None => Done::of(path)?,
             };
             files.insert(name, done);
         }
@@ -215,18 +220,26 @@ impl Journal {
         })
     }
 
-    /// Records file `name` as finished: `size` bytes, of SHA-256 `sha256`,
-    /// synced. The journal is replaced whole (written aside, synced,
-    /// renamed), so a run killed meanwhile leaves the old one or the new.
-    pub(super) fn record(&self, name: &str, size: u64, sha256: &[u8]) -> Result<()> {
+    /// Records file `name`, finished and synced at `path`, with its size
+    /// and SHA-256 (read back to tell).
+    pub(super) fn record_file(&self, name: &str, path: &Path) -> Result<()> {
+        let done = Done::of(path)?;
+        self.insert(name, done)
+    }
+
+    /// Records file `name` as finished: `size` bytes of SHA-256 `sha256`,
+    /// synced.
+    pub(super) fn record(&self, name: &str, size: u64, sha256: &[u8; 32]) -> Result<()> {
+        let sha256 = hex(sha256);
+        self.insert(name, Done { size, sha256 })
+    }
+
+    /// Records `done` for file `name`. The journal is replaced whole
+    /// (written aside, synced, renamed), so a run killed meanwhile leaves
+    /// the old one or the new.
+    fn insert(&self, name: &str, done: Done) -> Result<()> {
         let mut record = self.lock();
-        record.files.insert(
-            name.to_string(),
-            Done {
-                size,
-                sha256: hex(sha256),
-            },
-        );
+        record.files.insert(name.to_string(), done);
         let text = serde_json::to_vec(&*record).map_err(|e| {
             Error::new(crate::error::Rule::Internal, &self.dir, format!("journal: {e}"))
         })?;
@@ -257,37 +270,3 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A writer that counts and hashes what goes through it, for the journal.
-pub(super) struct Hashing<W> {
-    inner: W,
-    hash: Sha256,
-    len: u64,
-}
-
-impl<W: Write> Hashing<W> {
-    pub(super) fn new(inner: W) -> Hashing<W> {
-        Hashing {
-            inner,
-            hash: Sha256::new(),
-            len: 0,
-        }
-    }
-
-    /// The writer, the bytes written and their SHA-256.
-    pub(super) fn finish(self) -> (W, u64, [u8; 32]) {
-        (self.inner, self.len, self.hash.finalize().into())
-    }
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}

@@ -77,13 +77,15 @@ pub(super) fn digest(index: &serde_json::Value) -> String {
 pub enum Merged {
     /// Wrote the index at this path.
     Wrote(PathBuf),
-    /// The index at this path was already merged: no parts were left.
+    /// The index at this path was already merged: no parts were left (or,
+    /// for an output of one file and no index, that file).
     Already(PathBuf),
 }
 
 /// Joins the partial indexes `--shards` runs wrote into `out` into
 /// `model.safetensors.index.json`, once every shard is there; the parts are
-/// removed, so a second call finds the index already merged. Fails (ST-002)
+/// removed, so a second call finds the index already merged (and an
+/// output of one `model.safetensors`, which has no index, complete). Fails (ST-002)
 /// naming the shards still missing, or a part that contradicts the others.
 pub fn merge_index(out: &Path) -> Result<Merged> {
     let mut paths: Vec<PathBuf> = fs::read_dir(out)
@@ -95,6 +97,12 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
     let path = out.join(INDEX_FILE);
     if paths.is_empty() && path.is_file() {
         return Ok(Merged::Already(path));
+    }
+    // A checkpoint of one file has no index to merge (its one `--part`
+    // job wrote it whole).
+    let single = out.join("model.safetensors");
+    if paths.is_empty() && single.is_file() {
+        return Ok(Merged::Already(single));
     }
     if paths.is_empty() {
         return Err(Error::new(

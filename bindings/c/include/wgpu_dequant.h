@@ -10,11 +10,42 @@
 #define WGPU_DEQUANT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /**
  * An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
  */
 typedef struct WdqCheckpoint WdqCheckpoint;
+
+/**
+ * The settings of [`wdq_dequantize_run`] beyond dtype and backend; all
+ * zero is a plain run.
+ */
+typedef struct WdqRun {
+  /**
+   * Non-zero: write into an output that holds files (`--force`).
+   */
+  int force;
+  /**
+   * Non-zero: continue an interrupted run, or find a finished one
+   * (`--resume`).
+   */
+  int resume;
+  /**
+   * Job `part_index` of `part_count` (`--part I/N`); `part_count` 0: all
+   * shards.
+   */
+  size_t part_index;
+  /**
+   * See `part_index`.
+   */
+  size_t part_count;
+  /**
+   * Output files of at most this many bytes (`--max-shard-size`); 0:
+   * the input's sharding.
+   */
+  uint64_t max_shard_size;
+} WdqRun;
 
 /**
  * What [`wdq_tensor_info`] tells of one tensor of the dense checkpoint.
@@ -50,6 +81,16 @@ extern "C" {
  * Strings are NULL or NUL-terminated; `err` is NULL or holds `err_len` bytes.
  */
 int wdq_dequantize(const char *input, const char *output, const char *dtype, const char *backend, char *err, size_t err_len);
+
+/**
+ * [`wdq_dequantize`] with the settings of release-scale runs: `run` NULL
+ * is all zero. Returns 0 also when `--resume` finds the job finished.
+ *
+ * # Safety
+ * Strings are NULL or NUL-terminated; `run` is NULL or readable; `err` is
+ * NULL or holds `err_len` bytes.
+ */
+int wdq_dequantize_run(const char *input, const char *output, const char *dtype, const char *backend, const struct WdqRun *run, char *err, size_t err_len);
 
 /**
  * Opens and plans the checkpoint at `path`; `*out` receives it (free it

@@ -5,7 +5,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use wgpu_dequant::{BackendChoice, DtypeChoice, Error, Model, Options, Result, Rule};
+use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, Model, Options, Result, Rule};
 
 /// An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
 pub struct WdqCheckpoint {
@@ -100,6 +100,60 @@ pub unsafe extern "C" fn wdq_dequantize(
             backend: text(backend, "backend")?.parse()?,
         };
         wgpu_dequant::dequantize(input, output, &options).map(|_| ())
+    })
+}
+
+/// The settings of [`wdq_dequantize_run`] beyond dtype and backend; all
+/// zero is a plain run.
+#[repr(C)]
+pub struct WdqRun {
+    /// Non-zero: write into an output that holds files (`--force`).
+    pub force: c_int,
+    /// Non-zero: continue an interrupted run, or find a finished one
+    /// (`--resume`).
+    pub resume: c_int,
+    /// Job `part_index` of `part_count` (`--part I/N`); `part_count` 0: all
+    /// shards.
+    pub part_index: usize,
+    /// See `part_index`.
+    pub part_count: usize,
+    /// Output files of at most this many bytes (`--max-shard-size`); 0:
+    /// the input's sharding.
+    pub max_shard_size: u64,
+}
+
+/// [`wdq_dequantize`] with the settings of release-scale runs: `run` NULL
+/// is all zero. Returns 0 also when `--resume` finds the job finished.
+///
+/// # Safety
+/// Strings are NULL or NUL-terminated; `run` is NULL or readable; `err` is
+/// NULL or holds `err_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_dequantize_run(
+    input: *const c_char,
+    output: *const c_char,
+    dtype: *const c_char,
+    backend: *const c_char,
+    run: *const WdqRun,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    call(err, err_len, || {
+        let input = text(input, "input")?;
+        let output = text(output, "output")?;
+        let mut job = Dequantize::new()
+            .dtype(text(dtype, "dtype")?.parse()?)
+            .backend(text(backend, "backend")?.parse()?);
+        if let Some(run) = run.as_ref() {
+            job = job.force(run.force != 0).resume(run.resume != 0);
+            if run.part_count > 0 {
+                job = job.part(run.part_index, run.part_count);
+            }
+            if run.max_shard_size > 0 {
+                job = job.max_shard_size(run.max_shard_size);
+            }
+        }
+        job.run(input, output).map(|_| ())
     })
 }
 

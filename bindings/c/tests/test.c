@@ -70,12 +70,36 @@ int main(int argc, char **argv) {
     rc = wdq_dequantize(NULL, dense, "auto", "cpu", err, sizeof err);
     CHECK(rc == 2 && strstr(err, "input is NULL"), "NULL input: %d %s", rc, err);
 
+    /* wdq_dequantize_run: --resume finds the finished output and has nothing
+       to do; --part 1/2 of the one-shard sample writes nothing, 0/2 all of
+       it; a part not below its count is refused. */
+    WdqRun run = {0};
+    run.resume = 1;
+    rc = wdq_dequantize_run(sample, dense, "auto", "cpu", &run, err, sizeof err);
+    CHECK(rc == 0 && err[0] == 0, "resume of a finished output: %d %s", rc, err);
+    char parted[4096];
+    snprintf(parted, sizeof parted, "%s/parted", argv[2]);
+    WdqRun part = {0};
+    part.part_index = 2;
+    part.part_count = 2;
+    rc = wdq_dequantize_run(sample, parted, "auto", "cpu", &part, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "[ARG-001]"), "part 2/2: %d %s", rc, err);
+    for (size_t i = 2; i-- > 0;) {
+        part.part_index = i;
+        rc = wdq_dequantize_run(sample, parted, "auto", "cpu", &part, err, sizeof err);
+        CHECK(rc == 0, "part %zu/2: %d %s", i, rc, err);
+    }
+
     /* wdq_open, count, name, info, decode: the dense checkpoint's bytes. */
     WdqCheckpoint *q = NULL, *d = NULL;
     rc = wdq_open(sample, "auto", &q, err, sizeof err);
     CHECK(rc == 0 && q != NULL, "open sample: %d %s", rc, err);
     rc = wdq_open(dense, "auto", &d, err, sizeof err);
     CHECK(rc == 0 && d != NULL, "open dense: %d %s", rc, err);
+    WdqCheckpoint *p = NULL;
+    rc = wdq_open(parted, "auto", &p, err, sizeof err);
+    CHECK(rc == 0 && p != NULL && wdq_tensor_count(p) == wdq_tensor_count(d), "open parted: %d %s", rc, err);
+    wdq_close(p);
     if (!q || !d) return 1;
     size_t n = wdq_tensor_count(q);
     CHECK(n > 0 && n == wdq_tensor_count(d), "tensor counts %zu and %zu", n, wdq_tensor_count(d));

@@ -85,8 +85,11 @@ impl NativeCheckpoint {
 /// `(done_bytes, total_bytes, tensor)` after every piece. Ctrl-C cancels the
 /// run and leaves nothing (with `resume`: what it finished, for the next
 /// resumed run).
+/// `part` is job `(I, N)` (`--part I/N`), `shards` the input shards to
+/// write (`--shards`), `max_shard_size` a size as `--max-shard-size` reads
+/// it.
 #[pyfunction]
-#[pyo3(signature = (path, out, dtype, backend, force, progress, resume = false))]
+#[pyo3(signature = (path, out, dtype, backend, force, progress, resume = false, part = None, shards = None, max_shard_size = None))]
 #[allow(clippy::too_many_arguments)]
 fn dequantize(
     py: Python<'_>,
@@ -97,9 +100,16 @@ fn dequantize(
     force: bool,
     progress: Option<Py<PyAny>>,
     resume: bool,
+    part: Option<(usize, usize)>,
+    shards: Option<Vec<String>>,
+    max_shard_size: Option<String>,
 ) -> PyResult<String> {
     let dtype: DtypeChoice = dtype.parse().map_err(py_err)?;
     let choice: BackendChoice = backend.parse().map_err(py_err)?;
+    let max_shard_size = max_shard_size
+        .map(|s| wgpu_dequant::parse_size(&s))
+        .transpose()
+        .map_err(py_err)?;
     let canceller = Canceller::default();
     let cancel = canceller.clone();
     let run = move || {
@@ -114,14 +124,23 @@ fn dequantize(
                 });
             }
         };
-        Dequantize::new()
+        let mut run = Dequantize::new()
             .dtype(dtype)
             .backend(choice)
             .force(force)
             .resume(resume)
             .canceller(cancel)
-            .on_progress(on_progress)
-            .run(path, out)
+            .on_progress(on_progress);
+        if let Some((index, count)) = part {
+            run = run.part(index, count);
+        }
+        if let Some(shards) = shards {
+            run = run.shards(shards);
+        }
+        if let Some(max) = max_shard_size {
+            run = run.max_shard_size(max);
+        }
+        run.run(path, out)
     };
     let (done_tx, done_rx) = channel();
     std::thread::scope(|scope| {
@@ -164,11 +183,21 @@ fn inspect(py: Python<'_>, path: &str) -> PyResult<String> {
     serde_json::to_string(&report).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Joins the partial indexes of `part`/`shards` runs into `out`'s index
+/// (`merge-index`); returns the index's path.
+#[pyfunction]
+fn merge_index(path: &str) -> PyResult<String> {
+    let merged = wgpu_dequant::merge_index(std::path::Path::new(path)).map_err(py_err)?;
+    let (wgpu_dequant::Merged::Wrote(p) | wgpu_dequant::Merged::Already(p)) = merged;
+    Ok(p.to_string_lossy().into_owned())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCheckpoint>()?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_index, m)?)?;
     m.add("DequantError", m.py().get_type::<DequantError>())?;
     Ok(())
 }

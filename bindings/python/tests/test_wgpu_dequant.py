@@ -83,15 +83,34 @@ def test_dequantize_writes_the_clis_files(model, tmp_path):
 def test_dequantize_with_resume_writes_the_clis_files(tmp_path):
     """resume=True reaches the run (what it keeps of an interrupted one is
     the Rust suite's to check): into a new folder it writes the CLI's files,
-    and a finished output is not a run to resume (OUT-001)."""
+    a finished output of the same job has nothing left to do, and another
+    job's is refused (OUT-001)."""
     model = FIXTURES[0]
     want = cli_dense(model, tmp_path / "cli")
     out = tmp_path / "py"
-    wdq.dequantize(model, out, backend="cpu", resume=True)
+    assert not wdq.dequantize(model, out, backend="cpu", resume=True).get("already_done")
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == want
+    assert wdq.dequantize(model, out, backend="cpu", resume=True)["already_done"] is True
     with pytest.raises(wdq.DequantError) as e:
-        wdq.dequantize(model, out, backend="cpu", resume=True)
+        wdq.dequantize(model, out, dtype="f32", backend="cpu", resume=True)
     assert e.value.rule == "OUT-001"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_part_jobs_merged_write_the_clis_files(n, tmp_path):
+    """part=(I, N) jobs and merge_index write what one CLI run writes (each
+    job's record of its files aside)."""
+    model = ROOT / "tests" / "fixtures" / "sharded-nvfp4a16" / "model"
+    want = {k: v for k, v in cli_dense(model, tmp_path / "cli").items() if not k.startswith(".wgpu-dequant")}
+    out = tmp_path / "py"
+    for i in range(n):
+        wdq.dequantize(model, out, backend="cpu", part=f"{i}/{n}" if i % 2 else (i, n))
+    assert wdq.merge_index(out).endswith("model.safetensors.index.json")
+    got = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if not p.name.startswith(".wgpu-dequant")}
+    assert got == want
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.dequantize(model, tmp_path / "bad", part="2/2")
+    assert e.value.rule == "ARG-001"
 
 
 @pytest.mark.parametrize("case", ["bnb-nf4-dq-bf16", "bnb-int8-bf16"])

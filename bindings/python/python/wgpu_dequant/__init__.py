@@ -25,7 +25,7 @@ import os
 from . import _native
 from ._native import DequantError
 
-__all__ = ["DequantError", "dequantize", "inspect", "load_file", "safe_open"]
+__all__ = ["DequantError", "dequantize", "inspect", "load_file", "merge_index", "safe_open"]
 
 _TORCH = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
           "I8": "int8", "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64",
@@ -147,25 +147,50 @@ class _Bar:
 
 
 def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False, revision=None,
-               resume=False):
+               resume=False, part=None, shards=None, max_shard_size=None):
     """Writes the dense checkpoint of ``path`` into ``out`` as the CLI does and
     returns its summary. Ctrl-C stops it and leaves nothing behind.
 
     ``resume``: continue an interrupted run into the same ``out`` (the files it
     finished are kept); what this run finishes stays for the next one if it
-    is interrupted too (``--resume``).
+    is interrupted too (``--resume``). When ``out`` holds this job's finished
+    run already, nothing is done and the summary's ``already_done`` is True.
+
+    ``part``: job ``(I, N)`` or ``"I/N"`` of N (``--part``), ``shards``: only
+    these input shards (``--shards``); ``merge_index(out)`` joins the jobs.
+    ``max_shard_size``: bytes, or a size such as ``"5GB"``.
 
     ``progress``: ``True`` for a bar (tqdm's, when installed), or a callable
     ``progress(done_bytes, total_bytes, tensor)`` called after every piece."""
+    if isinstance(part, str):
+        index, _, count = part.partition("/")
+        if not (index.strip().isdigit() and count.strip().isdigit()):
+            raise _refuse(f"part={part!r}: expected 'I/N' or (I, N)")
+        part = (int(index), int(count))
+    if part is not None:
+        part = tuple(part)
+        if len(part) != 2 or not all(isinstance(v, int) and v >= 0 for v in part):
+            raise _refuse(f"part={part!r}: expected 'I/N' or (I, N)")
+    if shards is not None:
+        shards = [os.fspath(s) for s in shards]
+    if max_shard_size is not None:
+        max_shard_size = str(max_shard_size)
     bar = _Bar() if progress is True else None
     callback = bar or (progress if callable(progress) else None)
     try:
         text = _native.dequantize(_source(path, revision), str(out), dtype, backend, force, callback,
-                                  resume)
+                                  resume, part, shards, max_shard_size)
     finally:
         if bar is not None:
             bar.close()
     return json.loads(text)
+
+
+def merge_index(out):
+    """Joins the partial indexes that ``part``/``shards`` runs wrote into ``out``
+    into ``model.safetensors.index.json`` once every shard is there (the CLI's
+    ``merge-index``); returns the index's path."""
+    return _native.merge_index(os.fspath(out))
 
 
 def inspect(path, revision=None):
