@@ -26,7 +26,16 @@ pub(crate) struct Need {
 /// point; `refused` names the file the error is about. Returns a line for
 /// each file system whose free space cannot be read (the run goes on).
 pub(crate) fn check(refused: &Path, needs: &[Need]) -> Result<Vec<String>> {
-    let cap = cap()?;
+    check_with(refused, needs, cap()?, available)
+}
+
+/// [`check`] with the cap and the file systems' free space given.
+fn check_with(
+    refused: &Path,
+    needs: &[Need],
+    cap: Option<u64>,
+    available: impl Fn(&Path) -> Option<u64>,
+) -> Result<Vec<String>> {
     // (an existing folder on the file system, its needs)
     let mut systems: Vec<(PathBuf, Vec<&Need>)> = Vec::new();
     for need in needs.iter().filter(|n| n.bytes > 0) {
@@ -153,6 +162,36 @@ mod tests {
         assert_eq!(human(536_870_912), "536.9 MB");
         assert_eq!(human(1_500_000_000), "1.50 GB");
         assert_eq!(human(700_000_000_000_000), "700.00 TB");
+    }
+
+    fn need(bytes: u64) -> Need {
+        Need {
+            what: "the dense checkpoint",
+            at: std::env::temp_dir().join("out"),
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_free_space_that_cannot_be_read_is_one_note_and_no_refusal() {
+        let out = Path::new("out");
+        let notes = check_with(out, &[need(u64::MAX)], None, |_| None).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("cannot be read"), "{notes:?}");
+        // A cap stands in for it.
+        let e = check_with(out, &[need(2_000_000)], Some(1_000_000), |_| None).unwrap_err();
+        assert!(e.to_string().contains("2.0 MB") && e.to_string().contains("1.0 MB"), "{e}");
+        // Nothing to write checks nothing.
+        assert!(check_with(out, &[need(0)], None, |_| None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn needs_on_one_file_system_add_up() {
+        let out = Path::new("out");
+        let two = [need(600), Need { what: "the downloads", ..need(600) }];
+        let e = check_with(out, &two, None, |_| Some(1000)).unwrap_err();
+        assert!(e.to_string().contains("the dense checkpoint and the downloads need 1.2 kB"), "{e}");
+        assert!(check_with(out, &two[..1], None, |_| Some(1000)).unwrap().is_empty());
     }
 
     #[test]
