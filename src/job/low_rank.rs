@@ -1,0 +1,59 @@
+//! SVDQuant's low-rank branch and smoothing ([`LowRank`]).
+
+use std::sync::Arc;
+
+/// SVDQuant's low-rank branch `up · downᵀ` and per-column smoothing, in one
+/// of two orders (`q·s` is the scaled code, `lr = Σ_j up[row,j]·down[col,j]`
+/// summed in order j = 0, 1, …):
+///
+/// ```text
+/// smooth_first = false (logical):         (q·s + lr) · inv_smooth[col]
+/// smooth_first = true  (nunchaku_packed): (q·s) · inv_smooth[col] + lr
+/// ```
+///
+/// Every operation rounds on its own, as in the reference: no fused
+/// multiply-add (the shader keeps its compiler from contracting, see
+/// `opaque` in decode.wgsl). The smoothing divisor is applied as a
+/// host-computed reciprocal because WGSL division is not correctly rounded.
+#[derive(Debug, Clone)]
+pub struct LowRank {
+    /// Rank r; 0: no branch, the smoothing alone.
+    pub rank: usize,
+    /// `[rows, r]`, row-major.
+    pub up: Arc<[f32]>,
+    /// `[cols, r]`, row-major.
+    pub down: Arc<[f32]>,
+    /// `1 / smooth_factor`, one per column.
+    pub inv_smooth: Arc<[f32]>,
+    /// Smoothing applies to the residual only (the packed layout's
+    /// `proj_down` is stored already divided by the smoothing factor).
+    pub smooth_first: bool,
+}
+
+impl LowRank {
+    /// `Σ_j up[row, j] · down[col, j]`, in order.
+    #[inline]
+    pub fn sum(&self, row: usize, col: usize) -> f32 {
+        let r = self.rank;
+        let up = &self.up[row * r..row * r + r];
+        let down = &self.down[col * r..col * r + r];
+        up.iter().zip(down).fold(0.0f32, |acc, (u, d)| acc + u * d)
+    }
+
+    /// The dense value of scaled code `q·s` at (row, col).
+    #[inline]
+    pub fn apply(&self, q: f32, s: f32, row: usize, col: usize) -> f32 {
+        let rs = self.inv_smooth[col];
+        // Rank 0 is the smoothing alone (ModelOpt's pre-quant scale): nothing
+        // is added, not even an empty sum's +0.0, which turns −0.0 into +0.0.
+        if self.rank == 0 {
+            return q * s * rs;
+        }
+        let lr = self.sum(row, col);
+        if self.smooth_first {
+            q * s * rs + lr
+        } else {
+            (q * s + lr) * rs
+        }
+    }
+}
