@@ -40,6 +40,7 @@ const ZERO_NONE: u32 = 0u;
 const ZERO_PACKED: u32 = 1u;             // fields packed along rows
 const ZERO_PLAIN: u32 = 2u;              // one grid entry per group
 const ZERO_PACKED_ALONG_COLS: u32 = 3u;  // fields packed along columns (AutoAWQ)
+const ZERO_OFFSET: u32 = 4u;             // none; the zgrid holds an offset added last
 
 // Params::lr_mode and LOW_RANK: SVDQuant's low-rank branch, in job order.
 const LOW_RANK_NONE: u32 = 0u;
@@ -281,12 +282,17 @@ fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
     return opaque(qs * rs) + acc;
 }
 
-// DecodeJob::value: the value below, then the post scale.
+// DecodeJob::value: the value below, then the post scale, then the offset.
 fn decode(slice: u32, row: u32, col: u32, flat: u32) -> f32 {
-    let v = decode_scaled(slice, row, col, flat);
+    var v = decode_scaled(slice, row, col, flat);
     if (p.post_scale != 1.0) {
         // opaque: rounded before the post scale (see fast_value).
-        return opaque(v) * p.post_scale;
+        v = opaque(v) * p.post_scale;
+    }
+    if (p.zero_mode == ZERO_OFFSET) {
+        // opaque: the product rounded before the sum, never one fused
+        // multiply-add.
+        v = opaque(v) + value(p.zgrid, slice, row, group_of(p.zgrid, col));
     }
     return v;
 }

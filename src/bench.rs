@@ -359,6 +359,7 @@ impl Weight {
             g_idx: None,
             low_rank: None,
             post_scale: (self.layout == Layout::BnbInt8).then_some(crate::formats::bnb::INT8_POST),
+            offset: None,
             product: Default::default(),
             sparse: None,
             transposed: false,

@@ -12,6 +12,7 @@ pub mod compressed_tensors;
 pub mod fp8_block;
 pub mod gpt_oss;
 pub mod gptq;
+pub mod mlx;
 pub mod modelopt;
 pub mod quark;
 pub mod sparse;
@@ -60,6 +61,8 @@ pub enum Format {
     Bnb(bnb::Config),
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant::Config),
+    /// An MLX checkpoint (mlx-lm: config.json's `quantization`).
+    Mlx(mlx::Config),
     /// No quantization: every tensor is copied.
     Dense,
 }
@@ -92,6 +95,7 @@ impl Format {
                 c.targets.len(),
                 c.patches.len()
             ),
+            Format::Mlx(c) => c.describe(),
             Format::Dense => "dense (no quantization config)".into(),
         }
     }
@@ -110,6 +114,7 @@ impl Format {
             Format::GptOss(c) => c.report_lines(),
             Format::Bnb(c) => c.report_lines(),
             Format::Svdquant(c) => c.report_lines(),
+            Format::Mlx(c) => c.report_lines(),
             Format::Dense => Vec::new(),
         }
     }
@@ -144,6 +149,9 @@ fn from_value<T: serde::de::DeserializeOwned>(path: &Path, v: &Value) -> Result<
 /// no quantization config at all (a compressed-tensors checkpoint converted
 /// from ModelOpt may still carry the old sidecar).
 pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
+    if let Some((path, q)) = mlx::quantization(ckpt) {
+        return Ok(Format::Mlx(mlx::Config::parse(path, q)?));
+    }
     let qc = ckpt
         .config
         .as_ref()
@@ -270,6 +278,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),
         Format::Bnb(cfg) => bnb::plan(cfg, ckpt, dtype),
         Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
+        Format::Mlx(cfg) => mlx::plan(cfg, ckpt, dtype),
         Format::Dense => return Modules::default(),
     };
     for name in ckpt.names() {

@@ -6,10 +6,12 @@
 //! element (slice, row, col) is
 //!
 //! ```text
-//! round_to_out( (code_values[code] − zero) · scale )
+//! round_to_out( (code_values[code] − zero) · scale + offset )
 //! ```
 //!
-//! computed in f32. SVDQuant jobs add a low-rank branch and a smoothing
+//! computed in f32 (the offset, a value per group added last, is MLX's
+//! affine bias; with a [`Product`] in the output dtype the product is
+//! rounded to it before the offset is added, as MLX computes `T(T(s·q) + b)`). SVDQuant jobs add a low-rank branch and a smoothing
 //! divisor ([`LowRank`]). Backends execute exactly this; the accessors below
 //! are the reference semantics the CPU backend runs and the shaders mirror.
 //!
@@ -174,10 +176,15 @@ pub struct DecodeJob<'a> {
     pub g_idx: Option<Vec<u32>>,
     /// SVDQuant's low-rank branch and smoothing, when the job has them.
     pub low_rank: Option<LowRank>,
-    /// A constant the value is multiplied by last, rounded on its own:
+    /// A constant the value is multiplied by, rounded on its own:
     /// `f32(f32(q · s) · post_scale)` (LLM.int8's `1/127`, applied after its
     /// per-row scale, as bitsandbytes computes it).
     pub post_scale: Option<f32>,
+    /// A value per group added last, on its own grid: `f32(v + offset)`
+    /// rounded once to the output (MLX's affine `scale · q + bias`). The
+    /// product before it is rounded on its own: never a fused
+    /// multiply-add, which would round once where MLX rounds twice.
+    pub offset: Option<Values<'a>>,
     /// The arithmetic of the scaled value (see [`Product`]).
     pub product: Product,
     /// Output dtype.
@@ -208,6 +215,7 @@ impl<'a> DecodeJob<'a> {
             g_idx: None,
             low_rank: None,
             post_scale: None,
+            offset: None,
             product: Product::F32,
             out,
             sparse: None,
@@ -219,6 +227,12 @@ impl<'a> DecodeJob<'a> {
     /// the kept codes alone, in lane 0.
     pub fn with_sparse(mut self, sparse: Sparse<'a>) -> Self {
         self.sparse = Some(sparse);
+        self
+    }
+
+    /// Adds `offset`'s entry last (see [`DecodeJob::offset`]).
+    pub fn with_offset(mut self, offset: Values<'a>) -> Self {
+        self.offset = Some(offset);
         self
     }
 
@@ -347,6 +361,10 @@ impl<'a> DecodeJob<'a> {
             Some(v) => Some(v.transposed(stored)?),
             None => None,
         };
+        let offset = match &self.offset {
+            Some(v) => Some(v.transposed(stored)?),
+            None => None,
+        };
         let zero = match &self.zero {
             None => None,
             Some(ZeroPoint::Plain(v)) => Some(ZeroPoint::Plain(v.transposed(stored)?)),
@@ -367,6 +385,7 @@ impl<'a> DecodeJob<'a> {
             g_idx: None,
             low_rank: None,
             post_scale: self.post_scale,
+            offset,
             product: self.product,
             out: self.out,
             sparse: None,
@@ -461,7 +480,11 @@ impl<'a> DecodeJob<'a> {
             Some(lr) => lr.apply(q, s.unwrap_or(1.0), row, col),
             None => self.scaled(q, s),
         };
-        self.post(v)
+        let v = self.post(v);
+        match &self.offset {
+            Some(o) => v + o.get(o.grid.index(slice, row, self.group(&o.grid, col))),
+            None => v,
+        }
     }
 
     /// The dtype the scaled value is computed in when it is not f32 (see

@@ -78,7 +78,7 @@ impl DecodeJob<'_> {
                     return None;
                 }
             }
-            w *= self.tiniest_read(s, rows, |_| ())?;
+            w *= self.tiniest_read(s, rows.clone(), |_| ())?;
             if w < SAFE_PRODUCT {
                 return None;
             }
@@ -102,6 +102,15 @@ impl DecodeJob<'_> {
         }
         if let Some(p) = self.post_scale {
             w *= tiniest([p])?;
+        }
+        if let Some(o) = &self.offset {
+            // v + offset: both summands large enough that a nonzero sum is
+            // normal; the sum's last bit the bound.
+            let summands = w.min(self.tiniest_read(o, rows, |_| ())?);
+            if summands < SUMMAND {
+                return None;
+            }
+            w = summands * ULP;
         }
         Some(w)
     }

@@ -6,11 +6,13 @@ use super::DtypeChoice;
 use crate::numerics::OutDtype;
 
 /// The checkpoint's `config.json` as the dense output's: without its
-/// `quantization_config`, and with its dtypes set to the one asked for.
+/// `quantization_config` (nor MLX's `quantization`), and with its dtypes
+/// set to the one asked for.
 pub(super) fn dense_config(config: &Value, choice: DtypeChoice) -> Value {
     let mut v = config.clone();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("quantization_config");
+        obj.remove("quantization");
     }
     if let DtypeChoice::Fixed(to) = choice {
         set_config_dtype(&mut v, to);

@@ -19,6 +19,7 @@ mod gpu;
 mod hub;
 mod interruption;
 mod matmul;
+mod mlx;
 mod model;
 mod moe;
 mod rejections;

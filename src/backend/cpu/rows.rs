@@ -97,6 +97,11 @@ impl Rows {
     /// Tables pay off when a row holds more elements than its tables.
     pub(super) fn of(job: &DecodeJob<'_>) -> Option<Rows> {
         let f: &Fields<'_> = &job.codes;
+        // An offset per group (MLX's bias) is not in the tables (yet): the
+        // elementwise path decodes it.
+        if job.offset.is_some() {
+            return None;
+        }
         // A rank-0 low-rank branch is a factor per column (ModelOpt's
         // pre-quant scale), applied to the f32 products of the tables.
         let smoothing = match &job.low_rank {

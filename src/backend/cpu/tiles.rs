@@ -63,6 +63,7 @@ impl Tiles {
         // not measured for them.
         if job.low_rank.is_some()
             || job.post_scale.is_some()
+            || job.offset.is_some()
             || job.sparse.is_some()
             || !(job.transposed || f.word_bits != 32)
         {

@@ -96,6 +96,9 @@ shader_enum! {
         Packed = 1 as ZERO_PACKED,
         Plain = 2 as ZERO_PLAIN,
         PackedAlongCols = 3 as ZERO_PACKED_ALONG_COLS,
+        /// No zero point: the job's offset, on the zero point's grid
+        /// ([`DecodeJob::offset`]; the generic kernel alone).
+        Offset = 4 as ZERO_OFFSET,
     }
 }
 
@@ -422,6 +425,7 @@ impl Fast {
         if !matches!(c.bits, 4 | 8)
             || c.per_word != 0
             || c.word_bits != 32
+            || job.offset.is_some()
             || job.g_idx.is_some()
             || job.transposed
             || job.sparse.is_some()
@@ -634,6 +638,7 @@ impl Tile {
             || job.sparse.is_some()
             || c.high_first
             || job.post_scale.is_some()
+            || job.offset.is_some()
             // Tiles compute in f32 only (PRODUCT is the fast kernel's).
             || job.product_dtype().is_some()
         {
@@ -1024,8 +1029,18 @@ fn chunk<'a>(
         }
     };
 
-    let zero_mode = ZeroMode::of(job.zero.as_ref());
-    let (zero, zgrid) = match &job.zero {
+    let zero_mode = match &job.offset {
+        Some(_) => ZeroMode::Offset,
+        None => ZeroMode::of(job.zero.as_ref()),
+    };
+    let (zero, zgrid) = match (&job.zero, &job.offset) {
+        (None, Some(v)) => {
+            let (lo, hi) = grid_range(v, sd.cols, first, last);
+            (StreamParams::default(), src.push_values(v, sd, lo, hi))
+        }
+        // One grid for both: no format has both.
+        (Some(_), Some(_)) => return None,
+        (zero, None) => match zero {
         None => (StreamParams::default(), GridParams::default()),
         Some(ZeroPoint::Packed { fields }) => {
             // Lanes are column groups; the rows of this chunk are a word range
@@ -1045,6 +1060,7 @@ fn chunk<'a>(
             let (lo, hi) = grid_range(v, sd.cols, first, last);
             (StreamParams::default(), src.push_values(v, sd, lo, hi))
         }
+        },
     };
     let (has_scale, sgrid) = match &job.scale {
         None => (0, GridParams::default()),
@@ -1441,6 +1457,7 @@ mod tests {
             g_idx: None,
             low_rank: None,
             post_scale: None,
+            offset: None,
             product: Default::default(),
             sparse: None,
             transposed: false,

@@ -252,6 +252,9 @@ pub struct RandomJob {
     pub high_first: bool,
     /// A factor every value is multiplied by last (LLM.int8's 1/127).
     pub post_scale: Option<f32>,
+    /// The plain zero point's values are the job's offset instead
+    /// (`DecodeJob::offset`, added last).
+    pub offset: bool,
     /// The arithmetic of the scaled value (ModelOpt FP8, compressed-tensors mxfp8).
     pub product: Product,
     pub out: OutDtype,
@@ -355,6 +358,7 @@ impl RandomJob {
         let post_scale = (rng.below(5) == 0).then(|| normal(rng, 4));
         let product =
             [Product::F32, Product::F32, Product::OutDtype, Product::Bf16][rng.below(4) as usize];
+        let offset = matches!(zero, ZeroSpec::Plain { .. }) && rng.below(3) == 0;
         RandomJob {
             dims: d,
             bits,
@@ -375,6 +379,7 @@ impl RandomJob {
             g_idx,
             high_first,
             post_scale,
+            offset,
             product,
             out,
         }
@@ -387,6 +392,8 @@ impl RandomJob {
     /// grids of whole words, every output dtype, odd column counts included.
     pub fn aimed_at_fast_kernels(rng: &mut Rng, d: Dims) -> RandomJob {
         let mut r = RandomJob::new(rng, d, &WHOLE_WORD_SIZES);
+        // An offset takes the generic kernel.
+        r.offset = false;
         let bits = [4u32, 8][rng.below(2) as usize];
         let row_bits = d.cols as u64 * bits as u64;
         let lane_bits = match rng.below(3) {
@@ -492,9 +499,10 @@ impl RandomJob {
             code_values,
             zero,
             zero_bytes,
-            // Neither is a tile kernel job.
+            // None is a tile kernel job.
             high_first: false,
             post_scale: None,
+            offset: false,
             product: Default::default(),
             ..r
         }
@@ -538,6 +546,7 @@ impl RandomJob {
             },
             code_values: self.code_values.clone().into(),
             zero: match &self.zero {
+                _ if self.offset => None,
                 ZeroSpec::Packed { zrows, groups } => Some(ZeroPoint::Packed {
                     fields: Fields {
                         data: (&self.zero_bytes[..]).into(),
@@ -577,6 +586,14 @@ impl RandomJob {
             g_idx: self.g_idx.clone(),
             low_rank: None,
             post_scale: self.post_scale,
+            offset: match &self.zero {
+                ZeroSpec::Plain { kind, grid } if self.offset => Some(Values {
+                    data: (&self.zero_bytes[..]).into(),
+                    kind: kind.clone(),
+                    grid: *grid,
+                }),
+                _ => None,
+            },
             product: self.product,
             sparse: None,
             transposed: false,
@@ -597,7 +614,7 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} zero {} g_idx {} post {:?} product {:?} out {}",
+            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} {} {} g_idx {} post {:?} product {:?} out {}",
             self.dims,
             if self.transposed { " transposed" } else { "" },
             self.bits,
@@ -607,6 +624,7 @@ impl RandomJob {
             self.lane_bits,
             self.word_bits,
             self.scale.as_ref().map(|(g, k)| (g, kind(k))),
+            if self.offset { "offset" } else { "zero" },
             match &self.zero {
                 ZeroSpec::None => "none".to_string(),
                 ZeroSpec::Packed { zrows, groups } => format!("packed {zrows}x{groups}"),
