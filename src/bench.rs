@@ -144,11 +144,14 @@ pub(crate) enum Layout {
     /// bitsandbytes LLM.int8: int8 codes, f32 `SCB` per row, then the
     /// post scale `1/127`.
     BnbInt8,
+    /// MLX affine int4 g64: unsigned codes, bf16 scales and biases per 64
+    /// columns, `bf16(bf16(s·q) + b)`.
+    MlxAffine,
 }
 
 impl Layout {
     /// Every layout, in report order.
-    pub(crate) const ALL: [Layout; 8] = [
+    pub(crate) const ALL: [Layout; 9] = [
         Layout::Int4,
         Layout::Int4Asym,
         Layout::Nvfp4,
@@ -157,6 +160,7 @@ impl Layout {
         Layout::Fp8Block,
         Layout::BnbNf4,
         Layout::BnbInt8,
+        Layout::MlxAffine,
     ];
 
     /// The layouts whose codes run along the input dimension (the CPU's
@@ -186,6 +190,7 @@ impl Layout {
             Layout::GptOss => "gpt-oss mxfp4 (transposed)",
             Layout::BnbNf4 => "bnb nf4 b64 double quant",
             Layout::BnbInt8 => "bnb llm.int8 (post scale)",
+            Layout::MlxAffine => "mlx affine int4 g64 (bias)",
         }
     }
 }
@@ -230,11 +235,12 @@ impl Weight {
             Layout::Fp8Block => bytes(rows.div_ceil(128) * cols / 128 * 4),
             Layout::BnbNf4 => bytes(rows * cols / 64),
             Layout::BnbInt8 => bytes(rows * 4),
+            Layout::MlxAffine => bytes(rows * cols / 64 * 2),
         };
         // Scales as moderate finite numbers: bf16 0x3c00.., f32 0x3c....
         let mut scale = scale;
         match layout {
-            Layout::Int4 | Layout::Int4Asym | Layout::Int8 => {
+            Layout::Int4 | Layout::Int4Asym | Layout::Int8 | Layout::MlxAffine => {
                 for c in scale.chunks_mut(2) {
                     c[1] = 0x3c;
                 }
@@ -266,6 +272,11 @@ impl Weight {
             Layout::Gptq => bytes(rows * cols / 128).iter().map(|b| b & 15).collect(),
             // AutoAWQ's qzeros: [in/g, out/8] int32.
             Layout::Awq => bytes(cols / 128 * rows / 2),
+            // MLX's biases, bf16 of either sign about 1/64.
+            Layout::MlxAffine => bytes(rows * cols / 64 * 2)
+                .chunks(2)
+                .flat_map(|c| [c[0], 0x3c | (c[1] & 0x80)])
+                .collect(),
             _ => Vec::new(),
         };
         Weight {
@@ -293,6 +304,7 @@ impl Weight {
         };
         let (kind, grid) = match self.layout {
             Layout::Int4 | Layout::Int4Asym => (ValueKind::Bf16, grid(1, 128)),
+            Layout::MlxAffine => (ValueKind::Bf16, grid(1, 64)),
             // e4m3 over a global scale, as NVFP4 folds them.
             Layout::Nvfp4 => (table(|b| e4m3(b) / 448.0), grid(1, 16)),
             Layout::Mxfp4 => (table(e8m0), grid(1, 32)),
@@ -316,6 +328,7 @@ impl Weight {
         };
         let code_values: Vec<f32> = match self.layout {
             Layout::Int4 | Layout::Int4Asym => (0..16).map(|c| c as f32 - 8.0).collect(),
+            Layout::MlxAffine => (0..16).map(|c| c as f32).collect(),
             Layout::Int8 | Layout::BnbInt8 => (0..=255u8).map(|c| c as i8 as f32).collect(),
             Layout::Nvfp4 | Layout::Mxfp4 => (0..16).map(e2m1).collect(),
             Layout::BnbNf4 => crate::formats::bnb::NF4.to_vec(),
@@ -359,8 +372,16 @@ impl Weight {
             g_idx: None,
             low_rank: None,
             post_scale: (self.layout == Layout::BnbInt8).then_some(crate::formats::bnb::INT8_POST),
-            offset: None,
-            product: Default::default(),
+            // On the scale's grid.
+            offset: (self.layout == Layout::MlxAffine).then(|| Values {
+                data: self.zero.as_slice().into(),
+                kind: ValueKind::Bf16,
+                grid,
+            }),
+            product: match self.layout {
+                Layout::MlxAffine => crate::job::Product::OutDtype,
+                _ => Default::default(),
+            },
             sparse: None,
             transposed: false,
             out,
@@ -715,10 +736,11 @@ pub(crate) fn gpu_gemv(
             Batch::of(decoder, one, Product::Decoded, (&x, &y, 1))?.reps > 1
         };
         let dense = copies(first, fast, upload_dense)?;
+        // MLX's affine packs are not multiplied (yet).
         for layout in Layout::ALL
             .into_iter()
             .chain(Layout::ALONG_INPUTS)
-            .filter(|l| l.name().contains(only))
+            .filter(|l| l.name().contains(only) && *l != Layout::MlxAffine)
         {
             // GPT-OSS's experts multiply as stored, `[out, in]` (Model::upload_expert):
             // its dense `[in, out]` transposed back.

@@ -169,6 +169,10 @@ pub mod fixtures {
     pub const MODELOPT_INT4_AWQ: &[u8] = fixture!("modelopt-int4-awq", "model.safetensors");
     /// AMD Quark 0.13's own FP8 export with an MXFP4 layer override.
     pub const QUARK_MIXED: &[u8] = fixture!("quark-mixed-exclude", "model.safetensors");
+    /// MLX affine 3-bit group 64 (codes crossing words, biases).
+    pub const MLX_3BIT: &[u8] = fixture!("mlx-3bit-g64", "model.safetensors");
+    /// MLX mxfp4.
+    pub const MLX_MXFP4: &[u8] = fixture!("mlx-mxfp4", "model.safetensors");
     /// compressed-tensors 0.14's unstructured sparse-bitmask over FP8
     /// (issue 27): masks, row offsets and kept values that must agree.
     pub const SPARSE_BITMASK: &[u8] = fixture!("ct-sparse-bitmask-fp8", "model.safetensors");

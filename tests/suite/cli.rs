@@ -9,7 +9,7 @@ use crate::common::cli::{failed, ok, read_json, run, stderr, stdout};
 use crate::common::fixture_models;
 use crate::common::{
     auto_digests, copy_dir, fixtures, gpu_test, read_dir_tensors, read_tensors, snapshot,
-    write_safetensors, Tensor, SHARD1, SHARD2,
+    write_safetensors, Tensor, SHARD2,
 };
 use serde_json::Value;
 
@@ -107,13 +107,20 @@ fn case_of(model: &Path) -> &str {
 
 /// The format's name as `inspect` should report it.
 fn format_name(model: &Path) -> &'static str {
-    if model.join("model.config.yaml").is_file() {
+    let config = match model.join("config.json").is_file() {
+        true => read_json(&model.join("config.json")),
+        false => Value::Null,
+    };
+    if config.get("quantization").is_some()
+        && config["quantization_config"]["quant_method"].is_null()
+    {
+        "mlx"
+    } else if model.join("model.config.yaml").is_file() {
         "svdquant"
     } else if model.join("hf_quant_config.json").is_file() {
         "modelopt"
     } else {
-        match read_json(&model.join("config.json"))["quantization_config"]["quant_method"].as_str()
-        {
+        match config["quantization_config"]["quant_method"].as_str() {
             Some("fp8") => "fp8-block",
             Some("awq") => "awq",
             Some("gptq") => "gptq",
@@ -682,8 +689,8 @@ fn config_without_quantization(out: &Path) {
     let cfg = read_json(&out.join("config.json"));
     assert!(cfg.is_object(), "{cfg}");
     assert!(
-        cfg.get("quantization_config").is_none(),
-        "config.json keeps quantization_config"
+        cfg.get("quantization_config").is_none() && cfg.get("quantization").is_none(),
+        "config.json keeps quantization_config or quantization"
     );
 }
 
@@ -694,9 +701,17 @@ fn dequantize_every_fixture_on_cpu() {
         let out = tmp.path().join("dense");
         let o = dequantize_cpu(&model, &out, &[]);
         ok(&o, &format!("dequantize {case}"));
-        let sharded = model.join("model.safetensors.index.json").is_file();
-        if sharded {
-            for f in [SHARD1, SHARD2, "model.safetensors.index.json"] {
+        let index = model.join("model.safetensors.index.json");
+        if index.is_file() {
+            // The input's shard names (mlx-lm writes an index for one shard).
+            let map = read_json(&index)["weight_map"].clone();
+            let shards: std::collections::BTreeSet<&str> = map
+                .as_object()
+                .unwrap()
+                .values()
+                .filter_map(Value::as_str)
+                .collect();
+            for f in shards.into_iter().chain(["model.safetensors.index.json"]) {
                 assert!(out.join(f).is_file(), "{case}: no {f}");
             }
         } else {

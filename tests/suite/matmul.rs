@@ -90,6 +90,25 @@ fn linears(model: &Model) -> Vec<String> {
 fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
     let model = Model::open(dir, DtypeChoice::Auto).unwrap();
     let names = linears(&model);
+    // MLX's affine packs (an offset per group, added after the product)
+    // are not multiplied yet: refused in one line.
+    let case = dir
+        .parent()
+        .and_then(|c| c.file_name())
+        .map(|c| c.to_string_lossy().into_owned());
+    if case
+        .as_deref()
+        .is_some_and(|c| c.starts_with("mlx-") && !c.contains("fp"))
+    {
+        for name in &names {
+            let e = model
+                .upload_packed(name, &decoders[0])
+                .map(|_| ())
+                .unwrap_err();
+            assert_eq!(e.rule, wgpu_dequant::Rule::Argument, "{name}: {e}");
+        }
+        return 0;
+    }
     for (i, name) in names.iter().enumerate() {
         let info = model.info(name).unwrap();
         let (n, k) = (info.shape[0], info.shape[1]);

@@ -12,6 +12,7 @@ use crate::common::{
     check_case, fixtures, gpu_test, read_dir_tensors, write_json, write_safetensors, Rng, Tensor,
 };
 use wgpu_dequant::backend::gpu::Gpu;
+use wgpu_dequant::backend::{way, Way};
 use wgpu_dequant::numerics::{e2m1, e4m3, e8m0, OutDtype};
 use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Model, Options, Rule};
 
@@ -377,6 +378,20 @@ fn synthetic_checkpoints_decode_as_mlx_computes() {
             }
             assert!(got.contains_key("model.layers.10.mlp.up_proj.weight"));
         }
+        // Through the CPU's tables (the offsets in them) wherever a group
+        // holds more elements than its table.
+        let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        for m in &modules {
+            let name = format!("{}.weight", m.name);
+            let o = plan.outputs.iter().find(|o| o.name == name).unwrap();
+            let wgpu_dequant::plan::Source::Decode(job) = &o.source else {
+                panic!("{name} is not decoded");
+            };
+            if (2 << m.bits) <= m.group || m.bits == 4 && m.mode != "affine" {
+                assert_eq!(way(job), Way::Rows, "{name}");
+            }
+        }
         let out = tmp.path().join(format!("out-{t}"));
         let opts = Options {
             dtype: DtypeChoice::Auto,
@@ -549,5 +564,61 @@ fn malformed_checkpoints_are_refused_with_their_rule() {
         assert!(e.to_string().contains(names), "{what}: {e}");
         let found = wgpu_dequant::validate(&dir);
         assert!(!found.errors.is_empty(), "{what}: validate found nothing");
+    }
+}
+
+/// The fuzz target `config` in small, on every run, over MLX's own files:
+/// config.json and the weights with random bytes overwritten are refused
+/// in one line or decoded, never a panic.
+#[test]
+fn mutated_mlx_checkpoints_never_panic() {
+    use crate::common::{caught, copy_dir};
+    let mut rng = Rng::new(41);
+    for (case, file) in [
+        ("mlx-3bit-g64", "config.json"),
+        ("mlx-mxfp4", "config.json"),
+        ("mlx-3bit-g64", "model.safetensors"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        copy_dir(&fixtures().join(case).join("model"), tmp.path());
+        let valid = std::fs::read(tmp.path().join(file)).unwrap();
+        let (mut refused, mut decoded) = (0, 0);
+        for _ in 0..100 {
+            let bytes = match file {
+                "config.json" => rng.mutate(&valid),
+                // A byte of the header, or of the data (codes, scales and
+                // biases of any value).
+                _ => {
+                    let mut b = valid.clone();
+                    let header = 8 + u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+                    let at = match rng.below(2) {
+                        0 => rng.below(header as u64) as usize,
+                        _ => header + rng.below((b.len() - header) as u64) as usize,
+                    };
+                    b[at] = rng.next() as u8;
+                    b
+                }
+            };
+            std::fs::write(tmp.path().join(file), &bytes).unwrap();
+            let out = caught(|| -> Result<(), wgpu_dequant::Error> {
+                let model = Model::open(tmp.path(), DtypeChoice::Auto)?;
+                for t in model.tensors() {
+                    model.decode(&t.name, BackendChoice::Cpu)?;
+                }
+                Ok(())
+            });
+            match out {
+                Err(p) => panic!("{case} {file}: panicked: {p}"),
+                Ok(Err(e)) => {
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                    refused += 1;
+                }
+                Ok(Ok(())) => decoded += 1,
+            }
+        }
+        assert!(
+            refused > 5 && decoded > 5,
+            "{case} {file}: refused {refused}, decoded {decoded}"
+        );
     }
 }

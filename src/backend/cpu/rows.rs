@@ -91,17 +91,14 @@ struct Tables {
     t16: Vec<Table16>,
     /// Of other widths: 2^bits values each.
     values: Vec<u64>,
+    /// The row's offsets, entry by entry, when the job has them.
+    offsets: Vec<f32>,
 }
 
 impl Rows {
     /// Tables pay off when a row holds more elements than its tables.
     pub(super) fn of(job: &DecodeJob<'_>) -> Option<Rows> {
         let f: &Fields<'_> = &job.codes;
-        // An offset per group (MLX's bias) is not in the tables (yet): the
-        // elementwise path decodes it.
-        if job.offset.is_some() {
-            return None;
-        }
         // A rank-0 low-rank branch is a factor per column (ModelOpt's
         // pre-quant scale), applied to the f32 products of the tables.
         let smoothing = match &job.low_rank {
@@ -164,6 +161,15 @@ impl Rows {
             (Some(ZeroPoint::PackedAlongCols { .. }), true) => {}
             _ => return None,
         }
+        // An offset per group (MLX's bias) goes into the tables of straight
+        // rows whose offsets share the scale's entries.
+        if let Some(o) = &job.offset {
+            let s = job.scale.as_ref()?;
+            let same = o.grid.col_div.min(cols) == group_cols && o.grid.row_div == s.grid.row_div;
+            if !same || job.transposed || job.g_idx.is_some() || smoothing || job.zero.is_some() {
+                return None;
+            }
+        }
         let groups = match &job.g_idx {
             Some(g) => g.iter().max().map_or(1, |&m| m as usize + 1),
             None => cols.div_ceil(group_cols),
@@ -181,7 +187,7 @@ impl Rows {
             _ => 1,
         };
         // Tables by scale byte cost nothing per entry.
-        let by_scale = ByScale::of(job).filter(|_| !job.transposed && job.g_idx.is_none());
+        let by_scale = ByScale::of(job).filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
         let entries = groups.checked_mul(job.code_values.len())?;
         if by_scale.is_none() && entries * 2 > cols.saturating_mul(rows_per_entry) {
             return None;
@@ -454,6 +460,10 @@ impl Rows {
         let by_scale = straight4 && job.code_values.len() == 16 && !self.smoothing && self.by_scale.is_some();
         if fresh && !by_scale {
             self.entries(job, slice, row, &mut s.entries);
+            s.offsets.clear();
+            if let Some(o) = &job.offset {
+                s.offsets.extend((0..self.groups).map(|g| o.get(o.grid.index(slice, row, g))));
+            }
         }
         if let (true, 16) = (straight4, job.code_values.len()) {
             let (tables, entries) = (&mut s.t16, &s.entries);
@@ -467,6 +477,14 @@ impl Rows {
                 let grid = job.scale.as_ref().map(|v| v.grid);
                 let index = |g| grid.map_or(0, |grid| grid.index(slice, row, g));
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| by.at(job, index(g)));
+            } else if job.offset.is_some() {
+                if fresh {
+                    tables.clear();
+                    for (&(zero, scale), &offset) in entries.iter().zip(&s.offsets) {
+                        tables.push(Table16::with_offset(job, zero, scale, offset));
+                    }
+                }
+                self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             } else {
                 if fresh {
                     tables.clear();
@@ -481,15 +499,21 @@ impl Rows {
         if fresh {
             tables.clear();
         }
-        for &(zero, scale) in s.entries.iter().filter(|_| fresh) {
+        for (g, &(zero, scale)) in s.entries.iter().enumerate().filter(|_| fresh) {
+            let offset = s.offsets.get(g).copied();
             // The operations are exactly `DecodeJob::value`'s: (q − z)·s,
-            // then the post scale.
+            // then the post scale, then the offset.
             let value = |c: f32| {
                 let q = zero.map_or(c, |z| c - z);
-                job.post(job.scaled(q, scale))
+                let v = job.post(job.scaled(q, scale));
+                offset.map_or(v, |o| v + o)
             };
             if n == 16 {
-                tables.extend(Table16::new(job, zero, scale).values.map(u64::from));
+                let table = match offset {
+                    Some(o) => Table16::with_offset(job, zero, scale, o),
+                    None => Table16::new(job, zero, scale),
+                };
+                tables.extend(table.values.map(u64::from));
                 continue;
             }
             let values = job.code_values.iter().map(|&c| value(c));

@@ -31,6 +31,12 @@ impl Table16 {
         table.unwrap_or_else(|| Table16::scalar(job, zero, scale, (job.post_scale, job.out)))
     }
 
+    /// The table of `job`'s 16 codes under (`zero`, `scale`), its offset
+    /// `offset` added last (the vector kernel does not add one).
+    pub(super) fn with_offset(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, offset: f32) -> Table16 {
+        Table16::scalar_offset(job, zero, scale, (job.post_scale, job.out), Some(offset))
+    }
+
     /// The tables of `entries` (zero point, scale), given to `each` in
     /// order: a batch at a time by the vector kernel where it runs, else
     /// one by one.
@@ -91,6 +97,17 @@ impl Table16 {
     /// `new` without the vector kernel, with the post scale and output
     /// dtype `how`.
     fn scalar(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, how: (Option<f32>, OutDtype)) -> Table16 {
+        Table16::scalar_offset(job, zero, scale, how, None)
+    }
+
+    /// `scalar`, with `offset` added last when there is one.
+    fn scalar_offset(
+        job: &DecodeJob<'_>,
+        zero: Option<f32>,
+        scale: Option<f32>,
+        how: (Option<f32>, OutDtype),
+        offset: Option<f32>,
+    ) -> Table16 {
         let mut v: [f32; 16] = std::array::from_fn(|k| job.code_values.get(k).copied().unwrap_or(0.0));
         // Each step its own loop, without a branch inside: each vectorizes.
         if let Some(z) = zero {
@@ -99,11 +116,22 @@ impl Table16 {
         match (job.product_dtype(), scale) {
             (None, Some(s)) => v.iter_mut().for_each(|v| *v *= s),
             (None, None) => {}
-            // A 16-bit product (job::Product): the job's own operations.
-            (Some(_), _) => v.iter_mut().for_each(|v| *v = job.scaled(*v, scale)),
+            // A 16-bit product (job::Product): `DecodeJob::scaled`'s
+            // operations, a step at a time over the table.
+            (Some(d), s) => {
+                d.round_all(&mut v);
+                if let Some(s) = s {
+                    let s = d.round(s);
+                    v.iter_mut().for_each(|v| *v *= s);
+                    d.round_all(&mut v);
+                }
+            }
         }
         if let Some(f) = how.0 {
             v.iter_mut().for_each(|v| *v *= f);
+        }
+        if let Some(o) = offset {
+            v.iter_mut().for_each(|v| *v += o);
         }
         let mut values = [0u32; 16];
         let pairs = values.iter_mut().zip(&v);
