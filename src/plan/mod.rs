@@ -2,6 +2,7 @@
 //! before anything is decoded.
 
 mod config;
+mod experts;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -67,6 +68,9 @@ pub struct Plan<'a> {
     /// Outputs written under their architecture's hub names, as (stored,
     /// written) ([`crate::names`]); [`Plan::keep_stored_names`] undoes it.
     pub renamed: Vec<(String, String)>,
+    /// Stacks of experts written one tensor per expert; undone by
+    /// [`Plan::keep_stored_names`] too.
+    pub(crate) unstacked: Vec<experts::Unstacked>,
     /// Stored tensors whose values planning reads but whose bytes are not at
     /// hand yet (a checkpoint read piece by piece, `stream`): load them and
     /// plan again. Until this is empty the plan is incomplete.
@@ -99,6 +103,7 @@ impl<'a> Plan<'a> {
                 .map(|c| config::dense_config(&c.value, dtype_choice)),
             side_files: Vec::new(),
             renamed: Vec::new(),
+            unstacked: Vec::new(),
             needs: Vec::new(),
         };
         let found = formats::plan_modules(ckpt, &plan.format, dtype);
@@ -180,9 +185,11 @@ impl<'a> Plan<'a> {
         Ok(plan)
     }
 
-    /// Writes the outputs of Mixtral-style MoE checkpoints under the names
-    /// the architecture's loaders expect ([`crate::names`]), and sorts them.
+    /// Writes stacks of experts one tensor per expert and the outputs of
+    /// Mixtral-style MoE checkpoints under the names the architecture's
+    /// loaders expect ([`crate::names`]), and sorts them.
     fn hub_names(&mut self) -> Result<()> {
+        self.unstacked = experts::unstack(&mut self.outputs);
         let model_type = self
             .checkpoint
             .config
@@ -206,6 +213,7 @@ impl<'a> Plan<'a> {
                 o.name = stored;
             }
         }
+        experts::restack(&mut self.outputs, std::mem::take(&mut self.unstacked));
         self.sort_outputs()
     }
 

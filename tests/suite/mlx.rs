@@ -622,3 +622,66 @@ fn mutated_mlx_checkpoints_never_panic() {
         );
     }
 }
+
+/// mlx-lm's stacked experts (`switch_mlp`, `[E, out, in]`) are written one
+/// tensor per expert under the names the original checkpoint had (every
+/// key, none more), with `mlx_lm convert --dequantize`'s bytes, on both
+/// backends; `--keep-names` keeps MLX's stacks, the experts' bytes one
+/// after another.
+#[test]
+fn qwen3_moe_experts_take_the_original_names() {
+    let case = "mlx-qwen3-moe-4bit";
+    check_case(
+        case,
+        DtypeChoice::Auto,
+        BackendChoice::Cpu,
+        "expected-bf16.digests.json",
+        false,
+    );
+    gpu_test(|_| {
+        check_case(
+            case,
+            DtypeChoice::Auto,
+            BackendChoice::Gpu,
+            "expected-bf16.digests.json",
+            false,
+        )
+    });
+    let model = fixtures().join(case).join("model");
+    let tmp = tempfile::tempdir().unwrap();
+    let (split, kept) = (tmp.path().join("split"), tmp.path().join("kept"));
+    wgpu_dequant::Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .run(&model, &split)
+        .unwrap();
+    wgpu_dequant::Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .keep_names(true)
+        .run(&model, &kept)
+        .unwrap();
+    let (split, kept) = (read_dir_tensors(&split), read_dir_tensors(&kept));
+    let mut stacks = 0;
+    for (name, (dt, shape, bytes)) in &kept {
+        let Some((block, proj)) = name
+            .strip_suffix(".weight")
+            .and_then(|n| n.split_once(".switch_mlp."))
+        else {
+            assert_eq!(
+                split.get(name),
+                Some(&(dt.clone(), shape.clone(), bytes.clone())),
+                "{name}"
+            );
+            continue;
+        };
+        stacks += 1;
+        let experts: Vec<u8> = (0..shape[0])
+            .flat_map(|e| {
+                split[&format!("{block}.experts.{e}.{proj}.weight")]
+                    .2
+                    .clone()
+            })
+            .collect();
+        assert!(experts == *bytes, "{name}: not its experts' bytes");
+    }
+    assert_eq!(stacks, 6);
+}
