@@ -462,6 +462,9 @@ impl Dequantize<'_> {
         let mut failed = None;
         let tick = self.download.take();
         let summary = std::thread::scope(|scope| {
+            // Stops the downloads however the decoding ends, a panic
+            // included: the scope would wait for their threads forever.
+            let stopping = Stopping(&fetcher);
             scope.spawn(|| fetcher.download());
             if let Some(tick) = &tick {
                 scope.spawn(|| {
@@ -491,7 +494,7 @@ impl Dequantize<'_> {
                     failed = Some(e);
                 }
             }));
-            fetcher.stop();
+            drop(stopping);
             summary
         });
         if let Some(e) = failed {
@@ -501,6 +504,17 @@ impl Dequantize<'_> {
         summary.files = w.commit(&summary)?;
         summary.fetched = Some(fetcher.finish()?);
         Ok(summary)
+    }
+}
+
+/// Stops a [`Fetcher`](crate::hub::Fetcher) when dropped.
+#[cfg(not(target_arch = "wasm32"))]
+struct Stopping<'f, 'r>(&'f crate::hub::Fetcher<'r>);
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Drop for Stopping<'_, '_> {
+    fn drop(&mut self) {
+        self.0.stop();
     }
 }
 

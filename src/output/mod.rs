@@ -122,6 +122,9 @@ impl<'a> Output<'a> {
             if let Some(s) = &job.scale {
                 add(&s.data);
             }
+            if let Some(o) = &job.offset {
+                add(&o.data);
+            }
             match &job.zero {
                 Some(ZeroPoint::Packed { fields } | ZeroPoint::PackedAlongCols { fields }) => {
                     add(&fields.data)

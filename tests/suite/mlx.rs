@@ -685,3 +685,34 @@ fn qwen3_moe_experts_take_the_original_names() {
     }
     assert_eq!(stacks, 6);
 }
+
+/// An mlx-community id from the Hub: the files a local run writes.
+#[test]
+fn mlx_community_ids_come_from_the_hub() {
+    use crate::common::hub::{Faults, MockHub};
+    let model = fixtures().join("mlx-3bit-g64").join("model");
+    let hub = MockHub::serve("mlx-community/tiny-3bit", &model, Faults::default());
+    let tmp = tempfile::tempdir().unwrap();
+    let (local, remote) = (tmp.path().join("local"), tmp.path().join("remote"));
+    wgpu_dequant::Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .run(&model, &local)
+        .unwrap();
+    let args = [
+        "dequantize",
+        "mlx-community/tiny-3bit",
+        "-o",
+        remote.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--quiet",
+    ];
+    crate::common::cli::ok(
+        &crate::hub::cli(&hub, &tmp.path().join("cache"), &args, &[]),
+        "from the Hub",
+    );
+    assert_eq!(
+        crate::common::snapshot(&remote),
+        crate::common::snapshot(&local)
+    );
+}

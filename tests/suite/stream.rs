@@ -111,7 +111,14 @@ fn cli_files(dir: &Path, dtype: DtypeChoice) -> Vec<(String, Vec<u8>)> {
     snapshot(&out)
 }
 
-const ALL: &[&str] = &["svdq-int4-g64-logical", "svdq-fp4-g16-packed"];
+const ALL: &[&str] = &[
+    "svdq-int4-g64-logical",
+    "svdq-fp4-g16-packed",
+    "mlx-affine-4bit-g64",
+    "mlx-3bit-g64",
+    "mlx-mxfp4",
+    "mlx-qwen3-moe-4bit",
+];
 
 fn every_case() -> impl Iterator<Item = &'static str> {
     CASES.iter().chain(ALL).copied()
