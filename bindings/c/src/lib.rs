@@ -5,7 +5,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, Model, Options, Result, Rule};
+use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, Model, Result, Rule};
 
 /// An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
 pub struct WdqCheckpoint {
@@ -92,15 +92,15 @@ pub unsafe extern "C" fn wdq_dequantize(
     err: *mut c_char,
     err_len: usize,
 ) -> c_int {
-    call(err, err_len, || {
-        let input = text(input, "input")?;
-        let output = text(output, "output")?;
-        let options = Options {
-            dtype: text(dtype, "dtype")?.parse()?,
-            backend: text(backend, "backend")?.parse()?,
-        };
-        wgpu_dequant::dequantize(input, output, &options).map(|_| ())
-    })
+    wdq_dequantize_run(
+        input,
+        output,
+        dtype,
+        backend,
+        std::ptr::null(),
+        err,
+        err_len,
+    )
 }
 
 /// The settings of [`wdq_dequantize_run`] beyond dtype and backend; all
