@@ -498,6 +498,12 @@ override HIGH_FIRST: bool = false;   // code bytes hold their fields high bits f
 override POST: bool = false;         // values times p.post_scale last
 override PRODUCT: u32 = OUT_F32;     // as p.product (job::Product), fixed so its branch folds away
 override COPY: bool = false;  // bench baseline: the same reads and writes, no decoding
+
+// The fast kernels read an entry of the zero-point grid per group: a plain
+// zero point, subtracted from the code, or an offset, added last.
+fn zero_grid() -> bool {
+    return ZERO == ZERO_PLAIN || ZERO == ZERO_OFFSET;
+}
 override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets it)
 
 // The code table, loaded once per workgroup (CODE_TABLE).
@@ -574,11 +580,16 @@ fn code_value(c: u32) -> f32 {
 
 // DecodeJob::value of code `c` whose zero point `z` and scale `s` are known.
 fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
-    let v = fast_scaled(c, z, s, flat, col);
+    var v = fast_scaled(c, z, s, flat, col);
     if (POST) {
         // opaque: `(q · s) · post`, not `q · (s · post)`, which a compiler
         // may hoist (NVIDIA's did: 0 · 1.7e38 · 4.31 came out NaN, not 0).
-        return opaque(v) * p.post_scale;
+        v = opaque(v) * p.post_scale;
+    }
+    if (ZERO == ZERO_OFFSET) {
+        // opaque: the product rounded before the sum, never one fused
+        // multiply-add (as decode()).
+        v = opaque(v) + z;
     }
     return v;
 }
@@ -586,7 +597,7 @@ fn fast_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
 // fast_value before the post scale.
 fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     var v = code_value(c);
-    if (ZERO != ZERO_NONE) {
+    if (ZERO != ZERO_NONE && ZERO != ZERO_OFFSET) {
         v = v - z;
     }
     if (LOW_RANK != LOW_RANK_NONE) {
@@ -598,7 +609,7 @@ fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
         // 255), are 16-bit values already: rounding them changes nothing.
         let integers = (CODE == CODE_OFFSET || CODE == CODE_TWOS_COMPLEMENT) && ZERO != ZERO_PLAIN;
         var q = v;
-        if (!integers && (CODE == CODE_TABLE || ZERO != ZERO_NONE)) {
+        if (!integers && (CODE == CODE_TABLE || ZERO == ZERO_PLAIN || ZERO == ZERO_PACKED)) {
             q = in_product_as(v, PRODUCT);
         }
         if (SCALED) {
@@ -705,7 +716,7 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
         let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
             + (b >> 5u) * p.zero.word_bits + (b & 31u);
         z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
-    } else if (ZERO == ZERO_PLAIN) {
+    } else if (zero_grid()) {
         let zg = div_small(col0, p.zgrid.col_div);
         z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
     }

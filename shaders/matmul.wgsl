@@ -101,7 +101,7 @@ fn as_written(v: f32) -> f32 {
 // product is computed in it (and nothing scales it after).
 fn w_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
     let v = fast_value(c, z, s, flat, col);
-    if (OUT == OUT_F32 || ROUNDING == ROUND_NONE || (PRODUCT == OUT && !POST)) {
+    if (OUT == OUT_F32 || ROUNDING == ROUND_NONE || (PRODUCT == OUT && !POST && ZERO != ZERO_OFFSET)) {
         return v;
     }
     return as_written(v);
@@ -384,7 +384,7 @@ fn group_step(col: u32) -> GroupAt {
     if (SCALED && RELOAD != 0u) {
         at.s = quot_rem(col, p.sgrid.col_div);
     }
-    if (ZERO == ZERO_PLAIN && RELOAD != 0u) {
+    if (zero_grid() && RELOAD != 0u) {
         at.z = quot_rem(col, p.zgrid.col_div);
     }
     return at;
@@ -396,7 +396,7 @@ fn group_next(at: GroupAt, by: GroupAt) -> GroupAt {
     if (SCALED && RELOAD != 0u) {
         next.s = carry(at.s, by.s, p.sgrid.col_div);
     }
-    if (ZERO == ZERO_PLAIN && RELOAD != 0u) {
+    if (zero_grid() && RELOAD != 0u) {
         next.z = carry(at.z, by.z, p.zgrid.col_div);
     }
     return next;
@@ -492,7 +492,7 @@ fn row_start(local: u32) -> RowStart {
     if (ZERO == ZERO_PACKED) {
         let b = row * BITS;
         start.zat = p.zero.base + slice * p.zero.slice_bits + (b >> 5u) * p.zero.word_bits + (b & 31u);
-    } else if (ZERO == ZERO_PLAIN) {
+    } else if (zero_grid()) {
         start.zat = fast_index(p.zgrid, slice, row, 0u);
     }
     return start;
@@ -524,7 +524,7 @@ fn group_entry(sat: u32, zat: u32, col0: u32) -> Group {
         gs = div_small(col0, p.sgrid.col_div);
     }
     var gz = 0u;
-    if (ZERO == ZERO_PLAIN) {
+    if (zero_grid()) {
         gz = div_small(col0, p.zgrid.col_div);
     }
     return group_of_row(sat, zat, gs, gz);
@@ -541,7 +541,7 @@ fn group_of_row(sat: u32, zat: u32, gs: u32, gz: u32) -> Group {
     if (ZERO == ZERO_PACKED) {
         let zp = zat + gs * p.zero.lane_bits;
         group.z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
-    } else if (ZERO == ZERO_PLAIN) {
+    } else if (zero_grid()) {
         group.z = value_as(p.zgrid, zat + gz, ZKIND);
     }
     return group;

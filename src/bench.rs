@@ -169,12 +169,6 @@ impl Layout {
     /// Their baselines: straight int4 g128, without and with zero points.
     pub(crate) const STRAIGHT: [Layout; 2] = [Layout::Int4, Layout::Int4Asym];
 
-    /// Whether the GPU's fast kernels and products take it (MLX's offsets
-    /// take the generic kernel, and are not multiplied yet).
-    fn on_fast_kernels(self) -> bool {
-        self != Layout::MlxAffine
-    }
-
     /// Bits per code.
     fn bits(self) -> u32 {
         match self {
@@ -653,10 +647,7 @@ pub(crate) fn gpu_kernels(
             .map_err(|e| Error::bare(Rule::Gpu, "bench: poll").caused_by(e))
     };
     let mut figures = Vec::new();
-    for layout in Layout::ALL
-        .into_iter()
-        .filter(|l| l.name().contains(only) && l.on_fast_kernels())
-    {
+    for layout in Layout::ALL.into_iter().filter(|l| l.name().contains(only)) {
         let w = Weight::random(layout, rows, cols, 7);
         for out in [OutDtype::Bf16, OutDtype::F32] {
             let job = w.job(out);
@@ -748,7 +739,7 @@ pub(crate) fn gpu_gemv(
         for layout in Layout::ALL
             .into_iter()
             .chain(Layout::ALONG_INPUTS)
-            .filter(|l| l.name().contains(only) && l.on_fast_kernels())
+            .filter(|l| l.name().contains(only))
         {
             // GPT-OSS's experts multiply as stored, `[out, in]` (Model::upload_expert):
             // its dense `[in, out]` transposed back.

@@ -90,25 +90,6 @@ fn linears(model: &Model) -> Vec<String> {
 fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
     let model = Model::open(dir, DtypeChoice::Auto).unwrap();
     let names = linears(&model);
-    // MLX's affine packs (an offset per group, added after the product)
-    // are not multiplied yet: refused in one line.
-    let case = dir
-        .parent()
-        .and_then(|c| c.file_name())
-        .map(|c| c.to_string_lossy().into_owned());
-    if case
-        .as_deref()
-        .is_some_and(|c| c.starts_with("mlx-") && !c.contains("fp"))
-    {
-        for name in &names {
-            let e = model
-                .upload_packed(name, &decoders[0])
-                .map(|_| ())
-                .unwrap_err();
-            assert_eq!(e.rule, wgpu_dequant::Rule::Argument, "{name}: {e}");
-        }
-        return 0;
-    }
     for (i, name) in names.iter().enumerate() {
         let info = model.info(name).unwrap();
         let (n, k) = (info.shape[0], info.shape[1]);
@@ -119,8 +100,10 @@ fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
             .iter()
             .map(|d| model.upload_packed(name, d).unwrap())
             .collect();
+        // Packs, not dense bf16 (a tiny Linear's are mostly its buffers'
+        // fixed parts: its parameters, a bias, alignment).
         assert!(
-            packs[0].gpu_bytes() > 0 && packs[0].gpu_bytes() < (n * k * 2) as u64,
+            packs[0].gpu_bytes() > 0 && packs[0].gpu_bytes() < (n * k * 2).max(4096) as u64,
             "{name}: {} bytes on the GPU",
             packs[0].gpu_bytes()
         );

@@ -276,7 +276,7 @@ try {
     return bad;
   };
   for (const name of ['w4a16-asym-g128', 'sharded-nvfp4a16', 'mxfp4a16', 'fp8-block-bf16', 'gptq-w4-g128-actorder', 'awq-gemm-w4-g128', 'gpt-oss-mxfp4',
-    'ct-sparse24-fp8', 'modelopt-int4-awq', 'bnb-fp4-bf16']) {
+    'ct-sparse24-fp8', 'modelopt-int4-awq', 'bnb-fp4-bf16', 'mlx-affine-4bit-g64']) {
     const dir = path.join(root, 'tests/fixtures', name, 'model');
     const got = await products(`/tests/fixtures/${name}/model/`, {}, filesOf(dir));
     const dense = denseOf(dir);

@@ -97,7 +97,7 @@ shader_enum! {
         Plain = 2 as ZERO_PLAIN,
         PackedAlongCols = 3 as ZERO_PACKED_ALONG_COLS,
         /// No zero point: the job's offset, on the zero point's grid
-        /// ([`DecodeJob::offset`]; the generic kernel alone).
+        /// ([`DecodeJob::offset`]; the generic and fast kernels).
         Offset = 4 as ZERO_OFFSET,
     }
 }
@@ -164,6 +164,14 @@ impl OutKind {
 }
 
 impl ZeroMode {
+    /// The mode of `job`: its zero point's, or its offset's.
+    fn of_job(job: &DecodeJob<'_>) -> ZeroMode {
+        match &job.offset {
+            Some(_) => ZeroMode::Offset,
+            None => ZeroMode::of(job.zero.as_ref()),
+        }
+    }
+
     fn of(zero: Option<&ZeroPoint<'_>>) -> ZeroMode {
         match zero {
             None => ZeroMode::None,
@@ -425,10 +433,11 @@ impl Fast {
         if !matches!(c.bits, 4 | 8)
             || c.per_word != 0
             || c.word_bits != 32
-            || job.offset.is_some()
             || job.g_idx.is_some()
             || job.transposed
             || job.sparse.is_some()
+            // An offset takes the zero point's grid (MLX's affine packs have none).
+            || (job.offset.is_some() && job.zero.is_some())
         {
             return None;
         }
@@ -440,7 +449,7 @@ impl Fast {
         let per = (32 / c.bits) as usize;
         let whole_words =
             |v: &Values<'_>| v.grid.col_div >= d.cols || v.grid.col_div.is_multiple_of(per);
-        if job.scale.as_ref().is_some_and(|s| !whole_words(s)) {
+        if job.scale.iter().chain(&job.offset).any(|v| !whole_words(v)) {
             return None;
         }
         match &job.zero {
@@ -464,12 +473,12 @@ impl Fast {
             bits: c.bits,
             code: CodeKind::of(job),
             out,
-            zero: ZeroMode::of(job.zero.as_ref()),
+            zero: ZeroMode::of_job(job),
             scaled: job.scale.is_some(),
             low_rank: LowRankMode::of(job.low_rank.as_ref()),
             skind: job.scale.as_ref().map_or(GridKind::Bf16, GridKind::fast),
-            zkind: match &job.zero {
-                Some(ZeroPoint::Plain(z)) => GridKind::fast(z),
+            zkind: match (&job.zero, &job.offset) {
+                (Some(ZeroPoint::Plain(z)), _) | (None, Some(z)) => GridKind::fast(z),
                 _ => GridKind::Bf16,
             },
             high_first: c.high_first,
@@ -749,7 +758,8 @@ impl Params {
     pub(super) fn group_words(&self) -> u32 {
         let per = 32 / self.codes.bits.max(1);
         let scale = (self.has_scale != 0).then_some(self.sgrid.col_div);
-        let zero = (self.zero_mode == ZeroMode::Plain as u32).then_some(self.zgrid.col_div);
+        let grid = [ZeroMode::Plain as u32, ZeroMode::Offset as u32].contains(&self.zero_mode);
+        let zero = grid.then_some(self.zgrid.col_div);
         let along_row = |d: &u32| *d < self.cols;
         scale.into_iter().chain(zero).filter(along_row).fold(0, |g, d| crate::job::gcd(g as usize, (d / per).max(1) as usize) as u32)
     }
@@ -1029,10 +1039,7 @@ fn chunk<'a>(
         }
     };
 
-    let zero_mode = match &job.offset {
-        Some(_) => ZeroMode::Offset,
-        None => ZeroMode::of(job.zero.as_ref()),
-    };
+    let zero_mode = ZeroMode::of_job(job);
     let (zero, zgrid) = match (&job.zero, &job.offset) {
         (None, Some(v)) => {
             let (lo, hi) = grid_range(v, sd.cols, first, last);

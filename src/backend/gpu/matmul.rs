@@ -634,7 +634,7 @@ fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
 }
 
 /// Whether no value of rows `rows` of `job`'s W is NaN: its code values,
-/// scales and zero points are finite (every stored entry those rows read
+/// scales, zero points and offsets are finite (every stored entry those rows read
 /// checked), and a post scale and the factors per input (a rank-0
 /// low-rank branch) finite and nonzero, so that no difference or product
 /// of them is.
@@ -646,6 +646,7 @@ fn nan_free(job: &DecodeJob<'_>, rows: std::ops::Range<usize>) -> bool {
             Some(ZeroPoint::Plain(z)) => finite(z),
             _ => true,
         }
+        && job.offset.as_ref().is_none_or(finite)
         && job.post_scale.is_none_or(|p| p.is_finite() && p != 0.0)
         && job.low_rank.as_ref().is_none_or(|lr| {
             lr.rank == 0 && lr.inv_smooth.iter().all(|f| f.is_finite() && *f != 0.0)

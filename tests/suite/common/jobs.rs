@@ -388,12 +388,11 @@ impl RandomJob {
     /// A random job of the kinds the GPU's fast kernels take when
     /// [`RandomJob::fast_eligible`]: 4- or 8-bit codes in a dense stream
     /// (rows word-aligned, byte-aligned or neither), integer, two's
-    /// complement or table code values, every scale and zero-point kind on
-    /// grids of whole words, every output dtype, odd column counts included.
+    /// complement or table code values, every scale and zero-point kind
+    /// (or an offset) on grids of whole words, every output dtype, odd
+    /// column counts included.
     pub fn aimed_at_fast_kernels(rng: &mut Rng, d: Dims) -> RandomJob {
         let mut r = RandomJob::new(rng, d, &WHOLE_WORD_SIZES);
-        // An offset takes the generic kernel.
-        r.offset = false;
         let bits = [4u32, 8][rng.below(2) as usize];
         let row_bits = d.cols as u64 * bits as u64;
         let lane_bits = match rng.below(3) {
