@@ -16,7 +16,8 @@
 //! - mxfp4 / mxfp8 / nvfp4: E2M1 or E4M3 codes, `scales` U8 (E8M0 for the mx
 //!   modes: 0 is 2^−127 and 255 +inf, as MLX reads it; E4M3 for nvfp4), no
 //!   biases; the code value and the scale are each cast to the output dtype
-//!   and multiplied in it.
+//!   and multiplied in it; nvfp4 with a `global_scale` (MoE switch layers)
+//!   is computed in f32 and rounded once ([`global_scales`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,9 +29,9 @@ use super::{
     byte_table, check_extent, decoded_output, e2m1_values, expect_dtype, float_kind, grid_values,
     modules_with, plan_each, require, split_shape, Modules, ScaleLayout,
 };
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, Product};
+use crate::job::{DecodeJob, Dims, Fields, Nested, Product, ValueKind};
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
@@ -209,7 +210,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
     plan_each(
         ckpt,
         modules,
-        &["weight", "scales", "biases"],
+        &["weight", "scales", "biases", "global_scale"],
         |_| None,
         |m, _| plan_module(cfg, ckpt, m, dtype),
     )
@@ -249,6 +250,10 @@ fn plan_module<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDty
     check_extent(&w, &codes, slices, rows, cols)?;
     let layout = ScaleLayout::Group(scheme.group_size);
     let biases = ckpt.get(&format!("{module}.biases"));
+    let global = ckpt.get(&format!("{module}.global_scale"));
+    if let Some(g) = global.filter(|_| scheme.mode != Mode::Nvfp4) {
+        return Err(g.error(Rule::Config, "a global scale belongs to nvfp4 modules only"));
+    }
     let job = match scheme.mode {
         Mode::Affine => {
             let kind = float_kind(&scales)?;
@@ -265,30 +270,70 @@ fn plan_module<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDty
                 .with_offset(grid_values(biases, float_kind(&biases)?, layout, dims)?)
         }
         mode => {
-            if let Some(g) = ckpt.get(&format!("{module}.global_scale")) {
-                return Err(g.error(Rule::Unsupported, "an nvfp4 global scale is not decoded (yet)"));
-            }
             if let Some(b) = biases {
                 return Err(b.error(Rule::Config, "biases belong to affine modules only"));
             }
             expect_dtype(&scales, &[Dtype::U8])?;
-            let (code_values, table): (Vec<f32>, _) = match mode {
-                Mode::Mxfp8 => ((0..=255u8).map(numerics::e4m3).collect(), byte_table(e8m0)),
-                Mode::Nvfp4 => (e2m1_values(), byte_table(numerics::e4m3)),
+            let (code_values, table): (Vec<f32>, _) = match (mode, global) {
+                (Mode::Mxfp8, _) => ((0..=255u8).map(numerics::e4m3).collect(), byte_table(e8m0)),
+                (Mode::Nvfp4, None) => (e2m1_values(), byte_table(numerics::e4m3)),
+                (Mode::Nvfp4, Some(g)) => (e2m1_values(), global_scales(g, dims, scheme.group_size)?),
                 _ => (e2m1_values(), byte_table(e8m0)),
             };
-            DecodeJob::new(dims, codes, code_values, out).with_scale(grid_values(scales, table, layout, dims)?)
+            let job = DecodeJob::new(dims, codes, code_values, out).with_scale(grid_values(scales, table, layout, dims)?);
+            if global.is_some() {
+                // One rounding of the f32 product (see global_scales).
+                return Ok(decoded_output(module, w.shard, shape_of(&w, cols), job, format!("mlx {}, global scale", scheme.describe())));
+            }
+            job
         }
     };
-    let mut shape = w.shape.to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = cols;
-    }
     Ok(decoded_output(
         module,
         w.shard,
-        shape,
+        shape_of(&w, cols),
         job.with_product(Product::OutDtype),
         format!("mlx {}", scheme.describe()),
     ))
 }
+
+/// The dense shape of packed weight `w` holding `cols` codes a row.
+fn shape_of(w: &TensorRef<'_>, cols: usize) -> Vec<usize> {
+    let mut shape = w.shape.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = cols;
+    }
+    shape
+}
+
+/// The scales of an nvfp4 module with a global scale (mlx ≥ 0.31's
+/// `quantize(global_scale=...)`, MoE switch layers): F32, one per slice
+/// (expert). MLX computes `f32(e2m1(q) · f32(e4m3(s) · f32(gs / 2688)))`
+/// whatever the output dtype, then the value is rounded once: each scale
+/// is a nested table entry, its byte's E4M3 value times its slice's
+/// `gs / 2688`, plus −0 (which keeps every value, −0 included).
+fn global_scales(g: TensorRef<'_>, dims: Dims, group: usize) -> Result<ValueKind> {
+    expect_dtype(&g, &[Dtype::F32])?;
+    let per_slice = matches!(g.shape, [e] if *e == dims.slices) || (dims.slices == 1 && g.shape.iter().all(|&d| d == 1));
+    if !per_slice {
+        return Err(g.error(
+            Rule::TensorShape,
+            format!("shape {:?}, not one value per expert ({})", g.shape, dims.slices),
+        ));
+    }
+    let mut table = [0f32; 256];
+    for (b, v) in table.iter_mut().enumerate() {
+        *v = numerics::e4m3(b as u8);
+    }
+    let outer: Vec<f32> = g.floats()?.iter().map(|gs| gs / NVFP4_GLOBAL).collect();
+    Ok(ValueKind::Nested(Box::new(Nested {
+        table,
+        outer: outer.into(),
+        per_outer: (dims.rows * dims.cols.div_ceil(group)).max(1),
+        offset: -0.0,
+    })))
+}
+
+/// The divisor of nvfp4's global scale: E2M1's largest value (6) times
+/// E4M3's (448).
+const NVFP4_GLOBAL: f32 = 2688.0;

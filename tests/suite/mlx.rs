@@ -114,6 +114,8 @@ struct Module {
     scales: Vec<f32>,
     biases: Vec<f32>,
     scale_bytes: Vec<u8>,
+    /// nvfp4's global scale, one per slice (none: empty).
+    global: Vec<f32>,
 }
 
 /// The safetensors name of `t`.
@@ -182,7 +184,16 @@ impl Module {
             scales: if fp { vec![] } else { scales },
             biases: if fp { vec![] } else { biases },
             scale_bytes,
+            global: vec![],
         }
+    }
+
+    /// The same with a global scale per slice (nvfp4), of spread magnitudes.
+    fn with_global(mut self, rng: &mut Rng) -> Module {
+        self.global = (0..self.dims[0])
+            .map(|_| (1 + rng.below(5000)) as f32 * 2f32.powi(rng.below(12) as i32 - 8))
+            .collect();
+        self
     }
 
     /// The stored tensors: codes as one LSB-first stream per row.
@@ -228,6 +239,11 @@ impl Module {
                 self.scale_bytes.clone(),
             ));
         }
+        if !self.global.is_empty() {
+            let b = self.global.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let name = format!("{}.global_scale", self.name);
+            v.push(Tensor::new(name, "F32", &[s], b));
+        }
         v
     }
 
@@ -245,6 +261,11 @@ impl Module {
             let g = (i / c) * (c / self.group) + (i % c) / self.group;
             let v = match self.mode {
                 "affine" => out.round(out.round(self.scales[g] * q as f32) + self.biases[g]),
+                // In f32, whatever the output, rounded once.
+                "nvfp4" if !self.global.is_empty() => {
+                    let gs = self.global[i / (c * self.dims[1])] / 2688.0;
+                    out.round(e2m1(q as u8) * (e4m3(self.scale_bytes[g]) * gs))
+                }
                 mode => {
                     let b = self.scale_bytes[g];
                     let (code, scale) = match mode {
@@ -305,6 +326,14 @@ fn synthetic(dir: &Path, t: OutDtype, seed: u64) -> Vec<Module> {
         [3, 8, 128],
         t,
     ));
+    let global = Module::new(
+        &mut rng,
+        "model.layers.11.mlp.stacked",
+        (4, 16, "nvfp4"),
+        [4, 8, 64],
+        t,
+    );
+    modules.push(global.with_global(&mut rng));
     let mut tensors: Vec<Tensor> = modules.iter().flat_map(|m| m.tensors(t)).collect();
     let (dt, b) = stored(t, &[1.0; 256]);
     tensors.push(Tensor::new("model.norm.weight", dt, &[256], b.clone()));
@@ -322,6 +351,9 @@ fn synthetic(dir: &Path, t: OutDtype, seed: u64) -> Vec<Module> {
             "affine" if m.group == 64 && m.bits == 4 => continue,
             // An entry without a mode is affine.
             "affine" => json!({"group_size": m.group, "bits": m.bits}),
+            _ if !m.global.is_empty() => {
+                json!({"group_size": m.group, "bits": m.bits, "mode": m.mode, "global_scale": true})
+            }
             mode => json!({"group_size": m.group, "bits": m.bits, "mode": mode}),
         };
         q[&m.name] = entry;
@@ -377,6 +409,10 @@ fn synthetic_checkpoints_decode_as_mlx_computes() {
                 );
             }
             assert!(got.contains_key("model.layers.10.mlp.up_proj.weight"));
+            assert!(
+                !got.keys().any(|k| k.ends_with("global_scale")),
+                "a global scale written"
+            );
         }
         // Through the CPU's tables (the offsets in them) wherever a group
         // holds more elements than its table.
@@ -388,7 +424,9 @@ fn synthetic_checkpoints_decode_as_mlx_computes() {
             let wgpu_dequant::plan::Source::Decode(job) = &o.source else {
                 panic!("{name} is not decoded");
             };
-            if (2 << m.bits) <= m.group || m.bits == 4 && m.mode != "affine" {
+            // (A global scale makes each entry's scale its own: no byte tables.)
+            if (2 << m.bits) <= m.group || m.bits == 4 && m.mode != "affine" && m.global.is_empty()
+            {
                 assert_eq!(way(job), Way::Rows, "{name}");
             }
         }
@@ -449,6 +487,7 @@ fn malformed_checkpoints_are_refused_with_their_rule() {
         })
         .collect();
     let m = "model.layers.2.mlp.down_proj";
+    let g = "model.layers.11.mlp.stacked";
     type Change = Box<dyn Fn(&mut Value, &mut Vec<Tensor>)>;
     let retype = |name: String, dtype: &'static str, shape: Option<Vec<usize>>| -> Change {
         Box::new(move |_, ts| {
@@ -550,6 +589,27 @@ fn malformed_checkpoints_are_refused_with_their_rule() {
             Rule::Config,
             "biases",
         ),
+        (
+            "a global scale not one per expert",
+            retype(format!("{g}.global_scale"), "F32", Some(vec![3])),
+            Rule::TensorShape,
+            "global_scale",
+        ),
+        (
+            "a global scale of the wrong dtype",
+            retype(format!("{g}.global_scale"), "BF16", None),
+            Rule::TensorDtype,
+            "global_scale",
+        ),
+        (
+            "a global scale outside nvfp4",
+            Box::new(move |_, ts| {
+                let v = 1f32.to_le_bytes().to_vec();
+                ts.push(Tensor::new(format!("{m}.global_scale"), "F32", &[1], v));
+            }),
+            Rule::Config,
+            "global_scale",
+        ),
     ];
     for (what, change, rule, names) in cases {
         let dir = tmp.path().join(what.replace(' ', "-"));
@@ -559,7 +619,7 @@ fn malformed_checkpoints_are_refused_with_their_rule() {
         c["quantization_config"] = c["quantization"].clone();
         write_json(&dir.join("config.json"), &c);
         write_safetensors(&dir.join("model.safetensors"), &ts);
-        let e = dequantize(&dir, tmp.path().join("out"), &Options::default()).unwrap_err();
+        let e = dequantize(&dir, tmp.path().join("out"), &Options::default()).expect_err(what);
         assert_eq!(e.rule, rule, "{what}: {e}");
         assert!(e.to_string().contains(names), "{what}: {e}");
         let found = wgpu_dequant::validate(&dir);
