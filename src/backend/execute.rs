@@ -113,15 +113,24 @@ async fn assembled_rows(
                 .decode_rows_async(&p.job, p.row..p.row + band.rows, dst)
                 .await?;
         } else {
+            let n = band.parts.len();
             let mut col = 0;
-            for p in &band.parts {
+            for (k, p) in band.parts.iter().enumerate() {
                 let w = p.job.dims.cols * size;
                 tmp.resize(band.rows * w, 0);
                 backend
                     .decode_rows_async(&p.job, p.row..p.row + band.rows, &mut tmp)
                     .await?;
-                for (r, src) in tmp.chunks_exact(w).enumerate() {
-                    dst[r * row_bytes + col..r * row_bytes + col + w].copy_from_slice(src);
+                for (src, row) in tmp.chunks_exact(w).zip(dst.chunks_exact_mut(row_bytes)) {
+                    if a.interleaved {
+                        // Element c of part k is column c·n + k.
+                        let at = row[k * size..].chunks_mut(n * size);
+                        for (v, to) in src.chunks_exact(size).zip(at) {
+                            to[..size].copy_from_slice(v);
+                        }
+                    } else {
+                        row[col..col + w].copy_from_slice(src);
+                    }
                 }
                 col += w;
             }

@@ -5,7 +5,8 @@
 //! module into children that own row or column ranges. Undoing that is pure
 //! bookkeeping over [`Stack`]s: bands of rows, each band a list of parts side
 //! by side. For a weight the parts are column blocks ([`Piece`]s of decode
-//! jobs); for a bias they are terms that add up ([`BiasTerm`]s).
+//! jobs), or columns taken in turn; for a bias they are terms that add up
+//! ([`BiasTerm`]s).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -140,6 +141,10 @@ pub struct Assembly<'a> {
     pub cols: usize,
     /// Output dtype (every job's).
     pub out: OutDtype,
+    /// A band's parts (of one width) interleaved column by column,
+    /// `[a0, b0, a1, b1, …]` (GPT-OSS's fused gate and up projections),
+    /// not side by side.
+    pub interleaved: bool,
 }
 
 /// One term of a bias.

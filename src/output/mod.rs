@@ -154,7 +154,7 @@ impl<'a> Output<'a> {
                     }
                 }
             }
-            Source::Rearrange(r) => v.extend(r.input()),
+            Source::Rearrange(r) => v.extend(r.inputs()),
             Source::Bytes(_) => {}
         }
         v

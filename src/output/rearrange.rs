@@ -1,11 +1,12 @@
 //! Stored tensors rearranged on the host when written, for conversions that
-//! keep values but change their layout (AutoAWQ → compressed-tensors). Made
-//! one tensor at a time, so a conversion holds no more than the tensor it
-//! writes.
+//! keep values but change their layout (AutoAWQ → compressed-tensors, MLX's
+//! GPT-OSS biases → transformers'). Made one tensor at a time, so a
+//! conversion holds no more than the tensor it writes.
 
 use crate::checkpoint::TensorRef;
-use crate::error::Result;
+use crate::error::{Result, Rule};
 use crate::job::Fields;
+use crate::numerics::OutDtype;
 
 /// How a tensor's bytes are made from stored ones.
 #[derive(Debug)]
@@ -27,6 +28,14 @@ pub enum Rearrange<'a> {
         /// Pack down columns (`packed_dim=0`) instead of along rows.
         down_columns: bool,
     },
+    /// Floating point tensors of one shape with their last dimension's
+    /// elements taken in turn (`[a0, b0, a1, b1, …]`), in dtype `to`.
+    Interleave {
+        /// The tensors, in turn.
+        parts: Vec<TensorRef<'a>>,
+        /// The result's dtype (each part's values cast to it).
+        to: OutDtype,
+    },
 }
 
 impl<'a> Rearrange<'a> {
@@ -34,6 +43,13 @@ impl<'a> Rearrange<'a> {
     pub fn shape(&self) -> Vec<usize> {
         match self {
             Rearrange::Transpose(t) => t.shape.iter().rev().copied().collect(),
+            Rearrange::Interleave { parts, .. } => {
+                let mut shape = parts.first().map_or_else(Vec::new, |t| t.shape.to_vec());
+                if let Some(last) = shape.last_mut() {
+                    *last *= parts.len();
+                }
+                shape
+            }
             Rearrange::Repack {
                 fields,
                 rows,
@@ -55,14 +71,16 @@ impl<'a> Rearrange<'a> {
         match self {
             Rearrange::Transpose(t) => t.len(),
             Rearrange::Repack { .. } => self.shape().iter().product::<usize>() * 4,
+            Rearrange::Interleave { to, .. } => self.shape().iter().product::<usize>() * to.size(),
         }
     }
 
-    /// The stored tensor it reads.
-    pub fn input(&self) -> Option<TensorRef<'a>> {
+    /// The stored tensors it reads.
+    pub fn inputs(&self) -> Vec<TensorRef<'a>> {
         match self {
-            Rearrange::Transpose(t) => Some(*t),
-            Rearrange::Repack { fields, .. } => fields.data.tensor(),
+            Rearrange::Transpose(t) => vec![*t],
+            Rearrange::Repack { fields, .. } => fields.data.tensor().into_iter().collect(),
+            Rearrange::Interleave { parts, .. } => parts.clone(),
         }
     }
 
@@ -113,6 +131,28 @@ impl<'a> Rearrange<'a> {
                     }
                 }
                 Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+            }
+            Rearrange::Interleave { parts, to } => {
+                let size = to.size();
+                let n = parts.len();
+                let mut out = vec![0u8; self.byte_len()];
+                for (k, t) in parts.iter().enumerate() {
+                    let data = t.data()?;
+                    let values = match t.dtype == to.safetensors() {
+                        true => data.to_vec(),
+                        false if crate::numerics::is_castable(t.dtype) => {
+                            let mut v = vec![0u8; t.elements() * size];
+                            crate::numerics::cast(t.dtype, data, *to, &mut v);
+                            v
+                        }
+                        false => return Err(t.error(Rule::TensorDtype, format!("dtype {}, not a float", t.dtype))),
+                    };
+                    // Element c of part k is element c·n + k.
+                    for (v, o) in values.chunks_exact(size).zip(out[k * size..].chunks_mut(n * size)) {
+                        o[..size].copy_from_slice(v);
+                    }
+                }
+                Ok(out)
             }
         }
     }

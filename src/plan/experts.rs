@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
+use crate::numerics::OutDtype;
 use crate::output::assembly::{Assembly, Piece, Stack};
+use crate::output::rearrange::Rearrange;
 use crate::output::{Output, Source};
 
 /// The projections a stack holds.
@@ -71,6 +73,7 @@ pub(super) fn unstack(outputs: &mut Vec<Output<'_>>) -> Vec<Unstacked> {
                     stack: Stack::band(rows, vec![piece]),
                     cols,
                     out,
+                    interleaved: false,
                 }),
                 scheme: o.scheme.clone(),
             });
@@ -111,6 +114,149 @@ pub(super) fn restack(outputs: &mut Vec<Output<'_>>, split: Vec<Unstacked>) {
             source: Source::Decode(Box::new(Arc::unwrap_or_clone(job))),
             scheme,
         });
+    }
+}
+
+/// Outputs replaced by others: put back by [`restore`].
+#[derive(Debug)]
+pub(crate) struct Fused<'a> {
+    /// The outputs as planned.
+    removed: Vec<Output<'a>>,
+    /// The names of those made in their place.
+    made: Vec<String>,
+}
+
+/// GPT-OSS as mlx-lm stores it (`gpt_oss.py`'s `sanitize`): per block
+/// `<block>.experts.{gate,up,down}_proj.weight` `[E, out, in]` and `.bias`
+/// `[E, out]`, gate and up taken apart from the fused projection.
+/// transformers' `GptOssExperts` multiplies `x·W`: `gate_up_proj`
+/// `[E, H, 2I]` (gate and up in turn along its columns),
+/// `gate_up_proj_bias` `[E, 2I]`, `down_proj` `[E, I, H]`,
+/// `down_proj_bias` `[E, H]`. This writes those: the jobs transposed, the
+/// gate's and up's columns interleaved as they are written.
+pub(super) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) -> Vec<Fused<'a>> {
+    const GATE: &str = ".experts.gate_proj.weight";
+    let blocks: Vec<String> = outputs
+        .iter()
+        .filter_map(|o| o.name.strip_suffix(GATE).map(str::to_string))
+        .collect();
+    let mut fused = Vec::new();
+    for block in blocks {
+        let name = |p: &str, what: &str| format!("{block}.experts.{p}.{what}");
+        let job = |outputs: &[Output<'a>], n: &str| {
+            outputs.iter().find(|o| o.name == n && o.shape.len() == 3).and_then(|o| match &o.source {
+                Source::Decode(job) if job.dims.slices == o.shape[0] => Some((**job).clone()),
+                _ => None,
+            })
+        };
+        let (Some(gate), Some(up), Some(down)) = (
+            job(outputs, &name("gate_proj", "weight")),
+            job(outputs, &name("up_proj", "weight")),
+            job(outputs, &name("down_proj", "weight")),
+        ) else {
+            continue;
+        };
+        if gate.dims != up.dims || gate.out != up.out {
+            continue;
+        }
+        let taken: Vec<String> = ["gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .flat_map(|p| [name(p, "weight"), name(p, "bias")])
+            .collect();
+        let (removed, kept): (Vec<_>, Vec<_>) = std::mem::take(outputs).into_iter().partition(|o| taken.contains(&o.name));
+        *outputs = kept;
+        let find = |n: &str| removed.iter().find(|o| o.name == n);
+        let Some(first) = find(&name("gate_proj", "weight")) else {
+            continue;
+        };
+        let (shard, dtype, scheme) = (first.shard, first.dtype, first.scheme.clone());
+        let (e, hidden, inter) = (gate.dims.slices, gate.dims.cols, gate.dims.rows);
+        let out = gate.out;
+        let pieces = [gate, up].map(|j| Piece {
+            job: Arc::new(j.transpose()),
+            row: 0,
+        });
+        let mut made = vec![
+            Output {
+                name: format!("{block}.experts.gate_up_proj"),
+                shard,
+                shape: vec![e, hidden, 2 * inter],
+                dtype,
+                source: Source::Assemble(Assembly {
+                    stack: Stack::band(e * hidden, pieces.into()),
+                    cols: 2 * inter,
+                    out,
+                    interleaved: true,
+                }),
+                scheme: scheme.map(|s| format!("{s}, transposed, gate and up interleaved")),
+            },
+            Output {
+                name: format!("{block}.experts.down_proj"),
+                shard,
+                shape: vec![e, down.dims.cols, down.dims.rows],
+                dtype,
+                scheme: find(&name("down_proj", "weight")).and_then(|o| o.scheme.clone()).map(|s| format!("{s}, transposed")),
+                source: Source::Decode(Box::new(down.transpose())),
+            },
+        ];
+        // The biases, as stored or cast: gate's and up's in turn.
+        let bias = |p: &str| {
+            find(&name(p, "bias")).and_then(|o| match o.source {
+                Source::Copy(t) => Some((o, t, Source::Copy(t))),
+                Source::Cast(t, to) => Some((o, t, Source::Cast(t, to))),
+                _ => None,
+            })
+        };
+        if let (Some((g, gt, gs)), Some((_, ut, _))) = (bias("gate_proj"), bias("up_proj")) {
+            let to = match gs {
+                Source::Cast(_, to) => Some(to),
+                _ => [OutDtype::Bf16, OutDtype::F16, OutDtype::F32].into_iter().find(|d| d.safetensors() == gt.dtype),
+            };
+            if let (Some(to), true) = (to, gt.shape == ut.shape && gt.dtype == ut.dtype) {
+                let interleave = Rearrange::Interleave { parts: vec![gt, ut], to };
+                made.push(Output {
+                    name: format!("{block}.experts.gate_up_proj_bias"),
+                    shard: g.shard,
+                    shape: interleave.shape(),
+                    dtype: to.safetensors(),
+                    source: Source::Rearrange(interleave),
+                    scheme: None,
+                });
+            }
+        }
+        if let Some((d, _, source)) = bias("down_proj") {
+            made.push(Output {
+                name: format!("{block}.experts.down_proj_bias"),
+                shard: d.shard,
+                shape: d.shape.clone(),
+                dtype: d.dtype,
+                source,
+                scheme: None,
+            });
+        }
+        // Whatever was not remade stays as it was.
+        let made_from: Vec<String> = ["gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .map(|p| name(p, "weight"))
+            .chain(made.iter().any(|o| o.name.ends_with("gate_up_proj_bias")).then(|| [name("gate_proj", "bias"), name("up_proj", "bias")]).into_iter().flatten())
+            .chain(made.iter().any(|o| o.name.ends_with("down_proj_bias")).then(|| name("down_proj", "bias")))
+            .collect();
+        let (removed, unchanged): (Vec<_>, Vec<_>) = removed.into_iter().partition(|o| made_from.contains(&o.name));
+        outputs.extend(unchanged);
+        fused.push(Fused {
+            removed,
+            made: made.iter().map(|o| o.name.clone()).collect(),
+        });
+        outputs.extend(made);
+    }
+    fused
+}
+
+/// Puts the outputs `fused` replaced back in place of what replaced them.
+pub(super) fn restore<'a>(outputs: &mut Vec<Output<'a>>, fused: Vec<Fused<'a>>) {
+    for f in fused {
+        outputs.retain(|o| !f.made.contains(&o.name));
+        outputs.extend(f.removed);
     }
 }
 

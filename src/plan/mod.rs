@@ -71,6 +71,9 @@ pub struct Plan<'a> {
     /// Stacks of experts written one tensor per expert; undone by
     /// [`Plan::keep_stored_names`] too.
     pub(crate) unstacked: Vec<experts::Unstacked>,
+    /// Outputs written in another architecture's layout (MLX's GPT-OSS);
+    /// undone by [`Plan::keep_stored_names`] too.
+    pub(crate) fused: Vec<experts::Fused<'a>>,
     /// Stored tensors whose values planning reads but whose bytes are not at
     /// hand yet (a checkpoint read piece by piece, `stream`): load them and
     /// plan again. Until this is empty the plan is incomplete.
@@ -104,6 +107,7 @@ impl<'a> Plan<'a> {
             side_files: Vec::new(),
             renamed: Vec::new(),
             unstacked: Vec::new(),
+            fused: Vec::new(),
             needs: Vec::new(),
         };
         let found = formats::plan_modules(ckpt, &plan.format, dtype);
@@ -185,9 +189,10 @@ impl<'a> Plan<'a> {
         Ok(plan)
     }
 
-    /// Writes stacks of experts one tensor per expert and the outputs of
-    /// Mixtral-style MoE checkpoints under the names the architecture's
-    /// loaders expect ([`crate::names`]), and sorts them.
+    /// Writes stacks of experts one tensor per expert, MLX's GPT-OSS experts
+    /// in transformers' layout, and the outputs of Mixtral-style MoE
+    /// checkpoints under the names the architecture's loaders expect
+    /// ([`crate::names`]), and sorts them.
     fn hub_names(&mut self) -> Result<()> {
         self.unstacked = experts::unstack(&mut self.outputs);
         let model_type = self
@@ -197,6 +202,9 @@ impl<'a> Plan<'a> {
             .and_then(|c| crate::names::model_type(&c.value))
             .unwrap_or_default()
             .to_string();
+        if model_type == "gpt_oss" {
+            self.fused = experts::fuse_gpt_oss(&mut self.outputs);
+        }
         for o in &mut self.outputs {
             if let Some(hub) = crate::names::hub_name(&model_type, &o.name) {
                 self.renamed.push((o.name.clone(), hub.clone()));
@@ -214,6 +222,7 @@ impl<'a> Plan<'a> {
             }
         }
         experts::restack(&mut self.outputs, std::mem::take(&mut self.unstacked));
+        experts::restore(&mut self.outputs, std::mem::take(&mut self.fused));
         self.sort_outputs()
     }
 

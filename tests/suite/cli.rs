@@ -220,6 +220,10 @@ fn inspect_json_lists_logical_shapes_and_actions() {
             let want_action = match (stored_as_is, format_name(&model)) {
                 (true, _) => "copy",
                 (false, "svdquant") if name.ends_with(".bias") => "compute",
+                // MLX's GPT-OSS biases in transformers' layout: gate's and
+                // up's interleaved, down's renamed.
+                (false, "mlx") if name.ends_with("gate_up_proj_bias") => "compute",
+                (false, "mlx") if name.ends_with("down_proj_bias") => "copy",
                 (false, _) => "decode",
             };
             assert_eq!(action, want_action, "{case}: {name} action");

@@ -746,6 +746,52 @@ fn qwen3_moe_experts_take_the_original_names() {
     assert_eq!(stacks, 6);
 }
 
+/// MLX's GPT-OSS (`mlx-gpt-oss-mxfp4`: the `gpt-oss-mxfp4` fixture's one
+/// layer twice, through `mlx_lm convert -q --q-mode mxfp4`, which keeps its
+/// MXFP4 experts as they were): written in transformers' layout, the
+/// experts are that native checkpoint's dense ones byte for byte, and the
+/// keys are its output's (layer 0 twice), on both backends; `--keep-names`
+/// keeps MLX's split projections.
+#[test]
+fn gpt_oss_experts_take_transformers_layout() {
+    let native = decoded(
+        &fixtures().join("gpt-oss-mxfp4/model"),
+        OutDtype::Bf16,
+        BackendChoice::Cpu,
+    );
+    let model = fixtures().join("mlx-gpt-oss-mxfp4/model");
+    let mlx = decoded(&model, OutDtype::Bf16, BackendChoice::Cpu);
+    let mut want: Vec<String> = native
+        .keys()
+        .flat_map(|k| [k.clone(), k.replace("layers.0.", "layers.1.")])
+        .collect();
+    want.sort();
+    want.dedup();
+    assert_eq!(mlx.keys().cloned().collect::<Vec<_>>(), want);
+    let mut experts = 0;
+    for (name, t) in mlx.iter().filter(|(n, _)| n.contains(".experts.")) {
+        let stored = name.replace("layers.1.", "layers.0.");
+        assert!(native[&stored] == *t, "{name}: not the native checkpoint's");
+        experts += 1;
+    }
+    assert_eq!(experts, 8);
+    gpu_test(|_| assert!(decoded(&model, OutDtype::Bf16, BackendChoice::Gpu) == mlx));
+    let tmp = tempfile::tempdir().unwrap();
+    wgpu_dequant::Dequantize::new()
+        .backend(BackendChoice::Cpu)
+        .keep_names(true)
+        .run(&model, tmp.path().join("kept"))
+        .unwrap();
+    let kept = read_dir_tensors(&tmp.path().join("kept"));
+    for p in ["gate_proj", "up_proj", "down_proj"] {
+        for what in ["weight", "bias"] {
+            let name = format!("model.layers.0.mlp.experts.{p}.{what}");
+            assert!(kept.contains_key(&name), "{name} not kept");
+        }
+    }
+    assert!(!kept.keys().any(|k| k.contains("gate_up_proj")));
+}
+
 /// An mlx-community id from the Hub: the files a local run writes.
 #[test]
 fn mlx_community_ids_come_from_the_hub() {

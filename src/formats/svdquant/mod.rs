@@ -658,6 +658,7 @@ fn plan_all<'c>(
                 stack: node.weight,
                 cols: node.cols,
                 out,
+                interleaved: false,
             }),
             scheme: Some(node.scheme.clone()),
         });
