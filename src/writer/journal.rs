@@ -1,4 +1,4 @@
-//! What a run has finished: each output file's size and SHA-256, recorded
+//! What a run has finished: each output file's size and BLAKE3 digest, recorded
 //! in its staging folder once the file is synced, under the key of the job
 //! (its inputs and everything that shapes its output). A later `--resume`
 //! run of the same job keeps the files whose bytes still match and writes
@@ -16,7 +16,6 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
@@ -90,18 +89,18 @@ impl Finished {
     }
 }
 
-/// Whether the file at `path` has `want`'s size and SHA-256.
+/// Whether the file at `path` has `want`'s size and digest.
 fn matches(path: &Path, want: &Done) -> Result<bool> {
     let Ok(f) = File::open(path) else {
         return Ok(false);
     };
     let len = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
-    Ok(len == want.size && sha256(f, path)? == want.sha256)
+    Ok(len == want.size && digest(f, path)? == want.blake3)
 }
 
-/// The SHA-256 of what `f` holds from where it stands, in hex.
-fn sha256(mut f: File, path: &Path) -> Result<String> {
-    let mut hash = Sha256::new();
+/// The BLAKE3 digest of what `f` holds from where it stands, in hex.
+fn digest(mut f: File, path: &Path) -> Result<String> {
+    let mut hash = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf).map_err(|e| Error::io(path, "cannot read", e))?;
@@ -110,24 +109,26 @@ fn sha256(mut f: File, path: &Path) -> Result<String> {
         }
         hash.update(&buf[..n]);
     }
-    Ok(hex(&hash.finalize()))
+    Ok(hex(hash.finalize().as_bytes()))
 }
 
 /// One finished file.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Done {
     size: u64,
-    sha256: String,
+    /// Its BLAKE3 digest in hex (a record without one matches no file).
+    #[serde(default)]
+    blake3: String,
 }
 
 impl Done {
-    /// The size and SHA-256 of the file at `path`.
+    /// The size and digest of the file at `path`.
     fn of(path: &Path) -> Result<Done> {
         let f = File::open(path).map_err(|e| Error::io(path, "cannot read", e))?;
         let size = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
         Ok(Done {
             size,
-            sha256: sha256(f, path)?,
+            blake3: digest(f, path)?,
         })
     }
 }
@@ -180,7 +181,7 @@ impl Journal {
     }
 
     /// Whether file `name` of the staging folder was finished: recorded,
-    /// and its bytes there still of the recorded size and SHA-256 (read
+    /// and its bytes there still of the recorded size and BLAKE3 digest (read
     /// whole to tell).
     pub fn done(&self, name: &str) -> Result<bool> {
         let Some(want) = self.lock().files.get(name).cloned() else {
@@ -221,17 +222,17 @@ impl Journal {
     }
 
     /// Records file `name`, finished and synced at `path`, with its size
-    /// and SHA-256 (read back to tell).
+    /// and BLAKE3 digest (read back to tell).
     pub(super) fn record_file(&self, name: &str, path: &Path) -> Result<()> {
         let done = Done::of(path)?;
         self.insert(name, done)
     }
 
-    /// Records file `name` as finished: `size` bytes of SHA-256 `sha256`,
-    /// synced.
-    pub(super) fn record(&self, name: &str, size: u64, sha256: &[u8; 32]) -> Result<()> {
-        let sha256 = hex(sha256);
-        self.insert(name, Done { size, sha256 })
+    /// Records file `name` as finished: `size` bytes of BLAKE3 digest
+    /// `digest`, synced.
+    pub(super) fn record(&self, name: &str, size: u64, digest: &[u8; 32]) -> Result<()> {
+        let blake3 = hex(digest);
+        self.insert(name, Done { size, blake3 })
     }
 
     /// Records `done` for file `name`. The journal is replaced whole

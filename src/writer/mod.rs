@@ -494,7 +494,7 @@ fn write_into(
                 continue;
             }
             let (path, w) = create(&staging, &file.name)?;
-            let (w, len, sha256) = write_shard(
+            let (w, len, digest) = write_shard(
                 ckpt,
                 &file.header,
                 &file.tensors,
@@ -508,7 +508,7 @@ fn write_into(
             let (journal, name) = (&journal, &file.name);
             syncs.push(scope.spawn(move || {
                 f.sync_all().map_err(|e| Error::io(&path, "cannot sync", e))?;
-                journal.record(name, len, &sha256)
+                journal.record(name, len, &digest)
             }));
         }
         for s in syncs {

@@ -497,7 +497,6 @@ fn garble(path: &Path) {
 /// refusal of a non-empty directory.
 #[test]
 fn a_finished_run_resumed_has_nothing_to_do_and_reads_no_shard() {
-    use sha2::{Digest, Sha256};
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in");
     let shards = checkpoint(&input, 3, (64, 256));
@@ -508,11 +507,8 @@ fn a_finished_run_resumed_has_nothing_to_do_and_reads_no_shard() {
     let listed: Vec<&String> = r["files"].as_object().unwrap().keys().collect();
     assert_eq!(listed, want.keys().collect::<Vec<_>>());
     for (name, bytes) in &want {
-        let sha: String = Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_eq!(r["files"][name]["sha256"], sha, "{name}");
+        let digest = blake3::hash(bytes).to_hex().to_string();
+        assert_eq!(r["files"][name]["blake3"], digest, "{name}");
         assert_eq!(r["files"][name]["size"], bytes.len(), "{name}");
     }
     let cli = |extra: &[&str]| {
