@@ -31,6 +31,9 @@ pub enum Rule {
     Container,
     /// ST-002: `model.safetensors.index.json` is malformed or names a missing shard or tensor.
     Index,
+    /// GG-001: a GGUF file is malformed (magic, version, counts, metadata,
+    /// tensor infos, offsets, alignment, split parts).
+    Gguf,
     /// CFG-001: a sidecar config (`config.json`, `hf_quant_config.json`) is malformed.
     Config,
     /// CFG-002: the checkpoint uses a format or scheme this tool does not decode.
@@ -76,6 +79,7 @@ impl Rule {
             Rule::Io => "IO-001",
             Rule::Container => "ST-001",
             Rule::Index => "ST-002",
+            Rule::Gguf => "GG-001",
             Rule::Config => "CFG-001",
             Rule::Unsupported => "CFG-002",
             Rule::MissingTensor => "TEN-001",

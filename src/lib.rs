@@ -71,6 +71,8 @@ internal! {
 pub mod bench;
 mod error;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod gguf;
+#[cfg(not(target_arch = "wasm32"))]
 mod hub;
 mod model;
 mod names;

@@ -62,6 +62,11 @@ impl Checkpoint {
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot open", e))?;
+        #[cfg(not(target_arch = "wasm32"))]
+        if crate::gguf::find(path).is_some() {
+            let detail = "a GGUF model: `inspect` and `validate` read it; decoding GGUF is not built yet";
+            return Err(Error::new(Rule::Unsupported, path, detail));
+        }
         if meta.is_dir() {
             return Checkpoint::build(Origin::Disk(path.to_path_buf()), None);
         }

@@ -14,6 +14,7 @@ mod config_variants;
 mod convert;
 mod fixtures;
 mod fp8_family;
+mod gguf;
 mod gptq;
 mod gpu;
 mod hub;

@@ -1,0 +1,300 @@
+//! GGUF files (llama.cpp, gguf-py): the container, memory-mapped, split
+//! files (`NAME-00001-of-00003.gguf`) joined, and what `inspect` and
+//! `validate` say of one. Decoding its block types is not built yet.
+
+mod parse;
+mod report;
+mod types;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use report::{Report, TypeCount};
+pub use types::GgmlType;
+
+use crate::error::{Error, Result, Rule};
+
+/// A metadata value, of one of GGUF's value types (the variants are
+/// named after them).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+#[allow(missing_docs)]
+pub enum MetaValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<MetaValue>),
+}
+
+impl MetaValue {
+    /// The value as an unsigned integer, when it is a non-negative integer.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            MetaValue::U8(v) => Some(v.into()),
+            MetaValue::U16(v) => Some(v.into()),
+            MetaValue::U32(v) => Some(v.into()),
+            MetaValue::U64(v) => Some(v),
+            MetaValue::I8(v) => u64::try_from(v).ok(),
+            MetaValue::I16(v) => u64::try_from(v).ok(),
+            MetaValue::I32(v) => u64::try_from(v).ok(),
+            MetaValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as text, when it is a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            MetaValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Short: an array shows its length and its first items only.
+impl fmt::Display for MetaValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaValue::U8(v) => write!(f, "{v}"),
+            MetaValue::I8(v) => write!(f, "{v}"),
+            MetaValue::U16(v) => write!(f, "{v}"),
+            MetaValue::I16(v) => write!(f, "{v}"),
+            MetaValue::U32(v) => write!(f, "{v}"),
+            MetaValue::I32(v) => write!(f, "{v}"),
+            MetaValue::U64(v) => write!(f, "{v}"),
+            MetaValue::I64(v) => write!(f, "{v}"),
+            MetaValue::F32(v) => write!(f, "{v}"),
+            MetaValue::F64(v) => write!(f, "{v}"),
+            MetaValue::Bool(v) => write!(f, "{v}"),
+            MetaValue::String(s) if s.chars().count() > 60 => {
+                write!(
+                    f,
+                    "{:?}… ({} bytes)",
+                    s.chars().take(60).collect::<String>(),
+                    s.len()
+                )
+            }
+            MetaValue::String(s) => write!(f, "{s:?}"),
+            MetaValue::Array(items) => {
+                write!(f, "[{} items", items.len())?;
+                for (i, v) in items.iter().take(3).enumerate() {
+                    write!(f, "{}{v}", if i == 0 { ": " } else { ", " })?;
+                }
+                f.write_str(if items.len() > 3 { ", …]" } else { "]" })
+            }
+        }
+    }
+}
+
+/// One tensor of a GGUF model.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Tensor {
+    /// Its name (`blk.0.attn_q.weight`).
+    pub name: String,
+    /// Its shape, row-major (GGUF stores the innermost dimension first).
+    pub shape: Vec<usize>,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub ty: GgmlType,
+    /// Where its bytes start in its file.
+    #[serde(skip)]
+    pub offset: u64,
+    /// How many bytes it holds.
+    pub size: u64,
+    /// Which of the model's files holds it.
+    pub file: usize,
+}
+
+/// One file of a GGUF model.
+#[derive(Debug)]
+pub struct File {
+    /// Its path.
+    pub path: PathBuf,
+    /// GGUF version (2 or 3).
+    pub version: u32,
+    /// Its data section's alignment.
+    pub alignment: u64,
+    /// Where its data section starts.
+    pub data_start: u64,
+    /// Its bytes.
+    map: memmap2::Mmap,
+}
+
+impl File {
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+/// A GGUF model: one file, or the parts of a split one joined.
+#[derive(Debug)]
+pub struct Model {
+    /// Its files, in split order.
+    pub files: Vec<File>,
+    /// The first file's metadata (a split's later parts repeat little).
+    pub metadata: Vec<(String, MetaValue)>,
+    /// Every tensor, in file order.
+    pub tensors: Vec<Tensor>,
+}
+
+/// `NAME-00002-of-00003.gguf` → (`NAME`, 2, 3).
+fn split_name(file: &str) -> Option<(&str, u32, u32)> {
+    let stem = file.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(no) && digits(count)).then_some(())?;
+    Some((prefix, no.parse().ok()?, count.parse().ok()?))
+}
+
+/// The GGUF file `path` names: a `.gguf` file, or the one GGUF model of a
+/// folder (its first part, when split) that holds no safetensors; `None`
+/// when `path` is not GGUF.
+pub fn find(path: &Path) -> Option<PathBuf> {
+    if path.is_file() {
+        return path
+            .extension()
+            .is_some_and(|e| e == "gguf")
+            .then(|| path.to_path_buf());
+    }
+    let names: Vec<String> = std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    if names.iter().any(|n| n.ends_with(".safetensors")) {
+        return None;
+    }
+    let models: Vec<&String> = names
+        .iter()
+        .filter(|n| n.ends_with(".gguf") && split_name(n).is_none_or(|(_, no, _)| no == 1))
+        .collect();
+    match models.as_slice() {
+        [one] => Some(path.join(one)),
+        _ => None,
+    }
+}
+
+impl Model {
+    /// Opens the GGUF file at `path` and, when it is the first part of a
+    /// split model, the other parts beside it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+        let path = path.as_ref();
+        let (first, header) = open_file(path)?;
+        let mut model = Model {
+            files: vec![first],
+            metadata: header.metadata,
+            tensors: header.tensors,
+        };
+        let split = |model: &Model, key: &str| model.get(key).and_then(MetaValue::as_u64);
+        let count = split(&model, "split.count").unwrap_or(1);
+        if count <= 1 {
+            return Ok(model);
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some((prefix, 1, n)) = split_name(&name).filter(|&(_, _, n)| n as u64 == count) else {
+            let detail = format!(
+                "split.count is {count}: open the first part, NAME-00001-of-{count:05}.gguf"
+            );
+            return Err(Error::new(Rule::Gguf, path, detail));
+        };
+        for no in 2..=n {
+            let part = path.with_file_name(format!("{prefix}-{no:05}-of-{n:05}.gguf"));
+            let (file, header) = open_file(&part)?;
+            let no_of = header
+                .metadata
+                .iter()
+                .find(|(k, _)| k == "split.no")
+                .and_then(|(_, v)| v.as_u64());
+            if no_of != Some(no as u64 - 1) {
+                let detail = format!(
+                    "split.no is {no_of:?}, not {} (the file name's part {no})",
+                    no - 1
+                );
+                return Err(Error::new(Rule::Gguf, &part, detail));
+            }
+            let index = model.files.len();
+            model.files.push(file);
+            for mut t in header.tensors {
+                if model.tensors.iter().any(|u| u.name == t.name) {
+                    return Err(Error::tensor(
+                        Rule::Gguf,
+                        &part,
+                        &t.name,
+                        "is in two parts of the split model",
+                    ));
+                }
+                t.file = index;
+                model.tensors.push(t);
+            }
+        }
+        if let Some(want) =
+            split(&model, "split.tensors.count").filter(|&w| w != model.tensors.len() as u64)
+        {
+            let detail = format!(
+                "split.tensors.count is {want}, and its {n} parts hold {}",
+                model.tensors.len()
+            );
+            return Err(Error::new(Rule::Gguf, path, detail));
+        }
+        Ok(model)
+    }
+
+    /// A metadata value.
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Option<&str> {
+        self.get("general.architecture").and_then(MetaValue::as_str)
+    }
+
+    /// The stored bytes of `t`.
+    pub fn bytes(&self, t: &Tensor) -> &[u8] {
+        // open() checked every tensor's range against its file.
+        &self.files[t.file].bytes()[t.offset as usize..(t.offset + t.size) as usize]
+    }
+}
+
+/// Maps and reads the file at `path`.
+fn open_file(path: &Path) -> Result<(File, parse::Header)> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+    // SAFETY: the map is read-only; a file changed underneath while it is
+    // read is outside what any reader of a memory-mapped file can promise.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(path, "cannot map", e))?;
+    let header = parse::header(&map, path)?;
+    let file = File {
+        path: path.to_path_buf(),
+        version: header.version,
+        alignment: header.alignment,
+        data_start: header.data_start,
+        map,
+    };
+    Ok((file, header))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_name;
+
+    #[test]
+    fn split_names() {
+        assert_eq!(split_name("m-00002-of-00003.gguf"), Some(("m", 2, 3)));
+        assert_eq!(split_name("a-b-00001-of-00002.gguf"), Some(("a-b", 1, 2)));
+        assert_eq!(split_name("m.gguf"), None);
+        assert_eq!(split_name("m-2-of-3.gguf"), None);
+    }
+}

@@ -1,0 +1,253 @@
+//! The GGUF container (v2 and v3, little-endian), read from its bytes with
+//! every count, length, offset and dimension checked before use: a count
+//! never sizes an allocation (each element read takes at least a byte of
+//! the file, so a false count runs out of bytes), nesting is bounded, and
+//! tensors must lie inside the file, aligned, one after another.
+
+use std::path::Path;
+
+use super::{GgmlType, MetaValue, Tensor};
+use crate::error::{Error, Result, Rule};
+
+/// The first four bytes.
+const MAGIC: &[u8; 4] = b"GGUF";
+/// `general.alignment` when a file sets none.
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// Arrays of arrays deeper than this are refused (no writer nests at all).
+const MAX_DEPTH: u32 = 4;
+/// ggml's GGML_MAX_DIMS.
+const MAX_DIMS: u32 = 4;
+
+/// A GGUF file's header: version, metadata and tensor infos, tensor
+/// offsets made absolute.
+#[derive(Debug)]
+pub(super) struct Header {
+    pub(super) version: u32,
+    pub(super) metadata: Vec<(String, MetaValue)>,
+    pub(super) tensors: Vec<Tensor>,
+    pub(super) alignment: u64,
+    /// Where the data section starts.
+    pub(super) data_start: u64,
+}
+
+struct Cursor<'b> {
+    bytes: &'b [u8],
+    at: usize,
+    path: &'b Path,
+}
+
+impl<'b> Cursor<'b> {
+    fn fail(&self, detail: impl Into<String>) -> Error {
+        Error::new(Rule::Gguf, self.path, detail)
+    }
+
+    fn take(&mut self, n: u64, what: &str) -> Result<&'b [u8]> {
+        let left = (self.bytes.len() - self.at) as u64;
+        if n > left {
+            return Err(self.fail(format!(
+                "{what} at byte {} needs {n} bytes, and the file has {left} left",
+                self.at
+            )));
+        }
+        let s = &self.bytes[self.at..self.at + n as usize];
+        self.at += n as usize;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N as u64, what)?);
+        Ok(a)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.array(what).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.array(what).map(u64::from_le_bytes)
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        let at = self.at;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| self.fail(format!("{what} at byte {at} is not UTF-8")))
+    }
+
+    /// A metadata value of type number `ty`.
+    fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<MetaValue> {
+        Ok(match ty {
+            0 => MetaValue::U8(self.array::<1>(key)?[0]),
+            1 => MetaValue::I8(self.array::<1>(key)?[0] as i8),
+            2 => MetaValue::U16(u16::from_le_bytes(self.array(key)?)),
+            3 => MetaValue::I16(i16::from_le_bytes(self.array(key)?)),
+            4 => MetaValue::U32(self.u32(key)?),
+            5 => MetaValue::I32(i32::from_le_bytes(self.array(key)?)),
+            6 => MetaValue::F32(f32::from_le_bytes(self.array(key)?)),
+            7 => match self.array::<1>(key)?[0] {
+                0 => MetaValue::Bool(false),
+                1 => MetaValue::Bool(true),
+                b => return Err(self.fail(format!("{key}: bool byte {b}, not 0 or 1"))),
+            },
+            8 => MetaValue::String(self.string(key)?),
+            9 => {
+                if depth >= MAX_DEPTH {
+                    return Err(self.fail(format!("{key}: arrays nested deeper than {MAX_DEPTH}")));
+                }
+                let elem = self.u32(key)?;
+                let count = self.u64(key)?;
+                // No reserve: a false count runs out of bytes instead.
+                let mut items = Vec::new();
+                for _ in 0..count {
+                    items.push(self.value(elem, key, depth + 1)?);
+                }
+                MetaValue::Array(items)
+            }
+            10 => MetaValue::U64(self.u64(key)?),
+            11 => MetaValue::I64(i64::from_le_bytes(self.array(key)?)),
+            12 => MetaValue::F64(f64::from_le_bytes(self.array(key)?)),
+            t => return Err(self.fail(format!("{key}: unknown value type {t}"))),
+        })
+    }
+}
+
+/// Reads the header of the GGUF file `bytes` (at `path`, for messages).
+pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
+    let mut c = Cursor { bytes, at: 0, path };
+    let magic: [u8; 4] = c.array("the magic")?;
+    if &magic != MAGIC {
+        return Err(c.fail(format!(
+            "starts with {magic:02x?}, not GGUF's magic \"GGUF\""
+        )));
+    }
+    let raw = c.array::<4>("the version")?;
+    let version = u32::from_le_bytes(raw);
+    if matches!(u32::from_be_bytes(raw), 2 | 3) && version > 3 {
+        return Err(c.fail("a big-endian GGUF file: this tool reads little-endian ones"));
+    }
+    match version {
+        2 | 3 => {}
+        1 => return Err(c.fail("GGUF version 1 (32-bit counts, before August 2023): not read")),
+        v => {
+            return Err(c.fail(format!(
+                "GGUF version {v}: this tool reads versions 2 and 3"
+            )))
+        }
+    }
+    let tensor_count = c.u64("the tensor count")?;
+    let kv_count = c.u64("the metadata count")?;
+    let mut metadata: Vec<(String, MetaValue)> = Vec::new();
+    for _ in 0..kv_count {
+        let key = c.string("a metadata key")?;
+        if metadata.iter().any(|(k, _)| *k == key) {
+            return Err(c.fail(format!("metadata key {key} appears twice")));
+        }
+        let ty = c.u32(&key)?;
+        let value = c.value(ty, &key, 0)?;
+        metadata.push((key, value));
+    }
+    let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some((_, MetaValue::U32(a))) if a.is_power_of_two() => *a as u64,
+        Some((_, v)) => {
+            return Err(c.fail(format!(
+                "general.alignment is {v}, not a power of two (u32)"
+            )))
+        }
+    };
+    let mut tensors: Vec<Tensor> = Vec::new();
+    for _ in 0..tensor_count {
+        let name = c.string("a tensor name")?;
+        let fail =
+            |c: &Cursor<'_>, detail: String| Error::tensor(Rule::Gguf, c.path, &name, detail);
+        let n_dims = c.u32(&name)?;
+        if !(1..=MAX_DIMS).contains(&n_dims) {
+            return Err(fail(
+                &c,
+                format!("{n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}"),
+            ));
+        }
+        let mut ne = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            ne.push(c.u64(&name)?);
+        }
+        if ne.contains(&0) {
+            return Err(fail(&c, format!("dimensions {ne:?} hold a zero")));
+        }
+        let id = c.u32(&name)?;
+        let Some(ty) = GgmlType::from_id(id) else {
+            return Err(fail(&c, format!("type {id} is no ggml type")));
+        };
+        let offset = c.u64(&name)?;
+        let elements = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        let row = ne[0];
+        let rows = elements.map(|e| e / row);
+        let size = ty
+            .row_bytes(row)
+            .zip(rows)
+            .and_then(|(b, r)| b.checked_mul(r));
+        let Some(size) = size else {
+            let (block, _) = ty.block();
+            return Err(fail(
+                &c,
+                format!("{ty} rows of {row} elements: not whole blocks of {block} (or too many)"),
+            ));
+        };
+        if !offset.is_multiple_of(alignment) {
+            return Err(fail(
+                &c,
+                format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+            ));
+        }
+        if tensors.iter().any(|t| t.name == name) {
+            return Err(fail(&c, "appears twice".to_string()));
+        }
+        tensors.push(Tensor {
+            // Row-major, the outermost dimension first.
+            shape: ne.iter().rev().map(|&d| d as usize).collect(),
+            name,
+            ty,
+            offset,
+            size,
+            file: 0,
+        });
+    }
+    let data_start = (c.at as u64).next_multiple_of(alignment);
+    let file_len = bytes.len() as u64;
+    // Inside the file, and one after another.
+    let mut order: Vec<&mut Tensor> = tensors.iter_mut().collect();
+    order.sort_by_key(|t| t.offset);
+    let mut end = data_start;
+    for t in order {
+        let start = data_start.checked_add(t.offset);
+        let stop = start.and_then(|s| s.checked_add(t.size));
+        match (start, stop) {
+            (Some(s), Some(e)) if e <= file_len && s >= end => {
+                t.offset = s;
+                end = e;
+            }
+            (Some(s), Some(e)) if e <= file_len => {
+                let detail = format!(
+                    "data at bytes {s}..{e} overlaps the tensor before it (which ends at {end})"
+                );
+                return Err(Error::tensor(Rule::Gguf, path, &t.name, detail));
+            }
+            _ => {
+                let detail = format!(
+                    "{} bytes at data offset {} run past the end of the file ({file_len} bytes, data from {data_start})",
+                    t.size, t.offset
+                );
+                return Err(Error::tensor(Rule::Gguf, path, &t.name, detail));
+            }
+        }
+    }
+    Ok(Header {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_start,
+    })
+}

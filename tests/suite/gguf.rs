@@ -1,0 +1,448 @@
+//! GGUF files: the container as gguf-py 0.19's writer makes it (the
+//! fixtures in `tests/gguf/`), split files joined, `inspect`/`validate` of
+//! them, and malformed files refused with GG-001 in one line, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::{bin, sha256_hex, Rng};
+use wgpu_dequant::gguf::{GgmlType, Model};
+use wgpu_dequant::Rule;
+
+const CASES: &[&str] = &["gguf-q8_0-qwen2", "gguf-q4_k-llama", "gguf-iq2_xxs-llama"];
+
+fn case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/gguf")
+        .join(name)
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Every tensor of the fixtures: the names and row-major shapes of
+/// gguf-py's own dequantized output, the types the writer was given, sizes
+/// of whole blocks, and the F32 tensors' bytes (stored as they decode).
+#[test]
+fn fixtures_read_as_gguf_py_wrote_them() {
+    for name in CASES {
+        let dir = case(name);
+        let model = Model::open(dir.join("model/model.gguf")).unwrap();
+        let want = json(&dir.join("expected-gguf-f32.digests.json"));
+        let want = want.as_object().unwrap();
+        let checks = json(&dir.join("checks.json"));
+        let mut names: Vec<&str> = model.tensors.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            want.keys().map(String::as_str).collect::<Vec<_>>(),
+            "{name}"
+        );
+        for t in &model.tensors {
+            let w = &want[&t.name];
+            let shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
+            assert_eq!(t.shape, shape, "{name} {}", t.name);
+            let ty = match (&checks["types"], t.name.as_str()) {
+                (Value::Object(types), n) => types[n].as_str().unwrap().to_string(),
+                (_, "token_embd.weight") => checks["embedding"].as_str().unwrap().to_string(),
+                (_, _) if t.shape.len() == 1 => checks["norms"].as_str().unwrap().to_string(),
+                _ => checks["linear_type"].as_str().unwrap().to_string(),
+            };
+            assert_eq!(t.ty.name(), ty, "{name} {}", t.name);
+            let row = *t.shape.last().unwrap() as u64;
+            let rows = t.shape.iter().product::<usize>() as u64 / row;
+            assert_eq!(
+                t.size,
+                t.ty.row_bytes(row).unwrap() * rows,
+                "{name} {}",
+                t.name
+            );
+            assert_eq!(model.bytes(t).len() as u64, t.size);
+            if t.ty == GgmlType::F32 {
+                assert_eq!(sha256_hex(model.bytes(t)), w["sha256"], "{name} {}", t.name);
+            }
+        }
+        assert!(model
+            .architecture()
+            .is_some_and(|a| *name.split('-').next_back().unwrap() == *a));
+    }
+}
+
+/// A GGUF file written by hand: metadata (key, type, value bytes) and
+/// tensors (name, row-major shape, type id, offset), data after them.
+struct Writer {
+    kvs: Vec<(String, u32, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, u32, u64)>,
+    data: Vec<u8>,
+    version: u32,
+}
+
+fn string(s: &str) -> Vec<u8> {
+    let mut v = (s.len() as u64).to_le_bytes().to_vec();
+    v.extend(s.as_bytes());
+    v
+}
+
+impl Writer {
+    /// Two F32 tensors, aligned, and two metadata keys.
+    fn valid() -> Writer {
+        let mut w = Writer {
+            kvs: vec![],
+            tensors: vec![],
+            data: vec![],
+            version: 3,
+        };
+        w.kv("general.architecture", 8, string("llama"));
+        w.kv("general.alignment", 4, 32u32.to_le_bytes().to_vec());
+        w.tensor("a.weight", &[2, 8], 0, 0);
+        w.tensor("b.weight", &[4], 0, 64);
+        w.data = (0..96u8).collect();
+        w
+    }
+
+    fn kv(&mut self, key: &str, ty: u32, value: Vec<u8>) {
+        self.kvs.push((key.into(), ty, value));
+    }
+
+    fn tensor(&mut self, name: &str, shape: &[u64], ty: u32, offset: u64) {
+        self.tensors.push((name.into(), shape.to_vec(), ty, offset));
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(self.version.to_le_bytes());
+        b.extend((self.tensors.len() as u64).to_le_bytes());
+        b.extend((self.kvs.len() as u64).to_le_bytes());
+        for (k, ty, v) in &self.kvs {
+            b.extend(string(k));
+            b.extend(ty.to_le_bytes());
+            b.extend(v);
+        }
+        for (name, shape, ty, offset) in &self.tensors {
+            b.extend(string(name));
+            b.extend((shape.len() as u32).to_le_bytes());
+            for d in shape.iter().rev() {
+                b.extend(d.to_le_bytes());
+            }
+            b.extend(ty.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+        }
+        b.resize(b.len().next_multiple_of(32), 0);
+        b.extend(&self.data);
+        b
+    }
+
+    fn write(&self, path: &Path) -> PathBuf {
+        std::fs::write(path, self.bytes()).unwrap();
+        path.to_path_buf()
+    }
+}
+
+/// Malformed files, each refused with GG-001 (naming the tensor where one
+/// is at fault) in one line; gguf-py's reader takes several of them.
+#[test]
+fn malformed_files_are_refused_with_gg001() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ok = Writer::valid().write(&tmp.path().join("ok.gguf"));
+    let model = Model::open(&ok).unwrap();
+    assert_eq!(model.tensors[0].shape, [2, 8]);
+    assert_eq!(
+        model.bytes(&model.tensors[1]),
+        &(64..80u8).collect::<Vec<_>>()[..]
+    );
+    type Change = Box<dyn Fn(&mut Writer, &mut Vec<u8>)>;
+    let cases: Vec<(&str, Change, &str)> = vec![
+        ("bad magic", Box::new(|_, b| b[0] = b'X'), "magic"),
+        (
+            "big-endian",
+            Box::new(|_, b| b[4..8].copy_from_slice(&3u32.to_be_bytes())),
+            "big-endian",
+        ),
+        ("version 1", Box::new(|w, _| w.version = 1), "version 1"),
+        ("version 9", Box::new(|w, _| w.version = 9), "version 9"),
+        (
+            "truncated header",
+            Box::new(|_, b| b.truncate(100)),
+            "needs",
+        ),
+        (
+            "a count past the file",
+            Box::new(|_, b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())),
+            "needs",
+        ),
+        (
+            "5 dimensions",
+            Box::new(|w, _| w.tensors[0].1 = vec![1, 1, 1, 2, 8]),
+            "5 dimensions",
+        ),
+        (
+            "a zero dimension",
+            Box::new(|w, _| w.tensors[0].1 = vec![0, 8]),
+            "zero",
+        ),
+        (
+            "an unknown type",
+            Box::new(|w, _| w.tensors[0].2 = 4),
+            "type 4",
+        ),
+        (
+            "not whole blocks",
+            Box::new(|w, _| w.tensors[0].2 = 8),
+            "whole blocks",
+        ),
+        (
+            "a misaligned offset",
+            Box::new(|w, _| w.tensors[1].3 = 48),
+            "alignment",
+        ),
+        (
+            "overlapping tensors",
+            Box::new(|w, _| w.tensors[1].3 = 32),
+            "overlaps",
+        ),
+        (
+            "data past the end",
+            Box::new(|w, _| w.tensors[1].3 = 96),
+            "past the end",
+        ),
+        (
+            "a tensor twice",
+            Box::new(|w, _| w.tensors[1].0 = "a.weight".into()),
+            "twice",
+        ),
+        (
+            "a key twice",
+            Box::new(|w, _| w.kvs[1].0 = "general.architecture".into()),
+            "twice",
+        ),
+        (
+            "an alignment of 3",
+            Box::new(|w, _| w.kvs[1].2 = 3u32.to_le_bytes().to_vec()),
+            "alignment",
+        ),
+        (
+            "a bool of 2",
+            Box::new(|w, _| w.kv("x", 7, vec![2])),
+            "bool",
+        ),
+        (
+            "an unknown value type",
+            Box::new(|w, _| w.kv("x", 13, vec![])),
+            "value type 13",
+        ),
+        (
+            "arrays nested deep",
+            Box::new(|w, _| {
+                let mut v = 0u32.to_le_bytes().to_vec();
+                v.extend(1u64.to_le_bytes());
+                v.push(7);
+                for _ in 0..5 {
+                    let mut outer = 9u32.to_le_bytes().to_vec();
+                    outer.extend(1u64.to_le_bytes());
+                    outer.extend(v);
+                    v = outer;
+                }
+                w.kv("x", 9, v);
+            }),
+            "nested",
+        ),
+    ];
+    for (what, change, says) in cases {
+        // Each change applied to the writer, then to the bytes it writes.
+        let mut w = Writer::valid();
+        change(&mut w, &mut vec![0u8; 4096]);
+        let mut bytes = w.bytes();
+        change(&mut Writer::valid(), &mut bytes);
+        let path = tmp.path().join(format!("{}.gguf", what.replace(' ', "-")));
+        std::fs::write(&path, &bytes).unwrap();
+        match Model::open(&path) {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => {
+                assert_eq!(e.rule, Rule::Gguf, "{what}: {e}");
+                let line = e.to_string();
+                assert!(
+                    line.contains(says) && !line.contains('\n'),
+                    "{what}: {line}"
+                );
+                assert!(
+                    line.contains("GG-001") && line.contains(&*path.to_string_lossy()),
+                    "{line}"
+                );
+            }
+        }
+    }
+}
+
+/// The fixtures' headers with random bytes overwritten: each read or
+/// refused in one line, never a panic.
+#[test]
+fn mutated_headers_never_panic() {
+    let mut rng = Rng::new(0x6767);
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut read, mut refused) = (0, 0);
+    for name in CASES {
+        let valid = std::fs::read(case(name).join("model/model.gguf")).unwrap();
+        // The header (metadata and tensor infos) is what the reader parses.
+        let header = Model::open(case(name).join("model/model.gguf"))
+            .unwrap()
+            .files[0]
+            .data_start as usize;
+        for i in 0..150 {
+            let mut b = valid.clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(header as u64) as usize;
+                b[at] = rng.next() as u8;
+            }
+            if i % 10 == 0 {
+                b.truncate(rng.below(valid.len() as u64) as usize);
+            }
+            let path = tmp.path().join("m.gguf");
+            std::fs::write(&path, &b).unwrap();
+            let out = crate::common::caught(|| Model::open(&path).map(|m| m.tensors.len()));
+            match out {
+                Err(p) => panic!("{name}: panicked: {p}"),
+                Ok(Err(e)) => {
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                    refused += 1;
+                }
+                Ok(Ok(_)) => read += 1,
+            }
+        }
+    }
+    assert!(read > 10 && refused > 100, "read {read}, refused {refused}");
+}
+
+/// A model split in two (`split.*` keys, as gguf-py's writer names and
+/// numbers the parts) is read joined from its first part; a part that
+/// lies about its number, a missing part and a wrong tensor total are
+/// refused.
+#[test]
+fn split_files_are_joined() {
+    let tmp = tempfile::tempdir().unwrap();
+    let split = |w: &mut Writer, no: u16, tensors: i32| {
+        w.kv("split.no", 2, no.to_le_bytes().to_vec());
+        w.kv("split.count", 2, 2u16.to_le_bytes().to_vec());
+        w.kv("split.tensors.count", 5, tensors.to_le_bytes().to_vec());
+    };
+    let parts = |first_no: u16, second_no: u16, total: i32| {
+        let mut a = Writer::valid();
+        split(&mut a, first_no, total);
+        a.tensors.truncate(1);
+        let mut b = Writer::valid();
+        split(&mut b, second_no, total);
+        b.tensors.remove(0);
+        b.tensors[0].3 = 0;
+        let first = a.write(&tmp.path().join("m-00001-of-00002.gguf"));
+        b.write(&tmp.path().join("m-00002-of-00002.gguf"));
+        first
+    };
+    let first = parts(0, 1, 2);
+    let model = Model::open(&first).unwrap();
+    assert_eq!(model.files.len(), 2);
+    let names: Vec<&str> = model.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a.weight", "b.weight"]);
+    assert_eq!(
+        model.bytes(&model.tensors[1]),
+        &(0..16u8).collect::<Vec<_>>()[..]
+    );
+    assert_eq!(wgpu_dequant::gguf::find(tmp.path()), Some(first.clone()));
+    for (what, (a, b, total), says) in [
+        ("a part's number", (0, 0, 2), "split.no"),
+        ("the tensor total", (0, 1, 3), "split.tensors.count"),
+    ] {
+        let first = parts(a, b, total);
+        let e = Model::open(&first).unwrap_err();
+        assert_eq!(e.rule, Rule::Gguf, "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+    }
+    let first = parts(0, 1, 2);
+    std::fs::remove_file(tmp.path().join("m-00002-of-00002.gguf")).unwrap();
+    let e = Model::open(&first).unwrap_err();
+    assert!(e.to_string().contains("m-00002-of-00002.gguf"), "{e}");
+    let e = Model::open(
+        tmp.path()
+            .join("m-00001-of-00002.gguf")
+            .with_file_name("x.gguf"),
+    )
+    .unwrap_err();
+    assert_eq!(e.rule, Rule::Io);
+}
+
+/// The command line: `inspect` (text and JSON) and `validate` of a GGUF
+/// file or its folder; `dequantize` refuses GGUF in one line (not built
+/// yet); a malformed file's `validate` finds GG-001.
+#[test]
+fn inspect_and_validate_read_gguf_from_the_cli() {
+    let dir = case("gguf-q4_k-llama").join("model");
+    let o = Command::new(bin())
+        .args(["inspect", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("GGUF v3, architecture llama, 21 tensors"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Q4_K") && text.contains("blk.1.ffn_down.weight [256, 512] Q4_K"),
+        "{text}"
+    );
+    let o = Command::new(bin())
+        .args([
+            "inspect",
+            "--json",
+            dir.join("model.gguf").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 21);
+    let q4k = v["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == "Q4_K")
+        .unwrap();
+    assert_eq!(q4k["tensors"], 15);
+    let o = Command::new(bin())
+        .args(["validate", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Command::new(bin())
+        .args([
+            "dequantize",
+            dir.to_str().unwrap(),
+            "-o",
+            tmp.path().join("o").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("CFG-002") && err.contains("GGUF") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!tmp.path().join("o").exists());
+    let mut bad = std::fs::read(dir.join("model.gguf")).unwrap();
+    bad.truncate(bad.len() - 1);
+    let path = tmp.path().join("bad.gguf");
+    std::fs::write(&path, bad).unwrap();
+    let o = Command::new(bin())
+        .args(["validate", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{out}");
+    assert!(
+        out.contains("GG-001") && out.contains("past the end"),
+        "{out}"
+    );
+}
