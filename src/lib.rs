@@ -70,7 +70,6 @@ internal! {
 #[doc(hidden)]
 pub mod bench;
 mod error;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
 mod hub;

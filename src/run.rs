@@ -584,13 +584,6 @@ pub fn validate(path: impl AsRef<Path>) -> Validation {
         }
         Err(e) => return Validation::from(&e),
     };
-    #[cfg(not(target_arch = "wasm32"))]
-    if let Some(file) = crate::gguf::find(&path) {
-        return match crate::gguf::Model::open(file) {
-            Ok(_) => Validation::default(),
-            Err(e) => Validation::from(&e),
-        };
-    }
     let found = Checkpoint::open(path)
         .and_then(|ckpt| Ok(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?)));
     found.unwrap_or_else(|e| Validation::from(&e))

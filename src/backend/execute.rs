@@ -38,6 +38,11 @@ impl Output<'_> {
             Source::Decode(job) => backend.decode_rows_async(job, rows, out).await,
             Source::Assemble(a) => assembled_rows(a, backend, rows, out).await,
             Source::Fold(f) => folded_rows(f, backend, rows, out).await,
+            Source::Blocks(b) => {
+                crate::backend::check_span(b.rows, b.cols * b.out.size(), &rows, out)?;
+                let job = b.job(rows.clone())?;
+                backend.decode_rows_async(&job, 0..rows.len(), out).await
+            }
             Source::Cast(t, to) => cast_rows(t, *to, rows, out),
             _ => Err(Error::bare(
                 Rule::Argument,
@@ -60,7 +65,7 @@ impl Output<'_> {
             Source::Bytes(b) => Ok(Cow::Borrowed(b)),
             Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
             Source::Rearrange(r) => Ok(Cow::Owned(r.bytes()?)),
-            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) | Source::Fold(_) => {
+            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) | Source::Fold(_) | Source::Blocks(_) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];
                 self.decode_rows_async(backend, 0..rows, &mut out).await?;

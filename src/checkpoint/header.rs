@@ -22,7 +22,8 @@ pub(super) enum Storage {
     Partial(HashMap<String, Vec<u8>>),
 }
 
-/// One `.safetensors` file whose header has been validated.
+/// One `.safetensors` file whose header has been validated (or a GGUF
+/// file, its tensors read as safetensors would store them).
 pub struct Shard {
     /// Path of the file.
     pub path: PathBuf,
@@ -30,7 +31,61 @@ pub struct Shard {
     pub file_name: String,
     pub(super) storage: Storage,
     pub(super) data_start: usize,
-    pub(super) metadata: Metadata,
+    pub(super) table: Table,
+}
+
+/// A shard's tensors: dtype, shape and byte range from the data start,
+/// in file order, and the header's free-form metadata.
+pub(super) struct Table {
+    names: Vec<String>,
+    entries: HashMap<String, Entry>,
+    metadata: Option<HashMap<String, String>>,
+}
+
+/// One tensor of a [`Table`].
+pub(super) struct Entry {
+    pub(super) dtype: safetensors::Dtype,
+    pub(super) shape: Vec<usize>,
+    /// Its bytes, from the shard's data start.
+    pub(super) range: (usize, usize),
+}
+
+impl Table {
+    /// The table of a validated safetensors header.
+    fn of(metadata: Metadata) -> Table {
+        let names = metadata.offset_keys();
+        let entries = names
+            .iter()
+            .filter_map(|n| {
+                let i = metadata.info(n)?;
+                let entry = Entry {
+                    dtype: i.dtype,
+                    shape: i.shape.clone(),
+                    range: i.data_offsets,
+                };
+                Some((n.clone(), entry))
+            })
+            .collect();
+        Table {
+            names,
+            entries,
+            metadata: metadata.metadata().clone(),
+        }
+    }
+
+    /// A table of `tensors` (name, entry), in file order; ranges checked by
+    /// the caller.
+    pub(super) fn new(tensors: Vec<(String, Entry)>) -> Table {
+        Table {
+            names: tensors.iter().map(|(n, _)| n.clone()).collect(),
+            entries: tensors.into_iter().collect(),
+            metadata: None,
+        }
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<&Entry> {
+        self.entries.get(name)
+    }
 }
 
 /// The header of a safetensors file of `file_len` bytes, from its first
@@ -84,6 +139,11 @@ impl Shard {
     }
 
     pub(super) fn new(path: &Path, storage: Storage, data_start: usize, metadata: Metadata) -> Shard {
+        Shard::new_table(path, storage, data_start, Table::of(metadata))
+    }
+
+    /// A shard of the tensors of `table`.
+    pub(super) fn new_table(path: &Path, storage: Storage, data_start: usize, table: Table) -> Shard {
         let file_name = path
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
@@ -93,23 +153,23 @@ impl Shard {
             file_name,
             storage,
             data_start,
-            metadata,
+            table,
         }
     }
 
     /// Tensor names in file order.
     pub fn names(&self) -> Vec<String> {
-        self.metadata.offset_keys()
+        self.table.names.clone()
     }
 
     /// The free-form `__metadata__` of the header.
     pub fn header_metadata(&self) -> Option<&HashMap<String, String>> {
-        self.metadata.metadata().as_ref()
+        self.table.metadata.as_ref()
     }
 
     /// Where tensor `name`'s bytes lie in the file.
     pub fn range(&self, name: &str) -> Option<std::ops::Range<u64>> {
-        let (a, b) = self.metadata.info(name)?.data_offsets;
+        let (a, b) = self.table.get(name)?.range;
         Some((self.data_start + a) as u64..(self.data_start + b) as u64)
     }
 }

@@ -2,6 +2,7 @@
 //! on disk (memory-mapped) or files handed over in memory with only some
 //! tensors' bytes read (a browser reads its files slice by slice).
 
+mod gguf;
 mod header;
 pub(crate) mod json;
 mod listing;
@@ -21,6 +22,7 @@ pub use listing::{Listing, Wanted};
 use origin::Origin;
 pub use origin::JsonFile;
 pub use tensor::TensorRef;
+pub use gguf::Gguf;
 
 use crate::error::{Error, Result, Rule};
 
@@ -50,6 +52,8 @@ pub struct Checkpoint {
     lookup: BTreeMap<String, usize>,
     /// Tensors whose bytes were asked for but not loaded.
     misses: Mutex<BTreeSet<String>>,
+    /// A GGUF model's metadata and ggml types.
+    pub gguf: Option<Gguf>,
 }
 
 /// Sidecar JSON files larger than this are refused rather than read: real
@@ -62,10 +66,8 @@ impl Checkpoint {
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot open", e))?;
-        #[cfg(not(target_arch = "wasm32"))]
-        if crate::gguf::find(path).is_some() {
-            let detail = "a GGUF model: `inspect` and `validate` read it; decoding GGUF is not built yet";
-            return Err(Error::new(Rule::Unsupported, path, detail));
+        if let Some(file) = crate::gguf::find(path) {
+            return Checkpoint::from_gguf(&file);
         }
         if meta.is_dir() {
             return Checkpoint::build(Origin::Disk(path.to_path_buf()), None);
@@ -184,6 +186,7 @@ impl Checkpoint {
             svdquant_config,
             lookup,
             misses: Mutex::default(),
+            gguf: None,
         };
         ckpt.check_index()?;
         Ok(ckpt)
@@ -227,8 +230,8 @@ impl Checkpoint {
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         let (name, &shard) = self.lookup.get_key_value(name)?;
         let s = &self.shards[shard];
-        let info = s.metadata.info(name)?;
-        let (a, b) = info.data_offsets;
+        let info = s.table.get(name)?;
+        let (a, b) = info.range;
         let (bytes, misses) = match &s.storage {
             // parse_header checked that the offsets tile the file exactly.
             Storage::Mapped(map) => (map.get(s.data_start + a..s.data_start + b)?, None),

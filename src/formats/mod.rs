@@ -12,6 +12,7 @@ pub mod compressed_tensors;
 pub mod fp8_block;
 pub mod gpt_oss;
 pub mod gptq;
+pub mod gguf;
 pub mod mlx;
 pub mod modelopt;
 pub mod quark;
@@ -63,6 +64,8 @@ pub enum Format {
     Svdquant(svdquant::Config),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).
     Mlx(mlx::Config),
+    /// A GGUF model (llama.cpp, gguf-py).
+    Gguf(gguf::Config),
     /// No quantization: every tensor is copied.
     Dense,
 }
@@ -96,6 +99,7 @@ impl Format {
                 c.patches.len()
             ),
             Format::Mlx(c) => c.describe(),
+            Format::Gguf(c) => c.describe(),
             Format::Dense => "dense (no quantization config)".into(),
         }
     }
@@ -115,6 +119,7 @@ impl Format {
             Format::Bnb(c) => c.report_lines(),
             Format::Svdquant(c) => c.report_lines(),
             Format::Mlx(c) => c.report_lines(),
+            Format::Gguf(c) => c.report_lines(),
             Format::Dense => Vec::new(),
         }
     }
@@ -149,6 +154,9 @@ fn from_value<T: serde::de::DeserializeOwned>(path: &Path, v: &Value) -> Result<
 /// no quantization config at all (a compressed-tensors checkpoint converted
 /// from ModelOpt may still carry the old sidecar).
 pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
+    if let Some(g) = &ckpt.gguf {
+        return Ok(Format::Gguf(gguf::Config::of(ckpt, g)));
+    }
     if let Some((path, q)) = mlx::quantization(ckpt) {
         return Ok(Format::Mlx(mlx::Config::parse(path, q)?));
     }
@@ -279,6 +287,7 @@ pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) 
         Format::Bnb(cfg) => bnb::plan(cfg, ckpt, dtype),
         Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
         Format::Mlx(cfg) => mlx::plan(cfg, ckpt, dtype),
+        Format::Gguf(_) => gguf::plan(ckpt, dtype),
         Format::Dense => return Modules::default(),
     };
     for name in ckpt.names() {

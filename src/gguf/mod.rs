@@ -1,15 +1,13 @@
 //! GGUF files (llama.cpp, gguf-py): the container, memory-mapped, split
-//! files (`NAME-00001-of-00003.gguf`) joined, and what `inspect` and
-//! `validate` say of one. Decoding its block types is not built yet.
+//! files (`NAME-00001-of-00003.gguf`) joined. A checkpoint reads a model
+//! through it ([`crate::checkpoint::Gguf`]); the formats decode its blocks.
 
 mod parse;
-mod report;
 mod types;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use report::{Report, TypeCount};
 pub use types::GgmlType;
 
 use crate::error::{Error, Result, Rule};
@@ -133,6 +131,11 @@ impl File {
     /// Its bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// Its memory map, for a checkpoint to hold.
+    pub(crate) fn into_map(self) -> memmap2::Mmap {
+        self.map
     }
 }
 

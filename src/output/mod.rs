@@ -3,6 +3,7 @@
 //! ([`crate::backend::execute`]).
 
 pub mod assembly;
+pub mod blocks;
 pub mod fold;
 pub mod rearrange;
 
@@ -10,6 +11,7 @@ use crate::checkpoint::TensorRef;
 use crate::job::{Bytes, DecodeJob, ZeroPoint};
 use crate::numerics::OutDtype;
 use assembly::{Assembly, BiasSum, BiasTerm};
+use blocks::Blocks;
 use fold::Fold;
 use rearrange::Rearrange;
 use safetensors::Dtype;
@@ -33,6 +35,8 @@ pub enum Source<'a> {
     Rearrange(Rearrange<'a>),
     /// A decoded weight with the rotations its runtime applies folded in.
     Fold(Box<Fold<'a>>),
+    /// Rows of self-describing blocks, mapped to a job a run at a time (GGUF).
+    Blocks(Blocks<'a>),
 }
 
 /// One tensor of the dense output.
@@ -69,7 +73,11 @@ impl Source<'_> {
     pub fn is_decoded(&self) -> bool {
         matches!(
             self,
-            Source::Decode(_) | Source::Assemble(_) | Source::Bias(_) | Source::Fold(_)
+            Source::Decode(_)
+                | Source::Assemble(_)
+                | Source::Bias(_)
+                | Source::Fold(_)
+                | Source::Blocks(_)
         )
     }
 }
@@ -86,6 +94,7 @@ impl<'a> Output<'a> {
             Source::Bias(b) => b.stack.rows() * b.out.size(),
             Source::Rearrange(r) => r.byte_len(),
             Source::Fold(f) => f.dims().0 * f.dims().1 * f.out.size(),
+            Source::Blocks(b) => b.rows * b.cols * b.out.size(),
         }
     }
 
@@ -97,6 +106,7 @@ impl<'a> Output<'a> {
             Source::Assemble(a) => Some((a.stack.rows(), a.cols * a.out.size())),
             Source::Cast(t, to) => Some(cast_layout(t, *to)),
             Source::Fold(f) => Some((f.dims().0, f.dims().1 * f.out.size())),
+            Source::Blocks(b) => Some((b.rows, b.cols * b.out.size())),
             _ => None,
         }
     }
@@ -155,6 +165,7 @@ impl<'a> Output<'a> {
                 }
             }
             Source::Rearrange(r) => v.extend(r.inputs()),
+            Source::Blocks(b) => v.push(b.tensor),
             Source::Bytes(_) => {}
         }
         v
@@ -189,6 +200,7 @@ impl<'a> Output<'a> {
                 };
                 (t.stored(), start(rows.start)?, start(rows.end)?)
             }
+            Source::Blocks(b) => return b.stored(rows),
             Source::Cast(t, _) => {
                 let (total, _) = cast_layout(t, OutDtype::F32);
                 let per_row = t.len() / total.max(1);

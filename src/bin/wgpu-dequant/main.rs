@@ -393,21 +393,6 @@ fn json_failure(json: bool, result: Result<ExitCode, Error>) -> Result<ExitCode,
 }
 
 fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    if let Some(file) = wgpu_dequant::gguf::find(path) {
-        let report =
-            wgpu_dequant::gguf::Model::open(file).map(|m| wgpu_dequant::gguf::Report::new(&m));
-        return json_failure(
-            json,
-            report.and_then(|r| {
-                if json {
-                    print_json(&r)?;
-                } else {
-                    print!("{}", r.text());
-                }
-                Ok(ExitCode::SUCCESS)
-            }),
-        );
-    }
     json_failure(
         json,
         wgpu_dequant::inspect(path).and_then(|report| {

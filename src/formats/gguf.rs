@@ -1,0 +1,344 @@
+//! GGUF (llama.cpp, gguf-py): a quantized tensor's blocks carry their own
+//! scales. Each run of rows decoded is mapped on the host
+//! ([`crate::output::blocks`]) into one job: a byte code per element
+//! through the type's code table, an f32 scale per group and, where the
+//! type has one, an f32 offset per group, added after the product. The
+//! values are gguf-py's (`gguf.quants.dequantize`, what transformers
+//! computes): f16 block scales widened to f32, sub-block scales multiplied
+//! in f32 (`d · sc`, `dmin · m`), then `f32(scale · q) + offset`, rounded
+//! once to the output dtype. Float tensors (F32, F16, BF16) are copied.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::Modules;
+use crate::checkpoint::{Checkpoint, Gguf};
+use crate::error::{Error, Result, Rule};
+use crate::gguf::GgmlType;
+use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values};
+use crate::numerics::{f16_to_f32, OutDtype};
+use crate::output::blocks::{Blocks, MapBlocks};
+use crate::output::{Output, Source};
+
+/// A GGUF model's description.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// GGUF version.
+    pub version: u32,
+    /// `general.architecture`.
+    pub architecture: Option<String>,
+    /// Tensors and their stored bytes per ggml type.
+    pub types: Vec<TypeCount>,
+    /// Every metadata key and its value, shortened (a list: its length and
+    /// first items).
+    pub metadata: Vec<(String, String)>,
+}
+
+/// Tensors and bytes of one type.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TypeCount {
+    /// The type.
+    #[serde(rename = "type")]
+    pub ty: GgmlType,
+    /// How many tensors have it.
+    pub tensors: usize,
+    /// Their stored bytes.
+    pub bytes: u64,
+}
+
+impl Config {
+    /// The description of `ckpt`'s model `gguf`.
+    pub fn of(ckpt: &Checkpoint, gguf: &Gguf) -> Config {
+        let mut types: BTreeMap<GgmlType, (usize, u64)> = BTreeMap::new();
+        for (name, (ty, _)) in &gguf.tensors {
+            let e = types.entry(*ty).or_default();
+            e.0 += 1;
+            e.1 += ckpt.get(name).map_or(0, |t| t.len() as u64);
+        }
+        Config {
+            version: gguf.version,
+            architecture: gguf.get("general.architecture").and_then(|v| v.as_str()).map(str::to_string),
+            types: types
+                .into_iter()
+                .map(|(ty, (tensors, bytes))| TypeCount { ty, tensors, bytes })
+                .collect(),
+            metadata: gguf.metadata.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+        }
+    }
+
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        let types: Vec<String> = self.types.iter().map(|t| format!("{} {}", t.tensors, t.ty)).collect();
+        let arch = self.architecture.as_deref().unwrap_or("(no architecture)");
+        format!("gguf v{} {arch} ({})", self.version, types.join(", "))
+    }
+
+    /// `inspect`'s lines: bytes per type, then the metadata.
+    pub fn report_lines(&self) -> Vec<String> {
+        let types = self.types.iter().map(|t| format!("{}: {} tensors, {} bytes", t.ty, t.tensors, t.bytes));
+        let metadata = self.metadata.iter().map(|(k, v)| format!("{k} = {v}"));
+        types.chain(metadata).collect()
+    }
+}
+
+/// The quantized tensors of `ckpt`, each decoded by runs of rows; a type
+/// not decoded yet is an error of its tensor.
+pub fn plan<'c>(ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
+    let mut found = Modules::default();
+    let Some(gguf) = &ckpt.gguf else {
+        return found;
+    };
+    for (name, (ty, shape)) in &gguf.tensors {
+        let Some(t) = ckpt.get(name) else {
+            continue;
+        };
+        if t.dtype != safetensors::Dtype::U8 || !is_quantized(*ty) {
+            continue;
+        }
+        found.consumed.insert(name.clone());
+        let Some(map) = map_of(*ty) else {
+            let detail = format!("ggml type {ty} is not decoded yet (decoded: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K)");
+            found.errors.push(t.error(Rule::Unsupported, detail));
+            continue;
+        };
+        let cols = shape.last().copied().unwrap_or(0);
+        let rows = shape.iter().rev().skip(1).product();
+        found.outputs.push(Output {
+            name: name.clone(),
+            shard: t.shard,
+            shape: shape.clone(),
+            dtype: out.safetensors(),
+            source: Source::Blocks(Blocks {
+                tensor: t,
+                rows,
+                cols,
+                row_bytes: t.shape.last().copied().unwrap_or(0),
+                out,
+                map,
+            }),
+            scheme: Some(format!("gguf {ty}")),
+        });
+    }
+    found
+}
+
+/// Whether a type is stored in blocks (not a plain number type).
+fn is_quantized(ty: GgmlType) -> bool {
+    ty.block().0 > 1
+}
+
+/// The map of the types decoded.
+fn map_of(ty: GgmlType) -> Option<MapBlocks> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => map::<{ T::Q4_0 as u32 }>,
+        T::Q4_1 => map::<{ T::Q4_1 as u32 }>,
+        T::Q5_0 => map::<{ T::Q5_0 as u32 }>,
+        T::Q5_1 => map::<{ T::Q5_1 as u32 }>,
+        T::Q8_0 => map::<{ T::Q8_0 as u32 }>,
+        T::Q2_K => map::<{ T::Q2_K as u32 }>,
+        T::Q3_K => map::<{ T::Q3_K as u32 }>,
+        T::Q4_K => map::<{ T::Q4_K as u32 }>,
+        T::Q5_K => map::<{ T::Q5_K as u32 }>,
+        T::Q6_K => map::<{ T::Q6_K as u32 }>,
+        _ => return None,
+    })
+}
+
+/// One block decoded: a code per element, a scale and an offset per group.
+struct Block<'o> {
+    codes: &'o mut [u8],
+    scales: &'o mut [f32],
+    offsets: &'o mut [f32],
+}
+
+/// How a type's blocks read: elements per scale group, the code table
+/// (code `k` stands for `table(k)`), whether it has offsets, and the
+/// decoder of one block.
+struct Kind {
+    group: usize,
+    table: fn(u32) -> f32,
+    offsets: bool,
+    block: fn(&[u8], Block<'_>),
+}
+
+fn f16(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// gguf-py's `Q4_K.get_scale_min`: eight 6-bit scales and mins.
+fn scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        sc[j] = s[j] & 0x3F;
+        m[j] = s[4 + j] & 0x3F;
+        sc[4 + j] = (s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30);
+        m[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
+    }
+    (sc, m)
+}
+
+/// Q4_0 and Q4_1's nibbles: byte j's low one is element j, its high one
+/// element j + 16.
+fn nibbles32(qs: &[u8], codes: &mut [u8]) {
+    for j in 0..16 {
+        codes[j] = qs[j] & 15;
+        codes[j + 16] = qs[j] >> 4;
+    }
+}
+
+/// Q5_0 and Q5_1's fifth bits, from their 32-bit mask.
+fn fifth_bits(qh: &[u8], codes: &mut [u8]) {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    for (j, c) in codes.iter_mut().enumerate().take(32) {
+        *c |= (((qh >> j) & 1) as u8) << 4;
+    }
+}
+
+/// Q4_K and Q5_K's low nibbles: in each 64 elements, 32 bytes' low
+/// nibbles, then their high ones.
+fn nibbles256(qs: &[u8], codes: &mut [u8]) {
+    for (e, c) in codes.iter_mut().enumerate().take(256) {
+        let (chunk, r) = (e / 64, e % 64);
+        *c = (qs[32 * chunk + r % 32] >> (4 * (r / 32))) & 15;
+    }
+}
+
+/// Q4_K and Q5_K's scales `d · sc` and offsets `−(dmin · m)`.
+fn k_scales(b: &[u8], out: &mut Block<'_>) {
+    let (d, dmin) = (f16(b, 0), f16(b, 2));
+    let (sc, m) = scale_min(&b[4..16]);
+    for j in 0..8 {
+        out.scales[j] = d * sc[j] as f32;
+        out.offsets[j] = -(dmin * m[j] as f32);
+    }
+}
+
+fn kind(ty: GgmlType) -> Option<Kind> {
+    use GgmlType as T;
+    let k = |group, table, offsets, block| Some(Kind { group, table, offsets, block });
+    match ty {
+        T::Q8_0 => k(32, |c| c as u8 as i8 as f32, false, |b, o| {
+            o.scales[0] = f16(b, 0);
+            o.codes.copy_from_slice(&b[2..34]);
+        }),
+        T::Q4_0 => k(32, |c| c as f32 - 8.0, false, |b, o| {
+            o.scales[0] = f16(b, 0);
+            nibbles32(&b[2..18], o.codes);
+        }),
+        T::Q4_1 => k(32, |c| c as f32, true, |b, o| {
+            (o.scales[0], o.offsets[0]) = (f16(b, 0), f16(b, 2));
+            nibbles32(&b[4..20], o.codes);
+        }),
+        T::Q5_0 => k(32, |c| c as f32 - 16.0, false, |b, o| {
+            o.scales[0] = f16(b, 0);
+            nibbles32(&b[6..22], o.codes);
+            fifth_bits(&b[2..6], o.codes);
+        }),
+        T::Q5_1 => k(32, |c| c as f32, true, |b, o| {
+            (o.scales[0], o.offsets[0]) = (f16(b, 0), f16(b, 2));
+            nibbles32(&b[8..24], o.codes);
+            fifth_bits(&b[4..8], o.codes);
+        }),
+        T::Q2_K => k(16, |c| c as f32, true, |b, o| {
+            // scales [16], qs [64], d, dmin.
+            let (d, dmin) = (f16(b, 80), f16(b, 82));
+            for ((s, m), &sm) in o.scales.iter_mut().zip(o.offsets.iter_mut()).zip(&b[..16]) {
+                *s = d * (sm & 0x0F) as f32;
+                *m = -(dmin * (sm >> 4) as f32);
+            }
+            for (e, c) in o.codes.iter_mut().enumerate() {
+                let (chunk, r) = (e / 128, e % 128);
+                *c = (b[16 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
+            }
+        }),
+        T::Q3_K => k(16, |c| c as f32 - 4.0, false, |b, o| {
+            // hmask [32], qs [64], scales [12], d.
+            let d = f16(b, 108);
+            let s = &b[96..108];
+            for g in 0..16 {
+                let low = (s[g % 8] >> (4 * (g / 8))) & 0x0F;
+                let high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+                o.scales[g] = d * ((low | (high << 4)) as i8 - 32) as f32;
+            }
+            for (e, c) in o.codes.iter_mut().enumerate() {
+                let (chunk, r) = (e / 128, e % 128);
+                let low = (b[32 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
+                // The offset of 4 applies where the mask bit is clear.
+                let high = (b[e % 32] >> (e / 32)) & 1;
+                *c = low + 4 * high;
+            }
+        }),
+        T::Q4_K => k(32, |c| c as f32, true, |b, mut o| {
+            k_scales(b, &mut o);
+            nibbles256(&b[16..144], o.codes);
+        }),
+        T::Q5_K => k(32, |c| c as f32, true, |b, mut o| {
+            k_scales(b, &mut o);
+            nibbles256(&b[48..176], o.codes);
+            for (e, c) in o.codes.iter_mut().enumerate() {
+                *c |= ((b[16 + e % 32] >> (e / 32)) & 1) << 4;
+            }
+        }),
+        T::Q6_K => k(16, |c| c as f32 - 32.0, false, |b, o| {
+            // ql [128], qh [64], scales [16] int8, d.
+            let d = f16(b, 208);
+            for g in 0..16 {
+                o.scales[g] = d * b[192 + g] as i8 as f32;
+            }
+            for (e, c) in o.codes.iter_mut().enumerate() {
+                let (chunk, r) = (e / 128, e % 128);
+                let low = (b[64 * chunk + r % 64] >> (4 * (r / 64))) & 15;
+                let high = (b[128 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
+                *c = low | (high << 4);
+            }
+        }),
+        _ => None,
+    }
+}
+
+/// The job of whole rows `bytes` of type `ID` (a [`MapBlocks`]).
+fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJob<'static>> {
+    let internal = |d: &str| Error::bare(Rule::Internal, format!("gguf: {d}"));
+    let ty = GgmlType::from_id(ID).ok_or_else(|| internal("an unknown type"))?;
+    let kind = kind(ty).ok_or_else(|| internal("a type without a map"))?;
+    let (block, block_bytes) = (ty.block().0 as usize, ty.block().1 as usize);
+    let elements = dims.rows * dims.cols;
+    if !dims.cols.is_multiple_of(block) || bytes.len() != elements / block * block_bytes {
+        return Err(internal("rows that are not whole blocks"));
+    }
+    let per_block = block / kind.group;
+    let mut codes = vec![0u8; elements];
+    let mut scales = vec![0f32; elements / kind.group];
+    let mut offsets = vec![0f32; if kind.offsets { scales.len() } else { per_block }];
+    for (i, (b, c)) in bytes.chunks_exact(block_bytes).zip(codes.chunks_exact_mut(block)).enumerate() {
+        let o = if kind.offsets { i * per_block } else { 0 };
+        (kind.block)(
+            b,
+            Block {
+                codes: c,
+                scales: &mut scales[i * per_block..(i + 1) * per_block],
+                offsets: &mut offsets[o..o + per_block],
+            },
+        );
+    }
+    let groups = dims.cols / kind.group;
+    let grid = Grid {
+        row_div: 1,
+        col_div: kind.group,
+        row_stride: groups,
+        slice_stride: dims.rows * groups,
+    };
+    let values = |v: Vec<f32>| Values {
+        data: Bytes::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()),
+        kind: ValueKind::F32,
+        grid,
+    };
+    let table: Vec<f32> = (0..256).map(kind.table).collect();
+    let codes = Fields::dense(Bytes::Owned(Arc::from(codes)), 8, dims.cols as u64 * 8);
+    let job = DecodeJob::new(dims, codes, table, out).with_scale(values(scales));
+    Ok(match kind.offsets {
+        true => job.with_offset(values(offsets)),
+        false => job,
+    })
+}
