@@ -97,7 +97,7 @@ pub fn plan<'c>(ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
         }
         found.consumed.insert(name.clone());
         let Some(map) = map_of(*ty) else {
-            let detail = format!("ggml type {ty} is not decoded yet (decoded: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K)");
+            let detail = format!("ggml type {ty} is not decoded yet (decoded: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4)");
             found.errors.push(t.error(Rule::Unsupported, detail));
             continue;
         };
@@ -141,6 +141,12 @@ fn map_of(ty: GgmlType) -> Option<MapBlocks> {
         T::Q4_K => map::<{ T::Q4_K as u32 }>,
         T::Q5_K => map::<{ T::Q5_K as u32 }>,
         T::Q6_K => map::<{ T::Q6_K as u32 }>,
+        T::IQ4_NL => map::<{ T::IQ4_NL as u32 }>,
+        T::IQ4_XS => map::<{ T::IQ4_XS as u32 }>,
+        T::TQ1_0 => map::<{ T::TQ1_0 as u32 }>,
+        T::TQ2_0 => map::<{ T::TQ2_0 as u32 }>,
+        T::MXFP4 => map::<{ T::MXFP4 as u32 }>,
+        T::NVFP4 => map::<{ T::NVFP4 as u32 }>,
         _ => return None,
     })
 }
@@ -211,6 +217,33 @@ fn k_scales(b: &[u8], out: &mut Block<'_>) {
     for j in 0..8 {
         out.scales[j] = d * sc[j] as f32;
         out.offsets[j] = -(dmin * m[j] as f32);
+    }
+}
+
+/// IQ4_NL and IQ4_XS's non-linear code values.
+const IQ4: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// MXFP4 and NVFP4's E2M1 code values, doubled (ggml's kvalues; the
+/// scales are halved to match).
+const E2M1X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `e8m0_to_fp32_half`: 2^(e − 128), subnormal for e < 2.
+fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e as u32 - 1) << 23 })
+}
+
+/// gguf-py's `NVFP4.ue4m3_to_fp32`: unsigned E4M3 (bit 7 ignored), halved;
+/// 0 and 0x7F are 0.
+fn ue4m3_half(x: u8) -> f32 {
+    let (exp, man) = ((x >> 3) & 0xF, (x & 7) as f32);
+    let raw = match exp {
+        0 => man * 2f32.powi(-9),
+        e => (1.0 + man / 8.0) * 2f32.powi(e as i32 - 7),
+    };
+    if x == 0 || x == 0x7F {
+        0.0
+    } else {
+        raw * 0.5
     }
 }
 
@@ -291,6 +324,60 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 let low = (b[64 * chunk + r % 64] >> (4 * (r / 64))) & 15;
                 let high = (b[128 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
                 *c = low | (high << 4);
+            }
+        }),
+        T::IQ4_NL => k(32, |c| IQ4[c as usize & 15] as f32, false, |b, o| {
+            o.scales[0] = f16(b, 0);
+            nibbles32(&b[2..18], o.codes);
+        }),
+        T::IQ4_XS => k(32, |c| IQ4[c as usize & 15] as f32, false, |b, o| {
+            // d, scales_h u16, scales_l [4], qs [128].
+            let d = f16(b, 0);
+            let high = u16::from_le_bytes([b[2], b[3]]);
+            for (j, s) in o.scales.iter_mut().enumerate() {
+                let low = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+                let h = ((high >> (2 * j)) & 3) as u8;
+                *s = d * ((low | (h << 4)) as i8 - 32) as f32;
+            }
+            for (j, c) in o.codes.chunks_exact_mut(32).enumerate() {
+                for (i, q) in b[8 + 16 * j..8 + 16 * j + 16].iter().enumerate() {
+                    (c[i], c[i + 16]) = (q & 15, q >> 4);
+                }
+            }
+        }),
+        T::TQ1_0 => k(256, |c| c as f32 - 1.0, false, |b, o| {
+            // qs [48] in base 3, five digits a byte (then four), qh [4], d.
+            o.scales[0] = f16(b, 52);
+            let digit = |x: u8, k: u32| ((((x as u32 * 3u32.pow(k)) & 0xFF) * 3) >> 8) as u8;
+            for (e, c) in o.codes.iter_mut().enumerate() {
+                *c = match e {
+                    0..160 => digit(b[e % 32], (e / 32) as u32),
+                    160..240 => digit(b[32 + (e - 160) % 16], ((e - 160) / 16) as u32),
+                    _ => digit(b[48 + (e - 240) % 4], ((e - 240) / 4) as u32),
+                };
+            }
+        }),
+        T::TQ2_0 => k(256, |c| c as f32 - 1.0, false, |b, o| {
+            // qs [64], d.
+            o.scales[0] = f16(b, 64);
+            for (e, c) in o.codes.iter_mut().enumerate() {
+                let (chunk, r) = (e / 128, e % 128);
+                *c = (b[32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
+            }
+        }),
+        T::MXFP4 => k(32, |c| E2M1X2[c as usize & 15] as f32, false, |b, o| {
+            o.scales[0] = e8m0_half(b[0]);
+            nibbles32(&b[1..17], o.codes);
+        }),
+        T::NVFP4 => k(16, |c| E2M1X2[c as usize & 15] as f32, false, |b, o| {
+            // Four ue4m3 scales, then 8 bytes a group: low nibbles first.
+            for (s, &x) in o.scales.iter_mut().zip(&b[..4]) {
+                *s = ue4m3_half(x);
+            }
+            for (g, c) in o.codes.chunks_exact_mut(16).enumerate() {
+                for (i, q) in b[4 + 8 * g..12 + 8 * g].iter().enumerate() {
+                    (c[i], c[i + 8]) = (q & 15, q >> 4);
+                }
             }
         }),
         _ => None,

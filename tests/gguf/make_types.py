@@ -22,6 +22,10 @@ OUT = Path(__file__).resolve().parent / "gguf-types"
 F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.IQ4_NL: [0], T.IQ4_XS: [0], T.TQ1_0: [52], T.TQ2_0: [64],
+    # Byte scales: MXFP4's e8m0 exponent (around 2^0, with 0, 1 and 254),
+    # NVFP4's four ue4m3 bytes (any byte).
+    T.MXFP4: [], T.NVFP4: [],
 }
 ROWS, COLS = 6, 512
 
@@ -46,6 +50,8 @@ def main():
     OUT.joinpath("model").mkdir(parents=True, exist_ok=True)
     split = OUT.parent / "gguf-types-split" / "model"
     split.mkdir(parents=True, exist_ok=True)
+    for old in split.glob("*.gguf"):
+        old.unlink()
     writers = [
         gguf.GGUFWriter(str(OUT / "model" / "model.gguf"), "llama"),
         gguf.GGUFWriter(str(split / "model.gguf"), "llama", split_max_tensors=4),
@@ -58,6 +64,8 @@ def main():
         blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
         for at in fields:
             blocks[:, at:at + 2] = scales(rng, n).view(np.uint8).reshape(n, 2)
+        if qtype == T.MXFP4:
+            blocks[:, 0] = rng.choice([0, 1, 254] + list(range(110, 140)), n)
         data = blocks.reshape(ROWS, COLS // block * size)
         name = f"{qtype.name.lower()}.weight"
         tensors.append((name, data, qtype))

@@ -397,8 +397,9 @@ fn decoded(dir: &Path, dtype: OutDtype, backend: BackendChoice) -> BTreeMap<Stri
 }
 
 /// Every block type decoded (the fixtures' Q8_0 and Q4_K, and `gguf-types`:
-/// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with scales
-/// of every kind of magnitude, made by `tests/gguf/make_types.py`, whole
+/// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+/// IQ4_XS, TQ1_0, TQ2_0, MXFP4 and NVFP4 with scales of every kind of
+/// magnitude, made by `tests/gguf/make_types.py`, whole
 /// and split in three by gguf-py's writer) gives
 /// gguf-py's `dequantize` in f32 and that rounded once to bf16 and f16,
 /// under GGUF's names, byte for byte, on the CPU and the GPU.
