@@ -23,6 +23,9 @@ F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
     T.IQ4_NL: [0], T.IQ4_XS: [0], T.TQ1_0: [52], T.TQ2_0: [64],
+    T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0],
+    # IQ1_M's f16 is the top nibbles of its four u16 scales: any bytes.
+    T.IQ1_M: [],
     # Byte scales: MXFP4's e8m0 exponent (around 2^0, with 0, 1 and 254),
     # NVFP4's four ue4m3 bytes (any byte).
     T.MXFP4: [], T.NVFP4: [],

@@ -396,10 +396,11 @@ fn decoded(dir: &Path, dtype: OutDtype, backend: BackendChoice) -> BTreeMap<Stri
         .collect()
 }
 
-/// Every block type decoded (the fixtures' Q8_0 and Q4_K, and `gguf-types`:
-/// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
-/// IQ4_XS, TQ1_0, TQ2_0, MXFP4 and NVFP4 with scales of every kind of
-/// magnitude, made by `tests/gguf/make_types.py`, whole
+/// Every block type gguf-py decodes (the fixtures' Q8_0, Q4_K and
+/// IQ2_XXS, and `gguf-types`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+/// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, NVFP4, IQ2_XXS,
+/// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M with scales of every
+/// kind of magnitude, made by `tests/gguf/make_types.py`, whole
 /// and split in three by gguf-py's writer) gives
 /// gguf-py's `dequantize` in f32 and that rounded once to bf16 and f16,
 /// under GGUF's names, byte for byte, on the CPU and the GPU.
@@ -410,6 +411,7 @@ fn block_types_give_gguf_pys_values() {
         for (name, expected) in [
             ("gguf-q8_0-qwen2", "gguf-q8_0-qwen2"),
             ("gguf-q4_k-llama", "gguf-q4_k-llama"),
+            ("gguf-iq2_xxs-llama", "gguf-iq2_xxs-llama"),
             ("gguf-types", "gguf-types"),
             ("gguf-types-split", "gguf-types"),
         ] {
@@ -437,23 +439,29 @@ fn block_types_give_gguf_pys_values() {
     gpu_test(|_| check(BackendChoice::Gpu));
 }
 
-/// Types not decoded yet are refused with CFG-002 naming the tensor and
-/// the type; `validate` finds each.
+/// Q1_0 (which gguf-py lists but cannot dequantize) is refused with
+/// CFG-002 naming the tensor and the type; `validate` finds it; nothing
+/// is written.
 #[test]
-fn types_not_decoded_yet_are_refused_by_name() {
-    let dir = case("gguf-iq2_xxs-llama").join("model");
+fn q1_0_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
+    let mut w = Writer::valid();
+    // One row of 128: a block of 18 bytes, at offset 32.
+    w.tensor("q.weight", &[1, 128], 41, 96);
+    w.data.resize(96 + 18, 0);
+    let dir = tmp.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    w.write(&dir.join("model.gguf"));
     let e = wgpu_dequant::Dequantize::new()
         .backend(BackendChoice::Cpu)
         .run(&dir, tmp.path().join("o"))
         .unwrap_err();
     assert_eq!(e.rule, Rule::Unsupported, "{e}");
     assert!(
-        e.to_string().contains("IQ2_XXS") && e.tensor.is_some(),
+        e.to_string().contains("Q1_0") && e.tensor.as_deref() == Some("q.weight"),
         "{e}"
     );
-    let found = wgpu_dequant::validate(&dir);
-    assert_eq!(found.errors.len(), 15);
+    assert_eq!(wgpu_dequant::validate(&dir).errors.len(), 1);
     assert!(!tmp.path().join("o").exists());
 }
 

@@ -8,8 +8,10 @@
 //! in f32 (`d · sc`, `dmin · m`), then `f32(scale · q) + offset`, rounded
 //! once to the output dtype. Float tensors (F32, F16, BF16) are copied.
 
+mod grids;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::Modules;
 use crate::checkpoint::{Checkpoint, Gguf};
@@ -97,7 +99,7 @@ pub fn plan<'c>(ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
         }
         found.consumed.insert(name.clone());
         let Some(map) = map_of(*ty) else {
-            let detail = format!("ggml type {ty} is not decoded yet (decoded: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4)");
+            let detail = format!("ggml type {ty} is not decoded (gguf-py 0.19 cannot either)");
             found.errors.push(t.error(Rule::Unsupported, detail));
             continue;
         };
@@ -147,6 +149,13 @@ fn map_of(ty: GgmlType) -> Option<MapBlocks> {
         T::TQ2_0 => map::<{ T::TQ2_0 as u32 }>,
         T::MXFP4 => map::<{ T::MXFP4 as u32 }>,
         T::NVFP4 => map::<{ T::NVFP4 as u32 }>,
+        T::IQ2_XXS => map::<{ T::IQ2_XXS as u32 }>,
+        T::IQ2_XS => map::<{ T::IQ2_XS as u32 }>,
+        T::IQ2_S => map::<{ T::IQ2_S as u32 }>,
+        T::IQ3_XXS => map::<{ T::IQ3_XXS as u32 }>,
+        T::IQ3_S => map::<{ T::IQ3_S as u32 }>,
+        T::IQ1_S => map::<{ T::IQ1_S as u32 }>,
+        T::IQ1_M => map::<{ T::IQ1_M as u32 }>,
         _ => return None,
     })
 }
@@ -244,6 +253,77 @@ fn ue4m3_half(x: u8) -> f32 {
         0.0
     } else {
         raw * 0.5
+    }
+}
+
+/// A codebook grid unpacked as gguf-py's `init_grid` does: entry `r`'s
+/// element `p` is `grid_map` index `g[r · per + p]`.
+fn unpack(hex: &[u8], bits: u32) -> Vec<u8> {
+    let digit = |c: u8| if c > 0x40 { c.wrapping_add(9) & 0x0F } else { c & 0x0F };
+    let per_byte = 8 / bits;
+    let step = 8 / per_byte;
+    hex.chunks_exact(2)
+        .flat_map(|p| {
+            let b = (digit(p[0]) << 4) | digit(p[1]);
+            (0..per_byte).map(move |k| (b >> (k * step)) & ((1 << bits) - 1))
+        })
+        .collect()
+}
+
+/// The grids, unpacked once.
+struct Grids {
+    iq2xxs: Vec<u8>,
+    iq2xs: Vec<u8>,
+    iq2s: Vec<u8>,
+    iq3xxs: Vec<u8>,
+    iq3s: Vec<u8>,
+    iq1s: Vec<u8>,
+}
+
+fn grids() -> &'static Grids {
+    static GRIDS: OnceLock<Grids> = OnceLock::new();
+    GRIDS.get_or_init(|| Grids {
+        iq2xxs: unpack(grids::IQ2_XXS, 2),
+        iq2xs: unpack(grids::IQ2_XS, 2),
+        iq2s: unpack(grids::IQ2_S, 2),
+        iq3xxs: unpack(grids::IQ3_XXS, 3),
+        iq3s: unpack(grids::IQ3_S, 3),
+        iq1s: unpack(grids::IQ1_S, 2),
+    })
+}
+
+/// A grid value (index `k mod n` of `map`), negated for codes `n` and up:
+/// the IQ codes are a grid index plus `n` for a set sign bit.
+fn signed(map: &[f32], k: u32) -> f32 {
+    let n = map.len() as u32;
+    match map.get((k % n) as usize) {
+        Some(&v) if k >= n => -v,
+        Some(&v) => v,
+        None => 0.0,
+    }
+}
+
+const IQ2_MAP: [f32; 3] = [8.0, 25.0, 43.0];
+const IQ3XXS_MAP: [f32; 8] = [4.0, 12.0, 20.0, 28.0, 36.0, 44.0, 52.0, 62.0];
+const IQ3S_MAP: [f32; 8] = [1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0];
+
+/// IQ1's code `k`: grid value −1, 0 or 1 (`k mod 3`) plus its group's
+/// delta, +0.125, or −0.125 for codes 3 and up (exact in f32).
+fn iq1(k: u32) -> f32 {
+    let delta = if k >= 3 { -0.125f32 } else { 0.125 };
+    (k % 3) as f32 - 1.0 + delta
+}
+
+/// gguf-py's `ksigns`: seven sign bits and their parity as the eighth.
+fn ksigns(i: u32) -> u8 {
+    (i as u8 & 0x7F) | (((i & 0x7F).count_ones() as u8 & 1) << 7)
+}
+
+/// The codes of `per` elements from grid entry `entry` of `grid` (`n`
+/// map values), sign bits `signs` (bit p for element p), at `codes`.
+fn grid_codes(grid: &[u8], per: usize, entry: usize, n: u8, signs: u8, codes: &mut [u8]) {
+    for (p, c) in codes.iter_mut().enumerate().take(per) {
+        *c = grid[entry * per + p] + n * ((signs >> p) & 1);
     }
 }
 
@@ -377,6 +457,118 @@ fn kind(ty: GgmlType) -> Option<Kind> {
             for (g, c) in o.codes.chunks_exact_mut(16).enumerate() {
                 for (i, q) in b[4 + 8 * g..12 + 8 * g].iter().enumerate() {
                     (c[i], c[i + 8]) = (q & 15, q >> 4);
+                }
+            }
+        }),
+        T::IQ2_XXS => k(32, |c| signed(&IQ2_MAP, c), false, |b, o| {
+            // d, then per 32: four grid indices (a byte each), then the
+            // scale (top 4 bits) and four 7-bit sign indices.
+            let d = f16(b, 0);
+            let g = &grids().iq2xxs;
+            for k in 0..8 {
+                let at = 2 + 8 * k;
+                let aux = u32::from_le_bytes([b[at + 4], b[at + 5], b[at + 6], b[at + 7]]);
+                o.scales[k] = d * (0.5 + (aux >> 28) as f32) * 0.25;
+                for j in 0..4 {
+                    let signs = ksigns((aux >> (7 * j)) & 0x7F);
+                    let c = &mut o.codes[32 * k + 8 * j..32 * k + 8 * j + 8];
+                    grid_codes(g, 8, b[at + j] as usize, 3, signs, c);
+                }
+            }
+        }),
+        T::IQ2_XS => k(16, |c| signed(&IQ2_MAP, c), false, |b, o| {
+            // d, 32 u16 (9-bit grid index, 7-bit sign index), 8 bytes of
+            // 4-bit scales (one per 16).
+            let d = f16(b, 0);
+            let g = &grids().iq2xs;
+            for (sc, s) in o.scales.iter_mut().enumerate() {
+                *s = d * (0.5 + ((b[66 + sc / 2] >> (4 * (sc % 2))) & 0x0F) as f32) * 0.25;
+            }
+            for i in 0..32 {
+                let q = u16::from_le_bytes([b[2 + 2 * i], b[3 + 2 * i]]);
+                let c = &mut o.codes[8 * i..8 * i + 8];
+                grid_codes(g, 8, (q & 511) as usize, 3, ksigns((q >> 9) as u32), c);
+            }
+        }),
+        T::IQ2_S => k(16, |c| signed(&IQ2_MAP, c), false, |b, o| {
+            // d, qs [32], signs [32], qh [8], scales [8].
+            let d = f16(b, 0);
+            let g = &grids().iq2s;
+            for (sc, s) in o.scales.iter_mut().enumerate() {
+                *s = d * (0.5 + ((b[74 + sc / 2] >> (4 * (sc % 2))) & 0x0F) as f32) * 0.25;
+            }
+            for i in 0..32 {
+                let high = ((b[66 + i / 4] >> (2 * (i % 4))) & 3) as usize;
+                let c = &mut o.codes[8 * i..8 * i + 8];
+                grid_codes(g, 8, b[2 + i] as usize | (high << 8), 3, b[34 + i], c);
+            }
+        }),
+        T::IQ3_XXS => k(32, |c| signed(&IQ3XXS_MAP, c), false, |b, o| {
+            // d, qs [64] (a grid entry of 4 a byte), 8 u32 of scale and signs.
+            let d = f16(b, 0);
+            let g = &grids().iq3xxs;
+            for k in 0..8 {
+                let at = 66 + 4 * k;
+                let aux = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                o.scales[k] = d * (0.5 + (aux >> 28) as f32) * 0.5;
+                for j in 0..4 {
+                    let signs = ksigns((aux >> (7 * j)) & 0x7F);
+                    for h in 0..2 {
+                        let e = 32 * k + 8 * j as usize + 4 * h;
+                        let c = &mut o.codes[e..e + 4];
+                        grid_codes(g, 4, b[2 + e / 4] as usize, 8, signs >> (4 * h), c);
+                    }
+                }
+            }
+        }),
+        T::IQ3_S => k(32, |c| signed(&IQ3S_MAP, c), false, |b, o| {
+            // d, qs [64], qh [8], signs [32], scales [4].
+            let d = f16(b, 0);
+            let g = &grids().iq3s;
+            for (sc, s) in o.scales.iter_mut().enumerate() {
+                *s = d * (1 + 2 * ((b[106 + sc / 2] >> (4 * (sc % 2))) & 0x0F)) as f32;
+            }
+            for i in 0..64 {
+                let high = ((b[66 + i / 8] >> (i % 8)) & 1) as usize;
+                let signs = b[74 + i / 2] >> (4 * (i % 2));
+                let c = &mut o.codes[4 * i..4 * i + 4];
+                grid_codes(g, 4, b[2 + i] as usize | (high << 8), 8, signs, c);
+            }
+        }),
+        T::IQ1_S => k(32, iq1, false, |b, o| {
+            // d, qs [32], qh: 8 u16 (3-bit scale, delta sign, 4 × 3 high
+            // index bits).
+            let d = f16(b, 0);
+            let g = &grids().iq1s;
+            for k in 0..8 {
+                let qh = u16::from_le_bytes([b[34 + 2 * k], b[35 + 2 * k]]);
+                o.scales[k] = d * (2 * ((qh >> 12) & 7) + 1) as f32;
+                let neg = (qh >> 15) as u8;
+                for t in 0..4 {
+                    let i = 4 * k + t;
+                    let entry = b[2 + i] as usize | ((((qh >> (3 * t)) & 7) as usize) << 8);
+                    for (p, c) in o.codes[8 * i..8 * i + 8].iter_mut().enumerate() {
+                        *c = g[8 * entry + p] + 3 * neg;
+                    }
+                }
+            }
+        }),
+        T::IQ1_M => k(16, iq1, false, |b, o| {
+            // qs [32], qh [16] (two nibbles: 3 high index bits, delta sign),
+            // scales: 4 u16 of 3-bit scales, d in their top nibbles.
+            let sc: [u16; 4] = std::array::from_fn(|t| u16::from_le_bytes([b[48 + 2 * t], b[49 + 2 * t]]));
+            let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
+            let d = f16_to_f32(bits);
+            for (j, s) in o.scales.iter_mut().enumerate() {
+                *s = d * (2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1) as f32;
+            }
+            let g = &grids().iq1s;
+            for i in 0..32 {
+                let nib = (b[32 + i / 2] >> (4 * (i % 2))) & 0x0F;
+                let entry = b[i] as usize | (((nib & 7) as usize) << 8);
+                let neg = (nib >> 3) & 1;
+                for (p, c) in o.codes[8 * i..8 * i + 8].iter_mut().enumerate() {
+                    *c = g[8 * entry + p] + 3 * neg;
                 }
             }
         }),
