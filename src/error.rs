@@ -31,9 +31,17 @@ pub enum Rule {
     Container,
     /// ST-002: `model.safetensors.index.json` is malformed or names a missing shard or tensor.
     Index,
-    /// GG-001: a GGUF file is malformed (magic, version, counts, metadata,
-    /// tensor infos, offsets, alignment, split parts).
+    /// GGUF-001: a GGUF file's header is malformed (magic, version, byte
+    /// order, counts, strings, arrays, value types, metadata keys,
+    /// alignment).
     Gguf,
+    /// GGUF-002: a GGUF tensor is malformed (dimensions, ggml type, rows of
+    /// whole blocks, a data offset misaligned, outside the file or
+    /// overlapping another, a name given twice).
+    GgufTensor,
+    /// GGUF-003: the parts of a split GGUF model disagree (numbering,
+    /// counts, a tensor in two parts).
+    GgufSplit,
     /// CFG-001: a sidecar config (`config.json`, `hf_quant_config.json`) is malformed.
     Config,
     /// CFG-002: the checkpoint uses a format or scheme this tool does not decode.
@@ -79,7 +87,9 @@ impl Rule {
             Rule::Io => "IO-001",
             Rule::Container => "ST-001",
             Rule::Index => "ST-002",
-            Rule::Gguf => "GG-001",
+            Rule::Gguf => "GGUF-001",
+            Rule::GgufTensor => "GGUF-002",
+            Rule::GgufSplit => "GGUF-003",
             Rule::Config => "CFG-001",
             Rule::Unsupported => "CFG-002",
             Rule::MissingTensor => "TEN-001",

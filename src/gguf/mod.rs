@@ -211,7 +211,7 @@ impl Model {
             let detail = format!(
                 "split.count is {count}: open the first part, NAME-00001-of-{count:05}.gguf"
             );
-            return Err(Error::new(Rule::Gguf, path, detail));
+            return Err(Error::new(Rule::GgufSplit, path, detail));
         };
         for no in 2..=n {
             let part = path.with_file_name(format!("{prefix}-{no:05}-of-{n:05}.gguf"));
@@ -226,14 +226,14 @@ impl Model {
                     "split.no is {no_of:?}, not {} (the file name's part {no})",
                     no - 1
                 );
-                return Err(Error::new(Rule::Gguf, &part, detail));
+                return Err(Error::new(Rule::GgufSplit, &part, detail));
             }
             let index = model.files.len();
             model.files.push(file);
             for mut t in header.tensors {
                 if model.tensors.iter().any(|u| u.name == t.name) {
                     return Err(Error::tensor(
-                        Rule::Gguf,
+                        Rule::GgufSplit,
                         &part,
                         &t.name,
                         "is in two parts of the split model",
@@ -250,7 +250,7 @@ impl Model {
                 "split.tensors.count is {want}, and its {n} parts hold {}",
                 model.tensors.len()
             );
-            return Err(Error::new(Rule::Gguf, path, detail));
+            return Err(Error::new(Rule::GgufSplit, path, detail));
         }
         Ok(model)
     }

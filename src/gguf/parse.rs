@@ -161,7 +161,7 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
     for _ in 0..tensor_count {
         let name = c.string("a tensor name")?;
         let fail =
-            |c: &Cursor<'_>, detail: String| Error::tensor(Rule::Gguf, c.path, &name, detail);
+            |c: &Cursor<'_>, detail: String| Error::tensor(Rule::GgufTensor, c.path, &name, detail);
         let n_dims = c.u32(&name)?;
         if !(1..=MAX_DIMS).contains(&n_dims) {
             return Err(fail(
@@ -232,14 +232,14 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
                 let detail = format!(
                     "data at bytes {s}..{e} overlaps the tensor before it (which ends at {end})"
                 );
-                return Err(Error::tensor(Rule::Gguf, path, &t.name, detail));
+                return Err(Error::tensor(Rule::GgufTensor, path, &t.name, detail));
             }
             _ => {
                 let detail = format!(
                     "{} bytes at data offset {} run past the end of the file ({file_len} bytes, data from {data_start})",
                     t.size, t.offset
                 );
-                return Err(Error::tensor(Rule::Gguf, path, &t.name, detail));
+                return Err(Error::tensor(Rule::GgufTensor, path, &t.name, detail));
             }
         }
     }

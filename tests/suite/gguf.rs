@@ -1,7 +1,8 @@
 //! GGUF files: the container as gguf-py 0.19's writer makes it (the
 //! fixtures in `tests/gguf/`), split files joined, every block type decoded
 //! as gguf-py computes it on both backends, `inspect`/`validate` of them,
-//! and malformed files refused with GG-001 in one line, never a panic.
+//! and malformed files refused with a GGUF-00x rule in one line, never a
+//! panic.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -145,10 +146,11 @@ impl Writer {
     }
 }
 
-/// Malformed files, each refused with GG-001 (naming the tensor where one
+/// Malformed files, each refused with GGUF-001 (the header) or GGUF-002 (a
+/// tensor, named)
 /// is at fault) in one line; gguf-py's reader takes several of them.
 #[test]
-fn malformed_files_are_refused_with_gg001() {
+fn malformed_files_are_refused_with_gguf_rules() {
     let tmp = tempfile::tempdir().unwrap();
     let ok = Writer::valid().write(&tmp.path().join("ok.gguf"));
     let model = Model::open(&ok).unwrap();
@@ -181,6 +183,16 @@ fn malformed_files_are_refused_with_gg001() {
             "5 dimensions",
             Box::new(|w, _| w.tensors[0].1 = vec![1, 1, 1, 2, 8]),
             "5 dimensions",
+        ),
+        (
+            "no dimensions",
+            Box::new(|w, _| w.tensors[0].1 = vec![]),
+            "0 dimensions",
+        ),
+        (
+            "dimensions whose product overflows",
+            Box::new(|w, _| w.tensors[0].1 = vec![1 << 62, 1 << 62, 32]),
+            "too many",
         ),
         (
             "a zero dimension",
@@ -265,14 +277,23 @@ fn malformed_files_are_refused_with_gg001() {
         match Model::open(&path) {
             Ok(_) => panic!("{what}: accepted"),
             Err(e) => {
-                assert_eq!(e.rule, Rule::Gguf, "{what}: {e}");
+                assert!(
+                    matches!(e.rule, Rule::Gguf | Rule::GgufTensor),
+                    "{what}: {e}"
+                );
+                // A tensor's fault names it; the header's names none.
+                assert_eq!(
+                    e.rule == Rule::GgufTensor,
+                    e.tensor.is_some(),
+                    "{what}: {e}"
+                );
                 let line = e.to_string();
                 assert!(
                     line.contains(says) && !line.contains('\n'),
                     "{what}: {line}"
                 );
                 assert!(
-                    line.contains("GG-001") && line.contains(&*path.to_string_lossy()),
+                    line.contains(e.rule.id()) && line.contains(&*path.to_string_lossy()),
                     "{line}"
                 );
             }
@@ -359,7 +380,7 @@ fn split_files_are_joined() {
     ] {
         let first = parts(a, b, total);
         let e = Model::open(&first).unwrap_err();
-        assert_eq!(e.rule, Rule::Gguf, "{what}: {e}");
+        assert_eq!(e.rule, Rule::GgufSplit, "{what}: {e}");
         assert!(e.to_string().contains(says), "{what}: {e}");
     }
     let first = parts(0, 1, 2);
@@ -467,7 +488,7 @@ fn q1_0_is_refused_by_name() {
 
 /// The command line: `inspect` (text and JSON) and `validate` of a GGUF
 /// file or its folder, `dequantize` of one; a malformed file's `validate`
-/// finds GG-001.
+/// finds GGUF-002.
 #[test]
 fn the_cli_reads_gguf() {
     let dir = case("gguf-q4_k-llama").join("model");
@@ -525,7 +546,7 @@ fn the_cli_reads_gguf() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(3), "{out}");
     assert!(
-        out.contains("GG-001") && out.contains("past the end"),
+        out.contains("GGUF-002") && out.contains("past the end"),
         "{out}"
     );
 }
