@@ -494,6 +494,45 @@ fn bench_cpu_compares_packs_along_the_inputs_with_straight_ones() {
     }
 }
 
+/// `bench --only gguf`: Q4_K and Q6_K, mapped and decoded as `dequantize`
+/// does, each against the straight int4 job of its shape, in bf16 and f32.
+#[test]
+fn bench_gguf_measures_q4_k_and_q6_k_against_int4() {
+    let o = run(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--json",
+        "--rows",
+        "16",
+        "--cols",
+        "256",
+        "--runs",
+        "1",
+        "--only",
+        "gguf",
+    ]);
+    ok(&o, "bench --only gguf");
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    for ty in ["Q4_K", "Q6_K"] {
+        for dtype in ["bf16", "f32"] {
+            let line = lines
+                .iter()
+                .find(|l| {
+                    l["case"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with(&format!("gguf {ty} → {dtype}")))
+                })
+                .unwrap_or_else(|| panic!("{ty} {dtype}: {lines:?}"));
+            assert_eq!(line["baseline"], format!("straight int4 g128 -> {dtype}"));
+            assert!(line["ratio"].as_f64().is_some_and(|r| r > 0.0), "{line}");
+        }
+    }
+}
+
 /// `bench --backend gpu --json`: one object per line with the agreed keys,
 /// every format to bf16 and f32 against the copy shader, the GPU alone, and
 /// every case on a fast kernel.

@@ -1,7 +1,7 @@
 //! GGUF (llama.cpp, gguf-py): a quantized tensor's blocks carry their own
 //! scales. Each run of rows decoded is mapped on the host
-//! ([`crate::output::blocks`]) into one job: a byte code per element
-//! through the type's code table, an f32 scale per group and, where the
+//! ([`crate::output::blocks`]) into one job: a code per element (4 bits
+//! where the run's codes fit, else a byte) through the type's code table, an f32 scale per group and, where the
 //! type has one, an f32 offset per group, added after the product. The
 //! values are gguf-py's (`gguf.quants.dequantize`, what transformers
 //! computes): f16 block scales widened to f32, sub-block scales multiplied
@@ -130,7 +130,7 @@ fn is_quantized(ty: GgmlType) -> bool {
 }
 
 /// The map of the types decoded.
-fn map_of(ty: GgmlType) -> Option<MapBlocks> {
+pub(crate) fn map_of(ty: GgmlType) -> Option<MapBlocks> {
     use GgmlType as T;
     Some(match ty {
         T::Q4_0 => map::<{ T::Q4_0 as u32 }>,
@@ -613,8 +613,16 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
         kind: ValueKind::F32,
         grid,
     };
-    let table: Vec<f32> = (0..256).map(kind.table).collect();
-    let codes = Fields::dense(Bytes::Owned(Arc::from(codes)), 8, dims.cols as u64 * 8);
+    // Codes below 16 go two to a byte, low nibble first: the CPU's
+    // per-group tables and the GPU's fast kernels take 4-bit codes.
+    let bits = if codes.iter().all(|&c| c < 16) { 4 } else { 8 };
+    let codes: Vec<u8> = match bits {
+        4 => codes.chunks(2).map(|p| p[0] | (p.get(1).copied().unwrap_or(0) << 4)).collect(),
+        _ => codes,
+    };
+    let table: Vec<f32> = (0..1 << bits).map(kind.table).collect();
+    let lane = (dims.cols as u64 * bits as u64).div_ceil(8) * 8;
+    let codes = Fields::dense(Bytes::Owned(Arc::from(codes)), bits, lane);
     let job = DecodeJob::new(dims, codes, table, out).with_scale(values(scales));
     Ok(match kind.offsets {
         true => job.with_offset(values(offsets)),

@@ -7,8 +7,12 @@
 //!   no readback), against a copy shader with the fast kernel's dispatch
 //!   geometry that uploads and reads the same input and writes as many
 //!   output bytes.
+//! - GGUF's Q4_K and Q6_K (`gguf`): mapped and decoded a piece at a time as
+//!   `dequantize` does, against the straight int4 job of the same shape.
 //! - End to end: `dequantize` of a generated checkpoint on disk, against
 //!   writing (and syncing) the same number of bytes to a file.
+
+mod gguf;
 
 use std::fs::File;
 use std::io::Write;
@@ -678,6 +682,9 @@ pub(crate) fn gpu_kernels(
         }
     }
     figures.extend(gpu_input_packed(decoder, rows, cols, runs, only, &wait)?);
+    if cols.is_multiple_of(256) {
+        figures.extend(gguf::gpu(decoder, (rows, cols), runs, only, &wait)?);
+    }
     Ok(figures)
 }
 
@@ -1422,6 +1429,11 @@ pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
         cpu_kernels(rows, cols, runs, &settings.only)?
             .into_iter()
             .for_each(|f| show(Line::Figure(f)));
+        if cols.is_multiple_of(256) {
+            gguf::cpu(rows, cols, runs, &settings.only)?
+                .into_iter()
+                .for_each(|f| show(Line::Figure(f)));
+        }
     }
     if let Some((b, decoder)) = gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
         show(Line::Say(b.name()));

@@ -1,0 +1,155 @@
+//! GGUF's common K-quants (Q4_K, Q6_K) as `dequantize` decodes them: each
+//! run of rows mapped on the host into a job, which the backend decodes,
+//! against the straight int4 job of the same shape (CPU) and the copy
+//! shader of that int4 job (GPU), in the same run.
+
+use super::{best, best_of_turns, case_name, kernel_name, line_aligned, Figure, Layout, Weight};
+use crate::backend::gpu::GpuDecoder;
+use crate::backend::{Backend, Cpu};
+use crate::error::{Error, Result, Rule};
+use crate::formats::gguf::map_of;
+use crate::gguf::GgmlType;
+use crate::job::Dims;
+use crate::numerics::OutDtype;
+
+/// The types measured.
+const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+
+/// Output bytes mapped and decoded at a time, as the writer's pieces.
+const PIECE_BYTES: usize = 8 << 20;
+
+/// Random blocks of `ty` for `rows × cols`, their f16 scales (at each
+/// block's `d`, and `dmin` where there is one) about 0.01.
+fn blocks(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let (block, size) = (ty.block().0 as usize, ty.block().1 as usize);
+    let mut rng = fastrand::Rng::with_seed(51);
+    let mut v = vec![0u8; rows * cols / block * size];
+    rng.fill(&mut v);
+    let scales: &[usize] = match ty {
+        GgmlType::Q6_K => &[208],
+        _ => &[0, 2],
+    };
+    let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    for b in v.chunks_exact_mut(size) {
+        for &at in scales {
+            b[at..at + 2].copy_from_slice(&d);
+        }
+    }
+    v
+}
+
+/// Maps and decodes every row of `data` with `decode`, a piece at a time.
+fn pieces(
+    ty: GgmlType,
+    data: &[u8],
+    (rows, cols): (usize, usize),
+    out: OutDtype,
+    mut decode: impl FnMut(&crate::job::DecodeJob<'_>, usize) -> Result<()>,
+) -> Result<()> {
+    let map = map_of(ty).ok_or_else(|| Error::bare(Rule::Internal, "bench: no map"))?;
+    let row_bytes = data.len() / rows;
+    let per = (PIECE_BYTES / (cols * out.size())).max(1);
+    for start in (0..rows).step_by(per) {
+        let n = per.min(rows - start);
+        let dims = Dims {
+            slices: 1,
+            rows: n,
+            cols,
+        };
+        let job = map(&data[start * row_bytes..(start + n) * row_bytes], dims, out)?;
+        decode(&job, start * cols * out.size())?;
+    }
+    Ok(())
+}
+
+/// The CPU figures: each type against the straight int4 job of its shape.
+pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<Vec<Figure>> {
+    let cpu = Cpu::new();
+    let mut figures = Vec::new();
+    for ty in TYPES
+        .into_iter()
+        .filter(|t| format!("gguf {t}").contains(only))
+    {
+        let data = blocks(ty, rows, cols);
+        let base = Weight::random(Layout::Int4, rows, cols, 7);
+        for out in [OutDtype::Bf16, OutDtype::F32] {
+            let bytes = rows * cols * out.size();
+            let (mut buf, skew) = line_aligned(bytes);
+            let dst = std::cell::RefCell::new(&mut buf[skew..skew + bytes]);
+            let base_job = base.job(out);
+            let (t, s) = best_of_turns(
+                runs,
+                || {
+                    pieces(ty, &data, (rows, cols), out, |job, at| {
+                        let n = job.out_bytes();
+                        cpu.decode_rows(job, 0..job.dims.rows, &mut dst.borrow_mut()[at..at + n])
+                    })
+                },
+                || cpu.decode_rows(&base_job, 0..rows, &mut dst.borrow_mut()),
+            )?;
+            figures.push(Figure {
+                backend: "cpu",
+                what: format!("gguf {ty} → {out}, mapped a piece at a time"),
+                baseline: format!("straight {}", case_name(Layout::Int4, out)),
+                bytes: bytes as u64,
+                seconds: t,
+                baseline_seconds: s,
+                m: None,
+                baseline_bytes: None,
+            });
+        }
+    }
+    Ok(figures)
+}
+
+/// The GPU figures: each type (mapped on the host, decoded into GPU
+/// buffers) against the copy shader of the straight int4 job of its shape.
+pub(crate) fn gpu(
+    decoder: &GpuDecoder,
+    (rows, cols): (usize, usize),
+    runs: usize,
+    only: &str,
+    wait: &dyn Fn() -> Result<()>,
+) -> Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+    for ty in TYPES
+        .into_iter()
+        .filter(|t| format!("gguf {t}").contains(only))
+    {
+        let data = blocks(ty, rows, cols);
+        let out = OutDtype::Bf16;
+        let base = Weight::random(Layout::Int4, rows, cols, 7);
+        let base = base.job(out);
+        let copy = best(runs, || {
+            let buf = decoder
+                .copy_baseline(&base)
+                .ok_or_else(|| Error::bare(Rule::Gpu, "bench: no copy shader for int4"))??;
+            wait()?;
+            buf.destroy();
+            Ok(())
+        })?;
+        let before = decoder.dispatches();
+        let decode = best(runs, || {
+            pieces(ty, &data, (rows, cols), out, |job, _| {
+                let buf = decoder.decode_to_buffer(job)?;
+                wait()?;
+                buf.destroy();
+                Ok(())
+            })
+        })?;
+        figures.push(Figure {
+            backend: "gpu",
+            what: format!(
+                "gguf {ty} → {out}, mapped on the host a piece at a time ({})",
+                kernel_name(before, decoder.dispatches())
+            ),
+            baseline: "copy shader of the straight int4 job".into(),
+            bytes: (rows * cols * out.size()) as u64,
+            seconds: decode,
+            baseline_seconds: copy,
+            m: None,
+            baseline_bytes: None,
+        });
+    }
+    Ok(figures)
+}
