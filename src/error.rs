@@ -166,7 +166,18 @@ impl fmt::Display for Error {
             write!(f, "{}: ", file.display())?;
         }
         if let Some(t) = &self.tensor {
-            write!(f, "{t}: ")?;
+            // A name read from a file may hold anything: its line breaks
+            // escaped keep the message one line (the rest is kept, so the
+            // name can be searched for).
+            for c in t.chars() {
+                match c {
+                    '\n' | '\r' | '\u{0b}' | '\u{0c}' | '\u{85}' | '\u{2028}' | '\u{2029}' => {
+                        write!(f, "{}", c.escape_default())?
+                    }
+                    c => write!(f, "{c}")?,
+                }
+            }
+            f.write_str(": ")?;
         }
         // One line, whatever the detail holds: scripts read these line by line.
         let detail: Vec<&str> = self.detail.split_whitespace().collect();

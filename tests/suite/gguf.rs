@@ -190,6 +190,14 @@ fn malformed_files_are_refused_with_gguf_rules() {
             "0 dimensions",
         ),
         (
+            "a name with a line break, and 5 dimensions",
+            Box::new(|w, _| {
+                w.tensors[0].0 = "a\nb".into();
+                w.tensors[0].1 = vec![1, 1, 1, 2, 8];
+            }),
+            "a\\nb: [GGUF-002]",
+        ),
+        (
             "dimensions whose product overflows",
             Box::new(|w, _| w.tensors[0].1 = vec![1 << 62, 1 << 62, 32]),
             "too many",
