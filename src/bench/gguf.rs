@@ -3,7 +3,9 @@
 //! against the straight int4 job of the same shape (CPU) and the copy
 //! shader of that int4 job (GPU), in the same run.
 
-use super::{best, best_of_turns, case_name, kernel_name, line_aligned, Figure, Layout, Weight};
+use super::{
+    best, best_of_turns, case_name, copy_seconds, kernel_name, line_aligned, Figure, Layout, Weight,
+};
 use crate::backend::gpu::GpuDecoder;
 use crate::backend::{Backend, Cpu};
 use crate::error::{Error, Result, Rule};
@@ -120,14 +122,7 @@ pub(crate) fn gpu(
         let out = OutDtype::Bf16;
         let base = Weight::random(Layout::Int4, rows, cols, 7);
         let base = base.job(out);
-        let copy = best(runs, || {
-            let buf = decoder
-                .copy_baseline(&base)
-                .ok_or_else(|| Error::bare(Rule::Gpu, "bench: no copy shader for int4"))??;
-            wait()?;
-            buf.destroy();
-            Ok(())
-        })?;
+        let copy = copy_seconds(decoder, &base, "int4", runs, wait)?;
         let before = decoder.dispatches();
         let decode = best(runs, || {
             pieces(ty, &data, (rows, cols), out, |job, _| {

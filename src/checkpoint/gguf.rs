@@ -57,7 +57,7 @@ impl Checkpoint {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
-        let mut tensors = BTreeMap::new();
+        let (mut tensors, mut lookup) = (BTreeMap::new(), BTreeMap::new());
         let mut tables: Vec<Vec<(String, Entry)>> = model.files.iter().map(|_| Vec::new()).collect();
         for t in &model.tensors {
             let (dtype, shape) = match plain(t.ty) {
@@ -74,9 +74,6 @@ impl Checkpoint {
             let (a, b) = (t.offset as usize, (t.offset + t.size) as usize);
             tables[t.file].push((t.name.clone(), Entry { dtype, shape, range: (a, b) }));
             tensors.insert(t.name.clone(), (t.ty, t.shape.clone()));
-        }
-        let mut lookup = BTreeMap::new();
-        for t in &model.tensors {
             lookup.insert(t.name.clone(), t.file);
         }
         let metadata = model.metadata;

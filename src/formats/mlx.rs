@@ -280,30 +280,20 @@ fn plan_module<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDty
                 (Mode::Nvfp4, Some(g)) => (e2m1_values(), global_scales(g, dims, scheme.group_size)?),
                 _ => (e2m1_values(), byte_table(e8m0)),
             };
-            let job = DecodeJob::new(dims, codes, code_values, out).with_scale(grid_values(scales, table, layout, dims)?);
-            if global.is_some() {
-                // One rounding of the f32 product (see global_scales).
-                return Ok(decoded_output(module, w.shard, shape_of(&w, cols), job, format!("mlx {}, global scale", scheme.describe())));
-            }
-            job
+            DecodeJob::new(dims, codes, code_values, out).with_scale(grid_values(scales, table, layout, dims)?)
         }
     };
-    Ok(decoded_output(
-        module,
-        w.shard,
-        shape_of(&w, cols),
-        job.with_product(Product::OutDtype),
-        format!("mlx {}", scheme.describe()),
-    ))
-}
-
-/// The dense shape of packed weight `w` holding `cols` codes a row.
-fn shape_of(w: &TensorRef<'_>, cols: usize) -> Vec<usize> {
+    // With a global scale, one rounding of the f32 product (see
+    // global_scales); else the product in the output dtype, as MLX.
+    let (product, scheme) = match global {
+        Some(_) => (Product::F32, format!("mlx {}, global scale", scheme.describe())),
+        None => (Product::OutDtype, format!("mlx {}", scheme.describe())),
+    };
     let mut shape = w.shape.to_vec();
     if let Some(last) = shape.last_mut() {
         *last = cols;
     }
-    shape
+    Ok(decoded_output(module, w.shard, shape, job.with_product(product), scheme))
 }
 
 /// The scales of an nvfp4 module with a global scale (mlx ≥ 0.31's

@@ -199,6 +199,8 @@ pub(super) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) -> Vec<Fused<'a>> 
                 source: Source::Decode(Box::new(down.transpose())),
             },
         ];
+        // The stored outputs remade; any other stays as it was.
+        let mut used: Vec<String> = ["gate_proj", "up_proj", "down_proj"].iter().map(|p| name(p, "weight")).collect();
         // The biases, as stored or cast: gate's and up's in turn.
         let bias = |p: &str| {
             find(&name(p, "bias")).and_then(|o| match o.source {
@@ -222,6 +224,7 @@ pub(super) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) -> Vec<Fused<'a>> 
                     source: Source::Rearrange(interleave),
                     scheme: None,
                 });
+                used.extend([name("gate_proj", "bias"), name("up_proj", "bias")]);
             }
         }
         if let Some((d, _, source)) = bias("down_proj") {
@@ -233,15 +236,9 @@ pub(super) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) -> Vec<Fused<'a>> 
                 source,
                 scheme: None,
             });
+            used.push(name("down_proj", "bias"));
         }
-        // Whatever was not remade stays as it was.
-        let made_from: Vec<String> = ["gate_proj", "up_proj", "down_proj"]
-            .iter()
-            .map(|p| name(p, "weight"))
-            .chain(made.iter().any(|o| o.name.ends_with("gate_up_proj_bias")).then(|| [name("gate_proj", "bias"), name("up_proj", "bias")]).into_iter().flatten())
-            .chain(made.iter().any(|o| o.name.ends_with("down_proj_bias")).then(|| name("down_proj", "bias")))
-            .collect();
-        let (removed, unchanged): (Vec<_>, Vec<_>) = removed.into_iter().partition(|o| made_from.contains(&o.name));
+        let (removed, unchanged): (Vec<_>, Vec<_>) = removed.into_iter().partition(|o| used.contains(&o.name));
         outputs.extend(unchanged);
         fused.push(Fused {
             removed,
