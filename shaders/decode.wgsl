@@ -77,6 +77,15 @@ struct Stream {
     interleave: u32,  // padded words hold even fields first, then odd (AutoAWQ)
     swap: u32,        // XORed with every field's bit position: 8 - bits for
                       // bytes filled from the high bits down (bitsandbytes), else 0
+    // Fields inside blocks (job::InBlocks, GGUF's): a lane is blocks of
+    // block_len fields, block_bits apart; a field is its low plane's plus
+    // its high plane's above it. block_len 0: not in blocks.
+    block_len: u32,
+    block_bits: u32,
+    pad0: u32,
+    pad1: u32,
+    low: vec4<u32>,   // the low plane: first byte in the block, bits, span (job::Plane), 0
+    high: vec4<u32>,  // the high plane; bits 0: none
 }
 
 struct Grid {
@@ -153,8 +162,27 @@ fn bits_at(pos: u32, n: u32) -> u32 {
     return v & ((1u << n) - 1u);
 }
 
+// Field `e` of a plane (job::Plane: byte, bits, span) of the block at bit
+// `start`.
+fn plane_field(start: u32, pl: vec4<u32>, e: u32) -> u32 {
+    let run = e / pl.z;
+    let k = 8u / pl.y;
+    let byte = pl.x + (run / k) * pl.z + e % pl.z;
+    return bits_at(start + byte * 8u + (run % k) * pl.y, pl.y);
+}
+
 // Field `i` of `lane` in `slice` (Fields::get).
 fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
+    if (st.block_len != 0u) {
+        let n = i / st.block_len;
+        let e = i - n * st.block_len;
+        let start = st.base + slice * st.slice_bits + lane * st.lane_bits + n * st.block_bits;
+        var v = plane_field(start, st.low, e);
+        if (st.high.y != 0u) {
+            v = v | (plane_field(start, st.high, e) << st.low.y);
+        }
+        return v;
+    }
     var w: u32;
     var off: u32;
     if (st.per_word == 0u) {
@@ -498,6 +526,12 @@ override HIGH_FIRST: bool = false;   // code bytes hold their fields high bits f
 override POST: bool = false;         // values times p.post_scale last
 override PRODUCT: u32 = OUT_F32;     // as p.product (job::Product), fixed so its branch folds away
 override COPY: bool = false;  // bench baseline: the same reads and writes, no decoding
+// Codes inside blocks (p.codes.block_len...; job::InBlocks, GGUF's), read
+// where they lie: the host's rules are a block length that is a power of
+// two and a multiple of PER, and planes whose runs (spans) are a multiple
+// of PER or 1 (dense), so that a word's PER codes are PER bytes at one
+// shift of each plane, or PER fields in a row.
+override BLOCKED: bool = false;
 
 // The fast kernels read an entry of the zero-point grid per group: a plain
 // zero point, subtracted from the code, or an offset, added last.
@@ -660,6 +694,71 @@ fn fast_store(word: u32, n: u32, z: f32, s: f32, flat: u32, col0: u32, o: u32) {
     }
 }
 
+// The 32 bits from bit `pos` of src on.
+fn word_at(pos: u32) -> u32 {
+    let sh = pos & 31u;
+    var w = src[pos >> 5u] >> sh;
+    if (sh != 0u) {
+        w = w | (src[(pos >> 5u) + 1u] << (32u - sh));
+    }
+    return w;
+}
+
+// Fields e0 .. e0 + PER of a plane (job::Plane: byte, bits, span) of the
+// block from bit `start`, a byte each (PER 8: two words).
+fn plane_bytes(start: u32, pl: vec4<u32>, e0: u32) -> vec2<u32> {
+    let bits = pl.y;
+    let m = (1u << bits) - 1u;
+    if (pl.z == 1u) {
+        // Dense: PER fields in a row.
+        let v = word_at(start + pl.x * 8u + e0 * bits);
+        var f = vec2<u32>(0u, 0u);
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            f.x = f.x | (((v >> (i * bits)) & m) << (8u * i));
+            if (PER == 8u) {
+                f.y = f.y | (((v >> ((i + 4u) * bits)) & m) << (8u * i));
+            }
+        }
+        return f;
+    }
+    // Runs of span bytes, 8 / bits of them filling the same bytes.
+    let ls = countTrailingZeros(pl.z);
+    let lk = 3u - countTrailingZeros(bits);
+    let run = e0 >> ls;
+    let byte = pl.x + ((run >> lk) << ls) + (e0 & (pl.z - 1u));
+    let sh = (run & ((1u << lk) - 1u)) * bits;
+    let mask = m * 0x01010101u;
+    let pos = start + byte * 8u;
+    var f = vec2<u32>((word_at(pos) >> sh) & mask, 0u);
+    if (PER == 8u) {
+        f.y = (word_at(pos + 32u) >> sh) & mask;
+    }
+    return f;
+}
+
+// Four fields below 16, a byte each, as four nibbles.
+fn nibbles_of(x: u32) -> u32 {
+    let t = (x | (x >> 4u)) & 0x00FF00FFu;
+    return (t | (t >> 8u)) & 0x0000FFFFu;
+}
+
+// The PER codes from col0 on of a stream in blocks (BLOCKED), as a word
+// of BITS-wide fields.
+fn blocked_word(slice: u32, row: u32, col0: u32) -> u32 {
+    let st = p.codes;
+    let n = col0 >> countTrailingZeros(st.block_len);
+    let e0 = col0 & (st.block_len - 1u);
+    let start = st.base + slice * st.slice_bits + row * st.lane_bits + n * st.block_bits;
+    var f = plane_bytes(start, st.low, e0);
+    if (st.high.y != 0u) {
+        f = f | (plane_bytes(start, st.high, e0) << vec2<u32>(st.low.y));
+    }
+    if (BITS == 8u) {
+        return f.x;
+    }
+    return nibbles_of(f.x) | (nibbles_of(f.y) << 16u);
+}
+
 // Grid::index without an integer division.
 fn fast_index(g: Grid, slice: u32, row: u32, group: u32) -> u32 {
     return grid_index(g, slice, div_small(row, g.row_div), group);
@@ -686,11 +785,16 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
     let o = local * p.cols + col0;
 
     // The 32 bits of codes from col0 on.
-    let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits + col0 * BITS;
-    let sh = pos & 31u;
-    var word = lsb_first(src[pos >> 5u]);
-    if (sh != 0u) {
-        word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+    var word: u32;
+    if (BLOCKED) {
+        word = blocked_word(slice, row, col0);
+    } else {
+        let pos = p.codes.base + slice * p.codes.slice_bits + row * p.codes.lane_bits + col0 * BITS;
+        let sh = pos & 31u;
+        word = lsb_first(src[pos >> 5u]);
+        if (sh != 0u) {
+            word = (word >> sh) | (lsb_first(src[(pos >> 5u) + 1u]) << (32u - sh));
+        }
     }
     let n = min(PER, p.cols - col0);
     if (COPY) {

@@ -22,6 +22,7 @@ use super::Backend;
 use crate::error::Result;
 use crate::job::DecodeJob;
 
+mod direct;
 mod rows;
 mod simd;
 #[cfg(feature = "testing")]
@@ -46,6 +47,9 @@ pub enum Way {
     /// Output rows through tables, their codes packed along the inputs
     /// (GPTQ's and AutoAWQ's words).
     PackedRows,
+    /// Output rows computed from their codes without tables (GGUF's
+    /// blocks, a scale per few codes).
+    Direct,
     /// Tiles through tables.
     Tiles,
     /// Element by element ([`DecodeJob::value`]).
@@ -55,6 +59,7 @@ pub enum Way {
 /// The way [`Cpu`] decodes `job`: what tests check random jobs reach.
 pub fn way(job: &DecodeJob<'_>) -> Way {
     match (rows::Rows::of(job), job.transposed || job.codes.word_bits != 32) {
+        (Some(r), _) if r.is_direct() => Way::Direct,
         (Some(_), false) => Way::Rows,
         (Some(_), true) => Way::PackedRows,
         (None, _) if tiles::Tiles::of(job).is_some() => Way::Tiles,

@@ -348,6 +348,7 @@ impl Weight {
                 word_bits: 32 * (cols / 128) as u64,
                 slice_bits: 0,
                 high_first: false,
+                blocks: None,
             },
         });
         DecodeJob {
@@ -365,6 +366,7 @@ impl Weight {
                 word_bits: 32,
                 slice_bits: 0,
                 high_first: self.layout == Layout::BnbNf4,
+                blocks: None,
             },
             code_values: code_values.into(),
             zero,

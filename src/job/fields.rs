@@ -36,6 +36,111 @@ pub struct Fields<'a> {
     /// 8, where no field crosses a byte: field `i`'s bit position is the
     /// LSB-first one with its offset in the byte mirrored, `pos ^ (8 − bits)`.
     pub high_first: bool,
+    /// The fields lie inside blocks that hold other things too (GGUF's,
+    /// whose blocks carry their own scales): see [`InBlocks`]. The layout
+    /// fields above then only give where lanes and slices start.
+    pub blocks: Option<InBlocks>,
+}
+
+/// Fields inside a lane's blocks: a lane is a run of blocks `bytes` long,
+/// each holding `len` fields; field `e` of a block is its `low` plane's
+/// field `e`, plus its `high` plane's (where there is one) above the low
+/// plane's bits. The stream's `bits` are both planes' together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InBlocks {
+    /// Fields per block.
+    pub len: u32,
+    /// Bytes per block.
+    pub bytes: u32,
+    /// The low bits of each field.
+    pub low: Plane,
+    /// The high bits, stored apart (GGUF's Q5 and Q6 types).
+    pub high: Option<Plane>,
+}
+
+/// One plane of a block's fields: `bits`-wide fields (1, 2, 4 or 8) from
+/// byte `at` of the block on, in runs of `span` bytes. With `k = 8 / bits`
+/// fields to a byte, field `e` lies in byte `at + (e / (k·span))·span +
+/// e mod span`, from bit `(e / span mod k)·bits`: `k·span` fields fill
+/// `span` bytes a slot at a time (a span of 1 is the dense LSB-first order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plane {
+    /// The plane's first byte in its block.
+    pub at: u32,
+    /// Field width: 1, 2, 4 or 8.
+    pub bits: u32,
+    /// Bytes of a run (a power of two).
+    pub span: u32,
+}
+
+impl Plane {
+    /// Field `e`'s byte in the block and its shift in that byte.
+    #[inline]
+    pub fn locate(&self, e: usize) -> (usize, u32) {
+        let (k, span) = ((8 / self.bits) as usize, self.span as usize);
+        let run = div(e, span);
+        (self.at as usize + div(run, k) * span + rem(e, span), rem(run, k) as u32 * self.bits)
+    }
+
+    /// One past the last byte the plane's `len` fields touch in a block.
+    fn end(&self, len: usize) -> usize {
+        let per_run = (8 / self.bits) as usize * self.span as usize;
+        self.at as usize + len.div_ceil(per_run) * self.span as usize
+    }
+
+    /// Field `e` of the block at `block`.
+    #[inline]
+    fn get(&self, block: &[u8], e: usize) -> u32 {
+        let (byte, shift) = self.locate(e);
+        (block[byte] as u32 >> shift) & ((1 << self.bits) - 1)
+    }
+}
+
+impl InBlocks {
+    /// Whether the geometry is one the accessors and kernels take: planes
+    /// of 1, 2, 4 or 8 bits in runs of a power of two, inside the block.
+    pub fn is_valid(&self) -> bool {
+        let plane = |p: &Plane| {
+            matches!(p.bits, 1 | 2 | 4 | 8) && p.span.is_power_of_two() && p.end(self.len as usize) <= self.bytes as usize
+        };
+        self.len > 0 && plane(&self.low) && self.high.as_ref().is_none_or(plane)
+    }
+
+    /// Bits of a field, both planes together.
+    pub fn bits(&self) -> u32 {
+        self.low.bits + self.high.map_or(0, |h| h.bits)
+    }
+
+    /// The first `out.len()` fields of block `block`, a byte each: what
+    /// [`InBlocks::get`] reads, a run of a plane at a time.
+    pub fn unpack(&self, block: &[u8], out: &mut [u8]) {
+        for (p, up) in [(Some(self.low), 0), (self.high, self.low.bits)] {
+            let Some(p) = p else { continue };
+            let (k, span) = ((8 / p.bits) as usize, p.span as usize);
+            let mask = ((1u32 << p.bits) - 1) as u8;
+            for (r, run) in out.chunks_mut(span).enumerate() {
+                let (at, shift) = (p.at as usize + r / k * span, (r % k) as u32 * p.bits);
+                let n = run.len();
+                let fields = block[at..at + n].iter().map(|&b| ((b >> shift) & mask) << up);
+                // The low plane sets each byte, the high one adds to it.
+                if up == 0 {
+                    run.iter_mut().zip(fields).for_each(|(o, f)| *o = f);
+                } else {
+                    run.iter_mut().zip(fields).for_each(|(o, f)| *o |= f);
+                }
+            }
+        }
+    }
+
+    /// Field `e` of the block `block`.
+    #[inline]
+    pub fn get(&self, block: &[u8], e: usize) -> u32 {
+        let lo = self.low.get(block, e);
+        match &self.high {
+            Some(h) => lo | h.get(block, e) << self.low.bits,
+            None => lo,
+        }
+    }
 }
 
 /// A stream's layout is named by its constructor; its geometry beyond the
@@ -55,6 +160,16 @@ impl<'a> Fields<'a> {
             word_bits: 32,
             slice_bits: 0,
             high_first: false,
+            blocks: None,
+        }
+    }
+
+    /// Fields inside blocks (see [`InBlocks`], whose geometry the caller
+    /// checked), lanes `lane_bits` apart (a multiple of 8).
+    pub fn in_blocks(data: impl Into<Bytes<'a>>, blocks: InBlocks, lane_bits: u64) -> Self {
+        Fields {
+            blocks: Some(blocks),
+            ..Self::dense(data, blocks.bits(), lane_bits)
         }
     }
 
@@ -151,6 +266,7 @@ impl Fields<'_> {
     /// past `len` cleared; else field by field. `None` past the data.
     pub(super) fn in_lane_order(&self, (slices, lanes, len): (usize, usize, usize), width: u32) -> Option<Fields<'static>> {
         let words_whole = width == self.bits
+            && self.blocks.is_none()
             && self.per_word == 0
             && 32 % self.bits == 0
             && !self.high_first
@@ -183,6 +299,7 @@ impl Fields<'_> {
     /// a multiple of 8) are transposed 8 × 8 at a time; else field by field.
     pub(super) fn transposed_in_lane_order(&self, Dims { slices, rows, cols }: Dims) -> Option<Fields<'static>> {
         let awq = self.bits == 4
+            && self.blocks.is_none()
             && self.per_word == 8
             && self.interleaved
             && !self.high_first
@@ -277,6 +394,10 @@ impl Fields<'_> {
         if len == 0 {
             return self.lane_start(slice, lane);
         }
+        if let Some(b) = &self.blocks {
+            let blocks = (len as u64).div_ceil(b.len as u64);
+            return self.lane_start(slice, lane)?.checked_add(blocks.checked_mul(b.bytes as u64 * 8)?);
+        }
         let (w, off) = self.locate(len - 1);
         // An interleaved word's last element need not sit in its last slot.
         let end_in_word = if self.interleaved {
@@ -310,7 +431,7 @@ impl Fields<'_> {
     /// Whether no field crosses a word: each is read whole at its
     /// [`Fields::position`].
     pub(crate) fn whole_fields(&self) -> bool {
-        self.per_word != 0 || 32 % self.bits == 0
+        self.blocks.is_none() && (self.per_word != 0 || 32 % self.bits == 0)
     }
 
     /// The first bit of the field of `lane`, index `i`, in `slice`, for
@@ -348,6 +469,11 @@ impl Fields<'_> {
     /// The field of `lane`, index `i`, in `slice`.
     #[inline]
     pub fn get(&self, slice: usize, lane: usize, i: usize) -> u32 {
+        if let Some(b) = &self.blocks {
+            let (n, e) = (div(i, b.len as usize), rem(i, b.len as usize));
+            let start = (self.bit(slice, lane, (0, 0)) / 8) as usize + n * b.bytes as usize;
+            return b.get(&self.data[start..start + b.bytes as usize], e);
+        }
         let (w, off) = self.locate(i);
         let lo_n = (32 - off).min(self.bits);
         let lo = self.read_bits(self.bit(slice, lane, (w, off)) ^ self.swap_mask(), lo_n);

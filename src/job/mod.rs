@@ -45,7 +45,7 @@ pub(crate) use fields::{awq_transposed, gcd};
 #[cfg(test)]
 pub(crate) use fields::AWQ_SLOT;
 use fields::div;
-pub use fields::Fields;
+pub use fields::{Fields, InBlocks, Plane};
 pub use low_rank::LowRank;
 pub use sparse::{Sparse, Starts};
 pub(crate) use values::Source;
@@ -318,7 +318,7 @@ impl<'a> DecodeJob<'a> {
             return None;
         }
         if !self.transposed {
-            if c.bits == width && c.per_word == 0 && c.word_bits == 32 && self.sparse.is_none() {
+            if c.bits == width && c.blocks.is_none() && c.per_word == 0 && c.word_bits == 32 && self.sparse.is_none() {
                 return None;
             }
             let Dims { slices, rows, cols } = self.dims;
@@ -405,7 +405,7 @@ impl<'a> DecodeJob<'a> {
     pub(crate) fn in_rows(&self, n: usize, k: usize) -> Option<DecodeJob<'a>> {
         let Dims { slices, rows, cols } = self.dims;
         let c = &self.codes;
-        let stream = c.per_word == 0 && c.word_bits == 32 && c.lane_bits == (cols as u64).checked_mul(c.bits as u64)?;
+        let stream = c.blocks.is_none() && c.per_word == 0 && c.word_bits == 32 && c.lane_bits == (cols as u64).checked_mul(c.bits as u64)?;
         let plain = self.zero.is_none() && self.g_idx.is_none() && self.sparse.is_none() && self.low_rank.is_none();
         let view = (rows, cols) != (n, k) && rows.checked_mul(cols)? == n.checked_mul(k)?;
         if slices != 1 || !view || !stream || !plain || self.transposed || k == 0 {

@@ -405,6 +405,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
             word_bits: 32,
             slice_bits: (d.rows * d.cols) as u64 * 4,
             high_first: false,
+            blocks: None,
         },
         code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
         zero: None,
@@ -523,6 +524,7 @@ fn decode_to_buffer_matches_cpu() {
                     word_bits: 32,
                     slice_bits: (d.rows * lane_words) as u64 * 32,
                     high_first: false,
+                    blocks: None,
                 },
                 code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
                 zero: None,
@@ -988,4 +990,26 @@ fn fast_variants(module: &naga::Module) -> Vec<Vec<(&'static str, u32)>> {
         }
     }
     all
+}
+
+/// Codes inside blocks (GGUF's geometry, at random): the fast kernel's
+/// bytes (where the geometry lets it read whole words) and the generic
+/// kernel's are the CPU's, whole and on row ranges, in roomy and cramped
+/// chunks.
+#[test]
+fn blocked_fields_gpu_equals_cpu() {
+    gpu_test(|adapter| {
+        let roomy = GpuDecoder::open(&adapter).unwrap();
+        let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(16 << 10, 2);
+        for (decoder, cases) in [(&roomy, 300), (&cramped, 80)] {
+            for_random_jobs(cases, &[40, 300], |d, rng| {
+                check_job(&RandomJob::aimed_at_blocks(rng, d), decoder)
+            });
+        }
+        let ran = roomy.dispatches();
+        assert!(
+            ran.fast > 0 && ran.generic > 0,
+            "random blocked jobs ran {ran:?}"
+        );
+    });
 }

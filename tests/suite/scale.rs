@@ -1716,3 +1716,26 @@ fn cpu_scalar_loops_equal_reference() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// Codes inside blocks (GGUF's geometry, at random): the CPU's unpacked
+/// rows, through tables or computed directly, are `DecodeJob::value`.
+#[test]
+fn cpu_blocked_fields_equal_reference_on_random_jobs() {
+    let ways: RefCell<BTreeMap<String, usize>> = RefCell::default();
+    for_random_jobs(400, &[40, 300, 1100], |d, rng| {
+        let r = RandomJob::aimed_at_blocks(rng, d);
+        let job = r.job();
+        *ways
+            .borrow_mut()
+            .entry(format!("{:?}", way(&job)))
+            .or_default() += 1;
+        assert_cpu_equals_reference(&job, rng, 3, &r.describe());
+    });
+    let ways = ways.into_inner();
+    for w in [Way::Rows, Way::Direct, Way::Elements] {
+        assert!(
+            ways.contains_key(&format!("{w:?}")),
+            "no random blocked job went {w:?}: {ways:?}"
+        );
+    }
+}

@@ -14,7 +14,8 @@ use std::ops::Range;
 
 use super::simd;
 use super::table::{ByScale, Table16};
-use crate::job::{gcd, DecodeJob, Fields, Source, ValueKind, Values, ZeroPoint};
+use super::direct::{self, Linear};
+use crate::job::{gcd, DecodeJob, Fields, InBlocks, Source, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Bytes between gathered rows past their codes: rows a power of two
@@ -42,6 +43,10 @@ enum Gather {
     /// Byte codes kept where a bitmask is set ([`crate::job::Sparse`]):
     /// scattered into straight rows, code 0 elsewhere.
     Sparse,
+    /// Fields inside blocks (GGUF's): a row's blocks unpacked into a
+    /// straight row of fields 1, 2, 4 or 8 bits wide, the fields' width
+    /// rounded up.
+    Blocks(InBlocks),
 }
 
 /// How a row is decoded through tables.
@@ -68,6 +73,11 @@ pub(super) struct Rows {
     band: usize,
     /// The instructions of the kernels called per group.
     isa: simd::Isa,
+    /// Values computed from the codes without tables, where tables would
+    /// not pay off ([`direct`]).
+    direct: Option<Linear>,
+    /// The direct values may use AVX2.
+    direct_wide: bool,
 }
 
 /// One thread's reusable buffers: kept from task to task, as fresh ones
@@ -93,6 +103,10 @@ struct Tables {
     values: Vec<u64>,
     /// The row's offsets, entry by entry, when the job has them.
     offsets: Vec<f32>,
+    /// The row's scales and offsets as f32 bytes, where the job's are not
+    /// f32 entries in a run already ([`f32_run`]).
+    scales: Vec<u8>,
+    offset_bytes: Vec<u8>,
 }
 
 impl Rows {
@@ -119,6 +133,12 @@ impl Rows {
             && !f.interleaved
             && (f.per_word == 0 || f.per_word * f.bits == 32);
         let gather = match (job.transposed, f.word_bits == 32) {
+            _ if f.blocks.is_some() => {
+                let b = f.blocks?;
+                let whole = f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8);
+                let fits = b.len <= MAX_BLOCK as u32 && b.len.is_multiple_of(8);
+                (whole && fits && !job.transposed && job.sparse.is_none()).then_some(Gather::Blocks(b))?
+            }
             _ if job.sparse.is_some() => {
                 let bytes = f.bits == 8 && f.per_word == 0 && job.dims.slices == 1 && !f.high_first;
                 (bytes && !job.transposed).then_some(Gather::Sparse)?
@@ -189,7 +209,17 @@ impl Rows {
         // Tables by scale byte cost nothing per entry.
         let by_scale = ByScale::of(job).filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
         let entries = groups.checked_mul(job.code_values.len())?;
-        if by_scale.is_none() && entries * 2 > cols.saturating_mul(rows_per_entry) {
+        // Values straight from the codes where tables would cost as much as
+        // the values (GGUF's: a scale per 16 or 32 codes), when the codes
+        // are unpacked from blocks anyway.
+        let linear = Linear::of(&job.code_values).filter(|_| {
+            let simple = job.zero.is_none() && job.g_idx.is_none() && !smoothing && job.post_scale.is_none();
+            let plain = job.product_dtype().is_none() && job.scale.is_some() && job.low_rank.is_none();
+            matches!(gather, Gather::Blocks(_)) && simple && plain
+        });
+        let tables_pay = by_scale.is_some() || entries * 4 <= cols.saturating_mul(rows_per_entry);
+        let direct = if tables_pay { None } else { linear };
+        if direct.is_none() && by_scale.is_none() && entries * 2 > cols.saturating_mul(rows_per_entry) {
             return None;
         }
         let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
@@ -201,13 +231,20 @@ impl Rows {
             groups,
             gather,
             byte_packed: byte_packed || gather != Gather::InPlace,
-            by_scale: by_scale.filter(|_| !smoothing),
+            by_scale: by_scale.filter(|_| !smoothing && direct.is_none()),
+            direct,
             rows_per_entry,
             smoothing,
             stream: false,
             band: Rows::band_of(job, gather),
             isa: simd::Isa::detect(),
+            direct_wide: simd::has_wide(),
         })
+    }
+
+    /// Whether values are computed without tables.
+    pub(super) fn is_direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     /// Output rows gathered at once by `gather`.
@@ -227,6 +264,8 @@ impl Rows {
             // One line of each input: 16 word columns.
             Gather::Awq => 128,
             Gather::Pairs | Gather::Sparse => 2,
+            // A row's blocks are unpacked as they are read.
+            Gather::Blocks(_) => 1,
             Gather::InPlace => 1,
         }
     }
@@ -359,6 +398,28 @@ impl Rows {
                 simd::split_nibbles(&data[base..base + cols], &mut lo[..cols.div_ceil(2)], &mut hi[..cols.div_ceil(2)]);
                 Fields::dense(&buf[rows.start * row..], 4, row as u64 * 8)
             }
+            Gather::Blocks(b) => {
+                // Direct values read bytes.
+                let width = if self.direct.is_some() { 8 } else { b.bits().next_power_of_two() };
+                let len = b.len as usize;
+                let row = (cols * width as usize).div_ceil(8) + PAD;
+                grow(buf, lanes * row);
+                let mut fields = [0u8; MAX_BLOCK];
+                for (k, dst) in buf.chunks_mut(row).take(lanes).enumerate() {
+                    let start = (f.lane_start(slice, rows.start + k).unwrap_or(0) / 8) as usize;
+                    let blocks = data[start..].chunks(b.bytes as usize);
+                    for (block, at) in blocks.zip((0..cols).step_by(len)) {
+                        let n = len.min(cols - at);
+                        if width == 8 {
+                            b.unpack(block, &mut dst[at..at + n]);
+                        } else {
+                            b.unpack(block, &mut fields[..n]);
+                            pack(&fields[..n], width, &mut dst[at * width as usize / 8..]);
+                        }
+                    }
+                }
+                Fields::dense(&buf[..], width, row as u64 * 8)
+            }
             _ => {
                 let words = (cols as u64 * f.bits as u64).div_ceil(32) as usize;
                 let row = 4 * words + PAD;
@@ -455,6 +516,14 @@ impl Rows {
         out: &mut [u8],
         (s, fresh): (&mut Tables, bool),
     ) {
+        if let Some(lin) = self.direct {
+            let start = (codes.lane_start(cs, lane).unwrap_or(0) / 8) as usize;
+            let bytes = &codes.data[start..start + job.dims.cols];
+            let scales = f32_run(job.scale.as_ref(), slice, row, self.groups, &mut s.scales);
+            let offsets = job.offset.as_ref().map(|o| f32_run(Some(o), slice, row, self.groups, &mut s.offset_bytes));
+            direct::row::<N>(self.direct_wide, (bytes, lin), (self.group_cols, scales, offsets), job.out, out);
+            return;
+        }
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
         // Tables by scale byte need no entries.
         let by_scale = straight4 && job.code_values.len() == 16 && !self.smoothing && self.by_scale.is_some();
@@ -524,9 +593,9 @@ impl Rows {
             }
         }
         match (&job.g_idx, self.byte_packed, codes.bits) {
-            (None, true, 8) => self.packed_row::<N, 8>(codes, cs, lane, out, tables),
-            (None, true, 2) => self.packed_row::<N, 2>(codes, cs, lane, out, tables),
-            (None, true, 1) => self.packed_row::<N, 1>(codes, cs, lane, out, tables),
+            (None, true, 8) => self.packed_row::<N, 8>(codes, cs, lane, out, (tables, n)),
+            (None, true, 2) => self.packed_row::<N, 2>(codes, cs, lane, out, (tables, n)),
+            (None, true, 1) => self.packed_row::<N, 1>(codes, cs, lane, out, (tables, n)),
             (g_idx, _, _) => {
                 for (col, o) in out.chunks_exact_mut(N).enumerate() {
                     let g = match g_idx {
@@ -629,14 +698,16 @@ impl Rows {
         }
     }
 
-    /// The inner loop for codes of 1, 2 or 8 bits packed whole into bytes.
+    /// The inner loop for codes of 1, 2 or 8 bits packed whole into bytes,
+    /// through tables of `n` values each (fewer than 2^BITS where codes
+    /// unpacked from blocks were widened).
     fn packed_row<const N: usize, const BITS: usize>(
         &self,
         f: &Fields<'_>,
         slice: usize,
         lane: usize,
         out: &mut [u8],
-        tables: &[u64],
+        (tables, n): (&[u64], usize),
     ) {
         let per_byte = 8 / BITS;
         let mask = (1u32 << BITS) - 1;
@@ -645,7 +716,6 @@ impl Rows {
         let cols = out.len() / N;
         let start = ((slice as u64 * f.slice_bits + lane as u64 * f.lane_bits) / 8) as usize;
         let bytes = &f.data[start..start + cols.div_ceil(per_byte)];
-        let n = 1 << BITS;
         for (g, group_out) in out.chunks_mut(self.group_cols * N).enumerate() {
             let t = &tables[g * n..g * n + n];
             let first = g * self.group_cols;
@@ -655,6 +725,40 @@ impl Rows {
                 o.copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
             }
         }
+    }
+}
+
+/// The f32 bytes of entries `0..groups` of output row `row`: the stored
+/// ones where they are f32s one after another (GGUF's grids), else read
+/// into `buf`.
+fn f32_run<'v>(v: Option<&'v Values<'_>>, slice: usize, row: usize, groups: usize, buf: &'v mut Vec<u8>) -> &'v [u8] {
+    let Some(v) = v else {
+        buf.clear();
+        buf.resize(4 * groups, 0);
+        buf.chunks_exact_mut(4).for_each(|b| b.copy_from_slice(&1f32.to_le_bytes()));
+        return buf;
+    };
+    let at = v.grid.index(slice, row, 0);
+    let stored = matches!(v.kind, ValueKind::F32).then(|| v.data.get(4 * at..4 * (at + groups))).flatten();
+    match stored {
+        Some(b) => b,
+        None => {
+            buf.clear();
+            buf.extend((0..groups).flat_map(|g| v.get(at + g).to_le_bytes()));
+            buf
+        }
+    }
+}
+
+/// Fields in a block at most (GGUF's super-blocks).
+const MAX_BLOCK: usize = 256;
+
+/// Byte-wide fields (each below 2^width) packed `width` bits apart, LSB
+/// first, into `out` (`fields.len()` a multiple of 8 but for a row's last).
+fn pack(fields: &[u8], width: u32, out: &mut [u8]) {
+    let per = (8 / width) as usize;
+    for (o, f) in out.iter_mut().zip(fields.chunks(per)) {
+        *o = f.iter().enumerate().fold(0, |b, (k, &x)| b | x << (k as u32 * width));
     }
 }
 

@@ -54,6 +54,15 @@ fn has_avx2() -> bool {
     sse2() && WIDE.load(Ordering::Relaxed) && std::arch::is_x86_feature_detected!("avx2")
 }
 
+/// Whether kernels may use AVX2 (loops the compiler vectorizes for it:
+/// `super::direct`).
+pub(super) fn has_wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return has_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Whether the AVX-512 kernels (F, BW, VBMI) run.
 #[cfg(target_arch = "x86_64")]
 #[inline]

@@ -65,6 +65,7 @@ impl Tiles {
             || job.post_scale.is_some()
             || job.offset.is_some()
             || job.sparse.is_some()
+            || f.blocks.is_some()
             || !(job.transposed || f.word_bits != 32)
         {
             return None;

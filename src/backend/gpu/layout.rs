@@ -9,7 +9,7 @@ use std::ops::Range;
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, LowRank, Starts, ValueKind, Values, ZeroPoint};
+use crate::job::{DecodeJob, Dims, Fields, InBlocks, LowRank, Plane, Starts, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Output bytes one chunk produces at most: big enough to keep the device
@@ -206,6 +206,32 @@ pub(super) struct StreamParams {
     /// XORed with a field's bit position ([`Fields::swap_mask`]: 4 for
     /// bitsandbytes' high-nibble-first bytes).
     swap: u32,
+    /// Fields per block ([`crate::job::InBlocks`]); 0: not in blocks.
+    block_len: u32,
+    block_bits: u32,
+    pad0: u32,
+    pad1: u32,
+    /// The low plane: its first byte in the block, bits, span, 0.
+    low: [u32; 4],
+    /// The high plane; bits 0: none.
+    high: [u32; 4],
+}
+
+impl StreamParams {
+    /// The block geometry of a stream (none: zeros).
+    fn in_blocks(b: Option<&InBlocks>) -> StreamParams {
+        let plane = |p: Option<Plane>| p.map_or([0; 4], |p| [p.at, p.bits, p.span, 0]);
+        match b {
+            None => StreamParams::default(),
+            Some(b) => StreamParams {
+                block_len: b.len,
+                block_bits: b.bytes * 8,
+                low: plane(Some(b.low)),
+                high: plane(b.high),
+                ..StreamParams::default()
+            },
+        }
+    }
 }
 
 /// Mirrors `Grid` in decode.wgsl.
@@ -361,6 +387,8 @@ pub(super) struct Fast {
     pub product: OutKind,
     /// `COPY`: the bench baseline (same reads and writes, no decoding).
     pub copy: bool,
+    /// `BLOCKED`: the codes lie inside blocks ([`InBlocks`]).
+    pub blocked: bool,
 }
 
 impl Kernel {
@@ -405,7 +433,7 @@ impl Kernel {
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub(super) fn constants(&self) -> [(&'static str, f64); 12] {
+    pub(super) fn constants(&self) -> [(&'static str, f64); 13] {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("BITS", self.bits as f64),
@@ -420,17 +448,26 @@ impl Fast {
             ("POST", flag(self.post)),
             ("PRODUCT", self.product as u32 as f64),
             ("COPY", flag(self.copy)),
+            ("BLOCKED", flag(self.blocked)),
         ]
     }
 
     /// The fast kernel for `job`, when it fits: a dense 4- or 8-bit code
-    /// stream, no g_idx, scale and zero-point groups of whole code words,
-    /// and (16-bit outputs) an even column count, so that no output word is
-    /// shared by two invocations.
+    /// stream (or codes in blocks read as such: [`Fast::blocks_fit`]), no
+    /// g_idx, scale and zero-point groups of whole code words, and (16-bit
+    /// outputs) an even column count, so that no output word is shared by
+    /// two invocations.
     pub(super) fn for_job(job: &DecodeJob<'_>) -> Option<Fast> {
         let c = &job.codes;
         let d = job.dims;
-        if !matches!(c.bits, 4 | 8)
+        // Codes in blocks are read as words of 4- or 8-bit fields.
+        let bits = match (&c.blocks, c.bits) {
+            (Some(b), 1..=4) if Fast::blocks_fit(job, b, 4) => 4,
+            (Some(b), 5..=8) if Fast::blocks_fit(job, b, 8) => 8,
+            (Some(_), _) => return None,
+            (None, bits) => bits,
+        };
+        if !matches!(bits, 4 | 8)
             || c.per_word != 0
             || c.word_bits != 32
             || job.g_idx.is_some()
@@ -446,7 +483,7 @@ impl Fast {
         if d.rows >= 1 << 23 || d.cols >= 1 << 23 {
             return None;
         }
-        let per = (32 / c.bits) as usize;
+        let per = (32 / bits) as usize;
         let whole_words =
             |v: &Values<'_>| v.grid.col_div >= d.cols || v.grid.col_div.is_multiple_of(per);
         if job.scale.iter().chain(&job.offset).any(|v| !whole_words(v)) {
@@ -469,9 +506,14 @@ impl Fast {
         if out != OutKind::F32 && !d.cols.is_multiple_of(2) {
             return None;
         }
+        let code = CodeKind::of(job);
+        // Two's complement of fewer bits than the word's fields.
+        if code == CodeKind::TwosComplement && bits != c.bits {
+            return None;
+        }
         Some(Fast {
-            bits: c.bits,
-            code: CodeKind::of(job),
+            bits,
+            code,
             out,
             zero: ZeroMode::of_job(job),
             scaled: job.scale.is_some(),
@@ -485,7 +527,26 @@ impl Fast {
             post: job.post_scale.is_some(),
             product: product_kind(job),
             copy: false,
+            blocked: c.blocks.is_some(),
         })
+    }
+
+    /// Whether the fast kernel reads `job`'s codes in blocks `b` as words
+    /// of `bits`-wide fields: a block length that is a power of two and a
+    /// multiple of a word's codes, planes whose runs hold whole words (or
+    /// are dense), lanes on bytes, and no packed zero points.
+    fn blocks_fit(job: &DecodeJob<'_>, b: &InBlocks, bits: u32) -> bool {
+        let per = 32 / bits;
+        let c = &job.codes;
+        let plane = |p: &Plane| p.span == 1 || p.span.is_multiple_of(per);
+        b.len.is_power_of_two()
+            && b.len.is_multiple_of(per)
+            && plane(&b.low)
+            && b.high.as_ref().is_none_or(plane)
+            && c.lane_bits.is_multiple_of(8)
+            && c.slice_bits.is_multiple_of(8)
+            && !c.high_first
+            && matches!(job.zero, None | Some(ZeroPoint::Plain(_)))
     }
 }
 
@@ -643,6 +704,7 @@ impl Tile {
         // High-first bytes and post scales (bitsandbytes) are straight jobs
         // the fast kernel takes.
         if !matches!(c.bits, 4 | 8)
+            || c.blocks.is_some()
             || job.low_rank.is_some()
             || job.sparse.is_some()
             || c.high_first
@@ -899,6 +961,7 @@ impl<'a> Src<'a> {
             base: (offset * 8).wrapping_sub(start * 8) as u32,
             interleave: f.interleaved as u32,
             swap: f.swap_mask() as u32,
+            ..StreamParams::in_blocks(f.blocks.as_ref())
         }
     }
 
@@ -988,7 +1051,15 @@ fn chunk<'a>(
         )
     };
     let mut src = Src::default();
-    let code_table = src.push_f32(&job.code_values);
+    // Whole tables for the fast kernels, which load 16 or 256 entries
+    // (codes in blocks are read as 4- or 8-bit fields).
+    let table_len = match job.code_values.len() {
+        n if n <= 16 => 16,
+        n => n.max(256),
+    };
+    let mut table = job.code_values.to_vec();
+    table.resize(table_len, 0.0);
+    let code_table = src.push_f32(&table);
     let gidx = match &job.g_idx {
         Some(g) => {
             (src.push(Cow::Owned(g.iter().flat_map(|x| x.to_le_bytes()).collect())) / 4) as u32
@@ -1304,7 +1375,7 @@ mod tests {
         ] {
             host.extend(
                 fields![StreamParams, name, at; bits, per_word, lane_bits, word_bits,
-                slice_bits, base, interleave, swap],
+                slice_bits, base, interleave, swap, block_len, block_bits, pad0, pad1, low, high],
             );
         }
         for (name, at) in [
@@ -1386,6 +1457,7 @@ mod tests {
             post: true,
             product: OutKind::F16,
             copy: false,
+            blocked: true,
         };
         let tile = Tile {
             bits: 4,
@@ -1448,6 +1520,7 @@ mod tests {
                 word_bits: 32,
                 slice_bits: (rows * words) as u64 * 32,
                 high_first: false,
+                blocks: None,
             },
             code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
             zero: None,

@@ -7,7 +7,8 @@
 #![allow(dead_code)]
 
 use wgpu_dequant::job::{
-    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, Nested, Product, ValueKind, Values, ZeroPoint,
+    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, InBlocks, Nested, Plane, Product, ValueKind, Values,
+    ZeroPoint,
 };
 use wgpu_dequant::OutDtype;
 
@@ -258,6 +259,8 @@ pub struct RandomJob {
     /// The arithmetic of the scaled value (ModelOpt FP8, compressed-tensors mxfp8).
     pub product: Product,
     pub out: OutDtype,
+    /// The codes lie inside blocks (GGUF's).
+    pub blocks: Option<InBlocks>,
 }
 
 impl RandomJob {
@@ -382,6 +385,71 @@ impl RandomJob {
             offset,
             product,
             out,
+            blocks: None,
+        }
+    }
+
+    /// A random job whose codes lie inside blocks ([`InBlocks`], GGUF's):
+    /// blocks of 8 to 256 fields (or a length the CPU's gather does not
+    /// take), one plane of 1, 2, 4 or 8 bits or two of them, in runs of any
+    /// span, after a header and before a tail; lanes padded or not; offset
+    /// or two's-complement integer code values (the CPU's direct values) or
+    /// others; scales on any grid, plain zero points or an offset.
+    pub fn aimed_at_blocks(rng: &mut Rng, d: Dims) -> RandomJob {
+        let r = RandomJob::new(rng, d, &GRID_SIZES);
+        let low_bits = [1u32, 2, 4, 8][rng.below(4) as usize];
+        let high_bits = [0u32, 1, 2, 4][rng.below(4) as usize].min(8 - low_bits);
+        let len = [8u32, 16, 32, 64, 256, 12][rng.below(6) as usize];
+        let span = |rng: &mut Rng| 1u32 << rng.below(len.ilog2() as u64 + 1);
+        // One past the last byte a plane's fields fill.
+        let end = |p: &Plane| p.at + len.div_ceil(8 / p.bits * p.span) * p.span;
+        let low = Plane {
+            at: rng.below(5) as u32,
+            bits: low_bits,
+            span: span(rng),
+        };
+        let high = (high_bits > 0).then(|| Plane {
+            at: end(&low) + rng.below(3) as u32,
+            bits: high_bits,
+            span: span(rng),
+        });
+        let bytes = high.as_ref().map_or(end(&low), end) + rng.below(4) as u32;
+        let blocks = InBlocks {
+            len,
+            bytes,
+            low,
+            high,
+        };
+        let bits = blocks.bits();
+        let lane_bytes = d.cols.div_ceil(len as usize) * bytes as usize + rng.below(3) as usize;
+        let (lane_bits, slice_bits) = (lane_bytes as u64 * 8, (d.rows * lane_bytes) as u64 * 8);
+        let code_len = d.slices * d.rows * lane_bytes + 4;
+        let code_values = match rng.below(3) {
+            0 => (0..1 << bits).map(|_| normal(rng, 6)).collect(),
+            _ => code_values(rng, bits),
+        };
+        let (zero, offset) = match r.zero {
+            ZeroSpec::Plain { .. } => (r.zero, rng.below(2) == 0),
+            _ => (ZeroSpec::None, false),
+        };
+        RandomJob {
+            bits,
+            padded: false,
+            per_word: 0,
+            interleaved: false,
+            transposed: false,
+            lane_bits,
+            word_bits: 32,
+            slice_bits,
+            codes: (0..code_len).map(|_| rng.next() as u8).collect(),
+            code_values,
+            zero_mode: if matches!(zero, ZeroSpec::None) { 0 } else { 2 },
+            zero,
+            offset,
+            g_idx: None,
+            high_first: false,
+            blocks: Some(blocks),
+            ..r
         }
     }
 
@@ -542,6 +610,7 @@ impl RandomJob {
                 word_bits: self.word_bits,
                 slice_bits: self.slice_bits,
                 high_first: self.high_first,
+                blocks: self.blocks,
             },
             code_values: self.code_values.clone().into(),
             zero: match &self.zero {
@@ -556,6 +625,7 @@ impl RandomJob {
                         word_bits: 32 * *groups as u64,
                         slice_bits: (zrows * groups) as u64 * 32,
                         high_first: false,
+                        blocks: None,
                     },
                 }),
                 ZeroSpec::Plain { kind, grid } => Some(ZeroPoint::Plain(Values {
@@ -573,6 +643,7 @@ impl RandomJob {
                         word_bits: 32,
                         slice_bits: *lanes as u64 * lane_bits,
                         high_first: false,
+                        blocks: None,
                     },
                 }),
                 ZeroSpec::None => None,
@@ -613,7 +684,7 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} {} {} g_idx {} post {:?} product {:?} out {}",
+            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} {} {} g_idx {} post {:?} product {:?} out {} blocks {:?}",
             self.dims,
             if self.transposed { " transposed" } else { "" },
             self.bits,
@@ -633,7 +704,8 @@ impl RandomJob {
             self.g_idx.is_some(),
             self.post_scale,
             self.product,
-            self.out
+            self.out,
+            self.blocks
         )
     }
 }

@@ -1,0 +1,176 @@
+//! Values computed straight from byte codes, for jobs whose tables would
+//! cost as much as their values (GGUF's: a scale per 16 or 32 codes):
+//! codes that stand for consecutive integers are converted, multiplied by
+//! their group's scale, the offset added, and rounded to the output, with
+//! exactly the operations of `DecodeJob::value`. Plain loops over a few
+//! registers' worth of values, which the compiler turns into vector
+//! instructions (AVX2 where the CPU has it).
+
+use crate::numerics::{self, OutDtype};
+
+/// Codes that stand for consecutive integers: code `k` is `(k ^ xor) −
+/// sub` (`k − c`, or with `xor` 0x80 and `sub` 128 a two's-complement
+/// byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Linear {
+    xor: u8,
+    sub: i32,
+}
+
+impl Linear {
+    /// The rule `values` follow, bit for bit, if they follow one.
+    pub(super) fn of(values: &[f32]) -> Option<Linear> {
+        if values.is_empty() || values.len() > 256 {
+            return None;
+        }
+        let follows = |l: Linear| values.iter().enumerate().all(|(k, v)| v.to_bits() == l.value(k as u8).to_bits());
+        let signed = Linear { xor: 0x80, sub: 128 };
+        if values.len() == 256 && follows(signed) {
+            return Some(signed);
+        }
+        let first = -values[0];
+        let sub = first as i32;
+        (sub as f32 == first && sub.unsigned_abs() < 1 << 16)
+            .then_some(Linear { xor: 0, sub })
+            .filter(|&l| follows(l))
+    }
+
+    /// Code `k`'s value.
+    #[inline(always)]
+    fn value(self, k: u8) -> f32 {
+        ((k ^ self.xor) as i32 - self.sub) as f32
+    }
+}
+
+/// Codes per group, and the row's scales and offsets, a little-endian f32
+/// per group.
+type Groups<'a> = (usize, &'a [u8], Option<&'a [u8]>);
+
+/// Decodes a row of byte codes into `out` (`N` bytes a value): with AVX2
+/// where `wide`.
+pub(super) fn row<const N: usize>(wide: bool, codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: `wide` is the CPU's AVX2 (simd::has_wide).
+        return unsafe { row_avx2::<N>(codes, groups, dtype, out) };
+    }
+    let _ = wide;
+    row_any::<N>(codes, groups, dtype, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn row_avx2<const N: usize>(codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
+    row_any::<N>(codes, groups, dtype, out)
+}
+
+/// Values a pass computes at once.
+const LANES: usize = 16;
+
+#[inline(always)]
+fn row_any<const N: usize>(codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
+    // The output dtype matched once a row, the loops below made for each.
+    match dtype {
+        OutDtype::Bf16 => row_as::<N>(codes, groups, out, bf16),
+        OutDtype::F16 => row_as::<N>(codes, groups, out, f16),
+        OutDtype::F32 => row_as::<N>(codes, groups, out, f32),
+    }
+}
+
+/// A pass rounded to bf16, into `out`.
+#[inline(always)]
+fn bf16(v: &[f32; LANES], out: &mut [u8]) {
+    let mut e = [0u16; LANES];
+    for (e, &x) in e.iter_mut().zip(v) {
+        *e = numerics::f32_to_bf16(x);
+    }
+    out.copy_from_slice(bytemuck::bytes_of(&e));
+}
+
+/// A pass rounded to f16, into `out`.
+#[inline(always)]
+fn f16(v: &[f32; LANES], out: &mut [u8]) {
+    let mut e = [0u16; LANES];
+    for (e, &x) in e.iter_mut().zip(v) {
+        *e = numerics::f32_to_f16(x);
+    }
+    out.copy_from_slice(bytemuck::bytes_of(&e));
+}
+
+/// A pass as f32s, into `out`.
+#[inline(always)]
+fn f32(v: &[f32; LANES], out: &mut [u8]) {
+    let mut e = [0u32; LANES];
+    for (e, &x) in e.iter_mut().zip(v) {
+        *e = numerics::f32_bits(x);
+    }
+    out.copy_from_slice(bytemuck::bytes_of(&e));
+}
+
+/// [`row_any`] with `encode` writing `LANES` values (`LANES · N` bytes:
+/// a copy of a size the compiler knows).
+#[inline(always)]
+fn row_as<const N: usize>(
+    (codes, lin): (&[u8], Linear),
+    (group, scales, offsets): Groups<'_>,
+    out: &mut [u8],
+    encode: impl Fn(&[f32; LANES], &mut [u8]),
+) {
+    let f32_at = |b: &[u8], g: usize| f32::from_le_bytes([b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]]);
+    let values = |c: &[u8; LANES], s: f32, b: Option<f32>| values(lin, c, s, b);
+    // Groups of whole passes (GGUF's 16 and 32).
+    if group.is_multiple_of(LANES) && codes.len().is_multiple_of(LANES) {
+        let (whole, _) = codes.as_chunks::<LANES>();
+        let groups = whole.chunks(group / LANES).zip(out.chunks_mut(group * N)).enumerate();
+        for (g, (passes, out)) in groups {
+            let s = f32_at(scales, g);
+            let passes = passes.iter().zip(out.chunks_exact_mut(LANES * N));
+            // Plain loops: iterator adapters are functions of their own,
+            // which the caller's AVX2 would not reach.
+            match offsets.map(|b| f32_at(b, g)) {
+                Some(b) => {
+                    for (c, o) in passes {
+                        encode(&values(c, s, Some(b)), o);
+                    }
+                }
+                None => {
+                    for (c, o) in passes {
+                        encode(&values(c, s, None), o);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    // Else a group at a time, its last few values in a pass of their own.
+    for (g, (c, o)) in codes.chunks(group).zip(out.chunks_mut(group * N)).enumerate() {
+        let (s, b) = (f32_at(scales, g), offsets.map(|b| f32_at(b, g)));
+        for (c, o) in c.chunks(LANES).zip(o.chunks_mut(LANES * N)) {
+            let mut pass = [0u8; LANES];
+            pass[..c.len()].copy_from_slice(c);
+            let mut whole = [0u8; LANES * 4];
+            encode(&values(&pass, s, b), &mut whole[..LANES * N]);
+            o.copy_from_slice(&whole[..o.len()]);
+        }
+    }
+}
+
+/// The values of a pass: `f32(value · s)`, plus `b` where there is one.
+/// Loops of a fixed length, which the compiler turns into vectors.
+#[inline(always)]
+fn values(lin: Linear, c: &[u8; LANES], s: f32, b: Option<f32>) -> [f32; LANES] {
+    let mut v = [0f32; LANES];
+    match b {
+        Some(b) => {
+            for (x, &k) in v.iter_mut().zip(c) {
+                *x = lin.value(k) * s + b;
+            }
+        }
+        None => {
+            for (x, &k) in v.iter_mut().zip(c) {
+                *x = lin.value(k) * s;
+            }
+        }
+    }
+    v
+}
