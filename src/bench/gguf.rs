@@ -1,7 +1,8 @@
-//! GGUF's common K-quants (Q4_K, Q6_K) as `dequantize` decodes them: each
-//! run of rows mapped on the host into a job, which the backend decodes,
-//! against the straight int4 job of the same shape (CPU) and the copy
-//! shader of that int4 job (GPU), in the same run.
+//! GGUF's common K-quants (Q4_K, Q6_K) as `dequantize` decodes them: the
+//! scales of each run of rows computed on the host, the codes read where
+//! they lie in the blocks by the backend, against the straight int4 job of
+//! the same shape (CPU) and the copy shader of that int4 job (GPU), in the
+//! same run.
 
 use super::{
     best, best_of_turns, case_name, copy_seconds, kernel_name, line_aligned, Figure, Layout, Weight,
@@ -40,7 +41,8 @@ fn blocks(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     v
 }
 
-/// Maps and decodes every row of `data` with `decode`, a piece at a time.
+/// Maps (the scales) and decodes every row of `data` with `decode`, a
+/// piece at a time.
 fn pieces(
     ty: GgmlType,
     data: &[u8],
@@ -91,7 +93,7 @@ pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<V
             )?;
             figures.push(Figure {
                 backend: "cpu",
-                what: format!("gguf {ty} → {out}, mapped a piece at a time"),
+                what: format!("gguf {ty} → {out}, scales mapped a piece at a time"),
                 baseline: format!("straight {}", case_name(Layout::Int4, out)),
                 bytes: bytes as u64,
                 seconds: t,
@@ -135,7 +137,7 @@ pub(crate) fn gpu(
         figures.push(Figure {
             backend: "gpu",
             what: format!(
-                "gguf {ty} → {out}, mapped on the host a piece at a time ({})",
+                "gguf {ty} → {out}, scales mapped on the host a piece at a time ({})",
                 kernel_name(before, decoder.dispatches())
             ),
             baseline: "copy shader of the straight int4 job".into(),

@@ -1,8 +1,9 @@
-//! Tensors of self-describing blocks (GGUF's): the codes, scales and
-//! offsets of each run of rows decoded are first mapped on the host, from
-//! the stored blocks of those rows alone, into the one job description,
-//! which any backend then decodes. The map is the format's; memory holds
-//! the mapped job of one run of rows, never the tensor's.
+//! Tensors of self-describing blocks (GGUF's): the scales and offsets of
+//! each run of rows decoded (and the codes, where the job cannot read them
+//! in the blocks) are first mapped on the host, from the stored blocks of
+//! those rows alone, into the one job description, which any backend then
+//! decodes. The map is the format's; memory holds the mapped job of one
+//! run of rows, never the tensor's.
 
 use std::ops::Range;
 
@@ -12,7 +13,7 @@ use crate::job::{DecodeJob, Dims};
 use crate::numerics::OutDtype;
 
 /// The map from the stored bytes of some whole rows to their job.
-pub type MapBlocks = fn(&[u8], Dims, OutDtype) -> Result<DecodeJob<'static>>;
+pub type MapBlocks = for<'b> fn(&'b [u8], Dims, OutDtype) -> Result<DecodeJob<'b>>;
 
 /// A tensor stored as rows of blocks.
 #[derive(Debug, Clone)]
@@ -38,7 +39,7 @@ impl<'a> Blocks<'a> {
     }
 
     /// The job that decodes rows `rows` (counted from 0 in it).
-    pub fn job(&self, rows: Range<usize>) -> Result<DecodeJob<'static>> {
+    pub fn job(&self, rows: Range<usize>) -> Result<DecodeJob<'a>> {
         let data = self.tensor.data()?;
         let bytes = data
             .get(rows.start * self.row_bytes..rows.end * self.row_bytes)

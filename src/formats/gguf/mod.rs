@@ -1,8 +1,12 @@
 //! GGUF (llama.cpp, gguf-py): a quantized tensor's blocks carry their own
 //! scales. Each run of rows decoded is mapped on the host
-//! ([`crate::output::blocks`]) into one job: a code per element (4 bits
-//! where the run's codes fit, else a byte) through the type's code table, an f32 scale per group and, where the
-//! type has one, an f32 offset per group, added after the product. The
+//! ([`crate::output::blocks`]) into one job: an f32 scale per group and,
+//! where the type has one, an f32 offset per group, added after the
+//! product; codes through the type's code table, read by the backends
+//! where they lie in the blocks ([`crate::job::InBlocks`]: one plane of
+//! whole fields, or two for the 5- and 6-bit types), or, for the
+//! codebook and base-3 types, mapped too (4 bits where the run's codes
+//! fit, else a byte). The
 //! values are gguf-py's (`gguf.quants.dequantize`, what transformers
 //! computes): f16 block scales widened to f32, sub-block scales multiplied
 //! in f32 (`d · sc`, `dmin · m`), then `f32(scale · q) + offset`, rounded
@@ -13,11 +17,13 @@ mod grids;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
+use rayon::prelude::*;
+
 use super::Modules;
 use crate::checkpoint::{Checkpoint, Gguf};
 use crate::error::{Error, Result, Rule};
 use crate::gguf::GgmlType;
-use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values};
+use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, InBlocks, Plane, ValueKind, Values};
 use crate::numerics::{f16_to_f32, OutDtype};
 use crate::output::blocks::{Blocks, MapBlocks};
 use crate::output::{Output, Source};
@@ -168,13 +174,22 @@ struct Block<'o> {
 }
 
 /// How a type's blocks read: elements per scale group, the code table
-/// (code `k` stands for `table(k)`), whether it has offsets, and the
-/// decoder of one block.
+/// (code `k` stands for `table(k)`), whether it has offsets, where its
+/// codes lie when they are whole fields read in place (the low plane and
+/// the high one), and the decoder of one block: its scales and offsets,
+/// and its codes when they are not read in place.
 struct Kind {
     group: usize,
     table: fn(u32) -> f32,
     offsets: bool,
+    planes: Option<(Plane, Option<Plane>)>,
     block: fn(&[u8], Block<'_>),
+}
+
+/// A plane of `bits`-wide codes from byte `at` of a block, in runs of
+/// `span` bytes ([`Plane`]).
+const fn plane(at: u32, bits: u32, span: u32) -> Plane {
+    Plane { at, bits, span }
 }
 
 fn f16(b: &[u8], at: usize) -> f32 {
@@ -191,32 +206,6 @@ fn scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
         m[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
     }
     (sc, m)
-}
-
-/// Q4_0 and Q4_1's nibbles: byte j's low one is element j, its high one
-/// element j + 16.
-fn nibbles32(qs: &[u8], codes: &mut [u8]) {
-    for j in 0..16 {
-        codes[j] = qs[j] & 15;
-        codes[j + 16] = qs[j] >> 4;
-    }
-}
-
-/// Q5_0 and Q5_1's fifth bits, from their 32-bit mask.
-fn fifth_bits(qh: &[u8], codes: &mut [u8]) {
-    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
-    for (j, c) in codes.iter_mut().enumerate().take(32) {
-        *c |= (((qh >> j) & 1) as u8) << 4;
-    }
-}
-
-/// Q4_K and Q5_K's low nibbles: in each 64 elements, 32 bytes' low
-/// nibbles, then their high ones.
-fn nibbles256(qs: &[u8], codes: &mut [u8]) {
-    for (e, c) in codes.iter_mut().enumerate().take(256) {
-        let (chunk, r) = (e / 64, e % 64);
-        *c = (qs[32 * chunk + r % 32] >> (4 * (r / 32))) & 15;
-    }
 }
 
 /// Q4_K and Q5_K's scales `d · sc` and offsets `−(dmin · m)`.
@@ -329,44 +318,45 @@ fn grid_codes(grid: &[u8], per: usize, entry: usize, n: u8, signs: u8, codes: &m
 
 fn kind(ty: GgmlType) -> Option<Kind> {
     use GgmlType as T;
-    let k = |group, table, offsets, block| Some(Kind { group, table, offsets, block });
+    // Codes read in place, one plane or two; the block decoder gives the
+    // scales and offsets only.
+    let one = |p| Some((p, None));
+    let two = |low, high| Some((low, Some(high)));
+    let k = |group, table, offsets, planes, block| Some(Kind { group, table, offsets, planes, block });
+    // Codes mapped by the block decoder too.
+    let m = |group, table, offsets, block| k(group, table, offsets, None, block);
     match ty {
-        T::Q8_0 => k(32, |c| c as u8 as i8 as f32, false, |b, o| {
+        T::Q8_0 => k(32, |c| c as u8 as i8 as f32, false, one(plane(2, 8, 1)), |b, o| {
             o.scales[0] = f16(b, 0);
-            o.codes.copy_from_slice(&b[2..34]);
         }),
-        T::Q4_0 => k(32, |c| c as f32 - 8.0, false, |b, o| {
+        // The nibbles of Q4_0 and its kind: byte j's low one is element j,
+        // its high one element j + 16.
+        T::Q4_0 => k(32, |c| c as f32 - 8.0, false, one(plane(2, 4, 16)), |b, o| {
             o.scales[0] = f16(b, 0);
-            nibbles32(&b[2..18], o.codes);
         }),
-        T::Q4_1 => k(32, |c| c as f32, true, |b, o| {
+        T::Q4_1 => k(32, |c| c as f32, true, one(plane(4, 4, 16)), |b, o| {
             (o.scales[0], o.offsets[0]) = (f16(b, 0), f16(b, 2));
-            nibbles32(&b[4..20], o.codes);
         }),
-        T::Q5_0 => k(32, |c| c as f32 - 16.0, false, |b, o| {
+        // Fifth bits: bit j of a 32-bit mask is element j's.
+        T::Q5_0 => k(32, |c| c as f32 - 16.0, false, two(plane(6, 4, 16), plane(2, 1, 1)), |b, o| {
             o.scales[0] = f16(b, 0);
-            nibbles32(&b[6..22], o.codes);
-            fifth_bits(&b[2..6], o.codes);
         }),
-        T::Q5_1 => k(32, |c| c as f32, true, |b, o| {
+        T::Q5_1 => k(32, |c| c as f32, true, two(plane(8, 4, 16), plane(4, 1, 1)), |b, o| {
             (o.scales[0], o.offsets[0]) = (f16(b, 0), f16(b, 2));
-            nibbles32(&b[8..24], o.codes);
-            fifth_bits(&b[4..8], o.codes);
         }),
-        T::Q2_K => k(16, |c| c as f32, true, |b, o| {
+        // The K-quants: in each 128 (2-bit) or 64 (4-bit) elements, 32
+        // bytes' lowest fields, then their next ones.
+        T::Q2_K => k(16, |c| c as f32, true, one(plane(16, 2, 32)), |b, o| {
             // scales [16], qs [64], d, dmin.
             let (d, dmin) = (f16(b, 80), f16(b, 82));
             for ((s, m), &sm) in o.scales.iter_mut().zip(o.offsets.iter_mut()).zip(&b[..16]) {
                 *s = d * (sm & 0x0F) as f32;
                 *m = -(dmin * (sm >> 4) as f32);
             }
-            for (e, c) in o.codes.iter_mut().enumerate() {
-                let (chunk, r) = (e / 128, e % 128);
-                *c = (b[16 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
-            }
         }),
-        T::Q3_K => k(16, |c| c as f32 - 4.0, false, |b, o| {
-            // hmask [32], qs [64], scales [12], d.
+        // hmask [32] (the third bit: the offset of 4 applies where it is
+        // clear), qs [64], scales [12], d.
+        T::Q3_K => k(16, |c| c as f32 - 4.0, false, two(plane(32, 2, 32), plane(0, 1, 32)), |b, o| {
             let d = f16(b, 108);
             let s = &b[96..108];
             for g in 0..16 {
@@ -374,44 +364,24 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 let high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
                 o.scales[g] = d * ((low | (high << 4)) as i8 - 32) as f32;
             }
-            for (e, c) in o.codes.iter_mut().enumerate() {
-                let (chunk, r) = (e / 128, e % 128);
-                let low = (b[32 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
-                // The offset of 4 applies where the mask bit is clear.
-                let high = (b[e % 32] >> (e / 32)) & 1;
-                *c = low + 4 * high;
-            }
         }),
-        T::Q4_K => k(32, |c| c as f32, true, |b, mut o| {
-            k_scales(b, &mut o);
-            nibbles256(&b[16..144], o.codes);
+        T::Q4_K => k(32, |c| c as f32, true, one(plane(16, 4, 32)), |b, mut o| k_scales(b, &mut o)),
+        T::Q5_K => k(32, |c| c as f32, true, two(plane(48, 4, 32), plane(16, 1, 32)), |b, mut o| {
+            k_scales(b, &mut o)
         }),
-        T::Q5_K => k(32, |c| c as f32, true, |b, mut o| {
-            k_scales(b, &mut o);
-            nibbles256(&b[48..176], o.codes);
-            for (e, c) in o.codes.iter_mut().enumerate() {
-                *c |= ((b[16 + e % 32] >> (e / 32)) & 1) << 4;
-            }
-        }),
-        T::Q6_K => k(16, |c| c as f32 - 32.0, false, |b, o| {
-            // ql [128], qh [64], scales [16] int8, d.
+        // ql [128] (low nibbles, 64 bytes to 128 elements), qh [64],
+        // scales [16] int8, d.
+        T::Q6_K => k(16, |c| c as f32 - 32.0, false, two(plane(0, 4, 64), plane(128, 2, 32)), |b, o| {
             let d = f16(b, 208);
             for g in 0..16 {
                 o.scales[g] = d * b[192 + g] as i8 as f32;
             }
-            for (e, c) in o.codes.iter_mut().enumerate() {
-                let (chunk, r) = (e / 128, e % 128);
-                let low = (b[64 * chunk + r % 64] >> (4 * (r / 64))) & 15;
-                let high = (b[128 + 32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
-                *c = low | (high << 4);
-            }
         }),
-        T::IQ4_NL => k(32, |c| IQ4[c as usize & 15] as f32, false, |b, o| {
+        T::IQ4_NL => k(32, |c| IQ4[c as usize & 15] as f32, false, one(plane(2, 4, 16)), |b, o| {
             o.scales[0] = f16(b, 0);
-            nibbles32(&b[2..18], o.codes);
         }),
-        T::IQ4_XS => k(32, |c| IQ4[c as usize & 15] as f32, false, |b, o| {
-            // d, scales_h u16, scales_l [4], qs [128].
+        // d, scales_h u16, scales_l [4], qs [128] (16 bytes to 32 elements).
+        T::IQ4_XS => k(32, |c| IQ4[c as usize & 15] as f32, false, one(plane(8, 4, 16)), |b, o| {
             let d = f16(b, 0);
             let high = u16::from_le_bytes([b[2], b[3]]);
             for (j, s) in o.scales.iter_mut().enumerate() {
@@ -419,13 +389,8 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 let h = ((high >> (2 * j)) & 3) as u8;
                 *s = d * ((low | (h << 4)) as i8 - 32) as f32;
             }
-            for (j, c) in o.codes.chunks_exact_mut(32).enumerate() {
-                for (i, q) in b[8 + 16 * j..8 + 16 * j + 16].iter().enumerate() {
-                    (c[i], c[i + 16]) = (q & 15, q >> 4);
-                }
-            }
         }),
-        T::TQ1_0 => k(256, |c| c as f32 - 1.0, false, |b, o| {
+        T::TQ1_0 => m(256, |c| c as f32 - 1.0, false, |b, o| {
             // qs [48] in base 3, five digits a byte (then four), qh [4], d.
             o.scales[0] = f16(b, 52);
             let digit = |x: u8, k: u32| ((((x as u32 * 3u32.pow(k)) & 0xFF) * 3) >> 8) as u8;
@@ -437,30 +402,20 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 };
             }
         }),
-        T::TQ2_0 => k(256, |c| c as f32 - 1.0, false, |b, o| {
-            // qs [64], d.
+        // qs [64], d.
+        T::TQ2_0 => k(256, |c| c as f32 - 1.0, false, one(plane(0, 2, 32)), |b, o| {
             o.scales[0] = f16(b, 64);
-            for (e, c) in o.codes.iter_mut().enumerate() {
-                let (chunk, r) = (e / 128, e % 128);
-                *c = (b[32 * chunk + r % 32] >> (2 * (r / 32))) & 3;
-            }
         }),
-        T::MXFP4 => k(32, |c| E2M1X2[c as usize & 15] as f32, false, |b, o| {
+        T::MXFP4 => k(32, |c| E2M1X2[c as usize & 15] as f32, false, one(plane(1, 4, 16)), |b, o| {
             o.scales[0] = e8m0_half(b[0]);
-            nibbles32(&b[1..17], o.codes);
         }),
-        T::NVFP4 => k(16, |c| E2M1X2[c as usize & 15] as f32, false, |b, o| {
-            // Four ue4m3 scales, then 8 bytes a group: low nibbles first.
+        // Four ue4m3 scales, then 8 bytes a group: low nibbles first.
+        T::NVFP4 => k(16, |c| E2M1X2[c as usize & 15] as f32, false, one(plane(4, 4, 8)), |b, o| {
             for (s, &x) in o.scales.iter_mut().zip(&b[..4]) {
                 *s = ue4m3_half(x);
             }
-            for (g, c) in o.codes.chunks_exact_mut(16).enumerate() {
-                for (i, q) in b[4 + 8 * g..12 + 8 * g].iter().enumerate() {
-                    (c[i], c[i + 8]) = (q & 15, q >> 4);
-                }
-            }
         }),
-        T::IQ2_XXS => k(32, |c| signed(&IQ2_MAP, c), false, |b, o| {
+        T::IQ2_XXS => m(32, |c| signed(&IQ2_MAP, c), false, |b, o| {
             // d, then per 32: four grid indices (a byte each), then the
             // scale (top 4 bits) and four 7-bit sign indices.
             let d = f16(b, 0);
@@ -476,7 +431,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 }
             }
         }),
-        T::IQ2_XS => k(16, |c| signed(&IQ2_MAP, c), false, |b, o| {
+        T::IQ2_XS => m(16, |c| signed(&IQ2_MAP, c), false, |b, o| {
             // d, 32 u16 (9-bit grid index, 7-bit sign index), 8 bytes of
             // 4-bit scales (one per 16).
             let d = f16(b, 0);
@@ -490,7 +445,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 grid_codes(g, 8, (q & 511) as usize, 3, ksigns((q >> 9) as u32), c);
             }
         }),
-        T::IQ2_S => k(16, |c| signed(&IQ2_MAP, c), false, |b, o| {
+        T::IQ2_S => m(16, |c| signed(&IQ2_MAP, c), false, |b, o| {
             // d, qs [32], signs [32], qh [8], scales [8].
             let d = f16(b, 0);
             let g = &grids().iq2s;
@@ -503,7 +458,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 grid_codes(g, 8, b[2 + i] as usize | (high << 8), 3, b[34 + i], c);
             }
         }),
-        T::IQ3_XXS => k(32, |c| signed(&IQ3XXS_MAP, c), false, |b, o| {
+        T::IQ3_XXS => m(32, |c| signed(&IQ3XXS_MAP, c), false, |b, o| {
             // d, qs [64] (a grid entry of 4 a byte), 8 u32 of scale and signs.
             let d = f16(b, 0);
             let g = &grids().iq3xxs;
@@ -521,7 +476,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 }
             }
         }),
-        T::IQ3_S => k(32, |c| signed(&IQ3S_MAP, c), false, |b, o| {
+        T::IQ3_S => m(32, |c| signed(&IQ3S_MAP, c), false, |b, o| {
             // d, qs [64], qh [8], signs [32], scales [4].
             let d = f16(b, 0);
             let g = &grids().iq3s;
@@ -535,7 +490,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 grid_codes(g, 4, b[2 + i] as usize | (high << 8), 8, signs, c);
             }
         }),
-        T::IQ1_S => k(32, iq1, false, |b, o| {
+        T::IQ1_S => m(32, iq1, false, |b, o| {
             // d, qs [32], qh: 8 u16 (3-bit scale, delta sign, 4 × 3 high
             // index bits).
             let d = f16(b, 0);
@@ -553,7 +508,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
                 }
             }
         }),
-        T::IQ1_M => k(16, iq1, false, |b, o| {
+        T::IQ1_M => m(16, iq1, false, |b, o| {
             // qs [32], qh [16] (two nibbles: 3 high index bits, delta sign),
             // scales: 4 u16 of 3-bit scales, d in their top nibbles.
             let sc: [u16; 4] = std::array::from_fn(|t| u16::from_le_bytes([b[48 + 2 * t], b[49 + 2 * t]]));
@@ -576,8 +531,10 @@ fn kind(ty: GgmlType) -> Option<Kind> {
     }
 }
 
-/// The job of whole rows `bytes` of type `ID` (a [`MapBlocks`]).
-fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJob<'static>> {
+/// The job of whole rows `bytes` of type `ID` (a [`MapBlocks`]): the
+/// scales and offsets of every block on the host; the codes read in place
+/// from `bytes` where the type's are whole fields, else mapped too.
+fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJob<'_>> {
     let internal = |d: &str| Error::bare(Rule::Internal, format!("gguf: {d}"));
     let ty = GgmlType::from_id(ID).ok_or_else(|| internal("an unknown type"))?;
     let kind = kind(ty).ok_or_else(|| internal("a type without a map"))?;
@@ -587,20 +544,34 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
         return Err(internal("rows that are not whole blocks"));
     }
     let per_block = block / kind.group;
-    let mut codes = vec![0u8; elements];
+    let mut codes = vec![0u8; if kind.planes.is_some() { 0 } else { elements }];
     let mut scales = vec![0f32; elements / kind.group];
-    let mut offsets = vec![0f32; if kind.offsets { scales.len() } else { per_block }];
-    for (i, (b, c)) in bytes.chunks_exact(block_bytes).zip(codes.chunks_exact_mut(block)).enumerate() {
-        let o = if kind.offsets { i * per_block } else { 0 };
-        (kind.block)(
-            b,
-            Block {
-                codes: c,
-                scales: &mut scales[i * per_block..(i + 1) * per_block],
-                offsets: &mut offsets[o..o + per_block],
-            },
-        );
+    let mut offsets = vec![0f32; if kind.offsets { scales.len() } else { 0 }];
+    // Blocks decoded by many threads, TASK blocks a task (codes and
+    // offsets empty where the type has none).
+    const TASK: usize = 64;
+    let mut tasks = Vec::with_capacity(bytes.len().div_ceil(TASK * block_bytes));
+    let (mut c_rest, mut o_rest) = (&mut codes[..], &mut offsets[..]);
+    for (b, s) in bytes.chunks(TASK * block_bytes).zip(scales.chunks_mut(TASK * per_block)) {
+        let n = b.len() / block_bytes;
+        let (cn, on) = ((n * block).min(c_rest.len()), (n * per_block).min(o_rest.len()));
+        let (c, rest) = std::mem::take(&mut c_rest).split_at_mut(cn);
+        c_rest = rest;
+        let (o, rest) = std::mem::take(&mut o_rest).split_at_mut(on);
+        o_rest = rest;
+        tasks.push((b, s, c, o));
     }
+    tasks.into_par_iter().for_each(|(b, s, c, o)| {
+        let mut none = vec![0f32; per_block];
+        for (i, (b, s)) in b.chunks_exact(block_bytes).zip(s.chunks_exact_mut(per_block)).enumerate() {
+            let codes = c.get_mut(i * block..(i + 1) * block).unwrap_or_default();
+            let offsets = match o.get_mut(i * per_block..(i + 1) * per_block) {
+                Some(o) => o,
+                None => &mut none[..],
+            };
+            (kind.block)(b, Block { codes, scales: s, offsets });
+        }
+    });
     let groups = dims.cols / kind.group;
     let grid = Grid {
         row_div: 1,
@@ -609,20 +580,30 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
         slice_stride: dims.rows * groups,
     };
     let values = |v: Vec<f32>| Values {
-        data: Bytes::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()),
+        data: Bytes::Owned(Arc::from(bytemuck::cast_slice::<f32, u8>(&v))),
         kind: ValueKind::F32,
         grid,
     };
-    // Codes below 16 go two to a byte, low nibble first: the CPU's
-    // per-group tables and the GPU's fast kernels take 4-bit codes.
-    let bits = if codes.iter().all(|&c| c < 16) { 4 } else { 8 };
-    let codes: Vec<u8> = match bits {
-        4 => codes.chunks(2).map(|p| p[0] | (p.get(1).copied().unwrap_or(0) << 4)).collect(),
-        _ => codes,
+    let row_bits = (dims.cols / block * block_bytes) as u64 * 8;
+    let codes = match kind.planes {
+        Some((low, high)) => {
+            let blocks = InBlocks {
+                len: block as u32,
+                bytes: block_bytes as u32,
+                low,
+                high,
+            };
+            Fields::in_blocks(bytes, blocks, row_bits)
+        }
+        // Codes below 16 go two to a byte, low nibble first: the CPU's
+        // per-group tables and the GPU's fast kernels take 4-bit codes.
+        None if codes.iter().all(|&c| c < 16) => {
+            let nibbles: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p.get(1).copied().unwrap_or(0) << 4)).collect();
+            Fields::dense(Bytes::Owned(Arc::from(nibbles)), 4, (dims.cols as u64 * 4).div_ceil(8) * 8)
+        }
+        None => Fields::dense(Bytes::Owned(Arc::from(codes)), 8, dims.cols as u64 * 8),
     };
-    let table: Vec<f32> = (0..1 << bits).map(kind.table).collect();
-    let lane = (dims.cols as u64 * bits as u64).div_ceil(8) * 8;
-    let codes = Fields::dense(Bytes::Owned(Arc::from(codes)), bits, lane);
+    let table: Vec<f32> = (0..1 << codes.bits).map(kind.table).collect();
     let job = DecodeJob::new(dims, codes, table, out).with_scale(values(scales));
     Ok(match kind.offsets {
         true => job.with_offset(values(offsets)),
