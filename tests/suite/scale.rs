@@ -23,7 +23,9 @@ use wgpu_dequant::backend::{set_vector_kernels, set_wide_kernels, way, Backend, 
 use wgpu_dequant::Checkpoint;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
-use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
+use wgpu_dequant::job::{
+    DecodeJob, Dims, Fields, Grid, InBlocks, Plane, ValueKind, Values, ZeroPoint,
+};
 use wgpu_dequant::writer::{OutputDir, Summary, PART_SUFFIX};
 use wgpu_dequant::{DtypeChoice, OutDtype, Plan};
 
@@ -1737,5 +1739,47 @@ fn cpu_blocked_fields_equal_reference_on_random_jobs() {
             ways.contains_key(&format!("{w:?}")),
             "no random blocked job went {w:?}: {ways:?}"
         );
+    }
+}
+
+/// A block geometry whose planes leave the block is refused before a byte
+/// is read, by both backends' checks.
+#[test]
+fn blocked_fields_outside_their_blocks_are_refused() {
+    let data = [0u8; 64];
+    let low = Plane {
+        at: 4,
+        bits: 4,
+        span: 16,
+    };
+    for (bytes, bits, ok) in [(20, 4, true), (16, 4, false), (20, 8, false)] {
+        let blocks = InBlocks {
+            len: 32,
+            bytes,
+            low,
+            high: None,
+        };
+        let codes = Fields {
+            bits,
+            ..Fields::in_blocks(&data[..], blocks, bytes as u64 * 8)
+        };
+        let d = Dims {
+            slices: 1,
+            rows: 1,
+            cols: 32,
+        };
+        let job = DecodeJob::new(
+            d,
+            codes,
+            (0..1 << bits).map(|c| c as f32).collect::<Vec<_>>(),
+            OutDtype::F32,
+        );
+        match Cpu::new().decode(&job) {
+            Ok(v) => assert!(ok && v.len() == 128, "{bytes} bytes, {bits} bits"),
+            Err(e) => assert!(
+                !ok && e.rule == wgpu_dequant::Rule::Argument,
+                "{bytes} bytes, {bits} bits: {e}"
+            ),
+        }
     }
 }
