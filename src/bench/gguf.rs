@@ -15,8 +15,19 @@ use crate::gguf::GgmlType;
 use crate::job::Dims;
 use crate::numerics::OutDtype;
 
-/// The types measured.
+/// The types measured on the CPU.
 const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+
+/// The types measured on the GPU: the common ones, which its fast kernel
+/// reads in their blocks.
+const GPU_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
 
 /// Output bytes mapped and decoded at a time, as the writer's pieces.
 const PIECE_BYTES: usize = 8 << 20;
@@ -28,9 +39,11 @@ fn blocks(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut rng = fastrand::Rng::with_seed(51);
     let mut v = vec![0u8; rows * cols / block * size];
     rng.fill(&mut v);
+    // The f16 `d` (and `dmin`) of each block.
     let scales: &[usize] = match ty {
         GgmlType::Q6_K => &[208],
-        _ => &[0, 2],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        _ => &[0],
     };
     let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
     for b in v.chunks_exact_mut(size) {
@@ -106,8 +119,9 @@ pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<V
     Ok(figures)
 }
 
-/// The GPU figures: each type (mapped on the host, decoded into GPU
-/// buffers) against the copy shader of the straight int4 job of its shape.
+/// The GPU figures: each common type (its scales mapped on the host, its
+/// codes read in the blocks, decoded into GPU buffers) against the copy
+/// shader of the straight int4 job of its shape.
 pub(crate) fn gpu(
     decoder: &GpuDecoder,
     (rows, cols): (usize, usize),
@@ -116,7 +130,7 @@ pub(crate) fn gpu(
     wait: &dyn Fn() -> Result<()>,
 ) -> Result<Vec<Figure>> {
     let mut figures = Vec::new();
-    for ty in TYPES
+    for ty in GPU_TYPES
         .into_iter()
         .filter(|t| format!("gguf {t}").contains(only))
     {
