@@ -545,8 +545,10 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
     }
     let per_block = block / kind.group;
     let mut codes = vec![0u8; if kind.planes.is_some() { 0 } else { elements }];
-    let mut scales = vec![0f32; elements / kind.group];
-    let mut offsets = vec![0f32; if kind.offsets { scales.len() } else { 0 }];
+    let mut spare = SPARE.take();
+    let (mut scales, mut offsets) = (std::mem::take(&mut spare.scales), std::mem::take(&mut spare.offsets));
+    scales.resize(elements / kind.group, 0.0);
+    offsets.resize(if kind.offsets { scales.len() } else { 0 }, 0.0);
     // Blocks decoded by many threads, TASK blocks a task (codes and
     // offsets empty where the type has none).
     const TASK: usize = 64;
@@ -579,8 +581,8 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
         row_stride: groups,
         slice_stride: dims.rows * groups,
     };
-    let values = |v: Vec<f32>| Values {
-        data: Bytes::Owned(Arc::from(bytemuck::cast_slice::<f32, u8>(&v))),
+    let mut values = |v: &[f32]| Values {
+        data: Bytes::Owned(grid_bytes(v, &mut spare.grids)),
         kind: ValueKind::F32,
         grid,
     };
@@ -604,9 +606,45 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
         None => Fields::dense(Bytes::Owned(Arc::from(codes)), 8, dims.cols as u64 * 8),
     };
     let table: Vec<f32> = (0..1 << codes.bits).map(kind.table).collect();
-    let job = DecodeJob::new(dims, codes, table, out).with_scale(values(scales));
-    Ok(match kind.offsets {
-        true => job.with_offset(values(offsets)),
+    let job = DecodeJob::new(dims, codes, table, out).with_scale(values(&scales));
+    let job = match kind.offsets {
+        true => job.with_offset(values(&offsets)),
         false => job,
-    })
+    };
+    (spare.scales, spare.offsets) = (scales, offsets);
+    SPARE.set(spare);
+    Ok(job)
+}
+
+/// Buffers a thread's maps reuse, so that a run of pieces does not fault
+/// fresh pages in (and hand them back) each time: the scales and offsets
+/// being computed, and grids of earlier pieces.
+#[derive(Default)]
+struct Spare {
+    scales: Vec<f32>,
+    offsets: Vec<f32>,
+    grids: Vec<Arc<[u8]>>,
+}
+
+thread_local!(static SPARE: std::cell::Cell<Spare> = std::cell::Cell::default());
+
+/// Grids kept for reuse at most, per thread.
+const SPARE_GRIDS: usize = 4;
+
+/// `v`'s bytes as a grid: written into a spare grid of that size that no
+/// job holds any more, or a new one, kept for later.
+fn grid_bytes(v: &[f32], spare: &mut Vec<Arc<[u8]>>) -> Arc<[u8]> {
+    let src: &[u8] = bytemuck::cast_slice(v);
+    for g in spare.iter_mut().filter(|g| g.len() == src.len()) {
+        if let Some(bytes) = Arc::get_mut(g) {
+            bytes.copy_from_slice(src);
+            return g.clone();
+        }
+    }
+    let g: Arc<[u8]> = Arc::from(src);
+    if spare.len() == SPARE_GRIDS {
+        spare.remove(0);
+    }
+    spare.push(g.clone());
+    g
 }
