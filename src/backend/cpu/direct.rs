@@ -71,73 +71,39 @@ const LANES: usize = 16;
 fn row_any<const N: usize>(codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
     // The output dtype matched once a row, the loops below made for each.
     match dtype {
-        OutDtype::Bf16 => row_as::<N>(codes, groups, out, bf16),
-        OutDtype::F16 => row_as::<N>(codes, groups, out, f16),
-        OutDtype::F32 => row_as::<N>(codes, groups, out, f32),
+        OutDtype::Bf16 => row_as::<N, u16>(codes, groups, out, numerics::f32_to_bf16),
+        OutDtype::F16 => row_as::<N, u16>(codes, groups, out, numerics::f32_to_f16),
+        OutDtype::F32 => row_as::<N, u32>(codes, groups, out, numerics::f32_bits),
     }
 }
 
-/// A pass rounded to bf16, into `out`.
+/// [`row_any`] with `round` giving each value's encoding (`N` bytes).
 #[inline(always)]
-fn bf16(v: &[f32; LANES], out: &mut [u8]) {
-    let mut e = [0u16; LANES];
-    for (e, &x) in e.iter_mut().zip(v) {
-        *e = numerics::f32_to_bf16(x);
-    }
-    out.copy_from_slice(bytemuck::bytes_of(&e));
-}
-
-/// A pass rounded to f16, into `out`.
-#[inline(always)]
-fn f16(v: &[f32; LANES], out: &mut [u8]) {
-    let mut e = [0u16; LANES];
-    for (e, &x) in e.iter_mut().zip(v) {
-        *e = numerics::f32_to_f16(x);
-    }
-    out.copy_from_slice(bytemuck::bytes_of(&e));
-}
-
-/// A pass as f32s, into `out`.
-#[inline(always)]
-fn f32(v: &[f32; LANES], out: &mut [u8]) {
-    let mut e = [0u32; LANES];
-    for (e, &x) in e.iter_mut().zip(v) {
-        *e = numerics::f32_bits(x);
-    }
-    out.copy_from_slice(bytemuck::bytes_of(&e));
-}
-
-/// [`row_any`] with `encode` writing `LANES` values (`LANES · N` bytes:
-/// a copy of a size the compiler knows).
-#[inline(always)]
-fn row_as<const N: usize>(
+fn row_as<const N: usize, T: bytemuck::Pod>(
     (codes, lin): (&[u8], Linear),
     (group, scales, offsets): Groups<'_>,
     out: &mut [u8],
-    encode: impl Fn(&[f32; LANES], &mut [u8]),
+    round: impl Fn(f32) -> T,
 ) {
     let f32_at = |b: &[u8], g: usize| f32::from_le_bytes([b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]]);
-    let values = |c: &[u8; LANES], s: f32, b: Option<f32>| values(lin, c, s, b);
+    // A pass's `LANES · N` bytes: a copy of a size the compiler knows.
+    // Plain loops: iterator adapters are functions of their own, which
+    // the caller's AVX2 would not reach.
+    let encode = |v: &[f32; LANES], out: &mut [u8]| {
+        let mut e = [T::zeroed(); LANES];
+        for (e, &x) in e.iter_mut().zip(v) {
+            *e = round(x);
+        }
+        out.copy_from_slice(bytemuck::bytes_of(&e));
+    };
     // Groups of whole passes (GGUF's 16 and 32).
     if group.is_multiple_of(LANES) && codes.len().is_multiple_of(LANES) {
         let (whole, _) = codes.as_chunks::<LANES>();
         let groups = whole.chunks(group / LANES).zip(out.chunks_mut(group * N)).enumerate();
         for (g, (passes, out)) in groups {
-            let s = f32_at(scales, g);
-            let passes = passes.iter().zip(out.chunks_exact_mut(LANES * N));
-            // Plain loops: iterator adapters are functions of their own,
-            // which the caller's AVX2 would not reach.
-            match offsets.map(|b| f32_at(b, g)) {
-                Some(b) => {
-                    for (c, o) in passes {
-                        encode(&values(c, s, Some(b)), o);
-                    }
-                }
-                None => {
-                    for (c, o) in passes {
-                        encode(&values(c, s, None), o);
-                    }
-                }
+            let (s, b) = (f32_at(scales, g), offsets.map(|b| f32_at(b, g)));
+            for (c, o) in passes.iter().zip(out.chunks_exact_mut(LANES * N)) {
+                encode(&values(lin, c, s, b), o);
             }
         }
         return;
@@ -149,7 +115,7 @@ fn row_as<const N: usize>(
             let mut pass = [0u8; LANES];
             pass[..c.len()].copy_from_slice(c);
             let mut whole = [0u8; LANES * 4];
-            encode(&values(&pass, s, b), &mut whole[..LANES * N]);
+            encode(&values(lin, &pass, s, b), &mut whole[..LANES * N]);
             o.copy_from_slice(&whole[..o.len()]);
         }
     }
