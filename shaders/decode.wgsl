@@ -165,10 +165,18 @@ fn bits_at(pos: u32, n: u32) -> u32 {
 // Field `e` of a plane (job::Plane: byte, bits, span) of the block at bit
 // `start`.
 fn plane_field(start: u32, pl: vec4<u32>, e: u32) -> u32 {
-    let run = e / pl.z;
-    let k = 8u / pl.y;
-    let byte = pl.x + (run / k) * pl.z + e % pl.z;
-    return bits_at(start + byte * 8u + (run % k) * pl.y, pl.y);
+    let at = plane_locate(pl, e);
+    return bits_at(start + at.x * 8u + at.y, pl.y);
+}
+
+// Field `e`'s byte in its block and its shift in that byte (Plane::locate):
+// runs of span bytes, 8 / bits of them filling the same bytes, both powers
+// of two (the host's rule).
+fn plane_locate(pl: vec4<u32>, e: u32) -> vec2<u32> {
+    let ls = countTrailingZeros(pl.z);
+    let lk = 3u - countTrailingZeros(pl.y);
+    let run = e >> ls;
+    return vec2<u32>(pl.x + ((run >> lk) << ls) + (e & (pl.z - 1u)), (run & ((1u << lk) - 1u)) * pl.y);
 }
 
 // Field `i` of `lane` in `slice` (Fields::get).
@@ -721,14 +729,11 @@ fn plane_bytes(start: u32, pl: vec4<u32>, e0: u32) -> vec2<u32> {
         }
         return f;
     }
-    // Runs of span bytes, 8 / bits of them filling the same bytes.
-    let ls = countTrailingZeros(pl.z);
-    let lk = 3u - countTrailingZeros(bits);
-    let run = e0 >> ls;
-    let byte = pl.x + ((run >> lk) << ls) + (e0 & (pl.z - 1u));
-    let sh = (run & ((1u << lk) - 1u)) * bits;
+    // A run's fields are bytes side by side, at one shift.
+    let at = plane_locate(pl, e0);
+    let sh = at.y;
     let mask = m * 0x01010101u;
-    let pos = start + byte * 8u;
+    let pos = start + at.x * 8u;
     var f = vec2<u32>((word_at(pos) >> sh) & mask, 0u);
     if (PER == 8u) {
         f.y = (word_at(pos + 32u) >> sh) & mask;

@@ -116,10 +116,11 @@ impl InBlocks {
     pub fn unpack(&self, block: &[u8], out: &mut [u8]) {
         for (p, up) in [(Some(self.low), 0), (self.high, self.low.bits)] {
             let Some(p) = p else { continue };
-            let (k, span) = ((8 / p.bits) as usize, p.span as usize);
             let mask = ((1u32 << p.bits) - 1) as u8;
+            let span = p.span as usize;
             for (r, run) in out.chunks_mut(span).enumerate() {
-                let (at, shift) = (p.at as usize + r / k * span, (r % k) as u32 * p.bits);
+                // A run's fields are bytes side by side, at one shift.
+                let (at, shift) = p.locate(r * span);
                 let n = run.len();
                 let fields = block[at..at + n].iter().map(|&b| ((b >> shift) & mask) << up);
                 // The low plane sets each byte, the high one adds to it.

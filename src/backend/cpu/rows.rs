@@ -516,11 +516,12 @@ impl Rows {
         out: &mut [u8],
         (s, fresh): (&mut Tables, bool),
     ) {
-        if let Some(lin) = self.direct {
+        // Direct values always have a scale (`Rows::of`).
+        if let (Some(lin), Some(scale)) = (self.direct, &job.scale) {
             let start = (codes.lane_start(cs, lane).unwrap_or(0) / 8) as usize;
             let bytes = &codes.data[start..start + job.dims.cols];
-            let scales = f32_run(job.scale.as_ref(), slice, row, self.groups, &mut s.scales);
-            let offsets = job.offset.as_ref().map(|o| f32_run(Some(o), slice, row, self.groups, &mut s.offset_bytes));
+            let scales = f32_run(scale, slice, row, self.groups, &mut s.scales);
+            let offsets = job.offset.as_ref().map(|o| f32_run(o, slice, row, self.groups, &mut s.offset_bytes));
             direct::row::<N>(self.direct_wide, (bytes, lin), (self.group_cols, scales, offsets), job.out, out);
             return;
         }
@@ -731,13 +732,7 @@ impl Rows {
 /// The f32 bytes of entries `0..groups` of output row `row`: the stored
 /// ones where they are f32s one after another (GGUF's grids), else read
 /// into `buf`.
-fn f32_run<'v>(v: Option<&'v Values<'_>>, slice: usize, row: usize, groups: usize, buf: &'v mut Vec<u8>) -> &'v [u8] {
-    let Some(v) = v else {
-        buf.clear();
-        buf.resize(4 * groups, 0);
-        buf.chunks_exact_mut(4).for_each(|b| b.copy_from_slice(&1f32.to_le_bytes()));
-        return buf;
-    };
+fn f32_run<'v>(v: &'v Values<'_>, slice: usize, row: usize, groups: usize, buf: &'v mut Vec<u8>) -> &'v [u8] {
     let at = v.grid.index(slice, row, 0);
     let stored = matches!(v.kind, ValueKind::F32).then(|| v.data.get(4 * at..4 * (at + groups))).flatten();
     match stored {

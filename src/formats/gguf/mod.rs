@@ -168,8 +168,10 @@ pub(crate) fn map_of(ty: GgmlType) -> Option<MapBlocks> {
 
 /// One block decoded: a code per element, a scale and an offset per group.
 struct Block<'o> {
+    /// Empty where the codes are read in place.
     codes: &'o mut [u8],
     scales: &'o mut [f32],
+    /// Empty where the type has none.
     offsets: &'o mut [f32],
 }
 
@@ -564,13 +566,9 @@ fn map<const ID: u32>(bytes: &[u8], dims: Dims, out: OutDtype) -> Result<DecodeJ
         tasks.push((b, s, c, o));
     }
     tasks.into_par_iter().for_each(|(b, s, c, o)| {
-        let mut none = vec![0f32; per_block];
         for (i, (b, s)) in b.chunks_exact(block_bytes).zip(s.chunks_exact_mut(per_block)).enumerate() {
             let codes = c.get_mut(i * block..(i + 1) * block).unwrap_or_default();
-            let offsets = match o.get_mut(i * per_block..(i + 1) * per_block) {
-                Some(o) => o,
-                None => &mut none[..],
-            };
+            let offsets = o.get_mut(i * per_block..(i + 1) * per_block).unwrap_or_default();
             (kind.block)(b, Block { codes, scales: s, offsets });
         }
     });
