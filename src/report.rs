@@ -168,7 +168,7 @@ impl Report {
         if let Some(r) = self.renamed.first() {
             let _ = writeln!(
                 s,
-                "names       {} expert tensors get the hub's names (e.g. {} -> {}); --keep-names keeps the stored ones",
+                "names       {} tensors get the names transformers loads (e.g. {} -> {}); --keep-names keeps the stored ones",
                 self.renamed.len(),
                 r.stored,
                 r.written

@@ -12,6 +12,7 @@ use crate::checkpoint::TensorRef;
 use crate::error::{Error, Result, ResultExt, Rule};
 use crate::numerics::OutDtype;
 use crate::output::assembly::Assembly;
+use crate::output::blocks::Blocks;
 use crate::output::fold::Fold;
 use crate::output::{cast_layout, Output, Source};
 
@@ -38,11 +39,7 @@ impl Output<'_> {
             Source::Decode(job) => backend.decode_rows_async(job, rows, out).await,
             Source::Assemble(a) => assembled_rows(a, backend, rows, out).await,
             Source::Fold(f) => folded_rows(f, backend, rows, out).await,
-            Source::Blocks(b) => {
-                crate::backend::check_span(b.rows, b.cols * b.out.size(), &rows, out)?;
-                let job = b.job(rows.clone())?;
-                backend.decode_rows_async(&job, 0..rows.len(), out).await
-            }
+            Source::Blocks(b) => blocks_rows(b, backend, rows, out).await,
             Source::Cast(t, to) => cast_rows(t, *to, rows, out),
             _ => Err(Error::bare(
                 Rule::Argument,
@@ -95,6 +92,54 @@ impl Output<'_> {
             _ => decoder.upload(&self.bytes(decoder)?),
         }
     }
+}
+
+/// Decodes output rows `rows` of a tensor of blocks (or floats) into `out`:
+/// straight from its job, or, where its values move by a constant or it is
+/// a float tensor, through f32 values rounded once at the end.
+async fn blocks_rows(
+    b: &Blocks<'_>,
+    backend: &dyn Backend,
+    rows: Range<usize>,
+    out: &mut [u8],
+) -> Result<()> {
+    use rayon::prelude::*;
+    crate::backend::check_span(b.rows, b.cols * b.out.size(), &rows, out)?;
+    let bytes = b.rows_bytes(rows.clone())?;
+    let n = rows.len();
+    if b.shift.is_none() {
+        if let Some(job) = b.job(&bytes, b.out) {
+            return backend.decode_rows_async(&job?, 0..n, out).await;
+        }
+    }
+    // `out` holds n · cols elements: the size was checked above.
+    let mut values = vec![0f32; n * b.cols];
+    match b.job(&bytes, OutDtype::F32) {
+        Some(job) => {
+            let dst = bytemuck::cast_slice_mut(&mut values);
+            backend.decode_rows_async(&job?, 0..n, dst).await?;
+        }
+        None => {
+            let (size, read) = crate::numerics::float_reader(b.tensor.dtype)
+                .ok_or_else(|| b.tensor.error(Rule::Internal, "not a float tensor"))?;
+            values
+                .par_chunks_mut(b.cols.max(1))
+                .zip(bytes.par_chunks(b.cols.max(1) * size))
+                .for_each(|(v, src)| v.iter_mut().zip(src.chunks_exact(size)).for_each(|(v, c)| *v = read(c)));
+        }
+    }
+    let to = b.out;
+    let shift = b.shift;
+    values
+        .par_chunks(b.cols.max(1))
+        .zip(out.par_chunks_mut(b.cols.max(1) * to.size()))
+        .for_each(|(v, o)| {
+            for (&x, o) in v.iter().zip(o.chunks_exact_mut(to.size())) {
+                // Never `x + 0.0`, which would turn −0 into +0.
+                to.encode(shift.map_or(x, |s| x + s), o);
+            }
+        });
+    Ok(())
 }
 
 /// Decodes rows `rows` of an assembled weight into `out` (`rows.len() · cols

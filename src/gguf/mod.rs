@@ -2,6 +2,7 @@
 //! files (`NAME-00001-of-00003.gguf`) joined. A checkpoint reads a model
 //! through it ([`crate::checkpoint::Gguf`]); the formats decode its blocks.
 
+pub(crate) mod hf;
 mod parse;
 mod types;
 

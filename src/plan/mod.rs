@@ -3,6 +3,7 @@
 
 mod config;
 mod experts;
+mod gguf;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -41,6 +42,13 @@ impl std::str::FromStr for DtypeChoice {
     }
 }
 
+/// A GGUF plan under the file's own names.
+struct GgufStored<'a> {
+    outputs: Vec<Output<'a>>,
+    dropped: Vec<String>,
+    errors: Vec<Error>,
+}
+
 /// Everything `dequantize` will do, in output order.
 pub struct Plan<'a> {
     /// The checkpoint planned from.
@@ -74,6 +82,12 @@ pub struct Plan<'a> {
     /// Outputs written in another architecture's layout (MLX's GPT-OSS);
     /// undone by [`Plan::keep_stored_names`] too.
     pub(crate) fused: Vec<experts::Fused<'a>>,
+    /// Files made from the input rather than copied (a GGUF model's
+    /// generation config and tokenizer): (file name, bytes).
+    pub generated: Vec<(String, Vec<u8>)>,
+    /// A GGUF model's plan under its own names, before it took transformers'
+    /// form; restored by [`Plan::keep_stored_names`].
+    gguf_stored: Option<GgufStored<'a>>,
     /// Stored tensors whose values planning reads but whose bytes are not at
     /// hand yet (a checkpoint read piece by piece, `stream`): load them and
     /// plan again. Until this is empty the plan is incomplete.
@@ -108,6 +122,8 @@ impl<'a> Plan<'a> {
             renamed: Vec::new(),
             unstacked: Vec::new(),
             fused: Vec::new(),
+            generated: Vec::new(),
+            gguf_stored: None,
             needs: Vec::new(),
         };
         let found = formats::plan_modules(ckpt, &plan.format, dtype);
@@ -194,6 +210,9 @@ impl<'a> Plan<'a> {
     /// checkpoints under the names the architecture's loaders expect
     /// ([`crate::names`]), and sorts them.
     fn hub_names(&mut self) -> Result<()> {
+        if let Some(gguf) = &self.checkpoint.gguf {
+            return self.gguf_names(gguf);
+        }
         self.unstacked = experts::unstack(&mut self.outputs);
         let model_type = self
             .checkpoint
@@ -214,8 +233,40 @@ impl<'a> Plan<'a> {
         self.sort_outputs()
     }
 
+    /// Writes a GGUF model as transformers loads it ([`gguf`]); an
+    /// architecture it cannot load is a finding, which `--keep-names`
+    /// clears.
+    fn gguf_names(&mut self, gguf: &'a crate::checkpoint::Gguf) -> Result<()> {
+        let stored = GgufStored {
+            outputs: std::mem::take(&mut self.outputs),
+            dropped: self.dropped.clone(),
+            errors: self.errors.clone(),
+        };
+        match gguf::convert(self.checkpoint, gguf, &stored.outputs, self.dtype) {
+            Ok(c) => {
+                self.outputs = c.outputs;
+                self.dropped.extend(c.dropped);
+                self.dropped.sort();
+                self.renamed = c.renamed;
+                self.config = Some(c.config);
+                self.generated = c.files;
+            }
+            Err(e) => self.errors.push(e),
+        }
+        self.gguf_stored = Some(stored);
+        self.sort_outputs()
+    }
+
     /// Writes every output under its stored name (`--keep-names`).
     pub fn keep_stored_names(&mut self) -> Result<()> {
+        if let Some(stored) = self.gguf_stored.take() {
+            self.outputs = stored.outputs;
+            self.dropped = stored.dropped;
+            self.errors = stored.errors;
+            self.config = None;
+            self.generated.clear();
+            self.renamed.clear();
+        }
         for (stored, hub) in std::mem::take(&mut self.renamed) {
             if let Some(o) = self.outputs.iter_mut().find(|o| o.name == hub) {
                 o.name = stored;

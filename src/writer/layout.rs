@@ -155,11 +155,12 @@ pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(
     if let Some(cfg) = &plan.config {
         files.push(("config.json".to_string(), json_text("config.json", cfg)?));
     }
+    files.extend(plan.generated.iter().cloned());
     Ok(files)
 }
 
 /// JSON as Python's `json.dump(v, f, indent=2)` writes it.
-pub(super) fn json_text(name: &str, v: &impl serde::Serialize) -> Result<Vec<u8>> {
+pub(crate) fn json_text(name: &str, v: &impl serde::Serialize) -> Result<Vec<u8>> {
     json::text(v)
         .map_err(|e| Error::new(Rule::Io, Path::new(name), "cannot write JSON").caused_by(e))
 }

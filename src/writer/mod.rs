@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use header::safetensors_header;
-use layout::{all_file_names, json_text, total_bytes, weight_map};
+use layout::{all_file_names, total_bytes, weight_map};
+pub(crate) use layout::json_text;
 pub use layout::{json_files, shard_files, ShardFile};
 pub(crate) use layout::part_shards;
 pub use parts::{merge_index, Merged, PART_SUFFIX};

@@ -404,17 +404,24 @@ fn split_files_are_joined() {
     assert_eq!(e.rule, Rule::Io);
 }
 
-/// The dense tensors `dir` decodes to, as `dtype`, on `backend`: name →
-/// (dtype, shape, SHA-256).
-fn decoded(dir: &Path, dtype: OutDtype, backend: BackendChoice) -> BTreeMap<String, Value> {
+/// The dense tensors `dir` decodes to, as `dtype`, on `backend`, under
+/// GGUF's names or transformers': name → (dtype, shape, SHA-256); and the
+/// folder written.
+fn decoded(
+    dir: &Path,
+    dtype: OutDtype,
+    backend: BackendChoice,
+    keep_names: bool,
+) -> (BTreeMap<String, Value>, tempfile::TempDir) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("dense");
     wgpu_dequant::Dequantize::new()
         .dtype(DtypeChoice::Fixed(dtype))
         .backend(backend)
+        .keep_names(keep_names)
         .run(dir, &out)
         .unwrap();
-    read_dir_tensors(&out)
+    let tensors = read_dir_tensors(&out)
         .into_iter()
         .map(|(n, (dt, shape, bytes))| {
             (
@@ -422,7 +429,21 @@ fn decoded(dir: &Path, dtype: OutDtype, backend: BackendChoice) -> BTreeMap<Stri
                 json!({"dtype": dt, "shape": shape, "sha256": sha256_hex(&bytes)}),
             )
         })
-        .collect()
+        .collect();
+    (tensors, tmp)
+}
+
+/// `got` holds exactly `want`'s tensors, each with its digest.
+fn same_tensors(got: &BTreeMap<String, Value>, want: &Value, what: &str) {
+    let want = want.as_object().unwrap();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{what}"
+    );
+    for (t, w) in want {
+        assert_eq!(&got[t], w, "{what} {t}");
+    }
 }
 
 /// Every block type gguf-py decodes (the fixtures' Q8_0, Q4_K and
@@ -450,22 +471,95 @@ fn block_types_give_gguf_pys_values() {
                 (OutDtype::F16, "expected-gguf-f16.digests.json"),
             ] {
                 let want = json(&case(expected).join(file));
-                let want: BTreeMap<String, Value> =
-                    want.as_object().unwrap().clone().into_iter().collect();
-                let got = decoded(&case(name).join("model"), dtype, backend);
-                assert_eq!(
-                    got.keys().collect::<Vec<_>>(),
-                    want.keys().collect::<Vec<_>>(),
-                    "{name} {dtype}"
-                );
-                for (t, w) in &want {
-                    assert_eq!(&got[t], w, "{name} {dtype} {t} on {backend:?}");
-                }
+                let (got, _) = decoded(&case(name).join("model"), dtype, backend, true);
+                same_tensors(&got, &want, &format!("{name} {dtype} on {backend:?}"));
             }
         }
     };
     check(BackendChoice::Cpu);
     gpu_test(|_| check(BackendChoice::Gpu));
+}
+
+/// The public fixtures and one case per architecture (`tests/gguf/hf-*`,
+/// made by `tests/gguf/make_hf.py`: llama with F16 and quantized Q and K,
+/// llama with a SentencePiece vocabulary and tied embeddings, qwen2 with
+/// biases, qwen3, qwen3moe and qwen2moe with stacked (and shared)
+/// experts, phi3's fused projections, gemma2 and gemma3 with their norms
+/// stored as w+1) give, by default, what transformers 5.25 saves of
+/// them: every tensor under its name and layout, byte for byte in bf16
+/// and f16 on the CPU and the GPU, and the same `config.json` and
+/// `generation_config.json`.
+#[test]
+fn gguf_models_take_transformers_form() {
+    let cases = [
+        ("gguf-q4_k-llama", "expected-bf16-meta"),
+        ("gguf-q8_0-qwen2", "expected-bf16-meta"),
+        ("gguf-iq2_xxs-llama", "expected-bf16-meta"),
+        ("hf-llama", "expected-meta"),
+        ("hf-llama-spm", "expected-meta"),
+        ("hf-qwen3", "expected-meta"),
+        ("hf-qwen3moe", "expected-meta"),
+        ("hf-qwen2moe", "expected-meta"),
+        ("hf-phi3", "expected-meta"),
+        ("hf-gemma2", "expected-meta"),
+        ("hf-gemma3", "expected-meta"),
+    ];
+    let check = |backend: BackendChoice| {
+        for (name, meta) in cases {
+            for (dtype, torch) in [(OutDtype::Bf16, "bfloat16"), (OutDtype::F16, "float16")] {
+                let file = case(name).join(format!("expected-{dtype}.digests.json"));
+                if !file.exists() {
+                    continue;
+                }
+                let what = format!("{name} {dtype} on {backend:?}");
+                let (got, tmp) = decoded(&case(name).join("model"), dtype, backend, false);
+                same_tensors(&got, &json(&file), &what);
+                let out = tmp.path().join("dense");
+                let mut want = json(&case(name).join(meta).join("config.json"));
+                want["dtype"] = json!(torch);
+                assert_eq!(json(&out.join("config.json")), want, "{what}");
+                assert_eq!(
+                    json(&out.join("generation_config.json")),
+                    json(&case(name).join(meta).join("generation_config.json")),
+                    "{what}"
+                );
+            }
+        }
+    };
+    check(BackendChoice::Cpu);
+    gpu_test(|_| check(BackendChoice::Gpu));
+}
+
+/// An architecture with no Hugging Face layout here is refused with
+/// CFG-002 naming it (nothing written); `--keep-names` writes its tensors
+/// under their GGUF names.
+#[test]
+fn other_architectures_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = Writer::valid();
+    w.kvs[0] = ("general.architecture".into(), 8, string("rwkv7"));
+    let dir = tmp.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    w.write(&dir.join("model.gguf"));
+    let run = |keep| {
+        wgpu_dequant::Dequantize::new()
+            .backend(BackendChoice::Cpu)
+            .keep_names(keep)
+            .run(&dir, tmp.path().join(format!("o-{keep}")))
+    };
+    let e = run(false).unwrap_err();
+    assert_eq!(e.rule, Rule::Unsupported, "{e}");
+    assert!(
+        e.to_string().contains("\"rwkv7\"") && e.to_string().contains("--keep-names"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("o-false").exists());
+    run(true).unwrap();
+    let names: Vec<String> = read_dir_tensors(&tmp.path().join("o-true"))
+        .into_keys()
+        .collect();
+    assert_eq!(names, ["a.weight", "b.weight"]);
+    assert!(!tmp.path().join("o-true/config.json").exists());
 }
 
 /// Q1_0 (which gguf-py lists but cannot dequantize) is refused with
@@ -510,7 +604,8 @@ fn the_cli_reads_gguf() {
         "gguf v3 llama (5 F32, 1 F16, 15 Q4_K)",
         "Q4_K: 15 tensors, 709632 bytes",
         "tokenizer.ggml.tokens = [320 items",
-        "blk.1.ffn_down.weight",
+        "names       21 tensors get the names transformers loads (e.g. blk.0.attn_k.weight -> model.layers.0.self_attn.k_proj.weight)",
+        "model.layers.1.mlp.down_proj.weight",
     ] {
         assert!(text.contains(line), "{line} not in {text}");
     }
@@ -542,7 +637,9 @@ fn the_cli_reads_gguf() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.join("model.safetensors").is_file());
+    for file in ["model.safetensors", "config.json", "generation_config.json"] {
+        assert!(out.join(file).is_file(), "{file}");
+    }
     let mut bad = std::fs::read(dir.join("model.gguf")).unwrap();
     bad.truncate(bad.len() - 1);
     let path = tmp.path().join("bad.gguf");

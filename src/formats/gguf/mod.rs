@@ -122,7 +122,9 @@ pub fn plan<'c>(ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
                 cols,
                 row_bytes: t.shape.last().copied().unwrap_or(0),
                 out,
-                map,
+                map: Some(map),
+                order: Default::default(),
+                shift: None,
             }),
             scheme: Some(format!("gguf {ty}")),
         });

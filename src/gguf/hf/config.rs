@@ -1,0 +1,179 @@
+//! `config.json` and `generation_config.json` from a GGUF file's metadata,
+//! as transformers 5.25 builds and saves them: its config class's defaults
+//! ([`defaults.json`](../defaults.json), written by
+//! `tests/gguf/make_hf_defaults.py`), the fields the file states over them,
+//! then the fields the class derives from those (`head_dim`, `layer_types`,
+//! `rope_parameters`).
+
+use serde_json::{json, Map, Value};
+
+use super::Arch;
+use crate::checkpoint::Gguf;
+use crate::error::{Error, Result, Rule};
+use crate::gguf::MetaValue;
+use crate::numerics::OutDtype;
+
+/// The transformers version whose conventions the files follow
+/// (`rope_parameters` is 5.x's).
+const TRANSFORMERS: &str = "5.25.0";
+
+/// Each model type's class defaults.
+fn defaults(model_type: &str) -> Result<Map<String, Value>> {
+    static TEXT: &str = include_str!("defaults.json");
+    let all: Value = serde_json::from_str(TEXT)
+        .map_err(|e| Error::bare(Rule::Internal, format!("defaults.json: {e}")))?;
+    match all.get(model_type) {
+        Some(Value::Object(m)) => Ok(m.clone()),
+        _ => Err(Error::bare(
+            Rule::Internal,
+            format!("defaults.json has no {model_type}"),
+        )),
+    }
+}
+
+/// A metadata value as transformers' `_gguf_parse_value` reads it: numbers
+/// (f32 widened), text, lists.
+fn value(v: &MetaValue) -> Value {
+    match v {
+        MetaValue::U8(x) => json!(x),
+        MetaValue::I8(x) => json!(x),
+        MetaValue::U16(x) => json!(x),
+        MetaValue::I16(x) => json!(x),
+        MetaValue::U32(x) => json!(x),
+        MetaValue::I32(x) => json!(x),
+        MetaValue::U64(x) => json!(x),
+        MetaValue::I64(x) => json!(x),
+        MetaValue::F32(x) => json!(f64::from(*x)),
+        MetaValue::F64(x) => json!(x),
+        MetaValue::Bool(b) => json!(b),
+        MetaValue::String(s) => json!(s),
+        MetaValue::Array(items) => Value::Array(items.iter().map(value).collect()),
+    }
+}
+
+/// `config.json` of a GGUF model of architecture `arch`, written in `dtype`;
+/// `tied` when the file has no `output.weight`.
+pub(crate) fn config(gguf: &Gguf, arch: &Arch, tied: bool, dtype: OutDtype) -> Result<Value> {
+    let mut c = defaults(arch.model_type)?;
+    let mut set = |k: &str, v: Value| {
+        c.insert(k.to_string(), v);
+    };
+    set("model_type", json!(arch.model_type));
+    set("architectures", json!([arch.class]));
+    set("dtype", json!(dtype.torch_name()));
+    set("tie_word_embeddings", json!(tied));
+    set("transformers_version", json!(TRANSFORMERS));
+    if let Some(MetaValue::String(name)) = gguf.get("general.name") {
+        // transformers renames the architecture inside every text it reads
+        // (`tiny-qwen3moe` becomes `tiny-qwen3_moe`).
+        let renamed = match arch.gguf {
+            "qwen2moe" | "qwen3moe" => arch.model_type,
+            other => other,
+        };
+        set(
+            "_model_name_or_path",
+            json!(name.replace(arch.gguf, renamed)),
+        );
+    }
+    if arch.model_type == "qwen3_moe" {
+        // transformers' GGUF default: llama.cpp normalises the top-k weights.
+        set("norm_topk_prob", json!(true));
+    }
+    let mut rope_theta = None;
+    for (key, field) in arch.config {
+        let Some(v) = gguf.get(&format!("{}.{key}", arch.gguf)) else {
+            continue;
+        };
+        match *field {
+            "rope_theta" => rope_theta = Some(value(v)),
+            // Qwen3MoeConfig's attribute for it.
+            "num_experts" if arch.model_type == "qwen3_moe" => set("num_local_experts", value(v)),
+            f => set(f, value(v)),
+        }
+    }
+    for (key, field) in [
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("unknown_token_id", "unk_token_id"),
+        ("padding_token_id", "pad_token_id"),
+    ] {
+        if let Some(v) = gguf.get(&format!("tokenizer.ggml.{key}")) {
+            set(field, value(v));
+        }
+    }
+    if gguf.get(&format!("{}.vocab_size", arch.gguf)).is_none() {
+        if let Some(MetaValue::Array(tokens)) = gguf.get("tokenizer.ggml.tokens") {
+            set("vocab_size", json!(tokens.len()));
+        }
+    }
+    derive(&mut c, arch, rope_theta)?;
+    // transformers writes its keys sorted.
+    c.sort_keys();
+    Ok(Value::Object(c))
+}
+
+/// What the config class computes from the fields set.
+fn derive(c: &mut Map<String, Value>, arch: &Arch, rope_theta: Option<Value>) -> Result<()> {
+    let int = |c: &Map<String, Value>, k: &str| {
+        c.get(k).and_then(Value::as_u64).ok_or_else(|| {
+            Error::bare(
+                Rule::Gguf,
+                format!("{}: the config field {k} is not a whole number", arch.gguf),
+            )
+        })
+    };
+    let layers = int(c, "num_hidden_layers")?;
+    if arch.model_type == "llama" && !c.contains_key("head_dim") {
+        let heads = int(c, "num_attention_heads")?.max(1);
+        c.insert("head_dim".into(), json!(int(c, "hidden_size")? / heads));
+    }
+    // Which layers attend to a window: Gemma 2 every other one, Gemma 3 five
+    // in six; the Qwen-style ones none (use_sliding_window is false).
+    let every = match arch.model_type {
+        "gemma2" => Some(2),
+        "gemma3_text" => c.get("_sliding_window_pattern").and_then(Value::as_u64),
+        _ => None,
+    };
+    if matches!(
+        arch.model_type,
+        "qwen2" | "qwen3" | "qwen2_moe" | "gemma2" | "gemma3_text"
+    ) {
+        let kinds: Vec<&str> = (1..=layers)
+            .map(|i| match every {
+                Some(n) if i % n.max(1) != 0 => "sliding_attention",
+                _ => "full_attention",
+            })
+            .collect();
+        c.insert("layer_types".into(), json!(kinds));
+    }
+    if let Some(theta) = rope_theta {
+        let rope = c
+            .entry("rope_parameters")
+            .or_insert_with(|| json!({"rope_type": "default"}));
+        let at = match rope.get_mut("full_attention") {
+            Some(full) => full,
+            None => rope,
+        };
+        if let Some(m) = at.as_object_mut() {
+            m.insert("rope_theta".into(), theta);
+        }
+    }
+    Ok(())
+}
+
+/// `generation_config.json` as transformers derives it from the config
+/// (`GenerationConfig.from_model_config`).
+pub(crate) fn generation_config(config: &Value) -> Value {
+    let mut g = Map::new();
+    g.insert("_from_model_config".into(), json!(true));
+    for k in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+        if let Some(v) = config.get(k).filter(|v| !v.is_null()) {
+            g.insert(k.into(), v.clone());
+        }
+    }
+    g.insert("output_attentions".into(), json!(false));
+    g.insert("output_hidden_states".into(), json!(false));
+    g.insert("transformers_version".into(), json!(TRANSFORMERS));
+    g.insert("use_cache".into(), json!(true));
+    Value::Object(g)
+}

@@ -1,0 +1,366 @@
+//! A GGUF model as transformers loads it (`from_pretrained(…, gguf_file=…)`,
+//! transformers 5.25): each architecture's tensor names, the layout fixes
+//! its loader applies, and the `config.json` it builds from the metadata.
+//! One table row per architecture; a new one is a new row.
+
+pub(crate) mod config;
+
+use crate::checkpoint::Gguf;
+use crate::error::{Error, Result, Rule};
+
+/// What transformers makes of one GGUF architecture.
+#[derive(Debug)]
+pub(crate) struct Arch {
+    /// `general.architecture`.
+    pub(crate) gguf: &'static str,
+    /// transformers' `model_type`.
+    pub(crate) model_type: &'static str,
+    /// The model class `architectures` names.
+    pub(crate) class: &'static str,
+    /// A layer's tensors: the GGUF name after `blk.N.` (before `.weight`
+    /// or `.bias`) and the Hugging Face one after `model.layers.N.`; `{E}`
+    /// stands for the expert of a stack (`ffn_*_exps`, `[E, rows, cols]`),
+    /// written one tensor per expert.
+    pub(crate) layer: &'static [(&'static str, &'static str)],
+    /// Q and K rows stored rotary-interleaved per head, as llama.cpp's
+    /// converter permutes them for llama: un-interleaved on load.
+    pub(crate) rotary_halves: bool,
+    /// Norm weights stored as `w + 1` (Gemma's convention): loaded as
+    /// `f32(w + 1) − 1`.
+    pub(crate) norm_plus_one: bool,
+    /// Metadata keys (after `ARCH.`) and the config fields they set.
+    pub(crate) config: &'static [(&'static str, &'static str)],
+}
+
+/// Tensors outside the layers, every architecture alike.
+const TOP: &[(&str, &str)] = &[
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+];
+
+/// Attention as llama names it.
+const ATTENTION: [(&str, &str); 6] = [
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+];
+
+/// A dense MLP.
+const MLP: [(&str, &str); 3] = [
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// Llama-style layers: two norms, attention, a dense MLP.
+const LLAMA: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ATTENTION[0],
+    ATTENTION[1],
+    ATTENTION[2],
+    ATTENTION[3],
+    ATTENTION[4],
+    ATTENTION[5],
+    MLP[0],
+    MLP[1],
+    MLP[2],
+];
+
+/// Qwen-style MoE layers: a router, stacked experts, and Qwen2-MoE's
+/// shared expert with its gate.
+const MOE: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ATTENTION[0],
+    ATTENTION[1],
+    ATTENTION[2],
+    ATTENTION[3],
+    ATTENTION[4],
+    ATTENTION[5],
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_exps", "mlp.experts.{E}.gate_proj"),
+    ("ffn_up_exps", "mlp.experts.{E}.up_proj"),
+    ("ffn_down_exps", "mlp.experts.{E}.down_proj"),
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+];
+
+/// Phi-3: fused QKV and fused gate-and-up, kept fused.
+const PHI3: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_qkv", "self_attn.qkv_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_up", "mlp.gate_up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// Gemma 2 and 3: four norms around attention and the MLP.
+const GEMMA: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+    ATTENTION[0],
+    ATTENTION[1],
+    ATTENTION[2],
+    ATTENTION[3],
+    ATTENTION[4],
+    ATTENTION[5],
+    MLP[0],
+    MLP[1],
+    MLP[2],
+];
+
+/// The config fields every architecture below reads (transformers'
+/// `GGUF_CONFIG_MAPPING`; `head_dim` only where listed per architecture).
+const COMMON: &[(&str, &str)] = &[
+    ("context_length", "max_position_embeddings"),
+    ("block_count", "num_hidden_layers"),
+    ("feed_forward_length", "intermediate_size"),
+    ("embedding_length", "hidden_size"),
+    ("rope.freq_base", "rope_theta"),
+    ("attention.head_count", "num_attention_heads"),
+    ("attention.head_count_kv", "num_key_value_heads"),
+    ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ("vocab_size", "vocab_size"),
+];
+
+macro_rules! fields {
+    ($($extra:expr),* $(,)?) => {{
+        const F: &[(&str, &str)] = &[
+            COMMON[0], COMMON[1], COMMON[2], COMMON[3], COMMON[4],
+            COMMON[5], COMMON[6], COMMON[7], COMMON[8], $($extra),*
+        ];
+        F
+    }};
+}
+
+/// The architectures converted.
+pub(crate) const ARCHS: &[Arch] = &[
+    Arch {
+        gguf: "llama",
+        model_type: "llama",
+        class: "LlamaForCausalLM",
+        layer: LLAMA,
+        rotary_halves: true,
+        norm_plus_one: false,
+        // transformers reads a rotary width as llama's head_dim.
+        config: fields!(("rope.dimension_count", "head_dim")),
+    },
+    Arch {
+        gguf: "qwen2",
+        model_type: "qwen2",
+        class: "Qwen2ForCausalLM",
+        layer: LLAMA,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: fields!(),
+    },
+    Arch {
+        gguf: "qwen3",
+        model_type: "qwen3",
+        class: "Qwen3ForCausalLM",
+        layer: LLAMA,
+        rotary_halves: false,
+        norm_plus_one: false,
+        // No head_dim: Qwen3Config's default (128) applies, as in transformers.
+        config: fields!(),
+    },
+    Arch {
+        gguf: "qwen2moe",
+        model_type: "qwen2_moe",
+        class: "Qwen2MoeForCausalLM",
+        layer: MOE,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: fields!(
+            ("expert_count", "num_experts"),
+            ("expert_used_count", "num_experts_per_tok")
+        ),
+    },
+    Arch {
+        gguf: "qwen3moe",
+        model_type: "qwen3_moe",
+        class: "Qwen3MoeForCausalLM",
+        layer: MOE,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: fields!(
+            ("attention.key_length", "head_dim"),
+            ("expert_count", "num_experts"),
+            ("expert_used_count", "num_experts_per_tok"),
+        ),
+    },
+    Arch {
+        gguf: "phi3",
+        model_type: "phi3",
+        class: "Phi3ForCausalLM",
+        layer: PHI3,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: fields!(),
+    },
+    Arch {
+        gguf: "gemma2",
+        model_type: "gemma2",
+        class: "Gemma2ForCausalLM",
+        layer: GEMMA,
+        rotary_halves: false,
+        norm_plus_one: true,
+        config: fields!(
+            ("attention.key_length", "head_dim"),
+            ("attention.sliding_window", "sliding_window"),
+        ),
+    },
+    Arch {
+        gguf: "gemma3",
+        model_type: "gemma3_text",
+        class: "Gemma3ForCausalLM",
+        layer: GEMMA,
+        rotary_halves: false,
+        norm_plus_one: true,
+        config: fields!(
+            ("attention.key_length", "head_dim"),
+            ("attention.sliding_window", "sliding_window"),
+        ),
+    },
+];
+
+/// The row of `gguf`'s architecture; one that transformers cannot load
+/// (or that needs more than names) is refused, named.
+pub(crate) fn arch(gguf: &Gguf) -> Result<&'static Arch> {
+    let name = gguf
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| {
+            Error::bare(
+                Rule::Gguf,
+                "general.architecture is missing: which model this is cannot be told",
+            )
+        })?;
+    ARCHS.iter().find(|a| a.gguf == name).ok_or_else(|| {
+        let known: Vec<&str> = ARCHS.iter().map(|a| a.gguf).collect();
+        Error::bare(
+            Rule::Unsupported,
+            format!(
+                "GGUF architecture {name:?} has no Hugging Face layout here (converted: {}); --keep-names writes its tensors under their GGUF names",
+                known.join(", ")
+            ),
+        )
+    })
+}
+
+/// Where one GGUF tensor goes.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// Its Hugging Face name; `{E}` where a stack of experts is split.
+    pub(crate) name: String,
+    /// Its rows are Q's or K's, of this many heads, to un-interleave.
+    pub(crate) halves: Option<Heads>,
+    /// A norm stored as `w + 1`.
+    pub(crate) plus_one: bool,
+}
+
+/// Which head count a rotary tensor has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heads {
+    /// Q's: `attention.head_count`.
+    Query,
+    /// K's: `attention.head_count_kv`.
+    KeyValue,
+}
+
+impl Arch {
+    /// Where GGUF tensor `name` goes; `None` for one transformers does not
+    /// load (`rope_freqs`, …).
+    pub(crate) fn target(&self, name: &str) -> Option<Target> {
+        let (stem, suffix) = name.rsplit_once('.')?;
+        if suffix != "weight" && suffix != "bias" {
+            return None;
+        }
+        let (hf, part) = match stem.strip_prefix("blk.") {
+            Some(rest) => {
+                let (layer, part) = rest.split_once('.')?;
+                if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let (_, hf) = self.layer.iter().find(|(g, _)| *g == part)?;
+                (format!("model.layers.{layer}.{hf}"), part)
+            }
+            None => {
+                let (_, hf) = TOP.iter().find(|(g, _)| *g == stem)?;
+                (hf.to_string(), stem)
+            }
+        };
+        let halves = match part {
+            "attn_q" if self.rotary_halves && suffix == "weight" => Some(Heads::Query),
+            "attn_k" if self.rotary_halves && suffix == "weight" => Some(Heads::KeyValue),
+            _ => None,
+        };
+        Some(Target {
+            name: format!("{hf}.{suffix}"),
+            halves,
+            plus_one: self.norm_plus_one && part.ends_with("norm") && suffix == "weight",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arch(name: &str) -> &'static Arch {
+        ARCHS.iter().find(|a| a.gguf == name).unwrap()
+    }
+
+    #[test]
+    fn names_follow_each_architecture() {
+        let llama = arch("llama");
+        let t = llama.target("blk.3.attn_q.weight").unwrap();
+        assert_eq!(t.name, "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(t.halves, Some(Heads::Query));
+        assert_eq!(
+            llama.target("blk.3.attn_k.weight").unwrap().halves,
+            Some(Heads::KeyValue)
+        );
+        assert_eq!(
+            llama.target("blk.0.ffn_norm.weight").unwrap().name,
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            llama.target("output.weight").unwrap().name,
+            "lm_head.weight"
+        );
+        assert_eq!(llama.target("rope_freqs.weight"), None);
+        assert_eq!(llama.target("blk.x.attn_q.weight"), None);
+        let qwen2 = arch("qwen2");
+        let b = qwen2.target("blk.1.attn_q.bias").unwrap();
+        assert_eq!(
+            (b.name.as_str(), b.halves),
+            ("model.layers.1.self_attn.q_proj.bias", None)
+        );
+        let gemma = arch("gemma3");
+        let n = gemma.target("blk.0.ffn_norm.weight").unwrap();
+        assert_eq!(n.name, "model.layers.0.pre_feedforward_layernorm.weight");
+        assert!(n.plus_one);
+        assert!(gemma.target("output_norm.weight").unwrap().plus_one);
+        assert!(!gemma.target("blk.0.attn_q.weight").unwrap().plus_one);
+        let moe = arch("qwen3moe");
+        assert_eq!(
+            moe.target("blk.2.ffn_up_exps.weight").unwrap().name,
+            "model.layers.2.mlp.experts.{E}.up_proj.weight"
+        );
+        assert_eq!(
+            arch("phi3").target("blk.0.ffn_up.weight").unwrap().name,
+            "model.layers.0.mlp.gate_up_proj.weight"
+        );
+    }
+}
