@@ -20,9 +20,7 @@ pub(super) struct Converted<'a> {
     pub(super) dropped: Vec<String>,
     /// (GGUF name, Hugging Face name) of each tensor written.
     pub(super) renamed: Vec<(String, String)>,
-    /// `config.json`.
-    pub(super) config: serde_json::Value,
-    /// Other files made from the metadata: (name, bytes).
+    /// The files made from the metadata (`config.json`, …): (name, bytes).
     pub(super) files: Vec<(String, Vec<u8>)>,
 }
 
@@ -47,7 +45,6 @@ pub(super) fn convert<'a>(
         outputs: Vec::new(),
         dropped: Vec::new(),
         renamed: Vec::new(),
-        config: serde_json::Value::Null,
         files: Vec::new(),
     };
     for o in stored {
@@ -124,9 +121,14 @@ pub(super) fn convert<'a>(
     }
     let tied = !gguf.tensors.contains_key("output.weight");
     let config = hf::config::config(gguf, arch, tied, dtype)?;
-    let text = |name: &str, v: &serde_json::Value| crate::writer::json_text(name, v).map(|t| (name.to_string(), t));
-    c.files.push(text("generation_config.json", &hf::config::generation_config(&config))?);
-    c.config = config;
+    let generation = hf::config::generation_config(&config);
+    // As transformers writes them: keys sorted, indented by two, a newline
+    // at the end.
+    for (name, v) in [("config.json", &config), ("generation_config.json", &generation)] {
+        let mut text = crate::writer::json_text(name, v)?;
+        text.push(b'\n');
+        c.files.push((name.to_string(), text));
+    }
     Ok(c)
 }
 

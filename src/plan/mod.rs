@@ -248,7 +248,6 @@ impl<'a> Plan<'a> {
                 self.dropped.extend(c.dropped);
                 self.dropped.sort();
                 self.renamed = c.renamed;
-                self.config = Some(c.config);
                 self.generated = c.files;
             }
             Err(e) => self.errors.push(e),
@@ -263,7 +262,6 @@ impl<'a> Plan<'a> {
             self.outputs = stored.outputs;
             self.dropped = stored.dropped;
             self.errors = stored.errors;
-            self.config = None;
             self.generated.clear();
             self.renamed.clear();
         }

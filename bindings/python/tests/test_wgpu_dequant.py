@@ -135,6 +135,27 @@ def test_bnb_load_file_gives_the_transformers_dequantize_bytes(case, dtype):
         assert hashlib.sha256(data).hexdigest() == want["sha256"], name
 
 
+@pytest.mark.parametrize("case", ["hf-llama", "hf-gemma3", "hf-qwen3moe"])
+def test_gguf_files_load_as_transformers_saves_them(case):
+    """load_file and safe_open on a .gguf file give its tensors under the
+    names transformers loads, with transformers' own bf16 bytes (llama's Q/K
+    rows un-interleaved, Gemma's norms moved back, experts split)."""
+    np = pytest.importorskip("numpy")
+    folder = ROOT / "tests" / "gguf" / case
+    digests = json.loads((folder / "expected-bf16.digests.json").read_text())
+    gguf = folder / "model" / "model.gguf"
+    got = wdq.load_file(gguf, dtype="bf16", backend="cpu", framework="np")
+    assert sorted(got) == sorted(digests)
+    for name, want in digests.items():
+        assert list(got[name].shape) == want["shape"], name
+        data = np.ascontiguousarray(got[name]).tobytes()
+        assert hashlib.sha256(data).hexdigest() == want["sha256"], name
+    with wdq.safe_open(gguf, framework="np", backend="auto", dtype="bf16") as f:
+        assert f.keys() == sorted(digests)
+        name = "model.layers.0.input_layernorm.weight"
+        assert hashlib.sha256(f.get_tensor(name).tobytes()).hexdigest() == digests[name]["sha256"]
+
+
 def test_inspect_is_the_clis_report():
     want = json.loads(subprocess.run([CLI, "inspect", str(SAMPLE), "--json"], capture_output=True, check=True).stdout)
     assert wdq.inspect(SAMPLE) == want

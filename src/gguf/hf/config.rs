@@ -175,5 +175,6 @@ pub(crate) fn generation_config(config: &Value) -> Value {
     g.insert("output_hidden_states".into(), json!(false));
     g.insert("transformers_version".into(), json!(TRANSFORMERS));
     g.insert("use_cache".into(), json!(true));
+    g.sort_keys();
     Value::Object(g)
 }
