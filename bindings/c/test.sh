@@ -14,4 +14,4 @@ for src in examples/sample tests/test; do
         -L "$lib" -lwgpu_dequant_c -Wl,-rpath,"$lib" -o "$out/$(basename $src)"
 done
 "$out/sample" assets/sample-w4a16
-"$out/test" assets/sample-w4a16 "$out"
+"$out/test" assets/sample-w4a16 tests/gguf/hf-llama/model/model.gguf "$out"

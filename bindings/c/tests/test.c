@@ -1,5 +1,6 @@
-/* Every function of the C ABI, on the sample checkpoint and on bad input:
- *   test SAMPLE_DIR SCRATCH_DIR
+/* Every function of the C ABI, on the sample checkpoint, on a GGUF file
+ * and on bad input:
+ *   test SAMPLE_DIR GGUF_FILE SCRATCH_DIR
  * Decoded tensors must equal the bytes of the dense checkpoint that
  * wdq_dequantize writes (read back through wdq_open: it decodes nothing). */
 #define _POSIX_C_SOURCE 200809L
@@ -37,6 +38,32 @@ static unsigned char *decode(const WdqCheckpoint *c, const char *name, const cha
     return buf;
 }
 
+/* `q` decodes, on the CPU and on any backend, to the bytes `d` holds,
+   tensor by tensor, names and infos alike. */
+static void same_tensors(const WdqCheckpoint *q, const WdqCheckpoint *d) {
+    size_t n = wdq_tensor_count(q);
+    CHECK(n > 0 && n == wdq_tensor_count(d), "tensor counts %zu and %zu", n, wdq_tensor_count(d));
+    CHECK(wdq_tensor_name(q, n) == NULL, "a name past the end");
+    for (size_t i = 0; i < n; i++) {
+        const char *name = wdq_tensor_name(q, i);
+        CHECK(name && strcmp(name, wdq_tensor_name(d, i)) == 0, "name %zu", i);
+        WdqTensorInfo a, b;
+        CHECK(wdq_tensor_info(q, name, &a, err, sizeof err) == 0, "info: %s", err);
+        CHECK(wdq_tensor_info(d, name, &b, err, sizeof err) == 0, "info: %s", err);
+        CHECK(strcmp(a.dtype, b.dtype) == 0 && a.ndim == b.ndim && a.nbytes == b.nbytes
+              && memcmp(a.shape, b.shape, sizeof a.shape) == 0, "%s: info differs", name);
+        size_t la = 0, lb = 0, lg = 0;
+        unsigned char *want = decode(d, name, "cpu", &lb);
+        unsigned char *cpu = decode(q, name, "cpu", &la);
+        unsigned char *any = decode(q, name, "auto", &lg);
+        CHECK(want && cpu && la == lb && memcmp(cpu, want, la) == 0, "%s: cpu bytes differ (%s)", name, err);
+        CHECK(want && any && lg == lb && memcmp(any, want, lg) == 0, "%s: auto bytes differ (%s)", name, err);
+        free(want);
+        free(cpu);
+        free(any);
+    }
+}
+
 static void copy_file(const char *from, const char *to, long cut) {
     FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
     if (!in || !out) { printf("FAIL cannot copy %s\n", from); exit(1); }
@@ -49,14 +76,14 @@ static void copy_file(const char *from, const char *to, long cut) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) { fprintf(stderr, "usage: test SAMPLE_DIR SCRATCH_DIR\n"); return 2; }
+    if (argc != 4) { fprintf(stderr, "usage: test SAMPLE_DIR GGUF_FILE SCRATCH_DIR\n"); return 2; }
     /* What the README asks of a headless app that probes GPU adapters: keep
        Mesa's device-select layer from looking for a window system. */
     setenv("NODEVICE_SELECT", "1", 0);
-    const char *sample = argv[1];
+    const char *sample = argv[1], *gguf = argv[2];
     char dense[4096], broken[4096];
-    snprintf(dense, sizeof dense, "%s/dense", argv[2]);
-    snprintf(broken, sizeof broken, "%s/broken", argv[2]);
+    snprintf(dense, sizeof dense, "%s/dense", argv[3]);
+    snprintf(broken, sizeof broken, "%s/broken", argv[3]);
 
     /* wdq_dequantize: writes the dense checkpoint; refuses a second time. */
     int rc = wdq_dequantize(sample, dense, "auto", "cpu", err, sizeof err);
@@ -78,7 +105,7 @@ int main(int argc, char **argv) {
     rc = wdq_dequantize_run(sample, dense, "auto", "cpu", &run, err, sizeof err);
     CHECK(rc == 0 && err[0] == 0, "resume of a finished output: %d %s", rc, err);
     char parted[4096];
-    snprintf(parted, sizeof parted, "%s/parted", argv[2]);
+    snprintf(parted, sizeof parted, "%s/parted", argv[3]);
     WdqRun part = {0};
     part.part_index = 2;
     part.part_count = 2;
@@ -101,27 +128,24 @@ int main(int argc, char **argv) {
     CHECK(rc == 0 && p != NULL && wdq_tensor_count(p) == wdq_tensor_count(d), "open parted: %d %s", rc, err);
     wdq_close(p);
     if (!q || !d) return 1;
-    size_t n = wdq_tensor_count(q);
-    CHECK(n > 0 && n == wdq_tensor_count(d), "tensor counts %zu and %zu", n, wdq_tensor_count(d));
-    CHECK(wdq_tensor_name(q, n) == NULL, "a name past the end");
-    for (size_t i = 0; i < n; i++) {
-        const char *name = wdq_tensor_name(q, i);
-        CHECK(name && strcmp(name, wdq_tensor_name(d, i)) == 0, "name %zu", i);
-        WdqTensorInfo a, b;
-        CHECK(wdq_tensor_info(q, name, &a, err, sizeof err) == 0, "info: %s", err);
-        CHECK(wdq_tensor_info(d, name, &b, err, sizeof err) == 0, "info: %s", err);
-        CHECK(strcmp(a.dtype, b.dtype) == 0 && a.ndim == b.ndim && a.nbytes == b.nbytes
-              && memcmp(a.shape, b.shape, sizeof a.shape) == 0, "%s: info differs", name);
-        size_t la = 0, lb = 0, lg = 0;
-        unsigned char *want = decode(d, name, "cpu", &lb);
-        unsigned char *cpu = decode(q, name, "cpu", &la);
-        unsigned char *any = decode(q, name, "auto", &lg);
-        CHECK(want && cpu && la == lb && memcmp(cpu, want, la) == 0, "%s: cpu bytes differ (%s)", name, err);
-        CHECK(want && any && lg == lb && memcmp(any, want, lg) == 0, "%s: auto bytes differ (%s)", name, err);
-        free(want);
-        free(cpu);
-        free(any);
-    }
+    same_tensors(q, d);
+
+    /* A GGUF file opens too, its tensors under transformers' names. */
+    char gguf_dense[4096];
+    snprintf(gguf_dense, sizeof gguf_dense, "%s/gguf-dense", argv[3]);
+    rc = wdq_dequantize(gguf, gguf_dense, "bf16", "cpu", err, sizeof err);
+    CHECK(rc == 0, "dequantize %s: %d %s", gguf, rc, err);
+    WdqCheckpoint *g = NULL, *gd = NULL;
+    rc = wdq_open(gguf, "bf16", &g, err, sizeof err);
+    CHECK(rc == 0 && g != NULL, "open %s: %d %s", gguf, rc, err);
+    rc = wdq_open(gguf_dense, "auto", &gd, err, sizeof err);
+    CHECK(rc == 0 && gd != NULL, "open %s: %d %s", gguf_dense, rc, err);
+    if (!g || !gd) return 1;
+    CHECK(strncmp(wdq_tensor_name(g, 0), "lm_head.", 8) == 0 || strncmp(wdq_tensor_name(g, 0), "model.", 6) == 0,
+          "GGUF names: %s", wdq_tensor_name(g, 0));
+    same_tensors(g, gd);
+    wdq_close(g);
+    wdq_close(gd);
 
     /* Short buffers, NULL pointers, unknown names. */
     const char *first = wdq_tensor_name(q, 0);
