@@ -3,6 +3,7 @@
 //! through it ([`crate::checkpoint::Gguf`]); the formats decode its blocks.
 
 mod parse;
+pub(crate) mod tokenizer;
 mod types;
 
 use std::fmt;
