@@ -15,7 +15,8 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use super::{hf_files, merges_of};
+use super::builder::merges_of;
+use super::hf_files;
 use crate::error::Rule;
 use crate::gguf::{MetaValue, Model};
 
