@@ -4,6 +4,7 @@
 
 pub(crate) mod hf;
 mod parse;
+pub(crate) mod tokenizer;
 mod types;
 
 use std::fmt;

@@ -1,0 +1,268 @@
+//! Against transformers 5.25's own conversion: the cases
+//! `tests/gguf/make_tokenizers.py` wrote to `tests/gguf/tokenizers/` and the
+//! public fixtures' `expected-bf16-meta/`.
+//!
+//! Differences allowed: none. tokenizer.json and tokenizer_config.json equal
+//! the references as JSON values (key order aside; `model_max_length`,
+//! int(1e30), parses to the same f64 on both sides), chat_template.jinja
+//! byte for byte. tokenizer_config.json's `is_local: true` and
+//! `local_files_only: false` are what transformers records for a tokenizer
+//! loaded from a local folder; they are written as the reference has them
+//! (the dense output is a local folder too).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use super::builder::merges_of;
+use super::hf_files;
+use crate::error::Rule;
+use crate::gguf::{MetaValue, Model};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn json(bytes: &[u8], what: &str) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+fn open(path: &Path) -> (Vec<(String, MetaValue)>, String) {
+    let model = Model::open(path).unwrap_or_else(|e| panic!("{e}"));
+    let arch = model.architecture().unwrap().to_owned();
+    (model.metadata, arch)
+}
+
+/// Our files for `gguf` equal the reference folder's tokenizer files.
+fn check_files(case: &str, gguf: &Path, expected: &Path) -> tokenizers::Tokenizer {
+    let (metadata, arch) = open(gguf);
+    let files = hf_files(&metadata, &arch).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let mut names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    let mut want: Vec<String> = std::fs::read_dir(expected)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tokenizer") || n == "chat_template.jinja")
+        .collect();
+    want.sort();
+    assert_eq!(names, want, "{case}: files");
+    let mut ours = None;
+    for (name, bytes) in &files {
+        let reference = std::fs::read(expected.join(name)).unwrap();
+        if name.ends_with(".json") {
+            let (a, b) = (json(bytes, name), json(&reference, name));
+            if a != b {
+                let field = match (&a, &b) {
+                    (Value::Object(a), Value::Object(b)) => a
+                        .iter()
+                        .find(|(k, v)| b.get(*k) != Some(*v))
+                        .map(|(k, _)| k.clone())
+                        .or_else(|| b.keys().find(|k| !a.contains_key(*k)).cloned()),
+                    _ => None,
+                };
+                panic!("{case}: {name} differs at {field:?}");
+            }
+        } else {
+            assert_eq!(bytes, &reference, "{case}: {name}");
+        }
+        if name == "tokenizer.json" {
+            let text = std::str::from_utf8(bytes).unwrap();
+            ours = Some(tokenizers::Tokenizer::from_str(text).unwrap());
+        }
+    }
+    ours.unwrap()
+}
+
+#[test]
+fn cases_equal_transformers() {
+    let dir = root().join("tests/gguf/tokenizers");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 10, "{} cases", cases.len());
+    for case in cases {
+        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+        let ours = check_files(&name, &case.join("model.gguf"), &case.join("expected"));
+        let ids = json(&std::fs::read(case.join("ids.json")).unwrap(), "ids.json");
+        for item in ids.as_array().unwrap() {
+            let text = item["text"].as_str().unwrap();
+            let want: Vec<u32> = serde_json::from_value(item["ids"].clone()).unwrap();
+            let got = ours.encode(text, true).unwrap();
+            assert_eq!(got.get_ids(), want, "{name}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn public_fixtures_equal_transformers() {
+    for case in ["gguf-q4_k-llama", "gguf-q8_0-qwen2", "gguf-iq2_xxs-llama"] {
+        let gguf = root()
+            .join("tests/gguf")
+            .join(case)
+            .join("model/model.gguf");
+        let expected = [
+            root().join("tests/fixtures").join(case),
+            root().join("../shared/fixtures").join(case),
+        ]
+        .into_iter()
+        .map(|d| d.join("expected-bf16-meta"))
+        .find(|d| d.is_dir());
+        let Some(expected) = expected else {
+            eprintln!("{case}: no expected-bf16-meta here, skipped");
+            continue;
+        };
+        check_files(case, &gguf, &expected);
+    }
+}
+
+/// The spm-llama case's metadata, for the malformed variants below.
+fn spm_llama() -> (Vec<(String, MetaValue)>, String) {
+    open(&root().join("tests/gguf/tokenizers/spm-llama/model.gguf"))
+}
+
+fn set(meta: &mut Vec<(String, MetaValue)>, key: &str, value: MetaValue) {
+    meta.retain(|(k, _)| k != key);
+    meta.push((key.to_owned(), value));
+}
+
+fn refused(meta: &[(String, MetaValue)], arch: &str, rule: Rule, words: &str) {
+    match hf_files(meta, arch) {
+        Ok(_) => panic!("accepted: {words}"),
+        Err(e) => {
+            assert_eq!(e.rule, rule, "{e}");
+            let line = e.to_string();
+            assert!(line.contains(words), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+    }
+}
+
+#[test]
+fn malformed_metadata_is_refused() {
+    let (base, arch) = spm_llama();
+    let s = |t: &str| MetaValue::String(t.to_owned());
+
+    let mut m = base.clone();
+    set(
+        &mut m,
+        "tokenizer.ggml.tokens",
+        MetaValue::Array(vec![s("a"), MetaValue::U32(3)]),
+    );
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.tokens");
+    set(&mut m, "tokenizer.ggml.tokens", s("a b c"));
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.tokens");
+
+    let mut m = base.clone();
+    set(
+        &mut m,
+        "tokenizer.ggml.scores",
+        MetaValue::Array(vec![MetaValue::F32(0.0); 3]),
+    );
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.scores has 3 items");
+    set(
+        &mut m,
+        "tokenizer.ggml.scores",
+        MetaValue::Array(vec![s("x")]),
+    );
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.scores");
+    m.retain(|(k, _)| k != "tokenizer.ggml.scores");
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.scores is missing");
+
+    let mut m = base.clone();
+    set(
+        &mut m,
+        "tokenizer.ggml.bos_token_id",
+        MetaValue::U32(100_000),
+    );
+    refused(
+        &m,
+        &arch,
+        Rule::Gguf,
+        "tokenizer.ggml.bos_token_id is 100000",
+    );
+    set(&mut m, "tokenizer.ggml.bos_token_id", MetaValue::I32(-1));
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.bos_token_id");
+
+    let mut m = base.clone();
+    set(
+        &mut m,
+        "tokenizer.ggml.token_type",
+        MetaValue::Array(vec![MetaValue::I32(1)]),
+    );
+    refused(
+        &m,
+        &arch,
+        Rule::Gguf,
+        "tokenizer.ggml.token_type has 1 items",
+    );
+
+    let mut m = base.clone();
+    set(&mut m, "tokenizer.ggml.add_bos_token", MetaValue::U8(1));
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.add_bos_token");
+
+    // Merges that are not "a b", or name a token not in the vocabulary.
+    let (gpt2, gpt2_arch) = open(&root().join("tests/gguf/tokenizers/gpt2-llama/model.gguf"));
+    for merge in ["h", "h e x", "h  e", "h zzzz"] {
+        let mut m = gpt2.clone();
+        set(
+            &mut m,
+            "tokenizer.ggml.merges",
+            MetaValue::Array(vec![s(merge)]),
+        );
+        refused(&m, &gpt2_arch, Rule::Gguf, "tokenizer.ggml.merges");
+    }
+
+    let mut m = base.clone();
+    set(&mut m, "tokenizer.ggml.model", s("rwkv"));
+    refused(
+        &m,
+        &arch,
+        Rule::Unsupported,
+        "tokenizer.ggml.model \"rwkv\" is not converted",
+    );
+    m.retain(|(k, _)| k != "tokenizer.ggml.model");
+    refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.model is missing");
+    refused(&base, "mamba", Rule::Unsupported, "\"mamba\"");
+
+    // No tokenizer metadata: no files.
+    let plain: Vec<_> = base
+        .iter()
+        .filter(|(k, _)| !k.starts_with("tokenizer."))
+        .cloned()
+        .collect();
+    assert!(hf_files(&plain, &arch).unwrap().is_empty());
+}
+
+/// Merges of a 256k-token vocabulary: hash lookups, not scans.
+#[test]
+fn merges_of_a_large_vocabulary_are_quick() {
+    let mut keys: Vec<String> = Vec::new();
+    let alphabet: Vec<char> = "abcdefghijklmnopqrstuvwxyz▁你好".chars().collect();
+    keys.extend(alphabet.iter().map(|c| c.to_string()));
+    let mut x: u64 = 7;
+    while keys.len() < 256_000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let len = 2 + (x >> 60) as usize % 10;
+        let t: String = (0..len)
+            .map(|i| alphabet[(x >> (i * 5)) as usize % alphabet.len()])
+            .collect();
+        keys.push(t);
+    }
+    let scores: Vec<f64> = (0..keys.len()).map(|i| -(i as f64)).collect();
+    let start = std::time::Instant::now();
+    let merges = merges_of(&keys, &scores);
+    let took = start.elapsed();
+    eprintln!(
+        "{} merges of {} tokens in {took:?}",
+        merges.len(),
+        keys.len()
+    );
+    assert!(!merges.is_empty());
+    // Generous for a debug build on a loaded machine.
+    assert!(took.as_secs_f64() < 20.0, "{took:?}");
+}

@@ -1,0 +1,241 @@
+"""Writes tests/gguf/tokenizers/<case>/: a tokenizer-only GGUF file
+(`model.gguf`: the tokenizer metadata, the few architecture keys transformers
+needs to make a config, and one tiny F32 tensor), what transformers makes of
+its tokenizer (`AutoTokenizer.from_pretrained(dir, gguf_file=...)` then
+`save_pretrained`: every file it writes, under `expected/`), and the ids it
+encodes a fixed set of texts to, special tokens added (`ids.json`).
+
+Cases: byte-level BPE (`tokenizer.ggml.model` "gpt2", the tokenizer of
+tests/gguf/gguf-q4_k-llama) under each architecture that reads it, with the
+pre-tokenizer names that pick a split regex; SentencePiece ("llama": scores,
+token types, byte pieces, no merges) for llama (with a chat template) and phi3;
+Gemma's SentencePiece for gemma2 and gemma3. Needs transformers 5.25, torch,
+gguf-py (the venv at /tmp/tfenv):
+
+    /tmp/tfenv/bin/python tests/gguf/make_tokenizers.py
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import gguf
+import transformers
+from transformers import AutoTokenizer
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "tokenizers"
+FIXTURE = HERE / "gguf-q4_k-llama" / "model" / "model.gguf"
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+TEXTS = [
+    "",
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    " leading space",
+    "   three leading spaces",
+    "trailing spaces   ",
+    "    ",
+    "a  b   c\t\td\n\ne\r\nf \n g",
+    "\n\n\nnewlines\n",
+    "tabs\there\t\t\tand\tthere",
+    "héllo naïve café — déjà vu",
+    "你好，世界！这是中文。",
+    "emoji 😀🎉👍🏽 and ❤️",
+    "don't I'LL we've 12345 3.14159 x=y+z",
+    "<s>Hello</s> <unk>",
+    "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|>text<|endoftext|>",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>x<eos> <pad><mask>",
+    "<think>reasoning</think> answer",
+    "the theory there then",
+    "▁already▁metaspace ▁",
+    "  ",
+    " ",
+]
+
+LLAMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+# Word pieces of the SentencePiece vocabularies, best first (scores fall).
+PIECES = (
+    "▁ e t a o n i s r h l d ▁t he ▁the in er ▁a an re on ▁s en ▁w at or ▁o it is ou ▁c ed es ing ▁b "
+    "▁f ▁p ▁m ▁th ▁d ▁h ar ▁i le ▁to ▁and ▁of ▁in al ll ▁theory ▁there ▁then ▁there ▁Hello ▁world "
+    "H W T q u c k b r o w f x j m p v y z g . , ' ! ? ▁q ▁qu ick ▁quick ▁bro wn ▁brown ▁fox ▁ju mp "
+    "s ▁jumps ▁over ▁la zy ▁lazy ▁dog ▁dog. ▁lead ing ▁leading ▁space ▁spaces ▁three ▁tra il "
+    "▁trail ▁trailing 1 2 3 4 5 12 123 ▁1 ▁12 é ï ▁h é llo ▁na ▁café ▁déjà ▁vu 你 好 你好 世 界 世界 "
+    "中 文 中文 这 是 ！ ， 。 😀 🎉 ▁em oji ▁emoji ▁don 't ▁I 'LL ▁we 've ▁x = + tab tabs ▁here "
+    "new lines newlines ▁rea son reason ▁answer ▁user ▁model ▁hi user model ▁▁ ▁▁▁▁ ▁▁▁"
+).split(" ")
+
+
+def fixture_tokenizer():
+    """The byte-level BPE tokenizer metadata of the public llama fixture."""
+    r = gguf.GGUFReader(str(FIXTURE))
+    get = lambda k: r.fields[k].contents()  # noqa: E731
+    return {
+        "tokens": get("tokenizer.ggml.tokens"),
+        "types": get("tokenizer.ggml.token_type"),
+        "merges": get("tokenizer.ggml.merges"),
+    }
+
+
+def spm_vocab(specials, extra, gemma=False):
+    """(tokens, scores, types): specials, byte pieces, word pieces."""
+    tokens, scores, types = [], [], []
+    for tok, ty in specials:
+        tokens.append(tok)
+        scores.append(0.0 if not gemma else -1000.0)
+        types.append(ty)
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        scores.append(0.0)
+        types.append(BYTE)
+    seen = set(tokens)
+    score = -1.0
+    for p in PIECES + extra:
+        if p in seen or not p:
+            continue
+        seen.add(p)
+        tokens.append(p)
+        # Mostly falling scores, a few out of file order (which gemma ignores).
+        s = score + (5.0 if len(tokens) % 17 == 0 else 0.0)
+        scores.append(s)
+        types.append(NORMAL)
+        score -= 1.0
+    return tokens, scores, types
+
+
+def arch_keys(w, arch, vocab):
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(vocab)
+    if arch in ("qwen3moe", "qwen2moe"):
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(32)
+    if arch in ("gemma2", "gemma3"):
+        w.add_key_length(16)
+        w.add_value_length(16)
+
+
+def write_case(name, arch, tok):
+    d = OUT / name
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "expected").mkdir(parents=True)
+    path = d / "model.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tok-{name}")
+    arch_keys(w, arch, len(tok["tokens"]))
+    w.add_tokenizer_model(tok["model"])
+    if "pre" in tok:
+        w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    if "scores" in tok:
+        w.add_token_scores(tok["scores"])
+    w.add_token_types(tok["types"])
+    if "merges" in tok:
+        w.add_token_merges(tok["merges"])
+    for key, value in tok["ids"].items():
+        w.add_uint32(f"tokenizer.ggml.{key}", value)
+    for key, value in tok.get("flags", {}).items():
+        w.add_bool(f"tokenizer.ggml.{key}", value)
+    if "chat_template" in tok:
+        w.add_chat_template(tok["chat_template"])
+    w.add_tensor("token_embd.weight", np.zeros((2, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    t = AutoTokenizer.from_pretrained(str(d), gguf_file="model.gguf")
+    t.save_pretrained(str(d / "expected"))
+    ids = [{"text": s, "ids": t(s, add_special_tokens=True)["input_ids"]} for s in TEXTS]
+    (d / "ids.json").write_text(json.dumps(ids, ensure_ascii=False, indent=1) + "\n")
+    info = {"architecture": arch, "class": type(t).__name__, "transformers": transformers.__version__}
+    (d / "source.json").write_text(json.dumps(info, indent=1) + "\n")
+    size = path.stat().st_size
+    assert size < 100_000, (name, size)
+    print(name, type(t).__name__, len(tok["tokens"]), "tokens", size, "bytes")
+
+
+def main():
+    bpe = fixture_tokenizer()
+    base = {"model": "gpt2", "tokens": bpe["tokens"], "types": bpe["types"], "merges": bpe["merges"]}
+    eot = bpe["tokens"].index("<|endoftext|>")
+    write_case("gpt2-llama", "llama",
+               dict(base, pre="gpt-2", ids={"bos_token_id": eot, "eos_token_id": eot},
+                    flags={"add_bos_token": False}))
+    write_case("gpt2-llama-bpe", "llama",
+               dict(base, pre="llama-bpe", ids={"bos_token_id": eot, "eos_token_id": eot},
+                    flags={"add_bos_token": True}))
+    # Qwen's files: a user-defined <think>, </think>, and a control token
+    # spelled outside the byte alphabet (a llama.cpp mislabel, not added).
+    qwen = dict(base,
+                tokens=base["tokens"] + ["<think>", "</think>", "<|bad control|>"],
+                types=base["types"] + [USER_DEFINED, USER_DEFINED, CONTROL])
+    im_end = bpe["tokens"].index("<|im_end|>")
+    for arch in ("qwen2", "qwen3", "qwen3moe", "qwen2moe"):
+        write_case(f"gpt2-{arch}", arch,
+                   dict(qwen, pre="qwen2", chat_template="{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                        "{{ m['content'] }}<|im_end|>\n{% endfor %}",
+                        ids={"bos_token_id": eot, "eos_token_id": im_end, "padding_token_id": eot},
+                        flags={"add_bos_token": False}))
+    # Llama 3's names: no <|endoftext|> in the vocabulary, which the byte-level
+    # builder's defaults then add as a new token.
+    l3 = dict(base, tokens=base["tokens"][:317] + ["<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"])
+    write_case("gpt2-llama3", "llama",
+               dict(l3, pre="llama-bpe", ids={"bos_token_id": 317, "eos_token_id": 318},
+                    flags={"add_bos_token": True, "add_eos_token": True}))
+    write_case("gpt2-phi3", "phi3",
+               dict(base, pre="gpt-2", ids={"bos_token_id": eot, "eos_token_id": eot, "padding_token_id": eot}))
+
+    # SentencePiece, llama's specials; <0x..> bytes; a user-defined piece.
+    tokens, scores, types = spm_vocab(
+        [("<unk>", UNKNOWN), ("<s>", CONTROL), ("</s>", CONTROL)], ["<think>", "</think>"])
+    types[tokens.index("<think>")] = USER_DEFINED
+    types[tokens.index("</think>")] = USER_DEFINED
+    spm = {"model": "llama", "pre": "default", "tokens": tokens, "scores": scores, "types": types,
+           "ids": {"bos_token_id": 1, "eos_token_id": 2, "unknown_token_id": 0}}
+    write_case("spm-llama", "llama", dict(spm, chat_template=LLAMA_TEMPLATE,
+                                           flags={"add_space_prefix": True}))
+    write_case("spm-llama-eos", "llama", dict(spm, flags={"add_bos_token": False, "add_eos_token": True},
+                                               ids=dict(spm["ids"], padding_token_id=0)))
+    write_case("spm-phi3", "phi3", dict(spm, chat_template=LLAMA_TEMPLATE,
+                                         ids=dict(spm["ids"], padding_token_id=2)))
+
+    # Gemma: <pad> <eos> <bos> <unk>, turn tokens, spaces stored as spaces.
+    tokens, scores, types = spm_vocab(
+        [("<pad>", CONTROL), ("<eos>", CONTROL), ("<bos>", CONTROL), ("<unk>", UNKNOWN),
+         ("<mask>", USER_DEFINED), ("[multimodal]", USER_DEFINED),
+         ("<start_of_turn>", USER_DEFINED), ("<end_of_turn>", USER_DEFINED)],
+        ["  ", "   ", "    ", "\n", "\n\n", "\t", "<unused0>"], gemma=True)
+    types[tokens.index("<unused0>")] = CONTROL
+    gem = {"model": "llama", "pre": "default", "tokens": tokens, "scores": scores, "types": types,
+           "ids": {"bos_token_id": 2, "eos_token_id": 1, "unknown_token_id": 3, "padding_token_id": 0},
+           "flags": {"add_bos_token": True, "add_eos_token": False}, "chat_template": GEMMA_TEMPLATE}
+    write_case("spm-gemma3", "gemma3", gem)
+    # No <mask>, which GemmaTokenizer then adds as a new token.
+    nomask = [t if t != "<mask>" else "<mask_other>" for t in tokens]
+    write_case("spm-gemma2", "gemma2", dict(gem, tokens=nomask, flags={}))
+
+
+if __name__ == "__main__":
+    main()
