@@ -48,9 +48,6 @@ const USER_DEFINED: i64 = 4;
 /// The Hugging Face tokenizer files transformers makes of a GGUF file's tokenizer metadata:
 /// (file name, bytes), e.g. tokenizer.json, tokenizer_config.json and chat_template.jinja
 /// when it has a chat template; empty when the file has no tokenizer metadata.
-// The GGUF conversion writes these beside the dense weights; until it calls
-// this, only the tests do.
-#[allow(dead_code)]
 pub(crate) fn hf_files(
     metadata: &[(String, MetaValue)],
     architecture: &str,

@@ -129,6 +129,8 @@ pub(super) fn convert<'a>(
         text.push(b'\n');
         c.files.push((name.to_string(), text));
     }
+    let tokenizer = crate::gguf::tokenizer::hf_files(&gguf.metadata, arch.gguf);
+    c.files.extend(tokenizer.map_err(|e| e.with_file(ckpt.display_path()))?);
     Ok(c)
 }
 

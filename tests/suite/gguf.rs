@@ -487,8 +487,8 @@ fn block_types_give_gguf_pys_values() {
 /// experts, phi3's fused projections, gemma2 and gemma3 with their norms
 /// stored as w+1) give, by default, what transformers 5.25 saves of
 /// them: every tensor under its name and layout, byte for byte in bf16
-/// and f16 on the CPU and the GPU, and the same `config.json` and
-/// `generation_config.json`.
+/// and f16 on the CPU and the GPU, and the same `config.json`,
+/// `generation_config.json` and tokenizer files.
 #[test]
 fn gguf_models_take_transformers_form() {
     let cases = [
@@ -515,27 +515,48 @@ fn gguf_models_take_transformers_form() {
                 let (got, tmp) = decoded(&case(name).join("model"), dtype, backend, false);
                 same_tensors(&got, &json(&file), &what);
                 let out = tmp.path().join("dense");
-                // transformers' own files, byte for byte (the f16 run's
-                // config names its dtype).
+                // transformers' own files: the configs byte for byte (the
+                // f16 run's names its dtype), the tokenizer's as JSON values
+                // (serde and Python space them differently), nothing else.
                 let meta = case(name).join(meta);
-                let config = std::fs::read_to_string(meta.join("config.json")).unwrap();
-                let config = config.replace("\"bfloat16\"", &format!("\"{torch}\""));
-                assert_eq!(
-                    std::fs::read_to_string(out.join("config.json")).unwrap(),
-                    config,
-                    "{what}"
-                );
-                let generation = std::fs::read(meta.join("generation_config.json")).unwrap();
-                assert_eq!(
-                    std::fs::read(out.join("generation_config.json")).unwrap(),
-                    generation,
-                    "{what}"
-                );
+                let mut want: Vec<String> = files_in(&meta);
+                want.extend(["model.safetensors".into(), ".wgpu-dequant-done.json".into()]);
+                want.sort();
+                assert_eq!(files_in(&out), want, "{what}");
+                for file in files_in(&meta) {
+                    let (got, mut expected) = (read(&out.join(&file)), read(&meta.join(&file)));
+                    if file == "config.json" {
+                        let text = String::from_utf8(expected).unwrap();
+                        expected = text
+                            .replace("\"bfloat16\"", &format!("\"{torch}\""))
+                            .into_bytes();
+                    }
+                    if file.starts_with("tokenizer") {
+                        let as_json = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap();
+                        assert_eq!(as_json(&got), as_json(&expected), "{what} {file}");
+                    } else {
+                        assert_eq!(got, expected, "{what} {file}");
+                    }
+                }
             }
         }
     };
     check(BackendChoice::Cpu);
     gpu_test(|_| check(BackendChoice::Gpu));
+}
+
+/// The names of the files in `dir`, sorted.
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// An architecture with no Hugging Face layout here is refused with

@@ -15,7 +15,6 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use super::builder::merges_of;
 use super::hf_files;
 use crate::error::Rule;
 use crate::gguf::{MetaValue, Model};
@@ -234,35 +233,4 @@ fn malformed_metadata_is_refused() {
         .cloned()
         .collect();
     assert!(hf_files(&plain, &arch).unwrap().is_empty());
-}
-
-/// Merges of a 256k-token vocabulary: hash lookups, not scans.
-#[test]
-fn merges_of_a_large_vocabulary_are_quick() {
-    let mut keys: Vec<String> = Vec::new();
-    let alphabet: Vec<char> = "abcdefghijklmnopqrstuvwxyz▁你好".chars().collect();
-    keys.extend(alphabet.iter().map(|c| c.to_string()));
-    let mut x: u64 = 7;
-    while keys.len() < 256_000 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let len = 2 + (x >> 60) as usize % 10;
-        let t: String = (0..len)
-            .map(|i| alphabet[(x >> (i * 5)) as usize % alphabet.len()])
-            .collect();
-        keys.push(t);
-    }
-    let scores: Vec<f64> = (0..keys.len()).map(|i| -(i as f64)).collect();
-    let start = std::time::Instant::now();
-    let merges = merges_of(&keys, &scores);
-    let took = start.elapsed();
-    eprintln!(
-        "{} merges of {} tokens in {took:?}",
-        merges.len(),
-        keys.len()
-    );
-    assert!(!merges.is_empty());
-    // Generous for a debug build on a loaded machine.
-    assert!(took.as_secs_f64() < 20.0, "{took:?}");
 }
