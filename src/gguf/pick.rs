@@ -109,7 +109,7 @@ pub fn choose<'c>(found: &'c [Candidate], pick: Pick<'_>) -> Result<&'c Candidat
         let shown: Vec<String> = found.iter().map(Candidate::shown).collect();
         match shown.len() {
             0 => "there is no GGUF model".to_string(),
-            _ => format!("the GGUF models: {}", shown.join(", ")),
+            _ => format!("the GGUF models here: {}", shown.join(", ")),
         }
     };
     let one = |matched: Vec<&'c Candidate>, what: String| match matched.as_slice() {
