@@ -238,13 +238,16 @@ impl Model {
     }
 }
 
+/// A model's files (each as its reader holds it), metadata and tensors.
+type Joined<F> = (Vec<F>, Vec<(String, MetaValue)>, Vec<Tensor>);
+
 /// The model whose first (or only) file is `path`: each part read by
 /// `open` (a file mapped here, or a header read by range requests), split
 /// parts found beside the first by name and checked against `split.*`.
 fn join<F>(
     path: &Path,
     mut open: impl FnMut(&Path) -> Result<(F, parse::Header)>,
-) -> Result<(Vec<F>, Vec<(String, MetaValue)>, Vec<Tensor>)> {
+) -> Result<Joined<F>> {
     let (first, header) = open(path)?;
     let (mut files, metadata, mut tensors) = (vec![first], header.metadata, header.tensors);
     let split = |key: &str| {

@@ -605,7 +605,7 @@ impl Remote {
         let parts = self.gguf.as_deref().unwrap_or_default();
         let first = parts
             .first()
-            .ok_or_else(|| Error::new(Rule::Hub, &self.shown(""), "picks no GGUF model"))?;
+            .ok_or_else(|| Error::new(Rule::Hub, self.id.to_string(), "picks no GGUF model"))?;
         let base = format!("{}/", self.id);
         let headers = crate::gguf::Headers::read(&self.shown(first), |shown| {
             let text = shown.to_string_lossy();
@@ -649,8 +649,8 @@ impl Remote {
             first.get_or_insert(path);
             fetched.push((part.clone(), new));
         }
-        let first =
-            first.ok_or_else(|| Error::new(Rule::Hub, &self.shown(""), "picks no GGUF model"))?;
+        let first = first
+            .ok_or_else(|| Error::new(Rule::Hub, self.id.to_string(), "picks no GGUF model"))?;
         Ok((first, fetched))
     }
 
