@@ -76,6 +76,7 @@ impl Checkpoint {
     /// The GGUF model whose headers alone were read (a Hub repository's
     /// file, by range requests): planning and `inspect` need no tensor
     /// bytes; none is loaded.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn from_gguf_headers(headers: Headers) -> Checkpoint {
         let version = headers.files.first().map_or(0, |f| f.version);
         let files = headers

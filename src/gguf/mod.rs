@@ -9,6 +9,7 @@ mod types;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) use parse::{prefix as parse_prefix, Header};
 pub use types::GgmlType;
 
@@ -312,6 +313,7 @@ fn join<F>(
 /// One file of a GGUF model read by its header alone (a Hub file read by
 /// range requests): no tensor bytes are held.
 #[derive(Debug)]
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) struct HeaderFile {
     /// How it is named (in errors, and as a shard's path).
     pub(crate) path: PathBuf,
@@ -322,12 +324,14 @@ pub(crate) struct HeaderFile {
 /// A GGUF model's headers: its files, the first one's metadata and every
 /// tensor, as [`Model`] has them, without the bytes.
 #[derive(Debug)]
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) struct Headers {
     pub(crate) files: Vec<HeaderFile>,
     pub(crate) metadata: Vec<(String, MetaValue)>,
     pub(crate) tensors: Vec<Tensor>,
 }
 
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 impl Headers {
     /// The model whose first part is `path`, each part's header given by
     /// `header` (the parts of a split one are the first's siblings by name).

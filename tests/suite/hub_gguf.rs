@@ -173,6 +173,26 @@ fn a_tag_downloads_its_file_alone_and_writes_the_local_files_bytes() {
     assert!(hub.log()[before..]
         .iter()
         .all(|h| !h.path.starts_with("/cdn/")));
+
+    // Offline, the tag picks among the snapshot's files: no request.
+    let before = hub.log().len();
+    let offline = [("HF_HUB_OFFLINE", "1")];
+    let o = cli(
+        &hub,
+        &cache,
+        &["inspect", &format!("{REPO}:Q4_K_M")],
+        &offline,
+    );
+    ok(&o, "inspect offline");
+    assert_eq!(hub.log().len(), before);
+    let o = cli(
+        &hub,
+        &cache,
+        &["inspect", &format!("{REPO}:Q8_0")],
+        &offline,
+    );
+    let what = "offline, a model not in the cache";
+    error_line(&o, what, "HUB-001", &["Q8_0", "Tiny-Q4_K_M.gguf"]);
 }
 
 #[test]
