@@ -87,7 +87,10 @@ pub use model::{Linears, Model, TensorInfo};
 pub use numerics::OutDtype;
 pub use plan::{DtypeChoice, Warning};
 pub use report::{Finding, Report, Validation};
-pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options};
+pub use run::{
+    convert, dequantize, inspect, inspect_gguf_file, validate, validate_gguf_file, Dequantize,
+    Note, Options,
+};
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
 pub use writer::{

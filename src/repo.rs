@@ -52,6 +52,34 @@ impl RepoId {
         })
     }
 
+    /// `ORG/NAME[@REV][:QUANT]` (or `ORG/NAME:QUANT@REV`): the id and the
+    /// quantization tag of the GGUF file it picks, as `llama-server -hf`
+    /// and Ollama's `hf.co/` names read it. A revision cannot hold `:` (git
+    /// refuses it in a ref) and a tag holds no `@`, so either order is
+    /// one reading. `None` for anything else, an empty or odd tag included.
+    pub fn parse_tagged(text: &str) -> Option<(RepoId, Option<String>)> {
+        let Some((head, tail)) = text.split_once(':') else {
+            return RepoId::parse(text).map(|id| (id, None));
+        };
+        // `ORG/NAME:TAG@REV` → `ORG/NAME@REV` and `TAG`.
+        let (tag, rev) = match tail.split_once('@') {
+            Some((tag, rev)) if !head.contains('@') => (tag, Some(rev)),
+            _ => (tail, None),
+        };
+        let tag_ok = (1..=64).contains(&tag.len())
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !tag_ok {
+            return None;
+        }
+        let id = match rev {
+            Some(rev) => RepoId::parse(&format!("{head}@{rev}"))?,
+            None => RepoId::parse(head)?,
+        };
+        Some((id, Some(tag.to_string())))
+    }
+
     /// The repository's folder in the cache: `models--ORG--NAME`.
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn folder(&self) -> String {
@@ -96,6 +124,10 @@ pub struct Revision {
     pub commit: String,
     /// Its top-level files and their sizes (where the Hub said).
     pub files: Vec<(String, Option<u64>)>,
+    /// Its `.gguf` files in any folder (`Q4_K_M/NAME-00001-of-00002.gguf`),
+    /// `/`-separated, and their sizes: GGUF repositories keep a model's
+    /// parts in folders, and one model is picked of them.
+    pub ggufs: Vec<(String, Option<u64>)>,
 }
 
 impl Revision {
@@ -133,7 +165,28 @@ impl Revision {
                 plain.then(|| (name.to_string(), size))
             })
             .collect();
-        Ok(Revision { id, commit, files })
+        // Every folder of the path plain too: nothing leads out of the
+        // snapshot, nor into a hidden folder.
+        let ggufs = siblings
+            .iter()
+            .filter_map(|s| {
+                let name = s.get("rfilename")?.as_str()?;
+                let plain = name.len() <= 1024
+                    && name.ends_with(".gguf")
+                    && !name.contains('\\')
+                    && name
+                        .split('/')
+                        .all(|c| !c.is_empty() && !c.starts_with('.') && !c.contains(':'));
+                let size = s.get("size").and_then(Value::as_u64);
+                plain.then(|| (name.to_string(), size))
+            })
+            .collect();
+        Ok(Revision {
+            id,
+            commit,
+            files,
+            ggufs,
+        })
     }
 
     /// `ORG/NAME@COMMIT`: the id of exactly what is read.
@@ -149,9 +202,14 @@ impl Revision {
             "{endpoint}/{}/resolve/{}/{}",
             self.id.repo,
             self.commit,
-            escape(file)
+            escape_path(file)
         )
     }
+}
+
+/// A `/`-separated file path escaped for a URL, segment by segment.
+pub(crate) fn escape_path(path: &str) -> String {
+    path.split('/').map(escape).collect::<Vec<_>>().join("/")
 }
 
 /// `segment` escaped for a URL path.
@@ -233,5 +291,35 @@ mod tests {
             assert_eq!(RepoId::parse(not), None, "{not}");
         }
         assert!(is_commit(&"a".repeat(40)) && !is_commit(&"A".repeat(40)) && !is_commit("main"));
+    }
+
+    #[test]
+    fn tags_in_either_order_with_a_revision() {
+        let tagged = |t: &str| RepoId::parse_tagged(t).map(|(id, tag)| (id.repo, id.revision, tag));
+        let want = |rev: &str, tag: Option<&str>| {
+            Some(("o/n".to_string(), rev.to_string(), tag.map(str::to_string)))
+        };
+        assert_eq!(tagged("o/n:Q4_K_M"), want("main", Some("Q4_K_M")));
+        assert_eq!(tagged("o/n@v1:q8_0"), want("v1", Some("q8_0")));
+        assert_eq!(
+            tagged("o/n:Q8_0@refs/pr/2"),
+            want("refs/pr/2", Some("Q8_0"))
+        );
+        assert_eq!(tagged("o/n"), want("main", None));
+        for not in ["o/n:", "o/n:a b", "o/n:x:y", "o/n@a:b@c", "/abs:Q4", "o:Q4"] {
+            assert_eq!(tagged(not), None, "{not}");
+        }
+        let rev = Revision::parse(
+            RepoId::parse("o/n").expect("an id"),
+            br#"{"sha": "0123456789abcdef0123456789abcdef01234567", "siblings": [
+            {"rfilename": "Q6_K/m-00001-of-00002.gguf", "size": 3}, {"rfilename": "../x.gguf"},
+            {"rfilename": ".cache/y.gguf"}, {"rfilename": "a.gguf"}]}"#,
+        )
+        .expect("an answer");
+        let ggufs: Vec<&str> = rev.ggufs.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(ggufs, ["Q6_K/m-00001-of-00002.gguf", "a.gguf"]);
+        assert!(rev
+            .file_url("http://h", "Q6_K/m 1.gguf")
+            .ends_with("/Q6_K/m%201.gguf"));
     }
 }

@@ -82,6 +82,8 @@ pub struct Dequantize<'a> {
     finished: Option<std::sync::Arc<writer::Journal>>,
     /// Stored input bytes a `stream` batch loads at most, when not its own.
     pub(crate) batch_bytes: Option<usize>,
+    /// The GGUF model of a folder or Hub repository that holds several.
+    gguf_file: Option<String>,
 }
 
 impl Default for Dequantize<'_> {
@@ -110,7 +112,17 @@ impl<'a> Dequantize<'a> {
             download: None,
             finished: None,
             batch_bytes: None,
+            gguf_file: None,
         }
+    }
+
+    /// The GGUF model to read where the input (a folder, a Hub repository)
+    /// holds several (`--gguf-file`): its file's name, or its path in the
+    /// repository (`Q4_K_M/NAME-00001-of-00002.gguf`); any part of a split
+    /// model names it. A Hub id's `:QUANT` tag picks by quantization instead.
+    pub fn gguf_file(mut self, file: impl Into<String>) -> Self {
+        self.gguf_file = Some(file.into());
+        self
     }
 
     /// Dtype and backend at once.
@@ -284,15 +296,24 @@ impl<'a> Dequantize<'a> {
     /// Dequantizes the checkpoint at `input` (a directory or one
     /// `.safetensors` file) into the dense checkpoint in `output`. Nothing is
     /// left in `output` when it fails or is cancelled.
-    pub fn run(mut self, input: impl AsRef<Path>, output: impl AsRef<Path>) -> Result<Summary> {
-        #[cfg(not(target_arch = "wasm32"))]
-        let input = match crate::hub::input(input.as_ref())? {
-            crate::hub::Input::Local(path) => path,
-            crate::hub::Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
+    pub fn run(self, input: impl AsRef<Path>, output: impl AsRef<Path>) -> Result<Summary> {
+        let input = match self::input(input.as_ref(), self.gguf_file.as_deref())? {
+            Input::Local(path) => path,
+            #[cfg(not(target_arch = "wasm32"))]
+            Input::Hub(remote) if remote.gguf().is_some() => {
+                return self.run_hub_gguf(&remote, output.as_ref())
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
         };
-        let input = input.as_ref();
-        let out = output.as_ref();
+        let input: &Path = input.as_ref();
         let key = self.key(&writer::input_stamps(input))?;
+        self.run_local(input, output.as_ref(), key)
+    }
+
+    /// [`Dequantize::run`] of the local checkpoint at `input`, as the job
+    /// `key` names (its input files' stamps, or a Hub commit and files).
+    fn run_local(mut self, input: &Path, out: &Path, key: String) -> Result<Summary> {
         let tag = self.tag()?;
         if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
             return Ok(summary);
@@ -429,6 +450,96 @@ impl<'a> Dequantize<'a> {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl Dequantize<'_> {
+    /// Dequantizes the GGUF model a Hub id picks: its files are downloaded
+    /// into the cache (after the free-space preflight, which counts them,
+    /// planned from their headers read by range requests), then read as a
+    /// local GGUF model. The job is the commit and the files: `--resume` of
+    /// a finished run downloads nothing, and `--delete-downloaded` removes
+    /// what this run downloaded once it succeeded.
+    fn run_hub_gguf(mut self, remote: &crate::hub::Remote, out: &Path) -> Result<Summary> {
+        let parts = remote.gguf().unwrap_or_default().to_vec();
+        let key = self.key(&format!("{} {}", remote.pinned(), parts.join(" ")))?;
+        let tag = self.tag()?;
+        if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
+            return Ok(summary);
+        }
+        let missing = remote.gguf_missing()?;
+        let to_download: u64 = missing.iter().map(|(_, size)| size).sum();
+        if to_download > 0 {
+            // What the run writes, from the headers alone.
+            let ckpt = remote.gguf_checkpoint()?;
+            let plan = self.plan(&ckpt)?;
+            let (schedule, _, _) = schedule(&plan, None, self.max_shard_size)?;
+            let out_bytes: u64 = schedule
+                .iter()
+                .map(|f| match f {
+                    OutFile::Shard(_, header, tensors) => {
+                        header.len() as u64 + tensors.iter().map(|t| t.bytes).sum::<u64>()
+                    }
+                    OutFile::Bytes(_, bytes) => bytes.len() as u64,
+                    OutFile::Copy(_) => 0,
+                })
+                .sum();
+            let needs = [
+                writer::Need {
+                    what: "the dense checkpoint",
+                    at: out.to_path_buf(),
+                    bytes: out_bytes,
+                },
+                writer::Need {
+                    what: "the downloads",
+                    at: remote.cache_root().to_path_buf(),
+                    bytes: to_download,
+                },
+            ];
+            for line in writer::check_space(out, &needs)? {
+                (self.note)(Note::Text(&line));
+            }
+        }
+        // The downloads, told as they go; a cancelled run stops them.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let tick = self.download.take();
+        let start = remote.received();
+        let fetched = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    if self.canceller.is_cancelled() {
+                        remote.stop();
+                    }
+                    if let (Some(tick), true) = (&tick, to_download > 0) {
+                        tick(&writer::Download {
+                            done_bytes: (remote.received() - start).min(to_download),
+                            total_bytes: to_download,
+                        });
+                    }
+                }
+            });
+            let fetched = remote.fetch_gguf();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            fetched
+        });
+        let (first, fetched) = fetched?;
+        let delete = std::mem::take(&mut self.delete_downloaded);
+        let mut summary = self.run_local(&first, out, key)?;
+        let mut record = writer::Fetched::default();
+        for (name, new) in fetched {
+            match new {
+                true => record.downloaded.push(name),
+                false => record.reused.push(name),
+            }
+        }
+        record.peak_bytes = missing.iter().map(|(_, size)| size).sum();
+        if delete {
+            for name in &record.downloaded {
+                remote.remove(name)?;
+            }
+            record.deleted = record.downloaded.clone();
+        }
+        summary.fetched = Some(record);
+        Ok(summary)
+    }
+
     /// Dequantizes a Hub checkpoint as it downloads: the stream of its
     /// dense files, read through a [`Fetcher`](crate::hub::Fetcher)
     /// (shards one ahead of the decoder), written part by part.
@@ -553,22 +664,67 @@ pub fn dequantize(
 /// tensor and every rule finding. Fails only when the checkpoint cannot be
 /// read or planned at all.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Report> {
-    #[cfg(not(target_arch = "wasm32"))]
-    let path = match crate::hub::input(path.as_ref())? {
-        crate::hub::Input::Local(path) => path,
-        crate::hub::Input::Hub(remote) => {
-            return pollster::block_on(crate::stream::inspect(&*remote))
+    inspect_gguf_file(path, None)
+}
+
+/// [`inspect`], with `gguf_file` naming the GGUF model of a folder or Hub
+/// repository that holds several (`--gguf-file`; see
+/// [`Dequantize::gguf_file`]). A Hub GGUF model's headers alone are read,
+/// by range requests.
+pub fn inspect_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Result<Report> {
+    let path = match input(path.as_ref(), gguf_file)? {
+        Input::Local(path) => path,
+        #[cfg(not(target_arch = "wasm32"))]
+        Input::Hub(remote) if remote.gguf().is_some() => {
+            let ckpt = remote.gguf_checkpoint()?;
+            let mut report = Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?);
+            report.path = gguf_shown(&remote);
+            return Ok(report);
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        Input::Hub(remote) => return pollster::block_on(crate::stream::inspect(&*remote)),
     };
     let ckpt = Checkpoint::open(path)?;
     Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
+}
+
+/// `ORG/NAME@COMMIT/FILE`: the Hub GGUF model read.
+#[cfg(not(target_arch = "wasm32"))]
+fn gguf_shown(remote: &crate::hub::Remote) -> String {
+    let first = remote
+        .gguf()
+        .and_then(|p| p.first())
+        .map_or("", String::as_str);
+    format!("{}/{first}", remote.pinned())
+}
+
+/// What a path argument names: a local path, or (natively) a Hub id.
+enum Input {
+    Local(std::path::PathBuf),
+    #[cfg(not(target_arch = "wasm32"))]
+    Hub(Box<crate::hub::Remote>),
+}
+
+/// `path` (with `gguf_file` picking a folder's GGUF model), or the Hub id
+/// it names.
+fn input(path: &Path, gguf_file: Option<&str>) -> Result<Input> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return Ok(match crate::hub::input(path, gguf_file)? {
+        crate::hub::Input::Local(path) => Input::Local(path),
+        crate::hub::Input::Hub(remote) => Input::Hub(remote),
+    });
+    #[cfg(target_arch = "wasm32")]
+    Ok(Input::Local(match gguf_file {
+        Some(file) => crate::gguf::find_in(path, Some(file))?.unwrap_or_else(|| path.to_path_buf()),
+        None => path.to_path_buf(),
+    }))
 }
 
 /// `path`, or the snapshot folder of the Hub id it names once the files a
 /// run needs are in the cache.
 pub(crate) fn local(path: &Path) -> Result<std::path::PathBuf> {
     #[cfg(not(target_arch = "wasm32"))]
-    return crate::hub::local(path);
+    return crate::hub::local(path, None);
     #[cfg(target_arch = "wasm32")]
     Ok(path.to_path_buf())
 }
@@ -576,12 +732,24 @@ pub(crate) fn local(path: &Path) -> Result<std::path::PathBuf> {
 /// Checks every rule the checkpoint at `path` must follow; a checkpoint that
 /// cannot be read at all is one finding.
 pub fn validate(path: impl AsRef<Path>) -> Validation {
-    #[cfg(not(target_arch = "wasm32"))]
-    let path = match crate::hub::input(path.as_ref()) {
-        Ok(crate::hub::Input::Local(path)) => path,
-        Ok(crate::hub::Input::Hub(remote)) => {
-            return pollster::block_on(crate::stream::validate(&*remote))
+    validate_gguf_file(path, None)
+}
+
+/// [`validate`], with `gguf_file` naming the GGUF model of a folder or Hub
+/// repository that holds several (`--gguf-file`). A Hub GGUF model's
+/// headers alone are read, by range requests.
+pub fn validate_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Validation {
+    let path = match input(path.as_ref(), gguf_file) {
+        Ok(Input::Local(path)) => path,
+        #[cfg(not(target_arch = "wasm32"))]
+        Ok(Input::Hub(remote)) if remote.gguf().is_some() => {
+            let found = remote
+                .gguf_checkpoint()
+                .and_then(|ckpt| Ok(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?)));
+            return found.unwrap_or_else(|e| Validation::from(&e));
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        Ok(Input::Hub(remote)) => return pollster::block_on(crate::stream::validate(&*remote)),
         Err(e) => return Validation::from(&e),
     };
     let found = Checkpoint::open(path)

@@ -4,16 +4,16 @@
 //! `[..., row bytes]`), its ggml type and logical shape kept beside.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use safetensors::Dtype;
 
 use super::header::{Entry, Shard, Storage, Table};
 use super::origin::Origin;
-use super::Checkpoint;
+use super::{Checkpoint, Listing};
 use crate::error::Result;
-use crate::gguf::{GgmlType, MetaValue, Model};
+use crate::gguf::{GgmlType, Headers, MetaValue, Model, Tensor};
 
 /// What a GGUF model holds besides its tensors' bytes.
 #[derive(Debug)]
@@ -57,9 +57,55 @@ impl Checkpoint {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
+        let version = model.files.first().map_or(0, |f| f.version);
+        let files = model
+            .files
+            .into_iter()
+            .map(|f| (f.path.clone(), Storage::Mapped(f.into_map())))
+            .collect();
+        Ok(Checkpoint::of_gguf(
+            Origin::Disk(dir.clone()),
+            dir,
+            files,
+            version,
+            model.metadata,
+            &model.tensors,
+        ))
+    }
+
+    /// The GGUF model whose headers alone were read (a Hub repository's
+    /// file, by range requests): planning and `inspect` need no tensor
+    /// bytes; none is loaded.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    pub(crate) fn from_gguf_headers(headers: Headers) -> Checkpoint {
+        let version = headers.files.first().map_or(0, |f| f.version);
+        let files = headers
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), Storage::Partial(Default::default())))
+            .collect();
+        Checkpoint::of_gguf(
+            Origin::Listed(Listing::default()),
+            PathBuf::from("."),
+            files,
+            version,
+            headers.metadata,
+            &headers.tensors,
+        )
+    }
+
+    /// A GGUF model's checkpoint: its `files` (path, bytes) in split order.
+    fn of_gguf(
+        origin: Origin,
+        dir: PathBuf,
+        files: Vec<(PathBuf, Storage)>,
+        version: u32,
+        metadata: Vec<(String, MetaValue)>,
+        all: &[Tensor],
+    ) -> Checkpoint {
         let (mut tensors, mut lookup) = (BTreeMap::new(), BTreeMap::new());
-        let mut tables: Vec<Vec<(String, Entry)>> = model.files.iter().map(|_| Vec::new()).collect();
-        for t in &model.tensors {
+        let mut tables: Vec<Vec<(String, Entry)>> = files.iter().map(|_| Vec::new()).collect();
+        for t in all {
             let (dtype, shape) = match plain(t.ty) {
                 Some(d) => (d, t.shape.clone()),
                 None => {
@@ -76,19 +122,15 @@ impl Checkpoint {
             tensors.insert(t.name.clone(), (t.ty, t.shape.clone()));
             lookup.insert(t.name.clone(), t.file);
         }
-        let metadata = model.metadata;
-        let version = model.files.first().map_or(0, |f| f.version);
-        let count = model.files.len();
-        let shards = model
-            .files
+        let count = files.len();
+        let shards = files
             .into_iter()
             .zip(tables)
             .enumerate()
-            .map(|(i, (f, mut table))| {
+            .map(|(i, ((path, storage), mut table))| {
                 table.sort_by_key(|(_, e)| e.range.0);
-                let path = f.path.clone();
                 // Offsets are from the start of the file.
-                let mut shard = Shard::new_table(&path, Storage::Mapped(f.into_map()), 0, Table::new(table));
+                let mut shard = Shard::new_table(&path, storage, 0, Table::new(table));
                 // What the dense checkpoint's file is called.
                 shard.file_name = match count {
                     1 => "model.safetensors".to_string(),
@@ -97,9 +139,9 @@ impl Checkpoint {
                 shard
             })
             .collect();
-        Ok(Checkpoint {
-            dir: dir.clone(),
-            files: Origin::Disk(dir),
+        Checkpoint {
+            dir,
+            files: origin,
             single_file: true,
             shards,
             index: None,
@@ -113,6 +155,6 @@ impl Checkpoint {
                 metadata,
                 tensors,
             }),
-        })
+        }
     }
 }

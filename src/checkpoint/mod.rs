@@ -66,7 +66,8 @@ impl Checkpoint {
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot open", e))?;
-        if let Some(file) = crate::gguf::find(path) {
+        // A folder of several GGUF models is refused, naming them.
+        if let Some(file) = crate::gguf::find_in(path, None)? {
             return Checkpoint::from_gguf(&file);
         }
         if meta.is_dir() {

@@ -4,12 +4,15 @@
 
 pub(crate) mod hf;
 mod parse;
+pub mod pick;
 pub(crate) mod tokenizer;
 mod types;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) use parse::{prefix as parse_prefix, Header};
 pub use types::GgmlType;
 
 use crate::error::{Error, Result, Rule};
@@ -164,28 +167,47 @@ fn split_name(file: &str) -> Option<(&str, u32, u32)> {
 
 /// The GGUF file `path` names: a `.gguf` file, or the one GGUF model of a
 /// folder (its first part, when split) that holds no safetensors; `None`
-/// when `path` is not GGUF.
+/// when `path` is not GGUF, or a folder holds several models
+/// ([`find_in`] says which).
 pub fn find(path: &Path) -> Option<PathBuf> {
+    find_in(path, None).ok().flatten()
+}
+
+/// [`find`], with `file` (`--gguf-file`) naming one model of a folder
+/// that holds several; a folder holding several and no `file` is refused
+/// with one line listing them, and so is a `file` that names none.
+pub fn find_in(path: &Path, file: Option<&str>) -> Result<Option<PathBuf>> {
     if path.is_file() {
-        return path
+        if let Some(file) = file {
+            let detail =
+                format!("--gguf-file {file} is for a folder or a Hub id, and this is a file");
+            return Err(Error::new(Rule::Argument, path, detail));
+        }
+        return Ok(path
             .extension()
             .is_some_and(|e| e == "gguf")
-            .then(|| path.to_path_buf());
+            .then(|| path.to_path_buf()));
     }
-    let names: Vec<String> = std::fs::read_dir(path)
-        .ok()?
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return Ok(None);
+    };
+    let names: Vec<String> = entries
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
-    if names.iter().any(|n| n.ends_with(".safetensors")) {
-        return None;
+    if file.is_none() && names.iter().any(|n| n.ends_with(".safetensors")) {
+        return Ok(None);
     }
-    let models: Vec<&String> = names
-        .iter()
-        .filter(|n| n.ends_with(".gguf") && split_name(n).is_none_or(|(_, no, _)| no == 1))
-        .collect();
-    match models.as_slice() {
-        [one] => Some(path.join(one)),
-        _ => None,
+    let found = pick::candidates(names.iter().map(String::as_str));
+    if file.is_none() && found.is_empty() {
+        return Ok(None);
+    }
+    let chosen = pick::Pick {
+        file,
+        ..pick::Pick::default()
+    };
+    match pick::choose(&found, chosen) {
+        Ok(model) => Ok(Some(path.join(&model.first))),
+        Err(detail) => Err(Error::new(Rule::Argument, path, detail)),
     }
 }
 
@@ -194,67 +216,12 @@ impl Model {
     /// split model, the other parts beside it.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
-        let (first, header) = open_file(path)?;
-        let mut model = Model {
-            files: vec![first],
-            metadata: header.metadata,
-            tensors: header.tensors,
-        };
-        let split = |model: &Model, key: &str| model.get(key).and_then(MetaValue::as_u64);
-        let count = split(&model, "split.count").unwrap_or(1);
-        if count <= 1 {
-            return Ok(model);
-        }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let Some((prefix, 1, n)) = split_name(&name).filter(|&(_, _, n)| n as u64 == count) else {
-            let detail = format!(
-                "split.count is {count}: open the first part, NAME-00001-of-{count:05}.gguf"
-            );
-            return Err(Error::new(Rule::GgufSplit, path, detail));
-        };
-        for no in 2..=n {
-            let part = path.with_file_name(format!("{prefix}-{no:05}-of-{n:05}.gguf"));
-            let (file, header) = open_file(&part)?;
-            let no_of = header
-                .metadata
-                .iter()
-                .find(|(k, _)| k == "split.no")
-                .and_then(|(_, v)| v.as_u64());
-            if no_of != Some(no as u64 - 1) {
-                let detail = format!(
-                    "split.no is {no_of:?}, not {} (the file name's part {no})",
-                    no - 1
-                );
-                return Err(Error::new(Rule::GgufSplit, &part, detail));
-            }
-            let index = model.files.len();
-            model.files.push(file);
-            for mut t in header.tensors {
-                if model.tensors.iter().any(|u| u.name == t.name) {
-                    return Err(Error::tensor(
-                        Rule::GgufSplit,
-                        &part,
-                        &t.name,
-                        "is in two parts of the split model",
-                    ));
-                }
-                t.file = index;
-                model.tensors.push(t);
-            }
-        }
-        if let Some(want) =
-            split(&model, "split.tensors.count").filter(|&w| w != model.tensors.len() as u64)
-        {
-            let detail = format!(
-                "split.tensors.count is {want}, and its {n} parts hold {}",
-                model.tensors.len()
-            );
-            return Err(Error::new(Rule::GgufSplit, path, detail));
-        }
-        Ok(model)
+        let (files, metadata, tensors) = join(path, open_file)?;
+        Ok(Model {
+            files,
+            metadata,
+            tensors,
+        })
     }
 
     /// A metadata value.
@@ -271,6 +238,122 @@ impl Model {
     pub fn bytes(&self, t: &Tensor) -> &[u8] {
         // open() checked every tensor's range against its file.
         &self.files[t.file].bytes()[t.offset as usize..(t.offset + t.size) as usize]
+    }
+}
+
+/// A model's files (each as its reader holds it), metadata and tensors.
+type Joined<F> = (Vec<F>, Vec<(String, MetaValue)>, Vec<Tensor>);
+
+/// The model whose first (or only) file is `path`: each part read by
+/// `open` (a file mapped here, or a header read by range requests), split
+/// parts found beside the first by name and checked against `split.*`.
+fn join<F>(
+    path: &Path,
+    mut open: impl FnMut(&Path) -> Result<(F, parse::Header)>,
+) -> Result<Joined<F>> {
+    let (first, header) = open(path)?;
+    let (mut files, metadata, mut tensors) = (vec![first], header.metadata, header.tensors);
+    let split = |key: &str| {
+        metadata
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.as_u64())
+    };
+    let count = split("split.count").unwrap_or(1);
+    if count <= 1 {
+        return Ok((files, metadata, tensors));
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some((prefix, 1, n)) = split_name(&name).filter(|&(_, _, n)| n as u64 == count) else {
+        let detail =
+            format!("split.count is {count}: open the first part, NAME-00001-of-{count:05}.gguf");
+        return Err(Error::new(Rule::GgufSplit, path, detail));
+    };
+    for no in 2..=n {
+        let part = path.with_file_name(format!("{prefix}-{no:05}-of-{n:05}.gguf"));
+        let (file, header) = open(&part)?;
+        let no_of = header
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "split.no")
+            .and_then(|(_, v)| v.as_u64());
+        if no_of != Some(no as u64 - 1) {
+            let detail = format!(
+                "split.no is {no_of:?}, not {} (the file name's part {no})",
+                no - 1
+            );
+            return Err(Error::new(Rule::GgufSplit, &part, detail));
+        }
+        let index = files.len();
+        files.push(file);
+        for mut t in header.tensors {
+            if tensors.iter().any(|u| u.name == t.name) {
+                return Err(Error::tensor(
+                    Rule::GgufSplit,
+                    &part,
+                    &t.name,
+                    "is in two parts of the split model",
+                ));
+            }
+            t.file = index;
+            tensors.push(t);
+        }
+    }
+    if let Some(want) = split("split.tensors.count").filter(|&w| w != tensors.len() as u64) {
+        let detail = format!(
+            "split.tensors.count is {want}, and its {n} parts hold {}",
+            tensors.len()
+        );
+        return Err(Error::new(Rule::GgufSplit, path, detail));
+    }
+    Ok((files, metadata, tensors))
+}
+
+/// One file of a GGUF model read by its header alone (a Hub file read by
+/// range requests): no tensor bytes are held.
+#[derive(Debug)]
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+pub(crate) struct HeaderFile {
+    /// How it is named (in errors, and as a shard's path).
+    pub(crate) path: PathBuf,
+    /// GGUF version (2 or 3).
+    pub(crate) version: u32,
+}
+
+/// A GGUF model's headers: its files, the first one's metadata and every
+/// tensor, as [`Model`] has them, without the bytes.
+#[derive(Debug)]
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+pub(crate) struct Headers {
+    pub(crate) files: Vec<HeaderFile>,
+    pub(crate) metadata: Vec<(String, MetaValue)>,
+    pub(crate) tensors: Vec<Tensor>,
+}
+
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+impl Headers {
+    /// The model whose first part is `path`, each part's header given by
+    /// `header` (the parts of a split one are the first's siblings by name).
+    pub(crate) fn read(
+        path: &Path,
+        mut header: impl FnMut(&Path) -> Result<parse::Header>,
+    ) -> Result<Headers> {
+        let (files, metadata, tensors) = join(path, |p| {
+            let h = header(p)?;
+            let file = HeaderFile {
+                path: p.to_path_buf(),
+                version: h.version,
+            };
+            Ok((file, h))
+        })?;
+        Ok(Headers {
+            files,
+            metadata,
+            tensors,
+        })
     }
 }
 

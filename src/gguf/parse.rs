@@ -21,7 +21,7 @@ const MAX_DIMS: u32 = 4;
 /// A GGUF file's header: version, metadata and tensor infos, tensor
 /// offsets made absolute.
 #[derive(Debug)]
-pub(super) struct Header {
+pub(crate) struct Header {
     pub(super) version: u32,
     pub(super) metadata: Vec<(String, MetaValue)>,
     pub(super) tensors: Vec<Tensor>,
@@ -31,9 +31,14 @@ pub(super) struct Header {
 }
 
 struct Cursor<'b> {
+    /// The file's bytes, or its first ones ([`prefix`]).
     bytes: &'b [u8],
     at: usize,
     path: &'b Path,
+    /// The file's length (more than `bytes` holds when reading a prefix).
+    file_len: u64,
+    /// Set when a read ran past the prefix but not past the file.
+    short: bool,
 }
 
 impl<'b> Cursor<'b> {
@@ -44,6 +49,11 @@ impl<'b> Cursor<'b> {
     fn take(&mut self, n: u64, what: &str) -> Result<&'b [u8]> {
         let left = (self.bytes.len() - self.at) as u64;
         if n > left {
+            let in_file = self.file_len.saturating_sub(self.at as u64);
+            if n <= in_file {
+                // Past the prefix read so far, not past the file: read more.
+                self.short = true;
+            }
             return Err(self.fail(format!(
                 "{what} at byte {} needs {n} bytes, and the file has {left} left",
                 self.at
@@ -115,7 +125,38 @@ impl<'b> Cursor<'b> {
 
 /// Reads the header of the GGUF file `bytes` (at `path`, for messages).
 pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
-    let mut c = Cursor { bytes, at: 0, path };
+    let mut c = Cursor {
+        bytes,
+        at: 0,
+        path,
+        file_len: bytes.len() as u64,
+        short: false,
+    };
+    read(&mut c)
+}
+
+/// Reads the header of a GGUF file of `file_len` bytes from its first
+/// bytes `prefix` (a file read by range requests): `None` when the header
+/// runs past them, so that more must be read. Every check is the whole
+/// file's: tensors must lie inside its `file_len` bytes.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+pub(crate) fn prefix(prefix: &[u8], file_len: u64, path: &Path) -> Result<Option<Header>> {
+    let mut c = Cursor {
+        bytes: prefix,
+        at: 0,
+        path,
+        file_len: file_len.max(prefix.len() as u64),
+        short: false,
+    };
+    match read(&mut c) {
+        Ok(header) => Ok(Some(header)),
+        Err(_) if c.short => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn read(c: &mut Cursor<'_>) -> Result<Header> {
+    let path = c.path;
     let magic: [u8; 4] = c.array("the magic")?;
     if &magic != MAGIC {
         return Err(c.fail(format!(
@@ -165,7 +206,7 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
         let n_dims = c.u32(&name)?;
         if !(1..=MAX_DIMS).contains(&n_dims) {
             return Err(fail(
-                &c,
+                c,
                 format!("{n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}"),
             ));
         }
@@ -174,11 +215,11 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
             ne.push(c.u64(&name)?);
         }
         if ne.contains(&0) {
-            return Err(fail(&c, format!("dimensions {ne:?} hold a zero")));
+            return Err(fail(c, format!("dimensions {ne:?} hold a zero")));
         }
         let id = c.u32(&name)?;
         let Some(ty) = GgmlType::from_id(id) else {
-            return Err(fail(&c, format!("type {id} is no ggml type")));
+            return Err(fail(c, format!("type {id} is no ggml type")));
         };
         let offset = c.u64(&name)?;
         let elements = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
@@ -191,18 +232,18 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
         let Some(size) = size else {
             let (block, _) = ty.block();
             return Err(fail(
-                &c,
+                c,
                 format!("{ty} rows of {row} elements: not whole blocks of {block} (or too many)"),
             ));
         };
         if !offset.is_multiple_of(alignment) {
             return Err(fail(
-                &c,
+                c,
                 format!("data offset {offset} is not a multiple of the alignment {alignment}"),
             ));
         }
         if tensors.iter().any(|t| t.name == name) {
-            return Err(fail(&c, "appears twice".to_string()));
+            return Err(fail(c, "appears twice".to_string()));
         }
         tensors.push(Tensor {
             // Row-major, the outermost dimension first.
@@ -215,7 +256,7 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
         });
     }
     let data_start = (c.at as u64).next_multiple_of(alignment);
-    let file_len = bytes.len() as u64;
+    let file_len = c.file_len;
     // Inside the file, and one after another.
     let mut order: Vec<&mut Tensor> = tensors.iter_mut().collect();
     order.sort_by_key(|t| t.offset);

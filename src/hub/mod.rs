@@ -35,21 +35,30 @@ pub(crate) enum Input {
     Hub(Box<Remote>),
 }
 
-/// `path` as a local path, or as a Hub id when nothing exists there.
-pub(crate) fn input(path: &Path) -> Result<Input> {
+/// `path` as a local path, or as a Hub id (`ORG/NAME[@REV][:QUANT]`) when
+/// nothing exists there; `gguf_file` (`--gguf-file`) names one GGUF model
+/// of a folder or repository that holds several.
+pub(crate) fn input(path: &Path, gguf_file: Option<&str>) -> Result<Input> {
     if path.exists() {
-        return Ok(Input::Local(path.to_path_buf()));
+        return match gguf_file {
+            Some(file) => match crate::gguf::find_in(path, Some(file))? {
+                Some(found) => Ok(Input::Local(found)),
+                None => Ok(Input::Local(path.to_path_buf())),
+            },
+            None => Ok(Input::Local(path.to_path_buf())),
+        };
     }
-    match path.to_str().and_then(RepoId::parse) {
-        Some(id) => Remote::open(id),
+    match path.to_str().and_then(RepoId::parse_tagged) {
+        Some((id, tag)) => Remote::open(id, tag.as_deref(), gguf_file),
         None => Ok(Input::Local(path.to_path_buf())),
     }
 }
 
 /// `path` as a local checkpoint: a Hub id's files needed to dequantize it
-/// are fetched into the cache first, and its snapshot folder returned.
-pub(crate) fn local(path: &Path) -> Result<PathBuf> {
-    match input(path)? {
+/// are fetched into the cache first, and its snapshot folder (or GGUF
+/// file) returned.
+pub(crate) fn local(path: &Path, gguf_file: Option<&str>) -> Result<PathBuf> {
+    match input(path, gguf_file)? {
         Input::Local(p) => Ok(p),
         Input::Hub(remote) => remote.fetch_checkpoint(),
     }
@@ -92,6 +101,12 @@ pub(crate) struct Remote {
     commit: String,
     /// Its top-level files and their sizes (where the Hub said).
     files: Vec<(String, Option<u64>)>,
+    /// Its `.gguf` files in every folder, and their sizes.
+    ggufs: Vec<(String, Option<u64>)>,
+    /// The GGUF model a run reads (its files, in split order), when the id
+    /// picks one (`:QUANT`, `--gguf-file`, or a repository of GGUF files
+    /// alone); `None` for a safetensors checkpoint.
+    gguf: Option<Vec<String>>,
     client: Client,
     cache: Cache,
     metas: Mutex<HashMap<String, Meta>>,
@@ -103,9 +118,12 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
-    /// Pins `id`'s revision to its commit. Offline, the revision the cache
-    /// last resolved is its snapshot, used as a local folder.
-    fn open(id: RepoId) -> Result<Input> {
+    /// Pins `id`'s revision to its commit, and picks the GGUF model that
+    /// `tag` or `file` names (or, with neither, the repository's one when
+    /// it has GGUF files and no safetensors). Offline, the revision the
+    /// cache last resolved is its snapshot, used as a local folder (or its
+    /// GGUF file picked the same way).
+    fn open(id: RepoId, tag: Option<&str>, file: Option<&str>) -> Result<Input> {
         let cache = Cache::from_env();
         let shown = PathBuf::from(id.to_string());
         if offline() {
@@ -117,13 +135,29 @@ impl Remote {
             let dir = commit
                 .map(|c| cache.snapshot(&id, &c))
                 .filter(|d| d.is_dir());
-            return dir.map(Input::Local).ok_or_else(|| {
+            let dir = dir.ok_or_else(|| {
                 let detail = format!(
                     "HF_HUB_OFFLINE is set and the cache ({}) has no snapshot of it",
                     cache.root.display()
                 );
                 Error::new(Rule::Hub, &shown, detail)
-            });
+            })?;
+            let mut names = Vec::new();
+            snapshot_files(&dir, "", 0, &mut names);
+            let top = |n: &String| !n.contains('/');
+            let ggufs: Vec<(String, Option<u64>)> = names
+                .iter()
+                .filter(|n| n.ends_with(".gguf"))
+                .map(|n| (n.clone(), None))
+                .collect();
+            let has_safetensors = names
+                .iter()
+                .filter(|n| top(n))
+                .any(|n| n.ends_with(".safetensors"));
+            return match pick_gguf(&shown, &ggufs, has_safetensors, tag, file)? {
+                Some(parts) => Ok(Input::Local(dir.join(&parts[0]))),
+                None => Ok(Input::Local(dir)),
+            };
         }
         let endpoint = std::env::var("HF_ENDPOINT")
             .ok()
@@ -143,12 +177,21 @@ impl Remote {
             .map_err(|e| {
                 Error::new(Rule::Io, &shown, "cannot read the Hub's answer").caused_by(e)
             })?;
-        let Revision { id, commit, files } = Revision::parse(id, &text)?;
+        let Revision {
+            id,
+            commit,
+            files,
+            ggufs,
+        } = Revision::parse(id, &text)?;
+        let has_safetensors = files.iter().any(|(n, _)| n.ends_with(".safetensors"));
+        let gguf = pick_gguf(&shown, &ggufs, has_safetensors, tag, file)?;
         cache.write_ref(&id, &commit)?;
         Ok(Input::Hub(Box::new(Remote {
             id,
             commit,
             files,
+            ggufs,
+            gguf,
             client,
             cache,
             metas: Mutex::default(),
@@ -184,7 +227,7 @@ impl Remote {
             self.client.endpoint,
             self.id.repo,
             self.commit,
-            repo::escape(file)
+            repo::escape_path(file)
         );
         let has_etag = |r: &ureq::http::Response<ureq::Body>| {
             http::header(r, "x-linked-etag")
@@ -262,7 +305,7 @@ impl Remote {
 
     /// Removes `file` (which this run downloaded) from the cache: its
     /// snapshot entry, and its blob unless another snapshot links to it.
-    fn remove(&self, file: &str) -> Result<()> {
+    pub(crate) fn remove(&self, file: &str) -> Result<()> {
         let m = self.meta(file)?;
         let _lock = self.cache.lock(&self.id, &m.etag)?;
         let ours = self.snapshot_file(file);
@@ -409,13 +452,14 @@ impl Remote {
     }
 
     /// Bytes `range` of `file`: from the cache when it is there, else by a
-    /// range request (safetensors), else by fetching the file (sidecars).
+    /// range request (safetensors, GGUF), else by fetching the file (sidecars).
     fn read(&self, file: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
         let shown = self.shown(file);
         let len = usize::try_from(range.end.saturating_sub(range.start))
             .map_err(|_| Error::new(Rule::Argument, &shown, "range too large"))?;
         let cached = self.snapshot_file(file);
-        let path = if cached.is_file() || !file.ends_with(".safetensors") {
+        let by_range = file.ends_with(".safetensors") || file.ends_with(".gguf");
+        let path = if cached.is_file() || !by_range {
             Some(self.fetch(file)?)
         } else {
             None
@@ -469,6 +513,9 @@ impl Remote {
     /// every `.safetensors` file without one, and every file that is not
     /// weights) and returns the snapshot folder holding them.
     pub(crate) fn fetch_checkpoint(&self) -> Result<PathBuf> {
+        if self.gguf.is_some() {
+            return self.fetch_gguf().map(|(first, _)| first);
+        }
         let names: Vec<&str> = self.files.iter().map(|(n, _)| n.as_str()).collect();
         let weights = crate::checkpoint::is_weights;
         let small: Vec<&str> = names.iter().copied().filter(|n| !weights(n)).collect();
@@ -512,6 +559,177 @@ impl Remote {
             all
         };
         Ok(shards)
+    }
+}
+
+/// A GGUF header read by range requests grows from this many bytes, four
+/// times larger at each step (a Llama 3 file's, with its 128k-token
+/// vocabulary, is about 8 MB: five requests).
+const GGUF_HEADER_STEP: u64 = 64 << 10;
+/// A GGUF header longer than this is refused rather than read.
+const MAX_GGUF_HEADER: u64 = 1 << 30;
+
+impl Remote {
+    /// The files of the GGUF model the id picks (split order), if it does.
+    pub(crate) fn gguf(&self) -> Option<&[String]> {
+        self.gguf.as_deref()
+    }
+
+    /// The size of `file`: as the revision answer lists it, else as its
+    /// resolve answer states it.
+    fn size(&self, file: &str) -> Result<u64> {
+        let listed = self
+            .files
+            .iter()
+            .chain(&self.ggufs)
+            .find(|(n, _)| n == file);
+        match listed.and_then(|(_, s)| *s) {
+            Some(size) => Ok(size),
+            None => self.meta(file).map(|m| m.size),
+        }
+    }
+
+    /// The picked GGUF model's files that the cache lacks, and their sizes.
+    pub(crate) fn gguf_missing(&self) -> Result<Vec<(String, u64)>> {
+        let parts = self.gguf.iter().flatten();
+        parts
+            .filter(|p| !self.snapshot_file(p).is_file())
+            .map(|p| Ok((p.clone(), self.size(p)?)))
+            .collect()
+    }
+
+    /// The picked GGUF model as a checkpoint of its headers alone, each
+    /// read from the cache when it is there, else as a growing prefix of
+    /// its file by range requests until it parses: never its tensor data.
+    pub(crate) fn gguf_checkpoint(&self) -> Result<crate::checkpoint::Checkpoint> {
+        let parts = self.gguf.as_deref().unwrap_or_default();
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::new(Rule::Hub, self.id.to_string(), "picks no GGUF model"))?;
+        let base = format!("{}/", self.id);
+        let headers = crate::gguf::Headers::read(&self.shown(first), |shown| {
+            let text = shown.to_string_lossy();
+            let file = text.strip_prefix(&base).unwrap_or(&text).to_string();
+            self.gguf_header(&file, shown)
+        })?;
+        Ok(crate::checkpoint::Checkpoint::from_gguf_headers(headers))
+    }
+
+    /// The header of GGUF file `file` (`shown` in errors).
+    fn gguf_header(&self, file: &str, shown: &Path) -> Result<crate::gguf::Header> {
+        let size = self.size(file)?;
+        let mut prefix: Vec<u8> = Vec::new();
+        let mut want = GGUF_HEADER_STEP;
+        loop {
+            let upto = want.min(size);
+            let more = self.read(file, prefix.len() as u64..upto)?;
+            prefix.extend_from_slice(&more);
+            if let Some(header) = crate::gguf::parse_prefix(&prefix, size, shown)? {
+                return Ok(header);
+            }
+            if upto >= size || upto >= MAX_GGUF_HEADER {
+                let detail = format!(
+                    "its header does not end within its first {upto} bytes (of {size}); not read further"
+                );
+                return Err(Error::new(Rule::Gguf, shown, detail));
+            }
+            want = upto.saturating_mul(4);
+        }
+    }
+
+    /// Fetches the picked GGUF model's files into the cache; returns the
+    /// first one's path in the snapshot (its parts beside it) and each
+    /// file with whether this call downloaded it.
+    pub(crate) fn fetch_gguf(&self) -> Result<(PathBuf, Vec<(String, bool)>)> {
+        let parts = self.gguf.as_deref().unwrap_or_default();
+        let mut fetched = Vec::new();
+        let mut first = None;
+        for part in parts {
+            let (path, new) = self.fetched(part)?;
+            first.get_or_insert(path);
+            fetched.push((part.clone(), new));
+        }
+        let first = first
+            .ok_or_else(|| Error::new(Rule::Hub, self.id.to_string(), "picks no GGUF model"))?;
+        Ok((first, fetched))
+    }
+
+    /// Bytes its downloads have received so far.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Ends a download in progress at its next piece (its partial file
+    /// kept, to resume from).
+    pub(crate) fn stop(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Where the cache is (its file system holds the downloads).
+    pub(crate) fn cache_root(&self) -> &Path {
+        &self.cache.root
+    }
+}
+
+/// The GGUF model that `tag` or `file` picks among `ggufs` (a repository's
+/// or its snapshot's), as its files in split order; with neither, the
+/// model of a repository of GGUF files alone (`has_safetensors` keeps a
+/// safetensors checkpoint what it was): its one, else the one tagged
+/// `Q4_K_M` (llama.cpp's and Ollama's default), else a refusal listing
+/// them. A split model whose parts are not all there is refused.
+fn pick_gguf(
+    shown: &Path,
+    ggufs: &[(String, Option<u64>)],
+    has_safetensors: bool,
+    tag: Option<&str>,
+    file: Option<&str>,
+) -> Result<Option<Vec<String>>> {
+    use crate::gguf::pick;
+    let named = tag.is_some() || file.is_some();
+    if !named && (has_safetensors || ggufs.is_empty()) {
+        return Ok(None);
+    }
+    let found = pick::candidates(ggufs.iter().map(|(n, _)| n.as_str()));
+    let chosen = pick::Pick {
+        tag,
+        file,
+        default_tag: true,
+    };
+    let model = pick::choose(&found, chosen).map_err(|d| Error::new(Rule::Hub, shown, d))?;
+    if let Some(missing) = model
+        .parts
+        .iter()
+        .find(|p| !ggufs.iter().any(|(n, _)| n == *p))
+    {
+        let detail = format!(
+            "{} is split in {} parts, and {missing} is not there",
+            model.first,
+            model.parts.len()
+        );
+        return Err(Error::new(Rule::Hub, shown, detail));
+    }
+    Ok(Some(model.parts.clone()))
+}
+
+/// The regular files under snapshot folder `dir` (links followed, as a
+/// snapshot's all are), `/`-separated from the top, a few folders deep.
+fn snapshot_files(dir: &Path, under: &str, depth: u32, out: &mut Vec<String>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let rel = match under {
+            "" => name.clone(),
+            _ => format!("{under}/{name}"),
+        };
+        let path = e.path();
+        if path.is_file() {
+            out.push(rel);
+        } else if path.is_dir() && depth < 4 && !name.starts_with('.') {
+            snapshot_files(&path, &rel, depth + 1, out);
+        }
     }
 }
 

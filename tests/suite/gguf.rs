@@ -684,3 +684,66 @@ fn the_cli_reads_gguf() {
         "{out}"
     );
 }
+
+/// A folder of two GGUF models (and a projector, which is none) is
+/// refused with one line naming both, unless `--gguf-file` names one; a
+/// folder of one model and a projector opens that model.
+#[test]
+fn a_folder_of_several_models_needs_gguf_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("two");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = case("gguf-q4_k-llama").join("model/model.gguf");
+    std::fs::copy(&model, dir.join("Tiny-Q4_K_M.gguf")).unwrap();
+    std::fs::copy(
+        case("gguf-q8_0-qwen2").join("model/model.gguf"),
+        dir.join("Tiny-Q8_0.gguf"),
+    )
+    .unwrap();
+    std::fs::copy(&model, dir.join("mmproj-Tiny-f16.gguf")).unwrap();
+    let d = dir.to_str().unwrap();
+    let o = crate::common::cli::run(&["inspect", d]);
+    let line = crate::common::cli::error_line(
+        &o,
+        "inspect",
+        "ARG-001",
+        &["Tiny-Q4_K_M.gguf", "Tiny-Q8_0.gguf", "--gguf-file"],
+    );
+    assert!(!line.contains("mmproj"), "{line}");
+    // validate prints its findings on stdout.
+    let o = crate::common::cli::run(&["validate", d]);
+    crate::common::cli::failed(&o, "validate");
+    let out = crate::common::cli::stdout(&o);
+    assert!(
+        out.contains("[ARG-001]") && out.contains("Tiny-Q8_0.gguf"),
+        "{out}"
+    );
+    let refused = tmp.path().join("refused");
+    let o = crate::common::cli::run(&["dequantize", d, "-o", refused.to_str().unwrap()]);
+    crate::common::cli::error_line(&o, "dequantize", "ARG-001", &["Tiny-Q8_0.gguf"]);
+    assert!(!refused.exists());
+
+    let dense = |input: &str, out: &Path, extra: &[&str]| {
+        let mut args = vec!["dequantize", input, "-o", out.to_str().unwrap()];
+        args.extend(["--backend", "cpu", "--quiet"]);
+        args.extend(extra);
+        let o = crate::common::cli::run(&args);
+        crate::common::cli::ok(&o, "dequantize");
+        crate::common::snapshot(out)
+    };
+    let picked = dense(
+        d,
+        &tmp.path().join("picked"),
+        &["--gguf-file", "Tiny-Q4_K_M.gguf"],
+    );
+    let local = dense(model.to_str().unwrap(), &tmp.path().join("local"), &[]);
+    assert_eq!(picked, local);
+    let o = crate::common::cli::run(&["inspect", d, "--gguf-file", "nope.gguf"]);
+    crate::common::cli::error_line(&o, "--gguf-file nope.gguf", "ARG-001", &["nope.gguf"]);
+    let o = crate::common::cli::run(&["inspect", model.to_str().unwrap(), "--gguf-file", "x.gguf"]);
+    crate::common::cli::error_line(&o, "--gguf-file on a file", "ARG-001", &["--gguf-file"]);
+
+    std::fs::remove_file(dir.join("Tiny-Q8_0.gguf")).unwrap();
+    let o = crate::common::cli::run(&["inspect", d]);
+    crate::common::cli::ok(&o, "one model and a projector");
+}

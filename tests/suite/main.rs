@@ -18,6 +18,7 @@ mod gguf;
 mod gptq;
 mod gpu;
 mod hub;
+mod hub_gguf;
 mod interruption;
 mod matmul;
 mod mlx;

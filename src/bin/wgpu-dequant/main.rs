@@ -180,14 +180,20 @@ enum Command {
 /// The checkpoint a command reads.
 #[derive(clap::Args)]
 struct Source {
-    /// Checkpoint directory or .safetensors file, or a Hugging Face Hub id
-    /// (ORG/NAME or ORG/NAME@REV, fetched into the Hugging Face cache) when
-    /// no such path exists.
+    /// Checkpoint directory, .safetensors or .gguf file, or a Hugging Face
+    /// Hub id (ORG/NAME or ORG/NAME@REV, fetched into the Hugging Face
+    /// cache; ORG/NAME:QUANT or ORG/NAME@REV:QUANT picks the GGUF file
+    /// tagged QUANT, e.g. :Q4_K_M) when no such path exists.
     #[arg(value_name = "PATH")]
     path: PathBuf,
     /// The Hub id's branch, tag or commit (default: main).
     #[arg(long, value_name = "REV")]
     revision: Option<String>,
+    /// The GGUF model to read where the folder or Hub repository holds
+    /// several: its file name, or its path in the repository (any part of a
+    /// split model names it).
+    #[arg(long, value_name = "FILE")]
+    gguf_file: Option<String>,
 }
 
 impl Source {
@@ -264,8 +270,12 @@ fn main() -> ExitCode {
         eprintln!("note: cannot listen for interruptions ({e}); an interrupted run leaves its staging folder for the next run to remove");
     }
     let result = match cli.command {
-        Command::Inspect { path, json } => path.resolved().and_then(|p| inspect(&p, json)),
-        Command::Validate { path, json } => path.resolved().and_then(|p| validate(&p, json)),
+        Command::Inspect { path, json } => path
+            .resolved()
+            .and_then(|p| inspect(&p, path.gguf_file.as_deref(), json)),
+        Command::Validate { path, json } => path
+            .resolved()
+            .and_then(|p| validate(&p, path.gguf_file.as_deref(), json)),
         Command::Dequantize {
             path,
             output,
@@ -296,6 +306,9 @@ fn main() -> ExitCode {
             }
             if let Some(max) = max_shard_size {
                 run = run.max_shard_size(max);
+            }
+            if let Some(file) = &path.gguf_file {
+                run = run.gguf_file(file);
             }
             let done = path
                 .resolved()
@@ -342,9 +355,15 @@ fn main() -> ExitCode {
             output,
             to: ConvertArg::CompressedTensors,
             quiet,
-        } => path
-            .resolved()
-            .and_then(|p| convert(&p, &output, ConvertTo::CompressedTensors, quiet)),
+        } => match &path.gguf_file {
+            Some(file) => Err(Error::bare(
+                Rule::Argument,
+                format!("--gguf-file {file}: convert reads safetensors checkpoints (ModelOpt, AutoAWQ), not GGUF"),
+            )),
+            None => path
+                .resolved()
+                .and_then(|p| convert(&p, &output, ConvertTo::CompressedTensors, quiet)),
+        },
     };
     match result {
         Ok(code) => code,
@@ -392,10 +411,10 @@ fn json_failure(json: bool, result: Result<ExitCode, Error>) -> Result<ExitCode,
     }
 }
 
-fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
+fn inspect(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<ExitCode, Error> {
     json_failure(
         json,
-        wgpu_dequant::inspect(path).and_then(|report| {
+        wgpu_dequant::inspect_gguf_file(path, gguf_file).and_then(|report| {
             if json {
                 print_json(&report)?;
             } else {
@@ -406,8 +425,8 @@ fn inspect(path: &Path, json: bool) -> Result<ExitCode, Error> {
     )
 }
 
-fn validate(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    let found = wgpu_dequant::validate(path);
+fn validate(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<ExitCode, Error> {
+    let found = wgpu_dequant::validate_gguf_file(path, gguf_file);
     if json {
         print_json(&found)?;
     } else {

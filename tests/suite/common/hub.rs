@@ -81,15 +81,34 @@ pub struct MockHub {
 impl MockHub {
     /// Serves the files of `dir` as repository `repo` (`ORG/NAME`).
     pub fn serve(repo: &str, dir: &Path, faults: Faults) -> MockHub {
+        MockHub::serve_files(repo, dir, false, faults)
+    }
+
+    /// Serves the files of `dir` and of its folders (`SUB/NAME` in the
+    /// listing, as the Hub lists a repository's folders).
+    pub fn serve_tree(repo: &str, dir: &Path, faults: Faults) -> MockHub {
+        MockHub::serve_files(repo, dir, true, faults)
+    }
+
+    fn serve_files(repo: &str, dir: &Path, tree: bool, faults: Faults) -> MockHub {
         let mut files = BTreeMap::new();
-        for e in std::fs::read_dir(dir).unwrap() {
-            let path = e.unwrap().path();
-            if path.is_file() {
+        let mut dirs = vec![(dir.to_path_buf(), String::new())];
+        while let Some((at, under)) = dirs.pop() {
+            for e in std::fs::read_dir(&at).unwrap() {
+                let path = e.unwrap().path();
                 let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                let bytes = std::fs::read(&path).unwrap();
-                let lfs = name.ends_with(".safetensors");
-                let sha = sha256_hex(&bytes);
-                files.insert(name, File { bytes, sha, lfs });
+                let name = match under.as_str() {
+                    "" => name,
+                    _ => format!("{under}/{name}"),
+                };
+                if path.is_file() {
+                    let bytes = std::fs::read(&path).unwrap();
+                    let lfs = name.ends_with(".safetensors") || name.ends_with(".gguf");
+                    let sha = sha256_hex(&bytes);
+                    files.insert(name, File { bytes, sha, lfs });
+                } else if tree && path.is_dir() {
+                    dirs.push((path, name));
+                }
             }
         }
         let commit = sha256_hex(repo.as_bytes())[..40].to_string();
