@@ -123,6 +123,14 @@ pub(crate) async fn listing(files: &impl Files) -> Result<Listing> {
                     .read(&name, 0..Listing::header_len(&first, len))
                     .await?
             }
+            Wanted::GgufHeader => {
+                let mut head = Vec::new();
+                while let Some(upto) = Listing::gguf_prefix(&name, len, &head)? {
+                    let more = files.read(&name, head.len() as u64..upto).await?;
+                    head.extend_from_slice(&more);
+                }
+                head
+            }
         };
         listing.add(name, len, head);
     }

@@ -12,7 +12,7 @@ use safetensors::Dtype;
 use super::header::{Entry, Shard, Storage, Table};
 use super::origin::Origin;
 use super::{Checkpoint, Listing};
-use crate::error::Result;
+use crate::error::{Error, Result, Rule};
 use crate::gguf::{GgmlType, Headers, MetaValue, Model, Tensor};
 
 /// What a GGUF model holds besides its tensors' bytes.
@@ -76,8 +76,13 @@ impl Checkpoint {
     /// The GGUF model whose headers alone were read (a Hub repository's
     /// file, by range requests): planning and `inspect` need no tensor
     /// bytes; none is loaded.
-    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn from_gguf_headers(headers: Headers) -> Checkpoint {
+        Checkpoint::of_gguf_headers(headers, Origin::Listed(Listing::default()))
+    }
+
+    /// The GGUF model whose headers alone were read, its files those of
+    /// `origin`; no tensor is loaded until [`Checkpoint::load`] adds it.
+    fn of_gguf_headers(headers: Headers, origin: Origin) -> Checkpoint {
         let version = headers.files.first().map_or(0, |f| f.version);
         let files = headers
             .files
@@ -85,13 +90,39 @@ impl Checkpoint {
             .map(|f| (f.path.clone(), Storage::Partial(Default::default())))
             .collect();
         Checkpoint::of_gguf(
-            Origin::Listed(Listing::default()),
+            origin,
             PathBuf::from("."),
             files,
             version,
             headers.metadata,
             &headers.tensors,
         )
+    }
+
+    /// The GGUF model among files handed over in memory, when they hold
+    /// one and no safetensors: its headers are the listing's
+    /// ([`Wanted::GgufHeader`](super::Wanted::GgufHeader)); several
+    /// models are refused, listed.
+    pub(super) fn from_gguf_listing(listing: Listing) -> Result<Option<Checkpoint>> {
+        if listing.names().any(|n| n.ends_with(".safetensors")) {
+            return Ok(None);
+        }
+        let found = crate::gguf::pick::candidates(listing.names());
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let pick = crate::gguf::pick::Pick::default();
+        let model = crate::gguf::pick::choose(&found, pick)
+            .map_err(|why| Error::bare(Rule::Argument, why))?;
+        let headers = Headers::read(Path::new(&model.first), |p| {
+            let name = p.to_string_lossy();
+            let (len, head) = listing
+                .get(&name)
+                .ok_or_else(|| Error::new(Rule::GgufSplit, p, "is not among the files given"))?;
+            crate::gguf::parse_prefix(head, len, p)?
+                .ok_or_else(|| Error::new(Rule::Gguf, p, "its header was not read whole"))
+        })?;
+        Ok(Some(Checkpoint::of_gguf_headers(headers, Origin::Listed(listing))))
     }
 
     /// A GGUF model's checkpoint: its `files` (path, bytes) in split order.

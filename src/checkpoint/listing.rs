@@ -24,6 +24,9 @@ pub enum Wanted {
     /// Its safetensors header: the first 8 bytes say how long it is
     /// ([`Listing::header_len`]).
     Header,
+    /// Its GGUF header: a prefix growing until it parses
+    /// ([`Listing::gguf_prefix`]).
+    GgufHeader,
 }
 
 impl Listing {
@@ -37,9 +40,31 @@ impl Listing {
         let ext = Path::new(name).extension().and_then(|x| x.to_str());
         match ext {
             Some("safetensors") => Wanted::Header,
+            Some("gguf") => Wanted::GgufHeader,
             Some("json" | "yaml") if len <= MAX_JSON_BYTES => Wanted::Whole,
             _ => Wanted::Nothing,
         }
+    }
+
+    /// How many bytes of GGUF file `name` (`len` bytes) to have read next,
+    /// when its first `head` bytes do not hold its whole header yet;
+    /// `None` once they do.
+    pub fn gguf_prefix(name: &str, len: u64, head: &[u8]) -> crate::error::Result<Option<u64>> {
+        let path = Path::new(name);
+        if !head.is_empty() && crate::gguf::parse_prefix(head, len, path)?.is_some() {
+            return Ok(None);
+        }
+        crate::gguf::header_prefix(head.len() as u64, len, path).map(Some)
+    }
+
+    /// The size and first bytes read of file `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<(u64, &[u8])> {
+        self.files.get(name).map(|(len, head)| (*len, head.as_slice()))
+    }
+
+    /// Every file's name.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.keys().map(String::as_str)
     }
 
     /// From a safetensors file's first 8 bytes, how many bytes its header

@@ -85,6 +85,9 @@ impl Checkpoint {
     /// notes the ones it reads ([`Checkpoint::take_misses`]), and
     /// [`Checkpoint::load`] adds them.
     pub fn from_listing(listing: Listing) -> Result<Checkpoint> {
+        if let Some(gguf) = Checkpoint::from_gguf_listing(listing.clone())? {
+            return Ok(gguf);
+        }
         Checkpoint::build(Origin::Listed(listing), None)
     }
 
@@ -256,7 +259,12 @@ impl Checkpoint {
     /// Which shard file stores tensor `name`, and where in it.
     pub fn location(&self, name: &str) -> Option<(&str, std::ops::Range<u64>)> {
         let s = &self.shards[*self.lookup.get(name)?];
-        Some((&s.file_name, s.range(name)?))
+        // A GGUF model's shards are named for the dense files they become.
+        let file = match self.gguf {
+            Some(_) => s.path.to_str()?,
+            None => &s.file_name,
+        };
+        Some((file, s.range(name)?))
     }
 
     /// The checkpoint's other regular files (tokenizer, generation config, …),

@@ -11,8 +11,10 @@ mod types;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub(crate) use parse::prefix as parse_prefix;
+// The Hub's range reads (native only) return it.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) use parse::{prefix as parse_prefix, Header};
+pub(crate) use parse::Header;
 pub use types::GgmlType;
 
 use crate::error::{Error, Result, Rule};
@@ -312,10 +314,29 @@ fn join<F>(
     Ok((files, metadata, tensors))
 }
 
+/// A GGUF header read alone (by range requests, or from a browser's
+/// `File`) is read as a prefix of its file growing from this many bytes,
+/// four times larger at each step (a Llama 3 file's, with its 128k-token
+/// vocabulary, is about 8 MB: five reads).
+const HEADER_STEP: u64 = 64 << 10;
+/// A GGUF header longer than this is refused rather than read.
+const MAX_HEADER: u64 = 1 << 30;
+
+/// How much of the GGUF file `shown` (`size` bytes) to have read next,
+/// when its first `read` bytes (0 at first) did not hold its header.
+pub(crate) fn header_prefix(read: u64, size: u64, shown: &Path) -> Result<u64> {
+    if read >= size || read >= MAX_HEADER {
+        let detail = format!(
+            "its header does not end within its first {read} bytes (of {size}); not read further"
+        );
+        return Err(Error::new(Rule::Gguf, shown, detail));
+    }
+    Ok(read.saturating_mul(4).max(HEADER_STEP).min(size))
+}
+
 /// One file of a GGUF model read by its header alone (a Hub file read by
 /// range requests): no tensor bytes are held.
 #[derive(Debug)]
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) struct HeaderFile {
     /// How it is named (in errors, and as a shard's path).
     pub(crate) path: PathBuf,
@@ -326,14 +347,12 @@ pub(crate) struct HeaderFile {
 /// A GGUF model's headers: its files, the first one's metadata and every
 /// tensor, as [`Model`] has them, without the bytes.
 #[derive(Debug)]
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) struct Headers {
     pub(crate) files: Vec<HeaderFile>,
     pub(crate) metadata: Vec<(String, MetaValue)>,
     pub(crate) tensors: Vec<Tensor>,
 }
 
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 impl Headers {
     /// The model whose first part is `path`, each part's header given by
     /// `header` (the parts of a split one are the first's siblings by name).

@@ -139,7 +139,6 @@ pub(super) fn header(bytes: &[u8], path: &Path) -> Result<Header> {
 /// bytes `prefix` (a file read by range requests): `None` when the header
 /// runs past them, so that more must be read. Every check is the whole
 /// file's: tensors must lie inside its `file_len` bytes.
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) fn prefix(prefix: &[u8], file_len: u64, path: &Path) -> Result<Option<Header>> {
     let mut c = Cursor {
         bytes: prefix,

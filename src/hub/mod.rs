@@ -562,13 +562,6 @@ impl Remote {
     }
 }
 
-/// A GGUF header read by range requests grows from this many bytes, four
-/// times larger at each step (a Llama 3 file's, with its 128k-token
-/// vocabulary, is about 8 MB: five requests).
-const GGUF_HEADER_STEP: u64 = 64 << 10;
-/// A GGUF header longer than this is refused rather than read.
-const MAX_GGUF_HEADER: u64 = 1 << 30;
-
 impl Remote {
     /// The files of the GGUF model the id picks (split order), if it does.
     pub(crate) fn gguf(&self) -> Option<&[String]> {
@@ -619,21 +612,13 @@ impl Remote {
     fn gguf_header(&self, file: &str, shown: &Path) -> Result<crate::gguf::Header> {
         let size = self.size(file)?;
         let mut prefix: Vec<u8> = Vec::new();
-        let mut want = GGUF_HEADER_STEP;
         loop {
-            let upto = want.min(size);
+            let upto = crate::gguf::header_prefix(prefix.len() as u64, size, shown)?;
             let more = self.read(file, prefix.len() as u64..upto)?;
             prefix.extend_from_slice(&more);
             if let Some(header) = crate::gguf::parse_prefix(&prefix, size, shown)? {
                 return Ok(header);
             }
-            if upto >= size || upto >= MAX_GGUF_HEADER {
-                let detail = format!(
-                    "its header does not end within its first {upto} bytes (of {size}); not read further"
-                );
-                return Err(Error::new(Rule::Gguf, shown, detail));
-            }
-            want = upto.saturating_mul(4);
         }
     }
 

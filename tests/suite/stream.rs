@@ -188,3 +188,44 @@ fn gpu_decoder_awaited_streams_the_cpus_files() {
         }
     });
 }
+
+/// GGUF files handed over piece by piece (what a browser picks): their
+/// headers read as a prefix growing until it parses, each tensor's bytes
+/// when its batch is decoded; the files the CLI writes of them (the
+/// transformers form: weights, configs, tokenizer), byte for byte, in one
+/// batch and a batch per tensor, a split model joined; in one batch every
+/// stored byte is read at most once beyond the header's prefix (a batch
+/// per tensor reads a stack of experts for each expert's tensor).
+#[test]
+fn gguf_files_stream_to_the_clis_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf");
+    for case in [
+        "hf-llama",
+        "hf-gemma3",
+        "hf-qwen3moe",
+        "gguf-q8_0-qwen2",
+        "gguf-types-split",
+    ] {
+        let dir = root.join(case).join("model");
+        let dtype = DtypeChoice::Fixed(OutDtype::Bf16);
+        let want = cli_files(&dir, dtype);
+        for batch in [BATCH_BYTES, 1] {
+            let (got, files) = streamed(&dir, dtype, BackendChoice::Cpu, batch)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let names = |v: &[(String, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+            assert_eq!(names(&got), names(&want), "{case}: files differ");
+            assert!(got == want, "{case} batch {batch}: bytes differ");
+            if batch != BATCH_BYTES {
+                continue;
+            }
+            for (file, read) in files.read.borrow().iter() {
+                let len = dir.join(file).metadata().unwrap().len();
+                // The header's prefix (a 64 KiB read at least) and the data once.
+                assert!(
+                    *read <= len + len.min(64 << 10),
+                    "{case}: {file} read {read} of {len} bytes"
+                );
+            }
+        }
+    }
+}
