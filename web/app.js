@@ -154,6 +154,11 @@ $('folder').onchange = (ev) => {
   const files = new Map(list.map((f) => [f.name, f]));
   run(list[0].webkitRelativePath.split('/')[0] || 'folder', files);
 };
+// A GGUF model's file (or a split one's parts), picked alone.
+$('gguf').onchange = (ev) => {
+  const list = [...ev.target.files];
+  if (list.length) run(list[0].name, new Map(list.map((f) => [f.name, f])));
+};
 const drop = $('drop');
 drop.ondragover = (ev) => { ev.preventDefault(); drop.classList.add('over'); };
 drop.ondragleave = () => drop.classList.remove('over');

@@ -173,6 +173,19 @@ try {
     }
   }
 
+  // GGUF files (one alone, a split pair): the CLI's files, the transformers
+  // form (names, configs, tokenizer), on both backends.
+  for (const name of ['hf-llama', 'hf-gemma3', 'gguf-types-split']) {
+    const dir = path.join(root, 'tests/gguf', name, 'model');
+    const want = runCli(dir, 'bf16');
+    check(want.files, `cli ${name}`);
+    for (const backend of ['gpu', 'cpu']) {
+      const got = await inBrowser(`/tests/gguf/${name}/model/`, filesOf(dir), { dtype: 'bf16', backend });
+      const same = JSON.stringify(sorted(got.files)) === JSON.stringify(sorted(want.files));
+      check(same, `${name} on ${backend}: the CLI's files${same ? '' : `\n  got  ${JSON.stringify(got)}\n  want ${JSON.stringify(want)}`}`);
+    }
+  }
+
   // Products with packed weights: every quantized Linear of a few fixtures
   // (int4 with zero points, NVFP4 over two shards, MXFP4, FP8 blocks, GPTQ
   // with act-order, AutoAWQ, GPT-OSS's experts one at a time, 2:4 sparse
