@@ -300,10 +300,6 @@ impl<'a> Dequantize<'a> {
         let input = match self::input(input.as_ref(), self.gguf_file.as_deref())? {
             Input::Local(path) => path,
             #[cfg(not(target_arch = "wasm32"))]
-            Input::Hub(remote) if remote.gguf().is_some() => {
-                return self.run_hub_gguf(&remote, output.as_ref())
-            }
-            #[cfg(not(target_arch = "wasm32"))]
             Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
         };
         let input: &Path = input.as_ref();
@@ -450,96 +446,6 @@ impl<'a> Dequantize<'a> {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl Dequantize<'_> {
-    /// Dequantizes the GGUF model a Hub id picks: its files are downloaded
-    /// into the cache (after the free-space preflight, which counts them,
-    /// planned from their headers read by range requests), then read as a
-    /// local GGUF model. The job is the commit and the files: `--resume` of
-    /// a finished run downloads nothing, and `--delete-downloaded` removes
-    /// what this run downloaded once it succeeded.
-    fn run_hub_gguf(mut self, remote: &crate::hub::Remote, out: &Path) -> Result<Summary> {
-        let parts = remote.gguf().unwrap_or_default().to_vec();
-        let key = self.key(&format!("{} {}", remote.pinned(), parts.join(" ")))?;
-        let tag = self.tag()?;
-        if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
-            return Ok(summary);
-        }
-        let missing = remote.gguf_missing()?;
-        let to_download: u64 = missing.iter().map(|(_, size)| size).sum();
-        if to_download > 0 {
-            // What the run writes, from the headers alone.
-            let ckpt = remote.gguf_checkpoint()?;
-            let plan = self.plan(&ckpt)?;
-            let (schedule, _, _) = schedule(&plan, None, self.max_shard_size)?;
-            let out_bytes: u64 = schedule
-                .iter()
-                .map(|f| match f {
-                    OutFile::Shard(_, header, tensors) => {
-                        header.len() as u64 + tensors.iter().map(|t| t.bytes).sum::<u64>()
-                    }
-                    OutFile::Bytes(_, bytes) => bytes.len() as u64,
-                    OutFile::Copy(_) => 0,
-                })
-                .sum();
-            let needs = [
-                writer::Need {
-                    what: "the dense checkpoint",
-                    at: out.to_path_buf(),
-                    bytes: out_bytes,
-                },
-                writer::Need {
-                    what: "the downloads",
-                    at: remote.cache_root().to_path_buf(),
-                    bytes: to_download,
-                },
-            ];
-            for line in writer::check_space(out, &needs)? {
-                (self.note)(Note::Text(&line));
-            }
-        }
-        // The downloads, told as they go; a cancelled run stops them.
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let tick = self.download.take();
-        let start = remote.received();
-        let fetched = std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    if self.canceller.is_cancelled() {
-                        remote.stop();
-                    }
-                    if let (Some(tick), true) = (&tick, to_download > 0) {
-                        tick(&writer::Download {
-                            done_bytes: (remote.received() - start).min(to_download),
-                            total_bytes: to_download,
-                        });
-                    }
-                }
-            });
-            let fetched = remote.fetch_gguf();
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            fetched
-        });
-        let (first, fetched) = fetched?;
-        let delete = std::mem::take(&mut self.delete_downloaded);
-        let mut summary = self.run_local(&first, out, key)?;
-        let mut record = writer::Fetched::default();
-        for (name, new) in fetched {
-            match new {
-                true => record.downloaded.push(name),
-                false => record.reused.push(name),
-            }
-        }
-        record.peak_bytes = missing.iter().map(|(_, size)| size).sum();
-        if delete {
-            for name in &record.downloaded {
-                remote.remove(name)?;
-            }
-            record.deleted = record.downloaded.clone();
-        }
-        summary.fetched = Some(record);
-        Ok(summary)
-    }
-
     /// Dequantizes a Hub checkpoint as it downloads: the stream of its
     /// dense files, read through a [`Fetcher`](crate::hub::Fetcher)
     /// (shards one ahead of the decoder), written part by part.
@@ -552,8 +458,13 @@ impl Dequantize<'_> {
                 }
             }
         }
-        // The pinned commit is the input.
-        let key = self.key(&remote.pinned())?;
+        // The pinned commit is the input (and the GGUF model picked in it).
+        let picked = remote.gguf().map(|parts| parts.join(" "));
+        let key = self.key(
+            &format!("{} {}", remote.pinned(), picked.unwrap_or_default())
+                .trim_end()
+                .to_string(),
+        )?;
         let tag = self.tag()?;
         if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
             return Ok(summary);
@@ -675,27 +586,10 @@ pub fn inspect_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Res
     let path = match input(path.as_ref(), gguf_file)? {
         Input::Local(path) => path,
         #[cfg(not(target_arch = "wasm32"))]
-        Input::Hub(remote) if remote.gguf().is_some() => {
-            let ckpt = remote.gguf_checkpoint()?;
-            let mut report = Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?);
-            report.path = gguf_shown(&remote);
-            return Ok(report);
-        }
-        #[cfg(not(target_arch = "wasm32"))]
         Input::Hub(remote) => return pollster::block_on(crate::stream::inspect(&*remote)),
     };
     let ckpt = Checkpoint::open(path)?;
     Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
-}
-
-/// `ORG/NAME@COMMIT/FILE`: the Hub GGUF model read.
-#[cfg(not(target_arch = "wasm32"))]
-fn gguf_shown(remote: &crate::hub::Remote) -> String {
-    let first = remote
-        .gguf()
-        .and_then(|p| p.first())
-        .map_or("", String::as_str);
-    format!("{}/{first}", remote.pinned())
 }
 
 /// What a path argument names: a local path, or (natively) a Hub id.
@@ -741,13 +635,6 @@ pub fn validate(path: impl AsRef<Path>) -> Validation {
 pub fn validate_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Validation {
     let path = match input(path.as_ref(), gguf_file) {
         Ok(Input::Local(path)) => path,
-        #[cfg(not(target_arch = "wasm32"))]
-        Ok(Input::Hub(remote)) if remote.gguf().is_some() => {
-            let found = remote
-                .gguf_checkpoint()
-                .and_then(|ckpt| Ok(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?)));
-            return found.unwrap_or_else(|e| Validation::from(&e));
-        }
         #[cfg(not(target_arch = "wasm32"))]
         Ok(Input::Hub(remote)) => return pollster::block_on(crate::stream::validate(&*remote)),
         Err(e) => return Validation::from(&e),

@@ -73,15 +73,10 @@ impl Checkpoint {
         ))
     }
 
-    /// The GGUF model whose headers alone were read (a Hub repository's
-    /// file, by range requests): planning and `inspect` need no tensor
-    /// bytes; none is loaded.
-    pub(crate) fn from_gguf_headers(headers: Headers) -> Checkpoint {
-        Checkpoint::of_gguf_headers(headers, Origin::Listed(Listing::default()))
-    }
-
-    /// The GGUF model whose headers alone were read, its files those of
-    /// `origin`; no tensor is loaded until [`Checkpoint::load`] adds it.
+    /// The GGUF model whose headers alone were read (a browser's `File`s, a
+    /// Hub repository's files by range requests), its files those of
+    /// `origin`: planning and `inspect` need no tensor bytes; none is
+    /// loaded until [`Checkpoint::load`] adds it.
     fn of_gguf_headers(headers: Headers, origin: Origin) -> Checkpoint {
         let version = headers.files.first().map_or(0, |f| f.version);
         let files = headers

@@ -12,9 +12,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub(crate) use parse::prefix as parse_prefix;
-// The Hub's range reads (native only) return it.
-#[cfg(not(target_arch = "wasm32"))]
-pub(crate) use parse::Header;
 pub use types::GgmlType;
 
 use crate::error::{Error, Result, Rule};

@@ -531,6 +531,10 @@ impl Remote {
     /// The shards a run reads: those the index names (fetched), or every
     /// `.safetensors` file without one; sorted, as the output is written.
     fn shards(&self) -> Result<Vec<String>> {
+        if let Some(parts) = &self.gguf {
+            // A GGUF model's parts, in split order (the output's order).
+            return Ok(parts.clone());
+        }
         let names: Vec<&str> = self.files.iter().map(|(n, _)| n.as_str()).collect();
         let index = crate::checkpoint::INDEX_FILE;
         let shards: Vec<String> = if names.contains(&index) {
@@ -582,46 +586,6 @@ impl Remote {
         }
     }
 
-    /// The picked GGUF model's files that the cache lacks, and their sizes.
-    pub(crate) fn gguf_missing(&self) -> Result<Vec<(String, u64)>> {
-        let parts = self.gguf.iter().flatten();
-        parts
-            .filter(|p| !self.snapshot_file(p).is_file())
-            .map(|p| Ok((p.clone(), self.size(p)?)))
-            .collect()
-    }
-
-    /// The picked GGUF model as a checkpoint of its headers alone, each
-    /// read from the cache when it is there, else as a growing prefix of
-    /// its file by range requests until it parses: never its tensor data.
-    pub(crate) fn gguf_checkpoint(&self) -> Result<crate::checkpoint::Checkpoint> {
-        let parts = self.gguf.as_deref().unwrap_or_default();
-        let first = parts
-            .first()
-            .ok_or_else(|| Error::new(Rule::Hub, self.id.to_string(), "picks no GGUF model"))?;
-        let base = format!("{}/", self.id);
-        let headers = crate::gguf::Headers::read(&self.shown(first), |shown| {
-            let text = shown.to_string_lossy();
-            let file = text.strip_prefix(&base).unwrap_or(&text).to_string();
-            self.gguf_header(&file, shown)
-        })?;
-        Ok(crate::checkpoint::Checkpoint::from_gguf_headers(headers))
-    }
-
-    /// The header of GGUF file `file` (`shown` in errors).
-    fn gguf_header(&self, file: &str, shown: &Path) -> Result<crate::gguf::Header> {
-        let size = self.size(file)?;
-        let mut prefix: Vec<u8> = Vec::new();
-        loop {
-            let upto = crate::gguf::header_prefix(prefix.len() as u64, size, shown)?;
-            let more = self.read(file, prefix.len() as u64..upto)?;
-            prefix.extend_from_slice(&more);
-            if let Some(header) = crate::gguf::parse_prefix(&prefix, size, shown)? {
-                return Ok(header);
-            }
-        }
-    }
-
     /// Fetches the picked GGUF model's files into the cache; returns the
     /// first one's path in the snapshot (its parts beside it) and each
     /// file with whether this call downloaded it.
@@ -637,23 +601,6 @@ impl Remote {
         let first = first
             .ok_or_else(|| Error::new(Rule::Hub, self.id.to_string(), "picks no GGUF model"))?;
         Ok((first, fetched))
-    }
-
-    /// Bytes its downloads have received so far.
-    pub(crate) fn received(&self) -> u64 {
-        self.received.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Ends a download in progress at its next piece (its partial file
-    /// kept, to resume from).
-    pub(crate) fn stop(&self) {
-        self.stopped
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Where the cache is (its file system holds the downloads).
-    pub(crate) fn cache_root(&self) -> &Path {
-        &self.cache.root
     }
 }
 
@@ -1010,10 +957,21 @@ impl crate::stream::Files for Fetcher<'_> {
 
 impl crate::stream::Files for Remote {
     fn name(&self) -> Option<String> {
-        Some(self.pinned())
+        match self.gguf.as_deref().and_then(<[String]>::first) {
+            Some(first) => Some(format!("{}/{first}", self.pinned())),
+            None => Some(self.pinned()),
+        }
     }
 
     fn list(&self) -> Vec<(String, u64)> {
+        if let Some(parts) = &self.gguf {
+            // The picked GGUF model's files alone: the repository's other
+            // models are not this run's.
+            return parts
+                .iter()
+                .filter_map(|p| Some((p.clone(), self.size(p).ok()?)))
+                .collect();
+        }
         // A file whose size the Hub will not state is left out; reading
         // the checkpoint then names what is missing.
         self.files
