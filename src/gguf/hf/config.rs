@@ -3,7 +3,7 @@
 //! ([`defaults.json`](../defaults.json), written by
 //! `tests/gguf/make_hf_defaults.py`), the fields the file states over them,
 //! then the fields the class derives from those (`head_dim`, `layer_types`,
-//! `rope_parameters`).
+//! `rope_parameters`, Falcon's head counts).
 
 use serde_json::{json, Map, Value};
 
@@ -75,6 +75,13 @@ pub(crate) fn config(gguf: &Gguf, arch: &Arch, tied: bool, dtype: OutDtype) -> R
             json!(name.replace(arch.gguf, renamed)),
         );
     }
+    for (field, pieces, when_present) in arch.from_tensors {
+        let present = gguf
+            .tensors
+            .keys()
+            .any(|name| pieces.iter().any(|p| name.contains(p)));
+        set(field, json!(present == *when_present));
+    }
     if arch.model_type == "qwen3_moe" {
         // transformers' GGUF default: llama.cpp normalises the top-k weights.
         set("norm_topk_prob", json!(true));
@@ -123,9 +130,22 @@ fn derive(c: &mut Map<String, Value>, arch: &Arch, rope_theta: Option<Value>) ->
         })
     };
     let layers = int(c, "num_hidden_layers")?;
-    if arch.model_type == "llama" && !c.contains_key("head_dim") {
+    if matches!(arch.model_type, "llama" | "nemotron") && !c.contains_key("head_dim") {
         let heads = int(c, "num_attention_heads")?.max(1);
         c.insert("head_dim".into(), json!(int(c, "hidden_size")? / heads));
+    }
+    if arch.model_type == "falcon" {
+        // FalconConfig's own: the file's head_count_kv does not survive.
+        let heads = int(c, "num_attention_heads")?;
+        let flag = |k: &str| c.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let kv = if flag("new_decoder_architecture") || !flag("multi_query") {
+            heads
+        } else {
+            1
+        };
+        c.insert("num_kv_heads".into(), json!(heads));
+        c.insert("num_key_value_heads".into(), json!(kv));
+        c.insert("ffn_hidden_size".into(), json!(int(c, "hidden_size")? * 4));
     }
     // Which layers attend to a window: Gemma 2 every other one, Gemma 3 five
     // in six; the Qwen-style ones none (use_sliding_window is false).
