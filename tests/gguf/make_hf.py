@@ -312,7 +312,11 @@ NOTES = {
                "(attn_qkv unchanged), self_attention.dense, mlp.dense_h_to_4h/dense_4h_to_h, ln_f",
                "FalconConfig derives num_kv_heads = num_attention_heads, num_key_value_heads = 1 (multi_query, not "
                "new_decoder_architecture: the file's head_count_kv is overwritten) and ffn_hidden_size = 4 * hidden; "
-               "intermediate_size is kept as an extra field", "attention.layer_norm_epsilon is not read"],
+               "intermediate_size is kept as an extra field", "attention.layer_norm_epsilon is not read",
+               "a file with head_count_kv 2 (Falcon-40B's layout) fails to load: query_key_value [512, 256] vs the "
+               "model's [384, 256], RuntimeError (ignore_mismatched_sizes False); checked by hand",
+               "saved: lm_head.weight (from output.weight) besides word_embeddings although tie_word_embeddings is "
+               "true; reloading warns and does not tie them"],
     "nemotron": ["every *norm.weight (not the biases) stored w+1 (layernorm1p): transformers subtracts 1 in f32",
                  "LayerNorm weights and biases; mlp up_proj/down_proj only", "head_dim = hidden / heads (derived); "
                  "attention.layer_norm_epsilon not read (norm_eps reads layer_norm_rms_epsilon)",
