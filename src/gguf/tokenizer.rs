@@ -19,7 +19,7 @@
 //!    plain added tokens;
 //! 4. the split regex `tokenizer.ggml.pre` names, when it names one;
 //! 5. the class the architecture loads (`TokenizersBackend`,
-//!    `Qwen2Tokenizer`, `GemmaTokenizer`) adds the file's bos/eos/unk/pad
+//!    `Qwen2Tokenizer`, `GemmaTokenizer`, `GPT2Tokenizer`) adds the file's bos/eos/unk/pad
 //!    (and Gemma's `<mask>`) when not added yet, and sets the post-processor
 //!    from `add_bos_token`/`add_eos_token`.
 
@@ -284,12 +284,18 @@ enum Class {
     Qwen2,
     /// `GemmaTokenizer`: a `<mask>` token besides the file's.
     Gemma,
+    /// `GPT2Tokenizer` (starcoder2): the file's tokenizer as it is, two
+    /// more fields in its config.
+    Gpt2,
 }
 
 impl Class {
     fn of(architecture: &str) -> Result<Class> {
         Ok(match architecture {
-            "llama" | "phi3" => Class::Backend,
+            // transformers maps no tokenizer class to llama and falcon, and
+            // TokenizersBackend to the others.
+            "llama" | "phi3" | "stablelm" | "falcon" | "nemotron" => Class::Backend,
+            "starcoder2" => Class::Gpt2,
             "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" => Class::Qwen2,
             "gemma" | "gemma2" | "gemma3" => Class::Gemma,
             other => {
@@ -306,6 +312,7 @@ impl Class {
             Class::Backend => "TokenizersBackend",
             Class::Qwen2 => "Qwen2Tokenizer",
             Class::Gemma => "GemmaTokenizer",
+            Class::Gpt2 => "GPT2Tokenizer",
         }
     }
 }
@@ -327,6 +334,10 @@ fn tokenizer_config(class: Class, named: &[(&str, Option<&str>)]) -> String {
     match class {
         Class::Qwen2 => fields.push(("add_prefix_space", "null".into())),
         Class::Gemma => fields.push(("mask_token", text(Some("<mask>")))),
+        Class::Gpt2 => {
+            fields.push(("add_prefix_space", "false".into()));
+            fields.push(("errors", text(Some("replace"))));
+        }
         Class::Backend => {}
     }
     fields.sort_by(|a, b| a.0.cmp(b.0));

@@ -119,7 +119,7 @@ pub(super) fn convert<'a>(
             c.outputs.push(out(expert, vec![rows, cols], Source::Blocks(one)));
         }
     }
-    let tied = !gguf.tensors.contains_key("output.weight");
+    let tied = arch.always_tied || !gguf.tensors.contains_key("output.weight");
     let config = hf::config::config(gguf, arch, tied, dtype)?;
     let generation = hf::config::generation_config(&config);
     // As transformers writes them: keys sorted, indented by two, a newline

@@ -1,5 +1,6 @@
 """Writes tests/gguf/hf-<case>/ for the cases in CASES: a small random GGUF file per architecture
-(llama, llama-spm, qwen3, qwen3moe, qwen2moe, phi3, gemma2, gemma3) and what transformers makes of it,
+(llama, llama-spm, qwen3, qwen3moe, qwen2moe, phi3, gemma2, gemma3, starcoder2, stablelm,
+falcon, nemotron) and what transformers makes of it,
 plus tests/gguf/hf-names.json (GGUF tensor name -> transformers name, per architecture, and the GGUF
 tensors transformers drops).
 
@@ -218,6 +219,31 @@ CASES = {
                    tok="gemma"),
     "gemma3": dict(arch="gemma3", layers=2, hidden=256, ffn=256, heads=4, kv=2, head_dim=64, vocab=512, tied=True,
                    tok="gemma"),
+    "starcoder2": dict(arch="starcoder2", layers=1, hidden=256, ffn=512, heads=4, kv=2, head_dim=64, vocab=320,
+                       tied=True, tok="gpt2"),
+    "stablelm": dict(arch="stablelm", layers=1, hidden=256, ffn=512, heads=4, kv=2, head_dim=64, vocab=320,
+                     tied=False, tok="gpt2"),
+    "falcon": dict(arch="falcon", layers=1, hidden=256, ffn=1024, heads=4, kv=1, head_dim=64, vocab=320,
+                   tied=False, tok="gpt2"),
+    "nemotron": dict(arch="nemotron", layers=1, hidden=256, ffn=512, heads=4, kv=2, head_dim=64, vocab=512,
+                     tied=False, tok="llama"),
+}
+
+# Where each architecture's tensors go in transformers (gguf-py's TensorNameMap restricted to the model's
+# state_dict): the layer prefix, the tensors outside the layers, and a layer's.
+LLAMA_LAYER = {"attn_norm": "input_layernorm", "attn_output": "self_attn.o_proj",
+               "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+               "attn_v": "self_attn.v_proj", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+               "ffn_gate_inp": "mlp.gate", "ffn_norm": "post_attention_layernorm"}
+MODEL_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LAYOUT = {
+    "starcoder2": ("model.layers.{}.", MODEL_TOP, dict(LLAMA_LAYER, ffn_up="mlp.c_fc", ffn_down="mlp.c_proj")),
+    "falcon": ("transformer.h.{}.",
+               {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f", "output": "lm_head"},
+               {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+                "attn_output": "self_attention.dense", "ffn_up": "mlp.dense_h_to_4h",
+                "ffn_down": "mlp.dense_4h_to_h"}),
 }
 
 # What was found running transformers 5.25 on these files (also written into each checks.json as "notes";
@@ -273,6 +299,28 @@ NOTES = {
                "head_dim from attention.key_length, sliding_window read; attn/final_logit_softcapping and "
                "query_pre_attn_scalar are NOT read (Gemma2Config defaults 50.0/30.0/256)",
                "SentencePiece: all-space tokens respelled as U+2581 runs, merges rebuilt by file position"],
+    "starcoder2": ["LayerNorm weights and biases, biases on q/k/v/o and on mlp.c_fc (ffn_up) / mlp.c_proj (ffn_down)",
+                   "only the common keys and attention.layer_norm_epsilon (-> norm_epsilon) are read: no rope.freq_base "
+                   "(rope_theta stays 10000), no vocab_size key (vocab_size from the token count)",
+                   "tokenizer: GPT2Tokenizer (tokenizer_config gets add_prefix_space false, errors replace)"],
+    "stablelm": ["use_qkv_bias = any attn_{q,k,v}.bias tensor; use_parallel_residual = no ffn_norm tensor (here: "
+                 "qkv biases, ffn_norm present -> true, false)", "LayerNorm weights and biases",
+                 "rope.dimension_count and rope.freq_base are not read: partial_rotary_factor 0.25, rope_theta 10000; "
+                 "attention.layer_norm_epsilon -> layer_norm_eps"],
+    "falcon": ["tie_word_embeddings is forced true (falcon is in the loader's exceptions), output.weight or not",
+               "names under transformer.*: word_embeddings, h.N.input_layernorm, self_attention.query_key_value "
+               "(attn_qkv unchanged), self_attention.dense, mlp.dense_h_to_4h/dense_4h_to_h, ln_f",
+               "FalconConfig derives num_kv_heads = num_attention_heads, num_key_value_heads = 1 (multi_query, not "
+               "new_decoder_architecture: the file's head_count_kv is overwritten) and ffn_hidden_size = 4 * hidden; "
+               "intermediate_size is kept as an extra field", "attention.layer_norm_epsilon is not read",
+               "a file with head_count_kv 2 (Falcon-40B's layout) fails to load: query_key_value [512, 256] vs the "
+               "model's [384, 256], RuntimeError (ignore_mismatched_sizes False); checked by hand",
+               "saved: lm_head.weight (from output.weight) besides word_embeddings although tie_word_embeddings is "
+               "true; reloading warns and does not tie them"],
+    "nemotron": ["every *norm.weight (not the biases) stored w+1 (layernorm1p): transformers subtracts 1 in f32",
+                 "LayerNorm weights and biases; mlp up_proj/down_proj only", "head_dim = hidden / heads (derived); "
+                 "attention.layer_norm_epsilon not read (norm_eps reads layer_norm_rms_epsilon)",
+                 "tokenizer: SentencePiece, TokenizersBackend"],
     "gemma3": ["as gemma2, plus attn_q_norm/attn_k_norm -> self_attn.q_norm/k_norm, also w+1 -> minus 1",
                "config model_type gemma3_text, architectures Gemma3ForCausalLM",
                "rope.freq_base -> rope_parameters.full_attention.rope_theta only; sliding_attention keeps 10000",
@@ -289,9 +337,17 @@ def case_tensors(c):
     out = [("token_embd.weight", (V, H), T.Q6_K, "w")]
     if c.get("rope_freqs"):
         out.append(("rope_freqs.weight", (c["head_dim"] // 2,), T.F32, "freqs"))
+    layer_norm = arch in ("starcoder2", "stablelm", "falcon", "nemotron")  # LayerNorm: a bias too
     for i in range(c["layers"]):
         b = f"blk.{i}."
         out.append((b + "attn_norm.weight", (H,), T.F32, "norm"))
+        if layer_norm:
+            out.append((b + "attn_norm.bias", (H,), T.F32, "bias"))
+        if arch == "falcon":
+            out += [(b + "attn_qkv.weight", (q + 2 * kv, H), T.Q4_K, "w"),
+                    (b + "attn_output.weight", (H, q), T.Q5_K, "w"),
+                    (b + "ffn_up.weight", (F, H), T.Q4_K, "w"), (b + "ffn_down.weight", (H, F), T.Q6_K, "w")]
+            continue
         if arch == "phi3":
             out.append((b + "attn_qkv.weight", (q + 2 * kv, H), T.Q4_K, "w"))
         else:
@@ -301,16 +357,20 @@ def case_tensors(c):
                 qt = kt = T.Q8_0
             out += [(b + "attn_q.weight", (q, H), qt, "w"), (b + "attn_k.weight", (kv, H), kt, "w"),
                     (b + "attn_v.weight", (kv, H), T.Q6_K, "w")]
-            if arch == "qwen2moe":
+            if arch in ("qwen2moe", "starcoder2", "stablelm"):
                 out += [(b + "attn_q.bias", (q,), T.F32, "bias"), (b + "attn_k.bias", (kv,), T.F32, "bias"),
                         (b + "attn_v.bias", (kv,), T.F32, "bias")]
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             out += [(b + "attn_q_norm.weight", (c["head_dim"],), T.F32, "norm"),
                     (b + "attn_k_norm.weight", (c["head_dim"],), T.F32, "norm")]
         out.append((b + "attn_output.weight", (H, q), T.Q8_0 if arch == "qwen3" else T.Q4_K, "w"))
+        if arch == "starcoder2":
+            out.append((b + "attn_output.bias", (H,), T.F32, "bias"))
         if arch in ("gemma2", "gemma3"):
             out.append((b + "post_attention_norm.weight", (H,), T.F32, "norm"))
         out.append((b + "ffn_norm.weight", (H,), T.F32, "norm"))
+        if layer_norm:
+            out.append((b + "ffn_norm.bias", (H,), T.F32, "bias"))
         if arch in ("gemma2", "gemma3"):
             out.append((b + "post_ffw_norm.weight", (H,), T.F32, "norm"))
         if arch == "phi3":
@@ -332,11 +392,17 @@ def case_tensors(c):
                     (b + "ffn_gate_shexp.weight", (SF, H), T.TQ1_0, "w"),
                     (b + "ffn_up_shexp.weight", (SF, H), T.TQ1_0, "w"),
                     (b + "ffn_down_shexp.weight", (H, SF), T.TQ1_0, "w")]
+        elif arch in ("starcoder2", "nemotron"):
+            out += [(b + "ffn_up.weight", (F, H), T.Q5_K, "w"), (b + "ffn_down.weight", (H, F), T.Q6_K, "w")]
+            if arch == "starcoder2":
+                out += [(b + "ffn_up.bias", (F,), T.F32, "bias"), (b + "ffn_down.bias", (H,), T.F32, "bias")]
         else:
             gt = T.Q8_0 if (c is CASES["llama"] and i == 1) else T.Q4_K
             out += [(b + "ffn_gate.weight", (F, H), gt, "w"), (b + "ffn_up.weight", (F, H), T.Q4_K, "w"),
                     (b + "ffn_down.weight", (H, F), T.Q6_K, "w")]
     out.append(("output_norm.weight", (H,), T.F32, "norm"))
+    if layer_norm:
+        out.append(("output_norm.bias", (H,), T.F32, "bias"))
     if not c["tied"]:
         out.append(("output.weight", (V, H), T.Q6_K, "w"))
     return out
@@ -352,9 +418,20 @@ def write_hparams(w, name, c):
     w.add_head_count(c["heads"])
     w.add_head_count_kv(c["kv"])
     # gemma3 files state the global layers' base (1e6); llama.cpp hardcodes 10000 for the sliding ones
-    w.add_rope_freq_base(10000.0 if a in ("llama", "phi3", "gemma2") else 1000000.0)
-    w.add_layer_norm_rms_eps(1e-6 if a in ("gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe") else 1e-5)
+    if a not in ("stablelm", "falcon"):
+        w.add_rope_freq_base(10000.0 if a in ("llama", "phi3", "gemma2") else 1000000.0)
+    if a in ("starcoder2", "stablelm", "falcon", "nemotron"):
+        # LayerNorm models: llama.cpp writes layer_norm_epsilon
+        w.add_layer_norm_eps(1e-5 if a != "nemotron" else 1e-6)
+    else:
+        w.add_layer_norm_rms_eps(1e-6 if a in ("gemma2", "gemma3", "qwen3", "qwen3moe", "qwen2moe") else 1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    if a == "stablelm":
+        w.add_rope_dimension_count(c["head_dim"] // 4)
+        w.add_parallel_residual(False)
+    if a == "nemotron":
+        w.add_rope_dimension_count(c["head_dim"] // 2)
+        w.add_vocab_size(c["vocab"])
     if a in ("llama", "phi3"):
         w.add_rope_dimension_count(c["head_dim"])
     if a == "llama":
@@ -490,13 +567,21 @@ def hf_expected(arch, c, ref):
     def put(hf, g, arr=None):
         out[hf] = (ref[g] if arr is None else arr, g)
 
-    put("model.embed_tokens.weight", "token_embd.weight")
-    put("model.norm.weight", "output_norm.weight")
-    if "output.weight" in ref:
-        put("lm_head.weight", "output.weight")
+    pre, top, layer = LAYOUT.get(arch, (pre, MODEL_TOP, None))
+    for g, h in top.items():
+        for suf in (".weight", ".bias"):
+            if g + suf in ref:
+                put(h + suf, g + suf)
     gemma = arch in ("gemma2", "gemma3")
+    plus_one = gemma or arch == "nemotron"
     for i in range(c["layers"]):
         p, b = pre.format(i), f"blk.{i}."
+        if layer is not None:
+            for g, h in layer.items():
+                for suf in (".weight", ".bias"):
+                    if b + g + suf in ref:
+                        put(p + h + suf, b + g + suf)
+            continue
         simple = {"attn_norm": "input_layernorm", "attn_output": "self_attn.o_proj",
                   "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "attn_v": "self_attn.v_proj", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -529,11 +614,11 @@ def hf_expected(arch, c, ref):
                 g = b + f"ffn_{w}_exps.weight"
                 for e in range(c["experts"]):
                     put(p + f"mlp.experts.{e}.{w}_proj.weight", g, ref[g][e])
-        if gemma:
+        if plus_one:
             for hf, (arr, g) in list(out.items()):
                 if hf.startswith(p) and g.endswith("norm.weight"):
                     out[hf] = (arr - np.float32(1), g)
-    if gemma:
+    if plus_one:
         out["model.norm.weight"] = (ref["output_norm.weight"] - np.float32(1), "output_norm.weight")
     return out
 
@@ -554,6 +639,7 @@ def probe_phi3_without_pad():
 def name_pattern(n):
     n = re.sub(r"^blk\.\d+\.", "blk.N.", n)
     n = re.sub(r"layers\.\d+\.", "layers.N.", n)
+    n = re.sub(r"^transformer\.h\.\d+\.", "transformer.h.N.", n)
     return re.sub(r"experts\.\d+\.", "experts.E.", n)
 
 

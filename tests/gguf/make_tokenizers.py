@@ -9,7 +9,8 @@ Cases: byte-level BPE (`tokenizer.ggml.model` "gpt2", the tokenizer of
 tests/gguf/gguf-q4_k-llama) under each architecture that reads it, with the
 pre-tokenizer names that pick a split regex; SentencePiece ("llama": scores,
 token types, byte pieces, no merges) for llama (with a chat template) and phi3;
-Gemma's SentencePiece for gemma2 and gemma3. Needs transformers 5.25, torch,
+Gemma's SentencePiece for gemma2 and gemma3; starcoder2 (GPT2Tokenizer), stablelm,
+falcon and nemotron. Needs transformers 5.25, torch,
 gguf-py (the venv at /tmp/tfenv):
 
     /tmp/tfenv/bin/python tests/gguf/make_tokenizers.py
@@ -206,6 +207,17 @@ def main():
                     flags={"add_bos_token": True, "add_eos_token": True}))
     write_case("gpt2-phi3", "phi3",
                dict(base, pre="gpt-2", ids={"bos_token_id": eot, "eos_token_id": eot, "padding_token_id": eot}))
+    # starcoder2 loads GPT2Tokenizer, stablelm and falcon TokenizersBackend.
+    write_case("gpt2-starcoder2", "starcoder2",
+               dict(base, pre="starcoder", ids={"bos_token_id": eot, "eos_token_id": eot}))
+    write_case("gpt2-starcoder2-flags", "starcoder2",
+               dict(base, pre="gpt-2", ids={"bos_token_id": eot, "eos_token_id": eot, "padding_token_id": eot},
+                    flags={"add_bos_token": True, "add_eos_token": True}))
+    write_case("gpt2-stablelm", "stablelm",
+               dict(base, pre="stablelm2", ids={"bos_token_id": eot, "eos_token_id": eot},
+                    flags={"add_bos_token": False}))
+    write_case("gpt2-falcon", "falcon",
+               dict(base, pre="falcon", ids={"bos_token_id": eot, "eos_token_id": eot}))
 
     # SentencePiece, llama's specials; <0x..> bytes; a user-defined piece.
     tokens, scores, types = spm_vocab(
@@ -218,6 +230,7 @@ def main():
                                            flags={"add_space_prefix": True}))
     write_case("spm-llama-eos", "llama", dict(spm, flags={"add_bos_token": False, "add_eos_token": True},
                                                ids=dict(spm["ids"], padding_token_id=0)))
+    write_case("spm-nemotron", "nemotron", dict(spm, ids=dict(spm["ids"], padding_token_id=0)))
     write_case("spm-phi3", "phi3", dict(spm, chat_template=LLAMA_TEMPLATE,
                                          ids=dict(spm["ids"], padding_token_id=2)))
 

@@ -503,6 +503,10 @@ fn gguf_models_take_transformers_form() {
         ("hf-phi3", "expected-meta"),
         ("hf-gemma2", "expected-meta"),
         ("hf-gemma3", "expected-meta"),
+        ("hf-starcoder2", "expected-meta"),
+        ("hf-stablelm", "expected-meta"),
+        ("hf-falcon", "expected-meta"),
+        ("hf-nemotron", "expected-meta"),
     ];
     let check = |backend: BackendChoice| {
         for (name, meta) in cases {

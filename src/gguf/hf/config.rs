@@ -3,7 +3,7 @@
 //! ([`defaults.json`](../defaults.json), written by
 //! `tests/gguf/make_hf_defaults.py`), the fields the file states over them,
 //! then the fields the class derives from those (`head_dim`, `layer_types`,
-//! `rope_parameters`).
+//! `rope_parameters`, Falcon's head counts).
 
 use serde_json::{json, Map, Value};
 
@@ -75,6 +75,13 @@ pub(crate) fn config(gguf: &Gguf, arch: &Arch, tied: bool, dtype: OutDtype) -> R
             json!(name.replace(arch.gguf, renamed)),
         );
     }
+    for (field, pieces, when_present) in arch.from_tensors {
+        let present = gguf
+            .tensors
+            .keys()
+            .any(|name| pieces.iter().any(|p| name.contains(p)));
+        set(field, json!(present == *when_present));
+    }
     if arch.model_type == "qwen3_moe" {
         // transformers' GGUF default: llama.cpp normalises the top-k weights.
         set("norm_topk_prob", json!(true));
@@ -123,9 +130,35 @@ fn derive(c: &mut Map<String, Value>, arch: &Arch, rope_theta: Option<Value>) ->
         })
     };
     let layers = int(c, "num_hidden_layers")?;
-    if arch.model_type == "llama" && !c.contains_key("head_dim") {
+    if matches!(arch.model_type, "llama" | "nemotron") && !c.contains_key("head_dim") {
         let heads = int(c, "num_attention_heads")?.max(1);
         c.insert("head_dim".into(), json!(int(c, "hidden_size")? / heads));
+    }
+    if arch.model_type == "falcon" {
+        // FalconConfig's own: the file's head_count_kv does not survive.
+        let heads = int(c, "num_attention_heads")?;
+        let flag = |k: &str| c.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let kv = if flag("new_decoder_architecture") || !flag("multi_query") {
+            heads
+        } else {
+            1
+        };
+        // A file with more K/V heads (Falcon-40B's new decoder
+        // architecture) gets a fused QKV that FalconForCausalLM cannot take:
+        // transformers refuses it (a size mismatch), and so does this.
+        if let Some(file) = c.get("num_key_value_heads").and_then(Value::as_u64) {
+            if file != kv {
+                return Err(Error::bare(
+                    Rule::Unsupported,
+                    format!(
+                        "falcon: the file has {file} K/V heads; transformers 5.25 builds every falcon GGUF with {kv} (multi-query, as Falcon-7B) and cannot load it"
+                    ),
+                ));
+            }
+        }
+        c.insert("num_kv_heads".into(), json!(heads));
+        c.insert("num_key_value_heads".into(), json!(kv));
+        c.insert("ffn_hidden_size".into(), json!(int(c, "hidden_size")? * 4));
     }
     // Which layers attend to a window: Gemma 2 every other one, Gemma 3 five
     // in six; the Qwen-style ones none (use_sliding_window is false).
@@ -177,4 +210,102 @@ pub(crate) fn generation_config(config: &Value) -> Value {
     g.insert("use_cache".into(), json!(true));
     g.sort_keys();
     Value::Object(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgmlType;
+
+    fn gguf(arch: &str, meta: &[(&str, MetaValue)], tensors: &[&str]) -> Gguf {
+        let mut metadata = vec![(
+            "general.architecture".to_owned(),
+            MetaValue::String(arch.into()),
+        )];
+        metadata.extend(meta.iter().map(|(k, v)| (format!("{arch}.{k}"), v.clone())));
+        Gguf {
+            version: 3,
+            metadata,
+            tensors: tensors
+                .iter()
+                .map(|t| (t.to_string(), (GgmlType::F32, vec![4])))
+                .collect(),
+        }
+    }
+
+    fn row(name: &str) -> &'static Arch {
+        super::super::ARCHS.iter().find(|a| a.gguf == name).unwrap()
+    }
+
+    const SHAPE: [(&str, MetaValue); 3] = [
+        ("block_count", MetaValue::U32(2)),
+        ("embedding_length", MetaValue::U32(64)),
+        ("attention.head_count", MetaValue::U32(4)),
+    ];
+
+    #[test]
+    fn stablelm_reads_its_flags_off_the_tensors() {
+        let cases = [
+            (
+                &["blk.0.attn_q.bias", "blk.0.ffn_norm.weight"][..],
+                true,
+                false,
+            ),
+            (
+                &["blk.0.attn_q.weight", "blk.0.attn_norm.weight"][..],
+                false,
+                true,
+            ),
+        ];
+        for (tensors, bias, parallel) in cases {
+            let g = gguf("stablelm", &SHAPE, tensors);
+            let c = config(&g, row("stablelm"), false, OutDtype::Bf16).unwrap();
+            assert_eq!(c["use_qkv_bias"], json!(bias), "{tensors:?}");
+            assert_eq!(c["use_parallel_residual"], json!(parallel), "{tensors:?}");
+        }
+    }
+
+    #[test]
+    fn falcon_derives_its_head_counts_and_refuses_more_kv_heads() {
+        let mut meta = SHAPE.to_vec();
+        meta.push(("attention.head_count_kv", MetaValue::U32(1)));
+        let c = config(
+            &gguf("falcon", &meta, &[]),
+            row("falcon"),
+            true,
+            OutDtype::Bf16,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                &c["num_kv_heads"],
+                &c["num_key_value_heads"],
+                &c["ffn_hidden_size"]
+            ),
+            (&json!(4), &json!(1), &json!(256))
+        );
+        meta.pop();
+        meta.push(("attention.head_count_kv", MetaValue::U32(2)));
+        let e = config(
+            &gguf("falcon", &meta, &[]),
+            row("falcon"),
+            true,
+            OutDtype::Bf16,
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, Rule::Unsupported, "{e}");
+        assert!(e.to_string().contains("2 K/V heads"), "{e}");
+    }
+
+    #[test]
+    fn nemotron_derives_head_dim() {
+        let c = config(
+            &gguf("nemotron", &SHAPE, &[]),
+            row("nemotron"),
+            false,
+            OutDtype::Bf16,
+        )
+        .unwrap();
+        assert_eq!(c["head_dim"], json!(16));
+    }
 }

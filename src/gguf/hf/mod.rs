@@ -17,8 +17,13 @@ pub(crate) struct Arch {
     pub(crate) model_type: &'static str,
     /// The model class `architectures` names.
     pub(crate) class: &'static str,
+    /// The tensors outside the layers: GGUF name and Hugging Face name,
+    /// both before `.weight` or `.bias`.
+    pub(crate) top: &'static [(&'static str, &'static str)],
+    /// Where the layers go: `model.layers.` (then `N.`).
+    pub(crate) layers: &'static str,
     /// A layer's tensors: the GGUF name after `blk.N.` (before `.weight`
-    /// or `.bias`) and the Hugging Face one after `model.layers.N.`; `{E}`
+    /// or `.bias`) and the Hugging Face one after `{layers}N.`; `{E}`
     /// stands for the expert of a stack (`ffn_*_exps`, `[E, rows, cols]`),
     /// written one tensor per expert.
     pub(crate) layer: &'static [(&'static str, &'static str)],
@@ -30,9 +35,15 @@ pub(crate) struct Arch {
     pub(crate) norm_plus_one: bool,
     /// Metadata keys (after `ARCH.`) and the config fields they set.
     pub(crate) config: &'static [(&'static str, &'static str)],
+    /// Config fields set from which tensors the file has: (field, pieces
+    /// of tensor names, the value when some tensor's name holds a piece).
+    pub(crate) from_tensors: &'static [(&'static str, &'static [&'static str], bool)],
+    /// `tie_word_embeddings` is true even with an `output.weight` (which is
+    /// then still written as `lm_head`).
+    pub(crate) always_tied: bool,
 }
 
-/// Tensors outside the layers, every architecture alike.
+/// Tensors outside the layers, as most architectures name them.
 const TOP: &[(&str, &str)] = &[
     ("token_embd", "model.embed_tokens"),
     ("output_norm", "model.norm"),
@@ -119,6 +130,59 @@ const GEMMA: &[(&str, &str)] = &[
     MLP[2],
 ];
 
+/// StarCoder 2: LayerNorms, biases everywhere, a two-matrix MLP.
+const STARCODER2: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ATTENTION[0],
+    ATTENTION[1],
+    ATTENTION[2],
+    ATTENTION[3],
+    ("ffn_up", "mlp.c_fc"),
+    ("ffn_down", "mlp.c_proj"),
+];
+
+/// StableLM: llama's names without Q/K norms (its per-head
+/// `q_layernorm.norms.N` has no GGUF counterpart transformers maps).
+const STABLELM: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ATTENTION[0],
+    ATTENTION[1],
+    ATTENTION[2],
+    ATTENTION[3],
+    MLP[0],
+    MLP[1],
+    MLP[2],
+];
+
+/// Nemotron: llama's attention, an MLP of up and down only.
+const NEMOTRON: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ATTENTION[0],
+    ATTENTION[1],
+    ATTENTION[2],
+    ATTENTION[3],
+    MLP[1],
+    MLP[2],
+];
+
+/// Falcon (as `FalconConfig`'s defaults build it: one norm, parallel
+/// attention): fused QKV kept fused, under `transformer.`.
+const FALCON_TOP: &[(&str, &str)] = &[
+    ("token_embd", "transformer.word_embeddings"),
+    ("output_norm", "transformer.ln_f"),
+    ("output", "lm_head"),
+];
+const FALCON: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("attn_qkv", "self_attention.query_key_value"),
+    ("attn_output", "self_attention.dense"),
+    ("ffn_up", "mlp.dense_h_to_4h"),
+    ("ffn_down", "mlp.dense_4h_to_h"),
+];
+
 /// The config fields every architecture below reads (transformers'
 /// `GGUF_CONFIG_MAPPING`; `head_dim` only where listed per architecture).
 const COMMON: &[(&str, &str)] = &[
@@ -131,6 +195,42 @@ const COMMON: &[(&str, &str)] = &[
     ("attention.head_count_kv", "num_key_value_heads"),
     ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
     ("vocab_size", "vocab_size"),
+];
+
+/// StarCoder 2 reads neither rope.freq_base nor vocab_size.
+const STARCODER2_CONFIG: &[(&str, &str)] = &[
+    COMMON[0],
+    COMMON[1],
+    COMMON[2],
+    COMMON[3],
+    COMMON[5],
+    COMMON[6],
+    ("attention.layer_norm_epsilon", "norm_epsilon"),
+];
+
+/// StableLM reads no rope.freq_base (nor rope.dimension_count).
+const STABLELM_CONFIG: &[(&str, &str)] = &[
+    COMMON[0],
+    COMMON[1],
+    COMMON[2],
+    COMMON[3],
+    COMMON[5],
+    COMMON[6],
+    COMMON[8],
+    ("attention.layer_norm_epsilon", "layer_norm_eps"),
+];
+
+/// Nemotron: the RMS key names its (LayerNorm) epsilon.
+const NEMOTRON_CONFIG: &[(&str, &str)] = &[
+    COMMON[0],
+    COMMON[1],
+    COMMON[2],
+    COMMON[3],
+    COMMON[4],
+    COMMON[5],
+    COMMON[6],
+    COMMON[8],
+    ("attention.layer_norm_rms_epsilon", "norm_eps"),
 ];
 
 macro_rules! fields {
@@ -149,35 +249,49 @@ pub(crate) const ARCHS: &[Arch] = &[
         gguf: "llama",
         model_type: "llama",
         class: "LlamaForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: LLAMA,
         rotary_halves: true,
         norm_plus_one: false,
         // transformers reads a rotary width as llama's head_dim.
         config: fields!(("rope.dimension_count", "head_dim")),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "qwen2",
         model_type: "qwen2",
         class: "Qwen2ForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: LLAMA,
         rotary_halves: false,
         norm_plus_one: false,
         config: fields!(),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "qwen3",
         model_type: "qwen3",
         class: "Qwen3ForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: LLAMA,
         rotary_halves: false,
         norm_plus_one: false,
         // No head_dim: Qwen3Config's default (128) applies, as in transformers.
         config: fields!(),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "qwen2moe",
         model_type: "qwen2_moe",
         class: "Qwen2MoeForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: MOE,
         rotary_halves: false,
         norm_plus_one: false,
@@ -185,11 +299,15 @@ pub(crate) const ARCHS: &[Arch] = &[
             ("expert_count", "num_experts"),
             ("expert_used_count", "num_experts_per_tok")
         ),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "qwen3moe",
         model_type: "qwen3_moe",
         class: "Qwen3MoeForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: MOE,
         rotary_halves: false,
         norm_plus_one: false,
@@ -198,20 +316,28 @@ pub(crate) const ARCHS: &[Arch] = &[
             ("expert_count", "num_experts"),
             ("expert_used_count", "num_experts_per_tok"),
         ),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "phi3",
         model_type: "phi3",
         class: "Phi3ForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: PHI3,
         rotary_halves: false,
         norm_plus_one: false,
         config: fields!(),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "gemma2",
         model_type: "gemma2",
         class: "Gemma2ForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: GEMMA,
         rotary_halves: false,
         norm_plus_one: true,
@@ -219,11 +345,15 @@ pub(crate) const ARCHS: &[Arch] = &[
             ("attention.key_length", "head_dim"),
             ("attention.sliding_window", "sliding_window"),
         ),
+        from_tensors: &[],
+        always_tied: false,
     },
     Arch {
         gguf: "gemma3",
         model_type: "gemma3_text",
         class: "Gemma3ForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
         layer: GEMMA,
         rotary_halves: false,
         norm_plus_one: true,
@@ -231,6 +361,71 @@ pub(crate) const ARCHS: &[Arch] = &[
             ("attention.key_length", "head_dim"),
             ("attention.sliding_window", "sliding_window"),
         ),
+        from_tensors: &[],
+        always_tied: false,
+    },
+    Arch {
+        gguf: "starcoder2",
+        model_type: "starcoder2",
+        class: "Starcoder2ForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
+        layer: STARCODER2,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: STARCODER2_CONFIG,
+        from_tensors: &[],
+        always_tied: false,
+    },
+    Arch {
+        gguf: "stablelm",
+        model_type: "stablelm",
+        class: "StableLmForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
+        layer: STABLELM,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: STABLELM_CONFIG,
+        // transformers looks at the tensors: biases on Q/K/V, and a second
+        // norm only where the residual is not parallel.
+        from_tensors: &[
+            (
+                "use_qkv_bias",
+                &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
+                true,
+            ),
+            ("use_parallel_residual", &["ffn_norm"], false),
+        ],
+        always_tied: false,
+    },
+    Arch {
+        gguf: "falcon",
+        model_type: "falcon",
+        class: "FalconForCausalLM",
+        top: FALCON_TOP,
+        layers: "transformer.h.",
+        layer: FALCON,
+        rotary_halves: false,
+        norm_plus_one: false,
+        config: fields!(),
+        from_tensors: &[],
+        // One of transformers' listed exceptions.
+        always_tied: true,
+    },
+    Arch {
+        gguf: "nemotron",
+        model_type: "nemotron",
+        class: "NemotronForCausalLM",
+        top: TOP,
+        layers: "model.layers.",
+        layer: NEMOTRON,
+        rotary_halves: false,
+        // layernorm1p: llama.cpp stores w + 1, as Gemma's.
+        norm_plus_one: true,
+        config: NEMOTRON_CONFIG,
+        from_tensors: &[],
+        always_tied: false,
     },
 ];
 
@@ -293,10 +488,10 @@ impl Arch {
                     return None;
                 }
                 let (_, hf) = self.layer.iter().find(|(g, _)| *g == part)?;
-                (format!("model.layers.{layer}.{hf}"), part)
+                (format!("{}{layer}.{hf}", self.layers), part)
             }
             None => {
-                let (_, hf) = TOP.iter().find(|(g, _)| *g == stem)?;
+                let (_, hf) = self.top.iter().find(|(g, _)| *g == stem)?;
                 (hf.to_string(), stem)
             }
         };
@@ -362,5 +557,24 @@ mod tests {
             arch("phi3").target("blk.0.ffn_up.weight").unwrap().name,
             "model.layers.0.mlp.gate_up_proj.weight"
         );
+        let falcon = arch("falcon");
+        assert_eq!(
+            falcon.target("blk.1.attn_qkv.weight").unwrap().name,
+            "transformer.h.1.self_attention.query_key_value.weight"
+        );
+        assert_eq!(
+            falcon.target("output_norm.bias").unwrap().name,
+            "transformer.ln_f.bias"
+        );
+        assert_eq!(falcon.target("blk.0.attn_norm_2.weight"), None);
+        let nemotron = arch("nemotron");
+        assert!(nemotron.target("blk.0.ffn_norm.weight").unwrap().plus_one);
+        assert!(!nemotron.target("blk.0.ffn_norm.bias").unwrap().plus_one);
+        assert_eq!(nemotron.target("blk.0.ffn_gate.weight"), None);
+        assert_eq!(
+            arch("starcoder2").target("blk.0.ffn_up.bias").unwrap().name,
+            "model.layers.0.mlp.c_fc.bias"
+        );
+        assert_eq!(arch("stablelm").target("blk.0.attn_q_norm.weight"), None);
     }
 }
