@@ -459,12 +459,12 @@ impl Dequantize<'_> {
             }
         }
         // The pinned commit is the input (and the GGUF model picked in it).
-        let picked = remote.gguf().map(|parts| parts.join(" "));
-        let key = self.key(
-            &format!("{} {}", remote.pinned(), picked.unwrap_or_default())
-                .trim_end()
-                .to_string(),
-        )?;
+        let picked = remote.gguf().map(|parts| format!(" {}", parts.join(" ")));
+        let key = self.key(&format!(
+            "{}{}",
+            remote.pinned(),
+            picked.unwrap_or_default()
+        ))?;
         let tag = self.tag()?;
         if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
             return Ok(summary);

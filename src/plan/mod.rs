@@ -47,6 +47,7 @@ struct GgufStored<'a> {
     outputs: Vec<Output<'a>>,
     dropped: Vec<String>,
     errors: Vec<Error>,
+    warnings: Vec<Warning>,
 }
 
 /// Everything `dequantize` will do, in output order.
@@ -241,10 +242,23 @@ impl<'a> Plan<'a> {
             outputs: std::mem::take(&mut self.outputs),
             dropped: self.dropped.clone(),
             errors: self.errors.clone(),
+            warnings: self.warnings.clone(),
         };
         match gguf::convert(self.checkpoint, gguf, &stored.outputs, self.dtype) {
             Ok(c) => {
                 self.outputs = c.outputs;
+                if let Some(first) = c.dropped.first() {
+                    // transformers drops them too; a reader should know.
+                    let n = c.dropped.len();
+                    self.warnings.push(Warning {
+                        subject: first.clone(),
+                        detail: format!(
+                            "{n} GGUF tensor{} that transformers' model has no place for, not written as it does not load them ({}); --keep-names writes every tensor",
+                            if n == 1 { "" } else { "s" },
+                            c.dropped.join(", ")
+                        ),
+                    });
+                }
                 self.dropped.extend(c.dropped);
                 self.dropped.sort();
                 self.renamed = c.renamed;
@@ -262,6 +276,7 @@ impl<'a> Plan<'a> {
             self.outputs = stored.outputs;
             self.dropped = stored.dropped;
             self.errors = stored.errors;
+            self.warnings = stored.warnings;
             self.generated.clear();
             self.renamed.clear();
         }

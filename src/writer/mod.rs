@@ -213,12 +213,6 @@ impl Canceller {
     pub fn cancel(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
-
-    /// Whether the write was asked to stop.
-    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 /// Fails once the write was cancelled.

@@ -751,3 +751,23 @@ fn a_folder_of_several_models_needs_gguf_file() {
     let o = crate::common::cli::run(&["inspect", d]);
     crate::common::cli::ok(&o, "one model and a projector");
 }
+
+/// A tensor transformers does not load (llama 3's `rope_freqs`, a name
+/// no architecture row knows) is not written, as transformers drops it,
+/// and a warning names it; `--keep-names` writes it.
+#[test]
+fn tensors_transformers_drops_are_named() {
+    let dir = case("hf-llama").join("model");
+    let v = wgpu_dequant::validate(&dir);
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.subject == "rope_freqs.weight" && w.detail.contains("--keep-names")),
+        "{:?}",
+        v.warnings
+    );
+    let (hf, _) = decoded(&dir, OutDtype::Bf16, BackendChoice::Cpu, false);
+    let (kept, _) = decoded(&dir, OutDtype::Bf16, BackendChoice::Cpu, true);
+    assert!(!hf.contains_key("rope_freqs.weight") && kept.contains_key("rope_freqs.weight"));
+}

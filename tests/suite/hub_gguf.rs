@@ -14,7 +14,7 @@ use crate::common::hub::{Faults, MockHub};
 use crate::hub::cli;
 
 const REPO: &str = "org/Tiny-GGUF";
-const SPLIT: usize = 7;
+const SPLIT: usize = 2;
 
 fn gguf_case(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -28,9 +28,9 @@ fn q4k() -> PathBuf {
     gguf_case("gguf-q4_k-llama").join("model.gguf")
 }
 
-/// The first part of the split fixture.
+/// The first part of the split fixture (hf-qwen3 in two parts).
 fn split_first() -> PathBuf {
-    gguf_case("gguf-types-split").join(format!("model-00001-of-{SPLIT:05}.gguf"))
+    gguf_case("hf-qwen3-split").join(format!("model-00001-of-{SPLIT:05}.gguf"))
 }
 
 /// A GGUF repository in `tmp/repo`: the Q4_K fixture under several
@@ -54,7 +54,7 @@ fn repository(tmp: &Path) -> PathBuf {
         std::fs::write(dir.join(name), b).unwrap();
     }
     for no in 1..=SPLIT {
-        let from = gguf_case("gguf-types-split").join(format!("model-{no:05}-of-{SPLIT:05}.gguf"));
+        let from = gguf_case("hf-qwen3-split").join(format!("model-{no:05}-of-{SPLIT:05}.gguf"));
         let to = dir.join(format!("Q6_K/Tiny-Q6_K-{no:05}-of-{SPLIT:05}.gguf"));
         std::fs::copy(from, to).unwrap();
     }
@@ -273,7 +273,7 @@ fn gguf_file_and_a_split_model_in_a_folder() {
             "inspect",
             REPO,
             "--gguf-file",
-            "Tiny-Q6_K-00003-of-00007.gguf",
+            "Tiny-Q6_K-00002-of-00002.gguf",
             "--json",
         ],
         &[],
@@ -281,7 +281,7 @@ fn gguf_file_and_a_split_model_in_a_folder() {
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let path = report["path"].as_str().unwrap();
     assert!(
-        path.ends_with("Q6_K/Tiny-Q6_K-00001-of-00007.gguf"),
+        path.ends_with("Q6_K/Tiny-Q6_K-00001-of-00002.gguf"),
         "{path}"
     );
 }
@@ -400,7 +400,7 @@ fn inspect_reads_headers_by_range_requests_alone() {
     assert!(read * 8 < size, "{read} bytes read of {size}");
     assert!(!snapshot(&cache, &hub).join("Tiny-Q4_K_M.gguf").exists());
 
-    // validate too, and the split model's seven headers.
+    // validate too, and the split model's two headers.
     let o = cli(&hub, &cache, &["validate", &format!("{REPO}:Q6_K")], &[]);
     ok(&o, "validate ORG/NAME:Q6_K");
     assert!(hub

@@ -175,7 +175,7 @@ try {
 
   // GGUF files (one alone, a split pair): the CLI's files, the transformers
   // form (names, configs, tokenizer), on both backends.
-  for (const name of ['hf-llama', 'hf-gemma3', 'gguf-types-split']) {
+  for (const name of ['hf-llama', 'hf-gemma3', 'hf-qwen3-split']) {
     const dir = path.join(root, 'tests/gguf', name, 'model');
     const want = runCli(dir, 'bf16');
     check(want.files, `cli ${name}`);
