@@ -484,11 +484,13 @@ fn block_types_give_gguf_pys_values() {
 /// made by `tests/gguf/make_hf.py`: llama with F16 and quantized Q and K,
 /// llama with a SentencePiece vocabulary and tied embeddings, qwen2 with
 /// biases, qwen3, qwen3moe and qwen2moe with stacked (and shared)
-/// experts, phi3's fused projections, gemma2 and gemma3 with their norms
-/// stored as w+1) give, by default, what transformers 5.25 saves of
-/// them: every tensor under its name and layout, byte for byte in bf16
-/// and f16 on the CPU and the GPU, and the same `config.json`,
-/// `generation_config.json` and tokenizer files.
+/// experts, phi3's fused projections, gemma2, gemma3 and nemotron with
+/// their norms stored as w+1, starcoder2's and stablelm's biases, falcon's
+/// own names) give, by default, what transformers 5.25 saves of them:
+/// every tensor under its name and layout, byte for byte in bf16 and f16
+/// (and f32, gguf-py's own values, where the fixtures have them) on the
+/// CPU and the GPU, and the same `config.json`, `generation_config.json`
+/// and tokenizer files.
 #[test]
 fn gguf_models_take_transformers_form() {
     let cases = [
@@ -510,7 +512,11 @@ fn gguf_models_take_transformers_form() {
     ];
     let check = |backend: BackendChoice| {
         for (name, meta) in cases {
-            for (dtype, torch) in [(OutDtype::Bf16, "bfloat16"), (OutDtype::F16, "float16")] {
+            for (dtype, torch) in [
+                (OutDtype::Bf16, "bfloat16"),
+                (OutDtype::F16, "float16"),
+                (OutDtype::F32, "float32"),
+            ] {
                 let file = case(name).join(format!("expected-{dtype}.digests.json"));
                 if !file.exists() {
                     continue;
