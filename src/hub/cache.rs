@@ -97,9 +97,11 @@ impl Cache {
         create_parent(&at)?;
         let _ = fs::remove_file(&at);
         #[cfg(unix)]
-        // From a file in a folder of the snapshot, one more level up.
-        let up = "../".repeat(file.matches('/').count());
-        let made = std::os::unix::fs::symlink(Path::new(&up).join("../../blobs").join(etag), &at);
+        let made = {
+            // From a file in a folder of the snapshot, one more level up.
+            let up = "../".repeat(file.matches('/').count());
+            std::os::unix::fs::symlink(Path::new(&up).join("../../blobs").join(etag), &at)
+        };
         #[cfg(not(unix))]
         let made = fs::copy(self.blob(id, etag), &at).map(|_| ());
         made.map_err(|e| Error::io(&at, "cannot link to the cache's blob", e))?;
