@@ -599,7 +599,7 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
 
 /// `bench --gemv --json`: for every fast format and every M, one line
 /// against the read kernel and one against the dense bf16 product, with
-/// `m` and ratios that are the baseline's time over ours.
+/// `m`, ratios that are the baseline's time over ours, and the device.
 #[test]
 fn bench_gemv_lines_have_both_baselines_for_every_m() {
     gpu_test(|_| {
@@ -654,10 +654,12 @@ fn bench_gemv_lines_have_both_baselines_for_every_m() {
                     "baseline",
                     "baseline_gbps",
                     "ratio",
-                    "m"
+                    "m",
+                    "device"
                 ]
             );
             assert!(l["case"].as_str().unwrap().ends_with("8x256"), "{l}");
+            assert!(l["device"].as_str().unwrap().starts_with("gpu ("), "{l}");
             let (g, b, r) = (
                 l["gbps"].as_f64(),
                 l["baseline_gbps"].as_f64(),

@@ -529,8 +529,17 @@ fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCo
 }
 
 fn bench(settings: &bench::Settings, json: bool) -> Result<ExitCode, Error> {
+    // The device the GPU figures were measured on (the line that precedes
+    // them), named in each of their JSON lines.
+    let mut device: Option<String> = None;
     bench::run(settings, |line| match line {
-        bench::Line::Figure(f) if json => println!("{}", f.json()),
+        bench::Line::Figure(f) if json => {
+            let mut v = f.json();
+            if let (Some(d), "gpu") = (&device, f.backend) {
+                v["device"] = d.as_str().into();
+            }
+            println!("{v}")
+        }
         bench::Line::Figure(f) => println!("{f}"),
         bench::Line::EndToEnd(e, _) if json => println!("{}", e.figure.json()),
         bench::Line::EndToEnd(e, label) => println!(
@@ -539,7 +548,11 @@ fn bench(settings: &bench::Settings, json: bool) -> Result<ExitCode, Error> {
             megabytes(e.input_bytes as f64),
             e.peak_rss.map_or("n/a".into(), |r| megabytes(r as f64))
         ),
-        bench::Line::Say(_) if json => {}
+        bench::Line::Say(text) if json => {
+            if text.starts_with("gpu (") {
+                device = Some(text);
+            }
+        }
         bench::Line::Say(text) => println!("{text}"),
     })?;
     Ok(ExitCode::SUCCESS)
