@@ -73,6 +73,7 @@ mod error;
 pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
 mod hub;
+mod json;
 mod model;
 mod names;
 pub mod repo;

@@ -15,23 +15,7 @@ use super::{Checkpoint, Listing};
 use crate::error::{Error, Result, Rule};
 use crate::gguf::{GgmlType, Headers, MetaValue, Model, Tensor};
 
-/// What a GGUF model holds besides its tensors' bytes.
-#[derive(Debug)]
-pub struct Gguf {
-    /// GGUF version (2 or 3).
-    pub version: u32,
-    /// Its metadata (the first file's).
-    pub metadata: Vec<(String, MetaValue)>,
-    /// Each tensor's ggml type and logical shape (row-major).
-    pub tensors: BTreeMap<String, (GgmlType, Vec<usize>)>,
-}
-
-impl Gguf {
-    /// A metadata value.
-    pub fn get(&self, key: &str) -> Option<&MetaValue> {
-        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
-    }
-}
+pub use crate::gguf::Gguf;
 
 /// The safetensors dtype a ggml type is stored as itself in, if any.
 fn plain(ty: GgmlType) -> Option<Dtype> {

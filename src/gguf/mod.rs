@@ -1,6 +1,6 @@
 //! GGUF files (llama.cpp, gguf-py): the container, memory-mapped, split
 //! files (`NAME-00001-of-00003.gguf`) joined. A checkpoint reads a model
-//! through it ([`crate::checkpoint::Gguf`]); the formats decode its blocks.
+//! through it ([`Gguf`]); the formats decode its blocks.
 
 pub(crate) mod hf;
 mod parse;
@@ -94,6 +94,25 @@ impl fmt::Display for MetaValue {
                 f.write_str(if items.len() > 3 { ", …]" } else { "]" })
             }
         }
+    }
+}
+
+/// What a GGUF model holds besides its tensors' bytes (a checkpoint's
+/// account of it).
+#[derive(Debug)]
+pub struct Gguf {
+    /// GGUF version (2 or 3).
+    pub version: u32,
+    /// Its metadata (the first file's).
+    pub metadata: Vec<(String, MetaValue)>,
+    /// Each tensor's ggml type and logical shape (row-major).
+    pub tensors: std::collections::BTreeMap<String, (GgmlType, Vec<usize>)>,
+}
+
+impl Gguf {
+    /// A metadata value.
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 }
 

@@ -125,7 +125,7 @@ pub(super) fn convert<'a>(
     // As transformers writes them: keys sorted, indented by two, a newline
     // at the end.
     for (name, v) in [("config.json", &config), ("generation_config.json", &generation)] {
-        let mut text = crate::writer::json_text(name, v)?;
+        let mut text = crate::json::file(name, v)?;
         text.push(b'\n');
         c.files.push((name.to_string(), text));
     }

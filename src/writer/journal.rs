@@ -216,7 +216,7 @@ impl Journal {
                 ..summary.clone()
             },
         };
-        super::json::text(&finished).map_err(|e| {
+        crate::json::text(&finished).map_err(|e| {
             Error::new(crate::error::Rule::Internal, &self.dir, format!("record: {e}"))
         })
     }

@@ -1,12 +1,12 @@
 //! How the dense output is split into files, and what is written beside
 //! them: the shard files' headers, the index, `config.json`, the summary.
 
-use std::path::Path;
 
 use super::header::{self, safetensors_header};
-use super::{json, parts, Summary};
+use super::{parts, Summary};
+use crate::json::file as json_text;
 use crate::checkpoint::INDEX_FILE;
-use crate::error::{Error, Result, Rule};
+use crate::error::Result;
 use crate::plan::{Output, Plan, Source};
 
 /// One safetensors file of the dense output: its header, then its tensors'
@@ -157,12 +157,6 @@ pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(
     }
     files.extend(plan.generated.iter().cloned());
     Ok(files)
-}
-
-/// JSON as Python's `json.dump(v, f, indent=2)` writes it.
-pub(crate) fn json_text(name: &str, v: &impl serde::Serialize) -> Result<Vec<u8>> {
-    json::text(v)
-        .map_err(|e| Error::new(Rule::Io, Path::new(name), "cannot write JSON").caused_by(e))
 }
 
 pub(super) fn total_bytes(shards: &[ShardFile<'_, '_>]) -> u64 {

@@ -10,7 +10,6 @@
 
 mod header;
 mod journal;
-pub mod json;
 mod key;
 mod layout;
 mod parts;
@@ -26,7 +25,6 @@ use std::sync::Arc;
 
 pub use header::safetensors_header;
 use layout::{all_file_names, total_bytes, weight_map};
-pub(crate) use layout::json_text;
 pub use layout::{json_files, shard_files, ShardFile};
 pub(crate) use layout::part_shards;
 pub use parts::{merge_index, Merged, PART_SUFFIX};
@@ -436,7 +434,7 @@ pub(crate) fn run_json_files(
             weight_map: weight_map(shards),
         };
         let name = format!("{}{PART_SUFFIX}", only[0].trim_end_matches(".safetensors"));
-        let text = json_text(&name, &part)?;
+        let text = crate::json::file(&name, &part)?;
         json.insert(0, (name, text));
     }
     Ok(json)

@@ -164,7 +164,7 @@ pub fn merge_index(out: &Path) -> Result<Merged> {
     }
     let index = Index::new(total, weight_map);
     let tmp = out.join(format!(".{INDEX_FILE}.tmp"));
-    let text = super::json::text(&index)
+    let text = crate::json::text(&index)
         .context(Rule::Io, "cannot write JSON")
         .with_file(&tmp)?;
     fs::write(&tmp, &text).map_err(|e| Error::io(&tmp, "cannot write", e))?;

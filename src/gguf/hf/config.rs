@@ -8,8 +8,8 @@
 use serde_json::{json, Map, Value};
 
 use super::Arch;
-use crate::checkpoint::Gguf;
 use crate::error::{Error, Result, Rule};
+use crate::gguf::Gguf;
 use crate::gguf::MetaValue;
 use crate::numerics::OutDtype;
 

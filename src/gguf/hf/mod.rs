@@ -5,8 +5,8 @@
 
 pub(crate) mod config;
 
-use crate::checkpoint::Gguf;
 use crate::error::{Error, Result, Rule};
+use crate::gguf::Gguf;
 
 /// What transformers makes of one GGUF architecture.
 #[derive(Debug)]

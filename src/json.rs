@@ -8,8 +8,21 @@ use std::io::{self, Write};
 
 use serde_json::ser::{Formatter, PrettyFormatter};
 
+/// [`text`] of file `name`'s contents, an error naming it when `v` cannot
+/// be written.
+pub(crate) fn file(name: &str, v: &impl serde::Serialize) -> crate::error::Result<Vec<u8>> {
+    text(v).map_err(|e| {
+        crate::error::Error::new(
+            crate::error::Rule::Io,
+            std::path::Path::new(name),
+            "cannot write JSON",
+        )
+        .caused_by(e)
+    })
+}
+
 /// `v` as Python's `json.dumps(v, indent=2)`.
-pub fn text(v: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
+pub(crate) fn text(v: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(&mut out, Python(PrettyFormatter::new()));
     v.serialize(&mut ser)?;
@@ -19,7 +32,7 @@ pub fn text(v: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
 /// Python's `repr` of a finite float: the shortest digits that read back
 /// as `x`, in fixed notation when the decimal point falls within 16 digits
 /// of them, else as `d.ddde±XX`.
-pub fn python_float(x: f64) -> String {
+pub(crate) fn python_float(x: f64) -> String {
     // Rust's `{:e}` gives the same shortest digits: `d.ddde<exp>`.
     let sci = format!("{:e}", x.abs());
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
