@@ -1013,3 +1013,93 @@ fn blocked_fields_gpu_equals_cpu() {
         );
     });
 }
+
+/// Every code of every code kind the fast kernels decode by formula rather
+/// than by table (4- and 8-bit offset binary, two's complement, E2M1 and
+/// E4M3 with their subnormals, zeros and NaN), each in every position of
+/// a word: the GPU's values are the CPU's table, byte for byte, in f32 and
+/// bf16, through the fast kernel.
+#[test]
+fn every_code_by_formula_equals_the_cpu_table() {
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let twos = |bits: u32| move |k: u8| ((k as i32) << (32 - bits) >> (32 - bits)) as f32;
+        let kinds: [(&str, u32, Box<dyn Fn(u8) -> f32>); 6] = [
+            ("int4 offset", 4, Box::new(|k| k as f32 - 8.0)),
+            ("int4 two's complement", 4, Box::new(twos(4))),
+            ("int8 offset", 8, Box::new(|k| k as f32 - 128.0)),
+            ("int8 two's complement", 8, Box::new(twos(8))),
+            ("e2m1", 4, Box::new(wgpu_dequant::numerics::e2m1)),
+            ("e4m3", 8, Box::new(wgpu_dequant::numerics::e4m3)),
+        ];
+        for (name, bits, value) in kinds {
+            // Every byte in each of a word's four places: each code of a
+            // 4-bit kind in all eight nibbles too.
+            let d = Dims {
+                slices: 1,
+                rows: 4,
+                cols: 256 * 8 / bits as usize,
+            };
+            let codes: Vec<u8> = (0..4u32)
+                .flat_map(|r| (0..=255u8).map(move |b| b.rotate_left(r)))
+                .collect();
+            let scale: Vec<u8> = (0..d.rows).flat_map(|_| 0x3f80u16.to_le_bytes()).collect();
+            for out in [OutDtype::F32, OutDtype::Bf16] {
+                let job = DecodeJob {
+                    dims: d,
+                    codes: Fields {
+                        data: codes.as_slice().into(),
+                        bits,
+                        per_word: 0,
+                        interleaved: false,
+                        lane_bits: d.cols as u64 * bits as u64,
+                        word_bits: 32,
+                        slice_bits: (d.rows * d.cols) as u64 * bits as u64,
+                        high_first: false,
+                        blocks: None,
+                    },
+                    code_values: (0..1u32 << bits).map(|k| value(k as u8)).collect(),
+                    scale: Some(Values {
+                        data: scale.as_slice().into(),
+                        kind: ValueKind::Bf16,
+                        grid: Grid {
+                            row_div: 1,
+                            col_div: d.cols,
+                            row_stride: 1,
+                            slice_stride: 0,
+                        },
+                    }),
+                    ..int4_job(d, &codes, &scale, out)
+                };
+                let want = Cpu::new().decode(&job).unwrap();
+                if out == OutDtype::F32 {
+                    // The CPU writes the table itself (scale 1).
+                    for (i, w) in want.chunks_exact(4).enumerate() {
+                        let byte = codes[i * bits as usize / 8];
+                        let code = match bits {
+                            4 => (byte >> (4 * (i % 2))) & 15,
+                            _ => byte,
+                        };
+                        let v = value(code);
+                        let got = f32::from_le_bytes(w.try_into().unwrap());
+                        assert!(
+                            got.to_bits() == v.to_bits() || (got.is_nan() && v.is_nan()),
+                            "{name} code {code}"
+                        );
+                    }
+                }
+                let before = decoder.dispatches();
+                let mut got = vec![0u8; want.len()];
+                decoder.decode_rows(&job, 0..d.rows, &mut got).unwrap();
+                assert!(
+                    got == want,
+                    "{name} -> {out}: the GPU's values differ from the CPU's"
+                );
+                assert!(
+                    decoder.dispatches().fast > before.fast,
+                    "{name}: not the fast kernel"
+                );
+            }
+        }
+    });
+}
