@@ -1023,14 +1023,15 @@ fn blocked_fields_gpu_equals_cpu() {
 fn every_code_by_formula_equals_the_cpu_table() {
     gpu_test(|adapter| {
         let decoder = GpuDecoder::open(&adapter).unwrap();
-        let twos = |bits: u32| move |k: u8| ((k as i32) << (32 - bits) >> (32 - bits)) as f32;
-        let kinds: [(&str, u32, Box<dyn Fn(u8) -> f32>); 6] = [
-            ("int4 offset", 4, Box::new(|k| k as f32 - 8.0)),
-            ("int4 two's complement", 4, Box::new(twos(4))),
-            ("int8 offset", 8, Box::new(|k| k as f32 - 128.0)),
-            ("int8 two's complement", 8, Box::new(twos(8))),
-            ("e2m1", 4, Box::new(wgpu_dequant::numerics::e2m1)),
-            ("e4m3", 8, Box::new(wgpu_dequant::numerics::e4m3)),
+        let kinds: [(&str, u32, fn(u8) -> f32); 6] = [
+            ("int4 offset", 4, |k| k as f32 - 8.0),
+            ("int4 two's complement", 4, |k| {
+                ((k as i32) << 28 >> 28) as f32
+            }),
+            ("int8 offset", 8, |k| k as f32 - 128.0),
+            ("int8 two's complement", 8, |k| k as i8 as f32),
+            ("e2m1", 4, wgpu_dequant::numerics::e2m1),
+            ("e4m3", 8, wgpu_dequant::numerics::e4m3),
         ];
         for (name, bits, value) in kinds {
             // Every byte in each of a word's four places: each code of a
