@@ -1023,7 +1023,8 @@ fn blocked_fields_gpu_equals_cpu() {
 fn every_code_by_formula_equals_the_cpu_table() {
     gpu_test(|adapter| {
         let decoder = GpuDecoder::open(&adapter).unwrap();
-        let kinds: [(&str, u32, fn(u8) -> f32); 6] = [
+        type Table = fn(u8) -> f32;
+        let kinds: [(&str, u32, Table); 6] = [
             ("int4 offset", 4, |k| k as f32 - 8.0),
             ("int4 two's complement", 4, |k| {
                 ((k as i32) << 28 >> 28) as f32
