@@ -73,9 +73,9 @@ lines = [f"GPU report, {report['date']}, commit {commit}, {', '.join(devices) or
          "| decoding | GB/s | baseline | GB/s | ratio |", "|---|---|---|---|---|"]
 for f in decode:
     lines.append(f"| {f['case']} | {f['gbps']:.3g} | {f['baseline']} | {f['baseline_gbps']:.3g} | {f['ratio']:.2f} |")
-lines += ["", "| product | m | GB/s | baseline | GB/s | ratio |", "|---|---|---|---|---|---|"]
+lines += ["", "| product | m | GB/s | baseline | GB/s | ratio | a dispatch, µs |", "|---|---|---|---|---|---|---|"]
 for f in gemv:
-    lines.append(f"| {f['case']} | {f['m']} | {f['gbps']:.3g} | {f['baseline']} | {f['baseline_gbps']:.3g} | {f['ratio']:.2f} |")
+    lines.append(f"| {f['case']} | {f['m']} | {f['gbps']:.3g} | {f['baseline']} | {f['baseline_gbps']:.3g} | {f['ratio']:.2f} | {f.get('dispatch_us', 0):.1f} |")
 (out / "gpu-report.md").write_text("\n".join(lines) + "\n")
 print(f"{len(decode)} decoding and {len(gemv)} product figures on {', '.join(devices)}")
 PY

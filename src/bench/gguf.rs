@@ -113,6 +113,7 @@ pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<V
                 baseline_seconds: s,
                 m: None,
                 baseline_bytes: None,
+                dispatch_seconds: None,
             });
         }
     }
@@ -160,6 +161,7 @@ pub(crate) fn gpu(
             baseline_seconds: copy,
             m: None,
             baseline_bytes: None,
+            dispatch_seconds: None,
         });
     }
     Ok(figures)

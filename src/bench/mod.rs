@@ -48,6 +48,9 @@ pub struct Figure {
     /// Bytes the baseline handles, when not `bytes` (a product's baseline
     /// reads other bytes).
     pub baseline_bytes: Option<u64>,
+    /// A one-workgroup dispatch's time, measured in the same turns (a
+    /// product's): the fixed cost every dispatch pays, whatever it reads.
+    pub dispatch_seconds: Option<f64>,
 }
 
 impl Figure {
@@ -81,6 +84,9 @@ impl Figure {
         if let Some(m) = self.m {
             line["m"] = m.into();
         }
+        if let Some(d) = self.dispatch_seconds {
+            line["dispatch_us"] = (d * 1e6).into();
+        }
         line
     }
 }
@@ -100,7 +106,11 @@ impl std::fmt::Display for Figure {
             self.baseline,
             self.baseline_gbps(),
             self.ratio()
-        )
+        )?;
+        match self.dispatch_seconds {
+            Some(d) => write!(f, "   (a dispatch: {:.1} µs)", d * 1e6),
+            None => Ok(()),
+        }
     }
 }
 
@@ -568,6 +578,7 @@ pub(crate) fn cpu_kernels(
                 baseline_seconds: copy,
                 m: None,
                 baseline_bytes: None,
+                dispatch_seconds: None,
             });
             let zero_points = matches!(layout, Layout::Gptq | Layout::Awq);
             for base in straight
@@ -590,6 +601,7 @@ pub(crate) fn cpu_kernels(
                     baseline_seconds: s,
                     m: None,
                     baseline_bytes: None,
+                    dispatch_seconds: None,
                 });
             }
         }
@@ -644,6 +656,7 @@ fn against_copy(
         baseline_seconds: copy,
         m: None,
         baseline_bytes: None,
+        dispatch_seconds: None,
     })
 }
 
@@ -691,6 +704,7 @@ pub(crate) fn gpu_kernels(
                     baseline_seconds: upload,
                     m: None,
                     baseline_bytes: None,
+                    dispatch_seconds: None,
                 });
             }
         }
@@ -785,11 +799,15 @@ pub(crate) fn gpu_gemv(
                 let mut ours = Batch::of(decoder, &packed, Product::Decoded, io)?;
                 let mut read = Batch::of(decoder, &packed, Product::Read, io)?;
                 let mut plain = Batch::of(decoder, &dense, Product::Decoded, io)?;
-                let [ours, read, plain] = best_in_turns(
+                let mut empty = Batch::of(decoder, &packed, Product::Overhead, io)?;
+                let [ours, read, plain, empty] = best_in_turns(
                     runs,
-                    [&mut || ours.seconds(), &mut || read.seconds(), &mut || {
-                        plain.seconds()
-                    }],
+                    [
+                        &mut || ours.seconds(),
+                        &mut || read.seconds(),
+                        &mut || plain.seconds(),
+                        &mut || empty.seconds(),
+                    ],
                 )?;
                 let x_bytes = (4 * m * k) as u64;
                 let what = format!("{name} {n}x{k}");
@@ -802,6 +820,7 @@ pub(crate) fn gpu_gemv(
                     baseline_seconds: seconds,
                     m: Some(m),
                     baseline_bytes: Some(baseline_bytes),
+                    dispatch_seconds: Some(empty),
                 };
                 show(figure(
                     "read kernel, same bytes and geometry",
@@ -1319,6 +1338,7 @@ pub(crate) fn end_to_end(
             baseline_seconds: baseline,
             m: None,
             baseline_bytes: None,
+            dispatch_seconds: None,
         },
         input_bytes,
         peak_rss: peak,

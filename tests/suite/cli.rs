@@ -578,7 +578,8 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
                     "gbps",
                     "baseline",
                     "baseline_gbps",
-                    "ratio"
+                    "ratio",
+                    "device"
                 ]
             );
             assert_eq!(l["backend"], "gpu", "{l}");
@@ -599,7 +600,8 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
 
 /// `bench --gemv --json`: for every fast format and every M, one line
 /// against the read kernel and one against the dense bf16 product, with
-/// `m`, ratios that are the baseline's time over ours, and the device.
+/// `m`, ratios that are the baseline's time over ours, a one-workgroup
+/// dispatch's time measured beside them, and the device.
 #[test]
 fn bench_gemv_lines_have_both_baselines_for_every_m() {
     gpu_test(|_| {
@@ -655,6 +657,7 @@ fn bench_gemv_lines_have_both_baselines_for_every_m() {
                     "baseline_gbps",
                     "ratio",
                     "m",
+                    "dispatch_us",
                     "device"
                 ]
             );
@@ -666,6 +669,7 @@ fn bench_gemv_lines_have_both_baselines_for_every_m() {
                 l["ratio"].as_f64(),
             );
             assert!(g > Some(0.0) && b > Some(0.0) && r > Some(0.0), "{l}");
+            assert!(l["dispatch_us"].as_f64() > Some(0.0), "{l}");
         }
     });
 }
