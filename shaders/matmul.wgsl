@@ -737,3 +737,8 @@ fn product_t(wid: vec3<u32>, li: u32, sg: Subgroup) {
     }
     gemv_sum(acc, li, lane, lanes, local0, m0);
 }
+
+// The bench's empty dispatch (Product::Overhead): one workgroup, bound as
+// the products are, that does nothing; what a dispatch costs by itself.
+@compute @workgroup_size(1)
+fn gemv_empty() {}

@@ -48,8 +48,9 @@ pub struct Figure {
     /// Bytes the baseline handles, when not `bytes` (a product's baseline
     /// reads other bytes).
     pub baseline_bytes: Option<u64>,
-    /// A one-workgroup dispatch's time, measured in the same turns (a
-    /// product's): the fixed cost every dispatch pays, whatever it reads.
+    /// An empty dispatch's time (one workgroup that does nothing, bound as
+    /// the product), measured in the same turns: the fixed cost every
+    /// dispatch pays, whatever it reads.
     pub dispatch_seconds: Option<f64>,
 }
 

@@ -194,8 +194,9 @@ pub(crate) enum Product {
     Decoded,
     /// The packed words summed as numbers (the bench's read baseline).
     Read,
-    /// One workgroup of the read kernel: what a dispatch costs whatever it
-    /// does (the bench reports it beside each product's time).
+    /// One workgroup that does nothing, with the product's bindings: what
+    /// a dispatch costs whatever it does (the bench reports it beside each
+    /// product's time).
     Overhead,
 }
 
@@ -417,6 +418,8 @@ impl GpuDecoder {
                     ("WIDE", wide as f64),
                     ("UNROLL", g.unroll as f64),
                 ]);
+                // The same module and constants, so the same bindings.
+                let entry = if product == Product::Overhead { "gemv_empty" } else { entry };
                 if entry != "gemv_dense" {
                     constants.extend([
                         ("READ", flag(product == Product::Read)),
@@ -538,10 +541,7 @@ impl GpuDecoder {
             };
             let variant = Variant {
                 weights: part.weights,
-                product: match product {
-                    Product::Overhead => Product::Read,
-                    other => other,
-                },
+                product,
                 mt,
                 x4,
                 aligned: part.aligned,
