@@ -40,7 +40,7 @@ started=$(date +%s)
 step() { echo "gpu-report: $1 ($(($(date +%s) - started)) s)" >&2; }
 
 step "building"
-cargo build --locked --quiet "${profile[@]}" --bin wgpu-dequant
+cargo build --locked --quiet "${profile[@]}" --features bench --bin wgpu-dequant
 step "GPU tests"
 cargo test --locked --quiet "${profile[@]}" --test suite -- "${tests[@]}" 2>&1 | tail -3 >&2
 step "decoding"

@@ -38,7 +38,7 @@
 #![warn(unreachable_pub, unnameable_types)]
 
 /// Declares modules that only the integration tests, the fuzz targets and
-/// `bench` reach into: public with the non-default `testing` feature
+/// the benchmarks reach into: public with the non-default `testing` feature
 /// (hidden from the docs), private otherwise. Their items are `pub` for
 /// that feature's sake, so the reachability lints do not apply without it.
 macro_rules! internal {
@@ -67,6 +67,8 @@ internal! {
     mod writer;
 }
 
+/// The benchmarks `wgpu-dequant bench` runs (the `bench` feature).
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod bench;
 mod error;

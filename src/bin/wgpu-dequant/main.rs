@@ -1,5 +1,7 @@
 //! The `wgpu-dequant` command line.
 
+#[cfg_attr(not(feature = "bench"), path = "no_bench.rs")]
+mod bench;
 mod signals;
 
 use std::path::{Path, PathBuf};
@@ -7,7 +9,6 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use wgpu_dequant::bench;
 use wgpu_dequant::{
     BackendChoice, ConvertTo, Dequantize, Download, DtypeChoice, Error, Merged, Note, OutDtype,
     Progress, Rule, Validation,
@@ -118,55 +119,8 @@ enum Command {
         quiet: bool,
     },
     /// Measure decode speed against memcpy / a copy shader / file writes of the same bytes.
-    Bench {
-        /// Rows of the benchmark weights.
-        #[arg(long, default_value_t = 8192)]
-        rows: usize,
-        /// Columns of the benchmark weight (a multiple of 128).
-        #[arg(long, default_value_t = 8192)]
-        cols: usize,
-        /// Runs of each measurement; the best is kept.
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-        runs: u32,
-        /// Also time `dequantize` end to end on a generated checkpoint of
-        /// this many GB of bf16 output.
-        #[arg(long, value_parser = positive_gb)]
-        e2e_gb: Option<f64>,
-        /// The end-to-end checkpoint: square 4096x8192 g128 weights, a MoE
-        /// release's many small experts over 8 shards, or one huge tensor.
-        #[arg(long, default_value = "square", value_parser = parse_shape)]
-        e2e_shape: bench::Shape,
-        /// An existing directory where the end-to-end checkpoint is generated
-        /// (and removed after).
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// What to measure: cpu, gpu (any adapter), or auto (the CPU, and a
-        /// hardware GPU when there is one).
-        #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
-        backend: BackendArg,
-        /// Only the kernel cases whose name contains this text, e.g.
-        /// `gptq` (the straight int4 cases, with and without zero points, stay
-        /// as the baselines of the input-packed ones).
-        #[arg(long, default_value = "")]
-        only: String,
-        /// One JSON object per figure and line: backend, case, gbps,
-        /// baseline, baseline_gbps, ratio (and m for --gemv).
-        #[arg(long)]
-        json: bool,
-        /// Products with packed weights on the GPU (y = x·Wᵀ for 1 to 64
-        /// rows of x) against a read kernel of the same bytes and a dense
-        /// bf16 product, instead of decoding.
-        #[arg(long)]
-        gemv: bool,
-        /// The `[out, in]` shapes --gemv multiplies by, e.g. `4096x14336`
-        /// (repeatable; default: 4096x4096, 4096x14336, 14336x4096, 2048x768).
-        #[arg(long, value_parser = parse_gemv_shape)]
-        gemv_shape: Vec<(usize, usize)>,
-        /// The rows of x --gemv multiplies with (repeatable; default: 1, 4,
-        /// 16, 64).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
-        gemv_m: Vec<u32>,
-    },
+    #[cfg_attr(not(feature = "bench"), command(hide = true))]
+    Bench(bench::Args),
     /// Check every rule; exit 0 when clean, 3 with findings.
     Validate {
         #[command(flatten)]
@@ -256,13 +210,6 @@ impl From<BackendArg> for BackendChoice {
     }
 }
 
-fn positive_gb(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(gb) if gb > 0.0 && gb.is_finite() => Ok(gb),
-        _ => Err(format!("{s:?} is not a positive number of GB")),
-    }
-}
-
 fn main() -> ExitCode {
     quiet_window_system_probe();
     let cli = Cli::parse();
@@ -316,40 +263,7 @@ fn main() -> ExitCode {
             json_failure(json, done)
         }
         Command::MergeIndex { dir } => merge_index(&dir),
-        Command::Bench {
-            rows,
-            cols,
-            runs,
-            e2e_gb,
-            e2e_shape,
-            dir,
-            backend,
-            only,
-            json,
-            gemv,
-            gemv_shape,
-            gemv_m,
-        } => bench(
-            &bench::Settings {
-                rows,
-                cols,
-                runs: runs as usize,
-                e2e: e2e_gb.map(|gb| (gb, e2e_shape, dir)),
-                backend: backend.into(),
-                only,
-                gemv: gemv.then(|| bench::Gemv {
-                    shapes: match gemv_shape.is_empty() {
-                        true => bench::GEMV_SHAPES.to_vec(),
-                        false => gemv_shape,
-                    },
-                    ms: match gemv_m.is_empty() {
-                        true => bench::GEMV_MS.to_vec(),
-                        false => gemv_m.into_iter().map(|m| m as usize).collect(),
-                    },
-                }),
-            },
-            json,
-        ),
+        Command::Bench(args) => bench::run(args),
         Command::Convert {
             path,
             output,
@@ -528,36 +442,6 @@ fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-fn bench(settings: &bench::Settings, json: bool) -> Result<ExitCode, Error> {
-    // The device the GPU figures were measured on (the line that precedes
-    // them), named in each of their JSON lines.
-    let mut device: Option<String> = None;
-    bench::run(settings, |line| match line {
-        bench::Line::Figure(f) if json => {
-            let mut v = f.json();
-            if let (Some(d), "gpu") = (&device, f.backend) {
-                v["device"] = d.as_str().into();
-            }
-            println!("{v}")
-        }
-        bench::Line::Figure(f) => println!("{f}"),
-        bench::Line::EndToEnd(e, _) if json => println!("{}", e.figure.json()),
-        bench::Line::EndToEnd(e, label) => println!(
-            "{} [{label}; input {}; peak RSS {}]",
-            e.figure,
-            megabytes(e.input_bytes as f64),
-            e.peak_rss.map_or("n/a".into(), |r| megabytes(r as f64))
-        ),
-        bench::Line::Say(text) if json => {
-            if text.starts_with("gpu (") {
-                device = Some(text);
-            }
-        }
-        bench::Line::Say(text) => println!("{text}"),
-    })?;
-    Ok(ExitCode::SUCCESS)
-}
-
 /// Bytes for people, in decimal units as everywhere in this tool's output.
 fn megabytes(bytes: f64) -> String {
     if bytes >= 1e9 {
@@ -721,20 +605,4 @@ fn parse_part(s: &str) -> Result<(usize, usize), String> {
         return Err(bad());
     }
     Ok((i, n))
-}
-
-fn parse_gemv_shape(s: &str) -> Result<(usize, usize), String> {
-    let dims = s
-        .split_once('x')
-        .and_then(|(n, k)| Some((n.parse().ok()?, k.parse().ok()?)));
-    match dims {
-        Some((n, k)) if n > 0 && k > 0 && k % 2 == 0 => Ok((n, k)),
-        _ => Err(format!(
-            "{s:?} is not OUTxIN with positive sizes and an even IN"
-        )),
-    }
-}
-
-fn parse_shape(s: &str) -> Result<bench::Shape, String> {
-    s.parse().map_err(|e: Error| e.detail)
 }
