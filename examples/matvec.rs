@@ -2,7 +2,7 @@
 //! multiply a vector by every quantized Linear of the sample checkpoint
 //! straight from its packs (the dense weight is never made), and print the
 //! largest difference to the CPU reference, which must stay within the
-//! bound the crate guarantees (README, "Products with packed weights").
+//! bound the crate guarantees (docs/apps.md, "Products with packed weights").
 //!
 //! ```sh
 //! cargo run --release --example matvec [PATH]

@@ -19,7 +19,8 @@ fi
 out=${1:-target/gpu-report}
 mkdir -p "$out"
 export WGPU_DEQUANT_REQUIRE_GPU=1
-# Mesa's device-select layer probes X and Wayland otherwise (see README).
+# Mesa's device-select layer probes X and Wayland otherwise (see docs/cli.md,
+# "Backends").
 export NODEVICE_SELECT=1
 
 if $quick; then

@@ -1,7 +1,7 @@
 """Writes a four-layer Llama GGUF file of ~111 MB dense bf16 (hidden 1024,
 16 heads / 4 KV heads, FFN 2304, vocabulary 8192; every Linear, the
 embedding and the head Q4_K, norms F32; random Q4_K blocks with f16 scales
-around 1e-2, the public fixture's tokenizer): the model the README's
+around 1e-2, the public fixture's tokenizer): the model docs/performance.md's
 GGUF speed figure is measured on. Needs `pip install gguf==0.19.0 numpy`.
 
     python tests/gguf/make_release_model.py OUT_DIR

@@ -2,7 +2,7 @@
 //! every output name is one of the names transformers' own dense
 //! checkpoints use (a table per architecture below), with their shapes, and
 //! every expert is there. (`tests/transformers/check_load.py` loads them in
-//! transformers itself; see the README.)
+//! transformers itself; see docs/formats.md, "MoE releases".)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -3,7 +3,7 @@
 Fails unless transformers reports no missing, unexpected or mismatched
 keys; with --reference, also unless the logits on a fixed input equal the
 reference checkpoint's bit for bit. Needs torch and transformers (not part
-of CI: see the README).
+of CI: see docs/formats.md, "MoE releases").
 
     python tests/transformers/check_load.py DENSE [--reference REF]
 """
