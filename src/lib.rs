@@ -103,3 +103,14 @@ pub use writer::{
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub use {backend::Backend, checkpoint::Checkpoint, formats::Format, job::DecodeJob, plan::Plan};
+
+/// The README's Rust blocks, compiled and run as doctests so that they stay
+/// true (`no_run` ones compiled only); docs/ pages with Rust blocks below.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+/// docs/apps.md's Rust blocks, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/apps.md")]
+struct AppsDoctests;

@@ -12,6 +12,7 @@ mod bnb;
 mod cli;
 mod config_variants;
 mod convert;
+mod docs;
 mod fixtures;
 mod fp8_family;
 mod gguf;
