@@ -50,4 +50,11 @@ if ! "$tools/bin/wasm-bindgen" --version 2>/dev/null | grep -q " $version\$"; th
 fi
 "$tools/bin/wasm-bindgen" --target web --out-dir web/pkg --out-name wgpu_dequant \
     "$CARGO_TARGET_DIR/$target/$out_dir/wgpu_dequant_web.wasm"
-ls -l web/pkg/wgpu_dequant.js web/pkg/wgpu_dequant_bg.wasm
+# The npm package: web/pkg as `npm pack web/pkg` packs it (`npm install
+# wgpu-dequant`); its types are wasm-bindgen's .d.ts of the JS API.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' web/Cargo.toml | head -1)
+cp LICENSE-MIT LICENSE-APACHE web/pkg/
+# docs/browser.md without its screenshot, which stays in the repository.
+sed '/screenshot\.png/d' docs/browser.md > web/pkg/README.md
+sed "s/@VERSION@/$version/" web/package.template.json > web/pkg/package.json
+ls -l web/pkg/wgpu_dequant.js web/pkg/wgpu_dequant.d.ts web/pkg/wgpu_dequant_bg.wasm

@@ -20,6 +20,9 @@ import puppeteer from 'puppeteer-core';
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const cli = process.env.WGPU_DEQUANT_BIN || path.join(root, 'target/debug/wgpu-dequant');
 const chromium = process.env.CHROMIUM || '/usr/bin/chromium';
+// The package's module as the pages import it: the npm package installed
+// into a project (web/test.sh), or the built one.
+const pkg = process.env.WGPU_DEQUANT_MODULE || '/web/pkg/wgpu_dequant.js';
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'wgpu-dequant-web-'));
 let failures = 0;
 
@@ -132,11 +135,12 @@ try {
   const page = await browser.newPage();
   page.on('pageerror', (e) => console.log(`page error: ${e.message}`));
   await page.goto(`${base}/web/blank.html`);
-  await page.evaluate(async () => {
-    const m = await import('/web/pkg/wgpu_dequant.js');
+  await page.evaluate(async (pkg) => {
+    const m = await import(pkg);
     await m.default();
     window.wd = m;
-  });
+  }, pkg);
+  console.log(`the package: ${pkg}`);
   const info = await page.evaluate(() => window.wd.adapterInfo());
   check(info !== null, `a WebGPU adapter: ${JSON.stringify(info)}`);
 
@@ -456,8 +460,8 @@ try {
   try {
     const p = await plain.newPage();
     await p.goto(`${base}/web/blank.html`);
-    const got = await p.evaluate(async (names) => {
-      const m = await import('/web/pkg/wgpu_dequant.js');
+    const got = await p.evaluate(async (names, pkg) => {
+      const m = await import(pkg);
       await m.default();
       const files = new Map();
       for (const n of names) files.set(n, await (await fetch(`/assets/sample-w4a16/${n}`)).blob());
@@ -476,7 +480,7 @@ try {
       out.files = {};
       for (const [name, blob] of dense) out.files[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
       return out;
-    }, filesOf(sample));
+    }, filesOf(sample), pkg);
     check(got.info === null, `no WebGPU: adapterInfo() is null (${JSON.stringify(got.info)})`);
     check(got.gpuRule === 'GPU-001', `no WebGPU: backend 'gpu' is refused: ${got.gpu}`);
     check(got.notes.length === 1 && JSON.stringify(sorted(got.files)) === JSON.stringify(sorted(want.files)),

@@ -77,7 +77,7 @@ static void copy_file(const char *from, const char *to, long cut) {
 
 int main(int argc, char **argv) {
     if (argc != 4) { fprintf(stderr, "usage: test SAMPLE_DIR GGUF_FILE SCRATCH_DIR\n"); return 2; }
-    /* What the README asks of a headless app that probes GPU adapters: keep
+    /* What docs/cli.md ("Backends") asks of a headless app that probes GPU adapters: keep
        Mesa's device-select layer from looking for a window system. */
     setenv("NODEVICE_SELECT", "1", 0);
     const char *sample = argv[1], *gguf = argv[2];
