@@ -1,8 +1,9 @@
-//! Decode quantized weight packs stored in safetensors checkpoints
-//! (compressed-tensors, NVIDIA ModelOpt NVFP4, DeepSeek-style FP8, AutoAWQ,
-//! GPTQ, bitsandbytes (NF4/FP4, LLM.int8), GPT-OSS MXFP4, SVDQuant) to dense
-//! bf16 / f16 / f32, on the CPU or on any GPU wgpu reaches, with the same
-//! bytes.
+//! Decode quantized checkpoints to dense bf16 / f16 / f32, byte-identical
+//! to each producer's own dequantizer, on the CPU or on any GPU wgpu
+//! reaches, with the same bytes: safetensors from compressed-tensors,
+//! ModelOpt, Quark, fbgemm, DeepSeek-style FP8, AutoAWQ, GPTQ, bitsandbytes
+//! (NF4/FP4, LLM.int8), GPT-OSS and SVDQuant, MLX checkpoints, and GGUF
+//! files (as the Hugging Face model transformers makes of them).
 //!
 //! A whole checkpoint to a dense one on disk ([`Dequantize`] takes every
 //! setting of the command line, a progress callback and a canceller):
