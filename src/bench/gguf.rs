@@ -30,7 +30,7 @@ const GPU_TYPES: [GgmlType; 6] = [
 ];
 
 /// Output bytes mapped and decoded at a time, as the writer's pieces.
-const PIECE_BYTES: usize = 8 << 20;
+const PIECE_BYTES: usize = 64 << 20;
 
 /// Random blocks of `ty` for `rows × cols`, their f16 scales (at each
 /// block's `d`, and `dmin` where there is one) about 0.01.

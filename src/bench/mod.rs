@@ -849,15 +849,27 @@ const BATCH: Duration = Duration::from_millis(5);
 /// model's layers do one token after another.
 const COLD: u64 = 512 << 20;
 
+/// Copies of a weight a batch cycles through, at most.
+const MAX_COPIES: u64 = 1024;
+
+/// Bytes under which even [`MAX_COPIES`] copies stay in a GPU's last-level
+/// cache (50 MB on an H100): there the copies cannot make a batch cold,
+/// only slow to set up (a tiny shape took 1024 uploads per format), so a
+/// batch cycles through one.
+const WARM: u64 = 64 << 20;
+
 /// `first` and, on a `fast` device, as many more copies from `upload` as
-/// make [`COLD`] bytes (at most 1024 in all).
+/// make [`COLD`] bytes (at most [`MAX_COPIES`] in all, and none where even
+/// those would fit in a cache: [`WARM`]).
 fn copies(
     first: crate::backend::gpu::PackedLinear,
     fast: bool,
     mut upload: impl FnMut() -> Result<crate::backend::gpu::PackedLinear>,
 ) -> Result<Vec<crate::backend::gpu::PackedLinear>> {
-    let count = match fast {
-        true => COLD.div_ceil(first.gpu_bytes().max(1)).min(1024),
+    let bytes = first.gpu_bytes().max(1);
+    let count = COLD.div_ceil(bytes).min(MAX_COPIES);
+    let count = match fast && count * bytes >= WARM {
+        true => count,
         false => 1,
     };
     let mut all = vec![first];
