@@ -1,12 +1,10 @@
 //! GGUF's common K-quants (Q4_K, Q6_K) as `dequantize` decodes them: the
 //! scales of each run of rows computed on the host, the codes read where
 //! they lie in the blocks by the backend, against the straight int4 job of
-//! the same shape (CPU) and the copy shader of that int4 job (GPU), in the
-//! same run.
+//! the same shape (CPU) and the copy shader of the same pieces (GPU), in
+//! the same run.
 
-use super::{
-    best, best_of_turns, case_name, copy_seconds, kernel_name, line_aligned, Figure, Layout, Weight,
-};
+use super::{best_of_turns, case_name, kernel_name, line_aligned, Figure, Layout, Weight};
 use crate::backend::gpu::GpuDecoder;
 use crate::backend::{Backend, Cpu};
 use crate::error::{Error, Result, Rule};
@@ -122,7 +120,8 @@ pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<V
 
 /// The GPU figures: each common type (its scales mapped on the host, its
 /// codes read in the blocks, decoded into GPU buffers) against the copy
-/// shader of the straight int4 job of its shape.
+/// shader of the same pieces, mapped the same way (the same uploads, reads
+/// and writes, the same geometry, no decoding), in turns.
 pub(crate) fn gpu(
     decoder: &GpuDecoder,
     (rows, cols): (usize, usize),
@@ -137,25 +136,28 @@ pub(crate) fn gpu(
     {
         let data = blocks(ty, rows, cols);
         let out = OutDtype::Bf16;
-        let base = Weight::random(Layout::Int4, rows, cols, 7);
-        let base = base.job(out);
-        let copy = copy_seconds(decoder, &base, "int4", runs, wait)?;
-        let before = decoder.dispatches();
-        let decode = best(runs, || {
+        let run = |copy: bool| {
             pieces(ty, &data, (rows, cols), out, |job, _| {
-                let buf = decoder.decode_to_buffer(job)?;
+                let buf = match copy {
+                    true => decoder.copy_baseline(job).ok_or_else(|| {
+                        Error::bare(Rule::Gpu, format!("bench: no fast kernel for {ty}"))
+                    })??,
+                    false => decoder.decode_to_buffer(job)?,
+                };
                 wait()?;
                 buf.destroy();
                 Ok(())
             })
-        })?;
+        };
+        let before = decoder.dispatches();
+        let (decode, copy) = best_of_turns(runs, || run(false), || run(true))?;
         figures.push(Figure {
             backend: "gpu",
             what: format!(
                 "gguf {ty} → {out}, scales mapped on the host a piece at a time ({})",
                 kernel_name(before, decoder.dispatches())
             ),
-            baseline: "copy shader of the straight int4 job".into(),
+            baseline: "copy shader of the same pieces, same geometry".into(),
             bytes: (rows * cols * out.size()) as u64,
             seconds: decode,
             baseline_seconds: copy,
