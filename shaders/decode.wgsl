@@ -789,21 +789,58 @@ fn grid_index(g: Grid, slice: u32, rg: u32, group: u32) -> u32 {
     return slice * g.slice_stride + rg * g.row_stride + group;
 }
 
+// Code words an invocation decodes in turn along its row, all in one scale
+// (and zero-point) group: their lookups are made once (Fast::words).
+override WORDS: u32 = 1u;
+
 @compute @workgroup_size(WG)
 fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     load_codes(li);
     let t = gid.x + gid.y * p.row_threads;
-    let local = div_small(t, p.words_per_row);
+    // p.words_per_row counts words (the products read it so); an
+    // invocation takes WORDS of them.
+    let runs = (p.words_per_row + WORDS - 1u) / WORDS;
+    let local = div_small(t, runs);
     if (local >= p.fast_rows) {
         return;
     }
-    let col0 = (t - local * p.words_per_row) * PER;
+    let first = (t - local * runs) * WORDS * PER;
     let flat = p.first_row + local;
     let k = div_small(p.row0 + local, p.rows);
     let slice = p.slice0 + k;
     let row = p.row0 + local - k * p.rows;
-    let o = local * p.cols + col0;
 
+    // One scale and zero point for the whole run.
+    var s = 1.0;
+    var g = 0u;
+    if (SCALED && !COPY) {
+        g = div_small(first, p.sgrid.col_div);
+        s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
+    }
+    var z = 0.0;
+    if (!COPY && ZERO == ZERO_PACKED) {
+        // A field of a dense stream whose width divides 32 never crosses a word.
+        let b = row * BITS;
+        let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
+            + (b >> 5u) * p.zero.word_bits + (b & 31u);
+        z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
+    } else if (!COPY && zero_grid()) {
+        let zg = div_small(first, p.zgrid.col_div);
+        z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
+    }
+    for (var w = 0u; w < WORDS; w = w + 1u) {
+        let col0 = first + w * PER;
+        if (col0 >= p.cols) {
+            return;
+        }
+        fast_word(slice, row, col0, flat, local * p.cols + col0, z, s);
+    }
+}
+
+// The codes of the word from col0 on, decoded with scale `s` and zero
+// point `z` and written at output element `o` (COPY: the word written
+// as often as decoding writes).
+fn fast_word(slice: u32, row: u32, col0: u32, flat: u32, o: u32, z: f32, s: f32) {
     // The 32 bits of codes from col0 on.
     var word: u32;
     if (BLOCKED) {
@@ -824,25 +861,6 @@ fn fast(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
             dst[p.out_base + at + i] = word;
         }
         return;
-    }
-
-    // One scale and zero point for the whole word.
-    var s = 1.0;
-    var g = 0u;
-    if (SCALED) {
-        g = div_small(col0, p.sgrid.col_div);
-        s = value_as(p.sgrid, fast_index(p.sgrid, slice, row, g), SKIND);
-    }
-    var z = 0.0;
-    if (ZERO == ZERO_PACKED) {
-        // A field of a dense stream whose width divides 32 never crosses a word.
-        let b = row * BITS;
-        let zp = p.zero.base + slice * p.zero.slice_bits + g * p.zero.lane_bits
-            + (b >> 5u) * p.zero.word_bits + (b & 31u);
-        z = code_value((src[zp >> 5u] >> (zp & 31u)) & ((1u << BITS) - 1u));
-    } else if (zero_grid()) {
-        let zg = div_small(col0, p.zgrid.col_div);
-        z = value_as(p.zgrid, fast_index(p.zgrid, slice, row, zg), ZKIND);
     }
     // A whole word (nearly always) takes a loop of constant length.
     if (n == PER) {
