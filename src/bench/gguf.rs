@@ -4,7 +4,9 @@
 //! the same shape (CPU) and the copy shader of the same pieces (GPU), in
 //! the same run.
 
-use super::{best_of_turns, case_name, kernel_name, line_aligned, Figure, Layout, Weight};
+use super::{
+    best_of_turns, case_name, copy_once, kernel_name, line_aligned, Figure, Layout, Weight,
+};
 use crate::backend::gpu::GpuDecoder;
 use crate::backend::{Backend, Cpu};
 use crate::error::{Error, Result, Rule};
@@ -138,12 +140,11 @@ pub(crate) fn gpu(
         let out = OutDtype::Bf16;
         let run = |copy: bool| {
             pieces(ty, &data, (rows, cols), out, |job, _| {
-                let buf = match copy {
-                    true => decoder.copy_baseline(job).ok_or_else(|| {
-                        Error::bare(Rule::Gpu, format!("bench: no fast kernel for {ty}"))
-                    })??,
-                    false => decoder.decode_to_buffer(job)?,
-                };
+                let name = format!("gguf {ty}");
+                if copy {
+                    return copy_once(decoder, job, &name, wait);
+                }
+                let buf = decoder.decode_to_buffer(job)?;
                 wait()?;
                 buf.destroy();
                 Ok(())

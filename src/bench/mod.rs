@@ -610,28 +610,25 @@ pub(crate) fn cpu_kernels(
     Ok(figures)
 }
 
-/// The copy shader of `job`'s fast-kernel geometry (named `name`): best of
-/// `runs`, in seconds.
-fn copy_seconds(
+/// One run of the copy shader of `job`'s fast-kernel geometry (`job`
+/// named `name`), waited for.
+fn copy_once(
     decoder: &GpuDecoder,
     job: &DecodeJob<'_>,
     name: &str,
-    runs: usize,
     wait: &dyn Fn() -> Result<()>,
-) -> Result<f64> {
-    best(runs, || {
-        let buf = decoder
-            .copy_baseline(job)
-            .ok_or_else(|| Error::bare(Rule::Gpu, format!("bench: no fast kernel for {name}")))??;
-        wait()?;
-        buf.destroy();
-        Ok(())
-    })
+) -> Result<()> {
+    let buf = decoder
+        .copy_baseline(job)
+        .ok_or_else(|| Error::bare(Rule::Gpu, format!("bench: no fast kernel for {name}")))??;
+    wait()?;
+    buf.destroy();
+    Ok(())
 }
 
 /// `job` decoded into a GPU buffer (upload included) against the copy
-/// shader of the same geometry, best of `runs` each; the figure names the
-/// kernel that ran.
+/// shader of the same geometry, best of `runs` each, taken in turns; the
+/// figure names the kernel that ran.
 fn against_copy(
     decoder: &GpuDecoder,
     job: &DecodeJob<'_>,
@@ -639,14 +636,17 @@ fn against_copy(
     runs: usize,
     wait: &dyn Fn() -> Result<()>,
 ) -> Result<Figure> {
-    let copy = copy_seconds(decoder, job, name, runs, wait)?;
     let before = decoder.dispatches();
-    let decode = best(runs, || {
-        let buf = decoder.decode_to_buffer(job)?;
-        wait()?;
-        buf.destroy();
-        Ok(())
-    })?;
+    let (decode, copy) = best_of_turns(
+        runs,
+        || {
+            let buf = decoder.decode_to_buffer(job)?;
+            wait()?;
+            buf.destroy();
+            Ok(())
+        },
+        || copy_once(decoder, job, name, wait),
+    )?;
     let kernel = kernel_name(before, decoder.dispatches());
     Ok(Figure {
         backend: "gpu",
