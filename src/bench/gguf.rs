@@ -1,4 +1,4 @@
-//! GGUF's common K-quants (Q4_K, Q6_K) as `dequantize` decodes them: the
+//! GGUF's common types as `dequantize` decodes them: the
 //! scales of each run of rows computed on the host, the codes read where
 //! they lie in the blocks by the backend, against the straight int4 job of
 //! the same shape (CPU) and the copy shader of the same pieces (GPU), in

@@ -7,8 +7,10 @@
 //!   no readback), against a copy shader with the fast kernel's dispatch
 //!   geometry that uploads and reads the same input and writes as many
 //!   output bytes.
-//! - GGUF's Q4_K and Q6_K (`gguf`): mapped and decoded a piece at a time as
-//!   `dequantize` does, against the straight int4 job of the same shape.
+//! - GGUF (`gguf`): mapped and decoded a piece at a time as `dequantize`
+//!   does; on the CPU Q4_K and Q6_K against the straight int4 job of the
+//!   same shape, on the GPU the common types against the copy shader of the
+//!   same pieces.
 //! - End to end: `dequantize` of a generated checkpoint on disk, against
 //!   writing (and syncing) the same number of bytes to a file.
 
