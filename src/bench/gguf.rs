@@ -14,6 +14,8 @@ use crate::formats::gguf::map_of;
 use crate::gguf::GgmlType;
 use crate::job::Dims;
 use crate::numerics::OutDtype;
+// Output bytes mapped and decoded at a time: the writer's pieces.
+use crate::writer::PIECE_BYTES;
 
 /// The types measured on the CPU.
 const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
@@ -28,9 +30,6 @@ const GPU_TYPES: [GgmlType; 6] = [
     GgmlType::Q6_K,
     GgmlType::IQ4_XS,
 ];
-
-/// Output bytes mapped and decoded at a time, as the writer's pieces.
-const PIECE_BYTES: usize = 64 << 20;
 
 /// Random blocks of `ty` for `rows × cols`, their f16 scales (at each
 /// block's `d`, and `dmin` where there is one) about 0.01.
@@ -138,9 +137,9 @@ pub(crate) fn gpu(
     {
         let data = blocks(ty, rows, cols);
         let out = OutDtype::Bf16;
+        let name = format!("gguf {ty}");
         let run = |copy: bool| {
             pieces(ty, &data, (rows, cols), out, |job, _| {
-                let name = format!("gguf {ty}");
                 if copy {
                     return copy_once(decoder, job, &name, wait);
                 }

@@ -30,6 +30,7 @@ pub(crate) use layout::part_shards;
 pub use parts::{merge_index, Merged, PART_SUFFIX};
 use pipeline::write_shard;
 pub use pipeline::row_pieces;
+pub(crate) use pipeline::PIECE_BYTES;
 pub use journal::Journal;
 pub(crate) use journal::record_name;
 use key::job_key;

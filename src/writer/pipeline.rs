@@ -18,7 +18,7 @@ use crate::plan::{Output, Source};
 /// the backend decodes ahead. Pieces of 8 MB rather than 32 keep the four
 /// stages overlapping on a small model (a 106 MB one: 0.10-0.12 s against
 /// 0.15-0.17 s whole, on two cores) and a fifth of the memory touched.
-const PIECE_BYTES: usize = 8 << 20;
+pub(crate) const PIECE_BYTES: usize = 8 << 20;
 
 /// A piece's decoded bytes, starting on a cache line: the CPU's kernels
 /// write whole lines of large outputs around the caches, which needs them
