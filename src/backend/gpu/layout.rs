@@ -542,8 +542,8 @@ impl Fast {
     /// their lookups (an index in f32 arithmetic and a read each) are made
     /// once a run. On llvmpipe (`bench --backend gpu`, 4096²) that took
     /// GGUF's Q5_K, two lookups a word of 4 codes, from 0.61 of the copy
-    /// shader to 0.94, and int4 g128 with zero points to bf16 from 0.63 to
-    /// 0.91.
+    /// shader to 0.82, and int4 g128 with zero points to bf16 from 0.61-0.68
+    /// to 0.91.
     fn words_of(job: &DecodeJob<'_>, per: usize) -> u32 {
         let d = job.dims;
         let zero = match &job.zero {
