@@ -1,7 +1,9 @@
 //! A GGUF file's tokenizer metadata (`tokenizer.ggml.*`,
-//! `tokenizer.chat_template`) as the Hugging Face tokenizer files
-//! transformers 5.25 writes for the same file: `AutoTokenizer.from_pretrained(
-//! dir, gguf_file=...)` then `save_pretrained`.
+//! `tokenizer.chat_template`) as Hugging Face tokenizer files that load into
+//! the tokenizer transformers 5.25 builds in memory for the same file
+//! (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`): the files its
+//! `save_pretrained` writes, except where those would load into another
+//! tokenizer (step 6).
 //!
 //! transformers builds the tokenizer in steps, and which token gets which id
 //! depends on their order (a token missing from the vocabulary is appended
@@ -21,7 +23,12 @@
 //! 5. the class the architecture loads (`TokenizersBackend`,
 //!    `Qwen2Tokenizer`, `GemmaTokenizer`, `GPT2Tokenizer`) adds the file's bos/eos/unk/pad
 //!    (and Gemma's `<mask>`) when not added yet, and sets the post-processor
-//!    from `add_bos_token`/`add_eos_token`.
+//!    from `add_bos_token`/`add_eos_token`;
+//! 6. `tokenizer_config.json` names that class only when loading
+//!    tokenizer.json through it gives this tokenizer back (`names_class`),
+//!    else `TokenizersBackend`, which takes tokenizer.json as it is. A byte-level
+//!    gemma3 file saved by transformers names `GemmaTokenizer`, whose reload
+//!    is SentencePiece-shaped and cannot encode ("Unk token `None` not found").
 
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
@@ -144,7 +151,8 @@ pub(crate) fn hf_files(
         .filter(|&(t, &ty)| ty == USER_DEFINED && vocab.contains_key(*t))
         .map(|(t, _)| AddedToken::from(*t, false).normalized(false));
     add(&mut tokenizer, false, user_defined.collect::<Vec<_>>())?;
-    if let Some(split) = meta.string("tokenizer.ggml.pre")?.and_then(split_regex) {
+    let split = meta.string("tokenizer.ggml.pre")?.and_then(split_regex);
+    if let Some(split) = split {
         let split = Split::new(
             SplitPattern::Regex(split.to_owned()),
             SplitDelimiterBehavior::Isolated,
@@ -187,6 +195,7 @@ pub(crate) fn hf_files(
     let post = post_processor(&tokenizer, bos, eos)?;
     tokenizer.with_post_processor(Some(post));
 
+    let keeps_class = names_class(class, architecture, builder, split.is_some());
     let json = tokenizer
         .to_string(true)
         .map_err(|e| Error::bare(Rule::Internal, format!("tokenizer.json: {e}")))?;
@@ -194,7 +203,7 @@ pub(crate) fn hf_files(
         ("tokenizer.json".to_owned(), json.into_bytes()),
         (
             "tokenizer_config.json".to_owned(),
-            tokenizer_config(class, &named).into_bytes(),
+            tokenizer_config(class, keeps_class, &named).into_bytes(),
         ),
     ];
     if let Some(template) = meta.string("tokenizer.chat_template")? {
@@ -275,6 +284,16 @@ fn post_processor(
         .map_err(|e| bad(format!("special token: {e}")))
 }
 
+/// Whether `tokenizer_config.json` names `class` rather than
+/// `TokenizersBackend`: when the class reloads to the same tokenizer, or
+/// when the name changes nothing because transformers picks the class by
+/// model type whatever the file says (`MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`;
+/// of ours only qwen2 gets a class other than `TokenizersBackend` so). A
+/// qwen2 output then reloads with NFC, which the in-memory tokenizer lacks.
+fn names_class(class: Class, architecture: &str, builder: Builder, split: bool) -> bool {
+    class.reloads(builder, split) || architecture == "qwen2"
+}
+
 /// The tokenizer class transformers loads for an architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
@@ -307,6 +326,33 @@ impl Class {
         })
     }
 
+    /// Whether transformers, loading our tokenizer.json through this class,
+    /// gets the tokenizer built here. A class with its own `__init__` takes
+    /// only the vocabulary and merges from the file
+    /// (`convert_to_native_format`) and makes its own normalizer,
+    /// pre-tokenizer, decoder and unk around them.
+    fn reloads(self, builder: Builder, split: bool) -> bool {
+        match self {
+            Class::Backend => true,
+            // Gemma's SentencePiece, split on spaces: the Gemma builder's.
+            Class::Gemma => builder == Builder::Gemma && !split,
+            // Byte-level, split by GPT-2's regex: the byte-level builder's
+            // when `tokenizer.ggml.pre` names no regex of its own.
+            Class::Gpt2 => builder == Builder::ByteLevel && !split,
+            // An NFC normalizer, which no GGUF builder has.
+            Class::Qwen2 => false,
+        }
+    }
+
+    /// The side the class pads on (`padding_side`), which a
+    /// `TokenizersBackend` loaded in its place must be told.
+    fn padding_side(self) -> &'static str {
+        match self {
+            Class::Gemma => "left",
+            Class::Backend | Class::Qwen2 | Class::Gpt2 => "right",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Class::Backend => "TokenizersBackend",
@@ -320,7 +366,9 @@ impl Class {
 /// `tokenizer_config.json` as `save_pretrained` writes it: sorted keys, two
 /// spaces. `is_local` and `local_files_only` are what transformers records
 /// for a tokenizer loaded from a local folder, which the reference was.
-fn tokenizer_config(class: Class, named: &[(&str, Option<&str>)]) -> String {
+/// When the class does not reload to the same tokenizer the file names
+/// `TokenizersBackend`, with the class's arguments and padding side.
+fn tokenizer_config(class: Class, keeps_class: bool, named: &[(&str, Option<&str>)]) -> String {
     let text = |t: Option<&str>| serde_json::to_string(&t).unwrap_or_else(|_| "null".into());
     let mut fields: Vec<(&str, String)> = vec![
         ("backend", text(Some("tokenizers"))),
@@ -328,8 +376,12 @@ fn tokenizer_config(class: Class, named: &[(&str, Option<&str>)]) -> String {
         ("local_files_only", "false".into()),
         // int(1e30), as transformers writes VERY_LARGE_INTEGER.
         ("model_max_length", "1000000000000000019884624838656".into()),
-        ("tokenizer_class", text(Some(class.name()))),
     ];
+    let written = if keeps_class { class } else { Class::Backend };
+    fields.push(("tokenizer_class", text(Some(written.name()))));
+    if class.padding_side() != written.padding_side() {
+        fields.push(("padding_side", text(Some(class.padding_side()))));
+    }
     fields.extend(named.iter().map(|&(n, t)| (n, text(t))));
     match class {
         Class::Qwen2 => fields.push(("add_prefix_space", "null".into())),

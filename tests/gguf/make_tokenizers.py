@@ -3,27 +3,49 @@
 needs to make a config, and one tiny F32 tensor), what transformers makes of
 its tokenizer (`AutoTokenizer.from_pretrained(dir, gguf_file=...)` then
 `save_pretrained`: every file it writes, under `expected/`), and the ids it
-encodes a fixed set of texts to, special tokens added (`ids.json`).
+encodes a fixed set of texts to, special tokens added, with what it decodes
+them to (`ids.json`; the held-out texts are marked).
+
+The in-memory tokenizer is the reference, not the saved files: a class with
+its own `__init__` (GemmaTokenizer, Qwen2Tokenizer, GPT2Tokenizer) reloads
+only the vocabulary and merges of tokenizer.json and rebuilds the rest its
+own way, so for some files its reload encodes differently or fails (a
+byte-level gemma3 file: "Unk token `None` not found"). Each case reloads the
+saved files the way a user of the dense output does (beside the file's
+config.json) and compares ids, decoded text and padding side with the
+in-memory tokenizer; where they differ, `expected/tokenizer_config.json`
+names TokenizersBackend (which takes tokenizer.json as it is) and keeps the
+class's padding side, and that reload must then agree. Only a model type
+for which transformers loads its own class whatever the file says
+(`MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`: qwen2) may still differ: its
+saved files stay, and `source.json` says on which texts the reload differs
+(Qwen2Tokenizer's NFC; all of them for a SentencePiece vocabulary).
 
 Cases: byte-level BPE (`tokenizer.ggml.model` "gpt2", the tokenizer of
 tests/gguf/gguf-q4_k-llama) under each architecture that reads it, with the
 pre-tokenizer names that pick a split regex; SentencePiece ("llama": scores,
 token types, byte pieces, no merges) for llama (with a chat template) and phi3;
 Gemma's SentencePiece for gemma2 and gemma3; starcoder2 (GPT2Tokenizer), stablelm,
-falcon and nemotron. Needs transformers 5.25, torch,
-gguf-py (the venv at /tmp/tfenv):
+falcon and nemotron; and every other pairing of a vocabulary kind with an
+architecture's tokenizer class: byte-level BPE under gemma2, gemma3 (some
+byte symbols missing from its vocabulary) and nemotron, GPT2Tokenizer with a
+split regex, SentencePiece under qwen2, qwen3, qwen2moe, qwen3moe,
+starcoder2, stablelm and falcon: each architecture with each vocabulary
+kind. Needs transformers 5.25, torch, gguf-py (e.g. a venv at /work/venv):
 
-    /tmp/tfenv/bin/python tests/gguf/make_tokenizers.py
+    /work/venv/bin/python tests/gguf/make_tokenizers.py
 """
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import gguf
 import transformers
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, TokenizersBackend
+from transformers.models.auto.tokenization_auto import MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "tokenizers"
@@ -56,6 +78,28 @@ TEXTS = [
     "▁already▁metaspace ▁",
     "  ",
     " ",
+]
+
+# Not looked at while writing the converter: special tokens glued to text and
+# to each other, characters and control bytes outside every vocabulary here,
+# long runs of whitespace, text that is not in NFC.
+HELD_OUT = [
+    "a" + " " * 40 + "b",
+    "\n" * 25 + "x" + "\r\n" * 6,
+    "\t" * 9 + " \t " * 5 + "end",
+    " " * 33,
+    "    indented\n        code  \n\t\treturn",
+    "cafe\u0301 n\u0303 A\u030a \u1e9b\u0323",
+    "\u00df \u03c8 \U0001f980 \u2126 \u0436 \u2744 \U0001d518 \ufffd",
+    "\x00\x01\x02\x7f\x1b[0m \x08",
+    "<|im_end|><|im_start|>x<|endoftext|><|endoftext|>",
+    "<s><s></s> <unk>x<unk>",
+    "<bos><eos><pad><mask><unk> <start_of_turn><end_of_turn>",
+    "<think>\n\n</think>\n\n",
+    "text<|im_start|>  spaced  <|im_end|>  ",
+    "\u2581\u2581\u2581 \u2581 \u2581\u2581",
+    "<0x41><0x0A> [multimodal] <unused0>",
+    "12345678 000 3.0e-12",
 ]
 
 LLAMA_TEMPLATE = (
@@ -168,13 +212,77 @@ def write_case(name, arch, tok):
 
     t = AutoTokenizer.from_pretrained(str(d), gguf_file="model.gguf")
     t.save_pretrained(str(d / "expected"))
-    ids = [{"text": s, "ids": t(s, add_special_tokens=True)["input_ids"]} for s in TEXTS]
-    (d / "ids.json").write_text(json.dumps(ids, ensure_ascii=False, indent=1) + "\n")
+    ids = []
+    for text in TEXTS + HELD_OUT:
+        item = {"text": text, "ids": t(text, add_special_tokens=True)["input_ids"]}
+        item["decoded"] = t.decode(item["ids"])
+        if text in HELD_OUT:
+            item["held_out"] = True
+        ids.append(item)
+    # One text a line: the file stays small and its diffs readable.
+    lines = ",\n".join(json.dumps(item, ensure_ascii=False) for item in ids)
+    (d / "ids.json").write_text(f"[\n{lines}\n]\n")
     info = {"architecture": arch, "class": type(t).__name__, "transformers": transformers.__version__}
+    info.update(check_reload(d, t))
     (d / "source.json").write_text(json.dumps(info, indent=1) + "\n")
     size = path.stat().st_size
     assert size < 100_000, (name, size)
     print(name, type(t).__name__, len(tok["tokens"]), "tokens", size, "bytes")
+
+
+def reloaded(d):
+    """What a user of the dense output gets: AutoTokenizer on the expected
+    files beside the config.json transformers makes of the file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(d / "expected", tmp, dirs_exist_ok=True)
+        AutoConfig.from_pretrained(str(d), gguf_file="model.gguf").save_pretrained(tmp)
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def differences(t, d):
+    """Where the reload of `d/expected` differs from the in-memory tokenizer `t`."""
+    try:
+        r = reloaded(d)
+    except Exception as e:  # a reload that fails differs everywhere
+        return [f"load: {e}"]
+    out = [] if r.padding_side == t.padding_side else ["padding_side"]
+    for text in TEXTS + HELD_OUT:
+        want = t(text, add_special_tokens=True)["input_ids"]
+        try:
+            got = r(text, add_special_tokens=True)["input_ids"]
+        except Exception as e:
+            got = str(e)
+        same = got == want and all(
+            r.decode(want, skip_special_tokens=skip) == t.decode(want, skip_special_tokens=skip)
+            for skip in (False, True)
+        )
+        if not same:
+            out.append(text)
+    return out
+
+
+def check_reload(d, t):
+    """Names TokenizersBackend in expected/tokenizer_config.json where the
+    saved class reloads to another tokenizer (see the module's notes)."""
+    first = differences(t, d)
+    if not first:
+        return {"written_class": type(t).__name__}
+    path = d / "expected" / "tokenizer_config.json"
+    saved = path.read_text()
+    config = json.loads(saved)
+    config["tokenizer_class"] = "TokenizersBackend"
+    if type(t).padding_side != TokenizersBackend.padding_side:
+        config["padding_side"] = type(t).padding_side
+    path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    still = differences(t, d)
+    if not still:
+        return {"written_class": "TokenizersBackend", "saved_class_reload_differs_on": first}
+    # Only where transformers picks the class by model type whatever the file
+    # says; the class named then changes nothing, so the saved file stays.
+    model_type = AutoConfig.from_pretrained(str(d), gguf_file="model.gguf").model_type
+    assert model_type in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, (d.name, still)
+    path.write_text(saved)
+    return {"written_class": type(t).__name__, "reload_differs_on": still}
 
 
 def main():
@@ -218,6 +326,26 @@ def main():
                     flags={"add_bos_token": False}))
     write_case("gpt2-falcon", "falcon",
                dict(base, pre="falcon", ids={"bos_token_id": eot, "eos_token_id": eot}))
+    write_case("gpt2-nemotron", "nemotron",
+               dict(base, pre="gpt-2", ids={"bos_token_id": eot, "eos_token_id": eot}))
+    # GPT2Tokenizer's reload splits with GPT-2's regex, not llama3's; merges
+    # of digits show it ("12345": 123|45 against 1234|5).
+    digits = dict(base, tokens=base["tokens"] + ["12", "123", "1234"], types=base["types"] + [NORMAL] * 3,
+                  merges=base["merges"] + ["1 2", "12 3", "123 4"])
+    write_case("gpt2-starcoder2-split", "starcoder2",
+               dict(digits, pre="llama-bpe", ids={"bos_token_id": eot, "eos_token_id": eot}))
+    # Byte-level BPE under Gemma's class (GemmaTokenizer's reload is
+    # SentencePiece-shaped). gemma3's vocabulary lacks the byte symbols of
+    # 0x00..0x08, has Gemma's named tokens, and adds BOS.
+    write_case("gpt2-gemma2", "gemma2",
+               dict(base, pre="gpt-2", ids={"bos_token_id": eot, "eos_token_id": eot}))
+    g_tokens = base["tokens"][9:] + ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+    g_types = base["types"][9:] + [CONTROL, CONTROL, USER_DEFINED, USER_DEFINED]
+    write_case("gpt2-gemma3", "gemma3",
+               dict(base, pre="gpt-2", tokens=g_tokens, types=g_types,
+                    ids={"bos_token_id": g_tokens.index("<bos>"), "eos_token_id": g_tokens.index("<eos>"),
+                         "padding_token_id": g_tokens.index("<|endoftext|>")},
+                    flags={"add_bos_token": True}, chat_template=GEMMA_TEMPLATE))
 
     # SentencePiece, llama's specials; <0x..> bytes; a user-defined piece.
     tokens, scores, types = spm_vocab(
@@ -233,6 +361,10 @@ def main():
     write_case("spm-nemotron", "nemotron", dict(spm, ids=dict(spm["ids"], padding_token_id=0)))
     write_case("spm-phi3", "phi3", dict(spm, chat_template=LLAMA_TEMPLATE,
                                          ids=dict(spm["ids"], padding_token_id=2)))
+    # SentencePiece under the byte-level classes (Qwen2Tokenizer,
+    # GPT2Tokenizer) and the other TokenizersBackend architectures.
+    for arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe", "starcoder2", "stablelm", "falcon"):
+        write_case(f"spm-{arch}", arch, spm)
 
     # Gemma: <pad> <eos> <bos> <unk>, turn tokens, spaces stored as spaces.
     tokens, scores, types = spm_vocab(
