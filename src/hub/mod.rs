@@ -4,7 +4,8 @@
 //! and whole files go into the Hugging Face cache, checked against the
 //! size and SHA-256 the Hub states, where Python finds them too.
 //!
-//! A path that exists locally always wins over an id.
+//! A path that exists locally always wins over an id, and one that can
+//! only be meant as a path is never looked up ([`input`]).
 
 mod cache;
 mod http;
@@ -37,7 +38,9 @@ pub(crate) enum Input {
 
 /// `path` as a local path, or as a Hub id (`ORG/NAME[@REV][:QUANT]`) when
 /// nothing exists there; `gguf_file` (`--gguf-file`) names one GGUF model
-/// of a folder or repository that holds several.
+/// of a folder or repository that holds several. A path that exists
+/// nowhere is a local error, without a request, when it can only be meant
+/// as a path ([`meant_local`]); an id the Hub cannot serve says both.
 pub(crate) fn input(path: &Path, gguf_file: Option<&str>) -> Result<Input> {
     if path.exists() {
         return match gguf_file {
@@ -48,9 +51,66 @@ pub(crate) fn input(path: &Path, gguf_file: Option<&str>) -> Result<Input> {
             None => Ok(Input::Local(path.to_path_buf())),
         };
     }
-    match path.to_str().and_then(RepoId::parse_tagged) {
-        Some((id, tag)) => Remote::open(id, tag.as_deref(), gguf_file),
-        None => Ok(Input::Local(path.to_path_buf())),
+    let id = path.to_str().and_then(RepoId::parse_tagged);
+    match (meant_local(path), id) {
+        (None, Some((id, tag))) => Remote::open(id, tag.as_deref(), gguf_file),
+        (why, _) => {
+            let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
+            Err(Error::new(
+                Rule::Io,
+                path,
+                format!("no such file or directory{why}"),
+            ))
+        }
+    }
+}
+
+/// File names a path that ends in one of them is taken for a file: the
+/// checkpoints' and their sidecars' own (a dot in a Hub name, as in
+/// `Llama-3.1-8B`, is no extension).
+const FILE_EXTENSIONS: &[&str] = &[
+    "safetensors",
+    "gguf",
+    "json",
+    "yaml",
+    "yml",
+    "bin",
+    "pt",
+    "pth",
+    "ckpt",
+    "md",
+    "txt",
+];
+
+/// Why `path`, which does not exist, can only be meant as a local path
+/// (it starts with `./`, `../`, `/` or `~`, ends in a file extension, or
+/// its first component exists here), so that it is never looked up on the
+/// Hub; `None` for what may be a Hub id.
+fn meant_local(path: &Path) -> Option<String> {
+    let text = path.to_string_lossy();
+    let text = text.split(':').next().unwrap_or_default();
+    let prefixes = ["./", "../", "/", "~", ".\\", "..\\", "\\"];
+    if text == "." || text == ".." || prefixes.iter().any(|p| text.starts_with(p)) {
+        return Some("a path, not a Hub id".into());
+    }
+    let ext = Path::new(text).extension().and_then(|e| e.to_str());
+    if let Some(ext) = ext.filter(|e| FILE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())) {
+        return Some(format!("a .{ext} file, not a Hub id"));
+    }
+    let first = Path::new(text).components().next()?;
+    let more = Path::new(text).components().count() > 1;
+    (more && Path::new(first.as_os_str()).exists()).then(|| {
+        let first = first.as_os_str().to_string_lossy();
+        format!("{first} exists here, so this is a path, not a Hub id")
+    })
+}
+
+/// `e`, a Hub id's refusal by the Hub (or by the cache, offline), saying
+/// that no local path has that name either.
+fn unserved(e: Error) -> Error {
+    Error {
+        detail: format!("no such local path; the Hub: {}", e.detail),
+        ..e
     }
 }
 
@@ -140,7 +200,7 @@ impl Remote {
                     "HF_HUB_OFFLINE is set and the cache ({}) has no snapshot of it",
                     cache.root.display()
                 );
-                Error::new(Rule::Hub, &shown, detail)
+                unserved(Error::new(Rule::Hub, &shown, detail))
             })?;
             let mut names = Vec::new();
             snapshot_files(&dir, "", 0, &mut names);
@@ -165,9 +225,11 @@ impl Remote {
             .unwrap_or_else(|| repo::ENDPOINT.to_string());
         let client = Client::new(endpoint, token());
         let url = id.revision_url(&client.endpoint);
-        let (_, resp) = client.follow(false, &url, None, &shown, |_| false)?;
+        let (_, resp) = client
+            .follow(false, &url, None, &shown, |_| false)
+            .map_err(unserved)?;
         if !resp.status().is_success() {
-            return Err(http::refusal(&resp, &id.to_string(), &shown));
+            return Err(unserved(http::refusal(&resp, &id.to_string(), &shown)));
         }
         let text = resp
             .into_body()

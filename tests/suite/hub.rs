@@ -783,3 +783,62 @@ fn downloads_reported(_endpoint: &str) {
         "{reported:?}"
     );
 }
+
+/// A path that can only be meant as a path (`./`, `../`, `/`, `~`, a file
+/// extension, or a first component that exists here) and names nothing is
+/// a local error, and the Hub is never asked; an id with no local match
+/// that the Hub cannot serve says both in one line.
+#[test]
+fn paths_that_name_nothing_fail_here_without_a_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = MockHub::serve(REPO, &model(), Faults::default());
+    let cache = tmp.path().join("cache");
+    std::fs::create_dir(tmp.path().join("gguf-q4_k-llama")).unwrap();
+    let here = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = command(&hub, &cache, args, env);
+        cmd.current_dir(tmp.path()).output().unwrap()
+    };
+    for path in [
+        "gguf-q4_k-llama/modle",
+        "./org/name",
+        "../org/name",
+        "/nonexistent/org/name",
+        "~/org/name",
+        "org/model.safetensors",
+        "org/model.gguf",
+    ] {
+        let o = here(&["inspect", path], &[]);
+        error_line(&o, path, "IO-001", &[path, "no such file or directory"]);
+        let o = here(&["dequantize", path, "-o", "out"], &[]);
+        error_line(&o, path, "IO-001", &[path, "no such file or directory"]);
+        assert!(
+            !tmp.path().join("out").exists(),
+            "{path}: an output was made"
+        );
+    }
+    let o = here(&["inspect", "gguf-q4_k-llama/modle"], &[]);
+    error_line(&o, "mistyped", "IO-001", &["gguf-q4_k-llama exists here"]);
+    assert!(hub.log().is_empty(), "the Hub was asked: {:?}", hub.log());
+
+    // An id the Hub does not have, and one it cannot be asked about.
+    let o = here(&["inspect", "org/missing"], &[]);
+    error_line(
+        &o,
+        "unknown id",
+        "HUB-001",
+        &[
+            "org/missing",
+            "no such local path; the Hub: no repository org/missing",
+        ],
+    );
+    let o = here(
+        &["inspect", "org/missing"],
+        &[("HF_ENDPOINT", "http://127.0.0.1:1")],
+    );
+    error_line(
+        &o,
+        "unreachable Hub",
+        "IO-001",
+        &["org/missing", "no such local path; the Hub: cannot reach"],
+    );
+}
