@@ -107,7 +107,9 @@ pub(crate) const BATCH_BYTES: usize = 256 << 20;
 /// Opens the checkpoint in `files`: every header and sidecar is read, no
 /// tensor yet.
 pub(crate) async fn open(files: &impl Files) -> Result<Checkpoint> {
-    Checkpoint::from_listing(listing(files).await?)
+    let mut ckpt = Checkpoint::from_listing(listing(files).await?)?;
+    ckpt.name = files.name();
+    Ok(ckpt)
 }
 
 /// Every file of `files`, with the headers and sidecars read.

@@ -165,6 +165,7 @@ impl Checkpoint {
                 metadata,
                 tensors,
             }),
+            name: None,
         }
     }
 }

@@ -19,7 +19,8 @@ pub struct Listing {
 pub enum Wanted {
     /// Nothing: the file is copied or ignored.
     Nothing,
-    /// All of it (a JSON or YAML sidecar of a readable size).
+    /// All of it (a JSON or YAML sidecar, or the model card, of a
+    /// readable size).
     Whole,
     /// Its safetensors header: the first 8 bytes say how long it is
     /// ([`Listing::header_len`]).
@@ -42,6 +43,7 @@ impl Listing {
             Some("safetensors") => Wanted::Header,
             Some("gguf") => Wanted::GgufHeader,
             Some("json" | "yaml") if len <= MAX_JSON_BYTES => Wanted::Whole,
+            Some("md") if name == super::CARD && len <= super::MAX_CARD_BYTES => Wanted::Whole,
             _ => Wanted::Nothing,
         }
     }

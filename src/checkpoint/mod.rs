@@ -54,11 +54,22 @@ pub struct Checkpoint {
     misses: Mutex<BTreeSet<String>>,
     /// A GGUF model's metadata and ggml types.
     pub gguf: Option<Gguf>,
+    /// What the checkpoint is called where it was read from, when that is
+    /// not its folder: a Hub repository's pinned id (`ORG/NAME@COMMIT`,
+    /// with the GGUF file picked in it).
+    pub name: Option<String>,
 }
 
 /// Sidecar JSON files larger than this are refused rather than read: real
 /// configs and indexes are kilobytes to a few megabytes.
 const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// The model card's name: read whole (when at most [`MAX_CARD_BYTES`]),
+/// never copied as it is ([`Checkpoint::model_card`]).
+pub(crate) const CARD: &str = "README.md";
+
+/// Model cards larger than this are not read (real ones are a few kB).
+const MAX_CARD_BYTES: u64 = 1 << 20;
 
 impl Checkpoint {
     /// Opens a checkpoint directory or a single `.safetensors` file and
@@ -191,6 +202,7 @@ impl Checkpoint {
             lookup,
             misses: Mutex::default(),
             gguf: None,
+            name: None,
         };
         ckpt.check_index()?;
         Ok(ckpt)
@@ -292,6 +304,18 @@ impl Checkpoint {
             files.push((path, name));
         }
         Ok(files)
+    }
+
+    /// The model card beside the checkpoint ([`CARD`], UTF-8, at most 1
+    /// MiB); `None` when there is none or it cannot be read, and for a
+    /// GGUF file or a single `.safetensors` file, whose folder's card may
+    /// be another model's.
+    pub(crate) fn model_card(&self) -> Option<String> {
+        if self.single_file || self.gguf.is_some() {
+            return None;
+        }
+        let bytes = self.files.read_small(CARD, MAX_CARD_BYTES)?;
+        String::from_utf8(bytes).ok()
     }
 
     /// The file name of the shard `arg` names: a shard's file name, or a path

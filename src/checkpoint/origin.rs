@@ -117,6 +117,26 @@ impl Origin {
         Ok(Some(JsonFile { path, value }))
     }
 
+    /// Small file `name` whole, when there is one of at most `max` bytes
+    /// (inside the checkpoint, and read: a listing holds it whole only
+    /// when [`Listing::wants`] said so); `None` otherwise.
+    pub(super) fn read_small(&self, name: &str, max: u64) -> Option<Vec<u8>> {
+        match self {
+            Origin::Disk(dir) => {
+                let path = dir.join(name);
+                let meta = std::fs::metadata(&path).ok()?;
+                if !meta.is_file() || meta.len() > max || !inside(dir, &path) {
+                    return None;
+                }
+                std::fs::read(&path).ok()
+            }
+            Origin::Listed(l) => match l.files.get(name) {
+                Some((len, head)) if *len <= max && head.len() as u64 == *len => Some(head.clone()),
+                _ => None,
+            },
+        }
+    }
+
     pub(super) fn open_shard(&self, path: &Path) -> Result<Shard> {
         match self {
             Origin::Disk(_) => Shard::open(path),

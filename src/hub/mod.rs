@@ -993,6 +993,10 @@ impl crate::stream::Files for Fetcher<'_> {
         self.wake.notify_all();
     }
 
+    fn name(&self) -> Option<String> {
+        crate::stream::Files::name(self.remote)
+    }
+
     fn list(&self) -> Vec<(String, u64)> {
         crate::stream::Files::list(self.remote)
     }

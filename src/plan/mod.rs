@@ -1,6 +1,7 @@
 //! The plan: what each output tensor is and where its bytes come from, known
 //! before anything is decoded.
 
+mod card;
 mod config;
 mod experts;
 mod gguf;
@@ -177,30 +178,27 @@ impl<'a> Plan<'a> {
             }
         }
         plan.hub_names()?;
-        // Quantization sidecars are not copied; a side file linking out of
-        // the checkpoint would be: a finding.
+        // Files that describe the quantization, and the model card (made
+        // anew: `card`), are not copied; a side file linking out of the
+        // checkpoint would be: a finding.
         if !ckpt.single_file {
-            let sidecars: Vec<String> = ["hf_quant_config.json".to_string()]
-                .into_iter()
+            let sidecars: Vec<String> = card::QUANTIZATION_FILES
+                .iter()
+                .chain([&crate::checkpoint::CARD])
+                .map(|n| n.to_string())
                 .chain(
                     ckpt.svdquant_config
                         .as_ref()
                         .and_then(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())),
-                )
-                // AutoGPTQ/GPTQModel's and AutoRound's own copies of the
-                // quantization config.
-                .chain(
-                    matches!(plan.format, formats::Format::Gptq(_))
-                        .then(|| ["quantize_config.json", "quantization_config.json"])
-                        .into_iter()
-                        .flatten()
-                        .map(String::from),
                 )
                 .collect();
             match ckpt.side_files(&sidecars) {
                 Ok(files) => plan.side_files = files,
                 Err(e) => plan.errors.push(e),
             }
+        }
+        if let Some(text) = card::readme(&plan) {
+            plan.generated.push((crate::checkpoint::CARD.to_string(), text));
         }
         plan.needs = ckpt.take_misses();
         Ok(plan)

@@ -1077,19 +1077,31 @@ fn dequantize_of_a_checkpoint_of_symlinks_copies_side_files() {
         )
         .unwrap();
     }
+    // A side file the dense model keeps, linked as the others.
+    let generation = br#"{"do_sample": false}"#;
+    std::fs::write(blobs.join("blob-generation"), generation).unwrap();
+    std::os::unix::fs::symlink(
+        Path::new("../../blobs/blob-generation"),
+        model.join("generation_config.json"),
+    )
+    .unwrap();
     let out = tmp.path().join("dense");
     let o = dequantize_cpu(&model, &out, &[]);
     ok(&o, "dequantize of a symlinked checkpoint");
     config_without_quantization(&out);
     assert!(out.join("model.safetensors").is_file());
     assert!(
-        out.join("recipe.yaml").is_file(),
-        "recipe.yaml (a symlinked side file) was not copied; output has {:?}",
+        out.join("generation_config.json").is_file(),
+        "generation_config.json (a symlinked side file) was not copied; output has {:?}",
         snapshot(&out).into_iter().map(|e| e.0).collect::<Vec<_>>()
     );
     assert_eq!(
-        std::fs::read(out.join("recipe.yaml")).unwrap(),
-        std::fs::read(src.join("recipe.yaml")).unwrap()
+        std::fs::read(out.join("generation_config.json")).unwrap(),
+        generation
+    );
+    assert!(
+        !out.join("recipe.yaml").exists(),
+        "the quantization recipe was copied"
     );
 }
 

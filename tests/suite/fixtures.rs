@@ -229,7 +229,11 @@ fn sharded_output_keeps_shard_names_and_index() {
         serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
     assert!(cfg.get("quantization_config").is_none());
     assert_eq!(cfg["dtype"], "bfloat16", "the rest of config.json is kept");
-    assert!(out.join("recipe.yaml").is_file(), "side files are copied");
+    assert!(out.join("README.md").is_file(), "a model card is written");
+    assert!(
+        !out.join("recipe.yaml").exists(),
+        "a recipe describes the quantization: not copied"
+    );
     assert!(!Path::new(&out.join(".wgpu-dequant-partial")).exists());
 }
 

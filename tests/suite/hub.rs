@@ -50,11 +50,14 @@ fn dequantize_cpu(hub: &MockHub, cache: &Path, out: &str, env: &[(&str, &str)]) 
     )
 }
 
-/// Every file of a folder and its bytes (a finished run's record aside).
+/// Every file of a folder and its bytes (a finished run's record aside,
+/// and the model card, which names the source: a Hub run's and a local
+/// run's differ there alone, as `upload::` checks).
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
         .filter(|e| !crate::common::is_record(&e.as_ref().unwrap().file_name().to_string_lossy()))
+        .filter(|e| e.as_ref().unwrap().file_name() != "README.md")
         .map(|e| {
             let p = e.unwrap().path();
             (

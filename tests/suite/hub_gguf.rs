@@ -62,12 +62,15 @@ fn repository(tmp: &Path) -> PathBuf {
     dir
 }
 
-/// Every file of a folder and its bytes (a finished run's record aside).
+/// Every file of a folder and its bytes (a finished run's record aside,
+/// and the model card, which names the source: a Hub run's and a local
+/// run's differ there alone).
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| !crate::common::is_record(&p.file_name().unwrap().to_string_lossy()))
+        .filter(|p| p.file_name().is_some_and(|n| n != "README.md"))
         .map(|p| {
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
             (name, std::fs::read(&p).unwrap())

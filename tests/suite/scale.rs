@@ -408,7 +408,7 @@ fn shard_runs_then_merge_index_equal_one_plain_run() {
     let plain = tmp.path().join("plain");
     ok(&dequantize_cpu(&model, &plain, &[]), "plain dequantize");
     let want = snapshot(&plain);
-    for n in [SHARD1, SHARD2, INDEX_FILE, "config.json", "recipe.yaml"] {
+    for n in [SHARD1, SHARD2, INDEX_FILE, "config.json", "README.md"] {
         assert!(
             want.iter().any(|(name, _)| name == n),
             "test setup: the plain run wrote no {n}: {:?}",
@@ -427,7 +427,7 @@ fn shard_runs_then_merge_index_equal_one_plain_run() {
                 "config.json".to_string(),
                 SHARD2.to_string(),
                 part_name(SHARD2),
-                "recipe.yaml".to_string(),
+                "README.md".to_string(),
             ];
             v.sort();
             v
@@ -1119,7 +1119,7 @@ fn max_shard_size_above_the_output_writes_one_file() {
     );
     assert_eq!(
         names(&out),
-        ["config.json", "model.safetensors", "recipe.yaml"]
+        ["README.md", "config.json", "model.safetensors"]
     );
     let o = dequantize_cpu(
         &model,

@@ -35,7 +35,9 @@ function check(ok, what) {
   }
 }
 
-const sorted = (o) => o && Object.fromEntries(Object.entries(o).sort());
+// Dense files by name, sorted; the model card aside: a Hub run's names its
+// repository, and the CLI's of the same files in a folder names none.
+const sorted = (o) => o && Object.fromEntries(Object.entries(o).filter(([f]) => f !== 'README.md').sort());
 const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex');
 const filesOf = (dir) => fs.readdirSync(dir).filter((f) => fs.statSync(path.join(dir, f)).isFile()).sort();
 
