@@ -25,12 +25,33 @@ pub(super) const JOURNAL: &str = ".journal.json";
 /// Journals larger than this are not ours: nothing is kept.
 const MAX_JOURNAL_BYTES: u64 = 16 << 20;
 
-/// The record of a finished run in the output directory: `tag` is a
-/// `--shards` or `--part` job's (each keeps its own in a shared output).
+/// The folder of the output directory that holds the records of finished
+/// runs: huggingface_hub leaves its own metadata there, and `hf upload`
+/// (`upload_folder`, `upload_large_folder`) never uploads it: its
+/// `DEFAULT_IGNORE_PATTERNS` hold `.cache/huggingface/*` and
+/// `**/.cache/huggingface/**` (`huggingface_hub/utils/_paths.py`).
+pub(crate) const RECORD_DIR: &str = ".cache/huggingface";
+
+/// The record of a finished run, as a path relative to the output
+/// directory (in [`RECORD_DIR`]): `tag` is a `--shards` or `--part` job's
+/// (each keeps its own in a shared output). Version 0.2.0 kept them
+/// beside the weights (`.wgpu-dequant-done*.json`, which `hf upload`
+/// uploaded); they are not looked for, as a job's key holds the tool's
+/// version: no record of another version is of the same job.
 pub(crate) fn record_name(tag: Option<&str>) -> String {
+    format!("{RECORD_DIR}/{}", record_file(tag))
+}
+
+/// Whether `name` is a record's file name ([`record_file`]).
+pub(super) fn is_record_file(name: &str) -> bool {
+    name.starts_with("wgpu-dequant-done") && name.ends_with(".json")
+}
+
+/// The record's file name ([`record_name`] without its folder).
+pub(super) fn record_file(tag: Option<&str>) -> String {
     match tag {
-        Some(tag) => format!(".wgpu-dequant-done-{tag}.json"),
-        None => ".wgpu-dequant-done.json".to_string(),
+        Some(tag) => format!("wgpu-dequant-done-{tag}.json"),
+        None => "wgpu-dequant-done.json".to_string(),
     }
 }
 

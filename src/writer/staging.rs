@@ -223,15 +223,22 @@ impl Staging {
                 .map(|f| (f, key)),
             _ => None,
         };
+        // The folder that holds the record (`.cache`).
+        let record_top = Path::new(&self.record).components().next().map(|c| c.as_os_str());
         let journaled = |name: &std::ffi::OsStr| {
+            let recorded = finished
+                .as_ref()
+                .is_some_and(|(f, key)| Some(name) == record_top || f.lists(key, &name.to_string_lossy()));
             let name = name.to_string_lossy();
-            let recorded = finished.as_ref().is_some_and(|(f, key)| name == self.record || f.lists(key, &name));
             self.resume && (recorded || super::journal::lists(&self.dir, &name))
         };
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.out, "cannot list", e))?;
             let name = entry.file_name();
-            if self.resume && entry.path() == self.dir || journaled(&name) {
+            // The record's folder, made by a commit killed before the
+            // record was in it.
+            let left = Some(name.as_os_str()) == record_top && only_folders(&entry.path());
+            if self.resume && entry.path() == self.dir || journaled(&name) || left {
                 continue;
             }
             if !name.to_string_lossy().starts_with(STAGING) {
@@ -443,7 +450,8 @@ impl Staging {
         journal: &super::Journal,
         summary: &super::Summary,
     ) -> Result<Vec<PathBuf>> {
-        let owned = |p: &Path| owned(p) || p.file_name().is_some_and(|n| n == self.record.as_str());
+        let record_to = self.out.join(&self.record);
+        let owned = |p: &Path| owned(p) || p == record_to;
         let mut state = lock(&self.state);
         state.check_open(&self.dir)?;
         let mut staged = Vec::new();
@@ -469,12 +477,13 @@ impl Staging {
         // The record goes last: once it is in place, so is everything else.
         staged.sort();
         let paths: Vec<PathBuf> = staged.iter().map(|(from, _)| from.clone()).collect();
-        let record = self.dir.join(&self.record);
+        let record = self.dir.join(record_to.file_name().unwrap_or_default());
         let mut f = File::create(&record).map_err(|e| Error::io(&record, "cannot create", e))?;
         f.write_all(&journal.finished(&paths, summary)?)
             .and_then(|()| f.sync_all())
             .map_err(|e| Error::io(&record, "cannot write", e))?;
-        staged.push((record, self.out.join(&self.record)));
+        self.create_record_dir(&mut state)?;
+        staged.push((record, record_to.clone()));
         if let Some((_, to)) = staged.iter().find(|(_, to)| to.is_dir()) {
             return Err(Error::new(
                 Rule::Output,
@@ -507,11 +516,44 @@ impl Staging {
     }
 }
 
+impl Staging {
+    /// Creates the folder of the record ([`RECORD_DIR`](super::journal::RECORD_DIR))
+    /// in the output directory, recording what it creates so that undoing
+    /// the run removes it (when empty).
+    fn create_record_dir(&self, state: &mut State) -> Result<()> {
+        let dir = self.out.join(super::journal::RECORD_DIR);
+        let mut missing = Vec::new();
+        let mut p = dir.as_path();
+        while p.starts_with(&self.out) && p != self.out && !p.exists() {
+            missing.push(p.to_path_buf());
+            match p.parent() {
+                Some(q) => p = q,
+                None => break,
+            }
+        }
+        // Deepest first, before the output directory and its parents.
+        for (i, d) in missing.into_iter().enumerate() {
+            state.created.insert(i, d);
+        }
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create", e))
+    }
+}
+
 impl Drop for Staging {
     fn drop(&mut self) {
         lock(&self.state).rollback();
         lock(&ACTIVE).retain(|w| w.strong_count() > 0 && !w.ptr_eq(&Arc::downgrade(&self.state)));
     }
+}
+
+/// Whether `dir` holds nothing but empty folders.
+fn only_folders(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .all(|e| e.file_type().is_ok_and(|t| t.is_dir()) && only_folders(&e.path()))
 }
 
 /// Whether `path` is a staging folder's own name (not a takeover's leftover).
@@ -546,6 +588,11 @@ fn restore_replaced(stale: &Path, out: &Path) {
         return;
     };
     for entry in entries.flatten() {
-        let _ = fs::rename(entry.path(), out.join(entry.file_name()));
+        let name = entry.file_name();
+        let to = match super::journal::is_record_file(&name.to_string_lossy()) {
+            true => out.join(super::journal::RECORD_DIR).join(name),
+            false => out.join(name),
+        };
+        let _ = fs::rename(entry.path(), to);
     }
 }

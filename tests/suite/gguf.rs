@@ -527,10 +527,11 @@ fn gguf_models_take_transformers_form() {
                 let out = tmp.path().join("dense");
                 // transformers' own files: the configs byte for byte (the
                 // f16 run's names its dtype), the tokenizer's as JSON values
-                // (serde and Python space them differently), nothing else.
+                // (serde and Python space them differently), our model card
+                // (`upload::`), nothing else.
                 let meta = case(name).join(meta);
                 let mut want: Vec<String> = files_in(&meta);
-                want.extend(["model.safetensors".into(), ".wgpu-dequant-done.json".into()]);
+                want.extend(["model.safetensors", ".cache", "README.md"].map(String::from));
                 want.sort();
                 assert_eq!(files_in(&out), want, "{what}");
                 for file in files_in(&meta) {

@@ -279,10 +279,12 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Whether `name` is the record a finished run leaves beside the dense
-/// checkpoint (what a `--resume` of the same job reads), not part of it.
+/// Whether `name`, an entry of an output directory, is the folder that
+/// holds the record a finished run leaves (what a `--resume` of the same
+/// job reads: `.cache/huggingface/wgpu-dequant-done*.json`, which
+/// `hf upload` never uploads), not part of the dense checkpoint.
 pub fn is_record(name: &str) -> bool {
-    name.starts_with(".wgpu-dequant-done") && name.ends_with(".json")
+    name == ".cache"
 }
 
 /// Every entry of `dir` but a finished run's record ([`is_record`]),
