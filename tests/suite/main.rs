@@ -34,3 +34,4 @@ mod stream;
 mod svdquant;
 mod synthetic;
 mod transform;
+mod upload;
