@@ -42,8 +42,26 @@ pub enum Rule {
     /// GGUF-003: the parts of a split GGUF model disagree (numbering,
     /// counts, a tensor in two parts).
     GgufSplit,
+    /// GGUF-004: a GGUF metadata value is impossible for the model it
+    /// describes (a non-finite or non-positive epsilon or rope theta, a
+    /// count the tensors disagree with, a value of the wrong type, a tensor
+    /// of a rank its layer cannot have).
+    GgufValue,
     /// CFG-001: a sidecar config (`config.json`, `hf_quant_config.json`) is malformed.
     Config,
+    /// CFG-003: the tensors are quantized but the config that says how to
+    /// decode them (`config.json` with its quantization) is not there.
+    NoConfig,
+    /// CFG-004: the config and the stored tensors disagree (a module the
+    /// config leaves unquantized is stored quantized); the tensors win.
+    Disagree,
+    /// HF-001: a stored tensor the written model has no place for is not
+    /// written (`--keep-names` writes it).
+    Unplaced,
+    /// HF-002: the written `config.json` cannot state a property of the
+    /// model (a rope scaling transformers has no parameters for);
+    /// transformers' default is written in its place.
+    Unstated,
     /// CFG-002: the checkpoint uses a format or scheme this tool does not decode.
     Unsupported,
     /// TEN-001: a tensor the format requires is missing.
@@ -90,7 +108,12 @@ impl Rule {
             Rule::Gguf => "GGUF-001",
             Rule::GgufTensor => "GGUF-002",
             Rule::GgufSplit => "GGUF-003",
+            Rule::GgufValue => "GGUF-004",
             Rule::Config => "CFG-001",
+            Rule::NoConfig => "CFG-003",
+            Rule::Disagree => "CFG-004",
+            Rule::Unplaced => "HF-001",
+            Rule::Unstated => "HF-002",
             Rule::Unsupported => "CFG-002",
             Rule::MissingTensor => "TEN-001",
             Rule::TensorDtype => "TEN-002",
@@ -297,6 +320,77 @@ impl<T> ResultExt<T> for Result<T> {
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A rule finding that does not stop decoding: something dropped, guessed
+/// or changed on the way to the dense model. Every run that does the work
+/// tells it (`warning: FILE: TENSOR: [RULE] …`), and `--strict` refuses it
+/// ([`Warning::refusal`]).
+///
+/// Serialized as `{"rule", "file", "tensor", "message", "subject",
+/// "detail"}`: `message` is the whole line, `subject` and `detail` the
+/// tensor and the text alone (as `inspect --json` has always had them).
+#[derive(Debug, Clone)]
+pub struct Warning {
+    /// The rule the finding is about.
+    pub rule: Rule,
+    /// The file concerned (the checkpoint, once planned).
+    pub file: Option<PathBuf>,
+    /// The tensor or module concerned.
+    pub subject: String,
+    /// What was noticed.
+    pub detail: String,
+}
+
+impl Warning {
+    /// A finding of `rule` about `subject` (the file is the plan's).
+    pub fn new(rule: Rule, subject: impl Into<String>, detail: impl Into<String>) -> Warning {
+        Warning {
+            rule,
+            file: None,
+            subject: subject.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The one-line message, as an error of the same finding reads.
+    pub fn message(&self) -> String {
+        self.as_error().to_string()
+    }
+
+    /// The refusal `--strict` makes of it.
+    pub fn refusal(&self) -> Error {
+        let mut e = self.as_error();
+        e.detail += " (--strict refuses what a run would drop, guess or change)";
+        e
+    }
+
+    fn as_error(&self) -> Error {
+        let mut e = Error::bare(self.rule, self.detail.clone());
+        e.file = self.file.clone();
+        e.tensor = Some(self.subject.clone());
+        e
+    }
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.as_error().fmt(f)
+    }
+}
+
+impl serde::Serialize for Warning {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("Warning", 6)?;
+        m.serialize_field("rule", self.rule.id())?;
+        m.serialize_field("file", &self.file.as_ref().map(|f| f.display().to_string()))?;
+        m.serialize_field("tensor", &self.subject)?;
+        m.serialize_field("message", &self.message())?;
+        m.serialize_field("subject", &self.subject)?;
+        m.serialize_field("detail", &self.detail)?;
+        m.end()
+    }
+}
 
 #[cfg(test)]
 mod tests {

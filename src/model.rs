@@ -114,6 +114,12 @@ impl Model {
         Ok(b)
     }
 
+    /// What the dense checkpoint drops, guesses or changes: the findings a
+    /// `dequantize` run tells (and `--strict` refuses).
+    pub fn warnings(&self) -> &[crate::Warning] {
+        &self.plan().warnings
+    }
+
     /// The tensors of the dense checkpoint, sorted by name.
     pub fn tensors(&self) -> impl Iterator<Item = TensorInfo> + '_ {
         self.plan().outputs.iter().map(TensorInfo::of)

@@ -44,6 +44,10 @@ pub enum Note<'a> {
     /// Worth a line: the backend differs from the one asked for, the GPU
     /// failed and the CPU took over (same bytes), there is nothing to decode.
     Text(&'a str),
+    /// A finding of the plan: something dropped, guessed or changed on the
+    /// way to the dense model (told before anything is written;
+    /// [`Dequantize::strict`] refuses it instead).
+    Warning(&'a crate::Warning),
 }
 
 /// What [`Dequantize::on_download`] calls, from the downloading side.
@@ -70,6 +74,7 @@ pub struct Dequantize<'a> {
     part: Option<(usize, usize)>,
     pub(crate) max_shard_size: Option<u64>,
     keep_names: bool,
+    strict: bool,
     pub(crate) progress: Box<dyn FnMut(&Progress<'_>) + 'a>,
     pub(crate) note: Box<dyn FnMut(Note<'_>) + 'a>,
     canceller: Canceller,
@@ -104,6 +109,7 @@ impl<'a> Dequantize<'a> {
             part: None,
             max_shard_size: None,
             keep_names: false,
+            strict: false,
             progress: Box::new(|_| {}),
             note: Box::new(|_| {}),
             canceller: Canceller::default(),
@@ -185,6 +191,14 @@ impl<'a> Dequantize<'a> {
         self
     }
 
+    /// Refuse the run, before anything is written, when the plan has a
+    /// warning (`--strict`): the dense model would not be exactly the
+    /// checkpoint's (a tensor dropped, a config value guessed or changed).
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
     /// Called after every piece written (about 32 MiB).
     pub fn on_progress(mut self, progress: impl FnMut(&Progress<'_>) + 'a) -> Self {
         self.progress = Box::new(progress);
@@ -255,10 +269,14 @@ impl<'a> Dequantize<'a> {
         Ok(plan)
     }
 
-    /// [`Dequantize::planned`], failing on the first fault of any module.
+    /// [`Dequantize::planned`], failing on the first fault of any module
+    /// (with [`Dequantize::strict`], on the first warning too).
     pub(crate) fn plan<'c>(&self, ckpt: &'c Checkpoint) -> Result<Plan<'c>> {
         let plan = self.planned(ckpt)?;
         plan.check()?;
+        if self.strict {
+            plan.check_warnings()?;
+        }
         Ok(plan)
     }
 
@@ -267,6 +285,9 @@ impl<'a> Dequantize<'a> {
     pub(crate) fn start(&mut self, plan: &Plan<'_>, backend: &dyn Backend, note: Option<String>) {
         if let Some(note) = note {
             (self.note)(Note::Text(&note));
+        }
+        for w in &plan.warnings {
+            (self.note)(Note::Warning(w));
         }
         let format = plan.format.describe();
         (self.note)(Note::Start {

@@ -19,7 +19,8 @@ use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Product, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 use crate::output::fold::Fold;
-use crate::output::{Output, Source, Warning};
+use crate::error::Warning;
+use crate::output::{Output, Source};
 
 /// Weight parameters of a compressed-tensors module (besides `weight` itself).
 const WEIGHT_PARAMS: &[&str] = &[
@@ -714,12 +715,11 @@ fn pack_quantized<'c>(
         )
     })?;
     if 32 % b != 0 && per_word != 0 && !legacy {
-        warnings.push(Warning {
-            subject: packed.name.to_string(),
-            detail: format!(
-                "{b}-bit rows use the 0.17.x padded layout (no field crosses an int32)"
-            ),
-        });
+        warnings.push(Warning::new(
+            Rule::Ct004,
+            packed.name,
+            format!("{b}-bit rows use the 0.17.x padded layout (no field crosses an int32)"),
+        ));
     }
     let codes = Fields::new(packed, b, per_word, width as u64 * 32)
         .with_slice_bits((rows * width) as u64 * 32);

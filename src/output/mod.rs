@@ -212,15 +212,6 @@ impl<'a> Output<'a> {
     }
 }
 
-/// A rule finding that does not stop decoding.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Warning {
-    /// The tensor or module concerned.
-    pub subject: String,
-    /// What was noticed.
-    pub detail: String,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

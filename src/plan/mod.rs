@@ -13,7 +13,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
 use crate::numerics::OutDtype;
-pub use crate::output::{Output, Source, Warning};
+pub use crate::error::Warning;
+pub use crate::output::{Output, Source};
 
 /// The output dtype the user asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -201,6 +202,11 @@ impl<'a> Plan<'a> {
             plan.generated.push((crate::checkpoint::CARD.to_string(), text));
         }
         plan.needs = ckpt.take_misses();
+        let file = ckpt.display_path();
+        let stored = plan.gguf_stored.iter_mut().flat_map(|g| &mut g.warnings);
+        for w in plan.warnings.iter_mut().chain(stored) {
+            w.file.get_or_insert_with(|| file.to_path_buf());
+        }
         Ok(plan)
     }
 
@@ -245,17 +251,19 @@ impl<'a> Plan<'a> {
         match gguf::convert(self.checkpoint, gguf, &stored.outputs, self.dtype) {
             Ok(c) => {
                 self.outputs = c.outputs;
-                if let Some(first) = c.dropped.first() {
+                self.warnings.extend(c.warnings);
+                if let Some(first) = c.unplaced.first() {
                     // transformers drops them too; a reader should know.
-                    let n = c.dropped.len();
-                    self.warnings.push(Warning {
-                        subject: first.clone(),
-                        detail: format!(
+                    let n = c.unplaced.len();
+                    self.warnings.push(Warning::new(
+                        Rule::Unplaced,
+                        first.clone(),
+                        format!(
                             "{n} GGUF tensor{} that transformers' model has no place for, not written as it does not load them ({}); --keep-names writes every tensor",
                             if n == 1 { "" } else { "s" },
-                            c.dropped.join(", ")
+                            c.unplaced.join(", ")
                         ),
-                    });
+                    ));
                 }
                 self.dropped.extend(c.dropped);
                 self.dropped.sort();
@@ -308,6 +316,19 @@ impl<'a> Plan<'a> {
             .iter()
             .filter(|o| o.source.is_decoded())
             .count()
+    }
+
+    /// Fails with the first warning as `--strict` refuses it; the count of
+    /// the others goes into its detail.
+    pub fn check_warnings(&self) -> Result<()> {
+        let Some(first) = self.warnings.first() else {
+            return Ok(());
+        };
+        let mut e = first.refusal();
+        if self.warnings.len() > 1 {
+            e.detail += &format!(" (and {} more warnings)", self.warnings.len() - 1);
+        }
+        Err(e)
     }
 
     /// Fails with the first module error, if any, its cause kept; the

@@ -187,6 +187,7 @@ impl Summary {
             files: Vec::new(),
             fetched: None,
             already_done: false,
+            warnings: plan.warnings.clone(),
         };
         for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {

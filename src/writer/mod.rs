@@ -77,6 +77,10 @@ pub struct Summary {
     /// the rest of this summary is the finished run's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub already_done: bool,
+    /// The plan's findings: what the run dropped, guessed or changed on the
+    /// way to the dense model (told as it started, too).
+    #[serde(default, skip_deserializing)]
+    pub warnings: Vec<crate::Warning>,
 }
 
 /// What a Hub run fetched: files downloaded into the cache, files found

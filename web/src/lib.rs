@@ -350,7 +350,25 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
         .parse()
         .map_err(|e| js_error(&e))?;
     let on_progress = option(&options, "onProgress").dyn_into::<Function>().ok();
+    let on_warning = option(&options, "onWarning").dyn_into::<Function>().ok();
+    let strict = match option(&options, "strict") {
+        v if v.is_undefined() || v.is_null() => false,
+        v => v
+            .as_bool()
+            .ok_or_else(|| js_error(&argument("options.strict: a boolean")))?,
+    };
     let note = |note: Note<'_>| {
+        if let Note::Warning(w) = note {
+            web_sys::console::warn_1(&format!("wgpu-dequant: warning: {w}").into());
+            if let Some(f) = &on_warning {
+                let detail = Object::new();
+                let _ = Reflect::set(&detail, &"rule".into(), &w.rule.id().into());
+                let _ = Reflect::set(&detail, &"tensor".into(), &w.subject.as_str().into());
+                let _ = Reflect::set(&detail, &"message".into(), &w.message().into());
+                let _ = f.call1(&JsValue::NULL, &detail);
+            }
+            return;
+        }
         let Note::Text(text) = note else { return };
         web_sys::console::info_1(&format!("wgpu-dequant: {text}").into());
         if let Some(f) = &on_progress {
@@ -427,6 +445,7 @@ pub async fn dequantize(files: JsValue, options: JsValue) -> Result<Map, JsValue
     Dequantize::new()
         .dtype(dtype)
         .backend(backend)
+        .strict(strict)
         .on_note(note)
         .on_progress(progress)
         .stream(&files, emit)

@@ -481,12 +481,27 @@ try {
       out.notes = notes;
       out.files = {};
       for (const [name, blob] of dense) out.files[name] = hex(await crypto.subtle.digest('SHA-256', await blob.arrayBuffer()));
+      // A GGUF file with a tensor transformers' model has no place for:
+      // onWarning hears it; strict refuses the run.
+      const gguf = new Map([['unplaced.gguf', await (await fetch('/tests/gguf/configs/unplaced.gguf')).blob()]]);
+      out.warnings = [];
+      await m.dequantize(gguf, { backend: 'cpu', onWarning: (w) => out.warnings.push(w) });
+      try {
+        await m.dequantize(gguf, { backend: 'cpu', strict: true });
+        out.strict = 'made';
+      } catch (e) {
+        out.strict = e.rule;
+      }
       return out;
     }, filesOf(sample), pkg);
     check(got.info === null, `no WebGPU: adapterInfo() is null (${JSON.stringify(got.info)})`);
     check(got.gpuRule === 'GPU-001', `no WebGPU: backend 'gpu' is refused: ${got.gpu}`);
     check(got.notes.length === 1 && JSON.stringify(sorted(got.files)) === JSON.stringify(sorted(want.files)),
       `no WebGPU: 'auto' decodes on the CPU to the CLI's files, with a note: ${got.notes}`);
+    check(got.warnings.length === 1 && got.warnings[0].rule === 'HF-001'
+      && got.warnings[0].tensor === 'blk.0.attn_sinks.weight' && got.warnings[0].message.includes('[HF-001]'),
+      `onWarning hears the plan's warning: ${JSON.stringify(got.warnings)}`);
+    check(got.strict === 'HF-001', `strict: true refuses a run with a warning: ${got.strict}`);
   } finally {
     await plain.close();
   }

@@ -48,6 +48,13 @@ typedef struct WdqRun {
 } WdqRun;
 
 /**
+ * Called with each warning of a run, before anything is written: the
+ * CLI's line after `warning: ` and the rule id (both NUL-terminated, valid
+ * during the call), and the caller's `user` pointer.
+ */
+typedef void (*WdqWarningFn)(const char *message, const char *rule, void *user);
+
+/**
  * What [`wdq_tensor_info`] tells of one tensor of the dense checkpoint.
  */
 typedef struct WdqTensorInfo {
@@ -85,12 +92,25 @@ int wdq_dequantize(const char *input, const char *output, const char *dtype, con
 /**
  * [`wdq_dequantize`] with the settings of release-scale runs: `run` NULL
  * is all zero. Returns 0 also when `--resume` finds the job finished.
+ * The run's warnings (what it dropped, guessed or changed) go to stderr as
+ * the CLI prints them; [`wdq_dequantize_warned`] hands them over instead.
  *
  * # Safety
  * Strings are NULL or NUL-terminated; `run` is NULL or readable; `err` is
  * NULL or holds `err_len` bytes.
  */
 int wdq_dequantize_run(const char *input, const char *output, const char *dtype, const char *backend, const struct WdqRun *run, char *err, size_t err_len);
+
+/**
+ * [`wdq_dequantize_run`], with each warning handed to `on_warning` (NULL:
+ * printed to stderr), and `strict` non-zero refusing a run that has any
+ * (`--strict`: exit status 3, nothing written).
+ *
+ * # Safety
+ * As [`wdq_dequantize_run`]; `on_warning` is NULL or safe to call with
+ * `user` from the calling thread.
+ */
+int wdq_dequantize_warned(const char *input, const char *output, const char *dtype, const char *backend, const struct WdqRun *run, int strict, WdqWarningFn on_warning, void *user, char *err, size_t err_len);
 
 /**
  * Opens and plans the checkpoint at `path`; `*out` receives it (free it

@@ -5,7 +5,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, Model, Result, Rule};
+use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, Model, Note, Result, Rule};
 
 /// An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
 pub struct WdqCheckpoint {
@@ -124,6 +124,8 @@ pub struct WdqRun {
 
 /// [`wdq_dequantize`] with the settings of release-scale runs: `run` NULL
 /// is all zero. Returns 0 also when `--resume` finds the job finished.
+/// The run's warnings (what it dropped, guessed or changed) go to stderr as
+/// the CLI prints them; [`wdq_dequantize_warned`] hands them over instead.
 ///
 /// # Safety
 /// Strings are NULL or NUL-terminated; `run` is NULL or readable; `err` is
@@ -138,12 +140,71 @@ pub unsafe extern "C" fn wdq_dequantize_run(
     err: *mut c_char,
     err_len: usize,
 ) -> c_int {
+    wdq_dequantize_warned(
+        input,
+        output,
+        dtype,
+        backend,
+        run,
+        0,
+        None,
+        std::ptr::null_mut(),
+        err,
+        err_len,
+    )
+}
+
+/// Called with each warning of a run, before anything is written: the
+/// CLI's line after `warning: ` and the rule id (both NUL-terminated, valid
+/// during the call), and the caller's `user` pointer.
+pub type WdqWarningFn =
+    Option<unsafe extern "C" fn(message: *const c_char, rule: *const c_char, user: *mut c_void)>;
+
+/// [`wdq_dequantize_run`], with each warning handed to `on_warning` (NULL:
+/// printed to stderr), and `strict` non-zero refusing a run that has any
+/// (`--strict`: exit status 3, nothing written).
+///
+/// # Safety
+/// As [`wdq_dequantize_run`]; `on_warning` is NULL or safe to call with
+/// `user` from the calling thread.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wdq_dequantize_warned(
+    input: *const c_char,
+    output: *const c_char,
+    dtype: *const c_char,
+    backend: *const c_char,
+    run: *const WdqRun,
+    strict: c_int,
+    on_warning: WdqWarningFn,
+    user: *mut c_void,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
     call(err, err_len, || {
         let input = text(input, "input")?;
         let output = text(output, "output")?;
+        let warn = move |w: &wgpu_dequant::Warning| match on_warning {
+            Some(f) => {
+                let message = CString::new(w.message().replace('\0', " "));
+                let rule = CString::new(w.rule.id());
+                if let (Ok(message), Ok(rule)) = (message, rule) {
+                    // SAFETY: the caller vouches for `f` and `user`; the
+                    // strings live until the call returns.
+                    unsafe { f(message.as_ptr(), rule.as_ptr(), user) };
+                }
+            }
+            None => eprintln!("warning: {w}"),
+        };
         let mut job = Dequantize::new()
             .dtype(text(dtype, "dtype")?.parse()?)
-            .backend(text(backend, "backend")?.parse()?);
+            .backend(text(backend, "backend")?.parse()?)
+            .strict(strict != 0)
+            .on_note(move |note| {
+                if let Note::Warning(w) = note {
+                    warn(w);
+                }
+            });
         if let Some(run) = run.as_ref() {
             job = job.force(run.force != 0).resume(run.resume != 0);
             if run.part_count > 0 {

@@ -64,6 +64,14 @@ static void same_tensors(const WdqCheckpoint *q, const WdqCheckpoint *d) {
     }
 }
 
+/* Counts the warnings a run hands over, keeping the last rule id. */
+struct heard { int count; char rule[16]; };
+static void on_warning(const char *message, const char *rule, void *user) {
+    struct heard *h = user;
+    h->count += message != NULL && strstr(message, rule) != NULL;
+    snprintf(h->rule, sizeof h->rule, "%s", rule);
+}
+
 static void copy_file(const char *from, const char *to, long cut) {
     FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
     if (!in || !out) { printf("FAIL cannot copy %s\n", from); exit(1); }
@@ -146,6 +154,20 @@ int main(int argc, char **argv) {
     same_tensors(g, gd);
     wdq_close(g);
     wdq_close(gd);
+
+    /* wdq_dequantize_warned: the GGUF file's rope_freqs are no llama3
+       scaling (HF-002), told through the callback; strict refuses the run
+       with status 3 and writes nothing. */
+    char warned[4096], strict[4096];
+    snprintf(warned, sizeof warned, "%s/gguf-warned", argv[3]);
+    snprintf(strict, sizeof strict, "%s/gguf-strict", argv[3]);
+    struct heard h = {0, ""};
+    rc = wdq_dequantize_warned(gguf, warned, "bf16", "cpu", NULL, 0, on_warning, &h, err, sizeof err);
+    CHECK(rc == 0 && h.count == 1 && strcmp(h.rule, "HF-002") == 0, "warned: %d %d %s %s", rc, h.count, h.rule, err);
+    struct stat st;
+    rc = wdq_dequantize_warned(gguf, strict, "bf16", "cpu", NULL, 1, NULL, NULL, err, sizeof err);
+    CHECK(rc == 3 && strstr(err, "[HF-002]") && strstr(err, "--strict") && stat(strict, &st) != 0,
+          "strict: %d %s", rc, err);
 
     /* Short buffers, NULL pointers, unknown names. */
     const char *first = wdq_tensor_name(q, 0);

@@ -41,6 +41,11 @@ impl NativeCheckpoint {
         Ok(NativeCheckpoint { model })
     }
 
+    /// The plan's warnings, each the CLI's line after `warning: `.
+    fn warnings(&self) -> Vec<String> {
+        self.model.warnings().iter().map(|w| w.message()).collect()
+    }
+
     /// The dense checkpoint's tensor names, sorted.
     fn keys(&self) -> Vec<String> {
         self.model.tensors().map(|t| t.name).collect()
@@ -87,9 +92,10 @@ impl NativeCheckpoint {
 /// resumed run).
 /// `part` is job `(I, N)` (`--part I/N`), `shards` the input shards to
 /// write (`--shards`), `max_shard_size` a size as `--max-shard-size` reads
-/// it.
+/// it. `strict` refuses the run, writing nothing, when the plan has a
+/// warning; otherwise the warnings are in the summary's `warnings`.
 #[pyfunction]
-#[pyo3(signature = (path, out, dtype, backend, force, progress, resume = false, part = None, shards = None, max_shard_size = None))]
+#[pyo3(signature = (path, out, dtype, backend, force, progress, resume = false, part = None, shards = None, max_shard_size = None, strict = false))]
 #[allow(clippy::too_many_arguments)]
 fn dequantize(
     py: Python<'_>,
@@ -103,6 +109,7 @@ fn dequantize(
     part: Option<(usize, usize)>,
     shards: Option<Vec<String>>,
     max_shard_size: Option<String>,
+    strict: bool,
 ) -> PyResult<String> {
     let dtype: DtypeChoice = dtype.parse().map_err(py_err)?;
     let choice: BackendChoice = backend.parse().map_err(py_err)?;
@@ -129,6 +136,7 @@ fn dequantize(
             .backend(choice)
             .force(force)
             .resume(resume)
+            .strict(strict)
             .canceller(cancel)
             .on_progress(on_progress);
         if let Some((index, count)) = part {

@@ -323,3 +323,22 @@ def test_progress_callable_hears_every_piece_up_to_the_total(tmp_path):
     assert [d for d, _, _ in heard] == sorted(d for d, _, _ in heard)
     assert heard[-1][0] == heard[-1][1] == summary["tensor_bytes"]
     assert all(isinstance(t, str) and t for _, _, t in heard)
+
+
+def test_warnings_are_python_warnings_and_strict_refuses(tmp_path):
+    # A GGUF file with a tensor transformers' model has no place for (HF-001).
+    gguf = ROOT / "tests" / "gguf" / "configs" / "unplaced.gguf"
+    with pytest.warns(wdq.WgpuDequantWarning, match=r"\[HF-001\].*blk\.0\.attn_sinks\.weight"):
+        summary = wdq.dequantize(gguf, tmp_path / "out", backend="cpu")
+    assert [w["rule"] for w in summary["warnings"]] == ["HF-001"]
+    with pytest.raises(wdq.DequantError) as e:
+        wdq.dequantize(gguf, tmp_path / "strict", backend="cpu", strict=True)
+    assert e.value.rule == "HF-001" and "--strict" in str(e.value)
+    assert not (tmp_path / "strict").exists()
+
+
+def test_safe_open_warns_as_dequantize_does():
+    gguf = ROOT / "tests" / "gguf" / "configs" / "unplaced.gguf"
+    with pytest.warns(wdq.WgpuDequantWarning, match=r"\[HF-001\]"):
+        with wdq.safe_open(gguf, framework="np") as f:
+            assert "blk.0.attn_sinks.weight" not in f.keys()

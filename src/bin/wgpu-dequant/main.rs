@@ -56,9 +56,14 @@ enum Command {
         /// Where to decode (auto: a hardware GPU when there is one, else the CPU).
         #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
         backend: BackendArg,
-        /// Print nothing but errors.
+        /// Print nothing but warnings and errors.
         #[arg(short, long)]
         quiet: bool,
+        /// Refuse, writing nothing, when the dense model would not be exactly
+        /// the checkpoint's: any warning (a tensor dropped, a config value
+        /// guessed or changed) becomes an error (exit 3).
+        #[arg(long)]
+        strict: bool,
         /// Write into OUT even when it holds files: those of the same names are
         /// replaced once everything succeeded, others are left alone.
         #[arg(long)]
@@ -229,6 +234,7 @@ fn main() -> ExitCode {
             dtype,
             backend,
             quiet,
+            strict,
             force,
             shards,
             part,
@@ -242,6 +248,7 @@ fn main() -> ExitCode {
                 .dtype(dtype.into())
                 .backend(backend.into())
                 .force(force)
+                .strict(strict)
                 .keep_names(keep_names)
                 .delete_downloaded(delete_downloaded)
                 .resume(resume);
@@ -348,7 +355,7 @@ fn validate(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<ExitCode
             println!("error: {}", e.message);
         }
         for w in &found.warnings {
-            println!("warning: {}: {}", w.subject, w.detail);
+            println!("warning: {w}");
         }
         if found.errors.is_empty() {
             println!("ok: {} ({} warnings)", path.display(), found.warnings.len());
@@ -368,6 +375,7 @@ fn dequantize(
     let meter = Meter::new(quiet);
     let summary = run
         .on_note(|note| match note {
+            Note::Warning(w) => meter.println(&format!("warning: {w}")),
             _ if quiet => {}
             Note::Start { format, backend } => {
                 meter.println(&format!("{}: {format}; backend {backend}", path.display()))
@@ -430,6 +438,9 @@ fn merge_index(dir: &Path) -> Result<ExitCode, Error> {
 
 fn convert(path: &Path, out: &Path, to: ConvertTo, quiet: bool) -> Result<ExitCode, Error> {
     let summary = wgpu_dequant::convert(path, out, to)?;
+    for w in &summary.warnings {
+        eprintln!("warning: {w}");
+    }
     if !quiet {
         eprintln!(
             "wrote {}: {} quantized modules as compressed-tensors ({} tensors computed, {} copied)",

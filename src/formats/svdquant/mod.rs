@@ -623,13 +623,11 @@ fn plan_all<'c>(
     // Patches were applied in order; undo them last to first.
     for (i, patch) in cfg.patches.iter().enumerate().rev() {
         if undo_patch(patch, i, &mut nodes, cfg)? == 0 {
-            found.warnings.push(crate::output::Warning {
-                subject: format!("structural_patches[{i}]"),
-                detail: format!(
-                    "{} matches no exported module; nothing to undo",
-                    patch.module
-                ),
-            });
+            found.warnings.push(crate::error::Warning::new(
+                Rule::Config,
+                format!("structural_patches[{i}]"),
+                format!("{} matches no exported module; nothing to undo", patch.module),
+            ));
         }
     }
     for (name, node) in nodes {

@@ -21,11 +21,18 @@ Hugging Face cache (``inspect`` reads only its headers).
 
 import json
 import os
+import warnings
 
 from . import _native
 from ._native import DequantError
 
-__all__ = ["DequantError", "dequantize", "inspect", "load_file", "merge_index", "safe_open"]
+__all__ = ["DequantError", "WgpuDequantWarning", "dequantize", "inspect", "load_file",
+           "merge_index", "safe_open"]
+
+
+class WgpuDequantWarning(UserWarning):
+    """Something a run dropped, guessed or changed on the way to the dense
+    model; the message is the CLI's ``warning:`` line (with its rule id)."""
 
 _TORCH = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
           "I8": "int8", "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64",
@@ -89,6 +96,8 @@ class safe_open:
 
     def __init__(self, path, framework="pt", dtype="auto", backend="auto", revision=None):
         self._checkpoint = _native.Checkpoint(_source(path, revision), dtype)
+        for message in self._checkpoint.warnings():
+            warnings.warn(message, WgpuDequantWarning, stacklevel=2)
         self._framework = framework
         self._backend = backend
 
@@ -147,7 +156,7 @@ class _Bar:
 
 
 def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=False, revision=None,
-               resume=False, part=None, shards=None, max_shard_size=None):
+               resume=False, part=None, shards=None, max_shard_size=None, strict=False):
     """Writes the dense checkpoint of ``path`` into ``out`` as the CLI does and
     returns its summary. Ctrl-C stops it and leaves nothing behind.
 
@@ -161,7 +170,13 @@ def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=Fa
     ``max_shard_size``: bytes, or a size such as ``"5GB"``.
 
     ``progress``: ``True`` for a bar (tqdm's, when installed), or a callable
-    ``progress(done_bytes, total_bytes, tensor)`` called after every piece."""
+    ``progress(done_bytes, total_bytes, tensor)`` called after every piece.
+
+    What the run dropped, guessed or changed on the way to the dense model
+    (a tensor the model has no place for, a config value it cannot state) is
+    a ``WgpuDequantWarning`` through :mod:`warnings` and listed in the
+    summary's ``warnings``; ``strict=True`` refuses such a run instead,
+    writing nothing (``DequantError``)."""
     if isinstance(part, str):
         index, _, count = part.partition("/")
         if not (index.strip().isdigit() and count.strip().isdigit()):
@@ -179,11 +194,14 @@ def dequantize(path, out, dtype="auto", backend="auto", force=False, progress=Fa
     callback = bar or (progress if callable(progress) else None)
     try:
         text = _native.dequantize(_source(path, revision), str(out), dtype, backend, force, callback,
-                                  resume, part, shards, max_shard_size)
+                                  resume, part, shards, max_shard_size, bool(strict))
     finally:
         if bar is not None:
             bar.close()
-    return json.loads(text)
+    summary = json.loads(text)
+    for w in summary.get("warnings", []):
+        warnings.warn(w["message"], WgpuDequantWarning, stacklevel=2)
+    return summary
 
 
 def merge_index(out):
