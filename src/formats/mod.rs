@@ -31,7 +31,8 @@ use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
-use crate::output::{Output, Source, Warning};
+use crate::error::Warning;
+use crate::output::{Output, Source};
 
 pub use targets::{Glob, Target};
 
@@ -203,19 +204,65 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
     if let Some(cfg) = svdquant::detect(ckpt)? {
         return Ok(Format::Svdquant(cfg));
     }
-    if let Some(t) = ckpt
-        .names()
-        .into_iter()
-        .find(|n| n.ends_with(".weight_packed"))
-    {
+    if let Some((t, what)) = quantized_tensor(ckpt) {
+        let (rule, missing) = match &ckpt.config {
+            Some(c) if !c.value.is_object() => (
+                Rule::Config,
+                format!("{} is not a JSON object", c.path.display()),
+            ),
+            Some(c) => (
+                Rule::NoConfig,
+                format!(
+                    "{} has no quantization_config (nor MLX's quantization)",
+                    c.path.display()
+                ),
+            ),
+            None => (
+                Rule::NoConfig,
+                "the checkpoint's config.json is missing".to_string(),
+            ),
+        };
         return Err(Error::tensor(
-            Rule::Config,
+            rule,
             ckpt.display_path(),
             t,
-            "quantized tensors but no config.json with a quantization_config beside them",
+            format!(
+                "{what}, but {missing}: how to decode them cannot be told; put the config.json the checkpoint was published with beside its weights (the same Hub repository's)"
+            ),
         ));
     }
     Ok(Format::Dense)
+}
+
+/// A tensor that only a quantized checkpoint stores, and what it shows,
+/// for a checkpoint whose config names no quantization: read as dense, its
+/// packed codes would be copied as if they were weights.
+fn quantized_tensor(ckpt: &Checkpoint) -> Option<(&str, &'static str)> {
+    let names = ckpt.names();
+    let has = |n: &str| ckpt.get(n).is_some();
+    names.into_iter().find_map(|n| {
+        let (module, last) = n.rsplit_once('.').unwrap_or(("", n));
+        let what = match last {
+            "qweight" => "GPTQ/AWQ packed codes (qweight)",
+            "weight_packed" => "compressed-tensors packed codes (weight_packed)",
+            // Beside a float weight, a stray parameter (CFG-001, planned).
+            "weight_scale" | "weight_scale_inv" | "weight_scale_2"
+                if ckpt.get(&format!("{module}.weight")).is_some_and(|w| {
+                    matches!(w.dtype, Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::I8 | Dtype::U8)
+                }) =>
+            {
+                "8-bit or packed weights with their scales"
+            }
+            "absmax" => "bitsandbytes scales (absmax)",
+            _ if n.contains(".quant_state.bitsandbytes__") => "a bitsandbytes quant_state",
+            "scales" if ckpt.get(&format!("{module}.weight")).is_some_and(|w| w.dtype == Dtype::U32) => {
+                "MLX packed codes (a uint32 weight beside its scales)"
+            }
+            "biases" if has(&format!("{module}.scales")) => "MLX scales and biases",
+            _ => return None,
+        };
+        Some((n, what))
+    })
 }
 
 /// The checkpoint's own dtype: `torch_dtype`/`dtype` in config.json, else
@@ -318,10 +365,7 @@ pub fn plan_each<'c>(
             }
         }
         if let Some(why) = excluded(module) {
-            found.warnings.push(Warning {
-                subject: module.to_string(),
-                detail: why.to_string(),
-            });
+            found.warnings.push(Warning::new(Rule::Disagree, module, why));
         }
         match build(module, &mut found.warnings) {
             Ok(out) => found.outputs.push(out),

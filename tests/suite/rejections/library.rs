@@ -724,7 +724,7 @@ fn quantized_tensors_without_config_json_is_config_error() {
         &dir,
         Want {
             stage: Stage::Build,
-            rule: Rule::Config,
+            rule: Rule::NoConfig,
             files: &[dir.clone(), dir.join("model.safetensors")],
             tensor: Some(&w),
         },
@@ -740,7 +740,7 @@ fn quantized_tensors_with_config_json_lacking_quantization_config_is_config_erro
         &dir,
         Want {
             stage: Stage::Build,
-            rule: Rule::Config,
+            rule: Rule::NoConfig,
             files: &[
                 dir.clone(),
                 dir.join("model.safetensors"),
