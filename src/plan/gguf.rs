@@ -18,6 +18,11 @@ pub(super) struct Converted<'a> {
     pub(super) outputs: Vec<Output<'a>>,
     /// The GGUF tensors transformers does not load.
     pub(super) dropped: Vec<String>,
+    /// Those of them that nothing else states either (the rope factors go
+    /// into the config).
+    pub(super) unplaced: Vec<String>,
+    /// What the config cannot state.
+    pub(super) warnings: Vec<crate::error::Warning>,
     /// (GGUF name, Hugging Face name) of each tensor written.
     pub(super) renamed: Vec<(String, String)>,
     /// The files made from the metadata (`config.json`, …): (name, bytes).
@@ -44,14 +49,29 @@ pub(super) fn convert<'a>(
     let mut c = Converted {
         outputs: Vec::new(),
         dropped: Vec::new(),
+        unplaced: Vec::new(),
+        warnings: Vec::new(),
         renamed: Vec::new(),
         files: Vec::new(),
     };
     for o in stored {
         let Some(target) = arch.target(&o.name) else {
+            if !hf::rope::TENSORS.contains(&o.name.as_str()) {
+                c.unplaced.push(o.name.clone());
+            }
             c.dropped.push(o.name.clone());
             continue;
         };
+        if o.shape.len() != target.rank {
+            let detail = format!(
+                "{} dimensions {:?}; as {} it has {}",
+                o.shape.len(),
+                o.shape,
+                target.name,
+                target.rank
+            );
+            return Err(Error::tensor(Rule::GgufValue, ckpt.display_path(), &o.name, detail));
+        }
         let Some(mut b) = rows_of(o, dtype) else {
             // Not a float or block tensor (an integer one): renamed only.
             c.outputs.push(Output {
@@ -68,7 +88,7 @@ pub(super) fn convert<'a>(
             c.renamed.push((o.name.clone(), c.outputs[c.outputs.len() - 1].name.clone()));
             continue;
         };
-        let Target { name, halves, plus_one } = target;
+        let Target { name, halves, plus_one, .. } = target;
         if let Some(which) = halves {
             let n = heads(match which {
                 Heads::Query => "head_count",
@@ -120,7 +140,12 @@ pub(super) fn convert<'a>(
         }
     }
     let tied = arch.always_tied || !gguf.tensors.contains_key("output.weight");
-    let config = hf::config::config(gguf, arch, tied, dtype)?;
+    let factors = |name: &str| -> Result<Option<Vec<f32>>> {
+        ckpt.get(name).map(|t| t.floats()).transpose()
+    };
+    let (config, warnings) = hf::config::config(gguf, arch, tied, dtype, &factors)
+        .map_err(|e| e.with_file(ckpt.display_path()))?;
+    c.warnings = warnings;
     let generation = hf::config::generation_config(&config);
     // As transformers writes them: keys sorted, indented by two, a newline
     // at the end.

@@ -761,16 +761,15 @@ fn a_folder_of_several_models_needs_gguf_file() {
 
 /// A tensor transformers does not load (llama 3's `rope_freqs`, a name
 /// no architecture row knows) is not written, as transformers drops it,
-/// and a warning names it; `--keep-names` writes it.
+/// and a warning names it (here: its factors are no llama3 scaling, so the
+/// config cannot state them either); `--keep-names` writes it.
 #[test]
 fn tensors_transformers_drops_are_named() {
     let dir = case("hf-llama").join("model");
     let v = wgpu_dequant::validate(&dir);
     assert!(v.errors.is_empty(), "{:?}", v.errors);
     assert!(
-        v.warnings
-            .iter()
-            .any(|w| w.subject == "rope_freqs.weight" && w.detail.contains("--keep-names")),
+        v.warnings.iter().any(|w| w.subject == "rope_freqs.weight"),
         "{:?}",
         v.warnings
     );

@@ -13,6 +13,7 @@ mod cli;
 mod config_variants;
 mod convert;
 mod docs;
+mod findings;
 mod fixtures;
 mod fp8_family;
 mod gguf;

@@ -7,11 +7,25 @@
 
 use serde_json::{json, Map, Value};
 
+use super::rope::{self, Factors};
 use super::Arch;
+use crate::error::Warning;
 use crate::error::{Error, Result, Rule};
 use crate::gguf::Gguf;
 use crate::gguf::MetaValue;
 use crate::numerics::OutDtype;
+
+/// Config fields that hold a real number (the others hold counts).
+const REAL: &[&str] = &[
+    "rope_theta",
+    "rms_norm_eps",
+    "norm_epsilon",
+    "layer_norm_eps",
+    "norm_eps",
+];
+
+/// Counts that may be 0 (a window of 0 is none).
+const MAY_BE_ZERO: &[&str] = &["sliding_window"];
 
 /// The transformers version whose conventions the files follow
 /// (`rope_parameters` is 5.x's).
@@ -52,8 +66,15 @@ fn value(v: &MetaValue) -> Value {
 }
 
 /// `config.json` of a GGUF model of architecture `arch`, written in `dtype`;
-/// `tied` when the file has no `output.weight`.
-pub(crate) fn config(gguf: &Gguf, arch: &Arch, tied: bool, dtype: OutDtype) -> Result<Value> {
+/// `tied` when the file has no `output.weight`; `factors` reads the rope
+/// factor tensors. With it, the warnings of what the config cannot state.
+pub(crate) fn config(
+    gguf: &Gguf,
+    arch: &Arch,
+    tied: bool,
+    dtype: OutDtype,
+    factors: Factors<'_>,
+) -> Result<(Value, Vec<Warning>)> {
     let mut c = defaults(arch.model_type)?;
     let mut set = |k: &str, v: Value| {
         c.insert(k.to_string(), v);
@@ -88,9 +109,11 @@ pub(crate) fn config(gguf: &Gguf, arch: &Arch, tied: bool, dtype: OutDtype) -> R
     }
     let mut rope_theta = None;
     for (key, field) in arch.config {
-        let Some(v) = gguf.get(&format!("{}.{key}", arch.gguf)) else {
+        let full = format!("{}.{key}", arch.gguf);
+        let Some(v) = gguf.get(&full) else {
             continue;
         };
+        check_field(&full, field, v)?;
         match *field {
             "rope_theta" => rope_theta = Some(value(v)),
             // Qwen3MoeConfig's attribute for it.
@@ -114,9 +137,134 @@ pub(crate) fn config(gguf: &Gguf, arch: &Arch, tied: bool, dtype: OutDtype) -> R
         }
     }
     derive(&mut c, arch, rope_theta)?;
+    agree(gguf, arch)?;
+    let width = rotary(&c);
+    let warnings = rope::scale(&mut c, gguf, arch, width, factors)?;
     // transformers writes its keys sorted.
     c.sort_keys();
-    Ok(Value::Object(c))
+    Ok((Value::Object(c), warnings))
+}
+
+/// Refuses a value that no model can have: a real number that is not
+/// finite and positive, a count that is not a whole number (or is 0), a
+/// value of another type.
+fn check_field(key: &str, field: &str, v: &MetaValue) -> Result<()> {
+    if REAL.contains(&field) {
+        return rope::positive_value(key, v).map(|_| ());
+    }
+    match v.as_u64() {
+        Some(0) if !MAY_BE_ZERO.contains(&field) => Err(Error::bare(
+            Rule::GgufValue,
+            format!("{key} is 0; a model has at least one"),
+        )),
+        Some(_) => Ok(()),
+        None => Err(Error::bare(
+            Rule::GgufValue,
+            format!("{key} is {}, expected a whole number", rope::shown(v)),
+        )),
+    }
+}
+
+/// Refuses counts the file states that its tensors disagree with: the
+/// layers, the embedding width, the MLP width, the experts, the K/V heads'
+/// share of the heads.
+fn agree(gguf: &Gguf, arch: &Arch) -> Result<()> {
+    let key = |k: &str| format!("{}.{k}", arch.gguf);
+    let count = |k: &str| gguf.get(&key(k)).and_then(MetaValue::as_u64);
+    let disagree = |k: &str, stated: u64, found: String| {
+        Err(Error::bare(
+            Rule::GgufValue,
+            format!("{} is {stated}, but {found}", key(k)),
+        ))
+    };
+    let layers = gguf
+        .tensors
+        .keys()
+        .filter_map(|n| {
+            n.strip_prefix("blk.")?
+                .split_once('.')?
+                .0
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .map_or(0, |last| last + 1);
+    if let Some(n) = count("block_count").filter(|&n| n != layers) {
+        return disagree(
+            "block_count",
+            n,
+            format!(
+                "the tensors make {layers} layer{}",
+                if layers == 1 { "" } else { "s" }
+            ),
+        );
+    }
+    let shape = |name: &str| gguf.tensors.get(name).map(|(_, s)| s.as_slice());
+    if let (Some(h), Some(&[_, cols])) = (count("embedding_length"), shape("token_embd.weight")) {
+        if h != cols as u64 {
+            return disagree(
+                "embedding_length",
+                h,
+                format!("token_embd.weight is {cols} wide"),
+            );
+        }
+    }
+    if let (Some(f), Some(&[_, cols])) =
+        (count("feed_forward_length"), shape("blk.0.ffn_down.weight"))
+    {
+        if f != cols as u64 {
+            return disagree(
+                "feed_forward_length",
+                f,
+                format!("blk.0.ffn_down.weight is {cols} wide"),
+            );
+        }
+    }
+    if let (Some(e), Some(&[stack, ..])) =
+        (count("expert_count"), shape("blk.0.ffn_up_exps.weight"))
+    {
+        if e != stack as u64 {
+            return disagree(
+                "expert_count",
+                e,
+                format!("blk.0.ffn_up_exps.weight stacks {stack}"),
+            );
+        }
+    }
+    if let (Some(q), Some(kv)) = (
+        count("attention.head_count"),
+        count("attention.head_count_kv"),
+    ) {
+        if q % kv != 0 {
+            return disagree(
+                "attention.head_count_kv",
+                kv,
+                format!("{q} attention heads do not share {kv} K/V heads evenly"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The rotary width: `head_dim` (or the hidden size per head) times the
+/// partial rotary factor.
+fn rotary(c: &Map<String, Value>) -> usize {
+    let count = |k: &str| c.get(k).and_then(Value::as_u64);
+    let head_dim = match count("head_dim") {
+        Some(d) => d,
+        None => {
+            count("hidden_size").unwrap_or(0) / count("num_attention_heads").unwrap_or(1).max(1)
+        }
+    };
+    let rope = c.get("rope_parameters");
+    let partial = rope
+        .and_then(|r| r.get("full_attention").or(Some(r)))
+        .and_then(|r| r.get("partial_rotary_factor"))
+        .or(c.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .unwrap_or(1.0);
+    // As transformers: int(head_dim * partial_rotary_factor).
+    (head_dim as f64 * partial) as usize
 }
 
 /// What the config class computes from the fields set.
@@ -226,8 +374,10 @@ mod tests {
         Gguf {
             version: 3,
             metadata,
+            // Two layers, as block_count says.
             tensors: tensors
                 .iter()
+                .chain(&["blk.1.attn_norm.weight"])
                 .map(|t| (t.to_string(), (GgmlType::F32, vec![4])))
                 .collect(),
         }
@@ -259,7 +409,9 @@ mod tests {
         ];
         for (tensors, bias, parallel) in cases {
             let g = gguf("stablelm", &SHAPE, tensors);
-            let c = config(&g, row("stablelm"), false, OutDtype::Bf16).unwrap();
+            let c = config(&g, row("stablelm"), false, OutDtype::Bf16, &|_| Ok(None))
+                .unwrap()
+                .0;
             assert_eq!(c["use_qkv_bias"], json!(bias), "{tensors:?}");
             assert_eq!(c["use_parallel_residual"], json!(parallel), "{tensors:?}");
         }
@@ -274,8 +426,10 @@ mod tests {
             row("falcon"),
             true,
             OutDtype::Bf16,
+            &|_| Ok(None),
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(
             (
                 &c["num_kv_heads"],
@@ -291,6 +445,7 @@ mod tests {
             row("falcon"),
             true,
             OutDtype::Bf16,
+            &|_| Ok(None),
         )
         .unwrap_err();
         assert_eq!(e.rule, Rule::Unsupported, "{e}");
@@ -304,8 +459,104 @@ mod tests {
             row("nemotron"),
             false,
             OutDtype::Bf16,
+            &|_| Ok(None),
+        )
+        .unwrap()
+        .0;
+        assert_eq!(c["head_dim"], json!(16));
+    }
+
+    /// Values no model has are refused by key (GGUF-004), not written.
+    #[test]
+    fn impossible_metadata_is_refused_by_key() {
+        let cases = [
+            (
+                "attention.layer_norm_rms_epsilon",
+                MetaValue::F32(f32::NAN),
+                "NaN",
+            ),
+            (
+                "attention.layer_norm_rms_epsilon",
+                MetaValue::F32(-1e-5),
+                "finite and positive",
+            ),
+            (
+                "block_count",
+                MetaValue::U64(1 << 62),
+                "the tensors make 2 layers",
+            ),
+            (
+                "rope.freq_base",
+                MetaValue::String("abc".into()),
+                "the string \"abc\"",
+            ),
+            (
+                "rope.freq_base",
+                MetaValue::F32(f32::INFINITY),
+                "finite and positive",
+            ),
+            (
+                "attention.head_count",
+                MetaValue::F32(4.0),
+                "a whole number",
+            ),
+            ("attention.head_count_kv", MetaValue::U32(3), "evenly"),
+            ("attention.head_count", MetaValue::U32(0), "is 0"),
+        ];
+        for (key, value, why) in cases {
+            let mut meta: Vec<(&str, MetaValue)> =
+                SHAPE.iter().filter(|(k, _)| *k != key).cloned().collect();
+            meta.push((key, value));
+            let e = config(
+                &gguf("llama", &meta, &[]),
+                row("llama"),
+                false,
+                OutDtype::Bf16,
+                &|_| Ok(None),
+            )
+            .unwrap_err();
+            assert_eq!(e.rule, Rule::GgufValue, "{key}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("llama.{key}")) && text.contains(why),
+                "{key}: {text}"
+            );
+        }
+    }
+
+    /// llama.cpp's Llama 3 factors become llama3 rope_parameters; the
+    /// factor tensor's length must be the rotary width's half.
+    #[test]
+    fn rope_freqs_become_llama3_parameters() {
+        let mut meta = SHAPE.to_vec();
+        meta.push(("rope.freq_base", MetaValue::F32(500000.0)));
+        // head_dim 16: 8 factors, the first four 1, the last two 32.
+        let freqs = vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 32.0, 32.0];
+        let read = |name: &str| Ok((name == "rope_freqs.weight").then(|| freqs.clone()));
+        let (c, warnings) = config(
+            &gguf("llama", &meta, &[]),
+            row("llama"),
+            false,
+            OutDtype::Bf16,
+            &read,
         )
         .unwrap();
-        assert_eq!(c["head_dim"], json!(16));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let rope = &c["rope_parameters"];
+        assert_eq!(
+            (&rope["rope_type"], &rope["factor"]),
+            (&json!("llama3"), &json!(32.0)),
+            "{rope}"
+        );
+        let short = |name: &str| Ok((name == "rope_freqs.weight").then(|| vec![1.0; 7]));
+        let e = config(
+            &gguf("llama", &meta, &[]),
+            row("llama"),
+            false,
+            OutDtype::Bf16,
+            &short,
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, Rule::GgufValue, "{e}");
     }
 }

@@ -4,6 +4,7 @@
 //! One table row per architecture; a new one is a new row.
 
 pub(crate) mod config;
+pub(crate) mod rope;
 
 use crate::error::{Error, Result, Rule};
 use crate::gguf::Gguf;
@@ -462,6 +463,9 @@ pub(crate) struct Target {
     pub(crate) halves: Option<Heads>,
     /// A norm stored as `w + 1`.
     pub(crate) plus_one: bool,
+    /// The dimensions the GGUF tensor has: 1 for norms, biases and
+    /// Qwen2-MoE's shared-expert gate, 3 for a stack of experts, else 2.
+    pub(crate) rank: usize,
 }
 
 /// Which head count a rotary tensor has.
@@ -500,10 +504,16 @@ impl Arch {
             "attn_k" if self.rotary_halves && suffix == "weight" => Some(Heads::KeyValue),
             _ => None,
         };
+        let rank = match () {
+            _ if hf.contains("{E}") => 3,
+            _ if suffix == "bias" || part.ends_with("norm") || part == "ffn_gate_inp_shexp" => 1,
+            _ => 2,
+        };
         Some(Target {
             name: format!("{hf}.{suffix}"),
             halves,
             plus_one: self.norm_plus_one && part.ends_with("norm") && suffix == "weight",
+            rank,
         })
     }
 }
