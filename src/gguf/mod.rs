@@ -290,6 +290,10 @@ fn join<F>(
             format!("split.count is {count}: open the first part, NAME-00001-of-{count:05}.gguf");
         return Err(Error::new(Rule::GgufSplit, path, detail));
     };
+    // Names seen so far, so that each part's tensors are checked against
+    // the earlier parts' in linear time.
+    let mut names: std::collections::HashSet<String> =
+        tensors.iter().map(|t| t.name.clone()).collect();
     for no in 2..=n {
         let part = path.with_file_name(format!("{prefix}-{no:05}-of-{n:05}.gguf"));
         let (file, header) = open(&part)?;
@@ -308,7 +312,7 @@ fn join<F>(
         let index = files.len();
         files.push(file);
         for mut t in header.tensors {
-            if tensors.iter().any(|u| u.name == t.name) {
+            if !names.insert(t.name.clone()) {
                 return Err(Error::tensor(
                     Rule::GgufSplit,
                     &part,

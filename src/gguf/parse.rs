@@ -2,8 +2,11 @@
 //! every count, length, offset and dimension checked before use: a count
 //! never sizes an allocation (each element read takes at least a byte of
 //! the file, so a false count runs out of bytes), nesting is bounded, and
-//! tensors must lie inside the file, aligned, one after another.
+//! tensors must lie inside the file, aligned, one after another. Every
+//! check is linear in the header's length: duplicates are found by hash
+//! set, not by comparing each name with every earlier one.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use super::{GgmlType, MetaValue, Tensor};
@@ -70,6 +73,23 @@ impl<'b> Cursor<'b> {
         Ok(a)
     }
 
+    /// Refuses `count` items of at least `min` bytes each when the file
+    /// has fewer bytes left than they take (GGUF-001), before anything is
+    /// sized by it; returns how many items the bytes at hand could hold, a
+    /// safe capacity to reserve (never more than the count itself).
+    fn count(&self, count: u64, min: u64, what: &str) -> Result<usize> {
+        let in_file = self.file_len.saturating_sub(self.at as u64);
+        let need = u128::from(count) * u128::from(min);
+        if need > u128::from(in_file) {
+            return Err(self.fail(format!(
+                "{what} is {count}, which needs at least {need} bytes ({min} an item), and the file has {in_file} left at byte {}",
+                self.at
+            )));
+        }
+        let at_hand = (self.bytes.len() - self.at) as u64 / min;
+        Ok(count.min(at_hand) as usize)
+    }
+
     fn u32(&mut self, what: &str) -> Result<u32> {
         self.array(what).map(u32::from_le_bytes)
     }
@@ -108,8 +128,15 @@ impl<'b> Cursor<'b> {
                 }
                 let elem = self.u32(key)?;
                 let count = self.u64(key)?;
-                // No reserve: a false count runs out of bytes instead.
-                let mut items = Vec::new();
+                // A string or array element takes at least its 8-byte length.
+                let min = match elem {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    _ => 8,
+                };
+                let cap = self.count(count, min, &format!("{key}: the array's length"))?;
+                let mut items = Vec::with_capacity(cap);
                 for _ in 0..count {
                     items.push(self.value(elem, key, depth + 1)?);
                 }
@@ -178,16 +205,21 @@ fn read(c: &mut Cursor<'_>) -> Result<Header> {
     }
     let tensor_count = c.u64("the tensor count")?;
     let kv_count = c.u64("the metadata count")?;
-    let mut metadata: Vec<(String, MetaValue)> = Vec::new();
+    // A key/value pair takes at least 8 (key length) + 4 (type) + 1 bytes,
+    // a tensor info at least 8 (name length) + 4 + 8 (one dimension) + 4 + 8.
+    let kv_cap = c.count(kv_count, 13, "the metadata count")?;
+    let mut metadata: Vec<(String, MetaValue)> = Vec::with_capacity(kv_cap);
+    let mut keys: HashSet<String> = HashSet::with_capacity(kv_cap);
     for _ in 0..kv_count {
         let key = c.string("a metadata key")?;
-        if metadata.iter().any(|(k, _)| *k == key) {
+        if !keys.insert(key.clone()) {
             return Err(c.fail(format!("metadata key {key} appears twice")));
         }
         let ty = c.u32(&key)?;
         let value = c.value(ty, &key, 0)?;
         metadata.push((key, value));
     }
+    drop(keys);
     let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some((_, MetaValue::U32(a))) if a.is_power_of_two() => *a as u64,
@@ -197,7 +229,9 @@ fn read(c: &mut Cursor<'_>) -> Result<Header> {
             )))
         }
     };
-    let mut tensors: Vec<Tensor> = Vec::new();
+    let tensor_cap = c.count(tensor_count, 32, "the tensor count")?;
+    let mut tensors: Vec<Tensor> = Vec::with_capacity(tensor_cap);
+    let mut names: HashSet<String> = HashSet::with_capacity(tensor_cap);
     for _ in 0..tensor_count {
         let name = c.string("a tensor name")?;
         let fail =
@@ -241,7 +275,7 @@ fn read(c: &mut Cursor<'_>) -> Result<Header> {
                 format!("data offset {offset} is not a multiple of the alignment {alignment}"),
             ));
         }
-        if tensors.iter().any(|t| t.name == name) {
+        if !names.insert(name.clone()) {
             return Err(fail(c, "appears twice".to_string()));
         }
         tensors.push(Tensor {

@@ -19,6 +19,7 @@ mod fp8_family;
 mod gguf;
 mod gptq;
 mod gpu;
+mod hostile;
 mod hub;
 mod hub_gguf;
 mod interruption;

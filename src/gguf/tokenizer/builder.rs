@@ -237,14 +237,31 @@ pub(super) fn merges_of(keys: &[String], scores: &[f64]) -> Vec<(String, String)
         left_len: usize,
         right_len: usize,
     }
+    // Which prefixes and suffixes of a token are themselves tokens, found by
+    // walking two byte tries (of the tokens, and of the tokens reversed)
+    // along it: linear in the vocabulary's total length, where looking up
+    // every split's two halves would hash a token of n bytes n times.
+    let prefixes = Trie::new(vocab.iter().map(|(k, &i)| (k.bytes(), i)));
+    let suffixes = Trie::new(vocab.iter().map(|(k, &i)| (k.bytes().rev(), i)));
     let mut merges: Vec<Merge> = Vec::new();
     let mut local: Vec<(usize, usize, Merge)> = Vec::new();
+    // For the token at hand: the id of its first `at` bytes, and of the rest.
+    let (mut left_id, mut right_id) = (Vec::new(), Vec::new());
     for token in order {
         let s = score.get(token).copied().unwrap_or(0.0);
+        let bytes = token.as_bytes();
+        left_id.clear();
+        left_id.resize(bytes.len() + 1, None);
+        right_id.clear();
+        right_id.resize(bytes.len() + 1, None);
+        prefixes.walk(bytes.iter().copied(), |n, id| left_id[n] = Some(id));
+        suffixes.walk(bytes.iter().rev().copied(), |n, id| {
+            right_id[bytes.len() - n] = Some(id)
+        });
         let chars = token.chars().count();
         for (n, (at, _)) in token.char_indices().skip(1).enumerate() {
-            let (left, right) = token.split_at(at);
-            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+            if let (Some(l), Some(r)) = (left_id[at], right_id[at]) {
+                let (left, right) = token.split_at(at);
                 let merge = Merge {
                     left,
                     right,
@@ -269,6 +286,49 @@ pub(super) fn merges_of(keys: &[String], scores: &[f64]) -> Vec<(String, String)
         .into_iter()
         .map(|m| (m.left.to_owned(), m.right.to_owned()))
         .collect()
+}
+
+/// A byte trie of tokens: node 0 is the root, each edge one byte.
+struct Trie {
+    children: HashMap<(u32, u8), u32>,
+    /// The token id that ends at each node, if one does.
+    ends: Vec<Option<usize>>,
+}
+
+impl Trie {
+    fn new<B: Iterator<Item = u8>>(tokens: impl Iterator<Item = (B, usize)>) -> Trie {
+        let mut t = Trie {
+            children: HashMap::new(),
+            ends: vec![None],
+        };
+        for (bytes, id) in tokens {
+            let mut node = 0u32;
+            for b in bytes {
+                let next = t.ends.len() as u32;
+                node = *t.children.entry((node, b)).or_insert_with(|| next);
+                if node == next {
+                    t.ends.push(None);
+                }
+            }
+            t.ends[node as usize] = Some(id);
+        }
+        t
+    }
+
+    /// Calls `found(n, id)` for each token `id` that the first `n` bytes
+    /// of `bytes` spell, `n` ascending; stops where no token goes on.
+    fn walk(&self, bytes: impl Iterator<Item = u8>, mut found: impl FnMut(usize, usize)) {
+        let mut node = 0u32;
+        for (i, b) in bytes.enumerate() {
+            match self.children.get(&(node, b)) {
+                Some(&next) => node = next,
+                None => return,
+            }
+            if let Some(id) = self.ends[node as usize] {
+                found(i + 1, id);
+            }
+        }
+    }
 }
 
 /// The split regex a `tokenizer.ggml.pre` name stands for

@@ -285,3 +285,87 @@ fn malformed_metadata_is_refused() {
         .collect();
     assert!(hf_files(&plain, &arch).unwrap().is_empty());
 }
+
+/// The merges `merges_of` recovers by walking byte tries are those of
+/// transformers' `generate_merges` loop (every split of every token looked
+/// up, as this crate did before), here on small vocabularies that share
+/// prefixes, suffixes, repeated and multi-byte tokens; and a token of
+/// 600,000 characters gives its two merges.
+#[test]
+fn merges_walk_as_every_split_is_looked_up() {
+    use super::builder::merges_of;
+    use std::collections::HashMap;
+
+    fn every_split(keys: &[String], scores: &[f64]) -> Vec<(String, String)> {
+        let mut vocab: HashMap<&str, usize> = HashMap::new();
+        let mut score: HashMap<&str, f64> = HashMap::new();
+        let mut order: Vec<&str> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            if vocab.insert(k, i).is_none() {
+                order.push(k);
+            }
+            score.insert(k, scores[i]);
+        }
+        let mut merges = Vec::new();
+        for token in order {
+            let chars = token.chars().count();
+            let mut local = Vec::new();
+            for (n, (at, _)) in token.char_indices().skip(1).enumerate() {
+                let (left, right) = token.split_at(at);
+                if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+                    local.push((l, r, left, right, score[token], n + 1, chars - n - 1));
+                }
+            }
+            local.sort_by_key(|m| (m.0, m.1));
+            merges.extend(local);
+        }
+        merges.sort_by(|a, b| {
+            b.4.partial_cmp(&a.4)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.5.cmp(&a.5))
+                .then(b.6.cmp(&a.6))
+        });
+        merges
+            .into_iter()
+            .map(|m| (m.2.to_owned(), m.3.to_owned()))
+            .collect()
+    }
+
+    let alphabet = ["a", "b", "▁", "é", "ab", "ba", "▁a", "aé"];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    for _ in 0..200 {
+        let len = 1 + next(40);
+        let keys: Vec<String> = (0..len)
+            .map(|_| {
+                (0..1 + next(4))
+                    .map(|_| alphabet[next(alphabet.len())])
+                    .collect()
+            })
+            .collect();
+        let scores: Vec<f64> = (0..len).map(|_| next(5) as f64 - 2.0).collect();
+        assert_eq!(
+            merges_of(&keys, &scores),
+            every_split(&keys, &scores),
+            "{keys:?}"
+        );
+    }
+
+    let long = "ab".repeat(300_000);
+    let keys = vec![
+        "a".to_owned(),
+        "ab".to_owned(),
+        long[2..].to_owned(),
+        long.clone(),
+    ];
+    let merges = merges_of(&keys, &[0.0, -1.0, -2.0, -3.0]);
+    // "ab" * 299,999 + "ab", then "ab" + "ab" * 299,999: the longer left first.
+    let lens: Vec<(usize, usize)> = merges.iter().map(|(l, r)| (l.len(), r.len())).collect();
+    assert_eq!(lens, [(599_998, 2), (2, 599_998)]);
+    assert!(merges.iter().all(|(l, r)| format!("{l}{r}") == long));
+}
