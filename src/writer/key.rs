@@ -18,21 +18,52 @@ pub(crate) fn hex_sha256(text: &str) -> String {
         .collect()
 }
 
-/// A stamp of one input file: its path, size and modification time.
+/// Files up to this size are hashed whole in a job's key.
+const WHOLE: u64 = 64 << 20;
+
+/// What of a larger file is hashed when its header's end is not known (a
+/// GGUF file's metadata and tensor infos, as a rule well within it).
+const PREFIX: u64 = 64 << 20;
+
+/// A stamp of one input file, read from what it holds, not its dates: its
+/// path, size and the BLAKE3 of its header (a `.safetensors` file's length
+/// and JSON header, which name every tensor's dtype, shape and offsets: its
+/// tensors' bytes are not read), of any other file whole when small
+/// (configs, tokenizers), or else of its first [`PREFIX`] bytes (a GGUF
+/// file's metadata and tensor infos). A file that
+/// cannot be read stamps as such, and differs from any that can.
 fn stamp(path: &Path) -> String {
-    let meta = std::fs::metadata(path).ok();
-    let modified = meta.as_ref().and_then(|m| m.modified().ok());
-    let since = modified.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-    format!(
-        "{}\0{}\0{}\0",
-        path.display(),
-        meta.map_or(0, |m| m.len()),
-        since.map_or(0, |d| d.as_nanos())
-    )
+    let (len, digest) = match content(path) {
+        Ok((len, digest)) => (len.to_string(), digest),
+        Err(e) => ("-".to_string(), e.kind().to_string()),
+    };
+    format!("{}\0{len}\0{digest}\0", path.display())
 }
 
-/// The stamps of a local checkpoint's files, read without opening one: the
-/// regular files of its folder (a `.safetensors` file's own folder, the file
+/// The size of file `path` and the BLAKE3 of what [`stamp`] covers.
+fn content(path: &Path) -> std::io::Result<(u64, String)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let is_safetensors = path.extension().is_some_and(|e| e == "safetensors");
+    let take = match len {
+        n if is_safetensors && n >= 8 => {
+            let mut n = [0u8; 8];
+            f.read_exact(&mut n)?;
+            // Its header, however long it claims to be, within the file.
+            8 + u64::from_le_bytes(n).min(len - 8)
+        }
+        n if n <= WHOLE => n,
+        _ => PREFIX,
+    };
+    let mut h = blake3::Hasher::new();
+    let mut f = std::fs::File::open(path)?.take(take);
+    std::io::copy(&mut f, &mut h)?;
+    Ok((len, h.finalize().to_hex().to_string()))
+}
+
+/// The stamps of a local checkpoint's files ([`stamp`]: sizes and header
+/// digests): the regular files of its folder (a `.safetensors` file's own folder, the file
 /// named), sorted.
 pub(crate) fn input_stamps(input: &Path) -> String {
     let input = input.canonicalize().unwrap_or_else(|_| input.to_path_buf());
@@ -53,7 +84,7 @@ pub(crate) fn input_stamps(input: &Path) -> String {
 
 /// The key of the job that writes `shards` of `plan` (what a `--resume`
 /// run must share with the run it continues): this tool's version, the
-/// input files (names, sizes and modification times) and every output
+/// input files (names, sizes and header digests) and every output
 /// file's name and header.
 pub(super) fn job_key(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> String {
     let ckpt = plan.checkpoint;

@@ -486,12 +486,15 @@ fn record(out: &Path) -> serde_json::Value {
     serde_json::from_slice(&text).unwrap()
 }
 
-/// Overwrites `path` with other bytes of the same size, its modification
-/// time kept: a run that read it would fail or write other bytes.
+/// Overwrites the tensor data of safetensors file `path` (not its header,
+/// which a job's key covers) with other bytes, its size and modification
+/// time kept: a run that read its tensors would write other bytes.
 fn garble(path: &Path) {
     let when = written(path);
-    let len = std::fs::metadata(path).unwrap().len() as usize;
-    std::fs::write(path, vec![0xA5; len]).unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[header..].fill(0xA5);
+    std::fs::write(path, bytes).unwrap();
     std::fs::File::options()
         .write(true)
         .open(path)
@@ -502,7 +505,8 @@ fn garble(path: &Path) {
 
 /// A finished run leaves a record of its files (sizes and SHA-256); a
 /// `--resume` of the same job into it then has nothing to do: it exits 0
-/// saying so, reads no input shard (they are garbled, their stamps kept)
+/// saying so, reads no tensor of an input shard (their data is garbled,
+/// their headers, sizes and dates kept)
 /// and touches no file. A damaged output file is not taken for finished
 /// (the run writes the output again); another job's record keeps the
 /// refusal of a non-empty directory.
@@ -547,7 +551,7 @@ fn a_finished_run_resumed_has_nothing_to_do_and_reads_no_shard() {
     let o = cli(&["--dtype", "f32"]);
     crate::common::cli::error_line(&o, "another job", "OUT-001", &["not empty"]);
     assert_files(&files(&out), &want, "after another job's refusal");
-    // Nothing to do, and nothing read: the shards are garbled now.
+    // Nothing to do, and no tensor read: the shards' data is garbled now.
     let stamps: Vec<_> = want.keys().map(|f| written(&out.join(f))).collect();
     for s in &shards {
         garble(&input.join(s));
