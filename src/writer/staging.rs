@@ -155,6 +155,8 @@ pub(super) struct Staging {
     shared: bool,
     /// Files of the same names are replaced (`--force`).
     force: bool,
+    /// The output directory must hold nothing else ([`Mode::Fresh`]).
+    fresh: bool,
     /// An earlier run's staging folder is taken over, not removed
     /// (`--resume`).
     resume: bool,
@@ -193,17 +195,23 @@ impl Staging {
             dir,
             shared: matches!(mode, Mode::Shared(_)),
             force: mode == Mode::Force,
+            fresh: mode == Mode::Fresh,
             resume,
             key,
             record,
         };
-        match fs::read_dir(out) {
-            Ok(entries) if mode == Mode::Fresh => staging.require_empty(entries)?,
+        match fs::metadata(out) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => staging.create_out()?,
             Err(e) => return Err(Error::io(out, "cannot use as output directory", e)),
         }
+        // The lock first, then what `out` holds, checked under it: a run
+        // that checked before claiming could find `out` empty while another
+        // run was about to commit into it.
         staging.claim()?;
+        if staging.fresh {
+            staging.require_empty(true)?;
+        }
         Ok(staging)
     }
 
@@ -216,7 +224,12 @@ impl Staging {
     /// `resume`: its staging folder, the files that folder's journal lists,
     /// which a run killed while committing had moved, and the files a
     /// finished run of the same job recorded, with its record).
-    fn require_empty(&self, entries: fs::ReadDir) -> Result<()> {
+    /// With `clear`, other staging folders that killed runs left are
+    /// removed (and live runs' refused); without (right before commit),
+    /// any other staging folder is foreign too.
+    fn require_empty(&self, clear: bool) -> Result<()> {
+        let entries = fs::read_dir(&self.out)
+            .map_err(|e| Error::io(&self.out, "cannot use as output directory", e))?;
         let finished = match (&self.key, self.resume) {
             (Some(key), true) => super::journal::Finished::read(&self.out, &self.record)
                 .filter(|f| f.is_of(key))
@@ -238,8 +251,15 @@ impl Staging {
             // The record's folder, made by a commit killed before the
             // record was in it.
             let left = Some(name.as_os_str()) == record_top && only_folders(&entry.path());
-            if self.resume && entry.path() == self.dir || journaled(&name) || left {
+            if entry.path() == self.dir || journaled(&name) || left {
                 continue;
+            }
+            if !clear {
+                return Err(Error::new(
+                    Rule::Output,
+                    entry.path(),
+                    "appeared in the output directory while this run wrote; refusing to commit beside it",
+                ));
             }
             if !name.to_string_lossy().starts_with(STAGING) {
                 return Err(Error::new(
@@ -454,6 +474,12 @@ impl Staging {
         let owned = |p: &Path| owned(p) || p == record_to;
         let mut state = lock(&self.state);
         state.check_open(&self.dir)?;
+        if self.fresh {
+            // Once more, under the lock: a run that ignores it (or a
+            // `--shards` job, with a staging folder of its own) may have
+            // written here since this run claimed `out`.
+            self.require_empty(false)?;
+        }
         let mut staged = Vec::new();
         let entries =
             fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;

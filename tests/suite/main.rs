@@ -37,3 +37,4 @@ mod svdquant;
 mod synthetic;
 mod transform;
 mod upload;
+mod writers;
