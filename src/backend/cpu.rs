@@ -25,8 +25,7 @@ use crate::job::DecodeJob;
 mod direct;
 mod rows;
 mod simd;
-#[cfg(feature = "testing")]
-pub use simd::{set_vector_kernels, set_wide_kernels};
+pub use simd::Kernels;
 mod table;
 mod tiles;
 
@@ -58,23 +57,36 @@ pub enum Way {
 
 /// The way [`Cpu`] decodes `job`: what tests check random jobs reach.
 pub fn way(job: &DecodeJob<'_>) -> Way {
-    match (rows::Rows::of(job), job.transposed || job.codes.word_bits != 32) {
+    // The way does not depend on the instructions.
+    let isa = simd::Isa::detect();
+    match (rows::Rows::of(job, isa), job.transposed || job.codes.word_bits != 32) {
         (Some(r), _) if r.is_direct() => Way::Direct,
         (Some(_), false) => Way::Rows,
         (Some(_), true) => Way::PackedRows,
-        (None, _) if tiles::Tiles::of(job).is_some() => Way::Tiles,
+        (None, _) if tiles::Tiles::of(job, isa).is_some() => Way::Tiles,
         (None, _) => Way::Elements,
     }
 }
 
 /// Multi-threaded CPU decoding.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Cpu;
+pub struct Cpu {
+    /// The kernels it may run (the widest, but in tests).
+    kernels: Kernels,
+}
 
 impl Cpu {
     /// The CPU backend (uses rayon's global pool).
     pub fn new() -> Cpu {
-        Cpu
+        Cpu::default()
+    }
+
+    /// The CPU backend running only `kernels` (all give the same bytes):
+    /// tests check on this CPU the loops other CPUs run, each on its own
+    /// value, so tests running at once keep their own kernels.
+    #[cfg(feature = "testing")]
+    pub fn with_kernels(kernels: Kernels) -> Cpu {
+        Cpu { kernels }
     }
 }
 
@@ -89,7 +101,9 @@ impl Backend for Cpu {
         if row_bytes == 0 || rows.is_empty() {
             return Ok(());
         }
-        if let Some(plan) = rows::Rows::of(job) {
+        // Read once for the whole call: every kernel of it agrees.
+        let isa = simd::Isa::of(self.kernels);
+        if let Some(plan) = rows::Rows::of(job, isa) {
             let plan = plan.streaming(out.len() >= STREAM_BYTES);
             let rows_per_task = plan.rows_per_task(job.dims.cols, TASK_ELEMENTS);
             out.par_chunks_mut(rows_per_task * row_bytes)
@@ -102,7 +116,7 @@ impl Backend for Cpu {
                 });
             return Ok(());
         }
-        if let Some(tiles) = tiles::Tiles::of(job) {
+        if let Some(tiles) = tiles::Tiles::of(job, isa) {
             let rows_per_task = tiles.rows_per_task(job.dims.cols);
             out.par_chunks_mut(rows_per_task * row_bytes)
                 .enumerate()

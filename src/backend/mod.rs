@@ -14,9 +14,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 
-pub use cpu::{way, Cpu, Way};
-#[cfg(feature = "testing")]
-pub use cpu::{set_vector_kernels, set_wide_kernels};
+pub use cpu::{way, Cpu, Kernels, Way};
 pub use select::{select, select_async, BackendChoice};
 #[cfg(feature = "testing")]
 pub use select::Fallback;

@@ -19,7 +19,7 @@ use crate::common::{
     write_json, Rng, Tensor, SHARD1, SHARD2,
 };
 use serde_json::Value;
-use wgpu_dequant::backend::{set_vector_kernels, set_wide_kernels, way, Backend, Cpu, Way};
+use wgpu_dequant::backend::{way, Backend, Cpu, Kernels, Way};
 use wgpu_dequant::Checkpoint;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -58,10 +58,16 @@ fn reference(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
 
 /// Asserts that the CPU backend decodes all of `job`'s rows, and `ranges`
 /// random ranges of them (a task may start anywhere), as the reference does.
-fn assert_cpu_equals_reference(job: &DecodeJob<'_>, rng: &mut Rng, ranges: usize, what: &str) {
+fn assert_cpu_equals_reference(
+    cpu: Cpu,
+    job: &DecodeJob<'_>,
+    rng: &mut Rng,
+    ranges: usize,
+    what: &str,
+) {
     let total = job.dims.total_rows();
     let want = reference(job, 0..total);
-    let got = cpu_rows(job, 0..total);
+    let got = cpu_rows(cpu, job, 0..total);
     assert!(
         got == want,
         "{what}: {}",
@@ -72,7 +78,7 @@ fn assert_cpu_equals_reference(job: &DecodeJob<'_>, rng: &mut Rng, ranges: usize
         let a = rng.below(total as u64 + 1) as usize;
         let b = a + rng.below((total - a) as u64 + 1) as usize;
         let skew = rng.below(64) as usize;
-        let got = cpu_rows_at(job, a..b, skew);
+        let got = cpu_rows_at(cpu, job, a..b, skew);
         let want = &want[a * row_bytes..b * row_bytes];
         assert!(
             got == want,
@@ -144,19 +150,18 @@ fn variants(job: &DecodeJob<'_>) -> Vec<String> {
 
 /// Decodes `rows` with the CPU backend into a buffer first filled with
 /// garbage, so rows it never writes show.
-fn cpu_rows(job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
-    cpu_rows_at(job, rows, 0)
+fn cpu_rows(cpu: Cpu, job: &DecodeJob<'_>, rows: Range<usize>) -> Vec<u8> {
+    cpu_rows_at(cpu, job, rows, 0)
 }
 
 /// [`cpu_rows`] decoded into a buffer `skew` bytes past a cache line:
 /// kernels that align their stores to lines must give the same bytes at
 /// any address.
-fn cpu_rows_at(job: &DecodeJob<'_>, rows: Range<usize>, skew: usize) -> Vec<u8> {
+fn cpu_rows_at(cpu: Cpu, job: &DecodeJob<'_>, rows: Range<usize>, skew: usize) -> Vec<u8> {
     let len = rows.len() * job.dims.cols * job.out.size();
     let mut buf = vec![0xA5u8; len + 128];
     let at = (64 - buf.as_ptr() as usize % 64) % 64 + skew % 64;
-    Cpu::new()
-        .decode_rows(job, rows.clone(), &mut buf[at..at + len])
+    cpu.decode_rows(job, rows.clone(), &mut buf[at..at + len])
         .unwrap_or_else(|e| panic!("decode_rows {rows:?}: {e}"));
     buf[at..at + len].to_vec()
 }
@@ -178,6 +183,11 @@ fn first_difference(got: &[u8], want: &[u8], job: &DecodeJob<'_>, start_row: usi
 
 #[test]
 fn cpu_table_rows_equal_reference_on_random_jobs() {
+    table_rows_equal_reference_on_random_jobs(Cpu::new());
+}
+
+/// [`cpu_table_rows_equal_reference_on_random_jobs`] on `cpu`'s kernels.
+fn table_rows_equal_reference_on_random_jobs(cpu: Cpu) {
     // Variants of all jobs, and of those the tables decode.
     let seen: RefCell<BTreeMap<String, usize>> = RefCell::default();
     let seen_table: RefCell<BTreeMap<String, usize>> = RefCell::default();
@@ -201,7 +211,7 @@ fn cpu_table_rows_equal_reference_on_random_jobs() {
             }
             *seen.borrow_mut().entry(v).or_default() += 1;
         }
-        assert_cpu_equals_reference(&job, rng, 3, &r.describe());
+        assert_cpu_equals_reference(cpu, &job, rng, 3, &r.describe());
     });
     let (seen, seen_table, table_jobs) =
         (seen.into_inner(), seen_table.into_inner(), table_jobs.get());
@@ -302,7 +312,7 @@ fn cpu_rows_equal_reference_across_the_table_threshold() {
                 assert_eq!(takes_table_path(&job), cols >= 2 * n, "{}", r.describe());
                 let total = d.total_rows();
                 let want = reference(&job, 0..total);
-                let got = cpu_rows(&job, 0..total);
+                let got = cpu_rows(Cpu::new(), &job, 0..total);
                 assert!(
                     got == want,
                     "{}: {}",
@@ -1194,6 +1204,11 @@ fn strided(r: &mut RandomJob, rng: &mut Rng) -> u64 {
 
 #[test]
 fn cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs() {
+    tiles_equal_reference_on_random_transposed_and_strided_jobs(Cpu::new());
+}
+
+/// [`cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs`] on `cpu`'s kernels.
+fn tiles_equal_reference_on_random_transposed_and_strided_jobs(cpu: Cpu) {
     let seen: RefCell<BTreeMap<String, usize>> = RefCell::default();
     let tiled = Cell::new(0);
     let jobs = 400;
@@ -1268,7 +1283,7 @@ fn cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs() {
                 *seen.borrow_mut().entry(v).or_default() += 1;
             }
         }
-        assert_cpu_equals_reference(&job, rng, 2, &r.describe());
+        assert_cpu_equals_reference(cpu, &job, rng, 2, &r.describe());
     });
     let seen = seen.into_inner();
     let needed = [
@@ -1386,6 +1401,11 @@ fn packed_job<'a>(
 /// (where a task starts), give the reference's bytes.
 #[test]
 fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
+    packed_rows_equal_reference_on_gptq_and_autoawq_jobs(Cpu::new());
+}
+
+/// [`cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs`] on `cpu`'s kernels.
+fn packed_rows_equal_reference_on_gptq_and_autoawq_jobs(cpu: Cpu) {
     let mut rng = Rng::new(0x5EED_0A11_7A57_0001);
     let shapes: [(usize, usize, usize); 8] = [
         (32, 32, 32),
@@ -1430,7 +1450,7 @@ fn cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs() {
                     let row_bytes = job.dims.cols * job.out.size();
                     for (a, b) in [(0, total), (1, total), (8, total.min(72)), (33, total - 3)] {
                         let (a, b) = (a.min(total), b.max(a.min(total)));
-                        let got = cpu_rows(&job, a..b);
+                        let got = cpu_rows(cpu, &job, a..b);
                         let want = &want[a * row_bytes..b * row_bytes];
                         assert!(
                             got == want,
@@ -1513,10 +1533,10 @@ fn streamed_outputs_equal_cached_ones(out: usize, inputs: usize, group: usize) {
         );
         let cached: Vec<u8> = (0..total)
             .step_by(64)
-            .flat_map(|r| cpu_rows(job, r..(r + 64).min(total)))
+            .flat_map(|r| cpu_rows(Cpu::new(), job, r..(r + 64).min(total)))
             .collect();
         for skew in [0, 16] {
-            let got = cpu_rows_at(job, 0..total, skew);
+            let got = cpu_rows_at(Cpu::new(), job, 0..total, skew);
             assert!(
                 got == cached,
                 "{what}, skew {skew}: {}",
@@ -1533,6 +1553,11 @@ fn streamed_outputs_equal_cached_ones(out: usize, inputs: usize, group: usize) {
 /// negative one, a subnormal one and ones that overflow f16.
 #[test]
 fn cpu_smoothed_rows_equal_reference() {
+    smoothed_rows_equal_reference(Cpu::new());
+}
+
+/// [`cpu_smoothed_rows_equal_reference`] on `cpu`'s kernels.
+fn smoothed_rows_equal_reference(cpu: Cpu) {
     use std::sync::Arc;
     use wgpu_dequant::job::{Fields, Grid, LowRank, Values};
     let mut rng = Rng::new(0x5EED_0A11_7A57_0002);
@@ -1622,7 +1647,7 @@ fn cpu_smoothed_rows_equal_reference() {
                 let what = format!("{rows}x{cols} g{group}, pairs {pairs}, zero {zero}, {dtype}");
                 let want = if pairs { Way::PackedRows } else { Way::Rows };
                 assert_eq!(way(&job), want, "{what}");
-                assert_cpu_equals_reference(&job, &mut rng, 4, &what);
+                assert_cpu_equals_reference(cpu, &job, &mut rng, 4, &what);
             }
         }
     }
@@ -1679,24 +1704,20 @@ fn cpu_mxfp4_experts_equal_reference_in_shifted_blocks_and_tiles() {
                     .with_scale(scale)
                     .transpose();
                 assert_eq!(way(&job), Way::Tiles);
-                for wide in [true, false] {
-                    set_wide_kernels(wide);
+                // The widest kernels (AVX-512's or AVX2's shifted blocks),
+                // and the SSSE3 ones this CPU runs without them.
+                for kernels in [Kernels::Widest, Kernels::Narrow] {
+                    let cpu = Cpu::with_kernels(kernels);
                     let what = format!(
-                        "{slices}x{outs}x{ins} {out}, extreme scales {extreme}, wide kernels {wide}"
+                        "{slices}x{outs}x{ins} {out}, extreme scales {extreme}, {kernels:?} kernels"
                     );
-                    let checked = std::panic::catch_unwind(|| {
-                        assert_cpu_equals_reference(&job, &mut Rng::new(3), 3, &what);
-                        // Blocks start on the output's lines, wherever it is.
-                        let total = job.dims.total_rows();
-                        let want = reference(&job, 0..total);
-                        for skew in [2, 16, 48] {
-                            let got = cpu_rows_at(&job, 0..total, skew);
-                            assert!(got == want, "{what}, {skew} bytes past a line");
-                        }
-                    });
-                    set_wide_kernels(true);
-                    if let Err(e) = checked {
-                        std::panic::resume_unwind(e);
+                    assert_cpu_equals_reference(cpu, &job, &mut Rng::new(3), 3, &what);
+                    // Blocks start on the output's lines, wherever it is.
+                    let total = job.dims.total_rows();
+                    let want = reference(&job, 0..total);
+                    for skew in [2, 16, 48] {
+                        let got = cpu_rows_at(cpu, &job, 0..total, skew);
+                        assert!(got == want, "{what}, {skew} bytes past a line");
                     }
                 }
             }
@@ -1705,21 +1726,16 @@ fn cpu_mxfp4_experts_equal_reference_in_shifted_blocks_and_tiles() {
 }
 
 /// The scalar loops that other CPUs run (aarch64, wasm32) give the same
-/// bytes: the random and packed-row checks again, the vector kernels off
-/// (tests running meanwhile take either; both give the same bytes).
+/// bytes: the random and packed-row checks again on a backend whose
+/// kernels are the scalar loops (its own choice: tests running meanwhile
+/// keep theirs).
 #[test]
 fn cpu_scalar_loops_equal_reference() {
-    set_vector_kernels(false);
-    let checks = std::panic::catch_unwind(|| {
-        cpu_table_rows_equal_reference_on_random_jobs();
-        cpu_tiles_equal_reference_on_random_transposed_and_strided_jobs();
-        cpu_packed_rows_equal_reference_on_gptq_and_autoawq_jobs();
-        cpu_smoothed_rows_equal_reference();
-    });
-    set_vector_kernels(true);
-    if let Err(e) = checks {
-        std::panic::resume_unwind(e);
-    }
+    let scalar = Cpu::with_kernels(Kernels::Scalar);
+    table_rows_equal_reference_on_random_jobs(scalar);
+    tiles_equal_reference_on_random_transposed_and_strided_jobs(scalar);
+    packed_rows_equal_reference_on_gptq_and_autoawq_jobs(scalar);
+    smoothed_rows_equal_reference(scalar);
 }
 
 /// Codes inside blocks (GGUF's geometry, at random): the CPU's unpacked
@@ -1734,7 +1750,7 @@ fn cpu_blocked_fields_equal_reference_on_random_jobs() {
             .borrow_mut()
             .entry(format!("{:?}", way(&job)))
             .or_default() += 1;
-        assert_cpu_equals_reference(&job, rng, 3, &r.describe());
+        assert_cpu_equals_reference(Cpu::new(), &job, rng, 3, &r.describe());
     });
     let ways = ways.into_inner();
     for w in [Way::Rows, Way::Direct, Way::Elements] {

@@ -51,7 +51,7 @@ type Groups<'a> = (usize, &'a [u8], Option<&'a [u8]>);
 pub(super) fn row<const N: usize>(wide: bool, codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if wide {
-        // SAFETY: `wide` is the CPU's AVX2 (simd::has_wide).
+        // SAFETY: `wide` is the CPU's AVX2 (simd::Isa::wide).
         return unsafe { row_avx2::<N>(codes, groups, dtype, out) };
     }
     let _ = wide;

@@ -71,13 +71,12 @@ pub(super) struct Rows {
     stream: bool,
     /// Output rows gathered at once (1 in place).
     band: usize,
-    /// The instructions of the kernels called per group.
+    /// The instructions every kernel of the job may use, read once: all
+    /// its kernels fall back to the scalar loops together.
     isa: simd::Isa,
     /// Values computed from the codes without tables, where tables would
     /// not pay off ([`direct`]).
     direct: Option<Linear>,
-    /// The direct values may use AVX2.
-    direct_wide: bool,
 }
 
 /// One thread's reusable buffers: kept from task to task, as fresh ones
@@ -110,8 +109,9 @@ struct Tables {
 }
 
 impl Rows {
-    /// Tables pay off when a row holds more elements than its tables.
-    pub(super) fn of(job: &DecodeJob<'_>) -> Option<Rows> {
+    /// Tables pay off when a row holds more elements than its tables; the
+    /// kernels use the instructions of `isa`.
+    pub(super) fn of(job: &DecodeJob<'_>, isa: simd::Isa) -> Option<Rows> {
         let f: &Fields<'_> = &job.codes;
         // A rank-0 low-rank branch is a factor per column (ModelOpt's
         // pre-quant scale), applied to the f32 products of the tables.
@@ -207,7 +207,7 @@ impl Rows {
             _ => 1,
         };
         // Tables by scale byte cost nothing per entry.
-        let by_scale = ByScale::of(job).filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
+        let by_scale = ByScale::of(isa, job).filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
         let entries = groups.checked_mul(job.code_values.len())?;
         // Values straight from the codes where tables would cost as much as
         // the values (GGUF's: a scale per 16 or 32 codes), when the codes
@@ -237,8 +237,7 @@ impl Rows {
             smoothing,
             stream: false,
             band: Rows::band_of(job, gather),
-            isa: simd::Isa::detect(),
-            direct_wide: simd::has_wide(),
+            isa,
         })
     }
 
@@ -349,7 +348,7 @@ impl Rows {
                 grow(buf, (c1 - c0) * 8 * row);
                 let lane_bytes = (f.lane_bits / 8) as usize;
                 let whole = cols / 8 * 8;
-                simd::gather_awq(data, (base + 4 * c0, lane_bytes), (c1 - c0, whole), buf, row);
+                simd::gather_awq(self.isa, data, (base + 4 * c0, lane_bytes), (c1 - c0, whole), buf, row);
                 // A band starts inside its first word column when a task
                 // does; its rows start that far in.
                 let first = rows.start - 8 * c0;
@@ -395,7 +394,7 @@ impl Rows {
                 let row = cols.div_ceil(2) + PAD;
                 grow(buf, 2 * row);
                 let (lo, hi) = buf.split_at_mut(row);
-                simd::split_nibbles(&data[base..base + cols], &mut lo[..cols.div_ceil(2)], &mut hi[..cols.div_ceil(2)]);
+                simd::split_nibbles(self.isa, &data[base..base + cols], &mut lo[..cols.div_ceil(2)], &mut hi[..cols.div_ceil(2)]);
                 Fields::dense(&buf[rows.start * row..], 4, row as u64 * 8)
             }
             Gather::Blocks(b) => {
@@ -428,7 +427,7 @@ impl Rows {
                 let (lane, stride) = ((f.lane_bits / 8) as usize, (f.word_bits / 8) as usize);
                 let first = base + rows.start * lane;
                 if lane == 4 {
-                    simd::gather_words(data, (first, stride), (lanes, words), buf, row);
+                    simd::gather_words(self.isa, data, (first, stride), (lanes, words), buf, row);
                 } else {
                     for k in 0..lanes {
                         for w in 0..words {
@@ -522,7 +521,7 @@ impl Rows {
             let bytes = &codes.data[start..start + job.dims.cols];
             let scales = f32_run(scale, slice, row, self.groups, &mut s.scales);
             let offsets = job.offset.as_ref().map(|o| f32_run(o, slice, row, self.groups, &mut s.offset_bytes));
-            direct::row::<N>(self.direct_wide, (bytes, lin), (self.group_cols, scales, offsets), job.out, out);
+            direct::row::<N>(self.isa.wide(), (bytes, lin), (self.group_cols, scales, offsets), job.out, out);
             return;
         }
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
@@ -540,7 +539,7 @@ impl Rows {
             if let (true, Some(lr)) = (self.smoothing, &job.low_rank) {
                 if fresh {
                     tables.clear();
-                    Table16::products(job, entries.iter().copied(), &mut |t| tables.push(t));
+                    Table16::products(self.isa, job, entries.iter().copied(), &mut |t| tables.push(t));
                 }
                 self.smoothed_row::<N>(job, codes, (cs, lane), out, (tables, &lr.inv_smooth));
             } else if let Some(by) = &self.by_scale {
@@ -551,14 +550,14 @@ impl Rows {
                 if fresh {
                     tables.clear();
                     for (&(zero, scale), &offset) in entries.iter().zip(&s.offsets) {
-                        tables.push(Table16::with_offset(job, zero, scale, offset));
+                        tables.push(Table16::with_offset(self.isa, job, zero, scale, offset));
                     }
                 }
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             } else {
                 if fresh {
                     tables.clear();
-                    Table16::extend(job, entries.iter().copied(), &mut |t| tables.push(t));
+                    Table16::extend(self.isa, job, entries.iter().copied(), &mut |t| tables.push(t));
                 }
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             }
@@ -580,8 +579,8 @@ impl Rows {
             };
             if n == 16 {
                 let table = match offset {
-                    Some(o) => Table16::with_offset(job, zero, scale, o),
-                    None => Table16::new(job, zero, scale),
+                    Some(o) => Table16::with_offset(self.isa, job, zero, scale, o),
+                    None => Table16::new(self.isa, job, zero, scale),
                 };
                 tables.extend(table.values.map(u64::from));
                 continue;
@@ -631,7 +630,7 @@ impl Rows {
             let n = group_out.len() / N;
             let done = if first.is_multiple_of(2) {
                 let factors = (&factors[first..first + n], hf);
-                simd::smoothed::<N>(&bytes[first / 2..], &t.planes, factors, group_out, job.out)
+                simd::smoothed::<N>(self.isa, &bytes[first / 2..], &t.planes, factors, group_out, job.out)
             } else {
                 0
             };

@@ -6,90 +6,128 @@
 //! Every load and store goes through a bounds-checked slice of exactly the
 //! bytes it touches; the only unsafety is the CPU feature.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::numerics::OutDtype;
 
 /// Word rows ahead whose lines [`gather_words`] fetches.
 #[cfg(target_arch = "x86_64")]
 const WORDS_AHEAD: usize = 8;
 
-/// Whether the vector kernels may run: tests turn them off to check the
-/// scalar loops other CPUs run, on this one.
-static VECTORS: AtomicBool = AtomicBool::new(true);
-
-/// Whether the AVX-512 and AVX2 kernels may run where the CPU has them:
-/// tests turn them off to check the SSSE3 ones on this CPU too.
-static WIDE: AtomicBool = AtomicBool::new(true);
-
-/// Lets the vector kernels run, or not (the scalar loops give the same
-/// bytes).
-pub fn set_vector_kernels(on: bool) {
-    VECTORS.store(on, Ordering::Relaxed);
+/// Which of the CPU's kernels a decoding may run: all give the same bytes,
+/// so this is the tests' choice, to check on this CPU the kernels that
+/// others run. A value, not a process-wide switch, so that tests running
+/// at once cannot change each other's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub enum Kernels {
+    /// The widest this CPU has (AVX-512 or AVX2, else SSSE3 and SSE2).
+    #[default]
+    Widest,
+    /// SSSE3 and SSE2 only, never AVX2 or AVX-512.
+    Narrow,
+    /// None: the scalar loops other CPUs (aarch64, wasm32) run.
+    Scalar,
 }
 
-/// Lets the AVX-512 and AVX2 kernels run where the CPU has them, or not
-/// (the SSSE3 ones and the scalar loops give the same bytes).
-pub fn set_wide_kernels(on: bool) {
-    WIDE.store(on, Ordering::Relaxed);
+/// The instructions the kernels may use, read once per job from the CPU's
+/// features and the chosen [`Kernels`], then passed to every kernel: a
+/// kernel that falls back to the scalar loop does so by this answer alone,
+/// so all the kernels of one job agree (tables as many as their entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) struct Isa {
+    /// SSE2 (part of x86-64).
+    sse2: bool,
+    ssse3: bool,
+    /// F16C, where SSSE3 (the f16 tables and products).
+    f16c: bool,
+    avx2: bool,
+    /// AVX-512 F, BW and VBMI.
+    avx512: bool,
 }
 
-/// Whether the SSE2 kernels run (SSE2 is part of x86-64).
-#[inline]
-fn sse2() -> bool {
-    cfg!(target_arch = "x86_64") && VECTORS.load(Ordering::Relaxed)
-}
+impl Isa {
+    /// This CPU's, as `kernels` allow.
+    pub(super) fn of(kernels: Kernels) -> Isa {
+        let vectors = cfg!(target_arch = "x86_64") && kernels != Kernels::Scalar;
+        let wide = vectors && kernels == Kernels::Widest;
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let ssse3 = vectors && has!("ssse3");
+            Isa {
+                sse2: vectors,
+                ssse3,
+                f16c: ssse3 && has!("f16c"),
+                avx2: wide && has!("avx2"),
+                avx512: ssse3 && wide && has!("avx512f") && has!("avx512bw") && has!("avx512vbmi"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = wide;
+            Isa::SCALAR
+        }
+    }
 
-/// Whether the SSSE3 (`pshufb`) kernels run.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn has_ssse3() -> bool {
-    sse2() && std::arch::is_x86_feature_detected!("ssse3")
-}
+    /// This CPU's widest.
+    pub(super) fn detect() -> Isa {
+        Isa::of(Kernels::Widest)
+    }
 
-/// Whether the AVX2 kernels run (where the AVX-512 ones do not).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn has_avx2() -> bool {
-    sse2() && WIDE.load(Ordering::Relaxed) && std::arch::is_x86_feature_detected!("avx2")
-}
+    /// No vector instructions: the scalar loops.
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    const SCALAR: Isa = Isa {
+        sse2: false,
+        ssse3: false,
+        f16c: false,
+        avx2: false,
+        avx512: false,
+    };
 
-/// Whether kernels may use AVX2 (loops the compiler vectorizes for it:
-/// `super::direct`).
-pub(super) fn has_wide() -> bool {
+    /// The same without F16C: its f16 tables and products fall back to the
+    /// scalar loops, as on a CPU with SSSE3 but not F16C.
+    #[cfg(test)]
+    pub(super) fn without_f16c(self) -> Isa {
+        Isa {
+            f16c: false,
+            avx512: false,
+            ..self
+        }
+    }
+
+    /// Whether loops the compiler vectorizes may use AVX2 (`super::direct`).
+    pub(super) fn wide(self) -> bool {
+        self.avx2
+    }
+
+    /// Whether the SSSE3 kernels that round to `out` run (f16 needs F16C).
     #[cfg(target_arch = "x86_64")]
-    return has_avx2();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Whether the AVX-512 kernels (F, BW, VBMI) run.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn has_avx512() -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    sse2() && WIDE.load(Ordering::Relaxed) && has!("avx512f") && has!("avx512bw") && has!("avx512vbmi")
+    fn rounds_to(self, out: OutDtype) -> bool {
+        self.ssse3 && (out != OutDtype::F16 || self.f16c)
+    }
 }
 
 /// A 16-entry code table split into byte planes: plane `b` holds byte `b`
 /// of each little-endian entry (what `pshufb` looks up 16 codes in).
-pub(super) fn planes(table: &[u32; 16]) -> [[u8; 16]; 4] {
+pub(super) fn planes(isa: Isa, table: &[u32; 16]) -> [[u8; 16]; 4] {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_ssse3() {
-            // SAFETY: the CPU has SSSE3 (checked just above).
+        if isa.ssse3 {
+            // SAFETY: the CPU has SSSE3 (what Isa::of found).
             return unsafe { x86::planes(table) };
         }
     }
+    let _ = isa;
     std::array::from_fn(|b| std::array::from_fn(|c| (table[c] >> (8 * b)) as u8))
 }
 
 /// The tables of 16 code values `codes` under each entry (zero, scale):
 /// `(c − zero)·scale·post` in f32, rounded once to `out`, given to `each`
 /// in order as encoded output bits and byte planes; false, having given
-/// none, where the CPU lacks the instructions (f16 needs F16C), and the
+/// none, where `isa` lacks the instructions (f16 needs F16C), and the
 /// caller's scalar loop gives the same bytes.
 pub(super) fn tables16(
+    isa: Isa,
     codes: &[f32; 16],
     entries: &[(f32, f32)],
     (post, out): (f32, OutDtype),
@@ -97,20 +135,19 @@ pub(super) fn tables16(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_avx512() {
-            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
+        if isa.avx512 {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (what Isa::of found).
             unsafe { x86::tables16_avx512(codes, entries, (post, out), each) };
             return true;
         }
-        let f16c = || std::arch::is_x86_feature_detected!("f16c");
-        if has_ssse3() && (out != OutDtype::F16 || f16c()) {
+        if isa.rounds_to(out) {
             // SAFETY: the CPU has SSSE3, and F16C where the output is f16
             // (checked just above).
             unsafe { x86::tables16(codes, entries, (post, out), each) };
             return true;
         }
     }
-    let _ = (codes, entries, post, out, each);
+    let _ = (isa, codes, entries, post, out, each);
     false
 }
 
@@ -118,8 +155,9 @@ pub(super) fn tables16(
 /// or high first) through a table of f32 products (its byte `planes`),
 /// each times its column's factor in `factors`, rounded once to `out` (N
 /// bytes each); returns how many outputs were written (0 where the CPU
-/// lacks the instructions: f16 needs F16C).
+/// lacks the instructions: f16 needs F16C), with the instructions of `isa`.
 pub(super) fn smoothed<const N: usize>(
+    isa: Isa,
     codes: &[u8],
     planes: &[[u8; 16]; 4],
     factors: (&[f32], bool),
@@ -128,43 +166,14 @@ pub(super) fn smoothed<const N: usize>(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_ssse3() && (out != OutDtype::F16 || std::arch::is_x86_feature_detected!("f16c")) {
+        if isa.rounds_to(out) {
             // SAFETY: the CPU has SSSE3, and F16C where the output is f16
-            // (checked just above).
+            // (what Isa::of found).
             return unsafe { x86::smoothed::<N>(codes, planes, factors, dst, out) };
         }
     }
-    let _ = (codes, planes, factors, dst, out);
+    let _ = (isa, codes, planes, factors, dst, out);
     0
-}
-
-/// The widest vector instructions the kernels that are called per group of
-/// codes ([`nibbles`]) may use, read once for many calls: the CPU's
-/// features and the switches above.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) enum Isa {
-    /// AVX-512 F, BW and VBMI (and SSSE3).
-    Avx512,
-    Ssse3,
-    /// None: the callers' scalar loops.
-    Scalar,
-}
-
-impl Isa {
-    /// This CPU's, as the switches allow now.
-    pub(super) fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if has_avx512() {
-                return Isa::Avx512;
-            }
-            if has_ssse3() {
-                return Isa::Ssse3;
-            }
-        }
-        Isa::Scalar
-    }
 }
 
 /// Decodes whole 32-code blocks of `codes` (two per byte, low nibble first,
@@ -185,13 +194,13 @@ pub(super) fn nibbles<const N: usize>(
     {
         // The AVX-512 kernel's setup pays off over a few registers of
         // outputs, not over one (NVFP4's and MXFP4's groups of 16 and 32).
-        if isa == Isa::Avx512 && out.len() >= 256 {
-            // SAFETY: the CPU has AVX-512 F, BW and VBMI (what Isa::detect
+        if isa.avx512 && out.len() >= 256 {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (what Isa::of
             // found).
             return unsafe { x86::nibbles_avx512::<N>(codes, values, out, high_first, stream) };
         }
-        if isa != Isa::Scalar {
-            // SAFETY: the CPU has SSSE3 (what Isa::detect found).
+        if isa.ssse3 {
+            // SAFETY: the CPU has SSSE3 (what Isa::of found).
             return unsafe { x86::nibbles::<N>(codes, planes, out, high_first, stream) };
         }
     }
@@ -216,8 +225,9 @@ pub(super) fn fence() {
 /// value of nonzero magnitude (a table whose scale is a power of two: the
 /// caller checked that each column's own table is exactly that), written
 /// to row `r` at `out[r·row_bytes ..]`, N bytes each; false, having
-/// written nothing, where the CPU lacks AVX-512 (F, BW, VBMI).
+/// written nothing, where `isa` has neither AVX-512 (F, BW, VBMI) nor AVX2.
 pub(super) fn shifted_block<const N: usize>(
+    isa: Isa,
     src: &[u8],
     (first, lane): (usize, usize),
     (base, shifts): (&[u32; 16], &[u32; 128]),
@@ -226,18 +236,18 @@ pub(super) fn shifted_block<const N: usize>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_avx512() {
-            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
+        if isa.avx512 {
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (what Isa::of found).
             unsafe { x86::shifted_block::<N>(src, (first, lane), (base, shifts), out, row_bytes) };
             return true;
         }
-        if has_avx2() {
-            // SAFETY: the CPU has AVX2 (checked just above).
+        if isa.avx2 {
+            // SAFETY: the CPU has AVX2 (what Isa::of found).
             unsafe { x86::shifted_block_avx2::<N>(src, (first, lane), (base, shifts), out, row_bytes) };
             return true;
         }
     }
-    let _ = (src, first, lane, base, shifts, out, row_bytes);
+    let _ = (isa, src, first, lane, base, shifts, out, row_bytes);
     false
 }
 
@@ -245,6 +255,7 @@ pub(super) fn shifted_block<const N: usize>(
 /// at byte `first + w·stride + 4k` of `src` (lanes adjacent, words a stride
 /// apart: GPTQ's `qweight`), into `dst`, lane `k`'s words at `k·row`.
 pub(super) fn gather_words(
+    isa: Isa,
     src: &[u8],
     (first, stride): (usize, usize),
     (lanes, words): (usize, usize),
@@ -253,13 +264,13 @@ pub(super) fn gather_words(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_avx512() && lanes.is_multiple_of(16) && words.is_multiple_of(16) {
-            // SAFETY: the CPU has AVX-512 F (checked just above).
+        if isa.avx512 && lanes.is_multiple_of(16) && words.is_multiple_of(16) {
+            // SAFETY: the CPU has AVX-512 F (what Isa::of found).
             unsafe { x86::gather_words_avx512(src, (first, stride), (lanes, words), dst, row) };
             return;
         }
     }
-    let (k4, w4) = if sse2() { (lanes / 4 * 4, words / 4 * 4) } else { (0, 0) };
+    let (k4, w4) = if isa.sse2 { (lanes / 4 * 4, words / 4 * 4) } else { (0, 0) };
     #[cfg(target_arch = "x86_64")]
     {
         for w in (0..w4).step_by(4) {
@@ -299,13 +310,14 @@ pub(super) fn gather_words(
 /// `0..inputs` go to `dst` at `(8·c + e)·row`, two to a byte, low nibble
 /// first. `inputs` is a multiple of 8.
 pub(super) fn gather_awq(
+    isa: Isa,
     src: &[u8],
     (first, lane): (usize, usize),
     (columns, inputs): (usize, usize),
     dst: &mut [u8],
     row: usize,
 ) {
-    let c4 = if sse2() { columns / 4 * 4 } else { 0 };
+    let c4 = if isa.sse2 { columns / 4 * 4 } else { 0 };
     // SAFETY: SSE2 is part of x86-64.
     #[cfg(target_arch = "x86_64")]
     unsafe {
@@ -328,12 +340,15 @@ pub(super) fn gather_awq(
 /// Splits bytes holding two 4-bit codes each into two rows of codes two to a
 /// byte (low nibble first): the low nibbles of `src` into `lo`, the high
 /// ones into `hi` (each `src.len().div_ceil(2)` bytes).
-pub(super) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) {
-    // SAFETY: the CPU has SSSE3 (checked just before).
+pub(super) fn split_nibbles(isa: Isa, src: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+    // SAFETY: the CPU has SSSE3 (what Isa::of found).
     #[cfg(target_arch = "x86_64")]
-    let done = if has_ssse3() { unsafe { x86::split_nibbles(src, lo, hi) } } else { 0 };
+    let done = if isa.ssse3 { unsafe { x86::split_nibbles(src, lo, hi) } } else { 0 };
     #[cfg(not(target_arch = "x86_64"))]
-    let done = 0;
+    let done = {
+        let _ = isa;
+        0
+    };
     for (k, pair) in src[done..].chunks(2).enumerate() {
         let (a, b) = (pair[0], pair.get(1).copied().unwrap_or(0));
         lo[done / 2 + k] = a & 15 | b << 4;
@@ -344,10 +359,10 @@ pub(super) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) {
 /// Hints the CPU to fetch the cache lines of `data[range]` for writing
 /// (nothing on other CPUs): for outputs written a few bytes per row across
 /// many rows, too many streams for the hardware to fetch ahead.
-pub(super) fn prefetch_write(data: &[u8], range: std::ops::Range<usize>) {
+pub(super) fn prefetch_write(isa: Isa, data: &[u8], range: std::ops::Range<usize>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if sse2() {
+        if isa.sse2 {
             for at in range.step_by(64) {
                 // SAFETY: SSE2 is part of x86-64.
                 unsafe { x86::prefetch::<true>(data, at) };
@@ -355,16 +370,16 @@ pub(super) fn prefetch_write(data: &[u8], range: std::ops::Range<usize>) {
             return;
         }
     }
-    let _ = (data, range);
+    let _ = (isa, data, range);
 }
 
 /// Hints the CPU to fetch the cache line at each of `at` in `data` for
 /// reading (nothing on other CPUs): lines a stride apart, too far for the
 /// hardware to guess.
-pub(super) fn prefetch_read(data: &[u8], at: impl Iterator<Item = usize>) {
+pub(super) fn prefetch_read(isa: Isa, data: &[u8], at: impl Iterator<Item = usize>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if sse2() {
+        if isa.sse2 {
             for at in at {
                 // SAFETY: SSE2 is part of x86-64.
                 unsafe { x86::prefetch::<false>(data, at) };
@@ -372,7 +387,7 @@ pub(super) fn prefetch_read(data: &[u8], at: impl Iterator<Item = usize>) {
             return;
         }
     }
-    let _ = (data, at);
+    let _ = (isa, data, at);
 }
 
 /// Decodes a block of codes stored along the output's columns and writes it
@@ -381,6 +396,7 @@ pub(super) fn prefetch_read(data: &[u8], at: impl Iterator<Item = usize>) {
 /// `planes[q]` (N of them used); output row `e < 16`'s `lanes` values go to `out` at
 /// `e·row_bytes` (N bytes each). `lanes` is at most 8 (N = 2) or 4 (N = 4).
 pub(super) fn transposed_block<const N: usize>(
+    isa: Isa,
     codes: &[&[u8; 8]],
     planes: &[&[[u8; 16]; 4]],
     out: &mut [u8],
@@ -388,12 +404,13 @@ pub(super) fn transposed_block<const N: usize>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if codes.len() == 16 / N && has_ssse3() {
-            // SAFETY: the CPU has SSSE3 (checked just above).
+        if codes.len() == 16 / N && isa.ssse3 {
+            // SAFETY: the CPU has SSSE3 (what Isa::of found).
             unsafe { x86::transposed_block::<N>(codes, planes, out, row_bytes) };
             return;
         }
     }
+    let _ = isa;
     for (q, (c, p)) in codes.iter().zip(planes).enumerate() {
         for e in 0..16 {
             let code = ((c[e / 2] >> (4 * (e % 2))) & 15) as usize;
@@ -1179,7 +1196,8 @@ mod x86 {
         let src = &src[..first + 127 * lane + 16];
         let out = &mut out[..31 * row_bytes + 128 * N];
         let column = |o: usize| load(super::slice16(src, first + o * lane));
-        let planes = super::planes(base);
+        // AVX2 implies SSSE3: the byte planes by shuffles.
+        let planes = planes(base);
         let plane: [__m256i; 4] = std::array::from_fn(|b| _mm256_broadcastsi128_si256(load(&planes[b])));
         let nibble = _mm256_set1_epi8(0x0F);
         let zero = _mm256_setzero_si256();
@@ -1360,7 +1378,7 @@ mod tests {
             let src: Vec<u8> = (0..columns * 4 * inputs).map(|_| rng.u8(..)).collect();
             let row = inputs / 2;
             let mut dst = vec![0u8; 8 * columns * row];
-            gather_awq(&src, (0, columns * 4), (columns, inputs), &mut dst, row);
+            gather_awq(Isa::detect(), &src, (0, columns * 4), (columns, inputs), &mut dst, row);
             for o in 0..8 * columns {
                 for i in 0..inputs {
                     let a = i * columns * 4 + o / 8 * 4;
@@ -1402,14 +1420,14 @@ mod tests {
             .into_iter()
             .chain((0..40).map(|_| (f32::from_bits(rng.u32(..)), f32::from_bits(rng.u32(..)))))
             .collect();
-        // The AVX-512 kernel where the CPU has it, then the SSSE3 one (each
-        // turn of the switch gives the same bytes to the other tests).
-        for (wide, out) in [true, false].into_iter().flat_map(|w| [OutDtype::Bf16, OutDtype::F16, OutDtype::F32].map(|o| (w, o))) {
-            WIDE.store(wide, Ordering::Relaxed);
+        // The AVX-512 kernel where the CPU has it, then the SSSE3 one.
+        let outs = [OutDtype::Bf16, OutDtype::F16, OutDtype::F32];
+        for (kernels, out) in [Kernels::Widest, Kernels::Narrow].into_iter().flat_map(|k| outs.map(|o| (k, o))) {
+            let isa = Isa::of(kernels);
             for c in &codes {
                 for post in [1.0, 1.0 / 127.0] {
                     let mut got = Vec::new();
-                    if !tables16(c, &entries, (post, out), &mut |v, p| got.push((v, p))) {
+                    if !tables16(isa, c, &entries, (post, out), &mut |v, p| got.push((v, p))) {
                         continue;
                     }
                     assert_eq!(got.len(), entries.len());
@@ -1423,12 +1441,11 @@ mod tests {
                             }
                         });
                         assert_eq!(values, &want, "{out} codes {c:?} entry ({z}, {s}) post {post}");
-                        assert_eq!(p, &planes(&want), "{out} planes");
+                        assert_eq!(p, &planes(Isa::SCALAR, &want), "{out} planes");
                     }
                 }
             }
         }
-        WIDE.store(true, Ordering::Relaxed);
     }
 
     fn shifted_equals_the_lookup<const N: usize>() {
@@ -1446,7 +1463,7 @@ mod tests {
             // The kernel this CPU runs, and the AVX2 one where it has that
             // too (an AVX-512 CPU runs the other).
             let mut outs = vec![vec![0u8; 31 * row_bytes + 128 * N]];
-            if !shifted_block::<N>(&src, (first, lane), (&base, &shifts), &mut outs[0], row_bytes) {
+            if !shifted_block::<N>(Isa::detect(), &src, (first, lane), (&base, &shifts), &mut outs[0], row_bytes) {
                 return;
             }
             #[cfg(target_arch = "x86_64")]
@@ -1480,13 +1497,14 @@ mod tests {
     fn nibble_kernels<const N: usize>() -> Vec<(&'static str, fn(&[u8], (&[u32; 16], &[[u8; 16]; 4]), &mut [u8], bool, bool) -> usize)> {
         let mut kernels: Vec<(&'static str, fn(&[u8], (&[u32; 16], &[[u8; 16]; 4]), &mut [u8], bool, bool) -> usize)> =
             vec![("dispatched", |c, t, o, hf, st| nibbles::<N>(Isa::detect(), c, t, o, hf, st))];
+        let isa = Isa::detect();
         #[cfg(target_arch = "x86_64")]
-        if has_avx512() {
+        if isa.avx512 {
             // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked just above).
             kernels.push(("avx512", |c, (v, _), o, hf, st| unsafe { x86::nibbles_avx512::<N>(c, v, o, hf, st) }));
         }
         #[cfg(target_arch = "x86_64")]
-        if has_ssse3() {
+        if isa.ssse3 {
             // SAFETY: the CPU has SSSE3 (checked just above).
             kernels.push(("ssse3", |c, (_, p), o, hf, st| unsafe { x86::nibbles::<N>(c, p, o, hf, st) }));
         }
@@ -1496,7 +1514,7 @@ mod tests {
     fn nibbles_equal_the_lookup<const N: usize>() {
         let mut rng = fastrand::Rng::with_seed(13);
         let v: [u32; 16] = std::array::from_fn(|_| rng.u32(..) >> (32 - 8 * N));
-        let p = planes(&v);
+        let p = planes(Isa::SCALAR, &v);
         // Whole blocks, a last half block, and bytes past both.
         for bytes in [8, 16, 24, 40, 43, 64, 72, 200] {
             let codes: Vec<u8> = (0..bytes).map(|_| rng.u8(..)).collect();
@@ -1508,7 +1526,7 @@ mod tests {
                     let out = &mut buf[at..at + 2 * bytes * N];
                     let done = kernel(&codes, (&v, &p), out, high_first, stream);
                     fence();
-                    if has_ssse3() {
+                    if Isa::detect().ssse3 {
                         assert_eq!(done, 2 * bytes / 32 * 32 + (2 * bytes % 32) / 16 * 16, "{name}");
                     }
                     for i in 0..done {
@@ -1535,22 +1553,21 @@ mod tests {
         for len in [1usize, 15, 16, 33, 48] {
             let src: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
             for vectors in [true, false] {
-                set_vector_kernels(vectors);
+                let isa = if vectors { Isa::detect() } else { Isa::SCALAR };
                 let (mut lo, mut hi) = (vec![0u8; len.div_ceil(2)], vec![0u8; len.div_ceil(2)]);
-                split_nibbles(&src, &mut lo, &mut hi);
+                split_nibbles(isa, &src, &mut lo, &mut hi);
                 for (c, &b) in src.iter().enumerate() {
                     let at = |row: &[u8]| (row[c / 2] >> (4 * (c % 2))) & 15;
                     assert_eq!((at(&lo), at(&hi)), (b & 15, b >> 4), "{len} bytes, column {c}, vectors {vectors}");
                 }
             }
-            set_vector_kernels(true);
         }
     }
 
     #[test]
     fn planes_hold_each_byte_of_each_entry() {
         let table: [u32; 16] = std::array::from_fn(|c| 0x0403_0201u32.wrapping_mul(c as u32 + 7) ^ 0xA5A5_5A5A);
-        let p = planes(&table);
+        let p = planes(Isa::detect(), &table);
         for (c, t) in table.iter().enumerate() {
             for (b, plane) in p.iter().enumerate() {
                 assert_eq!(plane[c], (t >> (8 * b)) as u8, "entry {c}, byte {b}");
@@ -1566,7 +1583,7 @@ mod tests {
             let src: Vec<u8> = (0..words * stride + 64).map(|b| (b * 7 + b / 251) as u8).collect();
             let row = 4 * words + 4;
             let mut dst = vec![0u8; lanes * row];
-            gather_words(&src, (8, stride), (lanes, words), &mut dst, row);
+            gather_words(Isa::detect(), &src, (8, stride), (lanes, words), &mut dst, row);
             for k in 0..lanes {
                 for w in 0..words {
                     let at = 8 + w * stride + 4 * k;
@@ -1586,9 +1603,9 @@ mod tests {
         let c: Vec<&[u8; 8]> = codes.iter().collect();
         let p: Vec<&[[u8; 16]; 4]> = planes.iter().collect();
         for vectors in [true, false] {
-            set_vector_kernels(vectors);
+            let isa = if vectors { Isa::detect() } else { Isa::SCALAR };
             let mut out = vec![0x5Au8; 15 * row_bytes + lanes * N];
-            transposed_block::<N>(&c, &p, &mut out, row_bytes);
+            transposed_block::<N>(isa, &c, &p, &mut out, row_bytes);
             for (i, &b) in out.iter().enumerate() {
                 let (e, at) = (i / row_bytes, i % row_bytes);
                 let want = if at < lanes * N {
@@ -1601,7 +1618,6 @@ mod tests {
                 assert_eq!(b, want, "vectors {vectors}, row {e}, byte {at}");
             }
         }
-        set_vector_kernels(true);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! [`ByScale`] builds them once per job, and an entry's table is then the
 //! scale byte itself, however small the entries.
 
-use super::simd;
+use super::simd::{self, Isa};
 use crate::job::{DecodeJob, ValueKind};
 use crate::numerics::{self, OutDtype};
 
@@ -24,28 +24,36 @@ pub(super) struct Table16 {
 }
 
 impl Table16 {
-    /// The table of `job`'s 16 codes under (`zero`, `scale`).
-    pub(super) fn new(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
+    /// The table of `job`'s 16 codes under (`zero`, `scale`), with the
+    /// instructions of `isa`.
+    pub(super) fn new(isa: Isa, job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
         let mut table = None;
-        Table16::extend(job, [(zero, scale)], &mut |t| table = Some(t));
-        table.unwrap_or_else(|| Table16::scalar(job, zero, scale, (job.post_scale, job.out)))
+        Table16::extend(isa, job, [(zero, scale)], &mut |t| table = Some(t));
+        table.unwrap_or_else(|| Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out)))
     }
 
     /// The table of `job`'s 16 codes under (`zero`, `scale`), its offset
     /// `offset` added last (the vector kernel does not add one).
-    pub(super) fn with_offset(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, offset: f32) -> Table16 {
-        Table16::scalar_offset(job, zero, scale, (job.post_scale, job.out), Some(offset))
+    pub(super) fn with_offset(
+        isa: Isa,
+        job: &DecodeJob<'_>,
+        zero: Option<f32>,
+        scale: Option<f32>,
+        offset: f32,
+    ) -> Table16 {
+        Table16::scalar_offset(isa, job, zero, scale, (job.post_scale, job.out), Some(offset))
     }
 
     /// The tables of `entries` (zero point, scale), given to `each` in
-    /// order: a batch at a time by the vector kernel where it runs, else
-    /// one by one.
+    /// order: a batch at a time by the vector kernel where `isa` runs it,
+    /// else one by one; one table per entry either way.
     pub(super) fn extend(
+        isa: Isa,
         job: &DecodeJob<'_>,
         entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
         each: &mut impl FnMut(Table16),
     ) {
-        Table16::extend_as(job, (job.post_scale, job.out), entries, each)
+        Table16::extend_as(isa, job, (job.post_scale, job.out), entries, each)
     }
 
     /// The tables of the f32 products `(c − zero)·scale` themselves, for
@@ -53,15 +61,17 @@ impl Table16 {
     /// smoothing of a rank-0 [`crate::job::LowRank`]); no 16-bit product,
     /// no post scale.
     pub(super) fn products(
+        isa: Isa,
         job: &DecodeJob<'_>,
         entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
         each: &mut impl FnMut(Table16),
     ) {
-        Table16::extend_as(job, (None, OutDtype::F32), entries, each)
+        Table16::extend_as(isa, job, (None, OutDtype::F32), entries, each)
     }
 
     /// `extend` with its post scale and output dtype `how`.
     fn extend_as(
+        isa: Isa,
         job: &DecodeJob<'_>,
         (post, out): (Option<f32>, OutDtype),
         entries: impl IntoIterator<Item = (Option<f32>, Option<f32>)>,
@@ -70,38 +80,68 @@ impl Table16 {
         let mut entries = entries.into_iter();
         let how = (post.unwrap_or(1.0), out);
         let codes = job.code_values.first_chunk::<16>().filter(|_| job.product_dtype().is_none());
-        // An empty batch asks whether the kernel runs.
-        if let Some(codes) = codes.filter(|c| simd::tables16(c, &[], how, &mut |_, _| {})) {
-            // Without a 16-bit product, a missing zero point, scale or post
-            // scale is the same as 0 or 1: x − 0 and x · 1 are x exactly.
-            let mut batch = [(0.0, 1.0); 16];
+        if let Some(codes) = codes {
+            let mut batch = [(None, None); 16];
             loop {
                 let mut n = 0;
-                // The batch first: zip takes from it first, and leaves
-                // the entries past a full batch where they are.
-                for (b, (z, s)) in batch.iter_mut().zip(entries.by_ref()) {
-                    *b = (z.unwrap_or(0.0), s.unwrap_or(1.0));
+                // The batch first: zip takes from it first, and leaves the
+                // entries past a full batch where they are.
+                for (b, e) in batch.iter_mut().zip(entries.by_ref()) {
+                    *b = e;
                     n += 1;
                 }
                 if n == 0 {
                     return;
                 }
-                simd::tables16(codes, &batch[..n], how, &mut |values, planes| each(Table16 { values, planes }));
+                if !Table16::vector_batch(isa, codes, &batch[..n], how, each) {
+                    // Nothing given (f16 without F16C): this batch's tables
+                    // one by one too, so that every entry has its table.
+                    for &(zero, scale) in &batch[..n] {
+                        each(Table16::scalar(isa, job, zero, scale, (post, out)));
+                    }
+                    break;
+                }
             }
         }
         for (zero, scale) in entries {
-            each(Table16::scalar(job, zero, scale, (post, out)));
+            each(Table16::scalar(isa, job, zero, scale, (post, out)));
         }
+    }
+
+    /// The tables of `batch` by the vector kernel, given to `each`; false,
+    /// having given none, where `isa` does not run it.
+    fn vector_batch(
+        isa: Isa,
+        codes: &[f32; 16],
+        batch: &[(Option<f32>, Option<f32>)],
+        how: (f32, OutDtype),
+        each: &mut impl FnMut(Table16),
+    ) -> bool {
+        // Without a 16-bit product, a missing zero point, scale or post
+        // scale is the same as 0 or 1: x − 0 and x · 1 are x exactly.
+        let mut plain = [(0.0, 1.0); 16];
+        for (p, &(z, s)) in plain.iter_mut().zip(batch) {
+            *p = (z.unwrap_or(0.0), s.unwrap_or(1.0));
+        }
+        let n = batch.len().min(16);
+        simd::tables16(isa, codes, &plain[..n], how, &mut |values, planes| each(Table16 { values, planes }))
     }
 
     /// `new` without the vector kernel, with the post scale and output
     /// dtype `how`.
-    fn scalar(job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>, how: (Option<f32>, OutDtype)) -> Table16 {
-        Table16::scalar_offset(job, zero, scale, how, None)
+    fn scalar(
+        isa: Isa,
+        job: &DecodeJob<'_>,
+        zero: Option<f32>,
+        scale: Option<f32>,
+        how: (Option<f32>, OutDtype),
+    ) -> Table16 {
+        Table16::scalar_offset(isa, job, zero, scale, how, None)
     }
 
     /// `scalar`, with `offset` added last when there is one.
     fn scalar_offset(
+        isa: Isa,
         job: &DecodeJob<'_>,
         zero: Option<f32>,
         scale: Option<f32>,
@@ -142,7 +182,7 @@ impl Table16 {
         }
         Table16 {
             values,
-            planes: simd::planes(&values),
+            planes: simd::planes(isa, &values),
         }
     }
 }
@@ -156,7 +196,7 @@ pub(super) struct ByScale {
 
 impl ByScale {
     /// The tables, when `job` is such a job.
-    pub(super) fn of(job: &DecodeJob<'_>) -> Option<ByScale> {
+    pub(super) fn of(isa: Isa, job: &DecodeJob<'_>) -> Option<ByScale> {
         let scale = job.scale.as_ref()?;
         let ValueKind::Table(t) = &scale.kind else {
             return None;
@@ -165,7 +205,7 @@ impl ByScale {
             return None;
         }
         Some(ByScale {
-            tables: t.iter().map(|&s| Table16::new(job, None, Some(s))).collect(),
+            tables: t.iter().map(|&s| Table16::new(isa, job, None, Some(s))).collect(),
         })
     }
 
@@ -210,5 +250,37 @@ impl ByScale {
             })
         });
         Some(Shifted { base, by_byte, exact })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Dims, Fields};
+
+    /// The tables of `entries` under `isa`, as `Rows` gathers a row's.
+    fn tables(isa: Isa, job: &DecodeJob<'_>, entries: &[(Option<f32>, Option<f32>)]) -> Vec<[u32; 16]> {
+        let mut got = Vec::new();
+        Table16::extend(isa, job, entries.iter().copied(), &mut |t| got.push(t.values));
+        got
+    }
+
+    /// Every entry gets its own table, whichever kernels `isa` allows and
+    /// whether or not the vector one declines a batch (f16 without F16C):
+    /// a table list one short would decode a group through another's.
+    #[test]
+    fn every_entry_has_its_table_under_every_isa() {
+        let codes: Vec<f32> = (0..16).map(|c| c as f32 - 8.0).collect();
+        // More entries than one batch of the vector kernel, not a multiple.
+        let entries: Vec<_> = (0..37).map(|k| (Some(k as f32 / 4.0), Some(0.5 + k as f32 / 64.0))).collect();
+        for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+            let dims = Dims { slices: 1, rows: 1, cols: 32 };
+            let job = DecodeJob::new(dims, Fields::dense(&[0u8; 16][..], 4, 128), codes.clone(), out);
+            let want = tables(Isa::of(simd::Kernels::Scalar), &job, &entries);
+            assert_eq!(want.len(), entries.len(), "{out}");
+            for isa in [Isa::detect(), Isa::of(simd::Kernels::Narrow), Isa::detect().without_f16c()] {
+                assert_eq!(tables(isa, &job, &entries), want, "{out} {isa:?}");
+            }
+        }
     }
 }

@@ -51,13 +51,15 @@ pub(super) struct Tiles {
     by_scale: Option<ByScale>,
     /// Those tables as shifts of one, where they are.
     shifted: Option<Shifted>,
+    /// The instructions every kernel of the job may use, read once.
+    isa: simd::Isa,
 }
 
 impl Tiles {
     /// The tiling of a transposed or strided job, when its entries span
     /// enough elements to pay for their tables (or its tables are by scale
-    /// byte, [`ByScale`]).
-    pub(super) fn of(job: &DecodeJob<'_>) -> Option<Tiles> {
+    /// byte, [`ByScale`]); the kernels use the instructions of `isa`.
+    pub(super) fn of(job: &DecodeJob<'_>, isa: simd::Isa) -> Option<Tiles> {
         let f = &job.codes;
         // Jobs with a post scale (LLM.int8) are straight rows; tiles are
         // not measured for them.
@@ -117,7 +119,7 @@ impl Tiles {
             }
         };
         // Tables by scale byte cost nothing per entry.
-        let by_scale = ByScale::of(job);
+        let by_scale = ByScale::of(isa, job);
         if by_scale.is_none() && rows_per_key.min(stored.rows).saturating_mul(key_cols) < 2 * job.code_values.len() {
             return None;
         }
@@ -156,6 +158,7 @@ impl Tiles {
             fill,
             by_scale,
             shifted,
+            isa,
         })
     }
 
@@ -328,7 +331,7 @@ impl Tiles {
                 let values: [u32; 16] = std::array::from_fn(|k| t[k]);
                 Table16 {
                     values,
-                    planes: simd::planes(&values),
+                    planes: simd::planes(self.isa, &values),
                 }
             }));
             let (t16, row_off, col_off) = (&s.t16, &s.row_off, &s.col_off);
@@ -389,11 +392,11 @@ impl Tiles {
         // apart, too far for the hardware to guess.
         let next = cols.end..(cols.end + tc).min(job.stored_dims().rows);
         let at = ((base + next.start as u64 * f.lane_bits) / 8) as usize + rows.start / 2;
-        simd::prefetch_read(&f.data, (0..next.len()).map(|k| at + k * lane));
+        simd::prefetch_read(self.isa, &f.data, (0..next.len()).map(|k| at + k * lane));
         if let Some(scale) = &job.scale {
             let first = job.scale_index(slice, next.start, rows.start).unwrap_or(0);
             let step = job.scale_index(slice, next.start + 1, rows.start).unwrap_or(0).saturating_sub(first);
-            simd::prefetch_read(&scale.data, (0..next.len()).map(|k| first + k * step));
+            simd::prefetch_read(self.isa, &scale.data, (0..next.len()).map(|k| first + k * step));
         }
         // The blocks' codes, each column's run of bytes next to the next:
         // columns a power of two apart would share a few cache sets, and
@@ -426,9 +429,9 @@ impl Tiles {
                 // The next block's output lines, for writing.
                 for e in r + 32..(r + 64).min(r1) {
                     let o = e * row_bytes + (cols.start + c) * N;
-                    simd::prefetch_write(band, o..o + 128 * N);
+                    simd::prefetch_write(self.isa, band, o..o + 128 * N);
                 }
-                let done = all && simd::shifted_block::<N>(codes, (first, run), (&sh.base, &shifts), &mut band[o..], row_bytes);
+                let done = all && simd::shifted_block::<N>(self.isa, codes, (first, run), (&sh.base, &shifts), &mut band[o..], row_bytes);
                 if !done {
                     rest(band, (r, r + 32), (c, c + 128));
                 }
@@ -480,7 +483,7 @@ impl Tiles {
             // The next block's output lines, for writing.
             for e in r + 16..(r + 32).min(tr) {
                 let o = e * row_bytes + cols.start * N;
-                simd::prefetch_write(band, o..o + tc * N);
+                simd::prefetch_write(self.isa, band, o..o + tc * N);
             }
             let mut ci = 0;
             while ci + lanes <= tc {
@@ -490,7 +493,7 @@ impl Tiles {
                 });
                 let planes: [&[[u8; 16]; 4]; 8] = std::array::from_fn(|q| &table(r, ci + q.min(lanes - 1)).planes);
                 let o = r * row_bytes + (cols.start + ci) * N;
-                simd::transposed_block::<N>(&codes[..lanes], &planes[..lanes], &mut band[o..], row_bytes);
+                simd::transposed_block::<N>(self.isa, &codes[..lanes], &planes[..lanes], &mut band[o..], row_bytes);
                 ci += lanes;
             }
             for r in r..r + 16 {
