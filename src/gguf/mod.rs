@@ -34,7 +34,7 @@ pub enum MetaValue {
     F64(f64),
     Bool(bool),
     String(String),
-    Array(Vec<MetaValue>),
+    Array(MetaArray),
 }
 
 impl MetaValue {
@@ -59,6 +59,147 @@ impl MetaValue {
             MetaValue::String(s) => Some(s),
             _ => None,
         }
+    }
+}
+
+/// A metadata array, held as compactly as the file holds it: numbers as a
+/// vector of their type, strings in one buffer. (A vector of
+/// [`MetaValue`]s takes 32 bytes or more per item: a file's array of a
+/// hundred million bytes would take gigabytes.) GGUF arrays hold items of
+/// one type, which the variant names.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum MetaArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    String(Strings),
+    /// Arrays of arrays.
+    Array(Vec<MetaArray>),
+}
+
+/// Strings held in one buffer, each known by where it ends.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Strings {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl Strings {
+    /// Room for `n` strings.
+    pub fn with_capacity(n: usize) -> Strings {
+        Strings {
+            text: String::new(),
+            ends: Vec::with_capacity(n),
+        }
+    }
+
+    /// Appends `s`.
+    pub fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.ends.push(self.text.len());
+    }
+
+    /// How many strings it holds.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The `i`th string.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    /// Every string, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+}
+
+impl<'a> FromIterator<&'a str> for Strings {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(items: I) -> Strings {
+        let mut s = Strings::default();
+        for item in items {
+            s.push(item);
+        }
+        s
+    }
+}
+
+impl MetaArray {
+    /// How many items it holds.
+    pub fn len(&self) -> usize {
+        match self {
+            MetaArray::U8(v) => v.len(),
+            MetaArray::I8(v) => v.len(),
+            MetaArray::U16(v) => v.len(),
+            MetaArray::I16(v) => v.len(),
+            MetaArray::U32(v) => v.len(),
+            MetaArray::I32(v) => v.len(),
+            MetaArray::U64(v) => v.len(),
+            MetaArray::I64(v) => v.len(),
+            MetaArray::F32(v) => v.len(),
+            MetaArray::F64(v) => v.len(),
+            MetaArray::Bool(v) => v.len(),
+            MetaArray::String(v) => v.len(),
+            MetaArray::Array(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds no item.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`th item, as a value of its own.
+    pub fn get(&self, i: usize) -> Option<MetaValue> {
+        Some(match self {
+            MetaArray::U8(v) => MetaValue::U8(*v.get(i)?),
+            MetaArray::I8(v) => MetaValue::I8(*v.get(i)?),
+            MetaArray::U16(v) => MetaValue::U16(*v.get(i)?),
+            MetaArray::I16(v) => MetaValue::I16(*v.get(i)?),
+            MetaArray::U32(v) => MetaValue::U32(*v.get(i)?),
+            MetaArray::I32(v) => MetaValue::I32(*v.get(i)?),
+            MetaArray::U64(v) => MetaValue::U64(*v.get(i)?),
+            MetaArray::I64(v) => MetaValue::I64(*v.get(i)?),
+            MetaArray::F32(v) => MetaValue::F32(*v.get(i)?),
+            MetaArray::F64(v) => MetaValue::F64(*v.get(i)?),
+            MetaArray::Bool(v) => MetaValue::Bool(*v.get(i)?),
+            MetaArray::String(v) => MetaValue::String(v.get(i)?.to_owned()),
+            MetaArray::Array(v) => MetaValue::Array(v.get(i)?.clone()),
+        })
+    }
+
+    /// Every item, each as a value of its own (made as it is reached).
+    pub fn iter(&self) -> impl Iterator<Item = MetaValue> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+}
+
+/// As a list of its items, as the values they are.
+impl serde::Serialize for MetaArray {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        for item in self.iter() {
+            seq.serialize_element(&item)?;
+        }
+        seq.end()
     }
 }
 

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::{GgmlType, MetaValue, Tensor};
+use super::{GgmlType, MetaArray, MetaValue, Strings, Tensor};
 use crate::error::{Error, Result, Rule};
 
 /// The first four bytes.
@@ -106,6 +106,82 @@ impl<'b> Cursor<'b> {
             .map_err(|_| self.fail(format!("{what} at byte {at} is not UTF-8")))
     }
 
+    /// The `count` items of type `elem` of an array at nesting `depth`,
+    /// held compactly ([`MetaArray`]): memory about the bytes they take in
+    /// the file, reserved only once the file is known to hold them.
+    fn items(&mut self, elem: u32, count: u64, key: &str, depth: u32) -> Result<MetaArray> {
+        // The fewest bytes an item takes: a string its 8-byte length, an
+        // array its type and length.
+        let min = match elem {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            9 => 12,
+            _ => 8,
+        };
+        let cap = self.count(count, min, &format!("{key}: the array's length"))?;
+        macro_rules! numbers {
+            ($variant:ident, $t:ty) => {{
+                const N: usize = std::mem::size_of::<$t>();
+                // count * N fits: count() checked it against the file.
+                let bytes = self.take(count * N as u64, key)?;
+                let v = bytes
+                    .chunks_exact(N)
+                    .map(|c| <$t>::from_le_bytes(std::array::from_fn(|i| c[i])))
+                    .collect();
+                MetaArray::$variant(v)
+            }};
+        }
+        Ok(match elem {
+            0 => numbers!(U8, u8),
+            1 => numbers!(I8, i8),
+            2 => numbers!(U16, u16),
+            3 => numbers!(I16, i16),
+            4 => numbers!(U32, u32),
+            5 => numbers!(I32, i32),
+            6 => numbers!(F32, f32),
+            7 => {
+                let at = self.at;
+                let bytes = self.take(count, key)?;
+                if let Some(i) = bytes.iter().position(|&b| b > 1) {
+                    let (pos, b) = (at + i, bytes[i]);
+                    return Err(
+                        self.fail(format!("{key}: bool byte {b} at byte {pos}, not 0 or 1"))
+                    );
+                }
+                MetaArray::Bool(bytes.iter().map(|&b| b == 1).collect())
+            }
+            8 => {
+                let mut strings = Strings::with_capacity(cap);
+                for _ in 0..count {
+                    let len = self.u64(key)?;
+                    let at = self.at;
+                    let bytes = self.take(len, key)?;
+                    let s = std::str::from_utf8(bytes)
+                        .map_err(|_| self.fail(format!("{key} at byte {at} is not UTF-8")))?;
+                    strings.push(s);
+                }
+                MetaArray::String(strings)
+            }
+            9 => {
+                if depth + 1 >= MAX_DEPTH {
+                    return Err(self.fail(format!("{key}: arrays nested deeper than {MAX_DEPTH}")));
+                }
+                let mut arrays = Vec::with_capacity(cap);
+                for _ in 0..count {
+                    let elem = self.u32(key)?;
+                    let count = self.u64(key)?;
+                    arrays.push(self.items(elem, count, key, depth + 1)?);
+                }
+                MetaArray::Array(arrays)
+            }
+            10 => numbers!(U64, u64),
+            11 => numbers!(I64, i64),
+            12 => numbers!(F64, f64),
+            t => return Err(self.fail(format!("{key}: unknown value type {t}"))),
+        })
+    }
+
     /// A metadata value of type number `ty`.
     fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<MetaValue> {
         Ok(match ty {
@@ -128,19 +204,7 @@ impl<'b> Cursor<'b> {
                 }
                 let elem = self.u32(key)?;
                 let count = self.u64(key)?;
-                // A string or array element takes at least its 8-byte length.
-                let min = match elem {
-                    0 | 1 | 7 => 1,
-                    2 | 3 => 2,
-                    4..=6 => 4,
-                    _ => 8,
-                };
-                let cap = self.count(count, min, &format!("{key}: the array's length"))?;
-                let mut items = Vec::with_capacity(cap);
-                for _ in 0..count {
-                    items.push(self.value(elem, key, depth + 1)?);
-                }
-                MetaValue::Array(items)
+                MetaValue::Array(self.items(elem, count, key, depth)?)
             }
             10 => MetaValue::U64(self.u64(key)?),
             11 => MetaValue::I64(i64::from_le_bytes(self.array(key)?)),

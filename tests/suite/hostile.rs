@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use wgpu_dequant::gguf::{MetaValue, Model};
+use wgpu_dequant::gguf::{MetaArray, MetaValue, Model, Strings};
 use wgpu_dequant::Rule;
 
 /// A real model (SentencePiece llama: its merges are recovered from the
@@ -123,16 +123,36 @@ fn value(b: &mut Vec<u8>, v: &MetaValue) {
         MetaValue::F32(x) => b.extend(x.to_le_bytes()),
         MetaValue::Bool(x) => b.push(u8::from(*x)),
         MetaValue::String(s) => string(b, s),
-        MetaValue::Array(items) => {
-            b.extend(items.first().map_or(0, type_of).to_le_bytes());
-            b.extend((items.len() as u64).to_le_bytes());
-            for item in items {
-                value(b, item);
-            }
-        }
+        MetaValue::Array(items) => array(b, items),
         MetaValue::U64(x) => b.extend(x.to_le_bytes()),
         MetaValue::I64(x) => b.extend(x.to_le_bytes()),
         MetaValue::F64(x) => b.extend(x.to_le_bytes()),
+    }
+}
+
+/// An array: its item type, length and items.
+fn array(b: &mut Vec<u8>, items: &MetaArray) {
+    let ty = match items {
+        MetaArray::U8(_) => 0u32,
+        MetaArray::I8(_) => 1,
+        MetaArray::U16(_) => 2,
+        MetaArray::I16(_) => 3,
+        MetaArray::U32(_) => 4,
+        MetaArray::I32(_) => 5,
+        MetaArray::F32(_) => 6,
+        MetaArray::Bool(_) => 7,
+        MetaArray::String(_) => 8,
+        MetaArray::Array(_) => 9,
+        MetaArray::U64(_) => 10,
+        MetaArray::I64(_) => 11,
+        MetaArray::F64(_) => 12,
+    };
+    b.extend(ty.to_le_bytes());
+    b.extend((items.len() as u64).to_le_bytes());
+    match items {
+        MetaArray::Array(arrays) => arrays.iter().for_each(|a| array(b, a)),
+        MetaArray::U8(bytes) => b.extend(bytes),
+        _ => items.iter().for_each(|v| value(b, &v)),
     }
 }
 
@@ -219,7 +239,7 @@ fn many_tensors() {
 fn a_long_token() {
     let tmp = tempfile::tempdir().unwrap();
     let mut g = Gguf::read(&base());
-    let Some((_, MetaValue::Array(tokens))) = g
+    let Some((_, MetaValue::Array(MetaArray::String(tokens)))) = g
         .metadata
         .iter_mut()
         .find(|(k, _)| k == "tokenizer.ggml.tokens")
@@ -227,8 +247,13 @@ fn a_long_token() {
         panic!("no tokens");
     };
     // The last token (a normal one) becomes "▁" followed by 599,999 "a"s.
+    let long = format!("▁{}", "a".repeat(599_999));
     let last = tokens.len() - 1;
-    tokens[last] = MetaValue::String(format!("▁{}", "a".repeat(599_999)));
+    *tokens = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| if i == last { long.as_str() } else { t })
+        .collect::<Strings>();
     let path = g.write(&tmp.path().join("long.gguf"));
     inspect_ok(&path);
 }
@@ -297,4 +322,27 @@ fn counts_past_the_file() {
         assert_eq!(rule, Rule::Gguf, "{what}: {line}");
         assert!(line.contains(says), "{what}: {line}");
     }
+}
+
+/// A metadata array of 20 million bytes is held as the bytes it is (a
+/// vector of values would take 32 bytes or more for each), and its items
+/// read as the file has them.
+#[test]
+fn a_large_metadata_array() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut g = Gguf::read(&base());
+    let n = 20_000_000;
+    let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    g.metadata.push((
+        "hostile.array".into(),
+        MetaValue::Array(MetaArray::U8(bytes)),
+    ));
+    let path = g.write(&tmp.path().join("array.gguf"));
+    let model = Model::open(&path).unwrap();
+    let Some(MetaValue::Array(MetaArray::U8(got))) = model.get("hostile.array") else {
+        panic!("{:?}", model.get("hostile.array").map(|v| v.to_string()));
+    };
+    assert_eq!(got.len(), n);
+    assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    inspect_ok(&path);
 }

@@ -61,7 +61,7 @@ fn value(v: &MetaValue) -> Value {
         MetaValue::F64(x) => json!(x),
         MetaValue::Bool(b) => json!(b),
         MetaValue::String(s) => json!(s),
-        MetaValue::Array(items) => Value::Array(items.iter().map(value).collect()),
+        MetaValue::Array(items) => Value::Array(items.iter().map(|v| value(&v)).collect()),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::bad;
 use crate::error::{Error, Result};
-use crate::gguf::MetaValue;
+use crate::gguf::{MetaArray, MetaValue};
 
 /// Typed reads of the metadata; a value of the wrong type is a Rule::Gguf error.
 pub(super) struct Meta<'a>(pub(super) &'a [(String, MetaValue)]);
@@ -37,26 +37,29 @@ impl<'a> Meta<'a> {
             .transpose()
     }
 
-    fn array(&self, key: &str, what: &str) -> Result<Option<&'a [MetaValue]>> {
+    fn array(&self, key: &str, what: &str) -> Result<Option<&'a MetaArray>> {
         self.get(key)
             .map(|v| match v {
-                MetaValue::Array(items) => Ok(items.as_slice()),
+                MetaValue::Array(items) => Ok(items),
                 _ => Err(Self::wrong(key, what, v)),
             })
             .transpose()
     }
 
+    /// The refusal of an array whose items are not `what`.
+    fn holds(key: &str, what: &str, items: &MetaArray) -> Error {
+        let first = items.get(0).map_or_else(String::new, |v| v.to_string());
+        bad(format!("{key} holds {first}, not {what}"))
+    }
+
     pub(super) fn strings(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
         let what = "an array of strings";
         self.array(key, what)?
-            .map(|items| {
-                items
-                    .iter()
-                    .map(|v| {
-                        v.as_str()
-                            .ok_or_else(|| bad(format!("{key} holds {v}, not {what}")))
-                    })
-                    .collect()
+            .map(|items| match items {
+                MetaArray::String(s) => Ok(s.iter().collect()),
+                // An empty array is one of strings too.
+                _ if items.is_empty() => Ok(Vec::new()),
+                _ => Err(Self::holds(key, what, items)),
             })
             .transpose()
     }
@@ -65,19 +68,17 @@ impl<'a> Meta<'a> {
         let what = "an array of integers";
         self.array(key, what)?
             .map(|items| {
-                items
-                    .iter()
-                    .map(|v| match *v {
-                        MetaValue::I8(x) => Ok(x.into()),
-                        MetaValue::I16(x) => Ok(x.into()),
-                        MetaValue::I32(x) => Ok(x.into()),
-                        MetaValue::I64(x) => Ok(x),
-                        MetaValue::U8(x) => Ok(x.into()),
-                        MetaValue::U16(x) => Ok(x.into()),
-                        MetaValue::U32(x) => Ok(x.into()),
-                        _ => Err(bad(format!("{key} holds {v}, not {what}"))),
-                    })
-                    .collect()
+                Ok(match items {
+                    MetaArray::I8(v) => v.iter().map(|&x| x.into()).collect(),
+                    MetaArray::I16(v) => v.iter().map(|&x| x.into()).collect(),
+                    MetaArray::I32(v) => v.iter().map(|&x| x.into()).collect(),
+                    MetaArray::I64(v) => v.clone(),
+                    MetaArray::U8(v) => v.iter().map(|&x| x.into()).collect(),
+                    MetaArray::U16(v) => v.iter().map(|&x| x.into()).collect(),
+                    MetaArray::U32(v) => v.iter().map(|&x| x.into()).collect(),
+                    _ if items.is_empty() => Vec::new(),
+                    _ => return Err(Self::holds(key, what, items)),
+                })
             })
             .transpose()
     }
@@ -86,14 +87,12 @@ impl<'a> Meta<'a> {
         let what = "an array of numbers";
         self.array(key, what)?
             .map(|items| {
-                items
-                    .iter()
-                    .map(|v| match *v {
-                        MetaValue::F32(x) => Ok(x.into()),
-                        MetaValue::F64(x) => Ok(x),
-                        _ => Err(bad(format!("{key} holds {v}, not {what}"))),
-                    })
-                    .collect()
+                Ok(match items {
+                    MetaArray::F32(v) => v.iter().map(|&x| x.into()).collect(),
+                    MetaArray::F64(v) => v.clone(),
+                    _ if items.is_empty() => Vec::new(),
+                    _ => return Err(Self::holds(key, what, items)),
+                })
             })
             .transpose()
     }

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::hf_files;
 use crate::error::Rule;
-use crate::gguf::{MetaValue, Model};
+use crate::gguf::{MetaArray, MetaValue, Model};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -199,7 +199,7 @@ fn malformed_metadata_is_refused() {
     set(
         &mut m,
         "tokenizer.ggml.tokens",
-        MetaValue::Array(vec![s("a"), MetaValue::U32(3)]),
+        MetaValue::Array(MetaArray::U32(vec![3])),
     );
     refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.tokens");
     set(&mut m, "tokenizer.ggml.tokens", s("a b c"));
@@ -209,13 +209,13 @@ fn malformed_metadata_is_refused() {
     set(
         &mut m,
         "tokenizer.ggml.scores",
-        MetaValue::Array(vec![MetaValue::F32(0.0); 3]),
+        MetaValue::Array(MetaArray::F32(vec![0.0; 3])),
     );
     refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.scores has 3 items");
     set(
         &mut m,
         "tokenizer.ggml.scores",
-        MetaValue::Array(vec![s("x")]),
+        MetaValue::Array(MetaArray::String(["x"].into_iter().collect())),
     );
     refused(&m, &arch, Rule::Gguf, "tokenizer.ggml.scores");
     m.retain(|(k, _)| k != "tokenizer.ggml.scores");
@@ -240,7 +240,7 @@ fn malformed_metadata_is_refused() {
     set(
         &mut m,
         "tokenizer.ggml.token_type",
-        MetaValue::Array(vec![MetaValue::I32(1)]),
+        MetaValue::Array(MetaArray::I32(vec![1])),
     );
     refused(
         &m,
@@ -260,7 +260,7 @@ fn malformed_metadata_is_refused() {
         set(
             &mut m,
             "tokenizer.ggml.merges",
-            MetaValue::Array(vec![s(merge)]),
+            MetaValue::Array(MetaArray::String([merge].into_iter().collect())),
         );
         refused(&m, &gpt2_arch, Rule::Gguf, "tokenizer.ggml.merges");
     }
