@@ -109,10 +109,14 @@ impl State {
         for (backup, original) in &self.replaced {
             let _ = fs::rename(backup, original);
         }
-        self.lock = None;
         if let Some(dir) = &self.dir {
-            let _ = fs::remove_dir_all(dir);
+            // Moved aside while still locked, as a commit does.
+            let gone = dir.with_file_name(format!("{STAGING}.stale-{}-{}", std::process::id(), unique()));
+            let gone = if fs::rename(dir, &gone).is_ok() { gone } else { dir.clone() };
+            self.lock = None;
+            let _ = fs::remove_dir_all(gone);
         }
+        self.lock = None;
         // Only empty directories go: never anything this run did not make.
         for d in &self.created {
             let _ = fs::remove_dir(d);
@@ -254,6 +258,12 @@ impl Staging {
             if entry.path() == self.dir || journaled(&name) || left {
                 continue;
             }
+            // Another run setting up or clearing a folder of its own:
+            // nothing it will commit.
+            let transient = [".new-", ".stale-"].map(|t| format!("{STAGING}{t}"));
+            if !clear && transient.iter().any(|t| name.to_string_lossy().starts_with(t.as_str())) {
+                continue;
+            }
             if !clear {
                 return Err(Error::new(
                     Rule::Output,
@@ -297,24 +307,41 @@ impl Staging {
             {
                 let mut state = lock(&self.state);
                 state.check_open(&self.dir)?;
-                match fs::create_dir(&self.dir) {
+                // Set up aside and renamed into place whole: the folder
+                // never shows without its lock held, or another run could
+                // take it for a killed run's and remove it.
+                let new = self.out.join(format!("{STAGING}.new-{}-{}", std::process::id(), unique()));
+                fs::create_dir(&new).map_err(|e| Error::io(&new, "cannot create staging folder", e))?;
+                let path = new.join(LOCK);
+                let set_up = File::create(&path).and_then(|mut file| {
+                    file.lock()?;
+                    // Who holds it, for the message a second run prints.
+                    writeln!(file, "{}", std::process::id())?;
+                    Ok(file)
+                });
+                let file = match set_up {
+                    Ok(file) => file,
+                    Err(e) => {
+                        let _ = fs::remove_dir_all(&new);
+                        return Err(Error::io(&path, "cannot create", e));
+                    }
+                };
+                match fs::rename(&new, &self.dir) {
                     Ok(()) => {
                         state.dir = Some(self.dir.clone());
-                        let path = self.dir.join(LOCK);
-                        let mut file = File::create(&path)
-                            .map_err(|e| Error::io(&path, "cannot create", e))?;
-                        file.lock()
-                            .map_err(|e| Error::io(&path, "cannot lock", e))?;
-                        // Who holds it, for the message a second run prints.
-                        let _ = writeln!(file, "{}", std::process::id());
                         state.lock = Some(file);
                         return Ok(());
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && self.resume => {
-                        return self.adopt(&mut state);
+                    Err(e) => {
+                        drop(file);
+                        let _ = fs::remove_dir_all(&new);
+                        if !self.dir.exists() {
+                            return Err(Error::io(&self.dir, "cannot create staging folder", e));
+                        }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(Error::io(&self.dir, "cannot create staging folder", e)),
+                }
+                if self.resume {
+                    return self.adopt(&mut state);
                 }
             }
             self.clear_stale(&self.dir)?;
@@ -500,6 +527,15 @@ impl Staging {
             }
             staged.retain(|(_, to)| owned(to) || !to.exists());
         }
+        // Every file is journaled before it moves (config, tokenizer and
+        // side files too, not only weights), so a run killed at any rename
+        // leaves an output that `--resume` recognizes as its own.
+        for (from, _) in &staged {
+            let name = from.file_name().unwrap_or_default().to_string_lossy();
+            if !journal.lists(&name) {
+                journal.record_file(&name, from)?;
+            }
+        }
         // The record goes last: once it is in place, so is everything else.
         staged.sort();
         let paths: Vec<PathBuf> = staged.iter().map(|(from, _)| from.clone()).collect();
@@ -533,9 +569,13 @@ impl Staging {
             fs::rename(&from, &to).map_err(|e| Error::io(&to, "cannot move into place", e))?;
             state.moved.push(to);
         }
+        // Moved aside while still locked: once the lock is let go, another
+        // run may claim a staging folder of this name.
+        let gone = self.out.join(format!("{STAGING}.stale-{}-{}", std::process::id(), unique()));
+        fs::rename(&self.dir, &gone).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         state.lock = None;
-        fs::remove_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         state.finished = true;
+        fs::remove_dir_all(&gone).map_err(|e| Error::io(&gone, "cannot remove", e))?;
         let mut moved = std::mem::take(&mut state.moved);
         moved.pop();
         Ok(moved)
