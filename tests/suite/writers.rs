@@ -129,6 +129,7 @@ fn resume_keys_on_what_the_input_holds_not_its_dates() {
     let (c, mut done) = (canceller.clone(), 0);
     let e = Dequantize::new()
         .backend(BackendChoice::Cpu)
+        .dtype(DtypeChoice::Fixed(OutDtype::Bf16))
         .resume(true)
         .canceller(canceller)
         .on_progress(move |p| {
