@@ -311,7 +311,12 @@ impl Staging {
                 // never shows without its lock held, or another run could
                 // take it for a killed run's and remove it.
                 let new = self.out.join(format!("{STAGING}.new-{}-{}", std::process::id(), unique()));
-                fs::create_dir(&new).map_err(|e| Error::io(&new, "cannot create staging folder", e))?;
+                fs::create_dir(&new).map_err(|e| match self.out.is_dir() {
+                    true => Error::io(&new, "cannot create staging folder", e),
+                    // A file where the output directory should be: it is
+                    // the fault, not the folder that cannot go inside it.
+                    false => Error::io(&self.out, "cannot write a checkpoint into it", e),
+                })?;
                 let path = new.join(LOCK);
                 let set_up = File::create(&path).and_then(|mut file| {
                     file.lock()?;
