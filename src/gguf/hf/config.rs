@@ -328,14 +328,7 @@ fn derive(c: &mut Map<String, Value>, arch: &Arch, rope_theta: Option<Value>) ->
         c.insert("layer_types".into(), json!(kinds));
     }
     if let Some(theta) = rope_theta {
-        let rope = c
-            .entry("rope_parameters")
-            .or_insert_with(|| json!({"rope_type": "default"}));
-        let at = match rope.get_mut("full_attention") {
-            Some(full) => full,
-            None => rope,
-        };
-        if let Some(m) = at.as_object_mut() {
+        if let Some(m) = rope::full_attention(c) {
             m.insert("rope_theta".into(), theta);
         }
     }

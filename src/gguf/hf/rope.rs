@@ -150,18 +150,26 @@ pub(crate) fn scale(
         ));
         return Ok(warnings);
     }
-    let rope = c
-        .entry("rope_parameters")
-        .or_insert_with(|| json!({"rope_type": "default"}));
     // Gemma 3 scales its full-attention layers only.
-    let at = match rope.get_mut("full_attention") {
-        Some(full) => full,
-        None => rope,
-    };
-    if let Some(m) = at.as_object_mut() {
+    if let Some(m) = full_attention(c) {
         m.extend(params);
     }
     Ok(warnings)
+}
+
+/// The rope parameters of the full-attention layers (Gemma's keep those of
+/// their sliding-window layers apart), made with the class's default type
+/// where the config has none.
+pub(crate) fn full_attention(c: &mut Map<String, Value>) -> Option<&mut Map<String, Value>> {
+    let rope = c
+        .entry("rope_parameters")
+        .or_insert_with(|| json!({"rope_type": "default"}));
+    let rope = match rope.get("full_attention") {
+        // Present, so indexing finds it rather than inserting.
+        Some(_) => &mut rope["full_attention"],
+        None => rope,
+    };
+    rope.as_object_mut()
 }
 
 /// `rope_parameters.rope_theta` as set from the file (or the class's).
