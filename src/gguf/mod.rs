@@ -53,6 +53,24 @@ impl MetaValue {
         }
     }
 
+    /// The value as a real number, when it is a number of any type
+    /// (64-bit integers rounded to the nearest f64).
+    pub fn as_f64(&self) -> Option<f64> {
+        Some(match *self {
+            MetaValue::U8(x) => x.into(),
+            MetaValue::I8(x) => x.into(),
+            MetaValue::U16(x) => x.into(),
+            MetaValue::I16(x) => x.into(),
+            MetaValue::U32(x) => x.into(),
+            MetaValue::I32(x) => x.into(),
+            MetaValue::U64(x) => x as f64,
+            MetaValue::I64(x) => x as f64,
+            MetaValue::F32(x) => x.into(),
+            MetaValue::F64(x) => x,
+            _ => return None,
+        })
+    }
+
     /// The value as text, when it is a string.
     pub fn as_str(&self) -> Option<&str> {
         match self {

@@ -231,7 +231,7 @@ pub(crate) fn shown(v: &MetaValue) -> String {
         }
         MetaValue::String(s) => format!("the string {s:?}"),
         MetaValue::Bool(b) => format!("the boolean {b}"),
-        other => number(other).map_or_else(String::new, |x| x.to_string()),
+        other => other.as_f64().map_or_else(String::new, |x| x.to_string()),
     }
 }
 
@@ -242,7 +242,7 @@ pub(crate) fn positive(gguf: &Gguf, key: &str) -> Result<Option<f64>> {
 
 /// The value `v` of `key`, when it is a positive finite number.
 pub(crate) fn positive_value(key: &str, v: &MetaValue) -> Result<f64> {
-    let x = number(v).ok_or_else(|| wrong_type(key, v, "a number"))?;
+    let x = v.as_f64().ok_or_else(|| wrong_type(key, v, "a number"))?;
     if !(x.is_finite() && x > 0.0) {
         return Err(Error::bare(
             Rule::GgufValue,
@@ -269,23 +269,6 @@ fn required(gguf: &Gguf, key: &str) -> Result<f64> {
             Rule::GgufValue,
             format!("{key} is missing for its scaling type"),
         )
-    })
-}
-
-/// A metadata number, widened to f64.
-pub(crate) fn number(v: &MetaValue) -> Option<f64> {
-    Some(match *v {
-        MetaValue::U8(x) => x.into(),
-        MetaValue::I8(x) => x.into(),
-        MetaValue::U16(x) => x.into(),
-        MetaValue::I16(x) => x.into(),
-        MetaValue::U32(x) => x.into(),
-        MetaValue::I32(x) => x.into(),
-        MetaValue::U64(x) => x as f64,
-        MetaValue::I64(x) => x as f64,
-        MetaValue::F32(x) => x.into(),
-        MetaValue::F64(x) => x,
-        _ => return None,
     })
 }
 
