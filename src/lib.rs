@@ -98,7 +98,8 @@ pub use run::{
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
 pub use writer::{
-    interrupt, merge_index, parse_size, Canceller, Download, Fetched, Merged, Progress, Summary,
+    interrupt, merge_index, parse_size, Canceller, Download, Fetched, Interrupted, Merged,
+    Progress, Summary,
 };
 
 #[cfg(feature = "testing")]

@@ -10,12 +10,11 @@
 //! file: a `--resume` run of the same job that finds it, with every file it
 //! lists still of those bytes, has nothing left to do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
 
 use crate::error::{Error, Result};
 
@@ -166,13 +165,15 @@ struct Record {
 pub struct Journal {
     dir: PathBuf,
     record: Mutex<Record>,
+    /// The run's leave to write into its staging folder.
+    gate: super::staging::Gate,
 }
 
 impl Journal {
     /// The journal in staging folder `dir` for the job `key`: with
     /// `resume`, what an earlier run recorded under the same key, else
     /// nothing.
-    pub(super) fn open(dir: &Path, key: &str, resume: bool) -> Journal {
+    pub(super) fn open(dir: &Path, key: &str, resume: bool, gate: super::staging::Gate) -> Journal {
         let path = dir.join(JOURNAL);
         let earlier = File::open(&path).ok().filter(|_| resume).and_then(|f| {
             let mut text = String::new();
@@ -189,6 +190,7 @@ impl Journal {
         Journal {
             dir: dir.to_path_buf(),
             record: Mutex::new(record),
+            gate,
         }
     }
 
@@ -258,33 +260,44 @@ impl Journal {
 
     /// Records `done` for file `name`. The journal is replaced whole
     /// (written aside, synced, renamed), so a run killed meanwhile leaves
-    /// the old one or the new.
+    /// the old one or the new; and only while the run is neither committed
+    /// nor undone ([`Gate`](super::staging::Gate)): a journal is never
+    /// written once the rollback has begun.
     fn insert(&self, name: &str, done: Done) -> Result<()> {
-        let mut record = self.lock();
-        record.files.insert(name.to_string(), done);
-        let text = serde_json::to_vec(&*record).map_err(|e| {
-            Error::new(crate::error::Rule::Internal, &self.dir, format!("journal: {e}"))
-        })?;
-        let (path, aside) = (self.dir.join(JOURNAL), self.dir.join(format!("{JOURNAL}.new")));
-        let mut f = File::create(&aside).map_err(|e| Error::io(&aside, "cannot create", e))?;
-        f.write_all(&text)
-            .and_then(|()| f.sync_all())
-            .map_err(|e| Error::io(&aside, "cannot write", e))?;
-        fs::rename(&aside, &path).map_err(|e| Error::io(&path, "cannot write", e))
+        let path = self.dir.join(JOURNAL);
+        self.gate.write(&path, || {
+            let mut record = self.lock();
+            record.files.insert(name.to_string(), done);
+            let text = serde_json::to_vec(&*record).map_err(|e| {
+                Error::new(crate::error::Rule::Internal, &self.dir, format!("journal: {e}"))
+            })?;
+            let aside = self.dir.join(format!("{JOURNAL}.new"));
+            let mut f = File::create(&aside).map_err(|e| Error::io(&aside, "cannot create", e))?;
+            f.write_all(&text)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| Error::io(&aside, "cannot write", e))?;
+            fs::rename(&aside, &path).map_err(|e| Error::io(&path, "cannot write", e))
+        })
     }
 }
 
 /// Whether the journal in staging folder `dir` lists file `name` (read
 /// without its lock: only to tell a file a killed commit moved out).
 pub(super) fn lists(dir: &Path, name: &str) -> bool {
+    listed(dir).contains(name)
+}
+
+/// The files the journal in staging folder `dir` lists (none when it is
+/// missing or unreadable).
+pub(super) fn listed(dir: &Path) -> BTreeSet<String> {
     let Ok(f) = File::open(dir.join(JOURNAL)) else {
-        return false;
+        return BTreeSet::new();
     };
     let mut text = String::new();
     if f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text).is_err() {
-        return false;
+        return BTreeSet::new();
     }
-    serde_json::from_str::<Record>(&text).is_ok_and(|r| r.files.contains_key(name))
+    serde_json::from_str::<Record>(&text).map_or_else(|_| BTreeSet::new(), |r| r.files.into_keys().collect())
 }
 
 /// Bytes as lowercase hex.

@@ -37,7 +37,7 @@ use key::job_key;
 pub(crate) use key::{hex_sha256, input_stamps};
 pub use space::FREE_SPACE_VAR;
 pub(crate) use space::{check as check_space, Need};
-pub use staging::interrupt;
+pub use staging::{interrupt, Interrupted};
 use staging::{Mode, Staging};
 
 use crate::backend::Backend;

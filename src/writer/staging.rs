@@ -15,7 +15,7 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,8 @@ pub(super) enum Mode<'t> {
 /// What a run has done to the output directory so far: enough to undo it.
 #[derive(Debug, Default)]
 struct State {
+    /// The output directory.
+    out: PathBuf,
     /// Directories this run created, deepest first.
     created: Vec<PathBuf>,
     /// The staging folder, once it exists.
@@ -66,16 +68,28 @@ struct State {
     keep: bool,
 }
 
-/// Whether staging folder `dir` holds a finished file (not just the lock
-/// and the journal's bookkeeping): what a `--resume` run keeps.
-fn holds_files(dir: &Path) -> bool {
+/// Removes from staging folder `dir` the files its journal does not list
+/// as finished (one cut off mid-write) and returns how many it lists: what
+/// a stopped `--resume` run keeps for the next.
+fn keep_finished(dir: &Path) -> usize {
     let Ok(entries) = fs::read_dir(dir) else {
-        return false;
+        return 0;
     };
-    entries.flatten().any(|e| {
-        let name = e.file_name();
-        !(name == LOCK || name == REPLACED || name.to_string_lossy().starts_with(super::journal::JOURNAL))
-    })
+    let listed = super::journal::listed(dir);
+    let mut kept = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == LOCK || name == REPLACED || name.starts_with(super::journal::JOURNAL) {
+            continue;
+        }
+        match listed.contains(&name) {
+            true => kept += 1,
+            false => {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+    kept
 }
 
 impl State {
@@ -89,19 +103,25 @@ impl State {
     }
 
     /// Undoes everything this run did in the output directory; a
-    /// `--resume` run only puts back the files it was replacing.
-    fn rollback(&mut self) {
+    /// `--resume` run keeps the files it or an earlier run finished (and
+    /// removes the one it was writing), putting back only the files it was
+    /// replacing.
+    fn rollback(&mut self) -> Undo {
         if std::mem::replace(&mut self.finished, true) {
-            return;
+            return Undo::Over;
         }
-        // A `--resume` run keeps what it or an earlier run finished; with
-        // nothing finished it leaves nothing, as any other run.
-        if self.keep && self.dir.as_deref().is_some_and(holds_files) {
+        // With nothing finished, a `--resume` run leaves nothing, as any
+        // other run.
+        let finished = match (&self.dir, self.keep) {
+            (Some(dir), true) => keep_finished(dir),
+            _ => 0,
+        };
+        if finished > 0 {
             for (backup, original) in &self.replaced {
                 let _ = fs::rename(backup, original);
             }
             self.lock = None;
-            return;
+            return Undo::Kept(finished);
         }
         for f in &self.moved {
             let _ = fs::remove_file(f);
@@ -121,32 +141,83 @@ impl State {
         for d in &self.created {
             let _ = fs::remove_dir(d);
         }
+        Undo::Removed
     }
+}
+
+/// What a rollback did.
+enum Undo {
+    /// The run was over already (committed, or undone before).
+    Over,
+    /// Everything the run wrote is gone.
+    Removed,
+    /// A `--resume` run's staging folder stays, with this many finished files.
+    Kept(usize),
 }
 
 /// Every run in progress in this process, for [`interrupt`].
 static ACTIVE: Mutex<Vec<Weak<Mutex<State>>>> = Mutex::new(Vec::new());
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// How many runs of this process have committed.
+static COMMITTED: AtomicUsize = AtomicUsize::new(0);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A run's leave to write into its staging folder, for what writes there
+/// besides [`Staging`] itself (the journal): refused once the run is
+/// committed or undone, so nothing is written into a folder being removed.
+#[derive(Debug, Clone)]
+pub(super) struct Gate(Arc<Mutex<State>>);
+
+impl Gate {
+    /// Runs `write` (a write into the staging folder at `what`) unless the
+    /// run is over, holding the run's state meanwhile: a rollback waits for
+    /// it, and no write starts once a rollback has begun.
+    pub(super) fn write<T>(&self, what: &Path, write: impl FnOnce() -> Result<T>) -> Result<T> {
+        let state = lock(&self.0);
+        state.check_open(what)?;
+        write()
+    }
+}
+
+/// What [`interrupt`] did to the runs in progress.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Interrupted {
+    /// Output directories from which everything the run wrote was removed.
+    pub removed: Vec<PathBuf>,
+    /// `--resume` runs: each output directory, with how many finished
+    /// files its staging folder keeps for the next `--resume` run.
+    pub kept: Vec<(PathBuf, usize)>,
+    /// Runs of this process that had committed before the interruption
+    /// (their outputs are whole and stay).
+    pub committed: usize,
 }
 
 /// Undoes every write in progress in this process (staging folders, files
 /// already moved, files set aside by `--force`, directories created) and
 /// refuses any later one. For signal handlers: the process should exit
 /// right after. A write that already committed stays.
-pub fn interrupt() {
+pub fn interrupt() -> Interrupted {
     let runs: Vec<Arc<Mutex<State>>> = {
         let mut active = lock(&ACTIVE);
         INTERRUPTED.store(true, Ordering::SeqCst);
         active.retain(|w| w.strong_count() > 0);
         active.iter().filter_map(Weak::upgrade).collect()
     };
+    let mut done = Interrupted::default();
     for run in runs {
         // Waits for a commit under way: a run is undone whole or not at all.
-        lock(&run).rollback();
+        let mut state = lock(&run);
+        match state.rollback() {
+            Undo::Removed => done.removed.push(state.out.clone()),
+            Undo::Kept(files) => done.kept.push((state.out.clone(), files)),
+            Undo::Over => {}
+        }
     }
+    done.committed = COMMITTED.load(Ordering::SeqCst);
+    done
 }
 
 /// A staging folder claimed for one run. Dropping it before
@@ -179,6 +250,7 @@ impl Staging {
     /// the same job in `out` (its record lists them), and write them again.
     pub(super) fn new(out: &Path, mode: Mode<'_>, resume: bool, key: Option<String>) -> Result<Staging> {
         let state = Arc::new(Mutex::new(State {
+            out: out.to_path_buf(),
             keep: resume,
             ..State::default()
         }));
@@ -436,6 +508,9 @@ impl Staging {
                 return Ok(());
             }
         }
+        if self.fresh && !self.resume {
+            self.refuse_unfinished_commit(path)?;
+        }
         let aside = self.out.join(format!(
             "{STAGING}.stale-{}-{}",
             std::process::id(),
@@ -452,12 +527,34 @@ impl Staging {
             .map_err(|e| Error::io(&aside, "cannot remove stale staging folder", e))
     }
 
+    /// Refuses to remove `stale`, the staging folder of a run killed while
+    /// it committed (files its journal lists are in the output directory
+    /// already): only `--resume` can finish that output, and it needs the
+    /// folder.
+    fn refuse_unfinished_commit(&self, stale: &Path) -> Result<()> {
+        let listed = super::journal::listed(stale);
+        let moved = listed.iter().filter(|name| self.out.join(name).is_file()).count();
+        if moved == 0 {
+            return Ok(());
+        }
+        let s = if moved == 1 { "" } else { "s" };
+        Err(Error::new(
+            Rule::Output,
+            &self.out,
+            format!(
+                "holds {moved} file{s} of a run stopped while it moved its output into place; \
+                 run again with --resume to finish it (or --force to start over)"
+            ),
+        ))
+    }
+
     /// The run's journal, for the job of key `key` (unless the staging
     /// folder was given one): for a `--resume` run, what an earlier run of
     /// that job finished.
     pub(super) fn journal(&self, key: impl FnOnce() -> String) -> Result<super::Journal> {
         let key = self.key.clone().unwrap_or_else(key);
-        let journal = super::Journal::open(&self.dir, &key, self.resume);
+        let gate = Gate(self.state.clone());
+        let journal = super::Journal::open(&self.dir, &key, self.resume, gate);
         // What the journal does not list is another job's, or was cut off
         // mid-write: it would be committed with the rest.
         let entries = fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
@@ -504,14 +601,6 @@ impl Staging {
     ) -> Result<Vec<PathBuf>> {
         let record_to = self.out.join(&self.record);
         let owned = |p: &Path| owned(p) || p == record_to;
-        let mut state = lock(&self.state);
-        state.check_open(&self.dir)?;
-        if self.fresh {
-            // Once more, under the lock: a run that ignores it (or a
-            // `--shards` job, with a staging folder of its own) may have
-            // written here since this run claimed `out`.
-            self.require_empty(false)?;
-        }
         let mut staged = Vec::new();
         let entries =
             fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
@@ -522,6 +611,25 @@ impl Staging {
                 staged.push((entry.path(), self.out.join(name)));
             }
         }
+        // Every file is journaled before anything moves (config, tokenizer
+        // and side files too, not only weights), so a run killed at any
+        // rename leaves an output that `--resume` recognizes as its own.
+        // Through the journal's own leave to write (the state is not held
+        // yet): an interruption meanwhile refuses the rest.
+        for (from, _) in &staged {
+            let name = from.file_name().unwrap_or_default().to_string_lossy();
+            if !journal.lists(&name) {
+                journal.record_file(&name, from)?;
+            }
+        }
+        let mut state = lock(&self.state);
+        state.check_open(&self.dir)?;
+        if self.fresh {
+            // Once more, under the lock: a run that ignores it (or a
+            // `--shards` job, with a staging folder of its own) may have
+            // written here since this run claimed `out`.
+            self.require_empty(false)?;
+        }
         if self.shared {
             if let Some((_, to)) = staged.iter().find(|(_, to)| owned(to) && to.exists()) {
                 return Err(Error::new(
@@ -531,15 +639,6 @@ impl Staging {
                 ));
             }
             staged.retain(|(_, to)| owned(to) || !to.exists());
-        }
-        // Every file is journaled before it moves (config, tokenizer and
-        // side files too, not only weights), so a run killed at any rename
-        // leaves an output that `--resume` recognizes as its own.
-        for (from, _) in &staged {
-            let name = from.file_name().unwrap_or_default().to_string_lossy();
-            if !journal.lists(&name) {
-                journal.record_file(&name, from)?;
-            }
         }
         // The record goes last: once it is in place, so is everything else.
         staged.sort();
@@ -580,6 +679,7 @@ impl Staging {
         fs::rename(&self.dir, &gone).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         state.lock = None;
         state.finished = true;
+        COMMITTED.fetch_add(1, Ordering::SeqCst);
         fs::remove_dir_all(&gone).map_err(|e| Error::io(&gone, "cannot remove", e))?;
         let mut moved = std::mem::take(&mut state.moved);
         moved.pop();
