@@ -217,10 +217,10 @@ impl From<BackendArg> for BackendChoice {
 
 fn main() -> ExitCode {
     quiet_window_system_probe();
-    let cli = Cli::parse();
     if let Err(e) = signals::install() {
         eprintln!("note: cannot listen for interruptions ({e}); an interrupted run leaves its staging folder for the next run to remove");
     }
+    let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { path, json } => path
             .resolved()
@@ -286,6 +286,7 @@ fn main() -> ExitCode {
                 .and_then(|p| convert(&p, &output, ConvertTo::CompressedTensors, quiet)),
         },
     };
+    signals::settle();
     match result {
         Ok(code) => code,
         Err(e) => {
