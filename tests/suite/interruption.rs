@@ -314,3 +314,129 @@ fn a_cancelled_write_fails_and_leaves_nothing() {
         assert!(!out.exists(), "{} left behind", out.display());
     }
 }
+
+/// Signals at random moments of a whole run (start, decoding, syncing,
+/// committing), TERM, INT and HUP in turn: every run either ends by its
+/// signal, saying so in one line, and leaves nothing of its output, or
+/// finished first and left the whole output.
+#[test]
+fn signals_at_random_moments_leave_nothing_or_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    crate::resume::checkpoint(&input, 4, (1024, 2048));
+    let out = tmp.path().join("reference");
+    let since = Instant::now();
+    let o = start(&input, &out, &["--quiet"])
+        .wait_with_output()
+        .unwrap();
+    let took = since.elapsed();
+    ok(&o, "reference run");
+    let want = tree(&out);
+    let mut rng = Rng::new(0x5197_A150);
+    let (mut ended, mut finished) = (0, 0);
+    for trial in 0..12 {
+        let (sig, number) = [("TERM", 15), ("INT", 2), ("HUP", 1)][trial % 3];
+        let parent = tmp.path().join(format!("trial-{trial}"));
+        let out = parent.join("dense");
+        let at = took.mul_f64(rng.below(1200) as f64 / 1000.0);
+        let child = start(&input, &out, &["--quiet"]);
+        std::thread::sleep(at);
+        signal(&child, sig);
+        let o = child.wait_with_output().unwrap();
+        let what = format!("trial {trial}: SIG{sig} at {at:?}");
+        if o.status.success() {
+            assert_eq!(tree(&out), want, "{what}: finished, but not whole");
+            finished += 1;
+            continue;
+        }
+        assert_eq!(
+            o.status.signal(),
+            Some(number),
+            "{what}: {}\n{}",
+            o.status,
+            stderr(&o)
+        );
+        // A signal can only come before the handler is installed in the
+        // first instants of the process, when nothing is written yet.
+        let said = stderr(&o);
+        let line = said.lines().last().unwrap_or_default();
+        assert!(
+            line.starts_with(&format!("interrupted by SIG{sig}"))
+                || (said.is_empty() && !parent.exists()),
+            "{what}: said {said:?}"
+        );
+        assert!(
+            !parent.exists() || tree(&parent).is_empty(),
+            "{what}: left {:?}",
+            tree(&parent).keys().collect::<Vec<_>>()
+        );
+        ended += 1;
+    }
+    assert!(
+        ended > 0,
+        "no run was caught before it finished ({finished} finished)"
+    );
+}
+
+/// A `--resume` run stopped once a file is finished keeps its finished
+/// files (and only those), says how many, and the next `--resume` run ends
+/// with the bytes of one uninterrupted run.
+#[test]
+fn a_stopped_resume_run_keeps_what_it_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    crate::resume::checkpoint(&input, 6, (1024, 2048));
+    let want = reference(tmp.path(), &input);
+    let out = tmp.path().join("dense");
+    let mut child = start(&input, &out, &["--resume", "--quiet"]);
+    let journal = out.join(STAGING).join(".journal.json");
+    let since = Instant::now();
+    while !std::fs::read_to_string(&journal).is_ok_and(|j| j.contains(".safetensors")) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before a file was finished"
+        );
+        assert!(
+            since.elapsed() < Duration::from_secs(120),
+            "no file was ever finished"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    signal(&child, "STOP");
+    wait_stopped(&child);
+    signal(&child, "TERM");
+    signal(&child, "CONT");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.signal(), Some(15), "{}\n{}", o.status, stderr(&o));
+    let listed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&journal).unwrap()).unwrap();
+    let listed: Vec<String> = listed["files"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let kept: Vec<String> = std::fs::read_dir(out.join(STAGING))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    let mut kept_sorted = kept.clone();
+    kept_sorted.sort();
+    assert_eq!(
+        kept_sorted, listed,
+        "kept files other than the finished ones"
+    );
+    let s = if kept.len() == 1 { "" } else { "s" };
+    let line = format!("kept {} finished file{s}", kept.len());
+    assert!(
+        stderr(&o).contains(&line),
+        "does not say {line:?}: {}",
+        stderr(&o)
+    );
+    let o = start(&input, &out, &["--resume", "--quiet"])
+        .wait_with_output()
+        .unwrap();
+    ok(&o, "the run resumed");
+    assert_eq!(tree(&out), want);
+}

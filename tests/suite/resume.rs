@@ -568,6 +568,79 @@ fn a_finished_run_resumed_has_nothing_to_do_and_reads_no_shard() {
     assert_eq!(now, stamps, "files touched");
 }
 
+/// SIGKILL once exactly 1 and once exactly 3 files of the commit are in
+/// the output (each rename stalled 0.3 s, so the count is certain when the
+/// kill lands): a run without `--resume` refuses with a line saying
+/// `--resume` finishes it, and `--resume` ends with the bytes of one
+/// uninterrupted run.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_kill_after_one_or_three_renames_is_finished_by_resume() {
+    use crate::common::cli::error_line;
+    use crate::common::stall::{stalled, traced};
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    checkpoint(&input, 4, (256, 512));
+    let reference = tmp.path().join("reference");
+    run(&input, &reference, false, None, None).unwrap();
+    let want = files(&reference);
+    let cli = |out: &Path| {
+        let mut cmd = Command::new(bin());
+        cmd.arg("dequantize")
+            .arg(&input)
+            .arg("-o")
+            .arg(out)
+            .args(["--backend", "cpu", "--quiet"]);
+        cmd
+    };
+    // The files (not folders) the commit has moved into `out`.
+    let moved = |out: &Path| {
+        std::fs::read_dir(out).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .count()
+        })
+    };
+    for k in [1, 3] {
+        let what = format!("killed after {k} renames");
+        let out = tmp.path().join(format!("killed-{k}"));
+        let run = cli(&out);
+        let mut strace = stalled("rename,renameat,renameat2", 300)
+            .arg(run.get_program())
+            .args(run.get_args())
+            .spawn()
+            .unwrap();
+        let pid = traced(&mut strace, &std::fs::canonicalize(bin()).unwrap());
+        let since = std::time::Instant::now();
+        while moved(&out) < k {
+            assert!(
+                strace.try_wait().unwrap().is_none(),
+                "{what}: the run ended first"
+            );
+            assert!(
+                since.elapsed().as_secs() < 120,
+                "{what}: the commit never began"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        let _ = strace.wait();
+        assert_eq!(moved(&out), k, "{what}: the kill came late");
+        let o = cli(&out).output().unwrap();
+        let line = error_line(&o, &format!("{what}, run again"), "OUT-001", &[]);
+        assert!(
+            line.contains("--resume"),
+            "{what}: the refusal does not say --resume finishes it: {line}"
+        );
+        ok(&cli(&out).arg("--resume").output().unwrap(), &what);
+        assert_files(&files(&out), &want, &what);
+        assert!(!out.join(STAGING).exists(), "{what}: staging folder left");
+    }
+}
+
 /// Killed during its commit (at whichever rename the kill lands) and
 /// killed after the last one, before its staging folder was removed (made
 /// by hand: the folder with its lock and journal, the lock held by no one):

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 
 use crate::common::bin;
 use crate::common::cli::error_line;
+use crate::common::stall::stalled;
 use crate::resume::{assert_files, checkpoint, files};
 use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, OutDtype, Rule};
 
@@ -67,9 +68,11 @@ fn a_held_lock_makes_a_second_run_refuse_naming_its_pid() {
     }
 }
 
-/// Two runs of different dtypes started together into one fresh output:
-/// exactly one succeeds, the other refuses with OUT-001, and the output is
-/// the winner's own, byte for byte.
+/// Two runs of different dtypes started together into one fresh output,
+/// five times, each directory listing stalled for 0.3 s (so both runs see
+/// the output empty before either writes): exactly one succeeds, the other
+/// refuses with OUT-001, and the output is the winner's own, byte for byte.
+#[cfg(target_os = "linux")]
 #[test]
 fn two_runs_racing_into_one_output_never_both_succeed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -81,11 +84,20 @@ fn two_runs_racing_into_one_output_never_both_succeed() {
         lib_run(&input, &reference, dtype, false).unwrap();
         want.insert(name, files(&reference));
     }
-    for round in 0..4 {
+    for round in 0..5 {
         let out = tmp.path().join(format!("out-{round}"));
         let runs: Vec<_> = ["bf16", "f32"]
             .into_iter()
-            .map(|d| (d, cli(&input, &out, &["--dtype", d]).spawn().unwrap()))
+            .map(|d| {
+                let run = cli(&input, &out, &["--dtype", d]);
+                let mut stalled = stalled("getdents64", 300);
+                stalled
+                    .arg(run.get_program())
+                    .args(run.get_args())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped());
+                (d, stalled.spawn().unwrap())
+            })
             .collect();
         let done: Vec<_> = runs
             .into_iter()

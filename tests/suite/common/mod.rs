@@ -8,6 +8,7 @@ pub mod cli;
 pub mod hub;
 pub mod jobs;
 pub mod producer;
+pub mod stall;
 
 use std::collections::BTreeMap;
 use std::io::Write;
