@@ -84,21 +84,27 @@ fn two_runs_racing_into_one_output_never_both_succeed() {
         lib_run(&input, &reference, dtype, false).unwrap();
         want.insert(name, files(&reference));
     }
-    for round in 0..5 {
-        let out = tmp.path().join(format!("out-{round}"));
-        let runs: Vec<_> = ["bf16", "f32"]
-            .into_iter()
-            .map(|d| {
-                let run = cli(&input, &out, &["--dtype", d]);
-                let mut stalled = stalled("getdents64", 300);
-                stalled
-                    .arg(run.get_program())
-                    .args(run.get_args())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped());
-                (d, stalled.spawn().unwrap())
-            })
-            .collect();
+    // The rounds run at once: the runs spend their time in the stalls.
+    let rounds: Vec<_> = (0..5)
+        .map(|round| {
+            let out = tmp.path().join(format!("out-{round}"));
+            let runs: Vec<_> = ["bf16", "f32"]
+                .into_iter()
+                .map(|d| {
+                    let run = cli(&input, &out, &["--dtype", d]);
+                    let mut stalled = stalled("getdents64", 300);
+                    stalled
+                        .arg(run.get_program())
+                        .args(run.get_args())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::piped());
+                    (d, stalled.spawn().unwrap())
+                })
+                .collect();
+            (round, out, runs)
+        })
+        .collect();
+    for (round, out, runs) in rounds {
         let done: Vec<_> = runs
             .into_iter()
             .map(|(d, c)| (d, c.wait_with_output().unwrap()))
