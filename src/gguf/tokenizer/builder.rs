@@ -108,6 +108,12 @@ impl Builder {
                         keys.len()
                     )));
                 }
+                // The merges are ordered by score: NaN has no place in it.
+                if let Some(i) = scores.iter().position(|s| s.is_nan()) {
+                    return Err(bad(format!(
+                        "tokenizer.ggml.scores item {i} is NaN; the merges are ordered by score"
+                    )));
+                }
                 merges_of(&keys, &scores)
             }
         };
