@@ -184,13 +184,19 @@ impl Report {
             self.dtype,
             self.dropped.len()
         );
+        // Columns as wide as their longest entry up to COLUMN: a longer
+        // one (a hostile header's) sticks out of its line alone, rather
+        // than widening every line (or passing `format!`'s width limit).
+        const COLUMN: usize = 256;
         let name_w = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        let name_w = name_w.min(COLUMN);
         let shape_w = self
             .tensors
             .iter()
             .map(|t| format!("{:?}", t.shape).len())
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .min(COLUMN);
         for t in &self.tensors {
             let line = format!(
                 "  {:<7}  {:<name_w$}  {:<shape_w$}  {:<7}  {}",

@@ -8,18 +8,58 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-/// Walks any JSON value at path `.0`; the first key an object repeats is
-/// recorded in `.1` (out of band: serde's error is only text) and stops it.
-struct Walk<'f>(String, &'f RefCell<Option<String>>);
+/// Where a value sits: the root, or a key or an item under its parent's
+/// place. The dotted text is made only for a key that repeats, so walking
+/// costs no more than reading (a long key above a long array is not copied
+/// once per item).
+enum Place<'p> {
+    Root,
+    Key(&'p Place<'p>, &'p str),
+    Item(&'p Place<'p>, usize),
+}
 
-impl<'de> DeserializeSeed<'de> for Walk<'_> {
+impl Place<'_> {
+    /// `a.b[3].c`, from the root down.
+    fn text(&self) -> String {
+        let mut up = Vec::new();
+        let mut at = self;
+        loop {
+            match at {
+                Place::Root => break,
+                Place::Key(parent, _) | Place::Item(parent, _) => {
+                    up.push(at);
+                    at = parent;
+                }
+            }
+        }
+        let mut out = String::new();
+        for p in up.iter().rev() {
+            match p {
+                Place::Key(_, key) if out.is_empty() => out.push_str(key),
+                Place::Key(_, key) => {
+                    out.push('.');
+                    out.push_str(key);
+                }
+                Place::Item(_, i) => out.push_str(&format!("[{i}]")),
+                Place::Root => {}
+            }
+        }
+        out
+    }
+}
+
+/// Walks any JSON value at place `.0`; the first key an object repeats is
+/// recorded in `.1` (out of band: serde's error is only text) and stops it.
+struct Walk<'p, 'f>(&'p Place<'p>, &'f RefCell<Option<String>>);
+
+impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Walk<'_> {
+impl<'de> Visitor<'de> for Walk<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -27,18 +67,16 @@ impl<'de> Visitor<'de> for Walk<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Hashed: an object of n keys is checked in time linear in n.
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
-            let path = if self.0.is_empty() {
-                key.clone()
-            } else {
-                format!("{}.{key}", self.0)
-            };
-            if !seen.insert(key) {
-                *self.1.borrow_mut() = Some(path);
+            let place = Place::Key(self.0, &key);
+            if seen.contains(key.as_str()) {
+                *self.1.borrow_mut() = Some(place.text());
                 return Err(serde::de::Error::custom("duplicate key"));
             }
-            map.next_value_seed(Walk(path, self.1))?;
+            map.next_value_seed(Walk(&place, self.1))?;
+            seen.insert(key);
         }
         Ok(())
     }
@@ -46,7 +84,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0;
         while seq
-            .next_element_seed(Walk(format!("{}[{i}]", self.0), self.1))?
+            .next_element_seed(Walk(&Place::Item(self.0, i), self.1))?
             .is_some()
         {
             i += 1;
@@ -80,7 +118,7 @@ pub(crate) fn duplicate_key(text: &[u8]) -> Option<String> {
     let found = RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(text);
     // Deep nesting is refused by serde_json's own recursion limit.
-    let _ = Walk(String::new(), &found).deserialize(&mut de);
+    let _ = Walk(&Place::Root, &found).deserialize(&mut de);
     found.into_inner()
 }
 
@@ -99,6 +137,11 @@ mod tests {
         assert_eq!(
             duplicate_key(br#"{"t": [{"k": 1}, {"k": 1, "k": 2}]}"#),
             Some("t[1].k".into())
+        );
+        assert_eq!(duplicate_key(br#"[{"a": 1, "a": 2}]"#), Some("[0].a".into()));
+        assert_eq!(
+            duplicate_key(br#"{"k": [[0], [1, {"x": [{}, {"y": 1, "y": 2}]}]]}"#),
+            Some("k[1][1].x[1].y".into())
         );
         assert_eq!(duplicate_key(b"{not json"), None);
     }

@@ -12,7 +12,7 @@ use super::transform::Transforms;
 use super::{
     byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
     grid_values, modules_with, plan_each, require, scalar_f32, sparse, split_shape, stored_kind,
-    Modules, ScaleLayout, Target,
+    Modules, ScaleLayout, Target, Targets,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -71,7 +71,7 @@ pub struct Group {
     /// Its format (its own, else the config's top-level one).
     pub format: String,
     /// Modules it selects.
-    pub targets: Vec<Target>,
+    pub targets: Targets,
     /// Weight quantization, when it quantizes weights.
     pub weights: Option<Scheme>,
 }
@@ -87,7 +87,7 @@ pub struct Config {
     /// Config groups, in file order.
     pub groups: Vec<Group>,
     /// Modules left unquantized.
-    pub ignore: Vec<Target>,
+    pub ignore: Targets,
     /// The sparse layout of modules that store a bitmask
     /// (`sparsity_config.format`).
     pub sparsity: Option<sparse::Layout>,
@@ -182,7 +182,7 @@ struct RawSparsity {
     format: Option<String>,
 }
 
-fn targets(path: &Path, list: Option<Vec<String>>) -> Result<Vec<Target>> {
+fn targets(path: &Path, list: Option<Vec<String>>) -> Result<Targets> {
     list.unwrap_or_default()
         .iter()
         .map(|s| Target::parse(s).map_err(|e| cfg_err(path, e)))
@@ -341,7 +341,7 @@ impl Config {
             .iter()
             .filter(|g| g.weights.is_some())
             .filter_map(|g| {
-                let rank = g.targets.iter().filter_map(|t| t.rank(module)).max()?;
+                let rank = g.targets.rank(module)?;
                 Some(((rank, fits(g)), g))
             })
             .fold(
@@ -362,11 +362,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
     modules.extend(modules_with(ckpt, "bitmask"));
     let params: Vec<&str> = WEIGHT_PARAMS.iter().chain(sparse::PARAMS).copied().collect();
 
-    let ignored = |m: &str| {
-        cfg.ignore
-            .iter()
-            .any(|t| !matches!(t, Target::Class(_)) && t.rank(m).is_some())
-    };
+    let ignored = |m: &str| cfg.ignore.names_module(m);
     let mut found = plan_each(
         ckpt,
         modules,

@@ -34,7 +34,7 @@ use crate::numerics::{self, OutDtype};
 use crate::error::Warning;
 use crate::output::{Output, Source};
 
-pub use targets::{Glob, Target};
+pub use targets::{Glob, Target, Targets};
 
 /// What kind of checkpoint this is.
 #[derive(Debug, Clone, serde::Serialize)]

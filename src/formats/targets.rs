@@ -2,6 +2,8 @@
 //! `ignore` (exact names, `re:` regexes, class names) and ModelOpt's
 //! `exclude_modules` globs.
 
+use std::collections::HashSet;
+
 use fancy_regex::Regex;
 
 /// One selector.
@@ -65,6 +67,76 @@ impl Target {
     }
 }
 
+/// Selectors as a config lists them, its exact names hashed: matching a
+/// module costs one lookup and one test per pattern or class, not one per
+/// name (a hostile config may list a million names against as many
+/// modules). It reads as the list ([`Deref`](std::ops::Deref)).
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    list: Vec<Target>,
+    names: HashSet<String>,
+    /// Where the patterns and classes are in `list`.
+    others: Vec<usize>,
+}
+
+impl FromIterator<Target> for Targets {
+    fn from_iter<I: IntoIterator<Item = Target>>(iter: I) -> Targets {
+        let list: Vec<Target> = iter.into_iter().collect();
+        let mut names = HashSet::new();
+        let mut others = Vec::new();
+        for (i, t) in list.iter().enumerate() {
+            match t {
+                Target::Name(n) => {
+                    names.insert(n.clone());
+                }
+                _ => others.push(i),
+            }
+        }
+        Targets {
+            list,
+            names,
+            others,
+        }
+    }
+}
+
+impl std::ops::Deref for Targets {
+    type Target = [Target];
+    fn deref(&self) -> &[Target] {
+        &self.list
+    }
+}
+
+impl serde::Serialize for Targets {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.list.serialize(s)
+    }
+}
+
+impl Targets {
+    /// The most specific selector's [`Target::rank`] of `module`, `None`
+    /// when none selects it.
+    pub fn rank(&self, module: &str) -> Option<u8> {
+        if self.names.contains(module) {
+            return Some(3);
+        }
+        self.others
+            .iter()
+            .filter_map(|&i| self.list[i].rank(module))
+            .max()
+    }
+
+    /// Whether a name, regex or glob selects `module` (a class does not:
+    /// a checkpoint does not record classes).
+    pub fn names_module(&self, module: &str) -> bool {
+        self.names.contains(module)
+            || self.others.iter().any(|&i| {
+                let t = &self.list[i];
+                !matches!(t, Target::Class(_)) && t.rank(module).is_some()
+            })
+    }
+}
+
 /// A shell-style glob as Python's `fnmatch` reads it (ModelOpt's
 /// `exclude_modules`, diffuse_compressor's patch patterns): `*` any run of
 /// characters, dots included; `?` one; `[...]`/`[!...]` a class. A pattern
@@ -114,6 +186,24 @@ mod tests {
         let not_mlp = Target::parse("re:^(?!.*mlp).*proj$").unwrap();
         assert_eq!(not_mlp.rank(m), None);
         assert_eq!(not_mlp.rank("model.layers.0.self_attn.q_proj"), Some(2));
+    }
+
+    #[test]
+    fn target_lists() {
+        let list: Targets = ["lm_head", "re:.*mlp.*", "Linear", "model.layers.0.mlp.down_proj"]
+            .iter()
+            .map(|s| Target::parse(s).unwrap())
+            .collect();
+        assert_eq!(list.len(), 4);
+        assert_eq!(list.rank("model.layers.0.mlp.down_proj"), Some(3));
+        assert_eq!(list.rank("model.layers.1.mlp.down_proj"), Some(2));
+        assert_eq!(list.rank("model.layers.1.self_attn.q_proj"), Some(1));
+        assert!(list.names_module("lm_head"));
+        assert!(list.names_module("model.layers.1.mlp.up_proj"));
+        assert!(!list.names_module("model.layers.1.self_attn.q_proj"), "a class names nothing");
+        let none: Targets = std::iter::empty().collect();
+        assert_eq!(none.rank("lm_head"), None);
+        assert!(!none.names_module("lm_head"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use indexmap::IndexMap;
 use safetensors::Dtype;
 use serde_json::Value;
 
-use super::Target;
+use super::{Target, Targets};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::output::fold::Rotation;
@@ -46,9 +46,9 @@ pub struct Scheme {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Apply {
     /// Modules it selects.
-    pub targets: Vec<Target>,
+    pub targets: Targets,
     /// Modules it leaves out.
-    pub ignore: Vec<Target>,
+    pub ignore: Targets,
     /// `input`, `output`, `weight_input`, `weight_output`, `q_attn`, `k_cache`.
     pub location: String,
     /// `Tᵀ` instead of `T`.
@@ -59,8 +59,7 @@ impl Apply {
     /// Whether it selects `module` (class names in `ignore` cannot be told
     /// from a checkpoint and leave nothing out).
     fn selects(&self, module: &str) -> bool {
-        self.targets.iter().any(|t| t.rank(module).is_some())
-            && !self.ignore.iter().any(|t| !matches!(t, Target::Class(_)) && t.rank(module).is_some())
+        self.targets.rank(module).is_some() && !self.ignore.names_module(module)
     }
 }
 
@@ -152,7 +151,7 @@ impl Transforms {
                         format!("scheme {name} applies at location {:?}, which is not folded", a.location),
                     ));
                 }
-                let targets = |list: Vec<String>| -> Result<Vec<Target>> {
+                let targets = |list: Vec<String>| -> Result<Targets> {
                     list.iter()
                         .map(|t| Target::parse(t).map_err(|e| err(Rule::Config, format!("scheme {name}: {e}"))))
                         .collect()

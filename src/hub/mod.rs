@@ -10,7 +10,7 @@
 mod cache;
 mod http;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -601,20 +601,31 @@ impl Remote {
         let index = crate::checkpoint::INDEX_FILE;
         let shards: Vec<String> = if names.contains(&index) {
             let path = self.fetch(index)?;
+            let len = fs::metadata(&path)
+                .map_err(|e| Error::io(&path, "cannot read", e))?
+                .len();
+            if len > MAX_JSON {
+                return Err(Error::new(
+                    Rule::Index,
+                    &path,
+                    format!("{len} bytes; a config or index over {MAX_JSON} bytes is not read"),
+                ));
+            }
             let text = fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
             let value: Value = serde_json::from_slice(&text)
                 .map_err(|e| Error::new(Rule::Index, &path, "invalid JSON").caused_by(e))?;
-            let mut listed: Vec<String> = value
+            // Sets: an index of n entries against a listing of m files is
+            // read in (n + m) log m, not n·m.
+            let listed: BTreeSet<&str> = names.iter().copied().collect();
+            let shards: BTreeSet<&str> = value
                 .get("weight_map")
                 .and_then(Value::as_object)
                 .into_iter()
                 .flatten()
-                .filter_map(|(_, f)| f.as_str().map(str::to_string))
-                .filter(|f| names.contains(&f.as_str()))
+                .filter_map(|(_, f)| f.as_str())
+                .filter(|f| listed.contains(f))
                 .collect();
-            listed.sort();
-            listed.dedup();
-            listed
+            shards.into_iter().map(str::to_string).collect()
         } else {
             let mut all: Vec<String> = names
                 .iter()

@@ -1,14 +1,15 @@
-//! Hostile GGUF files (issue 62, point 5): headers that are large but
-//! well-formed are read in time linear in their length, and counts or
-//! lengths a file cannot hold are refused by rule (GGUF-001) before
-//! anything is sized by them. The tests assert results, never timings:
+//! Hostile inputs (issue 62, point 5): GGUF files, safetensors headers and
+//! the JSON sidecars (`config.json`, `hf_quant_config.json`, the index).
+//! Inputs that are large but well-formed are read in time linear in their
+//! length, and counts or lengths a file cannot hold are refused by rule
+//! (GGUF-001, ST-001, ST-002, CFG-001) before anything is sized by them. The tests assert results, never timings:
 //! quadratic code would still pass them, only slowly (the benches and the
 //! report time them).
 
 use std::path::{Path, PathBuf};
 
 use wgpu_dequant::gguf::{MetaArray, MetaValue, Model, Strings};
-use wgpu_dequant::Rule;
+use wgpu_dequant::{Checkpoint, Rule};
 
 /// A real model (SentencePiece llama: its merges are recovered from the
 /// vocabulary) that the hostile files are made of.
@@ -345,4 +346,379 @@ fn a_large_metadata_array() {
     assert_eq!(got.len(), n);
     assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
     inspect_ok(&path);
+}
+
+/// A safetensors file of `tensors` (name, dtype, shape, bytes), in order,
+/// its header text exactly as given around them (`extra` before the
+/// tensors: `__metadata__` or a hostile entry).
+fn safetensors(path: &Path, extra: &str, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+    let mut header = String::from("{");
+    header.push_str(extra);
+    let mut at = 0;
+    let mut data = Vec::new();
+    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
+        if i > 0 || !extra.is_empty() {
+            header.push(',');
+        }
+        let end = at + bytes.len();
+        header.push_str(&format!(
+            r#""{name}":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[{at},{end}]}}"#
+        ));
+        data.extend_from_slice(bytes);
+        at = end;
+    }
+    header.push('}');
+    raw_safetensors(path, header.as_bytes(), &data);
+}
+
+/// A safetensors file of header `text` and `data`, its length as it is.
+fn raw_safetensors(path: &Path, text: &[u8], data: &[u8]) {
+    let mut b = (text.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(text);
+    b.extend_from_slice(data);
+    std::fs::write(path, b).unwrap();
+}
+
+/// `n` one-element F32 tensors `t.I.weight` (value I) in one header.
+fn many_f32(n: usize) -> String {
+    let mut header = String::with_capacity(n * 64);
+    header.push('{');
+    for i in 0..n {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            r#""t.{i}.weight":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}"#,
+            4 * i,
+            4 * i + 4
+        ));
+    }
+    header.push('}');
+    header
+}
+
+fn f32_data(n: usize) -> Vec<u8> {
+    (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect()
+}
+
+const CONFIG: &str =
+    r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32"}"#;
+
+/// A header length the file cannot hold (2^63, u64::MAX, past the end,
+/// over the reader's 100 MB) is refused by ST-001 in one line, before a
+/// buffer is sized by it; the Hub's and the browser's range reads ask for
+/// no more than the file and the reader's cap.
+#[test]
+fn safetensors_header_lengths() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (what, len, says) in [
+        ("2^63", 1u64 << 63, "header too large"),
+        ("u64-max", u64::MAX, "header too large"),
+        ("past-the-end", 1000, "invalid header length"),
+        ("over-the-cap", 100_000_001, "header too large"),
+    ] {
+        let dir = tmp.path().join(what);
+        std::fs::create_dir(&dir).unwrap();
+        let mut b = len.to_le_bytes().to_vec();
+        b.extend_from_slice(br#"{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#);
+        b.extend_from_slice(&[0; 4]);
+        std::fs::write(dir.join("model.safetensors"), &b).unwrap();
+        let (rule, line) = refused(&dir);
+        assert_eq!(rule, Rule::Container, "{what}: {line}");
+        assert!(
+            line.contains("[ST-001]") && line.contains(says),
+            "{what}: {line}"
+        );
+        assert!(line.contains("model.safetensors"), "{what}: {line}");
+        // What a range reader asks for: never past the file, never past the cap.
+        let asked = wgpu_dequant::checkpoint::Listing::header_len(&b[..8], b.len() as u64);
+        assert!(asked <= b.len() as u64, "{what}: {asked}");
+        let mut listing = wgpu_dequant::checkpoint::Listing::default();
+        listing.add(
+            "model.safetensors",
+            b.len() as u64,
+            b[..asked as usize].to_vec(),
+        );
+        let e = match Checkpoint::from_listing(listing) {
+            Ok(_) => panic!("{what}: read from a listing"),
+            Err(e) => e,
+        };
+        assert_eq!(e.rule, Rule::Container, "{what}: {e}");
+    }
+}
+
+/// 50,000 tensors in one header (about 3.5 MB) are read; a name given
+/// twice among them is found and named (ST-001).
+#[test]
+fn many_safetensors_tensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 50_000;
+    let header = many_f32(n);
+    let dir = tmp.path().join("many");
+    std::fs::create_dir(&dir).unwrap();
+    raw_safetensors(
+        &dir.join("model.safetensors"),
+        header.as_bytes(),
+        &f32_data(n),
+    );
+    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    assert_eq!(ckpt.names().len(), n);
+    let t = ckpt.get("t.49999.weight").unwrap();
+    assert_eq!(t.data().unwrap(), &49_999f32.to_le_bytes());
+    drop(ckpt);
+    inspect_ok(&dir);
+
+    // The same name again, at the end: the data still tiles the file.
+    let twice = format!(
+        r#"{},"t.12345.weight":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}}}"#,
+        &header[..header.len() - 1],
+        4 * n,
+        4 * n + 4
+    );
+    raw_safetensors(
+        &dir.join("model.safetensors"),
+        twice.as_bytes(),
+        &f32_data(n + 1),
+    );
+    let (rule, line) = refused(&dir);
+    assert_eq!(rule, Rule::Container, "{line}");
+    assert!(line.contains("header names t.12345.weight twice"), "{line}");
+}
+
+/// A 300,000-character name above a 300,000-dimension shape: the check for
+/// repeated keys does not copy the name once per dimension (90 GB), the
+/// report prints it (a column that wide once overflowed `format!`'s width
+/// and panicked), and a name repeated deep in a header is named by its
+/// place.
+#[test]
+fn a_long_name_above_a_long_shape() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 300_000;
+    let name = "k".repeat(n);
+    let path = tmp.path().join("long.safetensors");
+    safetensors(
+        &path,
+        "",
+        &[
+            (&name, "F32", vec![1; n], vec![0; 4]),
+            ("t", "F32", vec![1], vec![0; 4]),
+        ],
+    );
+    let ckpt = Checkpoint::open(&path).unwrap();
+    assert_eq!(ckpt.get(&name).unwrap().shape.len(), n);
+    drop(ckpt);
+    // Its report line is as long as it is, the others not widened by it.
+    let text = inspect_ok(&path);
+    assert!(text.contains(&name), "no line names it");
+    let widened = text
+        .lines()
+        .filter(|l| l.len() > 1000 && !l.contains(&name));
+    assert_eq!(widened.count(), 0);
+
+    // A key given twice inside `__metadata__`, after a long array.
+    let extra = format!(r#""__metadata__":{{"format":"pt","{name}":"1","x":"2","x":"3"}}"#);
+    safetensors(&path, &extra, &[("t", "F32", vec![1], vec![0; 4])]);
+    let (rule, line) = refused(&path);
+    assert_eq!(rule, Rule::Container, "{line}");
+    assert!(line.contains("header names __metadata__.x twice"), "{line}");
+}
+
+/// An index of 100,000 entries naming 100,000 shards (none there) is
+/// read in n log n and refused naming the first missing shard (ST-002);
+/// one of 50,000 entries in the shard that stores them is read, and one
+/// entry given twice is named.
+#[test]
+fn an_index_of_many_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("missing");
+    std::fs::create_dir(&dir).unwrap();
+    let map: serde_json::Map<String, serde_json::Value> = (0..100_000)
+        .map(|i| {
+            (
+                format!("t.{i}.weight"),
+                format!("s-{i:07}.safetensors").into(),
+            )
+        })
+        .collect();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+    let (rule, line) = refused(&dir);
+    assert_eq!(rule, Rule::Index, "{line}");
+    assert!(
+        line.contains("names shard s-0000000.safetensors, which does not exist"),
+        "{line}"
+    );
+
+    let dir = tmp.path().join("one-shard");
+    std::fs::create_dir(&dir).unwrap();
+    let n = 50_000;
+    let shard = "model-00001-of-00001.safetensors";
+    raw_safetensors(&dir.join(shard), many_f32(n).as_bytes(), &f32_data(n));
+    let map: serde_json::Map<String, serde_json::Value> = (0..n)
+        .map(|i| (format!("t.{i}.weight"), shard.into()))
+        .collect();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map}).to_string();
+    std::fs::write(dir.join("model.safetensors.index.json"), &index).unwrap();
+    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    assert_eq!(ckpt.names().len(), n);
+    assert_eq!(ckpt.location("t.49999.weight").unwrap().0, shard);
+    drop(ckpt);
+
+    // One entry given twice, the second time last.
+    let twice = format!(
+        r#"{}, "t.7777.weight": "{shard}"}}}}"#,
+        &index[..index.len() - 2]
+    );
+    std::fs::write(dir.join("model.safetensors.index.json"), twice).unwrap();
+    let (rule, line) = refused(&dir);
+    assert_eq!(rule, Rule::Index, "{line}");
+    assert!(
+        line.contains("weight_map.t.7777.weight is given twice"),
+        "{line}"
+    );
+}
+
+/// `config.json` and `hf_quant_config.json` that are nested a million
+/// deep, hold a number past f64, repeat a key among 200,000, or are
+/// larger than any config: refused by CFG-001 in one line, without a
+/// stack overflow and without reading the oversized one.
+#[test]
+fn hostile_configs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deep = format!(
+        r#"{{"model_type": "llama", "x": {}{}}}"#,
+        "[".repeat(1_000_000),
+        "]".repeat(1_000_000)
+    );
+    let mut keys: String = (0..200_000).map(|i| format!(r#""k{i}": {i}, "#)).collect();
+    keys.insert(0, '{');
+    let twice = format!(r#"{keys}"model_type": "llama", "k199999": 0}}"#);
+    let cases = [
+        ("deep", deep, "recursion limit exceeded"),
+        (
+            "number",
+            r#"{"x": 1e400}"#.to_string(),
+            "number out of range",
+        ),
+        ("twice", twice, "k199999 is given twice"),
+    ];
+    for file in ["config.json", "hf_quant_config.json"] {
+        for (what, text, says) in &cases {
+            let dir = tmp.path().join(format!("{file}-{what}"));
+            std::fs::create_dir(&dir).unwrap();
+            safetensors(
+                &dir.join("model.safetensors"),
+                "",
+                &[("t", "F32", vec![1], vec![0; 4])],
+            );
+            if file != "config.json" {
+                std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+            }
+            std::fs::write(dir.join(file), text).unwrap();
+            let (rule, line) = refused(&dir);
+            assert_eq!(rule, Rule::Config, "{file} {what}: {line}");
+            assert!(
+                line.contains(file) && line.contains(says),
+                "{file} {what}: {line}"
+            );
+        }
+        // 64 MiB and a byte, sparse: refused from its size, never read.
+        let dir = tmp.path().join(format!("{file}-large"));
+        std::fs::create_dir(&dir).unwrap();
+        safetensors(
+            &dir.join("model.safetensors"),
+            "",
+            &[("t", "F32", vec![1], vec![0; 4])],
+        );
+        let f = std::fs::File::create(dir.join(file)).unwrap();
+        f.set_len((64 << 20) + 1).unwrap();
+        let (rule, line) = refused(&dir);
+        assert_eq!(rule, Rule::Config, "{file} large: {line}");
+        assert!(line.contains("is not read"), "{file} large: {line}");
+    }
+    // 200,000 distinct keys are read.
+    let dir = tmp.path().join("keys");
+    std::fs::create_dir(&dir).unwrap();
+    safetensors(
+        &dir.join("model.safetensors"),
+        "",
+        &[("t", "F32", vec![1], vec![0; 4])],
+    );
+    std::fs::write(
+        dir.join("config.json"),
+        format!(r#"{keys}"model_type": "llama"}}"#),
+    )
+    .unwrap();
+    inspect_ok(&dir);
+}
+
+/// A compressed-tensors checkpoint of 10,000 int4 modules whose config
+/// ignores 10,000 other names and one of them: the names are looked up,
+/// not compared with each module in turn; the one listed is decoded and
+/// named in a finding, as before.
+#[test]
+fn many_ignored_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 10_000;
+    let mut tensors = Vec::new();
+    for i in 0..n {
+        let m = format!("model.layers.{i}.mlp.down_proj");
+        tensors.push((
+            format!("{m}.weight_packed"),
+            "I32",
+            vec![1, 1],
+            vec![0x11; 4],
+        ));
+        tensors.push((
+            format!("{m}.weight_scale"),
+            "BF16",
+            vec![1, 1],
+            vec![0x80, 0x3f],
+        ));
+        let shape: Vec<u8> = [1i64, 8].iter().flat_map(|d| d.to_le_bytes()).collect();
+        tensors.push((format!("{m}.weight_shape"), "I64", vec![2], shape));
+    }
+    let tensors: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+        .collect();
+    safetensors(&tmp.path().join("model.safetensors"), "", &tensors);
+    let mut ignore: Vec<String> = (0..n).map(|i| format!("other.{i}")).collect();
+    ignore.push("model.layers.4321.mlp.down_proj".into());
+    ignore.push("re:^lm_head$".into());
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": true,
+                            "strategy": "group", "group_size": 128}
+            }},
+            "ignore": ignore
+        }
+    });
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    let report = wgpu_dequant::inspect(tmp.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.errors().is_empty(), "{}", report.text());
+    let text = report.text();
+    assert!(
+        text.contains(&format!("output      {n} tensors: {n} decoded to bf16")),
+        "{text}"
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("listed in ignore"))
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        listed[0].contains("model.layers.4321.mlp.down_proj"),
+        "{listed:?}"
+    );
 }
