@@ -4,9 +4,11 @@
 //! the same shape (CPU) and the copy shader of the same pieces (GPU), in
 //! the same run.
 
-use super::{
-    best_of_turns, case_name, copy_once, kernel_name, line_aligned, Figure, Layout, Weight,
-};
+use super::cases::{case_name, Layout, Weight};
+use super::cpu::line_aligned;
+use super::gpu::{copy_once, kernel_name};
+use super::report::Figure;
+use super::timing::best_of_turns;
 use crate::backend::gpu::GpuDecoder;
 use crate::backend::{Backend, Cpu};
 use crate::error::{Error, Result, Rule};
