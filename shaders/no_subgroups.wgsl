@@ -1,6 +1,6 @@
 // The products' entry points on devices without subgroups (and in
-// browsers), appended to decode.wgsl and matmul.wgsl: each invocation a
-// subgroup of one (SHARE_X is never set).
+// browsers), appended to the decode module (shaders/decode/) and
+// matmul.wgsl: each invocation a subgroup of one (SHARE_X is never set).
 
 @compute @workgroup_size(WG)
 fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

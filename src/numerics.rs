@@ -180,8 +180,9 @@ pub(crate) fn f32_bits(x: f32) -> u32 {
 /// (as PyTorch does).
 #[inline]
 pub(crate) fn f32_to_bf16(x: f32) -> u16 {
-    // Round to nearest even on the bits, as decode.wgsl does; without a
-    // branch, so loops of it vectorize.
+    // Round to nearest even on the bits, as the shaders do
+    // (shaders/decode/generic.wgsl's bf16_carry); without a branch, so
+    // loops of it vectorize.
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
     if b & 0x7FFF_FFFF > 0x7F80_0000 {

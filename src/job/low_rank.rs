@@ -13,7 +13,7 @@ use std::sync::Arc;
 ///
 /// Every operation rounds on its own, as in the reference: no fused
 /// multiply-add (the shader keeps its compiler from contracting, see
-/// `opaque` in decode.wgsl). The smoothing divisor is applied as a
+/// `opaque` in shaders/decode/generic.wgsl). The smoothing divisor is applied as a
 /// host-computed reciprocal because WGSL division is not correctly rounded.
 #[derive(Debug, Clone)]
 pub struct LowRank {

@@ -580,17 +580,20 @@ fn shaders_translate_for_every_backend() {
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shaders");
     std::fs::create_dir_all(&out).unwrap();
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
-    let products = |entries: &str| read("decode.wgsl") + &read("matmul.wgsl") + &read(entries);
+    // The decode module's fragments, in the order the host puts them
+    // together (src/backend/gpu/shader.rs).
+    let fragments = ["protocol", "reads", "generic", "fast", "tile"];
+    let decode_source = || {
+        fragments
+            .map(|f| read(&format!("decode/{f}.wgsl")))
+            .concat()
+    };
+    let products = |entries: &str| decode_source() + &read("matmul.wgsl") + &read(entries);
     // (name, source, capabilities beyond WebGPU's, the entry points to build).
     let decode: &[&str] = &["main", "fast", "fast_t"];
     let gemv: &[&str] = &["gemv", "gemv_rows", "gemv_t", "gemv_dense"];
     let modules = [
-        (
-            "decode",
-            read("decode.wgsl"),
-            Capabilities::default(),
-            decode,
-        ),
+        ("decode", decode_source(), Capabilities::default(), decode),
         (
             "matmul",
             products("no_subgroups.wgsl"),
@@ -609,13 +612,20 @@ fn shaders_translate_for_every_backend() {
         let file = entry.unwrap().file_name().to_string_lossy().into_owned();
         assert!(
             [
-                "decode.wgsl",
+                "decode",
                 "matmul.wgsl",
                 "no_subgroups.wgsl",
                 "subgroups.wgsl"
             ]
             .contains(&file.as_str()),
             "shaders/{file} is in no module this test builds"
+        );
+    }
+    for entry in std::fs::read_dir(dir.join("decode")).unwrap() {
+        let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            fragments.map(|f| format!("{f}.wgsl")).contains(&file),
+            "shaders/decode/{file} is in no module this test builds"
         );
     }
     for (name, source, capabilities, entries) in modules {

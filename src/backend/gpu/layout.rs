@@ -1336,8 +1336,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn shader() -> naga::Module {
-        naga::front::wgsl::parse_str(include_str!("../../../shaders/decode.wgsl"))
-            .expect("decode.wgsl parses")
+        naga::front::wgsl::parse_str(super::super::shader::SHADER).expect("the decode module parses")
     }
 
     /// The shader's `Params` as naga reads it: every scalar member, nested

@@ -1,11 +1,12 @@
 //! Products with packed weights: a quantized Linear's packs resident on the
 //! device as stored (the fast kernel's `src`, chunk by chunk), and
 //! `y = x·Wᵀ (+ bias)` computed from them by matmul.wgsl's kernels, which
-//! decode each word with the fast kernels' own code (decode.wgsl, the
-//! same module). W is never dense, on the host or the device.
+//! decode each word with the fast kernels' own code (shaders/decode/,
+//! the same module). W is never dense, on the host or the device.
 
 use super::layout::{self, Fast, Kernel, Tile};
-use super::{buffer, fast_kernel, gpu_err, GpuDecoder, DST, PARAMS, SRC};
+use super::shader::{buffer, DST, PARAMS, SHADER, SRC};
+use super::{fast_kernel, gpu_err, GpuDecoder};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Values, ZeroPoint};
 
@@ -146,7 +147,7 @@ struct GemvParams {
     row0: u32,
 }
 
-/// What `bias` holds when there is none (decode.wgsl's `NO_G_IDX`).
+/// What `bias` holds when there is none (`NO_G_IDX` in shaders/decode/protocol.wgsl).
 const NO_BIAS: u32 = u32::MAX;
 
 /// The five bindings of `gemv`: the decode kernels' three (W's chunk in
@@ -704,7 +705,7 @@ pub(super) struct Pipelines {
     /// Bound as xs4 or src4 where x or the weights are too small to be
     /// (x4 is off then, and WIDE 1).
     small: wgpu::Buffer,
-    /// decode.wgsl, matmul.wgsl and the entry points.
+    /// The decode module, matmul.wgsl and the entry points.
     module: wgpu::ShaderModule,
     geometry: Geometry,
 }
@@ -765,13 +766,13 @@ fn subgroup(device: &wgpu::Device) -> Option<u32> {
         .then_some(info.subgroup_max_size)
 }
 
-/// The products' module: decode.wgsl, matmul.wgsl and the entry points
-/// with (`subgroups`) or without subgroups.
+/// The products' module: the decode module (shader.rs), matmul.wgsl and
+/// the entry points with (`subgroups`) or without subgroups.
 fn module(device: &wgpu::Device, subgroups: bool) -> wgpu::ShaderModule {
     let entries = if subgroups { SUBGROUPS } else { NO_SUBGROUPS };
     device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("wgpu-dequant matmul.wgsl"),
-        source: wgpu::ShaderSource::Wgsl([super::SHADER, MATMUL, entries].concat().into()),
+        source: wgpu::ShaderSource::Wgsl([SHADER, MATMUL, entries].concat().into()),
     })
 }
 

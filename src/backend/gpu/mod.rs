@@ -1,4 +1,4 @@
-//! The GPU backend: `shaders/decode.wgsl` run through wgpu (Vulkan, Metal,
+//! The GPU backend: the decode kernels of `shaders/decode/` run through wgpu (Vulkan, Metal,
 //! DX12), executing the same [`DecodeJob`]s as the CPU backend.
 //!
 //! One device; one bind group layout, the shader's inputs and output; a
@@ -8,6 +8,7 @@
 
 mod layout;
 mod matmul;
+mod shader;
 
 pub use matmul::PackedLinear;
 pub(crate) use matmul::Product;
@@ -22,55 +23,7 @@ use crate::backend::{Backend, Decoding};
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 use layout::{Chunk, Fast, Kernel, Limits, Tile};
-
-const SHADER: &str = include_str!("../../../shaders/decode.wgsl");
-
-/// The bindings of decode.wgsl's group 0.
-const PARAMS: u32 = 0;
-const SRC: u32 = 1;
-const DST: u32 = 2;
-
-/// The one group every kernel variant binds. Stated once rather than
-/// derived from each pipeline: every variant shares it, bind groups need no
-/// pipeline, and a shader whose bindings drift from it fails when its
-/// pipeline is built.
-fn bind_group_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
-    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some("wgpu-dequant bindings"),
-        entries: &[
-            // `p`: the chunk's layout::Params, rewritten before each dispatch.
-            buffer(
-                PARAMS,
-                wgpu::BufferBindingType::Uniform,
-                std::mem::size_of::<layout::Params>() as u64,
-            ),
-            // `src`: everything the chunk reads (code, zero-point and scale
-            // bytes, tables, g_idx) as one word array, laid out by layout::plan.
-            buffer(SRC, wgpu::BufferBindingType::Storage { read_only: true }, 4),
-            // `dst`: output words, from the slot's own buffer or from an
-            // aligned offset into the app's (Params::out_base skips the rest).
-            buffer(
-                DST,
-                wgpu::BufferBindingType::Storage { read_only: false },
-                4,
-            ),
-        ],
-    })
-}
-
-/// A compute kernel's buffer binding of at least `min_size` bytes.
-fn buffer(binding: u32, ty: wgpu::BufferBindingType, min_size: u64) -> wgpu::BindGroupLayoutEntry {
-    wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: std::num::NonZeroU64::new(min_size),
-        },
-        count: None,
-    }
-}
+use shader::{bind_group_layout, DST, PARAMS, SRC};
 
 fn gpu_err(detail: impl Into<String>) -> Error {
     Error::bare(Rule::Gpu, detail)
@@ -259,10 +212,7 @@ impl GpuDecoder {
     /// limits; device errors are caught in error scopes around each call, so
     /// the app's own error handler is left alone.
     pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> GpuDecoder {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("wgpu-dequant decode.wgsl"),
-            source: wgpu::ShaderSource::Wgsl(SHADER.into()),
-        });
+        let module = shader::module(device);
         let bind_group_layout = bind_group_layout(device);
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("wgpu-dequant pipeline layout"),
