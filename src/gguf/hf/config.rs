@@ -136,8 +136,10 @@ pub(crate) fn config(
             set("vocab_size", json!(tokens.len()));
         }
     }
-    derive(&mut c, arch, rope_theta)?;
+    // First: derive() lays out one entry a layer, so the layer count must
+    // be the tensors' before it is trusted.
     agree(gguf, arch)?;
+    derive(&mut c, arch, rope_theta)?;
     let width = rotary(&c);
     let warnings = rope::scale(&mut c, gguf, arch, width, factors)?;
     // transformers writes its keys sorted.
@@ -177,7 +179,7 @@ fn agree(gguf: &Gguf, arch: &Arch) -> Result<()> {
             format!("{} is {stated}, but {found}", key(k)),
         ))
     };
-    let layers = gguf
+    let numbers: std::collections::BTreeSet<u64> = gguf
         .tensors
         .keys()
         .filter_map(|n| {
@@ -187,8 +189,18 @@ fn agree(gguf: &Gguf, arch: &Arch) -> Result<()> {
                 .parse::<u64>()
                 .ok()
         })
-        .max()
-        .map_or(0, |last| last + 1);
+        .collect();
+    let layers = numbers.last().map_or(0, |last| last + 1);
+    // Every layer up to the last has tensors (a layer number far past the
+    // others is no model's).
+    if let Some(missing) = (0..).zip(&numbers).find(|&(i, &n)| i != n).map(|(i, _)| i) {
+        return Err(Error::bare(
+            Rule::GgufValue,
+            format!(
+                "the tensors make {layers} layers, but layer {missing} has none (no blk.{missing}.* tensor)"
+            ),
+        ));
+    }
     if let Some(n) = count("block_count").filter(|&n| n != layers) {
         return disagree(
             "block_count",
@@ -370,7 +382,7 @@ mod tests {
             // Two layers, as block_count says.
             tensors: tensors
                 .iter()
-                .chain(&["blk.1.attn_norm.weight"])
+                .chain(&["blk.0.attn_norm.weight", "blk.1.attn_norm.weight"])
                 .map(|t| (t.to_string(), (GgmlType::F32, vec![4])))
                 .collect(),
         }
@@ -457,6 +469,39 @@ mod tests {
         .unwrap()
         .0;
         assert_eq!(c["head_dim"], json!(16));
+    }
+
+    /// Layers the tensors do not have are refused (GGUF-004) before the
+    /// config lays out an entry for each: a block count of four billion,
+    /// and a layer number that far with none below it.
+    #[test]
+    fn layers_the_tensors_lack_are_refused_before_they_are_laid_out() {
+        let huge = |n: u32| {
+            [
+                ("block_count", MetaValue::U32(n)),
+                ("embedding_length", MetaValue::U32(64)),
+                ("attention.head_count", MetaValue::U32(4)),
+            ]
+        };
+        let cases = [
+            (
+                gguf("qwen2", &huge(u32::MAX), &[]),
+                "is 4294967295, but the tensors make 2 layers",
+            ),
+            (
+                gguf(
+                    "qwen2",
+                    &huge(4_000_000_001),
+                    &["blk.4000000000.attn_norm.weight"],
+                ),
+                "layer 2 has none",
+            ),
+        ];
+        for (g, want) in cases {
+            let e = config(&g, row("qwen2"), false, OutDtype::Bf16, &|_| Ok(None)).unwrap_err();
+            assert_eq!(e.rule, Rule::GgufValue, "{e}");
+            assert!(e.to_string().contains(want), "{e}");
+        }
     }
 
     /// Values no model has are refused by key (GGUF-004), not written.
