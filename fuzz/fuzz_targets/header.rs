@@ -1,12 +1,3 @@
-//! Any bytes as `model.safetensors` (with a valid config beside it).
+//! The `header` target: [`wgpu_dequant_fuzz::targets::header`].
 #![no_main]
-use libfuzzer_sys::fuzz_target;
-use wgpu_dequant_fuzz::{checkpoint_dir, exercise, fixtures};
-
-fuzz_target!(|data: &[u8]| {
-    let dir = checkpoint_dir(&[
-        ("model.safetensors", data),
-        ("config.json", fixtures::W4A16_ASYM_CONFIG),
-    ]);
-    exercise(&dir);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wgpu_dequant_fuzz::targets::header(data));

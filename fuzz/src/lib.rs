@@ -1,7 +1,13 @@
 //! What every fuzz target does with the checkpoint it built: open it, plan
 //! it, report it as `inspect` does, and decode its small tensors on the CPU.
-//! Refusals are fine; a panic, an out-of-bounds read or a huge allocation is
-//! what the fuzzer looks for.
+//! Refusals are fine when they are one line; a panic, an out-of-bounds read
+//! or a huge allocation is what the fuzzer looks for.
+//!
+//! The targets' bodies are [`targets`]: the fuzz binaries call them, and so
+//! does the stable test that replays `fuzz/regressions/` (`tests/suite/fuzz_corpus.rs`
+//! includes this file as a module).
+
+pub mod targets;
 
 use std::path::{Path, PathBuf};
 
@@ -12,14 +18,16 @@ use wgpu_dequant::{Checkpoint, DtypeChoice, Plan};
 /// Tensors larger than this are planned but not decoded (keeps runs fast).
 const DECODE_LIMIT: usize = 1 << 22;
 
-/// A scratch directory for this fuzzing process, emptied before each case.
+/// A scratch directory for this process and thread, emptied before each case.
 pub fn scratch() -> PathBuf {
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
         std::env::temp_dir()
     };
-    let dir = base.join(format!("wgpu-dequant-fuzz-{}", std::process::id()));
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+    let dir = base.join(format!("wgpu-dequant-fuzz-{}-{thread}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::create_dir_all(&dir);
     dir
@@ -34,25 +42,46 @@ pub fn checkpoint_dir(files: &[(&str, &[u8])]) -> PathBuf {
     dir
 }
 
+/// A refusal must be one line (the codebase's rule for every error).
+pub fn one_line(e: &wgpu_dequant::Error) {
+    let text = e.to_string();
+    assert!(
+        !text.contains('\n'),
+        "a refusal of more than one line: {text:?}"
+    );
+}
+
 /// Open, plan, report, decode: everything `inspect` and `dequantize` do
-/// short of writing.
+/// short of writing. The files made from a GGUF file's metadata
+/// (`config.json`, `tokenizer.json`, …) must be JSON where they are named so.
 pub fn exercise(path: &Path) {
-    let Ok(ckpt) = Checkpoint::open(path) else {
-        return;
+    let ckpt = match Checkpoint::open(path) {
+        Ok(ckpt) => ckpt,
+        Err(e) => return one_line(&e),
     };
-    let Ok(plan) = Plan::build(&ckpt, DtypeChoice::Auto) else {
-        return;
+    let plan = match Plan::build(&ckpt, DtypeChoice::Auto) {
+        Ok(plan) => plan,
+        Err(e) => return one_line(&e),
     };
     let report = Report::new(&plan);
     let _ = report.text();
     let _ = plan.check();
+    plan.errors.iter().for_each(one_line);
     if !plan.errors.is_empty() {
         return;
+    }
+    for (name, bytes) in &plan.generated {
+        if name.ends_with(".json") {
+            let parsed = serde_json::from_slice::<serde_json::Value>(bytes);
+            assert!(parsed.is_ok(), "{name} is not JSON: {parsed:?}");
+        }
     }
     let cpu = Cpu::new();
     for out in &plan.outputs {
         if out.byte_len() <= DECODE_LIMIT {
-            let _ = out.bytes(&cpu);
+            if let Err(e) = out.bytes(&cpu) {
+                one_line(&e);
+            }
         }
     }
 }
@@ -105,20 +134,19 @@ pub fn bnb_checkpoint(state: &[u8], nested: bool) -> PathBuf {
     let config = format!(
         "{{\"dtype\": \"bfloat16\", \"quantization_config\": {{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": {nested}}}}}"
     );
-    checkpoint_dir(&[("model.safetensors", &st), ("config.json", config.as_bytes())])
+    checkpoint_dir(&[
+        ("model.safetensors", &st),
+        ("config.json", config.as_bytes()),
+    ])
 }
 
 /// Fixture files the targets start from.
 pub mod fixtures {
     macro_rules! fixture {
         ($case:literal, $file:literal) => {
-            include_bytes!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../tests/fixtures/",
-                $case,
-                "/model/",
-                $file
-            ))
+            // Relative to this file, so that the replay test (another
+            // crate) includes the same bytes.
+            include_bytes!(concat!("../../tests/fixtures/", $case, "/model/", $file))
         };
     }
     /// compressed-tensors int4 asymmetric group 128.
@@ -181,4 +209,57 @@ pub mod fixtures {
     /// matrices folded into each Linear.
     pub const QUIP: &[u8] = fixture!("ct-transform-quip-w4a16", "model.safetensors");
     pub const QUIP_CONFIG: &[u8] = fixture!("ct-transform-quip-w4a16", "config.json");
+    /// MLX affine 3-bit group 64's config.json and index.
+    pub const MLX_3BIT_CONFIG: &[u8] = fixture!("mlx-3bit-g64", "config.json");
+    pub const MLX_3BIT_INDEX: &[u8] = fixture!("mlx-3bit-g64", "model.safetensors.index.json");
+    /// MLX affine 4-bit group 64.
+    pub const MLX_4BIT: &[u8] = fixture!("mlx-affine-4bit-g64", "model.safetensors");
+    pub const MLX_4BIT_CONFIG: &[u8] = fixture!("mlx-affine-4bit-g64", "config.json");
+    pub const MLX_4BIT_INDEX: &[u8] =
+        fixture!("mlx-affine-4bit-g64", "model.safetensors.index.json");
+    /// MLX mxfp4's config.json and index.
+    pub const MLX_MXFP4_CONFIG: &[u8] = fixture!("mlx-mxfp4", "config.json");
+    pub const MLX_MXFP4_INDEX: &[u8] = fixture!("mlx-mxfp4", "model.safetensors.index.json");
+    /// MLX's GPT-OSS with mxfp4 experts.
+    pub const MLX_GPT_OSS: &[u8] = fixture!("mlx-gpt-oss-mxfp4", "model.safetensors");
+    pub const MLX_GPT_OSS_CONFIG: &[u8] = fixture!("mlx-gpt-oss-mxfp4", "config.json");
+    pub const MLX_GPT_OSS_INDEX: &[u8] =
+        fixture!("mlx-gpt-oss-mxfp4", "model.safetensors.index.json");
+    /// MLX's Qwen3 MoE, affine 4-bit.
+    pub const MLX_MOE: &[u8] = fixture!("mlx-qwen3-moe-4bit", "model.safetensors");
+    pub const MLX_MOE_CONFIG: &[u8] = fixture!("mlx-qwen3-moe-4bit", "config.json");
+    pub const MLX_MOE_INDEX: &[u8] = fixture!("mlx-qwen3-moe-4bit", "model.safetensors.index.json");
+
+    macro_rules! tokenizer {
+        ($case:literal) => {
+            include_bytes!(concat!(
+                "../../tests/gguf/tokenizers/",
+                $case,
+                "/model.gguf"
+            ))
+        };
+    }
+    /// Small GGUF models with a real tokenizer each (gguf-py from
+    /// transformers' own tokenizers): SentencePiece and BPE vocabularies
+    /// under the architectures whose builders differ.
+    pub const TOKENIZERS: &[&[u8]] = &[
+        tokenizer!("spm-llama"),
+        tokenizer!("spm-llama-eos"),
+        tokenizer!("spm-gemma2"),
+        tokenizer!("spm-gemma3"),
+        tokenizer!("spm-phi3"),
+        tokenizer!("spm-qwen2"),
+        tokenizer!("spm-nemotron"),
+        tokenizer!("spm-falcon"),
+        tokenizer!("gpt2-llama"),
+        tokenizer!("gpt2-llama3"),
+        tokenizer!("gpt2-llama-bpe"),
+        tokenizer!("gpt2-qwen2"),
+        tokenizer!("gpt2-gemma2"),
+        tokenizer!("gpt2-phi3"),
+        tokenizer!("gpt2-falcon"),
+        tokenizer!("gpt2-starcoder2-flags"),
+        tokenizer!("gpt2-starcoder2-split"),
+        tokenizer!("gpt2-stablelm"),
+    ];
 }

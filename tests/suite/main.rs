@@ -16,6 +16,7 @@ mod docs;
 mod findings;
 mod fixtures;
 mod fp8_family;
+mod fuzz_corpus;
 mod gguf;
 mod gptq;
 mod gpu;
