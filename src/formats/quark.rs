@@ -14,6 +14,7 @@
 //! contract's default. `input_scale`, `output_scale` (KV cache) are not
 //! weights.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
@@ -68,6 +69,50 @@ pub struct Config {
     pub layers: Vec<(Glob, Option<Kind>)>,
     /// Modules left unquantized (`exclude`).
     pub exclude: Vec<String>,
+    /// The same, made quick to ask.
+    #[serde(skip)]
+    excludes: Excludes,
+}
+
+/// `exclude` made quick to ask of many modules: the entries without glob
+/// characters hashed (one names a module that is it, or that ends with a
+/// dot and it), the globs compiled once. A hostile config may list a
+/// million names against as many modules.
+#[derive(Debug, Clone, Default)]
+struct Excludes {
+    plain: HashSet<String>,
+    globs: Vec<(String, Glob)>,
+}
+
+impl Excludes {
+    fn new(list: &[String]) -> Excludes {
+        let mut out = Excludes::default();
+        for e in list {
+            if e.contains(['*', '?', '[']) {
+                out.globs.push((e.clone(), Glob::new(e)));
+            } else {
+                out.plain.insert(e.clone());
+            }
+        }
+        out
+    }
+
+    /// Whether an entry names `module`: the module itself, a suffix after
+    /// one of its dots, or a glob matching it.
+    fn name(&self, module: &str) -> bool {
+        let plain = self.plain.contains(module)
+            || module
+                .match_indices('.')
+                .any(|(i, _)| self.plain.contains(&module[i + 1..]));
+        plain
+            || self.globs.iter().any(|(e, g)| {
+                e == module
+                    || module
+                        .strip_suffix(e.as_str())
+                        .is_some_and(|head| head.ends_with('.'))
+                    || g.matches(module)
+            })
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -167,6 +212,7 @@ impl Config {
             path: path.to_path_buf(),
             weight,
             layers,
+            excludes: Excludes::new(raw.exclude.as_deref().unwrap_or_default()),
             exclude: raw.exclude.unwrap_or_default(),
         })
     }
@@ -183,9 +229,7 @@ impl Config {
     /// Whether `exclude` names `module` (a name, a suffix after a dot, or
     /// a glob).
     fn excluded(&self, module: &str) -> bool {
-        self.exclude.iter().any(|e| {
-            e == module || module.ends_with(&format!(".{e}")) || Glob::new(e).matches(module)
-        })
+        self.excludes.name(module)
     }
 
     /// `inspect`'s line: the global scheme, the overrides, the exclusions.
@@ -280,4 +324,47 @@ fn plan_module<'c>(
         job,
         kind.describe().into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hashed `exclude` answers as the list read one entry at a time:
+    /// the module itself, a suffix after a dot, or a glob.
+    #[test]
+    fn excludes_as_the_list_reads() {
+        let list: Vec<String> = [
+            "lm_head",
+            "mlp.down_proj",
+            "model.layers.1.*",
+            "*.q_proj",
+            "odd[name",
+            "",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let one_by_one = |module: &str| {
+            list.iter().any(|e| {
+                e == module || module.ends_with(&format!(".{e}")) || Glob::new(e).matches(module)
+            })
+        };
+        let ex = Excludes::new(&list);
+        for module in [
+            "lm_head",
+            "model.lm_head",
+            "xlm_head",
+            "model.layers.0.mlp.down_proj",
+            "model.layers.0.xmlp.down_proj",
+            "model.layers.1.self_attn.o_proj",
+            "model.layers.2.self_attn.q_proj",
+            "model.layers.2.self_attn.k_proj",
+            "odd[name",
+            "a.odd[name",
+            "trailing.",
+        ] {
+            assert_eq!(ex.name(module), one_by_one(module), "{module}");
+        }
+    }
 }

@@ -722,3 +722,58 @@ fn many_ignored_names() {
         "{listed:?}"
     );
 }
+
+/// A Quark FP8 checkpoint of 10,000 modules whose `exclude` lists 10,000
+/// other names, a few globs and one module by the suffix after a dot: the
+/// names are looked up and the globs compiled once (they were compiled
+/// once per module and entry: 47 s at this size); the one listed is
+/// decoded and named in a finding, as before.
+#[test]
+fn many_quark_excludes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 10_000;
+    let names: Vec<String> = (0..n)
+        .flat_map(|i| {
+            let m = format!("model.layers.{i}.mlp.down_proj");
+            [format!("{m}.weight"), format!("{m}.weight_scale")]
+        })
+        .collect();
+    let tensors: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match i % 2 {
+            0 => (name.as_str(), "F8_E4M3", vec![1, 4], vec![0x38; 4]),
+            _ => (name.as_str(), "BF16", vec![1], vec![0x80, 0x3f]),
+        })
+        .collect();
+    safetensors(&tmp.path().join("model.safetensors"), "", &tensors);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/quark-fp8-per-channel/model/config.json");
+    let fixture: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    let mut qc = fixture["quantization_config"].clone();
+    let mut exclude: Vec<String> = (0..n).map(|i| format!("other.{i}")).collect();
+    exclude.extend(["*.never", "lm_h?ad", "layers.4321.mlp.down_proj"].map(String::from));
+    qc["exclude"] = exclude.into();
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": "bfloat16",
+        "quantization_config": qc,
+    });
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    let text = inspect_ok(tmp.path());
+    assert!(
+        text.contains(&format!("output      {n} tensors: {n} decoded to bf16")),
+        "{text}"
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("listed in exclude"))
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        listed[0].contains("model.layers.4321.mlp.down_proj"),
+        "{listed:?}"
+    );
+}
