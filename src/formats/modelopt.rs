@@ -11,6 +11,7 @@
 //! model multiplies its input by it, so the dense weight carries it, column
 //! by column — a rank-0 [`LowRank`] smoothing.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
@@ -227,7 +228,18 @@ impl Config {
 /// `weight_scale_2`; FP8 and MXFP8: every module with an F8_E4M3 `weight`
 /// or a `weight_scale`. Other `weight`s pass through.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    let listed = |m: &str| cfg.exclude_modules.iter().any(|t| t.rank(m).is_some());
+    // A glob without `*`, `?` or `[` names one module: those are hashed,
+    // the others tried one by one (a config may list a million names
+    // against as many modules).
+    let is_glob = |t: &&Target| t.text().contains(['*', '?', '[']);
+    let plain: HashSet<&str> = cfg
+        .exclude_modules
+        .iter()
+        .filter(|t| !is_glob(t))
+        .map(Target::text)
+        .collect();
+    let globs: Vec<&Target> = cfg.exclude_modules.iter().filter(is_glob).collect();
+    let listed = |m: &str| plain.contains(m) || globs.iter().any(|t| t.rank(m).is_some());
     if cfg.algo == Algo::Int4Awq {
         return plan_each(
             ckpt,

@@ -777,3 +777,55 @@ fn many_quark_excludes() {
         "{listed:?}"
     );
 }
+
+/// A ModelOpt FP8 checkpoint of 10,000 modules whose `exclude_modules`
+/// lists 10,000 other names, a glob and one of its modules: the plain
+/// names are looked up, not matched as globs against each module; the one
+/// listed is decoded and named in a finding, as before.
+#[test]
+fn many_modelopt_excludes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 10_000;
+    let names: Vec<String> = (0..n)
+        .flat_map(|i| {
+            let m = format!("model.layers.{i}.mlp.down_proj");
+            [format!("{m}.weight"), format!("{m}.weight_scale")]
+        })
+        .collect();
+    let tensors: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match i % 2 {
+            0 => (name.as_str(), "F8_E4M3", vec![1, 4], vec![0x38; 4]),
+            _ => (name.as_str(), "F32", vec![], 0.5f32.to_le_bytes().to_vec()),
+        })
+        .collect();
+    safetensors(&tmp.path().join("model.safetensors"), "", &tensors);
+    let mut exclude: Vec<String> = (0..n).map(|i| format!("other.{i}")).collect();
+    exclude.extend(["*never", "model.layers.4321.mlp.down_proj"].map(String::from));
+    let hf_quant = serde_json::json!({
+        "producer": {"name": "modelopt", "version": "0.47.0"},
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": null,
+                         "exclude_modules": exclude},
+    });
+    std::fs::write(
+        tmp.path().join("hf_quant_config.json"),
+        hf_quant.to_string(),
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join("config.json"), CONFIG).unwrap();
+    let text = inspect_ok(tmp.path());
+    assert!(
+        text.contains(&format!("output      {n} tensors: {n} decoded")),
+        "{text}"
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("listed in exclude_modules"))
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        listed[0].contains("model.layers.4321.mlp.down_proj"),
+        "{listed:?}"
+    );
+}
