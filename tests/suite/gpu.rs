@@ -641,8 +641,8 @@ fn shaders_translate_for_every_backend() {
         // Each entry point with each value of the override constants the
         // host sets (layout::Fast), as a pipeline would compile it. The
         // values are the shader's own named constants (a unit test in
-        // layout.rs holds the host's enums to them), so a value added there
-        // is compiled here too.
+        // layout/protocol.rs holds the host's enums to them), so a value
+        // added there is compiled here too.
         let mut small = naga::back::PipelineConstants::default();
         small.insert("WG".to_string(), 64.0);
         let mut variants = vec![
