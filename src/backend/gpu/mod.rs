@@ -1,15 +1,20 @@
-//! The GPU backend: the decode kernels of `shaders/decode/` run through wgpu (Vulkan, Metal,
-//! DX12), executing the same [`DecodeJob`]s as the CPU backend.
+//! The GPU backend: the decode kernels of `shaders/decode/` run through
+//! wgpu (Vulkan, Metal, DX12), executing the same [`DecodeJob`]s as the CPU
+//! backend.
 //!
 //! One device; one bind group layout, the shader's inputs and output; a
 //! pipeline per kernel variant, built on first use; two slots of reusable
 //! buffers so the upload and dispatch of one chunk overlap the readback of
-//! the previous one.
+//! the previous one. This file holds the decoder; `adapter` finds the
+//! device, `shader` builds the kernels' module, `layout` plans the chunks
+//! and `matmul` multiplies with packed weights.
 
+mod adapter;
 mod layout;
 mod matmul;
 mod shader;
 
+pub use adapter::{find_adapter, find_adapter_async, is_hardware, no_adapter_message};
 pub use matmul::PackedLinear;
 pub(crate) use matmul::Product;
 
@@ -38,78 +43,6 @@ fn device_error(e: wgpu::Error) -> Error {
     #[cfg(target_arch = "wasm32")]
     let cause = e.to_string();
     gpu_err("device error").caused_by(cause)
-}
-
-/// Finds an adapter the way wgpu's own tools do: `WGPU_BACKEND` picks the
-/// API, `WGPU_ADAPTER_NAME` (a substring, case-insensitive) the adapter,
-/// `WGPU_POWER_PREF` the default choice. `None` when there is none.
-pub fn find_adapter() -> Option<wgpu::Adapter> {
-    pollster::block_on(find_adapter_async())
-}
-
-/// [`find_adapter`], awaited: in a browser, WebGPU's adapter.
-pub async fn find_adapter_async() -> Option<wgpu::Adapter> {
-    // A browser without WebGPU (or one that only pretends to have it).
-    #[cfg(target_arch = "wasm32")]
-    if !wgpu::util::is_browser_webgpu_supported().await {
-        return None;
-    }
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
-        let name = name.to_lowercase();
-        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
-        return adapters
-            .into_iter()
-            .find(|a| a.get_info().name.to_lowercase().contains(&name));
-    }
-    let options = wgpu::RequestAdapterOptions {
-        power_preference: wgpu::PowerPreference::from_env()
-            .unwrap_or(wgpu::PowerPreference::HighPerformance),
-        ..Default::default()
-    };
-    instance.request_adapter(&options).await.ok()
-}
-
-/// Why [`find_adapter`] found none, naming the filters that were set, and
-/// with `remedy` what to do about it.
-pub fn no_adapter_message(remedy: bool) -> String {
-    let filters: Vec<String> = ["WGPU_BACKEND", "WGPU_ADAPTER_NAME"]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
-        .collect();
-    if cfg!(target_arch = "wasm32") {
-        let fix = "; use backend 'cpu'";
-        return format!("this browser has no WebGPU adapter{}", if remedy { fix } else { "" });
-    }
-    if filters.is_empty() {
-        let fix = " (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)";
-        return format!("no GPU adapter found{}", if remedy { fix } else { "" });
-    }
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-    let names: Vec<String> = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-        .iter()
-        .map(|a| format!("{} on {:?}", a.get_info().name, a.get_info().backend))
-        .collect();
-    format!(
-        "no GPU adapter matches {} (adapters: {}){}",
-        filters.join(" "),
-        if names.is_empty() {
-            "none".to_string()
-        } else {
-            names.join(", ")
-        },
-        if remedy {
-            "; change or unset it, or use --backend cpu"
-        } else {
-            ""
-        }
-    )
-}
-
-/// True for adapters that are real hardware (not llvmpipe / WARP).
-pub fn is_hardware(adapter: &wgpu::Adapter) -> bool {
-    adapter.get_info().device_type != wgpu::DeviceType::Cpu
 }
 
 /// Buffers reused from chunk to chunk.
