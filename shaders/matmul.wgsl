@@ -1,6 +1,5 @@
-// The matrix product kernels: the decode module (shaders/decode/), this
-// file, then the entry points of subgroups.wgsl or no_subgroups.wgsl make
-// their module.
+// The matrix product kernels: shaders/decode/, this file, then the entry
+// points of subgroups.wgsl or no_subgroups.wgsl make their module.
 //
 // y = x·Wᵀ (+ bias), W read from the packs the fast kernel decodes (same Params, same word and scale lookups, same
 // fast_value), never written out dense. W is the dense weight dequantize
