@@ -1172,3 +1172,44 @@ fn dequantize_failing_late_removes_the_parents_it_created() {
         top.display()
     );
 }
+
+/// `inspect` and `validate` into a reader that stops early (`| head`): the
+/// process ends quietly (by SIGPIPE, as `cat` does), never with a panic.
+#[cfg(unix)]
+#[test]
+fn printing_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("many");
+    std::fs::create_dir_all(&model).unwrap();
+    let tensors: Vec<Tensor> = (0..4000)
+        .map(|i| Tensor::f16(format!("model.layers.{i}.mlp.weight"), &[2], &[1.0, 2.0]))
+        .collect();
+    write_safetensors(&model.join("model.safetensors"), &tensors);
+    for args in [
+        &["inspect"][..],
+        &["inspect", "--json"],
+        &["validate", "--json"],
+    ] {
+        let mut child = Command::new(crate::common::bin())
+            .args(args)
+            .arg(&model)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 16];
+        child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+        // The reader is gone: the rest of the report meets a closed pipe.
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            o.status.success() || o.status.signal() == Some(13),
+            "{args:?}: {}: {err}",
+            o.status
+        );
+    }
+}

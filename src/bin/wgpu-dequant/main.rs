@@ -221,6 +221,12 @@ fn main() -> ExitCode {
         eprintln!("note: cannot listen for interruptions ({e}); an interrupted run leaves its staging folder for the next run to remove");
     }
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Inspect { .. } | Command::Validate { .. }
+    ) {
+        signals::quiet_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Inspect { path, json } => path
             .resolved()

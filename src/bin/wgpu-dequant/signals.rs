@@ -21,6 +21,19 @@ pub fn install() -> Result<(), String> {
     platform::install()
 }
 
+/// For the commands that only print (`inspect`, `validate`): a reader that
+/// goes away (`| head`) ends the process quietly, as it ends `cat`, instead
+/// of a panic on the failed print. Rust starts with SIGPIPE ignored; a run
+/// that writes an output keeps it so (its own error path undoes the run).
+pub fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called before any thread that prints exists; setting a
+    // signal's disposition to its default touches no Rust state.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Called by the main thread before it reports how the run ended: once an
 /// interruption was told, the run's own ending (a CANCEL-001 its workers
 /// met, or a success that raced it) must not come first. Waits for the
