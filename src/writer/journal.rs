@@ -153,18 +153,26 @@ impl Done {
     }
 }
 
-/// The journal's contents.
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+/// What the journal holds.
+#[derive(Debug, Default)]
 struct Record {
     key: String,
     files: BTreeMap<String, Done>,
+}
+
+/// The journal as this run keeps it: what it holds, and the file it
+/// appends to once written whole.
+#[derive(Debug)]
+struct Log {
+    record: Record,
+    file: Option<File>,
 }
 
 /// The journal of one run, shared by the threads that finish its files.
 #[derive(Debug)]
 pub struct Journal {
     dir: PathBuf,
-    record: Mutex<Record>,
+    record: Mutex<Log>,
     /// The run's leave to write into its staging folder.
     gate: super::staging::Gate,
 }
@@ -174,13 +182,7 @@ impl Journal {
     /// `resume`, what an earlier run recorded under the same key, else
     /// nothing.
     pub(super) fn open(dir: &Path, key: &str, resume: bool, gate: super::staging::Gate) -> Journal {
-        let path = dir.join(JOURNAL);
-        let earlier = File::open(&path).ok().filter(|_| resume).and_then(|f| {
-            let mut text = String::new();
-            f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text).ok()?;
-            serde_json::from_str::<Record>(&text).ok()
-        });
-        let record = match earlier {
+        let record = match read(dir).filter(|_| resume) {
             Some(r) if r.key == key => r,
             _ => Record {
                 key: key.to_string(),
@@ -189,25 +191,25 @@ impl Journal {
         };
         Journal {
             dir: dir.to_path_buf(),
-            record: Mutex::new(record),
+            record: Mutex::new(Log { record, file: None }),
             gate,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Record> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
         self.record.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether an earlier run of this job recorded file `name`.
     pub(super) fn lists(&self, name: &str) -> bool {
-        self.lock().files.contains_key(name)
+        self.lock().record.files.contains_key(name)
     }
 
     /// Whether file `name` of the staging folder was finished: recorded,
     /// and its bytes there still of the recorded size and BLAKE3 digest (read
     /// whole to tell).
     pub fn done(&self, name: &str) -> Result<bool> {
-        let Some(want) = self.lock().files.get(name).cloned() else {
+        let Some(want) = self.lock().record.files.get(name).cloned() else {
             return Ok(false);
         };
         matches(&self.dir.join(name), &want)
@@ -218,7 +220,8 @@ impl Journal {
     /// the files the journal lists as it recorded them, the others (JSON,
     /// side files) hashed now.
     pub(super) fn finished(&self, staged: &[PathBuf], summary: &super::Summary) -> Result<Vec<u8>> {
-        let record = self.lock();
+        let log = self.lock();
+        let record = &log.record;
         let mut files = BTreeMap::new();
         for path in staged {
             let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
@@ -258,27 +261,89 @@ impl Journal {
         self.insert(name, Done { size, blake3 })
     }
 
-    /// Records `done` for file `name`. The journal is replaced whole
-    /// (written aside, synced, renamed), so a run killed meanwhile leaves
-    /// the old one or the new; and only while the run is neither committed
-    /// nor undone ([`Gate`](super::staging::Gate)): a journal is never
-    /// written once the rollback has begun.
+    /// Records `done` for file `name`: one line appended and synced (the
+    /// journal is written whole, aside and renamed, once per run, so that a
+    /// run killed meanwhile leaves the old one or the new; after that each
+    /// file costs one line, not the whole list again). Only while the run is
+    /// neither committed nor undone ([`Gate`](super::staging::Gate)): a
+    /// journal is never written once the rollback has begun.
     fn insert(&self, name: &str, done: Done) -> Result<()> {
         let path = self.dir.join(JOURNAL);
         self.gate.write(&path, || {
-            let mut record = self.lock();
-            record.files.insert(name.to_string(), done);
-            let text = serde_json::to_vec(&*record).map_err(|e| {
-                Error::new(crate::error::Rule::Internal, &self.dir, format!("journal: {e}"))
-            })?;
+            let mut log = self.lock();
+            let entry = Entry { name: name.to_string(), done };
+            let line = line_of(&entry).map_err(|e| self.internal(e))?;
+            log.record.files.insert(entry.name, entry.done);
+            if let Some(file) = &mut log.file {
+                return file
+                    .write_all(&line)
+                    .and_then(|()| file.sync_data())
+                    .map_err(|e| Error::io(&path, "cannot write", e));
+            }
+            let mut text = line_of(&Head { key: log.record.key.clone() }).map_err(|e| self.internal(e))?;
+            for (name, done) in &log.record.files {
+                let entry = Entry { name: name.clone(), done: done.clone() };
+                text.extend(line_of(&entry).map_err(|e| self.internal(e))?);
+            }
             let aside = self.dir.join(format!("{JOURNAL}.new"));
             let mut f = File::create(&aside).map_err(|e| Error::io(&aside, "cannot create", e))?;
             f.write_all(&text)
                 .and_then(|()| f.sync_all())
                 .map_err(|e| Error::io(&aside, "cannot write", e))?;
-            fs::rename(&aside, &path).map_err(|e| Error::io(&path, "cannot write", e))
+            fs::rename(&aside, &path).map_err(|e| Error::io(&path, "cannot write", e))?;
+            log.file = Some(
+                File::options()
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, "cannot open", e))?,
+            );
+            Ok(())
         })
     }
+
+    fn internal(&self, e: serde_json::Error) -> Error {
+        Error::new(crate::error::Rule::Internal, &self.dir, format!("journal: {e}"))
+    }
+}
+
+/// The journal's first line.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Head {
+    key: String,
+}
+
+/// Every later line: one finished file.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Entry {
+    name: String,
+    #[serde(flatten)]
+    done: Done,
+}
+
+/// `value` as one line of JSON, with its newline.
+fn line_of(value: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
+    let mut text = serde_json::to_vec(value)?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+/// The journal in staging folder `dir`: its key line, then the files, one
+/// a line, up to the first line that is not whole (a run killed while it
+/// appended one). `None` when there is none this tool can read.
+fn read(dir: &Path) -> Option<Record> {
+    let f = File::open(dir.join(JOURNAL)).ok()?;
+    let mut text = String::new();
+    f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text).ok()?;
+    let mut lines = text.split_inclusive('\n').filter(|l| l.ends_with('\n'));
+    let head: Head = serde_json::from_str(lines.next()?).ok()?;
+    let mut files = BTreeMap::new();
+    for l in lines {
+        let Ok(entry) = serde_json::from_str::<Entry>(l) else {
+            break;
+        };
+        files.insert(entry.name, entry.done);
+    }
+    Some(Record { key: head.key, files })
 }
 
 /// Whether the journal in staging folder `dir` lists file `name` (read
@@ -290,14 +355,7 @@ pub(super) fn lists(dir: &Path, name: &str) -> bool {
 /// The files the journal in staging folder `dir` lists (none when it is
 /// missing or unreadable).
 pub(super) fn listed(dir: &Path) -> BTreeSet<String> {
-    let Ok(f) = File::open(dir.join(JOURNAL)) else {
-        return BTreeSet::new();
-    };
-    let mut text = String::new();
-    if f.take(MAX_JOURNAL_BYTES).read_to_string(&mut text).is_err() {
-        return BTreeSet::new();
-    }
-    serde_json::from_str::<Record>(&text).map_or_else(|_| BTreeSet::new(), |r| r.files.into_keys().collect())
+    read(dir).map_or_else(BTreeSet::new, |r| r.files.into_keys().collect())
 }
 
 /// Bytes as lowercase hex.

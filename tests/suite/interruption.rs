@@ -408,14 +408,7 @@ fn a_stopped_resume_run_keeps_what_it_finished() {
     signal(&child, "CONT");
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.signal(), Some(15), "{}\n{}", o.status, stderr(&o));
-    let listed: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&journal).unwrap()).unwrap();
-    let listed: Vec<String> = listed["files"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .cloned()
-        .collect();
+    let listed = crate::resume::journaled(&out.join(STAGING));
     let kept: Vec<String> = std::fs::read_dir(out.join(STAGING))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -113,13 +113,23 @@ pub(crate) fn assert_files(
     );
 }
 
-/// The files a staging folder's journal lists as finished.
-fn journaled(staging: &Path) -> Vec<String> {
+/// The files a staging folder's journal lists as finished, sorted (its
+/// lines after the first, each `{"name", "size", "blake3"}`).
+pub(crate) fn journaled(staging: &Path) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(staging.join(".journal.json")) else {
         return Vec::new();
     };
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["files"].as_object().unwrap().keys().cloned().collect()
+    let mut names: Vec<String> = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["name"].as_str().unwrap().to_string()
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// When `p` was last written (a rename keeps it; writing again does not).
@@ -693,7 +703,7 @@ fn resume_after_a_kill_in_the_commit_equals_one_run() {
     let staging = out.join(STAGING);
     std::fs::create_dir(&staging).unwrap();
     std::fs::write(staging.join(".lock"), "1\n").unwrap();
-    std::fs::write(staging.join(".journal.json"), r#"{"key":"","files":{}}"#).unwrap();
+    std::fs::write(staging.join(".journal.json"), "{\"key\":\"\"}\n").unwrap();
     let o = cli(&out).arg("--json").output().unwrap();
     ok(&o, "after the last rename");
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
