@@ -207,3 +207,9 @@ mod tests {
         assert_eq!(etag("W/\"abc\""), "abc");
     }
 }
+
+/// The first byte of `bytes A-B/N`.
+pub(crate) fn content_range_start(value: &str) -> Option<u64> {
+    let rest = value.trim().strip_prefix("bytes")?.trim_start();
+    rest.split('-').next()?.trim().parse().ok()
+}
