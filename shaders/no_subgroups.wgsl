@@ -1,6 +1,7 @@
 // The products' entry points on devices without subgroups (and in
-// browsers), appended to the decode module (shaders/decode/) and
-// matmul.wgsl: each invocation a subgroup of one (SHARE_X is never set).
+// browsers), appended to the decode module (shaders/decode/) and the
+// products' fragments (shaders/matmul/): each invocation a subgroup of one
+// (SHARE_X is never set).
 
 @compute @workgroup_size(WG)
 fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

@@ -1,5 +1,6 @@
 // The products' entry points on devices with subgroups (wgpu's SUBGROUP
-// feature), appended to the decode module (shaders/decode/) and matmul.wgsl.
+// feature), appended to the decode module (shaders/decode/) and the
+// products' fragments (shaders/matmul/).
 
 @compute @workgroup_size(WG)
 fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,

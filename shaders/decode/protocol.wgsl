@@ -22,7 +22,8 @@
 // writes), reads.wgsl (fields and grid entries read from `src`),
 // generic.wgsl (DecodeJob::value step by step, the output dtypes and the
 // generic kernel), fast.wgsl (the fast kernel) and tile.wgsl (the tile
-// kernel). matmul.wgsl's products append themselves to the same module.
+// kernel). The products (shaders/matmul/) append themselves to the same
+// module.
 
 // The values the host writes into `Params` and the override constants. Each
 // is the discriminant of a Rust enum in src/backend/gpu/layout/protocol.rs

@@ -588,7 +588,14 @@ fn shaders_translate_for_every_backend() {
             .map(|f| read(&format!("decode/{f}.wgsl")))
             .concat()
     };
-    let products = |entries: &str| decode_source() + &read("matmul.wgsl") + &read(entries);
+    // The products' fragments, in the order the host puts them together
+    // (src/backend/gpu/matmul.rs), after the decode module's.
+    let matmul = ["gemv", "rows", "others"];
+    let products = |entries: &str| {
+        decode_source()
+            + &matmul.map(|f| read(&format!("matmul/{f}.wgsl"))).concat()
+            + &read(entries)
+    };
     // (name, source, capabilities beyond WebGPU's, the entry points to build).
     let decode: &[&str] = &["main", "fast", "fast_t"];
     let gemv: &[&str] = &["gemv", "gemv_rows", "gemv_t", "gemv_dense"];
@@ -611,13 +618,7 @@ fn shaders_translate_for_every_backend() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let file = entry.unwrap().file_name().to_string_lossy().into_owned();
         assert!(
-            [
-                "decode",
-                "matmul.wgsl",
-                "no_subgroups.wgsl",
-                "subgroups.wgsl"
-            ]
-            .contains(&file.as_str()),
+            ["decode", "matmul", "no_subgroups.wgsl", "subgroups.wgsl"].contains(&file.as_str()),
             "shaders/{file} is in no module this test builds"
         );
     }
@@ -626,6 +627,13 @@ fn shaders_translate_for_every_backend() {
         assert!(
             fragments.map(|f| format!("{f}.wgsl")).contains(&file),
             "shaders/decode/{file} is in no module this test builds"
+        );
+    }
+    for entry in std::fs::read_dir(dir.join("matmul")).unwrap() {
+        let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            matmul.map(|f| format!("{f}.wgsl")).contains(&file),
+            "shaders/matmul/{file} is in no module this test builds"
         );
     }
     for (name, source, capabilities, entries) in modules {

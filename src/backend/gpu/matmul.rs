@@ -1,8 +1,9 @@
 //! Products with packed weights: a quantized Linear's packs resident on the
 //! device as stored (the fast kernel's `src`, chunk by chunk), and
-//! `y = x·Wᵀ (+ bias)` computed from them by matmul.wgsl's kernels, which
-//! decode each word with the fast kernels' own code (shaders/decode/,
-//! the same module). W is never dense, on the host or the device.
+//! `y = x·Wᵀ (+ bias)` computed from them by the kernels of
+//! shaders/matmul/, which decode each word with the fast kernels' own code
+//! (shaders/decode/, the same module). W is never dense, on the host or the
+//! device.
 
 use super::layout::{self, Fast, Kernel, Tile};
 use super::shader::{buffer, DST, PARAMS, SHADER, SRC};
@@ -17,7 +18,15 @@ const GEMV: u32 = 4;
 const XS4: u32 = 5;
 const SRC4: u32 = 6;
 
-const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+/// The products' own source: the fragments of shaders/matmul/ in their
+/// order (gemv.wgsl says what each holds), composed here and nowhere else
+/// and appended to the decode module's; `concat!` keeps it one
+/// `&'static str`, on the web too.
+const MATMUL: &str = concat!(
+    include_str!("../../../shaders/matmul/gemv.wgsl"),
+    include_str!("../../../shaders/matmul/rows.wgsl"),
+    include_str!("../../../shaders/matmul/others.wgsl"),
+);
 const SUBGROUPS: &str = include_str!("../../../shaders/subgroups.wgsl");
 const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 
@@ -26,7 +35,7 @@ const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
 /// straight packs a row at a time: `gemv_rows`): a word of each of its
 /// rows, 2 rows of 4-bit codes or 4 of 8-bit ones. On llvmpipe twice as
 /// many ran no faster (measured with each row's decode a call of its own,
-/// matmul.wgsl's add_words).
+/// shaders/matmul/gemv.wgsl's add_words).
 const GEMV_VALUES: u32 = 16;
 
 /// The workgroup size of the products on CPU adapters.
@@ -42,19 +51,19 @@ struct Geometry {
     lanes: u32,
     /// Rows of x a workgroup multiplies at once, at most.
     max_mt: u32,
-    /// x read once for a subgroup's lanes (matmul.wgsl's SHARE_X).
+    /// x read once for a subgroup's lanes (gemv.wgsl's SHARE_X).
     share_x: bool,
     /// Words an invocation takes in turn, reading x (with `share_x`) and
-    /// the scales once for them all (matmul.wgsl's XRUN).
+    /// the scales once for them all (gemv.wgsl's XRUN).
     xrun: u32,
-    /// Packs multiplied a row per `lanes` invocations (matmul.wgsl's
+    /// Packs multiplied a row per `lanes` invocations (gemv.wgsl's
     /// gemv_rows), not a block of rows.
     whole_rows: bool,
     /// Words an invocation of `gemv_rows` fetches before it decodes them
-    /// (matmul.wgsl's UNROLL).
+    /// (gemv.wgsl's UNROLL).
     unroll: u32,
     /// Words a load of the dense baseline's W brings where its rows hold
-    /// whole runs of them (matmul.wgsl's WIDE).
+    /// whole runs of them (gemv.wgsl's WIDE).
     wide: u32,
 }
 
@@ -104,7 +113,7 @@ impl Geometry {
         }
     }
 
-    /// Words between scale reloads (matmul.wgsl's RELOAD) for groups of
+    /// Words between scale reloads (gemv.wgsl's RELOAD) for groups of
     /// `group_words` words: at most a run's; 0 for rows of one group
     /// (`group_words` 0), whose scales are read once.
     fn reload(self, group_words: u32) -> u32 {
@@ -136,7 +145,7 @@ impl Geometry {
     }
 }
 
-/// `gemv`'s own uniform block (matmul.wgsl's `Gemv`).
+/// `gemv`'s own uniform block (gemv.wgsl's `Gemv`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct GemvParams {
@@ -221,7 +230,7 @@ struct Part {
 }
 
 /// How the products round a value of W to the output dtype before they
-/// use it (matmul.wgsl's ROUNDING).
+/// use it (gemv.wgsl's ROUNDING).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Rounding {
     /// Not at all: the dtype holds every value exactly ([`exact`]).
@@ -705,7 +714,7 @@ pub(super) struct Pipelines {
     /// Bound as xs4 or src4 where x or the weights are too small to be
     /// (x4 is off then, and WIDE 1).
     small: wgpu::Buffer,
-    /// The decode module, matmul.wgsl and the entry points.
+    /// The decode module, shaders/matmul/ and the entry points.
     module: wgpu::ShaderModule,
     geometry: Geometry,
 }
@@ -766,12 +775,12 @@ fn subgroup(device: &wgpu::Device) -> Option<u32> {
         .then_some(info.subgroup_max_size)
 }
 
-/// The products' module: the decode module (shader.rs), matmul.wgsl and
-/// the entry points with (`subgroups`) or without subgroups.
+/// The products' module: the decode module (shader.rs), shaders/matmul/
+/// and the entry points with (`subgroups`) or without subgroups.
 fn module(device: &wgpu::Device, subgroups: bool) -> wgpu::ShaderModule {
     let entries = if subgroups { SUBGROUPS } else { NO_SUBGROUPS };
     device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("wgpu-dequant matmul.wgsl"),
+        label: Some("wgpu-dequant shaders/matmul"),
         source: wgpu::ShaderSource::Wgsl([SHADER, MATMUL, entries].concat().into()),
     })
 }

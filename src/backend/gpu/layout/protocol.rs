@@ -384,7 +384,8 @@ impl GridKind {
 
 impl Params {
     /// The parameters of a dense `rows × cols` bf16 weight, two values to
-    /// a word, for the products' dense baseline (matmul.wgsl's `gemv_dense`).
+    /// a word, for the products' dense baseline (`gemv_dense`, whose kernel
+    /// is shaders/matmul/others.wgsl's `product_dense`).
     pub(in crate::backend::gpu) fn dense_bf16(rows: u32, cols: u32) -> Params {
         Params {
             cols,
