@@ -195,6 +195,12 @@ pub(crate) fn etag(value: &str) -> String {
         .to_string()
 }
 
+/// The first byte of `bytes A-B/N`.
+pub(crate) fn content_range_start(value: &str) -> Option<u64> {
+    let rest = value.trim().strip_prefix("bytes")?.trim_start();
+    rest.split('-').next()?.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,10 +212,4 @@ mod tests {
         assert_eq!(join("http://h:1/a", "https://cdn/z"), "https://cdn/z");
         assert_eq!(etag("W/\"abc\""), "abc");
     }
-}
-
-/// The first byte of `bytes A-B/N`.
-pub(crate) fn content_range_start(value: &str) -> Option<u64> {
-    let rest = value.trim().strip_prefix("bytes")?.trim_start();
-    rest.split('-').next()?.trim().parse().ok()
 }
