@@ -1,4 +1,4 @@
-// Decodes one chunk of rows of a DecodeJob (src/job.rs) to dense f32, bf16 or f16.
+// Decodes one chunk of rows of a DecodeJob (src/job/mod.rs) to dense f32, bf16 or f16.
 // Three entry points share everything in these fragments: `main`, the
 // generic kernel, one output word per invocation for any job; `fast`, one
 // 32-bit word of 4- or 8-bit codes per invocation, specialised by override

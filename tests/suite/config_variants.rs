@@ -1,7 +1,7 @@
 //! Config variants producers write (or leave behind) that must decode exactly
 //! like their canonical spelling, the ones that must be refused, and a few
 //! API and GPU edge cases. Positive cases compare with a reference computed
-//! from the producer's side (tests/common/producer.rs: our own packing, E4M3
+//! from the producer's side (tests/suite/common/producer.rs: our own packing, E4M3
 //! reading and one rounding step by the `half` crate), or with the same
 //! tensors decoded under the canonical config.
 

@@ -247,7 +247,7 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 
 /// Every tensor of `expected` is in `got` with its shape, within `1e-5` of
 /// the tensor's largest magnitude (the low-rank product makes bit-exactness
-/// depend on summation order, SVDQUANT.md).
+/// depend on summation order: docs/formats.md#svdquant).
 fn within_tolerance(case: &str, got: &Tensors, expected: &Tensors) {
     for (name, (dtype, shape, bytes)) in expected {
         let Some((gd, gs, gb)) = got.get(name) else {

@@ -4,10 +4,10 @@
 //! The producer (module `svdq` below) writes `model.safetensors` (with the
 //! `quantization_config` metadata) and the `model.config.yaml` sidecar from
 //! logical tensors. For the `nunchaku_packed` layout it packs them into tile
-//! order itself, enumerating the stored order of SVDQUANT.md's formulas (it
-//! never calls the crate's `tiles` module). The expected dense weights are
-//! computed in f64 from the logical tensors with SVDQUANT.md's formulas and
-//! compared within 1e-5 of each tensor's largest magnitude.
+//! order itself, enumerating the stored order of Nunchaku's index formulas (it
+//! never calls the crate's `tiles` module, src/formats/svdquant/tiles.rs). The expected dense weights are
+//! computed in f64 from the logical tensors with the formulas of
+//! docs/formats.md#svdquant and compared within 1e-5 of each tensor's largest magnitude.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -357,7 +357,7 @@ mod svdq {
 
     // -----------------------------------------------------------------------
     // Nunchaku tile order, forward: each loop nest enumerates the stored
-    // tensor in order, its loop variables being the digits of SVDQUANT.md's
+    // tensor in order, its loop variables being the digits of Nunchaku's
     // index formula, outermost first.
     // -----------------------------------------------------------------------
 

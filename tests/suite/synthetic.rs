@@ -1,9 +1,9 @@
 //! Small checkpoints written the way each producer writes them, decoded, and
 //! compared byte for byte with a reference computed from the producer's
-//! side (tests/common/producer.rs): our own `pack_to_int32` (dense and
+//! side (tests/suite/common/producer.rs): our own `pack_to_int32` (dense and
 //! 0.17.x padded), our own E4M3 / E2M1 / E8M0 readings from the format
-//! definitions, the value `f32(q − zp) · f32(scale)` (or the FP4 orders of
-//! DESIGN.md §3), and one round-to-nearest-even step by the `half` crate.
+//! definitions, the value `f32(q − zp) · f32(scale)` (or the FP4 nibble orders
+//! of docs/formats.md's table), and one round-to-nearest-even step by the `half` crate.
 //! Nothing here calls the crate's own decoding helpers.
 
 use crate::common::producer::{

@@ -6,7 +6,7 @@
 //! `upload_folder` lists `folder_path.glob("**/*")` (files only, as POSIX
 //! paths relative to the folder) and drops those that `fnmatchcase` with
 //! any of `DEFAULT_IGNORE_PATTERNS` (huggingface_hub 2.4.0,
-//! `src/huggingface_hub/utils/_paths.py`, `filter_repo_objects`, called
+//! `huggingface_hub/utils/_paths.py`, `filter_repo_objects`, called
 //! from `HfApi._prepare_upload_folder_additions` in `hf_api.py`); `hf
 //! upload` with no `--exclude` adds nothing to them. [`uploaded`] does the
 //! same.
