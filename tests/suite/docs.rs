@@ -447,3 +447,198 @@ fn the_rules_read_commands_as_sh_does() {
     assert_eq!(slug("The run record's digests"), "the-run-records-digests");
     assert_eq!(slug("`--backend auto`"), "--backend-auto");
 }
+
+/// The top-level folders a named repository path starts with.
+const TOP: &[&str] = &[
+    "src/",
+    "shaders/",
+    "tests/",
+    "docs/",
+    "scripts/",
+    "web/",
+    "bindings/",
+    "assets/",
+    "fuzz/",
+    "benches/",
+    "examples/",
+];
+
+/// The files whose comments (Rust, WGSL, shell, Python) or whole text
+/// (Markdown) may name repository paths: none under a build or package
+/// folder, a fuzz corpus or a hidden folder.
+fn commented_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    const SKIP: &[&str] = &[
+        "target",
+        "node_modules",
+        "pkg",
+        "corpus",
+        "artifacts",
+        "__pycache__",
+    ];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap_or("");
+        if path.is_dir() {
+            if !name.starts_with('.') && !SKIP.contains(&name) {
+                commented_files(&path, out);
+            }
+        } else if ["rs", "wgsl", "md", "sh", "py"]
+            .iter()
+            .any(|e| path.extension().is_some_and(|x| x == *e))
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The part of `line` that is comment in a file of extension `ext`: all of
+/// a Markdown line, what follows `//` in Rust and WGSL (a `//` that starts
+/// the line or follows a space: not a URL's), what follows `#` in shell
+/// and Python.
+fn comment<'a>(ext: &str, line: &'a str) -> &'a str {
+    let marker = match ext {
+        "md" => return line,
+        "rs" | "wgsl" => "//",
+        _ => "#",
+    };
+    let t = line.trim_start();
+    if let Some(rest) = t.strip_prefix(marker) {
+        return rest;
+    }
+    match line.find(&format!(" {marker}")) {
+        Some(i) => &line[i + 1 + marker.len()..],
+        None => "",
+    }
+}
+
+/// The repository paths `text` names: each starts with one of [`TOP`] at
+/// the start of a word (not after `/`, `.` or a letter), outside a URL, and
+/// runs over letters, digits, `_ - . / *` and `{…}`; trailing punctuation
+/// is dropped.
+fn named_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    for (i, _) in text.char_indices() {
+        if !TOP.iter().any(|t| text[i..].starts_with(t)) {
+            continue;
+        }
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || "_-./\\$".contains(c)) {
+            continue;
+        }
+        // The whitespace-delimited word it is in: a URL's path is not ours.
+        let word_start = text[..i].rfind(char::is_whitespace).map_or(0, |w| w + 1);
+        if text[word_start..i].contains("://") {
+            continue;
+        }
+        let mut end = i;
+        let mut brace = false;
+        while end < bytes.len() {
+            let c = bytes[end] as char;
+            match c {
+                '{' => brace = true,
+                '}' if brace => brace = false,
+                c if brace || c.is_ascii_alphanumeric() || "_-./*".contains(c) => {}
+                _ => break,
+            }
+            end += 1;
+        }
+        let path = text[i..end].trim_end_matches(['.', ',', ':', ';', '-']);
+        out.push(path.to_string());
+    }
+    out
+}
+
+/// `path` with each `{a,b}` alternative spelled out.
+fn alternatives(path: &str) -> Vec<String> {
+    let (Some(open), Some(close)) = (path.find('{'), path.find('}')) else {
+        return vec![path.to_string()];
+    };
+    let (head, tail) = (&path[..open], &path[close + 1..]);
+    path[open + 1..close]
+        .split(',')
+        .flat_map(|alt| alternatives(&format!("{head}{alt}{tail}")))
+        .collect()
+}
+
+/// Whether `segment` of a named path is a placeholder, not a name: `NAME`,
+/// `ORG`, `<case>`, `{name}` (a format argument, one without a comma).
+fn placeholder(segment: &str) -> bool {
+    segment.contains('<')
+        || (segment.contains('{') && !segment.contains(','))
+        || (segment.chars().any(|c| c.is_ascii_uppercase())
+            && segment
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+}
+
+/// Whether `path` (a file, a folder or a glob; up to its first
+/// placeholder) exists under `base`.
+fn exists_under(base: &Path, path: &str) -> bool {
+    let known: Vec<&str> = path
+        .split('/')
+        .take_while(|s| !placeholder(s))
+        .filter(|s| !s.is_empty())
+        .collect();
+    alternatives(&known.join("/")).iter().all(|p| {
+        if p.contains('*') {
+            let pattern = base.join(p).display().to_string();
+            glob::glob(&pattern).is_ok_and(|mut m| m.next().is_some())
+        } else {
+            base.join(p).exists()
+        }
+    })
+}
+
+#[test]
+fn every_path_a_comment_names_exists() {
+    let mut files = Vec::new();
+    commented_files(root(), &mut files);
+    let mut missing = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let ext = file.extension().unwrap().to_str().unwrap();
+        let name = file.strip_prefix(root()).unwrap().display().to_string();
+        for (n, line) in text.lines().enumerate() {
+            for path in named_paths(comment(ext, line)) {
+                // From the root, or from a folder the file is in (a
+                // crate's or a package's own `src/`, `tests/`).
+                let found = file
+                    .ancestors()
+                    .skip(1)
+                    .take_while(|a| a.starts_with(root()))
+                    .any(|a| exists_under(a, &path));
+                if !found {
+                    missing.push(format!("{name}:{}: {path}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "comments and docs name paths that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn named_paths_are_read_as_meant() {
+    let line = "see src/job/mod.rs, shaders/decode/*.wgsl and https://x.org/src/a.rs; \
+                tests/fixtures/NAME/ or crate/src/x, fuzz/regressions/{name}/.";
+    assert_eq!(
+        named_paths(line),
+        [
+            "src/job/mod.rs",
+            "shaders/decode/*.wgsl",
+            "tests/fixtures/NAME/",
+            "fuzz/regressions/{name}/"
+        ]
+    );
+    assert!(exists_under(root(), "shaders/decode/*.wgsl"));
+    assert!(exists_under(root(), "tests/fixtures/NAME/"));
+    assert!(exists_under(root(), "src/{job,hub}/mod.rs"));
+    assert!(!exists_under(root(), "src/job.rs"));
+    assert!(!exists_under(root(), "shaders/decode/*.nothing"));
+    assert_eq!(comment("rs", "let x = 1; // a note"), " a note");
+    assert_eq!(comment("rs", r#"let u = "https://h/src/a.rs";"#), "");
+}
