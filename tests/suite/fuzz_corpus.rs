@@ -44,6 +44,8 @@ fn every_regression_input_is_read_or_refused() {
                             failed.push(format!("{name}: {}", file.display()));
                         }
                     }
+                    // This thread's scratch directory goes too.
+                    let _ = std::fs::remove_dir_all(fuzz::scratch());
                     failed
                 })
             })
