@@ -463,6 +463,10 @@ const TOP: &[&str] = &[
     "examples/",
 ];
 
+/// Build outputs that comments name but a fresh clone lacks (the wasm
+/// package `web/build.sh` writes).
+const GENERATED: &[&str] = &["web/pkg"];
+
 /// The files whose comments (Rust, WGSL, shell, Python) or whole text
 /// (Markdown) may name repository paths: none under a build or package
 /// folder, a fuzz corpus or a hidden folder.
@@ -514,7 +518,7 @@ fn comment<'a>(ext: &str, line: &'a str) -> &'a str {
 /// The repository paths `text` names: each starts with one of [`TOP`] at
 /// the start of a word (not after `/`, `.` or a letter), outside a URL, and
 /// runs over letters, digits, `_ - . / *` and `{…}`; trailing punctuation
-/// is dropped.
+/// is dropped. A Markdown page's keeps its `#anchor`.
 fn named_paths(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let bytes = text.as_bytes();
@@ -543,7 +547,13 @@ fn named_paths(text: &str) -> Vec<String> {
             }
             end += 1;
         }
-        let path = text[i..end].trim_end_matches(['.', ',', ':', ';', '-']);
+        let mut path = text[i..end].trim_end_matches(['.', ',', ':', ';', '-']);
+        if path.ends_with(".md") && text[i + path.len()..].starts_with('#') {
+            let anchor = text[i + path.len() + 1..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_'))
+                .map_or(text.len(), |n| i + path.len() + 1 + n);
+            path = text[i..anchor].trim_end_matches('-');
+        }
         out.push(path.to_string());
     }
     out
@@ -600,16 +610,24 @@ fn every_path_a_comment_names_exists() {
         let ext = file.extension().unwrap().to_str().unwrap();
         let name = file.strip_prefix(root()).unwrap().display().to_string();
         for (n, line) in text.lines().enumerate() {
-            for path in named_paths(comment(ext, line)) {
+            for named in named_paths(comment(ext, line)) {
+                let (path, anchor) = named.split_once('#').unwrap_or((&named, ""));
+                if GENERATED.iter().any(|g| path.starts_with(g)) {
+                    continue;
+                }
                 // From the root, or from a folder the file is in (a
                 // crate's or a package's own `src/`, `tests/`).
-                let found = file
+                let base = file
                     .ancestors()
                     .skip(1)
                     .take_while(|a| a.starts_with(root()))
-                    .any(|a| exists_under(a, &path));
+                    .find(|a| exists_under(a, path));
+                let found = base.is_some_and(|b| {
+                    anchor.is_empty()
+                        || anchors(&std::fs::read_to_string(b.join(path)).unwrap()).contains(anchor)
+                });
                 if !found {
-                    missing.push(format!("{name}:{}: {path}", n + 1));
+                    missing.push(format!("{name}:{}: {named}", n + 1));
                 }
             }
         }
@@ -624,14 +642,16 @@ fn every_path_a_comment_names_exists() {
 #[test]
 fn named_paths_are_read_as_meant() {
     let line = "see src/job/mod.rs, shaders/decode/*.wgsl and https://x.org/src/a.rs; \
-                tests/fixtures/NAME/ or crate/src/x, fuzz/regressions/{name}/.";
+                tests/fixtures/NAME/ or crate/src/x, fuzz/regressions/{name}/, \
+                docs/performance.md#gpu-products.";
     assert_eq!(
         named_paths(line),
         [
             "src/job/mod.rs",
             "shaders/decode/*.wgsl",
             "tests/fixtures/NAME/",
-            "fuzz/regressions/{name}/"
+            "fuzz/regressions/{name}/",
+            "docs/performance.md#gpu-products"
         ]
     );
     assert!(exists_under(root(), "shaders/decode/*.wgsl"));
