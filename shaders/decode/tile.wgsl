@@ -172,7 +172,8 @@ fn tile_out(word: u32, v: WordValues, m: u32) -> u32 {
 // Writes the codes of `word` (a strided tile's: one output row, columns col
 // on) at output element o, those below p.cols (even for 16-bit outputs): one
 // loop of constant length with a mask, since llvmpipe runs both paths of a
-// separate one for partial words (GPTQ ran 1.4x faster without it).
+// separate one for partial words (GPTQ ran faster without it:
+// docs/performance.md#gpu-decode-kernels).
 fn tile_store_row(word: u32, v: WordValues, o: u32, col: u32) {
     for (var m = 0u; m < PER; m = m + select(2u, 1u, OUT == OUT_F32)) {
         if (col + m < p.cols) {

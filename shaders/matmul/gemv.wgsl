@@ -185,8 +185,8 @@ fn word_x(xo: array<u32, 16>, col0: u32, xl: ptr<function, array<vec4<f32>, 32>>
 // times x's first value). Called once per row with r a constant
 // (add_words): llvmpipe keeps the arrays indexed by r in registers only
 // where the loop over r unrolls, and with the decode inside, it did not;
-// a call per row made the straight and strided products 1.2-1.7x faster
-// there.
+// a call per row made the straight and strided products faster there
+// (docs/performance.md#gpu-products).
 fn add_word(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32>, 32>>, r: u32,
             word: u32, wv: WordValues, flat: u32, col0: u32) {
     if (READ) {
@@ -298,18 +298,18 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
 // x, with the row's scale and zero point of the word's group; the sums
 // are f32, in word order, then pairwise (gemv_finish). Nothing but x's
 // values and the sums is kept per row of x: product's blocks of rows, with
-// their arrays of values per row and word, ran a GPU (an H200) at a
-// sixteenth of the dense product's speed per byte. RB is 1.
+// their arrays of values per row and word, ran a GPU (an H200) far below
+// the dense product's speed per byte. RB is 1.
 //
-// The two loops below are the fastest of the forms an H200 ran (int4 g128
-// at 4096×14336, 2026-12-04), which differ by the rows of x:
+// The two loops below are the fastest of the forms an H200 ran
+// (docs/performance.md#gpu-products), which differ by the rows of x:
 // - one row (a token): an invocation fetches UNROLL words and their groups'
 //   entries before it decodes the first, so that their loads wait
 //   together; the groups are stepped, not divided; a word's values go into
-//   vec4s by eight calls (487 GB/s; the same with an array and a loop, 191);
+//   vec4s by eight calls (faster than an array and a loop);
 // - more rows: the word's values through a loop and an array (4-bit codes;
 //   8-bit ones by eight calls) and the sums in this function, passed to
-//   none (m = 4: 123 GB/s; by eight calls, or with add_fetched, 57-59).
+//   none (faster than by eight calls, or with add_fetched).
 fn product_rows(wid: vec3<u32>, li: u32) {
     load_codes(li);
     let per_row = WG / GEMV_ROWS;

@@ -16,8 +16,8 @@ use crate::plan::{Output, Source};
 /// Decoded bytes per piece; at most four pieces are in memory at once (one
 /// being decoded, one queued, one being written, one hashed), five when
 /// the backend decodes ahead. Pieces of 8 MB rather than 32 keep the four
-/// stages overlapping on a small model (a 106 MB one: 0.10-0.12 s against
-/// 0.15-0.17 s whole, on two cores) and a fifth of the memory touched.
+/// stages overlapping on a small model (docs/performance.md#writing-pieces)
+/// and a fifth of the memory touched.
 pub(crate) const PIECE_BYTES: usize = 8 << 20;
 
 /// A piece's decoded bytes, starting on a cache line: the CPU's kernels
@@ -271,11 +271,11 @@ fn send_pieces<'a>(
 /// by the checkpoint. Returns `w`, the bytes written and their BLAKE3
 /// digest.
 ///
-/// BLAKE3 (7.7 GB/s a core here with AVX-512, against SHA-256's 2.1 with
-/// the SHA extensions) on its own thread costs one more chunk in memory
-/// and, on two cores, about a tenth of a 100 MB model's run (SHA-256
-/// there: a third). (Read back once the file is synced instead, it would
-/// not overlap the writes of a one-file output at all.)
+/// BLAKE3, several times SHA-256's speed, on its own thread costs one more
+/// chunk in memory and a small share of a small model's run
+/// (docs/performance.md#the-run-records-digests). (Read back once the
+/// file is synced instead, it would not overlap the writes of a one-file
+/// output at all.)
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_shard<W: Write + Send>(
     ckpt: &Checkpoint,

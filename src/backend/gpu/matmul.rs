@@ -70,24 +70,21 @@ struct Geometry {
 impl Geometry {
     /// On a GPU, 64 invocations read a row's words side by side and add up
     /// their sums at the end, as the dense product does; 8 rows of x share
-    /// each decoded word. (With blocks of 2-4 rows, and their arrays of
-    /// values per row and word, an H200 ran the products at 39 GB/s where
-    /// the dense one read 652 GB/s.) With one row of x, an invocation
-    /// fetches two words before it decodes them (int4 at 4096×14336 on an
-    /// H200: 487 GB/s, against 461 fetching one). The dense baseline reads
-    /// four words a load (1.8 TB/s there, against 650 GB/s a word a load);
-    /// the packs read a word a load: four words a load, whose x a lane
-    /// then reads 128 bytes from its neighbour's, ran them 13-39 % slower
-    /// at m = 1. On a
+    /// each decoded word (blocks of 2-4 rows, with their arrays of values
+    /// per row and word, ran far slower on an H200). With one row of x, an
+    /// invocation fetches two words before it decodes them. The dense
+    /// baseline reads four words a load; the packs read a word a load (four
+    /// words a load, whose x a lane then reads 128 bytes from its
+    /// neighbour's, ran them slower at m = 1). On a
     /// CPU adapter (llvmpipe, SwiftShader, WARP), whose invocations are a
     /// core's vector lanes, an invocation takes its rows whole: the
-    /// workgroup's sums across invocations cost more there than they save
-    /// (on llvmpipe, 2-5x the time), and it takes its words in runs of a
+    /// workgroup's sums across invocations cost more there than they save,
+    /// and it takes its words in runs of a
     /// subgroup's size (or 8). There, with subgroups (`subgroup`: their
     /// size), the lanes share their reads of x, and 16 rows of x share a
-    /// decode (at 4096×14336, m = 16 took 2.4-3.8x the time of m = 1
-    /// instead of 2.3-5.2x with 8); without, past 4 rows of x the loops
-    /// over them no longer unroll.
+    /// decode (faster than 8); without, past 4 rows of x the loops
+    /// over them no longer unroll. The measurements behind each choice:
+    /// docs/performance.md#gpu-products.
     fn of(device: wgpu::DeviceType, subgroup: Option<u32>) -> Geometry {
         match device {
             wgpu::DeviceType::Cpu => Geometry {
@@ -236,7 +233,8 @@ enum Rounding {
     /// Not at all: the dtype holds every value exactly ([`exact`]).
     None = 0,
     /// To bf16 by the carry alone: W has no NaN ([`nan_free`]), whose bits
-    /// the carry would change. On llvmpipe, 4-13 % faster products at m = 1.
+    /// the carry would change. Faster on llvmpipe at m = 1
+    /// (docs/performance.md#gpu-products).
     Carry = 1,
     /// As `dequantize` does, NaN included.
     Full = 2,

@@ -232,10 +232,9 @@ impl Fast {
     /// many as every group of the job's scales, zero points and offsets
     /// holds whole (a run starts on a multiple of its columns), so that
     /// their lookups (an index in f32 arithmetic and a read each) are made
-    /// once a run. On llvmpipe (`bench --backend gpu`, 4096²) that took
-    /// GGUF's Q5_K, two lookups a word of 4 codes, from 0.61 of the copy
-    /// shader to 0.82, and int4 g128 with zero points to bf16 from 0.61-0.68
-    /// to 0.91.
+    /// once a run (what that gained on llvmpipe, GGUF's Q5_K with two
+    /// lookups a word of 4 codes among others:
+    /// docs/performance.md#gpu-decode-kernels).
     fn words_of(job: &DecodeJob<'_>, per: usize) -> u32 {
         let d = job.dims;
         let zero = match &job.zero {
@@ -293,9 +292,10 @@ impl Tile {
     /// workgroup of 256 takes a tile in one pass. Long runs spread an
     /// invocation's fixed costs (and AutoAWQ's 8 scale lookups) over more
     /// words: on llvmpipe runs of 32 transposed words (16 strided, 128
-    /// 4-bit columns: GPTQ's usual group) ran 1.4x faster than runs of
-    /// 8 (4), and 64 (32) no faster, while the tile shape mattered little
-    /// once a SIMD batch's writes fill whole lines.
+    /// 4-bit columns: GPTQ's usual group) ran faster than runs of 8 (4),
+    /// and 64 (32) no faster, while the tile shape mattered little once a
+    /// SIMD batch's writes fill whole lines
+    /// (docs/performance.md#gpu-decode-kernels).
     fn geometry(pack: Pack) -> (u32, u32, u32) {
         match pack {
             Pack::Transposed => (32, 16, 16),
