@@ -14,13 +14,13 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, decoded_output, expect_dtype, grid_values, list_or_dash, not_converted, plan_each,
+    decoded_output, expect_dtype, fp8_job, grid_values, list_or_dash, not_converted, plan_each,
     quantized_modules, require, split_shape, Modules, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, ValueKind};
-use crate::numerics::{self, OutDtype};
+use crate::job::{Dims, ValueKind};
+use crate::numerics::OutDtype;
 use crate::output::Output;
 
 /// An fbgemm FP8 quantization config.
@@ -97,8 +97,7 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     let dims = Dims { slices, rows, cols };
     // `[out, 1]` (or `[out]`): one per row; grid_values checks the count.
     let values = grid_values(scale, ValueKind::F32, ScaleLayout::Channel, dims)?;
-    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
-    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out).with_scale(values);
+    let job = fp8_job(&w, dims, out).with_scale(values);
     Ok(decoded_output(
         module,
         w.shard,

@@ -12,13 +12,13 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, decoded_output, expect_dtype, float_kind, grid_values, list_or_dash, not_converted,
+    decoded_output, expect_dtype, float_kind, fp8_job, grid_values, list_or_dash, not_converted,
     plan_each, quantized_modules, require, split_shape, Modules, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims};
-use crate::numerics::{self, OutDtype};
+use crate::job::Dims;
+use crate::numerics::OutDtype;
 use crate::output::Output;
 
 /// An FP8 block quantization config.
@@ -132,8 +132,7 @@ fn plan_module<'c>(
     let (slices, rows, cols) = split_shape(&w, w.shape)?;
     let dims = Dims { slices, rows, cols };
     let layout = cfg.layout();
-    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
-    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out).with_scale(grid_values(
+    let job = fp8_job(&w, dims, out).with_scale(grid_values(
         scale,
         float_kind(&scale)?,
         layout,

@@ -26,7 +26,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, check_extent, decoded_output, e2m1_values, expect_dtype, float_kind, grid_values,
+    byte_table, check_extent, decoded_output, e2m1_values, e4m3_values, expect_dtype, float_kind, grid_values,
     modules_with, plan_each, require, split_shape, Modules, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
@@ -275,7 +275,7 @@ fn plan_module<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDty
             }
             expect_dtype(&scales, &[Dtype::U8])?;
             let (code_values, table): (Vec<f32>, _) = match (mode, global) {
-                (Mode::Mxfp8, _) => ((0..=255u8).map(numerics::e4m3).collect(), byte_table(e8m0)),
+                (Mode::Mxfp8, _) => (e4m3_values(), byte_table(e8m0)),
                 (Mode::Nvfp4, None) => (e2m1_values(), byte_table(numerics::e4m3)),
                 (Mode::Nvfp4, Some(g)) => (e2m1_values(), global_scales(g, dims, scheme.group_size)?),
                 _ => (e2m1_values(), byte_table(e8m0)),
@@ -311,10 +311,7 @@ fn global_scales(g: TensorRef<'_>, dims: Dims, group: usize) -> Result<ValueKind
             format!("shape {:?}, not one value per expert ({})", g.shape, dims.slices),
         ));
     }
-    let mut table = [0f32; 256];
-    for (b, v) in table.iter_mut().enumerate() {
-        *v = numerics::e4m3(b as u8);
-    }
+    let table = std::array::from_fn(|b| numerics::e4m3(b as u8));
     let outer: Vec<f32> = g.floats()?.iter().map(|gs| gs / NVFP4_GLOBAL).collect();
     Ok(ValueKind::Nested(Box::new(Nested {
         table,

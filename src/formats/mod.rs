@@ -691,6 +691,16 @@ pub fn e2m1_values() -> Vec<f32> {
     (0..16u8).map(numerics::e2m1).collect()
 }
 
+/// Values of the 256 FP8 E4M3 bytes.
+pub fn e4m3_values() -> Vec<f32> {
+    (0..=255u8).map(numerics::e4m3).collect()
+}
+
+/// An FP8 E4M3 weight, one byte a code, as a job still to be scaled.
+pub fn fp8_job<'c>(w: &TensorRef<'c>, dims: Dims, out: OutDtype) -> DecodeJob<'c> {
+    DecodeJob::new(dims, byte_codes(w, dims), e4m3_values(), out)
+}
+
 /// Fails unless every field of `fields` lies inside its bytes.
 pub fn check_extent(
     t: &TensorRef<'_>,

@@ -19,7 +19,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, byte_table, decoded_output, expect_dtype, fp4_job, grid_values, plan_each,
+    byte_table, decoded_output, expect_dtype, fp4_job, fp8_job, grid_values, plan_each,
     quantized_modules, require, scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
 };
 use crate::checkpoint::{Checkpoint, JsonFile, TensorRef};
@@ -409,8 +409,7 @@ fn plan_fp8<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype)
             (v, Product::OutDtype)
         }
     };
-    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
-    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+    let job = fp8_job(&w, dims, out)
         .with_scale(values)
         .with_product(product);
     Ok(decoded_output(

@@ -21,12 +21,12 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_codes, byte_table, decoded_output, expect_dtype, float_kind, fp4_job, grid_values,
+    byte_table, decoded_output, expect_dtype, float_kind, fp4_job, fp8_job, grid_values,
     list_or_dash, modules_with, plan_each, require, split_shape, Glob, Modules, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims};
+use crate::job::Dims;
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
@@ -311,8 +311,7 @@ fn plan_module<'c>(
                 ScaleLayout::Channel
             };
             let values = grid_values(scale, float_kind(&scale)?, layout, dims)?;
-            let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
-            let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+            let job = fp8_job(&w, dims, out)
                 .with_scale(values);
             (job, w.shape.to_vec())
         }
