@@ -392,6 +392,24 @@ mod tests {
         super::super::ARCHS.iter().find(|a| a.gguf == name).unwrap()
     }
 
+    /// The config of a `name` file with `meta` and `tensors`, written to
+    /// bf16 with no rotary factors.
+    fn config_of(
+        name: &str,
+        meta: &[(&str, MetaValue)],
+        tensors: &[&str],
+        tied: bool,
+    ) -> Result<Value> {
+        config(
+            &gguf(name, meta, tensors),
+            row(name),
+            tied,
+            OutDtype::Bf16,
+            &|_| Ok(None),
+        )
+        .map(|(c, _)| c)
+    }
+
     const SHAPE: [(&str, MetaValue); 3] = [
         ("block_count", MetaValue::U32(2)),
         ("embedding_length", MetaValue::U32(64)),
@@ -413,10 +431,7 @@ mod tests {
             ),
         ];
         for (tensors, bias, parallel) in cases {
-            let g = gguf("stablelm", &SHAPE, tensors);
-            let c = config(&g, row("stablelm"), false, OutDtype::Bf16, &|_| Ok(None))
-                .unwrap()
-                .0;
+            let c = config_of("stablelm", &SHAPE, tensors, false).unwrap();
             assert_eq!(c["use_qkv_bias"], json!(bias), "{tensors:?}");
             assert_eq!(c["use_parallel_residual"], json!(parallel), "{tensors:?}");
         }
@@ -426,15 +441,7 @@ mod tests {
     fn falcon_derives_its_head_counts_and_refuses_more_kv_heads() {
         let mut meta = SHAPE.to_vec();
         meta.push(("attention.head_count_kv", MetaValue::U32(1)));
-        let c = config(
-            &gguf("falcon", &meta, &[]),
-            row("falcon"),
-            true,
-            OutDtype::Bf16,
-            &|_| Ok(None),
-        )
-        .unwrap()
-        .0;
+        let c = config_of("falcon", &meta, &[], true).unwrap();
         assert_eq!(
             (
                 &c["num_kv_heads"],
@@ -445,29 +452,14 @@ mod tests {
         );
         meta.pop();
         meta.push(("attention.head_count_kv", MetaValue::U32(2)));
-        let e = config(
-            &gguf("falcon", &meta, &[]),
-            row("falcon"),
-            true,
-            OutDtype::Bf16,
-            &|_| Ok(None),
-        )
-        .unwrap_err();
+        let e = config_of("falcon", &meta, &[], true).unwrap_err();
         assert_eq!(e.rule, Rule::Unsupported, "{e}");
         assert!(e.to_string().contains("2 K/V heads"), "{e}");
     }
 
     #[test]
     fn nemotron_derives_head_dim() {
-        let c = config(
-            &gguf("nemotron", &SHAPE, &[]),
-            row("nemotron"),
-            false,
-            OutDtype::Bf16,
-            &|_| Ok(None),
-        )
-        .unwrap()
-        .0;
+        let c = config_of("nemotron", &SHAPE, &[], false).unwrap();
         assert_eq!(c["head_dim"], json!(16));
     }
 
@@ -545,14 +537,7 @@ mod tests {
             let mut meta: Vec<(&str, MetaValue)> =
                 SHAPE.iter().filter(|(k, _)| *k != key).cloned().collect();
             meta.push((key, value));
-            let e = config(
-                &gguf("llama", &meta, &[]),
-                row("llama"),
-                false,
-                OutDtype::Bf16,
-                &|_| Ok(None),
-            )
-            .unwrap_err();
+            let e = config_of("llama", &meta, &[], false).unwrap_err();
             assert_eq!(e.rule, Rule::GgufValue, "{key}: {e}");
             let text = e.to_string();
             assert!(

@@ -68,41 +68,47 @@ const MLP: [(&str, &str); 3] = [
     ("ffn_down", "mlp.down_proj"),
 ];
 
+/// A layer table: the `before` entries (its norms), llama's
+/// [`ATTENTION`], then the `after` entries (its MLP), in that order.
+macro_rules! layer {
+    ([$($before:expr),* $(,)?], [$($after:expr),* $(,)?] $(,)?) => {{
+        const L: &[(&str, &str)] = &[
+            $($before,)*
+            ATTENTION[0], ATTENTION[1], ATTENTION[2],
+            ATTENTION[3], ATTENTION[4], ATTENTION[5],
+            $($after),*
+        ];
+        L
+    }};
+}
+
 /// Llama-style layers: two norms, attention, a dense MLP.
-const LLAMA: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ATTENTION[0],
-    ATTENTION[1],
-    ATTENTION[2],
-    ATTENTION[3],
-    ATTENTION[4],
-    ATTENTION[5],
-    MLP[0],
-    MLP[1],
-    MLP[2],
-];
+const LLAMA: &[(&str, &str)] = layer!(
+    [
+        ("attn_norm", "input_layernorm"),
+        ("ffn_norm", "post_attention_layernorm"),
+    ],
+    [MLP[0], MLP[1], MLP[2]],
+);
 
 /// Qwen-style MoE layers: a router, stacked experts, and Qwen2-MoE's
 /// shared expert with its gate.
-const MOE: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ATTENTION[0],
-    ATTENTION[1],
-    ATTENTION[2],
-    ATTENTION[3],
-    ATTENTION[4],
-    ATTENTION[5],
-    ("ffn_gate_inp", "mlp.gate"),
-    ("ffn_gate_exps", "mlp.experts.{E}.gate_proj"),
-    ("ffn_up_exps", "mlp.experts.{E}.up_proj"),
-    ("ffn_down_exps", "mlp.experts.{E}.down_proj"),
-    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
-    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
-    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
-    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
-];
+const MOE: &[(&str, &str)] = layer!(
+    [
+        ("attn_norm", "input_layernorm"),
+        ("ffn_norm", "post_attention_layernorm"),
+    ],
+    [
+        ("ffn_gate_inp", "mlp.gate"),
+        ("ffn_gate_exps", "mlp.experts.{E}.gate_proj"),
+        ("ffn_up_exps", "mlp.experts.{E}.up_proj"),
+        ("ffn_down_exps", "mlp.experts.{E}.down_proj"),
+        ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+        ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+        ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+        ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+    ],
+);
 
 /// Phi-3: fused QKV and fused gate-and-up, kept fused.
 const PHI3: &[(&str, &str)] = &[
@@ -115,21 +121,15 @@ const PHI3: &[(&str, &str)] = &[
 ];
 
 /// Gemma 2 and 3: four norms around attention and the MLP.
-const GEMMA: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("post_attention_norm", "post_attention_layernorm"),
-    ("ffn_norm", "pre_feedforward_layernorm"),
-    ("post_ffw_norm", "post_feedforward_layernorm"),
-    ATTENTION[0],
-    ATTENTION[1],
-    ATTENTION[2],
-    ATTENTION[3],
-    ATTENTION[4],
-    ATTENTION[5],
-    MLP[0],
-    MLP[1],
-    MLP[2],
-];
+const GEMMA: &[(&str, &str)] = layer!(
+    [
+        ("attn_norm", "input_layernorm"),
+        ("post_attention_norm", "post_attention_layernorm"),
+        ("ffn_norm", "pre_feedforward_layernorm"),
+        ("post_ffw_norm", "post_feedforward_layernorm"),
+    ],
+    [MLP[0], MLP[1], MLP[2]],
+);
 
 /// StarCoder 2: LayerNorms, biases everywhere, a two-matrix MLP.
 const STARCODER2: &[(&str, &str)] = &[
@@ -244,149 +244,120 @@ macro_rules! fields {
     }};
 }
 
+/// Gemma 2 and 3's config fields: the common ones, head_dim and the
+/// sliding window.
+const GEMMA_CONFIG: &[(&str, &str)] = fields!(
+    ("attention.key_length", "head_dim"),
+    ("attention.sliding_window", "sliding_window"),
+);
+
+/// What a row of [`ARCHS`] leaves out: llama's tensor names outside the
+/// layers and where the layers go, the common config fields, nothing
+/// permuted or offset, nothing read from the tensors. Every row names its
+/// own `gguf`, `model_type`, `class` and `layer`.
+const BASE: Arch = Arch {
+    gguf: "",
+    model_type: "",
+    class: "",
+    top: TOP,
+    layers: "model.layers.",
+    layer: &[],
+    rotary_halves: false,
+    norm_plus_one: false,
+    config: fields!(),
+    from_tensors: &[],
+    always_tied: false,
+};
+
 /// The architectures converted.
 pub(crate) const ARCHS: &[Arch] = &[
     Arch {
         gguf: "llama",
         model_type: "llama",
         class: "LlamaForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: LLAMA,
         rotary_halves: true,
-        norm_plus_one: false,
         // transformers reads a rotary width as llama's head_dim.
         config: fields!(("rope.dimension_count", "head_dim")),
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "qwen2",
         model_type: "qwen2",
         class: "Qwen2ForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: LLAMA,
-        rotary_halves: false,
-        norm_plus_one: false,
-        config: fields!(),
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "qwen3",
         model_type: "qwen3",
         class: "Qwen3ForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: LLAMA,
-        rotary_halves: false,
-        norm_plus_one: false,
         // No head_dim: Qwen3Config's default (128) applies, as in transformers.
         config: fields!(),
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "qwen2moe",
         model_type: "qwen2_moe",
         class: "Qwen2MoeForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: MOE,
-        rotary_halves: false,
-        norm_plus_one: false,
         config: fields!(
             ("expert_count", "num_experts"),
             ("expert_used_count", "num_experts_per_tok")
         ),
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "qwen3moe",
         model_type: "qwen3_moe",
         class: "Qwen3MoeForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: MOE,
-        rotary_halves: false,
-        norm_plus_one: false,
         config: fields!(
             ("attention.key_length", "head_dim"),
             ("expert_count", "num_experts"),
             ("expert_used_count", "num_experts_per_tok"),
         ),
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "phi3",
         model_type: "phi3",
         class: "Phi3ForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: PHI3,
-        rotary_halves: false,
-        norm_plus_one: false,
-        config: fields!(),
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "gemma2",
         model_type: "gemma2",
         class: "Gemma2ForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: GEMMA,
-        rotary_halves: false,
         norm_plus_one: true,
-        config: fields!(
-            ("attention.key_length", "head_dim"),
-            ("attention.sliding_window", "sliding_window"),
-        ),
-        from_tensors: &[],
-        always_tied: false,
+        config: GEMMA_CONFIG,
+        ..BASE
     },
     Arch {
         gguf: "gemma3",
         model_type: "gemma3_text",
         class: "Gemma3ForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: GEMMA,
-        rotary_halves: false,
         norm_plus_one: true,
-        config: fields!(
-            ("attention.key_length", "head_dim"),
-            ("attention.sliding_window", "sliding_window"),
-        ),
-        from_tensors: &[],
-        always_tied: false,
+        config: GEMMA_CONFIG,
+        ..BASE
     },
     Arch {
         gguf: "starcoder2",
         model_type: "starcoder2",
         class: "Starcoder2ForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: STARCODER2,
-        rotary_halves: false,
-        norm_plus_one: false,
         config: STARCODER2_CONFIG,
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "stablelm",
         model_type: "stablelm",
         class: "StableLmForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: STABLELM,
-        rotary_halves: false,
-        norm_plus_one: false,
         config: STABLELM_CONFIG,
         // transformers looks at the tensors: biases on Q/K/V, and a second
         // norm only where the residual is not parallel.
@@ -398,7 +369,7 @@ pub(crate) const ARCHS: &[Arch] = &[
             ),
             ("use_parallel_residual", &["ffn_norm"], false),
         ],
-        always_tied: false,
+        ..BASE
     },
     Arch {
         gguf: "falcon",
@@ -407,26 +378,19 @@ pub(crate) const ARCHS: &[Arch] = &[
         top: FALCON_TOP,
         layers: "transformer.h.",
         layer: FALCON,
-        rotary_halves: false,
-        norm_plus_one: false,
-        config: fields!(),
-        from_tensors: &[],
         // One of transformers' listed exceptions.
         always_tied: true,
+        ..BASE
     },
     Arch {
         gguf: "nemotron",
         model_type: "nemotron",
         class: "NemotronForCausalLM",
-        top: TOP,
-        layers: "model.layers.",
         layer: NEMOTRON,
-        rotary_halves: false,
         // layernorm1p: llama.cpp stores w + 1, as Gemma's.
         norm_plus_one: true,
         config: NEMOTRON_CONFIG,
-        from_tensors: &[],
-        always_tied: false,
+        ..BASE
     },
 ];
 
