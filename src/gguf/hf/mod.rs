@@ -61,6 +61,12 @@ const ATTENTION: [(&str, &str); 6] = [
     ("attn_k_norm", "self_attn.k_norm"),
 ];
 
+/// A norm before attention and one before the MLP.
+const NORMS: [(&str, &str); 2] = [
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+];
+
 /// A dense MLP.
 const MLP: [(&str, &str); 3] = [
     ("ffn_gate", "mlp.gate_proj"),
@@ -69,35 +75,29 @@ const MLP: [(&str, &str); 3] = [
 ];
 
 /// A layer table: the `before` entries (its norms), llama's
-/// [`ATTENTION`], then the `after` entries (its MLP), in that order.
+/// [`ATTENTION`] (without its Q/K norms after `no_qk_norm`), then the
+/// `after` entries (its MLP), in that order.
 macro_rules! layer {
-    ([$($before:expr),* $(,)?], [$($after:expr),* $(,)?] $(,)?) => {{
+    (no_qk_norm [$($before:expr),* $(,)?], [$($after:expr),* $(,)?] $(,)?) => {{
         const L: &[(&str, &str)] = &[
             $($before,)*
-            ATTENTION[0], ATTENTION[1], ATTENTION[2],
-            ATTENTION[3], ATTENTION[4], ATTENTION[5],
+            ATTENTION[0], ATTENTION[1], ATTENTION[2], ATTENTION[3],
             $($after),*
         ];
         L
     }};
+    ([$($before:expr),* $(,)?], [$($after:expr),* $(,)?] $(,)?) => {
+        layer!(no_qk_norm [$($before),*], [ATTENTION[4], ATTENTION[5], $($after),*])
+    };
 }
 
 /// Llama-style layers: two norms, attention, a dense MLP.
-const LLAMA: &[(&str, &str)] = layer!(
-    [
-        ("attn_norm", "input_layernorm"),
-        ("ffn_norm", "post_attention_layernorm"),
-    ],
-    [MLP[0], MLP[1], MLP[2]],
-);
+const LLAMA: &[(&str, &str)] = layer!([NORMS[0], NORMS[1]], [MLP[0], MLP[1], MLP[2]]);
 
 /// Qwen-style MoE layers: a router, stacked experts, and Qwen2-MoE's
 /// shared expert with its gate.
 const MOE: &[(&str, &str)] = layer!(
-    [
-        ("attn_norm", "input_layernorm"),
-        ("ffn_norm", "post_attention_layernorm"),
-    ],
+    [NORMS[0], NORMS[1]],
     [
         ("ffn_gate_inp", "mlp.gate"),
         ("ffn_gate_exps", "mlp.experts.{E}.gate_proj"),
@@ -112,8 +112,8 @@ const MOE: &[(&str, &str)] = layer!(
 
 /// Phi-3: fused QKV and fused gate-and-up, kept fused.
 const PHI3: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
+    NORMS[0],
+    NORMS[1],
     ("attn_qkv", "self_attn.qkv_proj"),
     ("attn_output", "self_attn.o_proj"),
     ("ffn_up", "mlp.gate_up_proj"),
@@ -132,42 +132,23 @@ const GEMMA: &[(&str, &str)] = layer!(
 );
 
 /// StarCoder 2: LayerNorms, biases everywhere, a two-matrix MLP.
-const STARCODER2: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ATTENTION[0],
-    ATTENTION[1],
-    ATTENTION[2],
-    ATTENTION[3],
-    ("ffn_up", "mlp.c_fc"),
-    ("ffn_down", "mlp.c_proj"),
-];
+const STARCODER2: &[(&str, &str)] = layer!(
+    no_qk_norm [NORMS[0], NORMS[1]],
+    [("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")],
+);
 
 /// StableLM: llama's names without Q/K norms (its per-head
 /// `q_layernorm.norms.N` has no GGUF counterpart transformers maps).
-const STABLELM: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ATTENTION[0],
-    ATTENTION[1],
-    ATTENTION[2],
-    ATTENTION[3],
-    MLP[0],
-    MLP[1],
-    MLP[2],
-];
+const STABLELM: &[(&str, &str)] = layer!(
+    no_qk_norm [NORMS[0], NORMS[1]],
+    [MLP[0], MLP[1], MLP[2]],
+);
 
 /// Nemotron: llama's attention, an MLP of up and down only.
-const NEMOTRON: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ATTENTION[0],
-    ATTENTION[1],
-    ATTENTION[2],
-    ATTENTION[3],
-    MLP[1],
-    MLP[2],
-];
+const NEMOTRON: &[(&str, &str)] = layer!(
+    no_qk_norm [NORMS[0], NORMS[1]],
+    [MLP[1], MLP[2]],
+);
 
 /// Falcon (as `FalconConfig`'s defaults build it: one norm, parallel
 /// attention): fused QKV kept fused, under `transformer.`.
@@ -500,14 +481,6 @@ mod tests {
             llama.target("blk.3.attn_k.weight").unwrap().halves,
             Some(Heads::KeyValue)
         );
-        assert_eq!(
-            llama.target("blk.0.ffn_norm.weight").unwrap().name,
-            "model.layers.0.post_attention_layernorm.weight"
-        );
-        assert_eq!(
-            llama.target("output.weight").unwrap().name,
-            "lm_head.weight"
-        );
         assert_eq!(llama.target("rope_freqs.weight"), None);
         assert_eq!(llama.target("blk.x.attn_q.weight"), None);
         let qwen2 = arch("qwen2");
@@ -522,33 +495,45 @@ mod tests {
         assert!(n.plus_one);
         assert!(gemma.target("output_norm.weight").unwrap().plus_one);
         assert!(!gemma.target("blk.0.attn_q.weight").unwrap().plus_one);
-        let moe = arch("qwen3moe");
-        assert_eq!(
-            moe.target("blk.2.ffn_up_exps.weight").unwrap().name,
-            "model.layers.2.mlp.experts.{E}.up_proj.weight"
-        );
-        assert_eq!(
-            arch("phi3").target("blk.0.ffn_up.weight").unwrap().name,
-            "model.layers.0.mlp.gate_up_proj.weight"
-        );
         let falcon = arch("falcon");
-        assert_eq!(
-            falcon.target("blk.1.attn_qkv.weight").unwrap().name,
-            "transformer.h.1.self_attention.query_key_value.weight"
-        );
-        assert_eq!(
-            falcon.target("output_norm.bias").unwrap().name,
-            "transformer.ln_f.bias"
-        );
         assert_eq!(falcon.target("blk.0.attn_norm_2.weight"), None);
         let nemotron = arch("nemotron");
         assert!(nemotron.target("blk.0.ffn_norm.weight").unwrap().plus_one);
         assert!(!nemotron.target("blk.0.ffn_norm.bias").unwrap().plus_one);
         assert_eq!(nemotron.target("blk.0.ffn_gate.weight"), None);
-        assert_eq!(
-            arch("starcoder2").target("blk.0.ffn_up.bias").unwrap().name,
-            "model.layers.0.mlp.c_fc.bias"
-        );
         assert_eq!(arch("stablelm").target("blk.0.attn_q_norm.weight"), None);
+        // (architecture, GGUF name, Hugging Face name)
+        let names = [
+            (
+                "llama",
+                "blk.0.ffn_norm.weight",
+                "model.layers.0.post_attention_layernorm.weight",
+            ),
+            ("llama", "output.weight", "lm_head.weight"),
+            (
+                "qwen3moe",
+                "blk.2.ffn_up_exps.weight",
+                "model.layers.2.mlp.experts.{E}.up_proj.weight",
+            ),
+            (
+                "phi3",
+                "blk.0.ffn_up.weight",
+                "model.layers.0.mlp.gate_up_proj.weight",
+            ),
+            (
+                "falcon",
+                "blk.1.attn_qkv.weight",
+                "transformer.h.1.self_attention.query_key_value.weight",
+            ),
+            ("falcon", "output_norm.bias", "transformer.ln_f.bias"),
+            (
+                "starcoder2",
+                "blk.0.ffn_up.bias",
+                "model.layers.0.mlp.c_fc.bias",
+            ),
+        ];
+        for (a, gguf, hf) in names {
+            assert_eq!(arch(a).target(gguf).unwrap().name, hf, "{a} {gguf}");
+        }
     }
 }
