@@ -2,8 +2,9 @@
 //! nunchaku_packed`, 4-bit, warp_n 128), back to row-major.
 //!
 //! Each function gives the position in the stored (flattened) tensor of one
-//! logical element; the formulas are SVDQUANT.md's, one function per rule so
-//! each can be tested alone. Tiles are 128 rows wide (`t = n div 128`).
+//! logical element; the formulas invert Nunchaku's packer (the layouts:
+//! docs/formats.md#svdquant), one function per rule so each can be tested
+//! alone. Tiles are 128 rows wide (`t = n div 128`).
 
 /// Stored int32 word and nibble of weight code (n, k) of a `[N, K]` weight.
 pub fn qweight(n: usize, k: usize, cols: usize) -> (usize, u32) {
