@@ -172,7 +172,7 @@ struct Log {
 #[derive(Debug)]
 pub struct Journal {
     dir: PathBuf,
-    record: Mutex<Log>,
+    log: Mutex<Log>,
     /// The run's leave to write into its staging folder.
     gate: super::staging::Gate,
 }
@@ -191,13 +191,13 @@ impl Journal {
         };
         Journal {
             dir: dir.to_path_buf(),
-            record: Mutex::new(Log { record, file: None }),
+            log: Mutex::new(Log { record, file: None }),
             gate,
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
-        self.record.lock().unwrap_or_else(|p| p.into_inner())
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether an earlier run of this job recorded file `name`.
@@ -346,14 +346,9 @@ fn read(dir: &Path) -> Option<Record> {
     Some(Record { key: head.key, files })
 }
 
-/// Whether the journal in staging folder `dir` lists file `name` (read
-/// without its lock: only to tell a file a killed commit moved out).
-pub(super) fn lists(dir: &Path, name: &str) -> bool {
-    listed(dir).contains(name)
-}
-
 /// The files the journal in staging folder `dir` lists (none when it is
-/// missing or unreadable).
+/// missing or unreadable); read without its lock: only to tell the files a
+/// killed commit moved out, or what a stopped run keeps.
 pub(super) fn listed(dir: &Path) -> BTreeSet<String> {
     read(dir).map_or_else(BTreeSet::new, |r| r.files.into_keys().collect())
 }

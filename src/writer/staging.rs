@@ -314,12 +314,16 @@ impl Staging {
         };
         // The folder that holds the record (`.cache`).
         let record_top = Path::new(&self.record).components().next().map(|c| c.as_os_str());
+        // Read once: `out` may hold thousands of files.
+        let listed = match self.resume {
+            true => super::journal::listed(&self.dir),
+            false => Default::default(),
+        };
         let journaled = |name: &std::ffi::OsStr| {
             let recorded = finished
                 .as_ref()
                 .is_some_and(|(f, key)| Some(name) == record_top || f.lists(key, &name.to_string_lossy()));
-            let name = name.to_string_lossy();
-            self.resume && (recorded || super::journal::lists(&self.dir, &name))
+            self.resume && (recorded || listed.contains(name.to_string_lossy().as_ref()))
         };
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.out, "cannot list", e))?;
