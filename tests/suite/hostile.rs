@@ -708,13 +708,40 @@ fn many_ignored_names() {
     let report = wgpu_dequant::inspect(tmp.path()).unwrap_or_else(|e| panic!("{e}"));
     assert!(report.errors().is_empty(), "{}", report.text());
     let text = report.text();
+    one_listed(&text, n, "decoded to bf16", "ignore");
+}
+
+/// `n` FP8 modules `model.layers.{i}.mlp.down_proj` (`[1, 4]` E4M3
+/// weights, each with a `weight_scale` of `scale`'s dtype, shape and bytes)
+/// as `dir/model.safetensors`.
+fn fp8_modules(dir: &Path, n: usize, scale: (&str, Vec<usize>, Vec<u8>)) {
+    let names: Vec<String> = (0..n)
+        .flat_map(|i| {
+            let m = format!("model.layers.{i}.mlp.down_proj");
+            [format!("{m}.weight"), format!("{m}.weight_scale")]
+        })
+        .collect();
+    let tensors: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match i % 2 {
+            0 => (name.as_str(), "F8_E4M3", vec![1, 4], vec![0x38; 4]),
+            _ => (name.as_str(), scale.0, scale.1.clone(), scale.2.clone()),
+        })
+        .collect();
+    safetensors(&dir.join("model.safetensors"), "", &tensors);
+}
+
+/// `inspect`'s `text` says all `n` tensors are `decoded`, and names module
+/// 4321 (and only it) in a finding that it is `listed in {list}`.
+fn one_listed(text: &str, n: usize, decoded: &str, list: &str) {
     assert!(
-        text.contains(&format!("output      {n} tensors: {n} decoded to bf16")),
+        text.contains(&format!("output      {n} tensors: {n} {decoded}")),
         "{text}"
     );
     let listed: Vec<&str> = text
         .lines()
-        .filter(|l| l.contains("listed in ignore"))
+        .filter(|l| l.contains(&format!("listed in {list}")))
         .collect();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(
@@ -732,21 +759,7 @@ fn many_ignored_names() {
 fn many_quark_excludes() {
     let tmp = tempfile::tempdir().unwrap();
     let n = 10_000;
-    let names: Vec<String> = (0..n)
-        .flat_map(|i| {
-            let m = format!("model.layers.{i}.mlp.down_proj");
-            [format!("{m}.weight"), format!("{m}.weight_scale")]
-        })
-        .collect();
-    let tensors: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| match i % 2 {
-            0 => (name.as_str(), "F8_E4M3", vec![1, 4], vec![0x38; 4]),
-            _ => (name.as_str(), "BF16", vec![1], vec![0x80, 0x3f]),
-        })
-        .collect();
-    safetensors(&tmp.path().join("model.safetensors"), "", &tensors);
+    fp8_modules(tmp.path(), n, ("BF16", vec![1], vec![0x80, 0x3f]));
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/quark-fp8-per-channel/model/config.json");
     let fixture: serde_json::Value =
@@ -763,19 +776,7 @@ fn many_quark_excludes() {
     });
     std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
     let text = inspect_ok(tmp.path());
-    assert!(
-        text.contains(&format!("output      {n} tensors: {n} decoded to bf16")),
-        "{text}"
-    );
-    let listed: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("listed in exclude"))
-        .collect();
-    assert_eq!(listed.len(), 1, "{listed:?}");
-    assert!(
-        listed[0].contains("model.layers.4321.mlp.down_proj"),
-        "{listed:?}"
-    );
+    one_listed(&text, n, "decoded to bf16", "exclude");
 }
 
 /// A ModelOpt FP8 checkpoint of 10,000 modules whose `exclude_modules`
@@ -786,21 +787,11 @@ fn many_quark_excludes() {
 fn many_modelopt_excludes() {
     let tmp = tempfile::tempdir().unwrap();
     let n = 10_000;
-    let names: Vec<String> = (0..n)
-        .flat_map(|i| {
-            let m = format!("model.layers.{i}.mlp.down_proj");
-            [format!("{m}.weight"), format!("{m}.weight_scale")]
-        })
-        .collect();
-    let tensors: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| match i % 2 {
-            0 => (name.as_str(), "F8_E4M3", vec![1, 4], vec![0x38; 4]),
-            _ => (name.as_str(), "F32", vec![], 0.5f32.to_le_bytes().to_vec()),
-        })
-        .collect();
-    safetensors(&tmp.path().join("model.safetensors"), "", &tensors);
+    fp8_modules(
+        tmp.path(),
+        n,
+        ("F32", vec![], 0.5f32.to_le_bytes().to_vec()),
+    );
     let mut exclude: Vec<String> = (0..n).map(|i| format!("other.{i}")).collect();
     exclude.extend(["*never", "model.layers.4321.mlp.down_proj"].map(String::from));
     let hf_quant = serde_json::json!({
@@ -815,17 +806,5 @@ fn many_modelopt_excludes() {
     .unwrap();
     std::fs::write(tmp.path().join("config.json"), CONFIG).unwrap();
     let text = inspect_ok(tmp.path());
-    assert!(
-        text.contains(&format!("output      {n} tensors: {n} decoded")),
-        "{text}"
-    );
-    let listed: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("listed in exclude_modules"))
-        .collect();
-    assert_eq!(listed.len(), 1, "{listed:?}");
-    assert!(
-        listed[0].contains("model.layers.4321.mlp.down_proj"),
-        "{listed:?}"
-    );
+    one_listed(&text, n, "decoded", "exclude_modules");
 }

@@ -113,6 +113,17 @@ pub(crate) fn assert_files(
     );
 }
 
+/// `wgpu-dequant dequantize INPUT -o OUT --backend cpu`, to add to.
+fn dequantize(input: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.arg("dequantize")
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .args(["--backend", "cpu"]);
+    cmd
+}
+
 /// The files a staging folder's journal lists as finished, sorted (its
 /// lines after the first, each `{"name", "size", "blake3"}`).
 pub(crate) fn journaled(staging: &Path) -> Vec<String> {
@@ -315,15 +326,8 @@ fn resume_after_sigkill_equals_one_run() {
     let input = tmp.path().join("in");
     let shards = checkpoint(&input, 5, (1024, 2048));
     let cli = |out: &Path, extra: &[&str]| {
-        let mut cmd = Command::new(bin());
-        cmd.args([
-            "dequantize",
-            input.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ])
-        .args(["--backend", "cpu", "--quiet", "--resume"])
-        .args(extra);
+        let mut cmd = dequantize(&input, out);
+        cmd.args(["--quiet", "--resume"]).args(extra);
         cmd
     };
     let reference = tmp.path().join("reference");
@@ -537,14 +541,8 @@ fn a_finished_run_resumed_has_nothing_to_do_and_reads_no_shard() {
         assert_eq!(r["files"][name]["size"], bytes.len(), "{name}");
     }
     let cli = |extra: &[&str]| {
-        Command::new(bin())
-            .args([
-                "dequantize",
-                input.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-            ])
-            .args(["--backend", "cpu", "--resume"])
+        dequantize(&input, &out)
+            .arg("--resume")
             .args(extra)
             .output()
             .unwrap()
@@ -595,12 +593,8 @@ fn a_kill_after_one_or_three_renames_is_finished_by_resume() {
     run(&input, &reference, false, None, None).unwrap();
     let want = files(&reference);
     let cli = |out: &Path| {
-        let mut cmd = Command::new(bin());
-        cmd.arg("dequantize")
-            .arg(&input)
-            .arg("-o")
-            .arg(out)
-            .args(["--backend", "cpu", "--quiet"]);
+        let mut cmd = dequantize(&input, out);
+        cmd.arg("--quiet");
         cmd
     };
     // The files (not folders) the commit has moved into `out`.
@@ -666,14 +660,8 @@ fn resume_after_a_kill_in_the_commit_equals_one_run() {
     run(&input, &reference, false, None, None).unwrap();
     let want = files(&reference);
     let cli = |out: &Path| {
-        let mut cmd = Command::new(bin());
-        cmd.args([
-            "dequantize",
-            input.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ])
-        .args(["--backend", "cpu", "--quiet", "--resume"]);
+        let mut cmd = dequantize(&input, out);
+        cmd.args(["--quiet", "--resume"]);
         cmd
     };
     for k in 0..3 {
