@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::{
     byte_table, check_extent, e2m1_values, expect_dtype, grid_values, list_or_dash, plan_each,
-    Glob, Modules, ScaleLayout, Target,
+    Glob, Modules, ScaleLayout, Target, Targets,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -34,7 +34,7 @@ pub struct Config {
     #[serde(skip)]
     pub path: PathBuf,
     /// Modules stored dense (globs).
-    pub modules_to_not_convert: Vec<Target>,
+    pub modules_to_not_convert: Targets,
 }
 
 #[derive(serde::Deserialize)]
@@ -85,8 +85,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         &[],
         |p| {
             cfg.modules_to_not_convert
-                .iter()
-                .any(|t| t.rank(p).is_some())
+                .names_module(p)
                 .then_some("listed in modules_to_not_convert but stored as MXFP4; decoded anyway")
         },
         |p, _| plan_param(ckpt, p, dtype),

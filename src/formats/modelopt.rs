@@ -11,7 +11,6 @@
 //! model multiplies its input by it, so the dense weight carries it, column
 //! by column — a rank-0 [`LowRank`] smoothing.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
@@ -21,6 +20,7 @@ use serde_json::Value;
 use super::{
     byte_table, decoded_output, expect_dtype, fp4_job, fp8_job, grid_values, plan_each,
     quantized_modules, require, scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
+    Targets,
 };
 use crate::checkpoint::{Checkpoint, JsonFile, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -44,7 +44,7 @@ pub struct Config {
     /// Columns per e4m3 scale.
     pub group_size: usize,
     /// Modules left unquantized.
-    pub exclude_modules: Vec<Target>,
+    pub exclude_modules: Targets,
     /// KV cache quantization (`FP8`), when set.
     pub kv_cache_quant_algo: Option<String>,
 }
@@ -228,18 +228,7 @@ impl Config {
 /// `weight_scale_2`; FP8 and MXFP8: every module with an F8_E4M3 `weight`
 /// or a `weight_scale`. Other `weight`s pass through.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    // A glob without `*`, `?` or `[` names one module: those are hashed,
-    // the others tried one by one (a config may list a million names
-    // against as many modules).
-    let is_glob = |t: &&Target| t.text().contains(['*', '?', '[']);
-    let plain: HashSet<&str> = cfg
-        .exclude_modules
-        .iter()
-        .filter(|t| !is_glob(t))
-        .map(Target::text)
-        .collect();
-    let globs: Vec<&Target> = cfg.exclude_modules.iter().filter(is_glob).collect();
-    let listed = |m: &str| plain.contains(m) || globs.iter().any(|t| t.rank(m).is_some());
+    let listed = |m: &str| cfg.exclude_modules.names_module(m);
     if cfg.algo == Algo::Int4Awq {
         return plan_each(
             ckpt,

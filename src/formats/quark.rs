@@ -88,10 +88,11 @@ impl Excludes {
     fn new(list: &[String]) -> Excludes {
         let mut out = Excludes::default();
         for e in list {
-            if e.contains(['*', '?', '[']) {
-                out.globs.push((e.clone(), Glob::new(e)));
-            } else {
+            let glob = Glob::new(e);
+            if glob.is_literal() {
                 out.plain.insert(e.clone());
+            } else {
+                out.globs.push((e.clone(), glob));
             }
         }
         out

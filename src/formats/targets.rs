@@ -89,6 +89,10 @@ impl FromIterator<Target> for Targets {
                 Target::Name(n) => {
                     names.insert(n.clone());
                 }
+                // A glob without a wildcard names one module, as a name does.
+                Target::Glob(g) if g.is_literal() => {
+                    names.insert(g.text().to_string());
+                }
                 _ => others.push(i),
             }
         }
@@ -115,7 +119,7 @@ impl serde::Serialize for Targets {
 
 impl Targets {
     /// The most specific selector's [`Target::rank`] of `module`, `None`
-    /// when none selects it.
+    /// when none selects it (a glob without a wildcard ranks as a name).
     pub fn rank(&self, module: &str) -> Option<u8> {
         if self.names.contains(module) {
             return Some(3);
@@ -163,6 +167,12 @@ impl Glob {
     /// The pattern as written.
     pub fn text(&self) -> &str {
         self.0.as_str()
+    }
+
+    /// Whether it has no wildcard (`*`, `?`, `[`): it matches its own text
+    /// alone, so a lookup can stand for it.
+    pub fn is_literal(&self) -> bool {
+        !self.text().contains(['*', '?', '['])
     }
 }
 
