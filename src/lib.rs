@@ -60,6 +60,7 @@ internal! {
     mod checkpoint;
     mod convert;
     mod formats;
+    mod hf;
     mod job;
     mod numerics;
     mod output;
@@ -78,7 +79,6 @@ pub mod gguf;
 mod hub;
 mod json;
 mod model;
-mod names;
 pub mod repo;
 mod run;
 pub mod stream;
@@ -88,8 +88,8 @@ pub use backend::BackendChoice;
 pub use convert::ConvertTo;
 pub use error::{Cause, Error, Result, Rule};
 pub use model::{Linears, Model, TensorInfo};
-pub use numerics::OutDtype;
-pub use plan::{DtypeChoice, Warning};
+pub use numerics::{DtypeChoice, OutDtype};
+pub use plan::Warning;
 pub use report::{Finding, Report, Validation};
 pub use run::{
     convert, dequantize, inspect, inspect_gguf_file, validate, validate_gguf_file, Dequantize,
@@ -104,7 +104,10 @@ pub use writer::{
 
 #[cfg(feature = "testing")]
 #[doc(hidden)]
-pub use {backend::Backend, checkpoint::Checkpoint, formats::Format, job::DecodeJob, plan::Plan};
+pub use {
+    backend::Backend, checkpoint::Checkpoint, formats::Format, hf::Names, job::DecodeJob,
+    plan::Plan,
+};
 
 /// The README's Rust blocks, compiled and run as doctests so that they stay
 /// true (`no_run` ones compiled only); docs/ pages with Rust blocks below.

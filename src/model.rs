@@ -16,9 +16,11 @@ use crate::backend::gpu::{GpuDecoder, PackedLinear};
 use crate::backend::{Backend, BackendChoice, Cpu};
 use crate::checkpoint::{Checkpoint, Listing};
 use crate::error::{Error, Result, Rule};
+use crate::hf::Names;
 use crate::job::DecodeJob;
+use crate::numerics::DtypeChoice;
 use crate::output::{Output, Source};
-use crate::plan::{DtypeChoice, Plan};
+use crate::plan::Plan;
 use crate::stream::{listing, load, prepare, Files};
 
 self_cell::self_cell!(
@@ -81,7 +83,7 @@ impl Model {
     pub fn open(path: impl AsRef<Path>, dtype: DtypeChoice) -> Result<Model> {
         let ckpt = Checkpoint::open(crate::run::local(path.as_ref())?)?;
         let cell = Cell::try_new(ckpt, |ckpt| {
-            let plan = Plan::build(ckpt, dtype)?;
+            let plan = Plan::build(ckpt, dtype, Names::Hub)?;
             plan.check()?;
             Ok::<_, Error>(plan)
         })?;
@@ -268,9 +270,9 @@ impl<F: Files> Linears<F> {
     pub async fn open(files: F, dtype: DtypeChoice) -> Result<Linears<F>> {
         let listing = listing(&files).await?;
         let mut ckpt = Checkpoint::from_listing(listing.clone())?;
-        let needs = |c: &Checkpoint| Ok(Plan::build(c, dtype)?.needs);
+        let needs = |c: &Checkpoint| Ok(Plan::build(c, dtype, Names::Hub)?.needs);
         let kept = prepare(&mut ckpt, &files, needs).await?;
-        let plan = Plan::build(&ckpt, dtype)?;
+        let plan = Plan::build(&ckpt, dtype, Names::Hub)?;
         plan.check()?;
         let quantized = quantized(&plan).collect();
         let kept = kept
@@ -306,7 +308,7 @@ impl<F: Files> Linears<F> {
             ckpt.load(name, bytes.clone())?;
         }
         let inputs: BTreeSet<String> = {
-            let plan = Plan::build(&ckpt, self.dtype)?;
+            let plan = Plan::build(&ckpt, self.dtype, Names::Hub)?;
             job(&plan, weight)?;
             let bias = bias_name(weight);
             let outputs = [weight, bias.as_str()].into_iter();
@@ -346,7 +348,12 @@ impl<F: Files> Linears<F> {
         decoder: &GpuDecoder,
     ) -> Result<PackedLinear> {
         let ckpt = self.with(weight.0).await?;
-        upload(&Plan::build(&ckpt, self.dtype)?, weight, decoder).await
+        upload(
+            &Plan::build(&ckpt, self.dtype, Names::Hub)?,
+            weight,
+            decoder,
+        )
+        .await
     }
 
     /// `y = x·Wᵀ (+ bias)` on the CPU ([`Model::matmul_cpu`]).
@@ -368,7 +375,7 @@ impl<F: Files> Linears<F> {
 
     async fn cpu(&self, weight: (&str, Option<usize>), x: &[f32], m: usize) -> Result<Vec<f32>> {
         let ckpt = self.with(weight.0).await?;
-        matmul_cpu(&Plan::build(&ckpt, self.dtype)?, weight, x, m)
+        matmul_cpu(&Plan::build(&ckpt, self.dtype, Names::Hub)?, weight, x, m)
     }
 }
 

@@ -4,6 +4,8 @@
 //! Every conversion here is integer bit manipulation, so the GPU shaders can do
 //! exactly the same thing and produce the same bytes.
 
+use crate::error::{Error, Result, Rule};
+
 /// E2M1 (FP4) magnitudes for codes 0..8; bit 3 is the sign.
 const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 
@@ -134,6 +136,34 @@ impl OutDtype {
             OutDtype::Bf16 => out.copy_from_slice(&f32_to_bf16(x).to_le_bytes()),
             OutDtype::F16 => out.copy_from_slice(&f32_to_f16(x).to_le_bytes()),
             OutDtype::F32 => out.copy_from_slice(&f32_bits(x).to_le_bytes()),
+        }
+    }
+}
+
+/// The output dtype the user asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DtypeChoice {
+    /// The checkpoint's own dtype (`torch_dtype`/`dtype`), else its scales' dtype.
+    #[default]
+    Auto,
+    /// This dtype.
+    Fixed(OutDtype),
+}
+
+impl std::str::FromStr for DtypeChoice {
+    type Err = Error;
+    /// `auto`, or an output dtype's name (`bf16`, `f16`, `f32`, or torch's).
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DtypeChoice::Auto),
+            name => OutDtype::from_name(name)
+                .map(DtypeChoice::Fixed)
+                .ok_or_else(|| {
+                    Error::bare(
+                        Rule::Argument,
+                        format!("--dtype: {s:?} is not one of auto, bf16, f16, f32"),
+                    )
+                }),
         }
     }
 }

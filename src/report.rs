@@ -82,7 +82,7 @@ pub struct Report {
     pub(crate) renamed: Vec<Renamed>,
 }
 
-/// A tensor written under its architecture's hub name ([`crate::names`]).
+/// A tensor written under its architecture's hub name (`hf::names`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Renamed {
     /// The name the quantized checkpoint stores.

@@ -14,7 +14,9 @@ use crate::checkpoint::Checkpoint;
 use crate::convert::ConvertTo;
 use crate::error::Rule;
 use crate::error::{Error, Result};
-use crate::plan::{DtypeChoice, Plan};
+use crate::hf::Names;
+use crate::numerics::DtypeChoice;
+use crate::plan::Plan;
 use crate::report::{Report, Validation};
 use crate::stream::{
     batches, load, make, open, prepare, schedule, Files, OutFile, Part, BATCH_BYTES,
@@ -262,11 +264,12 @@ impl<'a> Dequantize<'a> {
 
     /// Plans the dense form of `ckpt` as configured, its faults listed.
     pub(crate) fn planned<'c>(&self, ckpt: &'c Checkpoint) -> Result<Plan<'c>> {
-        let mut plan = Plan::build(ckpt, self.options.dtype)?;
-        if self.keep_names {
-            plan.keep_stored_names()?;
-        }
-        Ok(plan)
+        let names = if self.keep_names {
+            Names::Stored
+        } else {
+            Names::Hub
+        };
+        Plan::build(ckpt, self.options.dtype, names)
     }
 
     /// [`Dequantize::planned`], failing on the first fault of any module
@@ -610,7 +613,11 @@ pub fn inspect_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Res
         Input::Hub(remote) => return pollster::block_on(crate::stream::inspect(&*remote)),
     };
     let ckpt = Checkpoint::open(path)?;
-    Ok(Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?))
+    Ok(Report::new(&Plan::build(
+        &ckpt,
+        DtypeChoice::Auto,
+        Names::Hub,
+    )?))
 }
 
 /// What a path argument names: a local path, or (natively) a Hub id.
@@ -660,8 +667,13 @@ pub fn validate_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Va
         Ok(Input::Hub(remote)) => return pollster::block_on(crate::stream::validate(&*remote)),
         Err(e) => return Validation::from(&e),
     };
-    let found = Checkpoint::open(path)
-        .and_then(|ckpt| Ok(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?)));
+    let found = Checkpoint::open(path).and_then(|ckpt| {
+        Ok(Validation::of(Plan::build(
+            &ckpt,
+            DtypeChoice::Auto,
+            Names::Hub,
+        )?))
+    });
     found.unwrap_or_else(|e| Validation::from(&e))
 }
 

@@ -16,7 +16,9 @@ use std::ops::Range;
 use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, Listing, Wanted};
 use crate::error::{Error, Result, Rule};
-use crate::plan::{DtypeChoice, Plan, Source};
+use crate::hf::Names;
+use crate::numerics::DtypeChoice;
+use crate::plan::{Plan, Source};
 use crate::report::Report;
 use crate::report::Validation;
 use crate::writer::{self, Summary, Tally};
@@ -170,7 +172,7 @@ pub(crate) async fn load(ckpt: &mut Checkpoint, files: &impl Files, name: &str) 
 
 /// What planning as `inspect` and `validate` plan reads.
 fn auto_needs(ckpt: &Checkpoint) -> Result<Vec<String>> {
-    Ok(Plan::build(ckpt, DtypeChoice::Auto)?.needs)
+    Ok(Plan::build(ckpt, DtypeChoice::Auto, Names::Hub)?.needs)
 }
 
 /// What `inspect --json` reports of the checkpoint in `files`.
@@ -178,7 +180,7 @@ pub async fn inspect(files: &impl Files) -> Result<Report> {
     let mut ckpt = open(files).await?;
     // A fault of the whole checkpoint is for the report to show, as the CLI does.
     let _ = prepare(&mut ckpt, files, auto_needs).await;
-    let mut report = Report::new(&Plan::build(&ckpt, DtypeChoice::Auto)?);
+    let mut report = Report::new(&Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?);
     if let Some(name) = files.name() {
         report.path = name;
     }
@@ -191,7 +193,11 @@ pub async fn validate(files: &impl Files) -> Validation {
     let found = async {
         let mut ckpt = open(files).await?;
         prepare(&mut ckpt, files, auto_needs).await?;
-        Ok::<_, Error>(Validation::of(Plan::build(&ckpt, DtypeChoice::Auto)?))
+        Ok::<_, Error>(Validation::of(Plan::build(
+            &ckpt,
+            DtypeChoice::Auto,
+            Names::Hub,
+        )?))
     };
     found.await.unwrap_or_else(|e| Validation::from(&e))
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use wgpu_dequant::backend::Cpu;
 use wgpu_dequant::report::Report;
-use wgpu_dequant::{Checkpoint, DtypeChoice, Plan};
+use wgpu_dequant::{Checkpoint, DtypeChoice, Names, Plan};
 
 /// Tensors larger than this are planned but not decoded (keeps runs fast).
 const DECODE_LIMIT: usize = 1 << 22;
@@ -59,7 +59,7 @@ pub fn exercise(path: &Path) {
         Ok(ckpt) => ckpt,
         Err(e) => return one_line(&e),
     };
-    let plan = match Plan::build(&ckpt, DtypeChoice::Auto) {
+    let plan = match Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub) {
         Ok(plan) => plan,
         Err(e) => return one_line(&e),
     };

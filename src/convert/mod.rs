@@ -13,8 +13,9 @@ use serde_json::{json, Value};
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
 use crate::formats::Format;
-use crate::numerics::OutDtype;
-use crate::plan::{DtypeChoice, Plan};
+use crate::hf::Names;
+use crate::numerics::{DtypeChoice, OutDtype};
+use crate::plan::Plan;
 
 /// Formats `convert` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +51,7 @@ pub fn plan(ckpt: &Checkpoint, to: ConvertTo) -> Result<Plan<'_>> {
     // Planning the dense output checks every module (shapes, dtypes, scales).
     // A quantized checkpoint keeps the stored names (no hub names for MoE
     // experts: the converters find modules by the planned outputs' names).
-    let mut plan = Plan::build(ckpt, DtypeChoice::Fixed(OutDtype::F32))?;
-    plan.keep_stored_names()?;
+    let mut plan = Plan::build(ckpt, DtypeChoice::Fixed(OutDtype::F32), Names::Stored)?;
     // The card says the weights are dense: a converted checkpoint is not.
     plan.generated.retain(|(name, _)| name != crate::checkpoint::CARD);
     match plan.format.clone() {

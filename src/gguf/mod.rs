@@ -2,10 +2,8 @@
 //! files (`NAME-00001-of-00003.gguf`) joined. A checkpoint reads a model
 //! through it ([`Gguf`]); the formats decode its blocks.
 
-pub(crate) mod hf;
 mod parse;
 pub mod pick;
-pub(crate) mod tokenizer;
 mod types;
 
 use std::fmt;

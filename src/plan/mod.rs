@@ -1,56 +1,16 @@
 //! The plan: what each output tensor is and where its bytes come from, known
 //! before anything is decoded.
 
-mod card;
-mod config;
-mod experts;
-mod gguf;
-
 use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
-use crate::numerics::OutDtype;
+use crate::hf::{self, experts, Names};
+use crate::numerics::{DtypeChoice, OutDtype};
 pub use crate::error::Warning;
 pub use crate::output::{Output, Source};
-
-/// The output dtype the user asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DtypeChoice {
-    /// The checkpoint's own dtype (`torch_dtype`/`dtype`), else its scales' dtype.
-    #[default]
-    Auto,
-    /// This dtype.
-    Fixed(OutDtype),
-}
-
-impl std::str::FromStr for DtypeChoice {
-    type Err = Error;
-    /// `auto`, or an output dtype's name (`bf16`, `f16`, `f32`, or torch's).
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(DtypeChoice::Auto),
-            name => OutDtype::from_name(name)
-                .map(DtypeChoice::Fixed)
-                .ok_or_else(|| {
-                    Error::bare(
-                        Rule::Argument,
-                        format!("--dtype: {s:?} is not one of auto, bf16, f16, f32"),
-                    )
-                }),
-        }
-    }
-}
-
-/// A GGUF plan under the file's own names.
-struct GgufStored<'a> {
-    outputs: Vec<Output<'a>>,
-    dropped: Vec<String>,
-    errors: Vec<Error>,
-    warnings: Vec<Warning>,
-}
 
 /// Everything `dequantize` will do, in output order.
 pub struct Plan<'a> {
@@ -76,21 +36,12 @@ pub struct Plan<'a> {
     /// The input's other files copied to the output (tokenizer, generation
     /// config, …): (path, file name). Quantization sidecars are not among them.
     pub side_files: Vec<(PathBuf, String)>,
-    /// Outputs written under their architecture's hub names, as (stored,
-    /// written) ([`crate::names`]); [`Plan::keep_stored_names`] undoes it.
+    /// Outputs the report lists as written under the name transformers
+    /// loads rather than the stored one, as (stored, written).
     pub renamed: Vec<(String, String)>,
-    /// Stacks of experts written one tensor per expert; undone by
-    /// [`Plan::keep_stored_names`] too.
-    pub(crate) unstacked: Vec<experts::Unstacked>,
-    /// Outputs written in another architecture's layout (MLX's GPT-OSS);
-    /// undone by [`Plan::keep_stored_names`] too.
-    pub(crate) fused: Vec<experts::Fused<'a>>,
-    /// Files made from the input rather than copied (a GGUF model's
-    /// generation config and tokenizer): (file name, bytes).
+    /// Files made from the input rather than copied (the model card; a GGUF
+    /// model's config, generation config and tokenizer): (file name, bytes).
     pub generated: Vec<(String, Vec<u8>)>,
-    /// A GGUF model's plan under its own names, before it took transformers'
-    /// form; restored by [`Plan::keep_stored_names`].
-    gguf_stored: Option<GgufStored<'a>>,
     /// Stored tensors whose values planning reads but whose bytes are not at
     /// hand yet (a checkpoint read piece by piece, `stream`): load them and
     /// plan again. Until this is empty the plan is incomplete.
@@ -98,10 +49,11 @@ pub struct Plan<'a> {
 }
 
 impl<'a> Plan<'a> {
-    /// Plans the dense output of `ckpt`. Faults that concern the whole
-    /// checkpoint (an unreadable config) are returned as `Err`; faults of one
-    /// module are collected in [`Plan::errors`] so `validate` can list them all.
-    pub fn build(ckpt: &'a Checkpoint, dtype: DtypeChoice) -> Result<Plan<'a>> {
+    /// Plans the dense output of `ckpt` in `dtype` under `names`. Faults
+    /// that concern the whole checkpoint (an unreadable config) are
+    /// returned as `Err`; faults of one module are collected in
+    /// [`Plan::errors`] so `validate` can list them all.
+    pub fn build(ckpt: &'a Checkpoint, dtype: DtypeChoice, names: Names) -> Result<Plan<'a>> {
         let format = formats::detect(ckpt)?;
         let dtype_choice = dtype;
         let dtype = match dtype {
@@ -120,13 +72,10 @@ impl<'a> Plan<'a> {
             config: ckpt
                 .config
                 .as_ref()
-                .map(|c| config::dense_config(&c.value, dtype_choice)),
+                .map(|c| hf::config::dense_config(&c.value, dtype_choice)),
             side_files: Vec::new(),
             renamed: Vec::new(),
-            unstacked: Vec::new(),
-            fused: Vec::new(),
             generated: Vec::new(),
-            gguf_stored: None,
             needs: Vec::new(),
         };
         let found = formats::plan_modules(ckpt, &plan.format, dtype);
@@ -178,12 +127,15 @@ impl<'a> Plan<'a> {
                 });
             }
         }
-        plan.hub_names()?;
+        if names == Names::Hub {
+            plan.hub_form();
+        }
+        plan.sort_outputs()?;
         // Files that describe the quantization, and the model card (made
         // anew: `card`), are not copied; a side file linking out of the
         // checkpoint would be: a finding.
         if !ckpt.single_file {
-            let sidecars: Vec<String> = card::QUANTIZATION_FILES
+            let sidecars: Vec<String> = hf::card::QUANTIZATION_FILES
                 .iter()
                 .chain([&crate::checkpoint::CARD])
                 .map(|n| n.to_string())
@@ -198,57 +150,57 @@ impl<'a> Plan<'a> {
                 Err(e) => plan.errors.push(e),
             }
         }
-        if let Some(text) = card::readme(&plan) {
+        // A GGUF model under its stored names is no model transformers
+        // loads: it gets no card saying so.
+        let card = if names == Names::Hub || ckpt.gguf.is_none() {
+            hf::card::readme(ckpt, plan.dtype, &plan.format.describe())
+        } else {
+            None
+        };
+        if let Some(text) = card {
             plan.generated.push((crate::checkpoint::CARD.to_string(), text));
         }
         plan.needs = ckpt.take_misses();
         let file = ckpt.display_path();
-        let stored = plan.gguf_stored.iter_mut().flat_map(|g| &mut g.warnings);
-        for w in plan.warnings.iter_mut().chain(stored) {
+        for w in &mut plan.warnings {
             w.file.get_or_insert_with(|| file.to_path_buf());
         }
         Ok(plan)
     }
 
-    /// Writes stacks of experts one tensor per expert, MLX's GPT-OSS experts
-    /// in transformers' layout, and the outputs of Mixtral-style MoE
-    /// checkpoints under the names the architecture's loaders expect
-    /// ([`crate::names`]), and sorts them.
-    fn hub_names(&mut self) -> Result<()> {
+    /// Puts the outputs in the form transformers loads ([`hf`]): stacks
+    /// of experts one tensor per expert, MLX's GPT-OSS experts in
+    /// transformers' layout, Mixtral-style experts under their hub names; a
+    /// GGUF model as a whole.
+    fn hub_form(&mut self) {
         if let Some(gguf) = &self.checkpoint.gguf {
-            return self.gguf_names(gguf);
+            return self.gguf_form(gguf);
         }
-        self.unstacked = experts::unstack(&mut self.outputs);
+        experts::unstack(&mut self.outputs);
         let model_type = self
             .checkpoint
             .config
             .as_ref()
-            .and_then(|c| crate::names::model_type(&c.value))
+            .and_then(|c| hf::names::model_type(&c.value))
             .unwrap_or_default()
             .to_string();
         if model_type == "gpt_oss" {
-            self.fused = experts::fuse_gpt_oss(&mut self.outputs);
+            experts::fuse_gpt_oss(&mut self.outputs);
         }
         for o in &mut self.outputs {
-            if let Some(hub) = crate::names::hub_name(&model_type, &o.name) {
+            if let Some(hub) = hf::names::hub_name(&model_type, &o.name) {
                 self.renamed.push((o.name.clone(), hub.clone()));
                 o.name = hub;
             }
         }
-        self.sort_outputs()
     }
 
-    /// Writes a GGUF model as transformers loads it ([`gguf`]); an
+    /// A GGUF model as transformers loads it ([`hf::gguf`]); an
     /// architecture it cannot load is a finding, which `--keep-names`
     /// clears.
-    fn gguf_names(&mut self, gguf: &'a crate::checkpoint::Gguf) -> Result<()> {
-        let stored = GgufStored {
-            outputs: std::mem::take(&mut self.outputs),
-            dropped: self.dropped.clone(),
-            errors: self.errors.clone(),
-            warnings: self.warnings.clone(),
-        };
-        match gguf::convert(self.checkpoint, gguf, &stored.outputs, self.dtype) {
+    fn gguf_form(&mut self, gguf: &'a crate::checkpoint::Gguf) {
+        let stored = std::mem::take(&mut self.outputs);
+        match hf::gguf::convert(self.checkpoint, gguf, &stored, self.dtype) {
             Ok(c) => {
                 self.outputs = c.outputs;
                 self.warnings.extend(c.warnings);
@@ -272,28 +224,6 @@ impl<'a> Plan<'a> {
             }
             Err(e) => self.errors.push(e),
         }
-        self.gguf_stored = Some(stored);
-        self.sort_outputs()
-    }
-
-    /// Writes every output under its stored name (`--keep-names`).
-    pub fn keep_stored_names(&mut self) -> Result<()> {
-        if let Some(stored) = self.gguf_stored.take() {
-            self.outputs = stored.outputs;
-            self.dropped = stored.dropped;
-            self.errors = stored.errors;
-            self.warnings = stored.warnings;
-            self.generated.clear();
-            self.renamed.clear();
-        }
-        for (stored, hub) in std::mem::take(&mut self.renamed) {
-            if let Some(o) = self.outputs.iter_mut().find(|o| o.name == hub) {
-                o.name = stored;
-            }
-        }
-        experts::restack(&mut self.outputs, std::mem::take(&mut self.unstacked));
-        experts::restore(&mut self.outputs, std::mem::take(&mut self.fused));
-        self.sort_outputs()
     }
 
     /// Sorts the outputs by name; a name given twice is an error.

@@ -18,7 +18,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, OutDtype, Plan};
+use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, Names, OutDtype, Plan};
 
 use crate::common::producer::{check_output, decode, decode_with, expect_decodes, Want};
 use crate::common::{
@@ -398,7 +398,7 @@ fn bnb_f16_model_defaults_to_f16() {
         &json!({"quantization_config": quant_config(true, s, Value::Null)}),
     );
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert_eq!(plan.dtype, OutDtype::F16);
 }
 
@@ -424,7 +424,7 @@ fn bnb_int8_and_skipped_modules() {
     let cpu = expect_decodes("int8", dir.path(), &[a, b], &[dense, head]);
     gpu_equals_cpu("int8", dir.path(), &cpu);
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
     assert_eq!(plan.format.describe(), "bitsandbytes LLM.int8");
 }
@@ -452,7 +452,7 @@ fn bnb_skip_list_matches_as_transformers_does() {
             "bfloat16",
         );
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
         assert_eq!(
             !plan.warnings.is_empty(),
             warned,
@@ -546,7 +546,7 @@ fn bnb_mutated_quant_states_never_panic() {
         write_safetensors(&dir.path().join("model.safetensors"), &ts);
         let out = crate::common::caught(|| -> Result<(), wgpu_dequant::Error> {
             let ckpt = Checkpoint::open(dir.path())?;
-            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?;
             plan.check()?;
             let model = wgpu_dequant::Model::open(dir.path(), DtypeChoice::Auto)?;
             model.decode("model.layers.0.mlp.up_proj.weight", BackendChoice::Cpu)?;

@@ -20,7 +20,7 @@ use wgpu_dequant::backend::{Backend, Cpu};
 use wgpu_dequant::plan::Source;
 use wgpu_dequant::Format;
 use wgpu_dequant::{
-    dequantize, BackendChoice, Checkpoint, DtypeChoice, Error, OutDtype, Plan, Rule,
+    dequantize, BackendChoice, Checkpoint, DtypeChoice, Error, Names, OutDtype, Plan, Rule,
 };
 
 const NORM: &str = "model.norm.weight";
@@ -164,7 +164,7 @@ fn norm() -> Tensor {
 fn refuse(path: &Path) -> Error {
     let r = caught(|| -> Result<usize, Error> {
         let ckpt = Checkpoint::open(path)?;
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?;
         plan.check()?;
         Ok(plan.outputs.len())
     });
@@ -193,7 +193,7 @@ fn expect_refused(path: &Path, rule: Rule, tensor: Option<&str>) -> Error {
 
 fn format_of(dir: &Path) -> Format {
     let ckpt = Checkpoint::open(dir).unwrap_or_else(|e| panic!("{e}"));
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap_or_else(|e| panic!("{e}"));
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap_or_else(|e| panic!("{e}"));
     plan.format.clone()
 }
 
@@ -247,7 +247,7 @@ fn dense_checkpoint_with_stray_weight_scale_is_config_error() {
             std::fs::remove_file(dir.join("config.json")).unwrap();
         }
         let ckpt = Checkpoint::open(&dir).unwrap();
-        let plan = match caught(|| Plan::build(&ckpt, DtypeChoice::Auto)) {
+        let plan = match caught(|| Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)) {
             Err(p) => panic!("Plan::build panicked: {p}"),
             Ok(r) => r.unwrap_or_else(|e| panic!("config={with_config}: Plan::build failed: {e}")),
         };
@@ -512,7 +512,7 @@ fn unfoldable_transform_config_is_unsupported_and_empty_is_accepted() {
     let tmp = with(json!({"config_groups": {"u": {"type": "random-matrix"}}}));
     // A whole-checkpoint fault: Plan::build itself refuses.
     let ckpt = Checkpoint::open(tmp.path()).unwrap();
-    match Plan::build(&ckpt, DtypeChoice::Auto) {
+    match Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub) {
         Ok(_) => panic!("a random-matrix transform_config was planned"),
         Err(e) => assert_eq!(e.rule, Rule::Unsupported, "{e}"),
     }
@@ -800,7 +800,7 @@ fn zero_dimension_beside_huge_dimensions_is_refused_without_panic() {
 #[allow(clippy::reversed_empty_ranges)]
 fn cpu_decode_rows_with_bad_rows_or_buffer_is_argument_error() {
     let ckpt = Checkpoint::open(fixtures().join("w4a16-g128/model")).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Fixed(OutDtype::Bf16)).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Fixed(OutDtype::Bf16), Names::Hub).unwrap();
     let job = plan
         .outputs
         .iter()

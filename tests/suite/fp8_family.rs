@@ -17,7 +17,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, OutDtype, Plan};
+use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, Names, OutDtype, Plan};
 
 use crate::common::producer::{check_output, decode_with, e4m3_byte, e4m3_ref, Want, OUTS};
 use crate::common::{gpu_test, hf_quant_config, write_checkpoint, write_json, Rng, Tensor};
@@ -131,7 +131,7 @@ fn check_both(ctx: &str, dir: &Path, a: Arith, modules: &[Module], copies: &[Ten
 /// The scheme `inspect` shows for `module`.
 fn scheme(dir: &Path, module: &str) -> String {
     let ckpt = Checkpoint::open(dir).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert!(plan.errors.is_empty(), "{:?}", plan.errors);
     let name = format!("{module}.weight");
     plan.outputs
@@ -702,7 +702,7 @@ fn quark_faults_are_refused_by_rule() {
         let tmp = tempfile::tempdir().unwrap();
         write_checkpoint(tmp.path(), &tensors, qc);
         let ckpt = Checkpoint::open(tmp.path()).unwrap();
-        match Plan::build(&ckpt, DtypeChoice::Auto) {
+        match Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub) {
             Err(e) => Some(e.rule),
             Ok(plan) => plan.errors.first().map(|e| e.rule),
         }
@@ -734,7 +734,7 @@ fn quark_faults_are_refused_by_rule() {
     let tmp = tempfile::tempdir().unwrap();
     write_checkpoint(tmp.path(), &wide, quark_config(quark_mxfp4(), json!({})));
     let ckpt = Checkpoint::open(tmp.path()).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert_eq!(plan.errors.first().map(|e| e.rule), Some(Rule::TensorShape));
     assert!(
         plan.errors[0].to_string().contains("weight_scale"),
@@ -759,7 +759,7 @@ fn modelopt_int4_awq_faults_are_refused_by_rule() {
         hq["quantization"]["group_size"] = json!(128);
         write_json(&tmp.path().join("hf_quant_config.json"), &hq);
         let ckpt = Checkpoint::open(tmp.path()).unwrap();
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
         plan.errors.first().map(|e| (e.rule, e.to_string()))
     };
     assert_eq!(refused(&good), None);

@@ -377,7 +377,8 @@ fn gptq_config_spellings() {
         write_json(&path, &cfg);
         assert!(decode(tmp.path(), OutDtype::F16) == want, "{ctx}");
         let ckpt = wgpu_dequant::Checkpoint::open(tmp.path()).unwrap();
-        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
         let line = plan.format.describe();
         assert!(line.contains("int4 group 128 sym v1"), "{ctx}: {line}");
         let lines = plan.format.report_lines().join("; ");

@@ -112,7 +112,9 @@ fn writing_with_decode_ahead_gives_the_cpus_files() {
         let tmp = tempfile::tempdir().unwrap();
         for case in CASES {
             let ckpt = wgpu_dequant::Checkpoint::open(fixtures().join(case).join("model")).unwrap();
-            let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+            let plan =
+                wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub)
+                    .unwrap();
             let (ahead, cpu) = (
                 tmp.path().join(format!("{case}-gpu")),
                 tmp.path().join(format!("{case}-cpu")),

@@ -9,6 +9,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use wgpu_dequant::Names;
 
 use crate::common::cli::{error_line, ok, stderr};
 use crate::common::{bin, ct_config, sha256_hex, write_checkpoint, Rng, Tensor};
@@ -285,7 +286,7 @@ fn a_cancelled_write_fails_and_leaves_nothing() {
     use wgpu_dequant::{Checkpoint, DtypeChoice, Plan, Rule};
 
     let ckpt = Checkpoint::open(crate::common::fixtures().join("w4a16-g128/model")).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     for cancel_after in [0, 1, 3] {
         let out = tmp.path().join(format!("dense-{cancel_after}"));

@@ -417,7 +417,8 @@ fn synthetic_checkpoints_decode_as_mlx_computes() {
         // Through the CPU's tables (the offsets in them) wherever a group
         // holds more elements than its table.
         let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
-        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
         for m in &modules {
             let name = format!("{}.weight", m.name);
             let o = plan.outputs.iter().find(|o| o.name == name).unwrap();

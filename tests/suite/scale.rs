@@ -27,7 +27,7 @@ use wgpu_dequant::job::{
     DecodeJob, Dims, Fields, Grid, InBlocks, Plane, ValueKind, Values, ZeroPoint,
 };
 use wgpu_dequant::writer::{OutputDir, Summary, PART_SUFFIX};
-use wgpu_dequant::{DtypeChoice, OutDtype, Plan};
+use wgpu_dequant::{DtypeChoice, Names, OutDtype, Plan};
 
 // ---------------------------------------------------------------------------
 // 1. CPU table path = reference
@@ -809,7 +809,7 @@ fn check_progress(out: &Path, shards: &[&str], events: &Events, summary: &Summar
 #[test]
 fn progress_accounts_for_every_byte_of_the_shards_written() {
     let ckpt = Checkpoint::open(sharded_model()).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let shared = tmp.path().join("shared");
     for (k, list) in [&[SHARD2][..], &[SHARD1], &[SHARD1, SHARD2]]
@@ -887,7 +887,7 @@ fn progress_of_a_tensor_larger_than_one_chunk() {
         ),
     );
     let ckpt = Checkpoint::open(&input).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     let out = tmp.path().join("out");
     let mut events: Events = Vec::new();
     let summary = OutputDir::create(&out)
@@ -1025,7 +1025,7 @@ fn release_leaves_bytes_readable_and_unchanged() {
         );
     }
     let tmp = tempfile::tempdir().unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     wgpu_dequant::writer::write(&plan, &Cpu::new(), &tmp.path().join("released"), |_| {}).unwrap();
     let fresh = tmp.path().join("fresh");
     ok(&dequantize_cpu(&model, &fresh, &[]), "dequantize");

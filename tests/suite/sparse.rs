@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, OutDtype, Plan, Rule};
+use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, Names, OutDtype, Plan, Rule};
 
 use crate::common::producer::{check_output, decode_with, e4m3_byte, e4m3_ref, Want};
 use crate::common::{gpu_test, write_checkpoint, Rng, Tensor};
@@ -327,7 +327,7 @@ fn param<'t>(ts: &'t mut [Tensor], p: &str) -> &'t mut Tensor {
 /// The planning error of `module`'s only fault.
 fn refusal(dir: &Path) -> wgpu_dequant::Error {
     let ckpt = Checkpoint::open(dir).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert_eq!(plan.errors.len(), 1, "{:?}", plan.errors);
     plan.errors[0].clone()
 }
@@ -451,7 +451,7 @@ fn marlin_24_and_unknown_sparse_formats_are_refused() {
         qc["sparsity_config"]["format"] = json!(format);
         write(tmp.path(), &w, qc);
         let ckpt = Checkpoint::open(tmp.path()).unwrap();
-        let e = Plan::build(&ckpt, DtypeChoice::Auto)
+        let e = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)
             .err()
             .expect("refused");
         assert_eq!(e.rule, Rule::Unsupported, "{e}");
@@ -527,7 +527,7 @@ fn mutated_sparse_tensors_never_panic() {
         write(dir.path(), &w, config(Values::Fp8Channel, layout));
         let out = crate::common::caught(|| -> Result<(), wgpu_dequant::Error> {
             let ckpt = Checkpoint::open(dir.path())?;
-            let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?;
             plan.check()?;
             let model = wgpu_dequant::Model::open(dir.path(), DtypeChoice::Auto)?;
             model.decode(&format!("{M}.weight"), BackendChoice::Cpu)?;

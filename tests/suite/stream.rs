@@ -153,7 +153,8 @@ fn streaming_reads_each_byte_once_and_copies_without_reading() {
             streamed(&dir, DtypeChoice::Auto, BackendChoice::Cpu, BATCH_BYTES).unwrap();
         let read = files.read.borrow();
         let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
-        let plan = wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
         for (i, shard) in ckpt.shards.iter().enumerate() {
             let len = shard.path.metadata().unwrap().len();
             let copied: u64 = plan

@@ -16,7 +16,7 @@ use std::path::Path;
 use crate::common::{bin, caught, gpu_test, Rng, Tensor};
 use serde_json::{json, Value};
 use svdq::{Ckpt, Layout, Outs, Prec, Sidecar, Target};
-use wgpu_dequant::{Checkpoint, DtypeChoice, OutDtype, Plan, Rule};
+use wgpu_dequant::{Checkpoint, DtypeChoice, Names, OutDtype, Plan, Rule};
 
 mod svdq {
     //! The producer of synthetic SVDQuant checkpoints and the reading side.
@@ -636,7 +636,8 @@ mod svdq {
     ) -> Result<Vec<Outs>, Vec<Error>> {
         let r = caught(|| -> Result<Vec<Outs>, Vec<Error>> {
             let ckpt = Checkpoint::open(dir).map_err(|e| vec![e])?;
-            let mut plan = Plan::build(&ckpt, DtypeChoice::Fixed(out)).map_err(|e| vec![e])?;
+            let mut plan = Plan::build(&ckpt, DtypeChoice::Fixed(out), wgpu_dequant::Names::Hub)
+                .map_err(|e| vec![e])?;
             if !plan.errors.is_empty() {
                 return Err(std::mem::take(&mut plan.errors));
             }
@@ -2004,7 +2005,7 @@ fn plan_lists_the_dense_modules() {
     let dir = tmp();
     ck.write(dir.path());
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Fixed(OutDtype::F32)).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Fixed(OutDtype::F32), Names::Hub).unwrap();
     assert!(plan.errors.is_empty(), "{:?}", plan.errors);
     let got: Vec<(&str, &[usize])> = plan
         .outputs

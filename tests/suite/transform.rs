@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, OutDtype, Plan, Rule};
+use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, Names, OutDtype, Plan, Rule};
 
 use crate::common::cli::{ok, run, stdout};
 use crate::common::producer::{check_output, decode_with, Want};
@@ -255,7 +255,7 @@ fn full_size_rotations_need_a_matrix_of_each_size() {
     }
     write_checkpoint(tmp.path(), &m.tensors, config(tc));
     let ckpt = Checkpoint::open(tmp.path()).unwrap();
-    let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+    let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert_eq!(plan.errors.len(), 2, "{:?}", plan.errors);
     for e in &plan.errors {
         assert_eq!(e.rule, Rule::MissingTensor, "{e}");
@@ -271,7 +271,7 @@ fn full_size_rotations_need_a_matrix_of_each_size() {
 /// The planning error, or the first module error.
 fn refusal(dir: &Path) -> wgpu_dequant::Error {
     let ckpt = Checkpoint::open(dir).unwrap();
-    match Plan::build(&ckpt, DtypeChoice::Auto) {
+    match Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub) {
         Err(e) => e,
         Ok(plan) => plan.errors.first().cloned().expect("refused"),
     }
@@ -374,7 +374,7 @@ fn a_dense_linear_rotated_online_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         write_checkpoint(tmp.path(), &m.tensors, config(tc));
         let ckpt = Checkpoint::open(tmp.path()).unwrap();
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
         let e = plan
             .errors
             .iter()

@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use wgpu_dequant::backend::gpu::Gpu;
 use wgpu_dequant::backend::{Backend, Cpu, Fallback};
 use wgpu_dequant::report::Report;
-use wgpu_dequant::{writer, BackendChoice, Checkpoint, DtypeChoice, Error, Plan, Rule};
+use wgpu_dequant::{writer, BackendChoice, Checkpoint, DtypeChoice, Error, Names, Plan, Rule};
 
 /// The module every fixture quantizes (and every module-level case breaks).
 const DOWN: &str = "model.layers.0.mlp.down_proj";
@@ -2961,7 +2961,7 @@ fn library_fault(path: &Path) -> (Stage, Option<Error>, Vec<Rule>) {
         Ok(c) => c,
         Err(e) => return (Stage::Open, Some(e), Vec::new()),
     };
-    let plan = match Plan::build(&ckpt, DtypeChoice::Auto) {
+    let plan = match Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub) {
         Ok(p) => p,
         Err(e) => return (Stage::Build, Some(e), Vec::new()),
     };
@@ -3624,7 +3624,7 @@ fn gpu_faults_hand_over_to_the_cpu_with_the_same_bytes() {
         let bare = Gpu::open(&adapter).unwrap().with_limits(4, 1);
         for (case, model) in fixture_models() {
             let ckpt = Checkpoint::open(&model).unwrap();
-            let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+            let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
             let decoded: Vec<_> = plan
                 .outputs
                 .iter()
@@ -3683,7 +3683,7 @@ fn gpu_fallback_counts_one_notice_across_threads() {
     gpu_test(|adapter| {
         let model = fixtures().join(W4).join("model");
         let ckpt = Checkpoint::open(&model).unwrap();
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto).unwrap();
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
         let gpu = Gpu::open(&adapter).unwrap().with_limits(4, 1);
         let fallback = Fallback::new(gpu);
         let cpu = Cpu::new();

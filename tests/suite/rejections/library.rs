@@ -12,7 +12,7 @@ use crate::common::{
     SHARD2,
 };
 use serde_json::{json, Value};
-use wgpu_dequant::{dequantize, Checkpoint, DtypeChoice, Error, Plan, Rule};
+use wgpu_dequant::{dequantize, Checkpoint, DtypeChoice, Error, Names, Plan, Rule};
 
 /// The quantized module of every small checkpoint below.
 const M: &str = "model.layers.0.mlp.down_proj";
@@ -274,7 +274,8 @@ enum Stage {
 fn reject(path: &Path) -> (Stage, Error, usize) {
     let r = caught(|| {
         let ckpt = Checkpoint::open(path).map_err(|e| (Stage::Open, e, 0))?;
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto).map_err(|e| (Stage::Build, e, 0))?;
+        let plan =
+            Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).map_err(|e| (Stage::Build, e, 0))?;
         let n = plan.errors.len();
         if n > 0 {
             // `check` reports the first finding.
@@ -376,7 +377,7 @@ fn expect_in(dir: &Path, stage: Stage, rule: Rule, file: &str, tensor: Option<&s
 fn no_panic(path: &Path, what: &str) {
     let r = caught(|| -> Result<(), Error> {
         let ckpt = Checkpoint::open(path)?;
-        let plan = Plan::build(&ckpt, DtypeChoice::Auto)?;
+        let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?;
         for e in &plan.errors {
             check_message(e, e.rule);
         }

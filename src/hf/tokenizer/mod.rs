@@ -36,7 +36,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::{Template, TemplateProcessing};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use super::MetaValue;
+use crate::gguf::MetaValue;
 use crate::error::{Error, Result, Rule};
 
 mod builder;

@@ -17,6 +17,7 @@
 //! be one more dependency for five keys, and `serde_yaml` is unmaintained.
 
 use crate::checkpoint::Checkpoint;
+use crate::numerics::OutDtype;
 
 /// Files that describe how a checkpoint was quantized, never copied to the
 /// dense output (a loader or the Hub could take it for quantized): the
@@ -270,14 +271,14 @@ impl Hub {
     }
 }
 
-/// The dense output's `README.md` for `plan`: the source card's front
+/// The dense output's `README.md` for `ckpt` decoded to `dtype` from
+/// its `format` (as the format describes itself): the source card's front
 /// matter as the module says, and one line saying what it was made from
 /// and how. Written for a checkpoint folder or a GGUF model, with or
 /// without a card of its own (a published folder needs one to say what
 /// library loads it and where it came from); not for a single
 /// `.safetensors` file, whose output is not a model folder.
-pub(crate) fn readme(plan: &super::Plan<'_>) -> Option<Vec<u8>> {
-    let ckpt = plan.checkpoint;
+pub(crate) fn readme(ckpt: &Checkpoint, dtype: OutDtype, format: &str) -> Option<Vec<u8>> {
     if ckpt.single_file && ckpt.gguf.is_none() {
         return None;
     }
@@ -346,8 +347,8 @@ pub(crate) fn readme(plan: &super::Plan<'_>) -> Option<Vec<u8>> {
     };
     text += &format!(
         "Dense {} weights made from {from} ({}) with wgpu-dequant {}.\n",
-        plan.dtype,
-        plan.format.describe(),
+        dtype,
+        format,
         env!("CARGO_PKG_VERSION")
     );
     Some(text.into_bytes())

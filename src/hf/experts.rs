@@ -3,7 +3,7 @@
 //! written one tensor per expert under the names transformers loads:
 //! `<block>.experts.<e>.{gate,up,down}_proj.weight` (Qwen2/3-MoE,
 //! DeepSeek-style; Mixtral-style ones then take their hub names,
-//! [`crate::names`]). Each expert's tensor is rows of the one stacked job,
+//! [`super::names`]). Each expert's tensor is rows of the one stacked job,
 //! decoded where it is written; `--keep-names` keeps the stack.
 
 use std::sync::Arc;
@@ -23,19 +23,9 @@ fn stacked(name: &str) -> Option<(&str, &str)> {
     PROJECTIONS.contains(&proj).then_some((block, proj))
 }
 
-/// One stack split into its experts: the stack's name and its experts'.
-#[derive(Debug, Clone)]
-pub(crate) struct Unstacked {
-    /// The stored (stacked) tensor's name.
-    pub(crate) stored: String,
-    /// Its experts' names, in expert order.
-    pub(crate) experts: Vec<String>,
-}
-
 /// Replaces every decoded stack of experts in `outputs` by one output per
-/// expert; returns what was split.
-pub(super) fn unstack(outputs: &mut Vec<Output<'_>>) -> Vec<Unstacked> {
-    let mut split = Vec::new();
+/// expert.
+pub(crate) fn unstack(outputs: &mut Vec<Output<'_>>) {
     let mut i = 0;
     while i < outputs.len() {
         let o = &outputs[i];
@@ -58,14 +48,13 @@ pub(super) fn unstack(outputs: &mut Vec<Output<'_>>) -> Vec<Unstacked> {
         };
         let out = job.out;
         let job = Arc::new(*job);
-        let names: Vec<String> = (0..e).map(|x| format!("{block}.experts.{x}.{proj}.weight")).collect();
-        for (x, name) in names.iter().enumerate() {
+        for x in 0..e {
             let piece = Piece {
                 job: job.clone(),
                 row: x * rows,
             };
             outputs.push(Output {
-                name: name.clone(),
+                name: format!("{block}.experts.{x}.{proj}.weight"),
                 shard: o.shard,
                 shape: vec![rows, cols],
                 dtype: o.dtype,
@@ -78,52 +67,7 @@ pub(super) fn unstack(outputs: &mut Vec<Output<'_>>) -> Vec<Unstacked> {
                 scheme: o.scheme.clone(),
             });
         }
-        split.push(Unstacked {
-            stored: o.name,
-            experts: names,
-        });
     }
-    split
-}
-
-/// Puts the stacks `split` back in place of their experts' outputs.
-pub(super) fn restack(outputs: &mut Vec<Output<'_>>, split: Vec<Unstacked>) {
-    for u in split {
-        let mut job = None;
-        let mut first = None;
-        outputs.retain(|o| {
-            if !u.experts.contains(&o.name) {
-                return true;
-            }
-            if let (Source::Assemble(a), None) = (&o.source, &job) {
-                job = a.stack.bands.first().and_then(|b| b.parts.first()).map(|p| p.job.clone());
-                first = Some((o.shard, o.dtype, o.scheme.clone(), o.shape.clone()));
-            }
-            false
-        });
-        let (Some(job), Some((shard, dtype, scheme, shape))) = (job, first) else {
-            continue;
-        };
-        let mut shape = shape;
-        shape.insert(0, u.experts.len());
-        outputs.push(Output {
-            name: u.stored,
-            shard,
-            shape,
-            dtype,
-            source: Source::Decode(Box::new(Arc::unwrap_or_clone(job))),
-            scheme,
-        });
-    }
-}
-
-/// Outputs replaced by others: put back by [`restore`].
-#[derive(Debug)]
-pub(crate) struct Fused<'a> {
-    /// The outputs as planned.
-    removed: Vec<Output<'a>>,
-    /// The names of those made in their place.
-    made: Vec<String>,
 }
 
 /// GPT-OSS as mlx-lm stores it (`gpt_oss.py`'s `sanitize`): per block
@@ -134,13 +78,12 @@ pub(crate) struct Fused<'a> {
 /// `gate_up_proj_bias` `[E, 2I]`, `down_proj` `[E, I, H]`,
 /// `down_proj_bias` `[E, H]`. This writes those: the jobs transposed, the
 /// gate's and up's columns interleaved as they are written.
-pub(super) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) -> Vec<Fused<'a>> {
+pub(crate) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) {
     const GATE: &str = ".experts.gate_proj.weight";
     let blocks: Vec<String> = outputs
         .iter()
         .filter_map(|o| o.name.strip_suffix(GATE).map(str::to_string))
         .collect();
-    let mut fused = Vec::new();
     for block in blocks {
         let name = |p: &str, what: &str| format!("{block}.experts.{p}.{what}");
         let job = |outputs: &[Output<'a>], n: &str| {
@@ -238,22 +181,8 @@ pub(super) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) -> Vec<Fused<'a>> 
             });
             used.push(name("down_proj", "bias"));
         }
-        let (removed, unchanged): (Vec<_>, Vec<_>) = removed.into_iter().partition(|o| used.contains(&o.name));
-        outputs.extend(unchanged);
-        fused.push(Fused {
-            removed,
-            made: made.iter().map(|o| o.name.clone()).collect(),
-        });
+        outputs.extend(removed.into_iter().filter(|o| !used.contains(&o.name)));
         outputs.extend(made);
-    }
-    fused
-}
-
-/// Puts the outputs `fused` replaced back in place of what replaced them.
-pub(super) fn restore<'a>(outputs: &mut Vec<Output<'a>>, fused: Vec<Fused<'a>>) {
-    for f in fused {
-        outputs.retain(|o| !f.made.contains(&o.name));
-        outputs.extend(f.removed);
     }
 }
 

@@ -4,7 +4,10 @@
 //! One table row per architecture; a new one is a new row.
 
 pub(crate) mod config;
+mod convert;
 pub(crate) mod rope;
+
+pub(crate) use convert::convert;
 
 use crate::error::{Error, Result, Rule};
 use crate::gguf::Gguf;

@@ -2,13 +2,12 @@
 
 use serde_json::Value;
 
-use super::DtypeChoice;
-use crate::numerics::OutDtype;
+use crate::numerics::{DtypeChoice, OutDtype};
 
 /// The checkpoint's `config.json` as the dense output's: without its
 /// `quantization_config` (nor MLX's `quantization`), and with its dtypes
 /// set to the one asked for.
-pub(super) fn dense_config(config: &Value, choice: DtypeChoice) -> Value {
+pub(crate) fn dense_config(config: &Value, choice: DtypeChoice) -> Value {
     let mut v = config.clone();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("quantization_config");

@@ -1,37 +1,37 @@
-//! A GGUF model written as transformers loads it ([`crate::gguf::hf`]):
+//! A GGUF model written as transformers loads it ([`super`]):
 //! every tensor under its Hugging Face name and in the dtype asked for,
 //! llama's Q and K rows un-interleaved, Gemma's norms moved back by one,
 //! stacks of experts one tensor per expert; tensors transformers does not
 //! load dropped; `config.json` and `generation_config.json` made from the
-//! metadata. `--keep-names` undoes it all.
+//! metadata. Under `--keep-names` none of this runs.
 
 use crate::checkpoint::{Checkpoint, Gguf};
 use crate::error::{Error, Result, Rule};
-use crate::gguf::hf::{self, Heads, Target};
+use super::{self as hf, Heads, Target};
 use crate::numerics::OutDtype;
 use crate::output::blocks::{Blocks, RowOrder};
 use crate::output::{Output, Source};
 
 /// The model in Hugging Face form.
-pub(super) struct Converted<'a> {
+pub(crate) struct Converted<'a> {
     /// Its tensors.
-    pub(super) outputs: Vec<Output<'a>>,
+    pub(crate) outputs: Vec<Output<'a>>,
     /// The GGUF tensors transformers does not load.
-    pub(super) dropped: Vec<String>,
+    pub(crate) dropped: Vec<String>,
     /// Those of them that nothing else states either (the rope factors go
     /// into the config).
-    pub(super) unplaced: Vec<String>,
+    pub(crate) unplaced: Vec<String>,
     /// What the config cannot state.
-    pub(super) warnings: Vec<crate::error::Warning>,
+    pub(crate) warnings: Vec<crate::error::Warning>,
     /// (GGUF name, Hugging Face name) of each tensor written.
-    pub(super) renamed: Vec<(String, String)>,
+    pub(crate) renamed: Vec<(String, String)>,
     /// The files made from the metadata (`config.json`, …): (name, bytes).
-    pub(super) files: Vec<(String, Vec<u8>)>,
+    pub(crate) files: Vec<(String, Vec<u8>)>,
 }
 
 /// `stored`, the GGUF tensors as planned under their own names, in
 /// Hugging Face form, every tensor in `dtype`.
-pub(super) fn convert<'a>(
+pub(crate) fn convert<'a>(
     ckpt: &'a Checkpoint,
     gguf: &Gguf,
     stored: &[Output<'a>],
@@ -154,7 +154,7 @@ pub(super) fn convert<'a>(
         text.push(b'\n');
         c.files.push((name.to_string(), text));
     }
-    let tokenizer = crate::gguf::tokenizer::hf_files(&gguf.metadata, arch.gguf);
+    let tokenizer = crate::hf::tokenizer::hf_files(&gguf.metadata, arch.gguf);
     c.files.extend(tokenizer.map_err(|e| e.with_file(ckpt.display_path()))?);
     Ok(c)
 }
