@@ -10,7 +10,7 @@ rotary embedding computes what llama.cpp computes from the GGUF file.
   gemma3   accepts them)
 
 Needs torch and transformers 5.25 (not part of CI; run by hand after changing
-src/gguf/hf/rope.rs):
+src/hf/gguf/rope.rs):
 
     cargo build && python tests/gguf/check_configs.py target/debug/wgpu-dequant
 """

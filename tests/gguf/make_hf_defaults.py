@@ -1,7 +1,7 @@
-"""Writes src/gguf/hf/defaults.json: for each transformers model type a GGUF
+"""Writes src/hf/gguf/defaults.json: for each transformers model type a GGUF
 file converts to, the config.json fields transformers 5.25 writes for a
 config of that type built with nothing set (its class defaults), less the
-ones src/gguf/hf/config.rs derives from the file (layer_types, llama's and
+ones src/hf/gguf/config.rs derives from the file (layer_types, llama's and
 nemotron's head_dim, falcon's head counts and ffn_hidden_size) and the
 version. Needs `pip install transformers==5.25.0`.
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-OUT = Path(__file__).resolve().parents[2] / "src/gguf/hf/defaults.json"
+OUT = Path(__file__).resolve().parents[2] / "src/hf/gguf/defaults.json"
 TYPES = ["llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "starcoder2",
          "stablelm", "falcon", "nemotron"]
 DERIVED = {"transformers_version", "layer_types"}
