@@ -60,6 +60,7 @@ internal! {
     mod checkpoint;
     mod convert;
     mod formats;
+    mod gguf;
     mod hf;
     mod job;
     mod numerics;
@@ -74,7 +75,6 @@ internal! {
 #[doc(hidden)]
 pub mod bench;
 mod error;
-pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
 mod hub;
 mod json;
@@ -91,10 +91,7 @@ pub use model::{Linears, Model, TensorInfo};
 pub use numerics::{DtypeChoice, OutDtype};
 pub use plan::Warning;
 pub use report::{Finding, Report, Validation};
-pub use run::{
-    convert, dequantize, inspect, inspect_gguf_file, validate, validate_gguf_file, Dequantize,
-    Note, Options,
-};
+pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options};
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
 pub use writer::{

@@ -272,6 +272,41 @@ impl<'a> Dequantize<'a> {
         Plan::build(ckpt, self.options.dtype, names)
     }
 
+    /// [`inspect`] with this run's [`Dequantize::gguf_file`]: a Hub GGUF
+    /// model's headers alone are read, by range requests.
+    pub fn inspect(&self, path: impl AsRef<Path>) -> Result<Report> {
+        let path = match input(path.as_ref(), self.gguf_file.as_deref())? {
+            Input::Local(path) => path,
+            #[cfg(not(target_arch = "wasm32"))]
+            Input::Hub(remote) => return pollster::block_on(crate::stream::inspect(&*remote)),
+        };
+        let ckpt = Checkpoint::open(path)?;
+        Ok(Report::new(&Plan::build(
+            &ckpt,
+            DtypeChoice::Auto,
+            Names::Hub,
+        )?))
+    }
+
+    /// [`validate`] with this run's [`Dequantize::gguf_file`]: a Hub GGUF
+    /// model's headers alone are read, by range requests.
+    pub fn validate(&self, path: impl AsRef<Path>) -> Validation {
+        let path = match input(path.as_ref(), self.gguf_file.as_deref()) {
+            Ok(Input::Local(path)) => path,
+            #[cfg(not(target_arch = "wasm32"))]
+            Ok(Input::Hub(remote)) => return pollster::block_on(crate::stream::validate(&*remote)),
+            Err(e) => return Validation::from(&e),
+        };
+        let found = Checkpoint::open(path).and_then(|ckpt| {
+            Ok(Validation::of(Plan::build(
+                &ckpt,
+                DtypeChoice::Auto,
+                Names::Hub,
+            )?))
+        });
+        found.unwrap_or_else(|e| Validation::from(&e))
+    }
+
     /// [`Dequantize::planned`], failing on the first fault of any module
     /// (with [`Dequantize::strict`], on the first warning too).
     pub(crate) fn plan<'c>(&self, ckpt: &'c Checkpoint) -> Result<Plan<'c>> {
@@ -597,27 +632,9 @@ pub fn dequantize(
 
 /// What `inspect` shows of the checkpoint at `path`: its format, every dense
 /// tensor and every rule finding. Fails only when the checkpoint cannot be
-/// read or planned at all.
+/// read or planned at all. [`Dequantize::inspect`] takes a `--gguf-file`.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Report> {
-    inspect_gguf_file(path, None)
-}
-
-/// [`inspect`], with `gguf_file` naming the GGUF model of a folder or Hub
-/// repository that holds several (`--gguf-file`; see
-/// [`Dequantize::gguf_file`]). A Hub GGUF model's headers alone are read,
-/// by range requests.
-pub fn inspect_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Result<Report> {
-    let path = match input(path.as_ref(), gguf_file)? {
-        Input::Local(path) => path,
-        #[cfg(not(target_arch = "wasm32"))]
-        Input::Hub(remote) => return pollster::block_on(crate::stream::inspect(&*remote)),
-    };
-    let ckpt = Checkpoint::open(path)?;
-    Ok(Report::new(&Plan::build(
-        &ckpt,
-        DtypeChoice::Auto,
-        Names::Hub,
-    )?))
+    Dequantize::new().inspect(path)
 }
 
 /// What a path argument names: a local path, or (natively) a Hub id.
@@ -652,29 +669,10 @@ pub(crate) fn local(path: &Path) -> Result<std::path::PathBuf> {
 }
 
 /// Checks every rule the checkpoint at `path` must follow; a checkpoint that
-/// cannot be read at all is one finding.
+/// cannot be read at all is one finding. [`Dequantize::validate`] takes a
+/// `--gguf-file`.
 pub fn validate(path: impl AsRef<Path>) -> Validation {
-    validate_gguf_file(path, None)
-}
-
-/// [`validate`], with `gguf_file` naming the GGUF model of a folder or Hub
-/// repository that holds several (`--gguf-file`). A Hub GGUF model's
-/// headers alone are read, by range requests.
-pub fn validate_gguf_file(path: impl AsRef<Path>, gguf_file: Option<&str>) -> Validation {
-    let path = match input(path.as_ref(), gguf_file) {
-        Ok(Input::Local(path)) => path,
-        #[cfg(not(target_arch = "wasm32"))]
-        Ok(Input::Hub(remote)) => return pollster::block_on(crate::stream::validate(&*remote)),
-        Err(e) => return Validation::from(&e),
-    };
-    let found = Checkpoint::open(path).and_then(|ckpt| {
-        Ok(Validation::of(Plan::build(
-            &ckpt,
-            DtypeChoice::Auto,
-            Names::Hub,
-        )?))
-    });
-    found.unwrap_or_else(|e| Validation::from(&e))
+    Dequantize::new().validate(path)
 }
 
 /// Rewrites the checkpoint at `input` in format `to` into `output` (a new or

@@ -339,10 +339,19 @@ fn json_failure(json: bool, result: Result<ExitCode, Error>) -> Result<ExitCode,
     }
 }
 
+/// A run reading the GGUF model `--gguf-file` names, if any.
+fn with_gguf_file(gguf_file: Option<&str>) -> Dequantize<'static> {
+    let run = Dequantize::new();
+    match gguf_file {
+        Some(file) => run.gguf_file(file),
+        None => run,
+    }
+}
+
 fn inspect(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<ExitCode, Error> {
     json_failure(
         json,
-        wgpu_dequant::inspect_gguf_file(path, gguf_file).and_then(|report| {
+        with_gguf_file(gguf_file).inspect(path).and_then(|report| {
             if json {
                 print_json(&report)?;
             } else {
@@ -354,7 +363,7 @@ fn inspect(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<ExitCode,
 }
 
 fn validate(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<ExitCode, Error> {
-    let found = wgpu_dequant::validate_gguf_file(path, gguf_file);
+    let found = with_gguf_file(gguf_file).validate(path);
     if json {
         print_json(&found)?;
     } else {
