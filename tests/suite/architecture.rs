@@ -86,7 +86,9 @@ fn without_test_modules(text: &str) -> String {
 fn top_level_modules_form_a_dag() {
     let deps = dependencies();
     assert!(
-        deps.contains_key("plan") && deps.contains_key("backend"),
+        ["plan", "backend", "hf", "gguf"]
+            .iter()
+            .all(|m| deps.contains_key(*m)),
         "{deps:?}"
     );
     // Depth-first search for a path back to where it started.
@@ -130,6 +132,17 @@ fn the_plan_is_data_and_formats_do_not_run_backends() {
         ("formats", "writer"),
         ("backend", "writer"),
         ("backend", "plan"),
+        // What transformers reads is a matter of names, configs and
+        // layouts: it neither decodes nor knows a quantized format.
+        ("hf", "formats"),
+        ("hf", "backend"),
+        ("hf", "plan"),
+        // The GGUF container is read as bytes, as checkpoint/ reads
+        // safetensors: its blocks are the formats', its model the wing's.
+        ("gguf", "formats"),
+        ("gguf", "backend"),
+        ("gguf", "hf"),
+        ("gguf", "plan"),
     ] {
         assert!(
             !deps[module].contains(forbidden),
@@ -174,6 +187,8 @@ fn hosts_call_the_core_and_reimplement_none_of_it() {
         "checkpoint",
         "convert",
         "formats",
+        "gguf",
+        "hf",
         "job",
         "output",
         "plan",
