@@ -182,51 +182,35 @@ const COMMON: &[(&str, &str)] = &[
     ("vocab_size", "vocab_size"),
 ];
 
-/// StarCoder 2 reads neither rope.freq_base nor vocab_size.
-const STARCODER2_CONFIG: &[(&str, &str)] = &[
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[5],
-    COMMON[6],
-    ("attention.layer_norm_epsilon", "norm_epsilon"),
-];
-
-/// StableLM reads no rope.freq_base (nor rope.dimension_count).
-const STABLELM_CONFIG: &[(&str, &str)] = &[
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[5],
-    COMMON[6],
-    COMMON[8],
-    ("attention.layer_norm_epsilon", "layer_norm_eps"),
-];
-
-/// Nemotron: the RMS key names its (LayerNorm) epsilon.
-const NEMOTRON_CONFIG: &[(&str, &str)] = &[
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
-    COMMON[8],
-    ("attention.layer_norm_rms_epsilon", "norm_eps"),
-];
-
+/// The config fields an architecture reads: [`COMMON`]'s (or those at the
+/// indices listed after `common`), then its own.
 macro_rules! fields {
-    ($($extra:expr),* $(,)?) => {{
-        const F: &[(&str, &str)] = &[
-            COMMON[0], COMMON[1], COMMON[2], COMMON[3], COMMON[4],
-            COMMON[5], COMMON[6], COMMON[7], COMMON[8], $($extra),*
-        ];
+    (common [$($at:literal),*]; $($extra:expr),* $(,)?) => {{
+        const F: &[(&str, &str)] = &[$(COMMON[$at],)* $($extra),*];
         F
     }};
+    ($($extra:expr),* $(,)?) => {
+        fields!(common [0, 1, 2, 3, 4, 5, 6, 7, 8]; $($extra),*)
+    };
 }
+
+/// StarCoder 2 reads neither rope.freq_base nor vocab_size.
+const STARCODER2_CONFIG: &[(&str, &str)] = fields!(
+    common [0, 1, 2, 3, 5, 6];
+    ("attention.layer_norm_epsilon", "norm_epsilon"),
+);
+
+/// StableLM reads no rope.freq_base (nor rope.dimension_count).
+const STABLELM_CONFIG: &[(&str, &str)] = fields!(
+    common [0, 1, 2, 3, 5, 6, 8];
+    ("attention.layer_norm_epsilon", "layer_norm_eps"),
+);
+
+/// Nemotron: the RMS key names its (LayerNorm) epsilon.
+const NEMOTRON_CONFIG: &[(&str, &str)] = fields!(
+    common [0, 1, 2, 3, 4, 5, 6, 8];
+    ("attention.layer_norm_rms_epsilon", "norm_eps"),
+);
 
 /// Gemma 2 and 3's config fields: the common ones, head_dim and the
 /// sliding window.

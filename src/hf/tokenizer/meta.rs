@@ -37,63 +37,58 @@ impl<'a> Meta<'a> {
             .transpose()
     }
 
-    fn array(&self, key: &str, what: &str) -> Result<Option<&'a MetaArray>> {
-        self.get(key)
-            .map(|v| match v {
-                MetaValue::Array(items) => Ok(items),
-                _ => Err(Self::wrong(key, what, v)),
-            })
-            .transpose()
-    }
-
-    /// The refusal of an array whose items are not `what`.
-    fn holds(key: &str, what: &str, items: &MetaArray) -> Error {
-        let first = items.get(0).map_or_else(String::new, |v| v.to_string());
-        bad(format!("{key} holds {first}, not {what}"))
+    /// The array at `key` as `what`, which `items` reads (`None`: an array
+    /// of another type; an empty one is of every type).
+    fn array<T>(
+        &self,
+        key: &str,
+        what: &str,
+        items: impl FnOnce(&'a MetaArray) -> Option<Vec<T>>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let MetaValue::Array(array) = v else {
+            return Err(Self::wrong(key, what, v));
+        };
+        match items(array) {
+            Some(read) => Ok(Some(read)),
+            None if array.is_empty() => Ok(Some(Vec::new())),
+            None => {
+                let first = array.get(0).map_or_else(String::new, |v| v.to_string());
+                Err(bad(format!("{key} holds {first}, not {what}")))
+            }
+        }
     }
 
     pub(super) fn strings(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
-        let what = "an array of strings";
-        self.array(key, what)?
-            .map(|items| match items {
-                MetaArray::String(s) => Ok(s.iter().collect()),
-                // An empty array is one of strings too.
-                _ if items.is_empty() => Ok(Vec::new()),
-                _ => Err(Self::holds(key, what, items)),
-            })
-            .transpose()
+        self.array(key, "an array of strings", |items| match items {
+            MetaArray::String(s) => Some(s.iter().collect()),
+            _ => None,
+        })
     }
 
     pub(super) fn ints(&self, key: &str) -> Result<Option<Vec<i64>>> {
-        let what = "an array of integers";
-        self.array(key, what)?
-            .map(|items| {
-                Ok(match items {
-                    MetaArray::I8(v) => v.iter().map(|&x| x.into()).collect(),
-                    MetaArray::I16(v) => v.iter().map(|&x| x.into()).collect(),
-                    MetaArray::I32(v) => v.iter().map(|&x| x.into()).collect(),
-                    MetaArray::I64(v) => v.clone(),
-                    MetaArray::U8(v) => v.iter().map(|&x| x.into()).collect(),
-                    MetaArray::U16(v) => v.iter().map(|&x| x.into()).collect(),
-                    MetaArray::U32(v) => v.iter().map(|&x| x.into()).collect(),
-                    _ if items.is_empty() => Vec::new(),
-                    _ => return Err(Self::holds(key, what, items)),
-                })
-            })
-            .transpose()
+        fn all<T: Copy + Into<i64>>(v: &[T]) -> Option<Vec<i64>> {
+            Some(v.iter().map(|&x| x.into()).collect())
+        }
+        self.array(key, "an array of integers", |items| match items {
+            MetaArray::I8(v) => all(v),
+            MetaArray::I16(v) => all(v),
+            MetaArray::I32(v) => all(v),
+            MetaArray::I64(v) => all(v),
+            MetaArray::U8(v) => all(v),
+            MetaArray::U16(v) => all(v),
+            MetaArray::U32(v) => all(v),
+            _ => None,
+        })
     }
 
     pub(super) fn floats(&self, key: &str) -> Result<Option<Vec<f64>>> {
-        let what = "an array of numbers";
-        self.array(key, what)?
-            .map(|items| {
-                Ok(match items {
-                    MetaArray::F32(v) => v.iter().map(|&x| x.into()).collect(),
-                    MetaArray::F64(v) => v.clone(),
-                    _ if items.is_empty() => Vec::new(),
-                    _ => return Err(Self::holds(key, what, items)),
-                })
-            })
-            .transpose()
+        self.array(key, "an array of numbers", |items| match items {
+            MetaArray::F32(v) => Some(v.iter().map(|&x| x.into()).collect()),
+            MetaArray::F64(v) => Some(v.clone()),
+            _ => None,
+        })
     }
 }
