@@ -178,17 +178,21 @@ mod tests {
 
     #[test]
     fn tags_are_whole_words_of_the_name() {
-        assert!(has_tag("Tiny-Q4_K_M.gguf", "q4_k_m"));
-        assert!(has_tag("Tiny.Q4_K_M.gguf", "Q4_K_M"));
-        assert!(has_tag("tiny_q8_0.gguf", "Q8_0"));
-        assert!(!has_tag("Tiny-Q4_K_M.gguf", "Q4_K"));
-        assert!(!has_tag("Tiny-IQ4_K_M.gguf", "Q4_K_M"));
-        assert!(!has_tag("Tiny-Q4_K_M.gguf", "Q5_K_M"));
-        assert!(has_tag("Q6_K/Tiny-Q6_K-00001-of-00002.gguf", "Q6_K"));
-        assert!(has_tag("Q6_K/model-00001-of-00002.gguf", "q6_k"));
-        assert!(!has_tag("Tiny-Q6_K-00001-of-00002.gguf", "00001"));
-        assert!(has_tag("Model-UD-Q4_K_XL.gguf", "Q4_K_XL"));
-        assert!(!has_tag("Tiny-Q4_K_M.gguf", ""));
+        for (name, tag, whole_word) in [
+            ("Tiny-Q4_K_M.gguf", "q4_k_m", true),
+            ("Tiny.Q4_K_M.gguf", "Q4_K_M", true),
+            ("tiny_q8_0.gguf", "Q8_0", true),
+            ("Tiny-Q4_K_M.gguf", "Q4_K", false),
+            ("Tiny-IQ4_K_M.gguf", "Q4_K_M", false),
+            ("Tiny-Q4_K_M.gguf", "Q5_K_M", false),
+            ("Q6_K/Tiny-Q6_K-00001-of-00002.gguf", "Q6_K", true),
+            ("Q6_K/model-00001-of-00002.gguf", "q6_k", true),
+            ("Tiny-Q6_K-00001-of-00002.gguf", "00001", false),
+            ("Model-UD-Q4_K_XL.gguf", "Q4_K_XL", true),
+            ("Tiny-Q4_K_M.gguf", "", false),
+        ] {
+            assert_eq!(has_tag(name, tag), whole_word, "{name} {tag:?}");
+        }
     }
 
     #[test]
