@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The browser tests: builds the package (web/build.sh) and the CLI, packs
 # the package (`npm pack`), installs the tarball into an empty project as a
-# user would (`npm install wgpu-dequant`), and drives headless Chromium
+# user would (`npm install ./wgpu-dequant-VERSION.tgz`), checks what `npm
+# publish` would upload, and drives headless Chromium
 # through web/test/browser.mjs, which imports the package from there.
 # Needs Chromium (Debian: apt-get install chromium) and Node.js with npm.
 set -euo pipefail
