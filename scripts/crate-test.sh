@@ -18,6 +18,11 @@ if cargo package --locked --quiet --allow-dirty -p wgpu-dequant --list | grep -E
     echo "crate-test: the package holds the files above, which the include list should leave out" >&2
     exit 1
 fi
+# What the release workflow's `cargo publish` checks besides packing (the
+# manifest's metadata, every dependency a registry one), short of the
+# upload. It reads the index as `cargo package` above does; the package
+# is built below, from the .crate.
+cargo publish --dry-run --locked --quiet --no-verify --allow-dirty -p wgpu-dequant
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 tar -xzf "$crate" -C "$out"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The browser tests: builds the package (web/build.sh) and the CLI, packs
 # the package (`npm pack`), installs the tarball into an empty project as a
-# user would (`npm install wgpu-dequant`), and drives headless Chromium
+# user would (`npm install ./wgpu-dequant-VERSION.tgz`), checks what `npm
+# publish` would upload, and drives headless Chromium
 # through web/test/browser.mjs, which imports the package from there.
 # Needs Chromium (Debian: apt-get install chromium) and Node.js with npm.
 set -euo pipefail
@@ -23,6 +24,11 @@ rm -rf "$app" && mkdir -p "$app"
 tarball=$(cd web/pkg && npm pack --silent --pack-destination "$PWD/../../$app")
 (cd "$app" && npm init -y >/dev/null &&
     npm install --no-audit --no-fund --loglevel=error --offline "./$tarball")
+# What the release workflow's `npm publish` would upload, without the
+# registry: the same package, with its wasm.
+published=$(cd web/pkg && npm publish --dry-run --offline --json 2>/dev/null)
+grep -q '"path": "wgpu_dequant_bg.wasm"' <<<"$published" ||
+    { echo "web/test.sh: npm publish --dry-run would not upload wgpu_dequant_bg.wasm" >&2; exit 1; }
 for f in package.json wgpu_dequant.js wgpu_dequant.d.ts wgpu_dequant_bg.wasm README.md LICENSE-MIT; do
     [ -f "$app/node_modules/wgpu-dequant/$f" ] || { echo "web/test.sh: the npm package lacks $f" >&2; exit 1; }
 done

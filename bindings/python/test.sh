@@ -4,8 +4,8 @@
 # into a fresh virtual environment, as a user would, and runs the pytest
 # suite against the CLI's bytes.
 # The wheel is built unoptimized here: the fixtures are small, and a
-# release build of wgpu takes minutes longer. `pip install wgpu-dequant`
-# from the sdist alone builds the optimized one.
+# release build of wgpu takes minutes longer. pip installing the sdist
+# alone builds the optimized one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pip=(install --quiet --disable-pip-version-check)
