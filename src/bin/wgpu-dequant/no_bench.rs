@@ -17,6 +17,6 @@ pub(crate) struct Args {
 pub(crate) fn run(_: Args) -> Result<ExitCode, Error> {
     Err(Error::bare(
         Rule::Argument,
-        "bench: this build has no benchmarks; build with `--features bench` (cargo install wgpu-dequant --features bench)",
+        "bench: this build has no benchmarks; build with `--features bench` (cargo install --path . --features bench)",
     ))
 }
