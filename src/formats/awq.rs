@@ -13,14 +13,13 @@
 //! `[out, in]`; without zero points it is `(q − 8) · s`, as compressed-tensors'
 //! `AutoAWQConverter` reads such a checkpoint.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use safetensors::Dtype;
-use serde_json::Value;
 
 use super::{
-    check_extent, decoded_output, expect_dtype, float_kind, grid_values, list_or_dash,
-    modules_with, plan_each, require, Modules, ScaleLayout,
+    check_extent, decoded_output, expect_dtype, expect_shape, float_kind, grid_values,
+    list_or_dash, matrix_dims, modules_with, plan_each, require, Modules, QuantConfig, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -56,16 +55,10 @@ struct Raw {
 
 impl Config {
     /// Reads config.json's `quantization_config`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
-        let version = raw.version.unwrap_or_else(|| "gemm".into());
-        if !version.eq_ignore_ascii_case("gemm") {
-            return Err(Error::new(
-                Rule::Unsupported,
-                path,
-                format!("AWQ version {version:?} is not decoded (only gemm)"),
-            ));
-        }
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: Raw = q.read()?;
+        super::only_setting(path, "AWQ version", raw.version.as_deref(), "gemm")?;
         let bits = raw.bits.unwrap_or(BITS);
         if bits != BITS {
             return Err(Error::new(
@@ -89,6 +82,11 @@ impl Config {
             "not converted {}",
             list_or_dash(&self.modules_to_not_convert)
         )]
+    }
+
+    /// inspect's format line, and the scheme of each module.
+    pub fn format_line(&self) -> String {
+        format!("autoawq gemm {}", self.describe())
     }
 
     /// For people: `int4 group 128 asym`.
@@ -117,8 +115,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         |m, _| {
             let (job, shard) = module_job(cfg, ckpt, m, dtype)?;
             let shape = vec![job.dims.rows, job.dims.cols];
-            let scheme = format!("autoawq gemm {}", cfg.describe());
-            Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, scheme))
+            Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
     )
 }
@@ -138,15 +135,7 @@ fn module_job<'c>(
 ) -> Result<(DecodeJob<'c>, usize)> {
     let q = require(ckpt, module, "qweight")?;
     expect_dtype(&q, &[Dtype::I32])?;
-    let (inputs, width) = match *q.shape {
-        [i, w] if i > 0 && w > 0 => (i, w),
-        _ => {
-            return Err(q.error(
-                Rule::TensorShape,
-                format!("shape {:?}; AWQ qweight is [in, out/8]", q.shape),
-            ))
-        }
-    };
+    let (inputs, width) = matrix_dims(&q, "AWQ qweight is [in, out/8]")?;
     // Stored orientation: `inputs` rows of `outputs` columns.
     let stored = Dims {
         slices: 1,
@@ -163,15 +152,14 @@ fn module_job<'c>(
         let z = require(ckpt, module, "qzeros")?;
         expect_dtype(&z, &[Dtype::I32])?;
         let lanes = inputs.div_ceil(group);
-        if *z.shape != [lanes, width] {
-            return Err(z.error(
-                Rule::TensorShape,
-                format!(
-                    "shape {:?}; the zero points of a {}x{} AWQ weight in groups of {group} are [{lanes}, {width}]",
-                    z.shape, stored.cols, stored.rows
-                ),
-            ));
-        }
+        expect_shape(
+            &z,
+            &[lanes, width],
+            format_args!(
+                "the zero points of a {}x{} AWQ weight in groups of {group} are [{lanes}, {width}]",
+                stored.cols, stored.rows
+            ),
+        )?;
         let fields = awq_fields(&z, width);
         check_extent(&z, &fields, 1, lanes, stored.cols)?;
         Some(ZeroPoint::PackedAlongCols { fields })

@@ -41,7 +41,7 @@
 //! dense, which are copied (one stored quantized anyway is decoded, with a
 //! warning).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use fancy_regex::Regex;
 use safetensors::Dtype;
@@ -49,7 +49,7 @@ use serde_json::Value;
 
 use super::{
     byte_codes, check_extent, decoded_output, expect_dtype, grid_values, modules_with, plan_each,
-    require, split_shape, Modules, ScaleLayout,
+    require, split_shape, Modules, QuantConfig, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -171,8 +171,9 @@ fn storage_size(name: &str) -> Option<usize> {
 
 impl Config {
     /// Reads config.json's `quantization_config`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: Raw = q.read()?;
         let load_in_4bit = raw.load_in_4bit.or(raw.load_in_4bit_).unwrap_or(false);
         let load_in_8bit = raw.load_in_8bit.or(raw.load_in_8bit_).unwrap_or(false);
         if load_in_4bit && load_in_8bit {
@@ -240,6 +241,11 @@ impl Config {
         self.skip
             .iter()
             .any(|(k, re)| re.is_match(module).unwrap_or(false) || module.ends_with(k.as_str()))
+    }
+
+    /// inspect's format line: `bitsandbytes 4-bit nf4`.
+    pub fn format_line(&self) -> String {
+        format!("bitsandbytes {}", self.describe())
     }
 
     /// For people: `4-bit nf4 double-quant` or `LLM.int8`.
@@ -501,9 +507,8 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
     let (state_t, kind) = match states.as_slice() {
         [one] => *one,
         [] => {
-            return Err(Error::tensor(
-                Rule::MissingTensor,
-                ckpt.display_path(),
+            return Err(super::missing(
+                ckpt,
                 format!("{module}.weight.quant_state.bitsandbytes__nf4"),
                 format!("module {module} is stored 4-bit but has no quant_state.bitsandbytes__nf4 (or __fp4)"),
             ))
@@ -587,9 +592,8 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
             ))
         }
         (Some(_), None) => {
-            return Err(Error::tensor(
-                Rule::MissingTensor,
-                ckpt.display_path(),
+            return Err(super::missing(
+                ckpt,
                 format!("{module}.weight.nested_absmax"),
                 format!("the quant state of {module} is nested but there is no nested_absmax"),
             ))

@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::transform::Transforms;
 use super::{
     byte_codes, byte_table, check_extent, decoded_output, expect_dtype, float_kind, fp4_job,
-    grid_values, modules_with, plan_each, require, scalar_f32, sparse, split_shape, stored_kind,
-    Modules, ScaleLayout, Target, Targets,
+    fp8_job, fp8_weight, grid_values, modules_with, plan_each, require, scalar_f32, sparse,
+    split_shape, stored_kind, weight_dims, Modules, QuantConfig, ScaleLayout, Target, Targets,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -246,8 +246,9 @@ impl RawScheme {
 
 impl Config {
     /// Parses `quantization_config` of `path`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: RawConfig = super::from_value(path, qc)?;
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: RawConfig = q.read()?;
         let sparse = raw.sparsity_config.as_ref().is_some_and(|s| s.format.is_some());
         let config_groups = match raw.config_groups {
             Some(g) => g,
@@ -298,6 +299,15 @@ impl Config {
             sparsity,
             transforms,
         })
+    }
+
+    /// inspect's format line: the version and the formats of the groups.
+    pub fn format_line(&self) -> String {
+        format!(
+            "compressed-tensors {} ({})",
+            self.version.as_deref().unwrap_or("(no version)"),
+            self.formats().join(", ")
+        )
     }
 
     /// `inspect`'s lines: each group's format, scheme and targets, then the
@@ -872,9 +882,7 @@ fn mxfp8<'c>(
     layout: ScaleLayout,
     out: OutDtype,
 ) -> Result<(DecodeJob<'c>, Vec<usize>, usize)> {
-    let w = require(ckpt, module, "weight")?;
-    expect_dtype(&w, &[Dtype::F8_E4M3])?;
-    let scale_t = require(ckpt, module, "weight_scale")?;
+    let (w, scale_t) = fp8_weight(ckpt, module, "weight_scale")?;
     expect_dtype(&scale_t, &[Dtype::U8])?;
     if layout != ScaleLayout::Group(MX_GROUP) {
         return Err(scale_t.error(
@@ -885,11 +893,9 @@ fn mxfp8<'c>(
             ),
         ));
     }
-    let (slices, rows, cols) = split_shape(&w, w.shape)?;
-    let dims = Dims { slices, rows, cols };
+    let dims = weight_dims(&w)?;
     let scale = grid_values(scale_t, byte_table(numerics::e8m0), layout, dims)?;
-    let code_values = (0..=255u8).map(numerics::e4m3).collect::<Vec<f32>>();
-    let job = DecodeJob::new(dims, byte_codes(&w, dims), code_values, out)
+    let job = fp8_job(&w, dims, out)
         .with_scale(scale)
         .with_product(Product::Bf16);
     Ok((job, w.shape.to_vec(), w.shard))
@@ -905,8 +911,7 @@ fn byte_weight<'c>(
 ) -> Result<(DecodeJob<'c>, Vec<usize>, usize, &'static str)> {
     let w = require(ckpt, module, "weight")?;
     let (code_values, kind) = byte_values(&w, scheme)?;
-    let (slices, rows, cols) = split_shape(&w, w.shape)?;
-    let dims = Dims { slices, rows, cols };
+    let dims = weight_dims(&w)?;
     let scale_t = require(ckpt, module, "weight_scale")?;
     let scale = grid_values(scale_t, float_kind(&scale_t)?, layout, dims)?;
     let zero = if scheme.symmetric {

@@ -8,18 +8,17 @@
 //! rounded once to the output dtype. `input_scale_ub` (the activations'
 //! bound, `activation_scale_ub` in the config) is not a weight.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use safetensors::Dtype;
-use serde_json::Value;
 
 use super::{
-    decoded_output, expect_dtype, fp8_job, grid_values, list_or_dash, not_converted, plan_each,
-    quantized_modules, require, split_shape, Modules, ScaleLayout,
+    decoded_output, expect_dtype, fp8_job, fp8_weight, grid_values, list_or_dash, not_converted,
+    plan_each, quantized_modules, weight_dims, Modules, QuantConfig, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::job::{Dims, ValueKind};
+use crate::job::ValueKind;
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
@@ -43,8 +42,9 @@ struct Raw {
 
 impl Config {
     /// Reads config.json's `quantization_config`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: Raw = q.read()?;
         if raw
             .activation_scale_ub
             .is_some_and(|u| u.is_nan() || u <= 0.0)
@@ -60,6 +60,11 @@ impl Config {
             activation_scale_ub: raw.activation_scale_ub,
             modules_to_not_convert: raw.modules_to_not_convert.unwrap_or_default(),
         })
+    }
+
+    /// inspect's format line.
+    pub fn format_line(&self) -> String {
+        "fbgemm_fp8 (fp8 e4m3, f32 scale per row)".into()
     }
 
     /// `inspect`'s line: the activation bound and the modules left dense.
@@ -89,12 +94,9 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
 }
 
 fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<Output<'c>> {
-    let w = require(ckpt, module, "weight")?;
-    expect_dtype(&w, &[Dtype::F8_E4M3])?;
-    let scale = require(ckpt, module, "weight_scale")?;
+    let (w, scale) = fp8_weight(ckpt, module, "weight_scale")?;
     expect_dtype(&scale, &[Dtype::F32])?;
-    let (slices, rows, cols) = split_shape(&w, w.shape)?;
-    let dims = Dims { slices, rows, cols };
+    let dims = weight_dims(&w)?;
     // `[out, 1]` (or `[out]`): one per row; grid_values checks the count.
     let values = grid_values(scale, ValueKind::F32, ScaleLayout::Channel, dims)?;
     let job = fp8_job(&w, dims, out).with_scale(values);

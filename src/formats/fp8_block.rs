@@ -6,20 +6,18 @@
 //! The value is `f32(weight) × weight_scale_inv` of its block, rounded once
 //! to the output dtype, as compressed-tensors' `FP8BlockDequantizer`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    decoded_output, expect_dtype, float_kind, fp8_job, grid_values, list_or_dash, not_converted,
-    plan_each, quantized_modules, require, split_shape, Modules, ScaleLayout,
+    decoded_output, float_kind, fp8_job, fp8_weight, grid_values, list_or_dash, not_converted,
+    plan_each, quantized_modules, weight_dims, Modules, QuantConfig, ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::job::Dims;
 use crate::numerics::OutDtype;
-use crate::output::Output;
 
 /// An FP8 block quantization config.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -46,18 +44,12 @@ struct Raw {
 
 impl Config {
     /// Reads config.json's `quantization_config`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
-        let fmt = raw.fmt.unwrap_or_else(|| "e4m3".into());
-        if !fmt.eq_ignore_ascii_case("e4m3") {
-            return Err(Error::new(
-                Rule::Unsupported,
-                path,
-                format!("fp8 fmt {fmt:?} is not decoded (only e4m3)"),
-            ));
-        }
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: Raw = q.read()?;
+        super::only_setting(path, "fp8 fmt", raw.fmt.as_deref(), "e4m3")?;
         // transformers defaults a missing block size to 128x128.
-        let block = match qc.get("weight_block_size") {
+        let block = match q.value.get("weight_block_size") {
             None => Some((128, 128)),
             Some(Value::Null) => None,
             Some(v) => match v.as_array().map(|a| a.iter().map(Value::as_u64).collect()) {
@@ -99,9 +91,9 @@ impl Config {
         )]
     }
 
-    /// For people: `block 128x128`.
-    pub fn describe(&self) -> String {
-        self.layout().describe()
+    /// inspect's format line: `fp8 e4m3 block 128x128 (weight_scale_inv)`.
+    pub fn format_line(&self) -> String {
+        format!("fp8 e4m3 {} (weight_scale_inv)", self.layout().describe())
     }
 }
 
@@ -116,33 +108,12 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             not_converted(&cfg.modules_to_not_convert, m)
                 .then_some("listed in modules_to_not_convert but stored as FP8; decoded anyway")
         },
-        |m, _| plan_module(cfg, ckpt, m, dtype),
+        |m, _| {
+            let (w, scale) = fp8_weight(ckpt, m, "weight_scale_inv")?;
+            let dims = weight_dims(&w)?;
+            let values = grid_values(scale, float_kind(&scale)?, cfg.layout(), dims)?;
+            let job = fp8_job(&w, dims, dtype).with_scale(values);
+            Ok(decoded_output(m, w.shard, w.shape.to_vec(), job, cfg.format_line()))
+        },
     )
-}
-
-fn plan_module<'c>(
-    cfg: &Config,
-    ckpt: &'c Checkpoint,
-    module: &str,
-    out: OutDtype,
-) -> Result<Output<'c>> {
-    let w = require(ckpt, module, "weight")?;
-    expect_dtype(&w, &[Dtype::F8_E4M3])?;
-    let scale = require(ckpt, module, "weight_scale_inv")?;
-    let (slices, rows, cols) = split_shape(&w, w.shape)?;
-    let dims = Dims { slices, rows, cols };
-    let layout = cfg.layout();
-    let job = fp8_job(&w, dims, out).with_scale(grid_values(
-        scale,
-        float_kind(&scale)?,
-        layout,
-        dims,
-    )?);
-    Ok(decoded_output(
-        module,
-        w.shard,
-        w.shape.to_vec(),
-        job,
-        format!("fp8 e4m3 {} (weight_scale_inv)", layout.describe()),
-    ))
 }

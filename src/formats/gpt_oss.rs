@@ -9,17 +9,16 @@
 //! `Mxfp4Config(dequantize=True)` writes them. Everything else (biases,
 //! router, attention, embeddings: `modules_to_not_convert`) is stored dense.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use safetensors::Dtype;
-use serde_json::Value;
 
 use super::{
-    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, list_or_dash, plan_each,
-    Glob, Modules, ScaleLayout, Target, Targets,
+    byte_table, check_extent, e2m1_values, expect_dtype, grid_values, list_or_dash, missing,
+    plan_each, Glob, Modules, QuantConfig, ScaleLayout, Target, Targets,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
-use crate::error::{Error, Result, Rule};
+use crate::error::{Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields};
 use crate::numerics::{self, OutDtype};
 use crate::output::{Output, Source};
@@ -43,6 +42,11 @@ struct Raw {
 }
 
 impl Config {
+    /// inspect's format line.
+    pub fn format_line(&self) -> String {
+        "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into()
+    }
+
     /// `inspect`'s line: the modules stored dense.
     pub fn report_lines(&self) -> Vec<String> {
         let kept: Vec<&str> = self
@@ -54,8 +58,9 @@ impl Config {
     }
 
     /// Reads config.json's `quantization_config`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: Raw = q.read()?;
         Ok(Config {
             path: path.to_path_buf(),
             modules_to_not_convert: raw
@@ -104,12 +109,8 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
 fn tensor<'c>(ckpt: &'c Checkpoint, param: &str, suffix: &str) -> Result<TensorRef<'c>> {
     let name = format!("{param}_{suffix}");
     ckpt.get(&name).ok_or_else(|| {
-        Error::tensor(
-            Rule::MissingTensor,
-            ckpt.display_path(),
-            name,
-            format!("{param} is stored as MXFP4 but has no {param}_{suffix}"),
-        )
+        let why = format!("{param} is stored as MXFP4 but has no {param}_{suffix}");
+        missing(ckpt, name, why)
     })
 }
 

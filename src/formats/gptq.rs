@@ -35,14 +35,14 @@
 //! each, are rearranged on the host to `[out, G]` (the zero points unpacked
 //! to integers) and read on the row/group grid.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    check_extent, decoded_output, expect_dtype, float_kind, modules_with, plan_each, require,
-    Modules,
+    check_extent, decoded_output, expect_dtype, expect_shape, float_kind, matrix_dims,
+    modules_with, only_setting, plan_each, require, Modules, QuantConfig,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -112,9 +112,14 @@ fn is_set(v: &Option<Value>) -> bool {
 
 impl Config {
     /// Reads config.json's `quantization_config` of a `quant_method:
-    /// "gptq"` (or, with `producer` AutoRound, `"auto-round"`) checkpoint.
-    pub fn parse(path: &Path, qc: &Value, producer: Producer) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
+    /// "gptq"` checkpoint, or of AutoRound's (`"auto-round"`).
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let producer = match q.method {
+            "gptq" => Producer::Gptq,
+            _ => Producer::AutoRound,
+        };
+        let path = q.path;
+        let raw: Raw = q.read()?;
         let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, what));
         let v1 = match producer {
             Producer::Gptq => {
@@ -145,15 +150,13 @@ impl Config {
                 }
             }
             Producer::AutoRound => {
-                let packing = raw
-                    .packing_format
-                    .clone()
-                    .unwrap_or_else(|| "auto_round:auto_gptq".into());
-                if !packing.eq_ignore_ascii_case("auto_round:auto_gptq") {
-                    return unsupported(format!(
-                        "AutoRound packing_format {packing:?} is not decoded (only auto_round:auto_gptq)"
-                    ));
-                }
+                let packing = raw.packing_format.as_deref();
+                only_setting(
+                    path,
+                    "AutoRound packing_format",
+                    packing,
+                    "auto_round:auto_gptq",
+                )?;
                 // AutoGPTQ's packing: zero points stored z − 1.
                 true
             }
@@ -170,11 +173,7 @@ impl Config {
                     .into(),
             );
         }
-        if let Some(p) = &raw.pack_dtype {
-            if !p.eq_ignore_ascii_case("int32") {
-                return unsupported(format!("GPTQ pack_dtype {p:?} is not decoded (only int32)"));
-            }
-        }
+        only_setting(path, "GPTQ pack_dtype", raw.pack_dtype.as_deref(), "int32")?;
         let bits = raw.bits.unwrap_or(4);
         if !BITS.contains(&bits) {
             return unsupported(format!(
@@ -216,6 +215,12 @@ impl Config {
         lines
     }
 
+    /// inspect's format line, and the scheme of each module:
+    /// `gptq int4 group 128 sym v1`.
+    pub fn format_line(&self) -> String {
+        format!("{} {}", self.producer_name(), self.describe())
+    }
+
     /// For people: `int4 group 128 sym v1`.
     pub fn describe(&self) -> String {
         format!(
@@ -250,8 +255,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         |m, _| {
             let (job, shard) = module_job(cfg, ckpt, m, dtype)?;
             let shape = vec![job.dims.rows, job.dims.cols];
-            let scheme = format!("{} {}", cfg.producer_name(), cfg.describe());
-            Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, scheme))
+            Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
     )
 }
@@ -311,15 +315,7 @@ fn module_job<'c>(
     let b = cfg.bits as usize;
     let q = require(ckpt, module, "qweight")?;
     expect_dtype(&q, &[Dtype::I32])?;
-    let (rows, out) = match *q.shape {
-        [r, o] if r > 0 && o > 0 => (r, o),
-        _ => {
-            return Err(q.error(
-                Rule::TensorShape,
-                format!("shape {:?}; GPTQ qweight is [in*bits/32, out]", q.shape),
-            ))
-        }
-    };
+    let (rows, out) = matrix_dims(&q, "GPTQ qweight is [in*bits/32, out]")?;
     let g_idx_t = ckpt.get(&format!("{module}.g_idx"));
     // The input count: g_idx's length, else what the packed rows hold.
     let inputs = match &g_idx_t {
@@ -357,15 +353,13 @@ fn module_job<'c>(
 
     let s = require(ckpt, module, "scales")?;
     let kind = float_kind(&s)?;
-    if *s.shape != [groups, out] {
-        return Err(s.error(
-            Rule::TensorShape,
-            format!(
-                "shape {:?}; the scales of a {out}x{inputs} GPTQ weight in groups of {group} are [{groups}, {out}]",
-                s.shape
-            ),
-        ));
-    }
+    expect_shape(
+        &s,
+        &[groups, out],
+        format_args!(
+            "the scales of a {out}x{inputs} GPTQ weight in groups of {group} are [{groups}, {out}]"
+        ),
+    )?;
 
     let g_idx = match &g_idx_t {
         Some(t) => {
@@ -411,15 +405,11 @@ fn module_job<'c>(
     let zeros: Vec<u32> = match ckpt.get(&format!("{module}.qzeros")) {
         Some(z) => {
             expect_dtype(&z, &[Dtype::I32])?;
-            if *z.shape != [groups, width] {
-                return Err(z.error(
-                    Rule::TensorShape,
-                    format!(
-                        "shape {:?}; the {b}-bit zero points of {out} outputs in {groups} groups are [{groups}, {width}]",
-                        z.shape
-                    ),
-                ));
-            }
+            expect_shape(
+                &z,
+                &[groups, width],
+                format_args!("the {b}-bit zero points of {out} outputs in {groups} groups are [{groups}, {width}]"),
+            )?;
             let w = words(&z)?;
             let mut zeros = vec![0u32; entries];
             for (g, row) in w.chunks_exact(width).enumerate() {

@@ -168,8 +168,9 @@ impl Config {
         }
     }
 
-    /// For people: the default scheme, and how many modules differ.
-    pub fn describe(&self) -> String {
+    /// inspect's format line: the default scheme, and how many modules
+    /// differ.
+    pub fn format_line(&self) -> String {
         match self.modules.len() {
             0 => format!("mlx {}", self.default.describe()),
             n => format!("mlx {} ({n} modules with their own)", self.default.describe()),

@@ -5,21 +5,11 @@
 //! builds one job per module with the helpers below; no format has decode
 //! code of its own.
 
-pub mod awq;
-pub mod bnb;
-pub mod fbgemm;
-pub mod compressed_tensors;
-pub mod fp8_block;
-pub mod gpt_oss;
-pub mod gptq;
-pub mod gguf;
-pub mod mlx;
-pub mod modelopt;
-pub mod quark;
+#[macro_use]
+mod table;
 pub mod sparse;
-pub mod transform;
-pub mod svdquant;
 mod targets;
+pub mod transform;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
@@ -34,96 +24,39 @@ use crate::numerics::{self, OutDtype};
 use crate::error::Warning;
 use crate::output::{Output, Source};
 
+pub use table::QuantConfig;
 pub use targets::{Glob, Target, Targets};
 
-/// What kind of checkpoint this is.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Format {
+// The format table: a line a format, its module, and the `quant_method`
+// values config.json names it by (the `formats!` macro says what it makes).
+formats! {
     /// A compressed-tensors checkpoint.
-    CompressedTensors(compressed_tensors::Config),
+    CompressedTensors(compressed_tensors) by "compressed-tensors",
     /// An NVIDIA ModelOpt export.
-    Modelopt(modelopt::Config),
+    Modelopt(modelopt) by "modelopt",
     /// DeepSeek-style FP8 with block scales (`quant_method: "fp8"`).
-    Fp8Block(fp8_block::Config),
+    Fp8Block(fp8_block) by "fp8",
     /// fbgemm FP8 (`quant_method: "fbgemm_fp8"`): per-row f32 scales.
     #[serde(rename = "fbgemm-fp8")]
-    Fbgemm(fbgemm::Config),
+    Fbgemm(fbgemm) by "fbgemm_fp8",
     /// An AMD Quark export (`quant_method: "quark"`): FP8, MXFP4.
-    Quark(quark::Config),
+    Quark(quark) by "quark",
     /// An AutoAWQ GEMM checkpoint (`quant_method: "awq"`).
-    Awq(awq::Config),
+    Awq(awq) by "awq",
     /// A GPTQ checkpoint (`quant_method: "gptq"`) or AutoRound's GPTQ-packed
     /// export (`quant_method: "auto-round"`).
-    Gptq(gptq::Config),
+    Gptq(gptq) by "gptq", "auto-round" | "auto_round",
     /// OpenAI's native MXFP4 (`quant_method: "mxfp4"`, GPT-OSS).
-    GptOss(gpt_oss::Config),
+    GptOss(gpt_oss) by "mxfp4",
     /// bitsandbytes 4-bit (NF4, FP4) and LLM.int8 (`quant_method: "bitsandbytes"`).
     #[serde(rename = "bitsandbytes")]
-    Bnb(bnb::Config),
+    Bnb(bnb) by "bitsandbytes",
     /// An SVDQuant checkpoint written by diffuse_compressor.
-    Svdquant(svdquant::Config),
+    Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).
-    Mlx(mlx::Config),
+    Mlx(mlx),
     /// A GGUF model (llama.cpp, gguf-py).
-    Gguf(gguf::Config),
-    /// No quantization: every tensor is copied.
-    Dense,
-}
-
-impl Format {
-    /// One line for people.
-    pub fn describe(&self) -> String {
-        match self {
-            Format::CompressedTensors(c) => format!(
-                "compressed-tensors {} ({})",
-                c.version.as_deref().unwrap_or("(no version)"),
-                c.formats().join(", ")
-            ),
-            Format::Modelopt(c) => format!(
-                "modelopt {} ({})",
-                c.producer_version.as_deref().unwrap_or("?"),
-                c.quant_algo
-            ),
-            Format::Fp8Block(c) => format!("fp8 e4m3 {} (weight_scale_inv)", c.describe()),
-            Format::Fbgemm(_) => "fbgemm_fp8 (fp8 e4m3, f32 scale per row)".into(),
-            Format::Quark(c) => c.describe().into(),
-            Format::Awq(c) => format!("autoawq gemm {}", c.describe()),
-            Format::Gptq(c) => format!("{} {}", c.producer_name(), c.describe()),
-            Format::GptOss(_) => "gpt-oss mxfp4 (e8m0 group 32, experts transposed)".into(),
-            Format::Bnb(c) => format!("bitsandbytes {}", c.describe()),
-            Format::Svdquant(c) => format!(
-                "svdquant rank {} ({} weights, {} targets, {} structural patches)",
-                c.rank,
-                c.weight_dtype,
-                c.targets.len(),
-                c.patches.len()
-            ),
-            Format::Mlx(c) => c.describe(),
-            Format::Gguf(c) => c.describe(),
-            Format::Dense => "dense (no quantization config)".into(),
-        }
-    }
-
-    /// The lines `inspect` shows under the format line, without indentation:
-    /// what the config says, a line per setting, group, target or patch.
-    pub fn report_lines(&self) -> Vec<String> {
-        match self {
-            Format::CompressedTensors(c) => c.report_lines(),
-            Format::Modelopt(c) => c.report_lines(),
-            Format::Fp8Block(c) => c.report_lines(),
-            Format::Fbgemm(c) => c.report_lines(),
-            Format::Quark(c) => c.report_lines(),
-            Format::Awq(c) => c.report_lines(),
-            Format::Gptq(c) => c.report_lines(),
-            Format::GptOss(c) => c.report_lines(),
-            Format::Bnb(c) => c.report_lines(),
-            Format::Svdquant(c) => c.report_lines(),
-            Format::Mlx(c) => c.report_lines(),
-            Format::Gguf(c) => c.report_lines(),
-            Format::Dense => Vec::new(),
-        }
-    }
+    Gguf(gguf),
 }
 
 /// `a, b`, or `-` for none: how report lines show a list.
@@ -167,36 +100,23 @@ pub fn detect(ckpt: &Checkpoint) -> Result<Format> {
         .and_then(|c| c.value.get("quantization_config").map(|q| (c, q)));
     if let Some((file, qc)) = qc {
         let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("");
-        return match method.to_ascii_lowercase().as_str() {
-            "compressed-tensors" => Ok(Format::CompressedTensors(compressed_tensors::Config::parse(
-                &file.path, qc,
-            )?)),
-            "modelopt" => Ok(Format::Modelopt(match &ckpt.hf_quant_config {
-                Some(f) => modelopt::Config::from_hf_quant_config(f)?,
-                None => modelopt::Config::from_config_json(&file.path, qc)?,
-            })),
-            "fp8" => Ok(Format::Fp8Block(fp8_block::Config::parse(&file.path, qc)?)),
-            "fbgemm_fp8" => Ok(Format::Fbgemm(fbgemm::Config::parse(&file.path, qc)?)),
-            "quark" => Ok(Format::Quark(quark::Config::parse(&file.path, qc)?)),
-            "awq" => Ok(Format::Awq(awq::Config::parse(&file.path, qc)?)),
-            "gptq" => Ok(Format::Gptq(gptq::Config::parse(
-                &file.path,
-                qc,
-                gptq::Producer::Gptq,
-            )?)),
-            "auto-round" | "auto_round" => Ok(Format::Gptq(gptq::Config::parse(
-                &file.path,
-                qc,
-                gptq::Producer::AutoRound,
-            )?)),
-            "mxfp4" => Ok(Format::GptOss(gpt_oss::Config::parse(&file.path, qc)?)),
-            "bitsandbytes" => Ok(Format::Bnb(bnb::Config::parse(&file.path, qc)?)),
-            other => Err(Error::new(
+        let method = method.to_ascii_lowercase();
+        let q = QuantConfig {
+            path: &file.path,
+            value: qc,
+            method: &method,
+            ckpt,
+        };
+        return Format::by_quant_method(&q).unwrap_or_else(|| {
+            Err(Error::new(
                 Rule::Unsupported,
                 &file.path,
-                format!("quant_method {other:?} is not one this tool decodes (compressed-tensors, modelopt, fp8, fbgemm_fp8, quark, awq, gptq, auto-round, mxfp4, bitsandbytes)"),
-            )),
-        };
+                format!(
+                    "quant_method {method:?} is not one this tool decodes ({})",
+                    QUANT_METHODS.join(", ")
+                ),
+            ))
+        });
     }
     if let Some(f) = &ckpt.hf_quant_config {
         return Ok(Format::Modelopt(modelopt::Config::from_hf_quant_config(f)?));
@@ -322,20 +242,8 @@ pub struct Modules<'c> {
 
 /// Plans every quantized module of `ckpt` in `format`, decoding to `dtype`.
 pub fn plan_modules<'c>(ckpt: &'c Checkpoint, format: &Format, dtype: OutDtype) -> Modules<'c> {
-    let mut found = match format {
-        Format::CompressedTensors(cfg) => compressed_tensors::plan(cfg, ckpt, dtype),
-        Format::Modelopt(cfg) => modelopt::plan(cfg, ckpt, dtype),
-        Format::Fp8Block(cfg) => fp8_block::plan(cfg, ckpt, dtype),
-        Format::Fbgemm(cfg) => fbgemm::plan(cfg, ckpt, dtype),
-        Format::Quark(cfg) => quark::plan(cfg, ckpt, dtype),
-        Format::Awq(cfg) => awq::plan(cfg, ckpt, dtype),
-        Format::Gptq(cfg) => gptq::plan(cfg, ckpt, dtype),
-        Format::GptOss(cfg) => gpt_oss::plan(cfg, ckpt, dtype),
-        Format::Bnb(cfg) => bnb::plan(cfg, ckpt, dtype),
-        Format::Svdquant(cfg) => svdquant::plan(cfg, ckpt, dtype),
-        Format::Mlx(cfg) => mlx::plan(cfg, ckpt, dtype),
-        Format::Gguf(_) => gguf::plan(ckpt, dtype),
-        Format::Dense => return Modules::default(),
+    let Some(mut found) = format.plan(ckpt, dtype) else {
+        return Modules::default();
     };
     for name in ckpt.names() {
         let last = name.rsplit('.').next().unwrap_or(name);
@@ -451,14 +359,44 @@ pub fn not_converted(list: &[String], module: &str) -> bool {
 /// A module's tensor `<module>.<param>`, or a missing-tensor error.
 pub fn require<'c>(ckpt: &'c Checkpoint, module: &str, param: &str) -> Result<TensorRef<'c>> {
     let name = format!("{module}.{param}");
-    ckpt.get(&name).ok_or_else(|| {
-        Error::tensor(
-            Rule::MissingTensor,
-            ckpt.display_path(),
-            name,
-            format!("module {module} is quantized but has no {param}"),
-        )
-    })
+    ckpt.get(&name)
+        .ok_or_else(|| missing(ckpt, name, format!("module {module} is quantized but has no {param}")))
+}
+
+/// The error of tensor `name`, which `ckpt` lacks: `why` it is needed.
+pub fn missing(ckpt: &Checkpoint, name: String, why: String) -> Error {
+    Error::tensor(Rule::MissingTensor, ckpt.display_path(), name, why)
+}
+
+/// Fails unless config setting `what` is absent or, ignoring case, `only`:
+/// the one value decoded (an absent one defaults to it).
+pub fn only_setting(path: &Path, what: &str, value: Option<&str>, only: &str) -> Result<()> {
+    match value {
+        Some(v) if !v.eq_ignore_ascii_case(only) => Err(Error::new(
+            Rule::Unsupported,
+            path,
+            format!("{what} {v:?} is not decoded (only {only})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Fails unless `t` has shape `want`; the error says `shape [..]; {what}`.
+pub fn expect_shape(t: &TensorRef<'_>, want: &[usize], what: impl std::fmt::Display) -> Result<()> {
+    if t.shape == want {
+        Ok(())
+    } else {
+        Err(t.error(Rule::TensorShape, format!("shape {:?}; {what}", t.shape)))
+    }
+}
+
+/// The two dimensions of a 2-D tensor with no zero one; the error says
+/// `shape [..]; {what}`.
+pub fn matrix_dims(t: &TensorRef<'_>, what: impl std::fmt::Display) -> Result<(usize, usize)> {
+    match *t.shape {
+        [a, b] if a > 0 && b > 0 => Ok((a, b)),
+        _ => Err(t.error(Rule::TensorShape, format!("shape {:?}; {what}", t.shape))),
+    }
 }
 
 /// Fails unless `t` has one of `allowed` dtypes.
@@ -696,6 +634,24 @@ pub fn e4m3_values() -> Vec<f32> {
     (0..=255u8).map(numerics::e4m3).collect()
 }
 
+/// A module's FP8 E4M3 `weight` (one byte a code) and its `scale_param`
+/// tensor, looked up and checked in that order.
+pub fn fp8_weight<'c>(
+    ckpt: &'c Checkpoint,
+    module: &str,
+    scale_param: &str,
+) -> Result<(TensorRef<'c>, TensorRef<'c>)> {
+    let w = require(ckpt, module, "weight")?;
+    expect_dtype(&w, &[Dtype::F8_E4M3])?;
+    Ok((w, require(ckpt, module, scale_param)?))
+}
+
+/// The dims of a 2-D or 3-D weight stored one element a code.
+pub fn weight_dims(w: &TensorRef<'_>) -> Result<Dims> {
+    let (slices, rows, cols) = split_shape(w, w.shape)?;
+    Ok(Dims { slices, rows, cols })
+}
+
 /// An FP8 E4M3 weight, one byte a code, as a job still to be scaled.
 pub fn fp8_job<'c>(w: &TensorRef<'c>, dims: Dims, out: OutDtype) -> DecodeJob<'c> {
     DecodeJob::new(dims, byte_codes(w, dims), e4m3_values(), out)
@@ -740,6 +696,30 @@ pub fn fp4_codes<'c>(packed: &TensorRef<'c>, dims: Dims) -> Result<Fields<'c>> {
         .with_slice_bits((dims.rows * row_bytes) as u64 * 8);
     check_extent(packed, &fields, dims.slices, dims.rows, dims.cols)?;
     Ok(fields)
+}
+
+/// The job of a weight `w` stored as FP4 (E2M1) nibbles, `[.., rows,
+/// cols/2]` (see [`fp4_job`]), and its dense shape, the last dimension
+/// doubled.
+pub fn fp4_weight_job<'c>(
+    w: &TensorRef<'c>,
+    scale: TensorRef<'c>,
+    table: ValueKind,
+    layout: ScaleLayout,
+    out: OutDtype,
+) -> Result<(DecodeJob<'c>, Vec<usize>)> {
+    let (slices, rows, width) = split_shape(w, w.shape)?;
+    let dims = Dims {
+        slices,
+        rows,
+        cols: width.saturating_mul(2),
+    };
+    let job = fp4_job(w, dims, scale, table, layout, out)?;
+    let mut shape = w.shape.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = dims.cols;
+    }
+    Ok((job, shape))
 }
 
 /// The job of an FP4 (E2M1) weight: nibble codes, one byte-indexed scale

@@ -18,9 +18,9 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, decoded_output, expect_dtype, fp4_job, fp8_job, grid_values, plan_each,
-    quantized_modules, require, scalar_f32, split_shape, Glob, Modules, ScaleLayout, Target,
-    Targets,
+    byte_table, decoded_output, expect_dtype, fp4_weight_job, fp8_job, fp8_weight, grid_values,
+    plan_each, quantized_modules, require, scalar_f32, split_shape, weight_dims, Glob, Modules,
+    QuantConfig, ScaleLayout, Target, Targets,
 };
 use crate::checkpoint::{Checkpoint, JsonFile, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -138,6 +138,24 @@ struct Producer {
 }
 
 impl Config {
+    /// Reads hf_quant_config.json when the checkpoint has one (ModelOpt's
+    /// own sidecar), else config.json's `quantization_config`.
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        match &q.ckpt.hf_quant_config {
+            Some(f) => Config::from_hf_quant_config(f),
+            None => Config::from_config_json(q.path, q.value),
+        }
+    }
+
+    /// inspect's format line: the producer's version and the algorithm.
+    pub fn format_line(&self) -> String {
+        format!(
+            "modelopt {} ({})",
+            self.producer_version.as_deref().unwrap_or("?"),
+            self.quant_algo
+        )
+    }
+
     /// `inspect`'s line: the algorithm, its group size and the excluded modules.
     pub fn report_lines(&self) -> Vec<String> {
         let ex: Vec<&str> = self.exclude_modules.iter().map(Target::text).collect();
@@ -253,11 +271,13 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         quantized_modules(ckpt, "weight_scale_2", Dtype::U8),
         &["weight", "weight_scale", "weight_scale_2", "pre_quant_scale"],
         |m| listed(m).then_some("listed in exclude_modules but stored as NVFP4; decoded anyway"),
-        |m, _| plan_module(cfg, ckpt, m, dtype),
+        |m, _| plan_nvfp4(cfg, ckpt, m, dtype),
     )
 }
 
-fn plan_module<'c>(
+/// An NVFP4 module: `weight` FP4 nibbles, `weight_scale` e4m3 per group,
+/// times the global `weight_scale_2`.
+fn plan_nvfp4<'c>(
     cfg: &Config,
     ckpt: &'c Checkpoint,
     module: &str,
@@ -268,19 +288,10 @@ fn plan_module<'c>(
     let scale_t = require(ckpt, module, "weight_scale")?;
     expect_dtype(&scale_t, &[Dtype::F8_E4M3, Dtype::U8])?;
     let scale_2 = scalar_f32(&require(ckpt, module, "weight_scale_2")?)?;
-    let (slices, rows, width) = split_shape(&packed, packed.shape)?;
-    let dims = Dims {
-        slices,
-        rows,
-        cols: width.saturating_mul(2),
-    };
     let layout = ScaleLayout::Group(cfg.group_size);
     let table = byte_table(|b| numerics::e4m3(b) * scale_2);
-    let job = with_pre_quant_scale(ckpt, module, fp4_job(&packed, dims, scale_t, table, layout, out)?)?;
-    let mut shape = packed.shape.to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = dims.cols;
-    }
+    let (job, shape) = fp4_weight_job(&packed, scale_t, table, layout, out)?;
+    let job = with_pre_quant_scale(ckpt, module, job)?;
     Ok(decoded_output(
         module,
         packed.shard,
@@ -371,11 +382,8 @@ fn with_pre_quant_scale<'c>(ckpt: &'c Checkpoint, module: &str, job: DecodeJob<'
 
 /// An FP8 (E4M3) module of the FP8 and MXFP8 algorithms.
 fn plan_fp8<'c>(cfg: &Config, ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<Output<'c>> {
-    let w = require(ckpt, module, "weight")?;
-    expect_dtype(&w, &[Dtype::F8_E4M3])?;
-    let scale = require(ckpt, module, "weight_scale")?;
-    let (slices, rows, cols) = split_shape(&w, w.shape)?;
-    let dims = Dims { slices, rows, cols };
+    let (w, scale) = fp8_weight(ckpt, module, "weight_scale")?;
+    let dims = weight_dims(&w)?;
     let (values, product) = match cfg.algo {
         Algo::Mxfp8 => {
             expect_dtype(&scale, &[Dtype::U8])?;

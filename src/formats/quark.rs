@@ -21,12 +21,12 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{
-    byte_table, decoded_output, expect_dtype, float_kind, fp4_job, fp8_job, grid_values,
-    list_or_dash, modules_with, plan_each, require, split_shape, Glob, Modules, ScaleLayout,
+    byte_table, decoded_output, expect_dtype, float_kind, fp4_weight_job, fp8_job, grid_values,
+    list_or_dash, modules_with, plan_each, require, weight_dims, Glob, Modules, QuantConfig,
+    ScaleLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
-use crate::job::Dims;
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
@@ -189,8 +189,9 @@ fn kind(path: &Path, at: &str, w: &Option<Value>) -> Result<Option<Kind>> {
 
 impl Config {
     /// Reads config.json's `quantization_config`.
-    pub fn parse(path: &Path, qc: &Value) -> Result<Config> {
-        let raw: Raw = super::from_value(path, qc)?;
+    pub fn parse(q: &QuantConfig<'_>) -> Result<Config> {
+        let path = q.path;
+        let raw: Raw = q.read()?;
         if let Some(f) = raw.export.and_then(|e| e.weight_format) {
             if f != "real_quantized" {
                 return Err(Error::new(
@@ -243,9 +244,11 @@ impl Config {
         )]
     }
 
-    /// For people.
-    pub fn describe(&self) -> &'static str {
-        self.weight.map_or("weights not quantized", Kind::describe)
+    /// inspect's format line: the global scheme.
+    pub fn format_line(&self) -> String {
+        self.weight
+            .map_or("weights not quantized", Kind::describe)
+            .into()
     }
 }
 
@@ -288,24 +291,12 @@ fn plan_module<'c>(
         Kind::Mxfp4 => {
             expect_dtype(&w, &[Dtype::U8])?;
             expect_dtype(&scale, &[Dtype::U8])?;
-            let (slices, rows, width) = split_shape(&w, w.shape)?;
-            let dims = Dims {
-                slices,
-                rows,
-                cols: width.saturating_mul(2),
-            };
             let table = byte_table(numerics::e8m0);
-            let job = fp4_job(&w, dims, scale, table, ScaleLayout::Group(MX_GROUP), out)?;
-            let mut shape = w.shape.to_vec();
-            if let Some(last) = shape.last_mut() {
-                *last = dims.cols;
-            }
-            (job, shape)
+            fp4_weight_job(&w, scale, table, ScaleLayout::Group(MX_GROUP), out)?
         }
         Kind::Fp8Tensor | Kind::Fp8Channel => {
             expect_dtype(&w, &[Dtype::F8_E4M3])?;
-            let (slices, rows, cols) = split_shape(&w, w.shape)?;
-            let dims = Dims { slices, rows, cols };
+            let dims = weight_dims(&w)?;
             let layout = if kind == Kind::Fp8Tensor {
                 ScaleLayout::Tensor
             } else {

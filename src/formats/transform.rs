@@ -286,12 +286,10 @@ fn matrix(ckpt: &Checkpoint, module: &str, scheme: &str, location: &str, n: usiz
                 .find(|t| t.shape == [n, n])
         })
         .ok_or_else(|| {
-            Error::tensor(
-                Rule::MissingTensor,
-                ckpt.display_path(),
-                own.clone(),
-                format!("rotated online by scheme {scheme}, but no *{suffix} of shape [{n}, {n}] is stored"),
-            )
+            let why = format!(
+                "rotated online by scheme {scheme}, but no *{suffix} of shape [{n}, {n}] is stored"
+            );
+            super::missing(ckpt, own.clone(), why)
         })?;
     if t.dtype != Dtype::F64 && t.dtype != Dtype::F32 {
         return Err(t.error(Rule::TensorDtype, format!("dtype {}, expected F64 (or F32)", t.dtype)));

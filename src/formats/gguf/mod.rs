@@ -74,8 +74,8 @@ impl Config {
         }
     }
 
-    /// One line for people.
-    pub fn describe(&self) -> String {
+    /// inspect's format line.
+    pub fn format_line(&self) -> String {
         let types: Vec<String> = self.types.iter().map(|t| format!("{} {}", t.tensors, t.ty)).collect();
         let arch = self.architecture.as_deref().unwrap_or("(no architecture)");
         format!("gguf v{} {arch} ({})", self.version, types.join(", "))
@@ -90,8 +90,9 @@ impl Config {
 }
 
 /// The quantized tensors of `ckpt`, each decoded by runs of rows; a type
-/// not decoded yet is an error of its tensor.
-pub fn plan<'c>(ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
+/// not decoded yet is an error of its tensor. The [`Config`] is a summary
+/// for `inspect`: the tensors are read from the GGUF file itself.
+pub fn plan<'c>(_: &Config, ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> {
     let mut found = Modules::default();
     let Some(gguf) = &ckpt.gguf else {
         return found;

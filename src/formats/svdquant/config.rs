@@ -484,6 +484,18 @@ impl Patch {
 }
 
 impl Config {
+    /// inspect's format line: the rank, the weights, and how many targets
+    /// and patches.
+    pub fn format_line(&self) -> String {
+        format!(
+            "svdquant rank {} ({} weights, {} targets, {} structural patches)",
+            self.rank,
+            self.weight_dtype,
+            self.targets.len(),
+            self.patches.len()
+        )
+    }
+
     /// `inspect`'s lines: the defaults, then each target, patch and
     /// activation shift, then what the runtime manifest says.
     pub fn report_lines(&self) -> Vec<String> {

@@ -295,12 +295,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
 }
 
 fn missing(ckpt: &Checkpoint, prefix: &str, param: &str) -> Error {
-    Error::tensor(
-        Rule::MissingTensor,
-        ckpt.display_path(),
-        format!("{prefix}.{param}"),
-        format!("target {prefix} has no {param}"),
-    )
+    super::missing(ckpt, format!("{prefix}.{param}"), format!("target {prefix} has no {param}"))
 }
 
 /// A module of the dense model being put back together.

@@ -72,10 +72,13 @@ pub fn unpack_qweight(stored: &[u8], rows: usize, cols: usize) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    /// Every formula is a bijection onto the stored range.
-    fn bijective(len: usize, positions: impl Iterator<Item = usize>) {
+    /// Every formula is a bijection onto the stored range: `at(i, j)` over
+    /// a `rows`×`cols` grid hits each of `0..rows·cols` once.
+    fn bijective(rows: usize, cols: usize, at: impl Fn(usize, usize) -> usize) {
+        let len = rows * cols;
         let mut seen = vec![false; len];
-        for p in positions {
+        for (i, j) in (0..rows).flat_map(|i| (0..cols).map(move |j| (i, j))) {
+            let p = at(i, j);
             assert!(p < len, "{p} out of {len}");
             assert!(!seen[p], "{p} twice");
             seen[p] = true;
@@ -86,15 +89,10 @@ mod tests {
     #[test]
     fn qweight_covers_every_nibble_once() {
         let (rows, cols) = (256, 192);
-        bijective(
-            rows * cols,
-            (0..rows).flat_map(|n| {
-                (0..cols).map(move |k| {
-                    let (w, nib) = qweight(n, k, cols);
-                    w * 8 + nib as usize
-                })
-            }),
-        );
+        bijective(rows, cols, |n, k| {
+            let (w, nib) = qweight(n, k, cols);
+            w * 8 + nib as usize
+        });
     }
 
     #[test]
@@ -115,10 +113,7 @@ mod tests {
     #[test]
     fn group_scales_cover_every_entry_once() {
         let (rows, groups) = (256, 4);
-        bijective(
-            rows * groups,
-            (0..rows).flat_map(|n| (0..groups).map(move |g| group_scale(n, g, groups))),
-        );
+        bijective(rows, groups, |n, g| group_scale(n, g, groups));
         // c = 2q + 8b + 16a + d: row 2 is the next 4-wide step, row 8 the next pair.
         assert_eq!(group_scale(1, 0, 1), 1);
         assert_eq!(group_scale(2, 0, 1), 4);
@@ -131,10 +126,7 @@ mod tests {
     #[test]
     fn micro_scales_cover_every_entry_once() {
         let (rows, groups) = (256, 8);
-        bijective(
-            rows * groups,
-            (0..rows).flat_map(|n| (0..groups).map(move |g| micro_scale(n, g, groups))),
-        );
+        bijective(rows, groups, |n, g| micro_scale(n, g, groups));
         assert_eq!(micro_scale(0, 1, 8), 1);
         assert_eq!(micro_scale(32, 0, 8), 4);
         assert_eq!(micro_scale(8, 0, 8), 16);
@@ -145,14 +137,8 @@ mod tests {
     #[test]
     fn low_rank_blocks_cover_every_entry_once() {
         let (k, rank, n) = (64, 32, 48);
-        bijective(
-            k * rank,
-            (0..k).flat_map(|x| (0..rank).map(move |r| proj_down(x, r, rank))),
-        );
-        bijective(
-            n * rank,
-            (0..n).flat_map(|x| (0..rank).map(move |r| proj_up(x, r, rank))),
-        );
+        bijective(k, rank, |x, r| proj_down(x, r, rank));
+        bijective(n, rank, |x, r| proj_up(x, r, rank));
         // Inside a block: j mod 2 is the fastest, then j div 8, i div 8, (j mod 8) div 2, i mod 8.
         assert_eq!(in_block(0, 1), 1);
         assert_eq!(in_block(0, 8), 2);
