@@ -296,3 +296,33 @@ fn batches(tensors: &[Tensor], budget: usize) -> Vec<&[Tensor]> {
     }
     runs
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{batches, Tensor};
+
+    /// A tensor made from stored inputs of `sizes` bytes, or a copy.
+    fn tensor(sizes: &[usize], copy: bool) -> Tensor {
+        Tensor {
+            name: String::new(),
+            copy: copy.then(|| (String::new(), 0..1)),
+            inputs: sizes.iter().map(|&n| (String::new(), n)).collect(),
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn batches_stay_in_budget_unless_one_tensor_alone_is_over() {
+        let tensors = [
+            tensor(&[4, 4], false),
+            tensor(&[2], false),
+            tensor(&[100], true),
+            tensor(&[20], false),
+            tensor(&[1], false),
+        ];
+        let lens: Vec<usize> = batches(&tensors, 10).iter().map(|b| b.len()).collect();
+        // Copies load nothing; a tensor over the budget is a batch alone.
+        assert_eq!(lens, [3, 1, 1]);
+        assert!(batches(&[], 10).is_empty());
+    }
+}
