@@ -5,8 +5,6 @@
 //! here once; the command line, Python, C and the browser only translate
 //! their arguments and show what they are told.
 
-use std::collections::BTreeSet;
-use std::ops::Range;
 use std::path::Path;
 
 use crate::backend::{self, select_async, Backend, BackendChoice};
@@ -18,10 +16,8 @@ use crate::hf::Names;
 use crate::numerics::DtypeChoice;
 use crate::plan::Plan;
 use crate::report::{Report, Validation};
-use crate::stream::{
-    batches, load, make, open, prepare, schedule, Files, OutFile, Part, BATCH_BYTES,
-};
-use crate::writer::{self, Canceller, OutputDir, Progress, Summary};
+use crate::stream::{open, prepare, Files, Part, Reading};
+use crate::writer::{self, Canceller, Hooks, OutputDir, Progress, Streamed, Summary};
 
 /// The two choices every run makes: the output dtype and the backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -387,19 +383,7 @@ impl<'a> Dequantize<'a> {
             },
             (None, None) => None,
         };
-        let dir = OutputDir::claim(
-            out,
-            self.force,
-            shards,
-            tag.as_deref(),
-            self.resume,
-            Some(key),
-        )?;
-        let dir = match self.max_shard_size {
-            Some(max) => dir.with_max_shard_size(max),
-            None => dir,
-        };
-        let dir = dir.cancelled_by(&self.canceller);
+        let dir = self.target(out, shards, tag.as_deref(), key).claim()?;
         let (backend, note) = backend::select(self.options.backend)?;
         self.start(&plan, backend.as_ref(), note);
         // Both callbacks tell notes, one at a time.
@@ -475,6 +459,27 @@ impl<'a> Dequantize<'a> {
         }
     }
 
+    /// Where and how this run writes into `out`: the input shards
+    /// `shards` (all when `None`), for the job of tag `tag` and key `key`.
+    fn target<'t>(
+        &'t self,
+        out: &'t Path,
+        shards: Option<Vec<String>>,
+        tag: Option<&'t str>,
+        key: String,
+    ) -> writer::Target<'t> {
+        writer::Target {
+            out,
+            force: self.force,
+            shards,
+            tag,
+            resume: self.resume,
+            key,
+            max_shard_size: self.max_shard_size,
+            canceller: &self.canceller,
+        }
+    }
+
     /// With `--resume`, the summary of the same job's finished run in
     /// `out`; nothing is read of the input.
     fn finished(&self, out: &Path, tag: Option<&str>, key: &str) -> Result<Option<Summary>> {
@@ -528,15 +533,9 @@ impl Dequantize<'_> {
         if let Some(summary) = self.finished(out, tag.as_deref(), &key)? {
             return Ok(summary);
         }
-        let dir = OutputDir::claim(
-            out,
-            self.force,
-            self.shards.clone(),
-            tag.as_deref(),
-            self.resume,
-            Some(key.clone()),
-        )?;
-        let mut w = dir.cancelled_by(&self.canceller).parts(|| key)?;
+        let mut w = self
+            .target(out, self.shards.clone(), tag.as_deref(), key)
+            .parts()?;
         self.finished = Some(w.journal());
         let fetcher =
             crate::hub::Fetcher::new(remote, out, std::mem::take(&mut self.delete_downloaded))?;
@@ -561,15 +560,10 @@ impl Dequantize<'_> {
                 if failed.is_some() {
                     return;
                 }
-                let written = match part {
-                    Part::Bytes(bytes) => w.append(name, &bytes),
-                    Part::Stored { file, range } => {
-                        copy_range(&fetcher, &mut w, name, &file, range)
-                    }
-                    Part::File(file) => fetcher
-                        .whole(&file)
-                        .and_then(|bytes| w.append(name, &bytes)),
-                };
+                let written = w.put(name, part, |file, range| match range {
+                    Some(range) => fetcher.read_now(file, range),
+                    None => fetcher.whole(file),
+                });
                 if let Err(e) = written {
                     fetcher.stop();
                     failed = Some(e);
@@ -597,26 +591,6 @@ impl Drop for Stopping<'_, '_> {
     fn drop(&mut self) {
         self.0.stop();
     }
-}
-
-/// Appends bytes `range` of input file `file` to output file `name`, a
-/// bounded piece at a time.
-#[cfg(not(target_arch = "wasm32"))]
-fn copy_range(
-    fetcher: &crate::hub::Fetcher<'_>,
-    w: &mut writer::PartWriter,
-    name: &str,
-    file: &str,
-    range: Range<u64>,
-) -> Result<()> {
-    const PIECE: u64 = 64 << 20;
-    let mut at = range.start;
-    while at < range.end {
-        let end = (at + PIECE).min(range.end);
-        w.append(name, &fetcher.read_now(file, at..end)?)?;
-        at = end;
-    }
-    Ok(())
 }
 
 /// Dequantizes the checkpoint at `input` into a dense checkpoint in `output`
@@ -712,7 +686,7 @@ impl Dequantize<'_> {
     ) -> Result<Summary> {
         let mut ckpt = open(files).await?;
         let keep = prepare(&mut ckpt, files, |c| Ok(self.planned(c)?.needs)).await?;
-        let (backend, schedule, mut summary, mut tally) = {
+        let (backend, streamed) = {
             let plan = self.plan(&ckpt)?;
             if self.part.is_some() {
                 let mine = self.own_part(&plan)?;
@@ -725,131 +699,27 @@ impl Dequantize<'_> {
             let (backend, note) = select_async(self.options.backend).await?;
             self.start(&plan, backend.as_ref(), note);
             let only = self.shards.as_deref();
-            let (schedule, summary, tally) = schedule(&plan, only, self.max_shard_size)?;
-            (backend, schedule, summary, tally)
+            let streamed = Streamed::new(&plan, only, self.max_shard_size, self.batch_bytes)?;
+            (backend, streamed)
         };
-        // The files an earlier run finished are kept, and their inputs
-        // are not read; other shards than a --shards run's are read only
-        // where they hold a companion, by range.
-        let mut finished = BTreeSet::new();
-        if let Some(journal) = &self.finished {
-            for file in &schedule {
-                if let OutFile::Shard(name, ..) = file {
-                    if journal.done(name)? {
-                        finished.insert(name.clone());
-                    }
-                }
-            }
-        }
-        let mut needed = BTreeSet::new();
-        for file in &schedule {
-            let OutFile::Shard(name, _, tensors) = file else {
-                continue;
-            };
-            for t in tensors.iter().filter(|_| !finished.contains(name)) {
-                let copies = t.copy.iter().map(|(f, _)| f.as_str());
-                let inputs = t
-                    .inputs
-                    .iter()
-                    .filter_map(|(input, _)| ckpt.location(input).map(|(f, _)| f));
-                needed.extend(copies.chain(inputs).map(str::to_string));
-            }
-        }
-        if let Some(only) = &self.shards {
-            needed.retain(|f| only.contains(f));
-        }
-        let shards = ckpt.shards.iter().map(|s| &s.file_name);
-        files.skip(&shards.filter(|f| !needed.contains(*f)).cloned().collect());
-        // Every byte of every file this run writes, for the preflight.
-        let sizes: std::collections::BTreeMap<String, u64> = files.list().into_iter().collect();
-        let to_write: u64 = schedule
-            .iter()
-            .map(|f| match f {
-                OutFile::Shard(name, _, _) if finished.contains(name) => 0,
-                OutFile::Shard(_, header, tensors) => {
-                    header.len() as u64 + tensors.iter().map(|t| t.bytes).sum::<u64>()
-                }
-                OutFile::Bytes(_, bytes) => bytes.len() as u64,
-                OutFile::Copy(name) => sizes.get(name).copied().unwrap_or(0),
-            })
-            .sum();
-        for line in files.planned(to_write)? {
-            (self.note)(Note::Text(&line));
-        }
-        for file in schedule {
-            let (name, header, tensors) = match file {
-                OutFile::Shard(name, _, tensors) if finished.contains(&name) => {
-                    for t in &tensors {
-                        let p = tally.step(&t.name, t.bytes, true);
-                        (self.progress)(&Progress {
-                            download: files.downloads(),
-                            ..p
-                        });
-                    }
-                    summary.files.push(name.into());
-                    continue;
-                }
-                OutFile::Shard(name, header, tensors) => (name, header, tensors),
-                OutFile::Bytes(name, bytes) => {
-                    emit(&name, Part::Bytes(bytes));
-                    summary.files.push(name.into());
-                    continue;
-                }
-                OutFile::Copy(name) => {
-                    emit(&name, Part::File(name.clone()));
-                    summary.files.push(name.into());
-                    continue;
-                }
-            };
-            emit(&name, Part::Bytes(header));
-            for batch in batches(&tensors, self.batch_bytes.unwrap_or(BATCH_BYTES)) {
-                let inputs: BTreeSet<&String> = batch
-                    .iter()
-                    .filter(|t| t.copy.is_none())
-                    .flat_map(|t| t.inputs.iter().map(|(name, _)| name))
-                    .filter(|name| !keep.contains(*name))
-                    .collect();
-                for name in inputs {
-                    load(&mut ckpt, files, name).await?;
-                }
-                let plan = self.planned(&ckpt)?;
-                for t in batch {
-                    if let Some((file, range)) = &t.copy {
-                        let (file, range) = (file.clone(), range.clone());
-                        emit(&name, Part::Stored { file, range });
-                    } else {
-                        let o = plan
-                            .outputs
-                            .binary_search_by(|o| o.name.as_str().cmp(&t.name))
-                            .map(|i| &plan.outputs[i])
-                            .map_err(|_| {
-                                Error::bare(
-                                    Rule::Internal,
-                                    format!("{}: not planned again", t.name),
-                                )
-                            })?;
-                        // Runs of rows, or the whole tensor at once (`None`).
-                        let pieces: Vec<Option<Range<usize>>> = match writer::row_pieces(o) {
-                            Some(runs) => runs.into_iter().map(Some).collect(),
-                            None => vec![None],
-                        };
-                        for rows in pieces {
-                            let made = make(o, backend.as_ref(), rows).await?;
-                            Dequantize::fallback(self.note.as_mut(), backend.as_ref());
-                            emit(&name, Part::Bytes(made));
-                        }
-                    }
-                    let p = tally.step(&t.name, t.bytes, true);
-                    (self.progress)(&Progress {
-                        download: files.downloads(),
-                        ..p
-                    });
-                }
-                drop(plan);
-                ckpt.unload(|n| keep.contains(n));
-            }
-            summary.files.push(name.into());
-        }
-        Ok(summary)
+        // The callbacks leave `self`, which plans every batch again; both
+        // tell notes, one at a time.
+        let mut progress = std::mem::replace(&mut self.progress, Box::new(|_| {}));
+        let note = std::cell::RefCell::new(std::mem::replace(&mut self.note, Box::new(|_| {})));
+        let mut inputs = Reading::new(ckpt, files, keep, |c| self.planned(c));
+        let hooks = Hooks {
+            emit: &mut emit,
+            progress: &mut *progress,
+            note: &mut |line| (note.borrow_mut())(Note::Text(line)),
+            made: &mut || Dequantize::fallback(note.borrow_mut().as_mut(), backend.as_ref()),
+        };
+        streamed
+            .write(
+                &mut inputs,
+                backend.as_ref(),
+                self.finished.as_deref(),
+                hooks,
+            )
+            .await
     }
 }

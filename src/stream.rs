@@ -4,24 +4,21 @@
 //! Headers and sidecars are read first. Planning then notes every tensor
 //! whose values it reads (global scales, `g_idx`, SVDQuant factors); those
 //! are loaded and the plan is made again until it reads nothing new. The
-//! dense files are then produced in order, a batch of tensors at a time:
-//! the batch's stored inputs are loaded, planned with, decoded in bounded
-//! runs of rows, and dropped. Copied tensors are never loaded at all: their
-//! output is a range of an input file.
+//! streamed writer then produces the dense files in order, loading each
+//! batch's stored inputs through a `Reading` and dropping them after.
 
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::ops::Range;
 
-use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, Listing, Wanted};
 use crate::error::{Error, Result, Rule};
 use crate::hf::Names;
 use crate::numerics::DtypeChoice;
-use crate::plan::{Plan, Source};
+use crate::plan::Plan;
 use crate::report::Report;
 use crate::report::Validation;
-use crate::writer::{self, Summary, Tally};
+use crate::writer;
 
 /// The checkpoint's files, read on demand.
 pub trait Files {
@@ -87,24 +84,7 @@ impl<F: Files> Files for &F {
     }
 }
 
-/// A piece of a dense output file, in file order.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Part {
-    /// Bytes made here (a header, decoded rows, a JSON file).
-    Bytes(Vec<u8>),
-    /// A range of an input file, copied as it is.
-    Stored {
-        /// The input file.
-        file: String,
-        /// Which bytes of it.
-        range: Range<u64>,
-    },
-    /// A whole input file (tokenizer, generation config, …).
-    File(String),
-}
-
-/// Stored input bytes a batch loads at most (one tensor's alone may be more).
-pub(crate) const BATCH_BYTES: usize = 256 << 20;
+pub use crate::writer::Part;
 
 /// Opens the checkpoint in `files`: every header and sidecar is read, no
 /// tensor yet.
@@ -202,104 +182,71 @@ pub async fn validate(files: &impl Files) -> Validation {
     found.await.unwrap_or_else(|e| Validation::from(&e))
 }
 
-/// One tensor of the dense output, as the schedule keeps it.
-pub(crate) struct Tensor {
-    pub(crate) name: String,
-    /// The input range it is copied from, for a copy.
-    pub(crate) copy: Option<(String, Range<u64>)>,
-    /// The stored tensors it is made from, and their sizes.
-    pub(crate) inputs: Vec<(String, usize)>,
-    pub(crate) bytes: u64,
+/// A checkpoint read from `files` piece by piece, for the streamed writer:
+/// the tensors planning reads stay loaded (`keep`), a batch's inputs are
+/// loaded for it and dropped after it, and `plan` plans as the run does.
+pub(crate) struct Reading<'f, F, P> {
+    ckpt: Checkpoint,
+    files: &'f F,
+    keep: BTreeSet<String>,
+    plan: P,
 }
 
-/// One dense file, in the order the CLI's writer makes them.
-pub(crate) enum OutFile {
-    /// A safetensors shard: its header, then its tensors.
-    Shard(String, Vec<u8>, Vec<Tensor>),
-    /// A file made whole (the index, `config.json`).
-    Bytes(String, Vec<u8>),
-    /// An input file copied as it is (tokenizer, …).
-    Copy(String),
-}
-
-/// Rows `rows` of `o`, or all of it made whole when `None`.
-pub(crate) async fn make(
-    o: &crate::plan::Output<'_>,
-    backend: &dyn Backend,
-    rows: Option<Range<usize>>,
-) -> Result<Vec<u8>> {
-    match rows {
-        Some(rows) => {
-            let row_bytes = o.row_layout().map_or(0, |(_, b)| b);
-            let mut buf = vec![0u8; rows.len() * row_bytes];
-            o.decode_rows_async(backend, rows, &mut buf).await?;
-            Ok(buf)
+impl<'f, F, P> Reading<'f, F, P>
+where
+    F: Files,
+    P: for<'c> Fn(&'c Checkpoint) -> Result<Plan<'c>>,
+{
+    /// `ckpt`, opened from `files`, with `keep` loaded (what [`prepare`]
+    /// returned), planned by `plan`.
+    pub(crate) fn new(ckpt: Checkpoint, files: &'f F, keep: BTreeSet<String>, plan: P) -> Self {
+        Reading {
+            ckpt,
+            files,
+            keep,
+            plan,
         }
-        None => Ok(o.bytes_async(backend).await?.into_owned()),
     }
 }
 
-/// The dense files of `plan` (of input shards `only`, when given: a
-/// `--shards` run's, its part of the index instead of the index), in
-/// order, what writing them amounts to, and the tally of their tensors.
-pub(crate) fn schedule(
-    plan: &Plan<'_>,
-    only: Option<&[String]>,
-    max_shard_size: Option<u64>,
-) -> Result<(Vec<OutFile>, Summary, Tally)> {
-    let ckpt = plan.checkpoint;
-    writer::check_shards(plan, only)?;
-    let shards = writer::shard_files(plan, only, max_shard_size)?;
-    let summary = Summary::of(plan, &shards);
-    let tally = Tally::of(&shards);
-    let mut files = Vec::new();
-    for f in &shards {
-        let tensors = f.tensors.iter().map(|o| Tensor {
-            name: o.name.clone(),
-            copy: match &o.source {
-                Source::Copy(t) => ckpt.location(t.name).map(|(f, r)| (f.to_string(), r)),
-                _ => None,
-            },
-            inputs: o
-                .inputs()
-                .iter()
-                .map(|t| (t.name.to_string(), t.len()))
-                .collect(),
-            bytes: o.byte_len() as u64,
-        });
-        files.push(OutFile::Shard(
-            f.name.clone(),
-            f.header.clone(),
-            tensors.collect(),
-        ));
+impl<F, P> writer::Inputs for Reading<'_, F, P>
+where
+    F: Files,
+    P: for<'c> Fn(&'c Checkpoint) -> Result<Plan<'c>>,
+{
+    fn checkpoint(&self) -> &Checkpoint {
+        &self.ckpt
     }
-    for (name, text) in writer::run_json_files(plan, &shards, only, max_shard_size)? {
-        files.push(OutFile::Bytes(name, text));
-    }
-    for (_, name) in &plan.side_files {
-        files.push(OutFile::Copy(name.clone()));
-    }
-    Ok((files, summary, tally))
-}
 
-/// Runs of consecutive tensors whose stored inputs (copies aside) take at
-/// most `budget` bytes; a run holds one tensor at least.
-pub(crate) fn batches(tensors: &[Tensor], budget: usize) -> Vec<&[Tensor]> {
-    let mut runs = Vec::new();
-    let (mut start, mut bytes) = (0, 0usize);
-    for (i, t) in tensors.iter().enumerate() {
-        let size: usize = match t.copy {
-            Some(_) => 0,
-            None => t.inputs.iter().map(|(_, n)| n).sum(),
-        };
-        if i > start && bytes + size > budget {
-            runs.push(&tensors[start..i]);
-            (start, bytes) = (i, 0);
+    fn plan(&self) -> Result<Plan<'_>> {
+        (self.plan)(&self.ckpt)
+    }
+
+    async fn load(&mut self, name: &str) -> Result<()> {
+        if self.keep.contains(name) {
+            return Ok(());
         }
-        bytes += size;
+        load(&mut self.ckpt, self.files, name).await
     }
-    if start < tensors.len() {
-        runs.push(&tensors[start..]);
+
+    fn unload(&mut self) {
+        let keep = &self.keep;
+        self.ckpt.unload(|n| keep.contains(n));
     }
-    runs
+
+    fn sizes(&self) -> std::collections::BTreeMap<String, u64> {
+        self.files.list().into_iter().collect()
+    }
+
+    fn skip(&self, names: &BTreeSet<String>) {
+        self.files.skip(names)
+    }
+
+    fn planned(&self, out_bytes: u64) -> Result<Vec<String>> {
+        self.files.planned(out_bytes)
+    }
+
+    fn downloads(&self) -> Option<writer::Download> {
+        self.files.downloads()
+    }
 }

@@ -86,7 +86,7 @@ pub(crate) fn input_stamps(input: &Path) -> String {
 /// run must share with the run it continues): this tool's version, the
 /// input files (names, sizes and header digests) and every output
 /// file's name and header.
-pub(super) fn job_key(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> String {
+pub(super) fn job_key<T>(plan: &Plan<'_>, shards: &[ShardFile<T>]) -> String {
     let ckpt = plan.checkpoint;
     let mut h = Sha256::new();
     h.update(env!("CARGO_PKG_VERSION"));

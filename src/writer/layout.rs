@@ -10,16 +10,32 @@ use crate::error::Result;
 use crate::plan::{Output, Plan, Source};
 
 /// One safetensors file of the dense output: its header, then its tensors'
-/// bytes back to back.
-pub struct ShardFile<'p, 'a> {
+/// bytes back to back. Its tensors are the plan's (`&Output`), or what a
+/// writer that outlives the plan keeps of them.
+pub struct ShardFile<T> {
     /// File name (the input shard's, or `model-0000i-of-0000N.safetensors`).
     pub name: String,
     /// The header ([`safetensors_header`]).
     pub header: Vec<u8>,
     /// The tensors, in file order.
-    pub tensors: Vec<&'p Output<'a>>,
+    pub tensors: Vec<T>,
+    /// The tensors' bytes, the header aside.
+    pub bytes: u64,
     /// The input shard it is made from (its index in the checkpoint).
     pub input: usize,
+}
+
+impl<T> ShardFile<T> {
+    /// The same file, each tensor made into what `f` makes of it.
+    pub(crate) fn map<U>(self, f: impl FnMut(T) -> U) -> ShardFile<U> {
+        ShardFile {
+            name: self.name,
+            header: self.header,
+            tensors: self.tensors.into_iter().map(f).collect(),
+            bytes: self.bytes,
+            input: self.input,
+        }
+    }
 }
 
 /// How the dense output is split into files: one per input shard, or
@@ -81,7 +97,7 @@ pub fn shard_files<'p, 'a>(
     plan: &'p Plan<'a>,
     only: Option<&[String]>,
     max_shard_size: Option<u64>,
-) -> Result<Vec<ShardFile<'p, 'a>>> {
+) -> Result<Vec<ShardFile<&'p Output<'a>>>> {
     let mut files = Vec::new();
     for (name, input, tensors) in layout(plan, max_shard_size) {
         let shard = &plan.checkpoint.shards[input];
@@ -94,10 +110,12 @@ pub fn shard_files<'p, 'a>(
                 .iter()
                 .map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice(), t.byte_len())),
         )?;
+        let bytes = tensors.iter().map(|t| t.byte_len() as u64).sum();
         files.push(ShardFile {
             name,
             header,
             tensors,
+            bytes,
             input,
         });
     }
@@ -118,7 +136,7 @@ pub(crate) fn part_shards(
     let shards = &plan.checkpoint.shards;
     let mut bytes = vec![0u64; shards.len()];
     for f in shard_files(plan, None, max_shard_size)? {
-        bytes[f.input] += f.header.len() as u64 + total_bytes(std::slice::from_ref(&f));
+        bytes[f.input] += f.header.len() as u64 + f.bytes;
     }
     let mut order: Vec<usize> = (0..shards.len()).collect();
     order.sort_by(|&a, &b| bytes[b].cmp(&bytes[a]).then(a.cmp(&b)));
@@ -146,7 +164,7 @@ pub(super) fn all_file_names(plan: &Plan<'_>, max_shard_size: Option<u64>) -> Ve
 /// The JSON files of the dense checkpoint beside its shards (the index when
 /// the input has one or the output has several files, `config.json`), as
 /// (file name, text).
-pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(String, Vec<u8>)>> {
+pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<&Output<'_>>]) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = Vec::new();
     if plan.checkpoint.index.is_some() || shards.len() > 1 {
         let index = parts::Index::new(total_bytes(shards), weight_map(shards));
@@ -159,13 +177,12 @@ pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Result<Vec<(
     Ok(files)
 }
 
-pub(super) fn total_bytes(shards: &[ShardFile<'_, '_>]) -> u64 {
-    let tensors = shards.iter().flat_map(|f| &f.tensors);
-    tensors.map(|t| t.byte_len() as u64).sum()
+pub(super) fn total_bytes<T>(shards: &[ShardFile<T>]) -> u64 {
+    shards.iter().map(|f| f.bytes).sum()
 }
 
 /// Tensor → shard file.
-pub(super) fn weight_map(shards: &[ShardFile<'_, '_>]) -> std::collections::BTreeMap<String, String> {
+pub(super) fn weight_map(shards: &[ShardFile<&Output<'_>>]) -> std::collections::BTreeMap<String, String> {
     let names = shards
         .iter()
         .flat_map(|f| f.tensors.iter().map(|t| (t.name.clone(), f.name.clone())));
@@ -174,7 +191,7 @@ pub(super) fn weight_map(shards: &[ShardFile<'_, '_>]) -> std::collections::BTre
 
 impl Summary {
     /// What writing `shards` of `plan` amounts to (`files` left empty).
-    pub(crate) fn of(plan: &Plan<'_>, shards: &[ShardFile<'_, '_>]) -> Summary {
+    pub(crate) fn of(plan: &Plan<'_>, shards: &[ShardFile<&Output<'_>>]) -> Summary {
         let mut summary = Summary {
             dtype: plan.dtype,
             decoded: 0,

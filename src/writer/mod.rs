@@ -7,6 +7,10 @@
 //! failure the staging folder (and the output directory, if this run created
 //! it) is removed; see `staging.rs` for how runs exclude each other and how an
 //! interrupted run is undone.
+//!
+//! Both writers walk one `Schedule` (`schedule.rs`): this one, with the
+//! plan at hand, and the streamed one (`streamed.rs`), which hands its
+//! files over part by part to a browser or to a `PartWriter`.
 
 mod header;
 mod journal;
@@ -14,8 +18,10 @@ mod key;
 mod layout;
 mod parts;
 mod pipeline;
+mod schedule;
 mod space;
 mod staging;
+mod streamed;
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -29,6 +35,9 @@ pub use layout::{json_files, shard_files, ShardFile};
 pub(crate) use layout::part_shards;
 pub use parts::{merge_index, Merged, PART_SUFFIX};
 use pipeline::write_shard;
+pub(crate) use schedule::Schedule;
+pub use streamed::Part;
+pub(crate) use streamed::{Hooks, Inputs, Streamed};
 pub use pipeline::row_pieces;
 pub(crate) use pipeline::PIECE_BYTES;
 pub use journal::Journal;
@@ -167,7 +176,7 @@ pub(crate) struct Tally {
 
 impl Tally {
     /// Nothing written yet of `shards`.
-    pub(crate) fn of(shards: &[ShardFile<'_, '_>]) -> Tally {
+    pub(crate) fn of<T>(shards: &[ShardFile<T>]) -> Tally {
         Tally {
             done_bytes: 0,
             total_bytes: total_bytes(shards),
@@ -337,7 +346,6 @@ impl OutputDir {
                 "is the input checkpoint's directory; refusing to write into it",
             ));
         }
-        check_shards(plan, self.shards.as_deref())?;
         write_into(
             self.staging,
             self.shards.as_deref(),
@@ -348,6 +356,48 @@ impl OutputDir {
             progress,
             note,
         )
+    }
+}
+
+/// What a run decided about its output, handed to the writer in one
+/// piece: where, whether it may hold files (`force`), which input shards
+/// are written (`shards`), the tag and key of its job, whether it
+/// continues an earlier run (`resume`), how its files are split
+/// (`max_shard_size`) and what cancels it.
+pub(crate) struct Target<'t> {
+    pub(crate) out: &'t Path,
+    pub(crate) force: bool,
+    pub(crate) shards: Option<Vec<String>>,
+    pub(crate) tag: Option<&'t str>,
+    pub(crate) resume: bool,
+    pub(crate) key: String,
+    pub(crate) max_shard_size: Option<u64>,
+    pub(crate) canceller: &'t Canceller,
+}
+
+impl Target<'_> {
+    /// The output directory, claimed ([`OutputDir::claim`]) for the local
+    /// writer.
+    pub(crate) fn claim(self) -> Result<OutputDir> {
+        let dir = OutputDir::claim(
+            self.out,
+            self.force,
+            self.shards,
+            self.tag,
+            self.resume,
+            Some(self.key),
+        )?;
+        let dir = match self.max_shard_size {
+            Some(max) => dir.with_max_shard_size(max),
+            None => dir,
+        };
+        Ok(dir.cancelled_by(self.canceller))
+    }
+
+    /// The output directory, claimed for the parts of a streamed run.
+    pub(crate) fn parts(self) -> Result<PartWriter> {
+        let key = self.key.clone();
+        self.claim()?.parts(|| key)
     }
 }
 
@@ -394,7 +444,7 @@ pub(crate) fn finished(out: &Path, tag: Option<&str>, key: &str) -> Result<Optio
 }
 
 /// Refuses `--shards` names that are not the checkpoint's shards.
-pub(crate) fn check_shards(plan: &Plan<'_>, only: Option<&[String]>) -> Result<()> {
+fn check_shards(plan: &Plan<'_>, only: Option<&[String]>) -> Result<()> {
     let known: Vec<&str> = plan
         .checkpoint
         .shards
@@ -417,9 +467,9 @@ pub(crate) fn check_shards(plan: &Plan<'_>, only: Option<&[String]>) -> Result<(
 /// `config.json`, or for a `--shards` run (`only`) its part of the index
 /// (`<first shard>.index-part.json`, which [`merge_index`] joins) instead
 /// of the index.
-pub(crate) fn run_json_files(
+fn run_json_files(
     plan: &Plan<'_>,
-    shards: &[ShardFile<'_, '_>],
+    shards: &[ShardFile<&crate::plan::Output<'_>>],
     only: Option<&[String]>,
     max_shard_size: Option<u64>,
 ) -> Result<Vec<(String, Vec<u8>)>> {
@@ -464,33 +514,25 @@ fn write_into(
     note: &mut dyn FnMut(&str),
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
-    let shards = shard_files(plan, only, max_shard_size)?;
-    let journal = staging.journal(|| job_key(plan, &shards))?;
-    let done = shards
-        .iter()
-        .map(|f| journal.done(&f.name))
-        .collect::<Result<Vec<bool>>>()?;
-    let json = run_json_files(plan, &shards, only, max_shard_size)?;
+    let schedule = Schedule::of(plan, only, max_shard_size)?;
+    let journal = staging.journal(|| job_key(plan, &schedule.shards))?;
+    let done = schedule.done(Some(&journal))?;
     // Everything this run writes, what an earlier run finished aside.
-    let weights = shards.iter().zip(&done).filter(|(_, done)| !**done);
-    let weights: u64 = weights.map(|(f, _)| f.header.len() as u64 + total_bytes(std::slice::from_ref(f))).sum();
-    let others = json.iter().map(|(_, text)| text.len() as u64);
-    let sides = plan.side_files.iter().map(|(p, _)| std::fs::metadata(p).map_or(0, |m| m.len()));
     let need = Need {
         what: "the dense checkpoint",
         at: staging.out().to_path_buf(),
-        bytes: weights + others.chain(sides).sum::<u64>(),
+        bytes: schedule.bytes(&done, |path, _| std::fs::metadata(path).map_or(0, |m| m.len())),
     };
     for line in space::check(staging.out(), &[need])? {
         note(&line);
     }
-    let mut tally = Tally::of(&shards);
+    let mut tally = schedule.tally();
     let mut progress = |tensor: &str, bytes, done| progress(tally.step(tensor, bytes, done));
     // Each file is synced to disk on a thread of its own while the next is
     // decoded: syncing in turn would leave the decoder idle for every flush.
     std::thread::scope(|scope| -> Result<()> {
         let mut syncs = Vec::new();
-        for (file, done) in shards.iter().zip(done) {
+        for (file, done) in schedule.shards.iter().zip(done) {
             if done {
                 for t in &file.tensors {
                     progress(&t.name, t.byte_len() as u64, true);
@@ -521,20 +563,20 @@ fn write_into(
         }
         Ok(())
     })?;
-    let mut summary = Summary::of(plan, &shards);
-    for (name, text) in &json {
+    for (name, text) in &schedule.json {
         write_file(&staging, name, text)?;
     }
-    for (path, name) in &plan.side_files {
+    for (path, name) in &schedule.copies {
         staging.copy_in(path, name)?;
     }
     check(cancelled)?;
+    let mut summary = schedule.summary;
     summary.files = staging.commit(owned, &journal, &summary)?;
     Ok(summary)
 }
 
 /// A dense checkpoint written file after file from the parts a stream of
-/// it hands over ([`Part`](crate::stream::Part)), staged and committed as
+/// it hands over ([`Part`]), staged and committed as
 /// [`OutputDir::write`] stages and commits: what a run over a checkpoint
 /// read piece by piece (a Hub id's) writes.
 pub(crate) struct PartWriter {
@@ -587,6 +629,31 @@ impl PartWriter {
         self.file(name)?
             .write_all(bytes)
             .map_err(|e| Error::io(&path, "cannot write", e))
+    }
+
+    /// Appends `part` to file `name`; a stored part's bytes are `read`'s
+    /// (bytes `range` of an input file, or all of it when `None`), a range
+    /// a bounded piece at a time.
+    pub(crate) fn put(
+        &mut self,
+        name: &str,
+        part: Part,
+        read: impl Fn(&str, Option<std::ops::Range<u64>>) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        const PIECE: u64 = 64 << 20;
+        match part {
+            Part::Bytes(bytes) => self.append(name, &bytes),
+            Part::Stored { file, range } => {
+                let mut at = range.start;
+                while at < range.end {
+                    let end = (at + PIECE).min(range.end);
+                    self.append(name, &read(&file, Some(at..end))?)?;
+                    at = end;
+                }
+                Ok(())
+            }
+            Part::File(file) => read(&file, None).and_then(|bytes| self.append(name, &bytes)),
+        }
     }
 
     fn close(&mut self) -> Result<()> {
