@@ -95,6 +95,18 @@ impl Default for Dequantize<'_> {
     }
 }
 
+/// Builder methods that each set one field of the run:
+/// `name(arg: Type) => field = value;`, after the method's docs.
+macro_rules! setters {
+    ($($(#[$attr:meta])* $name:ident($($arg:ident: $ty:ty),+) => $($field:ident).+ = $value:expr;)*) => {$(
+        $(#[$attr])*
+        pub fn $name(mut self, $($arg: $ty),+) -> Self {
+            self.$($field).+ = $value;
+            self
+        }
+    )*};
+}
+
 impl<'a> Dequantize<'a> {
     /// A run with the defaults: the checkpoint's own dtype, `--backend
     /// auto`, a new or empty output directory, the input's sharding and
@@ -120,142 +132,93 @@ impl<'a> Dequantize<'a> {
         }
     }
 
-    /// The GGUF model to read where the input (a folder, a Hub repository)
-    /// holds several (`--gguf-file`): its file's name, or its path in the
-    /// repository (`Q4_K_M/NAME-00001-of-00002.gguf`); any part of a split
-    /// model names it. A Hub id's `:QUANT` tag picks by quantization instead.
-    pub fn gguf_file(mut self, file: impl Into<String>) -> Self {
-        self.gguf_file = Some(file.into());
-        self
-    }
+    setters! {
+        /// The GGUF model to read where the input (a folder, a Hub repository)
+        /// holds several (`--gguf-file`): its file's name, or its path in the
+        /// repository (`Q4_K_M/NAME-00001-of-00002.gguf`); any part of a split
+        /// model names it. A Hub id's `:QUANT` tag picks by quantization instead.
+        gguf_file(file: impl Into<String>) => gguf_file = Some(file.into());
 
-    /// Dtype and backend at once.
-    pub fn options(mut self, options: Options) -> Self {
-        self.options = options;
-        self
-    }
+        /// Dtype and backend at once.
+        options(options: Options) => options = options;
 
-    /// Dtype of every floating point tensor, decoded or copied (`Auto`: the
-    /// checkpoint's own for decoded ones; copies keep theirs).
-    pub fn dtype(mut self, dtype: DtypeChoice) -> Self {
-        self.options.dtype = dtype;
-        self
-    }
+        /// Dtype of every floating point tensor, decoded or copied (`Auto`: the
+        /// checkpoint's own for decoded ones; copies keep theirs).
+        dtype(dtype: DtypeChoice) => options.dtype = dtype;
 
-    /// Where to decode.
-    pub fn backend(mut self, backend: BackendChoice) -> Self {
-        self.options.backend = backend;
-        self
-    }
+        /// Where to decode.
+        backend(backend: BackendChoice) => options.backend = backend;
 
-    /// Write into an output directory that holds files: those of the same
-    /// names are replaced once everything succeeded, others are left alone.
-    pub fn force(mut self, force: bool) -> Self {
-        self.force = force;
-        self
-    }
+        /// Write into an output directory that holds files: those of the same
+        /// names are replaced once everything succeeded, others are left alone.
+        force(force: bool) => force = force;
 
-    /// Only these input shards (file names, or paths to them): the output
-    /// directory may hold other runs' shards, and a partial index is written
-    /// for [`merge_index`](crate::merge_index).
-    pub fn shards(mut self, shards: Vec<String>) -> Self {
-        self.shards = Some(shards);
-        self
-    }
+        /// Only these input shards (file names, or paths to them): the output
+        /// directory may hold other runs' shards, and a partial index is written
+        /// for [`merge_index`](crate::merge_index).
+        shards(shards: Vec<String>) => shards = Some(shards);
 
-    /// Only the input shards that fall to job `index` of `count` (`--part
-    /// I/N`; `index` from 0, as `SLURM_ARRAY_TASK_ID` and a Kubernetes
-    /// Indexed Job's `JOB_COMPLETION_INDEX` count): every job derives the
-    /// same assignment from the headers alone, balanced by the bytes each
-    /// shard writes, and runs as [`Dequantize::shards`] does with its own.
-    /// A job that no shard falls to (more jobs than shards) writes nothing.
-    pub fn part(mut self, index: usize, count: usize) -> Self {
-        self.part = Some((index, count));
-        self
-    }
+        /// Only the input shards that fall to job `index` of `count` (`--part
+        /// I/N`; `index` from 0, as `SLURM_ARRAY_TASK_ID` and a Kubernetes
+        /// Indexed Job's `JOB_COMPLETION_INDEX` count): every job derives the
+        /// same assignment from the headers alone, balanced by the bytes each
+        /// shard writes, and runs as [`Dequantize::shards`] does with its own.
+        /// A job that no shard falls to (more jobs than shards) writes nothing.
+        part(index: usize, count: usize) => part = Some((index, count));
 
-    /// Split the output into `model-0000i-of-0000N.safetensors` files of at
-    /// most `bytes` each ([`parse_size`](crate::parse_size) reads `5GB`),
-    /// unless one tensor alone is larger.
-    pub fn max_shard_size(mut self, bytes: u64) -> Self {
-        self.max_shard_size = Some(bytes);
-        self
-    }
+        /// Split the output into `model-0000i-of-0000N.safetensors` files of at
+        /// most `bytes` each ([`parse_size`](crate::parse_size) reads `5GB`),
+        /// unless one tensor alone is larger.
+        max_shard_size(bytes: u64) => max_shard_size = Some(bytes);
 
-    /// Keep the stored tensor names, even where the architecture's own
-    /// checkpoints name them differently (Mixtral-style MoE experts).
-    pub fn keep_names(mut self, keep: bool) -> Self {
-        self.keep_names = keep;
-        self
-    }
+        /// Keep the stored tensor names, even where the architecture's own
+        /// checkpoints name them differently (Mixtral-style MoE experts).
+        keep_names(keep: bool) => keep_names = keep;
 
-    /// Refuse the run, before anything is written, when the plan has a
-    /// warning (`--strict`): the dense model would not be exactly the
-    /// checkpoint's (a tensor dropped, a config value guessed or changed).
-    pub fn strict(mut self, strict: bool) -> Self {
-        self.strict = strict;
-        self
-    }
+        /// Refuse the run, before anything is written, when the plan has a
+        /// warning (`--strict`): the dense model would not be exactly the
+        /// checkpoint's (a tensor dropped, a config value guessed or changed).
+        strict(strict: bool) => strict = strict;
 
-    /// Called after every piece written (about 32 MiB).
-    pub fn on_progress(mut self, progress: impl FnMut(&Progress<'_>) + 'a) -> Self {
-        self.progress = Box::new(progress);
-        self
-    }
+        /// Called after every piece written (about 32 MiB).
+        on_progress(progress: impl FnMut(&Progress<'_>) + 'a) => progress = Box::new(progress);
 
-    /// Called a few times a second, from another thread, while a Hub run
-    /// downloads shards (the decoding may be waiting for them, so that
-    /// [`Dequantize::on_progress`] is not called meanwhile); every progress
-    /// report carries the same figures too.
-    pub fn on_download(mut self, download: impl Fn(&writer::Download) + Send + Sync + 'a) -> Self {
-        self.download = Some(Box::new(download));
-        self
-    }
+        /// Called a few times a second, from another thread, while a Hub run
+        /// downloads shards (the decoding may be waiting for them, so that
+        /// [`Dequantize::on_progress`] is not called meanwhile); every progress
+        /// report carries the same figures too.
+        on_download(download: impl Fn(&writer::Download) + Send + Sync + 'a) => download = Some(Box::new(download));
 
-    /// Called with what the run has to tell people.
-    pub fn on_note(mut self, note: impl FnMut(Note<'_>) + 'a) -> Self {
-        self.note = Box::new(note);
-        self
-    }
+        /// Called with what the run has to tell people.
+        on_note(note: impl FnMut(Note<'_>) + 'a) => note = Box::new(note);
 
-    /// Stops when `canceller` is cancelled (from another thread: a Cancel
-    /// button, Ctrl-C): the run fails with CANCEL-001 before its next piece
-    /// and leaves nothing behind.
-    pub fn canceller(mut self, canceller: Canceller) -> Self {
-        self.canceller = canceller;
-        self
-    }
+        /// Stops when `canceller` is cancelled (from another thread: a Cancel
+        /// button, Ctrl-C): the run fails with CANCEL-001 before its next piece
+        /// and leaves nothing behind.
+        canceller(canceller: Canceller) => canceller = canceller;
 
-    /// A Hub checkpoint's shards that this run downloads are removed from
-    /// the cache again as soon as every tensor that reads them is written,
-    /// so that the cache holds about two shards at a time (shards that were
-    /// there already, or that another snapshot links to, are kept).
-    pub fn delete_downloaded(mut self, delete: bool) -> Self {
-        self.delete_downloaded = delete;
-        self
-    }
+        /// A Hub checkpoint's shards that this run downloads are removed from
+        /// the cache again as soon as every tensor that reads them is written,
+        /// so that the cache holds about two shards at a time (shards that were
+        /// there already, or that another snapshot links to, are kept).
+        delete_downloaded(delete: bool) => delete_downloaded = delete;
 
-    /// Continue an interrupted run of the same job into the same output:
-    /// the output files it finished (whose bytes still have the SHA-256
-    /// recorded when they were written) are kept, the rest is written, and
-    /// the result is what an uninterrupted run writes. If this run fails or
-    /// is interrupted too, the files it finished stay for the next one (in
-    /// the output's staging folder), instead of being removed. When the
-    /// output already holds the finished run of the same job (its record
-    /// lists every file, of those bytes), nothing is read or written and
-    /// the summary says so ([`Summary::already_done`]).
-    pub fn resume(mut self, resume: bool) -> Self {
-        self.resume = resume;
-        self
-    }
+        /// Continue an interrupted run of the same job into the same output:
+        /// the output files it finished (whose bytes still have the BLAKE3
+        /// digest recorded when they were written) are kept, the rest is written, and
+        /// the result is what an uninterrupted run writes. If this run fails or
+        /// is interrupted too, the files it finished stay for the next one (in
+        /// the output's staging folder), instead of being removed. When the
+        /// output already holds the finished run of the same job (its record
+        /// lists every file, of those bytes), nothing is read or written and
+        /// the summary says so ([`Summary::already_done`]).
+        resume(resume: bool) => resume = resume;
 
-    /// Stored input bytes a `stream` batch loads at most (the tests make
-    /// it small to cross batch boundaries on small checkpoints).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn batch_bytes(mut self, bytes: usize) -> Self {
-        self.batch_bytes = Some(bytes);
-        self
+        /// Stored input bytes a `stream` batch loads at most (the tests make
+        /// it small to cross batch boundaries on small checkpoints).
+        #[cfg(feature = "testing")]
+        #[doc(hidden)]
+        batch_bytes(bytes: usize) => batch_bytes = Some(bytes);
     }
 
     /// Plans the dense form of `ckpt` as configured, its faults listed.
