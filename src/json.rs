@@ -74,6 +74,16 @@ pub(crate) fn python_float(x: f64) -> String {
 /// serde_json's pretty printer with Python's floats and `ensure_ascii`.
 struct Python<'a>(PrettyFormatter<'a>);
 
+/// `Formatter` methods of [`Python`] that are its pretty printer's: each
+/// passes its writer (and `first`, where it takes one) on to it.
+macro_rules! forward_to_pretty {
+    ($($name:ident $(($arg:ident: $ty:ty))?),* $(,)?) => {$(
+        fn $name<W: ?Sized + Write>(&mut self, w: &mut W $(, $arg: $ty)?) -> io::Result<()> {
+            self.0.$name(w $(, $arg)?)
+        }
+    )*};
+}
+
 impl Formatter for Python<'_> {
     fn write_f64<W: ?Sized + Write>(&mut self, w: &mut W, x: f64) -> io::Result<()> {
         w.write_all(python_float(x).as_bytes())
@@ -97,32 +107,11 @@ impl Formatter for Python<'_> {
         Ok(())
     }
 
-    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.begin_array(w)
-    }
-    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_array(w)
-    }
-    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
-        self.0.begin_array_value(w, first)
-    }
-    fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_array_value(w)
-    }
-    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.begin_object(w)
-    }
-    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_object(w)
-    }
-    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
-        self.0.begin_object_key(w, first)
-    }
-    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.begin_object_value(w)
-    }
-    fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_object_value(w)
+    // The layout (indents, newlines) is the pretty printer's.
+    forward_to_pretty! {
+        begin_array, end_array, begin_array_value(first: bool), end_array_value,
+        begin_object, end_object, begin_object_key(first: bool), begin_object_value,
+        end_object_value,
     }
 }
 

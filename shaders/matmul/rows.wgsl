@@ -202,25 +202,14 @@ fn gemv_sum(acc: array<f32, 64>, li: u32, lane: u32, lanes: u32, local0: u32, m0
             }
         }
         workgroupBarrier();
-        for (var half = lanes / 2u; half > 0u; half = half / 2u) {
-            if (lane < half) {
-                for (var j = 0u; j < per; j = j + 1u) {
-                    sums[li * per + j] = sums[li * per + j] + sums[(li + half) * per + j];
-                }
-            }
-            workgroupBarrier();
-        }
+        sum_pairwise(li, lane, lanes, per);
         if (lane == 0u) {
             for (var r = 0u; r < RB; r = r + 1u) {
                 let local = local0 + r;
                 for (var u = 0u; u < tp; u = u + 1u) {
                     let m = m0 + t0 + u;
                     if (local < p.fast_rows && t0 + u < MT && m < gm.m) {
-                        var y = sums[li * per + r * tp + u];
-                        if (gm.bias != NO_G_IDX) {
-                            y = y + bitcast<f32>(src[gm.bias + local]);
-                        }
-                        dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
+                        write_y(sums[li * per + r * tp + u], local, m);
                     }
                 }
             }
@@ -236,24 +225,36 @@ fn gemv_finish(acc: array<f32, 16>, li: u32, lane: u32, local: u32, m0: u32, per
         sums[li * MT + t] = acc[t];
     }
     workgroupBarrier();
-    for (var half = per_row / 2u; half > 0u; half = half / 2u) {
-        if (lane < half) {
-            for (var t = 0u; t < MT; t = t + 1u) {
-                sums[li * MT + t] = sums[li * MT + t] + sums[(li + half) * MT + t];
-            }
-        }
-        workgroupBarrier();
-    }
+    sum_pairwise(li, lane, per_row, MT);
     if (lane == 0u && local < p.fast_rows) {
         for (var t = 0u; t < MT; t = t + 1u) {
             let m = m0 + t;
             if (m < gm.m) {
-                var y = sums[li * MT + t];
-                if (gm.bias != NO_G_IDX) {
-                    y = y + bitcast<f32>(src[gm.bias + local]);
-                }
-                dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
+                write_y(sums[li * MT + t], local, m);
             }
         }
     }
+}
+
+// Adds each invocation's `per` partial sums (at sums[li · per ..]) to those
+// of the invocation `half` on, halving over `lanes` invocations: a fixed
+// order, each pass ended by a barrier (so called in uniform control flow).
+fn sum_pairwise(li: u32, lane: u32, lanes: u32, per: u32) {
+    for (var half = lanes / 2u; half > 0u; half = half / 2u) {
+        if (lane < half) {
+            for (var j = 0u; j < per; j = j + 1u) {
+                sums[li * per + j] = sums[li * per + j] + sums[(li + half) * per + j];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// Writes y of row `local` of the chunk and row m of x, with the bias.
+fn write_y(sum: f32, local: u32, m: u32) {
+    var y = sum;
+    if (gm.bias != NO_G_IDX) {
+        y = y + bitcast<f32>(src[gm.bias + local]);
+    }
+    dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
 }

@@ -228,35 +228,23 @@ impl Weight {
             _ => (0..=255).map(e4m3).collect(),
         };
         let zero = (self.layout == Layout::Int4Asym).then(|| ZeroPoint::Packed {
-            fields: Fields {
-                data: self.zero.as_slice().into(),
-                bits: 4,
-                per_word: 0,
-                interleaved: false,
-                lane_bits: 32,
-                word_bits: 32 * (cols / 128) as u64,
-                slice_bits: 0,
-                high_first: false,
-                blocks: None,
-            },
+            fields: Fields::dense(self.zero.as_slice(), 4, 32)
+                .with_word_bits(32 * (cols / 128) as u64),
         });
+        let codes = Fields::dense(self.codes.as_slice(), bits, (cols * bits as usize) as u64);
+        // bitsandbytes' bytes hold their first code in the high nibble.
+        let codes = if self.layout == Layout::BnbNf4 {
+            codes.high_first()
+        } else {
+            codes
+        };
         DecodeJob {
             dims: Dims {
                 slices: 1,
                 rows,
                 cols,
             },
-            codes: Fields {
-                data: self.codes.as_slice().into(),
-                bits,
-                per_word: 0,
-                interleaved: false,
-                lane_bits: (cols * bits as usize) as u64,
-                word_bits: 32,
-                slice_bits: 0,
-                high_first: self.layout == Layout::BnbNf4,
-                blocks: None,
-            },
+            codes,
             code_values: code_values.into(),
             zero,
             scale: Some(Values {
@@ -424,6 +412,18 @@ impl InputPacked {
         out: OutDtype,
     ) -> DecodeJob<'a> {
         let int4 = (0..16).map(|c| c as f32 - 8.0).collect::<Vec<f32>>();
+        // The stored scales of `kind` on the grid `(row_div, col_div)`,
+        // `(row_stride, slice_stride)`.
+        let scales = |kind, (row_div, col_div), (row_stride, slice_stride)| Values {
+            data: scale.as_slice().into(),
+            kind,
+            grid: Grid {
+                row_div,
+                col_div,
+                row_stride,
+                slice_stride,
+            },
+        };
         match self {
             InputPacked::AwqGemm => {
                 // Stored [in, out]: `cols` rows of `rows` columns.
@@ -433,16 +433,7 @@ impl InputPacked {
                     cols: rows,
                 };
                 let lane = (rows / 8) as u64 * 32;
-                let scale = Values {
-                    data: scale.as_slice().into(),
-                    kind: ValueKind::F16,
-                    grid: Grid {
-                        row_div: 128,
-                        col_div: 1,
-                        row_stride: rows,
-                        slice_stride: 0,
-                    },
-                };
+                let scale = scales(ValueKind::F16, (128, 1), (rows, 0));
                 let zero = ZeroPoint::PackedAlongCols {
                     fields: Fields::padded(zero.as_slice(), 4, lane).interleaved(),
                 };
@@ -462,16 +453,7 @@ impl InputPacked {
                 };
                 let codes = Fields::dense(codes.as_slice(), 4, inputs as u64 * 4)
                     .with_slice_bits((cols * inputs) as u64 * 4);
-                let scale = Values {
-                    data: scale.as_slice().into(),
-                    kind: table(e8m0),
-                    grid: Grid {
-                        row_div: 1,
-                        col_div: 32,
-                        row_stride: inputs / 32,
-                        slice_stride: cols * inputs / 32,
-                    },
-                };
+                let scale = scales(table(e8m0), (1, 32), (inputs / 32, cols * inputs / 32));
                 DecodeJob::new(stored, codes, (0..16).map(e2m1).collect::<Vec<f32>>(), out)
                     .with_scale(scale)
                     .transpose()
@@ -483,16 +465,7 @@ impl InputPacked {
                     cols,
                 };
                 let codes = Fields::dense(codes.as_slice(), 4, 32).with_word_bits(32 * rows as u64);
-                let scale = Values {
-                    data: scale.as_slice().into(),
-                    kind: ValueKind::F16,
-                    grid: Grid {
-                        row_div: 1,
-                        col_div: 128,
-                        row_stride: cols / 128,
-                        slice_stride: 0,
-                    },
-                };
+                let scale = scales(ValueKind::F16, (1, 128), (cols / 128, 0));
                 DecodeJob::new(dims, codes, int4, out).with_scale(scale)
             }
         }

@@ -67,22 +67,18 @@ pub(crate) fn cpu_kernels(
             };
             // Both write the same buffer: one `dst` borrowed in turns.
             let dst = std::cell::RefCell::new(dst);
-            let (t, copy) = best_of_turns(
+            let times = best_of_turns(
                 runs,
                 || decode(&job, &mut dst.borrow_mut()),
                 || copy(&mut dst.borrow_mut()),
             )?;
-            figures.push(Figure {
-                backend: "cpu",
-                what: case_name(layout, out),
-                baseline: format!("memcpy, {} threads", rayon::current_num_threads()),
-                bytes: bytes as u64,
-                seconds: t,
-                baseline_seconds: copy,
-                m: None,
-                baseline_bytes: None,
-                dispatch_seconds: None,
-            });
+            let memcpy = format!("memcpy, {} threads", rayon::current_num_threads());
+            figures.push(Figure::timed(
+                "cpu",
+                (case_name(layout, out), memcpy),
+                bytes as u64,
+                times,
+            ));
             let zero_points = matches!(layout, Layout::Gptq | Layout::Awq);
             for base in straight
                 .iter()
@@ -90,22 +86,18 @@ pub(crate) fn cpu_kernels(
                 .filter(|b| b.layout == Layout::Int4 || zero_points)
             {
                 let base_job = base.job(out);
-                let (t, s) = best_of_turns(
+                let times = best_of_turns(
                     runs,
                     || decode(&job, &mut dst.borrow_mut()),
                     || decode(&base_job, &mut dst.borrow_mut()),
                 )?;
-                figures.push(Figure {
-                    backend: "cpu",
-                    what: case_name(layout, out),
-                    baseline: format!("straight {}", case_name(base.layout, out)),
-                    bytes: bytes as u64,
-                    seconds: t,
-                    baseline_seconds: s,
-                    m: None,
-                    baseline_bytes: None,
-                    dispatch_seconds: None,
-                });
+                let straight = format!("straight {}", case_name(base.layout, out));
+                figures.push(Figure::timed(
+                    "cpu",
+                    (case_name(layout, out), straight),
+                    bytes as u64,
+                    times,
+                ));
             }
         }
     }

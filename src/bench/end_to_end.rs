@@ -228,28 +228,26 @@ pub(crate) fn end_to_end(
     let _ = std::fs::remove_dir_all(&ckpt);
     done?;
     Ok(EndToEnd {
-        figure: Figure {
-            backend: if backend == BackendChoice::Gpu {
+        figure: Figure::timed(
+            if backend == BackendChoice::Gpu {
                 "gpu"
             } else {
                 "cpu"
             },
-            what: format!(
-                "dequantize {tensors} x {rows}x{cols} int4 g{group}{} -> bf16",
-                if shards > 1 {
-                    format!(", {shards} shards")
-                } else {
-                    String::new()
-                }
+            (
+                format!(
+                    "dequantize {tensors} x {rows}x{cols} int4 g{group}{} -> bf16",
+                    if shards > 1 {
+                        format!(", {shards} shards")
+                    } else {
+                        String::new()
+                    }
+                ),
+                "writing the same bytes".into(),
             ),
-            baseline: "writing the same bytes".into(),
             bytes,
-            seconds,
-            baseline_seconds: baseline,
-            m: None,
-            baseline_bytes: None,
-            dispatch_seconds: None,
-        },
+            (seconds, baseline),
+        ),
         input_bytes,
         peak_rss: peak,
     })

@@ -95,7 +95,7 @@ pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<V
             let (mut buf, skew) = line_aligned(bytes);
             let dst = std::cell::RefCell::new(&mut buf[skew..skew + bytes]);
             let base_job = base.job(out);
-            let (t, s) = best_of_turns(
+            let times = best_of_turns(
                 runs,
                 || {
                     pieces(ty, &data, (rows, cols), out, |job, at| {
@@ -105,17 +105,9 @@ pub(crate) fn cpu(rows: usize, cols: usize, runs: usize, only: &str) -> Result<V
                 },
                 || cpu.decode_rows(&base_job, 0..rows, &mut dst.borrow_mut()),
             )?;
-            figures.push(Figure {
-                backend: "cpu",
-                what: format!("gguf {ty} → {out}, scales mapped a piece at a time"),
-                baseline: format!("straight {}", case_name(Layout::Int4, out)),
-                bytes: bytes as u64,
-                seconds: t,
-                baseline_seconds: s,
-                m: None,
-                baseline_bytes: None,
-                dispatch_seconds: None,
-            });
+            let what = format!("gguf {ty} → {out}, scales mapped a piece at a time");
+            let straight = format!("straight {}", case_name(Layout::Int4, out));
+            figures.push(Figure::timed("cpu", (what, straight), bytes as u64, times));
         }
     }
     Ok(figures)
@@ -152,21 +144,18 @@ pub(crate) fn gpu(
             })
         };
         let before = decoder.dispatches();
-        let (decode, copy) = best_of_turns(runs, || run(false), || run(true))?;
-        figures.push(Figure {
-            backend: "gpu",
-            what: format!(
-                "gguf {ty} → {out}, scales mapped on the host a piece at a time ({})",
-                kernel_name(before, decoder.dispatches())
-            ),
-            baseline: "copy shader of the same pieces, same geometry".into(),
-            bytes: (rows * cols * out.size()) as u64,
-            seconds: decode,
-            baseline_seconds: copy,
-            m: None,
-            baseline_bytes: None,
-            dispatch_seconds: None,
-        });
+        let times = best_of_turns(runs, || run(false), || run(true))?;
+        let what = format!(
+            "gguf {ty} → {out}, scales mapped on the host a piece at a time ({})",
+            kernel_name(before, decoder.dispatches())
+        );
+        let copy = "copy shader of the same pieces, same geometry".into();
+        figures.push(Figure::timed(
+            "gpu",
+            (what, copy),
+            (rows * cols * out.size()) as u64,
+            times,
+        ));
     }
     Ok(figures)
 }

@@ -37,7 +37,7 @@ fn against_copy(
     wait: &dyn Fn() -> Result<()>,
 ) -> Result<Figure> {
     let before = decoder.dispatches();
-    let (decode, copy) = best_of_turns(
+    let times = best_of_turns(
         runs,
         || {
             let buf = decoder.decode_to_buffer(job)?;
@@ -48,17 +48,13 @@ fn against_copy(
         || copy_once(decoder, job, name, wait),
     )?;
     let kernel = kernel_name(before, decoder.dispatches());
-    Ok(Figure {
-        backend: "gpu",
-        what: format!("{name} ({kernel})"),
-        baseline: "copy shader, same geometry".into(),
-        bytes: job.out_bytes() as u64,
-        seconds: decode,
-        baseline_seconds: copy,
-        m: None,
-        baseline_bytes: None,
-        dispatch_seconds: None,
-    })
+    let copy = "copy shader, same geometry".into();
+    Ok(Figure::timed(
+        "gpu",
+        (format!("{name} ({kernel})"), copy),
+        job.out_bytes() as u64,
+        times,
+    ))
 }
 
 /// GPU decode of every layout into a GPU buffer (upload included) against
@@ -96,17 +92,14 @@ pub(crate) fn gpu_kernels(
                     buf.destroy();
                     Ok(())
                 })?;
-                figures.push(Figure {
-                    backend: "gpu",
-                    what: format!("{}, resident, per input byte", case_name(layout, out)),
-                    baseline: "upload of the codes".into(),
-                    bytes: input as u64,
-                    seconds: decode,
-                    baseline_seconds: upload,
-                    m: None,
-                    baseline_bytes: None,
-                    dispatch_seconds: None,
-                });
+                let what = format!("{}, resident, per input byte", case_name(layout, out));
+                let baseline = "upload of the codes".into();
+                figures.push(Figure::timed(
+                    "gpu",
+                    (what, baseline),
+                    input as u64,
+                    (decode, upload),
+                ));
             }
         }
     }

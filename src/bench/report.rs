@@ -28,6 +28,28 @@ pub struct Figure {
 }
 
 impl Figure {
+    /// A decode timed against its baseline over the same `bytes`:
+    /// `(seconds, baseline_seconds)` as `best_of_turns` gives them (no
+    /// product, no dispatch time).
+    pub(super) fn timed(
+        backend: &'static str,
+        (what, baseline): (String, String),
+        bytes: u64,
+        (seconds, baseline_seconds): (f64, f64),
+    ) -> Figure {
+        Figure {
+            backend,
+            what,
+            baseline,
+            bytes,
+            seconds,
+            baseline_seconds,
+            m: None,
+            baseline_bytes: None,
+            dispatch_seconds: None,
+        }
+    }
+
     /// GB/s of the measured operation (output bytes; bytes read by a product).
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.seconds / 1e9

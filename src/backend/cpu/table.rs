@@ -29,7 +29,7 @@ impl Table16 {
     pub(super) fn new(isa: Isa, job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
         let mut table = None;
         Table16::extend(isa, job, [(zero, scale)], &mut |t| table = Some(t));
-        table.unwrap_or_else(|| Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out)))
+        table.unwrap_or_else(|| Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out), None))
     }
 
     /// The table of `job`'s 16 codes under (`zero`, `scale`), its offset
@@ -41,7 +41,7 @@ impl Table16 {
         scale: Option<f32>,
         offset: f32,
     ) -> Table16 {
-        Table16::scalar_offset(isa, job, zero, scale, (job.post_scale, job.out), Some(offset))
+        Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out), Some(offset))
     }
 
     /// The tables of `entries` (zero point, scale), given to `each` in
@@ -97,14 +97,14 @@ impl Table16 {
                     // Nothing given (f16 without F16C): this batch's tables
                     // one by one too, so that every entry has its table.
                     for &(zero, scale) in &batch[..n] {
-                        each(Table16::scalar(isa, job, zero, scale, (post, out)));
+                        each(Table16::scalar(isa, job, zero, scale, (post, out), None));
                     }
                     break;
                 }
             }
         }
         for (zero, scale) in entries {
-            each(Table16::scalar(isa, job, zero, scale, (post, out)));
+            each(Table16::scalar(isa, job, zero, scale, (post, out), None));
         }
     }
 
@@ -128,19 +128,8 @@ impl Table16 {
     }
 
     /// `new` without the vector kernel, with the post scale and output
-    /// dtype `how`.
+    /// dtype `how`, and `offset` added last when there is one.
     fn scalar(
-        isa: Isa,
-        job: &DecodeJob<'_>,
-        zero: Option<f32>,
-        scale: Option<f32>,
-        how: (Option<f32>, OutDtype),
-    ) -> Table16 {
-        Table16::scalar_offset(isa, job, zero, scale, how, None)
-    }
-
-    /// `scalar`, with `offset` added last when there is one.
-    fn scalar_offset(
         isa: Isa,
         job: &DecodeJob<'_>,
         zero: Option<f32>,

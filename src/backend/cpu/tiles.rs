@@ -282,7 +282,7 @@ impl Tiles {
             s.row_off.extend(rows.clone().map(|j| (j / per) as u32));
             let (bytes, base, group) = (&scale.data[..], &s.lane_base, &s.row_off);
             let table = |r: usize, ci: usize| by.byte(bytes[base[ci] + group[r] as usize]);
-            self.stored_order::<N>(job, slice, &rows, &cols, band, table);
+            self.stored_order::<N>(job, slice, (&rows, &cols), band, table);
             return;
         }
         let col_keys = s.col_rep.len();
@@ -336,11 +336,11 @@ impl Tiles {
             }));
             let (t16, row_off, col_off) = (&s.t16, &s.row_off, &s.col_off);
             let table = |r: usize, ci: usize| &t16[(row_off[r] + col_off[ci]) as usize / 16];
-            self.stored_order::<N>(job, slice, &rows, &cols, band, table);
+            self.stored_order::<N>(job, slice, (&rows, &cols), band, table);
             return;
         }
         s.codes.resize(tr * tc, 0);
-        self.fill(job, slice, &rows, &cols, &mut s.codes);
+        self.fill(job, slice, (&rows, &cols), &mut s.codes);
         for (ri, (&ro, codes)) in s.row_off.iter().zip(s.codes.chunks_exact(tc)).enumerate() {
             let at = ri * row_bytes + cols.start * N;
             let dst = &mut band[at..at + tc * N];
@@ -380,7 +380,7 @@ impl Tiles {
             if ra < rb && ca < cb {
                 let (sub_rows, sub_cols) = (rows.start + ra..rows.start + rb, cols.start + ca..cols.start + cb);
                 let table = |r: usize, ci: usize| table(r + ra, ci + ca);
-                self.stored_order::<N>(job, slice, &sub_rows, &sub_cols, &mut band[ra * row_bytes..], table);
+                self.stored_order::<N>(job, slice, (&sub_rows, &sub_cols), &mut band[ra * row_bytes..], table);
             }
         };
         rest(band, (0, r0), (0, tc));
@@ -449,8 +449,7 @@ impl Tiles {
         &self,
         job: &DecodeJob<'_>,
         slice: usize,
-        rows: &std::ops::Range<usize>,
-        cols: &std::ops::Range<usize>,
+        (rows, cols): (&std::ops::Range<usize>, &std::ops::Range<usize>),
         band: &mut [u8],
         table: impl Fn(usize, usize) -> &'t Table16,
     ) {
@@ -509,8 +508,7 @@ impl Tiles {
         &self,
         job: &DecodeJob<'_>,
         slice: usize,
-        rows: &std::ops::Range<usize>,
-        cols: &std::ops::Range<usize>,
+        (rows, cols): (&std::ops::Range<usize>, &std::ops::Range<usize>),
         codes: &mut [u8],
     ) {
         let f = &job.codes;

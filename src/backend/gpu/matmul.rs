@@ -409,9 +409,9 @@ impl GpuDecoder {
                 let (mut constants, entry, label) = match weights {
                     Weights::Packed(k) => {
                         let entry = if self.gemv.geometry.whole_rows { "gemv_rows" } else { "gemv" };
-                        (k.constants().to_vec(), entry, Kernel::Fast(k).label())
+                        (k.constants(), entry, Kernel::Fast(k).label())
                     }
-                    Weights::Tiled(t) => (t.constants().to_vec(), "gemv_t", Kernel::Tile(t).label()),
+                    Weights::Tiled(t) => (t.constants(), "gemv_t", Kernel::Tile(t).label()),
                     Weights::DenseBf16 => (Vec::new(), "gemv_dense", "dense bf16".to_string()),
                 };
                 let flag = |b: bool| if b { 1.0 } else { 0.0 };

@@ -288,8 +288,8 @@ impl GpuDecoder {
             .or_insert_with(|| {
                 let mut constants = match kernel {
                     Kernel::Generic => Vec::new(),
-                    Kernel::Fast(k) => k.constants().to_vec(),
-                    Kernel::Tile(k) => k.constants().to_vec(),
+                    Kernel::Fast(k) => k.constants(),
+                    Kernel::Tile(k) => k.constants(),
                 };
                 constants.push(("WG", self.limits.workgroup as f64));
                 self.device

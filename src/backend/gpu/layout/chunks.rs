@@ -484,20 +484,25 @@ mod tests {
     use super::*;
     use crate::numerics::OutDtype;
 
+    /// A device of `max_binding` bytes a binding and `max_groups_per_dim`
+    /// workgroups a dimension, the other limits common.
+    fn limits(max_binding: u64, max_groups_per_dim: u32) -> Limits {
+        Limits {
+            max_binding,
+            offset_align: 256,
+            workgroup: WORKGROUP,
+            max_groups_per_dim,
+            chunk_out: OUT_CAP,
+        }
+    }
+
     #[test]
     fn chunks_cover_rows_within_limits() {
         let (rows, cols): (usize, usize) = (1000, 33);
         let data = vec![0u8; rows * (cols * 4).div_ceil(32) * 4];
         let scale = vec![0u8; rows * 2];
         let j = job(&data, &scale, rows, cols, OutDtype::Bf16);
-        let limits = Limits {
-            max_binding: 4096,
-            offset_align: 256,
-            workgroup: WORKGROUP,
-            max_groups_per_dim: 3,
-            chunk_out: OUT_CAP,
-        };
-        let chunks = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap();
+        let chunks = plan(&j, Kernel::Generic, 0..rows, &limits(4096, 3)).unwrap();
         let mut next = 0;
         for c in &chunks {
             assert_eq!(c.rows.start, next);
@@ -521,14 +526,7 @@ mod tests {
         let data = vec![0u8; rows * cols / 2];
         let scale = vec![0u8; rows * 2];
         let j = job(&data, &scale, rows, cols, OutDtype::F32);
-        let limits = Limits {
-            max_binding: 1024,
-            offset_align: 256,
-            workgroup: WORKGROUP,
-            max_groups_per_dim: 65535,
-            chunk_out: OUT_CAP,
-        };
-        let e = plan(&j, Kernel::Generic, 0..rows, &limits).unwrap_err();
+        let e = plan(&j, Kernel::Generic, 0..rows, &limits(1024, 65535)).unwrap_err();
         assert_eq!(e.rule, Rule::Gpu);
     }
 }

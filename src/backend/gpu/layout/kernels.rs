@@ -86,6 +86,30 @@ pub(in crate::backend::gpu) struct Fast {
     pub words: u32,
 }
 
+/// `BITS`, `CODE`, `OUT`, `ZERO` and `SCALED`: the constants both the fast
+/// and the tile kernel have.
+type Shared = (u32, CodeKind, OutKind, ZeroMode, bool);
+
+/// [`Shared`] as wgpu takes them.
+fn shared_constants((bits, code, out, zero, scaled): Shared) -> [(&'static str, f64); 5] {
+    [
+        ("BITS", bits as f64),
+        ("CODE", code as u32 as f64),
+        ("OUT", out as u32 as f64),
+        ("ZERO", zero as u32 as f64),
+        ("SCALED", flag(scaled)),
+    ]
+}
+
+/// A flag as an override constant.
+fn flag(b: bool) -> f64 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
 impl Kernel {
     /// Its entry point in the decode module.
     pub(in crate::backend::gpu) fn entry_point(&self) -> &'static str {
@@ -98,45 +122,39 @@ impl Kernel {
 
     /// What a validation message names its pipeline and pass by.
     pub(in crate::backend::gpu) fn label(&self) -> String {
+        let baseline = |copy: bool| if copy { " copy baseline" } else { "" };
+        // The constants both kernels have, `codes` after the code kind.
+        let shared = |(bits, code, out, zero, scaled): Shared, codes: &str| {
+            let not = if scaled { "" } else { "not " };
+            format!("{bits}-bit {code:?} codes{codes}, {out:?} out, zero {zero:?}, {not}scaled")
+        };
         match self {
             Kernel::Generic => "wgpu-dequant main".into(),
             Kernel::Fast(k) => format!(
-                "wgpu-dequant fast{} ({}-bit {:?} codes, {:?} out, zero {:?}, {}scaled, low rank {:?})",
-                if k.copy { " copy baseline" } else { "" },
-                k.bits,
-                k.code,
-                k.out,
-                k.zero,
-                if k.scaled { "" } else { "not " },
+                "wgpu-dequant fast{} ({}, low rank {:?})",
+                baseline(k.copy),
+                shared((k.bits, k.code, k.out, k.zero, k.scaled), ""),
                 k.low_rank,
             ),
-            Kernel::Tile(k) => format!(
-                "wgpu-dequant fast_t{} ({}-bit {:?} codes {:?}{}, {:?} out, zero {:?}, {}scaled{})",
-                if k.copy { " copy baseline" } else { "" },
-                k.bits,
-                k.code,
-                k.pack,
-                if k.interleaved { " interleaved" } else { "" },
-                k.out,
-                k.zero,
-                if k.scaled { "" } else { "not " },
-                if k.word_groups { "" } else { ", groups per code" },
-            ),
+            Kernel::Tile(k) => {
+                let pack = format!(" {:?}{}", k.pack, if k.interleaved { " interleaved" } else { "" });
+                format!(
+                    "wgpu-dequant fast_t{} ({}{})",
+                    baseline(k.copy),
+                    shared((k.bits, k.code, k.out, k.zero, k.scaled), &pack),
+                    if k.word_groups { "" } else { ", groups per code" },
+                )
+            }
         }
     }
 }
 
 impl Fast {
     /// The constants as wgpu takes them.
-    pub(in crate::backend::gpu) fn constants(&self) -> [(&'static str, f64); 14] {
-        let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        [
-            ("WORDS", self.words as f64),
-            ("BITS", self.bits as f64),
-            ("CODE", self.code as u32 as f64),
-            ("OUT", self.out as u32 as f64),
-            ("ZERO", self.zero as u32 as f64),
-            ("SCALED", flag(self.scaled)),
+    pub(in crate::backend::gpu) fn constants(&self) -> Vec<(&'static str, f64)> {
+        let mut c = vec![("WORDS", self.words as f64)];
+        c.extend(shared_constants((self.bits, self.code, self.out, self.zero, self.scaled)));
+        c.extend([
             ("LOW_RANK", self.low_rank as u32 as f64),
             ("SKIND", self.skind as u32 as f64),
             ("ZKIND", self.zkind as u32 as f64),
@@ -145,7 +163,8 @@ impl Fast {
             ("PRODUCT", self.product as u32 as f64),
             ("COPY", flag(self.copy)),
             ("BLOCKED", flag(self.blocked)),
-        ]
+        ]);
+        c
     }
 
     /// The fast kernel for `job`, when it fits: a dense 4- or 8-bit code
@@ -314,15 +333,10 @@ impl Tile {
     }
 
     /// The constants as wgpu takes them.
-    pub(in crate::backend::gpu) fn constants(&self) -> [(&'static str, f64); 16] {
-        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    pub(in crate::backend::gpu) fn constants(&self) -> Vec<(&'static str, f64)> {
         let (run, lanes, runs) = self.runs();
-        [
-            ("BITS", self.bits as f64),
-            ("CODE", self.code as u32 as f64),
-            ("OUT", self.out as u32 as f64),
-            ("ZERO", self.zero as u32 as f64),
-            ("SCALED", flag(self.scaled)),
+        let mut c = shared_constants((self.bits, self.code, self.out, self.zero, self.scaled)).to_vec();
+        c.extend([
             ("PACK", self.pack as u32 as f64),
             ("INTERLEAVED", flag(self.interleaved)),
             ("WORD_GROUPS", flag(self.word_groups)),
@@ -334,7 +348,8 @@ impl Tile {
             ("TILE_LANES", lanes as f64),
             ("TILE_RUNS", runs as f64),
             ("COPY", flag(self.copy)),
-        ]
+        ]);
+        c
     }
 
     /// The tile kernel for `job`, when it fits: 4- or 8-bit codes in whole

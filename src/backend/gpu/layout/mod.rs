@@ -33,42 +33,21 @@ fn job(
     let data: &'static [u8] = Box::leak(data.to_vec().into_boxed_slice());
     let scale: &'static [u8] = Box::leak(scale.to_vec().into_boxed_slice());
     let words = (cols * 4).div_ceil(32);
-    DecodeJob {
-        dims: Dims {
-            slices: 1,
-            rows,
-            cols,
+    let codes = Fields::dense(data, 4, words as u64 * 32).with_slice_bits((rows * words) as u64 * 32);
+    let scale = Values {
+        data: scale.into(),
+        kind: ValueKind::Bf16,
+        grid: Grid {
+            row_div: 1,
+            col_div: cols,
+            row_stride: 1,
+            slice_stride: rows,
         },
-        codes: Fields {
-            data: data.into(),
-            bits: 4,
-            per_word: 0,
-            interleaved: false,
-            lane_bits: words as u64 * 32,
-            word_bits: 32,
-            slice_bits: (rows * words) as u64 * 32,
-            high_first: false,
-            blocks: None,
-        },
-        code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
-        zero: None,
-        scale: Some(Values {
-            data: scale.into(),
-            kind: ValueKind::Bf16,
-            grid: Grid {
-                row_div: 1,
-                col_div: cols,
-                row_stride: 1,
-                slice_stride: rows,
-            },
-        }),
-        g_idx: None,
-        low_rank: None,
-        post_scale: None,
-        offset: None,
-        product: Default::default(),
-        sparse: None,
-        transposed: false,
-        out,
-    }
+    };
+    let dims = Dims {
+        slices: 1,
+        rows,
+        cols,
+    };
+    DecodeJob::new(dims, codes, (0..16).map(|v| v as f32 - 8.0).collect::<Vec<f32>>(), out).with_scale(scale)
 }

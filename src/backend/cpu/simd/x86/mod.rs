@@ -7,6 +7,20 @@
 
 use std::arch::x86_64::*;
 
+/// Interleaves four registers `p` in two steps, as a 4 × 4 transpose of
+/// their elements does: `p[0]` with `p[1]` and `p[2]` with `p[3]` by the
+/// narrow `unpack` pair (`lo`, `hi`), then those results by the pair twice
+/// as wide (`lo2`, `hi2`). A macro, not a function, as its kernels differ
+/// only in these intrinsics (register width and element size).
+macro_rules! interleave4 {
+    ($p:expr, $lo:ident, $hi:ident, $lo2:ident, $hi2:ident) => {{
+        let p = $p;
+        let (ab0, cd0) = ($lo(p[0], p[1]), $lo(p[2], p[3]));
+        let (ab1, cd1) = ($hi(p[0], p[1]), $hi(p[2], p[3]));
+        [$lo2(ab0, cd0), $hi2(ab0, cd0), $lo2(ab1, cd1), $hi2(ab1, cd1)]
+    }};
+}
+
 mod gather;
 mod tables;
 mod transposed;
@@ -79,14 +93,7 @@ fn store(dst: &mut [u8], at: usize, v: __m128i) {
 #[inline]
 #[target_feature(enable = "sse2")]
 fn transpose_4x4_32(r: [__m128i; 4]) -> [__m128i; 4] {
-    let (ab0, cd0) = (_mm_unpacklo_epi32(r[0], r[1]), _mm_unpacklo_epi32(r[2], r[3]));
-    let (ab1, cd1) = (_mm_unpackhi_epi32(r[0], r[1]), _mm_unpackhi_epi32(r[2], r[3]));
-    [
-        _mm_unpacklo_epi64(ab0, cd0),
-        _mm_unpackhi_epi64(ab0, cd0),
-        _mm_unpacklo_epi64(ab1, cd1),
-        _mm_unpackhi_epi64(ab1, cd1),
-    ]
+    interleave4!(r, _mm_unpacklo_epi32, _mm_unpackhi_epi32, _mm_unpacklo_epi64, _mm_unpackhi_epi64)
 }
 
 /// Byte b of each of four registers as word b: (p0[b], p1[b], p2[b],
@@ -94,14 +101,7 @@ fn transpose_4x4_32(r: [__m128i; 4]) -> [__m128i; 4] {
 #[inline]
 #[target_feature(enable = "sse2")]
 fn bytes_to_words(p: [__m128i; 4]) -> [__m128i; 4] {
-    let (ab0, cd0) = (_mm_unpacklo_epi8(p[0], p[1]), _mm_unpacklo_epi8(p[2], p[3]));
-    let (ab1, cd1) = (_mm_unpackhi_epi8(p[0], p[1]), _mm_unpackhi_epi8(p[2], p[3]));
-    [
-        _mm_unpacklo_epi16(ab0, cd0),
-        _mm_unpackhi_epi16(ab0, cd0),
-        _mm_unpacklo_epi16(ab1, cd1),
-        _mm_unpackhi_epi16(ab1, cd1),
-    ]
+    interleave4!(p, _mm_unpacklo_epi8, _mm_unpackhi_epi8, _mm_unpacklo_epi16, _mm_unpackhi_epi16)
 }
 
 /// Hints the CPU to fetch the cache line at `at` bytes into `data`

@@ -36,14 +36,7 @@ pub(in crate::backend::cpu::simd) fn shifted_block<const N: usize>(
             let v = _mm512_inserti32x4::<2>(v, column(o + 2));
             _mm512_permutexvar_epi8(major, _mm512_inserti32x4::<3>(v, column(o + 3)))
         });
-        let (ab0, cd0) = (_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpacklo_epi32(a[2], a[3]));
-        let (ab1, cd1) = (_mm512_unpackhi_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[2], a[3]));
-        [
-            _mm512_unpacklo_epi64(ab0, cd0),
-            _mm512_unpackhi_epi64(ab0, cd0),
-            _mm512_unpacklo_epi64(ab1, cd1),
-            _mm512_unpackhi_epi64(ab1, cd1),
-        ]
+        interleave4!(a, _mm512_unpacklo_epi32, _mm512_unpackhi_epi32, _mm512_unpacklo_epi64, _mm512_unpackhi_epi64)
     });
     // bytes[b][h]: byte b of columns 64h .. 64h + 64 (lanes transposed).
     let mut bytes = [[_mm512_setzero_si512(); 2]; 16];
