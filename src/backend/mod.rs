@@ -34,15 +34,19 @@ pub trait Backend: wgpu::WasmNotSendSync {
     /// which holds exactly `rows.len() · cols · out.size()` bytes.
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()>;
 
-    /// [`Backend::decode_rows`], awaited: a device runs its own asynchronous
-    /// path (in a browser nothing may block); the CPU simply decodes.
+    /// [`Backend::decode_rows`], awaited: the GPU decoder underneath runs
+    /// its own asynchronous path (in a browser nothing may block); the CPU
+    /// simply decodes.
     fn decode_rows_async<'a>(
         &'a self,
         job: &'a DecodeJob<'a>,
         rows: Range<usize>,
         out: &'a mut [u8],
     ) -> Decoding<'a> {
-        Box::pin(std::future::ready(self.decode_rows(job, rows, out)))
+        match self.gpu() {
+            Some(gpu) => Box::pin(gpu.decode_rows_async(job, rows, out)),
+            None => Box::pin(std::future::ready(self.decode_rows(job, rows, out))),
+        }
     }
 
     /// True when calls from two threads run at once and a caller gains by

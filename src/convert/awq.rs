@@ -22,7 +22,7 @@ use crate::error::{Error, Result, Rule};
 use crate::formats::awq::{self, Config};
 use crate::formats::not_converted;
 use crate::job::ZeroPoint;
-use crate::output::rearrange::Rearrange;
+use crate::output::rearrange::{Rearrange, Repack};
 use crate::plan::{Output, Plan, Source};
 
 /// compressed-tensors' `ignore`: `lm_head`, and each module not converted as
@@ -117,12 +117,12 @@ pub(super) fn convert<'c>(ckpt: &'c Checkpoint, cfg: &Config, mut plan: Plan<'c>
                 format!("shape {:?}; AWQ scales are 2-D", scales.shape),
             ));
         }
-        let packed = Rearrange::Repack {
+        let packed = Rearrange::Repack(Repack {
             fields: job.codes.clone(),
             rows,
             cols,
             down_columns: false,
-        };
+        });
         outputs.push(out(
             "weight_packed",
             Dtype::I32,
@@ -147,12 +147,12 @@ pub(super) fn convert<'c>(ckpt: &'c Checkpoint, cfg: &Config, mut plan: Plan<'c>
             Source::Bytes(shape),
         ));
         if let Some(ZeroPoint::PackedAlongCols { fields }) = &job.zero {
-            let zeros = Rearrange::Repack {
+            let zeros = Rearrange::Repack(Repack {
                 fields: fields.clone(),
                 rows,
                 cols: cols.div_ceil(group),
                 down_columns: true,
-            };
+            });
             outputs.push(out(
                 "weight_zero_point",
                 Dtype::I32,

@@ -13,21 +13,8 @@ use crate::numerics::OutDtype;
 pub enum Rearrange<'a> {
     /// A stored 2-D tensor transposed, element size kept.
     Transpose(TensorRef<'a>),
-    /// The b-bit fields of a stored stream, read as the matrix
-    /// `m[r][c] = fields.get(0, c, r)` (`rows × cols`, the transpose of the
-    /// stored lanes), packed LSB-first into little-endian int32 words as
-    /// compressed-tensors' `pack_to_int32` does: along each row
-    /// (`[rows, ⌈cols·b/32⌉]`), or down each column (`[⌈rows·b/32⌉, cols]`).
-    Repack {
-        /// The stored fields.
-        fields: Fields<'a>,
-        /// Rows of `m`.
-        rows: usize,
-        /// Columns of `m`.
-        cols: usize,
-        /// Pack down columns (`packed_dim=0`) instead of along rows.
-        down_columns: bool,
-    },
+    /// Fields of a stored stream packed anew ([`Repack`]).
+    Repack(Repack<'a>),
     /// Floating point tensors of one shape with their last dimension's
     /// elements taken in turn (`[a0, b0, a1, b1, …]`), in dtype `to`.
     Interleave {
@@ -36,6 +23,61 @@ pub enum Rearrange<'a> {
         /// The result's dtype (each part's values cast to it).
         to: OutDtype,
     },
+}
+
+/// The b-bit fields of a stored stream, read as the matrix
+/// `m[r][c] = fields.get(0, c, r)` (`rows × cols`, the transpose of the
+/// stored lanes), packed LSB-first into little-endian int32 words as
+/// compressed-tensors' `pack_to_int32` does: along each row
+/// (`[rows, ⌈cols·b/32⌉]`), or down each column (`[⌈rows·b/32⌉, cols]`).
+#[derive(Debug)]
+pub struct Repack<'a> {
+    /// The stored fields.
+    pub fields: Fields<'a>,
+    /// Rows of `m`.
+    pub rows: usize,
+    /// Columns of `m`.
+    pub cols: usize,
+    /// Pack down columns (`packed_dim=0`) instead of along rows.
+    pub down_columns: bool,
+}
+
+impl Repack<'_> {
+    /// Shape of the packed words.
+    fn shape(&self) -> Vec<usize> {
+        let words = |n: usize| (n * self.fields.bits as usize).div_ceil(32);
+        if self.down_columns {
+            vec![words(self.rows), self.cols]
+        } else {
+            vec![self.rows, words(self.cols)]
+        }
+    }
+
+    /// The packed words' bytes.
+    fn bytes(&self) -> Vec<u8> {
+        let shape = self.shape();
+        let mut words = vec![0u32; shape[0] * shape[1]];
+        let b = self.fields.bits as usize;
+        for c in 0..self.cols {
+            for r in 0..self.rows {
+                let v = self.fields.get(0, c, r);
+                // A packed lane's first word, its field index, and the
+                // distance from one of its words to the next.
+                let (first, i, step) = if self.down_columns {
+                    (c, r, shape[1])
+                } else {
+                    (r * shape[1], c, 1)
+                };
+                let bit = i * b;
+                let at = first + (bit / 32) * step;
+                words[at] |= v << (bit % 32);
+                if bit % 32 + b > 32 {
+                    words[at + step] |= v >> (32 - bit % 32);
+                }
+            }
+        }
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
 }
 
 impl<'a> Rearrange<'a> {
@@ -50,19 +92,7 @@ impl<'a> Rearrange<'a> {
                 }
                 shape
             }
-            Rearrange::Repack {
-                fields,
-                rows,
-                cols,
-                down_columns,
-            } => {
-                let words = |n: usize| (n * fields.bits as usize).div_ceil(32);
-                if *down_columns {
-                    vec![words(*rows), *cols]
-                } else {
-                    vec![*rows, words(*cols)]
-                }
-            }
+            Rearrange::Repack(p) => p.shape(),
         }
     }
 
@@ -70,7 +100,7 @@ impl<'a> Rearrange<'a> {
     pub fn byte_len(&self) -> usize {
         match self {
             Rearrange::Transpose(t) => t.len(),
-            Rearrange::Repack { .. } => self.shape().iter().product::<usize>() * 4,
+            Rearrange::Repack(_) => self.shape().iter().product::<usize>() * 4,
             Rearrange::Interleave { to, .. } => self.shape().iter().product::<usize>() * to.size(),
         }
     }
@@ -79,7 +109,7 @@ impl<'a> Rearrange<'a> {
     pub fn inputs(&self) -> Vec<TensorRef<'a>> {
         match self {
             Rearrange::Transpose(t) => vec![*t],
-            Rearrange::Repack { fields, .. } => fields.data.tensor().into_iter().collect(),
+            Rearrange::Repack(p) => p.fields.data.tensor().into_iter().collect(),
             Rearrange::Interleave { parts, .. } => parts.clone(),
         }
     }
@@ -103,35 +133,7 @@ impl<'a> Rearrange<'a> {
                 }
                 Ok(out)
             }
-            Rearrange::Repack {
-                fields,
-                rows,
-                cols,
-                down_columns,
-            } => {
-                let shape = self.shape();
-                let mut words = vec![0u32; shape[0] * shape[1]];
-                let b = fields.bits as usize;
-                for c in 0..*cols {
-                    for r in 0..*rows {
-                        let v = fields.get(0, c, r);
-                        // A packed lane's first word, its field index, and the
-                        // distance from one of its words to the next.
-                        let (first, i, step) = if *down_columns {
-                            (c, r, shape[1])
-                        } else {
-                            (r * shape[1], c, 1)
-                        };
-                        let bit = i * b;
-                        let at = first + (bit / 32) * step;
-                        words[at] |= v << (bit % 32);
-                        if bit % 32 + b > 32 {
-                            words[at + step] |= v >> (32 - bit % 32);
-                        }
-                    }
-                }
-                Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
-            }
+            Rearrange::Repack(p) => Ok(p.bytes()),
             Rearrange::Interleave { parts, to } => {
                 let size = to.size();
                 let n = parts.len();

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{Backend, Decoding};
+use crate::backend::Backend;
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
 use layout::{Chunk, Fast, Kernel, Limits, Tile};
@@ -862,15 +862,6 @@ impl Backend for GpuDecoder {
         GpuDecoder::decode_rows(self, job, rows, out)
     }
 
-    fn decode_rows_async<'a>(
-        &'a self,
-        job: &'a DecodeJob<'a>,
-        rows: Range<usize>,
-        out: &'a mut [u8],
-    ) -> Decoding<'a> {
-        Box::pin(GpuDecoder::decode_rows_async(self, job, rows, out))
-    }
-
     fn decodes_ahead(&self) -> bool {
         true
     }
@@ -887,15 +878,6 @@ impl Backend for Gpu {
 
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
         self.decoder.decode_rows(job, rows, out)
-    }
-
-    fn decode_rows_async<'a>(
-        &'a self,
-        job: &'a DecodeJob<'a>,
-        rows: Range<usize>,
-        out: &'a mut [u8],
-    ) -> Decoding<'a> {
-        Box::pin(self.decoder.decode_rows_async(job, rows, out))
     }
 
     /// On hardware only: a software adapter computes on the CPU cores the

@@ -111,27 +111,28 @@ mod tests {
     }
 
     #[test]
-    fn group_scales_cover_every_entry_once() {
-        let (rows, groups) = (256, 4);
-        bijective(rows, groups, |n, g| group_scale(n, g, groups));
-        // c = 2q + 8b + 16a + d: row 2 is the next 4-wide step, row 8 the next pair.
-        assert_eq!(group_scale(1, 0, 1), 1);
-        assert_eq!(group_scale(2, 0, 1), 4);
-        assert_eq!(group_scale(8, 0, 1), 2);
-        assert_eq!(group_scale(16, 0, 1), 16);
-        assert_eq!(group_scale(0, 1, 2), 128);
-        assert_eq!(group_scale(128, 0, 2), 256);
-    }
-
-    #[test]
-    fn micro_scales_cover_every_entry_once() {
-        let (rows, groups) = (256, 8);
-        bijective(rows, groups, |n, g| micro_scale(n, g, groups));
-        assert_eq!(micro_scale(0, 1, 8), 1);
-        assert_eq!(micro_scale(32, 0, 8), 4);
-        assert_eq!(micro_scale(8, 0, 8), 16);
-        assert_eq!(micro_scale(1, 0, 8), 64);
-        assert_eq!(micro_scale(0, 4, 8), 512);
+    fn group_and_micro_scales_cover_every_entry_once() {
+        bijective(256, 4, |n, g| group_scale(n, g, 4));
+        bijective(256, 8, |n, g| micro_scale(n, g, 8));
+        type Scale = fn(usize, usize, usize) -> usize;
+        let (group, micro): (Scale, Scale) = (group_scale, micro_scale);
+        // Entry (n, g) of `groups` lands at `at`. Group scales: c = 2q + 8b
+        // + 16a + d: row 2 is the next 4-wide step, row 8 the next pair.
+        for (f, n, g, groups, at) in [
+            (group, 1, 0, 1, 1),
+            (group, 2, 0, 1, 4),
+            (group, 8, 0, 1, 2),
+            (group, 16, 0, 1, 16),
+            (group, 0, 1, 2, 128),
+            (group, 128, 0, 2, 256),
+            (micro, 0, 1, 8, 1),
+            (micro, 32, 0, 8, 4),
+            (micro, 8, 0, 8, 16),
+            (micro, 1, 0, 8, 64),
+            (micro, 0, 4, 8, 512),
+        ] {
+            assert_eq!(f(n, g, groups), at, "({n}, {g}) of {groups} groups");
+        }
     }
 
     #[test]
