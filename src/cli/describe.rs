@@ -70,16 +70,11 @@ pub(super) fn formats(json: bool) -> Result<u8, Error> {
         print_json(&all)?;
         return Ok(0);
     }
-    println!("formats (bits; modes):");
+    println!("formats (code bits; modes; producers):");
     for f in &all.formats {
         let bits: Vec<String> = f.bits.iter().map(u32::to_string).collect();
-        println!(
-            "  {:<20} {} bits; {}  [{}]",
-            f.name,
-            bits.join(", "),
-            f.modes.join(", "),
-            f.producers
-        );
+        println!("  {:<19} {} bits; {}", f.name, bits.join(", "), f.producers);
+        println!("  {:<19} {}", "", f.modes.join(", "));
     }
     println!("gguf types (bits per weight):");
     for t in &all.gguf_types {
