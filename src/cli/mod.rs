@@ -1,6 +1,6 @@
 //! The `wgpu-dequant` command line (the `cli` feature). The binary
 //! (src/bin/wgpu-dequant/main.rs) and the Python package's `wgpu-dequant`
-//! console script run [`main`] with their arguments. Like the other hosts it
+//! console script run `main` with their arguments. Like the other hosts it
 //! reaches the library only by its public paths (`wgpu_dequant::…`).
 
 mod args;
