@@ -38,6 +38,11 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
 
+// The command line (`cli`) reaches the library by its public paths, as the
+// other hosts do.
+#[cfg(feature = "cli")]
+extern crate self as wgpu_dequant;
+
 /// Declares modules that only the integration tests, the fuzz targets and
 /// the benchmarks reach into: public with the non-default `testing` feature
 /// (hidden from the docs), private otherwise. Their items are `pub` for
@@ -74,6 +79,10 @@ internal! {
 #[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod bench;
+/// The `wgpu-dequant` command line (the `cli` feature, on by default): the
+/// binary and the Python package's console script both run [`cli::main`].
+#[cfg(feature = "cli")]
+pub mod cli;
 mod error;
 #[cfg(not(target_arch = "wasm32"))]
 mod hub;
@@ -82,9 +91,10 @@ mod model;
 pub mod repo;
 mod run;
 pub mod stream;
+mod supported;
 
 pub use backend::gpu::{GpuDecoder, PackedLinear};
-pub use backend::BackendChoice;
+pub use backend::{BackendChoice, GpuApi};
 pub use convert::ConvertTo;
 pub use error::{Cause, Error, Result, Rule};
 pub use model::{Linears, Model, TensorInfo};
@@ -92,6 +102,7 @@ pub use numerics::{DtypeChoice, OutDtype};
 pub use plan::Warning;
 pub use report::{Finding, Report, Validation};
 pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options};
+pub use supported::{supported, FormatSupport, GgufArchitecture, GgufTypeSupport, Supported};
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
 pub use writer::{

@@ -152,16 +152,18 @@ pub enum DtypeChoice {
 
 impl std::str::FromStr for DtypeChoice {
     type Err = Error;
-    /// `auto`, or an output dtype's name (`bf16`, `f16`, `f32`, or torch's).
+    /// `auto`, or an output dtype's name (`bf16`, `f16`, `f32`, or torch's
+    /// and the usual others: `bfloat16`, `float16`, `fp16`, `half`,
+    /// `float32`, `fp32`), in any case.
     fn from_str(s: &str) -> Result<Self> {
-        match s {
+        match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(DtypeChoice::Auto),
             name => OutDtype::from_name(name)
                 .map(DtypeChoice::Fixed)
                 .ok_or_else(|| {
                     Error::bare(
                         Rule::Argument,
-                        format!("--dtype: {s:?} is not one of auto, bf16, f16, f32"),
+                        format!("--dtype: {s:?} is not one of auto, bf16, f16, f32 (or bfloat16, float16, fp16, half, float32, fp32)"),
                     )
                 }),
         }

@@ -15,7 +15,7 @@ use std::ops::Range;
 use std::pin::Pin;
 
 pub use cpu::{way, Cpu, Kernels, Way};
-pub use select::{select, select_async, BackendChoice};
+pub use select::{select, select_async, BackendChoice, GpuApi};
 #[cfg(feature = "testing")]
 pub use select::Fallback;
 

@@ -116,19 +116,73 @@ pub enum BackendChoice {
     Gpu,
     /// The CPU.
     Cpu,
+    /// The GPU through this graphics API only (`gpu` with one of wgpu's
+    /// backends); an error when it reaches no adapter.
+    GpuApi(GpuApi),
+}
+
+/// A graphics API wgpu drives a GPU through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuApi {
+    /// Vulkan (Linux, Windows, Android; NVIDIA and AMD cards among others).
+    Vulkan,
+    /// Metal (macOS, iOS).
+    Metal,
+    /// Direct3D 12 (Windows).
+    Dx12,
+    /// OpenGL / OpenGL ES (where wgpu is built with it).
+    Gl,
+}
+
+impl GpuApi {
+    /// Every API, in the order their names are listed.
+    pub const ALL: [GpuApi; 4] = [GpuApi::Vulkan, GpuApi::Metal, GpuApi::Dx12, GpuApi::Gl];
+
+    /// The name `--backend` takes (`vulkan`, `metal`, `dx12`, `gl`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuApi::Vulkan => "vulkan",
+            GpuApi::Metal => "metal",
+            GpuApi::Dx12 => "dx12",
+            GpuApi::Gl => "gl",
+        }
+    }
+
+    /// wgpu's backend set of this API alone.
+    pub fn backends(self) -> wgpu::Backends {
+        match self {
+            GpuApi::Vulkan => wgpu::Backends::VULKAN,
+            GpuApi::Metal => wgpu::Backends::METAL,
+            GpuApi::Dx12 => wgpu::Backends::DX12,
+            GpuApi::Gl => wgpu::Backends::GL,
+        }
+    }
 }
 
 impl std::str::FromStr for BackendChoice {
     type Err = Error;
+    /// `auto`, `gpu`, `cpu` or a graphics API's name, in any case; CUDA and
+    /// ROCm are told that the GPU path reaches their cards through Vulkan.
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
+        let name = s.trim().to_ascii_lowercase();
+        match name.as_str() {
             "auto" => Ok(BackendChoice::Auto),
             "gpu" => Ok(BackendChoice::Gpu),
             "cpu" => Ok(BackendChoice::Cpu),
-            _ => Err(Error::bare(
+            "cuda" | "rocm" | "hip" => Err(Error::bare(
                 Rule::Argument,
-                format!("--backend: {s:?} is not one of auto, gpu, cpu"),
+                format!(
+                    "--backend: {s:?}: there is no {} backend; the GPU path reaches NVIDIA and AMD cards through Vulkan (--backend gpu)",
+                    if name == "cuda" { "CUDA" } else { "ROCm" }
+                ),
             )),
+            _ => match GpuApi::ALL.into_iter().find(|api| api.name() == name) {
+                Some(api) => Ok(BackendChoice::GpuApi(api)),
+                None => Err(Error::bare(
+                    Rule::Argument,
+                    format!("--backend: {s:?} is not one of auto, gpu, cpu, vulkan, metal, dx12, gl"),
+                )),
+            },
         }
     }
 }
@@ -139,6 +193,7 @@ impl std::fmt::Display for BackendChoice {
             BackendChoice::Auto => "auto",
             BackendChoice::Gpu => "gpu",
             BackendChoice::Cpu => "cpu",
+            BackendChoice::GpuApi(api) => api.name(),
         })
     }
 }
@@ -155,10 +210,18 @@ pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Op
     if choice == BackendChoice::Cpu {
         return Ok((Box::new(Cpu::new()), None));
     }
-    let adapter = gpu::find_adapter_async().await;
-    if choice == BackendChoice::Gpu {
+    let api = match choice {
+        BackendChoice::GpuApi(api) => Some(api),
+        _ => None,
+    };
+    let adapter = gpu::find_adapter_on_async(api.map(GpuApi::backends)).await;
+    if choice == BackendChoice::Gpu || api.is_some() {
         return match adapter {
             Some(adapter) => Ok((Box::new(Gpu::open_async(&adapter).await?), None)),
+            None if api.is_some() => Err(Error::bare(
+                Rule::Gpu,
+                format!("--backend {choice}: no {choice} adapter found (--backend gpu takes any API's)"),
+            )),
             None => Err(Error::bare(
                 Rule::Gpu,
                 format!("--backend gpu: {}", gpu::no_adapter_message(true)),

@@ -681,7 +681,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let bad = || {
         Error::bare(
             Rule::Argument,
-            format!("size {s:?}: expected bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB, above 0"),
+            format!("size {s:?}: expected bytes or a number with KB, MB, GB, TB (or K, M, G, T), KiB, MiB, GiB or TiB, above 0"),
         )
     };
     let t = s.trim();
@@ -691,10 +691,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let (number, unit) = t.split_at(split);
     let unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
+        // llama.cpp's `--split-max-size 5G` counts in powers of 1000 too.
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "t" | "tb" => 1_000_000_000_000,
         "kib" => 1 << 10,
         "mib" => 1 << 20,
         "gib" => 1 << 30,
@@ -723,6 +724,10 @@ mod tests {
             ("100kb", 100_000),
             ("4096", 4096),
             ("10 MiB", 10 << 20),
+            ("5G", 5_000_000_000),
+            ("5 GB", 5_000_000_000),
+            ("5GiB", 5 << 30),
+            ("2t", 2_000_000_000_000),
         ] {
             assert_eq!(parse_size(s).ok(), Some(want), "{s}");
         }

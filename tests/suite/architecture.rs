@@ -159,8 +159,12 @@ fn the_plan_is_data_and_formats_do_not_run_backends() {
 #[test]
 fn hosts_call_the_core_and_reimplement_none_of_it() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The command line lives in the library (the `cli` feature, which the
+    // binary and the Python package's console script run) and is held to
+    // the same rule: `wgpu_dequant::` paths only, never `crate::`.
     let hosts = [
         "src/bin/wgpu-dequant",
+        "src/cli",
         "bindings/python/src",
         "bindings/c/src",
         "web/src",
@@ -213,7 +217,13 @@ fn hosts_call_the_core_and_reimplement_none_of_it() {
             .map(str::trim_start)
             .filter(|l| !l.starts_with("//"))
             .collect();
+        let in_crate = file.starts_with(root.join("src"));
         for line in &code {
+            assert!(
+                !(in_crate && line.contains("crate::")),
+                "{}: the command line reaches the library by its public paths: {line}",
+                file.display()
+            );
             for word in forbidden {
                 assert!(
                     !line.contains(word),

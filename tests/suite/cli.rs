@@ -1213,3 +1213,5 @@ fn printing_into_a_closed_pipe_ends_quietly() {
         );
     }
 }
+
+mod habits;

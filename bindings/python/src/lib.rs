@@ -200,12 +200,23 @@ fn merge_index(path: &str) -> PyResult<String> {
     Ok(p.to_string_lossy().into_owned())
 }
 
+/// The `wgpu-dequant` command line, run in this process on `args` (the
+/// program's name first): the console script `pip install` puts on PATH.
+/// Returns the exit status; an interruption ends the process by its
+/// signal, as the binary's does. The GIL is released meanwhile, so that the
+/// CLI's own signal handling, not Python's, answers Ctrl-C.
+#[pyfunction]
+fn cli_main(py: Python<'_>, args: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(|| wgpu_dequant::cli::main(args))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCheckpoint>()?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(merge_index, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("DequantError", m.py().get_type::<DequantError>())?;
     Ok(())
 }

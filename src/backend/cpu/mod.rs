@@ -92,7 +92,8 @@ impl Cpu {
 
 impl Backend for Cpu {
     fn name(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        let threads = rayon::current_num_threads();
+        format!("cpu ({threads} thread{})", if threads == 1 { "" } else { "s" })
     }
 
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {

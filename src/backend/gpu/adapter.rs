@@ -10,16 +10,27 @@ pub fn find_adapter() -> Option<wgpu::Adapter> {
 
 /// [`find_adapter`], awaited: in a browser, WebGPU's adapter.
 pub async fn find_adapter_async() -> Option<wgpu::Adapter> {
+    find_adapter_on_async(None).await
+}
+
+/// [`find_adapter_async`] among the adapters of the graphics APIs `only`
+/// names (all those `WGPU_BACKEND` allows when `None`).
+pub async fn find_adapter_on_async(only: Option<wgpu::Backends>) -> Option<wgpu::Adapter> {
     // A browser without WebGPU (or one that only pretends to have it).
     #[cfg(target_arch = "wasm32")]
     if !wgpu::util::is_browser_webgpu_supported().await {
         return None;
     }
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if let Some(only) = only {
+        descriptor.backends = only;
+    }
+    let instance = wgpu::Instance::new(descriptor);
     if let Ok(name) = std::env::var("WGPU_ADAPTER_NAME") {
         let name = name.to_lowercase();
-        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let adapters = instance
+            .enumerate_adapters(only.unwrap_or(wgpu::Backends::all()))
+            .await;
         return adapters
             .into_iter()
             .find(|a| a.get_info().name.to_lowercase().contains(&name));

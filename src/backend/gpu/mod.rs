@@ -14,7 +14,9 @@ mod layout;
 mod matmul;
 mod shader;
 
-pub use adapter::{find_adapter, find_adapter_async, is_hardware, no_adapter_message};
+pub use adapter::{
+    find_adapter, find_adapter_async, find_adapter_on_async, is_hardware, no_adapter_message,
+};
 pub use matmul::PackedLinear;
 pub(crate) use matmul::Product;
 

@@ -17,7 +17,7 @@ const UNDOING: u8 = 1;
 const FINISHED: u8 = 2;
 
 /// Starts listening; returns an error message when the platform refuses.
-pub fn install() -> Result<(), String> {
+pub(super) fn install() -> Result<(), String> {
     platform::install()
 }
 
@@ -25,7 +25,7 @@ pub fn install() -> Result<(), String> {
 /// goes away (`| head`) ends the process quietly, as it ends `cat`, instead
 /// of a panic on the failed print. Rust starts with SIGPIPE ignored; a run
 /// that writes an output keeps it so (its own error path undoes the run).
-pub fn quiet_on_closed_pipe() {
+pub(super) fn quiet_on_closed_pipe() {
     #[cfg(unix)]
     // SAFETY: called before any thread that prints exists; setting a
     // signal's disposition to its default touches no Rust state.
@@ -40,7 +40,7 @@ pub fn quiet_on_closed_pipe() {
 /// handler; returns only when the run committed before the interruption
 /// (its output stays, and so does its exit status). Otherwise the handler
 /// ends the process.
-pub fn settle() {
+pub(super) fn settle() {
     loop {
         match STAGE.load(Ordering::SeqCst) {
             CALM | FINISHED => return,
@@ -87,7 +87,7 @@ mod platform {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     use signal_hook::iterator::Signals;
 
-    pub fn install() -> Result<(), String> {
+    pub(super) fn install() -> Result<(), String> {
         let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(|e| e.to_string())?;
         std::thread::Builder::new()
             .name("signals".into())
@@ -117,7 +117,7 @@ mod platform {
     /// What a console process ended by Ctrl-C exits with (STATUS_CONTROL_C_EXIT).
     const CONTROL_C_EXIT: i32 = 0xC000_013A_u32 as i32;
 
-    pub fn install() -> Result<(), String> {
+    pub(super) fn install() -> Result<(), String> {
         // Ctrl-C, Ctrl-Break and the console window closing.
         ctrlc::set_handler(|| {
             if super::undo("Ctrl-C") {
@@ -132,7 +132,7 @@ mod platform {
 mod platform {
     /// No signals to listen to here (e.g. WASI): a killed run is cleaned up
     /// by the next one, which finds its staging folder unlocked.
-    pub fn install() -> Result<(), String> {
+    pub(super) fn install() -> Result<(), String> {
         Ok(())
     }
 }

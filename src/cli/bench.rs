@@ -3,16 +3,16 @@
 //! are in docs/performance.md).
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use wgpu_dequant::bench;
-use wgpu_dequant::Error;
+use wgpu_dequant::{BackendChoice, Error, Rule};
 
-use crate::{megabytes, BackendArg};
+use super::args::{backend_or_env, backends};
+use super::meter::megabytes;
 
 /// `bench`'s arguments.
 #[derive(clap::Args)]
-pub(crate) struct Args {
+pub(super) struct Args {
     /// Rows of the benchmark weights.
     #[arg(long, default_value_t = 8192)]
     rows: usize,
@@ -36,8 +36,9 @@ pub(crate) struct Args {
     dir: PathBuf,
     /// What to measure: cpu, gpu (any adapter), or auto (the CPU, and a
     /// hardware GPU when there is one).
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto, env = "WGPU_DEQUANT_BACKEND")]
-    backend: BackendArg,
+    /// Default: the WGPU_DEQUANT_BACKEND variable, else auto.
+    #[arg(long, value_name = "BACKEND", value_parser = backends())]
+    backend: Option<BackendChoice>,
     /// Only the kernel cases whose name contains this text, e.g.
     /// `gptq` (the straight int4 cases, with and without zero points, stay
     /// as the baselines of the input-packed ones).
@@ -63,7 +64,7 @@ pub(crate) struct Args {
 }
 
 /// Runs `bench` with its arguments.
-pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
+pub(super) fn run(args: Args) -> Result<u8, Error> {
     let Args {
         rows,
         cols,
@@ -78,13 +79,24 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         gemv_shape,
         gemv_m,
     } = args;
+    let backend = match backend_or_env(backend)? {
+        BackendChoice::GpuApi(api) => {
+            let detail = format!(
+                "bench: --backend {}: the benchmarks take auto, gpu or cpu (WGPU_BACKEND={} picks the API)",
+                api.name(),
+                api.name()
+            );
+            return Err(Error::bare(Rule::Argument, detail));
+        }
+        choice => choice,
+    };
     show(
         &bench::Settings {
             rows,
             cols,
             runs: runs as usize,
             e2e: e2e_gb.map(|gb| (gb, e2e_shape, dir)),
-            backend: backend.into(),
+            backend,
             only,
             gemv: gemv.then(|| bench::Gemv {
                 shapes: match gemv_shape.is_empty() {
@@ -101,7 +113,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
     )
 }
 
-fn show(settings: &bench::Settings, json: bool) -> Result<ExitCode, Error> {
+fn show(settings: &bench::Settings, json: bool) -> Result<u8, Error> {
     // The device the GPU figures were measured on (the line that precedes
     // them), named in each of their JSON lines.
     let mut device: Option<String> = None;
@@ -128,7 +140,7 @@ fn show(settings: &bench::Settings, json: bool) -> Result<ExitCode, Error> {
         }
         bench::Line::Say(text) => println!("{text}"),
     })?;
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 fn positive_gb(s: &str) -> Result<f64, String> {
