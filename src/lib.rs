@@ -102,7 +102,7 @@ pub use numerics::{DtypeChoice, OutDtype};
 pub use plan::Warning;
 pub use report::{Finding, Report, Validation};
 pub use run::{convert, dequantize, inspect, validate, Dequantize, Note, Options};
-pub use supported::{supported, FormatSupport, GgufArchitecture, GgufTypeSupport, Supported};
+pub use supported::Supported;
 /// The wgpu this crate is built with, for apps that hand it their device.
 pub use wgpu;
 pub use writer::{

@@ -65,24 +65,11 @@ fn write_out(bytes: &[u8]) -> Result<u8, Error> {
 /// `formats`: the checkpoint formats with their bit widths and modes, the
 /// GGUF tensor types and the GGUF architectures.
 pub(super) fn formats(json: bool) -> Result<u8, Error> {
-    let all = wgpu_dequant::supported();
+    let all = wgpu_dequant::Supported::new();
     if json {
         print_json(&all)?;
-        return Ok(0);
-    }
-    println!("formats (code bits; modes; producers):");
-    for f in &all.formats {
-        let bits: Vec<String> = f.bits.iter().map(u32::to_string).collect();
-        println!("  {:<19} {} bits; {}", f.name, bits.join(", "), f.producers);
-        println!("  {:<19} {}", "", f.modes.join(", "));
-    }
-    println!("gguf types (bits per weight):");
-    for t in &all.gguf_types {
-        println!("  {:<8} {:>6.3}  {}", t.name, t.bits_per_weight, t.support);
-    }
-    println!("gguf architectures (transformers class):");
-    for a in &all.gguf_architectures {
-        println!("  {:<12} {}", a.gguf, a.class);
+    } else {
+        print!("{}", all.text());
     }
     Ok(0)
 }

@@ -27,6 +27,14 @@ use crate::job::{DecodeJob, Dims, Fields, ZeroPoint};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "awq",
+    producers: "AutoAWQ",
+    bits: &[BITS],
+    modes: &["gemm"],
+};
+
 /// Bits per code: the only width AutoAWQ GEMM writes.
 pub const BITS: u32 = 4;
 

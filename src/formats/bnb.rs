@@ -57,6 +57,14 @@ use crate::job::{gcd, DecodeJob, Dims, Fields, Nested, ValueKind, Values};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "bitsandbytes",
+    producers: "bitsandbytes (QLoRA, unsloth -bnb-4bit)",
+    bits: &[4, 8],
+    modes: &["nf4", "fp4", "llm.int8"],
+};
+
 /// The NF4 table of bitsandbytes' kernels (`dDequantizeNF4`), equal to the
 /// `quant_map` it stores.
 pub const NF4: [f32; 16] = [

@@ -22,6 +22,24 @@ use crate::output::fold::Fold;
 use crate::error::Warning;
 use crate::output::{Output, Source};
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "compressed-tensors",
+    producers: "llm-compressor, vLLM's releases",
+    bits: &[1, 2, 3, 4, 5, 6, 7, 8],
+    modes: &[
+        "pack-quantized (int, sym/asym, actorder)",
+        "nvfp4-pack-quantized",
+        "mxfp4-pack-quantized",
+        "int-quantized",
+        "float-quantized (fp8)",
+        "mxfp8-quantized",
+        "sparse-24-bitmask",
+        "sparse-bitmask",
+        "transforms (QuIP, SpinQuant)",
+    ],
+};
+
 /// Weight parameters of a compressed-tensors module (besides `weight` itself).
 const WEIGHT_PARAMS: &[&str] = &[
     "weight_packed",

@@ -22,6 +22,14 @@ use crate::job::ValueKind;
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "fbgemm-fp8",
+    producers: "fbgemm",
+    bits: &[8],
+    modes: &["fp8 per row"],
+};
+
 /// An fbgemm FP8 quantization config.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {

@@ -19,6 +19,14 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule};
 use crate::numerics::OutDtype;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "fp8-block",
+    producers: "DeepSeek-style FP8",
+    bits: &[8],
+    modes: &["fp8 block scales"],
+};
+
 /// An FP8 block quantization config.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {

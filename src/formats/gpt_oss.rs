@@ -23,6 +23,14 @@ use crate::job::{DecodeJob, Dims, Fields};
 use crate::numerics::{self, OutDtype};
 use crate::output::{Output, Source};
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "gpt-oss",
+    producers: "OpenAI GPT-OSS",
+    bits: &[4],
+    modes: &["mxfp4"],
+};
+
 /// Codes per scale: an MX "block", a group in [`ScaleLayout`] terms.
 const GROUP: usize = 32;
 

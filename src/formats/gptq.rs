@@ -50,6 +50,14 @@ use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPo
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "gptq",
+    producers: "GPTQModel, AutoGPTQ, AutoRound",
+    bits: &BITS,
+    modes: &["gptq (v1)", "gptq_v2", "auto-round (gptq-packed)"],
+};
+
 /// The code widths GPTQ packs this way.
 pub const BITS: [u32; 4] = [2, 3, 4, 8];
 

@@ -35,6 +35,14 @@ use crate::job::{DecodeJob, Dims, Fields, Nested, Product, ValueKind};
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "mlx",
+    producers: "mlx-lm",
+    bits: &[2, 3, 4, 5, 6, 8],
+    modes: &["affine", "mxfp4", "nvfp4", "mxfp8"],
+};
+
 /// How a module's values are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -24,7 +24,7 @@ use crate::numerics::{self, OutDtype};
 use crate::error::Warning;
 use crate::output::{Output, Source};
 
-pub use table::QuantConfig;
+pub use table::{QuantConfig, Support};
 pub use targets::{Glob, Target, Targets};
 
 // The format table: a line a format, its module, and the `quant_method`

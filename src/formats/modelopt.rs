@@ -28,6 +28,22 @@ use crate::job::{DecodeJob, Dims, Fields, Grid, LowRank, Product, ValueKind, Val
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "modelopt",
+    producers: "NVIDIA ModelOpt",
+    bits: &[4, 8],
+    modes: &[
+        "nvfp4",
+        "nvfp4-awq",
+        "int4-awq",
+        "fp8",
+        "fp8-per-channel",
+        "fp8-block",
+        "mxfp8",
+    ],
+};
+
 /// A ModelOpt quantization config.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {

@@ -30,6 +30,14 @@ use crate::error::{Error, Result, Rule};
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "quark",
+    producers: "AMD Quark",
+    bits: &[4, 8],
+    modes: &["fp8", "mxfp4"],
+};
+
 /// What a Quark weight scheme stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -11,6 +11,19 @@ use super::from_value;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 
+/// What a format's module says it reads (`wgpu-dequant formats`).
+#[derive(Debug, serde::Serialize)]
+pub struct Support {
+    /// Its name, as `inspect --json`'s `format.kind` gives it.
+    pub name: &'static str,
+    /// Who writes it.
+    pub producers: &'static str,
+    /// The code widths decoded, in bits.
+    pub bits: &'static [u32],
+    /// Its schemes (value kinds and scale layouts).
+    pub modes: &'static [&'static str],
+}
+
 /// A `quantization_config` that names its format by `quant_method`: what
 /// a format's `Config::parse` reads.
 #[derive(Clone, Copy)]
@@ -37,7 +50,7 @@ impl QuantConfig<'_> {
 /// format config.json's `quantization_config` names, `by` and its
 /// `quant_method` values (after `|`, a spelling the refusal does not list).
 ///
-/// Each format module holds a `Config` with `format_line(&self) -> String`
+/// Each format module holds `SUPPORT`, its [`Support`], a `Config` with `format_line(&self) -> String`
 /// (inspect's format line) and `report_lines(&self) -> Vec<String>`, and
 /// `plan(&Config, &Checkpoint, OutDtype) -> Modules`; one named by
 /// `quant_method` also `Config::parse(&QuantConfig) -> Result<Config>`.
@@ -56,6 +69,9 @@ macro_rules! formats {
             /// No quantization: every tensor is copied.
             Dense,
         }
+
+        /// What each format reads, in the table's order.
+        pub const SUPPORT: &[&Support] = &[$(&$module::SUPPORT,)+];
 
         /// The `quant_method` values the refusal of an unknown one lists.
         const QUANT_METHODS: &[&str] = &[$($($($method,)+)?)+];

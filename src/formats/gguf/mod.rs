@@ -28,6 +28,14 @@ use crate::numerics::{f16_to_f32, OutDtype};
 use crate::output::blocks::{Blocks, MapBlocks};
 use crate::output::{Output, Source};
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "gguf",
+    producers: "llama.cpp, gguf-py",
+    bits: &[1, 2, 3, 4, 5, 6, 8],
+    modes: &["ggml block types (see gguf_types)"],
+};
+
 /// A GGUF model's description.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {

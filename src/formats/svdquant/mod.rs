@@ -25,6 +25,14 @@ use crate::numerics::{self, OutDtype};
 use crate::output::assembly::{Assembly, BiasSum, BiasTerm, Piece, Stack};
 use crate::output::{Output, Source};
 
+/// What this format module reads (`wgpu-dequant formats`).
+pub const SUPPORT: super::Support = super::Support {
+    name: "svdquant",
+    producers: "diffuse_compressor",
+    bits: &[4],
+    modes: &["int4", "fp4"],
+};
+
 /// Tensors only a quantized target has; with its `bias` and what the
 /// exporter may leave behind (`EXTRAS`), a dense checkpoint drops them.
 const QUANT_PARAMS: &[&str] = &[
