@@ -75,6 +75,26 @@ internal! {
     mod writer;
 }
 
+// rustfmt does not look inside macros: these declarations, which are never
+// compiled, show it the internal modules' files so that `cargo fmt` formats
+// them too.
+#[cfg(rustfmt)]
+#[path = "."]
+mod formatted {
+    mod backend;
+    mod checkpoint;
+    mod convert;
+    mod formats;
+    mod gguf;
+    mod hf;
+    mod job;
+    mod numerics;
+    mod output;
+    mod plan;
+    mod report;
+    mod writer;
+}
+
 /// The benchmarks `wgpu-dequant bench` runs (the `bench` feature).
 #[cfg(feature = "bench")]
 #[doc(hidden)]

@@ -112,7 +112,9 @@ impl OutDtype {
     pub fn round_all(self, v: &mut [f32]) {
         match self {
             // A bf16 widens by a shift (its NaN is canonical already).
-            OutDtype::Bf16 => v.iter_mut().for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16(*x)) << 16)),
+            OutDtype::Bf16 => v
+                .iter_mut()
+                .for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16(*x)) << 16)),
             OutDtype::F16 => v.iter_mut().for_each(|x| *x = f16_to_f32(f32_to_f16(*x))),
             OutDtype::F32 => {}
         }

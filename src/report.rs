@@ -122,7 +122,10 @@ impl Report {
                     action: match o.source {
                         Source::Copy(_) => "copy",
                         Source::Cast(..) => "cast",
-                        Source::Decode(_) | Source::Assemble(_) | Source::Fold(_) | Source::Blocks(_) => "decode",
+                        Source::Decode(_)
+                        | Source::Assemble(_)
+                        | Source::Fold(_)
+                        | Source::Blocks(_) => "decode",
                         Source::Bytes(_) | Source::Bias(_) | Source::Rearrange(_) => "compute",
                     },
                     scheme: o.scheme.clone(),

@@ -1,7 +1,7 @@
 // The matrix product kernels. Their module is the decode module
 // (shaders/decode/), these fragments of shaders/matmul/ in this order, then
 // the entry points of subgroups.wgsl or no_subgroups.wgsl, put together by
-// the host (src/backend/gpu/matmul.rs): gemv.wgsl (this file: the products'
+// the host (src/backend/gpu/matmul/mod.rs): gemv.wgsl (this file: the products'
 // bindings and constants, reads of x, and the packed kernels behind `gemv`
 // and `gemv_rows`), rows.wgsl (a row's words, groups and values, and the
 // sums that finish a product) and others.wgsl (the dense baseline, `gemv_t`

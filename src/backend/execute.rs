@@ -62,7 +62,11 @@ impl Output<'_> {
             Source::Bytes(b) => Ok(Cow::Borrowed(b)),
             Source::Bias(b) => Ok(Cow::Owned(b.bytes())),
             Source::Rearrange(r) => Ok(Cow::Owned(r.bytes()?)),
-            Source::Decode(_) | Source::Assemble(_) | Source::Cast(..) | Source::Fold(_) | Source::Blocks(_) => {
+            Source::Decode(_)
+            | Source::Assemble(_)
+            | Source::Cast(..)
+            | Source::Fold(_)
+            | Source::Blocks(_) => {
                 let rows = self.row_layout().map_or(0, |(rows, _)| rows);
                 let mut out = vec![0u8; self.byte_len()];
                 self.decode_rows_async(backend, 0..rows, &mut out).await?;
@@ -125,7 +129,11 @@ async fn blocks_rows(
             values
                 .par_chunks_mut(b.cols.max(1))
                 .zip(bytes.par_chunks(b.cols.max(1) * size))
-                .for_each(|(v, src)| v.iter_mut().zip(src.chunks_exact(size)).for_each(|(v, c)| *v = read(c)));
+                .for_each(|(v, src)| {
+                    v.iter_mut()
+                        .zip(src.chunks_exact(size))
+                        .for_each(|(v, c)| *v = read(c))
+                });
         }
     }
     let to = b.out;
@@ -192,7 +200,12 @@ async fn assembled_rows(
 
 /// Decodes rows `rows` of a folded weight into `out`: the bands of rows
 /// they fall in, decoded and folded, of which `rows` are kept.
-async fn folded_rows(f: &Fold<'_>, backend: &dyn Backend, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
+async fn folded_rows(
+    f: &Fold<'_>,
+    backend: &dyn Backend,
+    rows: Range<usize>,
+    out: &mut [u8],
+) -> Result<()> {
     let (total, cols) = f.dims();
     let row_bytes = cols * f.out.size();
     crate::backend::check_span(total, row_bytes, &rows, out)?;
@@ -200,7 +213,10 @@ async fn folded_rows(f: &Fold<'_>, backend: &dyn Backend, rows: Range<usize>, ou
         return Ok(());
     }
     let band = f.band();
-    let (b0, b1) = (rows.start / band * band, rows.end.next_multiple_of(band).min(total));
+    let (b0, b1) = (
+        rows.start / band * band,
+        rows.end.next_multiple_of(band).min(total),
+    );
     let mut wq = vec![0u8; (b1 - b0) * cols * f.job.out.size()];
     backend.decode_rows_async(&f.job, b0..b1, &mut wq).await?;
     if (b0, b1) == (rows.start, rows.end) {

@@ -15,9 +15,9 @@ use std::ops::Range;
 use std::pin::Pin;
 
 pub use cpu::{way, Cpu, Kernels, Way};
-pub use select::{select, select_async, BackendChoice, GpuApi};
 #[cfg(feature = "testing")]
 pub use select::Fallback;
+pub use select::{select, select_async, BackendChoice, GpuApi};
 
 use crate::error::{Error, Result, Rule};
 use crate::job::DecodeJob;
@@ -80,9 +80,16 @@ pub trait Backend: wgpu::WasmNotSendSync {
 /// Fails unless `rows` lies inside `job` and `out` holds exactly their bytes
 /// (backends call it before decoding; callers of the library can get it wrong).
 pub(crate) fn check_rows(job: &DecodeJob<'_>, rows: &Range<usize>, out: &[u8]) -> Result<()> {
-    if job.codes.blocks.is_some_and(|b| !b.is_valid() || b.bits() != job.codes.bits) {
+    if job
+        .codes
+        .blocks
+        .is_some_and(|b| !b.is_valid() || b.bits() != job.codes.bits)
+    {
         let detail = "codes in blocks: planes of 1, 2, 4 or 8 bits in runs of a power of two, inside the block, as wide as the stream's fields";
-        return Err(Error::bare(Rule::Argument, format!("decode_rows: {detail}")));
+        return Err(Error::bare(
+            Rule::Argument,
+            format!("decode_rows: {detail}"),
+        ));
     }
     check_span(
         job.dims.total_rows(),

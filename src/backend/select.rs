@@ -101,7 +101,10 @@ impl<B: Backend> Backend for Fallback<B> {
     }
 
     fn take_fallback(&self) -> Option<Error> {
-        self.failure.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -220,7 +223,9 @@ pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Op
             Some(adapter) => Ok((Box::new(Gpu::open_async(&adapter).await?), None)),
             None if api.is_some() => Err(Error::bare(
                 Rule::Gpu,
-                format!("--backend {choice}: no {choice} adapter found (--backend gpu takes any API's)"),
+                format!(
+                    "--backend {choice}: no {choice} adapter found (--backend gpu takes any API's)"
+                ),
             )),
             None => Err(Error::bare(
                 Rule::Gpu,
@@ -228,9 +233,8 @@ pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Op
             )),
         };
     }
-    let cpu = |note: String| -> (Box<dyn Backend>, Option<String>) {
-        (Box::new(Cpu::new()), Some(note))
-    };
+    let cpu =
+        |note: String| -> (Box<dyn Backend>, Option<String>) { (Box::new(Cpu::new()), Some(note)) };
     // In a browser the CPU path has one thread: any WebGPU adapter, a
     // software one too, decodes faster.
     let worth_it = |a: &wgpu::Adapter| gpu::is_hardware(a) || cfg!(target_arch = "wasm32");

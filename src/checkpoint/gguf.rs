@@ -101,7 +101,10 @@ impl Checkpoint {
             crate::gguf::parse_prefix(head, len, p)?
                 .ok_or_else(|| Error::new(Rule::Gguf, p, "its header was not read whole"))
         })?;
-        Ok(Some(Checkpoint::of_gguf_headers(headers, Origin::Listed(listing))))
+        Ok(Some(Checkpoint::of_gguf_headers(
+            headers,
+            Origin::Listed(listing),
+        )))
     }
 
     /// A GGUF model's checkpoint: its `files` (path, bytes) in split order.
@@ -128,7 +131,14 @@ impl Checkpoint {
                 }
             };
             let (a, b) = (t.offset as usize, (t.offset + t.size) as usize);
-            tables[t.file].push((t.name.clone(), Entry { dtype, shape, range: (a, b) }));
+            tables[t.file].push((
+                t.name.clone(),
+                Entry {
+                    dtype,
+                    shape,
+                    range: (a, b),
+                },
+            ));
             tensors.insert(t.name.clone(), (t.ty, t.shape.clone()));
             lookup.insert(t.name.clone(), t.file);
         }

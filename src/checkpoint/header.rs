@@ -138,12 +138,22 @@ impl Shard {
         Ok(Shard::new(path, Storage::Mapped(map), data_start, metadata))
     }
 
-    pub(super) fn new(path: &Path, storage: Storage, data_start: usize, metadata: Metadata) -> Shard {
+    pub(super) fn new(
+        path: &Path,
+        storage: Storage,
+        data_start: usize,
+        metadata: Metadata,
+    ) -> Shard {
         Shard::new_table(path, storage, data_start, Table::of(metadata))
     }
 
     /// A shard of the tensors of `table`.
-    pub(super) fn new_table(path: &Path, storage: Storage, data_start: usize, table: Table) -> Shard {
+    pub(super) fn new_table(
+        path: &Path,
+        storage: Storage,
+        data_start: usize,
+        table: Table,
+    ) -> Shard {
         let file_name = path
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())

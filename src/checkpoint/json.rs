@@ -138,7 +138,10 @@ mod tests {
             duplicate_key(br#"{"t": [{"k": 1}, {"k": 1, "k": 2}]}"#),
             Some("t[1].k".into())
         );
-        assert_eq!(duplicate_key(br#"[{"a": 1, "a": 2}]"#), Some("[0].a".into()));
+        assert_eq!(
+            duplicate_key(br#"[{"a": 1, "a": 2}]"#),
+            Some("[0].a".into())
+        );
         assert_eq!(
             duplicate_key(br#"{"k": [[0], [1, {"x": [{}, {"y": 1, "y": 2}]}]]}"#),
             Some("k[1][1].x[1].y".into())

@@ -61,7 +61,9 @@ impl Listing {
 
     /// The size and first bytes read of file `name`.
     pub(crate) fn get(&self, name: &str) -> Option<(u64, &[u8])> {
-        self.files.get(name).map(|(len, head)| (*len, head.as_slice()))
+        self.files
+            .get(name)
+            .map(|(len, head)| (*len, head.as_slice()))
     }
 
     /// Every file's name.

@@ -16,13 +16,13 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-pub use header::{parse_header, Shard};
-use header::Storage;
-pub use listing::{Listing, Wanted};
-use origin::Origin;
-pub use origin::JsonFile;
-pub use tensor::TensorRef;
 pub use gguf::Gguf;
+use header::Storage;
+pub use header::{parse_header, Shard};
+pub use listing::{Listing, Wanted};
+pub use origin::JsonFile;
+use origin::Origin;
+pub use tensor::TensorRef;
 
 use crate::error::{Error, Result, Rule};
 
@@ -363,7 +363,17 @@ impl Checkpoint {
 /// Whether file `name` holds weights in some format (safetensors, PyTorch,
 /// GGUF, …): what a dense checkpoint does not copy as a side file.
 pub fn is_weights(name: &str) -> bool {
-    const WEIGHTS: &[&str] = &["safetensors", "bin", "pt", "pth", "ckpt", "gguf", "h5", "msgpack", "onnx"];
+    const WEIGHTS: &[&str] = &[
+        "safetensors",
+        "bin",
+        "pt",
+        "pth",
+        "ckpt",
+        "gguf",
+        "h5",
+        "msgpack",
+        "onnx",
+    ];
     Path::new(name)
         .extension()
         .is_some_and(|x| WEIGHTS.iter().any(|w| x.eq_ignore_ascii_case(w)))

@@ -18,7 +18,6 @@ pub struct JsonFile {
     pub value: Value,
 }
 
-
 /// Where the checkpoint's files are.
 pub(super) enum Origin {
     /// In this directory on disk.

@@ -142,4 +142,3 @@ impl<'a> TensorRef<'a> {
         Error::tensor(rule, self.file, self.name, detail)
     }
 }
-

@@ -72,7 +72,11 @@ fn ct_config(cfg: &Config, group: usize) -> Value {
 }
 
 /// Converts the planned AutoAWQ checkpoint `plan`.
-pub(super) fn convert<'c>(ckpt: &'c Checkpoint, cfg: &Config, mut plan: Plan<'c>) -> Result<Plan<'c>> {
+pub(super) fn convert<'c>(
+    ckpt: &'c Checkpoint,
+    cfg: &Config,
+    mut plan: Plan<'c>,
+) -> Result<Plan<'c>> {
     plan.check()?;
     let Some(group) = cfg.group_size else {
         return Err(Error::new(

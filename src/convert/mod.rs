@@ -53,7 +53,8 @@ pub fn plan(ckpt: &Checkpoint, to: ConvertTo) -> Result<Plan<'_>> {
     // experts: the converters find modules by the planned outputs' names).
     let mut plan = Plan::build(ckpt, DtypeChoice::Fixed(OutDtype::F32), Names::Stored)?;
     // The card says the weights are dense: a converted checkpoint is not.
-    plan.generated.retain(|(name, _)| name != crate::checkpoint::CARD);
+    plan.generated
+        .retain(|(name, _)| name != crate::checkpoint::CARD);
     match plan.format.clone() {
         Format::Modelopt(cfg) => modelopt::convert(ckpt, &cfg, plan),
         Format::Awq(cfg) => awq::convert(ckpt, &cfg, plan),

@@ -45,12 +45,9 @@ fn to_bf16(t: &TensorRef<'_>) -> Result<Vec<u8>> {
     if t.dtype == Dtype::BF16 {
         return Ok(t.data()?.to_vec());
     }
-    let values = t.floats().map_err(|_| {
-        ct005(
-            t,
-            format!("dtype {}; KV cache scales are floats", t.dtype),
-        )
-    })?;
+    let values = t
+        .floats()
+        .map_err(|_| ct005(t, format!("dtype {}; KV cache scales are floats", t.dtype)))?;
     let mut bytes = vec![0u8; values.len() * 2];
     for (v, o) in values.iter().zip(bytes.chunks_exact_mut(2)) {
         OutDtype::Bf16.encode(*v, o);
@@ -175,7 +172,11 @@ pub(super) fn convert<'c>(
     }
     // compressed-tensors' NVFP4 has no pre-quant scale: the converted model
     // would run without it (NVFP4_AWQ).
-    if let Some(name) = ckpt.names().into_iter().find(|n| n.ends_with(".pre_quant_scale")) {
+    if let Some(name) = ckpt
+        .names()
+        .into_iter()
+        .find(|n| n.ends_with(".pre_quant_scale"))
+    {
         return Err(Error::tensor(
             Rule::Ct005,
             ckpt.display_path(),

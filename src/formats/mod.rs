@@ -18,10 +18,10 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::error::Warning;
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Grid, ValueKind, Values};
 use crate::numerics::{self, OutDtype};
-use crate::error::Warning;
 use crate::output::{Output, Source};
 
 pub use table::{QuantConfig, Support};
@@ -168,14 +168,21 @@ fn quantized_tensor(ckpt: &Checkpoint) -> Option<(&str, &'static str)> {
             // Beside a float weight, a stray parameter (CFG-001, planned).
             "weight_scale" | "weight_scale_inv" | "weight_scale_2"
                 if ckpt.get(&format!("{module}.weight")).is_some_and(|w| {
-                    matches!(w.dtype, Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::I8 | Dtype::U8)
+                    matches!(
+                        w.dtype,
+                        Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::I8 | Dtype::U8
+                    )
                 }) =>
             {
                 "8-bit or packed weights with their scales"
             }
             "absmax" => "bitsandbytes scales (absmax)",
             _ if n.contains(".quant_state.bitsandbytes__") => "a bitsandbytes quant_state",
-            "scales" if ckpt.get(&format!("{module}.weight")).is_some_and(|w| w.dtype == Dtype::U32) => {
+            "scales"
+                if ckpt
+                    .get(&format!("{module}.weight"))
+                    .is_some_and(|w| w.dtype == Dtype::U32) =>
+            {
                 "MLX packed codes (a uint32 weight beside its scales)"
             }
             "biases" if has(&format!("{module}.scales")) => "MLX scales and biases",
@@ -273,7 +280,9 @@ pub fn plan_each<'c>(
             }
         }
         if let Some(why) = excluded(module) {
-            found.warnings.push(Warning::new(Rule::Disagree, module, why));
+            found
+                .warnings
+                .push(Warning::new(Rule::Disagree, module, why));
         }
         match build(module, &mut found.warnings) {
             Ok(out) => found.outputs.push(out),
@@ -359,8 +368,13 @@ pub fn not_converted(list: &[String], module: &str) -> bool {
 /// A module's tensor `<module>.<param>`, or a missing-tensor error.
 pub fn require<'c>(ckpt: &'c Checkpoint, module: &str, param: &str) -> Result<TensorRef<'c>> {
     let name = format!("{module}.{param}");
-    ckpt.get(&name)
-        .ok_or_else(|| missing(ckpt, name, format!("module {module} is quantized but has no {param}")))
+    ckpt.get(&name).ok_or_else(|| {
+        missing(
+            ckpt,
+            name,
+            format!("module {module} is quantized but has no {param}"),
+        )
+    })
 }
 
 /// The error of tensor `name`, which `ckpt` lacks: `why` it is needed.

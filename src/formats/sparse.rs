@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use safetensors::Dtype;
 
-use super::{expect_dtype, require};
+use super::{expect_dtype, expect_shape, require};
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Result, Rule};
 use crate::job::{Dims, Fields, Sparse, Starts};
@@ -77,7 +77,9 @@ pub fn read<'c>(ckpt: &'c Checkpoint, module: &str, layout: Layout) -> Result<St
     expect_dtype(&mask, &[Dtype::U8])?;
     let shape = shape_t.ints()?;
     let (rows, cols) = match (&shape[..], shape_t.elements()) {
-        (&[r, c], 2) if (1..=1 << 40).contains(&r) && (1..=1 << 40).contains(&c) => (r as usize, c as usize),
+        (&[r, c], 2) if (1..=1 << 40).contains(&r) && (1..=1 << 40).contains(&c) => {
+            (r as usize, c as usize)
+        }
         _ => {
             return Err(shape_t.error(
                 Rule::TensorValue,
@@ -86,15 +88,11 @@ pub fn read<'c>(ckpt: &'c Checkpoint, module: &str, layout: Layout) -> Result<St
         }
     };
     let row_bytes = cols.div_ceil(8);
-    if mask.shape != [rows, row_bytes] {
-        return Err(mask.error(
-            Rule::TensorShape,
-            format!(
-                "shape {:?}; a [{rows}, {cols}] weight's bitmask is [{rows}, {row_bytes}] (one bit per column, rows padded to bytes)",
-                mask.shape
-            ),
-        ));
-    }
+    expect_shape(
+        &mask,
+        &[rows, row_bytes],
+        format_args!("a [{rows}, {cols}] weight's bitmask is [{rows}, {row_bytes}] (one bit per column, rows padded to bytes)"),
+    )?;
     let bits = mask.data()?;
     let (sparse, kept) = match layout {
         Layout::TwoFour => {
@@ -132,7 +130,10 @@ pub fn read<'c>(ckpt: &'c Checkpoint, module: &str, layout: Layout) -> Result<St
             if offsets_t.shape != [rows] {
                 return Err(offsets_t.error(
                     Rule::TensorShape,
-                    format!("shape {:?}, expected [{rows}] (one offset per row)", offsets_t.shape),
+                    format!(
+                        "shape {:?}, expected [{rows}] (one offset per row)",
+                        offsets_t.shape
+                    ),
                 ));
             }
             let offsets = offsets_t.ints()?;
@@ -160,14 +161,24 @@ pub fn read<'c>(ckpt: &'c Checkpoint, module: &str, layout: Layout) -> Result<St
                     format!("shape {:?}; the bitmask keeps {total} values", values.shape),
                 ));
             }
-            let starts = Starts::Table { blocks, at: at.into() };
-            (sparse(mask, row_bytes, BLOCK, starts), total as f64 / (rows * cols) as f64)
+            let starts = Starts::Table {
+                blocks,
+                at: at.into(),
+            };
+            (
+                sparse(mask, row_bytes, BLOCK, starts),
+                total as f64 / (rows * cols) as f64,
+            )
         }
     };
     Ok(Stored {
         values,
         sparse,
-        dims: Dims { slices: 1, rows, cols },
+        dims: Dims {
+            slices: 1,
+            rows,
+            cols,
+        },
         kept,
     })
 }
@@ -201,5 +212,8 @@ pub fn float_codes(values: &TensorRef<'_>) -> Option<Arc<[f32]>> {
         Dtype::F16 => (&F16, numerics::f16_to_f32),
         _ => return None,
     };
-    Some(cell.get_or_init(|| (0..=u16::MAX).map(read).collect()).clone())
+    Some(
+        cell.get_or_init(|| (0..=u16::MAX).map(read).collect())
+            .clone(),
+    )
 }

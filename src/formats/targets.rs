@@ -200,17 +200,25 @@ mod tests {
 
     #[test]
     fn target_lists() {
-        let list: Targets = ["lm_head", "re:.*mlp.*", "Linear", "model.layers.0.mlp.down_proj"]
-            .iter()
-            .map(|s| Target::parse(s).unwrap())
-            .collect();
+        let list: Targets = [
+            "lm_head",
+            "re:.*mlp.*",
+            "Linear",
+            "model.layers.0.mlp.down_proj",
+        ]
+        .iter()
+        .map(|s| Target::parse(s).unwrap())
+        .collect();
         assert_eq!(list.len(), 4);
         assert_eq!(list.rank("model.layers.0.mlp.down_proj"), Some(3));
         assert_eq!(list.rank("model.layers.1.mlp.down_proj"), Some(2));
         assert_eq!(list.rank("model.layers.1.self_attn.q_proj"), Some(1));
         assert!(list.names_module("lm_head"));
         assert!(list.names_module("model.layers.1.mlp.up_proj"));
-        assert!(!list.names_module("model.layers.1.self_attn.q_proj"), "a class names nothing");
+        assert!(
+            !list.names_module("model.layers.1.self_attn.q_proj"),
+            "a class names nothing"
+        );
         let none: Targets = std::iter::empty().collect();
         assert_eq!(none.rank("lm_head"), None);
         assert!(!none.names_module("lm_head"));

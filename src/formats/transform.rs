@@ -92,7 +92,9 @@ struct RawApply {
 }
 
 /// A string or a list of them (compressed-tensors wraps a single one).
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, D::Error> {
+fn one_or_many<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
     #[derive(serde::Deserialize)]
     #[serde(untagged)]
     enum Either {
@@ -117,7 +119,9 @@ impl Transforms {
     pub fn parse(path: &Path, v: &Value) -> Result<Option<Transforms>> {
         let empty = match v {
             Value::Null => true,
-            Value::Object(o) => o.values().all(|v| v.is_null() || v.as_object().is_some_and(|o| o.is_empty())),
+            Value::Object(o) => o
+                .values()
+                .all(|v| v.is_null() || v.as_object().is_some_and(|o| o.is_empty())),
             _ => false,
         };
         if empty {
@@ -136,7 +140,9 @@ impl Transforms {
             if s.randomize {
                 return Err(err(
                     Rule::Unsupported,
-                    format!("scheme {name} is randomized (a permutation per module) and is not folded"),
+                    format!(
+                        "scheme {name} is randomized (a permutation per module) and is not folded"
+                    ),
                 ));
             }
             if s.head_dim == Some(0) {
@@ -144,16 +150,26 @@ impl Transforms {
             }
             let mut apply = Vec::new();
             for a in s.apply {
-                let known = FUSED.iter().chain(ONLINE).chain(ATTENTION).any(|l| *l == a.location);
+                let known = FUSED
+                    .iter()
+                    .chain(ONLINE)
+                    .chain(ATTENTION)
+                    .any(|l| *l == a.location);
                 if !known {
                     return Err(err(
                         Rule::Unsupported,
-                        format!("scheme {name} applies at location {:?}, which is not folded", a.location),
+                        format!(
+                            "scheme {name} applies at location {:?}, which is not folded",
+                            a.location
+                        ),
                     ));
                 }
                 let targets = |list: Vec<String>| -> Result<Targets> {
                     list.iter()
-                        .map(|t| Target::parse(t).map_err(|e| err(Rule::Config, format!("scheme {name}: {e}"))))
+                        .map(|t| {
+                            Target::parse(t)
+                                .map_err(|e| err(Rule::Config, format!("scheme {name}: {e}")))
+                        })
                         .collect()
                 };
                 apply.push(Apply {
@@ -163,11 +179,18 @@ impl Transforms {
                     inverse: a.inverse,
                 });
             }
-            let attention: Vec<&str> = apply.iter().map(|a| a.location.as_str()).filter(|l| ATTENTION.contains(l)).collect();
+            let attention: Vec<&str> = apply
+                .iter()
+                .map(|a| a.location.as_str())
+                .filter(|l| ATTENTION.contains(l))
+                .collect();
             if attention.len() == 1 {
                 return Err(err(
                     Rule::Unsupported,
-                    format!("scheme {name} rotates at {} alone; only q_attn with k_cache cancels", attention[0]),
+                    format!(
+                        "scheme {name} rotates at {} alone; only q_attn with k_cache cancels",
+                        attention[0]
+                    ),
                 ));
             }
             schemes.push(Scheme {
@@ -196,11 +219,23 @@ impl Transforms {
                         } else {
                             "online, cancels in q·kᵀ: dropped"
                         };
-                        format!("{}{} ({how})", a.location, if a.inverse { " inverse" } else { "" })
+                        format!(
+                            "{}{} ({how})",
+                            a.location,
+                            if a.inverse { " inverse" } else { "" }
+                        )
                     })
                     .collect();
-                let block = s.head_dim.map(|h| format!(" block {h}")).unwrap_or_default();
-                format!("transform {} {}{block}: {}", s.name, s.kind, what.join(", "))
+                let block = s
+                    .head_dim
+                    .map(|h| format!(" block {h}"))
+                    .unwrap_or_default();
+                format!(
+                    "transform {} {}{block}: {}",
+                    s.name,
+                    s.kind,
+                    what.join(", ")
+                )
             })
             .collect()
     }
@@ -210,7 +245,11 @@ impl Transforms {
         let suffixes: Vec<String> = self
             .schemes
             .iter()
-            .flat_map(|s| s.apply.iter().map(move |a| format!(".{}_{}.weight", s.name, a.location)))
+            .flat_map(|s| {
+                s.apply
+                    .iter()
+                    .map(move |a| format!(".{}_{}.weight", s.name, a.location))
+            })
             .collect();
         ckpt.names()
             .into_iter()
@@ -249,7 +288,10 @@ impl Transforms {
                 if !size.is_multiple_of(n) {
                     return Err(err(
                         Rule::TensorShape,
-                        format!("scheme {}'s block {n} does not divide the {} size {size}", s.name, a.location),
+                        format!(
+                            "scheme {}'s block {n} does not divide the {} size {size}",
+                            s.name, a.location
+                        ),
                     ));
                 }
                 if sides[side].is_some() {
@@ -272,7 +314,13 @@ impl Transforms {
 
 /// The `n × n` matrix of `scheme` at `location`: the module's own, else the
 /// one another module stores for the same size (entries ±1).
-fn matrix(ckpt: &Checkpoint, module: &str, scheme: &str, location: &str, n: usize) -> Result<Arc<[f64]>> {
+fn matrix(
+    ckpt: &Checkpoint,
+    module: &str,
+    scheme: &str,
+    location: &str,
+    n: usize,
+) -> Result<Arc<[f64]>> {
     let suffix = format!(".{scheme}_{location}.weight");
     let own = format!("{module}{suffix}");
     let t = ckpt
@@ -292,12 +340,21 @@ fn matrix(ckpt: &Checkpoint, module: &str, scheme: &str, location: &str, n: usiz
             super::missing(ckpt, own.clone(), why)
         })?;
     if t.dtype != Dtype::F64 && t.dtype != Dtype::F32 {
-        return Err(t.error(Rule::TensorDtype, format!("dtype {}, expected F64 (or F32)", t.dtype)));
+        return Err(t.error(
+            Rule::TensorDtype,
+            format!("dtype {}, expected F64 (or F32)", t.dtype),
+        ));
     }
     let d = t.data()?;
     let values: Vec<f64> = match t.dtype {
-        Dtype::F64 => d.chunks_exact(8).map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
-        _ => d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        Dtype::F64 => d
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+        _ => d
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
     };
     // Hadamard matrices are ±1 (compressed-tensors normalises when it
     // applies them): their sums are exact, and the fold rounds once.

@@ -87,10 +87,13 @@ pub(crate) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) {
     for block in blocks {
         let name = |p: &str, what: &str| format!("{block}.experts.{p}.{what}");
         let job = |outputs: &[Output<'a>], n: &str| {
-            outputs.iter().find(|o| o.name == n && o.shape.len() == 3).and_then(|o| match &o.source {
-                Source::Decode(job) if job.dims.slices == o.shape[0] => Some((**job).clone()),
-                _ => None,
-            })
+            outputs
+                .iter()
+                .find(|o| o.name == n && o.shape.len() == 3)
+                .and_then(|o| match &o.source {
+                    Source::Decode(job) if job.dims.slices == o.shape[0] => Some((**job).clone()),
+                    _ => None,
+                })
         };
         let (Some(gate), Some(up), Some(down)) = (
             job(outputs, &name("gate_proj", "weight")),
@@ -106,7 +109,9 @@ pub(crate) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) {
             .iter()
             .flat_map(|p| [name(p, "weight"), name(p, "bias")])
             .collect();
-        let (removed, kept): (Vec<_>, Vec<_>) = std::mem::take(outputs).into_iter().partition(|o| taken.contains(&o.name));
+        let (removed, kept): (Vec<_>, Vec<_>) = std::mem::take(outputs)
+            .into_iter()
+            .partition(|o| taken.contains(&o.name));
         *outputs = kept;
         let find = |n: &str| removed.iter().find(|o| o.name == n);
         let Some(first) = find(&name("gate_proj", "weight")) else {
@@ -138,12 +143,17 @@ pub(crate) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) {
                 shard,
                 shape: vec![e, down.dims.cols, down.dims.rows],
                 dtype,
-                scheme: find(&name("down_proj", "weight")).and_then(|o| o.scheme.clone()).map(|s| format!("{s}, transposed")),
+                scheme: find(&name("down_proj", "weight"))
+                    .and_then(|o| o.scheme.clone())
+                    .map(|s| format!("{s}, transposed")),
                 source: Source::Decode(Box::new(down.transpose())),
             },
         ];
         // The stored outputs remade; any other stays as it was.
-        let mut used: Vec<String> = ["gate_proj", "up_proj", "down_proj"].iter().map(|p| name(p, "weight")).collect();
+        let mut used: Vec<String> = ["gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .map(|p| name(p, "weight"))
+            .collect();
         // The biases, as stored or cast: gate's and up's in turn.
         let bias = |p: &str| {
             find(&name(p, "bias")).and_then(|o| match o.source {
@@ -155,10 +165,15 @@ pub(crate) fn fuse_gpt_oss<'a>(outputs: &mut Vec<Output<'a>>) {
         if let (Some((g, gt, gs)), Some((_, ut, _))) = (bias("gate_proj"), bias("up_proj")) {
             let to = match gs {
                 Source::Cast(_, to) => Some(to),
-                _ => [OutDtype::Bf16, OutDtype::F16, OutDtype::F32].into_iter().find(|d| d.safetensors() == gt.dtype),
+                _ => [OutDtype::Bf16, OutDtype::F16, OutDtype::F32]
+                    .into_iter()
+                    .find(|d| d.safetensors() == gt.dtype),
             };
             if let (Some(to), true) = (to, gt.shape == ut.shape && gt.dtype == ut.dtype) {
-                let interleave = Rearrange::Interleave { parts: vec![gt, ut], to };
+                let interleave = Rearrange::Interleave {
+                    parts: vec![gt, ut],
+                    to,
+                };
                 made.push(Output {
                     name: format!("{block}.experts.gate_up_proj_bias"),
                     shard: g.shard,

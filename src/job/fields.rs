@@ -79,7 +79,10 @@ impl Plane {
     pub fn locate(&self, e: usize) -> (usize, u32) {
         let (k, span) = ((8 / self.bits) as usize, self.span as usize);
         let run = div(e, span);
-        (self.at as usize + div(run, k) * span + rem(e, span), rem(run, k) as u32 * self.bits)
+        (
+            self.at as usize + div(run, k) * span + rem(e, span),
+            rem(run, k) as u32 * self.bits,
+        )
     }
 
     /// One past the last byte the plane's `len` fields touch in a block.
@@ -101,7 +104,9 @@ impl InBlocks {
     /// of 1, 2, 4 or 8 bits in runs of a power of two, inside the block.
     pub fn is_valid(&self) -> bool {
         let plane = |p: &Plane| {
-            matches!(p.bits, 1 | 2 | 4 | 8) && p.span.is_power_of_two() && p.end(self.len as usize) <= self.bytes as usize
+            matches!(p.bits, 1 | 2 | 4 | 8)
+                && p.span.is_power_of_two()
+                && p.end(self.len as usize) <= self.bytes as usize
         };
         self.len > 0 && plane(&self.low) && self.high.as_ref().is_none_or(plane)
     }
@@ -122,7 +127,9 @@ impl InBlocks {
                 // A run's fields are bytes side by side, at one shift.
                 let (at, shift) = p.locate(r * span);
                 let n = run.len();
-                let fields = block[at..at + n].iter().map(|&b| ((b >> shift) & mask) << up);
+                let fields = block[at..at + n]
+                    .iter()
+                    .map(|&b| ((b >> shift) & mask) << up);
                 // The low plane sets each byte, the high one adds to it.
                 if up == 0 {
                     run.iter_mut().zip(fields).for_each(|(o, f)| *o = f);
@@ -233,18 +240,33 @@ impl Fields<'static> {
             for l in 0..lanes {
                 for i in 0..len {
                     let w = i / per;
-                    let at = s * slice_words + if side_by_side { w * lanes + l } else { l * lane_words + w };
+                    let at = s * slice_words
+                        + if side_by_side {
+                            w * lanes + l
+                        } else {
+                            l * lane_words + w
+                        };
                     words[at] |= field(s, l, i) << ((i % per) as u32 * bits);
                 }
             }
         }
-        Some(Fields::of_words(&words, bits, (lanes, lane_words), side_by_side))
+        Some(Fields::of_words(
+            &words,
+            bits,
+            (lanes, lane_words),
+            side_by_side,
+        ))
     }
 
     /// Padded `bits`-wide fields held in `words`: `lanes` lanes of
     /// `lane_words` words a slice, each lane's words one after another or
     /// (`side_by_side`) word w of every lane, then word w + 1.
-    pub(super) fn of_words(words: &[u32], bits: u32, (lanes, lane_words): (usize, usize), side_by_side: bool) -> Fields<'static> {
+    pub(super) fn of_words(
+        words: &[u32],
+        bits: u32,
+        (lanes, lane_words): (usize, usize),
+        side_by_side: bool,
+    ) -> Fields<'static> {
         let (lane_bits, word_bits) = match side_by_side {
             true => (32, lanes as u64 * 32),
             false => (lane_words as u64 * 32, 32),
@@ -254,7 +276,9 @@ impl Fields<'static> {
         // dense, the layout the fast kernels take.
         let per_word = if 32 % bits == 0 { 0 } else { 32 / bits };
         let fields = Fields::new(Bytes::Owned(bytes), bits, per_word, lane_bits);
-        fields.with_word_bits(word_bits).with_slice_bits((lanes * lane_words) as u64 * 32)
+        fields
+            .with_word_bits(word_bits)
+            .with_slice_bits((lanes * lane_words) as u64 * 32)
     }
 }
 
@@ -265,15 +289,23 @@ impl Fields<'_> {
     /// holds its lane's next fields in plain order at the same width
     /// (GPTQ's `qweight`, whose words are strided), the last one's fields
     /// past `len` cleared; else field by field. `None` past the data.
-    pub(super) fn in_lane_order(&self, (slices, lanes, len): (usize, usize, usize), width: u32) -> Option<Fields<'static>> {
+    pub(super) fn in_lane_order(
+        &self,
+        (slices, lanes, len): (usize, usize, usize),
+        width: u32,
+    ) -> Option<Fields<'static>> {
         let words_whole = width == self.bits
             && self.blocks.is_none()
             && self.per_word == 0
             && 32 % self.bits == 0
             && !self.high_first
-            && [self.lane_bits, self.word_bits, self.slice_bits].iter().all(|b| b % 32 == 0);
+            && [self.lane_bits, self.word_bits, self.slice_bits]
+                .iter()
+                .all(|b| b % 32 == 0);
         if !words_whole {
-            return Fields::in_lanes((slices, lanes, len), width, false, |s, l, i| self.get(s, l, i));
+            return Fields::in_lanes((slices, lanes, len), width, false, |s, l, i| {
+                self.get(s, l, i)
+            });
         }
         let per = (32 / self.bits) as usize;
         let lane_words = len.div_ceil(per);
@@ -287,30 +319,46 @@ impl Fields<'_> {
             for l in 0..lanes {
                 for w in 0..lane_words {
                     let word = self.word(s, l, w)?;
-                    words.push(if w + 1 == lane_words { word & tail } else { word });
+                    words.push(if w + 1 == lane_words {
+                        word & tail
+                    } else {
+                        word
+                    });
                 }
             }
         }
-        Some(Fields::of_words(&words, self.bits, (lanes, lane_words), false))
+        Some(Fields::of_words(
+            &words,
+            self.bits,
+            (lanes, lane_words),
+            false,
+        ))
     }
 
     /// [`Fields::in_lane_order`] for the stored `slices × rows × cols`
     /// fields of a transposed job: lane = stored column, of `rows` fields.
     /// AutoAWQ's words (eight 4-bit fields in its order, whole words, rows
     /// a multiple of 8) are transposed 8 × 8 at a time; else field by field.
-    pub(super) fn transposed_in_lane_order(&self, Dims { slices, rows, cols }: Dims) -> Option<Fields<'static>> {
+    pub(super) fn transposed_in_lane_order(
+        &self,
+        Dims { slices, rows, cols }: Dims,
+    ) -> Option<Fields<'static>> {
         let awq = self.bits == 4
             && self.blocks.is_none()
             && self.per_word == 8
             && self.interleaved
             && !self.high_first
             && self.word_bits == 32
-            && [self.lane_bits, self.slice_bits].iter().all(|b| b % 32 == 0)
+            && [self.lane_bits, self.slice_bits]
+                .iter()
+                .all(|b| b % 32 == 0)
             && rows.is_multiple_of(8);
         let lane_words = rows / 8;
         let total = slices.checked_mul(cols)?.checked_mul(lane_words)?;
         if !awq || total > self.data.len() / 4 {
-            return Fields::in_lanes((slices, cols, rows), self.bits, false, |s, c, r| self.get(s, r, c));
+            return Fields::in_lanes((slices, cols, rows), self.bits, false, |s, c, r| {
+                self.get(s, r, c)
+            });
         }
         let mut words = vec![0u32; total];
         for s in 0..slices {
@@ -321,7 +369,11 @@ impl Fields<'_> {
                         *w = self.word(s, 8 * k + j, c)?;
                     }
                     // Stored column 8c + e is output lane 8c + e.
-                    for (e, w) in awq_transposed(block).into_iter().enumerate().take(cols - 8 * c) {
+                    for (e, w) in awq_transposed(block)
+                        .into_iter()
+                        .enumerate()
+                        .take(cols - 8 * c)
+                    {
                         words[(s * cols + 8 * c + e) * lane_words + k] = w;
                     }
                 }
@@ -397,7 +449,9 @@ impl Fields<'_> {
         }
         if let Some(b) = &self.blocks {
             let blocks = (len as u64).div_ceil(b.len as u64);
-            return self.lane_start(slice, lane)?.checked_add(blocks.checked_mul(b.bytes as u64 * 8)?);
+            return self
+                .lane_start(slice, lane)?
+                .checked_add(blocks.checked_mul(b.bytes as u64 * 8)?);
         }
         let (w, off) = self.locate(len - 1);
         // An interleaved word's last element need not sit in its last slot.
@@ -445,7 +499,10 @@ impl Fields<'_> {
     /// The bit at offset `off` of word `w` of `lane` in `slice`.
     #[inline]
     pub(super) fn bit(&self, slice: usize, lane: usize, (w, off): (u64, u32)) -> u64 {
-        slice as u64 * self.slice_bits + lane as u64 * self.lane_bits + w * self.word_bits + off as u64
+        slice as u64 * self.slice_bits
+            + lane as u64 * self.lane_bits
+            + w * self.word_bits
+            + off as u64
     }
 
     /// The field at bit `pos` of a [`Fields::position`]: what `get` reads.
@@ -510,7 +567,9 @@ pub(super) fn rem<T: Divisor>(x: T, d: T) -> T {
 }
 
 /// The unsigned integers [`div`] and [`rem`] take.
-pub(super) trait Divisor: Copy + std::ops::Div<Output = Self> + std::ops::Rem<Output = Self> {
+pub(super) trait Divisor:
+    Copy + std::ops::Div<Output = Self> + std::ops::Rem<Output = Self>
+{
     fn is_pow2(self) -> bool;
     fn shr(self, d: Self) -> Self;
     fn mask(self, d: Self) -> Self;
@@ -559,10 +618,9 @@ pub(crate) fn awq_transposed(words: [u32; 8]) -> [u32; 8] {
 
 /// An AutoAWQ word's eight codes, a byte each in element order.
 fn spread_awq(x: u32) -> u64 {
-    AWQ_SLOT
-        .iter()
-        .enumerate()
-        .fold(0, |v, (e, &slot)| v | (((x >> (4 * slot)) & 15) as u64) << (8 * e))
+    AWQ_SLOT.iter().enumerate().fold(0, |v, (e, &slot)| {
+        v | (((x >> (4 * slot)) & 15) as u64) << (8 * e)
+    })
 }
 
 /// Eight byte-wide codes (each below 16) packed two to a byte, low first.

@@ -41,10 +41,10 @@ mod normal;
 mod sparse;
 mod values;
 
-pub(crate) use fields::{awq_transposed, gcd};
+use fields::div;
 #[cfg(test)]
 pub(crate) use fields::AWQ_SLOT;
-use fields::div;
+pub(crate) use fields::{awq_transposed, gcd};
 pub use fields::{Fields, InBlocks, Plane};
 pub use low_rank::LowRank;
 pub use sparse::{Sparse, Starts};
@@ -205,7 +205,12 @@ pub struct DecodeJob<'a> {
 impl<'a> DecodeJob<'a> {
     /// The job writing `code_values[code]` of each of `codes` as `out`:
     /// no zero point, scale, g_idx or low-rank branch, not transposed.
-    pub fn new(dims: Dims, codes: Fields<'a>, code_values: impl Into<Arc<[f32]>>, out: OutDtype) -> Self {
+    pub fn new(
+        dims: Dims,
+        codes: Fields<'a>,
+        code_values: impl Into<Arc<[f32]>>,
+        out: OutDtype,
+    ) -> Self {
         DecodeJob {
             dims,
             codes,
@@ -318,7 +323,12 @@ impl<'a> DecodeJob<'a> {
             return None;
         }
         if !self.transposed {
-            if c.bits == width && c.blocks.is_none() && c.per_word == 0 && c.word_bits == 32 && self.sparse.is_none() {
+            if c.bits == width
+                && c.blocks.is_none()
+                && c.per_word == 0
+                && c.word_bits == 32
+                && self.sparse.is_none()
+            {
                 return None;
             }
             let Dims { slices, rows, cols } = self.dims;
@@ -329,8 +339,14 @@ impl<'a> DecodeJob<'a> {
             let zero = match &self.zero {
                 // Lanes: the scale's column groups (one without), side by side.
                 Some(ZeroPoint::Packed { fields }) if fields.bits != width => {
-                    let groups = self.scale.as_ref().map_or(1, |v| cols.div_ceil(v.grid.col_div));
-                    let fields = Fields::in_lanes((slices, groups, rows), width, true, |s, g, r| fields.get(s, g, r))?;
+                    let groups = self
+                        .scale
+                        .as_ref()
+                        .map_or(1, |v| cols.div_ceil(v.grid.col_div));
+                    let fields =
+                        Fields::in_lanes((slices, groups, rows), width, true, |s, g, r| {
+                            fields.get(s, g, r)
+                        })?;
                     Some(ZeroPoint::Packed { fields })
                 }
                 zero => zero.clone(),
@@ -355,7 +371,11 @@ impl<'a> DecodeJob<'a> {
         }
         // Stored rows are the inputs, stored columns the outputs.
         let stored = self.stored_dims();
-        let Dims { slices, rows: ins, cols: outs } = stored;
+        let Dims {
+            slices,
+            rows: ins,
+            cols: outs,
+        } = stored;
         let codes = self.codes.transposed_in_lane_order(stored)?;
         let scale = match &self.scale {
             Some(v) => Some(v.transposed(stored)?),
@@ -370,8 +390,14 @@ impl<'a> DecodeJob<'a> {
             Some(ZeroPoint::Plain(v)) => Some(ZeroPoint::Plain(v.transposed(stored)?)),
             Some(ZeroPoint::PackedAlongCols { fields }) => {
                 // Lane: the stored row group, now the column group of both.
-                let lanes = self.scale.as_ref().map_or(1, |s| ins.div_ceil(s.grid.row_div));
-                let fields = Fields::in_lanes((slices, lanes, outs), fields.bits, true, |s, g, o| fields.get(s, g, o))?;
+                let lanes = self
+                    .scale
+                    .as_ref()
+                    .map_or(1, |s| ins.div_ceil(s.grid.row_div));
+                let fields =
+                    Fields::in_lanes((slices, lanes, outs), fields.bits, true, |s, g, o| {
+                        fields.get(s, g, o)
+                    })?;
                 Some(ZeroPoint::Packed { fields })
             }
             Some(ZeroPoint::Packed { .. }) => return None,
@@ -405,8 +431,14 @@ impl<'a> DecodeJob<'a> {
     pub(crate) fn in_rows(&self, n: usize, k: usize) -> Option<DecodeJob<'a>> {
         let Dims { slices, rows, cols } = self.dims;
         let c = &self.codes;
-        let stream = c.blocks.is_none() && c.per_word == 0 && c.word_bits == 32 && c.lane_bits == (cols as u64).checked_mul(c.bits as u64)?;
-        let plain = self.zero.is_none() && self.g_idx.is_none() && self.sparse.is_none() && self.low_rank.is_none();
+        let stream = c.blocks.is_none()
+            && c.per_word == 0
+            && c.word_bits == 32
+            && c.lane_bits == (cols as u64).checked_mul(c.bits as u64)?;
+        let plain = self.zero.is_none()
+            && self.g_idx.is_none()
+            && self.sparse.is_none()
+            && self.low_rank.is_none();
         let view = (rows, cols) != (n, k) && rows.checked_mul(cols)? == n.checked_mul(k)?;
         if slices != 1 || !view || !stream || !plain || self.transposed || k == 0 {
             return None;
@@ -440,12 +472,25 @@ impl<'a> DecodeJob<'a> {
                         values.extend_from_slice(&s.to_le_bytes());
                     }
                 }
-                let grid = Grid { row_div: 1, col_div: group, row_stride: groups, slice_stride: 0 };
-                Some(Values { data: Bytes::Owned(values.into()), kind: ValueKind::F32, grid })
+                let grid = Grid {
+                    row_div: 1,
+                    col_div: group,
+                    row_stride: groups,
+                    slice_stride: 0,
+                };
+                Some(Values {
+                    data: Bytes::Owned(values.into()),
+                    kind: ValueKind::F32,
+                    grid,
+                })
             }
         };
         Some(DecodeJob {
-            dims: Dims { slices: 1, rows: n, cols: k },
+            dims: Dims {
+                slices: 1,
+                rows: n,
+                cols: k,
+            },
             codes,
             scale,
             ..self.clone()
@@ -622,7 +667,9 @@ impl<'a> DecodeJob<'a> {
     pub(crate) fn zero_source(&self, slice: usize, row: usize, g: usize) -> Option<Source> {
         self.zero.as_ref().map(|z| match z {
             ZeroPoint::Packed { fields } => Source::Field(fields.position(slice, g, row)),
-            ZeroPoint::PackedAlongCols { fields } => Source::Field(fields.position(slice, self.zero_lane(row), g)),
+            ZeroPoint::PackedAlongCols { fields } => {
+                Source::Field(fields.position(slice, self.zero_lane(row), g))
+            }
             ZeroPoint::Plain(v) => Source::Value(v.grid.index(slice, row, g)),
         })
     }

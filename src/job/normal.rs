@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::{DecodeJob, Values, ValueKind, ZeroPoint};
+use super::{DecodeJob, ValueKind, Values, ZeroPoint};
 
 impl DecodeJob<'_> {
     /// Whether `f` holds for every entry of `v` (a scale or zero-point
@@ -36,13 +36,17 @@ impl DecodeJob<'_> {
     /// where this holds, and the CPU the others. Conservative: it bounds
     /// each step's smallest nonzero magnitude from the smallest inputs.
     pub fn stays_normal(&self, rows: Range<usize>) -> bool {
-        self.smallest_value(rows)
-            .is_some_and(|w| w >= SAFE_PRODUCT)
+        self.smallest_value(rows).is_some_and(|w| w >= SAFE_PRODUCT)
     }
 
     /// [`tiniest`] of the entries of `v` that rows `rows` read, each also
     /// shown to `each`; `None` when one is subnormal or the grid is short.
-    fn tiniest_read(&self, v: &Values<'_>, rows: Range<usize>, mut each: impl FnMut(f32)) -> Option<f64> {
+    fn tiniest_read(
+        &self,
+        v: &Values<'_>,
+        rows: Range<usize>,
+        mut each: impl FnMut(f32),
+    ) -> Option<f64> {
         let mut min = f64::INFINITY;
         let normal = self.entries_read(v, rows, |x| {
             each(x);

@@ -59,7 +59,12 @@ impl Sparse<'_> {
     /// clear), as `width`-bit fields, each row's words one after another:
     /// a row at a time, the index counted on from each block's start
     /// rather than each element's bits counted again.
-    pub(super) fn codes_whole(&self, codes: &Fields<'_>, (slices, rows, cols): (usize, usize, usize), width: u32) -> Option<Fields<'static>> {
+    pub(super) fn codes_whole(
+        &self,
+        codes: &Fields<'_>,
+        (slices, rows, cols): (usize, usize, usize),
+        width: u32,
+    ) -> Option<Fields<'static>> {
         let per = (32 / width) as usize;
         let lane_words = cols.div_ceil(per);
         let mut words = vec![0u32; slices.checked_mul(rows)?.checked_mul(lane_words)?];

@@ -52,52 +52,146 @@ fn packs_in_output_order_decode_as_stored() {
     let mut bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| rng.u8(..)).collect() };
     // AutoAWQ's shape: stored [2, 40 in, 24 out], 4-bit words in its
     // order, f16 scales and packed zero points per 8 inputs (5 groups).
-    let stored = Dims { slices: 2, rows: 40, cols: 24 };
-    let grid = Grid { row_div: 8, col_div: 1, row_stride: 24, slice_stride: 5 * 24 };
+    let stored = Dims {
+        slices: 2,
+        rows: 40,
+        cols: 24,
+    };
+    let grid = Grid {
+        row_div: 8,
+        col_div: 1,
+        row_stride: 24,
+        slice_stride: 5 * 24,
+    };
     // f16 scales from random bits, finite and nonzero: 0x3000..0x37ff.
-    let scales: Vec<u8> = bytes(2 * 2 * 5 * 24).chunks(2).flat_map(|b| [b[0], 0x30 | (b[1] & 7)]).collect();
-    let awq = DecodeJob::new(stored, Fields::padded(bytes(2 * 40 * 12), 4, 96).with_slice_bits(40 * 96).interleaved(), (0..16).map(|c| c as f32 - 8.0).collect::<Vec<_>>(), OutDtype::Bf16)
-        .with_scale(Values { data: scales.into(), kind: ValueKind::F16, grid })
-        .with_zero(ZeroPoint::PackedAlongCols { fields: Fields::padded(bytes(2 * 5 * 12), 4, 96).with_slice_bits(5 * 96).interleaved() })
-        .transpose();
+    let scales: Vec<u8> = bytes(2 * 2 * 5 * 24)
+        .chunks(2)
+        .flat_map(|b| [b[0], 0x30 | (b[1] & 7)])
+        .collect();
+    let awq = DecodeJob::new(
+        stored,
+        Fields::padded(bytes(2 * 40 * 12), 4, 96)
+            .with_slice_bits(40 * 96)
+            .interleaved(),
+        (0..16).map(|c| c as f32 - 8.0).collect::<Vec<_>>(),
+        OutDtype::Bf16,
+    )
+    .with_scale(Values {
+        data: scales.into(),
+        kind: ValueKind::F16,
+        grid,
+    })
+    .with_zero(ZeroPoint::PackedAlongCols {
+        fields: Fields::padded(bytes(2 * 5 * 12), 4, 96)
+            .with_slice_bits(5 * 96)
+            .interleaved(),
+    })
+    .transpose();
     let repacked = awq.in_output_order().unwrap();
     assert!(!repacked.transposed && matches!(repacked.zero, Some(ZeroPoint::Packed { .. })));
     same_values(&awq, &repacked, "4-bit, packed zero points");
     // Blocks transposed 8 × 8 are the fields rewritten one by one, with
     // the last word column whole and half full.
     for outs in [24, 20] {
-        let f = Fields::padded(bytes(2 * 40 * 12), 4, 96).with_slice_bits(40 * 96).interleaved();
-        let blocks = f.transposed_in_lane_order(Dims { slices: 2, rows: 40, cols: outs }).unwrap();
+        let f = Fields::padded(bytes(2 * 40 * 12), 4, 96)
+            .with_slice_bits(40 * 96)
+            .interleaved();
+        let blocks = f
+            .transposed_in_lane_order(Dims {
+                slices: 2,
+                rows: 40,
+                cols: outs,
+            })
+            .unwrap();
         let by_field = Fields::in_lanes((2, outs, 40), 4, false, |s, c, r| f.get(s, r, c)).unwrap();
         assert_eq!(&blocks.data[..], &by_field.data[..], "{outs} outputs");
     }
     // 8-bit codes, table scales shared by the slices, plain zero points
     // on their own grid (3 stored columns a group).
-    let stored = Dims { slices: 2, rows: 6, cols: 9 };
+    let stored = Dims {
+        slices: 2,
+        rows: 6,
+        cols: 9,
+    };
     let mut table = Box::new([0f32; 256]);
     for (i, t) in table.iter_mut().enumerate() {
         *t = crate::numerics::e4m3(i as u8) / 3.0;
     }
-    let job = DecodeJob::new(stored, Fields::padded(bytes(2 * 6 * 12), 8, 96).with_slice_bits(6 * 96), (0..=255u8).map(|c| c as i8 as f32).collect::<Vec<_>>(), OutDtype::F32)
-        .with_scale(Values { data: bytes(3 * 9).into(), kind: ValueKind::Table(table), grid: Grid { row_div: 2, col_div: 1, row_stride: 9, slice_stride: 0 } })
-        .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * 6 * 3).into(), kind: ValueKind::I8, grid: Grid { row_div: 1, col_div: 3, row_stride: 3, slice_stride: 18 } }))
-        .transpose();
-    same_values(&job, &job.in_output_order().unwrap(), "8-bit, plain zero points");
+    let job = DecodeJob::new(
+        stored,
+        Fields::padded(bytes(2 * 6 * 12), 8, 96).with_slice_bits(6 * 96),
+        (0..=255u8).map(|c| c as i8 as f32).collect::<Vec<_>>(),
+        OutDtype::F32,
+    )
+    .with_scale(Values {
+        data: bytes(3 * 9).into(),
+        kind: ValueKind::Table(table),
+        grid: Grid {
+            row_div: 2,
+            col_div: 1,
+            row_stride: 9,
+            slice_stride: 0,
+        },
+    })
+    .with_zero(ZeroPoint::Plain(Values {
+        data: bytes(2 * 6 * 3).into(),
+        kind: ValueKind::I8,
+        grid: Grid {
+            row_div: 1,
+            col_div: 3,
+            row_stride: 3,
+            slice_stride: 18,
+        },
+    }))
+    .transpose();
+    same_values(
+        &job,
+        &job.in_output_order().unwrap(),
+        "8-bit, plain zero points",
+    );
     // GPTQ's shape: 2 slices of 12 outputs by 44 inputs, stored [in/8,
     // out] (a row's words 12 words apart, the last half full), with f16
     // scales and plain zero points per 8 inputs, left where they are.
     let (rows, cols, words) = (12, 44, 6);
-    let grid = Grid { row_div: 1, col_div: 8, row_stride: words, slice_stride: rows * words };
-    let scales: Vec<u8> = bytes(2 * 2 * rows * words).chunks(2).flat_map(|b| [b[0], 0x30 | (b[1] & 7)]).collect();
-    let codes = Fields::dense(bytes(2 * words * rows * 4), 4, 32).with_word_bits(32 * rows as u64).with_slice_bits((words * rows * 32) as u64);
-    let gptq = DecodeJob::new(Dims { slices: 2, rows, cols }, codes.clone(), (0..16).map(|c| c as f32).collect::<Vec<_>>(), OutDtype::F16)
-        .with_scale(Values { data: scales.into(), kind: ValueKind::F16, grid })
-        .with_zero(ZeroPoint::Plain(Values { data: bytes(2 * rows * words).into(), kind: ValueKind::I8, grid }));
+    let grid = Grid {
+        row_div: 1,
+        col_div: 8,
+        row_stride: words,
+        slice_stride: rows * words,
+    };
+    let scales: Vec<u8> = bytes(2 * 2 * rows * words)
+        .chunks(2)
+        .flat_map(|b| [b[0], 0x30 | (b[1] & 7)])
+        .collect();
+    let codes = Fields::dense(bytes(2 * words * rows * 4), 4, 32)
+        .with_word_bits(32 * rows as u64)
+        .with_slice_bits((words * rows * 32) as u64);
+    let gptq = DecodeJob::new(
+        Dims {
+            slices: 2,
+            rows,
+            cols,
+        },
+        codes.clone(),
+        (0..16).map(|c| c as f32).collect::<Vec<_>>(),
+        OutDtype::F16,
+    )
+    .with_scale(Values {
+        data: scales.into(),
+        kind: ValueKind::F16,
+        grid,
+    })
+    .with_zero(ZeroPoint::Plain(Values {
+        data: bytes(2 * rows * words).into(),
+        kind: ValueKind::I8,
+        grid,
+    }));
     let repacked = gptq.in_output_order().unwrap();
     assert!(repacked.codes.word_bits == 32 && repacked.codes.lane_bits == words as u64 * 32);
     same_values(&gptq, &repacked, "4-bit, strided words");
     // Whole words copied are the fields written one by one, tail too.
-    let by_field = Fields::in_lanes((2, rows, cols), 4, false, |s, l, i| codes.get(s, l, i)).unwrap();
+    let by_field =
+        Fields::in_lanes((2, rows, cols), 4, false, |s, l, i| codes.get(s, l, i)).unwrap();
     assert_eq!(&repacked.codes.data[..], &by_field.data[..]);
     // A straight job's padded fields become a stream; one in a stream
     // already, and nested scales, are left as they are.
@@ -105,7 +199,12 @@ fn packs_in_output_order_decode_as_stored() {
     let stream = straight.in_output_order().unwrap();
     same_values(&straight, &stream, "8-bit, padded");
     assert!(stream.in_output_order().is_none());
-    let nested = Nested { table: [1.0; 256], outer: vec![2.0; 4].into(), per_outer: 8, offset: 0.0 };
+    let nested = Nested {
+        table: [1.0; 256],
+        outer: vec![2.0; 4].into(),
+        per_outer: 8,
+        offset: 0.0,
+    };
     let mut job = job;
     job.scale.as_mut().unwrap().kind = ValueKind::Nested(Box::new(nested));
     assert!(job.in_output_order().is_none());
@@ -118,25 +217,47 @@ fn narrow_codes_and_zero_points_are_widened_as_they_decode() {
     // 2 slices of 6 rows by 40 columns, bf16 scales per 8 columns (5
     // groups), zero points packed along rows, lanes (groups) side by side.
     let (slices, rows, cols, groups) = (2, 6, 40, 5);
-    let grid = Grid { row_div: 1, col_div: 8, row_stride: groups, slice_stride: rows * groups };
-    let scales: Vec<u8> = bytes(2 * slices * rows * groups).chunks(2).flat_map(|b| [b[0], 0x3c]).collect();
+    let grid = Grid {
+        row_div: 1,
+        col_div: 8,
+        row_stride: groups,
+        slice_stride: rows * groups,
+    };
+    let scales: Vec<u8> = bytes(2 * slices * rows * groups)
+        .chunks(2)
+        .flat_map(|b| [b[0], 0x3c])
+        .collect();
     for bits in [2u32, 3, 6] {
-        let codes = Fields::dense(bytes(slices * rows * cols), bits, (cols as u64) * bits as u64)
-            .with_slice_bits(rows as u64 * cols as u64 * bits as u64);
+        let codes = Fields::dense(
+            bytes(slices * rows * cols),
+            bits,
+            (cols as u64) * bits as u64,
+        )
+        .with_slice_bits(rows as u64 * cols as u64 * bits as u64);
         let values: Vec<f32> = (0..1 << bits).map(|c| c as f32 - 3.0).collect();
         let words = rows.div_ceil((32 / bits) as usize);
         let zero = Fields::padded(bytes(slices * words * groups * 4), bits, 32)
             .with_word_bits(groups as u64 * 32)
             .with_slice_bits((words * groups) as u64 * 32);
         let job = DecodeJob::new(Dims { slices, rows, cols }, codes, values, OutDtype::Bf16)
-            .with_scale(Values { data: scales.clone().into(), kind: ValueKind::Bf16, grid })
+            .with_scale(Values {
+                data: scales.clone().into(),
+                kind: ValueKind::Bf16,
+                grid,
+            })
             .with_zero(ZeroPoint::Packed { fields: zero });
         let wide = job.in_output_order().unwrap();
         let width = if bits <= 4 { 4 } else { 8 };
         assert_eq!(wide.codes.bits, width);
         // The table goes on as `c − 3` where no code reads it.
-        assert!(wide.code_values.iter().zip(0..1 << width).all(|(&v, c)| v == c as f32 - 3.0));
-        assert!(matches!(&wide.zero, Some(ZeroPoint::Packed { fields }) if fields.bits == width && fields.lane_bits == 32));
+        assert!(wide
+            .code_values
+            .iter()
+            .zip(0..1 << width)
+            .all(|(&v, c)| v == c as f32 - 3.0));
+        assert!(
+            matches!(&wide.zero, Some(ZeroPoint::Packed { fields }) if fields.bits == width && fields.lane_bits == 32)
+        );
         same_values(&job, &wide, &format!("{bits}-bit codes and zero points"));
     }
 }
@@ -148,18 +269,62 @@ fn a_view_of_the_elements_is_read_in_the_weights_rows() {
     // bitsandbytes' views of a 6 × 40 weight in blocks of 16: rows of
     // whole blocks (3 × 80), and blocks of rows (rows of 8, 2 a block).
     let nf4: Vec<f32> = crate::formats::bnb::NF4.to_vec();
-    let scales: Vec<u8> = bytes(15 * 4).chunks(4).flat_map(|b| [b[0], b[1], b[2], 0x3c]).collect();
+    let scales: Vec<u8> = bytes(15 * 4)
+        .chunks(4)
+        .flat_map(|b| [b[0], b[1], b[2], 0x3c])
+        .collect();
     for (rows, cols, grid) in [
-        (3, 80, Grid { row_div: 1, col_div: 16, row_stride: 5, slice_stride: 0 }),
-        (30, 8, Grid { row_div: 2, col_div: 8, row_stride: 1, slice_stride: 0 }),
+        (
+            3,
+            80,
+            Grid {
+                row_div: 1,
+                col_div: 16,
+                row_stride: 5,
+                slice_stride: 0,
+            },
+        ),
+        (
+            30,
+            8,
+            Grid {
+                row_div: 2,
+                col_div: 8,
+                row_stride: 1,
+                slice_stride: 0,
+            },
+        ),
     ] {
         let codes = Fields::dense(bytes(120), 4, cols as u64 * 4).high_first();
-        let view = DecodeJob::new(Dims { slices: 1, rows, cols }, codes, nf4.clone(), OutDtype::Bf16)
-            .with_scale(Values { data: scales.clone().into(), kind: ValueKind::F32, grid });
+        let view = DecodeJob::new(
+            Dims {
+                slices: 1,
+                rows,
+                cols,
+            },
+            codes,
+            nf4.clone(),
+            OutDtype::Bf16,
+        )
+        .with_scale(Values {
+            data: scales.clone().into(),
+            kind: ValueKind::F32,
+            grid,
+        });
         let weight = view.in_rows(6, 40).unwrap();
-        assert_eq!(weight.dims, Dims { slices: 1, rows: 6, cols: 40 });
+        assert_eq!(
+            weight.dims,
+            Dims {
+                slices: 1,
+                rows: 6,
+                cols: 40
+            }
+        );
         for at in 0..240 {
-            let (x, y) = (view.value(0, at / cols, at % cols), weight.value(0, at / 40, at % 40));
+            let (x, y) = (
+                view.value(0, at / cols, at % cols),
+                weight.value(0, at / 40, at % 40),
+            );
             assert_eq!(x.to_bits(), y.to_bits(), "{rows} x {cols}: element {at}");
         }
         // The weight's rows split groups of 16 at 40: groups of 8.
@@ -240,8 +405,7 @@ fn strided_lanes_cross_words() {
     for b in 1..=8u32 {
         let rows = 23;
         let groups = 3;
-        let cols_codes: Vec<Vec<u32>> =
-            (0..groups).map(|g| codes(rows, b, 5 + g as u32)).collect();
+        let cols_codes: Vec<Vec<u32>> = (0..groups).map(|g| codes(rows, b, 5 + g as u32)).collect();
         let packed: Vec<Vec<u32>> = cols_codes
             .iter()
             .map(|c| {
@@ -373,10 +537,16 @@ fn stays_normal_bounds_every_step() {
     assert_eq!(check(&ints, &[1.0, 2.0], None, Some(0.5)), (true, true));
     // Integer zero points: differences of 1 at least.
     let zeros = [3.0, 7.0];
-    assert_eq!(check(&ints, &[1.0, 1e-32], Some(&zeros), None), (true, true));
+    assert_eq!(
+        check(&ints, &[1.0, 1e-32], Some(&zeros), None),
+        (true, true)
+    );
     // Others: the difference is bounded by the smaller one's last bit.
     let zeros = [3.5, 7.0];
-    assert_eq!(check(&ints, &[1.0, 1e-32], Some(&zeros), None), (false, true));
+    assert_eq!(
+        check(&ints, &[1.0, 1e-32], Some(&zeros), None),
+        (false, true)
+    );
     assert_eq!(check(&ints, &[1.0, 1.0], Some(&zeros), None), (true, true));
     // A subnormal code value.
     let mut subnormal = ints.clone();

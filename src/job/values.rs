@@ -153,7 +153,10 @@ impl Values<'_> {
         let (row_groups, col_groups) = (rows.div_ceil(g.row_div), cols.div_ceil(g.col_div));
         let size = self.kind.size();
         // Each entry is copied once: no more than the data holds.
-        let len = slices.checked_mul(row_groups)?.checked_mul(col_groups)?.checked_mul(size)?;
+        let len = slices
+            .checked_mul(row_groups)?
+            .checked_mul(col_groups)?
+            .checked_mul(size)?;
         let mut data = Vec::with_capacity(len.min(self.data.len()));
         for s in 0..slices {
             for c in 0..col_groups {
@@ -167,7 +170,11 @@ impl Values<'_> {
             row_div: g.col_div,
             col_div: g.row_div,
             row_stride: row_groups,
-            slice_stride: if g.slice_stride == 0 { 0 } else { row_groups * col_groups },
+            slice_stride: if g.slice_stride == 0 {
+                0
+            } else {
+                row_groups * col_groups
+            },
         };
         Some(Values {
             data: Bytes::Owned(data.into()),

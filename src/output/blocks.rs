@@ -78,7 +78,9 @@ impl<'a> Blocks<'a> {
             return None;
         }
         let (a, b) = (self.order.first + rows.start, self.order.first + rows.end);
-        self.tensor.stored().get(a * self.row_bytes..b * self.row_bytes)
+        self.tensor
+            .stored()
+            .get(a * self.row_bytes..b * self.row_bytes)
     }
 
     /// The stored bytes of output rows `rows`, in output order: borrowed
@@ -87,14 +89,18 @@ impl<'a> Blocks<'a> {
         let data = self.tensor.data()?;
         let row = |r: usize| {
             let at = self.order.stored(r, self.rows) * self.row_bytes;
-            data.get(at..at + self.row_bytes)
-                .ok_or_else(|| self.tensor.error(Rule::Internal, format!("row {r} past the tensor's")))
+            data.get(at..at + self.row_bytes).ok_or_else(|| {
+                self.tensor
+                    .error(Rule::Internal, format!("row {r} past the tensor's"))
+            })
         };
         if self.order.halves.is_none() {
             let (a, b) = (self.order.first + rows.start, self.order.first + rows.end);
             return match data.get(a * self.row_bytes..b * self.row_bytes) {
                 Some(bytes) => Ok(Cow::Borrowed(bytes)),
-                None => Err(self.tensor.error(Rule::Internal, format!("rows {rows:?} past the tensor's"))),
+                None => Err(self
+                    .tensor
+                    .error(Rule::Internal, format!("rows {rows:?} past the tensor's"))),
             };
         }
         let mut v = Vec::with_capacity(rows.len() * self.row_bytes);
@@ -135,11 +141,17 @@ mod tests {
                     }
                 }
             }
-            let order = RowOrder { first: 5, halves: Some(heads) };
+            let order = RowOrder {
+                first: 5,
+                halves: Some(heads),
+            };
             let got: Vec<usize> = (0..rows).map(|r| order.stored(r, rows) - 5).collect();
             assert_eq!(got, want, "{rows} rows, {heads} heads");
         }
-        let plain = RowOrder { first: 3, halves: None };
+        let plain = RowOrder {
+            first: 3,
+            halves: None,
+        };
         assert_eq!(plain.stored(4, 10), 7);
     }
 }

@@ -46,9 +46,16 @@ impl Rotation {
         let n = self.n;
         let norm = (n as f64).sqrt();
         let mut bytes = vec![0u8; v.len() * out.size()];
-        for (blk, dst) in v.chunks_exact(n).zip(bytes.chunks_exact_mut(n * out.size())) {
+        for (blk, dst) in v
+            .chunks_exact(n)
+            .zip(bytes.chunks_exact_mut(n * out.size()))
+        {
             for (a, d) in dst.chunks_exact_mut(out.size()).enumerate() {
-                let s: f64 = blk.iter().enumerate().map(|(k, &x)| self.at(k, a) * x as f64).sum();
+                let s: f64 = blk
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &x)| self.at(k, a) * x as f64)
+                    .sum();
                 out.encode_f64(s / norm, d);
             }
         }
@@ -91,9 +98,16 @@ impl Fold<'_> {
             return;
         };
         // Bands of the output rotation, else of a few rows.
-        let band = if self.output.is_some() { self.band() } else { 16 };
+        let band = if self.output.is_some() {
+            self.band()
+        } else {
+            16
+        };
         // Column b of the input block, contiguous: y_blk += w[b] · A[:, b].
-        let by_col: Option<Vec<f64>> = self.input.as_ref().map(|a| (0..a.n * a.n).map(|k| a.at(k % a.n, k / a.n)).collect());
+        let by_col: Option<Vec<f64>> = self
+            .input
+            .as_ref()
+            .map(|a| (0..a.n * a.n).map(|k| a.at(k % a.n, k / a.n)).collect());
         let norm = (self.input.as_ref().map_or(1, |r| r.n) as f64 * self.band() as f64).sqrt();
         let o = self.out.size();
         out.par_chunks_mut(band * cols * o)

@@ -147,10 +147,18 @@ impl<'a> Rearrange<'a> {
                             crate::numerics::cast(t.dtype, data, *to, &mut v);
                             v
                         }
-                        false => return Err(t.error(Rule::TensorDtype, format!("dtype {}, not a float", t.dtype))),
+                        false => {
+                            return Err(t.error(
+                                Rule::TensorDtype,
+                                format!("dtype {}, not a float", t.dtype),
+                            ))
+                        }
                     };
                     // Element c of part k is element c·n + k.
-                    for (v, o) in values.chunks_exact(size).zip(out[k * size..].chunks_mut(n * size)) {
+                    for (v, o) in values
+                        .chunks_exact(size)
+                        .zip(out[k * size..].chunks_mut(n * size))
+                    {
                         o[..size].copy_from_slice(v);
                     }
                 }

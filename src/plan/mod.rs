@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::checkpoint::Checkpoint;
+pub use crate::error::Warning;
 use crate::error::{Error, Result, Rule};
 use crate::formats::{self, Format};
 use crate::hf::{self, experts, Names};
 use crate::numerics::{DtypeChoice, OutDtype};
-pub use crate::error::Warning;
 pub use crate::output::{Output, Source};
 
 /// Everything `dequantize` will do, in output order.
@@ -158,7 +158,8 @@ impl<'a> Plan<'a> {
             None
         };
         if let Some(text) = card {
-            plan.generated.push((crate::checkpoint::CARD.to_string(), text));
+            plan.generated
+                .push((crate::checkpoint::CARD.to_string(), text));
         }
         plan.needs = ckpt.take_misses();
         let file = ckpt.display_path();

@@ -114,7 +114,10 @@ fn matches(path: &Path, want: &Done) -> Result<bool> {
     let Ok(f) = File::open(path) else {
         return Ok(false);
     };
-    let len = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
     Ok(len == want.size && digest(f, path)? == want.blake3)
 }
 
@@ -123,7 +126,9 @@ fn digest(mut f: File, path: &Path) -> Result<String> {
     let mut hash = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(path, "cannot read", e))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::io(path, "cannot read", e))?;
         if n == 0 {
             break;
         }
@@ -145,7 +150,10 @@ impl Done {
     /// The size and digest of the file at `path`.
     fn of(path: &Path) -> Result<Done> {
         let f = File::open(path).map_err(|e| Error::io(path, "cannot read", e))?;
-        let size = f.metadata().map_err(|e| Error::io(path, "cannot read", e))?.len();
+        let size = f
+            .metadata()
+            .map_err(|e| Error::io(path, "cannot read", e))?
+            .len();
         Ok(Done {
             size,
             blake3: digest(f, path)?,
@@ -224,7 +232,11 @@ impl Journal {
         let record = &log.record;
         let mut files = BTreeMap::new();
         for path in staged {
-            let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
             let done = match record.files.get(&name) {
                 Some(done) => done.clone(),
                 None => Done::of(path)?,
@@ -243,7 +255,11 @@ impl Journal {
             },
         };
         crate::json::text(&finished).map_err(|e| {
-            Error::new(crate::error::Rule::Internal, &self.dir, format!("record: {e}"))
+            Error::new(
+                crate::error::Rule::Internal,
+                &self.dir,
+                format!("record: {e}"),
+            )
         })
     }
 
@@ -271,7 +287,10 @@ impl Journal {
         let path = self.dir.join(JOURNAL);
         self.gate.write(&path, || {
             let mut log = self.lock();
-            let entry = Entry { name: name.to_string(), done };
+            let entry = Entry {
+                name: name.to_string(),
+                done,
+            };
             let line = line_of(&entry).map_err(|e| self.internal(e))?;
             log.record.files.insert(entry.name, entry.done);
             if let Some(file) = &mut log.file {
@@ -280,9 +299,15 @@ impl Journal {
                     .and_then(|()| file.sync_data())
                     .map_err(|e| Error::io(&path, "cannot write", e));
             }
-            let mut text = line_of(&Head { key: log.record.key.clone() }).map_err(|e| self.internal(e))?;
+            let mut text = line_of(&Head {
+                key: log.record.key.clone(),
+            })
+            .map_err(|e| self.internal(e))?;
             for (name, done) in &log.record.files {
-                let entry = Entry { name: name.clone(), done: done.clone() };
+                let entry = Entry {
+                    name: name.clone(),
+                    done: done.clone(),
+                };
                 text.extend(line_of(&entry).map_err(|e| self.internal(e))?);
             }
             let aside = self.dir.join(format!("{JOURNAL}.new"));
@@ -302,7 +327,11 @@ impl Journal {
     }
 
     fn internal(&self, e: serde_json::Error) -> Error {
-        Error::new(crate::error::Rule::Internal, &self.dir, format!("journal: {e}"))
+        Error::new(
+            crate::error::Rule::Internal,
+            &self.dir,
+            format!("journal: {e}"),
+        )
     }
 }
 
@@ -343,7 +372,10 @@ fn read(dir: &Path) -> Option<Record> {
         };
         files.insert(entry.name, entry.done);
     }
-    Some(Record { key: head.key, files })
+    Some(Record {
+        key: head.key,
+        files,
+    })
 }
 
 /// The files the journal in staging folder `dir` lists (none when it is
@@ -357,4 +389,3 @@ pub(super) fn listed(dir: &Path) -> BTreeSet<String> {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
-

@@ -72,7 +72,13 @@ pub(crate) fn input_stamps(input: &Path) -> String {
         false => input.parent().unwrap_or(Path::new(".")),
     };
     let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map(|entries| entries.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect())
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
         .unwrap_or_default();
     files.sort();
     let mut text = format!("{}\0", input.display());
@@ -90,7 +96,12 @@ pub(super) fn job_key<T>(plan: &Plan<'_>, shards: &[ShardFile<T>]) -> String {
     let ckpt = plan.checkpoint;
     let mut h = Sha256::new();
     h.update(env!("CARGO_PKG_VERSION"));
-    let jsons = [&ckpt.index, &ckpt.config, &ckpt.hf_quant_config, &ckpt.svdquant_config];
+    let jsons = [
+        &ckpt.index,
+        &ckpt.config,
+        &ckpt.hf_quant_config,
+        &ckpt.svdquant_config,
+    ];
     let inputs = ckpt.shards.iter().map(|s| s.path.as_path());
     let inputs = inputs.chain(jsons.into_iter().flatten().map(|j| j.path.as_path()));
     for path in inputs.chain(plan.side_files.iter().map(|(p, _)| p.as_path())) {
@@ -103,4 +114,3 @@ pub(super) fn job_key<T>(plan: &Plan<'_>, shards: &[ShardFile<T>]) -> String {
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
-

@@ -1,12 +1,11 @@
 //! How the dense output is split into files, and what is written beside
 //! them: the shard files' headers, the index, `config.json`, the summary.
 
-
 use super::header::{self, safetensors_header};
 use super::{parts, Summary};
-use crate::json::file as json_text;
 use crate::checkpoint::INDEX_FILE;
 use crate::error::Result;
+use crate::json::file as json_text;
 use crate::plan::{Output, Plan, Source};
 
 /// One safetensors file of the dense output: its header, then its tensors'
@@ -150,7 +149,10 @@ pub(crate) fn part_shards(
         }
     }
     mine.sort_unstable();
-    Ok(mine.into_iter().map(|i| shards[i].file_name.clone()).collect())
+    Ok(mine
+        .into_iter()
+        .map(|i| shards[i].file_name.clone())
+        .collect())
 }
 
 /// Every output file's name, whichever run writes it.
@@ -164,7 +166,10 @@ pub(super) fn all_file_names(plan: &Plan<'_>, max_shard_size: Option<u64>) -> Ve
 /// The JSON files of the dense checkpoint beside its shards (the index when
 /// the input has one or the output has several files, `config.json`), as
 /// (file name, text).
-pub fn json_files(plan: &Plan<'_>, shards: &[ShardFile<&Output<'_>>]) -> Result<Vec<(String, Vec<u8>)>> {
+pub fn json_files(
+    plan: &Plan<'_>,
+    shards: &[ShardFile<&Output<'_>>],
+) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = Vec::new();
     if plan.checkpoint.index.is_some() || shards.len() > 1 {
         let index = parts::Index::new(total_bytes(shards), weight_map(shards));
@@ -182,7 +187,9 @@ pub(super) fn total_bytes<T>(shards: &[ShardFile<T>]) -> u64 {
 }
 
 /// Tensor → shard file.
-pub(super) fn weight_map(shards: &[ShardFile<&Output<'_>>]) -> std::collections::BTreeMap<String, String> {
+pub(super) fn weight_map(
+    shards: &[ShardFile<&Output<'_>>],
+) -> std::collections::BTreeMap<String, String> {
     let names = shards
         .iter()
         .flat_map(|f| f.tensors.iter().map(|t| (t.name.clone(), f.name.clone())));

@@ -30,24 +30,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use header::safetensors_header;
-use layout::{all_file_names, total_bytes, weight_map};
-pub use layout::{json_files, shard_files, ShardFile};
-pub(crate) use layout::part_shards;
-pub use parts::{merge_index, Merged, PART_SUFFIX};
-use pipeline::write_shard;
-pub(crate) use schedule::Schedule;
-pub use streamed::Part;
-pub(crate) use streamed::{Hooks, Inputs, Streamed};
-pub use pipeline::row_pieces;
-pub(crate) use pipeline::PIECE_BYTES;
-pub use journal::Journal;
 pub(crate) use journal::record_name;
+pub use journal::Journal;
 use key::job_key;
 pub(crate) use key::{hex_sha256, input_stamps};
+pub(crate) use layout::part_shards;
+use layout::{all_file_names, total_bytes, weight_map};
+pub use layout::{json_files, shard_files, ShardFile};
+pub use parts::{merge_index, Merged, PART_SUFFIX};
+pub use pipeline::row_pieces;
+use pipeline::write_shard;
+pub(crate) use pipeline::PIECE_BYTES;
+pub(crate) use schedule::Schedule;
 pub use space::FREE_SPACE_VAR;
 pub(crate) use space::{check as check_space, Need};
 pub use staging::{interrupt, Interrupted};
 use staging::{Mode, Staging};
+pub use streamed::Part;
+pub(crate) use streamed::{Hooks, Inputs, Streamed};
 
 use crate::backend::Backend;
 use crate::checkpoint::INDEX_FILE;
@@ -267,7 +267,12 @@ impl OutputDir {
     /// (recorded with their SHA-256 in its journal, and still of those
     /// bytes) are kept, and this run's own finished files are kept for the
     /// next `resume` run if it fails or is interrupted too.
-    pub fn open(out: &Path, force: bool, shards: Option<Vec<String>>, resume: bool) -> Result<OutputDir> {
+    pub fn open(
+        out: &Path,
+        force: bool,
+        shards: Option<Vec<String>>,
+        resume: bool,
+    ) -> Result<OutputDir> {
         let tag = shards.as_deref().map(share_tag).transpose()?;
         OutputDir::claim(out, force, shards, tag.as_deref(), resume, None)
     }
@@ -438,7 +443,14 @@ pub(crate) fn finished(out: &Path, tag: Option<&str>, key: &str) -> Result<Optio
     };
     if staging.exists() {
         // Taken over and let go: what it holds was moved out already.
-        drop(OutputDir::claim(out, false, None, tag, true, Some(key.to_string()))?);
+        drop(OutputDir::claim(
+            out,
+            false,
+            None,
+            tag,
+            true,
+            Some(key.to_string()),
+        )?);
     }
     Ok(Some(summary))
 }
@@ -521,7 +533,9 @@ fn write_into(
     let need = Need {
         what: "the dense checkpoint",
         at: staging.out().to_path_buf(),
-        bytes: schedule.bytes(&done, |path, _| std::fs::metadata(path).map_or(0, |m| m.len())),
+        bytes: schedule.bytes(&done, |path, _| {
+            std::fs::metadata(path).map_or(0, |m| m.len())
+        }),
     };
     for line in space::check(staging.out(), &[need])? {
         note(&line);
@@ -553,7 +567,8 @@ fn write_into(
             let f = flush(&path, w)?;
             let (journal, name) = (&journal, &file.name);
             syncs.push(scope.spawn(move || {
-                f.sync_all().map_err(|e| Error::io(&path, "cannot sync", e))?;
+                f.sync_all()
+                    .map_err(|e| Error::io(&path, "cannot sync", e))?;
                 journal.record(name, len, &digest)
             }));
         }

@@ -34,7 +34,11 @@ impl Buffer {
     /// Bytes already made (none to align).
     fn made(bytes: Vec<u8>) -> Buffer {
         let len = bytes.len();
-        Buffer { bytes, start: 0, len }
+        Buffer {
+            bytes,
+            start: 0,
+            len,
+        }
     }
 
     /// Its `len` bytes for a new piece to be made in (what the last piece
@@ -107,7 +111,10 @@ impl<'t, 'a> Piece<'t, 'a> {
     /// The tensor's pieces ([`row_pieces`]).
     fn of(t: &'t Output<'a>) -> Vec<Piece<'t, 'a>> {
         match row_pieces(t) {
-            Some(pieces) => pieces.into_iter().map(|rows| Piece::Rows(t, rows)).collect(),
+            Some(pieces) => pieces
+                .into_iter()
+                .map(|rows| Piece::Rows(t, rows))
+                .collect(),
             None => vec![Piece::Whole(t)],
         }
     }
@@ -176,7 +183,9 @@ impl<'t, 'a> Piece<'t, 'a> {
 pub fn row_pieces(t: &Output<'_>) -> Option<Vec<std::ops::Range<usize>>> {
     match t.row_layout() {
         Some((total, row_bytes)) if total > 0 && row_bytes > 0 => {
-            let per = (PIECE_BYTES / row_bytes).max(1).next_multiple_of(t.row_band());
+            let per = (PIECE_BYTES / row_bytes)
+                .max(1)
+                .next_multiple_of(t.row_band());
             let starts = (0..total).step_by(per);
             Some(
                 starts
@@ -333,7 +342,8 @@ pub(super) fn write_shard<W: Write + Send>(
         let digest = hasher.join();
         // A decode error comes first; a writing error explains a closed channel.
         sent?;
-        let panicked = |what: &str| Error::new(Rule::Internal, path, format!("the {what} thread panicked"));
+        let panicked =
+            |what: &str| Error::new(Rule::Internal, path, format!("the {what} thread panicked"));
         let (w, len) = written
             .map_err(|_| panicked("writing"))?
             .map_err(|e| Error::io(path, "cannot write", e))?;

@@ -180,18 +180,35 @@ mod tests {
         assert!(notes[0].contains("cannot be read"), "{notes:?}");
         // A cap stands in for it.
         let e = check_with(out, &[need(2_000_000)], Some(1_000_000), |_| None).unwrap_err();
-        assert!(e.to_string().contains("2.0 MB") && e.to_string().contains("1.0 MB"), "{e}");
+        assert!(
+            e.to_string().contains("2.0 MB") && e.to_string().contains("1.0 MB"),
+            "{e}"
+        );
         // Nothing to write checks nothing.
-        assert!(check_with(out, &[need(0)], None, |_| None).unwrap().is_empty());
+        assert!(check_with(out, &[need(0)], None, |_| None)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
     fn needs_on_one_file_system_add_up() {
         let out = Path::new("out");
-        let two = [need(600), Need { what: "the downloads", ..need(600) }];
+        let two = [
+            need(600),
+            Need {
+                what: "the downloads",
+                ..need(600)
+            },
+        ];
         let e = check_with(out, &two, None, |_| Some(1000)).unwrap_err();
-        assert!(e.to_string().contains("the dense checkpoint and the downloads need 1.2 kB"), "{e}");
-        assert!(check_with(out, &two[..1], None, |_| Some(1000)).unwrap().is_empty());
+        assert!(
+            e.to_string()
+                .contains("the dense checkpoint and the downloads need 1.2 kB"),
+            "{e}"
+        );
+        assert!(check_with(out, &two[..1], None, |_| Some(1000))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -131,8 +131,16 @@ impl State {
         }
         if let Some(dir) = &self.dir {
             // Moved aside while still locked, as a commit does.
-            let gone = dir.with_file_name(format!("{STAGING}.stale-{}-{}", std::process::id(), unique()));
-            let gone = if fs::rename(dir, &gone).is_ok() { gone } else { dir.clone() };
+            let gone = dir.with_file_name(format!(
+                "{STAGING}.stale-{}-{}",
+                std::process::id(),
+                unique()
+            ));
+            let gone = if fs::rename(dir, &gone).is_ok() {
+                gone
+            } else {
+                dir.clone()
+            };
             self.lock = None;
             let _ = fs::remove_dir_all(gone);
         }
@@ -248,7 +256,12 @@ impl Staging {
     /// kept if this run fails too. `key` is the job's when known already:
     /// then a `--resume` run may also find the files of a finished run of
     /// the same job in `out` (its record lists them), and write them again.
-    pub(super) fn new(out: &Path, mode: Mode<'_>, resume: bool, key: Option<String>) -> Result<Staging> {
+    pub(super) fn new(
+        out: &Path,
+        mode: Mode<'_>,
+        resume: bool,
+        key: Option<String>,
+    ) -> Result<Staging> {
         let state = Arc::new(Mutex::new(State {
             out: out.to_path_buf(),
             keep: resume,
@@ -262,7 +275,10 @@ impl Staging {
             active.push(Arc::downgrade(&state));
         }
         let (dir, record) = match mode {
-            Mode::Shared(tag) => (out.join(format!("{STAGING}-{tag}")), super::journal::record_name(Some(tag))),
+            Mode::Shared(tag) => (
+                out.join(format!("{STAGING}-{tag}")),
+                super::journal::record_name(Some(tag)),
+            ),
             _ => (out.join(STAGING), super::journal::record_name(None)),
         };
         let staging = Staging {
@@ -313,16 +329,19 @@ impl Staging {
             _ => None,
         };
         // The folder that holds the record (`.cache`).
-        let record_top = Path::new(&self.record).components().next().map(|c| c.as_os_str());
+        let record_top = Path::new(&self.record)
+            .components()
+            .next()
+            .map(|c| c.as_os_str());
         // Read once: `out` may hold thousands of files.
         let listed = match self.resume {
             true => super::journal::listed(&self.dir),
             false => Default::default(),
         };
         let journaled = |name: &std::ffi::OsStr| {
-            let recorded = finished
-                .as_ref()
-                .is_some_and(|(f, key)| Some(name) == record_top || f.lists(key, &name.to_string_lossy()));
+            let recorded = finished.as_ref().is_some_and(|(f, key)| {
+                Some(name) == record_top || f.lists(key, &name.to_string_lossy())
+            });
             self.resume && (recorded || listed.contains(name.to_string_lossy().as_ref()))
         };
         for entry in entries {
@@ -337,7 +356,11 @@ impl Staging {
             // Another run setting up or clearing a folder of its own:
             // nothing it will commit.
             let transient = [".new-", ".stale-"].map(|t| format!("{STAGING}{t}"));
-            if !clear && transient.iter().any(|t| name.to_string_lossy().starts_with(t.as_str())) {
+            if !clear
+                && transient
+                    .iter()
+                    .any(|t| name.to_string_lossy().starts_with(t.as_str()))
+            {
                 continue;
             }
             if !clear {
@@ -386,7 +409,9 @@ impl Staging {
                 // Set up aside and renamed into place whole: the folder
                 // never shows without its lock held, or another run could
                 // take it for a killed run's and remove it.
-                let new = self.out.join(format!("{STAGING}.new-{}-{}", std::process::id(), unique()));
+                let new =
+                    self.out
+                        .join(format!("{STAGING}.new-{}-{}", std::process::id(), unique()));
                 fs::create_dir(&new).map_err(|e| match self.out.is_dir() {
                     true => Error::io(&new, "cannot create staging folder", e),
                     // A file where the output directory should be: it is
@@ -537,7 +562,10 @@ impl Staging {
     /// folder.
     fn refuse_unfinished_commit(&self, stale: &Path) -> Result<()> {
         let listed = super::journal::listed(stale);
-        let moved = listed.iter().filter(|name| self.out.join(name).is_file()).count();
+        let moved = listed
+            .iter()
+            .filter(|name| self.out.join(name).is_file())
+            .count();
         if moved == 0 {
             return Ok(());
         }
@@ -561,11 +589,13 @@ impl Staging {
         let journal = super::Journal::open(&self.dir, &key, self.resume, gate);
         // What the journal does not list is another job's, or was cut off
         // mid-write: it would be committed with the rest.
-        let entries = fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
+        let entries =
+            fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "cannot list", e))?;
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let ours = name == LOCK || name == REPLACED || name.starts_with(super::journal::JOURNAL);
+            let ours =
+                name == LOCK || name == REPLACED || name.starts_with(super::journal::JOURNAL);
             if !ours && !journal.lists(&name) {
                 let path = entry.path();
                 fs::remove_file(&path).map_err(|e| Error::io(&path, "cannot remove", e))?;
@@ -611,7 +641,10 @@ impl Staging {
         for entry in entries {
             let entry = entry.map_err(|e| Error::io(&self.dir, "cannot list", e))?;
             let name = entry.file_name();
-            if name != LOCK && name != REPLACED && !name.to_string_lossy().starts_with(super::journal::JOURNAL) {
+            if name != LOCK
+                && name != REPLACED
+                && !name.to_string_lossy().starts_with(super::journal::JOURNAL)
+            {
                 staged.push((entry.path(), self.out.join(name)));
             }
         }
@@ -679,7 +712,11 @@ impl Staging {
         }
         // Moved aside while still locked: once the lock is let go, another
         // run may claim a staging folder of this name.
-        let gone = self.out.join(format!("{STAGING}.stale-{}-{}", std::process::id(), unique()));
+        let gone = self.out.join(format!(
+            "{STAGING}.stale-{}-{}",
+            std::process::id(),
+            unique()
+        ));
         fs::rename(&self.dir, &gone).map_err(|e| Error::io(&self.dir, "cannot remove", e))?;
         state.lock = None;
         state.finished = true;

@@ -591,7 +591,7 @@ fn shaders_translate_for_every_backend() {
             .concat()
     };
     // The products' fragments, in the order the host puts them together
-    // (src/backend/gpu/matmul.rs), after the decode module's.
+    // (src/backend/gpu/matmul/mod.rs), after the decode module's.
     let matmul = ["gemv", "rows", "others"];
     let products = |entries: &str| {
         decode_source()

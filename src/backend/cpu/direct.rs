@@ -23,8 +23,16 @@ impl Linear {
         if values.is_empty() || values.len() > 256 {
             return None;
         }
-        let follows = |l: Linear| values.iter().enumerate().all(|(k, v)| v.to_bits() == l.value(k as u8).to_bits());
-        let signed = Linear { xor: 0x80, sub: 128 };
+        let follows = |l: Linear| {
+            values
+                .iter()
+                .enumerate()
+                .all(|(k, v)| v.to_bits() == l.value(k as u8).to_bits())
+        };
+        let signed = Linear {
+            xor: 0x80,
+            sub: 128,
+        };
         if values.len() == 256 && follows(signed) {
             return Some(signed);
         }
@@ -48,7 +56,13 @@ type Groups<'a> = (usize, &'a [u8], Option<&'a [u8]>);
 
 /// Decodes a row of byte codes into `out` (`N` bytes a value): with AVX2
 /// where `wide`.
-pub(super) fn row<const N: usize>(wide: bool, codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
+pub(super) fn row<const N: usize>(
+    wide: bool,
+    codes: (&[u8], Linear),
+    groups: Groups<'_>,
+    dtype: OutDtype,
+    out: &mut [u8],
+) {
     #[cfg(target_arch = "x86_64")]
     if wide {
         // SAFETY: `wide` is the CPU's AVX2 (simd::Isa::wide).
@@ -60,7 +74,12 @@ pub(super) fn row<const N: usize>(wide: bool, codes: (&[u8], Linear), groups: Gr
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn row_avx2<const N: usize>(codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
+fn row_avx2<const N: usize>(
+    codes: (&[u8], Linear),
+    groups: Groups<'_>,
+    dtype: OutDtype,
+    out: &mut [u8],
+) {
     row_any::<N>(codes, groups, dtype, out)
 }
 
@@ -68,7 +87,12 @@ fn row_avx2<const N: usize>(codes: (&[u8], Linear), groups: Groups<'_>, dtype: O
 const LANES: usize = 16;
 
 #[inline(always)]
-fn row_any<const N: usize>(codes: (&[u8], Linear), groups: Groups<'_>, dtype: OutDtype, out: &mut [u8]) {
+fn row_any<const N: usize>(
+    codes: (&[u8], Linear),
+    groups: Groups<'_>,
+    dtype: OutDtype,
+    out: &mut [u8],
+) {
     // The output dtype matched once a row, the loops below made for each.
     match dtype {
         OutDtype::Bf16 => row_as::<N, u16>(codes, groups, out, numerics::f32_to_bf16),
@@ -85,7 +109,9 @@ fn row_as<const N: usize, T: bytemuck::Pod>(
     out: &mut [u8],
     round: impl Fn(f32) -> T,
 ) {
-    let f32_at = |b: &[u8], g: usize| f32::from_le_bytes([b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]]);
+    let f32_at = |b: &[u8], g: usize| {
+        f32::from_le_bytes([b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]])
+    };
     // A pass's `LANES · N` bytes: a copy of a size the compiler knows.
     // Plain loops: iterator adapters are functions of their own, which
     // the caller's AVX2 would not reach.
@@ -99,7 +125,10 @@ fn row_as<const N: usize, T: bytemuck::Pod>(
     // Groups of whole passes (GGUF's 16 and 32).
     if group.is_multiple_of(LANES) && codes.len().is_multiple_of(LANES) {
         let (whole, _) = codes.as_chunks::<LANES>();
-        let groups = whole.chunks(group / LANES).zip(out.chunks_mut(group * N)).enumerate();
+        let groups = whole
+            .chunks(group / LANES)
+            .zip(out.chunks_mut(group * N))
+            .enumerate();
         for (g, (passes, out)) in groups {
             let (s, b) = (f32_at(scales, g), offsets.map(|b| f32_at(b, g)));
             for (c, o) in passes.iter().zip(out.chunks_exact_mut(LANES * N)) {
@@ -109,7 +138,11 @@ fn row_as<const N: usize, T: bytemuck::Pod>(
         return;
     }
     // Else a group at a time, its last few values in a pass of their own.
-    for (g, (c, o)) in codes.chunks(group).zip(out.chunks_mut(group * N)).enumerate() {
+    for (g, (c, o)) in codes
+        .chunks(group)
+        .zip(out.chunks_mut(group * N))
+        .enumerate()
+    {
         let (s, b) = (f32_at(scales, g), offsets.map(|b| f32_at(b, g)));
         for (c, o) in c.chunks(LANES).zip(o.chunks_mut(LANES * N)) {
             let mut pass = [0u8; LANES];

@@ -59,7 +59,10 @@ pub enum Way {
 pub fn way(job: &DecodeJob<'_>) -> Way {
     // The way does not depend on the instructions.
     let isa = simd::Isa::detect();
-    match (rows::Rows::of(job, isa), job.transposed || job.codes.word_bits != 32) {
+    match (
+        rows::Rows::of(job, isa),
+        job.transposed || job.codes.word_bits != 32,
+    ) {
         (Some(r), _) if r.is_direct() => Way::Direct,
         (Some(_), false) => Way::Rows,
         (Some(_), true) => Way::PackedRows,
@@ -93,7 +96,10 @@ impl Cpu {
 impl Backend for Cpu {
     fn name(&self) -> String {
         let threads = rayon::current_num_threads();
-        format!("cpu ({threads} thread{})", if threads == 1 { "" } else { "s" })
+        format!(
+            "cpu ({threads} thread{})",
+            if threads == 1 { "" } else { "s" }
+        )
     }
 
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
@@ -144,4 +150,3 @@ impl Backend for Cpu {
         Ok(())
     }
 }
-

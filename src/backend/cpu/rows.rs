@@ -12,9 +12,9 @@
 
 use std::ops::Range;
 
+use super::direct::{self, Linear};
 use super::simd;
 use super::table::{ByScale, Table16};
-use super::direct::{self, Linear};
 use crate::job::{gcd, DecodeJob, Fields, InBlocks, Source, ValueKind, Values, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
@@ -118,7 +118,8 @@ impl Rows {
         let smoothing = match &job.low_rank {
             None => false,
             Some(lr) => {
-                let simple = job.product_dtype().is_none() && job.post_scale.is_none() && !job.transposed;
+                let simple =
+                    job.product_dtype().is_none() && job.post_scale.is_none() && !job.transposed;
                 let nibbles = f.bits == 4 && job.code_values.len() == 16;
                 if lr.rank != 0 || !simple || !nibbles || lr.inv_smooth.len() != job.dims.cols {
                     return None;
@@ -137,7 +138,8 @@ impl Rows {
                 let b = f.blocks?;
                 let whole = f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8);
                 let fits = b.len <= MAX_BLOCK as u32 && b.len.is_multiple_of(8);
-                (whole && fits && !job.transposed && job.sparse.is_none()).then_some(Gather::Blocks(b))?
+                (whole && fits && !job.transposed && job.sparse.is_none())
+                    .then_some(Gather::Blocks(b))?
             }
             _ if job.sparse.is_some() => {
                 let bytes = f.bits == 8 && f.per_word == 0 && job.dims.slices == 1 && !f.high_first;
@@ -147,7 +149,9 @@ impl Rows {
             // Gathered codes are read LSB first.
             (false, false) if whole && !f.high_first => Gather::Words,
             // ModelOpt's INT4 AWQ: a byte holds column c of two rows.
-            (false, false) if f.bits == 4 && f.per_word == 1 && f.word_bits == 8 && f.lane_bits == 4 => {
+            (false, false)
+                if f.bits == 4 && f.per_word == 1 && f.word_bits == 8 && f.lane_bits == 4 =>
+            {
                 let pairs = job.dims.rows == 2 && f.slice_bits == job.dims.cols as u64 * 8;
                 (pairs && !f.high_first && job.g_idx.is_none()).then_some(Gather::Pairs)?
             }
@@ -161,7 +165,11 @@ impl Rows {
         // Output columns sharing an entry: a stored row group when
         // transposed, a stored column group when not.
         let along = |g: &crate::job::Grid| if job.transposed { g.row_div } else { g.col_div };
-        let group_cols = job.scale.as_ref().map_or(cols, |s| along(&s.grid).min(cols)).max(1);
+        let group_cols = job
+            .scale
+            .as_ref()
+            .map_or(cols, |s| along(&s.grid).min(cols))
+            .max(1);
         match (&job.zero, job.transposed) {
             (None, _) => {}
             (Some(ZeroPoint::Plain(_)), _) if job.scale.is_none() => return None,
@@ -207,19 +215,25 @@ impl Rows {
             _ => 1,
         };
         // Tables by scale byte cost nothing per entry.
-        let by_scale = ByScale::of(isa, job).filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
+        let by_scale = ByScale::of(isa, job)
+            .filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
         let entries = groups.checked_mul(job.code_values.len())?;
         // Values straight from the codes where tables would cost as much as
         // the values (GGUF's: a scale per 16 or 32 codes), when the codes
         // are unpacked from blocks anyway.
         let linear = Linear::of(&job.code_values).filter(|_| {
-            let simple = job.zero.is_none() && job.g_idx.is_none() && !smoothing && job.post_scale.is_none();
-            let plain = job.product_dtype().is_none() && job.scale.is_some() && job.low_rank.is_none();
+            let simple =
+                job.zero.is_none() && job.g_idx.is_none() && !smoothing && job.post_scale.is_none();
+            let plain =
+                job.product_dtype().is_none() && job.scale.is_some() && job.low_rank.is_none();
             matches!(gather, Gather::Blocks(_)) && simple && plain
         });
         let tables_pay = by_scale.is_some() || entries * 4 <= cols.saturating_mul(rows_per_entry);
         let direct = if tables_pay { None } else { linear };
-        if direct.is_none() && by_scale.is_none() && entries * 2 > cols.saturating_mul(rows_per_entry) {
+        if direct.is_none()
+            && by_scale.is_none()
+            && entries * 2 > cols.saturating_mul(rows_per_entry)
+        {
             return None;
         }
         let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
@@ -255,9 +269,14 @@ impl Rows {
             // and still four bands a thread; in 16s, the vector gather's
             // blocks.
             Gather::Words => {
-                let row = (job.dims.cols as u64 * job.codes.bits as u64).div_ceil(32) as usize * 4 + PAD;
+                let row =
+                    (job.dims.cols as u64 * job.codes.bits as u64).div_ceil(32) as usize * 4 + PAD;
                 let threads = 4 * rayon::current_num_threads().max(1);
-                (WORDS_BAND_BYTES / row).min(256).min(job.dims.rows / threads) / 16 * 16
+                (WORDS_BAND_BYTES / row)
+                    .min(256)
+                    .min(job.dims.rows / threads)
+                    / 16
+                    * 16
             }
             .max(16),
             // One line of each input: 16 word columns.
@@ -298,7 +317,13 @@ impl Rows {
         })
     }
 
-    fn decode_n<const N: usize>(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8], s: &mut Scratch) {
+    fn decode_n<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        rows: Range<usize>,
+        out: &mut [u8],
+        s: &mut Scratch,
+    ) {
         let row_bytes = job.dims.cols * N;
         let per_slice = job.dims.rows;
         let mut flat = rows.start;
@@ -333,7 +358,13 @@ impl Rows {
 
     /// Gathers the codes of output rows `rows` of `slice` into `buf` as
     /// straight rows (lane k = row `rows.start + k`).
-    fn gather<'b>(&self, job: &DecodeJob<'_>, slice: usize, rows: Range<usize>, buf: &'b mut Vec<u8>) -> Fields<'b> {
+    fn gather<'b>(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        rows: Range<usize>,
+        buf: &'b mut Vec<u8>,
+    ) -> Fields<'b> {
         let f = &job.codes;
         let data: &[u8] = &f.data;
         let base = (slice as u64 * f.slice_bits / 8) as usize;
@@ -348,7 +379,14 @@ impl Rows {
                 grow(buf, (c1 - c0) * 8 * row);
                 let lane_bytes = (f.lane_bits / 8) as usize;
                 let whole = cols / 8 * 8;
-                simd::gather_awq(self.isa, data, (base + 4 * c0, lane_bytes), (c1 - c0, whole), buf, row);
+                simd::gather_awq(
+                    self.isa,
+                    data,
+                    (base + 4 * c0, lane_bytes),
+                    (c1 - c0, whole),
+                    buf,
+                    row,
+                );
                 // A band starts inside its first word column when a task
                 // does; its rows start that far in.
                 let first = rows.start - 8 * c0;
@@ -394,12 +432,21 @@ impl Rows {
                 let row = cols.div_ceil(2) + PAD;
                 grow(buf, 2 * row);
                 let (lo, hi) = buf.split_at_mut(row);
-                simd::split_nibbles(self.isa, &data[base..base + cols], &mut lo[..cols.div_ceil(2)], &mut hi[..cols.div_ceil(2)]);
+                simd::split_nibbles(
+                    self.isa,
+                    &data[base..base + cols],
+                    &mut lo[..cols.div_ceil(2)],
+                    &mut hi[..cols.div_ceil(2)],
+                );
                 Fields::dense(&buf[rows.start * row..], 4, row as u64 * 8)
             }
             Gather::Blocks(b) => {
                 // Direct values read bytes.
-                let width = if self.direct.is_some() { 8 } else { b.bits().next_power_of_two() };
+                let width = if self.direct.is_some() {
+                    8
+                } else {
+                    b.bits().next_power_of_two()
+                };
                 let len = b.len as usize;
                 let row = (cols * width as usize).div_ceil(8) + PAD;
                 grow(buf, lanes * row);
@@ -432,7 +479,8 @@ impl Rows {
                     for k in 0..lanes {
                         for w in 0..words {
                             let at = first + k * lane + w * stride;
-                            buf[k * row + 4 * w..k * row + 4 * w + 4].copy_from_slice(&data[at..at + 4]);
+                            buf[k * row + 4 * w..k * row + 4 * w + 4]
+                                .copy_from_slice(&data[at..at + 4]);
                         }
                     }
                 }
@@ -442,7 +490,13 @@ impl Rows {
     }
 
     /// The zero point and scale of output row `row`'s entry `g`.
-    fn entry(&self, job: &DecodeJob<'_>, slice: usize, row: usize, g: usize) -> (Option<f32>, Option<f32>) {
+    fn entry(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        row: usize,
+        g: usize,
+    ) -> (Option<f32>, Option<f32>) {
         if job.transposed {
             // Entry g spans stored rows g·group_cols …; the stored column is
             // the output row.
@@ -456,10 +510,19 @@ impl Rows {
 
     /// Where entry g of output row `row` reads its zero point and scale
     /// (what [`Rows::entry`] reads).
-    fn sources(&self, job: &DecodeJob<'_>, slice: usize, row: usize, g: usize) -> (Option<Source>, Option<usize>) {
+    fn sources(
+        &self,
+        job: &DecodeJob<'_>,
+        slice: usize,
+        row: usize,
+        g: usize,
+    ) -> (Option<Source>, Option<usize>) {
         if job.transposed {
             let i = g * self.group_cols;
-            (job.zero_source(slice, i, job.zero_group(row)), job.scale_index(slice, i, row))
+            (
+                job.zero_source(slice, i, job.zero_group(row)),
+                job.scale_index(slice, i, row),
+            )
         } else {
             let s = job.scale.as_ref().map(|s| s.grid.index(slice, row, g));
             (job.zero_source(slice, row, g), s)
@@ -474,15 +537,23 @@ impl Rows {
         let n = self.groups;
         out.clear();
         let (z0, s0) = self.sources(job, slice, row, 0);
-        let (z1, s1) = if n > 1 { self.sources(job, slice, row, 1) } else { (z0, s0) };
+        let (z1, s1) = if n > 1 {
+            self.sources(job, slice, row, 1)
+        } else {
+            (z0, s0)
+        };
         let zeros = match (&job.zero, z0, z1) {
             (None, ..) => Some(Run::None),
-            (Some(ZeroPoint::Packed { fields } | ZeroPoint::PackedAlongCols { fields }), Some(Source::Field(a)), Some(Source::Field(b)))
-                if fields.whole_fields() && b >= a =>
+            (
+                Some(ZeroPoint::Packed { fields } | ZeroPoint::PackedAlongCols { fields }),
+                Some(Source::Field(a)),
+                Some(Source::Field(b)),
+            ) if fields.whole_fields() && b >= a => Some(Run::Fields(fields, a, b - a)),
+            (Some(ZeroPoint::Plain(v)), Some(Source::Value(a)), Some(Source::Value(b)))
+                if b >= a =>
             {
-                Some(Run::Fields(fields, a, b - a))
+                Some(Run::Values(v, a, b - a))
             }
-            (Some(ZeroPoint::Plain(v)), Some(Source::Value(a)), Some(Source::Value(b))) if b >= a => Some(Run::Values(v, a, b - a)),
             _ => None,
         };
         let scales = match (&job.scale, s0, s1) {
@@ -499,7 +570,10 @@ impl Rows {
         scales.read(job, n, &mut |g, s| out[g].1 = Some(s));
         // The runs are the accessors' own steps (checked in tests' builds).
         let bits = |(z, s): Entry| (z.map(f32::to_bits), s.map(f32::to_bits));
-        debug_assert_eq!(out.last().copied().map(bits), Some(bits(self.entry(job, slice, row, n - 1))));
+        debug_assert_eq!(
+            out.last().copied().map(bits),
+            Some(bits(self.entry(job, slice, row, n - 1)))
+        );
     }
 
     /// Decodes output row `row` of `slice`, whose codes are lane `lane` of
@@ -520,18 +594,29 @@ impl Rows {
             let start = (codes.lane_start(cs, lane).unwrap_or(0) / 8) as usize;
             let bytes = &codes.data[start..start + job.dims.cols];
             let scales = f32_run(scale, slice, row, self.groups, &mut s.scales);
-            let offsets = job.offset.as_ref().map(|o| f32_run(o, slice, row, self.groups, &mut s.offset_bytes));
-            direct::row::<N>(self.isa.wide(), (bytes, lin), (self.group_cols, scales, offsets), job.out, out);
+            let offsets = job
+                .offset
+                .as_ref()
+                .map(|o| f32_run(o, slice, row, self.groups, &mut s.offset_bytes));
+            direct::row::<N>(
+                self.isa.wide(),
+                (bytes, lin),
+                (self.group_cols, scales, offsets),
+                job.out,
+                out,
+            );
             return;
         }
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
         // Tables by scale byte need no entries.
-        let by_scale = straight4 && job.code_values.len() == 16 && !self.smoothing && self.by_scale.is_some();
+        let by_scale =
+            straight4 && job.code_values.len() == 16 && !self.smoothing && self.by_scale.is_some();
         if fresh && !by_scale {
             self.entries(job, slice, row, &mut s.entries);
             s.offsets.clear();
             if let Some(o) = &job.offset {
-                s.offsets.extend((0..self.groups).map(|g| o.get(o.grid.index(slice, row, g))));
+                s.offsets
+                    .extend((0..self.groups).map(|g| o.get(o.grid.index(slice, row, g))));
             }
         }
         if let (true, 16) = (straight4, job.code_values.len()) {
@@ -539,7 +624,9 @@ impl Rows {
             if let (true, Some(lr)) = (self.smoothing, &job.low_rank) {
                 if fresh {
                     tables.clear();
-                    Table16::products(self.isa, job, entries.iter().copied(), &mut |t| tables.push(t));
+                    Table16::products(self.isa, job, entries.iter().copied(), &mut |t| {
+                        tables.push(t)
+                    });
                 }
                 self.smoothed_row::<N>(job, codes, (cs, lane), out, (tables, &lr.inv_smooth));
             } else if let Some(by) = &self.by_scale {
@@ -557,7 +644,9 @@ impl Rows {
             } else {
                 if fresh {
                     tables.clear();
-                    Table16::extend(self.isa, job, entries.iter().copied(), &mut |t| tables.push(t));
+                    Table16::extend(self.isa, job, entries.iter().copied(), &mut |t| {
+                        tables.push(t)
+                    });
                 }
                 self.nibble_row::<N>(codes, (cs, lane), out, |g| &tables[g]);
             }
@@ -630,7 +719,14 @@ impl Rows {
             let n = group_out.len() / N;
             let done = if first.is_multiple_of(2) {
                 let factors = (&factors[first..first + n], hf);
-                simd::smoothed::<N>(self.isa, &bytes[first / 2..], &t.planes, factors, group_out, job.out)
+                simd::smoothed::<N>(
+                    self.isa,
+                    &bytes[first / 2..],
+                    &t.planes,
+                    factors,
+                    group_out,
+                    job.out,
+                )
             } else {
                 0
             };
@@ -664,7 +760,14 @@ impl Rows {
             if first.is_multiple_of(2) {
                 let codes = &bytes[first / 2..];
                 // 32 codes per load where the CPU has shuffles.
-                done = simd::nibbles::<N>(self.isa, codes, (&t.values, &t.planes), group_out, hf, self.stream);
+                done = simd::nibbles::<N>(
+                    self.isa,
+                    codes,
+                    (&t.values, &t.planes),
+                    group_out,
+                    hf,
+                    self.stream,
+                );
                 // Eight codes per little-endian u32: one load, eight lookups
                 // assembled in registers, two (bf16/f16) or four (f32) stores.
                 let words = codes[done / 2..].chunks_exact(4);
@@ -721,7 +824,8 @@ impl Rows {
             let first = g * self.group_cols;
             for (i, o) in group_out.chunks_exact_mut(N).enumerate() {
                 let col = first + i;
-                let code = (bytes[col / per_byte] as u32 >> (((col % per_byte) ^ flip) * BITS)) & mask;
+                let code =
+                    (bytes[col / per_byte] as u32 >> (((col % per_byte) ^ flip) * BITS)) & mask;
                 o.copy_from_slice(&t[code as usize].to_le_bytes()[..N]);
             }
         }
@@ -731,9 +835,17 @@ impl Rows {
 /// The f32 bytes of entries `0..groups` of output row `row`: the stored
 /// ones where they are f32s one after another (GGUF's grids), else read
 /// into `buf`.
-fn f32_run<'v>(v: &'v Values<'_>, slice: usize, row: usize, groups: usize, buf: &'v mut Vec<u8>) -> &'v [u8] {
+fn f32_run<'v>(
+    v: &'v Values<'_>,
+    slice: usize,
+    row: usize,
+    groups: usize,
+    buf: &'v mut Vec<u8>,
+) -> &'v [u8] {
     let at = v.grid.index(slice, row, 0);
-    let stored = matches!(v.kind, ValueKind::F32).then(|| v.data.get(4 * at..4 * (at + groups))).flatten();
+    let stored = matches!(v.kind, ValueKind::F32)
+        .then(|| v.data.get(4 * at..4 * (at + groups)))
+        .flatten();
     match stored {
         Some(b) => b,
         None => {
@@ -752,7 +864,10 @@ const MAX_BLOCK: usize = 256;
 fn pack(fields: &[u8], width: u32, out: &mut [u8]) {
     let per = (8 / width) as usize;
     for (o, f) in out.iter_mut().zip(fields.chunks(per)) {
-        *o = f.iter().enumerate().fold(0, |b, (k, &x)| b | x << (k as u32 * width));
+        *o = f
+            .iter()
+            .enumerate()
+            .fold(0, |b, (k, &x)| b | x << (k as u32 * width));
     }
 }
 
@@ -782,7 +897,10 @@ impl Run<'_, '_> {
             Run::None => {}
             Run::Fields(f, start, step) => {
                 for g in 0..n {
-                    each(g, job.code_values[f.field_at(start + g as u64 * step) as usize]);
+                    each(
+                        g,
+                        job.code_values[f.field_at(start + g as u64 * step) as usize],
+                    );
                 }
             }
             Run::Values(v, start, step) => {
@@ -792,11 +910,17 @@ impl Run<'_, '_> {
                 match v.kind {
                     ValueKind::F16 => (0..n).for_each(|g| {
                         let i = at(g);
-                        each(g, numerics::f16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])))
+                        each(
+                            g,
+                            numerics::f16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])),
+                        )
                     }),
                     ValueKind::Bf16 => (0..n).for_each(|g| {
                         let i = at(g);
-                        each(g, numerics::bf16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])))
+                        each(
+                            g,
+                            numerics::bf16_to_f32(u16::from_le_bytes([d[2 * i], d[2 * i + 1]])),
+                        )
                     }),
                     ValueKind::I8 => (0..n).for_each(|g| each(g, d[at(g)] as i8 as f32)),
                     ValueKind::F32 => (0..n).for_each(|g| {

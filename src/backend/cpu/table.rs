@@ -26,10 +26,17 @@ pub(super) struct Table16 {
 impl Table16 {
     /// The table of `job`'s 16 codes under (`zero`, `scale`), with the
     /// instructions of `isa`.
-    pub(super) fn new(isa: Isa, job: &DecodeJob<'_>, zero: Option<f32>, scale: Option<f32>) -> Table16 {
+    pub(super) fn new(
+        isa: Isa,
+        job: &DecodeJob<'_>,
+        zero: Option<f32>,
+        scale: Option<f32>,
+    ) -> Table16 {
         let mut table = None;
         Table16::extend(isa, job, [(zero, scale)], &mut |t| table = Some(t));
-        table.unwrap_or_else(|| Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out), None))
+        table.unwrap_or_else(|| {
+            Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out), None)
+        })
     }
 
     /// The table of `job`'s 16 codes under (`zero`, `scale`), its offset
@@ -41,7 +48,14 @@ impl Table16 {
         scale: Option<f32>,
         offset: f32,
     ) -> Table16 {
-        Table16::scalar(isa, job, zero, scale, (job.post_scale, job.out), Some(offset))
+        Table16::scalar(
+            isa,
+            job,
+            zero,
+            scale,
+            (job.post_scale, job.out),
+            Some(offset),
+        )
     }
 
     /// The tables of `entries` (zero point, scale), given to `each` in
@@ -79,7 +93,10 @@ impl Table16 {
     ) {
         let mut entries = entries.into_iter();
         let how = (post.unwrap_or(1.0), out);
-        let codes = job.code_values.first_chunk::<16>().filter(|_| job.product_dtype().is_none());
+        let codes = job
+            .code_values
+            .first_chunk::<16>()
+            .filter(|_| job.product_dtype().is_none());
         if let Some(codes) = codes {
             let mut batch = [(None, None); 16];
             loop {
@@ -124,7 +141,9 @@ impl Table16 {
             *p = (z.unwrap_or(0.0), s.unwrap_or(1.0));
         }
         let n = batch.len().min(16);
-        simd::tables16(isa, codes, &plain[..n], how, &mut |values, planes| each(Table16 { values, planes }))
+        simd::tables16(isa, codes, &plain[..n], how, &mut |values, planes| {
+            each(Table16 { values, planes })
+        })
     }
 
     /// `new` without the vector kernel, with the post scale and output
@@ -137,7 +156,8 @@ impl Table16 {
         how: (Option<f32>, OutDtype),
         offset: Option<f32>,
     ) -> Table16 {
-        let mut v: [f32; 16] = std::array::from_fn(|k| job.code_values.get(k).copied().unwrap_or(0.0));
+        let mut v: [f32; 16] =
+            std::array::from_fn(|k| job.code_values.get(k).copied().unwrap_or(0.0));
         // Each step its own loop, without a branch inside: each vectorizes.
         if let Some(z) = zero {
             v.iter_mut().for_each(|v| *v -= z);
@@ -194,7 +214,10 @@ impl ByScale {
             return None;
         }
         Some(ByScale {
-            tables: t.iter().map(|&s| Table16::new(isa, job, None, Some(s))).collect(),
+            tables: t
+                .iter()
+                .map(|&s| Table16::new(isa, job, None, Some(s)))
+                .collect(),
         })
     }
 
@@ -227,18 +250,31 @@ pub(super) struct Shifted {
 impl ByScale {
     /// The shifts of these tables of N-byte outputs, where any is one.
     pub(super) fn shifted(&self, n: usize) -> Option<Shifted> {
-        let (mag, wrap) = if n == 2 { (0x7FFF, 0xFFFF) } else { (0x7FFF_FFFF, u32::MAX) };
+        let (mag, wrap) = if n == 2 {
+            (0x7FFF, 0xFFFF)
+        } else {
+            (0x7FFF_FFFF, u32::MAX)
+        };
         let base = self.tables[127].values;
         let c = base.iter().position(|&v| v & mag != 0)?;
-        let by_byte: [u32; 256] = std::array::from_fn(|b| self.tables[b].values[c].wrapping_sub(base[c]) & wrap);
+        let by_byte: [u32; 256] =
+            std::array::from_fn(|b| self.tables[b].values[c].wrapping_sub(base[c]) & wrap);
         let exact = std::array::from_fn(|b| {
             let t = &self.tables[b].values;
             (0..16).all(|k| {
-                let want = if base[k] & mag == 0 { base[k] } else { base[k].wrapping_add(by_byte[b]) & wrap };
+                let want = if base[k] & mag == 0 {
+                    base[k]
+                } else {
+                    base[k].wrapping_add(by_byte[b]) & wrap
+                };
                 t[k] == want
             })
         });
-        Some(Shifted { base, by_byte, exact })
+        Some(Shifted {
+            base,
+            by_byte,
+            exact,
+        })
     }
 }
 
@@ -248,9 +284,15 @@ mod tests {
     use crate::job::{Dims, Fields};
 
     /// The tables of `entries` under `isa`, as `Rows` gathers a row's.
-    fn tables(isa: Isa, job: &DecodeJob<'_>, entries: &[(Option<f32>, Option<f32>)]) -> Vec<[u32; 16]> {
+    fn tables(
+        isa: Isa,
+        job: &DecodeJob<'_>,
+        entries: &[(Option<f32>, Option<f32>)],
+    ) -> Vec<[u32; 16]> {
         let mut got = Vec::new();
-        Table16::extend(isa, job, entries.iter().copied(), &mut |t| got.push(t.values));
+        Table16::extend(isa, job, entries.iter().copied(), &mut |t| {
+            got.push(t.values)
+        });
         got
     }
 
@@ -261,13 +303,28 @@ mod tests {
     fn every_entry_has_its_table_under_every_isa() {
         let codes: Vec<f32> = (0..16).map(|c| c as f32 - 8.0).collect();
         // More entries than one batch of the vector kernel, not a multiple.
-        let entries: Vec<_> = (0..37).map(|k| (Some(k as f32 / 4.0), Some(0.5 + k as f32 / 64.0))).collect();
+        let entries: Vec<_> = (0..37)
+            .map(|k| (Some(k as f32 / 4.0), Some(0.5 + k as f32 / 64.0)))
+            .collect();
         for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
-            let dims = Dims { slices: 1, rows: 1, cols: 32 };
-            let job = DecodeJob::new(dims, Fields::dense(&[0u8; 16][..], 4, 128), codes.clone(), out);
+            let dims = Dims {
+                slices: 1,
+                rows: 1,
+                cols: 32,
+            };
+            let job = DecodeJob::new(
+                dims,
+                Fields::dense(&[0u8; 16][..], 4, 128),
+                codes.clone(),
+                out,
+            );
             let want = tables(Isa::of(simd::Kernels::Scalar), &job, &entries);
             assert_eq!(want.len(), entries.len(), "{out}");
-            for isa in [Isa::detect(), Isa::of(simd::Kernels::Narrow), Isa::detect().without_f16c()] {
+            for isa in [
+                Isa::detect(),
+                Isa::of(simd::Kernels::Narrow),
+                Isa::detect().without_f16c(),
+            ] {
                 assert_eq!(tables(isa, &job, &entries), want, "{out} {isa:?}");
             }
         }

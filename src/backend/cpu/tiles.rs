@@ -10,9 +10,9 @@
 //! element of that block, with exactly the operations `DecodeJob::value`
 //! performs, so the bytes are the element path's.
 
-use crate::job::{gcd, DecodeJob, ZeroPoint};
 use super::simd;
 use super::table::{ByScale, Shifted, Table16};
+use crate::job::{gcd, DecodeJob, ZeroPoint};
 use crate::numerics::{self, OutDtype};
 
 /// Output elements one thread task decodes at least.
@@ -114,13 +114,20 @@ impl Tiles {
         let key_cols = match cols_per_key {
             ColKey::Div(d) => d.min(stored.cols),
             ColKey::GIdx => {
-                let groups = job.g_idx.as_ref()?.iter().max().map_or(1, |&m| m as usize + 1);
+                let groups = job
+                    .g_idx
+                    .as_ref()?
+                    .iter()
+                    .max()
+                    .map_or(1, |&m| m as usize + 1);
                 stored.cols / groups
             }
         };
         // Tables by scale byte cost nothing per entry.
         let by_scale = ByScale::of(isa, job);
-        if by_scale.is_none() && rows_per_key.min(stored.rows).saturating_mul(key_cols) < 2 * job.code_values.len() {
+        if by_scale.is_none()
+            && rows_per_key.min(stored.rows).saturating_mul(key_cols) < 2 * job.code_values.len()
+        {
             return None;
         }
         // High-first bytes are read field by field.
@@ -142,7 +149,9 @@ impl Tiles {
             (false, ColKey::Div(_)) => (64, 1024),
         };
         let shifted = match (&by_scale, fill, cols_per_key) {
-            (Some(by), Fill::Nibbles, ColKey::Div(d)) if d.is_multiple_of(32) && f.lane_bits.is_multiple_of(8) => {
+            (Some(by), Fill::Nibbles, ColKey::Div(d))
+                if d.is_multiple_of(32) && f.lane_bits.is_multiple_of(8) =>
+            {
                 by.shifted(job.out.size())
             }
             _ => None,
@@ -190,13 +199,22 @@ impl Tiles {
             // ends where rows' lines start (when every row starts at the same
             // place in a line), so that no store splits a line.
             let size = job.out.size();
-            let lead = match (&self.shifted, row_bytes % 64, (64 - band.as_ptr() as usize % 64) % 64) {
+            let lead = match (
+                &self.shifted,
+                row_bytes % 64,
+                (64 - band.as_ptr() as usize % 64) % 64,
+            ) {
                 (Some(_), 0, skew) if skew % size == 0 => skew / size,
                 _ => 0,
             };
             let mut c0 = 0;
             while c0 < job.dims.cols {
-                let c1 = if c0 == 0 && lead > 0 { lead } else { c0 + self.tile_cols }.min(job.dims.cols);
+                let c1 = if c0 == 0 && lead > 0 {
+                    lead
+                } else {
+                    c0 + self.tile_cols
+                }
+                .min(job.dims.cols);
                 match job.out.size() {
                     2 => self.tile::<2>(job, slice, r0..r1, c0..c1, band, scratch),
                     _ => self.tile::<4>(job, slice, r0..r1, c0..c1, band, scratch),
@@ -222,13 +240,21 @@ impl Tiles {
             // The scale byte of output row r and column ci of the tile:
             // each lane's first, then one per scale group of rows.
             s.lane_base.clear();
-            s.lane_base.extend(cols.clone().map(|i| scale.grid.index(slice, i, 0)));
+            s.lane_base
+                .extend(cols.clone().map(|i| scale.grid.index(slice, i, 0)));
             s.row_off.clear();
-            s.row_off.extend(rows.clone().map(|j| (j / scale.grid.col_div) as u32));
+            s.row_off
+                .extend(rows.clone().map(|j| (j / scale.grid.col_div) as u32));
             let (base, group) = (&s.lane_base, &s.row_off);
             let byte = |r: usize, ci: usize| scale.data[base[ci] + group[r] as usize];
             let table = |r: usize, ci: usize| by.byte(byte(r, ci));
-            self.shifted_blocks::<N>(job, slice, (&rows, &cols), (band, &mut s.codes), (sh, byte, table));
+            self.shifted_blocks::<N>(
+                job,
+                slice,
+                (&rows, &cols),
+                (band, &mut s.codes),
+                (sh, byte, table),
+            );
             return;
         }
         let n = job.code_values.len();
@@ -253,7 +279,8 @@ impl Tiles {
                 let (g0, g1) = (index.start / d, (index.end - 1) / d);
                 s.col_rep
                     .extend((g0..=g1).map(|g| Some(g.saturating_mul(d).max(index.start))));
-                s.col_base.extend(index.clone().map(|j| (j / d - g0) as u32));
+                s.col_base
+                    .extend(index.clone().map(|j| (j / d - g0) as u32));
             }
             ColKey::GIdx => {
                 let g_idx = job.g_idx.as_deref().unwrap_or(&[]);
@@ -272,11 +299,17 @@ impl Tiles {
         // in stored order, written transposed.
         let stored_order = matches!((self.fill, self.cols_per_key, n), (Fill::Nibbles, ColKey::Div(d), 16)
             if self.rows_per_key < 16 && d >= 16 && d.is_multiple_of(2) && rows.start.is_multiple_of(2));
-        if let (true, Some(by), Some(scale), ColKey::Div(_)) = (stored_order, &self.by_scale, &job.scale, self.cols_per_key) {
+        if let (true, Some(by), Some(scale), ColKey::Div(_)) =
+            (stored_order, &self.by_scale, &job.scale, self.cols_per_key)
+        {
             // Scale bytes: each lane's first, then one per d output rows
             // (the scale's column groups, which d divides).
             s.lane_base.clear();
-            s.lane_base.extend(lanes.clone().map(|i| job.scale_index(slice, i, 0).unwrap_or(0)));
+            s.lane_base.extend(
+                lanes
+                    .clone()
+                    .map(|i| job.scale_index(slice, i, 0).unwrap_or(0)),
+            );
             let per = scale.grid.col_div.max(1);
             s.row_off.clear();
             s.row_off.extend(rows.clone().map(|j| (j / per) as u32));
@@ -293,7 +326,8 @@ impl Tiles {
                 if let Some(j) = *j {
                     let at = (ki * col_keys + kj) * n;
                     let t = &mut s.tables[at..at + n];
-                    if let (Some(by), Ok(t)) = (&self.by_scale, <&mut [u32; 16]>::try_from(&mut *t)) {
+                    if let (Some(by), Ok(t)) = (&self.by_scale, <&mut [u32; 16]>::try_from(&mut *t))
+                    {
                         *t = by.at(job, job.scale_index(slice, i, j).unwrap_or(0)).values;
                         continue;
                     }
@@ -366,7 +400,11 @@ impl Tiles {
         slice: usize,
         (rows, cols): (&std::ops::Range<usize>, &std::ops::Range<usize>),
         (band, codes): (&mut [u8], &mut Vec<u8>),
-        (sh, byte, table): (&Shifted, impl Fn(usize, usize) -> u8, impl Fn(usize, usize) -> &'t Table16),
+        (sh, byte, table): (
+            &Shifted,
+            impl Fn(usize, usize) -> u8,
+            impl Fn(usize, usize) -> &'t Table16,
+        ),
     ) {
         let f = &job.codes;
         let row_bytes = job.dims.cols * N;
@@ -378,9 +416,18 @@ impl Tiles {
         // A part of the tile, decoded as `stored_order` does.
         let rest = |band: &mut [u8], (ra, rb): (usize, usize), (ca, cb): (usize, usize)| {
             if ra < rb && ca < cb {
-                let (sub_rows, sub_cols) = (rows.start + ra..rows.start + rb, cols.start + ca..cols.start + cb);
+                let (sub_rows, sub_cols) = (
+                    rows.start + ra..rows.start + rb,
+                    cols.start + ca..cols.start + cb,
+                );
                 let table = |r: usize, ci: usize| table(r + ra, ci + ca);
-                self.stored_order::<N>(job, slice, (&sub_rows, &sub_cols), &mut band[ra * row_bytes..], table);
+                self.stored_order::<N>(
+                    job,
+                    slice,
+                    (&sub_rows, &sub_cols),
+                    &mut band[ra * row_bytes..],
+                    table,
+                );
             }
         };
         rest(band, (0, r0), (0, tc));
@@ -395,8 +442,15 @@ impl Tiles {
         simd::prefetch_read(self.isa, &f.data, (0..next.len()).map(|k| at + k * lane));
         if let Some(scale) = &job.scale {
             let first = job.scale_index(slice, next.start, rows.start).unwrap_or(0);
-            let step = job.scale_index(slice, next.start + 1, rows.start).unwrap_or(0).saturating_sub(first);
-            simd::prefetch_read(self.isa, &scale.data, (0..next.len()).map(|k| first + k * step));
+            let step = job
+                .scale_index(slice, next.start + 1, rows.start)
+                .unwrap_or(0)
+                .saturating_sub(first);
+            simd::prefetch_read(
+                self.isa,
+                &scale.data,
+                (0..next.len()).map(|k| first + k * step),
+            );
         }
         // The blocks' codes, each column's run of bytes next to the next:
         // columns a power of two apart would share a few cache sets, and
@@ -410,7 +464,10 @@ impl Tiles {
         for (k, dst) in codes.chunks_exact_mut(run).take(c1).enumerate() {
             let src = &f.data[at + k * lane..at + k * lane + run];
             // A whole pair of lines (tiles of 256 rows) as one fixed-size copy.
-            match (<&mut [u8; 128]>::try_from(&mut *dst), <&[u8; 128]>::try_from(src)) {
+            match (
+                <&mut [u8; 128]>::try_from(&mut *dst),
+                <&[u8; 128]>::try_from(src),
+            ) {
                 (Ok(d), Ok(s)) => *d = *s,
                 _ => dst.copy_from_slice(src),
             }
@@ -431,7 +488,15 @@ impl Tiles {
                     let o = e * row_bytes + (cols.start + c) * N;
                     simd::prefetch_write(self.isa, band, o..o + 128 * N);
                 }
-                let done = all && simd::shifted_block::<N>(self.isa, codes, (first, run), (&sh.base, &shifts), &mut band[o..], row_bytes);
+                let done = all
+                    && simd::shifted_block::<N>(
+                        self.isa,
+                        codes,
+                        (first, run),
+                        (&sh.base, &shifts),
+                        &mut band[o..],
+                        row_bytes,
+                    );
                 if !done {
                     rest(band, (r, r + 32), (c, c + 128));
                 }
@@ -488,11 +553,19 @@ impl Tiles {
             while ci + lanes <= tc {
                 let codes: [&[u8; 8]; 8] = std::array::from_fn(|q| {
                     let at = lane_at(ci + q.min(lanes - 1)) + j / 2;
-                    <&[u8; 8]>::try_from(&data[at..at + 8]).unwrap_or_else(|_| unreachable!("8 bytes"))
+                    <&[u8; 8]>::try_from(&data[at..at + 8])
+                        .unwrap_or_else(|_| unreachable!("8 bytes"))
                 });
-                let planes: [&[[u8; 16]; 4]; 8] = std::array::from_fn(|q| &table(r, ci + q.min(lanes - 1)).planes);
+                let planes: [&[[u8; 16]; 4]; 8] =
+                    std::array::from_fn(|q| &table(r, ci + q.min(lanes - 1)).planes);
                 let o = r * row_bytes + (cols.start + ci) * N;
-                simd::transposed_block::<N>(self.isa, &codes[..lanes], &planes[..lanes], &mut band[o..], row_bytes);
+                simd::transposed_block::<N>(
+                    self.isa,
+                    &codes[..lanes],
+                    &planes[..lanes],
+                    &mut band[o..],
+                    row_bytes,
+                );
                 ci += lanes;
             }
             for r in r..r + 16 {

@@ -52,7 +52,10 @@ pub fn no_adapter_message(remedy: bool) -> String {
         .collect();
     if cfg!(target_arch = "wasm32") {
         let fix = "; use backend 'cpu'";
-        return format!("this browser has no WebGPU adapter{}", if remedy { fix } else { "" });
+        return format!(
+            "this browser has no WebGPU adapter{}",
+            if remedy { fix } else { "" }
+        );
     }
     if filters.is_empty() {
         let fix = " (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --backend cpu)";

@@ -675,7 +675,10 @@ impl GpuDecoder {
     /// word and writing as many output words as decoding would, nothing
     /// else. `None` for a job no fast kernel takes.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn copy_baseline_async(&self, job: &DecodeJob<'_>) -> Option<Result<wgpu::Buffer>> {
+    pub(crate) async fn copy_baseline_async(
+        &self,
+        job: &DecodeJob<'_>,
+    ) -> Option<Result<wgpu::Buffer>> {
         let copy = match fast_kernel(job)? {
             Kernel::Fast(k) => Kernel::Fast(Fast { copy: true, ..k }),
             Kernel::Tile(k) => Kernel::Tile(Tile { copy: true, ..k }),

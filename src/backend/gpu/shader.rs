@@ -6,7 +6,7 @@ use super::layout;
 
 /// The decode module's source: the fragments in their order (protocol.wgsl
 /// says what each holds). Composed here and nowhere else; the products
-/// (matmul.rs) append their own files to it. `concat!` of `include_str!`s
+/// (matmul/) append their own files to it. `concat!` of `include_str!`s
 /// keeps it one `&'static str` built at compile time, on the web too.
 pub(super) const SHADER: &str = concat!(
     include_str!("../../../shaders/decode/protocol.wgsl"),

@@ -5,9 +5,9 @@
 //! load dropped; `config.json` and `generation_config.json` made from the
 //! metadata. Under `--keep-names` none of this runs.
 
+use super::{self as hf, Heads, Target};
 use crate::checkpoint::{Checkpoint, Gguf};
 use crate::error::{Error, Result, Rule};
-use super::{self as hf, Heads, Target};
 use crate::numerics::OutDtype;
 use crate::output::blocks::{Blocks, RowOrder};
 use crate::output::{Output, Source};
@@ -40,7 +40,9 @@ pub(crate) fn convert<'a>(
     let arch = hf::arch(gguf)?;
     let heads = |key: &str| -> Result<usize> {
         let full = format!("{}.attention.{key}", arch.gguf);
-        let v = gguf.get(&full).or_else(|| gguf.get(&format!("{}.attention.head_count", arch.gguf)));
+        let v = gguf
+            .get(&full)
+            .or_else(|| gguf.get(&format!("{}.attention.head_count", arch.gguf)));
         v.and_then(|v| v.as_u64())
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| n > 0)
@@ -70,7 +72,12 @@ pub(crate) fn convert<'a>(
                 target.name,
                 target.rank
             );
-            return Err(Error::tensor(Rule::GgufValue, ckpt.display_path(), &o.name, detail));
+            return Err(Error::tensor(
+                Rule::GgufValue,
+                ckpt.display_path(),
+                &o.name,
+                detail,
+            ));
         }
         let Some(mut b) = rows_of(o, dtype) else {
             // Not a float or block tensor (an integer one): renamed only.
@@ -81,22 +88,43 @@ pub(crate) fn convert<'a>(
                 dtype: o.dtype,
                 source: match &o.source {
                     Source::Copy(t) => Source::Copy(*t),
-                    _ => return Err(Error::tensor(Rule::Internal, ckpt.display_path(), &o.name, "not a GGUF tensor")),
+                    _ => {
+                        return Err(Error::tensor(
+                            Rule::Internal,
+                            ckpt.display_path(),
+                            &o.name,
+                            "not a GGUF tensor",
+                        ))
+                    }
                 },
                 scheme: o.scheme.clone(),
             });
-            c.renamed.push((o.name.clone(), c.outputs[c.outputs.len() - 1].name.clone()));
+            c.renamed
+                .push((o.name.clone(), c.outputs[c.outputs.len() - 1].name.clone()));
             continue;
         };
-        let Target { name, halves, plus_one, .. } = target;
+        let Target {
+            name,
+            halves,
+            plus_one,
+            ..
+        } = target;
         if let Some(which) = halves {
             let n = heads(match which {
                 Heads::Query => "head_count",
                 Heads::KeyValue => "head_count_kv",
             })?;
             if b.rows % (2 * n) != 0 {
-                let detail = format!("{} rows do not split into {n} heads of rotary pairs", b.rows);
-                return Err(Error::tensor(Rule::GgufTensor, ckpt.display_path(), &o.name, detail));
+                let detail = format!(
+                    "{} rows do not split into {n} heads of rotary pairs",
+                    b.rows
+                );
+                return Err(Error::tensor(
+                    Rule::GgufTensor,
+                    ckpt.display_path(),
+                    &o.name,
+                    detail,
+                ));
             }
             b.order.halves = Some(n);
         }
@@ -123,7 +151,12 @@ pub(crate) fn convert<'a>(
         }
         let &[experts, rows, cols] = shape.as_slice() else {
             let detail = format!("a stack of experts is [experts, rows, cols], not {shape:?}");
-            return Err(Error::tensor(Rule::GgufTensor, ckpt.display_path(), &o.name, detail));
+            return Err(Error::tensor(
+                Rule::GgufTensor,
+                ckpt.display_path(),
+                &o.name,
+                detail,
+            ));
         };
         for e in 0..experts {
             let one = Blocks {
@@ -136,26 +169,30 @@ pub(crate) fn convert<'a>(
             };
             let expert = name.replace("{E}", &e.to_string());
             c.renamed.push((o.name.clone(), expert.clone()));
-            c.outputs.push(out(expert, vec![rows, cols], Source::Blocks(one)));
+            c.outputs
+                .push(out(expert, vec![rows, cols], Source::Blocks(one)));
         }
     }
     let tied = arch.always_tied || !gguf.tensors.contains_key("output.weight");
-    let factors = |name: &str| -> Result<Option<Vec<f32>>> {
-        ckpt.get(name).map(|t| t.floats()).transpose()
-    };
+    let factors =
+        |name: &str| -> Result<Option<Vec<f32>>> { ckpt.get(name).map(|t| t.floats()).transpose() };
     let (config, warnings) = hf::config::config(gguf, arch, tied, dtype, &factors)
         .map_err(|e| e.with_file(ckpt.display_path()))?;
     c.warnings = warnings;
     let generation = hf::config::generation_config(&config);
     // As transformers writes them: keys sorted, indented by two, a newline
     // at the end.
-    for (name, v) in [("config.json", &config), ("generation_config.json", &generation)] {
+    for (name, v) in [
+        ("config.json", &config),
+        ("generation_config.json", &generation),
+    ] {
         let mut text = crate::json::file(name, v)?;
         text.push(b'\n');
         c.files.push((name.to_string(), text));
     }
     let tokenizer = crate::hf::tokenizer::hf_files(&gguf.metadata, arch.gguf);
-    c.files.extend(tokenizer.map_err(|e| e.with_file(ckpt.display_path()))?);
+    c.files
+        .extend(tokenizer.map_err(|e| e.with_file(ckpt.display_path()))?);
     Ok(c)
 }
 
@@ -163,7 +200,10 @@ pub(crate) fn convert<'a>(
 /// a float tensor copied or cast), decoded to `dtype`; `None` for others.
 fn rows_of<'a>(o: &Output<'a>, dtype: OutDtype) -> Option<Blocks<'a>> {
     match &o.source {
-        Source::Blocks(b) => Some(Blocks { out: dtype, ..b.clone() }),
+        Source::Blocks(b) => Some(Blocks {
+            out: dtype,
+            ..b.clone()
+        }),
         Source::Copy(t) | Source::Cast(t, _) => {
             let (size, _) = crate::numerics::float_reader(t.dtype)?;
             let cols = t.shape.last().copied().unwrap_or(1);

@@ -36,8 +36,8 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::{Template, TemplateProcessing};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use crate::gguf::MetaValue;
 use crate::error::{Error, Result, Rule};
+use crate::gguf::MetaValue;
 
 mod builder;
 mod meta;

@@ -243,7 +243,9 @@ pub(super) fn shifted_block<const N: usize>(
         }
         if isa.avx2 {
             // SAFETY: the CPU has AVX2 (what Isa::of found).
-            unsafe { x86::shifted_block_avx2::<N>(src, (first, lane), (base, shifts), out, row_bytes) };
+            unsafe {
+                x86::shifted_block_avx2::<N>(src, (first, lane), (base, shifts), out, row_bytes)
+            };
             return true;
         }
     }
@@ -270,7 +272,11 @@ pub(super) fn gather_words(
             return;
         }
     }
-    let (k4, w4) = if isa.sse2 { (lanes / 4 * 4, words / 4 * 4) } else { (0, 0) };
+    let (k4, w4) = if isa.sse2 {
+        (lanes / 4 * 4, words / 4 * 4)
+    } else {
+        (0, 0)
+    };
     #[cfg(target_arch = "x86_64")]
     {
         for w in (0..w4).step_by(4) {
@@ -343,7 +349,11 @@ pub(super) fn gather_awq(
 pub(super) fn split_nibbles(isa: Isa, src: &[u8], lo: &mut [u8], hi: &mut [u8]) {
     // SAFETY: the CPU has SSSE3 (what Isa::of found).
     #[cfg(target_arch = "x86_64")]
-    let done = if isa.ssse3 { unsafe { x86::split_nibbles(src, lo, hi) } } else { 0 };
+    let done = if isa.ssse3 {
+        unsafe { x86::split_nibbles(src, lo, hi) }
+    } else {
+        0
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let done = {
         let _ = isa;
@@ -433,7 +443,8 @@ fn slice8(src: &[u8]) -> &[u8; 8] {
 #[inline]
 fn slice16(src: &[u8], at: usize) -> &[u8; 16] {
     let s = &src[at..at + 16];
-    s.try_into().unwrap_or_else(|_| unreachable!("a 16-byte slice"))
+    s.try_into()
+        .unwrap_or_else(|_| unreachable!("a 16-byte slice"))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -4,12 +4,12 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use crate::error::{Error, Result, Rule};
 use super::kernels::Kernel;
 use super::protocol::{
     code_offset, product_kind, GridKind, GridParams, LowRankMode, OutKind, Params, SparseMode,
     StreamParams, ZeroMode, NO_G_IDX, WORKGROUP,
 };
+use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Starts, ValueKind, Values, ZeroPoint};
 
 /// Output bytes one chunk produces at most: big enough to keep the device
@@ -253,7 +253,11 @@ fn chunk<'a>(
                 mode: SparseMode::None as u32,
                 ..Default::default()
             };
-            (src.push_fields(&job.codes, lo, hi), StreamParams::default(), none)
+            (
+                src.push_fields(&job.codes, lo, hi),
+                StreamParams::default(),
+                none,
+            )
         }
         Some(sp) => {
             // The kept codes of the chunk's rows, their bits of the mask
@@ -274,7 +278,10 @@ fn chunk<'a>(
                 },
                 Starts::Table { blocks, at } => {
                     let rows = at.get(first.1 * blocks..(last.1 + 1) * blocks)?;
-                    let words: Vec<u8> = rows.iter().flat_map(|&k| (k as u32).to_le_bytes()).collect();
+                    let words: Vec<u8> = rows
+                        .iter()
+                        .flat_map(|&k| (k as u32).to_le_bytes())
+                        .collect();
                     SparseParams {
                         mode: SparseMode::Table as u32,
                         block: sp.block as u32,
@@ -298,25 +305,25 @@ fn chunk<'a>(
         // One grid for both: no format has both.
         (Some(_), Some(_)) => return None,
         (zero, None) => match zero {
-        None => (StreamParams::default(), GridParams::default()),
-        Some(ZeroPoint::Packed { fields }) => {
-            // Lanes are column groups; the rows of this chunk are a word range
-            // of every lane, so take whole words from the first to the last.
-            let (w0, _) = fields.locate(first.1);
-            let (w1, _) = fields.locate(last.1);
-            let lo = fields.lane_start(first.0, 0)? + w0 * fields.word_bits;
-            let hi = fields.lane_start(last.0, 0)? + (w1 + 2) * fields.word_bits;
-            (src.push_fields(fields, lo, hi), GridParams::default())
-        }
-        Some(ZeroPoint::PackedAlongCols { fields }) => {
-            let lo = fields.lane_start(first.0, job.zero_lane(first.1))?;
-            let hi = fields.lane_end(last.0, job.zero_lane(last.1), sd.cols)?;
-            (src.push_fields(fields, lo, hi), GridParams::default())
-        }
-        Some(ZeroPoint::Plain(v)) => {
-            let (lo, hi) = grid_range(v, sd.cols, first, last);
-            (StreamParams::default(), src.push_values(v, sd, lo, hi))
-        }
+            None => (StreamParams::default(), GridParams::default()),
+            Some(ZeroPoint::Packed { fields }) => {
+                // Lanes are column groups; the rows of this chunk are a word range
+                // of every lane, so take whole words from the first to the last.
+                let (w0, _) = fields.locate(first.1);
+                let (w1, _) = fields.locate(last.1);
+                let lo = fields.lane_start(first.0, 0)? + w0 * fields.word_bits;
+                let hi = fields.lane_start(last.0, 0)? + (w1 + 2) * fields.word_bits;
+                (src.push_fields(fields, lo, hi), GridParams::default())
+            }
+            Some(ZeroPoint::PackedAlongCols { fields }) => {
+                let lo = fields.lane_start(first.0, job.zero_lane(first.1))?;
+                let hi = fields.lane_end(last.0, job.zero_lane(last.1), sd.cols)?;
+                (src.push_fields(fields, lo, hi), GridParams::default())
+            }
+            Some(ZeroPoint::Plain(v)) => {
+                let (lo, hi) = grid_range(v, sd.cols, first, last);
+                (StreamParams::default(), src.push_values(v, sd, lo, hi))
+            }
         },
     };
     let (has_scale, sgrid) = match &job.scale {
@@ -358,8 +365,8 @@ fn chunk<'a>(
             // One workgroup per tile; transposed tiles start on a code word.
             let (tr, tc) = k.size();
             let lead = k.lead(f0 % d.rows);
-            let tiles = ((f1 - f0 + lead) as u64).div_ceil(tr as u64)
-                * (d.cols as u64).div_ceil(tc as u64);
+            let tiles =
+                ((f1 - f0 + lead) as u64).div_ceil(tr as u64) * (d.cols as u64).div_ceil(tc as u64);
             (tiles, 0)
         }
     };

@@ -137,12 +137,20 @@ impl Kernel {
                 k.low_rank,
             ),
             Kernel::Tile(k) => {
-                let pack = format!(" {:?}{}", k.pack, if k.interleaved { " interleaved" } else { "" });
+                let pack = format!(
+                    " {:?}{}",
+                    k.pack,
+                    if k.interleaved { " interleaved" } else { "" }
+                );
                 format!(
                     "wgpu-dequant fast_t{} ({}{})",
                     baseline(k.copy),
                     shared((k.bits, k.code, k.out, k.zero, k.scaled), &pack),
-                    if k.word_groups { "" } else { ", groups per code" },
+                    if k.word_groups {
+                        ""
+                    } else {
+                        ", groups per code"
+                    },
                 )
             }
         }
@@ -153,7 +161,13 @@ impl Fast {
     /// The constants as wgpu takes them.
     pub(in crate::backend::gpu) fn constants(&self) -> Vec<(&'static str, f64)> {
         let mut c = vec![("WORDS", self.words as f64)];
-        c.extend(shared_constants((self.bits, self.code, self.out, self.zero, self.scaled)));
+        c.extend(shared_constants((
+            self.bits,
+            self.code,
+            self.out,
+            self.zero,
+            self.scaled,
+        )));
         c.extend([
             ("LOW_RANK", self.low_rank as u32 as f64),
             ("SKIND", self.skind as u32 as f64),
@@ -335,7 +349,8 @@ impl Tile {
     /// The constants as wgpu takes them.
     pub(in crate::backend::gpu) fn constants(&self) -> Vec<(&'static str, f64)> {
         let (run, lanes, runs) = self.runs();
-        let mut c = shared_constants((self.bits, self.code, self.out, self.zero, self.scaled)).to_vec();
+        let mut c =
+            shared_constants((self.bits, self.code, self.out, self.zero, self.scaled)).to_vec();
         c.extend([
             ("PACK", self.pack as u32 as f64),
             ("INTERLEAVED", flag(self.interleaved)),
@@ -388,8 +403,7 @@ impl Tile {
         if !words(c) || d.rows >= 1 << 23 || d.cols >= 1 << 23 {
             return None;
         }
-        let pack = if job.transposed && c.word_bits == 32 && d.rows.is_multiple_of(per as usize)
-        {
+        let pack = if job.transposed && c.word_bits == 32 && d.rows.is_multiple_of(per as usize) {
             Pack::Transposed
         } else if !job.transposed && c.lane_bits == 32 && c.word_bits > 32 {
             Pack::Strided

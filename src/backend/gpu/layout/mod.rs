@@ -23,17 +23,12 @@ use crate::numerics::OutDtype;
 /// A 4-bit job of `rows × cols` codes (each value `code − 8`), one bf16
 /// scale per row: the unit tests' common input.
 #[cfg(test)]
-fn job(
-    data: &[u8],
-    scale: &[u8],
-    rows: usize,
-    cols: usize,
-    out: OutDtype,
-) -> DecodeJob<'static> {
+fn job(data: &[u8], scale: &[u8], rows: usize, cols: usize, out: OutDtype) -> DecodeJob<'static> {
     let data: &'static [u8] = Box::leak(data.to_vec().into_boxed_slice());
     let scale: &'static [u8] = Box::leak(scale.to_vec().into_boxed_slice());
     let words = (cols * 4).div_ceil(32);
-    let codes = Fields::dense(data, 4, words as u64 * 32).with_slice_bits((rows * words) as u64 * 32);
+    let codes =
+        Fields::dense(data, 4, words as u64 * 32).with_slice_bits((rows * words) as u64 * 32);
     let scale = Values {
         data: scale.into(),
         kind: ValueKind::Bf16,
@@ -49,5 +44,11 @@ fn job(
         rows,
         cols,
     };
-    DecodeJob::new(dims, codes, (0..16).map(|v| v as f32 - 8.0).collect::<Vec<f32>>(), out).with_scale(scale)
+    DecodeJob::new(
+        dims,
+        codes,
+        (0..16).map(|v| v as f32 - 8.0).collect::<Vec<f32>>(),
+        out,
+    )
+    .with_scale(scale)
 }

@@ -406,7 +406,13 @@ impl Params {
         let grid = [ZeroMode::Plain as u32, ZeroMode::Offset as u32].contains(&self.zero_mode);
         let zero = grid.then_some(self.zgrid.col_div);
         let along_row = |d: &u32| *d < self.cols;
-        scale.into_iter().chain(zero).filter(along_row).fold(0, |g, d| crate::job::gcd(g as usize, (d / per).max(1) as usize) as u32)
+        scale
+            .into_iter()
+            .chain(zero)
+            .filter(along_row)
+            .fold(0, |g, d| {
+                crate::job::gcd(g as usize, (d / per).max(1) as usize) as u32
+            })
     }
 
     /// Whether every row's (lane's) codes start on a 32-bit word.
@@ -628,11 +634,16 @@ mod tests {
         // GPTQ's unsigned codes, a signed int4's, int3's widened to 4 bits.
         for offset in [0.0, 8.0, 4.0] {
             j.code_values = (0..16).map(|c| c as f32 - offset).collect();
-            assert_eq!((CodeKind::of(&j), code_offset(&j)), (CodeKind::Offset, offset));
+            assert_eq!(
+                (CodeKind::of(&j), code_offset(&j)),
+                (CodeKind::Offset, offset)
+            );
         }
         j.code_values = (0..16).map(|c| c as f32 - 7.5).collect();
         assert_eq!(CodeKind::of(&j), CodeKind::Table);
-        j.code_values = (0..16).map(|c| if c == 3 { 0.0 } else { c as f32 }).collect();
+        j.code_values = (0..16)
+            .map(|c| if c == 3 { 0.0 } else { c as f32 })
+            .collect();
         assert_eq!(CodeKind::of(&j), CodeKind::Table);
         j.code_values = vec![f32::NAN; 16].into();
         assert_eq!((CodeKind::of(&j), code_offset(&j)), (CodeKind::Table, 0.0));

@@ -5,7 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{bytes, bytes_to_words, load, load64, prefetch, slice64, store, store64, transpose_4x4_32};
+use super::{
+    bytes, bytes_to_words, load, load64, prefetch, slice64, store, store64, transpose_4x4_32,
+};
 use crate::backend::cpu::simd::slice16;
 
 /// Transposes 4 × 4 words: word `k` of `rows[q]` becomes word `q` of
@@ -26,11 +28,17 @@ fn awq_8x32(r: [__m128i; 8]) -> [[__m128i; 4]; 2] {
     // Byte b of p[m]: inputs 2m and 2m + 1 of a low-nibble output, low first.
     let p: [__m128i; 4] = std::array::from_fn(|m| {
         let (a, b) = (r[2 * m], r[2 * m + 1]);
-        _mm_or_si128(_mm_and_si128(a, lo), _mm_and_si128(_mm_slli_epi16(b, 4), hi))
+        _mm_or_si128(
+            _mm_and_si128(a, lo),
+            _mm_and_si128(_mm_slli_epi16(b, 4), hi),
+        )
     });
     let q: [__m128i; 4] = std::array::from_fn(|m| {
         let (a, b) = (r[2 * m], r[2 * m + 1]);
-        _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), lo), _mm_and_si128(b, hi))
+        _mm_or_si128(
+            _mm_and_si128(_mm_srli_epi16(a, 4), lo),
+            _mm_and_si128(b, hi),
+        )
     });
     [bytes_to_words(p), bytes_to_words(q)]
 }
@@ -48,7 +56,9 @@ pub(in crate::backend::cpu::simd) fn gather_awq(
 ) {
     const ELEMENT: [[usize; 4]; 2] = [[0, 4, 1, 5], [2, 6, 3, 7]];
     let block = |c: usize, i: usize| {
-        awq_8x32(std::array::from_fn(|j| load(slice16(src, first + (i + j) * lane + 4 * c))))
+        awq_8x32(std::array::from_fn(|j| {
+            load(slice16(src, first + (i + j) * lane + 4 * c))
+        }))
     };
     let i32 = inputs / 32 * 32;
 
@@ -58,7 +68,10 @@ pub(in crate::backend::cpu::simd) fn gather_awq(
         // The lines of the inputs two blocks on (a lane apart).
         for j in 64..96 {
             let at = first + (i + j) * lane;
-            for l in (0..4 * columns).step_by(64).chain((4 * columns).checked_sub(1)) {
+            for l in (0..4 * columns)
+                .step_by(64)
+                .chain((4 * columns).checked_sub(1))
+            {
                 prefetch::<false>(src, at + l);
             }
         }
@@ -92,7 +105,11 @@ pub(in crate::backend::cpu::simd) fn gather_awq(
 
 /// See `simd::split_nibbles`: 16 bytes at a time; returns how many.
 #[target_feature(enable = "ssse3")]
-pub(in crate::backend::cpu::simd) fn split_nibbles(src: &[u8], lo: &mut [u8], hi: &mut [u8]) -> usize {
+pub(in crate::backend::cpu::simd) fn split_nibbles(
+    src: &[u8],
+    lo: &mut [u8],
+    hi: &mut [u8],
+) -> usize {
     let (nibble, pack) = (_mm_set1_epi8(0x0F), _mm_set1_epi16(0x1001));
     let blocks = src.len() / 16;
     for (k, c) in src.chunks_exact(16).enumerate() {
@@ -129,7 +146,8 @@ pub(in crate::backend::cpu::simd) fn gather_words_avx512(
     // hardware's (fetching them 16 word rows ahead was slower).
     for w in (0..words).step_by(16) {
         for k in (0..lanes).step_by(16) {
-            let r: [__m512i; 16] = std::array::from_fn(|i| load64(slice64(src, first + (w + i) * stride + 4 * k)));
+            let r: [__m512i; 16] =
+                std::array::from_fn(|i| load64(slice64(src, first + (w + i) * stride + 4 * k)));
             let t: [__m512i; 16] = std::array::from_fn(|i| {
                 let (x, y) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
                 if i % 2 == 0 {
@@ -167,7 +185,11 @@ pub(in crate::backend::cpu::simd) fn gather_words_avx512(
                 // and 8 + c + 4·odd, in their even and odd 128-bit lanes.
                 let (c, odd, top) = (j % 4, (j / 4) % 2 == 1, j / 8 == 1);
                 let (x, y) = (v[c + 4 * usize::from(odd)], v[8 + c + 4 * usize::from(odd)]);
-                let out = if top { _mm512_shuffle_i32x4::<0xDD>(x, y) } else { _mm512_shuffle_i32x4::<0x88>(x, y) };
+                let out = if top {
+                    _mm512_shuffle_i32x4::<0xDD>(x, y)
+                } else {
+                    _mm512_shuffle_i32x4::<0x88>(x, y)
+                };
                 store64(&mut dst[(k + j) * row + 4 * w..], out);
             }
         }

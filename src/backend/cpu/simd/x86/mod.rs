@@ -17,7 +17,12 @@ macro_rules! interleave4 {
         let p = $p;
         let (ab0, cd0) = ($lo(p[0], p[1]), $lo(p[2], p[3]));
         let (ab1, cd1) = ($hi(p[0], p[1]), $hi(p[2], p[3]));
-        [$lo2(ab0, cd0), $hi2(ab0, cd0), $lo2(ab1, cd1), $hi2(ab1, cd1)]
+        [
+            $lo2(ab0, cd0),
+            $hi2(ab0, cd0),
+            $lo2(ab1, cd1),
+            $hi2(ab1, cd1),
+        ]
     }};
 }
 
@@ -57,14 +62,18 @@ fn store64(o: &mut [u8], v: __m512i) {
 /// The 64 bytes of `src` at `at`.
 #[inline]
 fn slice64(src: &[u8], at: usize) -> &[u8; 64] {
-    src[at..at + 64].try_into().unwrap_or_else(|_| unreachable!("64 bytes"))
+    src[at..at + 64]
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("64 bytes"))
 }
 
 /// 16 u32 as a register.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn load_u32s(v: &[u32]) -> __m512i {
-    let v: &[u32; 16] = v[..16].try_into().unwrap_or_else(|_| unreachable!("16 words"));
+    let v: &[u32; 16] = v[..16]
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("16 words"));
     // SAFETY: reads exactly the 64 bytes of `v` (unaligned load).
     unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
 }
@@ -93,7 +102,13 @@ fn store(dst: &mut [u8], at: usize, v: __m128i) {
 #[inline]
 #[target_feature(enable = "sse2")]
 fn transpose_4x4_32(r: [__m128i; 4]) -> [__m128i; 4] {
-    interleave4!(r, _mm_unpacklo_epi32, _mm_unpackhi_epi32, _mm_unpacklo_epi64, _mm_unpackhi_epi64)
+    interleave4!(
+        r,
+        _mm_unpacklo_epi32,
+        _mm_unpackhi_epi32,
+        _mm_unpacklo_epi64,
+        _mm_unpackhi_epi64
+    )
 }
 
 /// Byte b of each of four registers as word b: (p0[b], p1[b], p2[b],
@@ -101,7 +116,13 @@ fn transpose_4x4_32(r: [__m128i; 4]) -> [__m128i; 4] {
 #[inline]
 #[target_feature(enable = "sse2")]
 fn bytes_to_words(p: [__m128i; 4]) -> [__m128i; 4] {
-    interleave4!(p, _mm_unpacklo_epi8, _mm_unpackhi_epi8, _mm_unpacklo_epi16, _mm_unpackhi_epi16)
+    interleave4!(
+        p,
+        _mm_unpacklo_epi8,
+        _mm_unpackhi_epi8,
+        _mm_unpacklo_epi16,
+        _mm_unpackhi_epi16
+    )
 }
 
 /// Hints the CPU to fetch the cache line at `at` bytes into `data`

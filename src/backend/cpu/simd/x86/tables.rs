@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::{bytes, bytes_to_words, load, load64, load_u32s, prefetch, store, transpose_4x4_32};
-use crate::backend::cpu::simd::{slice8, slice16};
+use crate::backend::cpu::simd::{slice16, slice8};
 use crate::numerics::OutDtype;
 
 /// The table planes as registers.
@@ -51,16 +51,28 @@ pub(super) fn indices(codes: &[u8; 8], high_first: bool) -> __m128i {
 /// the caches with `stream` where aligned.
 #[inline]
 #[target_feature(enable = "ssse3")]
-fn segment<const N: usize>(v: __m128i, t: &[__m128i; 4], high_first: bool, o: &mut [u8], stream: bool) {
+fn segment<const N: usize>(
+    v: __m128i,
+    t: &[__m128i; 4],
+    high_first: bool,
+    o: &mut [u8],
+    stream: bool,
+) {
     let nibble = _mm_set1_epi8(0x0F);
-    let (mut lo, mut hi) = (_mm_and_si128(v, nibble), _mm_and_si128(_mm_srli_epi16(v, 4), nibble));
+    let (mut lo, mut hi) = (
+        _mm_and_si128(v, nibble),
+        _mm_and_si128(_mm_srli_epi16(v, 4), nibble),
+    );
     if high_first {
         (lo, hi) = (hi, lo);
     }
     // One bounds check for the segment's bytes.
     let o = &mut o[..32 * N];
     let stream = stream && (o.as_ptr() as usize).is_multiple_of(16);
-    for (h, idx) in [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)].into_iter().enumerate() {
+    for (h, idx) in [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)]
+        .into_iter()
+        .enumerate()
+    {
         for (k, v) in lookup::<N>(t, idx).into_iter().take(N).enumerate() {
             let at = 16 * (N * h + k);
             // SAFETY: h < 2 and k < N, so at + 16 ≤ 32·N = o.len()
@@ -104,7 +116,9 @@ pub(in crate::backend::cpu::simd) fn tables16(
     each: &mut impl FnMut([u32; 16], [[u8; 16]; 4]),
 ) {
     let c: [__m128; 4] = std::array::from_fn(|q| {
-        let c: &[f32; 4] = codes[4 * q..4 * q + 4].try_into().unwrap_or_else(|_| unreachable!("4 codes"));
+        let c: &[f32; 4] = codes[4 * q..4 * q + 4]
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("4 codes"));
         // SAFETY: reads exactly the 16 bytes of `c` (unaligned load).
         unsafe { _mm_loadu_ps(c.as_ptr()) }
     });
@@ -113,8 +127,9 @@ pub(in crate::backend::cpu::simd) fn tables16(
     for &(zero, scale) in entries {
         let (z, s) = (_mm_set1_ps(zero), _mm_set1_ps(scale));
         // SAFETY: the caller checked F16C where the output is f16.
-        let r: [__m128i; 4] =
-            std::array::from_fn(|q| unsafe { encode(_mm_mul_ps(_mm_mul_ps(_mm_sub_ps(c[q], z), s), f), out) });
+        let r: [__m128i; 4] = std::array::from_fn(|q| unsafe {
+            encode(_mm_mul_ps(_mm_mul_ps(_mm_sub_ps(c[q], z), s), f), out)
+        });
         let mut values = [0u32; 16];
         for (q, v) in r.iter().enumerate() {
             let b = bytes(*v);
@@ -122,7 +137,10 @@ pub(in crate::backend::cpu::simd) fn tables16(
                 *t = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
             }
         }
-        each(values, transpose_4x4_32(r.map(|v| _mm_shuffle_epi8(v, by_byte))).map(|v| bytes(v)));
+        each(
+            values,
+            transpose_4x4_32(r.map(|v| _mm_shuffle_epi8(v, by_byte))).map(|v| bytes(v)),
+        );
     }
 }
 
@@ -154,7 +172,10 @@ pub(in crate::backend::cpu::simd) fn tables16_avx512(
             OutDtype::Bf16 => {
                 let b = _mm512_castps_si512(v);
                 let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-                (_mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(b, round), odd)), 0x7FC0)
+                (
+                    _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(b, round), odd)),
+                    0x7FC0,
+                )
             }
             OutDtype::F16 => {
                 let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
@@ -169,7 +190,10 @@ pub(in crate::backend::cpu::simd) fn tables16_avx512(
         // (unaligned stores).
         unsafe {
             _mm512_storeu_si512(values.as_mut_ptr().cast(), bits);
-            _mm512_storeu_si512(planes.as_mut_ptr().cast(), _mm512_permutexvar_epi8(by_plane, bits));
+            _mm512_storeu_si512(
+                planes.as_mut_ptr().cast(),
+                _mm512_permutexvar_epi8(by_plane, bits),
+            );
         }
         each(values, planes);
     }
@@ -195,7 +219,10 @@ unsafe fn encode(v: __m128, out: OutDtype) -> __m128i {
         OutDtype::F16 => (unsafe { half_bits(v) }, 0x7E00),
         OutDtype::F32 => (_mm_castps_si128(v), 0x7FC0_0000),
     };
-    _mm_or_si128(_mm_andnot_si128(nan, bits), _mm_and_si128(nan, _mm_set1_epi32(canonical)))
+    _mm_or_si128(
+        _mm_andnot_si128(nan, bits),
+        _mm_and_si128(nan, _mm_set1_epi32(canonical)),
+    )
 }
 
 /// f32 → IEEE half bits, round to nearest even, each in a 32-bit lane.
@@ -221,14 +248,21 @@ pub(in crate::backend::cpu::simd) unsafe fn smoothed<const N: usize>(
     let t = tables(planes);
     // The low 16 bits of each 32-bit lane, packed into the low half.
     let low16 = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    let blocks = (codes.len() / 8).min(factors.len() / 16).min(dst.len() / (16 * N));
-    let steps = codes.chunks_exact(8).zip(factors.chunks_exact(16)).zip(dst.chunks_exact_mut(16 * N));
+    let blocks = (codes.len() / 8)
+        .min(factors.len() / 16)
+        .min(dst.len() / (16 * N));
+    let steps = codes
+        .chunks_exact(8)
+        .zip(factors.chunks_exact(16))
+        .zip(dst.chunks_exact_mut(16 * N));
     for ((c, f), o) in steps.take(blocks) {
         let c: &[u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!("8 bytes"));
         let products = lookup::<4>(&t, indices(c, high_first));
         let o = &mut o[..16 * N];
         for (q, p) in products.into_iter().enumerate() {
-            let f: &[f32; 4] = f[4 * q..4 * q + 4].try_into().unwrap_or_else(|_| unreachable!("4 factors"));
+            let f: &[f32; 4] = f[4 * q..4 * q + 4]
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("4 factors"));
             // SAFETY: reads exactly the 16 bytes of `f` (unaligned load).
             let f = unsafe { _mm_loadu_ps(f.as_ptr()) };
             // SAFETY: the caller has F16C where `out` is f16.
@@ -257,7 +291,11 @@ pub(in crate::backend::cpu::simd) fn nibbles<const N: usize>(
     // A half block: 16 codes through one shuffle (groups of 16: NVFP4).
     let half = |c: &[u8], o: &mut [u8]| match (c.first_chunk::<8>(), o.get_mut(..16 * N)) {
         (Some(c), Some(o)) => {
-            for (k, v) in lookup::<N>(&t, indices(c, high_first)).into_iter().take(N).enumerate() {
+            for (k, v) in lookup::<N>(&t, indices(c, high_first))
+                .into_iter()
+                .take(N)
+                .enumerate()
+            {
                 // SAFETY: k < N, so 16·k + 16 ≤ 16·N = o.len() (unaligned store).
                 unsafe { _mm_storeu_si128(o.as_mut_ptr().add(16 * k).cast(), v) };
             }
@@ -269,7 +307,11 @@ pub(in crate::backend::cpu::simd) fn nibbles<const N: usize>(
         return half(codes, out);
     }
     let blocks = (codes.len() / 16).min(out.len() / (32 * N));
-    for (c, o) in codes.chunks_exact(16).zip(out.chunks_exact_mut(32 * N)).take(blocks) {
+    for (c, o) in codes
+        .chunks_exact(16)
+        .zip(out.chunks_exact_mut(32 * N))
+        .take(blocks)
+    {
         // The lines 512 outputs on, fetched for writing: the hardware
         // fetches them too, but later.
         for l in (0..32 * N).step_by(64).filter(|_| !stream) {
@@ -315,7 +357,11 @@ pub(in crate::backend::cpu::simd) fn nibbles_avx512<const N: usize>(
     // Code bytes per register.
     let per = 32 / N;
     let regs = (codes.len() / per).min(out.len() / 64);
-    for (c, o) in codes.chunks_exact(per).zip(out.chunks_exact_mut(64)).take(regs) {
+    for (c, o) in codes
+        .chunks_exact(per)
+        .zip(out.chunks_exact_mut(64))
+        .take(regs)
+    {
         let src = if N == 2 {
             _mm512_permutexvar_epi64(halves, _mm512_castsi128_si512(load(slice16(c, 0))))
         } else {
@@ -328,7 +374,12 @@ pub(in crate::backend::cpu::simd) fn nibbles_avx512<const N: usize>(
     if N == 2 && rest.len() >= 8 && tail.len() >= 32 {
         let o = &mut tail[..32];
         // SAFETY: writes exactly the 32 bytes of `o` (unaligned store).
-        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_castsi512_si256(lookup(word(rest)))) };
+        unsafe {
+            _mm256_storeu_si256(
+                o.as_mut_ptr().cast(),
+                _mm512_castsi512_si256(lookup(word(rest))),
+            )
+        };
         return regs * 32 + 16;
     }
     regs * 32 * 2 / N

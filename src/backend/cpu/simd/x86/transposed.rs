@@ -36,7 +36,13 @@ pub(in crate::backend::cpu::simd) fn shifted_block<const N: usize>(
             let v = _mm512_inserti32x4::<2>(v, column(o + 2));
             _mm512_permutexvar_epi8(major, _mm512_inserti32x4::<3>(v, column(o + 3)))
         });
-        interleave4!(a, _mm512_unpacklo_epi32, _mm512_unpackhi_epi32, _mm512_unpacklo_epi64, _mm512_unpackhi_epi64)
+        interleave4!(
+            a,
+            _mm512_unpacklo_epi32,
+            _mm512_unpackhi_epi32,
+            _mm512_unpacklo_epi64,
+            _mm512_unpackhi_epi64
+        )
     });
     // bytes[b][h]: byte b of columns 64h .. 64h + 64 (lanes transposed).
     let mut bytes = [[_mm512_setzero_si512(); 2]; 16];
@@ -62,8 +68,14 @@ pub(in crate::backend::cpu::simd) fn shifted_block<const N: usize>(
             if k >= 4 {
                 return _mm512_setzero_si512();
             }
-            let (a, b) = (load_u32s(&shifts[32 * k..]), load_u32s(&shifts[32 * k + 16..]));
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b))
+            let (a, b) = (
+                load_u32s(&shifts[32 * k..]),
+                load_u32s(&shifts[32 * k + 16..]),
+            );
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)),
+                _mm512_cvtepi32_epi16(b),
+            )
         });
         (table, shift, _mm512_set1_epi16(0x7FFF))
     } else {
@@ -74,11 +86,18 @@ pub(in crate::backend::cpu::simd) fn shifted_block<const N: usize>(
         let o = &mut out[row * row_bytes..][..128 * N];
         // Byte b holds rows 2b (low nibbles) and 2b + 1 (high ones).
         for (half, &v) in bytes[row / 2].iter().enumerate() {
-            let codes = if row % 2 == 0 { v } else { _mm512_srli_epi16::<4>(v) };
+            let codes = if row % 2 == 0 {
+                v
+            } else {
+                _mm512_srli_epi16::<4>(v)
+            };
             let codes = _mm512_and_si512(codes, nibble);
             // Each 64 codes' outputs, 64 bytes at a time.
             if N == 2 {
-                let parts = [_mm512_castsi512_si256(codes), _mm512_extracti64x4_epi64::<1>(codes)];
+                let parts = [
+                    _mm512_castsi512_si256(codes),
+                    _mm512_extracti64x4_epi64::<1>(codes),
+                ];
                 for (p, c) in parts.into_iter().enumerate() {
                     let k = 2 * half + p;
                     let v = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(c), table);
@@ -122,7 +141,8 @@ pub(in crate::backend::cpu::simd) fn shifted_block_avx2<const N: usize>(
     let column = |o: usize| load(slice16(src, first + o * lane));
     // AVX2 implies SSSE3: the byte planes by shuffles.
     let planes = planes(base);
-    let plane: [__m256i; 4] = std::array::from_fn(|b| _mm256_broadcastsi128_si256(load(&planes[b])));
+    let plane: [__m256i; 4] =
+        std::array::from_fn(|b| _mm256_broadcastsi128_si256(load(&planes[b])));
     let nibble = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
     // A value of nonzero magnitude gets its column's shift.
@@ -131,7 +151,8 @@ pub(in crate::backend::cpu::simd) fn shifted_block_avx2<const N: usize>(
             let is_zero = _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7FFF)), zero);
             _mm256_add_epi16(v, _mm256_andnot_si256(is_zero, s))
         } else {
-            let is_zero = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF)), zero);
+            let is_zero =
+                _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF)), zero);
             _mm256_add_epi32(v, _mm256_andnot_si256(is_zero, s))
         }
     };
@@ -153,7 +174,8 @@ pub(in crate::backend::cpu::simd) fn shifted_block_avx2<const N: usize>(
             _mm256_broadcastsi128_si256(load(slice16(&shift_bytes, c0 * N + 16 * k)))
         });
         // y[l]: column c0 + l in lane 0, c0 + 8 + l in lane 1.
-        let y: [__m256i; 8] = std::array::from_fn(|l| _mm256_set_m128i(column(c0 + 8 + l), column(c0 + l)));
+        let y: [__m256i; 8] =
+            std::array::from_fn(|l| _mm256_set_m128i(column(c0 + 8 + l), column(c0 + l)));
         // a[2k]: bytes 0..8 of columns 2k, 2k + 1 interleaved; a[2k + 1]: bytes 8..16.
         let a: [__m256i; 8] = std::array::from_fn(|i| {
             let (x, z) = (y[i / 2 * 2], y[i / 2 * 2 + 1]);
@@ -173,7 +195,10 @@ pub(in crate::backend::cpu::simd) fn shifted_block_avx2<const N: usize>(
         for h in 0..2 {
             for s in 0..2 {
                 let (x, z) = (b[0][h][s], b[1][h][s]);
-                for (t, c) in [_mm256_unpacklo_epi32(x, z), _mm256_unpackhi_epi32(x, z)].into_iter().enumerate() {
+                for (t, c) in [_mm256_unpacklo_epi32(x, z), _mm256_unpackhi_epi32(x, z)]
+                    .into_iter()
+                    .enumerate()
+                {
                     // Bytes bt, bt + 1 of a lane's 8 columns; then byte
                     // bt of all 16 in lane 0, bt + 1 in lane 1.
                     let bt = 8 * h + 4 * s + 2 * t;
@@ -195,8 +220,14 @@ pub(in crate::backend::cpu::simd) fn shifted_block_avx2<const N: usize>(
                             store(r, c0, _mm256_permute2x128_si256::<0x20>(v0, v1));
                             store(r + 2, c0, _mm256_permute2x128_si256::<0x31>(v0, v1));
                         } else {
-                            let (w01, w23) = (_mm256_unpacklo_epi8(p[0], p[1]), _mm256_unpacklo_epi8(p[2], p[3]));
-                            let (x01, x23) = (_mm256_unpackhi_epi8(p[0], p[1]), _mm256_unpackhi_epi8(p[2], p[3]));
+                            let (w01, w23) = (
+                                _mm256_unpacklo_epi8(p[0], p[1]),
+                                _mm256_unpacklo_epi8(p[2], p[3]),
+                            );
+                            let (x01, x23) = (
+                                _mm256_unpackhi_epi8(p[0], p[1]),
+                                _mm256_unpackhi_epi8(p[2], p[3]),
+                            );
                             let d = [
                                 shifted(_mm256_unpacklo_epi16(w01, w23), shift[0]),
                                 shifted(_mm256_unpackhi_epi16(w01, w23), shift[1]),

@@ -23,12 +23,12 @@ const SRC4: u32 = 6;
 /// and appended to the decode module's; `concat!` keeps it one
 /// `&'static str`, on the web too.
 const MATMUL: &str = concat!(
-    include_str!("../../../shaders/matmul/gemv.wgsl"),
-    include_str!("../../../shaders/matmul/rows.wgsl"),
-    include_str!("../../../shaders/matmul/others.wgsl"),
+    include_str!("../../../../shaders/matmul/gemv.wgsl"),
+    include_str!("../../../../shaders/matmul/rows.wgsl"),
+    include_str!("../../../../shaders/matmul/others.wgsl"),
 );
-const SUBGROUPS: &str = include_str!("../../../shaders/subgroups.wgsl");
-const NO_SUBGROUPS: &str = include_str!("../../../shaders/no_subgroups.wgsl");
+const SUBGROUPS: &str = include_str!("../../../../shaders/subgroups.wgsl");
+const NO_SUBGROUPS: &str = include_str!("../../../../shaders/no_subgroups.wgsl");
 
 /// Values of W an invocation of `gemv` decodes a step (straight and
 /// strided packs on CPU adapters, strided ones on GPUs, which multiply
@@ -310,7 +310,8 @@ impl GpuDecoder {
         if bias.is_some_and(|b| b.len() != n) {
             return refuse("its bias has not one value per output");
         }
-        let row0 = u32::try_from(rows.start).map_err(|_| Error::new(Rule::Argument, what, "too many rows".to_string()))?;
+        let row0 = u32::try_from(rows.start)
+            .map_err(|_| Error::new(Rule::Argument, what, "too many rows".to_string()))?;
         let rounding = Rounding::of(job, weights, rows.clone());
         let chunks = layout::plan(job, kernel, rows, &self.limits.resident())?;
         self.scoped(async {
@@ -331,15 +332,23 @@ impl GpuDecoder {
                     self.write_padded(&src, r.offset, &r.bytes);
                 }
                 if let Some(b) = bias {
-                    self.queue.write_buffer(&src, bias_at, bytemuck::cast_slice(b));
+                    self.queue
+                        .write_buffer(&src, bias_at, bytemuck::cast_slice(b));
                 }
-                let params = self.uniform("wgpu-dequant packed weights' params", bytemuck::bytes_of(&chunk.params));
+                let params = self.uniform(
+                    "wgpu-dequant packed weights' params",
+                    bytemuck::bytes_of(&chunk.params),
+                );
                 bytes += src.size() + params.size();
                 parts.push(Part {
                     weights,
                     params,
                     src,
-                    bias: if bias.is_some() { (bias_at / 4) as u32 } else { NO_BIAS },
+                    bias: if bias.is_some() {
+                        (bias_at / 4) as u32
+                    } else {
+                        NO_BIAS
+                    },
                     rows: rows.len() as u32,
                     aligned: chunk.params.lanes_aligned(),
                     group_words: chunk.params.group_words(),
@@ -347,7 +356,13 @@ impl GpuDecoder {
                 });
             }
             self.queue.submit([]);
-            Ok(PackedLinear { n, k, row0, parts, bytes })
+            Ok(PackedLinear {
+                n,
+                k,
+                row0,
+                parts,
+                bytes,
+            })
         })
         .await
     }
@@ -356,11 +371,22 @@ impl GpuDecoder {
     /// [`GpuDecoder::record_product`]: the bench's baseline, the path an app
     /// has without packed products.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn upload_dense_bf16(&self, (n, k): (usize, usize), bytes: &[u8]) -> Result<PackedLinear> {
+    pub(crate) fn upload_dense_bf16(
+        &self,
+        (n, k): (usize, usize),
+        bytes: &[u8],
+    ) -> Result<PackedLinear> {
         if !k.is_multiple_of(2) || bytes.len() != 2 * n * k {
-            return Err(Error::bare(Rule::Argument, format!("dense bf16: {} bytes for {n} x {k}", bytes.len())));
+            return Err(Error::bare(
+                Rule::Argument,
+                format!("dense bf16: {} bytes for {n} x {k}", bytes.len()),
+            ));
         }
-        let src = self.storage("wgpu-dequant dense bf16 weights", bytes.len() as u64, wgpu::BufferUsages::COPY_DST);
+        let src = self.storage(
+            "wgpu-dequant dense bf16 weights",
+            bytes.len() as u64,
+            wgpu::BufferUsages::COPY_DST,
+        );
         self.write_padded(&src, 0, bytes);
         let params = layout::Params::dense_bf16(n as u32, k as u32);
         let params = self.uniform("wgpu-dequant dense params", bytemuck::bytes_of(&params));
@@ -375,7 +401,13 @@ impl GpuDecoder {
             group_words: 0,
             rounding: Rounding::Full,
         };
-        Ok(PackedLinear { n, k, row0: 0, parts: vec![part], bytes })
+        Ok(PackedLinear {
+            n,
+            k,
+            row0: 0,
+            parts: vec![part],
+            bytes,
+        })
     }
 
     /// A uniform buffer holding `bytes`.
@@ -402,13 +434,21 @@ impl GpuDecoder {
             rounding,
             wide,
         } = variant;
-        let mut cache = self.gemv.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self
+            .gemv
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         cache
             .entry(variant)
             .or_insert_with(|| {
                 let (mut constants, entry, label) = match weights {
                     Weights::Packed(k) => {
-                        let entry = if self.gemv.geometry.whole_rows { "gemv_rows" } else { "gemv" };
+                        let entry = if self.gemv.geometry.whole_rows {
+                            "gemv_rows"
+                        } else {
+                            "gemv"
+                        };
                         (k.constants(), entry, Kernel::Fast(k).label())
                     }
                     Weights::Tiled(t) => (t.constants(), "gemv_t", Kernel::Tile(t).label()),
@@ -427,7 +467,11 @@ impl GpuDecoder {
                     ("UNROLL", g.unroll as f64),
                 ]);
                 // The same module and constants, so the same bindings.
-                let entry = if product == Product::Overhead { "gemv_empty" } else { entry };
+                let entry = if product == Product::Overhead {
+                    "gemv_empty"
+                } else {
+                    entry
+                };
                 if entry != "gemv_dense" {
                     constants.extend([
                         ("READ", flag(product == Product::Read)),
@@ -440,17 +484,20 @@ impl GpuDecoder {
                 if entry == "gemv" || entry == "gemv_rows" {
                     constants.push(("ALIGNED", flag(aligned)));
                 }
-                self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(&format!("wgpu-dequant {entry} {product:?}, {mt} rows of x ({label})")),
-                    layout: Some(&self.gemv.pipeline_layout),
-                    module: &self.gemv.module,
-                    entry_point: Some(entry),
-                    compilation_options: wgpu::PipelineCompilationOptions {
-                        constants: &constants,
-                        ..Default::default()
-                    },
-                    cache: None,
-                })
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&format!(
+                            "wgpu-dequant {entry} {product:?}, {mt} rows of x ({label})"
+                        )),
+                        layout: Some(&self.gemv.pipeline_layout),
+                        module: &self.gemv.module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &constants,
+                            ..Default::default()
+                        },
+                        cache: None,
+                    })
             })
             .clone()
     }
@@ -504,7 +551,11 @@ impl GpuDecoder {
         if x.size() < 4 * m as u64 * k || y.size() < 4 * m as u64 * n {
             return Err(Error::bare(
                 Rule::Argument,
-                format!("matmul: x holds {} bytes and y {}, for {m} rows of {k} inputs and {n} outputs", x.size(), y.size()),
+                format!(
+                    "matmul: x holds {} bytes and y {}, for {m} rows of {k} inputs and {n} outputs",
+                    x.size(),
+                    y.size()
+                ),
             ));
         }
         let max = self.limits.max_groups_per_dim;
@@ -538,13 +589,22 @@ impl GpuDecoder {
                     entry(XS, x),
                     entry(GEMV, &gemv),
                     entry(XS4, if x.size() >= 16 { x } else { &self.gemv.small }),
-                    entry(SRC4, if part.src.size() >= 16 { &part.src } else { &self.gemv.small }),
+                    entry(
+                        SRC4,
+                        if part.src.size() >= 16 {
+                            &part.src
+                        } else {
+                            &self.gemv.small
+                        },
+                    ),
                 ],
             });
             let x4 = x4(part.weights, w.k) && x.size() >= 16;
             // The dense baseline's rows in runs of 8 values on 16 bytes.
             let wide = match part.weights {
-                Weights::DenseBf16 if w.k.is_multiple_of(8) && part.src.size() >= 16 => self.gemv.geometry.wide,
+                Weights::DenseBf16 if w.k.is_multiple_of(8) && part.src.size() >= 16 => {
+                    self.gemv.geometry.wide
+                }
                 _ => 1,
             };
             let variant = Variant {
@@ -578,22 +638,38 @@ impl GpuDecoder {
         if w.k == 0 || m.checked_mul(w.k) != Some(x.len()) {
             return Err(Error::bare(
                 Rule::Argument,
-                format!("matmul: x holds {} values, not {m} rows of {}", x.len(), w.k),
+                format!(
+                    "matmul: x holds {} values, not {m} rows of {}",
+                    x.len(),
+                    w.k
+                ),
             ));
         }
         if m == 0 || w.n == 0 {
             return Ok(Vec::new());
         }
-        let m32 = u32::try_from(m).map_err(|_| Error::bare(Rule::Argument, "matmul: too many rows of x"))?;
+        let m32 = u32::try_from(m)
+            .map_err(|_| Error::bare(Rule::Argument, "matmul: too many rows of x"))?;
         self.scoped(async {
-            let xs = self.storage("wgpu-dequant matmul x", (4 * x.len()) as u64, wgpu::BufferUsages::COPY_DST);
+            let xs = self.storage(
+                "wgpu-dequant matmul x",
+                (4 * x.len()) as u64,
+                wgpu::BufferUsages::COPY_DST,
+            );
             self.queue.write_buffer(&xs, 0, bytemuck::cast_slice(x));
-            let ys = self.storage("wgpu-dequant matmul y", (4 * m * w.n) as u64, wgpu::BufferUsages::COPY_SRC);
+            let ys = self.storage(
+                "wgpu-dequant matmul y",
+                (4 * m * w.n) as u64,
+                wgpu::BufferUsages::COPY_SRC,
+            );
             let mut encoder = self.encoder("wgpu-dequant matmul");
             self.record_matmul(&mut encoder, w, &xs, &ys, m32)?;
             self.queue.submit([encoder.finish()]);
             let bytes = self.read_back_async(&ys).await?;
-            Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
         })
         .await
     }
@@ -623,10 +699,19 @@ impl GpuDecoder {
 fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
     let (out, skind, plain) = match weights {
         Weights::Packed(f) => {
-            let plain = f.zero == layout::ZeroMode::None && !f.post && f.product == layout::OutKind::F32;
-            (f.out, f.scaled.then_some(f.skind), plain && f.low_rank == layout::LowRankMode::None)
+            let plain =
+                f.zero == layout::ZeroMode::None && !f.post && f.product == layout::OutKind::F32;
+            (
+                f.out,
+                f.scaled.then_some(f.skind),
+                plain && f.low_rank == layout::LowRankMode::None,
+            )
         }
-        Weights::Tiled(t) => (t.out, t.scaled.then_some(t.skind), t.zero == layout::ZeroMode::None),
+        Weights::Tiled(t) => (
+            t.out,
+            t.scaled.then_some(t.skind),
+            t.zero == layout::ZeroMode::None,
+        ),
         Weights::DenseBf16 => return false,
     };
     // The exponent of the lowest bit a scale may bring.
@@ -642,7 +727,11 @@ fn exact(job: &DecodeJob<'_>, weights: Weights) -> bool {
         if b == 0 || exp == 255 {
             return true;
         }
-        let significand = if exp == 0 { mantissa } else { mantissa | 0x80_0000 };
+        let significand = if exp == 0 {
+            mantissa
+        } else {
+            mantissa | 0x80_0000
+        };
         let low = significand.trailing_zeros();
         let bits = 32 - significand.leading_zeros() - low;
         bits <= 8 && exp.max(1) - 150 + low as i32 + scale_low >= -133
@@ -768,7 +857,8 @@ impl Pipelines {
 /// an `enable` that naga refuses.
 fn subgroup(device: &wgpu::Device) -> Option<u32> {
     let info = device.adapter_info();
-    let fits = info.subgroup_min_size == info.subgroup_max_size && (1..=CPU_WG).contains(&info.subgroup_max_size);
+    let fits = info.subgroup_min_size == info.subgroup_max_size
+        && (1..=CPU_WG).contains(&info.subgroup_max_size);
     (!cfg!(target_arch = "wasm32") && device.features().contains(wgpu::Features::SUBGROUP) && fits)
         .then_some(info.subgroup_max_size)
 }
@@ -784,87 +874,4 @@ fn module(device: &wgpu::Device, subgroups: bool) -> wgpu::ShaderModule {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::job::{Dims, Fields, Grid, ValueKind, Values};
-    use crate::numerics::{e2m1, e4m3, e8m0, OutDtype};
-
-    /// Whether the products skip rounding a 4 × 64 job of `bits`-bit codes
-    /// valued `values`, scaled per 32 columns by bytes read as `scale`.
-    fn exact_job(bits: u32, values: Vec<f32>, scale: Option<ValueKind>, out: OutDtype) -> bool {
-        let codes = Fields::dense(vec![0u8; 4 * 64 * bits as usize / 8], bits, 64 * bits as u64);
-        let mut job = DecodeJob::new(Dims { slices: 1, rows: 4, cols: 64 }, codes, values, out);
-        if let Some(kind) = scale {
-            let grid = Grid {
-                row_div: 1,
-                col_div: 32,
-                row_stride: 2,
-                slice_stride: 0,
-            };
-            let data = match kind {
-                ValueKind::Bf16 => vec![0u8; 16],
-                _ => vec![0u8; 8],
-            };
-            job = job.with_scale(Values { data: data.into(), kind, grid });
-        }
-        match fast_kernel(&job) {
-            Some(Kernel::Fast(k)) => exact(&job, Weights::Packed(k)),
-            other => panic!("not a fast job: {other:?}"),
-        }
-    }
-
-    fn e8m0_table() -> ValueKind {
-        ValueKind::Table(Box::new(std::array::from_fn(|b| e8m0(b as u8))))
-    }
-
-    #[test]
-    fn rounding_is_skipped_only_where_bf16_holds_every_value() {
-        let fp4 = || (0..16).map(e2m1).collect::<Vec<f32>>();
-        let fp8 = || (0..=255).map(e4m3).collect::<Vec<f32>>();
-        // MXFP4: 2 significant bits times a power of two, 2^-128 at least.
-        assert!(exact_job(4, fp4(), Some(e8m0_table()), OutDtype::Bf16));
-        assert!(exact_job(8, fp8(), None, OutDtype::Bf16));
-        // f16's range is narrower; a bf16 scale brings 8 bits of its own.
-        assert!(!exact_job(4, fp4(), Some(e8m0_table()), OutDtype::F16));
-        assert!(!exact_job(4, fp4(), Some(ValueKind::Bf16), OutDtype::Bf16));
-        // E4M3's subnormals (2^-9) times 2^-127 are below bf16's smallest.
-        assert!(!exact_job(8, fp8(), Some(e8m0_table()), OutDtype::Bf16));
-        // Nine significant bits.
-        let wide = (0..16).map(|c| if c == 1 { 257.0 } else { c as f32 }).collect();
-        assert!(!exact_job(4, wide, None, OutDtype::Bf16));
-    }
-
-    #[test]
-    fn rounding_by_the_carry_only_where_w_has_no_nan() {
-        let int4 = || (0..16).map(|c| c as f32 - 8.0).collect::<Vec<f32>>();
-        let job = |values: Vec<f32>, scales: &[u16], out: OutDtype| {
-            let codes = Fields::dense(vec![0u8; 4 * 32], 4, 256);
-            let grid = Grid { row_div: 1, col_div: 32, row_stride: 2, slice_stride: 0 };
-            let data: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-            DecodeJob::new(Dims { slices: 1, rows: 4, cols: 64 }, codes, values, out)
-                .with_scale(Values { data: data.into(), kind: ValueKind::Bf16, grid })
-        };
-        let rounding = |job: &DecodeJob<'_>| match fast_kernel(job) {
-            Some(Kernel::Fast(k)) => Rounding::of(job, Weights::Packed(k), 0..job.dims.total_rows()),
-            other => panic!("not a fast job: {other:?}"),
-        };
-        let finite = [0x3c00u16; 8];
-        assert_eq!(rounding(&job(int4(), &finite, OutDtype::Bf16)), Rounding::Carry);
-        // One stored scale NaN, or infinite (times a zero code: NaN).
-        for bad in [0x7fc1, 0x7f80] {
-            let mut scales = finite;
-            scales[5] = bad;
-            assert_eq!(rounding(&job(int4(), &scales, OutDtype::Bf16)), Rounding::Full);
-        }
-        // E4M3's NaN codes; f16's own rounding.
-        let fp8 = (0..=255).map(e4m3).collect::<Vec<f32>>();
-        let codes8 = Fields::dense(vec![0u8; 4 * 64], 8, 512);
-        let fp8 = DecodeJob::new(Dims { slices: 1, rows: 4, cols: 64 }, codes8, fp8, OutDtype::Bf16).with_scale(Values {
-            data: vec![0u8; 16].into(),
-            kind: ValueKind::Bf16,
-            grid: Grid { row_div: 1, col_div: 32, row_stride: 2, slice_stride: 0 },
-        });
-        assert_eq!(rounding(&fp8), Rounding::Full);
-        assert_eq!(rounding(&job(int4(), &finite, OutDtype::F16)), Rounding::Full);
-    }
-}
+mod tests;
