@@ -490,13 +490,7 @@ impl Rows {
     }
 
     /// The zero point and scale of output row `row`'s entry `g`.
-    fn entry(
-        &self,
-        job: &DecodeJob<'_>,
-        slice: usize,
-        row: usize,
-        g: usize,
-    ) -> (Option<f32>, Option<f32>) {
+    fn entry(&self, job: &DecodeJob<'_>, slice: usize, row: usize, g: usize) -> Entry {
         if job.transposed {
             // Entry g spans stored rows g·group_cols …; the stored column is
             // the output row.
