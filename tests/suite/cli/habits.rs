@@ -15,14 +15,21 @@ fn sample() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sample-w4a16")
 }
 
-/// `dequantize` of the sample on the CPU into `tmp/name`, with `extra`;
-/// the bytes of its model.safetensors.
-fn decode(tmp: &Path, name: &str, extra: &[&str]) -> Vec<u8> {
-    let (input, out) = (sample(), tmp.join(name));
-    let mut args = vec!["dequantize", input.to_str().unwrap()];
-    args.extend_from_slice(&["-o", out.to_str().unwrap(), "--backend", "cpu", "-q"]);
+/// `wgpu-dequant GLOBAL… dequantize SAMPLE -o OUT --backend cpu EXTRA…`.
+fn dequantize_sample(global: &[&str], out: &Path, extra: &[&str]) -> Output {
+    let input = sample();
+    let mut args = global.to_vec();
+    args.extend_from_slice(&["dequantize", input.to_str().unwrap()]);
+    args.extend_from_slice(&["-o", out.to_str().unwrap(), "--backend", "cpu"]);
     args.extend_from_slice(extra);
-    let o = run(&args);
+    run(&args)
+}
+
+/// `dequantize` of the sample on the CPU into `tmp/name`, quietly, with
+/// `extra`; the bytes of its model.safetensors.
+fn decode(tmp: &Path, name: &str, extra: &[&str]) -> Vec<u8> {
+    let out = tmp.join(name);
+    let o = dequantize_sample(&[], &out, &[&["-q"], extra].concat());
     ok(&o, &format!("dequantize {extra:?}"));
     std::fs::read(out.join("model.safetensors")).unwrap()
 }
@@ -221,17 +228,7 @@ fn one_thread_decodes_the_same_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     let want = decode(tmp.path(), "all", &[]);
     assert!(decode(tmp.path(), "one", &["--threads", "1"]) == want);
-    let out = tmp.path().join("said");
-    let o = run(&[
-        "--threads",
-        "1",
-        "dequantize",
-        sample().to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_sample(&["--threads", "1"], &tmp.path().join("said"), &[]);
     ok(&o, "--threads 1");
     assert!(stderr(&o).contains("cpu (1 thread)"), "{}", stderr(&o));
     let o = run(&["--threads", "0", "formats"]);
@@ -244,15 +241,7 @@ fn counts_of_one_are_singular() {
     let o = run(&["validate", sample().to_str().unwrap()]);
     ok(&o, "validate");
     assert!(!stdout(&o).contains("(1 warnings)"));
-    let out = tmp.path().join("out");
-    let o = run(&[
-        "dequantize",
-        sample().to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--backend",
-        "cpu",
-    ]);
+    let o = dequantize_sample(&[], &tmp.path().join("out"), &[]);
     ok(&o, "dequantize");
     let err = stderr(&o);
     for wrong in ["1 tensors", "1 threads", "1 shards", "1 files"] {
