@@ -165,7 +165,7 @@ impl std::str::FromStr for DtypeChoice {
                 .ok_or_else(|| {
                     Error::bare(
                         Rule::Argument,
-                        format!("--dtype: {s:?} is not one of auto, bf16, f16, f32 (or bfloat16, float16, fp16, half, float32, fp32)"),
+                        format!("{s:?} is not one of auto, bf16, f16, f32 (or bfloat16, float16, fp16, half, float32, fp32)"),
                     )
                 }),
         }

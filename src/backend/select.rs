@@ -175,7 +175,7 @@ impl std::str::FromStr for BackendChoice {
             "cuda" | "rocm" | "hip" => Err(Error::bare(
                 Rule::Argument,
                 format!(
-                    "--backend: {s:?}: there is no {} backend; the GPU path reaches NVIDIA and AMD cards through Vulkan (--backend gpu)",
+                    "{s:?}: there is no {} backend; the GPU path reaches NVIDIA and AMD cards through Vulkan: use gpu",
                     if name == "cuda" { "CUDA" } else { "ROCm" }
                 ),
             )),
@@ -183,7 +183,7 @@ impl std::str::FromStr for BackendChoice {
                 Some(api) => Ok(BackendChoice::GpuApi(api)),
                 None => Err(Error::bare(
                     Rule::Argument,
-                    format!("--backend: {s:?} is not one of auto, gpu, cpu, vulkan, metal, dx12, gl"),
+                    format!("{s:?} is not one of auto, gpu, cpu, vulkan, metal, dx12, gl"),
                 )),
             },
         }

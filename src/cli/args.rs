@@ -31,11 +31,14 @@ where
     fn parse_ref(
         &self,
         cmd: &clap::Command,
-        _: Option<&clap::Arg>,
+        arg: Option<&clap::Arg>,
         value: &OsStr,
     ) -> Result<T, clap::Error> {
         value.to_string_lossy().parse().map_err(|e: Error| {
-            clap::Error::raw(ErrorKind::InvalidValue, format!("{}\n", e.detail)).with_cmd(cmd)
+            // The library's refusal starts with the value; the flag goes first.
+            let flag = arg.and_then(clap::Arg::get_long).unwrap_or("value");
+            let message = format!("--{flag} {}\n", e.detail);
+            clap::Error::raw(ErrorKind::InvalidValue, message).with_cmd(cmd)
         })
     }
 
@@ -69,18 +72,9 @@ pub(super) fn backend_or_env(flag: Option<BackendChoice>) -> Result<BackendChoic
     let Some(value) = std::env::var_os(BACKEND_VAR) else {
         return Ok(BackendChoice::Auto);
     };
-    let text = value.to_string_lossy();
-    text.parse().map_err(|e: Error| {
-        // The library's refusal names the flag and quotes the value; here
-        // the variable with its value says both.
-        let why = e.detail.strip_prefix("--backend: ").unwrap_or(&e.detail);
-        let why = why.strip_prefix(&format!("{text:?}")).unwrap_or(why);
-        let why = why.trim_start_matches(':').trim();
-        let why = why.strip_prefix("is ").unwrap_or(why);
-        Error::bare(
-            Rule::Argument,
-            format!("{BACKEND_VAR}={text}: {why}; change or unset the variable"),
-        )
+    value.to_string_lossy().parse().map_err(|e: Error| {
+        let detail = format!("{BACKEND_VAR}={}; change or unset the variable", e.detail);
+        Error::bare(Rule::Argument, detail)
     })
 }
 
