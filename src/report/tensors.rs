@@ -197,10 +197,18 @@ pub(super) fn compact(s: &mut String, rows: &[TensorRow]) {
             }
         }
     }
+    let pattern_w = groups.iter().map(|(k, _)| k[1].len()).max().unwrap_or(0);
+    let pattern_w = pattern_w.min(COLUMN);
     let lines: Vec<[String; 5]> = groups
         .into_iter()
         .map(|([action, name, shape, types, scheme], n)| {
-            [action, format!("{name}  x {n}"), shape, types, scheme]
+            [
+                action,
+                format!("{name:<pattern_w$}  x {n}"),
+                shape,
+                types,
+                scheme,
+            ]
         })
         .collect();
     aligned(s, &lines);

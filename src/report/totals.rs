@@ -14,7 +14,11 @@ const FILES_SHOWN: usize = 8;
 /// report's other lines; a failed report has none.
 pub(super) fn write(s: &mut String, r: &Report) {
     if let Some(n) = r.parameters {
-        let _ = writeln!(s, "parameters  {n} ({})", count(n));
+        let short = match n {
+            0..1_000 => String::new(),
+            _ => format!(" ({})", count(n)),
+        };
+        let _ = writeln!(s, "parameters  {n}{short}");
     }
     if let Some(bytes) = r.input_bytes {
         let n = r.shards.len();
@@ -51,8 +55,7 @@ pub(super) fn write(s: &mut String, r: &Report) {
 fn count(n: u64) -> String {
     let x = n as f64;
     match n {
-        0..1_000 => n.to_string(),
-        1_000..1_000_000 => format!("{:.1} K", x / 1e3),
+        0..1_000_000 => format!("{:.1} K", x / 1e3),
         1_000_000..1_000_000_000 => format!("{:.1} M", x / 1e6),
         _ => format!("{:.2} B", x / 1e9),
     }
