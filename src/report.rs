@@ -1,11 +1,17 @@
 //! What `inspect` and `validate` show: the plan, for people or as JSON.
 
+mod tensors;
+mod totals;
+
 use std::fmt::Write as _;
+use std::path::Path;
 
 use crate::error::Error;
 use crate::formats::Format;
 use crate::numerics::OutDtype;
-use crate::plan::{Plan, Source, Warning};
+use crate::plan::{Plan, Warning};
+use crate::writer::Schedule;
+pub use tensors::TensorRow;
 
 /// A rule finding, flattened for JSON.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -38,36 +44,37 @@ impl From<&Error> for Finding {
     }
 }
 
-/// One output tensor.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TensorRow {
-    /// Output name.
-    pub name: String,
-    /// Logical (output) shape.
-    pub shape: Vec<usize>,
-    /// Output dtype.
-    pub dtype: String,
-    /// `decode` or `copy`.
-    pub action: &'static str,
-    /// Decoding scheme, for decoded tensors.
-    pub scheme: Option<String>,
-    /// Output file.
-    pub file: String,
-}
-
-/// Everything `inspect` reports.
+/// Everything `inspect` reports. Its JSON has one shape whether the
+/// checkpoint could be planned or not: a failure has `ok` false, its one
+/// finding in `errors`, and `null` or empty for what planning gives.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
     /// The checkpoint path.
     pub(crate) path: String,
+    /// No rule violation: decoding would start.
+    pub(crate) ok: bool,
     /// One line describing the format.
-    pub(crate) summary: String,
+    pub(crate) summary: Option<String>,
     /// Format and configuration.
-    pub(crate) format: Format,
+    pub(crate) format: Option<Format>,
     /// Dtype of decoded tensors.
-    pub(crate) dtype: OutDtype,
+    pub(crate) dtype: Option<OutDtype>,
     /// Shard files.
     pub(crate) shards: Vec<String>,
+    /// Elements of every output tensor together.
+    pub(crate) parameters: Option<u64>,
+    /// Bytes of the input shards.
+    pub(crate) input_bytes: Option<u64>,
+    /// Bytes of the output tensors, each in the dtype it is written in.
+    pub(crate) output_bytes: Option<u64>,
+    /// The files a run with the same settings writes, in the order it
+    /// writes them (its record of the run aside).
+    pub(crate) files: Option<Vec<String>>,
+    /// Free bytes on the file system the output would go to.
+    pub(crate) free_bytes: Option<u64>,
+    /// The transformers class of the config.json written
+    /// (`architectures[0]`).
+    pub(crate) architecture: Option<String>,
     /// Output tensors.
     pub(crate) tensors: Vec<TensorRow>,
     /// How many of them come out of quantized modules ([`Plan::decoded`]).
@@ -102,40 +109,83 @@ impl Report {
         self.errors.first().map_or(0, |e| e.exit_code)
     }
 
-    /// The report of `plan`.
+    /// The report of a checkpoint at `path` that cannot be read or planned
+    /// at all: `error` its one finding.
+    pub fn failed(path: impl AsRef<Path>, error: &Error) -> Report {
+        Report {
+            path: path.as_ref().display().to_string(),
+            ok: false,
+            summary: None,
+            format: None,
+            dtype: None,
+            shards: Vec::new(),
+            parameters: None,
+            input_bytes: None,
+            output_bytes: None,
+            files: None,
+            free_bytes: None,
+            architecture: None,
+            tensors: Vec::new(),
+            decoded: 0,
+            dropped: Vec::new(),
+            errors: vec![Finding::from(error)],
+            warnings: Vec::new(),
+            renamed: Vec::new(),
+        }
+    }
+
+    /// The report of `plan`, as a run with the input's sharding writes it.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn new(plan: &Plan<'_>) -> Report {
+        Report::planned(plan, None, None)
+    }
+
+    /// The report of `plan`, its output split at `max_shard_size` as a run
+    /// splits it, with the free space of the file system that `out` (a
+    /// run's output directory, which need not exist) would be on.
+    pub(crate) fn planned(
+        plan: &Plan<'_>,
+        max_shard_size: Option<u64>,
+        out: Option<&Path>,
+    ) -> Report {
         let ckpt = plan.checkpoint;
+        let kind = serde_json::to_value(&plan.format)
+            .ok()
+            .and_then(|v| v["kind"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        let tensors: Vec<TensorRow> = plan
+            .outputs
+            .iter()
+            .map(|o| TensorRow::of(o, ckpt, &kind))
+            .collect();
+        // What the writer would write, from its own schedule; a plan it
+        // cannot lay out has no list (its errors say why).
+        let schedule = Schedule::of(plan, None, max_shard_size).ok();
+        let files = schedule.as_ref().map(|s| {
+            let shards = s.shards.iter().map(|f| f.name.clone());
+            let json = s.json.iter().map(|(name, _)| name.clone());
+            let copies = s.copies.iter().map(|(_, name)| name.clone());
+            shards.chain(json).chain(copies).collect::<Vec<_>>()
+        });
+        let architecture = schedule.as_ref().and_then(|s| {
+            let (_, text) = s.json.iter().find(|(name, _)| name == "config.json")?;
+            let config: serde_json::Value = serde_json::from_slice(text).ok()?;
+            config["architectures"][0].as_str().map(str::to_string)
+        });
         Report {
             path: ckpt.display_path().display().to_string(),
-            summary: plan.format.describe(),
-            format: plan.format.clone(),
-            dtype: plan.dtype,
+            ok: plan.errors.is_empty(),
+            summary: Some(plan.format.describe()),
+            format: Some(plan.format.clone()),
+            dtype: Some(plan.dtype),
             shards: ckpt.shards.iter().map(|s| s.file_name.clone()).collect(),
-            tensors: plan
-                .outputs
-                .iter()
-                .map(|o| TensorRow {
-                    name: o.name.clone(),
-                    shape: o.shape.clone(),
-                    dtype: o.dtype.to_string(),
-                    action: match o.source {
-                        Source::Copy(_) => "copy",
-                        Source::Cast(..) => "cast",
-                        Source::Decode(_)
-                        | Source::Assemble(_)
-                        | Source::Fold(_)
-                        | Source::Blocks(_) => "decode",
-                        Source::Bytes(_) | Source::Bias(_) | Source::Rearrange(_) => "compute",
-                    },
-                    scheme: o.scheme.clone(),
-                    file: ckpt
-                        .shards
-                        .get(o.shard)
-                        .map(|s| s.file_name.clone())
-                        .unwrap_or_default(),
-                })
-                .collect(),
+            parameters: Some(tensors.iter().map(TensorRow::elements).sum()),
+            input_bytes: Some(ckpt.shards.iter().map(|s| s.stored_len()).sum()),
+            output_bytes: Some(tensors.iter().map(|t| t.bytes).sum()),
+            files,
+            free_bytes: out.and_then(crate::writer::free_space),
+            architecture,
+            tensors,
             decoded: plan.decoded(),
             dropped: plan.dropped.clone(),
             errors: plan.errors.iter().map(Finding::from).collect(),
@@ -151,8 +201,16 @@ impl Report {
         }
     }
 
-    /// The report as aligned text.
+    /// The report as aligned text: beyond 60 output tensors, one line per
+    /// module pattern ([`Report::text_with`]).
     pub fn text(&self) -> String {
+        self.text_with(false)
+    }
+
+    /// The report as aligned text, a line per output tensor when `every`
+    /// is set or there are at most 60, else a line per module pattern with
+    /// its count (`model.layers.*.mlp.down_proj.weight  x 32`).
+    pub fn text_with(&self, every: bool) -> String {
         let mut s = String::new();
         let decoded = self.decoded;
         let copied = self
@@ -167,7 +225,9 @@ impl Report {
             self.shards.len(),
             if self.shards.len() == 1 { "" } else { "s" }
         );
-        let _ = writeln!(s, "format      {}", self.summary);
+        if let Some(summary) = &self.summary {
+            let _ = writeln!(s, "format      {summary}");
+        }
         if let Some(r) = self.renamed.first() {
             let _ = writeln!(
                 s,
@@ -177,39 +237,22 @@ impl Report {
                 r.written
             );
         }
-        for line in self.format.report_lines() {
+        for line in self.format.iter().flat_map(Format::report_lines) {
             let _ = writeln!(s, "  {line}");
         }
-        let _ = writeln!(
-            s,
-            "output      {} tensors: {decoded} decoded to {}, {copied} copied; {} quantization tensors used up",
-            self.tensors.len(),
-            self.dtype,
-            self.dropped.len()
-        );
-        // Columns as wide as their longest entry up to COLUMN: a longer
-        // one (a hostile header's) sticks out of its line alone, rather
-        // than widening every line (or passing `format!`'s width limit).
-        const COLUMN: usize = 256;
-        let name_w = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
-        let name_w = name_w.min(COLUMN);
-        let shape_w = self
-            .tensors
-            .iter()
-            .map(|t| format!("{:?}", t.shape).len())
-            .max()
-            .unwrap_or(0)
-            .min(COLUMN);
-        for t in &self.tensors {
-            let line = format!(
-                "  {:<7}  {:<name_w$}  {:<shape_w$}  {:<7}  {}",
-                t.action,
-                t.name,
-                format!("{:?}", t.shape),
-                t.dtype,
-                t.scheme.as_deref().unwrap_or("")
+        if let Some(dtype) = self.dtype {
+            let _ = writeln!(
+                s,
+                "output      {} tensors: {decoded} decoded to {dtype}, {copied} copied; {} quantization tensors used up",
+                self.tensors.len(),
+                self.dropped.len()
             );
-            let _ = writeln!(s, "{}", line.trim_end());
+        }
+        totals::write(&mut s, self);
+        if every || self.tensors.len() <= tensors::COMPACT_ABOVE {
+            tensors::list(&mut s, &self.tensors);
+        } else {
+            tensors::compact(&mut s, &self.tensors);
         }
         if self.errors.is_empty() && self.warnings.is_empty() {
             let _ = writeln!(s, "findings    none");

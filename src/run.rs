@@ -231,20 +231,33 @@ impl<'a> Dequantize<'a> {
         Plan::build(ckpt, self.options.dtype, names)
     }
 
-    /// [`inspect`] with this run's [`Dequantize::gguf_file`]: a Hub GGUF
-    /// model's headers alone are read, by range requests.
+    /// [`inspect`] with this run's settings: the plan a [`Dequantize::run`]
+    /// makes (its dtype, names, [`Dequantize::gguf_file`] and
+    /// [`Dequantize::max_shard_size`]), with the free space of the current
+    /// directory's file system. A Hub model's headers alone are read.
     pub fn inspect(&self, path: impl AsRef<Path>) -> Result<Report> {
+        self.inspect_for(path, ".")
+    }
+
+    /// [`Dequantize::inspect`] for a run that would write into `out`
+    /// (which need not exist, and is not touched): the report's free space
+    /// is that of the file system of its nearest existing folder.
+    pub fn inspect_for(&self, path: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Report> {
+        let out = Some(out.as_ref());
         let path = match input(path.as_ref(), self.gguf_file.as_deref())? {
             Input::Local(path) => path,
             #[cfg(not(target_arch = "wasm32"))]
-            Input::Hub(remote) => return pollster::block_on(crate::stream::inspect(&*remote)),
+            Input::Hub(remote) => {
+                return pollster::block_on(crate::stream::inspect_planned(&*remote, self, out))
+            }
         };
         let ckpt = Checkpoint::open(path)?;
-        Ok(Report::new(&Plan::build(
-            &ckpt,
-            DtypeChoice::Auto,
-            Names::Hub,
-        )?))
+        Ok(self.report(&self.planned(&ckpt)?, out))
+    }
+
+    /// The report of `plan`, planned by this run.
+    pub(crate) fn report(&self, plan: &Plan<'_>, out: Option<&Path>) -> Report {
+        Report::planned(plan, self.max_shard_size, out)
     }
 
     /// [`validate`] with this run's [`Dequantize::gguf_file`]: a Hub GGUF

@@ -157,10 +157,19 @@ fn auto_needs(ckpt: &Checkpoint) -> Result<Vec<String>> {
 
 /// What `inspect --json` reports of the checkpoint in `files`.
 pub async fn inspect(files: &impl Files) -> Result<Report> {
+    inspect_planned(files, &crate::Dequantize::new(), None).await
+}
+
+/// [`inspect`] as `run` plans, with the free space where `out` would be.
+pub(crate) async fn inspect_planned(
+    files: &impl Files,
+    run: &crate::Dequantize<'_>,
+    out: Option<&std::path::Path>,
+) -> Result<Report> {
     let mut ckpt = open(files).await?;
     // A fault of the whole checkpoint is for the report to show, as the CLI does.
-    let _ = prepare(&mut ckpt, files, auto_needs).await;
-    let mut report = Report::new(&Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?);
+    let _ = prepare(&mut ckpt, files, |c| Ok(run.planned(c)?.needs)).await;
+    let mut report = run.report(&run.planned(&ckpt)?, out);
     if let Some(name) = files.name() {
         report.path = name;
     }

@@ -42,7 +42,7 @@ function showReport(name, report) {
     const how = cell(tr, '');
     const tag = document.createElement('span');
     tag.className = `tag ${t.action}`;
-    tag.textContent = t.scheme ? `${t.action} · ${t.scheme}` : t.action;
+    tag.textContent = t.scheme_text ? `${t.action} · ${t.scheme_text}` : t.action;
     how.append(tag);
     cell(tr, t.file);
     rows.set(t.name, cell(tr, '…', 'state wait'));

@@ -177,6 +177,14 @@ impl Shard {
         self.table.metadata.as_ref()
     }
 
+    /// The file's bytes up to the end of its last tensor: its size, as its
+    /// header tells it (the same whether the file is mapped or read piece
+    /// by piece; a GGUF file's padding after its last tensor aside).
+    pub fn stored_len(&self) -> u64 {
+        let end = self.table.entries.values().map(|e| e.range.1).max();
+        (self.data_start + end.unwrap_or(0)) as u64
+    }
+
     /// Where tensor `name`'s bytes lie in the file.
     pub fn range(&self, name: &str) -> Option<std::ops::Range<u64>> {
         let (a, b) = self.table.get(name)?.range;

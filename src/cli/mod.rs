@@ -7,6 +7,7 @@ mod args;
 #[cfg_attr(not(feature = "bench"), path = "no_bench.rs")]
 mod bench;
 mod describe;
+mod inspect;
 mod meter;
 mod signals;
 
@@ -45,15 +46,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show the format, schemes, every output tensor and rule findings
-    /// (exit 0 when clean, 3 with findings, as validate).
-    Inspect {
-        #[command(flatten)]
-        path: Source,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Plan without writing: the format, totals (parameters, bytes read
+    /// and written, files, free space, transformers class), each output
+    /// tensor and its source, and rule findings (exit 0 when clean, 3 with
+    /// findings, as validate; with several PATHs, the first non-zero).
+    Inspect(inspect::Args),
     /// Write a dense Hugging Face checkpoint.
     Dequantize {
         #[command(flatten)]
@@ -196,20 +193,25 @@ struct Source {
 impl Source {
     /// The path, with the revision joined to a Hub id as ORG/NAME@REV.
     fn resolved(&self) -> Result<PathBuf, Error> {
-        let Some(rev) = &self.revision else {
-            return Ok(self.path.clone());
-        };
-        let text = self.path.to_string_lossy();
-        if self.path.exists() {
-            let detail = format!("--revision is for Hub ids, and {text} is a local path");
-            return Err(Error::bare(Rule::Argument, detail));
-        }
-        if text.contains('@') {
-            let detail = format!("{text} names a revision already; give it once");
-            return Err(Error::bare(Rule::Argument, detail));
-        }
-        Ok(PathBuf::from(format!("{text}@{rev}")))
+        resolve(&self.path, self.revision.as_deref())
     }
+}
+
+/// `path`, with the revision `rev` joined to a Hub id as ORG/NAME@REV.
+fn resolve(path: &Path, rev: Option<&str>) -> Result<PathBuf, Error> {
+    let Some(rev) = rev else {
+        return Ok(path.to_path_buf());
+    };
+    let text = path.to_string_lossy();
+    if path.exists() {
+        let detail = format!("--revision is for Hub ids, and {text} is a local path");
+        return Err(Error::bare(Rule::Argument, detail));
+    }
+    if text.contains('@') {
+        let detail = format!("{text} names a revision already; give it once");
+        return Err(Error::bare(Rule::Argument, detail));
+    }
+    Ok(PathBuf::from(format!("{text}@{rev}")))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -259,7 +261,7 @@ fn run(cli: Cli) -> u8 {
     }
     if matches!(
         cli.command,
-        Command::Inspect { .. }
+        Command::Inspect(_)
             | Command::Validate { .. }
             | Command::Formats { .. }
             | Command::Completions { .. }
@@ -268,9 +270,7 @@ fn run(cli: Cli) -> u8 {
         signals::quiet_on_closed_pipe();
     }
     let result = match cli.command {
-        Command::Inspect { path, json } => path
-            .resolved()
-            .and_then(|p| inspect(&p, path.gguf_file.as_deref(), json)),
+        Command::Inspect(args) => inspect::run(args),
         Command::Validate { path, json } => path
             .resolved()
             .and_then(|p| validate(&p, path.gguf_file.as_deref(), json)),
@@ -393,20 +393,6 @@ fn with_gguf_file(gguf_file: Option<&str>) -> Dequantize<'static> {
         Some(file) => run.gguf_file(file),
         None => run,
     }
-}
-
-fn inspect(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<u8, Error> {
-    json_failure(
-        json,
-        with_gguf_file(gguf_file).inspect(path).and_then(|report| {
-            if json {
-                print_json(&report)?;
-            } else {
-                print!("{}", report.text());
-            }
-            Ok(report.exit_code())
-        }),
-    )
 }
 
 fn validate(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<u8, Error> {

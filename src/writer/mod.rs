@@ -43,7 +43,7 @@ use pipeline::write_shard;
 pub(crate) use pipeline::PIECE_BYTES;
 pub(crate) use schedule::Schedule;
 pub use space::FREE_SPACE_VAR;
-pub(crate) use space::{check as check_space, Need};
+pub(crate) use space::{check as check_space, free as free_space, human, Need};
 pub use staging::{interrupt, Interrupted};
 use staging::{Mode, Staging};
 pub use streamed::Part;

@@ -84,6 +84,19 @@ fn check_with(
     Ok(notes)
 }
 
+/// The free space a run writing into `out` would be checked against: that
+/// of the file system of `out`'s nearest existing ancestor, as [`check`]
+/// reads it (capped by [`FREE_SPACE_VAR`], a bad value of which is left to
+/// the run to refuse). `None` when it cannot be read.
+pub(crate) fn free(out: &Path) -> Option<u64> {
+    let at = existing(out)?;
+    let cap = cap().ok().flatten();
+    match (available(&at), cap) {
+        (Some(free), Some(cap)) => Some(free.min(cap)),
+        (free, cap) => free.or(cap),
+    }
+}
+
 /// The cap [`FREE_SPACE_VAR`] sets, if any.
 fn cap() -> Result<Option<u64>> {
     match std::env::var(FREE_SPACE_VAR) {

@@ -159,7 +159,10 @@ def test_gguf_files_load_as_transformers_saves_them(case):
 
 def test_inspect_is_the_clis_report():
     want = json.loads(subprocess.run([CLI, "inspect", str(SAMPLE), "--json"], capture_output=True, check=True).stdout)
-    assert wdq.inspect(SAMPLE) == want
+    got = wdq.inspect(SAMPLE)
+    # The disk's free space moves between two runs.
+    assert isinstance(got.pop("free_bytes"), int) and isinstance(want.pop("free_bytes"), int)
+    assert got == want
 
 
 def test_refusals_carry_the_clis_rule(tmp_path):

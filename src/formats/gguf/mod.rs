@@ -45,9 +45,49 @@ pub struct Config {
     pub architecture: Option<String>,
     /// Tensors and their stored bytes per ggml type.
     pub types: Vec<TypeCount>,
-    /// Every metadata key and its value, shortened (a list: its length and
-    /// first items).
-    pub metadata: Vec<(String, String)>,
+    /// Every metadata key and its value.
+    pub metadata: Metadata,
+}
+
+/// A GGUF model's metadata in file order: each key's value for people
+/// (shortened: a list shows its length and first items) and as a JSON
+/// value. Serializes as an object of key and value, where a list of more
+/// than [`Metadata::LIST_ITEMS`] items is `{"length": n, "first": [its
+/// first items]}` (a vocabulary would make megabytes of a report).
+#[derive(Debug, Clone, Default)]
+pub struct Metadata(Vec<(String, String, serde_json::Value)>);
+
+impl Metadata {
+    /// The most items a list is given whole.
+    pub const LIST_ITEMS: usize = 64;
+
+    /// The metadata `pairs`, key and value.
+    pub fn of(pairs: &[(String, crate::gguf::MetaValue)]) -> Metadata {
+        let json = |v: &crate::gguf::MetaValue| match v {
+            crate::gguf::MetaValue::Array(a) if a.len() > Self::LIST_ITEMS => {
+                let first: Vec<serde_json::Value> = a.iter().take(8).map(|item| serde_json::to_value(item).unwrap_or_default()).collect();
+                serde_json::json!({"length": a.len(), "first": first})
+            }
+            v => serde_json::to_value(v).unwrap_or_default(),
+        };
+        Metadata(pairs.iter().map(|(k, v)| (k.clone(), v.to_string(), json(v))).collect())
+    }
+
+    /// Each key and its value for people.
+    pub fn lines(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.0.iter().map(|(k, text, _)| (k.as_str(), text.as_str()))
+    }
+}
+
+impl serde::Serialize for Metadata {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, _, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
 }
 
 /// Tensors and bytes of one type.
@@ -78,7 +118,7 @@ impl Config {
                 .into_iter()
                 .map(|(ty, (tensors, bytes))| TypeCount { ty, tensors, bytes })
                 .collect(),
-            metadata: gguf.metadata.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+            metadata: Metadata::of(&gguf.metadata),
         }
     }
 
@@ -92,7 +132,7 @@ impl Config {
     /// `inspect`'s lines: bytes per type, then the metadata.
     pub fn report_lines(&self) -> Vec<String> {
         let types = self.types.iter().map(|t| format!("{}: {} tensors, {} bytes", t.ty, t.tensors, t.bytes));
-        let metadata = self.metadata.iter().map(|(k, v)| format!("{k} = {v}"));
+        let metadata = self.metadata.lines().map(|(k, v)| format!("{k} = {v}"));
         types.chain(metadata).collect()
     }
 }
@@ -139,6 +179,14 @@ pub fn plan<'c>(_: &Config, ckpt: &'c Checkpoint, out: OutDtype) -> Modules<'c> 
         });
     }
     found
+}
+
+/// The bits a weight of type `ty` takes, whole (its block's bits per
+/// element rounded down: Q4_K's 4.5 is 4), and how many elements share a
+/// scale (none for the float types).
+pub(crate) fn bits_and_group(ty: GgmlType) -> (u32, Option<usize>) {
+    let (elements, bytes) = ty.block();
+    (bytes * 8 / elements.max(1), kind(ty).map(|k| k.group))
 }
 
 /// Whether a type is stored in blocks (not a plain number type).
