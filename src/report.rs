@@ -72,7 +72,9 @@ pub struct Report {
     pub(crate) tensors: Vec<TensorRow>,
     /// How many of them come out of quantized modules ([`Plan::decoded`]).
     pub(crate) decoded: usize,
-    /// Input tensors a dense checkpoint leaves out.
+    /// Quantization tensors used up ([`Plan::consumed`]).
+    pub(crate) consumed: Vec<String>,
+    /// Model tensors not written ([`Plan::dropped`]).
     pub(crate) dropped: Vec<String>,
     /// Rule violations (decoding refuses while there are any).
     pub(crate) errors: Vec<Finding>,
@@ -137,6 +139,7 @@ impl Report {
                 })
                 .collect(),
             decoded: plan.decoded(),
+            consumed: plan.consumed.clone(),
             dropped: plan.dropped.clone(),
             errors: plan.errors.iter().map(Finding::from).collect(),
             warnings: plan.warnings.clone(),
@@ -182,10 +185,15 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "output      {} tensors: {decoded} decoded to {}, {copied} copied; {} quantization tensors used up",
+            "output      {} tensors: {decoded} decoded to {}, {copied} copied; {} quantization tensors used up{}",
             self.tensors.len(),
             self.dtype,
-            self.dropped.len()
+            self.consumed.len(),
+            match self.dropped.len() {
+                0 => String::new(),
+                1 => "; 1 model tensor not written".to_string(),
+                n => format!("; {n} model tensors not written"),
+            }
         );
         // Columns as wide as their longest entry up to COLUMN: a longer
         // one (a hostile header's) sticks out of its line alone, rather
