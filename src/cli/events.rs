@@ -30,11 +30,13 @@ pub(super) fn on() -> bool {
 
 /// Writes `event` (an object) as one line, whole: lines from other threads
 /// (the signal handler's, the downloads') never interleave with it.
-pub(super) fn emit(event: &str, mut fields: Value) {
-    if let Value::Object(map) = &mut fields {
-        map.insert("event".into(), event.into());
+pub(super) fn emit(event: &str, fields: Value) {
+    let mut object = serde_json::Map::new();
+    object.insert("event".into(), event.into());
+    if let Value::Object(map) = fields {
+        object.extend(map);
     }
-    let mut line = fields.to_string();
+    let mut line = Value::Object(object).to_string();
     line.push('\n');
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
