@@ -79,7 +79,9 @@ pub struct Report {
     pub(crate) tensors: Vec<TensorRow>,
     /// How many of them come out of quantized modules ([`Plan::decoded`]).
     pub(crate) decoded: usize,
-    /// Input tensors a dense checkpoint leaves out.
+    /// Quantization tensors used up ([`Plan::consumed`]).
+    pub(crate) consumed: Vec<String>,
+    /// Model tensors not written ([`Plan::dropped`]).
     pub(crate) dropped: Vec<String>,
     /// Rule violations (decoding refuses while there are any).
     pub(crate) errors: Vec<Finding>,
@@ -127,6 +129,7 @@ impl Report {
             architecture: None,
             tensors: Vec::new(),
             decoded: 0,
+            consumed: Vec::new(),
             dropped: Vec::new(),
             errors: vec![Finding::from(error)],
             warnings: Vec::new(),
@@ -149,10 +152,7 @@ impl Report {
         out: Option<&Path>,
     ) -> Report {
         let ckpt = plan.checkpoint;
-        let kind = serde_json::to_value(&plan.format)
-            .ok()
-            .and_then(|v| v["kind"].as_str().map(str::to_string))
-            .unwrap_or_default();
+        let kind = plan.format.kind();
         let tensors: Vec<TensorRow> = plan
             .outputs
             .iter()
@@ -187,6 +187,7 @@ impl Report {
             architecture,
             tensors,
             decoded: plan.decoded(),
+            consumed: plan.consumed.clone(),
             dropped: plan.dropped.clone(),
             errors: plan.errors.iter().map(Finding::from).collect(),
             warnings: plan.warnings.clone(),
@@ -243,9 +244,14 @@ impl Report {
         if let Some(dtype) = self.dtype {
             let _ = writeln!(
                 s,
-                "output      {} tensors: {decoded} decoded to {dtype}, {copied} copied; {} quantization tensors used up",
+                "output      {} tensors: {decoded} decoded to {dtype}, {copied} copied; {} quantization tensors used up{}",
                 self.tensors.len(),
-                self.dropped.len()
+                self.consumed.len(),
+                match self.dropped.len() {
+                    0 => String::new(),
+                    1 => "; 1 model tensor not written".to_string(),
+                    n => format!("; {n} model tensors not written"),
+                }
             );
         }
         totals::write(&mut s, self);

@@ -38,6 +38,10 @@ pub enum Note<'a> {
         format: &'a str,
         /// The backend, for people (`gpu (NVIDIA H200, Vulkan) (CPU if it fails)`).
         backend: &'a str,
+        /// The format's name, as [`Summary::format`] gives it (`gptq`).
+        format_kind: &'a str,
+        /// `gpu` or `cpu`, as [`Summary::backend`] gives it.
+        backend_kind: &'a str,
     },
     /// Worth a line: the backend differs from the one asked for, the GPU
     /// failed and the CPU took over (same bytes), there is nothing to decode.
@@ -46,6 +50,15 @@ pub enum Note<'a> {
     /// way to the dense model (told before anything is written;
     /// [`Dequantize::strict`] refuses it instead).
     Warning(&'a crate::Warning),
+    /// A [`Dequantize::resume`] run starts: `kept` output files an earlier
+    /// run finished are kept (their bytes checked against the BLAKE3
+    /// digests recorded when they were written), `left` are written.
+    Resumed {
+        /// Finished files kept.
+        kept: usize,
+        /// Files still to write.
+        left: usize,
+    },
 }
 
 /// What [`Dequantize::on_download`] calls, from the downloading side.
@@ -303,6 +316,8 @@ impl<'a> Dequantize<'a> {
         (self.note)(Note::Start {
             format: &format,
             backend: &backend.name(),
+            format_kind: plan.format.kind(),
+            backend_kind: backend.kind(),
         });
         if plan.decoded() == 0 {
             let how = match plan.dtype_choice {
@@ -328,14 +343,22 @@ impl<'a> Dequantize<'a> {
     /// `.safetensors` file) into the dense checkpoint in `output`. Nothing is
     /// left in `output` when it fails or is cancelled.
     pub fn run(self, input: impl AsRef<Path>, output: impl AsRef<Path>) -> Result<Summary> {
-        let input = match self::input(input.as_ref(), self.gguf_file.as_deref())? {
-            Input::Local(path) => path,
+        #[cfg(not(target_arch = "wasm32"))]
+        let started = std::time::Instant::now();
+        let summary = match self::input(input.as_ref(), self.gguf_file.as_deref())? {
+            Input::Local(path) => {
+                let key = self.key(&writer::input_stamps(&path))?;
+                self.run_local(&path, output.as_ref(), key)
+            }
             #[cfg(not(target_arch = "wasm32"))]
-            Input::Hub(remote) => return self.run_hub(&remote, output.as_ref()),
+            Input::Hub(remote) => self.run_hub(&remote, output.as_ref()),
         };
-        let input: &Path = input.as_ref();
-        let key = self.key(&writer::input_stamps(input))?;
-        self.run_local(input, output.as_ref(), key)
+        #[cfg(not(target_arch = "wasm32"))]
+        let summary = summary.map(|s| Summary {
+            seconds: started.elapsed().as_secs_f64(),
+            ..s
+        });
+        summary
     }
 
     /// [`Dequantize::run`] of the local checkpoint at `input`, as the job
@@ -371,10 +394,10 @@ impl<'a> Dequantize<'a> {
                 Dequantize::fallback(note.borrow_mut().as_mut(), backend.as_ref());
                 progress(&p);
             },
-            &mut |line| (note.borrow_mut())(Note::Text(line)),
+            &mut |told| (note.borrow_mut())(told),
         );
         Dequantize::fallback(self.note.as_mut(), backend.as_ref());
-        summary
+        summary.map(|s| ran_on(s, backend.as_ref()))
     }
 
     /// The key of this run's job over the input `input` describes (stamps
@@ -558,6 +581,15 @@ impl Dequantize<'_> {
     }
 }
 
+/// `summary`, naming `backend` as the one that decoded.
+fn ran_on(summary: Summary, backend: &dyn Backend) -> Summary {
+    Summary {
+        backend: backend.kind().to_string(),
+        backend_detail: backend.name(),
+        ..summary
+    }
+}
+
 /// Stops a [`Fetcher`](crate::hub::Fetcher) when dropped.
 #[cfg(not(target_arch = "wasm32"))]
 struct Stopping<'f, 'r>(&'f crate::hub::Fetcher<'r>);
@@ -686,16 +718,17 @@ impl Dequantize<'_> {
         let hooks = Hooks {
             emit: &mut emit,
             progress: &mut *progress,
-            note: &mut |line| (note.borrow_mut())(Note::Text(line)),
+            note: &mut |told| (note.borrow_mut())(told),
             made: &mut || Dequantize::fallback(note.borrow_mut().as_mut(), backend.as_ref()),
         };
-        streamed
+        let summary = streamed
             .write(
                 &mut inputs,
                 backend.as_ref(),
                 self.finished.as_deref(),
                 hooks,
             )
-            .await
+            .await;
+        summary.map(|s| ran_on(s, backend.as_ref()))
     }
 }

@@ -30,6 +30,14 @@ pub trait Backend: wgpu::WasmNotSendSync {
     /// Name and device, for people (`cpu (16 threads)`).
     fn name(&self) -> String;
 
+    /// `gpu` or `cpu`, for programs: the device that decodes (from here on).
+    fn kind(&self) -> &'static str {
+        match self.gpu() {
+            Some(_) => "gpu",
+            None => "cpu",
+        }
+    }
+
     /// Decodes rows `rows` (counted over all slices) of `job` into `out`,
     /// which holds exactly `rows.len() · cols · out.size()` bytes.
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()>;

@@ -65,6 +65,13 @@ impl<B: Backend> Backend for Fallback<B> {
         }
     }
 
+    fn kind(&self) -> &'static str {
+        match self.fell_back() {
+            true => self.cpu.kind(),
+            false => self.gpu.kind(),
+        }
+    }
+
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {
         if !self.fell_back() {
             let result = self.gpu.decode_rows(job, rows.clone(), out);

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use wgpu_dequant::{Download, Progress};
 
+use super::events::Throttled;
 use super::plural;
 
 /// Bytes for people, in decimal units as everywhere in this tool's output.
@@ -16,9 +17,11 @@ pub(super) fn megabytes(bytes: f64) -> String {
 }
 
 /// Progress for long runs: a bar on a terminal, a plain line every few
-/// seconds otherwise, nothing with `--quiet`; the decoding's bytes, and a
-/// Hub run's downloads beside them (told from another thread).
+/// seconds otherwise, JSON lines with `--json` (`events.rs`), nothing with
+/// `--quiet`; the decoding's bytes, and a Hub run's downloads beside them
+/// (told from another thread).
 pub(super) struct Meter {
+    events: Option<Throttled>,
     bar: Option<indicatif::ProgressBar>,
     plain: bool,
     started: Instant,
@@ -36,10 +39,12 @@ struct Seen {
 }
 
 impl Meter {
-    pub(super) fn new(quiet: bool) -> Meter {
+    pub(super) fn new(quiet: bool, json: bool) -> Meter {
         use std::io::IsTerminal;
         let terminal = std::io::stderr().is_terminal();
-        let bar = (!quiet && terminal).then(|| {
+        // Prose (a bar, plain lines) unless quiet or told in JSON.
+        let prose = !quiet && !json;
+        let bar = (prose && terminal).then(|| {
             let bar = indicatif::ProgressBar::new(0);
             // Decimal units, as in the summary; the bar takes what width is left.
             let style = indicatif::ProgressStyle::with_template(
@@ -50,8 +55,9 @@ impl Meter {
             bar
         });
         Meter {
+            events: (json && !quiet).then(Throttled::default),
             bar,
-            plain: !quiet && !terminal,
+            plain: prose && !terminal,
             started: Instant::now(),
             seen: std::sync::Mutex::new(Seen {
                 last_line: Instant::now(),
@@ -71,6 +77,9 @@ impl Meter {
     }
 
     pub(super) fn update(&self, p: &Progress<'_>) {
+        if let Some(events) = &self.events {
+            return events.progress(p);
+        }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.decode = (p.done_bytes, p.total_bytes, p.done_tensors, p.total_tensors);
         if let Some(d) = p.download {
@@ -80,6 +89,9 @@ impl Meter {
     }
 
     pub(super) fn downloaded(&self, d: &Download) {
+        if let Some(events) = &self.events {
+            return events.download(d);
+        }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         self.note_download(&mut seen, *d);
         self.show(&mut seen);
@@ -144,6 +156,9 @@ impl Meter {
     }
 
     pub(super) fn finish(&self) {
+        if let Some(events) = &self.events {
+            events.finish();
+        }
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

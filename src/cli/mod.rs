@@ -6,7 +6,9 @@
 mod args;
 #[cfg_attr(not(feature = "bench"), path = "no_bench.rs")]
 mod bench;
+mod dequantize;
 mod describe;
+mod events;
 mod inspect;
 mod meter;
 mod signals;
@@ -14,15 +16,13 @@ mod signals;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use wgpu_dequant::{
-    BackendChoice, ConvertTo, Dequantize, DtypeChoice, Error, Merged, Note, Rule, Validation,
+    BackendChoice, ConvertTo, Dequantize, DtypeChoice, Error, Merged, Rule, Validation,
 };
 
 use args::{backend_or_env, parse_part, parse_size};
-use meter::{megabytes, Meter};
 
 /// Decode quantized checkpoints (GGUF, MLX, compressed-tensors, ModelOpt,
 /// FP8, AutoAWQ, GPTQ, bitsandbytes, GPT-OSS, SVDQuant) to dense weights.
@@ -114,8 +114,11 @@ enum Command {
         /// interrupted too, what it finished stays for the next --resume.
         #[arg(long)]
         resume: bool,
-        /// Print the summary as JSON on stdout (files written, tensors, and
-        /// for a Hub id what was downloaded, reused and removed).
+        /// Print the summary as JSON on stdout (files written, tensors, the
+        /// format, backend, seconds and warnings, and for a Hub id what was
+        /// downloaded, reused and removed); what stderr tells (progress,
+        /// warnings, notes, an interruption, an error) is then one JSON
+        /// object a line.
         #[arg(long)]
         json: bool,
     },
@@ -315,7 +318,7 @@ fn run(cli: Cli) -> u8 {
             });
             let done = run.and_then(|run| {
                 path.resolved()
-                    .and_then(|p| dequantize(&p, &output, run, quiet, json))
+                    .and_then(|p| dequantize::dequantize(&p, &output, run, quiet, json))
             });
             json_failure(json, done)
         }
@@ -343,7 +346,9 @@ fn run(cli: Cli) -> u8 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            if !events::error(&e) {
+                eprintln!("error: {e}");
+            }
             e.rule.exit_code()
         }
     }
@@ -412,76 +417,6 @@ fn validate(path: &Path, gguf_file: Option<&str>, json: bool) -> Result<u8, Erro
         }
     }
     Ok(found.exit_code())
-}
-
-fn dequantize(
-    path: &Path,
-    out: &Path,
-    run: Dequantize<'_>,
-    quiet: bool,
-    json: bool,
-) -> Result<u8, Error> {
-    let started = Instant::now();
-    let meter = Meter::new(quiet);
-    let summary = run
-        .on_note(|note| match note {
-            Note::Warning(w) => meter.println(&format!("warning: {w}")),
-            _ if quiet => {}
-            Note::Start { format, backend } => {
-                meter.println(&format!("{}: {format}; backend {backend}", path.display()))
-            }
-            Note::Text(text) => meter.println(&format!("note: {text}")),
-            // `Note` is non-exhaustive: notes added later print nothing here.
-            #[allow(unreachable_patterns)]
-            _ => {}
-        })
-        .on_progress(|p| meter.update(p))
-        .on_download(|d| meter.downloaded(d))
-        .run(path, out);
-    meter.finish();
-    let summary = summary?;
-    if json {
-        print_json(&summary)?;
-    }
-    if !quiet && summary.already_done {
-        eprintln!(
-            "{} already holds this job's {}, of the bytes its record lists; nothing left to do",
-            out.display(),
-            plural(summary.files.len(), "file")
-        );
-    } else if !quiet {
-        let secs = started.elapsed().as_secs_f64();
-        let cast = if summary.cast > 0 {
-            format!(
-                " ({} cast to {})",
-                plural(summary.cast, "tensor"),
-                summary.dtype
-            )
-        } else {
-            String::new()
-        };
-        eprintln!(
-            "wrote {}: {} decoded to {} (from {} of packs and scales), {} copied{cast}; {} in {:.2} s ({}/s)",
-            out.display(),
-            plural(summary.decoded, "tensor"),
-            summary.dtype,
-            plural(summary.dropped, "tensor"),
-            summary.copied,
-            megabytes(summary.tensor_bytes as f64),
-            secs,
-            megabytes(summary.tensor_bytes as f64 / secs.max(1e-9)),
-        );
-        if let Some(f) = &summary.fetched {
-            eprintln!(
-                "from the Hub: {} downloaded, {} found in the cache, {} removed again (at most {} held at once)",
-                plural(f.downloaded.len(), "shard"),
-                f.reused.len(),
-                f.deleted.len(),
-                megabytes(f.peak_bytes as f64),
-            );
-        }
-    }
-    Ok(0)
 }
 
 fn merge_index(dir: &Path) -> Result<u8, Error> {

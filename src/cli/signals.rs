@@ -59,7 +59,11 @@ fn undo(signal: &str) -> bool {
         STAGE.store(FINISHED, Ordering::SeqCst);
         return false;
     }
-    eprintln!("{}", told(signal, &undone));
+    let line = told(signal, &undone);
+    match super::events::on() {
+        true => super::events::interrupted(signal, &undone, &line),
+        false => eprintln!("{line}"),
+    }
     true
 }
 

@@ -184,6 +184,7 @@ pub(super) fn convert<'c>(
     }
     outputs.sort_by(|a, b| a.name.cmp(&b.name));
     plan.outputs = outputs;
+    plan.consumed.clear();
     plan.dropped.clear();
     plan.config = Some(with_quantization_config(ckpt, ct_config(cfg, group)));
     Ok(plan)

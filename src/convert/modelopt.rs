@@ -273,6 +273,7 @@ pub(super) fn convert<'c>(
         .collect();
     let qc = ct_config(cfg, activations, kv_fp8, ignore);
     plan.outputs = outputs;
+    plan.consumed.clear();
     plan.dropped.clear();
     plan.config = Some(with_quantization_config(ckpt, qc));
     Ok(plan)

@@ -77,6 +77,14 @@ macro_rules! formats {
         const QUANT_METHODS: &[&str] = &[$($($($method,)+)?)+];
 
         impl Format {
+            /// Its name, as [`Support::name`] gives it (`dense` for none).
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(Format::$variant(_) => $module::SUPPORT.name,)+
+                    Format::Dense => "dense",
+                }
+            }
+
             /// One line for people.
             pub fn describe(&self) -> String {
                 match self {

@@ -24,8 +24,12 @@ pub struct Plan<'a> {
     pub dtype: OutDtype,
     /// Output tensors, sorted by name.
     pub outputs: Vec<Output<'a>>,
-    /// Input tensors that have no place in a dense checkpoint (scales, shapes,
-    /// activation scales), sorted.
+    /// Quantization tensors used up (packs, scales, zeros, shapes,
+    /// activation scales; a GGUF's rope factors, which config.json states),
+    /// sorted.
+    pub consumed: Vec<String>,
+    /// Model tensors not written (a GGUF's tensors transformers' model has
+    /// no place for: HF-001), sorted.
     pub dropped: Vec<String>,
     /// Modules that cannot be decoded, with the rule each breaks.
     pub errors: Vec<Error>,
@@ -66,6 +70,7 @@ impl<'a> Plan<'a> {
             format,
             dtype,
             outputs: Vec::new(),
+            consumed: Vec::new(),
             dropped: Vec::new(),
             errors: Vec::new(),
             warnings: Vec::new(),
@@ -91,7 +96,7 @@ impl<'a> Plan<'a> {
                 continue;
             }
             if consumed.contains(name) {
-                plan.dropped.push(name.to_string());
+                plan.consumed.push(name.to_string());
                 continue;
             }
             let last = name.rsplit('.').next().unwrap_or(name);
@@ -218,7 +223,9 @@ impl<'a> Plan<'a> {
                         ),
                     ));
                 }
-                self.dropped.extend(c.dropped);
+                self.consumed.extend(c.consumed);
+                self.consumed.sort();
+                self.dropped.extend(c.unplaced);
                 self.dropped.sort();
                 self.renamed = c.renamed;
                 self.generated = c.files;

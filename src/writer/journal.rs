@@ -183,6 +183,8 @@ pub struct Journal {
     log: Mutex<Log>,
     /// The run's leave to write into its staging folder.
     gate: super::staging::Gate,
+    /// The run continues an earlier one (`--resume`).
+    resuming: bool,
 }
 
 impl Journal {
@@ -201,6 +203,18 @@ impl Journal {
             dir: dir.to_path_buf(),
             log: Mutex::new(Log { record, file: None }),
             gate,
+            resuming: resume,
+        }
+    }
+
+    /// Tells `note`, for a `--resume` run, how many of the output files
+    /// `done` marks (those of `done`'s files an earlier run finished) are
+    /// kept and how many are left to write.
+    pub(crate) fn tell_resumed(&self, done: &[bool], note: &mut dyn FnMut(crate::Note<'_>)) {
+        if self.resuming {
+            let kept = done.iter().filter(|d| **d).count();
+            let left = done.len() - kept;
+            note(crate::Note::Resumed { kept, left });
         }
     }
 
@@ -249,8 +263,12 @@ impl Journal {
             files,
             // Where the files are is the output directory's to say: the
             // record of one job is the same wherever it was written.
+            // Nor is what ran it, or for how long.
             summary: super::Summary {
                 files: Vec::new(),
+                backend: String::new(),
+                backend_detail: String::new(),
+                seconds: 0.0,
                 ..summary.clone()
             },
         };

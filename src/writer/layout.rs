@@ -205,6 +205,7 @@ impl Summary {
             copied: 0,
             cast: 0,
             converted: 0,
+            consumed: plan.consumed.len(),
             dropped: plan.dropped.len(),
             modules: 0,
             tensor_bytes: total_bytes(shards),
@@ -212,6 +213,11 @@ impl Summary {
             fetched: None,
             already_done: false,
             warnings: plan.warnings.clone(),
+            format: plan.format.kind().to_string(),
+            format_detail: plan.format.describe(),
+            backend: String::new(),
+            backend_detail: String::new(),
+            seconds: 0.0,
         };
         for t in shards.iter().flat_map(|f| &f.tensors) {
             match &t.source {

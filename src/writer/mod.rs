@@ -69,8 +69,13 @@ pub struct Summary {
     pub cast: usize,
     /// Tensors computed while planning (converted scales).
     pub converted: usize,
-    /// Input tensors used up by decoding or not part of a dense checkpoint
-    /// (packs, scales, shapes, activation parameters).
+    /// Quantization tensors used up by decoding (packs, scales, zeros,
+    /// shapes, activation scales; a GGUF's rope factors, which config.json
+    /// states).
+    #[serde(default)]
+    pub consumed: usize,
+    /// Model tensors not written: a GGUF's tensors that transformers' model
+    /// has no place for (HF-001, among the warnings).
     pub dropped: usize,
     /// Quantized modules written in the new format (`convert`).
     pub modules: usize,
@@ -90,6 +95,26 @@ pub struct Summary {
     /// way to the dense model (told as it started, too).
     #[serde(default, skip_deserializing)]
     pub warnings: Vec<crate::Warning>,
+    /// The checkpoint's format, as `formats` and `inspect --json` name it
+    /// (`gptq`, `gguf`, `compressed-tensors`, …; `dense` for none).
+    #[serde(default)]
+    pub format: String,
+    /// The format for people: `inspect`'s format line.
+    #[serde(default)]
+    pub format_detail: String,
+    /// The backend that decoded: `cpu` or `gpu` (`cpu` too where the GPU
+    /// failed and the CPU took over); empty where nothing ran (a finished
+    /// job found by `--resume`, `convert`).
+    #[serde(default)]
+    pub backend: String,
+    /// The backend for people, as [`Note::Start`](crate::Note::Start) tells
+    /// it (`gpu (NVIDIA H200, Vulkan) (CPU if it fails)`).
+    #[serde(default)]
+    pub backend_detail: String,
+    /// Wall time of the run, in seconds (0 where it is not measured: a
+    /// browser's `stream`).
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// What a Hub run fetched: files downloaded into the cache, files found
@@ -334,13 +359,13 @@ impl OutputDir {
     }
 
     /// [`OutputDir::write`], telling `note` what is worth a line (a free
-    /// space that cannot be read).
+    /// space that cannot be read, the files a `--resume` run keeps).
     pub(crate) fn write_noting(
         self,
         plan: &Plan<'_>,
         backend: &dyn Backend,
         progress: impl FnMut(Progress<'_>),
-        note: &mut dyn FnMut(&str),
+        note: &mut dyn FnMut(crate::Note<'_>),
     ) -> Result<Summary> {
         plan.check()?;
         let input = plan.checkpoint.dir.canonicalize().ok();
@@ -523,12 +548,13 @@ fn write_into(
     backend: &dyn Backend,
     cancelled: &AtomicBool,
     mut progress: impl FnMut(Progress<'_>),
-    note: &mut dyn FnMut(&str),
+    note: &mut dyn FnMut(crate::Note<'_>),
 ) -> Result<Summary> {
     let ckpt = plan.checkpoint;
     let schedule = Schedule::of(plan, only, max_shard_size)?;
     let journal = staging.journal(|| job_key(plan, &schedule.shards))?;
     let done = schedule.done(Some(&journal))?;
+    journal.tell_resumed(&done, note);
     // Everything this run writes, what an earlier run finished aside.
     let need = Need {
         what: "the dense checkpoint",
@@ -538,7 +564,7 @@ fn write_into(
         }),
     };
     for line in space::check(staging.out(), &[need])? {
-        note(&line);
+        note(crate::Note::Text(&line));
     }
     let mut tally = schedule.tally();
     let mut progress = |tensor: &str, bytes, done| progress(tally.step(tensor, bytes, done));

@@ -70,7 +70,7 @@ pub(crate) struct Hooks<'h> {
     /// Hears of every tensor written.
     pub(crate) progress: &'h mut dyn FnMut(&Progress<'_>),
     /// Told what is worth a line.
-    pub(crate) note: &'h mut dyn FnMut(&str),
+    pub(crate) note: &'h mut dyn FnMut(crate::Note<'_>),
     /// Called after each piece the backend made.
     pub(crate) made: &'h mut dyn FnMut(),
 }
@@ -150,13 +150,16 @@ impl Streamed {
             made,
         } = hooks;
         let done = self.schedule.done(journal)?;
+        if let Some(journal) = journal {
+            journal.tell_resumed(&done, note);
+        }
         self.skip_unread(inputs, &done);
         let sizes = inputs.sizes();
         let to_write = self
             .schedule
             .bytes(&done, |_, name| sizes.get(name).copied().unwrap_or(0));
         for line in inputs.planned(to_write)? {
-            note(&line);
+            note(crate::Note::Text(&line));
         }
         let Schedule {
             shards,

@@ -156,11 +156,17 @@ fn warnings_reach_dequantize_and_strict_refuses_them() {
         "-q",
     ]);
     cli::ok(&o, "dequantize");
+    // With --json, stderr tells the warning as an event.
     let err = stderr(&o);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
-    assert_eq!(lines.len(), 1, "{err}");
+    let told: Vec<Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|v: &Value| v["event"] == "warning")
+        .collect();
+    assert_eq!(told.len(), 1, "{err}");
+    let line = told[0]["message"].as_str().unwrap();
     for part in ["unplaced.gguf: ", "blk.0.attn_sinks.weight: ", "[HF-001]"] {
-        assert!(lines[0].contains(part), "{part}: {}", lines[0]);
+        assert!(line.contains(part), "{part}: {line}");
     }
     let summary: Value = serde_json::from_str(&stdout(&o)).unwrap();
     let w = &summary["warnings"][0];
@@ -168,10 +174,19 @@ fn warnings_reach_dequantize_and_strict_refuses_them() {
         (&w["rule"], &w["tensor"]),
         (&"HF-001".into(), &"blk.0.attn_sinks.weight".into())
     );
-    assert_eq!(
-        format!("warning: {}", w["message"].as_str().unwrap()),
-        lines[0]
-    );
+    assert_eq!(w["message"], line);
+    // Without --json, the same message as a `warning:` line.
+    let o = run(&[
+        "dequantize",
+        input,
+        "-o",
+        tmp.path().join("prose").to_str().unwrap(),
+        "-q",
+    ]);
+    cli::ok(&o, "dequantize");
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(lines, [format!("warning: {line}")], "{err}");
 
     // Nothing written: neither a new OUT nor into an existing, empty one.
     let strict = tmp.path().join("strict");

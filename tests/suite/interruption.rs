@@ -379,9 +379,17 @@ fn signals_at_random_moments_leave_nothing_or_everything() {
     );
 }
 
+/// Every line of `o`'s stderr as JSON (what a `--json` run tells).
+fn events(o: &std::process::Output) -> Vec<serde_json::Value> {
+    let err = stderr(o);
+    let parse = |l: &str| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{err}"));
+    err.lines().map(parse).collect()
+}
+
 /// A `--resume` run stopped once a file is finished keeps its finished
-/// files (and only those), says how many, and the next `--resume` run ends
-/// with the bytes of one uninterrupted run.
+/// files (and only those), says how many (with `--json`, as an event), and
+/// the next `--resume` run says it keeps them and ends with the bytes of
+/// one uninterrupted run.
 #[test]
 fn a_stopped_resume_run_keeps_what_it_finished() {
     let tmp = tempfile::tempdir().unwrap();
@@ -389,7 +397,7 @@ fn a_stopped_resume_run_keeps_what_it_finished() {
     crate::resume::checkpoint(&input, 6, (1024, 2048));
     let want = reference(tmp.path(), &input);
     let out = tmp.path().join("dense");
-    let mut child = start(&input, &out, &["--resume", "--quiet"]);
+    let mut child = start(&input, &out, &["--resume", "--json"]);
     let journal = out.join(STAGING).join(".journal.json");
     let since = Instant::now();
     while !std::fs::read_to_string(&journal).is_ok_and(|j| j.contains(".safetensors")) {
@@ -423,14 +431,30 @@ fn a_stopped_resume_run_keeps_what_it_finished() {
     );
     let s = if kept.len() == 1 { "" } else { "s" };
     let line = format!("kept {} finished file{s}", kept.len());
+    let told = events(&o);
+    let said = told.last().expect("an interruption event");
+    assert_eq!(said["event"], "interrupted", "{said}");
+    assert_eq!(said["signal"], "SIGTERM", "{said}");
+    assert_eq!(said["kept"][0]["files"], kept.len(), "{said}");
     assert!(
-        stderr(&o).contains(&line),
-        "does not say {line:?}: {}",
-        stderr(&o)
+        said["message"].as_str().is_some_and(|m| m.contains(&line)),
+        "does not say {line:?}: {said}"
     );
-    let o = start(&input, &out, &["--resume", "--quiet"])
+    let o = start(&input, &out, &["--resume"])
         .wait_with_output()
         .unwrap();
     ok(&o, "the run resumed");
+    let shards = want.keys().filter(|f| f.ends_with(".safetensors")).count();
+    let line = format!(
+        "resuming {}: {} finished file{s} kept (checked against their BLAKE3 digests), {} to write",
+        out.display(),
+        kept.len(),
+        shards - kept.len()
+    );
+    assert!(
+        stderr(&o).lines().any(|l| l == line),
+        "does not say {line:?}: {}",
+        stderr(&o)
+    );
     assert_eq!(tree(&out), want);
 }

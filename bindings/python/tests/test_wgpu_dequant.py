@@ -326,6 +326,9 @@ def test_progress_callable_hears_every_piece_up_to_the_total(tmp_path):
     assert [d for d, _, _ in heard] == sorted(d for d, _, _ in heard)
     assert heard[-1][0] == heard[-1][1] == summary["tensor_bytes"]
     assert all(isinstance(t, str) and t for _, _, t in heard)
+    # The summary is `dequantize --json`'s: what ran, how long, on what.
+    assert (summary["format"], summary["backend"]) == ("compressed-tensors", "cpu")
+    assert summary["seconds"] >= 0 and summary["consumed"] > 0 and summary["dropped"] == 0
 
 
 def test_warnings_are_python_warnings_and_strict_refuses(tmp_path):
@@ -334,6 +337,8 @@ def test_warnings_are_python_warnings_and_strict_refuses(tmp_path):
     with pytest.warns(wdq.WgpuDequantWarning, match=r"\[HF-001\].*blk\.0\.attn_sinks\.weight"):
         summary = wdq.dequantize(gguf, tmp_path / "out", backend="cpu")
     assert [w["rule"] for w in summary["warnings"]] == ["HF-001"]
+    # The tensor is a model tensor not written, not a quantization one used up.
+    assert (summary["dropped"], summary["consumed"]) == (1, 0)
     with pytest.raises(wdq.DequantError) as e:
         wdq.dequantize(gguf, tmp_path / "strict", backend="cpu", strict=True)
     assert e.value.rule == "HF-001" and "--strict" in str(e.value)

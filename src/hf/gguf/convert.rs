@@ -16,10 +16,11 @@ use crate::output::{Output, Source};
 pub(crate) struct Converted<'a> {
     /// Its tensors.
     pub(crate) outputs: Vec<Output<'a>>,
-    /// The GGUF tensors transformers does not load.
-    pub(crate) dropped: Vec<String>,
-    /// Those of them that nothing else states either (the rope factors go
-    /// into the config).
+    /// GGUF tensors transformers does not load whose values the config
+    /// states (the rope factors): used up, as a scale is.
+    pub(crate) consumed: Vec<String>,
+    /// GGUF tensors transformers does not load and nothing else states:
+    /// not written (HF-001).
     pub(crate) unplaced: Vec<String>,
     /// What the config cannot state.
     pub(crate) warnings: Vec<crate::error::Warning>,
@@ -50,7 +51,7 @@ pub(crate) fn convert<'a>(
     };
     let mut c = Converted {
         outputs: Vec::new(),
-        dropped: Vec::new(),
+        consumed: Vec::new(),
         unplaced: Vec::new(),
         warnings: Vec::new(),
         renamed: Vec::new(),
@@ -58,10 +59,10 @@ pub(crate) fn convert<'a>(
     };
     for o in stored {
         let Some(target) = arch.target(&o.name) else {
-            if !hf::rope::TENSORS.contains(&o.name.as_str()) {
-                c.unplaced.push(o.name.clone());
+            match hf::rope::TENSORS.contains(&o.name.as_str()) {
+                true => c.consumed.push(o.name.clone()),
+                false => c.unplaced.push(o.name.clone()),
             }
-            c.dropped.push(o.name.clone());
             continue;
         };
         if o.shape.len() != target.rank {
