@@ -171,8 +171,8 @@ impl Report {
         if let Some(r) = self.renamed.first() {
             let _ = writeln!(
                 s,
-                "names       {} tensors get the names transformers loads (e.g. {} -> {}); --keep-names keeps the stored ones",
-                self.renamed.len(),
+                "names       {} get the names transformers loads (e.g. {} -> {}); --keep-names keeps the stored ones",
+                crate::plural::plural(self.renamed.len(), "tensor"),
                 r.stored,
                 r.written
             );
@@ -182,10 +182,10 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "output      {} tensors: {decoded} decoded to {}, {copied} copied; {} quantization tensors used up",
-            self.tensors.len(),
+            "output      {}: {decoded} decoded to {}, {copied} copied; {} used up",
+            crate::plural::plural(self.tensors.len(), "tensor"),
             self.dtype,
-            self.dropped.len()
+            crate::plural::plural(self.dropped.len(), "quantization tensor")
         );
         // Columns as wide as their longest entry up to COLUMN: a longer
         // one (a hostile header's) sticks out of its line alone, rather

@@ -1216,3 +1216,4 @@ fn printing_into_a_closed_pipe_ends_quietly() {
 
 mod habits;
 mod hints;
+mod plurals;

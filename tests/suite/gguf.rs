@@ -655,6 +655,7 @@ fn the_cli_reads_gguf() {
     for line in [
         "gguf v3 llama (5 F32, 1 F16, 15 Q4_K)",
         "Q4_K: 15 tensors, 709632 bytes",
+        "F16: 1 tensor, ",
         "tokenizer.ggml.tokens = [320 items",
         "names       21 tensors get the names transformers loads (e.g. blk.0.attn_k.weight -> model.layers.0.self_attn.k_proj.weight)",
         "model.layers.1.mlp.down_proj.weight",
