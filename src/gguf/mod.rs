@@ -606,7 +606,29 @@ fn open_file(path: &Path) -> Result<(File, parse::Header)> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_name;
+    use super::{split_name, tagged_dir};
+    use std::path::Path;
+
+    #[test]
+    fn a_tag_follows_a_folder_after_its_last_separator() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let tagged = |text: String| {
+            tagged_dir(Path::new(&text)).map(|(d, t)| (d.to_path_buf(), t.to_string()))
+        };
+        assert_eq!(
+            tagged(format!("{root}/src:Q4_K_M")),
+            Some((Path::new(root).join("src"), "Q4_K_M".to_string()))
+        );
+        for not in [
+            format!("{root}/src:Q4/x"),
+            format!("{root}/src:"),
+            format!("{root}/src:a b"),
+            format!("{root}/no-such-folder:Q4_K_M"),
+            format!("{root}/Cargo.toml:Q4_K_M"),
+        ] {
+            assert_eq!(tagged(not.clone()), None, "{not}");
+        }
+    }
 
     #[test]
     fn split_names() {
