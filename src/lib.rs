@@ -108,6 +108,7 @@ mod error;
 mod hub;
 mod json;
 mod model;
+mod plural;
 pub mod repo;
 mod run;
 pub mod stream;

@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::formats::Format;
 use crate::numerics::OutDtype;
 use crate::plan::{Plan, Warning};
+use crate::plural::plural;
 use crate::writer::Schedule;
 pub use tensors::TensorRow;
 
@@ -221,10 +222,9 @@ impl Report {
             .count();
         let _ = writeln!(
             s,
-            "checkpoint  {} ({} shard{})",
+            "checkpoint  {} ({})",
             self.path,
-            self.shards.len(),
-            if self.shards.len() == 1 { "" } else { "s" }
+            plural(self.shards.len(), "shard")
         );
         if let Some(summary) = &self.summary {
             let _ = writeln!(s, "format      {summary}");
@@ -232,8 +232,8 @@ impl Report {
         if let Some(r) = self.renamed.first() {
             let _ = writeln!(
                 s,
-                "names       {} tensors get the names transformers loads (e.g. {} -> {}); --keep-names keeps the stored ones",
-                self.renamed.len(),
+                "names       {} get the names transformers loads (e.g. {} -> {}); --keep-names keeps the stored ones",
+                plural(self.renamed.len(), "tensor"),
                 r.stored,
                 r.written
             );
@@ -244,13 +244,12 @@ impl Report {
         if let Some(dtype) = self.dtype {
             let _ = writeln!(
                 s,
-                "output      {} tensors: {decoded} decoded to {dtype}, {copied} copied; {} quantization tensors used up{}",
-                self.tensors.len(),
-                self.consumed.len(),
+                "output      {}: {decoded} decoded to {dtype}, {copied} copied; {} used up{}",
+                plural(self.tensors.len(), "tensor"),
+                plural(self.consumed.len(), "quantization tensor"),
                 match self.dropped.len() {
                     0 => String::new(),
-                    1 => "; 1 model tensor not written".to_string(),
-                    n => format!("; {n} model tensors not written"),
+                    n => format!("; {} not written", plural(n, "model tensor")),
                 }
             );
         }

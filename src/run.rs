@@ -498,8 +498,9 @@ impl<'a> Dequantize<'a> {
         let mine = writer::part_shards(plan, self.max_shard_size, index, count)?;
         if mine.is_empty() {
             let text = format!(
-                "part {index}/{count}: no input shard falls to this job ({} shards in {count} parts); nothing to write",
-                plan.checkpoint.shards.len()
+                "part {index}/{count}: no input shard falls to this job ({} in {}); nothing to write",
+                crate::plural::plural(plan.checkpoint.shards.len(), "shard"),
+                crate::plural::plural(count, "part")
             );
             (self.note)(Note::Text(&text));
         }

@@ -5,6 +5,8 @@
 # publish` would upload, and drives headless Chromium
 # through web/test/browser.mjs, which imports the package from there.
 # Needs Chromium (Debian: apt-get install chromium) and Node.js with npm.
+# The test takes a screenshot of the page, into target/web-page.png;
+# SCREENSHOT=web/screenshot.png puts it where docs/browser.md shows it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 chromium=${CHROMIUM:-/usr/bin/chromium}

@@ -72,7 +72,10 @@ pub(crate) fn cpu_kernels(
                 || decode(&job, &mut dst.borrow_mut()),
                 || copy(&mut dst.borrow_mut()),
             )?;
-            let memcpy = format!("memcpy, {} threads", rayon::current_num_threads());
+            let memcpy = format!(
+                "memcpy, {}",
+                crate::plural::plural(rayon::current_num_threads(), "thread")
+            );
             figures.push(Figure::timed(
                 "cpu",
                 (case_name(layout, out), memcpy),

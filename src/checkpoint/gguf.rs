@@ -33,7 +33,7 @@ fn plain(ty: GgmlType) -> Option<Dtype> {
 }
 
 impl Checkpoint {
-    /// Opens the GGUF model at `path` (a split one from its first part).
+    /// Opens the GGUF model at `path` (a split one from any of its parts).
     pub(super) fn from_gguf(path: &Path) -> Result<Checkpoint> {
         let model = Model::open(path)?;
         let dir = path

@@ -4,6 +4,7 @@
 
 mod gguf;
 mod header;
+mod hints;
 pub(crate) mod json;
 mod listing;
 mod memory;
@@ -73,7 +74,9 @@ const MAX_CARD_BYTES: u64 = 1 << 20;
 
 impl Checkpoint {
     /// Opens a checkpoint directory or a single `.safetensors` file and
-    /// validates every shard header and the index.
+    /// validates every shard header and the index; its index file opens
+    /// its folder. A PyTorch pickle, or another file of a checkpoint
+    /// (`config.json`), is refused with a line saying what to pass.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot open", e))?;
@@ -88,7 +91,15 @@ impl Checkpoint {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
+        // The index lists the checkpoint's shards: it means its folder.
+        if path.file_name() == Some(INDEX_FILE.as_ref()) {
+            return Checkpoint::build(Origin::Disk(parent.to_path_buf()), None);
+        }
+        if path.to_str().is_some_and(hints::is_pickle) {
+            return Err(hints::pickle(path));
+        }
         Checkpoint::build(Origin::Disk(parent.to_path_buf()), Some(path))
+            .map_err(|e| hints::not_weights(path, parent, e))
     }
 
     /// Opens a checkpoint whose files were handed over in memory, by the
@@ -134,18 +145,14 @@ impl Checkpoint {
         } else if files.is_file("model.safetensors") {
             vec![files.path("model.safetensors")]
         } else {
-            let found: Vec<PathBuf> = files
-                .names()?
+            let names = files.names()?;
+            let found: Vec<PathBuf> = names
                 .iter()
                 .filter(|n| Path::new(n).extension().is_some_and(|x| x == "safetensors"))
                 .map(|n| files.path(n))
                 .collect();
             if found.is_empty() {
-                return Err(Error::new(
-                    Rule::Container,
-                    &dir,
-                    "no .safetensors file in this directory",
-                ));
+                return Err(hints::no_weights(&dir, &names));
             }
             found
         };

@@ -177,10 +177,11 @@ enum Command {
 /// The checkpoint a command reads.
 #[derive(clap::Args)]
 struct Source {
-    /// Checkpoint directory, .safetensors or .gguf file, or a Hugging Face
-    /// Hub id (ORG/NAME or ORG/NAME@REV, fetched into the Hugging Face
-    /// cache; ORG/NAME:QUANT or ORG/NAME@REV:QUANT picks the GGUF file
-    /// tagged QUANT, e.g. :Q4_K_M) when no such path exists.
+    /// Checkpoint directory, .safetensors or .gguf file (any part of a
+    /// split one), or a Hugging Face Hub id (ORG/NAME or ORG/NAME@REV,
+    /// fetched into the Hugging Face cache; ORG/NAME:QUANT or
+    /// ORG/NAME@REV:QUANT picks the GGUF file tagged QUANT, e.g. :Q4_K_M,
+    /// and DIR:QUANT a local folder's) when no such path exists.
     #[arg(value_name = "PATH")]
     path: PathBuf,
     /// The Hub id's branch, tag or commit (default: main).

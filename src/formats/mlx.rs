@@ -34,6 +34,7 @@ use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Dims, Fields, Nested, Product, ValueKind};
 use crate::numerics::{self, OutDtype};
 use crate::output::Output;
+use crate::plural::plural;
 
 /// What this format module reads (`wgpu-dequant formats`).
 pub const SUPPORT: super::Support = super::Support {
@@ -181,7 +182,12 @@ impl Config {
     pub fn format_line(&self) -> String {
         match self.modules.len() {
             0 => format!("mlx {}", self.default.describe()),
-            n => format!("mlx {} ({n} modules with their own)", self.default.describe()),
+            n => format!(
+                "mlx {} ({} with {} own)",
+                self.default.describe(),
+                plural(n, "module"),
+                if n == 1 { "its" } else { "their" }
+            ),
         }
     }
 
@@ -194,7 +200,7 @@ impl Config {
             *counts.entry(what).or_default() += 1;
         }
         let mut lines = vec![format!("default {}", self.default.describe())];
-        lines.extend(counts.into_iter().map(|(what, n)| format!("{what}: {n} modules")));
+        lines.extend(counts.into_iter().map(|(what, n)| format!("{what}: {}", plural(n, "module"))));
         lines
     }
 }

@@ -352,10 +352,24 @@ pub fn find(path: &Path) -> Option<PathBuf> {
 /// that holds several; a folder holding several and no `file` is refused
 /// with one line listing them, and so is a `file` that names none.
 pub fn find_in(path: &Path, file: Option<&str>) -> Result<Option<PathBuf>> {
+    let chosen = pick::Pick {
+        file,
+        ..pick::Pick::default()
+    };
+    find_picked(path, chosen)
+}
+
+/// [`find_in`] with any [`pick::Pick`]: a `DIR:QUANT`'s tag picks by
+/// quantization, as a Hub id's does.
+pub(crate) fn find_picked(path: &Path, chosen: pick::Pick<'_>) -> Result<Option<PathBuf>> {
+    let asked = match (chosen.tag, chosen.file) {
+        (Some(tag), _) => Some(format!("the tag :{tag}")),
+        (None, Some(file)) => Some(format!("--gguf-file {file}")),
+        (None, None) => None,
+    };
     if path.is_file() {
-        if let Some(file) = file {
-            let detail =
-                format!("--gguf-file {file} is for a folder or a Hub id, and this is a file");
+        if let Some(asked) = asked {
+            let detail = format!("{asked} is for a folder or a Hub id, and this is a file");
             return Err(Error::new(Rule::Argument, path, detail));
         }
         return Ok(path
@@ -369,26 +383,39 @@ pub fn find_in(path: &Path, file: Option<&str>) -> Result<Option<PathBuf>> {
     let names: Vec<String> = entries
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
-    if file.is_none() && names.iter().any(|n| n.ends_with(".safetensors")) {
+    if asked.is_none() && names.iter().any(|n| n.ends_with(".safetensors")) {
         return Ok(None);
     }
     let found = pick::candidates(names.iter().map(String::as_str));
-    if file.is_none() && found.is_empty() {
+    if asked.is_none() && found.is_empty() {
         return Ok(None);
     }
-    let chosen = pick::Pick {
-        file,
-        ..pick::Pick::default()
-    };
     match pick::choose(&found, chosen) {
         Ok(model) => Ok(Some(path.join(&model.first))),
         Err(detail) => Err(Error::new(Rule::Argument, path, detail)),
     }
 }
 
+/// `DIR:QUANT`: the folder and the tag of `path`, which does not exist,
+/// when the part before its last `:` is a folder here and the rest a
+/// quantization tag. Only a `:` after the last path separator counts (a
+/// Windows drive's `C:` does not).
+pub(crate) fn tagged_dir(path: &Path) -> Option<(&Path, &str)> {
+    let text = path.to_str()?;
+    let (dir, tag) = text.rsplit_once(':')?;
+    let after_separators = !tag.contains(std::path::is_separator);
+    let drive = cfg!(windows) && dir.len() == 1;
+    let tag_ok = (1..=64).contains(&tag.len())
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    let dir = Path::new(dir);
+    (after_separators && !drive && tag_ok && dir.is_dir()).then_some((dir, tag))
+}
+
 impl Model {
-    /// Opens the GGUF file at `path` and, when it is the first part of a
-    /// split model, the other parts beside it.
+    /// Opens the GGUF file at `path` and, when it is a part of a split
+    /// model (any part), all its parts beside it.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
         let (files, metadata, tensors) = join(path, open_file)?;
@@ -419,7 +446,7 @@ impl Model {
 /// A model's files (each as its reader holds it), metadata and tensors.
 type Joined<F> = (Vec<F>, Vec<(String, MetaValue)>, Vec<Tensor>);
 
-/// The model whose first (or only) file is `path`: each part read by
+/// The model of which `path` is a file (any part of a split one): each part read by
 /// `open` (a file mapped here, or a header read by range requests), split
 /// parts found beside the first by name and checked against `split.*`.
 fn join<F>(
@@ -442,6 +469,13 @@ fn join<F>(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // A later part stands for the whole model: it is read from its first.
+    if let Some((prefix, no, n)) = split_name(&name) {
+        if no != 1 && n as u64 == count {
+            let first = path.with_file_name(format!("{prefix}-00001-of-{n:05}.gguf"));
+            return join(&first, open);
+        }
+    }
     let Some((prefix, 1, n)) = split_name(&name).filter(|&(_, _, n)| n as u64 == count) else {
         let detail =
             format!("split.count is {count}: open the first part, NAME-00001-of-{count:05}.gguf");
@@ -572,7 +606,29 @@ fn open_file(path: &Path) -> Result<(File, parse::Header)> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_name;
+    use super::{split_name, tagged_dir};
+    use std::path::Path;
+
+    #[test]
+    fn a_tag_follows_a_folder_after_its_last_separator() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let tagged = |text: String| {
+            tagged_dir(Path::new(&text)).map(|(d, t)| (d.to_path_buf(), t.to_string()))
+        };
+        assert_eq!(
+            tagged(format!("{root}/src:Q4_K_M")),
+            Some((Path::new(root).join("src"), "Q4_K_M".to_string()))
+        );
+        for not in [
+            format!("{root}/src:Q4/x"),
+            format!("{root}/src:"),
+            format!("{root}/src:a b"),
+            format!("{root}/no-such-folder:Q4_K_M"),
+            format!("{root}/Cargo.toml:Q4_K_M"),
+        ] {
+            assert_eq!(tagged(not.clone()), None, "{not}");
+        }
+    }
 
     #[test]
     fn split_names() {

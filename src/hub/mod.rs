@@ -37,7 +37,8 @@ pub(crate) enum Input {
     Hub(Box<Remote>),
 }
 
-/// `path` as a local path, or as a Hub id (`ORG/NAME[@REV][:QUANT]`) when
+/// `path` as a local path (a folder's GGUF model picked by `DIR:QUANT`
+/// as a Hub id's is), or as a Hub id (`ORG/NAME[@REV][:QUANT]`) when
 /// nothing exists there; `gguf_file` (`--gguf-file`) names one GGUF model
 /// of a folder or repository that holds several. A path that exists
 /// nowhere is a local error, without a request, when it can only be meant
@@ -50,6 +51,18 @@ pub(crate) fn input(path: &Path, gguf_file: Option<&str>) -> Result<Input> {
                 None => Ok(Input::Local(path.to_path_buf())),
             },
             None => Ok(Input::Local(path.to_path_buf())),
+        };
+    }
+    if let Some((dir, tag)) = crate::gguf::tagged_dir(path) {
+        let pick = crate::gguf::pick::Pick {
+            tag: Some(tag),
+            file: gguf_file,
+            default_tag: false,
+        };
+        // With a tag, a folder without that model is refused, not passed on.
+        return match crate::gguf::find_picked(dir, pick)? {
+            Some(found) => Ok(Input::Local(found)),
+            None => Ok(Input::Local(dir.to_path_buf())),
         };
     }
     let id = path.to_str().and_then(RepoId::parse_tagged);

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Report;
+use crate::plural::plural;
 use crate::writer::human;
 
 /// File names shown before the rest is counted.
@@ -22,20 +23,18 @@ pub(super) fn write(s: &mut String, r: &Report) {
     }
     if let Some(bytes) = r.input_bytes {
         let n = r.shards.len();
-        let files = if n == 1 { "file" } else { "files" };
-        let _ = writeln!(s, "reads       {} ({n} {files})", human(bytes));
+        let _ = writeln!(s, "reads       {} ({})", human(bytes), plural(n, "file"));
     }
     if let (Some(bytes), Some(files)) = (r.output_bytes, &r.files) {
         let mut names = files.iter().take(FILES_SHOWN).cloned().collect::<Vec<_>>();
         if files.len() > FILES_SHOWN {
             names.push(format!("and {} more", files.len() - FILES_SHOWN));
         }
-        let n = files.len();
-        let plural = if n == 1 { "file" } else { "files" };
         let _ = writeln!(
             s,
-            "writes      {} of tensors; {n} {plural}: {}",
+            "writes      {} of tensors; {}: {}",
             human(bytes),
+            plural(files.len(), "file"),
             names.join(", ")
         );
     }

@@ -1215,5 +1215,7 @@ fn printing_into_a_closed_pipe_ends_quietly() {
 }
 
 mod habits;
+mod hints;
 mod inspect;
 mod json;
+mod plurals;

@@ -382,6 +382,13 @@ fn split_files_are_joined() {
         &(0..16u8).collect::<Vec<_>>()[..]
     );
     assert_eq!(wgpu_dequant::gguf::find(tmp.path()), Some(first.clone()));
+    // Any part opens the whole model, from its first.
+    let second = Model::open(tmp.path().join("m-00002-of-00002.gguf")).unwrap();
+    assert_eq!(second.files.len(), 2);
+    assert_eq!(second.tensors.len(), 2);
+    let ckpt = wgpu_dequant::Checkpoint::open(tmp.path().join("m-00002-of-00002.gguf")).unwrap();
+    assert_eq!(ckpt.shards.len(), 2);
+    assert_eq!(ckpt.shards[0].path, first);
     for (what, (a, b, total), says) in [
         ("a part's number", (0, 0, 2), "split.no"),
         ("the tensor total", (0, 1, 3), "split.tensors.count"),
@@ -395,6 +402,11 @@ fn split_files_are_joined() {
     std::fs::remove_file(tmp.path().join("m-00002-of-00002.gguf")).unwrap();
     let e = Model::open(&first).unwrap_err();
     assert!(e.to_string().contains("m-00002-of-00002.gguf"), "{e}");
+    // A later part without its first names the first.
+    parts(0, 1, 2);
+    std::fs::remove_file(&first).unwrap();
+    let e = Model::open(tmp.path().join("m-00002-of-00002.gguf")).unwrap_err();
+    assert!(e.to_string().contains("m-00001-of-00002.gguf"), "{e}");
     let e = Model::open(
         tmp.path()
             .join("m-00001-of-00002.gguf")
@@ -643,6 +655,7 @@ fn the_cli_reads_gguf() {
     for line in [
         "gguf v3 llama (5 F32, 1 F16, 15 Q4_K)",
         "Q4_K: 15 tensors, 709632 bytes",
+        "F16: 1 tensor, ",
         "tokenizer.ggml.tokens = [320 items",
         "names       21 tensors get the names transformers loads (e.g. blk.0.attn_k.weight -> model.layers.0.self_attn.k_proj.weight)",
         "model.layers.1.mlp.down_proj.weight",

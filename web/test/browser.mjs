@@ -3,11 +3,13 @@
 // through the JS API on 'gpu' and 'cpu' and must give the CLI's files, byte
 // for byte, and so must a Hub id read from a mock Hub on another origin;
 // malformed checkpoints must be refused with the CLI's rule and line; the
-// page must run the bundled sample and fill its table, a picked folder and
-// a typed Hub id.
+// page must run the bundled sample and fill its table, a picked folder, a
+// typed Hub id and a picked GGUF file.
 //
 // Usage: node web/test/browser.mjs  (after web/build.sh and a build of the
-// CLI; WGPU_DEQUANT_BIN names the CLI, target/debug/wgpu-dequant by default).
+// CLI; WGPU_DEQUANT_BIN names the CLI, target/debug/wgpu-dequant by default;
+// SCREENSHOT names where the page's screenshot goes, target/web-page.png by
+// default, web/screenshot.png to regenerate docs/browser.md's).
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
@@ -446,6 +448,31 @@ try {
   await page.evaluate(() => { document.body.dataset.state = 'ready'; });
   await page.click('#sample');
   await page.waitForSelector('body[data-state="done"]', { timeout: 120000 });
+
+  // A GGUF model picked with "Choose .gguf files…" on a fresh page: the
+  // table lists transformers' names, and the page offers the CLI's files.
+  // Its screenshot is docs/browser.md's (SCREENSHOT=web/screenshot.png
+  // web/test.sh writes it there; by default it goes under target/).
+  const gguf = path.join(root, 'tests/gguf/gguf-q4_k-llama/model/model.gguf');
+  await page.goto(`${base}/web/index.html`);
+  await page.waitForSelector('body[data-state="ready"]', { timeout: 60000 });
+  await page.waitForFunction(() => !document.getElementById('adapter').textContent.startsWith('looking'), { timeout: 60000 });
+  await page.evaluate(() => { window.lastOutput = null; });
+  await (await page.$('#gguf')).uploadFile(gguf);
+  await page.waitForSelector('body[data-state="done"], body[data-state="failed"]', { timeout: 120000 });
+  const ggufPage = await page.evaluate(() => ({
+    state: document.body.dataset.state,
+    format: document.getElementById('format').textContent,
+    rows: document.querySelectorAll('#rows tr').length,
+    done: document.querySelectorAll('#rows td.done').length,
+    links: [...document.querySelectorAll('#files a')].map((a) => a.download),
+    error: document.getElementById('error').textContent,
+  }));
+  const wantGguf = runCli(gguf, 'auto');
+  check(ggufPage.state === 'done' && ggufPage.format.startsWith('gguf') && ggufPage.rows > 0
+    && ggufPage.done === ggufPage.rows
+    && JSON.stringify(ggufPage.links.sort()) === JSON.stringify(Object.keys(wantGguf.files).sort()),
+  `a GGUF file picked in the page: its table and the CLI's files (${ggufPage.state} ${ggufPage.format} ${ggufPage.error})`);
 
   const shot = process.env.SCREENSHOT || path.join(root, 'target/web-page.png');
   await page.screenshot({ path: shot, fullPage: true });

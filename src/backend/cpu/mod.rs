@@ -96,10 +96,7 @@ impl Cpu {
 impl Backend for Cpu {
     fn name(&self) -> String {
         let threads = rayon::current_num_threads();
-        format!(
-            "cpu ({threads} thread{})",
-            if threads == 1 { "" } else { "s" }
-        )
+        format!("cpu ({})", crate::plural::plural(threads, "thread"))
     }
 
     fn decode_rows(&self, job: &DecodeJob<'_>, rows: Range<usize>, out: &mut [u8]) -> Result<()> {

@@ -27,6 +27,7 @@ use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, InBlocks, Plane, ValueKin
 use crate::numerics::{f16_to_f32, OutDtype};
 use crate::output::blocks::{Blocks, MapBlocks};
 use crate::output::{Output, Source};
+use crate::plural::plural;
 
 /// What this format module reads (`wgpu-dequant formats`).
 pub const SUPPORT: super::Support = super::Support {
@@ -131,7 +132,7 @@ impl Config {
 
     /// `inspect`'s lines: bytes per type, then the metadata.
     pub fn report_lines(&self) -> Vec<String> {
-        let types = self.types.iter().map(|t| format!("{}: {} tensors, {} bytes", t.ty, t.tensors, t.bytes));
+        let types = self.types.iter().map(|t| format!("{}: {}, {} bytes", t.ty, plural(t.tensors, "tensor"), t.bytes));
         let metadata = self.metadata.lines().map(|(k, v)| format!("{k} = {v}"));
         types.chain(metadata).collect()
     }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result, Rule};
+use crate::plural::plural;
 
 /// Residual precision of a target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -488,11 +489,11 @@ impl Config {
     /// and patches.
     pub fn format_line(&self) -> String {
         format!(
-            "svdquant rank {} ({} weights, {} targets, {} structural patches)",
+            "svdquant rank {} ({} weights, {}, {})",
             self.rank,
             self.weight_dtype,
-            self.targets.len(),
-            self.patches.len()
+            plural(self.targets.len(), "target"),
+            plural(self.patches.len(), "structural patch")
         )
     }
 
@@ -525,8 +526,8 @@ impl Config {
         }
         if self.manifest_emitted == Some(false) {
             lines.push(format!(
-                "runtime manifest not emitted: {} reasons",
-                self.manifest_reasons.len()
+                "runtime manifest not emitted: {}",
+                plural(self.manifest_reasons.len(), "reason")
             ));
         }
         lines

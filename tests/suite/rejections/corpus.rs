@@ -571,7 +571,7 @@ fn container_cases() -> Vec<Case> {
             W4,
             Open,
             ST1,
-            "no .safetensors file",
+            "no .safetensors or .gguf file",
             |e| {
                 std::fs::remove_file(e.st()).unwrap();
                 mkfifo(&e.st());
