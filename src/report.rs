@@ -157,7 +157,7 @@ impl Report {
         let tensors: Vec<TensorRow> = plan
             .outputs
             .iter()
-            .map(|o| TensorRow::of(o, ckpt, &kind))
+            .map(|o| TensorRow::of(o, ckpt, kind))
             .collect();
         // What the writer would write, from its own schedule; a plan it
         // cannot lay out has no list (its errors say why).
