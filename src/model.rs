@@ -23,6 +23,8 @@ use crate::output::{Output, Source};
 use crate::plan::Plan;
 use crate::stream::{listing, load, prepare, Files};
 
+mod experts;
+
 self_cell::self_cell!(
     /// The checkpoint and the plan that borrows its mapped bytes.
     struct Cell {
@@ -246,6 +248,40 @@ impl Model {
         m: usize,
     ) -> Result<Vec<f32>> {
         matmul_cpu(self.plan(), (weight, Some(expert)), x, m)
+    }
+
+    /// Every stack of experts, sorted by name, with its experts' names in
+    /// expert order: a 3-D stack (GPT-OSS's `[E, in, out]`) by its dense
+    /// name, its experts `NAME[e]` (one tensor holds them all:
+    /// [`Model::upload_expert`] takes `(NAME, e)`); weights stored an
+    /// expert each (`<block>.experts.<e>.<rest>`: Mixtral's, Qwen-MoE's,
+    /// mlx-lm's `switch_mlp` cut into its experts) as
+    /// `<block>.experts.*.<rest>`, their own names in order.
+    pub fn expert_stacks(&self) -> Vec<(String, Vec<String>)> {
+        experts::stacks(self.plan())
+    }
+
+    /// Every expert of stack `stack` (a name [`Model::expert_stacks`]
+    /// gives) resident on `decoder`'s device as its packs are stored, for
+    /// [`GpuDecoder::record_matmul_experts`]: `experts` of them, each as
+    /// [`Model::upload_expert`] or [`Model::upload_packed`] uploads it.
+    pub fn upload_experts(&self, stack: &str, decoder: &GpuDecoder) -> Result<PackedLinear> {
+        pollster::block_on(experts::upload(self.plan(), stack, decoder))
+    }
+
+    /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` on the CPU for the `m` rows of
+    /// `x` (`[m, k]`), W[e] expert `e` of stack `stack`: each row's result
+    /// the one [`Model::matmul_cpu_expert`] (or [`Model::matmul_cpu`], for
+    /// experts stored apart) gives it alone. What
+    /// [`GpuDecoder::matmul_experts`] computes.
+    pub fn matmul_cpu_experts(
+        &self,
+        stack: &str,
+        x: &[f32],
+        m: usize,
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
+        experts::matmul_cpu(self.plan(), stack, x, m, ids)
     }
 }
 
@@ -491,26 +527,34 @@ fn linear<'p, 'c>(
         true => (job.dims.total_rows(), rows.clone()),
         false => (n, 0..n),
     };
-    let name = bias_name(weight);
-    let bias = match output(plan, &name) {
-        Ok(b) if b.shape.iter().product::<usize>() == outputs => {
-            Some(values_f32(plan, &name, &Cpu::new())?[ours].to_vec())
-        }
-        Ok(_) => {
-            return Err(refuse(
-                plan,
-                weight,
-                "its bias has not one value per output",
-            ))
-        }
-        Err(_) => None,
-    };
     Ok(Linear {
         job,
         rows,
         shape: (n, k),
-        bias,
+        bias: bias(plan, weight, outputs, ours)?,
     })
+}
+
+/// Values `ours` of the bias of weight `weight` of `plan`, which holds one
+/// value for each of `outputs` outputs; `None` where it has no bias.
+fn bias(
+    plan: &Plan<'_>,
+    weight: &str,
+    outputs: usize,
+    ours: Range<usize>,
+) -> Result<Option<Vec<f32>>> {
+    let name = bias_name(weight);
+    match output(plan, &name) {
+        Ok(b) if b.shape.iter().product::<usize>() == outputs => {
+            Ok(Some(values_f32(plan, &name, &Cpu::new())?[ours].to_vec()))
+        }
+        Ok(_) => Err(refuse(
+            plan,
+            weight,
+            "its bias has not one value per output",
+        )),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Uploads the product with `weight` (or one expert of it) of `plan`.
@@ -519,17 +563,26 @@ async fn upload(
     weight: (&str, Option<usize>),
     decoder: &GpuDecoder,
 ) -> Result<PackedLinear> {
-    let w = linear(plan, weight)?;
+    upload_linear(plan, linear(plan, weight)?, weight.0, decoder).await
+}
+
+/// Uploads product `w` (of weight `what` of `plan`).
+async fn upload_linear(
+    plan: &Plan<'_>,
+    w: Linear<'_, '_>,
+    what: &str,
+    decoder: &GpuDecoder,
+) -> Result<PackedLinear> {
     let (n, k) = w.shape;
     if (w.rows.len(), w.job.dims.cols) != (n, k) {
         let (r, c) = (w.rows.len(), w.job.dims.cols);
         let detail = format!(
             "is decoded as {r} rows of {c}, which the GPU cannot read as its {n} rows of {k}"
         );
-        return Err(refuse(plan, weight.0, detail));
+        return Err(refuse(plan, what, detail));
     }
     decoder
-        .upload_linear_async(&w.job, w.rows, w.bias.as_deref(), weight.0)
+        .upload_linear_async(&w.job, w.rows, w.bias.as_deref(), what)
         .await
 }
 
@@ -546,15 +599,26 @@ fn matmul_cpu(
     x: &[f32],
     m: usize,
 ) -> Result<Vec<f32>> {
+    product_cpu(plan, linear(plan, weight)?, weight.0, x, m)
+}
+
+/// Product `w` (of weight `what` of `plan`) on the CPU ([`matmul_cpu`]).
+fn product_cpu(
+    plan: &Plan<'_>,
+    w: Linear<'_, '_>,
+    what: &str,
+    x: &[f32],
+    m: usize,
+) -> Result<Vec<f32>> {
     let Linear {
         job,
         rows,
         shape: (n, k),
         bias,
-    } = linear(plan, weight)?;
+    } = w;
     if k == 0 || m.checked_mul(k) != Some(x.len()) {
         let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
-        return Err(refuse(plan, weight.0, detail));
+        return Err(refuse(plan, what, detail));
     }
     let (size, read) = crate::numerics::float_reader(job.out.safetensors())
         .ok_or_else(|| Error::bare(Rule::Internal, "a decoded dtype without a reader"))?;

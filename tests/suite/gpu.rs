@@ -615,12 +615,26 @@ fn shaders_translate_for_every_backend() {
             Capabilities::SUBGROUP,
             gemv,
         ),
+        // Routed experts' rows (src/backend/gpu/matmul/experts.rs).
+        (
+            "gather",
+            read("gather.wgsl"),
+            Capabilities::default(),
+            &["copy_rows"],
+        ),
     ];
     // Every file is part of a module.
     for entry in std::fs::read_dir(&dir).unwrap() {
         let file = entry.unwrap().file_name().to_string_lossy().into_owned();
         assert!(
-            ["decode", "matmul", "no_subgroups.wgsl", "subgroups.wgsl"].contains(&file.as_str()),
+            [
+                "decode",
+                "matmul",
+                "no_subgroups.wgsl",
+                "subgroups.wgsl",
+                "gather.wgsl"
+            ]
+            .contains(&file.as_str()),
             "shaders/{file} is in no module this test builds"
         );
     }
@@ -658,6 +672,11 @@ fn shaders_translate_for_every_backend() {
         let mut variants = vec![
             ("main".to_string(), naga::back::PipelineConstants::default()),
             ("main-wg64".to_string(), small),
+            // Routed experts' copies of rows: no constants.
+            (
+                "copy_rows".to_string(),
+                naga::back::PipelineConstants::default(),
+            ),
         ];
         let sets = fast_variants(&module).into_iter().map(|set| ("fast", set));
         let sets = sets.chain(

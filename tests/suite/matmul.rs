@@ -666,3 +666,5 @@ fn linears_read_piece_by_piece_multiply_as_the_model_does() {
         }
     });
 }
+
+mod experts;

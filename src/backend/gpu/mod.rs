@@ -18,7 +18,7 @@ pub use adapter::{
     find_adapter, find_adapter_async, find_adapter_on_async, is_hardware, no_adapter_message,
 };
 pub use matmul::PackedLinear;
-pub(crate) use matmul::Product;
+pub(crate) use matmul::{rows_by_expert, Product};
 
 use futures::channel::oneshot;
 use std::collections::HashMap;

@@ -11,6 +11,9 @@ use super::{fast_kernel, gpu_err, GpuDecoder};
 use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Values, ZeroPoint};
 
+mod experts;
+pub(crate) use experts::rows_by_expert;
+
 /// `gemv`'s bindings past the decode kernels' three: x, its parameters,
 /// and x again, read four values at a time.
 const XS: u32 = 3;
@@ -263,9 +266,16 @@ pub struct PackedLinear {
     pub n: usize,
     /// Input features: W's columns, x's row length.
     pub k: usize,
+    /// Experts it holds, each `[n, k]` ([`Model::upload_experts`],
+    /// [`GpuDecoder::record_matmul_experts`]); 0 for one Linear.
+    ///
+    /// [`Model::upload_experts`]: crate::Model::upload_experts
+    pub experts: usize,
     /// Its first row in its job (an expert's in a stack).
     row0: u32,
     parts: Vec<Part>,
+    /// Its experts, when it holds them (and no parts of its own).
+    stack: Vec<PackedLinear>,
     bytes: u64,
 }
 
@@ -359,8 +369,10 @@ impl GpuDecoder {
             Ok(PackedLinear {
                 n,
                 k,
+                experts: 0,
                 row0,
                 parts,
+                stack: Vec::new(),
                 bytes,
             })
         })
@@ -404,8 +416,10 @@ impl GpuDecoder {
         Ok(PackedLinear {
             n,
             k,
+            experts: 0,
             row0: 0,
             parts: vec![part],
+            stack: Vec::new(),
             bytes,
         })
     }
@@ -528,35 +542,18 @@ impl GpuDecoder {
         (x, y, m): (&wgpu::Buffer, &wgpu::Buffer, u32),
         product: Product,
     ) -> Result<()> {
-        let (n, k) = (w.n as u64, w.k as u64);
-        // What binding would refuse, refused here: the app's device would
-        // take it as a validation error, which panics by default.
-        for (buffer, name) in [(x, "x"), (y, "y")] {
-            if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-                return Err(Error::bare(
-                    Rule::Argument,
-                    format!("matmul: {name} is bound as storage, and its buffer lacks BufferUsages::STORAGE"),
-                ));
-            }
-        }
-        if x == y {
-            return Err(Error::bare(
-                Rule::Argument,
-                "matmul: x and y are one buffer; y is written while x is read",
-            ));
-        }
-        if m == 0 {
-            return Ok(());
-        }
-        if x.size() < 4 * m as u64 * k || y.size() < 4 * m as u64 * n {
+        if w.experts > 0 {
             return Err(Error::bare(
                 Rule::Argument,
                 format!(
-                    "matmul: x holds {} bytes and y {}, for {m} rows of {k} inputs and {n} outputs",
-                    x.size(),
-                    y.size()
+                    "matmul: a stack of {} experts: record_matmul_experts multiplies by it",
+                    w.experts
                 ),
             ));
+        }
+        check_io(w, (x, y, m))?;
+        if m == 0 {
+            return Ok(());
         }
         let max = self.limits.max_groups_per_dim;
         for part in &w.parts {
@@ -635,6 +632,21 @@ impl GpuDecoder {
     /// `y = x·Wᵀ (+ bias)` for the `m` rows of `x` (`[m, w.k]`), read back:
     /// [`GpuDecoder::record_matmul`] for tests and simple apps.
     pub async fn matmul_async(&self, w: &PackedLinear, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        self.read_back_product(w, x, m, |encoder, xs, ys, m| {
+            self.record_matmul(encoder, w, xs, ys, m)
+        })
+        .await
+    }
+
+    /// The product `record` records for the `m` rows of `x`, `[m, w.k]`
+    /// into `[m, w.n]`, submitted and read back.
+    async fn read_back_product(
+        &self,
+        w: &PackedLinear,
+        x: &[f32],
+        m: usize,
+        record: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer, &wgpu::Buffer, u32) -> Result<()>,
+    ) -> Result<Vec<f32>> {
         if w.k == 0 || m.checked_mul(w.k) != Some(x.len()) {
             return Err(Error::bare(
                 Rule::Argument,
@@ -663,7 +675,7 @@ impl GpuDecoder {
                 wgpu::BufferUsages::COPY_SRC,
             );
             let mut encoder = self.encoder("wgpu-dequant matmul");
-            self.record_matmul(&mut encoder, w, &xs, &ys, m32)?;
+            record(&mut encoder, &xs, &ys, m32)?;
             self.queue.submit([encoder.finish()]);
             let bytes = self.read_back_async(&ys).await?;
             Ok(bytes
@@ -688,6 +700,38 @@ impl GpuDecoder {
             mapped_at_creation: false,
         })
     }
+}
+
+/// Refuses, as binding would, buffers `x` and `y` that cannot hold `m`
+/// rows of `w`'s inputs and outputs: the app's device would take it as a
+/// validation error, which panics by default.
+fn check_io(w: &PackedLinear, (x, y, m): (&wgpu::Buffer, &wgpu::Buffer, u32)) -> Result<()> {
+    let (n, k) = (w.n as u64, w.k as u64);
+    for (buffer, name) in [(x, "x"), (y, "y")] {
+        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::bare(
+                Rule::Argument,
+                format!("matmul: {name} is bound as storage, and its buffer lacks BufferUsages::STORAGE"),
+            ));
+        }
+    }
+    if x == y {
+        return Err(Error::bare(
+            Rule::Argument,
+            "matmul: x and y are one buffer; y is written while x is read",
+        ));
+    }
+    if x.size() < 4 * m as u64 * k || y.size() < 4 * m as u64 * n {
+        return Err(Error::bare(
+            Rule::Argument,
+            format!(
+                "matmul: x holds {} bytes and y {}, for {m} rows of {k} inputs and {n} outputs",
+                x.size(),
+                y.size()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether every value of `job`'s W is an f32 its bf16 output holds
@@ -804,6 +848,8 @@ pub(super) struct Pipelines {
     /// The decode module, shaders/matmul/ and the entry points.
     module: wgpu::ShaderModule,
     geometry: Geometry,
+    /// The routed experts' copies of rows, made on first use.
+    gather: std::sync::OnceLock<experts::Gather>,
 }
 
 impl Pipelines {
@@ -828,6 +874,7 @@ impl Pipelines {
             small,
             module: module(device, subgroup.is_some()),
             geometry: Geometry::of(device.adapter_info().device_type, subgroup),
+            gather: Default::default(),
         }
     }
 
