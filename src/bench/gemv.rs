@@ -62,7 +62,8 @@ pub(crate) fn gpu_gemv(
         let fast = {
             let (x, y) = x_of(1);
             let one = std::slice::from_ref(&first);
-            Batch::of(decoder, one, Product::Decoded, (&x, &y, 1))?.reps > 1
+            let batch = Batch::of(decoder, one, Product::Decoded, (&x, &y, 1))?;
+            batch.reps > 1
         };
         let dense = copies(first, fast, upload_dense)?;
         for layout in Layout::ALL
@@ -129,7 +130,10 @@ pub(crate) fn gpu_gemv(
             }
         }
     }
-    Ok(())
+    match shapes.last() {
+        Some(&shape) => super::experts::gpu_experts(decoder, shape, (runs, only), show),
+        None => Ok(()),
+    }
 }
 
 /// About how long a timed batch of products runs: on a real GPU one
@@ -172,31 +176,40 @@ fn copies(
     Ok(all)
 }
 
-/// One kernel's timed batch: `reps` products, cycling through copies of
-/// the weights, recorded before the clock starts and submitted at once.
-struct Batch<'a> {
+/// One kernel's timed batch: `reps` products recorded by `record` (the
+/// i-th of them, cycling through copies of the weights), recorded before
+/// the clock starts and submitted at once.
+pub(super) struct Batch<'a> {
     decoder: &'a GpuDecoder,
-    weights: &'a [crate::backend::gpu::PackedLinear],
-    product: crate::backend::gpu::Product,
-    io: (&'a wgpu::Buffer, &'a wgpu::Buffer, u32),
+    record: Record<'a>,
     reps: usize,
 }
 
+/// Records the i-th product of a batch into an encoder.
+type Record<'a> = Box<dyn Fn(&mut wgpu::CommandEncoder, usize) -> Result<()> + 'a>;
+
 impl<'a> Batch<'a> {
-    /// The batch that takes about [`BATCH`] or more (at least one product,
-    /// at most 4096), sized after a first run: a batch's time is the
-    /// products' and one submission's.
-    fn of(
+    /// The batch of products with `weights` read as `product`, one after
+    /// another ([`Batch::with`]).
+    pub(super) fn of(
         decoder: &'a GpuDecoder,
         weights: &'a [crate::backend::gpu::PackedLinear],
         product: crate::backend::gpu::Product,
         io: (&'a wgpu::Buffer, &'a wgpu::Buffer, u32),
     ) -> Result<Batch<'a>> {
+        let record = move |encoder: &mut wgpu::CommandEncoder, i: usize| {
+            decoder.record_product(encoder, &weights[i % weights.len()], io, product)
+        };
+        Batch::with(decoder, Box::new(record))
+    }
+
+    /// The batch of what `record` records that takes about [`BATCH`] or
+    /// more (at least one, at most 4096), sized after a first run: a
+    /// batch's time is the products' and one submission's.
+    pub(super) fn with(decoder: &'a GpuDecoder, record: Record<'a>) -> Result<Batch<'a>> {
         let mut batch = Batch {
             decoder,
-            weights,
-            product,
-            io,
+            record,
             reps: 1,
         };
         batch.seconds()?;
@@ -211,11 +224,11 @@ impl<'a> Batch<'a> {
     }
 
     /// Seconds a product takes: the batch's time over its products.
-    fn seconds(&mut self) -> Result<f64> {
+    pub(super) fn seconds(&mut self) -> Result<f64> {
         let d = self.decoder;
         let mut encoder = d.device().create_command_encoder(&Default::default());
-        for w in self.weights.iter().cycle().take(self.reps) {
-            d.record_product(&mut encoder, w, self.io, self.product)?;
+        for i in 0..self.reps {
+            (self.record)(&mut encoder, i)?;
         }
         let commands = encoder.finish();
         let t = Instant::now();

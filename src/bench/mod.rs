@@ -22,6 +22,7 @@
 mod cases;
 mod cpu;
 mod end_to_end;
+mod experts;
 mod gemv;
 mod gguf;
 mod gpu;

@@ -50,7 +50,8 @@ pub(super) struct Args {
     json: bool,
     /// Products with packed weights on the GPU (y = x·Wᵀ for 1 to 64
     /// rows of x) against a read kernel of the same bytes and a dense
-    /// bf16 product, instead of decoding.
+    /// bf16 product, instead of decoding; and routed experts (8 rows over
+    /// 4 of 32 experts in one call) against those experts one by one.
     #[arg(long)]
     gemv: bool,
     /// The `[out, in]` shapes --gemv multiplies by, e.g. `4096x14336`

@@ -568,6 +568,15 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
                 );
             }
         }
+        // Routed experts: 8 rows over 4 of 32 experts of the last shape, in one call.
+        assert!(
+            lines.iter().any(|l| l["case"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("routed experts: 8 rows over 4 of 32"))
+                && l["baseline"] == "the 4 experts one by one"
+                && l["m"] == 8),
+            "no routed experts' line"
+        );
         for l in &lines {
             let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
             assert_eq!(
@@ -601,7 +610,8 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
 /// `bench --gemv --json`: for every fast format and every M, one line
 /// against the read kernel and one against the dense bf16 product, with
 /// `m`, ratios that are the baseline's time over ours, a one-workgroup
-/// dispatch's time measured beside them, and the device.
+/// dispatch's time measured beside them, and the device; and the routed
+/// experts' line.
 #[test]
 fn bench_gemv_lines_have_both_baselines_for_every_m() {
     gpu_test(|_| {
@@ -645,6 +655,15 @@ fn bench_gemv_lines_have_both_baselines_for_every_m() {
                 );
             }
         }
+        // Routed experts: 8 rows over 4 of 32 experts of the last shape, in one call.
+        assert!(
+            lines.iter().any(|l| l["case"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("routed experts: 8 rows over 4 of 32"))
+                && l["baseline"] == "the 4 experts one by one"
+                && l["m"] == 8),
+            "no routed experts' line"
+        );
         for l in &lines {
             let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
             assert_eq!(
