@@ -517,7 +517,7 @@ fn linear<'p, 'c>(
             return Err(refuse(plan, weight, detail));
         }
         (true, None) => {
-            let detail = "is a stack of experts: multiply by one of them (upload_expert)";
+            let detail = "is a stack of experts: multiply by one of them (upload_expert) or by them all (upload_experts)";
             return Err(refuse(plan, weight, detail));
         }
         (false, Some(_)) => return Err(refuse(plan, weight, "is not a stack of experts")),
