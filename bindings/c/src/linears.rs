@@ -58,24 +58,24 @@ fn open_gpu(backend: BackendChoice) -> Result<Option<GpuDecoder>> {
 }
 
 impl WdqLinears {
-    /// Weight `name` (expert `expert` of it) on the GPU, uploaded the first
-    /// time; `None` on the CPU.
-    fn packed(&self, name: &str, expert: Option<usize>) -> Result<Option<Arc<PackedLinear>>> {
-        let Some(gpu) = &self.gpu else {
-            return Ok(None);
-        };
+    /// Weight `name` (expert `expert` of it) on `gpu`, uploaded the first
+    /// time it is used.
+    fn packed(
+        &self,
+        gpu: &GpuDecoder,
+        name: &str,
+        expert: Option<usize>,
+    ) -> Result<Arc<PackedLinear>> {
         let key = (name.to_string(), expert);
         let cached = self.uploads().get(&key).cloned();
         if let Some(p) = cached {
-            return Ok(Some(p));
+            return Ok(p);
         }
         let w = match expert {
             None => self.model.upload_packed(name, gpu)?,
             Some(e) => self.model.upload_expert(name, e, gpu)?,
         };
-        Ok(Some(
-            self.uploads().entry(key).or_insert(Arc::new(w)).clone(),
-        ))
+        Ok(self.uploads().entry(key).or_insert(Arc::new(w)).clone())
     }
 
     fn uploads(&self) -> MutexGuard<'_, Uploads> {
@@ -85,15 +85,12 @@ impl WdqLinears {
     /// `x·Wᵀ (+ bias)` for the `m` rows of `x`.
     fn product(&self, name: &str, expert: Option<usize>, x: &[f32], m: usize) -> Result<Vec<f32>> {
         self.whole_stack(name, expert)?;
-        if let Some(w) = self.packed(name, expert)? {
+        if let Some(gpu) = &self.gpu {
+            let w = self.packed(gpu, name, expert)?;
             if m.checked_mul(w.k) != Some(x.len()) {
                 let detail = format!("x holds {} values, not {m} rows of {}", x.len(), w.k);
                 return Err(Error::tensor(Rule::Argument, &self.path, name, detail));
             }
-            let gpu = self
-                .gpu
-                .as_ref()
-                .ok_or_else(|| Error::bare(Rule::Internal, "no GPU"))?;
             return gpu.matmul(&w, x, m);
         }
         match expert {
@@ -114,12 +111,13 @@ impl WdqLinears {
     }
 
     /// `(n, k)` of the product: the uploaded weight's, a 2-D weight's
-    /// shape, or found by multiplying one row of zeros by the CPU (an
+    /// shape, or found by multiplying one row of zeros on the CPU (an
     /// expert's inputs are the ones its codes are packed along, its dense
     /// rows or its columns).
     fn dims(&self, name: &str, expert: Option<usize>) -> Result<(usize, usize)> {
         self.whole_stack(name, expert)?;
-        if let Some(w) = self.packed(name, expert)? {
+        if let Some(gpu) = &self.gpu {
+            let w = self.packed(gpu, name, expert)?;
             return Ok((w.n, w.k));
         }
         let shape = self.model.info(name)?.shape;
