@@ -18,6 +18,12 @@
 typedef struct WdqCheckpoint WdqCheckpoint;
 
 /**
+ * A checkpoint's quantized Linears, for products with their packed
+ * weights ([`wdq_linears_open`] … [`wdq_linears_close`]).
+ */
+typedef struct WdqLinears WdqLinears;
+
+/**
  * The settings of [`wdq_dequantize_run`] beyond dtype and backend; all
  * zero is a plain run.
  */
@@ -167,6 +173,80 @@ int wdq_decode(const struct WdqCheckpoint *c, const char *name, const char *back
  * `c` is NULL or from [`wdq_open`] and not closed before.
  */
 void wdq_close(struct WdqCheckpoint *c);
+
+/**
+ * Opens and plans the checkpoint at `path` for products with its
+ * quantized weights on `backend`: "gpu" (status 1 without an adapter),
+ * "cpu", or "auto" (a hardware GPU when there is one, and the CPU for a
+ * weight it refuses). `*out` receives it (free it with
+ * [`wdq_linears_close`]).
+ *
+ * # Safety
+ * Strings are NULL or NUL-terminated; `out` is NULL or writable; `err` is
+ * NULL or holds `err_len` bytes.
+ */
+int wdq_linears_open(const char *path, const char *dtype, const char *backend, struct WdqLinears **out, char *err, size_t err_len);
+
+/**
+ * Number of quantized weights (0 for NULL).
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed.
+ */
+size_t wdq_linears_count(const struct WdqLinears *l);
+
+/**
+ * Name of quantized weight `i` (sorted by name; a dense checkpoint's
+ * name), valid until [`wdq_linears_close`]; NULL for NULL or an `i` out
+ * of range.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed.
+ */
+const char *wdq_linears_name(const struct WdqLinears *l, size_t i);
+
+/**
+ * Where the products run: "gpu" or "cpu" (NULL for NULL).
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed.
+ */
+const char *wdq_linears_backend(const struct WdqLinears *l);
+
+/**
+ * `*n` and `*k` of the product with weight `name` (expert `expert` of a
+ * 3-D stack, -1 for none): y's and x's row lengths.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed; `name` is NULL
+ * or NUL-terminated; `n` and `k` are NULL or writable; `err` is NULL or
+ * holds `err_len` bytes.
+ */
+int wdq_linears_dims(const struct WdqLinears *l, const char *name, int64_t expert, size_t *n, size_t *k, char *err, size_t err_len);
+
+/**
+ * `y = x·Wᵀ (+ bias)` for quantized weight `name` (expert `expert` of a
+ * 3-D stack, multiplied as the model does; -1 for none): `x` holds `m`
+ * rows of `k` floats, `y` receives `m` rows of `n`; `k` and `n` must be
+ * the weight's ([`wdq_linears_dims`]). W is the dense weight
+ * `wdq_decode` gives in the dtype opened, widened to
+ * float.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed; `name` is NULL
+ * or NUL-terminated; `x` is NULL or holds `m * k` floats, `y` NULL or
+ * `m * n` writable ones; `err` is NULL or holds `err_len` bytes.
+ */
+int wdq_linears_matmul(const struct WdqLinears *l, const char *name, int64_t expert, const float *x, size_t m, size_t k, float *y, size_t n, char *err, size_t err_len);
+
+/**
+ * Frees what [`wdq_linears_open`] made (the GPU's copies of the weights
+ * with it); NULL is ignored.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed before.
+ */
+void wdq_linears_close(struct WdqLinears *l);
 
 #ifdef __cplusplus
 }  // extern "C"

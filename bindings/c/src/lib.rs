@@ -1,11 +1,14 @@
 //! wgpu-dequant's C ABI: a thin layer over the library's public API
-//! (`dequantize`, `Model`), with no decoding of its own. No panic crosses
+//! (`dequantize`, `Model`, products with packed weights in `linears`), with
+//! no decoding of its own. No panic crosses
 //! the boundary; null pointers and short buffers are errors.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, Error, Model, Note, Result, Rule};
+
+mod linears;
 
 /// An opened and planned checkpoint ([`wdq_open`] … [`wdq_close`]).
 pub struct WdqCheckpoint {

@@ -1,5 +1,6 @@
 //! The native half of the `wgpu_dequant` Python package: a thin layer over
-//! the library's public API (`Model`, `Dequantize`, `inspect`). Decoding
+//! the library's public API (`Model`, `Dequantize`, `inspect`, products
+//! with packed weights in `linears`). Decoding
 //! runs with the GIL released; the Python half (`python/wgpu_dequant`) turns
 //! bytes into torch or numpy tensors and draws progress.
 
@@ -10,6 +11,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 use wgpu_dequant::{BackendChoice, Canceller, Dequantize, DtypeChoice, Error, Model, Progress};
+
+mod linears;
 
 pyo3::create_exception!(
     _native,
@@ -213,6 +216,7 @@ fn cli_main(py: Python<'_>, args: Vec<std::ffi::OsString>) -> u8 {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCheckpoint>()?;
+    m.add_class::<linears::NativeLinears>()?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(merge_index, m)?)?;

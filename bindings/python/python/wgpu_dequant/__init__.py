@@ -13,6 +13,8 @@ Shaped like ``safetensors``' own API::
         w = f.get_tensor(f.keys()[0])
     summary = wdq.dequantize("ckpt", "out")
     report = wdq.inspect("ckpt")
+    lin = wdq.open_linears("ckpt")             # products with the packed weights
+    y = lin.matmul(lin.quantized()[0], x)      # x·Wᵀ (+ bias), W never made dense
 
 A path that does not exist but reads ``ORG/NAME`` (or ``ORG/NAME@REV``, or
 with ``revision=``) is a Hugging Face Hub repository, fetched into the
@@ -26,8 +28,8 @@ import warnings
 from . import _native
 from ._native import DequantError
 
-__all__ = ["DequantError", "WgpuDequantWarning", "dequantize", "inspect", "load_file",
-           "merge_index", "safe_open"]
+__all__ = ["DequantError", "Linears", "WgpuDequantWarning", "dequantize", "inspect", "load_file",
+           "merge_index", "open_linears", "safe_open"]
 
 
 class WgpuDequantWarning(UserWarning):
@@ -214,3 +216,7 @@ def merge_index(out):
 def inspect(path, revision=None):
     """The report ``wgpu-dequant inspect --json`` prints, as a dict."""
     return json.loads(_native.inspect(_source(path, revision)))
+
+
+# Last: the products' module reads the helpers above.
+from ._linears import Linears, open_linears  # noqa: E402

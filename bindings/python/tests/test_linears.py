@@ -1,0 +1,184 @@
+"""Products with packed weights through ``open_linears``: on the CPU and on the
+GPU, ``matmul(name, x)`` equals ``x·Wᵀ (+ bias)`` of the weight ``load_file``
+gives, in float64, within the bound docs/apps.md states:
+``K·2⁻²⁴·Σ|w·x|`` per output (plus half an ulp for the bias).
+
+The GPU tests run on the adapter wgpu finds (llvmpipe will do); without one
+they are skipped, unless ``WGPU_DEQUANT_REQUIRE_GPU=1`` (as CI sets it),
+which makes that a failure."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import wgpu_dequant as wdq
+
+np = pytest.importorskip("numpy")
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLE = ROOT / "assets" / "sample-w4a16"
+CASES = {
+    "sample-w4a16": SAMPLE,
+    **{name: ROOT / "tests" / "fixtures" / name / "model"
+       for name in ["gptq-w4-g128", "awq-gemm-w4-g128", "bnb-nf4-dq-bf16", "nvfp4a16",
+                    "mlx-affine-4bit-g64"]},
+}
+GPT_OSS = ROOT / "tests" / "fixtures" / "gpt-oss-mxfp4" / "model"
+
+
+def linears(path, backend, dtype="auto"):
+    """``open_linears`` on ``backend``; on "gpu" without an adapter, a skip
+    (a failure under WGPU_DEQUANT_REQUIRE_GPU=1)."""
+    try:
+        return wdq.open_linears(path, backend=backend, dtype=dtype)
+    except wdq.DequantError as e:
+        if backend != "gpu" or e.rule != "GPU-001" or os.environ.get("WGPU_DEQUANT_REQUIRE_GPU") == "1":
+            raise
+        pytest.skip(f"no GPU adapter: {e}")
+
+
+def dense(path, dtype):
+    """The dense checkpoint ``load_file`` gives, in float64."""
+    return {name: np.asarray(t, dtype=np.float64)
+            for name, t in wdq.load_file(path, dtype=dtype, backend="cpu", framework="np").items()}
+
+
+def within_bound(y, x, w, bias=None):
+    """Whether ``y`` (``[m, n]``) is within the bound of ``x·w + bias`` for
+    ``x`` ``[m, k]``, ``w`` ``[k, n]`` and ``bias`` ``[n]`` (float64): the
+    rows failing it, empty when none does."""
+    x = x.astype(np.float64)
+    want = x @ w + (0.0 if bias is None else bias)
+    k = w.shape[0]
+    bound = k * 2.0**-24 * (np.abs(x) @ np.abs(w)) + np.abs(want) * 2.0**-24
+    bad = np.abs(y.astype(np.float64) - want) > bound
+    return [(int(i), int(j), float(y[i, j]), float(want[i, j])) for i, j in zip(*np.nonzero(bad))][:5]
+
+
+def inputs(m, k, seed):
+    """``m`` rows of ``k`` float32 values, the same from run to run."""
+    return np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["f32", "auto"])
+def test_matmul_is_the_dense_product(case, backend, dtype):
+    """Every quantized weight, m = 1 and 5: W is what load_file writes in
+    the same dtype (widened to f32), the bias the Linear's own."""
+    lin = linears(CASES[case], backend, dtype)
+    assert lin.backend == backend
+    sd = dense(CASES[case], dtype)
+    names = lin.quantized()
+    assert names and names == sorted(names)
+    for i, name in enumerate(names):
+        w = sd[name]
+        bias = sd.get(name[: -len(".weight")] + ".bias")
+        n, k = w.shape
+        for m in (1, 5):
+            x = inputs(m, k, seed=i * 10 + m)
+            y = lin.matmul(name, x)
+            assert y.dtype == np.float32 and y.shape == (m, n), name
+            assert not within_bound(y, x, w.T, bias), f"{case} {name} m={m}: outside the bound"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_matmul_by_gpt_oss_experts(backend):
+    """Each expert of GPT-OSS's stacks (``[E, in, out]`` dense): ``x·W[e] +
+    bias[e]``; a stack without ``expert=`` is refused, naming it."""
+    lin = linears(GPT_OSS, backend, "f32")
+    sd = dense(GPT_OSS, "f32")
+    stacks = lin.quantized()
+    assert stacks
+    for s, name in enumerate(stacks):
+        w = sd[name]
+        experts, k, n = w.shape
+        for e in range(experts):
+            for m in (1, 5):
+                x = inputs(m, k, seed=100 * s + 10 * e + m)
+                y = lin.matmul(name, x, expert=e)
+                assert y.shape == (m, n)
+                assert not within_bound(y, x, w[e], sd[name + "_bias"][e]), f"{name}[{e}] m={m}"
+        with pytest.raises(wdq.DequantError, match=rf"{name}: .*stack of {experts} experts.*expert=") as err:
+            lin.matmul(name, inputs(1, k, 0))
+        assert err.value.rule == "ARG-001"
+        with pytest.raises(wdq.DequantError, match=rf"{name}: .*{experts} experts, not {experts + 1}"):
+            lin.matmul(name, inputs(1, k, 0), expert=experts)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_matmul_takes_vectors_empty_batches_and_gives_the_same_bits(backend):
+    """A vector ``[k]`` gives ``[n]``, the first row of the batch's product;
+    ``m = 0`` gives ``[0, n]``; the same call gives the same bits again."""
+    lin = linears(SAMPLE, backend)
+    name = lin.quantized()[0]
+    n, k = wdq.load_file(SAMPLE, dtype="f32", framework="np")[name].shape
+    x = inputs(3, k, seed=7)
+    y = lin.matmul(name, x)
+    assert y.tobytes() == lin.matmul(name, x).tobytes()
+    v = lin.matmul(name, x[0])
+    assert v.shape == (n,)
+    assert not within_bound(v.reshape(1, n), x[:1], dense(SAMPLE, "auto")[name].T)
+    assert lin.matmul(name, np.zeros((0, k), np.float32)).shape == (0, n)
+    assert lin.matmul(name, np.asfortranarray(x)).tobytes() == y.tobytes()  # any layout
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_matmul_refuses_wrong_inputs_naming_the_weight_and_k(backend):
+    lin = linears(SAMPLE, backend)
+    name = lin.quantized()[0]
+    k = wdq.load_file(SAMPLE, dtype="f32", framework="np")[name].shape[1]
+    wrong = [
+        inputs(2, k, 0).astype(np.float64),      # dtype
+        inputs(2, k, 0).astype(np.float16),
+        inputs(2, k - 1, 0),                     # rows of another width
+        inputs(1, k + 3, 0)[0],
+        np.zeros((0, k + 1), np.float32),
+        inputs(2, k, 0).reshape(1, 2, k),        # ndim
+        np.float32(1.0).reshape(()),
+        [0.0] * k,                               # not an array
+    ]
+    for x in wrong:
+        with pytest.raises(ValueError, match=rf"{name}: .*\b{k}\b") as err:
+            lin.matmul(name, x)
+        assert isinstance(err.value, wdq.DequantError) and err.value.rule == "ARG-001", repr(x)[:60]
+    x = inputs(1, k, 0)
+    for bad in ("model.nope.weight", "model.norm.weight"):
+        with pytest.raises(wdq.DequantError, match=bad) as err:
+            lin.matmul(bad, x)
+        assert err.value.rule == "ARG-001"
+    with pytest.raises(wdq.DequantError, match="not a stack of experts"):
+        lin.matmul(name, x, expert=0)
+    with pytest.raises(wdq.DequantError, match="expert"):
+        lin.matmul(name, x, expert=-1)
+
+
+def test_open_linears_refuses_what_it_cannot_run():
+    with pytest.raises(wdq.DequantError) as err:
+        wdq.open_linears(SAMPLE, backend="vulkan")
+    assert err.value.rule == "ARG-001" and "auto, gpu or cpu" in str(err.value)
+    with pytest.raises(wdq.DequantError) as err:
+        wdq.open_linears(SAMPLE, backend="tpu")
+    assert err.value.rule == "ARG-001"
+    with pytest.raises(wdq.DequantError) as err:
+        wdq.open_linears(ROOT / "no-such-checkpoint")
+    assert err.value.rule
+    lin = wdq.open_linears(SAMPLE)
+    assert lin.backend in ("gpu", "cpu") and (lin.adapter is None) == (lin.backend == "cpu")
+    assert "quantized weights" in repr(lin)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_matmul_takes_and_gives_torch_tensors(backend):
+    torch = pytest.importorskip("torch")
+    lin = linears(SAMPLE, backend)
+    name = lin.quantized()[1]
+    w = dense(SAMPLE, "auto")[name]
+    x = torch.from_numpy(inputs(5, w.shape[1], seed=3))
+    y = lin.matmul(name, x)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and tuple(y.shape) == (5, w.shape[0])
+    assert y.numpy().tobytes() == lin.matmul(name, x.numpy()).tobytes()
+    assert not within_bound(y.numpy(), x.numpy(), w.T)
+    with pytest.raises(wdq.DequantError, match=rf"{name}: .*torch.float64.*\b{w.shape[1]}\b"):
+        lin.matmul(name, x.double())
