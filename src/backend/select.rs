@@ -217,8 +217,42 @@ pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>
 
 /// [`select`], awaited (in a browser: WebGPU's adapter).
 pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>)> {
+    let cpu = |note| -> (Box<dyn Backend>, Option<String>) { (Box::new(Cpu::new()), note) };
+    Ok(match choose(choice).await? {
+        Chosen::Cpu(note) => cpu(note),
+        Chosen::Gpu(adapter) => (Box::new(Gpu::open_async(&adapter).await?), None),
+        Chosen::GpuOrCpu(adapter) => match Gpu::open_async(&adapter).await {
+            Ok(g) => (Box::new(Fallback::new(g)), None),
+            Err(e) => cpu(Some(format!("{e}; decoding on the CPU"))),
+        },
+    })
+}
+
+/// The GPU decoder `choice` asks for, or `None` where it runs on the CPU:
+/// for products ([`GpuDecoder::for_backend`](gpu::GpuDecoder::for_backend)),
+/// with the adapter decoding would take.
+pub(crate) async fn select_decoder(choice: BackendChoice) -> Result<Option<gpu::GpuDecoder>> {
+    Ok(match choose(choice).await? {
+        Chosen::Cpu(_) => None,
+        Chosen::Gpu(adapter) => Some(gpu::GpuDecoder::open_async(&adapter).await?),
+        Chosen::GpuOrCpu(adapter) => gpu::GpuDecoder::open_async(&adapter).await.ok(),
+    })
+}
+
+/// Where `choice` runs.
+enum Chosen {
+    /// On the CPU, with a note for people when a GPU was passed over.
+    Cpu(Option<String>),
+    /// On this adapter's GPU, as asked.
+    Gpu(wgpu::Adapter),
+    /// On this hardware GPU, the CPU taking over when it cannot open or fails.
+    GpuOrCpu(wgpu::Adapter),
+}
+
+/// The adapter `choice` takes, if any.
+async fn choose(choice: BackendChoice) -> Result<Chosen> {
     if choice == BackendChoice::Cpu {
-        return Ok((Box::new(Cpu::new()), None));
+        return Ok(Chosen::Cpu(None));
     }
     let api = match choice {
         BackendChoice::GpuApi(api) => Some(api),
@@ -227,7 +261,7 @@ pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Op
     let adapter = gpu::find_adapter_on_async(api.map(GpuApi::backends)).await;
     if choice == BackendChoice::Gpu || api.is_some() {
         return match adapter {
-            Some(adapter) => Ok((Box::new(Gpu::open_async(&adapter).await?), None)),
+            Some(adapter) => Ok(Chosen::Gpu(adapter)),
             None if api.is_some() => Err(Error::bare(
                 Rule::Gpu,
                 format!(
@@ -240,23 +274,18 @@ pub async fn select_async(choice: BackendChoice) -> Result<(Box<dyn Backend>, Op
             )),
         };
     }
-    let cpu =
-        |note: String| -> (Box<dyn Backend>, Option<String>) { (Box::new(Cpu::new()), Some(note)) };
     // In a browser the CPU path has one thread: any WebGPU adapter, a
     // software one too, decodes faster.
     let worth_it = |a: &wgpu::Adapter| gpu::is_hardware(a) || cfg!(target_arch = "wasm32");
     Ok(match adapter {
-        Some(adapter) if worth_it(&adapter) => match Gpu::open_async(&adapter).await {
-            Ok(g) => (Box::new(Fallback::new(g)), None),
-            Err(e) => cpu(format!("{e}; decoding on the CPU")),
-        },
-        Some(adapter) => cpu(format!(
+        Some(adapter) if worth_it(&adapter) => Chosen::GpuOrCpu(adapter),
+        Some(adapter) => Chosen::Cpu(Some(format!(
             "only a software adapter ({}) found; the CPU path is faster, decoding there",
             adapter.get_info().name
-        )),
-        None => cpu(format!(
+        ))),
+        None => Chosen::Cpu(Some(format!(
             "{}; decoding on the CPU",
             gpu::no_adapter_message(false)
-        )),
+        ))),
     })
 }

@@ -176,10 +176,9 @@ void wdq_close(struct WdqCheckpoint *c);
 
 /**
  * Opens and plans the checkpoint at `path` for products with its
- * quantized weights on `backend`: "gpu" (status 1 without an adapter),
- * "cpu", or "auto" (a hardware GPU when there is one, and the CPU for a
- * weight it refuses). `*out` receives it (free it with
- * [`wdq_linears_close`]).
+ * quantized weights on `backend`: "gpu" or a graphics API's name
+ * ("vulkan", "metal", "dx12", "gl"; status 1 without an adapter), "cpu",
+ * or "auto" (a hardware GPU when there is one, the CPU otherwise). `*out` receives it (free it with [`wdq_linears_close`]).
  *
  * # Safety
  * Strings are NULL or NUL-terminated; `out` is NULL or writable; `err` is

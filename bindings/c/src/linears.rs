@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, CString};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use wgpu_dequant::{
-    wgpu, BackendChoice, DtypeChoice, Error, GpuDecoder, Model, PackedLinear, Result, Rule,
+    BackendChoice, DtypeChoice, Error, GpuDecoder, Model, PackedLinear, Result, Rule,
 };
 
 use crate::{argument, call, text};
@@ -27,35 +27,6 @@ pub struct WdqLinears {
 
 /// The weights uploaded, by name and expert.
 type Uploads = HashMap<(String, Option<usize>), Arc<PackedLinear>>;
-
-/// The decoder `backend` runs products on: `None` for the CPU. `auto`
-/// takes a hardware GPU, as decoding does, and the CPU otherwise.
-fn open_gpu(backend: BackendChoice) -> Result<Option<GpuDecoder>> {
-    let auto = match backend {
-        BackendChoice::Cpu => return Ok(None),
-        BackendChoice::Auto => true,
-        BackendChoice::Gpu => false,
-        other => {
-            let detail = format!(
-                "backend {other}: products take auto, gpu or cpu (WGPU_BACKEND picks the graphics API)"
-            );
-            return Err(Error::bare(Rule::Argument, detail));
-        }
-    };
-    let hardware = |a: &wgpu::Adapter| a.get_info().device_type != wgpu::DeviceType::Cpu;
-    match pollster::block_on(GpuDecoder::adapter()) {
-        Some(a) if !auto => GpuDecoder::open(&a).map(Some),
-        Some(a) if hardware(&a) => Ok(GpuDecoder::open(&a).ok()),
-        Some(_) => Ok(None),
-        None if auto => Ok(None),
-        None => Err(Error::bare(
-            Rule::Gpu,
-            "backend gpu: no GPU adapter found (install a Vulkan driver, e.g. \
-             mesa-vulkan-drivers, or use backend cpu; WGPU_BACKEND and WGPU_ADAPTER_NAME \
-             filter the adapters when set)",
-        )),
-    }
-}
 
 impl WdqLinears {
     /// Weight `name` (expert `expert` of it) on `gpu`, uploaded the first
@@ -151,9 +122,9 @@ fn expert_index(expert: i64) -> Result<Option<usize>> {
 }
 
 /// Opens and plans the checkpoint at `path` for products with its
-/// quantized weights on `backend`: "gpu" (status 1 without an adapter),
-/// "cpu", or "auto" (a hardware GPU when there is one, the CPU
-/// otherwise). `*out` receives it (free it with [`wdq_linears_close`]).
+/// quantized weights on `backend`: "gpu" or a graphics API's name
+/// ("vulkan", "metal", "dx12", "gl"; status 1 without an adapter), "cpu",
+/// or "auto" (a hardware GPU when there is one, the CPU otherwise). `*out` receives it (free it with [`wdq_linears_close`]).
 ///
 /// # Safety
 /// Strings are NULL or NUL-terminated; `out` is NULL or writable; `err` is
@@ -184,7 +155,7 @@ pub unsafe extern "C" fn wdq_linears_open(
             model,
             path: path.to_string(),
             names,
-            gpu: open_gpu(choice)?,
+            gpu: GpuDecoder::for_backend(choice)?,
             packed: Mutex::default(),
         };
         *out = Box::into_raw(Box::new(l));

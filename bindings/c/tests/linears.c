@@ -201,8 +201,8 @@ int main(int argc, char **argv) {
     wdq_close(dense);
 
     WdqLinears *lin = (WdqLinears *)&rc;
-    rc = wdq_linears_open(argv[1], "auto", "vulkan", &lin, err, sizeof err);
-    CHECK(rc == 2 && strstr(err, "auto, gpu or cpu") && lin == NULL, "backend vulkan: %d %s", rc, err);
+    rc = wdq_linears_open(argv[1], "auto", "tpu", &lin, err, sizeof err);
+    CHECK(rc == 2 && strstr(err, "auto, gpu, cpu") && lin == NULL, "backend tpu: %d %s", rc, err);
     rc = wdq_linears_open(argv[1], "auto", "auto", NULL, err, sizeof err);
     CHECK(rc == 2 && strstr(err, "out is NULL"), "NULL out: %d %s", rc, err);
     rc = wdq_linears_open("/no/such/checkpoint", "auto", "cpu", &lin, err, sizeof err);

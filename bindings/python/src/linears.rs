@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 use wgpu_dequant::{
-    wgpu, BackendChoice, DtypeChoice, Error, GpuDecoder, Model, PackedLinear, Result, Rule,
+    BackendChoice, DtypeChoice, Error, GpuDecoder, Model, PackedLinear, Result, Rule,
 };
 
 use crate::py_err;
@@ -28,35 +28,6 @@ pub(crate) struct NativeLinears {
 
 /// The weights uploaded, by name and expert.
 type Uploads = HashMap<(String, Option<usize>), Arc<PackedLinear>>;
-
-/// The decoder `backend` runs products on: `None` for the CPU. `auto`
-/// takes a hardware GPU, as decoding does, and the CPU otherwise.
-fn open_gpu(backend: BackendChoice) -> Result<Option<GpuDecoder>> {
-    let auto = match backend {
-        BackendChoice::Cpu => return Ok(None),
-        BackendChoice::Auto => true,
-        BackendChoice::Gpu => false,
-        other => {
-            let detail = format!(
-                "backend {other}: products take auto, gpu or cpu (WGPU_BACKEND picks the graphics API)"
-            );
-            return Err(Error::bare(Rule::Argument, detail));
-        }
-    };
-    let hardware = |a: &wgpu::Adapter| a.get_info().device_type != wgpu::DeviceType::Cpu;
-    match pollster::block_on(GpuDecoder::adapter()) {
-        Some(a) if !auto => GpuDecoder::open(&a).map(Some),
-        Some(a) if hardware(&a) => Ok(GpuDecoder::open(&a).ok()),
-        Some(_) => Ok(None),
-        None if auto => Ok(None),
-        None => Err(Error::bare(
-            Rule::Gpu,
-            "backend gpu: no GPU adapter found (install a Vulkan driver, e.g. \
-             mesa-vulkan-drivers, or use backend cpu; WGPU_BACKEND and WGPU_ADAPTER_NAME \
-             filter the adapters when set)",
-        )),
-    }
-}
 
 impl NativeLinears {
     /// Weight `name` (expert `expert` of it) on `gpu`, uploaded the first
@@ -154,7 +125,9 @@ impl NativeLinears {
         let dtype: DtypeChoice = dtype.parse().map_err(py_err)?;
         let choice: BackendChoice = backend.parse().map_err(py_err)?;
         let (model, gpu) = py
-            .detach(|| Ok::<_, Error>((Model::open(path, dtype)?, open_gpu(choice)?)))
+            .detach(|| {
+                Ok::<_, Error>((Model::open(path, dtype)?, GpuDecoder::for_backend(choice)?))
+            })
             .map_err(py_err)?;
         Ok(NativeLinears {
             quantized: model.quantized().map(|t| t.name).collect(),

@@ -156,11 +156,8 @@ def test_matmul_refuses_wrong_inputs_naming_the_weight_and_k(backend):
 
 def test_open_linears_refuses_what_it_cannot_run():
     with pytest.raises(wdq.DequantError) as err:
-        wdq.open_linears(SAMPLE, backend="vulkan")
-    assert err.value.rule == "ARG-001" and "auto, gpu or cpu" in str(err.value)
-    with pytest.raises(wdq.DequantError) as err:
         wdq.open_linears(SAMPLE, backend="tpu")
-    assert err.value.rule == "ARG-001"
+    assert err.value.rule == "ARG-001" and "auto, gpu, cpu" in str(err.value)
     with pytest.raises(wdq.DequantError) as err:
         wdq.open_linears(ROOT / "no-such-checkpoint")
     assert err.value.rule

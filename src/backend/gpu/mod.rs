@@ -196,6 +196,15 @@ impl GpuDecoder {
         find_adapter_async().await
     }
 
+    /// The decoder `choice` runs products on, as decoding chooses its
+    /// backend: `None` for `Cpu`, and for `Auto` without a hardware GPU
+    /// (or one that does not open); an error for `Gpu` or a graphics API
+    /// that reaches no adapter. For hosts that take a backend by name.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn for_backend(choice: super::BackendChoice) -> Result<Option<GpuDecoder>> {
+        pollster::block_on(super::select::select_decoder(choice))
+    }
+
     /// [`GpuDecoder::open_async`], blocking.
     pub fn open(adapter: &wgpu::Adapter) -> Result<GpuDecoder> {
         pollster::block_on(GpuDecoder::open_async(adapter))
