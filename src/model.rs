@@ -19,9 +19,12 @@ use crate::error::{Error, Result, Rule};
 use crate::hf::Names;
 use crate::job::DecodeJob;
 use crate::numerics::DtypeChoice;
-use crate::output::{Output, Source};
+use crate::output::Output;
 use crate::plan::Plan;
 use crate::stream::{listing, load, prepare, Files};
+
+mod held;
+use held::Held;
 
 self_cell::self_cell!(
     /// The checkpoint and the plan that borrows its mapped bytes.
@@ -128,7 +131,8 @@ impl Model {
     }
 
     /// The quantized weights among [`Model::tensors`]: those decoded from
-    /// packs, which [`Model::upload_packed`] and [`Model::matmul_cpu`] take.
+    /// packs or from GGUF's blocks of a quantized type, which
+    /// [`Model::upload_packed`] and [`Model::matmul_cpu`] take.
     pub fn quantized(&self) -> impl Iterator<Item = TensorInfo> + '_ {
         quantized(self.plan())
     }
@@ -294,8 +298,8 @@ impl<F: Files> Linears<F> {
         })
     }
 
-    /// The quantized weights, sorted by name: those decoded from packs
-    /// ([`Model::quantized`]).
+    /// The quantized weights, sorted by name: those decoded from packs or
+    /// GGUF blocks ([`Model::quantized`]).
     pub fn quantized(&self) -> &[TensorInfo] {
         &self.quantized
     }
@@ -309,7 +313,7 @@ impl<F: Files> Linears<F> {
         }
         let inputs: BTreeSet<String> = {
             let plan = Plan::build(&ckpt, self.dtype, Names::Hub)?;
-            job(&plan, weight)?;
+            held(&plan, weight)?;
             let bias = bias_name(weight);
             let outputs = [weight, bias.as_str()].into_iter();
             let outputs = outputs.filter_map(|name| output(&plan, name).ok());
@@ -379,11 +383,11 @@ impl<F: Files> Linears<F> {
     }
 }
 
-/// The outputs of `plan` decoded from packs.
+/// The outputs of `plan` decoded from packs or blocks ([`Held`]).
 fn quantized<'p>(plan: &'p Plan<'_>) -> impl Iterator<Item = TensorInfo> + 'p {
     let outputs = plan.outputs.iter();
     outputs
-        .filter(|o| matches!(o.source, Source::Decode(_)))
+        .filter(|o| Held::of(&o.source).is_some())
         .map(TensorInfo::of)
 }
 
@@ -414,12 +418,10 @@ fn values_f32(plan: &Plan<'_>, name: &str, backend: &dyn Backend) -> Result<Vec<
     Ok(bytes.chunks_exact(size).map(read).collect())
 }
 
-/// The job decoding quantized weight `weight` of `plan`.
-fn job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p DecodeJob<'c>> {
-    match &output(plan, weight)?.source {
-        Source::Decode(job) => Ok(job),
-        _ => Err(refuse(plan, weight, "is not a quantized weight")),
-    }
+/// Quantized weight `weight` of `plan`.
+fn held<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<Held<'p, 'c>> {
+    Held::of(&output(plan, weight)?.source)
+        .ok_or_else(|| refuse(plan, weight, "is not a quantized weight"))
 }
 
 /// The name of the bias of weight `name`: `<module>.bias` for a Linear's
@@ -444,13 +446,14 @@ struct Linear<'p, 'c> {
 }
 
 /// The product with weight `weight` of `plan`, or with expert `expert` of
-/// it: a stack's experts are taken as stored, rows their outputs (GPT-OSS
-/// stores `[E, out, in]` of a dense `[E, in, out]`).
+/// it, whose job is `job` ([`Held::job`]): a stack's experts are taken as
+/// stored, rows their outputs (GPT-OSS stores `[E, out, in]` of a dense
+/// `[E, in, out]`).
 fn linear<'p, 'c>(
-    plan: &'p Plan<'c>,
+    plan: &Plan<'c>,
     (weight, expert): (&str, Option<usize>),
+    job: &'p DecodeJob<'c>,
 ) -> Result<Linear<'p, 'c>> {
-    let job = job(plan, weight)?;
     let shape = &output(plan, weight)?.shape;
     let stack = shape.len() == 3;
     let (job, rows, (n, k)) = match (stack, expert) {
@@ -519,7 +522,10 @@ async fn upload(
     weight: (&str, Option<usize>),
     decoder: &GpuDecoder,
 ) -> Result<PackedLinear> {
-    let w = linear(plan, weight)?;
+    let held = held(plan, weight.0)?;
+    let rows = held.rows()?;
+    let job = held.job(rows.as_deref())?;
+    let w = linear(plan, weight, &job)?;
     let (n, k) = w.shape;
     if (w.rows.len(), w.job.dims.cols) != (n, k) {
         let (r, c) = (w.rows.len(), w.job.dims.cols);
@@ -546,12 +552,15 @@ fn matmul_cpu(
     x: &[f32],
     m: usize,
 ) -> Result<Vec<f32>> {
+    let held = held(plan, weight.0)?;
+    let stored = held.rows()?;
+    let job = held.job(stored.as_deref())?;
     let Linear {
         job,
         rows,
         shape: (n, k),
         bias,
-    } = linear(plan, weight)?;
+    } = linear(plan, weight, &job)?;
     if k == 0 || m.checked_mul(k) != Some(x.len()) {
         let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
         return Err(refuse(plan, weight.0, detail));

@@ -282,7 +282,7 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
                 var xw = word_x(xo, col0, &xl, w - w0);
                 var words: array<u32, 8>;
                 for (var r = 0u; r < RB; r = r + 1u) {
-                    words[r] = row_word(at[r] + col0 * BITS);
+                    words[r] = code_word(at[r], col0);
                 }
                 add_words(&acc, &xw, words, &wvs, flat, col0);
             }
@@ -347,7 +347,7 @@ fn product_rows(wid: vec3<u32>, li: u32) {
             if (RELOAD != 0u) {
                 group = group_entry(start.sat, start.zat, col0);
             }
-            let word = row_word(start.at + col0 * BITS);
+            let word = code_word(start.at, col0);
             if (READ) {
                 let raw = (f32(word & 0xffffu) - group.z) * group.s;
                 for (var t = 0u; t < MT; t = t + 1u) {
