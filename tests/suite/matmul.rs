@@ -685,13 +685,15 @@ fn linears_read_piece_by_piece_multiply_as_the_model_does() {
 }
 
 /// GGUF's cases with quantized Linears under transformers' names: the
-/// fixtures (Q8_0, Q4_K, IQ2_XXS) and `hf-llama`, whose quantized Q and K
-/// rows `dequantize` writes in another order than they are stored.
-const GGUF_CASES: [&str; 4] = [
+/// fixtures (Q8_0, Q4_K, IQ2_XXS), `hf-llama`, whose quantized Q and K
+/// rows `dequantize` writes in another order than they are stored, and
+/// `hf-qwen3moe`, whose experts are each a Linear of rows of a stack.
+const GGUF_CASES: [&str; 5] = [
     "gguf-q4_k-llama",
     "gguf-q8_0-qwen2",
     "gguf-iq2_xxs-llama",
     "hf-llama",
+    "hf-qwen3moe",
 ];
 
 /// `gguf-types`' tensors of every quantized type (`[6, 512]` each) as the
