@@ -19,11 +19,13 @@ use crate::error::{Error, Result, Rule};
 use crate::hf::Names;
 use crate::job::DecodeJob;
 use crate::numerics::DtypeChoice;
-use crate::output::{Output, Source};
+use crate::output::Output;
 use crate::plan::Plan;
 use crate::stream::{listing, load, prepare, Files};
 
 mod experts;
+mod held;
+use held::Held;
 
 self_cell::self_cell!(
     /// The checkpoint and the plan that borrows its mapped bytes.
@@ -130,7 +132,8 @@ impl Model {
     }
 
     /// The quantized weights among [`Model::tensors`]: those decoded from
-    /// packs, which [`Model::upload_packed`] and [`Model::matmul_cpu`] take.
+    /// packs or from GGUF's blocks of a quantized type, which
+    /// [`Model::upload_packed`] and [`Model::matmul_cpu`] take.
     pub fn quantized(&self) -> impl Iterator<Item = TensorInfo> + '_ {
         quantized(self.plan())
     }
@@ -330,8 +333,8 @@ impl<F: Files> Linears<F> {
         })
     }
 
-    /// The quantized weights, sorted by name: those decoded from packs
-    /// ([`Model::quantized`]).
+    /// The quantized weights, sorted by name: those decoded from packs or
+    /// GGUF blocks ([`Model::quantized`]).
     pub fn quantized(&self) -> &[TensorInfo] {
         &self.quantized
     }
@@ -345,7 +348,7 @@ impl<F: Files> Linears<F> {
         }
         let inputs: BTreeSet<String> = {
             let plan = Plan::build(&ckpt, self.dtype, Names::Hub)?;
-            job(&plan, weight)?;
+            held(&plan, weight)?;
             let bias = bias_name(weight);
             let outputs = [weight, bias.as_str()].into_iter();
             let outputs = outputs.filter_map(|name| output(&plan, name).ok());
@@ -415,11 +418,11 @@ impl<F: Files> Linears<F> {
     }
 }
 
-/// The outputs of `plan` decoded from packs.
+/// The outputs of `plan` decoded from packs or blocks ([`Held`]).
 fn quantized<'p>(plan: &'p Plan<'_>) -> impl Iterator<Item = TensorInfo> + 'p {
     let outputs = plan.outputs.iter();
     outputs
-        .filter(|o| matches!(o.source, Source::Decode(_)))
+        .filter(|o| Held::of(&o.source).is_some())
         .map(TensorInfo::of)
 }
 
@@ -450,11 +453,23 @@ fn values_f32(plan: &Plan<'_>, name: &str, backend: &dyn Backend) -> Result<Vec<
     Ok(bytes.chunks_exact(size).map(read).collect())
 }
 
-/// The job decoding quantized weight `weight` of `plan`.
-fn job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p DecodeJob<'c>> {
-    match &output(plan, weight)?.source {
-        Source::Decode(job) => Ok(job),
-        _ => Err(refuse(plan, weight, "is not a quantized weight")),
+/// Quantized weight `weight` of `plan`.
+fn held<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<Held<'p, 'c>> {
+    Held::of(&output(plan, weight)?.source)
+        .ok_or_else(|| refuse(plan, weight, "is not a quantized weight"))
+}
+
+/// The plan's own job of quantized weight `weight`: not a GGUF tensor's,
+/// which is mapped from its rows per call ([`Held::rows`]), and which
+/// stacks of experts do not take yet.
+fn planned_job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p DecodeJob<'c>> {
+    match held(plan, weight)? {
+        Held::Job(job) => Ok(job),
+        Held::Blocks(_) => Err(refuse(
+            plan,
+            weight,
+            "is a GGUF tensor: stacks of experts do not take them yet",
+        )),
     }
 }
 
@@ -480,13 +495,14 @@ struct Linear<'p, 'c> {
 }
 
 /// The product with weight `weight` of `plan`, or with expert `expert` of
-/// it: a stack's experts are taken as stored, rows their outputs (GPT-OSS
-/// stores `[E, out, in]` of a dense `[E, in, out]`).
+/// it, whose job is `job` ([`Held::job`]): a stack's experts are taken as
+/// stored, rows their outputs (GPT-OSS stores `[E, out, in]` of a dense
+/// `[E, in, out]`).
 fn linear<'p, 'c>(
-    plan: &'p Plan<'c>,
+    plan: &Plan<'c>,
     (weight, expert): (&str, Option<usize>),
+    job: &'p DecodeJob<'c>,
 ) -> Result<Linear<'p, 'c>> {
-    let job = job(plan, weight)?;
     let shape = &output(plan, weight)?.shape;
     let stack = shape.len() == 3;
     let (job, rows, (n, k)) = match (stack, expert) {
@@ -563,7 +579,10 @@ async fn upload(
     weight: (&str, Option<usize>),
     decoder: &GpuDecoder,
 ) -> Result<PackedLinear> {
-    upload_linear(plan, linear(plan, weight)?, weight.0, decoder).await
+    let held = held(plan, weight.0)?;
+    let rows = held.rows()?;
+    let job = held.job(rows.as_deref())?;
+    upload_linear(plan, linear(plan, weight, &job)?, weight.0, decoder).await
 }
 
 /// Uploads product `w` (of weight `what` of `plan`).
@@ -599,7 +618,10 @@ fn matmul_cpu(
     x: &[f32],
     m: usize,
 ) -> Result<Vec<f32>> {
-    product_cpu(plan, linear(plan, weight)?, weight.0, x, m)
+    let held = held(plan, weight.0)?;
+    let stored = held.rows()?;
+    let job = held.job(stored.as_deref())?;
+    product_cpu(plan, linear(plan, weight, &job)?, weight.0, x, m)
 }
 
 /// Product `w` (of weight `what` of `plan`) on the CPU ([`matmul_cpu`]).

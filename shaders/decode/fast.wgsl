@@ -250,9 +250,16 @@ fn nibbles_of(x: u32) -> u32 {
 // of BITS-wide fields.
 fn blocked_word(slice: u32, row: u32, col0: u32) -> u32 {
     let st = p.codes;
+    return blocked_word_at(st.base + slice * st.slice_bits + row * st.lane_bits, col0);
+}
+
+// blocked_word of the row whose blocks start at bit `at` of src (the
+// products' RowStart::at).
+fn blocked_word_at(at: u32, col0: u32) -> u32 {
+    let st = p.codes;
     let n = col0 >> countTrailingZeros(st.block_len);
     let e0 = col0 & (st.block_len - 1u);
-    let start = st.base + slice * st.slice_bits + row * st.lane_bits + n * st.block_bits;
+    let start = at + n * st.block_bits;
     var f = plane_bytes(start, st.low, e0);
     if (st.high.y != 0u) {
         f = f | (plane_bytes(start, st.high, e0) << vec2<u32>(st.low.y));

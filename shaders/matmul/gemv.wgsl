@@ -190,7 +190,7 @@ fn word_x(xo: array<u32, 16>, col0: u32, xl: ptr<function, array<vec4<f32>, 32>>
 fn add_word(acc: ptr<function, array<f32, 64>>, xw: ptr<function, array<vec4<f32>, 32>>, r: u32,
             word: u32, wv: WordValues, flat: u32, col0: u32) {
     if (READ) {
-        let raw = (f32(word & 0xffffu) - wv.z[0]) * wv.s[0];
+        let raw = (read_word(word) - wv.z[0]) * wv.s[0];
         for (var t = 0u; t < MT; t = t + 1u) {
             (*acc)[r * MT + t] = (*acc)[r * MT + t] + raw * (*xw)[2u * t].x;
         }
@@ -282,7 +282,7 @@ fn product(wid: vec3<u32>, li: u32, sg: Subgroup) {
                 var xw = word_x(xo, col0, &xl, w - w0);
                 var words: array<u32, 8>;
                 for (var r = 0u; r < RB; r = r + 1u) {
-                    words[r] = row_word(at[r] + col0 * BITS);
+                    words[r] = code_word(at[r], col0);
                 }
                 add_words(&acc, &xw, words, &wvs, flat, col0);
             }
@@ -347,9 +347,9 @@ fn product_rows(wid: vec3<u32>, li: u32) {
             if (RELOAD != 0u) {
                 group = group_entry(start.sat, start.zat, col0);
             }
-            let word = row_word(start.at + col0 * BITS);
+            let word = code_word(start.at, col0);
             if (READ) {
-                let raw = (f32(word & 0xffffu) - group.z) * group.s;
+                let raw = (read_word(word) - group.z) * group.s;
                 for (var t = 0u; t < MT; t = t + 1u) {
                     acc[t] = acc[t] + raw * xs[xo[t] + col0];
                 }

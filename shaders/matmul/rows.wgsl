@@ -45,7 +45,7 @@ struct Fetched {
 }
 
 fn fetch(start: RowStart, w: u32, at: GroupAt) -> Fetched {
-    return Fetched(row_word(start.at + w * PER * BITS), group_of_row(start.sat, start.zat, at.s.x, at.z.x));
+    return Fetched(code_word(start.at, w * PER), group_of_row(start.sat, start.zat, at.s.x, at.z.x));
 }
 
 // Adds a fetched word at col0 times x's values to the sum of its row
@@ -53,7 +53,7 @@ fn fetch(start: RowStart, w: u32, at: GroupAt) -> Fetched {
 // first value).
 fn add_fetched(acc: ptr<function, array<f32, 16>>, f: Fetched, xo: array<u32, 16>, flat: u32, col0: u32) {
     if (READ) {
-        let raw = (f32(f.word & 0xffffu) - f.group.z) * f.group.s;
+        let raw = (read_word(f.word) - f.group.z) * f.group.s;
         for (var t = 0u; t < MT; t = t + 1u) {
             (*acc)[t] = (*acc)[t] + raw * xs[xo[t] + col0];
         }
@@ -127,6 +127,23 @@ fn row_start(local: u32) -> RowStart {
         start.zat = fast_index(p.zgrid, slice, row, 0u);
     }
     return start;
+}
+
+// The code word at col0 of the row whose codes start at bit `at` of src:
+// BITS-wide fields LSB first, read in the blocks where they lie (BLOCKED,
+// GGUF's) as the fast kernel reads them.
+fn code_word(at: u32, col0: u32) -> u32 {
+    if (BLOCKED) {
+        return blocked_word_at(at, col0);
+    }
+    return row_word(at + col0 * BITS);
+}
+
+// READ: a code word as a number, from all of its bits (its low half
+// alone would let the compiler drop the reads that bring only the high
+// one: half a word of codes in blocks, GGUF's nibbles).
+fn read_word(word: u32) -> f32 {
+    return f32((word ^ (word >> 16u)) & 0xffffu);
 }
 
 // The code word whose first field is at bit `pos` of src, LSB first.

@@ -6,8 +6,11 @@ use std::time::{Duration, Instant};
 use super::cases::{Layout, Weight};
 use super::report::Figure;
 use super::timing::best_in_turns;
-use crate::backend::gpu::GpuDecoder;
+use crate::backend::gpu::{GpuDecoder, PackedLinear};
 use crate::error::{Error, Result, Rule};
+use crate::formats::gguf::map_of;
+use crate::gguf::GgmlType;
+use crate::job::Dims;
 use crate::numerics::OutDtype;
 
 /// The weights `bench --gemv` multiplies by, `[out, in]`: a square and an
@@ -18,8 +21,19 @@ pub const GEMV_SHAPES: [(usize, usize); 4] =
 /// Rows of x `bench --gemv` multiplies with: a token, and batches.
 pub const GEMV_MS: [usize; 4] = [1, 4, 16, 64];
 
+/// GGUF's types that apps ship, in `bench --gemv`.
+const GGUF_TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+];
+
 /// Products with packed weights (`gemv`, bf16 model weights) of every
-/// layout the GPU multiplies by, per shape and rows of x, against the read
+/// layout the GPU multiplies by (and GGUF's common types), per shape and rows of x, against the read
 /// kernel (the same packed bytes and x read with the same geometry, summed
 /// as numbers) and against the product with the same weight dense in bf16
 /// (what an app does without packed products). GB/s count the bytes each
@@ -66,35 +80,16 @@ pub(crate) fn gpu_gemv(
             batch.reps > 1
         };
         let dense = copies(first, fast, upload_dense)?;
-        for layout in Layout::ALL
-            .into_iter()
-            .chain(Layout::ALONG_INPUTS)
-            .filter(|l| l.name().contains(only))
-        {
-            // GPT-OSS's experts multiply as stored, `[out, in]` (Model::upload_expert):
-            // its dense `[in, out]` transposed back.
-            let gpt_oss = layout == Layout::GptOss;
-            let (w, name) = match gpt_oss {
-                true => (
-                    Weight::random(layout, k, n, 7),
-                    "gpt-oss mxfp4 experts (as stored)",
-                ),
-                false => (Weight::random(layout, n, k, 7), layout.name()),
-            };
-            let job = match gpt_oss {
-                true => w.job(OutDtype::Bf16).transpose(),
-                false => w.job(OutDtype::Bf16),
-            };
-            let upload = || pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, name));
-            let packed = copies(upload()?, fast, upload)?;
+        // Our product, the read kernel and the dense one, in turns, at each m.
+        let mut measure = |name: &str, packed: &[PackedLinear]| -> Result<()> {
             let bytes = packed[0].gpu_bytes();
             for &m in ms {
                 let (x, y) = x_of(m);
                 let io = (&x, &y, m as u32);
-                let mut ours = Batch::of(decoder, &packed, Product::Decoded, io)?;
-                let mut read = Batch::of(decoder, &packed, Product::Read, io)?;
+                let mut ours = Batch::of(decoder, packed, Product::Decoded, io)?;
+                let mut read = Batch::of(decoder, packed, Product::Read, io)?;
                 let mut plain = Batch::of(decoder, &dense, Product::Decoded, io)?;
-                let mut empty = Batch::of(decoder, &packed, Product::Overhead, io)?;
+                let mut empty = Batch::of(decoder, packed, Product::Overhead, io)?;
                 let [ours, read, plain, empty] = best_in_turns(
                     runs,
                     [
@@ -128,6 +123,48 @@ pub(crate) fn gpu_gemv(
                     (2 * n * k) as u64 + x_bytes,
                 ));
             }
+            Ok(())
+        };
+        for layout in Layout::ALL
+            .into_iter()
+            .chain(Layout::ALONG_INPUTS)
+            .filter(|l| l.name().contains(only))
+        {
+            // GPT-OSS's experts multiply as stored, `[out, in]` (Model::upload_expert):
+            // its dense `[in, out]` transposed back.
+            let gpt_oss = layout == Layout::GptOss;
+            let (w, name) = match gpt_oss {
+                true => (
+                    Weight::random(layout, k, n, 7),
+                    "gpt-oss mxfp4 experts (as stored)",
+                ),
+                false => (Weight::random(layout, n, k, 7), layout.name()),
+            };
+            let job = match gpt_oss {
+                true => w.job(OutDtype::Bf16).transpose(),
+                false => w.job(OutDtype::Bf16),
+            };
+            let upload = || pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, name));
+            measure(name, &copies(upload()?, fast, upload)?)?;
+        }
+        // GGUF's types, the whole tensor mapped as Model::upload_packed maps
+        // it: scales on the host, codes read in the blocks (or mapped).
+        for ty in GGUF_TYPES {
+            let name = format!("gguf {ty}");
+            if !name.contains(only) || !k.is_multiple_of(ty.block().0 as usize) {
+                continue;
+            }
+            let data = super::gguf::blocks(ty, n, k);
+            let map = map_of(ty).ok_or_else(|| Error::bare(Rule::Internal, "bench: no map"))?;
+            let dims = Dims {
+                slices: 1,
+                rows: n,
+                cols: k,
+            };
+            let job = map(&data, dims, OutDtype::Bf16)?;
+            let upload =
+                || pollster::block_on(decoder.upload_linear_async(&job, 0..n, None, &name));
+            measure(&name, &copies(upload()?, fast, upload)?)?;
         }
     }
     match shapes.last() {

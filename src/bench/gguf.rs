@@ -35,7 +35,7 @@ const GPU_TYPES: [GgmlType; 6] = [
 
 /// Random blocks of `ty` for `rows × cols`, their f16 scales (at each
 /// block's `d`, and `dmin` where there is one) about 0.01.
-fn blocks(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn blocks(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let (block, size) = (ty.block().0 as usize, ty.block().1 as usize);
     let mut rng = fastrand::Rng::with_seed(51);
     let mut v = vec![0u8; rows * cols / block * size];

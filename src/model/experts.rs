@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::{bias, linear, output, product_cpu, refuse, upload_linear, Linear};
+use super::{bias, linear, output, planned_job, product_cpu, refuse, upload_linear, Linear};
 use crate::backend::gpu::{rows_by_expert, GpuDecoder, PackedLinear};
 use crate::error::Result;
 use crate::job::DecodeJob;
@@ -110,7 +110,10 @@ fn count(plan: &Plan<'_>, stack: &str) -> Result<usize> {
 /// Expert `e` of stack `stack` of `plan`, and the name its errors give.
 fn expert<'p, 'c>(plan: &'p Plan<'c>, stack: &str, e: usize) -> Result<(Linear<'p, 'c>, String)> {
     let Some(name) = expert_name(stack, e) else {
-        return Ok((linear(plan, (stack, Some(e)))?, stack.to_string()));
+        return Ok((
+            linear(plan, (stack, Some(e)), planned_job(plan, stack)?)?,
+            stack.to_string(),
+        ));
     };
     let o = output(plan, &name)?;
     let w = match multiplied(o) {
@@ -123,7 +126,7 @@ fn expert<'p, 'c>(plan: &'p Plan<'c>, stack: &str, e: usize) -> Result<(Linear<'
                 bias: bias(plan, &name, n, 0..n)?,
             }
         }
-        _ => linear(plan, (&name, None))?,
+        _ => linear(plan, (&name, None), planned_job(plan, &name)?)?,
     };
     Ok((w, name))
 }

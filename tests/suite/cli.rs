@@ -607,7 +607,8 @@ fn bench_json_lines_cover_every_fast_kernel_case() {
     });
 }
 
-/// `bench --gemv --json`: for every fast format and every M, one line
+/// `bench --gemv --json`: for every fast format (and GGUF's common
+/// types) and every M, one line
 /// against the read kernel and one against the dense bf16 product, with
 /// `m`, ratios that are the baseline's time over ours, a one-workgroup
 /// dispatch's time measured beside them, and the device; and the routed
@@ -639,6 +640,13 @@ fn bench_gemv_lines_have_both_baselines_for_every_m() {
             "gptq",
             "autoawq",
             "gpt-oss",
+            "gguf Q4_0",
+            "gguf Q4_K",
+            "gguf Q5_K",
+            "gguf Q6_K",
+            "gguf Q8_0",
+            "gguf IQ4_XS",
+            "gguf IQ2_XXS",
         ] {
             for m in [1, 4, 16, 64] {
                 let baselines: Vec<&str> = lines

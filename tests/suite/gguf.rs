@@ -78,14 +78,14 @@ fn fixtures_read_as_gguf_py_wrote_them() {
 
 /// A GGUF file written by hand: metadata (key, type, value bytes) and
 /// tensors (name, row-major shape, type id, offset), data after them.
-struct Writer {
-    kvs: Vec<(String, u32, Vec<u8>)>,
-    tensors: Vec<(String, Vec<u64>, u32, u64)>,
-    data: Vec<u8>,
-    version: u32,
+pub(crate) struct Writer {
+    pub(crate) kvs: Vec<(String, u32, Vec<u8>)>,
+    pub(crate) tensors: Vec<(String, Vec<u64>, u32, u64)>,
+    pub(crate) data: Vec<u8>,
+    pub(crate) version: u32,
 }
 
-fn string(s: &str) -> Vec<u8> {
+pub(crate) fn string(s: &str) -> Vec<u8> {
     let mut v = (s.len() as u64).to_le_bytes().to_vec();
     v.extend(s.as_bytes());
     v
@@ -93,7 +93,7 @@ fn string(s: &str) -> Vec<u8> {
 
 impl Writer {
     /// Two F32 tensors, aligned, and two metadata keys.
-    fn valid() -> Writer {
+    pub(crate) fn valid() -> Writer {
         let mut w = Writer {
             kvs: vec![],
             tensors: vec![],
@@ -108,15 +108,15 @@ impl Writer {
         w
     }
 
-    fn kv(&mut self, key: &str, ty: u32, value: Vec<u8>) {
+    pub(crate) fn kv(&mut self, key: &str, ty: u32, value: Vec<u8>) {
         self.kvs.push((key.into(), ty, value));
     }
 
-    fn tensor(&mut self, name: &str, shape: &[u64], ty: u32, offset: u64) {
+    pub(crate) fn tensor(&mut self, name: &str, shape: &[u64], ty: u32, offset: u64) {
         self.tensors.push((name.into(), shape.to_vec(), ty, offset));
     }
 
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         let mut b = b"GGUF".to_vec();
         b.extend(self.version.to_le_bytes());
         b.extend((self.tensors.len() as u64).to_le_bytes());
@@ -140,7 +140,7 @@ impl Writer {
         b
     }
 
-    fn write(&self, path: &Path) -> PathBuf {
+    pub(crate) fn write(&self, path: &Path) -> PathBuf {
         std::fs::write(path, self.bytes()).unwrap();
         path.to_path_buf()
     }

@@ -618,11 +618,18 @@ fn linears_read_piece_by_piece_multiply_as_the_model_does() {
     gpu_test(|adapter| {
         let decoder = GpuDecoder::open(&adapter).unwrap();
         let mut rng = Rng::new(0x5EED_6E3F_0000_0004);
-        for f in ["sharded-nvfp4a16", "gptq-w4-g128-actorder"] {
+        // A GGUF file's tensors are stored under other names than their
+        // Linears': its reads are bounded by the tensor's own bytes below.
+        for (cases, f) in [
+            ("tests/fixtures", "sharded-nvfp4a16"),
+            ("tests/fixtures", "gptq-w4-g128-actorder"),
+            ("tests/gguf", "gguf-q4_k-llama"),
+        ] {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
+                .join(cases)
                 .join(f)
                 .join("model");
+            let gguf = cases == "tests/gguf";
             let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
             let stored = wgpu_dequant::Checkpoint::open(&dir).unwrap();
             let files = DirFiles::new(&dir);
@@ -638,6 +645,12 @@ fn linears_read_piece_by_piece_multiply_as_the_model_does() {
                     .filter(|t| t.strip_prefix(module).is_some_and(|r| r.starts_with('.')))
                     .map(|t| stored.get(t).unwrap().len() as u64)
                     .sum();
+                let info = model.info(name).unwrap();
+                // GGUF's biggest block: Q6_K's 210 bytes for 256 weights.
+                let own = match gguf {
+                    true => (info.shape.iter().product::<usize>() * 210 / 256) as u64,
+                    false => own,
+                };
                 let before: u64 = files.read.borrow().values().sum();
                 let packed = pollster::block_on(linears.upload_packed(name, &decoder)).unwrap();
                 let read = files.read.borrow().values().sum::<u64>() - before;
@@ -660,10 +673,160 @@ fn linears_read_piece_by_piece_multiply_as_the_model_does() {
                     "{f} {name}: on the CPU"
                 );
             }
-            let e =
-                pollster::block_on(linears.upload_packed("lm_head.weight", &decoder)).unwrap_err();
+            let float = if gguf {
+                "model.norm.weight"
+            } else {
+                "lm_head.weight"
+            };
+            let e = pollster::block_on(linears.upload_packed(float, &decoder)).unwrap_err();
             assert_eq!(e.rule, Rule::Argument, "{e}");
         }
+    });
+}
+
+/// GGUF's cases with quantized Linears under transformers' names: the
+/// fixtures (Q8_0, Q4_K, IQ2_XXS), `hf-llama`, whose quantized Q and K
+/// rows `dequantize` writes in another order than they are stored, and
+/// `hf-qwen3moe`, whose experts are each a Linear of rows of a stack.
+const GGUF_CASES: [&str; 5] = [
+    "gguf-q4_k-llama",
+    "gguf-q8_0-qwen2",
+    "gguf-iq2_xxs-llama",
+    "hf-llama",
+    "hf-qwen3moe",
+];
+
+/// `gguf-types`' tensors of every quantized type (`[6, 512]` each) as the
+/// down projections of a llama model's layers, `blk.{i}.ffn_down.weight`,
+/// in a GGUF file written into `dir`: their types, in layer order.
+fn gguf_types_as_linears(dir: &Path) -> Vec<String> {
+    let types = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf/gguf-types/model");
+    let model = wgpu_dequant::gguf::Model::open(types.join("model.gguf")).unwrap();
+    let file = model.files[0].bytes();
+    let mut w = crate::gguf::Writer {
+        kvs: vec![],
+        tensors: vec![],
+        data: vec![],
+        version: 3,
+    };
+    w.kv("general.architecture", 8, crate::gguf::string("llama"));
+    w.kv("general.alignment", 4, 32u32.to_le_bytes().to_vec());
+    let mut names = Vec::new();
+    let quantized = model.tensors.iter().filter(|t| t.ty.block().0 > 1);
+    for (i, t) in quantized.enumerate() {
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        let name = format!("blk.{i}.ffn_down.weight");
+        w.tensor(&name, &shape, t.ty as u32, w.data.len() as u64);
+        let at = t.offset as usize;
+        w.data.extend(&file[at..at + t.size as usize]);
+        w.data.resize(w.data.len().next_multiple_of(32), 0);
+        names.push(t.ty.to_string());
+    }
+    w.kv(
+        "llama.block_count",
+        4,
+        (names.len() as u32).to_le_bytes().to_vec(),
+    );
+    w.write(&dir.join("model.gguf"));
+    names
+}
+
+/// Every GGUF type in the product API: `Model::quantized` lists each
+/// quantized tensor (not the float ones), and the products with it (and
+/// its bias, qwen2's) for one row of x and 5, on the CPU and on the GPU
+/// (a CPU adapter's geometry and a GPU's), equal x·Wᵀ of the weight
+/// `Model::decode_f32` gives, within the bound.
+#[test]
+fn gguf_weights_multiply_as_dequantize_writes_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let types = gguf_types_as_linears(tmp.path());
+    let mut dirs: Vec<std::path::PathBuf> = GGUF_CASES
+        .iter()
+        .map(|case| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/gguf")
+                .join(case)
+                .join("model")
+        })
+        .collect();
+    dirs.push(tmp.path().to_path_buf());
+    // Each case's Linears, their dense weights and one x per row count.
+    type Weight = (Vec<f32>, Option<Vec<f32>>);
+    type Case = (Model, Vec<(String, Weight, Vec<(usize, Vec<f32>)>)>);
+    let mut rng = Rng::new(0x5EED_6E3F_0000_0009);
+    let cases: Vec<Case> = dirs
+        .iter()
+        .map(|dir| {
+            let model = Model::open(dir, DtypeChoice::Auto).unwrap();
+            let names = linears(&model);
+            assert!(!names.is_empty(), "{}: no quantized weight", dir.display());
+            let linears = names
+                .into_iter()
+                .map(|name| {
+                    let w = model.decode_f32(&name, BackendChoice::Cpu).unwrap();
+                    let bias = name.replace(".weight", ".bias");
+                    let bias = model.decode_f32(&bias, BackendChoice::Cpu).ok();
+                    let k = model.info(&name).unwrap().shape[1];
+                    let xs = [1, 5].map(|m| (m, random_x(&mut rng, m, k, 1.0)));
+                    (name, (w, bias), xs.to_vec())
+                })
+                .collect();
+            (model, linears)
+        })
+        .collect();
+    // gguf-types' down projections: one of each type, listed by name.
+    let (_, linears) = &cases[cases.len() - 1];
+    let mut want: Vec<String> = (0..types.len())
+        .map(|i| format!("model.layers.{i}.mlp.down_proj.weight"))
+        .collect();
+    want.sort();
+    let got: Vec<&String> = linears.iter().map(|(name, _, _)| name).collect();
+    assert_eq!(got, want.iter().collect::<Vec<_>>(), "{types:?}");
+    // Where W holds infinities (gguf-types' MXFP4 rows with e8m0 scales of
+    // 2^125), an output is NaN or infinite as the f64 one is.
+    let assert_within = |got: &[f32], want: &[(f64, f64)], what: &str| {
+        let finite: Vec<bool> = want.iter().map(|(y, _)| y.is_finite()).collect();
+        for ((g, (y, _)), _) in got.iter().zip(want).zip(&finite).filter(|(_, f)| !**f) {
+            assert!(
+                (g.is_nan() && y.is_nan()) || *g as f64 == *y,
+                "{what}: {g}, f64 {y}"
+            );
+        }
+        let keep = |i: &usize| finite[*i];
+        let got: Vec<f32> = (0..got.len()).filter(keep).map(|i| got[i]).collect();
+        let want: Vec<(f64, f64)> = (0..want.len()).filter(keep).map(|i| want[i]).collect();
+        assert_within(&got, &want, what);
+    };
+    let check = |decoders: &[GpuDecoder]| {
+        for (model, linears) in &cases {
+            for (name, (w, bias), xs) in linears {
+                let info = model.info(name).unwrap();
+                let (n, k) = (info.shape[0], info.shape[1]);
+                let packs: Vec<_> = decoders
+                    .iter()
+                    .map(|d| model.upload_packed(name, d).unwrap())
+                    .collect();
+                for (m, x) in xs {
+                    let want = reference(w, x, bias.as_deref(), (*m, n, k));
+                    let what = format!("{} {name} [{n}, {k}] m={m}", model.format());
+                    for (d, (decoder, packed)) in decoders.iter().zip(&packs).enumerate() {
+                        let got = decoder.matmul(packed, x, *m).unwrap();
+                        assert_within(&got, &want, &format!("{what} on GPU decoder {d}"));
+                    }
+                    if decoders.is_empty() {
+                        let got = model.matmul_cpu(name, x, *m).unwrap();
+                        assert_within(&got, &want, &format!("{what} on the CPU"));
+                    }
+                }
+            }
+        }
+    };
+    check(&[]);
+    // The adapter's own geometry and a GPU's: the two ways the products
+    // read a row's words (without subgroups reads them as the first does).
+    gpu_test(|adapter| {
+        let [own, _, gpu] = decoders(&adapter);
+        check(&[own, gpu]);
     });
 }
 

@@ -401,7 +401,14 @@ impl Params {
     /// changes along a row. The kernels that use it take groups of whole
     /// words.
     pub(in crate::backend::gpu) fn group_words(&self) -> u32 {
-        let per = 32 / self.codes.bits.max(1);
+        // Codes in blocks are read as words of 4- or 8-bit fields, whatever
+        // their own width (Fast::for_job).
+        let bits = match (self.codes.block_len, self.codes.bits) {
+            (0, bits) => bits,
+            (_, 0..=4) => 4,
+            _ => 8,
+        };
+        let per = 32 / bits.max(1);
         let scale = (self.has_scale != 0).then_some(self.sgrid.col_div);
         let grid = [ZeroMode::Plain as u32, ZeroMode::Offset as u32].contains(&self.zero_mode);
         let zero = grid.then_some(self.zgrid.col_div);
