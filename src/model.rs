@@ -273,7 +273,7 @@ impl Model {
     }
 
     /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` on the CPU for the `m` rows of
-    /// `x` (`[m, k]`), W[e] expert `e` of stack `stack`: each row's result
+    /// `x` (`[m, k]`), `W[e]` expert `e` of stack `stack`: each row's result
     /// the one [`Model::matmul_cpu_expert`] (or [`Model::matmul_cpu`], for
     /// experts stored apart) gives it alone. What
     /// [`GpuDecoder::matmul_experts`] computes.

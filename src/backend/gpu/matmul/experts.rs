@@ -119,7 +119,7 @@ impl PackedLinear {
 impl GpuDecoder {
     /// Records `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` into `encoder` for the
     /// `ids.len()` rows of `x` (`[m, w.k]` f32) into `y` (`[m, w.n]`),
-    /// W[e] expert `e` of stack `w` ([`crate::Model::upload_experts`]):
+    /// `W[e]` expert `e` of stack `w` ([`crate::Model::upload_experts`]):
     /// each expert's rows gathered on the device, multiplied by it as
     /// [`GpuDecoder::record_matmul`] multiplies them (so each row's result
     /// is the one its expert gives it alone) and scattered into y. The
