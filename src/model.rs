@@ -459,20 +459,6 @@ fn held<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<Held<'p, 'c>> {
         .ok_or_else(|| refuse(plan, weight, "is not a quantized weight"))
 }
 
-/// The plan's own job of quantized weight `weight`: not a GGUF tensor's,
-/// which is mapped from its rows per call ([`Held::rows`]), and which
-/// stacks of experts do not take yet.
-fn planned_job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p DecodeJob<'c>> {
-    match held(plan, weight)? {
-        Held::Job(job) => Ok(job),
-        Held::Blocks(_) => Err(refuse(
-            plan,
-            weight,
-            "is a GGUF tensor: stacks of experts do not take them yet",
-        )),
-    }
-}
-
 /// The name of the bias of weight `name`: `<module>.bias` for a Linear's
 /// `<module>.weight`, `<name>_bias` for a stack of experts (GPT-OSS's).
 fn bias_name(name: &str) -> String {
