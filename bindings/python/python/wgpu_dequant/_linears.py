@@ -88,6 +88,8 @@ class Linears:
             routes = np.asarray(ids.detach().cpu() if hasattr(ids, "detach") else ids)
         except (TypeError, ValueError):
             routes = None
+        if routes is not None and routes.ndim == 1 and routes.size == 0:
+            routes = routes.astype(np.int64)  # [] is float64 to NumPy
         if routes is None or routes.dtype.kind not in "iu" or routes.ndim != 1:
             raise _refuse(f"{stack}: ids are {_describe(ids)}; expected {m} expert indices (ints)")
         if len(routes) != m:
