@@ -258,8 +258,8 @@ impl Model {
     /// name, its experts `NAME[e]` (one tensor holds them all:
     /// [`Model::upload_expert`] takes `(NAME, e)`); weights stored an
     /// expert each (`<block>.experts.<e>.<rest>`: Mixtral's, Qwen-MoE's,
-    /// mlx-lm's `switch_mlp` cut into its experts) as
-    /// `<block>.experts.*.<rest>`, their own names in order.
+    /// mlx-lm's `switch_mlp` and GGUF's `*_exps` cut into their experts)
+    /// as `<block>.experts.*.<rest>`, their own names in order.
     pub fn expert_stacks(&self) -> Vec<(String, Vec<String>)> {
         experts::stacks(self.plan())
     }
