@@ -258,8 +258,8 @@ impl Model {
     /// name, its experts `NAME[e]` (one tensor holds them all:
     /// [`Model::upload_expert`] takes `(NAME, e)`); weights stored an
     /// expert each (`<block>.experts.<e>.<rest>`: Mixtral's, Qwen-MoE's,
-    /// mlx-lm's `switch_mlp` cut into its experts) as
-    /// `<block>.experts.*.<rest>`, their own names in order.
+    /// mlx-lm's `switch_mlp` and GGUF's `*_exps` cut into their experts)
+    /// as `<block>.experts.*.<rest>`, their own names in order.
     pub fn expert_stacks(&self) -> Vec<(String, Vec<String>)> {
         experts::stacks(self.plan())
     }
@@ -457,20 +457,6 @@ fn values_f32(plan: &Plan<'_>, name: &str, backend: &dyn Backend) -> Result<Vec<
 fn held<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<Held<'p, 'c>> {
     Held::of(&output(plan, weight)?.source)
         .ok_or_else(|| refuse(plan, weight, "is not a quantized weight"))
-}
-
-/// The plan's own job of quantized weight `weight`: not a GGUF tensor's,
-/// which is mapped from its rows per call ([`Held::rows`]), and which
-/// stacks of experts do not take yet.
-fn planned_job<'p, 'c>(plan: &'p Plan<'c>, weight: &str) -> Result<&'p DecodeJob<'c>> {
-    match held(plan, weight)? {
-        Held::Job(job) => Ok(job),
-        Held::Blocks(_) => Err(refuse(
-            plan,
-            weight,
-            "is a GGUF tensor: stacks of experts do not take them yet",
-        )),
-    }
 }
 
 /// The name of the bias of weight `name`: `<module>.bias` for a Linear's

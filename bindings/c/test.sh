@@ -19,5 +19,6 @@ for src in examples/sample examples/matmul tests/test tests/linears; do
 done
 "$out/sample" assets/sample-w4a16
 "$out/matmul" assets/sample-w4a16
+"$out/matmul" tests/gguf/hf-llama/model/model.gguf
 "$out/test" assets/sample-w4a16 tests/gguf/hf-llama/model/model.gguf "$out"
 "$out/linears" assets/sample-w4a16 tests/fixtures/gpt-oss-mxfp4/model

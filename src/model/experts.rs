@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::{bias, linear, output, planned_job, product_cpu, refuse, upload_linear, Linear};
+use super::held::Held;
+use super::{bias, held, linear, output, product_cpu, refuse, upload_linear, Linear};
 use crate::backend::gpu::{rows_by_expert, GpuDecoder, PackedLinear};
 use crate::error::Result;
 use crate::job::DecodeJob;
@@ -19,7 +20,8 @@ use crate::plan::Plan;
 /// `NAME[e]`, which one dense tensor holds; weights stored an expert each
 /// (`<block>.experts.<e>.<rest>`: Mixtral's, Qwen-MoE's, mlx-lm's
 /// `switch_mlp` cut into its experts) under the stack name
-/// `<block>.experts.*.<rest>`, when their experts are 0 to E - 1.
+/// `<block>.experts.*.<rest>`, when their experts are 0 to E - 1 (GGUF's
+/// `ffn_*_exps`, which its conversion cuts into experts so named).
 pub(super) fn stacks(plan: &Plan<'_>) -> Vec<(String, Vec<String>)> {
     let mut stacks = Vec::new();
     let mut apart: BTreeMap<String, BTreeMap<usize, String>> = BTreeMap::new();
@@ -63,25 +65,23 @@ fn expert_name(stack: &str, e: usize) -> Option<String> {
     Some(format!("{block}.experts.{e}.{rest}"))
 }
 
-/// The job and its rows of a 2-D weight the products take: decoded
-/// whole, or rows of one stacked job (an mlx-lm expert, `switch_mlp`'s).
-fn multiplied<'p, 'c>(o: &'p Output<'c>) -> Option<(&'p DecodeJob<'c>, Option<Range<usize>>)> {
-    match &o.source {
-        Source::Decode(job) => Some((job, None)),
-        Source::Assemble(a) => {
-            let [band] = a.stack.bands.as_slice() else {
-                return None;
-            };
-            let [piece] = band.parts.as_slice() else {
-                return None;
-            };
-            let job = &*piece.job;
-            let whole = o.shape == [band.rows, a.cols] && job.dims.cols == a.cols;
-            (whole && !a.interleaved && !job.transposed)
-                .then_some((job, Some(piece.row..piece.row + band.rows)))
-        }
-        _ => None,
-    }
+/// The quantized weight of a 2-D output the products take, and its rows:
+/// decoded whole (a plan's job, a GGUF tensor's blocks), or rows of one
+/// stacked job (an mlx-lm expert, `switch_mlp`'s).
+fn multiplied<'p, 'c>(o: &'p Output<'c>) -> Option<(Held<'p, 'c>, Option<Range<usize>>)> {
+    let Source::Assemble(a) = &o.source else {
+        return Held::of(&o.source).map(|held| (held, None));
+    };
+    let [band] = a.stack.bands.as_slice() else {
+        return None;
+    };
+    let [piece] = band.parts.as_slice() else {
+        return None;
+    };
+    let job = &*piece.job;
+    let whole = o.shape == [band.rows, a.cols] && job.dims.cols == a.cols;
+    (whole && !a.interleaved && !job.transposed)
+        .then_some((Held::Job(job), Some(piece.row..piece.row + band.rows)))
 }
 
 /// How many experts stack `stack` of `plan` has (ARG-001 when it is none).
@@ -107,28 +107,57 @@ fn count(plan: &Plan<'_>, stack: &str) -> Result<usize> {
     }
 }
 
-/// Expert `e` of stack `stack` of `plan`, and the name its errors give.
-fn expert<'p, 'c>(plan: &'p Plan<'c>, stack: &str, e: usize) -> Result<(Linear<'p, 'c>, String)> {
+/// Expert `e` of a stack: its quantized weight, the weight (and expert of
+/// it) its product is named by, and its rows of a stacked job, where it is
+/// some. Its job is the caller's to map ([`Held::rows`], [`Held::job`]):
+/// a GGUF tensor's is built from the rows it reads, which must outlive it.
+struct Expert<'p, 'c> {
+    held: Held<'p, 'c>,
+    weight: (String, Option<usize>),
+    rows: Option<Range<usize>>,
+}
+
+/// Expert `e` of stack `stack` of `plan`.
+fn expert<'p, 'c>(plan: &'p Plan<'c>, stack: &str, e: usize) -> Result<Expert<'p, 'c>> {
     let Some(name) = expert_name(stack, e) else {
-        return Ok((
-            linear(plan, (stack, Some(e)), planned_job(plan, stack)?)?,
-            stack.to_string(),
-        ));
+        let held = held(plan, stack)?;
+        let weight = (stack.to_string(), Some(e));
+        return Ok(Expert {
+            held,
+            weight,
+            rows: None,
+        });
     };
-    let o = output(plan, &name)?;
-    let w = match multiplied(o) {
-        Some((job, Some(rows))) => {
-            let (n, k) = (rows.len(), job.dims.cols);
-            Linear {
-                job: Cow::Borrowed(job),
-                rows,
-                shape: (n, k),
-                bias: bias(plan, &name, n, 0..n)?,
-            }
-        }
-        _ => linear(plan, (&name, None), planned_job(plan, &name)?)?,
+    let Some((held, rows)) = multiplied(output(plan, &name)?) else {
+        return Err(refuse(plan, &name, "is not a quantized weight"));
     };
-    Ok((w, name))
+    Ok(Expert {
+        held,
+        weight: (name, None),
+        rows,
+    })
+}
+
+impl Expert<'_, '_> {
+    /// Its product, whose job is `job` (its [`Held::job`]).
+    fn linear<'a, 'c>(&self, plan: &Plan<'c>, job: &'a DecodeJob<'c>) -> Result<Linear<'a, 'c>> {
+        let (name, e) = (&self.weight.0, self.weight.1);
+        let Some(rows) = self.rows.clone() else {
+            return linear(plan, (name, e), job);
+        };
+        let (n, k) = (rows.len(), job.dims.cols);
+        Ok(Linear {
+            job: Cow::Borrowed(job),
+            rows,
+            shape: (n, k),
+            bias: bias(plan, name, n, 0..n)?,
+        })
+    }
+
+    /// The name its errors give.
+    fn name(&self) -> &str {
+        &self.weight.0
+    }
 }
 
 /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` on the CPU for the `m` rows of `x`:
@@ -147,12 +176,15 @@ pub(super) fn matmul_cpu(
     let mut y = Vec::new();
     let mut shape = None;
     for (e, rows) in groups {
-        let (w, name) = expert(plan, stack, e)?;
+        let x_e = expert(plan, stack, e)?;
+        let stored = x_e.held.rows()?;
+        let job = x_e.held.job(stored.as_deref())?;
+        let (w, name) = (x_e.linear(plan, &job)?, x_e.name());
         let (n, k) = w.shape;
         if *shape.get_or_insert((n, k)) != (n, k) {
             return Err(refuse(
                 plan,
-                &name,
+                name,
                 "is not the shape of its stack's expert 0",
             ));
         }
@@ -166,7 +198,7 @@ pub(super) fn matmul_cpu(
             .flat_map(|&r| &x[r * k..(r + 1) * k])
             .copied()
             .collect();
-        let ye = product_cpu(plan, w, &name, &xe, rows.len())?;
+        let ye = product_cpu(plan, w, name, &xe, rows.len())?;
         for (&r, yr) in rows.iter().zip(ye.chunks_exact(n.max(1))) {
             y[r * n..(r + 1) * n].copy_from_slice(yr);
         }
@@ -184,8 +216,11 @@ pub(super) async fn upload(
     let experts = count(plan, stack)?;
     let mut packed = Vec::with_capacity(experts);
     for e in 0..experts {
-        let (w, name) = expert(plan, stack, e)?;
-        packed.push(upload_linear(plan, w, &name, decoder).await?);
+        let x_e = expert(plan, stack, e)?;
+        let stored = x_e.held.rows()?;
+        let job = x_e.held.job(stored.as_deref())?;
+        let w = x_e.linear(plan, &job)?;
+        packed.push(upload_linear(plan, w, x_e.name(), decoder).await?);
     }
     PackedLinear::stack(packed, stack)
 }

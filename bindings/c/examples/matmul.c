@@ -2,6 +2,7 @@
  * from its packs (the dense weight is never made), and checks each product
  * against the weight decoded whole:
  *   matmul [CHECKPOINT] [BACKEND]   (defaults: assets/sample-w4a16, auto)
+ * CHECKPOINT may be a GGUF file: its quantized tensors are its Linears.
  * Every output must be within K·2^-24·Σ|w·x| (plus half an ulp for the
  * bias) of the product in double precision (docs/apps.md). Prints
  * NAME N K BACKEND MAX-ERROR per weight. A 3-D stack of experts is

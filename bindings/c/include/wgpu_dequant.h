@@ -239,6 +239,50 @@ int wdq_linears_dims(const struct WdqLinears *l, const char *name, int64_t exper
 int wdq_linears_matmul(const struct WdqLinears *l, const char *name, int64_t expert, const float *x, size_t m, size_t k, float *y, size_t n, char *err, size_t err_len);
 
 /**
+ * Number of stacks of experts (0 for NULL): a 3-D stack (GPT-OSS's) by
+ * its dense name, experts stored one weight each (Mixtral's, Qwen-MoE's,
+ * mlx-lm's, GGUF's `*_exps`) as `<block>.experts.*.<rest>`.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed.
+ */
+size_t wdq_linears_stack_count(const struct WdqLinears *l);
+
+/**
+ * Name of stack of experts `i` (sorted by name), valid until
+ * [`wdq_linears_close`]; NULL for NULL or an `i` out of range.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed.
+ */
+const char *wdq_linears_stack_name(const struct WdqLinears *l, size_t i);
+
+/**
+ * Number of experts of stack `i` (0 for NULL or an `i` out of range):
+ * expert `e` is expert `e` of a 3-D stack ([`wdq_linears_matmul`]'s
+ * `expert`), or the weight named with `.experts.<e>.` for `.experts.*.`.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed.
+ */
+size_t wdq_linears_stack_experts(const struct WdqLinears *l, size_t i);
+
+/**
+ * `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for the `m` rows of `x` (`k` floats
+ * each), W[e] expert `e` of stack `stack` ([`wdq_linears_stack_name`]):
+ * `ids` holds `m` expert indices, `y` receives `m` rows of `n`. Each row
+ * is exactly what its expert's own [`wdq_linears_matmul`] gives it. On
+ * the GPU the stack is uploaded whole the first time it is used.
+ *
+ * # Safety
+ * `l` is NULL or from [`wdq_linears_open`] and not closed; `stack` is NULL
+ * or NUL-terminated; `x` is NULL or holds `m * k` floats, `ids` NULL or
+ * `m` indices, `y` NULL or `m * n` writable floats; `err` is NULL or holds
+ * `err_len` bytes.
+ */
+int wdq_linears_matmul_experts(const struct WdqLinears *l, const char *stack, const float *x, size_t m, size_t k, const uint32_t *ids, float *y, size_t n, char *err, size_t err_len);
+
+/**
  * Frees what [`wdq_linears_open`] made (the GPU's copies of the weights
  * with it); NULL is ignored.
  *

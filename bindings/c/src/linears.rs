@@ -1,7 +1,9 @@
 //! Products with packed weights (`wdq_linears_*`): a checkpoint's quantized
 //! Linears multiplied straight from their packs, on the GPU through
 //! `GpuDecoder::matmul` with each weight uploaded once, or on the CPU
-//! through `Model::matmul_cpu`.
+//! through `Model::matmul_cpu`; rows routed to the experts of one stack
+//! through `GpuDecoder::matmul_experts` (the stack uploaded once) or
+//! `Model::matmul_cpu_experts`.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CString};
@@ -23,6 +25,10 @@ pub struct WdqLinears {
     gpu: Option<GpuDecoder>,
     /// Each weight (or expert) uploaded once.
     packed: Mutex<Uploads>,
+    /// The stacks of experts (`Model::expert_stacks`): name, experts.
+    stacks: Vec<(CString, usize)>,
+    /// Each stack of experts uploaded once, whole.
+    packed_stacks: Mutex<HashMap<String, Arc<PackedLinear>>>,
 }
 
 /// The weights uploaded, by name and expert.
@@ -51,6 +57,52 @@ impl WdqLinears {
 
     fn uploads(&self) -> MutexGuard<'_, Uploads> {
         self.packed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every expert of `stack` on `gpu`, uploaded the first time it is used.
+    fn packed_stack(&self, gpu: &GpuDecoder, stack: &str) -> Result<Arc<PackedLinear>> {
+        let lock = || self.packed_stacks.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = lock().get(stack).cloned();
+        if let Some(p) = cached {
+            return Ok(p);
+        }
+        let w = Arc::new(self.model.upload_experts(stack, gpu)?);
+        Ok(lock().entry(stack.to_string()).or_insert(w).clone())
+    }
+
+    /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for the `m` rows of `x` (`k`
+    /// values each), W[e] expert `e` of `stack`: `(y, n)`.
+    fn routed(
+        &self,
+        stack: &str,
+        x: &[f32],
+        (m, k): (usize, usize),
+        ids: &[u32],
+    ) -> Result<(Vec<f32>, usize)> {
+        let refuse = |detail: String| Error::tensor(Rule::Argument, &self.path, stack, detail);
+        let Some(gpu) = &self.gpu else {
+            // Its width from one row of zeros when x has none.
+            let (zeros, one) = (vec![0.0; k], [0]);
+            let (x1, m1, ids1) = match m {
+                0 => (&zeros[..], 1, &one[..]),
+                _ => (x, m, ids),
+            };
+            let y = self.model.matmul_cpu_experts(stack, x1, m1, ids1)?;
+            let n = y.len() / m1;
+            return Ok((if m == 0 { Vec::new() } else { y }, n));
+        };
+        let w = self.packed_stack(gpu, stack)?;
+        if k != w.k {
+            return Err(refuse(format!("x has rows of {k} values, not {}", w.k)));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.experts) {
+            let detail = format!("has {} experts, not {}", w.experts, id as u64 + 1);
+            return Err(refuse(detail));
+        }
+        match m {
+            0 => Ok((Vec::new(), w.n)),
+            _ => Ok((gpu.matmul_experts(&w, x, m, ids)?, w.n)),
+        }
     }
 
     /// `x·Wᵀ (+ bias)` for the `m` rows of `x`.
@@ -151,12 +203,22 @@ pub unsafe extern "C" fn wdq_linears_open(
             .quantized()
             .map(|t| CString::new(t.name).map_err(|_| argument("a tensor name holds NUL".into())))
             .collect::<Result<Vec<_>>>()?;
+        let stacks = model
+            .expert_stacks()
+            .into_iter()
+            .map(|(s, experts)| {
+                let s = CString::new(s).map_err(|_| argument("a stack name holds NUL".into()))?;
+                Ok((s, experts.len()))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let l = WdqLinears {
             model,
             path: path.to_string(),
             names,
             gpu: GpuDecoder::for_backend(choice)?,
             packed: Mutex::default(),
+            stacks,
+            packed_stacks: Mutex::default(),
         };
         *out = Box::into_raw(Box::new(l));
         Ok(())
@@ -282,6 +344,97 @@ pub unsafe extern "C" fn wdq_linears_matmul(
                 "x has rows of {k} values and y of {n}; the product takes {want_k} and gives {got_n}"
             );
             return Err(Error::tensor(Rule::Argument, &l.path, name, detail));
+        }
+        // SAFETY: the caller hands `m * n` writable floats at `y`, and
+        // `y_all` holds that many.
+        std::slice::from_raw_parts_mut(y, y_len).copy_from_slice(&y_all);
+        Ok(())
+    })
+}
+
+/// Number of stacks of experts (0 for NULL): a 3-D stack (GPT-OSS's) by
+/// its dense name, experts stored one weight each (Mixtral's, Qwen-MoE's,
+/// mlx-lm's, GGUF's `*_exps`) as `<block>.experts.*.<rest>`.
+///
+/// # Safety
+/// `l` is NULL or from [`wdq_linears_open`] and not closed.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_linears_stack_count(l: *const WdqLinears) -> usize {
+    l.as_ref().map_or(0, |l| l.stacks.len())
+}
+
+/// Name of stack of experts `i` (sorted by name), valid until
+/// [`wdq_linears_close`]; NULL for NULL or an `i` out of range.
+///
+/// # Safety
+/// `l` is NULL or from [`wdq_linears_open`] and not closed.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_linears_stack_name(l: *const WdqLinears, i: usize) -> *const c_char {
+    match l.as_ref().and_then(|l| l.stacks.get(i)) {
+        Some((name, _)) => name.as_ptr(),
+        None => std::ptr::null(),
+    }
+}
+
+/// Number of experts of stack `i` (0 for NULL or an `i` out of range):
+/// expert `e` is expert `e` of a 3-D stack ([`wdq_linears_matmul`]'s
+/// `expert`), or the weight named with `.experts.<e>.` for `.experts.*.`.
+///
+/// # Safety
+/// `l` is NULL or from [`wdq_linears_open`] and not closed.
+#[no_mangle]
+pub unsafe extern "C" fn wdq_linears_stack_experts(l: *const WdqLinears, i: usize) -> usize {
+    l.as_ref()
+        .and_then(|l| l.stacks.get(i))
+        .map_or(0, |(_, experts)| *experts)
+}
+
+/// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for the `m` rows of `x` (`k` floats
+/// each), W[e] expert `e` of stack `stack` ([`wdq_linears_stack_name`]):
+/// `ids` holds `m` expert indices, `y` receives `m` rows of `n`. Each row
+/// is exactly what its expert's own [`wdq_linears_matmul`] gives it. On
+/// the GPU the stack is uploaded whole the first time it is used.
+///
+/// # Safety
+/// `l` is NULL or from [`wdq_linears_open`] and not closed; `stack` is NULL
+/// or NUL-terminated; `x` is NULL or holds `m * k` floats, `ids` NULL or
+/// `m` indices, `y` NULL or `m * n` writable floats; `err` is NULL or holds
+/// `err_len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wdq_linears_matmul_experts(
+    l: *const WdqLinears,
+    stack: *const c_char,
+    x: *const f32,
+    m: usize,
+    k: usize,
+    ids: *const u32,
+    y: *mut f32,
+    n: usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    call(err, err_len, || {
+        let l = l
+            .as_ref()
+            .ok_or_else(|| argument("linears is NULL".into()))?;
+        let stack = text(stack, "stack")?;
+        if x.is_null() || y.is_null() || ids.is_null() {
+            return Err(argument("x, ids or y is NULL".into()));
+        }
+        let (x_len, y_len) = match (m.checked_mul(k), m.checked_mul(n)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(argument(format!("{m} rows of {k} or {n} overflow"))),
+        };
+        // SAFETY: the caller hands `m * k` floats at `x` and `m` ids.
+        let (x, ids) = (
+            std::slice::from_raw_parts(x, x_len),
+            std::slice::from_raw_parts(ids, m),
+        );
+        let (y_all, got_n) = l.routed(stack, x, (m, k), ids)?;
+        if got_n != n {
+            let detail = format!("y has rows of {n} values; the product gives {got_n}");
+            return Err(Error::tensor(Rule::Argument, &l.path, stack, detail));
         }
         // SAFETY: the caller hands `m * n` writable floats at `y`, and
         // `y_all` holds that many.

@@ -4,7 +4,8 @@
  * Every product is within K·2^-24·Σ|w·x| (plus half an ulp for the bias)
  * of the double-precision product of the weight wdq_decode gives in f32
  * (docs/apps.md). Without a GPU adapter the GPU half is skipped, unless
- * WGPU_DEQUANT_REQUIRE_GPU=1 makes that a failure. */
+ * WGPU_DEQUANT_REQUIRE_GPU=1 makes that a failure. GPT-OSS's stacks with
+ * rows routed to mixed experts give each row its expert's own bits. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +145,42 @@ static void sample(const char *path, const char *backend, const WdqCheckpoint *d
     wdq_linears_close(lin);
 }
 
+/* Rows of x routed to mixed experts of each stack in one call: each row
+   the bits its expert's own wdq_linears_matmul gives it; an id past the
+   last expert, or too few ids, is refused naming the stack. */
+static void routed(const WdqLinears *lin) {
+    const unsigned ids[8] = {3, 1, 3, 0, 1, 2, 3, 0};
+    size_t stacks = wdq_linears_stack_count(lin);
+    CHECK(stacks > 0 && wdq_linears_stack_name(lin, stacks) == NULL && wdq_linears_stack_experts(lin, stacks) == 0,
+          "stacks: %zu", stacks);
+    for (size_t s = 0; s < stacks; s++) {
+        const char *stack = wdq_linears_stack_name(lin, s);
+        size_t experts = wdq_linears_stack_experts(lin, s), n = 0, k = 0, m = 8;
+        int rc = wdq_linears_dims(lin, stack, 0, &n, &k, err, sizeof err);
+        CHECK(rc == 0 && experts > 3, "%s: %zu experts, dims: %d %s", stack, experts, rc, err);
+        if (rc != 0 || experts <= 3) continue;
+        float *x = inputs(m, k, (unsigned)s), *y = malloc(m * n * sizeof *y), *alone = malloc(n * sizeof *alone);
+        rc = wdq_linears_matmul_experts(lin, stack, x, m, k, ids, y, n, err, sizeof err);
+        CHECK(rc == 0, "%s on %s: %d %s", stack, wdq_linears_backend(lin), rc, err);
+        for (size_t r = 0; rc == 0 && r < m; r++) {
+            int one = wdq_linears_matmul(lin, stack, ids[r], x + r * k, 1, k, alone, n, err, sizeof err);
+            CHECK(one == 0 && memcmp(alone, y + r * n, n * sizeof *y) == 0,
+                  "%s row %zu expert %u on %s: not its own product's bits (%s)", stack, r, ids[r],
+                  wdq_linears_backend(lin), one ? err : "");
+        }
+        unsigned past[8] = {0, 0, 0, 0, 0, 0, 0, (unsigned)experts};
+        rc = wdq_linears_matmul_experts(lin, stack, x, m, k, past, y, n, err, sizeof err);
+        CHECK(rc == 2 && strstr(err, stack) && strstr(err, "experts, not"), "an id past the last: %d %s", rc, err);
+        rc = wdq_linears_matmul_experts(lin, stack, x, m, k + 1, ids, y, n, err, sizeof err);
+        CHECK(rc == 2 && strstr(err, stack), "another width: %d %s", rc, err);
+        rc = wdq_linears_matmul_experts(lin, stack, x, m, k, NULL, y, n, err, sizeof err);
+        CHECK(rc == 2 && strstr(err, "NULL"), "NULL ids: %d %s", rc, err);
+        free(x);
+        free(y);
+        free(alone);
+    }
+}
+
 /* Every expert of GPT-OSS's stacks (dense [E, in, out]: y = x·W[e] +
    bias[e]), m = 1 and 5; a stack without an expert, or past its last, is
    refused. */
@@ -182,6 +219,7 @@ static void gpt_oss(const char *path, const char *backend) {
         free(bias);
     }
     wdq_close(dense);
+    routed(lin);
     wdq_linears_close(lin);
 }
 
@@ -207,7 +245,9 @@ int main(int argc, char **argv) {
     CHECK(rc == 2 && strstr(err, "out is NULL"), "NULL out: %d %s", rc, err);
     rc = wdq_linears_open("/no/such/checkpoint", "auto", "cpu", &lin, err, sizeof err);
     CHECK(rc == 1 && strstr(err, "/no/such/checkpoint"), "missing path: %d %s", rc, err);
-    CHECK(wdq_linears_count(NULL) == 0 && wdq_linears_name(NULL, 0) == NULL && wdq_linears_backend(NULL) == NULL,
+    CHECK(wdq_linears_count(NULL) == 0 && wdq_linears_name(NULL, 0) == NULL && wdq_linears_backend(NULL) == NULL &&
+              wdq_linears_stack_count(NULL) == 0 && wdq_linears_stack_name(NULL, 0) == NULL &&
+              wdq_linears_stack_experts(NULL, 0) == 0,
           "NULL linears");
     wdq_linears_close(NULL);
     printf(failures ? "%d failed\n" : "all passed\n", failures);

@@ -1,7 +1,10 @@
 //! Products with packed weights (`open_linears`): a checkpoint's quantized
 //! Linears multiplied straight from their packs, on the GPU through
 //! `GpuDecoder::matmul` with each weight uploaded once, or on the CPU
-//! through `Model::matmul_cpu`. The Python half checks and converts arrays.
+//! through `Model::matmul_cpu`; rows of x routed to experts of one stack
+//! (`matmul_experts`) through `GpuDecoder::matmul_experts`, the stack
+//! uploaded once, or `Model::matmul_cpu_experts`. The Python half checks
+//! and converts arrays.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,10 +27,29 @@ pub(crate) struct NativeLinears {
     gpu: Option<GpuDecoder>,
     /// Each weight (or expert) uploaded once.
     packed: Mutex<Uploads>,
+    /// Each stack of experts uploaded once, whole.
+    stacks: Mutex<HashMap<String, Arc<PackedLinear>>>,
 }
 
 /// The weights uploaded, by name and expert.
 type Uploads = HashMap<(String, Option<usize>), Arc<PackedLinear>>;
+
+/// Little-endian f32 bytes as values.
+fn floats(x: &[u8]) -> Vec<f32> {
+    x.chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// `y` as little-endian f32 bytes, for Python.
+fn byte_array<'py>(py: Python<'py>, y: &[f32]) -> PyResult<Bound<'py, PyByteArray>> {
+    PyByteArray::new_with(py, 4 * y.len(), |buf| {
+        for (b, v) in buf.chunks_exact_mut(4).zip(y) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    })
+}
 
 impl NativeLinears {
     /// Weight `name` (expert `expert` of it) on `gpu`, uploaded the first
@@ -52,6 +74,58 @@ impl NativeLinears {
 
     fn uploads(&self) -> MutexGuard<'_, Uploads> {
         self.packed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every expert of `stack` on `gpu`, uploaded the first time it is used.
+    fn packed_stack(&self, gpu: &GpuDecoder, stack: &str) -> Result<Arc<PackedLinear>> {
+        let lock = || self.stacks.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = lock().get(stack).cloned();
+        if let Some(p) = cached {
+            return Ok(p);
+        }
+        let w = Arc::new(self.model.upload_experts(stack, gpu)?);
+        Ok(lock().entry(stack.to_string()).or_insert(w).clone())
+    }
+
+    /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for the `m` rows of `x` (`k`
+    /// values each), W[e] expert `e` of `stack`: `(y, n)`.
+    fn routed(
+        &self,
+        stack: &str,
+        x: &[f32],
+        (m, k): (usize, usize),
+        ids: &[u32],
+    ) -> Result<(Vec<f32>, usize)> {
+        let refuse = |detail: String| Error::tensor(Rule::Argument, &self.path, stack, detail);
+        if ids.len() != m {
+            return Err(refuse(format!(
+                "{} expert ids for {m} rows of x",
+                ids.len()
+            )));
+        }
+        let Some(gpu) = &self.gpu else {
+            // Its width from one row of zeros when x has none.
+            let (zeros, one) = (vec![0.0; k], [0]);
+            let (x1, m1, ids1) = match m {
+                0 => (&zeros[..], 1, &one[..]),
+                _ => (x, m, ids),
+            };
+            let y = self.model.matmul_cpu_experts(stack, x1, m1, ids1)?;
+            let n = y.len() / m1;
+            return Ok((if m == 0 { Vec::new() } else { y }, n));
+        };
+        let w = self.packed_stack(gpu, stack)?;
+        if k != w.k {
+            return Err(refuse(format!("x has rows of {k} values, not {}", w.k)));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.experts) {
+            let detail = format!("has {} experts, not {}", w.experts, id as u64 + 1);
+            return Err(refuse(detail));
+        }
+        match m {
+            0 => Ok((Vec::new(), w.n)),
+            _ => Ok((gpu.matmul_experts(&w, x, m, ids)?, w.n)),
+        }
     }
 
     /// `x·Wᵀ (+ bias)` for the `m` rows of `x`.
@@ -135,6 +209,7 @@ impl NativeLinears {
             path: path.to_string(),
             gpu,
             packed: Mutex::default(),
+            stacks: Mutex::default(),
         })
     }
 
@@ -195,21 +270,40 @@ impl NativeLinears {
                 }
                 return Ok((Vec::new(), n));
             }
-            let x: Vec<f32> = x
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let y = self.product(name, expert, &x, m)?;
+            let y = self.product(name, expert, &floats(x), m)?;
             let n = y.len() / m;
             Ok((y, n))
         };
         let (y, n) = py.detach(run).map_err(py_err)?;
-        let bytes = PyByteArray::new_with(py, 4 * y.len(), |buf| {
-            for (b, v) in buf.chunks_exact_mut(4).zip(&y) {
-                b.copy_from_slice(&v.to_le_bytes());
+        Ok((byte_array(py, &y)?, n))
+    }
+
+    /// Every stack of experts, sorted by name, with its experts' names in
+    /// expert order (`Model::expert_stacks`).
+    fn expert_stacks(&self) -> Vec<(String, Vec<String>)> {
+        self.model.expert_stacks()
+    }
+
+    /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for `m` rows of `k` f32 values
+    /// (little-endian bytes), W[e] expert `e` of `stack`, with the GIL
+    /// released: `(y's bytes, n)`.
+    fn matmul_experts<'py>(
+        &self,
+        py: Python<'py>,
+        stack: &str,
+        x: &[u8],
+        m: usize,
+        k: usize,
+        ids: Vec<u32>,
+    ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+        let run = || {
+            if m.checked_mul(k).and_then(|v| v.checked_mul(4)) != Some(x.len()) {
+                let detail = format!("x holds {} bytes, not {m} rows of {k} f32s", x.len());
+                return Err(Error::tensor(Rule::Argument, &self.path, stack, detail));
             }
-            Ok(())
-        })?;
-        Ok((bytes, n))
+            self.routed(stack, &floats(x), (m, k), &ids)
+        };
+        let (y, n) = py.detach(run).map_err(py_err)?;
+        Ok((byte_array(py, &y)?, n))
     }
 }

@@ -8,6 +8,7 @@ they are skipped, unless ``WGPU_DEQUANT_REQUIRE_GPU=1`` (as CI sets it),
 which makes that a failure."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,57 @@ def test_matmul_takes_and_gives_torch_tensors(backend):
     assert not within_bound(y.numpy(), x.numpy(), w.T)
     with pytest.raises(wdq.DequantError, match=rf"{name}: .*torch.float64.*\b{w.shape[1]}\b"):
         lin.matmul(name, x.double())
+
+
+QWEN3MOE_GGUF = ROOT / "tests" / "gguf" / "hf-qwen3moe" / "model" / "model.gguf"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("path", [QWEN3MOE_GGUF, GPT_OSS], ids=["gguf-qwen3moe", "gpt-oss"])
+def test_matmul_experts_gives_each_row_its_experts_own_product(path, backend):
+    """Rows routed to mixed experts of one stack: each row the bits its
+    expert's own ``matmul`` gives it (``expert=e`` of a 3-D stack, the
+    expert's own weight else); wrong ids are refused naming the stack."""
+    lin = linears(path, backend)
+    sd = wdq.load_file(path, dtype="f32", backend="cpu", framework="np")
+    stacks = lin.expert_stacks()
+    layer0 = sorted(s for s in stacks if ".layers.0." in s)
+    assert layer0 and list(stacks) == sorted(stacks)
+    for s, stack in enumerate(layer0):
+        names = stacks[stack]
+        three_d = names[0] == f"{stack}[0]"
+        assert names == ([f"{stack}[{e}]" for e in range(len(names))] if three_d
+                         else [stack.replace(".*.", f".{e}.") for e in range(len(names))])
+        k = sd[stack].shape[1] if three_d else sd[names[0]].shape[1]
+        ids = [e % len(names) for e in (3, 1, 3, 0, 1, 2, 3, 0)]
+        x = inputs(len(ids), k, seed=200 + s)
+        y = lin.matmul_experts(stack, x, np.array(ids, dtype=np.int64))
+        assert y.dtype == np.float32 and y.shape[0] == len(ids), stack
+        for r, e in enumerate(ids):
+            alone = lin.matmul(stack, x[r], expert=e) if three_d else lin.matmul(names[e], x[r])
+            assert y[r].tobytes() == alone.tobytes(), f"{stack} row {r} expert {e}"
+        assert lin.matmul_experts(stack, x, ids).tobytes() == y.tobytes()  # a list too
+        assert lin.matmul_experts(stack, x[:0], []).shape == (0, y.shape[1])
+        for bad in (ids[1:], [len(names)] * len(ids), [-1] * len(ids), [0.5] * len(ids)):
+            with pytest.raises(wdq.DequantError, match=rf"{re.escape(stack)}: ") as err:
+                lin.matmul_experts(stack, x, bad)
+            assert err.value.rule == "ARG-001", bad
+        with pytest.raises(wdq.DequantError, match=re.escape(stack)) as err:
+            lin.matmul_experts(stack, inputs(len(ids), k + 1, 0), ids)
+        assert err.value.rule == "ARG-001"
+    with pytest.raises(wdq.DequantError, match="no stack of experts") as err:
+        lin.matmul_experts("model.layers.0.mlp.nothing.*.w", inputs(1, 4, 0), [0])
+    assert err.value.rule == "ARG-001"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_matmul_experts_takes_torch(backend):
+    torch = pytest.importorskip("torch")
+    lin = linears(QWEN3MOE_GGUF, backend)
+    stack, names = next(iter(lin.expert_stacks().items()))
+    k = wdq.load_file(QWEN3MOE_GGUF, dtype="f32", framework="np")[names[0]].shape[1]
+    x = inputs(4, k, seed=5)
+    ids = [1, 0, 1, 2]
+    y = lin.matmul_experts(stack, torch.from_numpy(x), torch.tensor(ids))
+    assert isinstance(y, torch.Tensor)
+    assert y.numpy().tobytes() == lin.matmul_experts(stack, x, ids).tobytes()

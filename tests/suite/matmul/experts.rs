@@ -1,6 +1,7 @@
 //! Routed experts in one call: `Model::expert_stacks` names every stack of
 //! experts of the MoE fixtures (GPT-OSS's 3-D stacks, Mixtral's experts
-//! stored apart, mlx-lm's `switch_mlp` cut into its experts) with its
+//! stored apart, mlx-lm's `switch_mlp` cut into its experts, GGUF's
+//! `*_exps` cut into its experts by the conversion) with its
 //! experts in order, and `matmul_experts` (GPU) and `matmul_cpu_experts`
 //! give each row of x the bits its expert's own product gives it.
 
@@ -10,14 +11,15 @@ use super::{assert_within, decoders, random_x, reference};
 use crate::common::{fixtures, gpu_test, Rng};
 use wgpu_dequant::{BackendChoice, DtypeChoice, GpuDecoder, Model, Rule};
 
-/// The MoE checkpoints: GPT-OSS's, Mixtral's and mlx-lm's Qwen3-MoE.
-fn cases() -> [PathBuf; 3] {
-    let mlx =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx-qwen3-moe-4bit/model");
+/// The MoE checkpoints: GPT-OSS's, Mixtral's, mlx-lm's Qwen3-MoE and a
+/// GGUF Qwen3-MoE (Q2_K and Q3_K experts).
+fn cases() -> [PathBuf; 4] {
+    let ours = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     [
         fixtures().join("gpt-oss-mxfp4/model"),
         fixtures().join("mixtral-w4a16/model"),
-        mlx,
+        ours.join("tests/fixtures/mlx-qwen3-moe-4bit/model"),
+        ours.join("tests/gguf/hf-qwen3moe/model/model.gguf"),
     ]
 }
 
@@ -103,6 +105,11 @@ fn expert_stacks_name_every_stack_with_its_experts_in_order() {
         (
             "model.layers.1.mlp.experts.*.down_proj.weight",
             "model.layers.1.mlp.experts.1.down_proj.weight",
+            4,
+        ),
+        (
+            "model.layers.0.mlp.experts.*.gate_proj.weight",
+            "model.layers.0.mlp.experts.1.gate_proj.weight",
             4,
         ),
     ];

@@ -62,6 +62,46 @@ class Linears:
         y = np.frombuffer(buf, dtype="<f4").reshape((m, n) if values.ndim == 2 else (n,))
         return torch.from_numpy(y) if torch is not None else y
 
+    def expert_stacks(self):
+        """Every stack of experts: a dict from its name to its experts' names
+        in expert order. A 3-D stack (GPT-OSS's ``[E, in, out]``) by its dense
+        name, its experts ``NAME[e]`` (``matmul(NAME, x, expert=e)``); experts
+        stored one weight each (Mixtral's, Qwen-MoE's, mlx-lm's, GGUF's
+        ``*_exps``) as ``<block>.experts.*.<rest>``, their own names in order."""
+        return dict(self._native.expert_stacks())
+
+    def matmul_experts(self, stack, x, ids):
+        """``y[r] = x[r]·W[ids[r]]ᵀ (+ bias)``, ``W[e]`` expert ``e`` of stack
+        ``stack`` (a name :meth:`expert_stacks` gives): ``x`` a float32 ``[m, k]``
+        NumPy array or torch tensor on the CPU (returned as one), ``ids`` ``m``
+        expert indices (a sequence of ints, a NumPy array or a torch tensor).
+        Each row's result is the one its expert's own ``matmul`` gives it; on the
+        GPU the stack is uploaded whole the first time it is used."""
+        import numpy as np
+
+        torch, values = _values(x)
+        if values is None or values.ndim != 2:
+            raise _refuse(f"{stack}: x is {_describe(x)}; expected float32 [m, k]"
+                          " (a NumPy array, or a torch tensor on the CPU)")
+        m, k = values.shape
+        try:
+            routes = np.asarray(ids.detach().cpu() if hasattr(ids, "detach") else ids)
+        except (TypeError, ValueError):
+            routes = None
+        if routes is not None and routes.ndim == 1 and routes.size == 0:
+            routes = routes.astype(np.int64)  # [] is float64 to NumPy
+        if routes is None or routes.dtype.kind not in "iu" or routes.ndim != 1:
+            raise _refuse(f"{stack}: ids are {_describe(ids)}; expected {m} expert indices (ints)")
+        if len(routes) != m:
+            raise _refuse(f"{stack}: {len(routes)} expert ids for {m} rows of x")
+        if m and (routes.min() < 0 or routes.max() >= 2**32):
+            raise _refuse(f"{stack}: expert id {int(routes.min() if routes.min() < 0 else routes.max())}"
+                          " is not an expert's index")
+        data = np.ascontiguousarray(values, dtype="<f4").tobytes()
+        buf, n = self._native.matmul_experts(stack, data, m, k, [int(e) for e in routes])
+        y = np.frombuffer(buf, dtype="<f4").reshape(m, n)
+        return torch.from_numpy(y) if torch is not None else y
+
 
 def _values(x):
     """``(torch, array)``: x's values as a float32 NumPy array (torch is the
