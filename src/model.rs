@@ -23,6 +23,7 @@ use crate::output::Output;
 use crate::plan::Plan;
 use crate::stream::{listing, load, prepare, Files};
 
+mod assembled;
 mod experts;
 mod held;
 use held::Held;
@@ -566,6 +567,10 @@ async fn upload(
     decoder: &GpuDecoder,
 ) -> Result<PackedLinear> {
     let held = held(plan, weight.0)?;
+    if let Held::Assembled(a) = held {
+        assembled::one(plan, weight)?;
+        return assembled::upload(plan, weight.0, a, decoder).await;
+    }
     let rows = held.rows()?;
     let job = held.job(rows.as_deref())?;
     upload_linear(plan, linear(plan, weight, &job)?, weight.0, decoder).await
@@ -605,6 +610,10 @@ fn matmul_cpu(
     m: usize,
 ) -> Result<Vec<f32>> {
     let held = held(plan, weight.0)?;
+    if let Held::Assembled(a) = held {
+        assembled::one(plan, weight)?;
+        return assembled::matmul_cpu(plan, weight.0, a, x, m);
+    }
     let stored = held.rows()?;
     let job = held.job(stored.as_deref())?;
     product_cpu(plan, linear(plan, weight, &job)?, weight.0, x, m)
@@ -621,14 +630,61 @@ fn product_cpu(
     let Linear {
         job,
         rows,
+        shape,
+        bias,
+    } = w;
+    let cpu = Cpu::new();
+    let dense = Dense {
+        shape,
+        rows,
+        row_bytes: job.dims.cols * job.out.size(),
+        out: job.out,
+        bias,
+    };
+    dense_product(
+        plan,
+        what,
+        dense,
+        |r, out| cpu.decode_rows(&job, r, out),
+        x,
+        m,
+    )
+}
+
+/// A weight [`dense_product`] multiplies by: W `[n, k]` (`shape`), rows
+/// `rows` of what its decoder writes (W's own rows, or another view of
+/// its row-major elements), `row_bytes` each in dtype `out`.
+struct Dense {
+    shape: (usize, usize),
+    rows: Range<usize>,
+    row_bytes: usize,
+    out: crate::numerics::OutDtype,
+    bias: Option<Vec<f32>>,
+}
+
+/// `y = x·Wᵀ (+ bias)` on the CPU for weight `w` (of weight `what` of
+/// `plan`), its rows decoded by `decode` a block at a time as `dequantize`
+/// writes them, widened to f32, each output summed in order.
+fn dense_product(
+    plan: &Plan<'_>,
+    what: &str,
+    w: Dense,
+    mut decode: impl FnMut(Range<usize>, &mut [u8]) -> Result<()>,
+    x: &[f32],
+    m: usize,
+) -> Result<Vec<f32>> {
+    let Dense {
         shape: (n, k),
+        rows,
+        row_bytes,
+        out,
         bias,
     } = w;
     if k == 0 || m.checked_mul(k) != Some(x.len()) {
         let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
         return Err(refuse(plan, what, detail));
     }
-    let (size, read) = crate::numerics::float_reader(job.out.safetensors())
+    let (size, read) = crate::numerics::float_reader(out.safetensors())
         .ok_or_else(|| Error::bare(Rule::Internal, "a decoded dtype without a reader"))?;
     // W is decoded a block of rows at a time, about CPU_ROWS_BYTES of f32s
     // (a view of its elements whole: its rows are not W's).
@@ -636,14 +692,13 @@ fn product_cpu(
         true => (CPU_ROWS_BYTES / (4 * k)).clamp(1, n.max(1)),
         false => rows.len().max(1),
     };
-    let cpu = Cpu::new();
     let mut y = vec![0f32; m * n];
     let (mut bytes, mut w) = (Vec::new(), Vec::new());
     let mut j0 = 0;
     for start in rows.clone().step_by(per) {
         let end = (start + per).min(rows.end);
-        bytes.resize((end - start) * job.dims.cols * job.out.size(), 0);
-        cpu.decode_rows(&job, start..end, &mut bytes)?;
+        bytes.resize((end - start) * row_bytes, 0);
+        decode(start..end, &mut bytes)?;
         w.clear();
         w.extend(bytes.chunks_exact(size).map(read));
         for (xm, ym) in x.chunks_exact(k).zip(y.chunks_exact_mut(n.max(1))) {

@@ -25,6 +25,10 @@ struct Gemv {
     n: u32,       // y's row length (W's rows, every chunk's)
     bias: u32,    // word index in src of this chunk's first row's bias, or NO_G_IDX
     row0: u32,    // W's first row in its job (an expert's in a stack): y's column 0
+    x_stride: u32,  // x's row length: the Linear's inputs, of which W's columns are some
+    x0: u32,      // x's column of W's column 0 (a block of an SVDQuant module's inputs)
+    acc: u32,     // 1: y += the sums (the module's later blocks of inputs), then the bias
+    pad: u32,
 }
 
 @group(0) @binding(3) var<storage, read> xs: array<f32>;
@@ -118,7 +122,7 @@ fn w_value(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
 fn x_rows(m0: u32) -> array<u32, 16> {
     var xo: array<u32, 16>;
     for (var t = 0u; t < MT; t = t + 1u) {
-        xo[t] = min(m0 + t, gm.m - 1u) * p.cols;
+        xo[t] = min(m0 + t, gm.m - 1u) * gm.x_stride + gm.x0;
     }
     return xo;
 }

@@ -267,11 +267,17 @@ fn sum_pairwise(li: u32, lane: u32, lanes: u32, per: u32) {
     }
 }
 
-// Writes y of row `local` of the chunk and row m of x, with the bias.
+// Writes y of row `local` of the chunk and row m of x, with the bias:
+// added to the sums of the inputs before W's (gm.acc), which an earlier
+// dispatch wrote there.
 fn write_y(sum: f32, local: u32, m: u32) {
+    let at = p.out_base + m * gm.n + p.first_row + local - gm.row0;
     var y = sum;
+    if (gm.acc != 0u) {
+        y = bitcast<f32>(dst[at]) + y;
+    }
     if (gm.bias != NO_G_IDX) {
         y = y + bitcast<f32>(src[gm.bias + local]);
     }
-    dst[p.out_base + m * gm.n + p.first_row + local - gm.row0] = bitcast<u32>(y);
+    dst[at] = bitcast<u32>(y);
 }

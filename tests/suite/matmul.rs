@@ -186,9 +186,10 @@ fn matmul_of_every_fixture_linear_keeps_to_the_bound() {
         for dir in std::fs::read_dir(fixtures()).unwrap() {
             multiplied += check_model(&dir.unwrap().path().join("model"), &decoders, &mut rng);
         }
-        // 245 Linears of 35 fixtures today (none where the weights are
-        // stacks of experts or transforms).
-        assert!(multiplied >= 245, "{multiplied} Linears multiplied");
+        // 245 Linears of 35 fixtures today and SVDQuant's 32 modules of
+        // its 2 (none where the weights are stacks of experts or
+        // transforms).
+        assert!(multiplied >= 277, "{multiplied} Linears multiplied");
     });
 }
 
@@ -831,3 +832,46 @@ fn gguf_weights_multiply_as_dequantize_writes_them() {
 }
 
 mod experts;
+
+/// SVDQuant's modules whole: every Linear of both fixtures (fused targets'
+/// modules, bands of two targets' rows, two targets' inputs side by side,
+/// a bias with an activation shift folded in) multiplied with its low-rank
+/// branch and smoothing, on the CPU and the GPU, within the bound of
+/// `x·Wᵀ + bias` for the W and bias `dequantize` writes.
+#[test]
+fn svdquant_products_include_the_low_rank_branch() {
+    gpu_test(|adapter| {
+        let decoders = decoders(&adapter);
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0006);
+        for fixture in ["svdq-fp4-g16-packed", "svdq-int4-g64-logical"] {
+            let dir = fixtures().join(fixture).join("model");
+            let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
+            let names = linears(&model);
+            // 8 modules in each of 2 blocks, every one of them a product.
+            assert_eq!(names.len(), 16, "{fixture}: {names:?}");
+            for name in &names {
+                let info = model.info(name).unwrap();
+                let (n, k) = (info.shape[0], info.shape[1]);
+                let w = model.decode_f32(name, BackendChoice::Cpu).unwrap();
+                let bias = model
+                    .decode_f32(&name.replace(".weight", ".bias"), BackendChoice::Cpu)
+                    .ok();
+                let packs: Vec<_> = decoders
+                    .iter()
+                    .map(|d| model.upload_packed(name, d).unwrap())
+                    .collect();
+                for m in [1, 5] {
+                    let x = random_x(&mut rng, m, k, 1.0);
+                    let want = reference(&w, &x, bias.as_deref(), (m, n, k));
+                    let what = format!("{fixture} {name} [{n}, {k}] m={m}");
+                    let cpu = model.matmul_cpu(name, &x, m).unwrap();
+                    assert_within(&cpu, &want, &format!("{what} on the CPU"));
+                    for (d, (decoder, packed)) in decoders.iter().zip(&packs).enumerate() {
+                        let gpu = decoder.matmul(packed, &x, m).unwrap();
+                        assert_within(&gpu, &want, &format!("{what} on GPU decoder {d}"));
+                    }
+                }
+            }
+        }
+    });
+}

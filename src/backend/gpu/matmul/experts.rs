@@ -108,7 +108,6 @@ impl PackedLinear {
             n,
             k,
             experts: experts.len(),
-            row0: 0,
             parts: Vec::new(),
             bytes: experts.iter().map(|e| e.bytes).sum(),
             stack: experts,

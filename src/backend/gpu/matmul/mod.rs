@@ -12,6 +12,7 @@ use crate::error::{Error, Result, Rule};
 use crate::job::{DecodeJob, Values, ZeroPoint};
 
 mod experts;
+mod modules;
 pub(crate) use experts::rows_by_expert;
 
 /// `gemv`'s bindings past the decode kernels' three: x, its parameters,
@@ -154,6 +155,13 @@ struct GemvParams {
     bias: u32,
     /// W's first row in its job (an expert's in a stack): y's column 0.
     row0: u32,
+    /// x's row length (the Linear's inputs).
+    x_stride: u32,
+    /// x's column of W's column 0.
+    x0: u32,
+    /// 1: y's values are added to, not written ([`Part::acc`]).
+    acc: u32,
+    pad: u32,
 }
 
 /// What `bias` holds when there is none (`NO_G_IDX` in shaders/decode/protocol.wgsl).
@@ -220,6 +228,16 @@ struct Part {
     bias: u32,
     /// Its rows of W.
     rows: u32,
+    /// The row of its job that is y's column 0 (an expert's first row in
+    /// a stack; wrapping, for a band of rows below others: SVDQuant's).
+    row0: u32,
+    /// Its columns of W, and x's column of its first (a block of an
+    /// SVDQuant module's inputs; else 0, of all of them).
+    cols: u32,
+    x0: u32,
+    /// Its sums are added to y's values, which an earlier part wrote (the
+    /// inputs before its own), before its bias.
+    acc: bool,
     /// Its rows' codes start on words (straight packs).
     aligned: bool,
     /// Code words per scale and zero-point group along a row, as
@@ -271,8 +289,6 @@ pub struct PackedLinear {
     ///
     /// [`Model::upload_experts`]: crate::Model::upload_experts
     pub experts: usize,
-    /// Its first row in its job (an expert's in a stack).
-    row0: u32,
     parts: Vec<Part>,
     /// Its experts, when it holds them (and no parts of its own).
     stack: Vec<PackedLinear>,
@@ -305,11 +321,11 @@ impl GpuDecoder {
         // same size.
         let repacked = job.in_output_order();
         let job = repacked.as_ref().unwrap_or(job);
-        // A low-rank branch of rank 0 is a factor per input (ModelOpt's
-        // pre_quant_scale); SVDQuant's own branch is not multiplied (yet).
-        let branch = job.low_rank.as_ref().is_some_and(|lr| lr.rank > 0);
+        // A low-rank branch (SVDQuant's; of rank 0, ModelOpt's
+        // pre_quant_scale) is decoded as the fast kernel decodes it: each
+        // value with its rank-r dot, then rounded as dequantize writes it.
         let (kernel, weights) = match fast_kernel(job) {
-            Some(Kernel::Fast(k)) if !branch => (Kernel::Fast(k), Weights::Packed(k)),
+            Some(Kernel::Fast(k)) => (Kernel::Fast(k), Weights::Packed(k)),
             Some(Kernel::Tile(t)) if t.pack == layout::Pack::Strided => (Kernel::Tile(t), Weights::Tiled(t)),
             _ => return refuse("its packs are not ones the GPU multiplies by (yet): codes of 1 to 8 bits that the fast kernels decode, once rewritten in rows"),
         };
@@ -360,6 +376,10 @@ impl GpuDecoder {
                         NO_BIAS
                     },
                     rows: rows.len() as u32,
+                    row0,
+                    cols: k as u32,
+                    x0: 0,
+                    acc: false,
                     aligned: chunk.params.lanes_aligned(),
                     group_words: chunk.params.group_words(),
                     rounding,
@@ -370,7 +390,6 @@ impl GpuDecoder {
                 n,
                 k,
                 experts: 0,
-                row0,
                 parts,
                 stack: Vec::new(),
                 bytes,
@@ -409,6 +428,10 @@ impl GpuDecoder {
             src,
             bias: NO_BIAS,
             rows: n as u32,
+            row0: 0,
+            cols: k as u32,
+            x0: 0,
+            acc: false,
             aligned: true,
             group_words: 0,
             rounding: Rounding::Full,
@@ -417,7 +440,6 @@ impl GpuDecoder {
             n,
             k,
             experts: 0,
-            row0: 0,
             parts: vec![part],
             stack: Vec::new(),
             bytes,
@@ -567,7 +589,11 @@ impl GpuDecoder {
                 m,
                 n: w.n as u32,
                 bias: part.bias,
-                row0: w.row0,
+                row0: part.row0,
+                x_stride: w.k as u32,
+                x0: part.x0,
+                acc: part.acc as u32,
+                pad: 0,
             };
             let gemv = self.uniform("wgpu-dequant gemv params", bytemuck::bytes_of(&gemv));
             fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
@@ -596,10 +622,14 @@ impl GpuDecoder {
                     ),
                 ],
             });
-            let x4 = x4(part.weights, w.k) && x.size() >= 16;
+            // x4 reads vec4s: every row of x, and its part, on 16 bytes.
+            let x4 = x4(part.weights, part.cols as usize)
+                && w.k.is_multiple_of(4)
+                && part.x0.is_multiple_of(4)
+                && x.size() >= 16;
             // The dense baseline's rows in runs of 8 values on 16 bytes.
             let wide = match part.weights {
-                Weights::DenseBf16 if w.k.is_multiple_of(8) && part.src.size() >= 16 => {
+                Weights::DenseBf16 if part.cols.is_multiple_of(8) && part.src.size() >= 16 => {
                     self.gemv.geometry.wide
                 }
                 _ => 1,
