@@ -301,6 +301,8 @@ pub struct Linears<F> {
     kept: Vec<(String, Vec<u8>)>,
     dtype: DtypeChoice,
     quantized: Vec<TensorInfo>,
+    /// Its stacks of experts ([`Model::expert_stacks`]).
+    stacks: Vec<(String, Vec<String>)>,
 }
 
 impl<F: Files> Linears<F> {
@@ -315,6 +317,7 @@ impl<F: Files> Linears<F> {
         let plan = Plan::build(&ckpt, dtype, Names::Hub)?;
         plan.check()?;
         let quantized = quantized(&plan).collect();
+        let stacks = experts::stacks(&plan);
         let kept = kept
             .into_iter()
             .map(|name| {
@@ -331,6 +334,7 @@ impl<F: Files> Linears<F> {
             kept,
             dtype,
             quantized,
+            stacks,
         })
     }
 
@@ -343,16 +347,29 @@ impl<F: Files> Linears<F> {
     /// The checkpoint with the stored tensors of `weight` (and of its bias)
     /// loaded, and those planning reads.
     async fn with(&self, weight: &str) -> Result<Checkpoint> {
+        self.loaded(|plan| {
+            held(plan, weight)?;
+            Ok(vec![weight.to_string()])
+        })
+        .await
+    }
+
+    /// The checkpoint with the stored tensors of the weights `weights`
+    /// names in its plan (and of their biases) loaded, and those planning
+    /// reads.
+    async fn loaded(
+        &self,
+        weights: impl FnOnce(&Plan<'_>) -> Result<Vec<String>>,
+    ) -> Result<Checkpoint> {
         let mut ckpt = Checkpoint::from_listing(self.listing.clone())?;
         for (name, bytes) in &self.kept {
             ckpt.load(name, bytes.clone())?;
         }
         let inputs: BTreeSet<String> = {
             let plan = Plan::build(&ckpt, self.dtype, Names::Hub)?;
-            held(&plan, weight)?;
-            let bias = bias_name(weight);
-            let outputs = [weight, bias.as_str()].into_iter();
-            let outputs = outputs.filter_map(|name| output(&plan, name).ok());
+            let weights = weights(&plan)?;
+            let outputs = weights.iter().flat_map(|w| [w.clone(), bias_name(w)]);
+            let outputs = outputs.filter_map(|name| output(&plan, &name).ok());
             let inputs = outputs.flat_map(|o| o.inputs());
             inputs.map(|t| t.name.to_string()).collect()
         };
@@ -416,6 +433,37 @@ impl<F: Files> Linears<F> {
     async fn cpu(&self, weight: (&str, Option<usize>), x: &[f32], m: usize) -> Result<Vec<f32>> {
         let ckpt = self.with(weight.0).await?;
         matmul_cpu(&Plan::build(&ckpt, self.dtype, Names::Hub)?, weight, x, m)
+    }
+
+    /// Every stack of experts, sorted by name, with its experts' names in
+    /// expert order ([`Model::expert_stacks`]).
+    pub fn expert_stacks(&self) -> &[(String, Vec<String>)] {
+        &self.stacks
+    }
+
+    /// Every expert of stack `stack` resident on `decoder`'s device
+    /// ([`Model::upload_experts`]), its stored tensors read for the call.
+    pub async fn upload_experts(&self, stack: &str, decoder: &GpuDecoder) -> Result<PackedLinear> {
+        let ckpt = self.loaded(|p| experts::weights(p, stack, None)).await?;
+        let plan = Plan::build(&ckpt, self.dtype, Names::Hub)?;
+        experts::upload(&plan, stack, decoder).await
+    }
+
+    /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` on the CPU
+    /// ([`Model::matmul_cpu_experts`]): of experts stored apart, only those
+    /// `ids` name are read.
+    pub async fn matmul_cpu_experts(
+        &self,
+        stack: &str,
+        x: &[f32],
+        m: usize,
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
+        let ckpt = self
+            .loaded(|p| experts::weights(p, stack, Some(ids)))
+            .await?;
+        let plan = Plan::build(&ckpt, self.dtype, Names::Hub)?;
+        experts::matmul_cpu(&plan, stack, x, m, ids)
     }
 }
 

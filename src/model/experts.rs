@@ -48,6 +48,19 @@ pub(super) fn stacks(plan: &Plan<'_>) -> Vec<(String, Vec<String>)> {
     stacks
 }
 
+/// The weights a product with stack `stack` of `plan` reads: the 3-D
+/// stack itself, or its experts stored apart (of those, only the ones
+/// `ids` name when it is given).
+pub(super) fn weights(plan: &Plan<'_>, stack: &str, ids: Option<&[u32]>) -> Result<Vec<String>> {
+    let experts = count(plan, stack)?;
+    if expert_name(stack, 0).is_none() {
+        return Ok(vec![stack.to_string()]);
+    }
+    let routed = |e: &usize| ids.is_none_or(|ids| ids.contains(&(*e as u32)));
+    let names = (0..experts).filter(routed);
+    Ok(names.filter_map(|e| expert_name(stack, e)).collect())
+}
+
 /// `(<block>.experts.*.<rest>, e)` of an expert's weight `<block>.experts.<e>.<rest>`.
 fn stack_of(name: &str) -> Option<(String, usize)> {
     let (block, tail) = name.rsplit_once(".experts.")?;

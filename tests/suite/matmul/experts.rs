@@ -252,3 +252,59 @@ fn k_of(model: &Model, stack: &str, name: &str) -> usize {
         false => model.info(name).unwrap().shape[1],
     }
 }
+
+/// `Linears` over files read piece by piece (what the browser runs): the
+/// Model's stacks, and each stack's products the Model's bits on the CPU
+/// and the GPU; a CPU product reads only the experts its ids name, where
+/// they are stored apart.
+#[test]
+fn linears_read_piece_by_piece_route_rows_as_the_model_does() {
+    use crate::stream::DirFiles;
+    use wgpu_dequant::Linears;
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        let mut rng = Rng::new(0x5EED_6E3F_0000_0066);
+        for path in cases() {
+            let model = Model::open(&path, DtypeChoice::Auto).unwrap();
+            let dir = if path.is_file() {
+                path.parent().unwrap().to_path_buf()
+            } else {
+                path.clone()
+            };
+            let files = DirFiles::new(&dir);
+            let linears = pollster::block_on(Linears::open(&files, DtypeChoice::Auto)).unwrap();
+            let stacks = model.expert_stacks();
+            assert_eq!(linears.expert_stacks(), stacks.as_slice(), "{dir:?}");
+            let (stack, names) = &stacks[0];
+            let what = format!("{} {stack}", dir.display());
+            let ids = mixed_ids(names.len());
+            let m = ids.len();
+            let k = k_of(&model, stack, &names[0]);
+            let x = random_x(&mut rng, m, k, 1.0);
+            let before: u64 = files.read.borrow().values().sum();
+            let cpu = pollster::block_on(linears.matmul_cpu_experts(stack, &x, m, &[1; 8]));
+            let one = files.read.borrow().values().sum::<u64>() - before;
+            let want = model.matmul_cpu_experts(stack, &x, m, &[1; 8]).unwrap();
+            assert_eq!(bits(&cpu.unwrap()), bits(&want), "{what}: expert 1");
+            let cpu = pollster::block_on(linears.matmul_cpu_experts(stack, &x, m, &ids)).unwrap();
+            let want = model.matmul_cpu_experts(stack, &x, m, &ids).unwrap();
+            assert_eq!(bits(&cpu), bits(&want), "{what}: on the CPU");
+            let before: u64 = files.read.borrow().values().sum();
+            let w = pollster::block_on(linears.upload_experts(stack, &decoder)).unwrap();
+            let all = files.read.borrow().values().sum::<u64>() - before;
+            // Mixtral's experts are tensors of their own (the others'
+            // share a stacked tensor).
+            let apart = dir.ends_with("mixtral-w4a16/model");
+            assert!(
+                one > 0 && one <= all && (one < all || !apart),
+                "{what}: {one} of {all} bytes"
+            );
+            let gpu = decoder.matmul_experts(&w, &x, m, &ids).unwrap();
+            let own = model.upload_experts(stack, &decoder).unwrap();
+            let want = decoder.matmul_experts(&own, &x, m, &ids).unwrap();
+            assert_eq!(bits(&gpu), bits(&want), "{what}: on the GPU");
+            let e = pollster::block_on(linears.upload_experts("model.nothing.*.w", &decoder));
+            assert_eq!(e.unwrap_err().rule, Rule::Argument, "{what}");
+        }
+    });
+}

@@ -223,6 +223,17 @@ impl GpuDecoder {
         m: usize,
         ids: &[u32],
     ) -> Result<Vec<f32>> {
+        pollster::block_on(self.matmul_experts_async(w, x, m, ids))
+    }
+
+    /// [`GpuDecoder::matmul_experts`], awaited (in a browser).
+    pub async fn matmul_experts_async(
+        &self,
+        w: &PackedLinear,
+        x: &[f32],
+        m: usize,
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
         if ids.len() != m {
             let detail = format!("matmul_experts: {} expert ids for {m} rows of x", ids.len());
             return Err(Error::bare(Rule::Argument, detail));
@@ -230,7 +241,7 @@ impl GpuDecoder {
         let record = |encoder: &mut _, xs: &_, ys: &_, _| {
             self.record_matmul_experts(encoder, w, xs, ids, ys)
         };
-        pollster::block_on(self.read_back_product(w, x, m, record))
+        self.read_back_product(w, x, m, record).await
     }
 }
 
