@@ -18,6 +18,12 @@
 //! const w = await linears.upload(linears.quantized()[0].name);
 //! const y = await w.matmul(x, m);              // Float32Array [m, w.n]
 //! const yCpu = await linears.matmulCpu(w.name, x, m);
+//!
+//! // Routed experts: row r of x by expert ids[r] of a stack, in one call.
+//! const [stack] = linears.expertStacks().keys();
+//! const s = await linears.uploadExperts(stack);
+//! const ye = await s.matmulExperts(x, ids);    // Float32Array [ids.length, s.n]
+//! const yeCpu = await linears.matmulCpuExperts(stack, x, ids);
 //! ```
 #![cfg(target_arch = "wasm32")]
 
@@ -625,6 +631,71 @@ impl Linears {
         })
     }
 
+    /// Every stack of experts: a `Map` from its name to its experts'
+    /// names in expert order (`Model::expert_stacks`): a 3-D stack by its
+    /// dense name, its experts `NAME[e]`; experts stored a weight each
+    /// (Mixtral's, Qwen-MoE's, mlx-lm's, GGUF's `*_exps`) as
+    /// `<block>.experts.*.<rest>`, their own names in order.
+    #[wasm_bindgen(js_name = expertStacks)]
+    pub fn expert_stacks(&self) -> Map {
+        let map = Map::new();
+        for (stack, names) in self.0.expert_stacks() {
+            let names: Array = names.iter().map(|n| JsValue::from(n.as_str())).collect();
+            map.set(&stack.as_str().into(), &names);
+        }
+        map
+    }
+
+    /// A `Promise` of every expert of stack `stack` (a name `expertStacks`
+    /// gives) resident on the page's WebGPU device as its packs are
+    /// stored, in one `PackedLinear` for `matmulExperts`
+    /// (`Model::upload_experts`).
+    #[wasm_bindgen(js_name = uploadExperts)]
+    pub fn upload_experts(&self, stack: String) -> js_sys::Promise {
+        let linears = self.0.clone();
+        future_to_promise(async move {
+            let decoder = decoder().await?;
+            let w = linears.upload_experts(&stack, &decoder).await;
+            let w = Rc::new(w.map_err(|e| js_error(&e))?);
+            Ok(Packed {
+                name: stack,
+                w,
+                decoder,
+            }
+            .into())
+        })
+    }
+
+    /// A `Promise` of `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` on the page's
+    /// WebGPU device, `W[e]` expert `e` of stack `stack`, for the
+    /// `ids.length` rows of `x`: the stack uploaded for this call
+    /// (`uploadExperts` keeps it) and multiplied in one submission.
+    #[wasm_bindgen(js_name = matmulExperts)]
+    pub fn matmul_experts(&self, stack: String, x: Vec<f32>, ids: Vec<u32>) -> js_sys::Promise {
+        let linears = self.0.clone();
+        future_to_promise(async move {
+            let decoder = decoder().await?;
+            let y = async {
+                let w = linears.upload_experts(&stack, &decoder).await?;
+                decoder.matmul_experts_async(&w, &x, ids.len(), &ids).await
+            };
+            let y = y.await.map_err(|e| js_error(&e))?;
+            Ok(js_sys::Float32Array::from(&y[..]).into())
+        })
+    }
+
+    /// `matmulExperts` on the CPU: each row's result the one
+    /// `matmulCpu` gives it with its expert alone
+    /// (`Model::matmul_cpu_experts`).
+    #[wasm_bindgen(js_name = matmulCpuExperts)]
+    pub fn matmul_cpu_experts(&self, stack: String, x: Vec<f32>, ids: Vec<u32>) -> js_sys::Promise {
+        let linears = self.0.clone();
+        values(async move {
+            let m = ids.len();
+            linears.matmul_cpu_experts(&stack, &x, m, &ids).await
+        })
+    }
+
     /// A `Promise` of `y = x·Wᵀ (+ bias)` on the CPU for weight `name`
     /// (or expert `expert` of it) and the `m` rows of `x` (a
     /// `Float32Array`): a `Float32Array`.
@@ -684,6 +755,12 @@ impl Packed {
         self.w.k
     }
 
+    /// Experts it holds (`uploadExperts`), 0 for one Linear.
+    #[wasm_bindgen(getter)]
+    pub fn experts(&self) -> usize {
+        self.w.experts
+    }
+
     /// Bytes it holds on the GPU.
     #[wasm_bindgen(getter, js_name = gpuBytes)]
     pub fn gpu_bytes(&self) -> f64 {
@@ -695,5 +772,15 @@ impl Packed {
     pub fn matmul(&self, x: Vec<f32>, m: usize) -> js_sys::Promise {
         let (w, decoder) = (self.w.clone(), self.decoder.clone());
         values(async move { decoder.matmul_async(&w, &x, m).await })
+    }
+
+    /// A `Promise` of `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` on the GPU for the
+    /// `ids.length` rows of `x`, `W[e]` expert `e` of this stack
+    /// (`uploadExperts`), in one submission: each expert's rows gathered
+    /// on the device, each row's result the bits its expert alone gives it.
+    #[wasm_bindgen(js_name = matmulExperts)]
+    pub fn matmul_experts(&self, x: Vec<f32>, ids: Vec<u32>) -> js_sys::Promise {
+        let (w, decoder) = (self.w.clone(), self.decoder.clone());
+        values(async move { decoder.matmul_experts_async(&w, &x, ids.len(), &ids).await })
     }
 }

@@ -202,15 +202,27 @@ try {
   // out: within K·2⁻²⁴·Σ|w·x| (and the bias's rounding) of an f64 product
   // of the CLI's dense weight, the same bits twice on the GPU; read from
   // the mock Hub, the same bits.
+  // Files handed in as Blobs whose slices are counted: what the package
+  // reads of them (a whole file never, for GGUF's).
   const products = (source, options, names) => page.evaluate(async (source, options, names) => {
     let files = source;
+    const out = { products: [], refused: [], slices: [], sizes: [] };
     if (names) {
+      class Counted extends Blob {
+        slice(start, end, type) {
+          out.slices.push(end - start);
+          return super.slice(start, end, type);
+        }
+      }
       files = new Map();
-      for (const n of names) files.set(n, await (await fetch(source + n)).blob());
+      for (const n of names) {
+        const blob = new Counted([await (await fetch(source + n)).blob()]);
+        out.sizes.push(blob.size);
+        files.set(n, blob);
+      }
     }
     let seed = 12345;
     const random = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 - 0.5; };
-    const out = { products: [], refused: [] };
     try {
       const linears = await window.wd.openLinears(files, options);
       for (const t of linears.quantized()) {
@@ -313,6 +325,80 @@ try {
       const same = JSON.stringify(hubGot.products.map((p) => p.gpu)) === JSON.stringify(got.products.map((p) => p.gpu));
       check(!hubGot.error && same && whole.length === 0, `${hubRepo} from the Hub: the same products, shards read by range only ${hubGot.error || ''}`);
     }
+  }
+
+  // GGUF files, read piece by piece (no slice of a whole file): every
+  // quantized weight, under its dense name, multiplied as above within the
+  // bound of the CLI's dense weight, on WebGPU and the wasm CPU.
+  for (const name of ['hf-llama', 'hf-qwen3moe']) {
+    const dir = path.join(root, 'tests/gguf', name, 'model');
+    const got = await products(`/tests/gguf/${name}/model/`, {}, filesOf(dir));
+    const dense = denseOf(dir);
+    const bad = got.products.flatMap((p) => [...outside(p, dense, p.gpu).map((b) => `gpu ${p.name} m=${p.m} ${b}`),
+      ...outside(p, dense, p.cpu).map((b) => `cpu ${p.name} m=${p.m} ${b}`)]);
+    const listed = got.products.every((p) => p.name in dense);
+    const piecewise = got.slices.length > 0 && Math.max(...got.slices) < got.sizes[0];
+    check(!got.error && got.products.length > 0 && got.refused.length === 0 && listed && piecewise && bad.length === 0
+      && got.products.every((p) => p.same),
+    `${name}: ${got.products.length / 2} GGUF weights multiplied on WebGPU and the CPU within the bound, read in ${got.slices.length} slices${got.error || ''} ${got.refused} ${bad.slice(0, 3)}`);
+  }
+
+  // Routed experts in one call: every stack listed with its experts, and
+  // one stack of GGUF's qwen3moe (`*_exps`) and of GPT-OSS (3-D, with a
+  // bias) multiplied for 8 rows over 4 experts, some repeated: each row's
+  // result the bits its expert's own product gives it, on WebGPU (a stack
+  // uploaded, and one uploaded for the call) and the CPU. (Every stack of
+  // every MoE fixture is held to it natively.)
+  const routed = (source, names, which) => page.evaluate(async (source, names, which) => {
+    const files = new Map();
+    for (const n of names) files.set(n, await (await fetch(source + n)).blob());
+    let seed = 4242;
+    const random = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 - 0.5; };
+    const bits = (v) => [...new Uint32Array(Float32Array.from(v).buffer)].join();
+    const out = { stacks: [], bad: [], rows: 0 };
+    try {
+      const linears = await window.wd.openLinears(files, {});
+      for (const [stack, experts] of linears.expertStacks()) {
+        out.stacks.push(`${stack} ${experts.length}`);
+        if (stack !== which) continue;
+        const ids = Uint32Array.from([3, 1, 3, 0, 1, 2, 3, 0], (e) => e % experts.length);
+        const w = await linears.uploadExperts(stack);
+        const x = Float32Array.from({ length: ids.length * w.k }, random);
+        const gpu = await w.matmulExperts(x, ids);
+        const once = await linears.matmulExperts(stack, x, ids);
+        const cpu = await linears.matmulCpuExperts(stack, x, ids);
+        if (w.experts !== experts.length || bits(once) !== bits(gpu)) out.bad.push(`${stack}: ${w.experts} experts, once ${bits(once) === bits(gpu)}`);
+        const alone = new Map();
+        for (let r = 0; r < ids.length; r++) {
+          const e = ids[r];
+          // A 3-D stack's experts are NAME[e]; the others weights of their own.
+          const [name, expert] = experts[e].endsWith(']') ? [stack, e] : [experts[e], undefined];
+          if (!alone.has(e)) alone.set(e, await linears.upload(name, expert));
+          const xr = x.subarray(r * w.k, (r + 1) * w.k);
+          const row = (y) => y.subarray(r * w.n, (r + 1) * w.n);
+          const gpuAlone = await alone.get(e).matmul(xr, 1);
+          const cpuAlone = await linears.matmulCpu(name, xr, 1, expert);
+          if (bits(row(gpu)) !== bits(gpuAlone)) out.bad.push(`${stack} row ${r} expert ${e} on WebGPU`);
+          if (bits(row(cpu)) !== bits(cpuAlone)) out.bad.push(`${stack} row ${r} expert ${e} on the CPU`);
+          out.rows++;
+        }
+      }
+      try {
+        await linears.matmulCpuExperts(out.stacks[0].split(' ')[0], new Float32Array(4), [0, 1]);
+      } catch (e) {
+        out.refused = e.rule;
+      }
+    } catch (e) {
+      out.error = `${e.rule} ${e.message}`;
+    }
+    return out;
+  }, source, names, which);
+  for (const [cases, name, stack, experts] of [['tests/gguf', 'hf-qwen3moe', 'model.layers.0.mlp.experts.*.gate_proj.weight', 4],
+    ['tests/fixtures', 'gpt-oss-mxfp4', 'model.layers.0.mlp.experts.gate_up_proj', 8]]) {
+    const dir = path.join(root, cases, name, 'model');
+    const got = await routed(`/${cases}/${name}/model/`, filesOf(dir), stack);
+    check(!got.error && got.stacks.includes(`${stack} ${experts}`) && got.rows === 8 && got.bad.length === 0 && got.refused === 'ARG-001',
+      `${name}: matmulExperts over ${got.stacks.length} stacks, ${got.rows} rows their experts' own bits${got.error || ''} ${got.bad.slice(0, 3)}`);
   }
 
   // Malformed checkpoints: refused with the CLI's rule and line.
