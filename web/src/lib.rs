@@ -677,7 +677,7 @@ impl Linears {
             let decoder = decoder().await?;
             let y = async {
                 let w = linears.upload_experts(&stack, &decoder).await?;
-                decoder.matmul_experts_async(&w, &x, ids.len(), &ids).await
+                decoder.matmul_experts_async(&w, &x, &ids).await
             };
             let y = y.await.map_err(|e| js_error(&e))?;
             Ok(js_sys::Float32Array::from(&y[..]).into())
@@ -781,6 +781,6 @@ impl Packed {
     #[wasm_bindgen(js_name = matmulExperts)]
     pub fn matmul_experts(&self, x: Vec<f32>, ids: Vec<u32>) -> js_sys::Promise {
         let (w, decoder) = (self.w.clone(), self.decoder.clone());
-        values(async move { decoder.matmul_experts_async(&w, &x, ids.len(), &ids).await })
+        values(async move { decoder.matmul_experts_async(&w, &x, &ids).await })
     }
 }

@@ -2,7 +2,10 @@
 // SwiftShader adapter: Dawn + Tint, not wgpu) dequantizes every fixture
 // through the JS API on 'gpu' and 'cpu' and must give the CLI's files, byte
 // for byte, and so must a Hub id read from a mock Hub on another origin;
-// malformed checkpoints must be refused with the CLI's rule and line; the
+// malformed checkpoints must be refused with the CLI's rule and line;
+// products with packed weights (openLinears: safetensors packs, GGUF files
+// read piece by piece, routed experts) must be within the bound of the
+// CLI's dense weights, and each routed row its expert's own bits; the
 // page must run the bundled sample and fill its table, a picked folder, a
 // typed Hub id and a picked GGUF file.
 //

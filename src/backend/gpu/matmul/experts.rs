@@ -223,25 +223,25 @@ impl GpuDecoder {
         m: usize,
         ids: &[u32],
     ) -> Result<Vec<f32>> {
-        pollster::block_on(self.matmul_experts_async(w, x, m, ids))
-    }
-
-    /// [`GpuDecoder::matmul_experts`], awaited (in a browser).
-    pub async fn matmul_experts_async(
-        &self,
-        w: &PackedLinear,
-        x: &[f32],
-        m: usize,
-        ids: &[u32],
-    ) -> Result<Vec<f32>> {
         if ids.len() != m {
             let detail = format!("matmul_experts: {} expert ids for {m} rows of x", ids.len());
             return Err(Error::bare(Rule::Argument, detail));
         }
+        pollster::block_on(self.matmul_experts_async(w, x, ids))
+    }
+
+    /// [`GpuDecoder::matmul_experts`] for the `ids.len()` rows of `x`,
+    /// awaited (in a browser).
+    pub async fn matmul_experts_async(
+        &self,
+        w: &PackedLinear,
+        x: &[f32],
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
         let record = |encoder: &mut _, xs: &_, ys: &_, _| {
             self.record_matmul_experts(encoder, w, xs, ids, ys)
         };
-        self.read_back_product(w, x, m, record).await
+        self.read_back_product(w, x, ids.len(), record).await
     }
 }
 
