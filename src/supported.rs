@@ -53,7 +53,7 @@ struct GgufArchitecture {
     class: &'static str,
 }
 
-/// ggml numbers its types below this (gguf-py 0.19 uses up to 41).
+/// ggml numbers its types below this (llama.cpp uses up to 42).
 const GGML_IDS: u32 = 64;
 
 impl Supported {

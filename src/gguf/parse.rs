@@ -358,13 +358,19 @@ fn read(c: &mut Cursor<'_>) -> Result<Header> {
     let mut order: Vec<&mut Tensor> = tensors.iter_mut().collect();
     order.sort_by_key(|t| t.offset);
     let mut end = data_start;
+    // The tensor before, where it is of a type forks number otherwise.
+    let mut forked: Option<(String, GgmlType)> = None;
     for t in order {
         let start = data_start.checked_add(t.offset);
         let stop = start.and_then(|s| s.checked_add(t.size));
         match (start, stop) {
             (Some(s), Some(e)) if e <= file_len && s >= end => {
+                if let Some((name, ty)) = forked.take() {
+                    fork_bytes(path, &name, ty, s - end, alignment)?;
+                }
                 t.offset = s;
                 end = e;
+                forked = forks_differ(t.ty).then(|| (t.name.clone(), t.ty));
             }
             (Some(s), Some(e)) if e <= file_len => {
                 let detail = format!(
@@ -381,6 +387,9 @@ fn read(c: &mut Cursor<'_>) -> Result<Header> {
             }
         }
     }
+    if let Some((name, ty)) = forked {
+        fork_bytes(path, &name, ty, file_len - end, alignment)?;
+    }
     Ok(Header {
         version,
         metadata,
@@ -388,4 +397,25 @@ fn read(c: &mut Cursor<'_>) -> Result<Header> {
         alignment,
         data_start,
     })
+}
+
+/// Types whose number forks give to other layouts (PrismML's fork, whose
+/// 2-bit type is 128 elements in 34 bytes): their bytes are checked.
+fn forks_differ(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q1_0 | GgmlType::Q2_0)
+}
+
+/// A tensor of such a type must fill the bytes up to the next tensor (or
+/// the end of the file) but for the padding to the alignment, as llama.cpp
+/// and gguf-py write them: more bytes are another layout under its number.
+fn fork_bytes(path: &Path, name: &str, ty: GgmlType, gap: u64, alignment: u64) -> Result<()> {
+    if gap < alignment {
+        return Ok(());
+    }
+    let (block, bytes) = ty.block();
+    let detail = format!(
+        "{gap} bytes follow its {ty} data ({block} elements in {bytes} bytes a block, as llama.cpp numbers type {}): another layout under that number (a fork's)",
+        ty as u32
+    );
+    Err(Error::tensor(Rule::GgufTensor, path, name, detail))
 }

@@ -1,6 +1,9 @@
 //! ggml's tensor types as GGUF numbers them (gguf-py 0.19's
-//! `GGMLQuantizationType`), with their block geometry
-//! (`GGML_QUANT_SIZES`).
+//! `GGMLQuantizationType`, and llama.cpp's for Q1_0 and Q2_0, which
+//! gguf-py 0.19 lacks), with their block geometry (`GGML_QUANT_SIZES`).
+//! Forks number their 1- and 2-bit types otherwise (PrismML's own 2-bit
+//! type is 128 elements in 34 bytes): a file whose bytes disagree with
+//! these sizes is refused where it is read.
 
 use std::fmt;
 
@@ -77,6 +80,7 @@ ggml_types! {
     MXFP4 = 39, 32, 1 + 16;
     NVFP4 = 40, 64, 4 + 32;
     Q1_0 = 41, 128, 2 + 16;
+    Q2_0 = 42, 64, 2 + 16;
 }
 
 impl GgmlType {
@@ -108,12 +112,14 @@ mod tests {
                 assert_eq!(t as u32, id, "{t}");
             }
         }
-        for retired in [4, 5, 31, 32, 33, 36, 37, 38, 42] {
+        for retired in [4, 5, 31, 32, 33, 36, 37, 38, 43] {
             assert_eq!(GgmlType::from_id(retired), None, "{retired}");
         }
         assert_eq!(GgmlType::Q4_K.block(), (256, 144));
         assert_eq!(GgmlType::Q6_K.block(), (256, 210));
         assert_eq!(GgmlType::Q8_0.row_bytes(64), Some(68));
         assert_eq!(GgmlType::Q8_0.row_bytes(65), None);
+        assert_eq!(GgmlType::Q1_0.block(), (128, 18));
+        assert_eq!(GgmlType::Q2_0.block(), (64, 18));
     }
 }

@@ -1,6 +1,6 @@
 """Writes tests/gguf/hf-<case>/ for the cases in CASES: a small random GGUF file per architecture
 (llama, llama-spm, qwen3, qwen3moe, qwen2moe, phi3, gemma2, gemma3, starcoder2, stablelm,
-falcon, nemotron) and what transformers makes of it,
+falcon, nemotron, and bonsai: a qwen3 of Q1_0 and Q2_0 weights) and what transformers makes of it,
 plus tests/gguf/hf-names.json (GGUF tensor name -> transformers name, per architecture, and the GGUF
 tensors transformers drops).
 
@@ -27,6 +27,7 @@ Run (needs transformers 5.25, torch, gguf==0.19.0, numpy, safetensors):
 
     /tmp/tfenv/bin/python tests/gguf/make_hf.py            # all cases
     /tmp/tfenv/bin/python tests/gguf/make_hf.py llama phi3 # some cases (hf-names.json keeps the others)
+    PYTHONPATH=/path/to/llama.cpp/gguf-py /tmp/tfenv/bin/python tests/gguf/make_hf.py bonsai
 """
 
 import hashlib
@@ -78,6 +79,10 @@ SCALE_FIELDS = {
     T.Q5_K: [(0, 1e-4), (2, 1.5e-3)],
     T.Q6_K: [(208, 4e-5)],
 }
+# Bonsai's Q1_0 and Q2_0 (ggml types 41, 42; only llama.cpp's gguf-py has Q2_0 and dequantizes them):
+# random signs and codes, f16 d in front.
+if "Q2_0" in T.__members__:
+    SCALE_FIELDS |= {T.Q1_0: [(0, 2e-2)], T.Q2_0: [(0, 2e-2)]}
 
 
 def rows_f32(rng, shape, std=0.05):
@@ -227,6 +232,10 @@ CASES = {
                    tied=False, tok="gpt2"),
     "nemotron": dict(arch="nemotron", layers=1, hidden=256, ffn=512, heads=4, kv=2, head_dim=64, vocab=512,
                      tied=False, tok="llama"),
+    # PrismML's Bonsai (a qwen3): Q1_0 (1-bit) weights and embeddings, Q2_0 (ternary) down projections.
+    # Needs llama.cpp's gguf-py first on PYTHONPATH.
+    "bonsai": dict(arch="qwen3", layers=2, hidden=256, ffn=384, heads=2, kv=1, head_dim=128, vocab=320, tied=True,
+                   tok="gpt2", bonsai=True),
 }
 
 # Where each architecture's tensors go in transformers (gguf-py's TensorNameMap restricted to the model's
@@ -405,6 +414,8 @@ def case_tensors(c):
         out.append(("output_norm.bias", (H,), T.F32, "bias"))
     if not c["tied"]:
         out.append(("output.weight", (V, H), T.Q6_K, "w"))
+    if c.get("bonsai"):
+        out = [(n, s, (T.Q2_0 if "ffn_down" in n else T.Q1_0) if k == "w" else t, k) for n, s, t, k in out]
     return out
 
 
@@ -725,10 +736,28 @@ def run_case(name, c, rng, vers):
     checks["notes"] = COMMON_NOTES + NOTES.get(name, [])
     if name == "phi3":
         checks["phi3_without_padding_token_id"] = probe_phi3_without_pad()
+    if name == "bonsai":
+        checks["notes"].append(take_qwen3_tokenizer_config(d))
     checks["surprises"] = surprises
     (d / "checks.json").write_text(json.dumps(checks, indent=1, default=str) + "\n")
     total = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
     return names_table, checks, total
+
+
+def take_qwen3_tokenizer_config(d):
+    """bonsai's tokenizer is hf-qwen3's (the same metadata): where this environment's save differs from
+    hf-qwen3's fixture in tokenizer_class alone (tokenizers' drift, not the weights'), hf-qwen3's file is
+    kept, so that every qwen3 fixture names one class."""
+    theirs = HERE / "hf-qwen3" / "expected-meta" / "tokenizer_config.json"
+    ours = d / "expected-meta" / "tokenizer_config.json"
+    a, b = json.loads(theirs.read_text()), json.loads(ours.read_text())
+    diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    assert diff in ([], ["tokenizer_class"]), diff
+    assert (HERE / "hf-qwen3" / "expected-meta" / "tokenizer.json").read_bytes() == \
+        (d / "expected-meta" / "tokenizer.json").read_bytes()
+    shutil.copy(theirs, ours)
+    return f"tokenizer_config.json is hf-qwen3's (this save named tokenizer_class {b.get('tokenizer_class')!r}, " \
+           f"hf-qwen3's {a.get('tokenizer_class')!r}; tokenizer.json is the same bytes)"
 
 
 def main():
@@ -738,6 +767,8 @@ def main():
     vers = {"gguf-py": getattr(gguf, "__version__", None) or _pkg_version("gguf"),
             "transformers": transformers.__version__, "torch": torch.__version__, "numpy": np.__version__,
             "accelerate": _pkg_version("accelerate")}
+    if "Q2_0" in T.__members__:
+        vers["gguf-py"] = f"{vers['gguf-py']}, Q1_0 and Q2_0 from {gguf.__file__}"
     names_path = HERE / "hf-names.json"
     table = json.loads(names_path.read_text()) if names_path.exists() else {}
     for name in wanted:
@@ -756,8 +787,11 @@ def main():
 
 
 def _pkg_version(p):
-    from importlib.metadata import version
-    return version(p)
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(p)
+    except PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

@@ -463,7 +463,8 @@ fn same_tensors(got: &BTreeMap<String, Value>, want: &Value, what: &str) {
 /// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, NVFP4, IQ2_XXS,
 /// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M with scales of every
 /// kind of magnitude, made by `tests/gguf/make_types.py`, whole
-/// and split in three by gguf-py's writer) gives
+/// and split in three by gguf-py's writer, and `gguf-q1q2`: Bonsai's Q1_0
+/// and Q2_0, made by `tests/gguf/make_q1q2.py` with llama.cpp's gguf-py) gives
 /// gguf-py's `dequantize` in f32 and that rounded once to bf16 and f16,
 /// under GGUF's names, byte for byte, on the CPU and the GPU.
 #[test]
@@ -476,6 +477,7 @@ fn block_types_give_gguf_pys_values() {
             ("gguf-iq2_xxs-llama", "gguf-iq2_xxs-llama"),
             ("gguf-types", "gguf-types"),
             ("gguf-types-split", "gguf-types"),
+            ("gguf-q1q2", "gguf-q1q2"),
         ] {
             for (dtype, file) in [
                 (OutDtype::F32, "expected-gguf-f32.digests.json"),
@@ -498,7 +500,8 @@ fn block_types_give_gguf_pys_values() {
 /// biases, qwen3, qwen3moe and qwen2moe with stacked (and shared)
 /// experts, phi3's fused projections, gemma2, gemma3 and nemotron with
 /// their norms stored as w+1, starcoder2's and stablelm's biases, falcon's
-/// own names) give, by default, what transformers 5.25 saves of them:
+/// own names, and bonsai: a qwen3 of Bonsai's Q1_0 and Q2_0 weights) give,
+/// by default, what transformers 5.25 saves of them:
 /// every tensor under its name and layout, byte for byte in bf16 and f16
 /// (and f32, gguf-py's own values, where the fixtures have them) on the
 /// CPU and the GPU, and the same `config.json`, `generation_config.json`
@@ -521,6 +524,7 @@ fn gguf_models_take_transformers_form() {
         ("hf-stablelm", "expected-meta"),
         ("hf-falcon", "expected-meta"),
         ("hf-nemotron", "expected-meta"),
+        ("hf-bonsai", "expected-meta"),
     ];
     let check = |backend: BackendChoice| {
         for (name, meta) in cases {
@@ -614,16 +618,16 @@ fn other_architectures_are_refused_by_name() {
     assert!(!tmp.path().join("o-true/config.json").exists());
 }
 
-/// Q1_0 (which gguf-py lists but cannot dequantize) is refused with
+/// Q8_1 (which gguf-py lists but cannot dequantize) is refused with
 /// CFG-002 naming the tensor and the type; `validate` finds it; nothing
 /// is written.
 #[test]
-fn q1_0_is_refused_by_name() {
+fn q8_1_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let mut w = Writer::valid();
-    // One row of 128: a block of 18 bytes, at offset 32.
-    w.tensor("q.weight", &[1, 128], 41, 96);
-    w.data.resize(96 + 18, 0);
+    // One row of 32: a block of 40 bytes, after the F32 tensors.
+    w.tensor("q.weight", &[1, 32], 9, 96);
+    w.data.resize(96 + 40, 0);
     let dir = tmp.path().join("in");
     std::fs::create_dir(&dir).unwrap();
     w.write(&dir.join("model.gguf"));
@@ -633,7 +637,7 @@ fn q1_0_is_refused_by_name() {
         .unwrap_err();
     assert_eq!(e.rule, Rule::Unsupported, "{e}");
     assert!(
-        e.to_string().contains("Q1_0") && e.tensor.as_deref() == Some("q.weight"),
+        e.to_string().contains("Q8_1") && e.tensor.as_deref() == Some("q.weight"),
         "{e}"
     );
     assert_eq!(wgpu_dequant::validate(&dir).errors.len(), 1);
@@ -789,4 +793,132 @@ fn tensors_transformers_drops_are_named() {
     let (hf, _) = decoded(&dir, OutDtype::Bf16, BackendChoice::Cpu, false);
     let (kept, _) = decoded(&dir, OutDtype::Bf16, BackendChoice::Cpu, true);
     assert!(!hf.contains_key("rope_freqs.weight") && kept.contains_key("rope_freqs.weight"));
+}
+
+/// Bonsai's types (Q1_0, ggml type 41; Q2_0, type 42) malformed, or a
+/// fork's layout under those numbers, each refused by GGUF-002 naming the
+/// tensor, with nothing written; the well-formed file decodes.
+#[test]
+fn malformed_q1_0_and_q2_0_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Tensors (name, row-major shape, type, offset) and data bytes.
+    type Layout = (Vec<(&'static str, Vec<u64>, u32, u64)>, usize);
+    // Q1_0 [4, 1024] is 4 · 8 · 18 = 576 bytes; Q2_0 [4, 2048] is
+    // 4 · 32 · 18 = 2304; PrismML's 128-element Q2_0 (34 bytes a block)
+    // would be 4 · 16 · 34 = 2176.
+    let cases: Vec<(&str, Layout, &str)> = vec![
+        (
+            "well formed",
+            (
+                vec![
+                    ("q1.weight", vec![4, 1024], 41, 0),
+                    ("q2.weight", vec![4, 2048], 42, 576),
+                ],
+                576 + 2304,
+            ),
+            "",
+        ),
+        (
+            "truncated Q1_0 data",
+            (vec![("q1.weight", vec![4, 1024], 41, 0)], 500),
+            "past the end",
+        ),
+        (
+            "a Q1_0 row of 96",
+            (vec![("q1.weight", vec![4, 96], 41, 0)], 64),
+            "not whole blocks of 128",
+        ),
+        (
+            "a Q2_0 row of 100",
+            (vec![("q2.weight", vec![4, 100], 42, 0)], 96),
+            "not whole blocks of 64",
+        ),
+        (
+            "a fork's 128-element Q2_0 under 42, last",
+            (vec![("q2.weight", vec![4, 2048], 42, 0)], 2176),
+            "past the end",
+        ),
+        (
+            "a fork's 128-element Q2_0 under 42, then a tensor",
+            (
+                vec![
+                    ("q2.weight", vec![4, 2048], 42, 0),
+                    ("f.weight", vec![64], 0, 2176),
+                ],
+                2176 + 256,
+            ),
+            "overlaps",
+        ),
+        (
+            "2-bit bytes under 41, then a tensor",
+            (
+                vec![
+                    ("q1.weight", vec![4, 1024], 41, 0),
+                    ("f.weight", vec![8], 0, 1152),
+                ],
+                1152 + 32,
+            ),
+            "576 bytes follow",
+        ),
+        (
+            "2-bit bytes under 41, last",
+            (vec![("q1.weight", vec![4, 1024], 41, 0)], 1152),
+            "576 bytes follow",
+        ),
+        (
+            "PrismML's private 128-element Q2_0 id",
+            (vec![("q2.weight", vec![4, 2048], 142, 0)], 2176),
+            "type 142 is no ggml type",
+        ),
+    ];
+    for (what, (tensors, len), says) in cases {
+        let mut w = Writer {
+            kvs: vec![],
+            tensors: vec![],
+            data: vec![],
+            version: 3,
+        };
+        w.kv("general.architecture", 8, string("llama"));
+        for (name, shape, ty, offset) in &tensors {
+            w.tensor(name, shape, *ty, *offset);
+        }
+        let mut rng = Rng::new(0xB0_5A1);
+        w.data = (0..len).map(|_| rng.below(256) as u8).collect();
+        // Every f16 d a small normal number where the blocks lie.
+        for (_, shape, ty, offset) in &tensors {
+            let (block, bytes) = match ty {
+                41 => (128, 18),
+                42 => (64, 18),
+                _ => continue,
+            };
+            let blocks = (shape.iter().product::<u64>() / block) as usize;
+            for b in 0..blocks {
+                let at = *offset as usize + b * bytes;
+                if at + 2 <= w.data.len() {
+                    w.data[at..at + 2].copy_from_slice(&0x2E66u16.to_le_bytes());
+                }
+            }
+        }
+        let dir = tmp.path().join(what.replace([' ', '\'', ','], "-"));
+        std::fs::create_dir(&dir).unwrap();
+        w.write(&dir.join("model.gguf"));
+        let out = dir.join("out");
+        let run = wgpu_dequant::Dequantize::new()
+            .backend(BackendChoice::Cpu)
+            .keep_names(true)
+            .run(&dir, &out);
+        if says.is_empty() {
+            run.unwrap();
+            assert!(out.join("model.safetensors").exists(), "{what}");
+            continue;
+        }
+        let e = run.unwrap_err();
+        let line = e.to_string();
+        assert_eq!(e.rule, Rule::GgufTensor, "{what}: {line}");
+        assert!(
+            e.tensor.is_some() && line.contains(says) && !line.contains('\n'),
+            "{what}: {line}"
+        );
+        assert!(!out.exists(), "{what}: wrote {}", out.display());
+    }
 }

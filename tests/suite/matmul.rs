@@ -697,13 +697,10 @@ const GGUF_CASES: [&str; 5] = [
     "hf-qwen3moe",
 ];
 
-/// `gguf-types`' tensors of every quantized type (`[6, 512]` each) as the
+/// `gguf-types`' and `gguf-q1q2`'s tensors of every quantized type (`[6, 512]` each) as the
 /// down projections of a llama model's layers, `blk.{i}.ffn_down.weight`,
 /// in a GGUF file written into `dir`: their types, in layer order.
 fn gguf_types_as_linears(dir: &Path) -> Vec<String> {
-    let types = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf/gguf-types/model");
-    let model = wgpu_dequant::gguf::Model::open(types.join("model.gguf")).unwrap();
-    let file = model.files[0].bytes();
     let mut w = crate::gguf::Writer {
         kvs: vec![],
         tensors: vec![],
@@ -713,15 +710,22 @@ fn gguf_types_as_linears(dir: &Path) -> Vec<String> {
     w.kv("general.architecture", 8, crate::gguf::string("llama"));
     w.kv("general.alignment", 4, 32u32.to_le_bytes().to_vec());
     let mut names = Vec::new();
-    let quantized = model.tensors.iter().filter(|t| t.ty.block().0 > 1);
-    for (i, t) in quantized.enumerate() {
-        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
-        let name = format!("blk.{i}.ffn_down.weight");
-        w.tensor(&name, &shape, t.ty as u32, w.data.len() as u64);
-        let at = t.offset as usize;
-        w.data.extend(&file[at..at + t.size as usize]);
-        w.data.resize(w.data.len().next_multiple_of(32), 0);
-        names.push(t.ty.to_string());
+    // Bonsai's Q1_0 and Q2_0 are in a fixture of their own.
+    for fixture in ["gguf-types", "gguf-q1q2"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/gguf")
+            .join(fixture);
+        let model = wgpu_dequant::gguf::Model::open(dir.join("model/model.gguf")).unwrap();
+        let file = model.files[0].bytes();
+        for t in model.tensors.iter().filter(|t| t.ty.block().0 > 1) {
+            let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+            let name = format!("blk.{}.ffn_down.weight", names.len());
+            w.tensor(&name, &shape, t.ty as u32, w.data.len() as u64);
+            let at = t.offset as usize;
+            w.data.extend(&file[at..at + t.size as usize]);
+            w.data.resize(w.data.len().next_multiple_of(32), 0);
+            names.push(t.ty.to_string());
+        }
     }
     w.kv(
         "llama.block_count",

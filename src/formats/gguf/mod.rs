@@ -222,6 +222,8 @@ pub(crate) fn map_of(ty: GgmlType) -> Option<MapBlocks> {
         T::IQ3_S => map::<{ T::IQ3_S as u32 }>,
         T::IQ1_S => map::<{ T::IQ1_S as u32 }>,
         T::IQ1_M => map::<{ T::IQ1_M as u32 }>,
+        T::Q1_0 => map::<{ T::Q1_0 as u32 }>,
+        T::Q2_0 => map::<{ T::Q2_0 as u32 }>,
         _ => return None,
     })
 }
@@ -467,6 +469,16 @@ fn kind(ty: GgmlType) -> Option<Kind> {
         // qs [64], d.
         T::TQ2_0 => k(256, |c| c as f32 - 1.0, false, one(plane(0, 2, 32)), |b, o| {
             o.scales[0] = f16(b, 64);
+        }),
+        // PrismML's Bonsai types (ggml's `dequantize_row_q1_0/q2_0`): d,
+        // then fields LSB first, element j in byte j / (8 / bits). A sign
+        // bit, 1 for +d and 0 for −d (d · ±1 is ±d exactly); Q2_0's codes
+        // 0..3 are −1, 0, +1, +2 times d.
+        T::Q1_0 => k(128, |c| if c & 1 == 1 { 1.0 } else { -1.0 }, false, one(plane(2, 1, 1)), |b, o| {
+            o.scales[0] = f16(b, 0);
+        }),
+        T::Q2_0 => k(64, |c| c as f32 - 1.0, false, one(plane(2, 2, 1)), |b, o| {
+            o.scales[0] = f16(b, 0);
         }),
         T::MXFP4 => k(32, |c| E2M1X2[c as usize & 15] as f32, false, one(plane(1, 4, 16)), |b, o| {
             o.scales[0] = e8m0_half(b[0]);

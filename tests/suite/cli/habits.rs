@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use crate::common::bin;
 use crate::common::cli::{failed, ok, run, stderr, stdout};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The sample the README decodes.
 fn sample() -> PathBuf {
@@ -207,6 +207,19 @@ fn formats_lists_formats_types_and_architectures() {
         .unwrap();
     assert_eq!(q4k["support"], "decoded");
     assert_eq!(q4k["bits_per_weight"], 4.5);
+    // Bonsai's types, under llama.cpp's numbers.
+    for (name, id, bits) in [("Q1_0", 41, 1.125), ("Q2_0", 42, 2.25)] {
+        let t = v["gguf_types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap();
+        assert_eq!(
+            (&t["id"], &t["support"], &t["bits_per_weight"]),
+            (&json!(id), &json!("decoded"), &json!(bits))
+        );
+    }
 }
 
 #[test]
