@@ -14,17 +14,16 @@
 //! the one the grid divides the weight into, as transformers'
 //! `Fp8Dequantize._dequantize_one` derives it (V4.1 ships 32×32 blocks).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use safetensors::Dtype;
 use serde_json::Value;
 
-use std::collections::BTreeSet;
-
 use super::{
-    byte_table, decoded_output, expect_dtype, float_kind, fp4_job, fp8_job, grid_values,
-    list_or_dash, modules_with, not_converted, plan_each, quantized_modules, require,
-    split_shape, weight_dims, Modules, QuantConfig, ScaleLayout,
+    byte_table, decoded_output, expect_dtype, float_kind, fp4_weight_job, fp8_job, grid_values,
+    list_or_dash, modules_with, not_converted, plan_each, quantized_modules, require, weight_dims,
+    Modules, QuantConfig, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
@@ -262,28 +261,19 @@ fn plan_module<'c>(
                 "dtype I8 (FP4 experts), but the config's expert_dtype is not \"fp4\"",
             ));
         }
-        let (slices, rows, width) = split_shape(&w, w.shape)?;
-        let dims = Dims {
-            slices,
-            rows,
-            cols: width.saturating_mul(2),
-        };
         // The runtime's FP4 experts take exactly one scale per 32 codes.
-        if !dims.cols.is_multiple_of(FP4_GROUP) {
+        let cols = w.shape.last().map_or(0, |&bytes| bytes.saturating_mul(2));
+        if !cols.is_multiple_of(FP4_GROUP) {
             return Err(w.error(
                 Rule::TensorShape,
                 format!(
-                    "shape {:?} holds rows of {} FP4 values, not whole groups of {FP4_GROUP}",
-                    w.shape, dims.cols
+                    "shape {:?} holds rows of {cols} FP4 values, not whole groups of {FP4_GROUP}",
+                    w.shape
                 ),
             ));
         }
         let layout = ScaleLayout::Group(FP4_GROUP);
-        let job = fp4_job(&w, dims, scale, kind, layout, dtype)?;
-        let mut shape = w.shape.to_vec();
-        if let Some(last) = shape.last_mut() {
-            *last = dims.cols;
-        }
+        let (job, shape) = fp4_weight_job(&w, scale, kind, layout, dtype)?;
         let scheme = format!("fp4 e2m1 e8m0 group {FP4_GROUP}");
         return Ok(decoded_output(m, w.shard, shape, job, scheme));
     }
