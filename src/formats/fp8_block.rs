@@ -214,6 +214,14 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         weight.is_some_and(|w| matches!(w.dtype, Dtype::F8_E4M3 | Dtype::I8))
             || weight.is_some() && scale.is_some_and(|s| s.dtype == Dtype::F8_E8M0)
     });
+    let v4_scaled: BTreeSet<&str> = v4_scaled.collect();
+    // The name a missing scale is asked for by: DeepSeek-V4's where the
+    // checkpoint uses it, else transformers' `weight_scale_inv`.
+    let missing_scale = if v4_scaled.is_empty() && cfg.expert_dtype.is_none() {
+        "weight_scale_inv"
+    } else {
+        "scale"
+    };
     let modules: BTreeSet<&str> = quantized_modules(ckpt, "weight_scale_inv", Dtype::F8_E4M3)
         .into_iter()
         .chain(quantized_modules(ckpt, "weight_scale_inv", Dtype::I8))
@@ -227,21 +235,23 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             not_converted(&cfg.modules_to_not_convert, m)
                 .then_some("listed in modules_to_not_convert but stored as FP8; decoded anyway")
         },
-        |m, _| plan_module(cfg, ckpt, m, dtype),
+        |m, _| plan_module(cfg, ckpt, m, missing_scale, dtype),
     )
 }
 
+/// Module `m`'s job; its scale is `weight_scale_inv` or `scale`, whichever
+/// is stored (`missing_scale` when neither is).
 fn plan_module<'c>(
     cfg: &Config,
     ckpt: &'c Checkpoint,
     m: &str,
+    missing_scale: &'static str,
     dtype: OutDtype,
 ) -> Result<Output<'c>> {
-    let param = if ckpt.get(&format!("{m}.weight_scale_inv")).is_some() {
-        "weight_scale_inv"
-    } else {
-        "scale"
-    };
+    let param = ["weight_scale_inv", "scale"]
+        .into_iter()
+        .find(|p| ckpt.get(&format!("{m}.{p}")).is_some())
+        .unwrap_or(missing_scale);
     let w = require(ckpt, m, "weight")?;
     expect_dtype(&w, &[Dtype::F8_E4M3, Dtype::I8])?;
     let scale = require(ckpt, m, param)?;
