@@ -5,12 +5,15 @@ use serde_json::Value;
 use crate::numerics::{DtypeChoice, OutDtype};
 
 /// The checkpoint's `config.json` as the dense output's: without its
-/// `quantization_config` (nor MLX's `quantization`), and with its dtypes
-/// set to the one asked for.
+/// `quantization_config` (nor MLX's `quantization`, nor DeepSeek-V4's
+/// top-level `expert_dtype`, which says how its experts were quantized),
+/// and with its dtypes set to the one asked for.
 pub(crate) fn dense_config(config: &Value, choice: DtypeChoice) -> Value {
     let mut v = config.clone();
     if let Some(obj) = v.as_object_mut() {
-        obj.remove("quantization_config");
+        if obj.remove("quantization_config").is_some() {
+            obj.remove("expert_dtype");
+        }
         obj.remove("quantization");
     }
     if let DtypeChoice::Fixed(to) = choice {

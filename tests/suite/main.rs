@@ -12,6 +12,7 @@ mod bnb;
 mod cli;
 mod config_variants;
 mod convert;
+mod deepseek_v4;
 mod docs;
 mod findings;
 mod fixtures;

@@ -440,6 +440,7 @@ pub const CASES: &[&str] = &[
     "ct-transform-quip-noblock",
     "ct-transform-quip-w4a16",
     "ct-transform-spinquant-r3",
+    "deepseek-v4-fp8-fp4",
     "fp8-block-bf16",
     "fp8-dynamic",
     "gpt-oss-mxfp4",
