@@ -40,6 +40,7 @@ use std::path::PathBuf;
 use safetensors::Dtype;
 use serde_json::Value;
 
+use super::gptq_dynamic::{self, DynamicRule};
 use super::{
     check_extent, decoded_output, expect_dtype, expect_shape, float_kind, matrix_dims,
     modules_with, only_setting, plan_each, require, Modules, QuantConfig,
@@ -91,6 +92,10 @@ pub struct Config {
     pub v1: bool,
     /// `meta.quantizer` (who quantized, with versions).
     pub quantizer: Vec<String>,
+    /// GPTQModel's `dynamic` rules, in the file's order (see
+    /// [`Config::for_module`]).
+    #[serde(skip)]
+    pub(crate) dynamic: Vec<DynamicRule>,
 }
 
 #[derive(serde::Deserialize)]
@@ -169,12 +174,15 @@ impl Config {
                 true
             }
         };
-        if is_set(&raw.dynamic) {
-            return unsupported(
-                "GPTQModel `dynamic` per-module overrides are not decoded (one scheme for every module only)"
-                    .into(),
-            );
-        }
+        let dynamic = match &raw.dynamic {
+            Some(d) if is_set(&raw.dynamic) => match producer {
+                Producer::Gptq => gptq_dynamic::parse(path, d)?,
+                Producer::AutoRound => {
+                    return unsupported("`dynamic` in an AutoRound config is not decoded".into())
+                }
+            },
+            _ => Vec::new(),
+        };
         if is_set(&raw.extra_config) {
             return unsupported(
                 "AutoRound `extra_config` per-module overrides are not decoded (one scheme for every module only)"
@@ -206,7 +214,31 @@ impl Config {
             sym: raw.sym.unwrap_or(true),
             v1,
             quantizer,
+            dynamic,
         })
+    }
+
+    /// The scheme of `module` once `dynamic` is applied: the first rule
+    /// that matches overrides the base settings; `None` when it is a `-:`
+    /// rule (the module is stored dense).
+    pub(crate) fn for_module(&self, module: &str) -> Result<Option<Config>> {
+        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module)? else {
+            return Ok(Some(Config {
+                dynamic: Vec::new(),
+                ..self.clone()
+            }));
+        };
+        if rule.dense {
+            return Ok(None);
+        }
+        Ok(Some(Config {
+            bits: rule.bits.unwrap_or(self.bits),
+            group_size: rule.group_size.unwrap_or(self.group_size),
+            desc_act: rule.desc_act.unwrap_or(self.desc_act),
+            sym: rule.sym.unwrap_or(self.sym),
+            dynamic: Vec::new(),
+            ..self.clone()
+        }))
     }
 
     /// `inspect`'s lines: zero-point convention, activation order, quantizer.
@@ -219,6 +251,13 @@ impl Config {
         let mut lines = vec![zeros.to_string(), format!("desc_act {}", self.desc_act)];
         if !self.quantizer.is_empty() {
             lines.push(format!("quantizer {}", self.quantizer.join(", ")));
+        }
+        if !self.dynamic.is_empty() {
+            let dense = self.dynamic.iter().filter(|r| r.dense).count();
+            lines.push(format!(
+                "dynamic: {} per-module rules ({dense} dense)",
+                self.dynamic.len()
+            ));
         }
         lines
     }
@@ -261,11 +300,30 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         &["qweight", "qzeros", "scales", "g_idx"],
         |_| None,
         |m, _| {
-            let (job, shard) = module_job(cfg, ckpt, m, dtype)?;
+            let Some(cfg) = cfg.for_module(m)? else {
+                return Err(dense_but_packed(cfg, ckpt, m));
+            };
+            let (job, shard) = module_job(&cfg, ckpt, m, dtype)?;
             let shape = vec![job.dims.rows, job.dims.cols];
             Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
     )
+}
+
+/// A module a `-:` rule says is stored dense has a `qweight`: GPTQModel
+/// would load it as a plain Linear and find no `weight`.
+fn dense_but_packed(cfg: &Config, ckpt: &Checkpoint, module: &str) -> Error {
+    let rule = gptq_dynamic::decide(&cfg.dynamic, &cfg.path, module)
+        .ok()
+        .flatten()
+        .map_or(String::new(), |r| r.key.clone());
+    let why = format!(
+        "dynamic rule {rule:?} says this module is stored dense (not quantized), but it is packed"
+    );
+    match ckpt.get(&format!("{module}.qweight")) {
+        Some(q) => q.error(Rule::Config, why),
+        None => Error::new(Rule::Config, &cfg.path, format!("{module}: {why}")),
+    }
 }
 
 /// The 32-bit words of an int32 tensor.

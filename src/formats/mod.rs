@@ -7,6 +7,7 @@
 
 #[macro_use]
 mod table;
+mod gptq_dynamic;
 pub mod sparse;
 mod targets;
 pub mod transform;

@@ -385,3 +385,127 @@ fn gptq_config_spellings() {
         assert!(lines.contains("z - 1"), "{ctx}: {lines}");
     }
 }
+
+/// `gptq-dynamic-mix` (tests/gptqmodel/make_dynamic_fixture.py): GPTQModel
+/// 7.7's `dynamic` gives 8-bit group-32 modules, a desc_act group-32 one
+/// and one left dense (`-:`) beside the base 4-bit group 128; its own
+/// pack, v1 export, v1 → v2 load and `dequantize_weight` made the bytes.
+const DYNAMIC: &str = "gptq-dynamic-mix";
+
+fn dynamic_matches_gptqmodel(backend: BackendChoice) {
+    crate::common::check_case(
+        DYNAMIC,
+        DtypeChoice::Auto,
+        backend,
+        "expected-f16.digests.json",
+        false,
+    );
+    crate::common::check_case(
+        DYNAMIC,
+        DtypeChoice::Fixed(OutDtype::F32),
+        backend,
+        "expected-f32.digests.json",
+        false,
+    );
+}
+
+#[test]
+fn gptq_dynamic_matches_gptqmodel_on_cpu() {
+    dynamic_matches_gptqmodel(BackendChoice::Cpu);
+}
+
+#[test]
+fn gptq_dynamic_matches_gptqmodel_on_gpu() {
+    gpu_test(|_| dynamic_matches_gptqmodel(BackendChoice::Gpu));
+}
+
+/// Each module's scheme is the first matching rule's; inspect says so.
+#[test]
+fn gptq_dynamic_schemes_per_module() {
+    let dir = crate::common::fixtures().join(DYNAMIC).join("model");
+    let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+    let plan =
+        wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+    let lines = plan.format.report_lines().join("; ");
+    assert!(
+        lines.contains("dynamic: 4 per-module rules (1 dense)"),
+        "{lines}"
+    );
+    let plan_json: Value = serde_json::from_slice(
+        &std::fs::read(crate::common::fixtures().join(DYNAMIC).join("plan.json")).unwrap(),
+    )
+    .unwrap();
+    for (module, scheme) in plan_json.as_object().unwrap() {
+        let name = format!("{module}.weight");
+        let out = plan.outputs.iter().find(|o| o.name == name).unwrap();
+        let want = match scheme.as_str().unwrap() {
+            "dense (-:)" => None,
+            "8-bit group 32" => Some("gptq int8 group 32 sym v1"),
+            "4-bit group 32 desc_act" => Some("gptq int4 group 32 sym v1 desc_act"),
+            "4-bit group 128" => Some("gptq int4 group 128 sym v1"),
+            other => panic!("{module}: {other}"),
+        };
+        assert_eq!(out.scheme.as_deref(), want, "{module}");
+    }
+}
+
+/// Malformed `dynamic` configs over the fixture's tensors: each refused by
+/// its rule, nothing written.
+#[test]
+fn gptq_dynamic_malformed_refused() {
+    use wgpu_dequant::Rule;
+    let fixture = crate::common::fixtures().join(DYNAMIC).join("model");
+    type Edit = (&'static str, Rule, Option<&'static str>, fn(&mut Value));
+    let cases: [Edit; 6] = [
+        ("a key that is not a regex", Rule::Config, None, |d| {
+            d["model\\.layers\\.(0"] = json!({"bits": 8});
+        }),
+        ("bits 5", Rule::Unsupported, None, |d| {
+            d["+:.*\\.mlp\\.down_proj"]["bits"] = json!(5);
+        }),
+        ("group_size 0", Rule::Config, None, |d| {
+            d["+:.*\\.mlp\\.down_proj"]["group_size"] = json!(0);
+        }),
+        (
+            "a -: module stored packed",
+            Rule::Config,
+            Some("model.layers.0.mlp.up_proj.qweight"),
+            |d| {
+                let mut m = serde_json::Map::new();
+                m.insert("-:model\\.layers\\.0\\.mlp\\.up_proj".into(), json!({}));
+                m.extend(d.as_object().unwrap().clone());
+                *d = Value::Object(m);
+            },
+        ),
+        (
+            "qweight packed at 8 bits, the rule says 4",
+            Rule::TensorShape,
+            Some("model.layers.0.mlp.down_proj.qweight"),
+            |d| {
+                d["+:.*\\.mlp\\.down_proj"] = json!({"group_size": 32});
+            },
+        ),
+        (
+            "scales in groups of 32, the rule says 64",
+            Rule::TensorShape,
+            Some("model.layers.0.mlp.down_proj.scales"),
+            |d| {
+                d["+:.*\\.mlp\\.down_proj"]["group_size"] = json!(64);
+            },
+        ),
+    ];
+    for (what, rule, tensor, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        crate::common::copy_dir(&fixture, tmp.path());
+        let path = tmp.path().join("config.json");
+        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut cfg["quantization_config"]["dynamic"]);
+        write_json(&path, &cfg);
+        let e = crate::common::dequantize_err(tmp.path());
+        assert_eq!(e.rule, rule, "{what}: {e}");
+        if let Some(t) = tensor {
+            assert_eq!(e.tensor.as_deref(), Some(t), "{what}: {e}");
+        }
+        assert!(!e.to_string().contains('\n'), "{what}: {e}");
+    }
+}

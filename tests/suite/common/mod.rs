@@ -444,6 +444,7 @@ pub const CASES: &[&str] = &[
     "fp8-block-bf16",
     "fp8-dynamic",
     "gpt-oss-mxfp4",
+    "gptq-dynamic-mix",
     "gptq-w4-g128",
     "gptq-w4-g128-actorder",
     "legacy-w3a16-g16",

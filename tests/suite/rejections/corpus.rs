@@ -1857,12 +1857,28 @@ fn gptq_cases() -> Vec<Case> {
             qc(e, &[("bits", json!("4"))])
         }),
         case(
-            "gptq dynamic overrides",
+            "gptq dynamic -: module stored packed",
+            GPTQ,
+            Plan,
+            CFG,
+            "down_proj.qweight",
+            |e| qc(e, &[("dynamic", json!({"-:.*down_proj.*": {}}))]),
+        ),
+        case(
+            "gptq dynamic key not a regex",
+            GPTQ,
+            Build,
+            CFG,
+            "not a regex",
+            |e| qc(e, &[("dynamic", json!({"+:.*down_proj(": {"bits": 8}}))]),
+        ),
+        case(
+            "gptq dynamic bits 5",
             GPTQ,
             Build,
             UNSUPPORTED,
-            "dynamic",
-            |e| qc(e, &[("dynamic", json!({"-:.*down_proj.*": {}}))]),
+            "bits 5",
+            |e| qc(e, &[("dynamic", json!({"+:.*down_proj": {"bits": 5}}))]),
         ),
         case(
             "auto-round awq packing",
