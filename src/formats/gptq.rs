@@ -92,8 +92,8 @@ pub struct Config {
     pub v1: bool,
     /// `meta.quantizer` (who quantized, with versions).
     pub quantizer: Vec<String>,
-    /// GPTQModel's `dynamic` rules, in the file's order (see
-    /// [`Config::for_module`]).
+    /// GPTQModel's `dynamic` rules, in the file's order (applied by
+    /// `for_module`).
     #[serde(skip)]
     pub(crate) dynamic: Vec<DynamicRule>,
 }

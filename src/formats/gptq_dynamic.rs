@@ -61,34 +61,41 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
             let Value::Object(o) = over else {
                 return Err(bad(format!("the overrides of {key:?} are not an object")));
             };
-            let int = |name: &str| match o.get(name) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_i64()
-                    .map(Some)
-                    .ok_or_else(|| bad(format!("{key:?}: {name} {v} is not an integer"))),
+            // A setting read as `T` (absent or null: not overridden).
+            fn get<T>(
+                o: &serde_json::Map<String, Value>,
+                name: &str,
+                read: fn(&Value) -> Option<T>,
+                kind: &str,
+            ) -> std::result::Result<Option<T>, String> {
+                match o.get(name) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(v) => read(v)
+                        .map(Some)
+                        .ok_or_else(|| format!("{name} {v} is not {kind}")),
+                }
+            }
+            let int = |name: &str| {
+                get(o, name, Value::as_i64, "an integer").map_err(|e| bad(format!("{key:?}: {e}")))
             };
-            let flag = |name: &str| match o.get(name) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_bool()
-                    .map(Some)
-                    .ok_or_else(|| bad(format!("{key:?}: {name} {v} is not a boolean"))),
+            let flag = |name: &str| {
+                get(o, name, Value::as_bool, "a boolean").map_err(|e| bad(format!("{key:?}: {e}")))
             };
-            let bits =
-                match int("bits")? {
-                    None => None,
-                    Some(b) => match u32::try_from(b) {
-                        Ok(b) if BITS.contains(&b) => Some(b),
-                        _ => return Err(Error::new(
+            let bits = match int("bits")? {
+                None => None,
+                Some(b) => match u32::try_from(b) {
+                    Ok(b) if BITS.contains(&b) => Some(b),
+                    _ => {
+                        return Err(Error::new(
                             Rule::Unsupported,
                             path,
                             format!(
                                 "dynamic: {key:?} gives bits {b}; GPTQ decodes only 2, 3, 4 and 8"
                             ),
-                        )),
-                    },
-                };
+                        ))
+                    }
+                },
+            };
             let group_size = match int("group_size")? {
                 None => None,
                 g => Some(super::group_size(g, path).map_err(|e| bad(format!("{key:?}: {e}")))?),
