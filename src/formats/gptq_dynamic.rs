@@ -205,6 +205,15 @@ mod tests {
         assert_eq!(r[2].group_size, Some(Some(32)));
     }
 
+    /// PCRE's lookahead, which keys use to leave modules out, reads as it
+    /// does there.
+    #[test]
+    fn lookahead_keys() {
+        let r = rules(json!({"(?!.*\\.layers\\.0\\.).*mlp": {"bits": 8}}));
+        assert!(key_for(&r, "model.layers.1.mlp.up_proj").is_some());
+        assert_eq!(key_for(&r, "model.layers.0.mlp.up_proj"), None);
+    }
+
     #[test]
     fn refused_keys_and_values() {
         let p = Path::new("config.json");
