@@ -1,8 +1,9 @@
 // Rows of 32-bit words copied between two buffers by a list of row
 // indices, bits as they are: a gather (dst's row i is src's row
 // idx[first + i]) or a scatter (dst's row idx[first + i] is src's row i).
-// Routed experts (src/backend/gpu/matmul/experts.rs) gather each expert's
-// rows of x, multiply them, and scatter the results into the rows of y.
+// Routed experts (src/backend/gpu/matmul/experts.rs) gather every row of
+// x once, in expert order, multiply each expert's run of them, and
+// scatter the results into the rows of y.
 
 struct Gather {
     // Words a row.

@@ -36,11 +36,13 @@ override PER: u32 = 32u / BITS; // codes per word (derived; the host never sets 
 var<workgroup> codes_table: array<f32, 256>;
 // A 4-bit table's 16 entries again, in each invocation's registers.
 var<private> codes16: array<vec4<f32>, 4>;
+// CODE_SMALL_TABLE: the 16 entries plus 128, a byte each, in registers.
+var<private> codes8: vec4<u32>;
 
 // Loads a CODE_TABLE job's table (every entry point that decodes words
 // calls it first, from uniform control flow).
 fn load_codes(li: u32) {
-    if (CODE == CODE_TABLE && !COPY) {
+    if ((CODE == CODE_TABLE || CODE == CODE_SMALL_TABLE) && !COPY) {
         for (var i = li; i < (1u << BITS); i = i + WG) {
             codes_table[i] = bitcast<f32>(src[p.code_table + i]);
         }
@@ -49,6 +51,12 @@ fn load_codes(li: u32) {
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let t = 4u * i;
                 codes16[i] = vec4<f32>(codes_table[t], codes_table[t + 1u], codes_table[t + 2u], codes_table[t + 3u]);
+                // Entries past a shorter table are never read.
+                var bytes = 0u;
+                for (var k = 0u; k < 4u; k = k + 1u) {
+                    bytes = bytes | ((u32(i32(codes_table[t + k]) + 128) & 0xffu) << (8u * k));
+                }
+                codes8[i] = bytes;
             }
         }
     }
@@ -104,6 +112,14 @@ fn code_value(c: u32) -> f32 {
         mag = select(mag, 0x7fc00000u, m == 0x7fu);
         return bitcast<f32>(((c & 0x80u) << 24u) | mag);
     }
+    if (CODE == CODE_SMALL_TABLE && BITS == 4u) {
+        // The entry's word by three selects, its byte by a shift, and the
+        // byte (the value plus 128) placed under the mantissa of 2^23 as
+        // small_f32 does: exact.
+        let high = (c & 4u) != 0u;
+        let q = select(select(codes8.x, codes8.y, high), select(codes8.z, codes8.w, high), (c & 8u) != 0u);
+        return bitcast<f32>(0x4B000000u | ((q >> ((c & 3u) << 3u)) & 0xffu)) - 8388736.0;
+    }
     if (BITS == 4u) {
         // By selects over registers: CPU adapters read workgroup memory at
         // each invocation's own address one invocation at a time.
@@ -150,7 +166,7 @@ fn fast_scaled(c: u32, z: f32, s: f32, flat: u32, col: u32) -> f32 {
         // 255), are 16-bit values already: rounding them changes nothing.
         let integers = (CODE == CODE_OFFSET || CODE == CODE_TWOS_COMPLEMENT) && ZERO != ZERO_PLAIN;
         var q = v;
-        if (!integers && (CODE == CODE_TABLE || ZERO == ZERO_PLAIN || ZERO == ZERO_PACKED)) {
+        if (!integers && (CODE == CODE_TABLE || CODE == CODE_SMALL_TABLE || ZERO == ZERO_PLAIN || ZERO == ZERO_PACKED)) {
             q = in_product_as(v, PRODUCT);
         }
         if (SCALED) {

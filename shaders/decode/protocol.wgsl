@@ -62,6 +62,7 @@ const CODE_OFFSET: u32 = 1u;             // code - code_offset
 const CODE_TWOS_COMPLEMENT: u32 = 2u;
 const CODE_E2M1: u32 = 3u;               // numerics::e2m1
 const CODE_E4M3: u32 = 4u;               // numerics::e4m3
+const CODE_SMALL_TABLE: u32 = 5u;        // the table, of 4-bit codes, holds integers of -128..=127
 
 // PACK: how the tile kernel's code words lie against its output.
 const PACK_TRANSPOSED: u32 = 0u;  // transposed output: a word holds output rows

@@ -114,6 +114,10 @@ shader_enum! {
         TwosComplement = 2 as CODE_TWOS_COMPLEMENT,
         E2m1 = 3 as CODE_E2M1,
         E4m3 = 4 as CODE_E4M3,
+        /// A table of 4-bit codes whose values are integers of −128..=127
+        /// (GGUF's IQ4 and IQ2 codes): read from bytes in registers, four
+        /// selects fewer a value than `Table`'s f32 entries.
+        SmallTable = 5 as CODE_SMALL_TABLE,
     }
 }
 
@@ -323,6 +327,12 @@ pub(super) fn code_offset(job: &DecodeJob<'_>) -> f32 {
     }
 }
 
+/// Whether `v` is an integer of −128..=127 whose bits an i8 gives back
+/// (not −0.0).
+fn small_integer(v: f32) -> bool {
+    (-128.0..=127.0).contains(&v) && (v as i8 as f32).to_bits() == v.to_bits()
+}
+
 impl CodeKind {
     /// Which formula gives `job`'s code table (4- or 8-bit codes; a NaN
     /// stands for any NaN: outputs write one canonical NaN).
@@ -345,6 +355,8 @@ impl CodeKind {
             CodeKind::E2m1
         } else if c.bits == 8 && table_is(&numerics::e4m3) {
             CodeKind::E4m3
+        } else if c.bits <= 4 && cv.len() <= 16 && cv.iter().all(|&v| small_integer(v)) {
+            CodeKind::SmallTable
         } else {
             CodeKind::Table
         }
@@ -648,10 +660,23 @@ mod tests {
         }
         j.code_values = (0..16).map(|c| c as f32 - 7.5).collect();
         assert_eq!(CodeKind::of(&j), CodeKind::Table);
+        // Other integers of an i8 (GGUF's IQ4 codes) are read from bytes;
+        // −0.0, which a byte cannot give back, and 128 are not.
         j.code_values = (0..16)
             .map(|c| if c == 3 { 0.0 } else { c as f32 })
             .collect();
-        assert_eq!(CodeKind::of(&j), CodeKind::Table);
+        assert_eq!(CodeKind::of(&j), CodeKind::SmallTable);
+        let iq4 = [
+            -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+        ];
+        j.code_values = iq4.iter().map(|&v| v as f32).collect();
+        assert_eq!(CodeKind::of(&j), CodeKind::SmallTable);
+        for odd in [-0.0, 128.0, 1.5] {
+            j.code_values = (0..16)
+                .map(|c| if c == 5 { odd } else { 3.0 * c as f32 - 20.0 })
+                .collect();
+            assert_eq!(CodeKind::of(&j), CodeKind::Table, "{odd}");
+        }
         j.code_values = vec![f32::NAN; 16].into();
         assert_eq!((CodeKind::of(&j), code_offset(&j)), (CodeKind::Table, 0.0));
     }

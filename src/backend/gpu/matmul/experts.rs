@@ -1,11 +1,12 @@
 //! Routed experts in one call (llama.cpp's `mul_mat_id`): a stack's
 //! experts resident together in one [`PackedLinear`], and
 //! `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for rows that go to different experts,
-//! recorded into one encoder. Each expert's rows of x are gathered on the
-//! device into a buffer of their own, multiplied by that expert's packs
-//! with the products' own kernels, and scattered into their rows of y
-//! (shaders/gather.wgsl): a row's result has the bits
-//! [`GpuDecoder::record_matmul`] gives it with its expert alone.
+//! recorded into one encoder. The rows of x are gathered on the device
+//! into one buffer, expert by expert, each expert's run multiplied by its
+//! packs with the products' own kernels into the same rows of another,
+//! and those scattered into their rows of y (shaders/gather.wgsl): a
+//! row's result has the bits [`GpuDecoder::record_matmul`] gives it with
+//! its expert alone.
 
 use super::super::shader::buffer;
 use super::{check_io, PackedLinear, Product};
@@ -161,55 +162,59 @@ impl GpuDecoder {
         );
         self.queue
             .write_buffer(&idx, 0, bytemuck::cast_slice(&order));
+        // Every row of x gathered once in expert order, each expert's run
+        // multiplied into the same rows of one y, scattered once: three
+        // buffers and two copies a call, whatever the experts (a dispatch
+        // and a buffer an expert each cost about a small product's time on
+        // llvmpipe).
+        let xe = self.storage(
+            "wgpu-dequant experts' x",
+            4 * m as u64 * w.k as u64,
+            wgpu::BufferUsages::empty(),
+        );
+        let ye = self.storage(
+            "wgpu-dequant experts' y",
+            4 * m as u64 * w.n as u64,
+            wgpu::BufferUsages::empty(),
+        );
+        let copy = |encoder: &mut wgpu::CommandEncoder,
+                    (src, dst): (&wgpu::Buffer, &wgpu::Buffer),
+                    len: usize,
+                    scatter: bool| {
+            let params = GatherParams {
+                len: len as u32,
+                rows: m,
+                first: 0,
+                scatter: scatter as u32,
+            };
+            let params = self.uniform("wgpu-dequant gather params", bytemuck::bytes_of(&params));
+            let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("wgpu-dequant gather bindings"),
+                layout: &gather.layout,
+                entries: &[
+                    entry(0, &params),
+                    entry(1, &idx),
+                    entry(2, src),
+                    entry(3, dst),
+                ],
+            });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("wgpu-dequant gather"),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&gather.pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups((len as u32).div_ceil(64).min(GROUPS), m, 1);
+        };
+        copy(encoder, (x, &xe), w.k, false);
         let mut first = 0;
         for (e, rows) in &groups {
             let me = rows.len() as u32;
-            let expert = &w.stack[*e];
-            let xe = self.storage(
-                "wgpu-dequant an expert's x",
-                4 * (me as u64) * w.k as u64,
-                wgpu::BufferUsages::empty(),
-            );
-            let ye = self.storage(
-                "wgpu-dequant an expert's y",
-                4 * (me as u64) * w.n as u64,
-                wgpu::BufferUsages::empty(),
-            );
-            let copy = |encoder: &mut wgpu::CommandEncoder,
-                        (src, dst): (&wgpu::Buffer, &wgpu::Buffer),
-                        len: usize,
-                        scatter: bool| {
-                let params = GatherParams {
-                    len: len as u32,
-                    rows: me,
-                    first,
-                    scatter: scatter as u32,
-                };
-                let params =
-                    self.uniform("wgpu-dequant gather params", bytemuck::bytes_of(&params));
-                let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("wgpu-dequant gather bindings"),
-                    layout: &gather.layout,
-                    entries: &[
-                        entry(0, &params),
-                        entry(1, &idx),
-                        entry(2, src),
-                        entry(3, dst),
-                    ],
-                });
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("wgpu-dequant gather"),
-                    timestamp_writes: None,
-                });
-                pass.set_pipeline(&gather.pipeline);
-                pass.set_bind_group(0, &bind, &[]);
-                pass.dispatch_workgroups((len as u32).div_ceil(64).min(GROUPS), me, 1);
-            };
-            copy(encoder, (x, &xe), w.k, false);
-            self.record_product(encoder, expert, (&xe, &ye, me), Product::Decoded)?;
-            copy(encoder, (&ye, y), w.n, true);
+            let io = (&xe, &ye, me);
+            self.record_product_at(encoder, &w.stack[*e], io, Product::Decoded, first)?;
             first += me;
         }
+        copy(encoder, (&ye, y), w.n, true);
         Ok(())
     }
 

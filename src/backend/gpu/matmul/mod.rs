@@ -34,13 +34,19 @@ const MATMUL: &str = concat!(
 const SUBGROUPS: &str = include_str!("../../../../shaders/subgroups.wgsl");
 const NO_SUBGROUPS: &str = include_str!("../../../../shaders/no_subgroups.wgsl");
 
-/// Values of W an invocation of `gemv` decodes a step (straight and
-/// strided packs on CPU adapters, strided ones on GPUs, which multiply
-/// straight packs a row at a time: `gemv_rows`): a word of each of its
-/// rows, 2 rows of 4-bit codes or 4 of 8-bit ones. On llvmpipe twice as
-/// many ran no faster (measured with each row's decode a call of its own,
-/// shaders/matmul/gemv.wgsl's add_words).
+/// Values of W an invocation of `gemv_t` decodes a step (strided packs
+/// with act order): a word of each of its rows, 2 rows of 4-bit codes or
+/// 4 of 8-bit ones. On llvmpipe twice as many ran no faster (measured
+/// with each row's decode a call of its own, shaders/matmul/gemv.wgsl's
+/// add_words); straight packs there take [`PACKED_ROWS`].
 const GEMV_VALUES: u32 = 16;
+
+/// Rows of W an invocation of `gemv` takes with straight packs (on CPU
+/// adapters), whatever their bits: each value of x a subgroup shares is
+/// then taken from its lane for 4 rows, not 2 (4-bit codes), which made
+/// GGUF's 4-bit types faster on llvmpipe at m = 1 and m = 16
+/// (docs/performance.md#gpu-products); 8-bit codes took 4 already.
+const PACKED_ROWS: u32 = 4;
 
 /// The workgroup size of the products on CPU adapters.
 const CPU_WG: u32 = 64;
@@ -129,7 +135,7 @@ impl Geometry {
         match weights {
             Weights::Tiled(t) => GEMV_VALUES * t.bits / 32,
             Weights::Packed(_) if self.whole_rows => 1,
-            Weights::Packed(f) => GEMV_VALUES * f.bits / 32,
+            Weights::Packed(_) => PACKED_ROWS,
             Weights::DenseBf16 => 1,
         }
     }
@@ -561,8 +567,22 @@ impl GpuDecoder {
         &self,
         encoder: &mut wgpu::CommandEncoder,
         w: &PackedLinear,
+        io: (&wgpu::Buffer, &wgpu::Buffer, u32),
+        product: Product,
+    ) -> Result<()> {
+        self.record_product_at(encoder, w, io, product, 0)
+    }
+
+    /// [`GpuDecoder::record_product`] for the `m` rows of x from row
+    /// `first` on, into y's rows from `first` on (an expert's rows among
+    /// all experts' rows, gathered in expert order).
+    fn record_product_at(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        w: &PackedLinear,
         (x, y, m): (&wgpu::Buffer, &wgpu::Buffer, u32),
         product: Product,
+        first: u32,
     ) -> Result<()> {
         if w.experts > 0 {
             return Err(Error::bare(
@@ -573,11 +593,14 @@ impl GpuDecoder {
                 ),
             ));
         }
-        check_io(w, (x, y, m))?;
+        check_io(w, (x, y, first + m))?;
         if m == 0 {
             return Ok(());
         }
         let max = self.limits.max_groups_per_dim;
+        // Rows of x and y before `first`: x's words before its first row
+        // (x0), y's (row0, which write_y subtracts, so wrapping).
+        let (x_skip, y_skip) = (first * w.k as u32, first.wrapping_mul(w.n as u32));
         for part in &w.parts {
             let mt = m.min(self.gemv.geometry.max_mt(part.weights));
             let m_groups = m.div_ceil(mt);
@@ -589,9 +612,9 @@ impl GpuDecoder {
                 m,
                 n: w.n as u32,
                 bias: part.bias,
-                row0: part.row0,
+                row0: part.row0.wrapping_sub(y_skip),
                 x_stride: w.k as u32,
-                x0: part.x0,
+                x0: part.x0 + x_skip,
                 acc: part.acc as u32,
                 pad: 0,
             };
@@ -625,7 +648,7 @@ impl GpuDecoder {
             // x4 reads vec4s: every row of x, and its part, on 16 bytes.
             let x4 = x4(part.weights, part.cols as usize)
                 && w.k.is_multiple_of(4)
-                && part.x0.is_multiple_of(4)
+                && (part.x0 + x_skip).is_multiple_of(4)
                 && x.size() >= 16;
             // The dense baseline's rows in runs of 8 values on 16 bytes.
             let wide = match part.weights {
