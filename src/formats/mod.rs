@@ -52,6 +52,8 @@ formats! {
     /// bitsandbytes 4-bit (NF4, FP4) and LLM.int8 (`quant_method: "bitsandbytes"`).
     #[serde(rename = "bitsandbytes")]
     Bnb(bnb) by "bitsandbytes",
+    /// BitNet b1.58 ternary weights (`quant_method: "bitnet"`).
+    Bitnet(bitnet) by "bitnet",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

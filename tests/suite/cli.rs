@@ -126,6 +126,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("gptq") => "gptq",
             Some("mxfp4") => "gpt-oss",
             Some("bitsandbytes") => "bitsandbytes",
+            Some("bitnet") => "bitnet",
             Some("quark") => "quark",
             _ => "compressed-tensors",
         }

@@ -8,6 +8,7 @@
 mod common;
 
 mod architecture;
+mod bitnet;
 mod bnb;
 mod cli;
 mod config_variants;

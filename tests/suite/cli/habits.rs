@@ -194,7 +194,14 @@ fn formats_lists_formats_types_and_architectures() {
             .collect()
     };
     let formats = names("formats", "name");
-    for f in ["gguf", "mlx", "gptq", "bitsandbytes", "compressed-tensors"] {
+    for f in [
+        "gguf",
+        "mlx",
+        "gptq",
+        "bitsandbytes",
+        "bitnet",
+        "compressed-tensors",
+    ] {
         assert!(formats.iter().any(|n| n == f), "{f}: {formats:?}");
     }
     let archs = names("gguf_architectures", "gguf");

@@ -429,6 +429,7 @@ impl Rng {
 /// The reference checkpoints in tests/fixtures.
 pub const CASES: &[&str] = &[
     "awq-gemm-w4-g128",
+    "bitnet-b158-bf16",
     "bnb-fp4-bf16",
     "bnb-fp4-dq-bf16storage-f16",
     "bnb-int8-bf16",
