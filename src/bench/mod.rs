@@ -11,11 +11,15 @@
 //!   does; on the CPU Q4_K and Q6_K against the straight int4 job of the
 //!   same shape, on the GPU the common types against the copy shader of the
 //!   same pieces.
+//! - Products (`--gemv`): on the GPU, each layout's product with packed
+//!   weights against a read kernel over the same bytes and the dense bf16
+//!   product; on the CPU, `Model::matmul_cpu` at m = 1 with Q4_K and Q8_0
+//!   weights against a multi-threaded read of the same packed bytes.
 //! - End to end: `dequantize` of a generated checkpoint on disk, against
 //!   writing (and syncing) the same number of bytes to a file.
 //!
 //! Here [`run`] and what it is told; the cases measured in `cases`, the
-//! runners by what they measure (`cpu`, `gpu`, `gguf`, `gemv`,
+//! runners by what they measure (`cpu`, `gpu`, `gguf`, `gemv`, `gemv_cpu`,
 //! `end_to_end`), how times are taken in `timing`, and the [`Figure`]s
 //! they report in `report`.
 
@@ -24,6 +28,7 @@ mod cpu;
 mod end_to_end;
 mod experts;
 mod gemv;
+mod gemv_cpu;
 mod gguf;
 mod gpu;
 mod report;
@@ -121,20 +126,20 @@ pub fn run(settings: &Settings, mut show: impl FnMut(Line)) -> Result<()> {
         }
     };
     if let Some(gemv) = &settings.gemv {
-        match gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
-            Some((b, decoder)) => {
-                show(Line::Say(b.name()));
-                gpu_gemv(
-                    decoder,
-                    (&gemv.shapes, &gemv.ms),
-                    (runs, &settings.only),
-                    |f| show(Line::Figure(f)),
-                )?;
-            }
-            None => show(Line::Say(
-                "gemv: not measured: products run on a GPU (--backend gpu measures any adapter)"
-                    .into(),
-            )),
+        if backend != BackendChoice::Gpu {
+            gemv_cpu::cpu_gemv(&gemv.shapes, runs, &settings.only)?
+                .into_iter()
+                .for_each(|f| show(Line::Figure(f)));
+        }
+        // Where no GPU was found, `gpu: not measured` said so already.
+        if let Some((b, decoder)) = gpu.as_ref().and_then(|b| Some((b, b.gpu()?))) {
+            show(Line::Say(b.name()));
+            gpu_gemv(
+                decoder,
+                (&gemv.shapes, &gemv.ms),
+                (runs, &settings.only),
+                |f| show(Line::Figure(f)),
+            )?;
         }
         return Ok(());
     }

@@ -51,7 +51,9 @@ pub(super) struct Args {
     /// Products with packed weights on the GPU (y = x·Wᵀ for 1 to 64
     /// rows of x) against a read kernel of the same bytes and a dense
     /// bf16 product, instead of decoding; and routed experts (8 rows over
-    /// 4 of 32 experts in one call) against those experts one by one.
+    /// 4 of 32 experts in one call) against those experts one by one; on
+    /// the CPU, matmul_cpu at m = 1 with GGUF Q4_K and Q8_0 weights against
+    /// a multi-threaded read of the same packed bytes.
     #[arg(long)]
     gemv: bool,
     /// The `[out, in]` shapes --gemv multiplies by, e.g. `4096x14336`
