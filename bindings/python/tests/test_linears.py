@@ -84,6 +84,103 @@ def test_matmul_is_the_dense_product(case, backend, dtype):
             assert not within_bound(y, x, w.T, bias), f"{case} {name} m={m}: outside the bound"
 
 
+GGUF_TYPES = ROOT / "tests" / "gguf" / "gguf-types" / "model" / "model.gguf"
+
+
+def gguf_types_as_linears(path):
+    """``gguf-types``' tensors of every quantized ggml type (``[6, 512]``
+    each) as the down projections of a llama model's layers,
+    ``blk.{i}.ffn_down.weight``, in a GGUF file written to ``path``: the
+    same tensor infos and data section, renamed. Their types' ids, in layer
+    order."""
+    import struct
+
+    b = GGUF_TYPES.read_bytes()
+    at = 4 + 4
+
+    def take(fmt):
+        nonlocal at
+        v = struct.unpack_from("<" + fmt, b, at)
+        at += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string():
+        nonlocal at
+        n = take("Q")
+        at += n
+        return b[at - n:at].decode()
+
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def skip(ty):
+        if ty == 8:
+            string()
+        elif ty == 9:
+            item, count = take("I"), take("Q")
+            for _ in range(count):
+                skip(item)
+        else:
+            take(sizes[ty])
+
+    tensors, kvs = take("Q"), take("Q")
+    for _ in range(kvs):
+        string()
+        skip(take("I"))
+    infos = []
+    for _ in range(tensors):
+        name, dims = string(), take("I")
+        shape = [take("Q") for _ in range(dims)]
+        infos.append((name, shape, take("I"), take("Q")))
+    data = b[(at + 31) // 32 * 32:]
+    # F32, F16 and BF16 are copies, not Linears.
+    quantized = [t for t in infos if t[2] not in (0, 1, 30)]
+
+    def s(text):
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(quantized), 3)
+    out += s("general.architecture") + struct.pack("<I", 8) + s("llama")
+    out += s("general.alignment") + struct.pack("<II", 4, 32)
+    out += s("llama.block_count") + struct.pack("<II", 4, len(quantized))
+    for i, (_, shape, ty, offset) in enumerate(quantized):
+        out += s(f"blk.{i}.ffn_down.weight") + struct.pack("<I", len(shape))
+        out += b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", ty, offset)
+    out += bytes(-len(out) % 32) + data
+    path.write_bytes(out)
+    return [t[2] for t in quantized]
+
+
+@pytest.mark.parametrize("backend,dtype", [("cpu", "f32"), ("cpu", "auto"), ("gpu", "f32")])
+def test_matmul_by_every_gguf_type(tmp_path, backend, dtype):
+    """One weight of each of GGUF's quantized types, m = 1 and 5: x·Wᵀ of
+    the weight load_file writes in the same dtype, within the bound; where
+    W holds infinities (MXFP4's largest scales), an output is NaN or
+    infinite exactly where the float64 one is. The GPU compiles a kernel
+    per kind of type and row count (seconds each on llvmpipe): f32 only."""
+    path = tmp_path / "model.gguf"
+    types = gguf_types_as_linears(path)
+    assert len(types) >= 23
+    lin = linears(path, backend, dtype)
+    sd = dense(path, dtype)
+    names = lin.quantized()
+    assert names == sorted(f"model.layers.{i}.mlp.down_proj.weight" for i in range(len(types)))
+    for name in names:
+        i = int(name.split(".")[2])
+        w = sd[name]
+        n, k = w.shape
+        for m in (1, 5):
+            x = inputs(m, k, seed=300 + 10 * i + m)
+            y = lin.matmul(name, x)
+            assert y.dtype == np.float32 and y.shape == (m, n), name
+            with np.errstate(invalid="ignore", over="ignore"):
+                want = x.astype(np.float64) @ w.T
+            odd = ~np.isfinite(want)
+            assert np.array_equal(y[odd], want[odd], equal_nan=True), f"{name} m={m}"
+            keep = ~odd.any(axis=0)
+            bad = within_bound(y[:, keep], x, w[keep].T)
+            assert not bad, f"{name} (type {types[i]}, {dtype}) m={m} on the {backend}: {bad}"
+
+
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_matmul_by_gpt_oss_experts(backend):
     """Each expert of GPT-OSS's stacks (``[E, in, out]`` dense): ``x·W[e] +
