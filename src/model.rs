@@ -18,15 +18,18 @@ use crate::checkpoint::{Checkpoint, Listing};
 use crate::error::{Error, Result, Rule};
 use crate::hf::Names;
 use crate::job::DecodeJob;
-use crate::numerics::DtypeChoice;
+use crate::numerics::{dot_lanes, lanes_sum, DtypeChoice, LANES};
 use crate::output::Output;
 use crate::plan::Plan;
 use crate::stream::{listing, load, prepare, Files};
+use rayon::prelude::*;
 
 mod assembled;
 mod experts;
 mod held;
+mod in_blocks;
 use held::Held;
+use in_blocks::InBlocks;
 
 self_cell::self_cell!(
     /// The checkpoint and the plan that borrows its mapped bytes.
@@ -235,8 +238,8 @@ impl Model {
 
     /// `y = x·Wᵀ (+ bias)` on the CPU for the `m` rows of `x` (`[m, k]`,
     /// row-major, k the weight's columns): W is quantized weight `weight`
-    /// as [`Model::decode`] writes it, widened to f32; each output a
-    /// sequential f32 sum. What [`GpuDecoder::matmul`] computes, for apps
+    /// as [`Model::decode`] writes it, widened to f32; each output an f32
+    /// sum in a fixed order, the same on every CPU. What [`GpuDecoder::matmul`] computes, for apps
     /// without an adapter and for tests.
     pub fn matmul_cpu(&self, weight: &str, x: &[f32], m: usize) -> Result<Vec<f32>> {
         matmul_cpu(self.plan(), (weight, None), x, m)
@@ -649,8 +652,9 @@ const CPU_ROWS_BYTES: usize = 1 << 20;
 
 /// `y = x·Wᵀ (+ bias)` on the CPU for quantized weight `weight` of `plan`
 /// (or one expert of it): W is decoded as `dequantize` writes it, a block
-/// of rows at a time, widened to f32, and each output summed in order
-/// ([`Model::matmul_cpu`]).
+/// of rows at a time (GGUF's common types: a block at a time, in their
+/// blocks), widened to f32, and each output summed in the CPU products'
+/// lanes ([`Model::matmul_cpu`]).
 fn matmul_cpu(
     plan: &Plan<'_>,
     weight: (&str, Option<usize>),
@@ -661,6 +665,9 @@ fn matmul_cpu(
     if let Held::Assembled(a) = held {
         assembled::one(plan, weight)?;
         return assembled::matmul_cpu(plan, weight.0, a, x, m);
+    }
+    if let Some(w) = InBlocks::of(plan, &held, weight) {
+        return w.product(plan, weight.0, x, m);
     }
     let stored = held.rows()?;
     let job = held.job(stored.as_deref())?;
@@ -712,7 +719,8 @@ struct Dense {
 
 /// `y = x·Wᵀ (+ bias)` on the CPU for weight `w` (of weight `what` of
 /// `plan`), its rows decoded by `decode` a block at a time as `dequantize`
-/// writes them, widened to f32, each output summed in order.
+/// writes them, widened to f32, each output summed in the CPU products'
+/// lanes (`numerics::dot_lanes`).
 fn dense_product(
     plan: &Plan<'_>,
     what: &str,
@@ -741,17 +749,37 @@ fn dense_product(
         false => rows.len().max(1),
     };
     let mut y = vec![0f32; m * n];
-    let (mut bytes, mut w) = (Vec::new(), Vec::new());
+    if m == 0 {
+        return Ok(y);
+    }
+    let (mut bytes, mut w, mut t) = (Vec::new(), Vec::new(), Vec::new());
     let mut j0 = 0;
     for start in rows.clone().step_by(per) {
         let end = (start + per).min(rows.end);
         bytes.resize((end - start) * row_bytes, 0);
         decode(start..end, &mut bytes)?;
-        w.clear();
-        w.extend(bytes.chunks_exact(size).map(read));
-        for (xm, ym) in x.chunks_exact(k).zip(y.chunks_exact_mut(n.max(1))) {
-            for (j, wj) in (j0..).zip(w.chunks_exact(k)) {
-                let dot = wj.iter().zip(xm).fold(0f32, |acc, (a, b)| acc + a * b);
+        w.resize(bytes.len() / size, 0f32);
+        w.par_chunks_mut(k)
+            .zip(bytes.par_chunks(k * size))
+            .for_each(|(w, b)| {
+                w.iter_mut()
+                    .zip(b.chunks_exact(size))
+                    .for_each(|(w, b)| *w = read(b))
+            });
+        // Each row of this block times every row of x, `[rows, m]`, on
+        // rayon's threads, summed in the CPU products' lanes.
+        t.resize(w.len() / k * m, 0f32);
+        t.par_chunks_mut(m)
+            .zip(w.par_chunks(k))
+            .for_each(|(t, wj)| {
+                for (t, xm) in t.iter_mut().zip(x.chunks_exact(k)) {
+                    let mut acc = [0f32; LANES];
+                    dot_lanes(&mut acc, wj, xm);
+                    *t = lanes_sum(acc);
+                }
+            });
+        for (j, tj) in (j0..).zip(t.chunks_exact(m)) {
+            for (ym, &dot) in y.chunks_exact_mut(n.max(1)).zip(tj) {
                 ym[j] = dot + bias.as_ref().map_or(0.0, |b| b[j]);
             }
         }

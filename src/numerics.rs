@@ -107,8 +107,9 @@ impl OutDtype {
     }
 
     /// [`OutDtype::round`] of each of `v`, the dtype matched once (so the
-    /// loop vectorizes).
-    #[inline]
+    /// loop vectorizes; always inlined, so that a kernel built for wider
+    /// vectors rounds with them).
+    #[inline(always)]
     pub fn round_all(self, v: &mut [f32]) {
         match self {
             // A bf16 widens by a shift (its NaN is canonical already).
@@ -300,6 +301,44 @@ pub(crate) fn cast(from: safetensors::Dtype, src: &[u8], to: OutDtype, out: &mut
             OutDtype::F32 => o.copy_from_slice(&(x as f32).to_le_bytes()),
         }
     }
+}
+
+/// Lanes the CPU's products sum in: element `i` of a row of W times x is
+/// added into lane `i % LANES`, each lane in order, and the lanes are then
+/// summed in halves ([`lanes_sum`]). A fixed order, the same on every CPU
+/// and with every kernel (each product rounded, then added: no fused
+/// multiply-add), and one that vectorizes: 64 lanes are four chains of
+/// sums of 16 (AVX-512), so that one add need not wait for the last.
+pub(crate) const LANES: usize = 64;
+
+/// `acc[i % LANES] += w[i] · x[i]` for each `i` in order; `w` and `x` are
+/// as long, and start at a multiple of [`LANES`] of their row.
+#[inline(always)]
+pub(crate) fn dot_lanes(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
+    let (ws, w_rest) = w.as_chunks::<LANES>();
+    let (xs, x_rest) = x.as_chunks::<LANES>();
+    for (w, x) in ws.iter().zip(xs) {
+        for l in 0..LANES {
+            acc[l] += w[l] * x[l];
+        }
+    }
+    for ((a, w), x) in acc.iter_mut().zip(w_rest).zip(x_rest) {
+        *a += w * x;
+    }
+}
+
+/// The sum of `acc`'s lanes: its halves added lane by lane until one is
+/// left.
+#[inline(always)]
+pub(crate) fn lanes_sum(mut acc: [f32; LANES]) -> f32 {
+    let mut half = LANES;
+    while half > 1 {
+        half /= 2;
+        for l in 0..half {
+            acc[l] += acc[l + half];
+        }
+    }
+    acc[0]
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::held::Held;
-use super::{bias, held, linear, output, product_cpu, refuse, upload_linear, Linear};
+use super::{bias, held, linear, output, product_cpu, refuse, upload_linear, InBlocks, Linear};
 use crate::backend::gpu::{rows_by_expert, GpuDecoder, PackedLinear};
 use crate::error::Result;
 use crate::job::DecodeJob;
@@ -190,28 +190,47 @@ pub(super) fn matmul_cpu(
     let mut shape = None;
     for (e, rows) in groups {
         let x_e = expert(plan, stack, e)?;
-        let stored = x_e.held.rows()?;
-        let job = x_e.held.job(stored.as_deref())?;
-        let (w, name) = (x_e.linear(plan, &job)?, x_e.name());
-        let (n, k) = w.shape;
-        if *shape.get_or_insert((n, k)) != (n, k) {
-            return Err(refuse(
-                plan,
-                name,
-                "is not the shape of its stack's expert 0",
-            ));
-        }
-        if m.checked_mul(k) != Some(x.len()) {
-            let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
-            return Err(refuse(plan, stack, detail));
-        }
+        let name = x_e.name();
+        // Its rows of x, once its shape is checked against expert 0's.
+        let mut x_of = |(n, k): (usize, usize)| {
+            if *shape.get_or_insert((n, k)) != (n, k) {
+                return Err(refuse(
+                    plan,
+                    name,
+                    "is not the shape of its stack's expert 0",
+                ));
+            }
+            if m.checked_mul(k) != Some(x.len()) {
+                let detail = format!("x holds {} values, not {m} rows of {k}", x.len());
+                return Err(refuse(plan, stack, detail));
+            }
+            let xe: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| &x[r * k..(r + 1) * k])
+                .copied()
+                .collect();
+            Ok(xe)
+        };
+        // Multiplied as matmul_cpu multiplies it: in its blocks where
+        // they are GGUF's common types, else its job decoded.
+        let in_blocks = x_e
+            .rows
+            .is_none()
+            .then(|| InBlocks::of(plan, &x_e.held, (name, x_e.weight.1)));
+        let (ye, n) = match in_blocks.flatten() {
+            Some(w) => (
+                w.product(plan, name, &x_of(w.shape)?, rows.len())?,
+                w.shape.0,
+            ),
+            None => {
+                let stored = x_e.held.rows()?;
+                let job = x_e.held.job(stored.as_deref())?;
+                let w = x_e.linear(plan, &job)?;
+                let (xe, n) = (x_of(w.shape)?, w.shape.0);
+                (product_cpu(plan, w, name, &xe, rows.len())?, n)
+            }
+        };
         y.resize(m * n, 0f32);
-        let xe: Vec<f32> = rows
-            .iter()
-            .flat_map(|&r| &x[r * k..(r + 1) * k])
-            .copied()
-            .collect();
-        let ye = product_cpu(plan, w, name, &xe, rows.len())?;
         for (&r, yr) in rows.iter().zip(ye.chunks_exact(n.max(1))) {
             y[r * n..(r + 1) * n].copy_from_slice(yr);
         }

@@ -12,6 +12,7 @@
 //! in f32 (`d · sc`, `dmin · m`), then `f32(scale · q) + offset`, rounded
 //! once to the output dtype. Float tensors (F32, F16, BF16) are copied.
 
+pub(crate) mod dot;
 mod grids;
 
 use std::collections::BTreeMap;
