@@ -300,6 +300,7 @@ fn bf16_avx512(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
 }
 
 /// A Q4_K block's eight scales and offsets, as the map computes them.
+#[inline(always)]
 fn q4_k_scales(b: &[u8]) -> ([f32; 8], [f32; 8]) {
     let (mut scales, mut offsets) = ([0f32; 8], [0f32; 8]);
     let mut block = Block {
