@@ -1,8 +1,8 @@
 """wgpu-dequant against GPTQModel's own `dequantize_model` on the same GPTQ
 checkpoint: time, peak memory, and the bytes of every tensor.
 
-Needs torch, safetensors, numpy and GPTQModel (its source tree is enough:
-pass --gptqmodel-src DIR, or have `gptqmodel` installed). Not part of CI
+Needs torch, safetensors, numpy and GPTQModel (its wheel's source is
+enough: pass --gptqmodel-src DIR, or have `gptqmodel` installed). Not part of CI
 (torch alone is several GB):
 
     python tests/gptqmodel/compare.py --tool target/release/wgpu-dequant [--dir /tmp]
@@ -115,8 +115,8 @@ import sys, torch
 from gptqmodel.utils.model_dequant import dequantize_model
 dequantize_model(sys.argv[1], sys.argv[2], target_dtype=torch.float16)
 """
-DEQUANTIZE_MODEL_STUBBED = IMPORT + """
-import torch
+# dequantize_model's own imports, stubbed where missing (IMPORT first).
+IMPORT_DEQUANTIZE_MODEL = """
 for _ in range(60):
     try:
         from gptqmodel.utils.model_dequant import dequantize_model
@@ -127,10 +127,13 @@ for _ in range(60):
             k = ".".join(n.split(".")[:i])
             if k not in sys.modules:
                 s = mdf._Stub(k); s.__path__ = []
-                s.__spec__ = mdf.importlib.machinery.ModuleSpec(k, None)
+                s.__spec__ = importlib.machinery.ModuleSpec(k, None)
                 sys.modules[k] = s
         for k in [k for k in sys.modules if k.startswith("gptqmodel.utils.model_dequant")]:
             del sys.modules[k]
+"""
+DEQUANTIZE_MODEL_STUBBED = IMPORT + IMPORT_DEQUANTIZE_MODEL + """
+import torch
 dequantize_model(sys.argv[3], sys.argv[4], target_dtype=torch.float16)
 """
 
@@ -206,20 +209,12 @@ def write_checkpoint(path: Path, rule=None):
 
 def dynamic_rule(src: str):
     """GPTQModel's own dynamic_get, run in a child process (it needs torch):
-    module -> (bits, group, desc_act) or None for `-:`."""
+    module -> (bits, group, desc_act) or None for `-:`. Sets GPTQM_STUBS
+    (what the timed runs stub) on the way."""
     names = [f"model.layers.{i}.{n}" for i in range(DYN_LAYERS) for n in
              ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]]
-    code = IMPORT + """
-import json
-dyn, names = json.loads(sys.argv[3]), json.loads(sys.argv[4])
-print(json.dumps({n: dynamic_get(dyn, n) for n in names}))
-print(json.dumps(sorted(k for k, v in sys.modules.items() if isinstance(v, mdf._Stub))))
-"""
-    out = subprocess.run([sys.executable, "-c", code, str(HERE / "make_dynamic_fixture.py"), src,
-                          json.dumps(DYNAMIC), json.dumps(names)], capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout.strip().splitlines()[-2])
-    os.environ["GPTQM_STUBS"] = out.stdout.strip().splitlines()[-1]
+    got = json.loads(find_stubs(src, DYNAMIC, names))
     base = {"bits": 4, "group_size": GROUP, "desc_act": False}
 
     def rule(name):
@@ -229,6 +224,23 @@ print(json.dumps(sorted(k for k, v in sys.modules.items() if isinstance(v, mdf._
         c = dict(base, **(o or {}))
         return c["bits"], c["group_size"], c["desc_act"]
     return rule
+
+
+def find_stubs(src: str, dynamic=None, names=()):
+    """Imports GPTQModel from `src` in a child process, stubbing what is
+    missing, and sets GPTQM_STUBS to the modules it stubbed; returns
+    dynamic_get's answer for `names` under `dynamic` (JSON)."""
+    code = IMPORT + IMPORT_DEQUANTIZE_MODEL + """
+dyn, names = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+print(json.dumps({n: dynamic_get(dyn, n) for n in names}))
+print(json.dumps(sorted(k for k, v in sys.modules.items() if isinstance(v, mdf._Stub))))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(HERE / "make_dynamic_fixture.py"), src,
+                          json.dumps(dynamic or {}), json.dumps(list(names))],
+                         capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    os.environ["GPTQM_STUBS"] = lines[-1]
+    return lines[-2]
 
 
 def timed(cmd, env=None):
@@ -263,9 +275,9 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     ckpt = work / "model"
     plan = write_checkpoint(ckpt, dynamic_rule(args.gptqmodel_src) if args.dynamic else None)
-    env = dict(os.environ)
     if args.gptqmodel_src and not args.dynamic:
-        env["PYTHONPATH"] = args.gptqmodel_src + os.pathsep + env.get("PYTHONPATH", "")
+        find_stubs(args.gptqmodel_src)
+    env = dict(os.environ)
     theirs_name = "GPTQModel runtime (TorchLinear.dequantize_weight)" if args.dynamic else "GPTQModel dequantize_model"
     runs = {"ours": [], "gptqmodel": []}
     for i in range(args.runs):
@@ -276,6 +288,9 @@ def main():
                 cmd = [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", "cpu", "--quiet"]
             elif args.dynamic:
                 cmd = [sys.executable, "-c", RUNTIME, str(HERE / "make_dynamic_fixture.py"),
+                       args.gptqmodel_src, str(ckpt), str(out)]
+            elif args.gptqmodel_src:
+                cmd = [sys.executable, "-c", DEQUANTIZE_MODEL_STUBBED, str(HERE / "make_dynamic_fixture.py"),
                        args.gptqmodel_src, str(ckpt), str(out)]
             else:
                 cmd = [sys.executable, "-c", DEQUANTIZE_MODEL, str(ckpt), str(out)]
