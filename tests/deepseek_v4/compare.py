@@ -10,7 +10,7 @@ part of CI (torch alone is several GB):
 The checkpoint is generated as tests/deepseek_v4/make_fixture.py writes its
 fixture (the same quantizers, the same native names), only larger: three
 `moe` layers of hidden 1024, 8 heads of head_dim 128, q/o LoRA ranks 256,
-16 routed experts of 256 and one shared expert, vocabulary 4096; 109 MB of
+16 routed experts of 256 and one shared expert, vocabulary 4096; 108 MB of
 bf16 output. FP8 E4M3 attention, compressor and shared-expert Linears with
 F8_E8M0 128x128 block scales (`attn.wo_a`: 32x32, as V4.1 ships), routed
 experts I8 (two E2M1 codes a byte) with F8_E8M0 scales per 32, BF16/F32
