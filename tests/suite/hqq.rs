@@ -228,3 +228,19 @@ fn malformed_checkpoints_are_refused_by_rule() {
         "",
     );
 }
+
+/// Products straight from the packs (`Model::matmul_cpu`, and the GPU's
+/// `matmul`) keep to the bound around the dense weight; the GPU refuses
+/// the weights grouped along axis 0 (k_proj, gate_proj of the mixed
+/// fixture), whose groups are columns of the reshaped weight: a scale for
+/// each element of a row.
+#[test]
+fn products_of_packed_hqq_weights() {
+    for case in [MIXED, F16] {
+        crate::matmul::products_keep_to_the_bound_but(
+            case,
+            &fixtures().join(case).join("model"),
+            |name, _| case == MIXED && (name.contains("k_proj") || name.contains("gate_proj")),
+        );
+    }
+}
