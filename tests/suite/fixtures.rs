@@ -24,9 +24,16 @@ fn every_fixture_default_dtype_matches_bf16_reference() {
 #[test]
 fn every_fixture_f32_matches_reference() {
     for case in CASES {
-        if ["modelopt", "bnb-", "quark", "ct-transform", "deepseek-v4", "hqq"]
-            .iter()
-            .any(|p| case.starts_with(p))
+        if [
+            "modelopt",
+            "bnb-",
+            "quark",
+            "ct-transform",
+            "deepseek-v4",
+            "hqq",
+        ]
+        .iter()
+        .any(|p| case.starts_with(p))
         {
             // ModelOpt's, bitsandbytes', Quark's and transformers' FP8
             // (DeepSeek-V4, whose F32 copies stay F32) f32 references are
