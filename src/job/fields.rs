@@ -32,8 +32,10 @@ pub struct Fields<'a> {
     pub slice_bits: u64,
     /// Each byte holds its fields from the high bits down: of two 4-bit
     /// fields the first is the high nibble (bitsandbytes), the opposite of
-    /// the LSB-first order. Only for the dense layout with `bits` 1, 2, 4 or
-    /// 8, where no field crosses a byte: field `i`'s bit position is the
+    /// the LSB-first order. Only where no field crosses a byte: the dense
+    /// layout with `bits` 1, 2, 4 or 8, or fields a byte apart (one to a
+    /// word, `word_bits` 8) in slices `bits` apart (HQQ's packs: slice k in
+    /// the byte's k-th field from the top). A field's bit position is the
     /// LSB-first one with its offset in the byte mirrored, `pos ^ (8 − bits)`.
     pub high_first: bool,
     /// The fields lie inside blocks that hold other things too (GGUF's,

@@ -422,69 +422,90 @@ impl<'a> DecodeJob<'a> {
     /// The same weight read as `n` rows of `k` inputs, for a job whose rows
     /// are another view of the same row-major elements (bitsandbytes' 4-bit
     /// packs, whose blocks cross the weight's rows, are decoded as rows of
-    /// whole blocks): its stream of codes cut into rows of `k`, and its
-    /// scales, each serving a run of elements, repeated for every row and
-    /// group of `gcd(k, run)` inputs as the f32 values they are. `None`
-    /// where the job is no such view (its rows W's own already, a stack,
-    /// codes not one stream, zero points, runs that are not regular, sizes
-    /// that overflow), or where those groups would split code words.
+    /// whole blocks; HQQ's rows of one group each, in slices): its stream of
+    /// codes cut into rows of `k`, and its scales (and plain zero points on
+    /// the scale's grid), each serving a run of elements, repeated for
+    /// every row and group of `gcd(k, run)` inputs as the f32 values they
+    /// are. Codes that are no one stream are first rewritten in output
+    /// order ([`DecodeJob::in_output_order`]). `None` where the job is no
+    /// such view (its rows W's own already, codes not one stream across
+    /// its slices, zero points off the scale's grid, runs that are not
+    /// regular, sizes that overflow), or where those groups would split
+    /// code words.
     pub(crate) fn in_rows(&self, n: usize, k: usize) -> Option<DecodeJob<'a>> {
         let Dims { slices, rows, cols } = self.dims;
         let c = &self.codes;
+        let lane_bits = (cols as u64).checked_mul(c.bits as u64)?;
         let stream = c.blocks.is_none()
             && c.per_word == 0
             && c.word_bits == 32
-            && c.lane_bits == (cols as u64).checked_mul(c.bits as u64)?;
-        let plain = self.zero.is_none()
+            && c.lane_bits == lane_bits
+            && (slices == 1 || c.slice_bits == lane_bits.checked_mul(rows as u64)?);
+        let zero_on_scale = match (&self.zero, &self.scale) {
+            (None, _) => true,
+            (Some(ZeroPoint::Plain(z)), Some(s)) => z.grid == s.grid,
+            _ => false,
+        };
+        let plain = zero_on_scale
             && self.g_idx.is_none()
             && self.sparse.is_none()
             && self.low_rank.is_none();
-        let view = (rows, cols) != (n, k) && rows.checked_mul(cols)? == n.checked_mul(k)?;
-        if slices != 1 || !view || !stream || !plain || self.transposed || k == 0 {
+        let total = slices.checked_mul(rows)?.checked_mul(cols)?;
+        let view = (slices, rows, cols) != (1, n, k) && total == n.checked_mul(k)?;
+        if !view || !plain || self.transposed || k == 0 {
             return None;
+        }
+        if !stream {
+            return self.in_output_order()?.in_rows(n, k);
         }
         let codes = Fields {
             lane_bits: k as u64 * c.bits as u64,
+            slice_bits: 0,
             ..c.clone()
         };
-        let scale = match &self.scale {
-            None => None,
-            Some(v) => {
-                // The elements one entry serves, one after another.
-                let g = v.grid;
-                let run = match g.col_div >= cols {
-                    true => g.row_div.checked_mul(cols)?,
-                    false if cols.is_multiple_of(g.col_div) => g.col_div,
-                    false => return None,
-                };
-                // Groups of whole code words (or rows of one group), as
-                // products read them: else a scale for each few codes.
-                let group = gcd(k, run);
-                if group < k && !group.is_multiple_of((32 / c.bits.max(1)) as usize) {
-                    return None;
-                }
-                let groups = k / group;
-                let mut values = Vec::with_capacity(n.checked_mul(groups)?.checked_mul(4)?);
-                for r in 0..n {
-                    for j in 0..groups {
-                        let at = r * k + j * group;
-                        let s = v.get(self.scale_index(0, at / cols, at % cols)?);
-                        values.extend_from_slice(&s.to_le_bytes());
+        let (mut scale, mut zero) = (None, None);
+        if let Some(v) = &self.scale {
+            // The elements one entry serves, one after another.
+            let g = v.grid;
+            let run = match g.col_div >= cols {
+                true => g.row_div.checked_mul(cols)?,
+                false if cols.is_multiple_of(g.col_div) => g.col_div,
+                false => return None,
+            };
+            // Groups of whole code words (or rows of one group), as
+            // products read them: else a scale for each few codes.
+            let group = gcd(k, run);
+            if group < k && !group.is_multiple_of((32 / c.bits.max(1)) as usize) {
+                return None;
+            }
+            let groups = k / group;
+            let entries = n.checked_mul(groups)?.checked_mul(4)?;
+            let (mut scales, mut zeros) = (Vec::with_capacity(entries), Vec::new());
+            for r in 0..n {
+                for j in 0..groups {
+                    let at = r * k + j * group;
+                    let (s, row, col) = (at / (rows * cols), at / cols % rows, at % cols);
+                    let (z, v) = self.zero_and_scale(s, row, col);
+                    scales.extend_from_slice(&v?.to_le_bytes());
+                    if let Some(z) = z {
+                        zeros.extend_from_slice(&z.to_le_bytes());
                     }
                 }
-                let grid = Grid {
-                    row_div: 1,
-                    col_div: group,
-                    row_stride: groups,
-                    slice_stride: 0,
-                };
-                Some(Values {
-                    data: Bytes::Owned(values.into()),
-                    kind: ValueKind::F32,
-                    grid,
-                })
             }
-        };
+            let grid = Grid {
+                row_div: 1,
+                col_div: group,
+                row_stride: groups,
+                slice_stride: 0,
+            };
+            let values = |b: Vec<u8>| Values {
+                data: Bytes::Owned(b.into()),
+                kind: ValueKind::F32,
+                grid,
+            };
+            zero = self.zero.as_ref().map(|_| ZeroPoint::Plain(values(zeros)));
+            scale = Some(values(scales));
+        }
         Some(DecodeJob {
             dims: Dims {
                 slices: 1,
@@ -493,6 +514,7 @@ impl<'a> DecodeJob<'a> {
             },
             codes,
             scale,
+            zero,
             ..self.clone()
         })
     }

@@ -336,6 +336,85 @@ fn a_view_of_the_elements_is_read_in_the_weights_rows() {
     }
 }
 
+/// HQQ's packs: P = 8/b rows of a `[R, C]` view a byte, part k in the
+/// byte's high bits first, slices of R/P lanes, a scale and a float zero
+/// point per view row. Read as `n` rows of `k` (their codes rewritten in
+/// output order, scales and zeros repeated per row), every element is the
+/// same, in the product arithmetic too.
+#[test]
+fn a_view_in_slices_with_zero_points_is_read_in_the_weights_rows() {
+    for b in [1u32, 2, 4] {
+        let p = (8 / b) as usize;
+        let (step, c) = (3, 16);
+        let r = p * step;
+        let q = codes(r * c, b, 11 + b);
+        let mut packed = vec![0u8; step * c];
+        for (i, &v) in q.iter().enumerate() {
+            let (row, col) = (i / c, i % c);
+            let part = (row / step) as u32;
+            packed[(row % step) * c + col] |= (v as u8) << (8 - (part + 1) * b);
+        }
+        let fields = Fields::new(packed, b, 1, c as u64 * 8)
+            .with_word_bits(8)
+            .with_slice_bits(b as u64)
+            .high_first();
+        let grid = Grid {
+            row_div: 1,
+            col_div: c,
+            row_stride: 1,
+            slice_stride: step,
+        };
+        let f32s = |f: &dyn Fn(usize) -> f32| -> Bytes<'static> {
+            (0..r)
+                .flat_map(|i| f(i).to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into()
+        };
+        let values = |data| Values {
+            data,
+            kind: ValueKind::F32,
+            grid,
+        };
+        let dims = Dims {
+            slices: p,
+            rows: step,
+            cols: c,
+        };
+        let table: Vec<f32> = (0..1u32 << b).map(|v| v as f32).collect();
+        let view = DecodeJob::new(dims, fields, table, OutDtype::Bf16)
+            .with_scale(values(f32s(&|i| 0.013671875 * (i + 1) as f32)))
+            .with_zero(ZeroPoint::Plain(values(f32s(&|i| 0.75 + i as f32 / 8.0))))
+            .with_product(Product::OutDtype);
+        for (v, &stored) in q.iter().enumerate() {
+            assert_eq!(
+                view.code(v / c / step, v / c % step, v % c),
+                stored,
+                "b={b} {v}"
+            );
+        }
+        let (n, k) = (r * c / 48, 48);
+        let weight = view.in_rows(n, k).unwrap();
+        assert_eq!(
+            weight.dims,
+            Dims {
+                slices: 1,
+                rows: n,
+                cols: k
+            }
+        );
+        for at in 0..r * c {
+            let (row, col) = (at / c, at % c);
+            let x = view.value(row / step, row % step, col);
+            let y = weight.value(0, at / k, at % k);
+            assert_eq!(x.to_bits(), y.to_bits(), "b={b}: element {at}");
+        }
+        // Rows of 8 would split a group's code words between two rows'
+        // scales no more than 16 do: both read; 40 is no view of 96·p.
+        assert!(view.in_rows(r * c / 8, 8).is_some());
+        assert!(view.in_rows(5, 40).is_none());
+    }
+}
+
 #[test]
 fn dense_stream_every_width() {
     for b in 1..=8u32 {

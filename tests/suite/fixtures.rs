@@ -24,15 +24,23 @@ fn every_fixture_default_dtype_matches_bf16_reference() {
 #[test]
 fn every_fixture_f32_matches_reference() {
     for case in CASES {
-        if ["modelopt", "bnb-", "quark", "ct-transform", "deepseek-v4"]
-            .iter()
-            .any(|p| case.starts_with(p))
+        if [
+            "modelopt",
+            "bnb-",
+            "quark",
+            "ct-transform",
+            "deepseek-v4",
+            "hqq",
+        ]
+        .iter()
+        .any(|p| case.starts_with(p))
         {
             // ModelOpt's, bitsandbytes', Quark's and transformers' FP8
             // (DeepSeek-V4, whose F32 copies stay F32) f32 references are
             // the f32 products themselves; a folded rotation's is the fold
             // rounded once to f32, whose own rounding to bf16 may differ
-            // from the fold rounded once to bf16.
+            // from the fold rounded once to bf16; HQQ computes in the output
+            // dtype, its bf16 rounding each step.
             check_case(
                 case,
                 DtypeChoice::Fixed(OutDtype::F32),

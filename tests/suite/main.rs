@@ -23,6 +23,7 @@ mod gguf;
 mod gptq;
 mod gpu;
 mod hostile;
+mod hqq;
 mod hub;
 mod hub_gguf;
 mod interruption;

@@ -1,0 +1,246 @@
+//! HQQ (`quant_method: "hqq"`): the fixtures tests/hqq/make_fixture.py
+//! wrote with hqq 0.2.8's own `HQQLinear` (every packing but 3-bit, both
+//! axes, groups 16 to 128, `view_as_float`) decode to the digests of
+//! `HQQLinear.dequantize()` with the compute dtype of each output, on each
+//! backend; the output loads in transformers with no missing or unexpected
+//! keys (the meta tensors consumed); malformed checkpoints are refused by
+//! rule with nothing written.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
+
+use crate::common::producer::{decode_with, OUTS};
+use crate::common::{
+    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors, write_json,
+    write_safetensors, Tensor,
+};
+
+const MIXED: &str = "hqq-mixed-bf16";
+const F16: &str = "hqq-4bit-g64-f16";
+
+#[test]
+fn fixtures_match_hqq_on_cpu() {
+    fixtures_match_hqq(BackendChoice::Cpu);
+}
+
+#[test]
+fn fixtures_match_hqq_on_gpu() {
+    gpu_test(|_| fixtures_match_hqq(BackendChoice::Gpu));
+}
+
+fn fixtures_match_hqq(backend: BackendChoice) {
+    for (case, outs) in [
+        (MIXED, &[OutDtype::Bf16, OutDtype::F16, OutDtype::F32][..]),
+        (F16, &[OutDtype::F16, OutDtype::F32][..]),
+    ] {
+        check_case(case, DtypeChoice::Auto, backend, auto(case), false);
+        for &out in outs {
+            let digests = format!("expected-{}.digests.json", name(out));
+            check_case(case, DtypeChoice::Fixed(out), backend, &digests, false);
+        }
+    }
+}
+
+fn auto(case: &str) -> &'static str {
+    if case == F16 {
+        "expected-f16.digests.json"
+    } else {
+        "expected-bf16.digests.json"
+    }
+}
+
+fn name(out: OutDtype) -> &'static str {
+    match out {
+        OutDtype::Bf16 => "bf16",
+        OutDtype::F16 => "f16",
+        OutDtype::F32 => "f32",
+    }
+}
+
+#[test]
+fn gpu_gives_the_cpus_bytes() {
+    gpu_test(|_| {
+        for case in [MIXED, F16] {
+            let model = fixtures().join(case).join("model");
+            for out in OUTS {
+                let cpu = decode_with(&model, out, BackendChoice::Cpu);
+                let gpu = decode_with(&model, out, BackendChoice::Gpu);
+                assert!(gpu == cpu, "{case} {out}: GPU bytes differ");
+            }
+        }
+    });
+}
+
+/// The dense output holds each Linear's `weight` and none of the meta
+/// tensors, under transformers' names; config.json loses its
+/// `quantization_config`.
+#[test]
+fn output_has_hf_names_and_no_meta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    let input = fixtures().join(MIXED).join("model");
+    wgpu_dequant::dequantize(&input, &out, &crate::common::CPU_AUTO).unwrap();
+    let got = read_dir_tensors(&out);
+    for (name, (dtype, _, _)) in &got {
+        let last = name.rsplit('.').next().unwrap();
+        assert!(matches!(last, "weight"), "{name}");
+        assert_eq!(dtype, "BF16", "{name}");
+    }
+    assert_eq!(got.len(), 7 + 3 + 2, "{:?}", got.keys());
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert!(cfg.get("quantization_config").is_none());
+}
+
+/// The fixture copied, its tensors and config.json changed by `edit`.
+fn broken(dir: &Path, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value)) {
+    copy_dir(&fixtures().join(MIXED).join("model"), dir);
+    let mut tensors: Vec<Tensor> = read_dir_tensors(dir)
+        .into_iter()
+        .map(|(n, (dtype, shape, data))| {
+            let dtype: &'static str = match dtype.as_str() {
+                "BF16" => "BF16",
+                "F16" => "F16",
+                "F32" => "F32",
+                "U8" => "U8",
+                "I32" => "I32",
+                "I64" => "I64",
+                other => panic!("{other}"),
+            };
+            Tensor::new(n, dtype, &shape, data)
+        })
+        .collect();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    edit(&mut tensors, &mut cfg);
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    write_json(&dir.join("config.json"), &cfg);
+}
+
+/// The fixture broken one way: refused with `rule`, the one-line message
+/// naming `tensor`, nothing written.
+fn refused(edit: impl FnOnce(&mut Vec<Tensor>, &mut Value), rule: Rule, tensor: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    broken(&dir, edit);
+    let e = dequantize_err(&dir);
+    assert_eq!(e.rule, rule, "{e}");
+    let line = e.to_string();
+    assert!(!line.contains('\n') && line.contains(tensor), "{line}");
+}
+
+const Q: &str = "model.layers.0.self_attn.q_proj";
+const K: &str = "model.layers.0.self_attn.k_proj";
+
+fn tensor<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
+    tensors.iter_mut().find(|t| t.name == name).unwrap()
+}
+
+fn text(name: &str, s: &str) -> Tensor {
+    Tensor::u8(name, "U8", &[s.len()], s.as_bytes())
+}
+
+#[test]
+fn malformed_checkpoints_are_refused_by_rule() {
+    let w = format!("{Q}.W_q");
+    let zero = format!("{Q}.zero");
+    let scale = format!("{K}.scale");
+    let packing = format!("{Q}.packing");
+    let axis = format!("{Q}.axis");
+    let group = format!("{K}.group_size");
+    // Packed codes stored as int32 (the same bytes).
+    refused(
+        |t, _| {
+            let x = tensor(t, &w);
+            x.dtype = "I32";
+            x.shape = vec![32, 16];
+        },
+        Rule::TensorDtype,
+        &w,
+    );
+    // Packed codes that do not hold the weight: half the rows.
+    refused(
+        |t, _| {
+            let x = tensor(t, &w);
+            x.shape = vec![16, 64];
+            x.data.truncate(16 * 64);
+        },
+        Rule::TensorShape,
+        &w,
+    );
+    // No zero point.
+    refused(
+        |t, _| t.retain(|x| x.name != zero),
+        Rule::MissingTensor,
+        &zero,
+    );
+    // A scale per row where axis 0 groups columns.
+    refused(
+        |t, _| *tensor(t, &scale) = Tensor::bf16(&scale, &[64, 1], &[1.0; 64]),
+        Rule::TensorShape,
+        &scale,
+    );
+    // A zero point stored as an integer.
+    refused(
+        |t, _| *tensor(t, &zero) = Tensor::i32(&zero, &[64, 1], &[7; 64]),
+        Rule::TensorDtype,
+        &zero,
+    );
+    // A packing hqq does not write, and its 3-bit one (not decoded).
+    refused(
+        |t, _| *tensor(t, &packing) = text(&packing, "5bit_u8"),
+        Rule::TensorValue,
+        &packing,
+    );
+    refused(
+        |t, _| *tensor(t, &packing) = text(&packing, "3bit_32"),
+        Rule::Unsupported,
+        &packing,
+    );
+    // An axis hqq has not.
+    refused(
+        |t, _| *tensor(t, &axis) = Tensor::i32(&axis, &[], &[2]),
+        Rule::TensorValue,
+        &axis,
+    );
+    // A group size that does not divide the weight.
+    refused(
+        |t, _| *tensor(t, &group) = Tensor::i32(&group, &[], &[48]),
+        Rule::TensorValue,
+        &group,
+    );
+    // Quantized zero points (deprecated in hqq, never serialized).
+    let qz = format!("{K}.quant_zero");
+    refused(
+        |t, _| *tensor(t, &qz) = Tensor::u8(&qz, "U8", &[], &[1]),
+        Rule::Unsupported,
+        &qz,
+    );
+    // quant_config with quantized scales.
+    refused(
+        |_, c| {
+            c["quantization_config"]["quant_config"]["self_attn.q_proj"]["scale_quant_params"] =
+                json!({"nbits": 8})
+        },
+        Rule::Unsupported,
+        "",
+    );
+}
+
+/// Products straight from the packs (`Model::matmul_cpu`, and the GPU's
+/// `matmul`) keep to the bound around the dense weight; the GPU refuses
+/// the weights grouped along axis 0 (k_proj, gate_proj of the mixed
+/// fixture), whose groups are columns of the reshaped weight: a scale for
+/// each element of a row.
+#[test]
+fn products_of_packed_hqq_weights() {
+    for case in [MIXED, F16] {
+        crate::matmul::products_keep_to_the_bound_but(
+            case,
+            &fixtures().join(case).join("model"),
+            |name, _| case == MIXED && (name.contains("k_proj") || name.contains("gate_proj")),
+        );
+    }
+}
