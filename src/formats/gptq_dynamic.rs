@@ -383,6 +383,72 @@ mod tests {
         assert_eq!(key_for(&r, "model.layers.0.mlp.up_proj"), None);
     }
 
+    /// AutoRound: a stored module's name beats every regex; regex keys are
+    /// found anywhere in the name, the first in file order deciding; one
+    /// that hits a module inside the blocks is not applied outside them;
+    /// bits above 8 is dense.
+    #[test]
+    fn extra_config_exact_then_search() {
+        let modules = [
+            "model.layers.0.self_attn.k_proj",
+            "model.layers.0.mlp.up_proj",
+            "model.layers.0.mlp.down_proj",
+            "lm_head",
+        ];
+        let blocks = ["model.layers".to_string()];
+        let r = parse_extra_config(
+            Path::new("config.json"),
+            &json!({
+                ".*proj.*": {"bits": 2},
+                "k_proj": {"bits": 3},
+                "model.layers.0.self_attn.k_proj": {"bits": 8},
+                "mlp.(up|down)": {"bits": 16},
+                "head": {"group_size": 64},
+            }),
+            &modules,
+            Some(&blocks),
+        )
+        .unwrap();
+        let at = |m: &str, in_block: bool| {
+            decide(&r, Path::new("config.json"), m, in_block)
+                .unwrap()
+                .map(|r| r.key.clone())
+        };
+        assert_eq!(
+            at("model.layers.0.self_attn.k_proj", true).as_deref(),
+            Some("model.layers.0.self_attn.k_proj")
+        );
+        assert_eq!(
+            at("model.layers.0.mlp.up_proj", true).as_deref(),
+            Some(".*proj.*")
+        );
+        assert_eq!(
+            at("model.layers.1.self_attn.k_proj", true).as_deref(),
+            Some(".*proj.*")
+        );
+        // `.*proj.*` hits in-block modules: not applied outside the blocks.
+        assert_eq!(at("visual.proj", false), None);
+        assert_eq!(at("lm_head", false).as_deref(), Some("head"));
+        let dense = r.iter().find(|r| r.key == "mlp.(up|down)").unwrap();
+        assert!(dense.dense && dense.bits.is_none());
+        let e = parse_extra_config(
+            Path::new("config.json"),
+            &json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}}),
+            &modules,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, Rule::Unsupported, "{e}");
+        let e = parse_extra_config(
+            Path::new("config.json"),
+            &json!({"lm_head": {"bits": 4, "act_bits": 8}}),
+            &modules,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, Rule::Unsupported, "{e}");
+    }
+
     #[test]
     fn refused_keys_and_values() {
         let p = Path::new("config.json");
