@@ -84,7 +84,7 @@ fn fixtures_take_the_fast_kernels() {
                 // AutoRound's GPTQ and AWQ packs take the tile kernel, its
                 // 3-bit modules (none in the AWQ export) the generic one.
                 assert!(
-                    ran.0 == 0 && ran.2 > 0 && (ran.1 > 0) == !case.contains("awq"),
+                    ran.0 == 0 && ran.2 > 0 && (ran.1 > 0) != case.contains("awq"),
                     "{case}: ran {ran:?}, wanted the tile kernel (and the generic one at 3 bits)"
                 );
             } else if generic || case.starts_with("modelopt") && case.ends_with("awq") {
