@@ -58,7 +58,7 @@ use super::{
     modules_with, only_setting, plan_each, require, Modules, QuantConfig,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
-use crate::error::{Error, Result, Rule};
+use crate::error::{Error, Result, Rule, Warning};
 use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
 use crate::numerics::OutDtype;
 use crate::output::Output;
@@ -426,7 +426,7 @@ impl Config {
 
 /// The decoded modules: every module with a `qweight`.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    plan_each(
+    let mut found = plan_each(
         ckpt,
         modules_with(ckpt, "qweight"),
         &["qweight", "qzeros", "scales", "g_idx"],
@@ -442,7 +442,23 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             let shape = vec![job.dims.rows, job.dims.cols];
             Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
-    )
+    );
+    // An `extra_config` entry that names a module to quantize which is
+    // stored dense (auto-round 0.16.1's layer-by-layer AWQ packing leaves
+    // `lm_head` so): copied as stored, which AutoRound's loader would not
+    // load.
+    for r in cfg.dynamic.iter().filter(|r| r.is_exact() && !r.dense) {
+        if ckpt.get(&format!("{}.qweight", r.key)).is_none()
+            && ckpt.get(&format!("{}.weight", r.key)).is_some()
+        {
+            found.warnings.push(Warning::new(
+                Rule::Disagree,
+                &r.key,
+                "extra_config gives it a quantized scheme, but it is stored dense; copied as stored",
+            ));
+        }
+    }
+    found
 }
 
 /// A module a `-:` rule (an `extra_config` entry of bits 16) says is

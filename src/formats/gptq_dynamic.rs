@@ -297,6 +297,11 @@ pub(crate) fn parse_extra_config(
 }
 
 impl DynamicRule {
+    /// AutoRound: the key is a stored module's name.
+    pub(crate) fn is_exact(&self) -> bool {
+        self.how == KeyMatch::Exact
+    }
+
     /// Whether the key matches `module` (the block preference aside).
     fn hits(&self, path: &Path, module: &str) -> Result<bool> {
         match (&self.pattern, self.how) {

@@ -96,6 +96,26 @@ fn autoround_schemes_per_module() {
     }
 }
 
+/// The AWQ export's `lm_head`, quantized by `extra_config` but stored
+/// dense by auto-round 0.16.1, is copied with a CFG-004 warning (AutoRound's
+/// loader would look for its `qweight`); the other exports warn of nothing.
+#[test]
+fn autoround_dense_lm_head_against_its_config_warns() {
+    for case in CASES {
+        let dir = fixtures().join(case).join("model");
+        let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+        let subjects: Vec<&str> = plan.warnings.iter().map(|w| w.subject.as_str()).collect();
+        if case.contains("awq") {
+            assert_eq!(subjects, ["lm_head"], "{case}");
+            assert_eq!(plan.warnings[0].rule, Rule::Disagree, "{case}");
+        } else {
+            assert!(subjects.is_empty(), "{case}: {subjects:?}");
+        }
+    }
+}
+
 /// The regex key alone (AutoRound's export also lists the modules it
 /// matched by name) gives the same bytes: `re.search` anywhere in the name.
 #[test]
