@@ -135,7 +135,7 @@ fn awq_fields<'c>(t: &TensorRef<'c>, width: usize) -> Fields<'c> {
 }
 
 /// The job of one module, `[out, in]`, and the shard its `qweight` is in.
-fn module_job<'c>(
+pub(crate) fn module_job<'c>(
     cfg: &Config,
     ckpt: &'c Checkpoint,
     module: &str,

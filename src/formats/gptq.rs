@@ -1,6 +1,11 @@
 //! GPTQ checkpoints (`quant_method: "gptq"`: GPTQModel, AutoGPTQ, optimum)
-//! and AutoRound's GPTQ-packed export (`quant_method: "auto-round"`,
-//! `packing_format: "auto_round:auto_gptq"`).
+//! and AutoRound's integer exports (`quant_method: "auto-round"`), whose
+//! `packing_format` names the layout: `auto_round:auto_gptq` (this GPTQ
+//! layout, zero points stored `z − 1`), `auto_round` (the same layout, zero
+//! points stored as they are: AutoRound's asymmetric default) and
+//! `auto_round:auto_awq` (AutoAWQ's GEMM layout: the AWQ format's job).
+//! AutoRound's `extra_config` gives modules their own scheme or leaves them
+//! dense (module gptq_dynamic).
 //!
 //! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8), `in` inputs,
 //! `out` outputs and `G` groups stores:
@@ -26,7 +31,14 @@
 //! addition of `0x55555555`, `0x11111111`, `0x01010101` to each packed word
 //! (carries run into the next field, undoing the borrow of GPTQModel's
 //! writer for a true zero point of 0); at 3 bits field by field, each
-//! `(z + 1) mod 8` on its own. `gptq_v2` files store `z`.
+//! `(z + 1) mod 8` on its own. `gptq_v2` files store `z`. AutoRound's
+//! `auto_round:auto_gptq` packing stores `clamp(z − 1, 0, 2^b − 1)` field by
+//! field and its own dequantizer (`qlinear_torch_zp`) adds 1 to each field,
+//! unwrapped (a stored all-ones field reads as `2^b`): so does this module
+//! for that packing. The two readings agree on every field AutoRound
+//! writes (its zero points are at most `2^b − 1`, stored at most `2^b − 2`);
+//! a true zero point of 0 is stored as 0 and read back as 1 by both
+//! AutoRound and this tool.
 //!
 //! The job is built in output orientation, untransposed: lane j (output row)
 //! is word column j of `qweight`, a lane's words `out` words apart, so the
@@ -46,7 +58,7 @@ use super::{
     modules_with, only_setting, plan_each, require, Modules, QuantConfig,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
-use crate::error::{Error, Result, Rule};
+use crate::error::{Error, Result, Rule, Warning};
 use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
 use crate::numerics::OutDtype;
 use crate::output::Output;
@@ -56,7 +68,11 @@ pub const SUPPORT: super::Support = super::Support {
     name: "gptq",
     producers: "GPTQModel, AutoGPTQ, AutoRound",
     bits: &BITS,
-    modes: &["gptq (v1)", "gptq_v2", "auto-round (gptq-packed)"],
+    modes: &[
+        "gptq (v1)",
+        "gptq_v2",
+        "auto-round (auto_gptq, auto_round, auto_awq packing)",
+    ],
 };
 
 /// The code widths GPTQ packs this way.
@@ -68,8 +84,20 @@ pub const BITS: [u32; 4] = [2, 3, 4, 8];
 pub enum Producer {
     /// `quant_method: "gptq"`.
     Gptq,
-    /// `quant_method: "auto-round"` with `packing_format: "auto_round:auto_gptq"`.
+    /// `quant_method: "auto-round"` (`auto_round:auto_gptq`, `auto_round`
+    /// or `auto_round:auto_awq` packing).
     AutoRound,
+}
+
+/// How the codes are packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Packing {
+    /// GPTQ's layout (`qweight` `[in·b/32, out]`).
+    Gptq,
+    /// AutoAWQ's GEMM layout (`qweight` `[in, out/8]`), AutoRound's
+    /// `auto_round:auto_awq`.
+    Awq,
 }
 
 /// A GPTQ quantization config.
@@ -90,12 +118,17 @@ pub struct Config {
     pub sym: bool,
     /// Zero points stored as `z − 1` (GPTQ v1, AutoRound's auto_gptq packing).
     pub v1: bool,
+    /// The code layout.
+    pub packing: Packing,
     /// `meta.quantizer` (who quantized, with versions).
     pub quantizer: Vec<String>,
-    /// GPTQModel's `dynamic` rules, in the file's order (applied by
-    /// `for_module`).
+    /// GPTQModel's `dynamic` rules, in the file's order, or AutoRound's
+    /// `extra_config` entries, exact names first (applied by `for_module`).
     #[serde(skip)]
     pub(crate) dynamic: Vec<DynamicRule>,
+    /// AutoRound's `block_name_to_quantize` prefixes, where it names them.
+    #[serde(skip)]
+    blocks: Option<Vec<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -110,6 +143,7 @@ struct Raw {
     pack_dtype: Option<String>,
     dynamic: Option<Value>,
     extra_config: Option<Value>,
+    block_name_to_quantize: Option<Value>,
     meta: Option<Value>,
 }
 
@@ -163,32 +197,96 @@ impl Config {
                 }
             }
             Producer::AutoRound => {
-                let packing = raw.packing_format.as_deref();
-                only_setting(
-                    path,
-                    "AutoRound packing_format",
-                    packing,
-                    "auto_round:auto_gptq",
-                )?;
-                // AutoGPTQ's packing: zero points stored z − 1.
-                true
+                // AutoRound's loader reads a config without the key as
+                // auto_gptq packing.
+                let packing = raw
+                    .packing_format
+                    .as_deref()
+                    .unwrap_or("auto_round:auto_gptq")
+                    .to_ascii_lowercase();
+                match packing.as_str() {
+                    // qlinear_torch_zp: zero points stored z − 1.
+                    "auto_round:auto_gptq" => true,
+                    // qlinear_torch: zero points as they are.
+                    "auto_round" => false,
+                    "auto_round:auto_awq" => false,
+                    other => {
+                        return unsupported(format!(
+                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round and auto_round:auto_awq)"
+                        ))
+                    }
+                }
             }
         };
-        let dynamic = match &raw.dynamic {
-            Some(d) if is_set(&raw.dynamic) => match producer {
-                Producer::Gptq => gptq_dynamic::parse(path, d)?,
-                Producer::AutoRound => {
-                    return unsupported("`dynamic` in an AutoRound config is not decoded".into())
-                }
-            },
-            _ => Vec::new(),
+        let packing = match raw.packing_format.as_deref() {
+            Some(p) if producer == Producer::AutoRound && p.eq_ignore_ascii_case("auto_round:auto_awq") => {
+                Packing::Awq
+            }
+            _ => Packing::Gptq,
         };
-        if is_set(&raw.extra_config) {
-            return unsupported(
-                "AutoRound `extra_config` per-module overrides are not decoded (one scheme for every module only)"
-                    .into(),
-            );
+        if producer == Producer::AutoRound {
+            if let Value::Object(o) = q.value {
+                gptq_dynamic::autoround_scheme(o)
+                    .map_err(|e| Error::new(Rule::Unsupported, path, format!("AutoRound config {e}")))?;
+            }
         }
+        let blocks = match (&raw.block_name_to_quantize, producer) {
+            (_, Producer::Gptq) | (None | Some(Value::Null), _) => None,
+            (Some(Value::String(s)), _) => Some(
+                s.split(',')
+                    .map(|b| b.trim().to_string())
+                    .filter(|b| !b.is_empty())
+                    .collect(),
+            ),
+            (Some(Value::Array(a)), _) => Some(
+                a.iter()
+                    .map(|v| {
+                        v.as_str().map(str::to_string).ok_or_else(|| {
+                            Error::new(
+                                Rule::Config,
+                                path,
+                                format!("block_name_to_quantize entry {v} is not a string"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<String>>>()?,
+            ),
+            (Some(v), _) => {
+                return Err(Error::new(
+                    Rule::Config,
+                    path,
+                    format!("block_name_to_quantize {v} is not a string or a list of strings"),
+                ))
+            }
+        };
+        let dynamic = match producer {
+            Producer::Gptq => {
+                if is_set(&raw.extra_config) {
+                    return unsupported(
+                        "`extra_config` in a GPTQ config is not decoded (GPTQModel's per-module schemes are `dynamic`)"
+                            .into(),
+                    );
+                }
+                match &raw.dynamic {
+                    Some(d) if is_set(&raw.dynamic) => gptq_dynamic::parse(path, d)?,
+                    _ => Vec::new(),
+                }
+            }
+            Producer::AutoRound => {
+                if is_set(&raw.dynamic) {
+                    return unsupported("`dynamic` in an AutoRound config is not decoded".into());
+                }
+                match &raw.extra_config {
+                    Some(e) if is_set(&raw.extra_config) => {
+                        // Stored modules: a Linear keeps `weight` or `qweight`.
+                        let mut modules = modules_with(q.ckpt, "qweight");
+                        modules.extend(modules_with(q.ckpt, "weight"));
+                        gptq_dynamic::parse_extra_config(path, e, &modules, blocks.as_deref())?
+                    }
+                    _ => Vec::new(),
+                }
+            }
+        };
         only_setting(path, "GPTQ pack_dtype", raw.pack_dtype.as_deref(), "int32")?;
         let bits = raw.bits.unwrap_or(4);
         if !BITS.contains(&bits) {
@@ -213,16 +311,27 @@ impl Config {
             desc_act: raw.desc_act.unwrap_or(false),
             sym: raw.sym.unwrap_or(true),
             v1,
+            packing,
             quantizer,
             dynamic,
+            blocks,
         })
+    }
+
+    /// Whether `module` is inside AutoRound's quantized blocks (always when
+    /// the config names none, and for GPTQModel).
+    fn in_block(&self, module: &str) -> bool {
+        self.blocks
+            .as_ref()
+            .is_none_or(|b| b.iter().any(|p| module.starts_with(p.as_str())))
     }
 
     /// The scheme of `module` once `dynamic` is applied: the first rule
     /// that matches overrides the base settings; `None` when it is a `-:`
     /// rule (the module is stored dense).
     pub(crate) fn for_module(&self, module: &str) -> Result<Option<Config>> {
-        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module)? else {
+        let in_block = self.in_block(module);
+        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module, in_block)? else {
             return Ok(Some(Config {
                 dynamic: Vec::new(),
                 ..self.clone()
@@ -243,10 +352,10 @@ impl Config {
 
     /// `inspect`'s lines: zero-point convention, activation order, quantizer.
     pub fn report_lines(&self) -> Vec<String> {
-        let zeros = if self.v1 {
-            "zero points v1 (stored z - 1)"
-        } else {
-            "zero points v2 (stored z)"
+        let zeros = match (self.packing, self.v1) {
+            (Packing::Awq, _) => "zero points AWQ-packed (stored z)",
+            (_, true) => "zero points v1 (stored z - 1)",
+            (_, false) => "zero points v2 (stored z)",
         };
         let mut lines = vec![zeros.to_string(), format!("desc_act {}", self.desc_act)];
         if !self.quantizer.is_empty() {
@@ -255,7 +364,8 @@ impl Config {
         if !self.dynamic.is_empty() {
             let dense = self.dynamic.iter().filter(|r| r.dense).count();
             lines.push(format!(
-                "dynamic: {} per-module rules ({dense} dense)",
+                "{}: {} per-module rules ({dense} dense)",
+                self.rules_name(),
                 self.dynamic.len()
             ));
         }
@@ -268,8 +378,20 @@ impl Config {
         format!("{} {}", self.producer_name(), self.describe())
     }
 
-    /// For people: `int4 group 128 sym v1`.
+    /// For people: `int4 group 128 sym v1` (AWQ packing: `int4 group 32
+    /// asym`).
     pub fn describe(&self) -> String {
+        if self.packing == Packing::Awq {
+            return format!(
+                "int{} {} {}",
+                self.bits,
+                match self.group_size {
+                    Some(g) => format!("group {g}"),
+                    None => "per-channel".into(),
+                },
+                if self.sym { "sym" } else { "asym" },
+            );
+        }
         format!(
             "int{} {} {} {}{}",
             self.bits,
@@ -285,16 +407,26 @@ impl Config {
 
     /// The format line's name: `gptq` or `auto-round (auto_gptq packing)`.
     pub fn producer_name(&self) -> &'static str {
+        match (self.producer, self.packing, self.v1) {
+            (Producer::Gptq, _, _) => "gptq",
+            (Producer::AutoRound, Packing::Awq, _) => "auto-round (auto_awq packing)",
+            (Producer::AutoRound, _, true) => "auto-round (auto_gptq packing)",
+            (Producer::AutoRound, _, false) => "auto-round (auto_round packing)",
+        }
+    }
+
+    /// The config key the per-module rules came from.
+    fn rules_name(&self) -> &'static str {
         match self.producer {
-            Producer::Gptq => "gptq",
-            Producer::AutoRound => "auto-round (auto_gptq packing)",
+            Producer::Gptq => "dynamic",
+            Producer::AutoRound => "extra_config",
         }
     }
 }
 
 /// The decoded modules: every module with a `qweight`.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    plan_each(
+    let mut found = plan_each(
         ckpt,
         modules_with(ckpt, "qweight"),
         &["qweight", "qzeros", "scales", "g_idx"],
@@ -303,22 +435,43 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             let Some(cfg) = cfg.for_module(m)? else {
                 return Err(dense_but_packed(cfg, ckpt, m));
             };
-            let (job, shard) = module_job(&cfg, ckpt, m, dtype)?;
+            let (job, shard) = match cfg.packing {
+                Packing::Gptq => module_job(&cfg, ckpt, m, dtype)?,
+                Packing::Awq => awq_job(&cfg, ckpt, m, dtype)?,
+            };
             let shape = vec![job.dims.rows, job.dims.cols];
             Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
-    )
+    );
+    // An `extra_config` entry that names a module to quantize which is
+    // stored dense (auto-round 0.16.1's layer-by-layer AWQ packing leaves
+    // `lm_head` so): copied as stored, which AutoRound's loader would not
+    // load.
+    for r in cfg.dynamic.iter().filter(|r| r.is_exact() && !r.dense) {
+        if ckpt.get(&format!("{}.qweight", r.key)).is_none()
+            && ckpt.get(&format!("{}.weight", r.key)).is_some()
+        {
+            found.warnings.push(Warning::new(
+                Rule::Disagree,
+                &r.key,
+                "extra_config gives it a quantized scheme, but it is stored dense; copied as stored",
+            ));
+        }
+    }
+    found
 }
 
-/// A module a `-:` rule says is stored dense has a `qweight`: GPTQModel
-/// would load it as a plain Linear and find no `weight`.
+/// A module a `-:` rule (an `extra_config` entry of bits 16) says is
+/// stored dense has a `qweight`: GPTQModel (AutoRound) would load it as a
+/// plain Linear and find no `weight`.
 fn dense_but_packed(cfg: &Config, ckpt: &Checkpoint, module: &str) -> Error {
-    let rule = gptq_dynamic::decide(&cfg.dynamic, &cfg.path, module)
+    let rule = gptq_dynamic::decide(&cfg.dynamic, &cfg.path, module, cfg.in_block(module))
         .ok()
         .flatten()
         .map_or(String::new(), |r| r.key.clone());
     let why = format!(
-        "dynamic rule {rule:?} says this module is stored dense (not quantized), but it is packed"
+        "{} rule {rule:?} says this module is stored dense (not quantized), but it is packed",
+        cfg.rules_name()
     );
     match ckpt.get(&format!("{module}.qweight")) {
         Some(q) => q.error(Rule::Config, why),
@@ -348,10 +501,38 @@ fn field(words: &[u32], bits: u32, i: usize) -> u32 {
     (lo | hi) & ((1 << bits) - 1)
 }
 
+/// AutoRound's `auto_round:auto_awq` packing: the AWQ format's job, with
+/// the module's group size; AutoRound always stores the zero points.
+fn awq_job<'c>(
+    cfg: &Config,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    dtype: OutDtype,
+) -> Result<(DecodeJob<'c>, usize)> {
+    if cfg.bits != super::awq::BITS {
+        let at = require(ckpt, module, "qweight")?;
+        return Err(at.error(
+            Rule::Unsupported,
+            format!(
+                "AutoRound auto_awq packing at {} bits is not decoded (only 4)",
+                cfg.bits
+            ),
+        ));
+    }
+    let awq = super::awq::Config {
+        path: cfg.path.clone(),
+        group_size: cfg.group_size,
+        zero_point: true,
+        modules_to_not_convert: Vec::new(),
+    };
+    super::awq::module_job(&awq, ckpt, module, dtype)
+}
+
 /// The true zero points of one group (one `qzeros` row) for `out` outputs:
 /// v1 words corrected as GPTQModel's `convert_gptq_v1_to_v2_format_module`
-/// does (see the module docs), v2 words as stored.
-fn group_zeros(row: &[u32], bits: u32, v1: bool, out: usize) -> Vec<u32> {
+/// does (see the module docs), or field by field, each + 1 unwrapped, as
+/// AutoRound's `qlinear_torch_zp` does (`field_wise`); v2 words as stored.
+fn group_zeros(row: &[u32], bits: u32, v1: bool, field_wise: bool, out: usize) -> Vec<u32> {
     let mask = (1u32 << bits) - 1;
     let add = match bits {
         2 => Some(0x5555_5555u32),
@@ -360,6 +541,7 @@ fn group_zeros(row: &[u32], bits: u32, v1: bool, out: usize) -> Vec<u32> {
         _ => None,
     };
     match (v1, add) {
+        (true, _) if field_wise => (0..out).map(|j| field(row, bits, j) + 1).collect(),
         (true, Some(c)) => {
             let fixed: Vec<u32> = row.iter().map(|w| w.wrapping_add(c)).collect();
             (0..out).map(|j| field(&fixed, bits, j)).collect()
@@ -479,7 +661,11 @@ fn module_job<'c>(
             let w = words(&z)?;
             let mut zeros = vec![0u32; entries];
             for (g, row) in w.chunks_exact(width).enumerate() {
-                for (j, zj) in group_zeros(row, cfg.bits, cfg.v1, out).into_iter().enumerate() {
+                let field_wise = cfg.producer == Producer::AutoRound;
+                for (j, zj) in group_zeros(row, cfg.bits, cfg.v1, field_wise, out)
+                    .into_iter()
+                    .enumerate()
+                {
                     zeros[j * groups + g] = zj;
                 }
             }
@@ -530,9 +716,9 @@ mod tests {
         let truth = 0x8888_8850u32;
         let stored = truth.wrapping_sub(0x1111_1111);
         assert_eq!(stored & 0xff, 0x3f, "the writer borrowed");
-        let z = group_zeros(&[stored], 4, true, 8);
+        let z = group_zeros(&[stored], 4, true, false, 8);
         assert_eq!(z, [0, 5, 8, 8, 8, 8, 8, 8]);
-        assert_eq!(group_zeros(&[truth], 4, false, 8), z);
+        assert_eq!(group_zeros(&[truth], 4, false, false, 8), z);
     }
 
     /// 3-bit v1 zero points shift field by field, wrapping each on its own,
@@ -540,7 +726,7 @@ mod tests {
     #[test]
     fn v1_three_bit_fields_shift_alone() {
         let stored: Vec<u32> = vec![u32::MAX; 3]; // every field 7
-        assert_eq!(group_zeros(&stored, 3, true, 32), vec![0; 32]);
+        assert_eq!(group_zeros(&stored, 3, true, false, 32), vec![0; 32]);
         let mut words = [0u32; 3];
         for k in 0..32u32 {
             let v = k % 7; // stored z - 1 in 0..7
@@ -550,7 +736,19 @@ mod tests {
                 words[(bit / 32) as usize + 1] |= v >> (32 - bit % 32);
             }
         }
-        let z = group_zeros(&words, 3, true, 32);
+        let z = group_zeros(&words, 3, true, false, 32);
         assert_eq!(z, (0..32).map(|k| k % 7 + 1).collect::<Vec<u32>>());
+    }
+
+    /// AutoRound's `qlinear_torch_zp` adds 1 to each field on its own,
+    /// unwrapped: an all-ones field (never written by AutoRound, which
+    /// clamps z − 1 to 2^b − 1) reads as 2^b and leaves its neighbour alone.
+    #[test]
+    fn autoround_zero_points_field_by_field() {
+        let stored = 0x0000_00f3u32; // fields 3, 15, 0, ...
+        let z = group_zeros(&[stored], 4, true, true, 8);
+        assert_eq!(z, [4, 16, 1, 1, 1, 1, 1, 1]);
+        let z3 = group_zeros(&[u32::MAX; 3], 3, true, true, 32);
+        assert_eq!(z3, vec![8; 32]);
     }
 }

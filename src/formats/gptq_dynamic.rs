@@ -16,23 +16,51 @@
 //! `fancy-regex`, which reads the syntax these keys use (classes, groups,
 //! alternation, `\d`/`\w`/`\.` escapes, counted repeats, inline flags,
 //! lookaround and back-references). A key it cannot compile is refused.
+//!
+//! AutoRound's `extra_config` is read by the same rules (one resolver, two
+//! readers): as AutoRound 0.16's loader resolves it (`get_layer_config`,
+//! `_expand_regex_config`), a key that is the name of a stored module
+//! decides that module and beats every regex; any other key is a Python
+//! regex found anywhere in the name (`re.search`), the first in the file's
+//! order deciding; a regex that matches a module inside the quantized blocks
+//! (`block_name_to_quantize`) is not applied outside them (AutoRound prefers
+//! in-block layers and falls back to the rest only when none matches). An
+//! entry's `bits` above 8 (16) stores the module dense. Missing settings
+//! come from the base config, as for `dynamic`.
 
 use std::path::Path;
 
 use fancy_regex::Regex;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::gptq::BITS;
 use crate::error::{Error, Result, Rule};
 
-/// One `dynamic` entry.
+/// How a rule's key is matched against a module's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyMatch {
+    /// GPTQModel: a regex matched at the start (`re.match`).
+    Start,
+    /// AutoRound: the key is a stored module's name and decides it alone.
+    Exact,
+    /// AutoRound: a regex found anywhere in the name (`re.search`).
+    Search,
+}
+
+/// One `dynamic` / `extra_config` entry.
 #[derive(Debug, Clone)]
 pub(crate) struct DynamicRule {
     /// The key as written (`-:model\.layers\.1\..*`).
     pub(crate) key: String,
-    /// `-:`: the matched modules are stored dense.
+    /// `-:` (GPTQModel) or bits above 8 (AutoRound): the matched modules are
+    /// stored dense.
     pub(crate) dense: bool,
-    pattern: Regex,
+    how: KeyMatch,
+    /// `None` for an exact key.
+    pattern: Option<Regex>,
+    /// AutoRound: the regex matches a module inside the quantized blocks,
+    /// so it is not applied outside them.
+    blocks_only: bool,
     pub(crate) bits: Option<u32>,
     /// `Some(None)`: -1, one group.
     pub(crate) group_size: Option<Option<usize>>,
@@ -40,12 +68,141 @@ pub(crate) struct DynamicRule {
     pub(crate) sym: Option<bool>,
 }
 
-/// Reads `dynamic`; every key is checked whether or not it matches a module.
+/// A setting read as `T` (absent or null: not overridden).
+fn get<T>(
+    o: &Map<String, Value>,
+    name: &str,
+    read: fn(&Value) -> Option<T>,
+    kind: &str,
+) -> std::result::Result<Option<T>, String> {
+    match o.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => read(v)
+            .map(Some)
+            .ok_or_else(|| format!("{name} {v} is not {kind}")),
+    }
+}
+
+/// The settings of one entry, checked; `what` names the config key
+/// (`dynamic`, `extra_config`). `dense` entries keep no settings.
+fn settings(
+    path: &Path,
+    what: &str,
+    key: &str,
+    over: &Value,
+    how: KeyMatch,
+    pattern: Option<Regex>,
+    gptqmodel_dense: bool,
+) -> Result<DynamicRule> {
+    let bad = |e: String| Error::new(Rule::Config, path, format!("{what}: {key:?}: {e}"));
+    let unsupported =
+        |e: String| Error::new(Rule::Unsupported, path, format!("{what}: {key:?} {e}"));
+    let Value::Object(o) = over else {
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            format!("{what}: the overrides of {key:?} are not an object"),
+        ));
+    };
+    let int = |name: &str| get(o, name, Value::as_i64, "an integer").map_err(bad);
+    let flag = |name: &str| get(o, name, Value::as_bool, "a boolean").map_err(bad);
+    let autoround = how != KeyMatch::Start;
+    let raw_bits = int("bits")?;
+    // AutoRound's `check_to_quantized`: a module is quantized at bits <= 8
+    // (or act_bits <= 8, refused below).
+    let dense = gptqmodel_dense || (autoround && raw_bits.is_some_and(|b| b > 8));
+    let bits = match raw_bits {
+        _ if dense => None,
+        None => None,
+        Some(b) => match u32::try_from(b) {
+            Ok(b) if BITS.contains(&b) => Some(b),
+            _ => {
+                return Err(unsupported(format!(
+                    "gives bits {b}; GPTQ packing decodes only 2, 3, 4 and 8"
+                )))
+            }
+        },
+    };
+    let group_size = match int("group_size")? {
+        None => None,
+        g => Some(super::group_size(g, path).map_err(|e| bad(e.to_string()))?),
+    };
+    match o.get("pack_dtype") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.trim_start_matches("torch.") == "int32" => {}
+        Some(v) => {
+            return Err(unsupported(format!(
+                "gives pack_dtype {v}; only int32 is decoded"
+            )))
+        }
+    }
+    for name in [
+        "format",
+        "checkpoint_format",
+        "fmt",
+        "method",
+        "quant_method",
+    ] {
+        if let Some(v) = o.get(name).filter(|v| !v.is_null()) {
+            return Err(unsupported(format!(
+                "gives {name} {v}; a per-module format is not decoded"
+            )));
+        }
+    }
+    if autoround && !dense {
+        autoround_scheme(o).map_err(unsupported)?;
+    }
+    Ok(DynamicRule {
+        key: key.to_string(),
+        dense,
+        how,
+        pattern,
+        blocks_only: false,
+        bits,
+        group_size,
+        desc_act: flag("desc_act")?,
+        sym: flag("sym")?,
+    })
+}
+
+/// AutoRound scheme settings this tool decodes: integer weights, no
+/// activation quantization, no double quantization, no rotation. `o` is a
+/// whole `quantization_config` or one `extra_config` entry.
+pub(crate) fn autoround_scheme(o: &Map<String, Value>) -> std::result::Result<(), String> {
+    match o.get("data_type") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "int" => {}
+        Some(v) => {
+            return Err(format!(
+                "gives data_type {v}; only int weights are decoded in GPTQ/AWQ packing"
+            ))
+        }
+    }
+    match o.get("act_bits") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_i64().is_some_and(|b| b > 8) => {}
+        Some(v) => {
+            return Err(format!(
+                "gives act_bits {v}; quantized activations (a different packing) are not decoded"
+            ))
+        }
+    }
+    for name in ["super_bits", "super_group_size", "rotation_config"] {
+        if let Some(v) = o.get(name).filter(|v| !v.is_null()) {
+            return Err(format!("gives {name} {v}, which is not decoded"));
+        }
+    }
+    Ok(())
+}
+
+/// Reads GPTQModel's `dynamic`; every key is checked whether or not it
+/// matches a module.
 pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
-    let bad = |what: String| Error::new(Rule::Config, path, format!("dynamic: {what}"));
     let Value::Object(map) = dynamic else {
-        return Err(bad(
-            "expected an object from module pattern to overrides".into()
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            "dynamic: expected an object from module pattern to overrides",
         ));
     };
     map.iter()
@@ -56,106 +213,123 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
                 (None, None) => (false, key.as_str()),
             };
             // Anchored at the start only, as `re.match` is.
-            let pattern = Regex::new(&format!("^(?:{raw})"))
-                .map_err(|e| bad(format!("key {key:?} is not a regex this tool reads: {e}")))?;
-            let Value::Object(o) = over else {
-                return Err(bad(format!("the overrides of {key:?} are not an object")));
-            };
-            // A setting read as `T` (absent or null: not overridden).
-            fn get<T>(
-                o: &serde_json::Map<String, Value>,
-                name: &str,
-                read: fn(&Value) -> Option<T>,
-                kind: &str,
-            ) -> std::result::Result<Option<T>, String> {
-                match o.get(name) {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(v) => read(v)
-                        .map(Some)
-                        .ok_or_else(|| format!("{name} {v} is not {kind}")),
-                }
-            }
-            let int = |name: &str| {
-                get(o, name, Value::as_i64, "an integer").map_err(|e| bad(format!("{key:?}: {e}")))
-            };
-            let flag = |name: &str| {
-                get(o, name, Value::as_bool, "a boolean").map_err(|e| bad(format!("{key:?}: {e}")))
-            };
-            let bits = match int("bits")? {
-                None => None,
-                Some(b) => match u32::try_from(b) {
-                    Ok(b) if BITS.contains(&b) => Some(b),
-                    _ => {
-                        return Err(Error::new(
-                            Rule::Unsupported,
-                            path,
-                            format!(
-                                "dynamic: {key:?} gives bits {b}; GPTQ decodes only 2, 3, 4 and 8"
-                            ),
-                        ))
-                    }
-                },
-            };
-            let group_size = match int("group_size")? {
-                None => None,
-                g => Some(super::group_size(g, path).map_err(|e| bad(format!("{key:?}: {e}")))?),
-            };
-            match o.get("pack_dtype") {
-                None | Some(Value::Null) => {}
-                Some(Value::String(s)) if s.trim_start_matches("torch.") == "int32" => {}
-                Some(v) => {
-                    return Err(Error::new(
-                        Rule::Unsupported,
-                        path,
-                        format!("dynamic: {key:?} gives pack_dtype {v}; only int32 is decoded"),
-                    ))
-                }
-            }
-            for name in [
-                "format",
-                "checkpoint_format",
-                "fmt",
-                "method",
-                "quant_method",
-            ] {
-                if let Some(v) = o.get(name).filter(|v| !v.is_null()) {
-                    return Err(Error::new(
-                        Rule::Unsupported,
-                        path,
-                        format!(
-                            "dynamic: {key:?} gives {name} {v}; a per-module format is not decoded"
-                        ),
-                    ));
-                }
-            }
-            Ok(DynamicRule {
-                key: key.clone(),
+            let pattern = Regex::new(&format!("^(?:{raw})")).map_err(|e| {
+                Error::new(
+                    Rule::Config,
+                    path,
+                    format!("dynamic: key {key:?} is not a regex this tool reads: {e}"),
+                )
+            })?;
+            settings(
+                path,
+                "dynamic",
+                key,
+                over,
+                KeyMatch::Start,
+                Some(pattern),
                 dense,
-                pattern,
-                bits,
-                group_size,
-                desc_act: flag("desc_act")?,
-                sym: flag("sym")?,
-            })
+            )
         })
         .collect()
 }
 
-/// The rule that decides `module`: the first whose pattern matches.
+/// Reads AutoRound's `extra_config`. `modules` are the stored modules'
+/// names (a key among them is exact); `blocks` the config's
+/// `block_name_to_quantize` prefixes, when it names them. Exact keys come
+/// first, then the regex keys in the file's order.
+pub(crate) fn parse_extra_config(
+    path: &Path,
+    extra: &Value,
+    modules: &[&str],
+    blocks: Option<&[String]>,
+) -> Result<Vec<DynamicRule>> {
+    let Value::Object(map) = extra else {
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            "extra_config: expected an object from module name or regex to settings",
+        ));
+    };
+    let in_block = |m: &str| blocks.is_none_or(|b| b.iter().any(|p| m.starts_with(p.as_str())));
+    let mut exact = Vec::new();
+    let mut regex = Vec::new();
+    for (key, over) in map {
+        if modules.contains(&key.as_str()) {
+            exact.push(settings(
+                path,
+                "extra_config",
+                key,
+                over,
+                KeyMatch::Exact,
+                None,
+                false,
+            )?);
+            continue;
+        }
+        let pattern = Regex::new(key).map_err(|e| {
+            Error::new(
+                Rule::Config,
+                path,
+                format!("extra_config: key {key:?} is neither a stored module nor a regex this tool reads: {e}"),
+            )
+        })?;
+        let mut rule = settings(
+            path,
+            "extra_config",
+            key,
+            over,
+            KeyMatch::Search,
+            Some(pattern),
+            false,
+        )?;
+        if blocks.is_some() {
+            for m in modules.iter().filter(|m| in_block(m)) {
+                if rule.hits(path, m)? {
+                    rule.blocks_only = true;
+                    break;
+                }
+            }
+        }
+        regex.push(rule);
+    }
+    exact.extend(regex);
+    Ok(exact)
+}
+
+impl DynamicRule {
+    /// AutoRound: the key is a stored module's name.
+    pub(crate) fn is_exact(&self) -> bool {
+        self.how == KeyMatch::Exact
+    }
+
+    /// Whether the key matches `module` (the block preference aside).
+    fn hits(&self, path: &Path, module: &str) -> Result<bool> {
+        match (&self.pattern, self.how) {
+            (None, _) | (_, KeyMatch::Exact) => Ok(self.key == module),
+            (Some(p), _) => p.is_match(module).map_err(|e| {
+                Error::new(
+                    Rule::Config,
+                    path,
+                    format!("key {:?} on module {module}: {e}", self.key),
+                )
+            }),
+        }
+    }
+}
+
+/// The rule that decides `module`: the first whose key matches. `in_block`:
+/// the module is inside the quantized blocks (always, for GPTQModel).
 pub(crate) fn decide<'r>(
     rules: &'r [DynamicRule],
     path: &Path,
     module: &str,
+    in_block: bool,
 ) -> Result<Option<&'r DynamicRule>> {
     for r in rules {
-        let hit = r.pattern.is_match(module).map_err(|e| {
-            Error::new(
-                Rule::Config,
-                path,
-                format!("dynamic: key {:?} on module {module}: {e}", r.key),
-            )
-        })?;
-        if hit {
+        if r.blocks_only && !in_block {
+            continue;
+        }
+        if r.hits(path, module)? {
             return Ok(Some(r));
         }
     }
@@ -172,7 +346,7 @@ mod tests {
     }
 
     fn key_for(rules: &[DynamicRule], m: &str) -> Option<String> {
-        decide(rules, Path::new("config.json"), m)
+        decide(rules, Path::new("config.json"), m, true)
             .unwrap()
             .map(|r| r.key.clone())
     }
@@ -212,6 +386,72 @@ mod tests {
         let r = rules(json!({"(?!.*\\.layers\\.0\\.).*mlp": {"bits": 8}}));
         assert!(key_for(&r, "model.layers.1.mlp.up_proj").is_some());
         assert_eq!(key_for(&r, "model.layers.0.mlp.up_proj"), None);
+    }
+
+    /// AutoRound: a stored module's name beats every regex; regex keys are
+    /// found anywhere in the name, the first in file order deciding; one
+    /// that hits a module inside the blocks is not applied outside them;
+    /// bits above 8 is dense.
+    #[test]
+    fn extra_config_exact_then_search() {
+        let modules = [
+            "model.layers.0.self_attn.k_proj",
+            "model.layers.0.mlp.up_proj",
+            "model.layers.0.mlp.down_proj",
+            "lm_head",
+        ];
+        let blocks = ["model.layers".to_string()];
+        let r = parse_extra_config(
+            Path::new("config.json"),
+            &json!({
+                ".*proj.*": {"bits": 2},
+                "k_proj": {"bits": 3},
+                "model.layers.0.self_attn.k_proj": {"bits": 8},
+                "mlp.(up|down)": {"bits": 16},
+                "head": {"group_size": 64},
+            }),
+            &modules,
+            Some(&blocks),
+        )
+        .unwrap();
+        let at = |m: &str, in_block: bool| {
+            decide(&r, Path::new("config.json"), m, in_block)
+                .unwrap()
+                .map(|r| r.key.clone())
+        };
+        assert_eq!(
+            at("model.layers.0.self_attn.k_proj", true).as_deref(),
+            Some("model.layers.0.self_attn.k_proj")
+        );
+        assert_eq!(
+            at("model.layers.0.mlp.up_proj", true).as_deref(),
+            Some(".*proj.*")
+        );
+        assert_eq!(
+            at("model.layers.1.self_attn.k_proj", true).as_deref(),
+            Some(".*proj.*")
+        );
+        // `.*proj.*` hits in-block modules: not applied outside the blocks.
+        assert_eq!(at("visual.proj", false), None);
+        assert_eq!(at("lm_head", false).as_deref(), Some("head"));
+        let dense = r.iter().find(|r| r.key == "mlp.(up|down)").unwrap();
+        assert!(dense.dense && dense.bits.is_none());
+        let e = parse_extra_config(
+            Path::new("config.json"),
+            &json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}}),
+            &modules,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, Rule::Unsupported, "{e}");
+        let e = parse_extra_config(
+            Path::new("config.json"),
+            &json!({"lm_head": {"bits": 4, "act_bits": 8}}),
+            &modules,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.rule, Rule::Unsupported, "{e}");
     }
 
     #[test]

@@ -123,6 +123,9 @@ fn module(rng: &mut Rng, module: &str, s: Spec) -> (Vec<Tensor>, Want) {
                     (false, 0, 1) => top - 1,
                     _ => rng.below(top as u64) as u32,
                 })
+                // AutoRound's writer stores clamp(z - 1, 0, 2^b - 1): a true
+                // 0 comes back as 1, so it writes none here.
+                .map(|z| if s.autoround && s.v1 { z.max(1) } else { z })
                 .collect()
         })
         .collect();
@@ -141,7 +144,10 @@ fn module(rng: &mut Rng, module: &str, s: Spec) -> (Vec<Tensor>, Want) {
     let qzeros: Vec<u32> = z
         .iter()
         .flat_map(|row| {
-            if s.v1 {
+            if s.v1 && s.autoround {
+                // AutoRound's qlinear_torch_zp: field by field, no borrow.
+                stream_words(&row.iter().map(|z| z - 1).collect::<Vec<_>>(), b)
+            } else if s.v1 {
                 to_v1(row, b)
             } else {
                 stream_words(row, b)
@@ -179,7 +185,8 @@ fn quant_config(s: Spec) -> Value {
     let group = s.group.map_or(-1, |g| g as i64);
     if s.autoround {
         return json!({
-            "quant_method": "auto-round", "packing_format": "auto_round:auto_gptq",
+            "quant_method": "auto-round",
+            "packing_format": if s.v1 { "auto_round:auto_gptq" } else { "auto_round" },
             "bits": s.bits, "group_size": group, "sym": s.sym, "data_type": "int",
         });
     }
@@ -300,6 +307,18 @@ fn autoround_gptq_export_without_g_idx() {
         ..BASE
     };
     run("auto-round", s, 50);
+    run("auto-round 3-bit", Spec { bits: 3, ..s }, 51);
+    // `auto_round` packing: the zero points as they are, 0 included.
+    run("auto-round raw zeros", Spec { v1: false, ..s }, 52);
+    run(
+        "auto-round raw zeros 3-bit",
+        Spec {
+            v1: false,
+            bits: 3,
+            ..s
+        },
+        53,
+    );
 }
 
 /// A bf16 model keeps f16 scales; its default output is bf16, rounded once

@@ -8,6 +8,7 @@
 mod common;
 
 mod architecture;
+mod autoround;
 mod bitnet;
 mod bnb;
 mod cli;

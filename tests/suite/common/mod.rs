@@ -428,6 +428,9 @@ impl Rng {
 
 /// The reference checkpoints in tests/fixtures.
 pub const CASES: &[&str] = &[
+    "autoround-asym-mix",
+    "autoround-awq-mix",
+    "autoround-gptq-mix",
     "awq-gemm-w4-g128",
     "bitnet-b158-bf16",
     "bnb-fp4-bf16",

@@ -1881,17 +1881,17 @@ fn gptq_cases() -> Vec<Case> {
             |e| qc(e, &[("dynamic", json!({"+:.*down_proj": {"bits": 5}}))]),
         ),
         case(
-            "auto-round awq packing",
+            "auto-round gptqmodel packing",
             GPTQ,
             Build,
             UNSUPPORTED,
-            "auto_round:auto_awq",
+            "auto_round:gptqmodel",
             |e| {
                 qc(
                     e,
                     &[
                         ("quant_method", json!("auto-round")),
-                        ("packing_format", json!("auto_round:auto_awq")),
+                        ("packing_format", json!("auto_round:gptqmodel")),
                     ],
                 )
             },

@@ -1,0 +1,253 @@
+//! AutoRound's integer exports (`quant_method: "auto-round"`), made by
+//! AutoRound 0.16.1 itself (tests/autoround/make_fixture.py: RTN on the CPU)
+//! with an `extra_config`: one module at 8 bits group 64 by name, the k/v
+//! projections at 3 bits group 16 by a regex key (AWQ: 4 bits group 16),
+//! one module left dense (bits 16) and a quantized `lm_head` (not in the
+//! AWQ export: AutoRound's layer-by-layer AWQ packing leaves it dense);
+//! the reference bytes are AutoRound's own dequantization of what it wrote.
+//!
+//! - `autoround-gptq-mix`: `auto_round:auto_gptq` (symmetric; z − 1 stored,
+//!   `qlinear_torch_zp`)
+//! - `autoround-asym-mix`: `auto_round` (asymmetric; z stored,
+//!   `qlinear_torch`)
+//! - `autoround-awq-mix`: `auto_round:auto_awq` (AWQ GEMM packing,
+//!   `dequantize_gemm`)
+
+use serde_json::{json, Value};
+use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
+
+use crate::common::{check_case, copy_dir, dequantize_err, fixtures, gpu_test, write_json};
+
+const CASES: [&str; 3] = [
+    "autoround-gptq-mix",
+    "autoround-asym-mix",
+    "autoround-awq-mix",
+];
+
+fn matches_autoround(case: &str, backend: BackendChoice) {
+    for (dtype, digests) in [
+        (OutDtype::F16, "expected-f16.digests.json"),
+        (OutDtype::F32, "expected-f32.digests.json"),
+        (OutDtype::Bf16, "expected-bf16.digests.json"),
+    ] {
+        check_case(case, DtypeChoice::Fixed(dtype), backend, digests, false);
+    }
+}
+
+#[test]
+fn autoround_matches_its_dequantizer_on_cpu() {
+    for case in CASES {
+        matches_autoround(case, BackendChoice::Cpu);
+    }
+}
+
+#[test]
+fn autoround_matches_its_dequantizer_on_gpu() {
+    gpu_test(|_| {
+        for case in CASES {
+            matches_autoround(case, BackendChoice::Gpu);
+        }
+    });
+}
+
+/// The scheme of every module is AutoRound's loader's (plan.json, from its
+/// `get_layer_config`); inspect names the packing and the rules.
+#[test]
+fn autoround_schemes_per_module() {
+    for (case, name, packing) in [
+        ("autoround-gptq-mix", "auto-round (auto_gptq packing)", "v1"),
+        (
+            "autoround-asym-mix",
+            "auto-round (auto_round packing)",
+            "v2",
+        ),
+        ("autoround-awq-mix", "auto-round (auto_awq packing)", ""),
+    ] {
+        let dir = fixtures().join(case).join("model");
+        let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+        let lines = plan.format.report_lines().join("; ");
+        assert!(lines.contains("extra_config: "), "{case}: {lines}");
+        let plan_json: Value = serde_json::from_slice(
+            &std::fs::read(fixtures().join(case).join("plan.json")).unwrap(),
+        )
+        .unwrap();
+        for (module, scheme) in plan_json.as_object().unwrap() {
+            let out = plan
+                .outputs
+                .iter()
+                .find(|o| o.name == format!("{module}.weight"))
+                .unwrap_or_else(|| panic!("{case}: {module}"));
+            let scheme = scheme.as_str().unwrap();
+            if scheme == "dense" {
+                assert_eq!(out.scheme, None, "{case}: {module}");
+                continue;
+            }
+            // "4-bit group 32 sym" -> "int4 group 32 sym"
+            let (bits, rest) = scheme.split_once("-bit ").unwrap();
+            let want = format!("{name} int{bits} {rest}");
+            let got = out.scheme.as_deref().unwrap_or_default();
+            assert!(
+                got.starts_with(&want) && got.ends_with(packing),
+                "{case}: {module}: {got} (want {want} {packing})"
+            );
+        }
+    }
+}
+
+/// The AWQ export's `lm_head`, quantized by `extra_config` but stored
+/// dense by auto-round 0.16.1, is copied with a CFG-004 warning (AutoRound's
+/// loader would look for its `qweight`); the other exports warn of nothing.
+#[test]
+fn autoround_dense_lm_head_against_its_config_warns() {
+    for case in CASES {
+        let dir = fixtures().join(case).join("model");
+        let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+        let subjects: Vec<&str> = plan.warnings.iter().map(|w| w.subject.as_str()).collect();
+        if case.contains("awq") {
+            assert_eq!(subjects, ["lm_head"], "{case}");
+            assert_eq!(plan.warnings[0].rule, Rule::Disagree, "{case}");
+        } else {
+            assert!(subjects.is_empty(), "{case}: {subjects:?}");
+        }
+    }
+}
+
+/// The regex key alone (AutoRound's export also lists the modules it
+/// matched by name) gives the same bytes: `re.search` anywhere in the name.
+#[test]
+fn autoround_regex_key_alone() {
+    for case in ["autoround-gptq-mix", "autoround-awq-mix"] {
+        let tmp = tempfile::tempdir().unwrap();
+        copy_dir(&fixtures().join(case).join("model"), tmp.path());
+        let path = tmp.path().join("config.json");
+        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let extra = cfg["quantization_config"]["extra_config"]
+            .as_object_mut()
+            .unwrap();
+        let before = extra.len();
+        extra.retain(|k, _| !(k.contains("k_proj") || k.contains("v_proj")) || k.starts_with(".*"));
+        assert_eq!(extra.len(), before - 4, "{case}");
+        write_json(&path, &cfg);
+        let want =
+            crate::common::producer::decode(&fixtures().join(case).join("model"), OutDtype::F16);
+        let got = crate::common::producer::decode(tmp.path(), OutDtype::F16);
+        assert!(got == want, "{case}");
+    }
+}
+
+/// Malformed AutoRound configs over the fixtures' tensors: each refused by
+/// its rule, nothing written.
+#[test]
+fn autoround_malformed_refused() {
+    type Edit = (
+        &'static str,
+        &'static str,
+        Rule,
+        Option<&'static str>,
+        fn(&mut Value),
+    );
+    let cases: [Edit; 9] = [
+        (
+            "autoround-gptq-mix",
+            "an extra_config key that is not a regex",
+            Rule::Config,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.(0"] = json!({"bits": 8});
+            },
+        ),
+        (
+            "autoround-gptq-mix",
+            "extra_config bits 5",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(5);
+            },
+        ),
+        (
+            "autoround-gptq-mix",
+            "extra_config group_size 0",
+            Rule::Config,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["group_size"] = json!(0);
+            },
+        ),
+        (
+            "autoround-gptq-mix",
+            "an fp data_type",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["data_type"] = json!("nv_fp");
+            },
+        ),
+        (
+            "autoround-asym-mix",
+            "activations quantized",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["act_bits"] = json!(8);
+            },
+        ),
+        (
+            "autoround-gptq-mix",
+            "a bits-16 module stored packed",
+            Rule::Config,
+            Some("model.layers.0.mlp.up_proj.qweight"),
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.up_proj"] = json!({"bits": 16});
+            },
+        ),
+        (
+            "autoround-gptq-mix",
+            "packed at 8 bits, the config says 4 (the codes read as 256 inputs)",
+            Rule::TensorShape,
+            Some("model.layers.0.mlp.down_proj.scales"),
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"] = json!({"group_size": 64});
+            },
+        ),
+        (
+            "autoround-awq-mix",
+            "scales in groups of 64, the config says 32",
+            Rule::TensorShape,
+            Some("model.layers.0.mlp.down_proj.scales"),
+            |q| {
+                q["extra_config"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("model.layers.0.mlp.down_proj");
+            },
+        ),
+        (
+            "autoround-awq-mix",
+            "AWQ packing at 8 bits",
+            Rule::Unsupported,
+            Some("model.layers.0.mlp.down_proj.qweight"),
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(8);
+            },
+        ),
+    ];
+    for (case, what, rule, tensor, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        copy_dir(&fixtures().join(case).join("model"), tmp.path());
+        let path = tmp.path().join("config.json");
+        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut cfg["quantization_config"]);
+        write_json(&path, &cfg);
+        let e = dequantize_err(tmp.path());
+        assert_eq!(e.rule, rule, "{case}: {what}: {e}");
+        if let Some(t) = tensor {
+            assert_eq!(e.tensor.as_deref(), Some(t), "{case}: {what}: {e}");
+        }
+        assert!(!e.to_string().contains('\n'), "{what}: {e}");
+    }
+}
