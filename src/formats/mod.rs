@@ -54,6 +54,8 @@ formats! {
     Bnb(bnb) by "bitsandbytes",
     /// BitNet b1.58 ternary weights (`quant_method: "bitnet"`).
     Bitnet(bitnet) by "bitnet",
+    /// Gemma's own int2/int4/int8 checkpoints (`quant_method: "gemma"`).
+    Gemma(gemma) by "gemma",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

@@ -200,6 +200,7 @@ fn formats_lists_formats_types_and_architectures() {
         "gptq",
         "bitsandbytes",
         "bitnet",
+        "gemma",
         "compressed-tensors",
     ] {
         assert!(formats.iter().any(|n| n == f), "{f}: {formats:?}");
