@@ -252,6 +252,9 @@ struct Shapes {
     q: Option<usize>,
     kv: Option<usize>,
     vocab: Option<usize>,
+    /// Gemma 3n/4's per-layer embeddings: vocabulary and width.
+    per_layer: Option<(usize, usize)>,
+    per_layer_hidden: Option<usize>,
 }
 
 impl Shapes {
@@ -271,7 +274,24 @@ impl Shapes {
             q: heads.zip(head_dim).and_then(|(h, d)| h.checked_mul(d)),
             kv: kv_heads.zip(head_dim).and_then(|(h, d)| h.checked_mul(d)),
             vocab: get("vocab_size"),
+            per_layer: get("vocab_size_per_layer_input").zip(
+                get("hidden_size_per_layer_input")
+                    .zip(get("num_hidden_layers"))
+                    .and_then(|(h, l)| h.checked_mul(l)),
+            ),
+            per_layer_hidden: get("hidden_size_per_layer_input"),
         })
+    }
+
+    /// The `embed_scale` Gemma's text models give embedding `module`
+    /// (`√hidden_size`; per-layer embeddings `√hidden_size_per_layer_input`).
+    fn embed_scale(self, module: &str) -> Option<f32> {
+        let width = match module.rsplit('.').next()? {
+            "embed_tokens" => self.hidden,
+            "embed_tokens_per_layer" => self.per_layer_hidden?,
+            _ => return None,
+        };
+        Some((width as f64).sqrt() as f32)
     }
 
     /// `[out, in]` of a text module config.json sizes (vision and audio
@@ -288,6 +308,10 @@ impl Shapes {
             "gate_proj" | "up_proj" => (self.intermediate, h),
             "down_proj" => (Some(h), self.intermediate?),
             "embed_tokens" | "lm_head" => (self.vocab, h),
+            "embed_tokens_per_layer" => {
+                let (v, w) = self.per_layer?;
+                (Some(v), w)
+            }
             _ => return None,
         })
     }
@@ -345,19 +369,25 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             ),
         ));
     }
-    if !embeddings.is_empty() && dtype != OutDtype::F32 {
-        if let Some(s) = cfg.shapes.map(|s| (s.hidden as f64).sqrt() as f32) {
-            if dtype.round(s) != s {
-                found.warnings.push(Warning::new(
-                    Rule::Unstated,
-                    "quantization_config",
-                    format!(
-                        "the quantized embedding multiplies its rows by embed_scale {s} (f32); a dense Gemma multiplies by it rounded to {} ({}), so embedding outputs can differ in their last bit",
-                        dtype.torch_name(),
-                        dtype.round(s)
-                    ),
-                ));
-            }
+    if dtype != OutDtype::F32 {
+        for m in &embeddings {
+            let s = cfg.shapes.and_then(|s| s.embed_scale(m));
+            let detail = match s {
+                Some(s) if dtype.round(s) == s => continue,
+                Some(s) => format!(
+                    "the quantized {m} multiplies its rows by embed_scale {s} (f32); a dense Gemma multiplies by it rounded to {} ({}), so embedding outputs can differ in their last bit",
+                    dtype.torch_name(),
+                    dtype.round(s)
+                ),
+                None => format!(
+                    "the quantized {m} multiplies its rows by its embed_scale in f32; a dense Gemma embedding multiplies by it rounded to {}, so, unless that scale is a {} value, embedding outputs can differ in their last bit",
+                    dtype.torch_name(),
+                    dtype.torch_name()
+                ),
+            };
+            found
+                .warnings
+                .push(Warning::new(Rule::Unstated, "quantization_config", detail));
         }
     }
     dropped_scales(ckpt, &mut found);
