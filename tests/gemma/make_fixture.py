@@ -16,7 +16,8 @@ loaded modules' own dequantization returns:
 - the `QuantizedEmbedding`: its `weight` property (the table without
   `embed_scale`), `int.to(out) * repeat_interleave(scale, block).to(out)`.
 
-The model loaded in bf16 gives expected-bf16, loaded in f32 expected-f32.
+The model loaded in bf16 gives expected-bf16, in f16 expected-f16, in f32
+expected-f32.
 Tensors that are not quantized keep their stored bf16 in both.
 
 The layout written (any producer of this format must write the same for the
@@ -188,7 +189,7 @@ def main():
 
     # The reference: transformers' loader, then each module's own dequantization.
     digests = {}
-    for out, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32)):
+    for out, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)):
         loaded, info = AutoModelForCausalLM.from_pretrained(
             os.path.join(OUT, "model"), dtype=dtype, output_loading_info=True
         )

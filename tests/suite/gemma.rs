@@ -2,8 +2,8 @@
 //! tests/gemma/make_fixture.py built in the layout transformers'
 //! `QuantizedLinear`/`QuantizedEmbedding` load (checked through
 //! transformers' own loader) decodes to the digests of their own
-//! dequantization (`_dequantize_weights(dtype)`, the embedding's `weight`),
-//! on each backend; held-out checkpoints packed here (int4 low nibble
+//! dequantization (`_dequantize_weights(dtype)`, the embedding's `weight`)
+//! in bf16, f16 and f32, on each backend; held-out checkpoints packed here (int4 low nibble
 //! first minus 8, int2 bits 1:0 first minus 2, int8; padding fields at the
 //! end of a row; per-row f32 scales, an embedding's scales per block) decode
 //! to `q · s` rounded once; `module_quant_configs` is resolved as one
@@ -41,6 +41,13 @@ fn fixture_matches_transformers(backend: BackendChoice) {
         DtypeChoice::Auto,
         backend,
         "expected-bf16.digests.json",
+        false,
+    );
+    check_case(
+        CASE,
+        DtypeChoice::Fixed(OutDtype::F16),
+        backend,
+        "expected-f16.digests.json",
         false,
     );
     check_case(
