@@ -56,6 +56,8 @@ formats! {
     Bitnet(bitnet) by "bitnet",
     /// HQQ (`quant_method: "hqq"`): hqq's HQQLinear state dicts.
     Hqq(hqq) by "hqq",
+    /// Gemma's own int2/int4/int8 checkpoints (`quant_method: "gemma"`).
+    Gemma(gemma) by "gemma",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

@@ -87,6 +87,14 @@ fn fixtures_take_the_fast_kernels() {
                     ran.0 == 0 && ran.2 > 0 && (ran.1 > 0) != case.contains("awq"),
                     "{case}: ran {ran:?}, wanted the tile kernel (and the generic one at 3 bits)"
                 );
+            } else if case.starts_with("gemma") {
+                // Gemma's fixture is all edges: odd widths (63 columns,
+                // rows ending in padding fields) and int2 take the generic
+                // kernel, o_proj's 112 int4 columns the fast one.
+                assert!(
+                    ran.0 > 0 && ran.1 > 0 && ran.2 == 0,
+                    "{case}: ran {ran:?}, wanted the fast and the generic kernels"
+                );
             } else if generic || case.starts_with("modelopt") && case.ends_with("awq") {
                 assert!(
                     ran.0 == 0 && ran.1 > 0 && ran.2 == 0,

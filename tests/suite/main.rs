@@ -20,6 +20,7 @@ mod findings;
 mod fixtures;
 mod fp8_family;
 mod fuzz_corpus;
+mod gemma;
 mod gguf;
 mod gptq;
 mod gpu;

@@ -447,6 +447,7 @@ pub const CASES: &[&str] = &[
     "deepseek-v4-fp8-fp4",
     "fp8-block-bf16",
     "fp8-dynamic",
+    "gemma-w4-int2-int8-bf16",
     "gpt-oss-mxfp4",
     "gptq-dynamic-mix",
     "gptq-w4-g128",
