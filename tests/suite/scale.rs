@@ -1395,6 +1395,148 @@ fn packed_job<'a>(
     }
 }
 
+/// GPTQ's words of `bits`-bit codes, [out, in] with zero points: integer
+/// ones per group ([`packed_job`]'s geometry), or packed fields of codes.
+fn gptq_words_job<'a>(
+    bits: u32,
+    (out, inputs, group): (usize, usize, usize),
+    storage: &'a (Vec<u8>, Vec<u8>, Vec<u8>),
+    packed_zero: bool,
+    dtype: OutDtype,
+) -> DecodeJob<'a> {
+    use wgpu_dequant::job::{Fields, Grid, Values};
+    let (codes, scales, zeros) = storage;
+    let groups = inputs.div_ceil(group);
+    let grid = Grid {
+        row_div: 1,
+        col_div: group,
+        row_stride: groups,
+        slice_stride: 0,
+    };
+    let dims = Dims {
+        slices: 1,
+        rows: out,
+        cols: inputs,
+    };
+    let codes = Fields::dense(codes.as_slice(), bits, 32).with_word_bits(32 * out as u64);
+    let job = DecodeJob::new(
+        dims,
+        codes,
+        (0..1u32 << bits).map(|c| c as f32).collect::<Vec<f32>>(),
+        dtype,
+    )
+    .with_scale(Values {
+        data: scales.as_slice().into(),
+        kind: ValueKind::F16,
+        grid,
+    });
+    if packed_zero {
+        // GPTQ's qzeros: lane = the scale's column group, field = output row.
+        let lane = (out as u64 * bits as u64).next_multiple_of(32);
+        job.with_zero(ZeroPoint::Packed {
+            fields: Fields::dense(zeros.as_slice(), bits, lane),
+        })
+    } else {
+        job.with_zero(ZeroPoint::Plain(Values {
+            data: zeros.as_slice().into(),
+            kind: ValueKind::I32,
+            grid,
+        }))
+    }
+}
+
+/// Codes of 8, 4 and 2 bits in GPTQ's words with a zero point per group
+/// too narrow for tables (8-bit codes in groups of 32: 256 values a
+/// table), and AutoAWQ's 4-bit ones in groups of 16: their values
+/// computed straight from the codes are `DecodeJob::value`'s, from band
+/// edges and from the middle of a band, with every kernel set.
+#[test]
+fn cpu_direct_rows_with_zero_points_equal_reference() {
+    let mut rng = Rng::new(0x5EED_D1EC_7000_0001);
+    let bytes = |rng: &mut Rng, n: usize| (0..n).map(|_| rng.next() as u8).collect::<Vec<u8>>();
+    let mut ways: BTreeMap<String, usize> = BTreeMap::new();
+    for kernels in [Kernels::Widest, Kernels::Narrow, Kernels::Scalar] {
+        let cpu = Cpu::with_kernels(kernels);
+        let widths: [(u32, usize); 7] =
+            [(8, 32), (8, 16), (8, 64), (8, 7), (4, 16), (4, 8), (2, 2)];
+        for (bits, group) in widths {
+            let shapes: [(usize, usize); 4] = [(48, 64), (40, 100), (96, 256), (33, 512)];
+            for &(out, inputs) in &shapes {
+                let groups = inputs.div_ceil(group);
+                let words = (inputs * bits as usize).div_ceil(32) * out;
+                let codes = bytes(&mut rng, 4 * words + 16);
+                let scales: Vec<u8> = (0..groups * out)
+                    .flat_map(|_| {
+                        ((0x2C00u16 + rng.below(0x1000) as u16) | ((rng.below(2) as u16) << 15))
+                            .to_le_bytes()
+                    })
+                    .collect();
+                for packed_zero in [false, true] {
+                    let zeros: Vec<u8> = if packed_zero {
+                        bytes(
+                            &mut rng,
+                            groups * (out * bits as usize).div_ceil(32) * 4 + 16,
+                        )
+                    } else {
+                        (0..groups * out)
+                            .flat_map(|_| (rng.below(1 << bits) as i32).to_le_bytes())
+                            .collect()
+                    };
+                    let storage = (codes.clone(), scales.clone(), zeros);
+                    for dtype in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+                        let shape = (out, inputs, group.min(inputs));
+                        let job = gptq_words_job(bits, shape, &storage, packed_zero, dtype);
+                        let what = format!(
+                            "{bits}-bit {out}x{inputs} g{group}, packed zero {packed_zero}, {dtype}, {kernels:?}"
+                        );
+                        let w = way(&job);
+                        assert_eq!(w, Way::Direct, "{what}");
+                        *ways.entry(format!("{bits}-bit {w:?}")).or_default() += 1;
+                        assert_rows_equal_reference(cpu, &job, &what);
+                    }
+                }
+            }
+        }
+        // AutoAWQ's transposed nibbles, groups of 16 and 8.
+        let awq: [(usize, usize, usize); 3] = [(64, 128, 16), (40, 96, 8), (96, 48, 16)];
+        for &(out, inputs, group) in &awq {
+            let groups = inputs.div_ceil(group);
+            let words = inputs.div_ceil(8) * out.next_multiple_of(8);
+            let codes = bytes(&mut rng, 4 * words + 16);
+            let scales: Vec<u8> = (0..groups * out.next_multiple_of(8))
+                .flat_map(|_| (0x2C00u16 + rng.below(0x1000) as u16).to_le_bytes())
+                .collect();
+            let zeros = bytes(&mut rng, groups * out.div_ceil(8) * 4 + 16);
+            let storage = (codes, scales, zeros);
+            for dtype in [OutDtype::Bf16, OutDtype::F32] {
+                let job = packed_job(true, (out, inputs, group), &storage, true, dtype);
+                let what = format!("awq {out}x{inputs} g{group}, {dtype}, {kernels:?}");
+                *ways.entry(format!("awq {:?}", way(&job))).or_default() += 1;
+                assert_rows_equal_reference(cpu, &job, &what);
+            }
+        }
+    }
+    assert!(ways.keys().all(|w| !w.ends_with("Elements")), "{ways:?}");
+}
+
+/// `job`'s rows decoded by `cpu` whole, from row 1, in a short run and
+/// from the middle to near the end are the reference's.
+fn assert_rows_equal_reference(cpu: Cpu, job: &DecodeJob<'_>, what: &str) {
+    let total = job.dims.total_rows();
+    let want = reference(job, 0..total);
+    let row_bytes = job.dims.cols * job.out.size();
+    for (a, b) in [(0, total), (1, total), (8, total.min(72)), (33, total - 3)] {
+        let (a, b) = (a.min(total), b.max(a.min(total)));
+        let got = cpu_rows(cpu, job, a..b);
+        let want = &want[a * row_bytes..b * row_bytes];
+        assert!(
+            got == want,
+            "{what}, rows {a}..{b}: {}",
+            first_difference(&got, want, job, a)
+        );
+    }
+}
+
 /// The vector kernels decode bands of 32 rows (AutoAWQ) or 4 (GPTQ) of
 /// 32-input blocks straight from the words; other shapes are gathered into
 /// straight rows first. Both, at band edges and from the middle of a band

@@ -1,8 +1,10 @@
 //! Values computed straight from byte codes, for jobs whose tables would
-//! cost as much as their values (GGUF's: a scale per 16 or 32 codes):
-//! codes that stand for consecutive integers are converted, multiplied by
-//! their group's scale, the offset added, and rounded to the output, with
-//! exactly the operations of `DecodeJob::value`. Plain loops over a few
+//! cost as much as their values (GGUF's: a scale per 16 or 32 codes;
+//! GPTQ's and AWQ's 8-bit codes with a zero point per 32): codes that
+//! stand for consecutive integers are converted, their group's zero point
+//! subtracted, multiplied by their group's scale, the offset added, and
+//! rounded to the output, with exactly the operations of
+//! `DecodeJob::value`. Plain loops over a few
 //! registers' worth of values, which the compiler turns into vector
 //! instructions (AVX2 where the CPU has it).
 
@@ -50,9 +52,34 @@ impl Linear {
     }
 }
 
-/// Codes per group, and the row's scales and offsets, a little-endian f32
-/// per group.
-type Groups<'a> = (usize, &'a [u8], Option<&'a [u8]>);
+/// The `cols` fields of `bits` (1, 2 or 4) packed whole into `src`, LSB
+/// first (the highest first where `high_first`), a byte each into `out`.
+pub(super) fn unpack(src: &[u8], bits: u32, high_first: bool, cols: usize, out: &mut Vec<u8>) {
+    let per_byte = (8 / bits) as usize;
+    let mask = (1u8 << bits) - 1;
+    let len = cols.next_multiple_of(per_byte);
+    if out.len() < len {
+        out.resize(len, 0);
+    }
+    for (&b, o) in src.iter().zip(out.chunks_exact_mut(per_byte)) {
+        for (k, o) in o.iter_mut().enumerate() {
+            let slot = if high_first { per_byte - 1 - k } else { k };
+            *o = b >> (slot as u32 * bits) & mask;
+        }
+    }
+}
+
+/// A row's groups: each a little-endian f32 per group.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Groups<'a> {
+    /// Codes per group.
+    pub len: usize,
+    pub scales: &'a [u8],
+    /// Subtracted from the code's value before the scale multiplies it.
+    pub zeros: Option<&'a [u8]>,
+    /// Added to the scaled value.
+    pub offsets: Option<&'a [u8]>,
+}
 
 /// Decodes a row of byte codes into `out` (`N` bytes a value): with AVX2
 /// where `wide`.
@@ -105,7 +132,7 @@ fn row_any<const N: usize>(
 #[inline(always)]
 fn row_as<const N: usize, T: bytemuck::Pod>(
     (codes, lin): (&[u8], Linear),
-    (group, scales, offsets): Groups<'_>,
+    groups: Groups<'_>,
     out: &mut [u8],
     round: impl Fn(f32) -> T,
 ) {
@@ -122,6 +149,19 @@ fn row_as<const N: usize, T: bytemuck::Pod>(
         }
         out.copy_from_slice(bytemuck::bytes_of(&e));
     };
+    let Groups {
+        len: group,
+        scales,
+        zeros,
+        offsets,
+    } = groups;
+    let entry = |g: usize| {
+        (
+            zeros.map(|z| f32_at(z, g)),
+            f32_at(scales, g),
+            offsets.map(|b| f32_at(b, g)),
+        )
+    };
     // Groups of whole passes (GGUF's 16 and 32).
     if group.is_multiple_of(LANES) && codes.len().is_multiple_of(LANES) {
         let (whole, _) = codes.as_chunks::<LANES>();
@@ -130,9 +170,9 @@ fn row_as<const N: usize, T: bytemuck::Pod>(
             .zip(out.chunks_mut(group * N))
             .enumerate();
         for (g, (passes, out)) in groups {
-            let (s, b) = (f32_at(scales, g), offsets.map(|b| f32_at(b, g)));
+            let (z, s, b) = entry(g);
             for (c, o) in passes.iter().zip(out.chunks_exact_mut(LANES * N)) {
-                encode(&values(lin, c, s, b), o);
+                encode(&values(lin, c, z, s, b), o);
             }
         }
         return;
@@ -143,32 +183,39 @@ fn row_as<const N: usize, T: bytemuck::Pod>(
         .zip(out.chunks_mut(group * N))
         .enumerate()
     {
-        let (s, b) = (f32_at(scales, g), offsets.map(|b| f32_at(b, g)));
+        let (z, s, b) = entry(g);
         for (c, o) in c.chunks(LANES).zip(o.chunks_mut(LANES * N)) {
             let mut pass = [0u8; LANES];
             pass[..c.len()].copy_from_slice(c);
             let mut whole = [0u8; LANES * 4];
-            encode(&values(lin, &pass, s, b), &mut whole[..LANES * N]);
+            encode(&values(lin, &pass, z, s, b), &mut whole[..LANES * N]);
             o.copy_from_slice(&whole[..o.len()]);
         }
     }
 }
 
-/// The values of a pass: `f32(value · s)`, plus `b` where there is one.
-/// Loops of a fixed length, which the compiler turns into vectors.
+/// The values of a pass: `f32((value − z) · s)` (`value · s` without a
+/// zero point), plus `b` where there is one: `DecodeJob::value`'s
+/// operations in its order. Loops of a fixed length, which the compiler
+/// turns into vectors.
 #[inline(always)]
-fn values(lin: Linear, c: &[u8; LANES], s: f32, b: Option<f32>) -> [f32; LANES] {
+fn values(lin: Linear, c: &[u8; LANES], z: Option<f32>, s: f32, b: Option<f32>) -> [f32; LANES] {
     let mut v = [0f32; LANES];
-    match b {
-        Some(b) => {
+    match z {
+        Some(z) => {
             for (x, &k) in v.iter_mut().zip(c) {
-                *x = lin.value(k) * s + b;
+                *x = (lin.value(k) - z) * s;
             }
         }
         None => {
             for (x, &k) in v.iter_mut().zip(c) {
                 *x = lin.value(k) * s;
             }
+        }
+    }
+    if let Some(b) = b {
+        for x in v.iter_mut() {
+            *x += b;
         }
     }
     v

@@ -4,7 +4,9 @@
 //!
 //! - [`rows`]: entries that hold over runs of an output row — straight rows,
 //!   and GPTQ's and AutoAWQ's packs along the inputs and sparse byte codes
-//!   gathered into straight rows first;
+//!   gathered into straight rows first; where a table per entry would cost
+//!   more than its values, values computed from consecutive-integer codes
+//!   ([`direct`]);
 //! - [`tiles`]: entries that change along an output row (GPT-OSS's experts,
 //!   whose scale is per output column), and whatever else is transposed or
 //!   strided, a tile at a time;
@@ -47,7 +49,8 @@ pub enum Way {
     /// (GPTQ's and AutoAWQ's words).
     PackedRows,
     /// Output rows computed from their codes without tables (GGUF's
-    /// blocks, a scale per few codes).
+    /// blocks, a scale per few codes; GPTQ's 8-bit codes with a zero point
+    /// per 32).
     Direct,
     /// Tiles through tables.
     Tiles,
@@ -60,7 +63,7 @@ pub fn way(job: &DecodeJob<'_>) -> Way {
     // The way does not depend on the instructions.
     let isa = simd::Isa::detect();
     match (
-        rows::Rows::of(job, isa),
+        rows_of(job, isa),
         job.transposed || job.codes.word_bits != 32,
     ) {
         (Some(r), _) if r.is_direct() => Way::Direct,
@@ -69,6 +72,12 @@ pub fn way(job: &DecodeJob<'_>) -> Way {
         (None, _) if tiles::Tiles::of(job, isa).is_some() => Way::Tiles,
         (None, _) => Way::Elements,
     }
+}
+
+/// The rows `job` is decoded in, if any: rows whose values are computed
+/// directly only because tables would not be taken give way to tiles.
+fn rows_of(job: &DecodeJob<'_>, isa: simd::Isa) -> Option<rows::Rows> {
+    rows::Rows::of(job, isa).filter(|r| !r.is_fallback() || tiles::Tiles::of(job, isa).is_none())
 }
 
 /// Multi-threaded CPU decoding.
@@ -107,7 +116,7 @@ impl Backend for Cpu {
         }
         // Read once for the whole call: every kernel of it agrees.
         let isa = simd::Isa::of(self.kernels);
-        if let Some(plan) = rows::Rows::of(job, isa) {
+        if let Some(plan) = rows_of(job, isa) {
             let plan = plan.streaming(out.len() >= STREAM_BYTES);
             let rows_per_task = plan.rows_per_task(job.dims.cols, TASK_ELEMENTS);
             out.par_chunks_mut(rows_per_task * row_bytes)

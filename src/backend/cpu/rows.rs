@@ -77,6 +77,9 @@ pub(super) struct Rows {
     /// Values computed from the codes without tables, where tables would
     /// not pay off ([`direct`]).
     direct: Option<Linear>,
+    /// `direct` where tables would not be taken at all (else the job
+    /// would go to tiles or element by element).
+    fallback: bool,
 }
 
 /// One thread's reusable buffers: kept from task to task, as fresh ones
@@ -103,9 +106,12 @@ struct Tables {
     /// The row's offsets, entry by entry, when the job has them.
     offsets: Vec<f32>,
     /// The row's scales and offsets as f32 bytes, where the job's are not
-    /// f32 entries in a run already ([`f32_run`]).
+    /// f32 entries in a run already ([`f32_run`]), and its zero points.
     scales: Vec<u8>,
     offset_bytes: Vec<u8>,
+    zeros: Vec<u8>,
+    /// A row's codes of 1, 2 or 4 bits, a byte each (direct values).
+    unpacked: Vec<u8>,
 }
 
 impl Rows {
@@ -218,28 +224,32 @@ impl Rows {
         let by_scale = ByScale::of(isa, job)
             .filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
         let entries = groups.checked_mul(job.code_values.len())?;
-        // Values straight from the codes where tables would cost as much as
-        // the values (GGUF's: a scale per 16 or 32 codes), when the codes
-        // are unpacked from blocks anyway.
-        let linear = Linear::of(&job.code_values).filter(|_| {
-            let simple =
-                job.zero.is_none() && job.g_idx.is_none() && !smoothing && job.post_scale.is_none();
-            let plain =
-                job.product_dtype().is_none() && job.scale.is_some() && job.low_rank.is_none();
-            matches!(gather, Gather::Blocks(_)) && simple && plain
-        });
-        let tables_pay = by_scale.is_some() || entries * 4 <= cols.saturating_mul(rows_per_entry);
-        let direct = if tables_pay { None } else { linear };
-        if direct.is_none()
-            && by_scale.is_none()
-            && entries * 2 > cols.saturating_mul(rows_per_entry)
-        {
-            return None;
-        }
         let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
             && (f.per_word == 0 || f.per_word * f.bits == 32 && !f.interleaved)
             && f.lane_bits.is_multiple_of(8)
             && f.slice_bits.is_multiple_of(8);
+        // Values straight from the codes ([`direct`]) where tables would
+        // cost as much as the values: a scale (and zero point) per few
+        // codes, when the codes are unpacked from blocks anyway (GGUF's),
+        // or where tables would not be taken at all (GPTQ's 8-bit codes
+        // with a zero point per 32) and the row's codes are whole fields
+        // of 1, 2, 4 or 8 bits.
+        let linear = Linear::of(&job.code_values).filter(|_| {
+            let simple = job.g_idx.is_none() && !smoothing && job.post_scale.is_none();
+            let plain =
+                job.product_dtype().is_none() && job.scale.is_some() && job.low_rank.is_none();
+            simple && plain && (gather != Gather::InPlace || byte_packed)
+        });
+        let tables_pay = by_scale.is_some() || entries * 4 <= cols.saturating_mul(rows_per_entry);
+        let tables_taken = by_scale.is_some() || entries * 2 <= cols.saturating_mul(rows_per_entry);
+        let (direct, fallback) = match gather {
+            Gather::Blocks(_) if !tables_pay => (linear, !tables_taken),
+            _ if !tables_taken => (linear, true),
+            _ => (None, false),
+        };
+        if direct.is_none() && !tables_taken {
+            return None;
+        }
         Some(Rows {
             group_cols,
             groups,
@@ -247,6 +257,7 @@ impl Rows {
             byte_packed: byte_packed || gather != Gather::InPlace,
             by_scale: by_scale.filter(|_| !smoothing && direct.is_none()),
             direct,
+            fallback,
             rows_per_entry,
             smoothing,
             stream: false,
@@ -258,6 +269,12 @@ impl Rows {
     /// Whether values are computed without tables.
     pub(super) fn is_direct(&self) -> bool {
         self.direct.is_some()
+    }
+
+    /// Whether values are computed without tables because tables would
+    /// not be taken at all: tiles may still pay where rows do not.
+    pub(super) fn is_fallback(&self) -> bool {
+        self.fallback
     }
 
     /// Output rows gathered at once by `gather`.
@@ -583,22 +600,8 @@ impl Rows {
         out: &mut [u8],
         (s, fresh): (&mut Tables, bool),
     ) {
-        // Direct values always have a scale (`Rows::of`).
-        if let (Some(lin), Some(scale)) = (self.direct, &job.scale) {
-            let start = (codes.lane_start(cs, lane).unwrap_or(0) / 8) as usize;
-            let bytes = &codes.data[start..start + job.dims.cols];
-            let scales = f32_run(scale, slice, row, self.groups, &mut s.scales);
-            let offsets = job
-                .offset
-                .as_ref()
-                .map(|o| f32_run(o, slice, row, self.groups, &mut s.offset_bytes));
-            direct::row::<N>(
-                self.isa.wide(),
-                (bytes, lin),
-                (self.group_cols, scales, offsets),
-                job.out,
-                out,
-            );
+        if let Some(lin) = self.direct {
+            self.direct_row::<N>(job, (slice, row), (codes, cs, lane), lin, out, (s, fresh));
             return;
         }
         let straight4 = job.g_idx.is_none() && self.byte_packed && codes.bits == 4;
@@ -690,6 +693,81 @@ impl Rows {
                 }
             }
         }
+    }
+
+    /// [`Rows::row`] for direct values ([`direct`]): the row's codes read
+    /// as bytes (1, 2 and 4 bits unpacked first), its entries as runs of
+    /// f32s.
+    fn direct_row<const N: usize>(
+        &self,
+        job: &DecodeJob<'_>,
+        (slice, row): (usize, usize),
+        (codes, cs, lane): (&Fields<'_>, usize, usize),
+        lin: Linear,
+        out: &mut [u8],
+        (s, fresh): (&mut Tables, bool),
+    ) {
+        let cols = job.dims.cols;
+        let start = (codes.lane_start(cs, lane).unwrap_or(0) / 8) as usize;
+        let bytes = match codes.bits {
+            8 => &codes.data[start..start + cols],
+            bits => {
+                let per_byte = (8 / bits) as usize;
+                let src = &codes.data[start..start + cols.div_ceil(per_byte)];
+                direct::unpack(src, bits, codes.high_first, cols, &mut s.unpacked);
+                &s.unpacked[..cols]
+            }
+        };
+        let Some(scale) = &job.scale else {
+            // Direct values always have a scale (`Rows::of`).
+            return;
+        };
+        let groups = match (self.gather, &job.zero) {
+            // GGUF's: f32 scales one after another, read in place.
+            (Gather::Blocks(_), None) => {
+                let scales = f32_run(scale, slice, row, self.groups, &mut s.scales);
+                let offsets = job
+                    .offset
+                    .as_ref()
+                    .map(|o| f32_run(o, slice, row, self.groups, &mut s.offset_bytes));
+                direct::Groups {
+                    len: self.group_cols,
+                    scales,
+                    zeros: None,
+                    offsets,
+                }
+            }
+            _ => {
+                if fresh {
+                    self.entries(job, slice, row, &mut s.entries);
+                    let f32s = |v: &mut Vec<u8>, x: &mut dyn Iterator<Item = f32>| {
+                        v.clear();
+                        v.extend(x.flat_map(f32::to_le_bytes));
+                    };
+                    let entries = &s.entries;
+                    f32s(
+                        &mut s.scales,
+                        &mut entries.iter().map(|e| e.1.unwrap_or(1.0)),
+                    );
+                    f32s(
+                        &mut s.zeros,
+                        &mut entries.iter().map(|e| e.0.unwrap_or(0.0)),
+                    );
+                    let offsets = job
+                        .offset
+                        .as_ref()
+                        .map(|o| (0..self.groups).map(move |g| o.get(o.grid.index(slice, row, g))));
+                    f32s(&mut s.offset_bytes, &mut offsets.into_iter().flatten());
+                }
+                direct::Groups {
+                    len: self.group_cols,
+                    scales: &s.scales,
+                    zeros: job.zero.as_ref().map(|_| &s.zeros[..]),
+                    offsets: job.offset.as_ref().map(|_| &s.offset_bytes[..]),
+                }
+            }
+        };
+        direct::row::<N>(self.isa.wide(), (bytes, lin), groups, job.out, out);
     }
 
     /// The inner loop of a smoothed row: 4-bit codes two to a byte, entry
