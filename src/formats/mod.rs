@@ -56,6 +56,8 @@ formats! {
     Bitnet(bitnet) by "bitnet",
     /// HQQ (`quant_method: "hqq"`): hqq's HQQLinear state dicts.
     Hqq(hqq) by "hqq",
+    /// SINQ (`quant_method: "sinq"`): sinq's SINQLinear state dicts.
+    Sinq(sinq) by "sinq",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

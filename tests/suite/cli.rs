@@ -128,6 +128,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("bitsandbytes") => "bitsandbytes",
             Some("bitnet") => "bitnet",
             Some("hqq") => "hqq",
+            Some("sinq") => "sinq",
             Some("quark") => "quark",
             _ => "compressed-tensors",
         }

@@ -201,6 +201,7 @@ fn formats_lists_formats_types_and_architectures() {
         "bitsandbytes",
         "bitnet",
         "hqq",
+        "sinq",
         "compressed-tensors",
     ] {
         assert!(formats.iter().any(|n| n == f), "{f}: {formats:?}");
