@@ -18,6 +18,10 @@ fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
     let qs = opaque(q * s);
     // Rank 0: the smoothing alone, nothing added (LowRank::apply).
     if (p.lr_rank == 0u) {
+        if (p.lr_mode == LOW_RANK_SMOOTH_IN_PRODUCT) {
+            // LowRank::in_product: in the product's dtype (scaled()).
+            return in_product(opaque(scaled(q, s, true)) * in_product(rs));
+        }
         return qs * rs;
     }
     let u = p.lr_up + (flat - p.first_row) * p.lr_rank;

@@ -55,6 +55,7 @@ const ZERO_OFFSET: u32 = 4u;             // none; the zgrid holds an offset adde
 const LOW_RANK_NONE: u32 = 0u;
 const LOW_RANK_SMOOTH_LAST: u32 = 1u;    // (q·s + lr) · rs
 const LOW_RANK_SMOOTH_FIRST: u32 = 2u;   // (q·s) · rs + lr
+const LOW_RANK_SMOOTH_IN_PRODUCT: u32 = 3u; // rank 0: d(d(q·s) · d(rs))
 
 // CODE: the formula that gives a code's value (the job's table otherwise).
 const CODE_TABLE: u32 = 0u;

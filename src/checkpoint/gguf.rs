@@ -168,6 +168,7 @@ impl Checkpoint {
             config: None,
             hf_quant_config: None,
             svdquant_config: None,
+            sinq_meta: None,
             lookup,
             misses: Mutex::new(BTreeSet::new()),
             gguf: Some(Gguf {

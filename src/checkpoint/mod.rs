@@ -49,6 +49,9 @@ pub struct Checkpoint {
     /// `<stem>.config.yaml` beside the first shard (diffuse_compressor's
     /// SVDQuant sidecar, JSON text), when present.
     pub svdquant_config: Option<JsonFile>,
+    /// `model.safetensors.index.json.meta.json` (SINQ's sidecar of each
+    /// quantized module's non-tensor meta), when present.
+    pub sinq_meta: Option<JsonFile>,
     /// Tensor name → index of the shard that stores it.
     lookup: BTreeMap<String, usize>,
     /// Tensors whose bytes were asked for but not loaded.
@@ -64,6 +67,9 @@ pub struct Checkpoint {
 /// Sidecar JSON files larger than this are refused rather than read: real
 /// configs and indexes are kilobytes to a few megabytes.
 const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// SINQ's sidecar: the non-tensor meta of its quantized modules.
+pub(crate) const SINQ_META: &str = "model.safetensors.index.json.meta.json";
 
 /// The model card's name: read whole (when at most [`MAX_CARD_BYTES`]),
 /// never copied as it is ([`Checkpoint::model_card`]).
@@ -197,6 +203,7 @@ impl Checkpoint {
             }
             None => None,
         };
+        let sinq_meta = files.read_json(SINQ_META, Rule::Config)?;
         let ckpt = Checkpoint {
             dir,
             files,
@@ -206,6 +213,7 @@ impl Checkpoint {
             config,
             hf_quant_config,
             svdquant_config,
+            sinq_meta,
             lookup,
             misses: Mutex::default(),
             gguf: None,

@@ -58,6 +58,8 @@ formats! {
     Hqq(hqq) by "hqq",
     /// Gemma's own int2/int4/int8 checkpoints (`quant_method: "gemma"`).
     Gemma(gemma) by "gemma",
+    /// SINQ (`quant_method: "sinq"`): sinq's SINQLinear state dicts.
+    Sinq(sinq) by "sinq",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

@@ -393,6 +393,7 @@ fn with_pre_quant_scale<'c>(ckpt: &'c Checkpoint, module: &str, job: DecodeJob<'
         down: Vec::new().into(),
         inv_smooth: factors.into(),
         smooth_first: true,
+            in_product: false,
     }))
 }
 

@@ -36,6 +36,8 @@ pub(crate) const QUANTIZATION_FILES: &[&str] = &[
     "hf_quant_config.json",
     // optimum-quanto's map of quantized modules.
     "quanto_qmap.json",
+    // SINQ's sidecar of its modules' non-tensor meta.
+    crate::checkpoint::SINQ_META,
 ];
 
 /// Tags that name a file format or a quantization, dropped from the card
@@ -69,6 +71,7 @@ const FORMAT_TAGS: &[&str] = &[
     "fbgemm",
     "fbgemm_fp8",
     "hqq",
+    "sinq",
     "exl2",
     "quanto",
     "nf4",

@@ -28,6 +28,10 @@ pub struct LowRank {
     /// Smoothing applies to the residual only (the packed layout's
     /// `proj_down` is stored already divided by the smoothing factor).
     pub smooth_first: bool,
+    /// Rank 0 only: with a 16-bit [`super::Product`], the smoothing
+    /// multiplies in that dtype too, `d(d(q·s) · d(inv_smooth))` (SINQ's
+    /// `scale2` in an f16 compute dtype); otherwise the f32 `q·s·inv_smooth`.
+    pub in_product: bool,
 }
 
 impl LowRank {

@@ -101,6 +101,7 @@ pub(super) fn job_key<T>(plan: &Plan<'_>, shards: &[ShardFile<T>]) -> String {
         &ckpt.config,
         &ckpt.hf_quant_config,
         &ckpt.svdquant_config,
+        &ckpt.sinq_meta,
     ];
     let inputs = ckpt.shards.iter().map(|s| s.path.as_path());
     let inputs = inputs.chain(jsons.into_iter().flatten().map(|j| j.path.as_path()));

@@ -129,6 +129,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("bitnet") => "bitnet",
             Some("hqq") => "hqq",
             Some("gemma") => "gemma",
+            Some("sinq") => "sinq",
             Some("quark") => "quark",
             _ => "compressed-tensors",
         }

@@ -100,9 +100,9 @@ fn fixtures_take_the_fast_kernels() {
                     ran.0 == 0 && ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"
                 );
-            } else if case.starts_with("hqq") {
-                // HQQ's packs put P rows in a byte, high bits first: the
-                // generic kernel; its 8-bit packs are plain bytes.
+            } else if case.starts_with("hqq") || case.starts_with("sinq") {
+                // HQQ's (and SINQ's) packs put P rows in a byte, high bits
+                // first: the generic kernel; its 8-bit packs are plain bytes.
                 assert!(
                     ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"

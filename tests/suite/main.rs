@@ -37,6 +37,7 @@ mod rejections;
 mod release;
 mod resume;
 mod scale;
+mod sinq;
 mod sparse;
 mod stream;
 mod svdquant;

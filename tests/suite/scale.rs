@@ -1777,6 +1777,7 @@ fn smoothed_rows_equal_reference(cpu: Cpu) {
                         down: Vec::new().into(),
                         inv_smooth: factors.clone(),
                         smooth_first: true,
+                        in_product: false,
                     });
                 if zero {
                     let z = Values {

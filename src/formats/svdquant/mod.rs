@@ -286,6 +286,7 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
         down: down.into(),
         inv_smooth: smooth.iter().map(|s| 1.0 / s).collect(),
         smooth_first: packed,
+            in_product: false,
     };
     let job = DecodeJob::new(
         dims,

@@ -202,6 +202,7 @@ fn formats_lists_formats_types_and_architectures() {
         "bitnet",
         "hqq",
         "gemma",
+        "sinq",
         "compressed-tensors",
     ] {
         assert!(formats.iter().any(|n| n == f), "{f}: {formats:?}");

@@ -100,6 +100,9 @@ shader_enum! {
         SmoothLast = 1 as LOW_RANK_SMOOTH_LAST,
         /// `(q·s) · inv_smooth + lr`.
         SmoothFirst = 2 as LOW_RANK_SMOOTH_FIRST,
+        /// Rank 0, `(q·s) · inv_smooth` in the job's product dtype
+        /// ([`LowRank::in_product`]).
+        SmoothInProduct = 3 as LOW_RANK_SMOOTH_IN_PRODUCT,
     }
 }
 
@@ -179,6 +182,7 @@ impl LowRankMode {
     pub(super) fn of(low_rank: Option<&LowRank>) -> LowRankMode {
         match low_rank {
             None => LowRankMode::None,
+            Some(lr) if lr.in_product && lr.rank == 0 => LowRankMode::SmoothInProduct,
             Some(lr) if lr.smooth_first => LowRankMode::SmoothFirst,
             Some(_) => LowRankMode::SmoothLast,
         }

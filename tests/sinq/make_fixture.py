@@ -1,0 +1,134 @@
+"""Writes tests/fixtures/sinq-*: a tiny Llama quantized by sinq 0.2.0 itself
+on the CPU (`AutoSINQHFModel.quantize_model`, the plain SINQ method `sinq`:
+Sinkhorn-normalized dual scales, f16 scale/zero/scale2, tiling 1D) and saved by sinq's own writer
+(`save_quantized_safetensors`: sharded safetensors with `<m>.W_q`,
+`<m>.meta.scale`, `<m>.meta.zero`, `<m>.meta.scale2`, and the non-tensor meta
+in `model.safetensors.index.json.meta.json`), and the reference digests: the
+weights read back by sinq's own loader (`load_weights_safetensors`), each
+quantized Linear rebuilt as a `SINQLinear` (`load_state_dict`) and its
+`dequantize()` on the CPU. That computes in the sidecar's `compute_dtype`
+(the dtype the model was quantized in); the other outputs are the same call
+with `meta["compute_dtype"]` set to that dtype.
+
+config.json gets the `quantization_config` transformers' `SinqConfig` writes
+(`quant_method: sinq`, nbits, group_size, tiling_mode, method), `method` the
+one used (sinq's own API; transformers' `method: "sinq"` is the 8-bit
+quantized-scale `sinq_quantAux`, not decoded yet).
+
+    SINQ_AUTO_PATCH=0 /work/pyenv/sinq/bin/python tests/sinq/make_fixture.py
+(sinq==0.2.0 from PyPI with termcolor, without its datasets/torchvision
+extras, which the plain method never uses; torch and transformers from /work/venv.)
+"""
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+import types
+
+import torch
+
+# sinq.awq imports `datasets` for A-SINQ's calibration data only; the plain
+# method never calls it.
+sys.modules.setdefault("datasets", types.SimpleNamespace(load_dataset=None))
+from transformers import LlamaConfig, LlamaForCausalLM
+from sinq.patch_model import AutoSINQHFModel
+from sinq.sinqlinear import SINQLinear, sinq_base_quant_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "fixtures")
+NAMES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}
+
+
+def digest(t):
+    t = t.contiguous()
+    raw = t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+
+
+def entry(t):
+    return {"dtype": NAMES[t.dtype], "shape": list(t.shape), "sha256": digest(t)}
+
+
+def make(case, dtype, quant_config, outs):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config).to(dtype)
+    AutoSINQHFModel.quantize_model(model, tokenizer=None, quant_config=quant_config,
+                                   compute_dtype=dtype, device="cpu")
+    out = os.path.join(FIXTURES, case)
+    shutil.rmtree(out, ignore_errors=True)
+    model_dir = os.path.join(out, "model")
+    AutoSINQHFModel.save_quantized_safetensors(model, None, model_dir, write_tokenizer=False)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    wq = quant_config["self_attn.q_proj"]["weight_quant_params"]
+    cfg["quantization_config"] = {
+        "quant_method": "sinq", "nbits": wq["nbits"], "group_size": wq["group_size"],
+        "tiling_mode": wq["tiling_mode"], "method": wq["method"],
+        "modules_to_not_convert": ["lm_head"],
+    }
+    # sinq's writer leaves config.dtype unset (the model was cast after it
+    # was made); transformers' save_pretrained writes it.
+    cfg["dtype"] = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+    weights = AutoSINQHFModel.load_weights_safetensors(model_dir, map_location="cpu")
+    for label, d in outs:
+        want = {}
+        for leaf, sd in sorted(weights.items()):
+            if "W_q" not in sd:
+                if leaf.endswith("rotary_emb"):
+                    # Non-persistent buffers sinq's writer saves; transformers
+                    # recomputes them (the output drops them).
+                    continue
+                for k, t in sd.items():
+                    want[f"{leaf}.{k}"] = entry(t)
+                continue
+            state = copy.deepcopy(sd)
+            state["meta"]["compute_dtype"] = d
+            m = SINQLinear(None, None, compute_dtype=d, device="cpu")
+            m.load_state_dict(state)
+            w = m.dequantize()
+            assert w.dtype == d, (w.dtype, d)
+            want[f"{leaf}.weight"] = entry(w)
+        with open(os.path.join(out, f"expected-{label}.digests.json"), "w") as f:
+            json.dump(want, f, indent=1, sort_keys=True)
+    print("wrote", out, file=sys.stderr)
+
+
+def main():
+    def q(**kw):
+        # sinq_base_quant_config maps method "sinq" to "sinq_quantAux"
+        # (8-bit scales); the plain SINQ method (Sinkhorn scale2, f16 scales)
+        # is "sinq" itself, set after it.
+        c = sinq_base_quant_config(**kw)
+        c["weight_quant_params"]["method"] = "sinq"
+        return c
+
+    mixed = {
+        "self_attn.q_proj": q(nbits=4, group_size=64),
+        "self_attn.k_proj": q(nbits=4, group_size=32),
+        "self_attn.v_proj": q(nbits=1, group_size=64),
+        "self_attn.o_proj": q(nbits=2, group_size=64),
+        "mlp.gate_proj": q(nbits=4, group_size=64),
+        "mlp.up_proj": q(nbits=2, group_size=32),
+        "mlp.down_proj": q(nbits=4, group_size=128),
+    }
+    # quantize_model reads quant_config["weight_quant_params"]["method"]
+    # (for AWQ) even when the config is one per layer tag.
+    mixed["weight_quant_params"] = {"method": "sinq"}
+    make("sinq-mixed-bf16", torch.bfloat16, mixed,
+         [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+
+
+if __name__ == "__main__":
+    main()
