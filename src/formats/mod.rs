@@ -54,6 +54,8 @@ formats! {
     Bnb(bnb) by "bitsandbytes",
     /// BitNet b1.58 ternary weights (`quant_method: "bitnet"`).
     Bitnet(bitnet) by "bitnet",
+    /// VPTQ vector codebooks (`quant_method: "vptq"`).
+    Vptq(vptq) by "vptq",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).
