@@ -291,3 +291,48 @@ impl DecodeJob<'_> {
         v
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fields that cross bytes and words read LSB first, the bits above
+    /// `bits` dropped; tile positions follow row, group and field strides.
+    #[test]
+    fn indices_cross_words_and_drop_higher_bits() {
+        // 10-bit fields: 0x3FF, 0x155, 0x2AA, 0x001 one after another.
+        let fields = [0x3FFu64, 0x155, 0x2AA, 0x001];
+        let mut bits = 0u64;
+        for (k, f) in fields.iter().enumerate() {
+            bits |= f << (10 * k);
+        }
+        let data = bits.to_le_bytes().to_vec();
+        let t = Term {
+            data: data.into(),
+            bits: 10,
+            at: 0,
+            row_bits: 20,
+            group: 1,
+            group_bits: 10,
+            field_bits: 10,
+            base: 0,
+            book: 0,
+            entries: 1024,
+        };
+        assert_eq!(t.index(0, 0), 0x3FF);
+        assert_eq!(t.index(0, 1), 0x155);
+        assert_eq!(t.index(1, 0), 0x2AA);
+        assert_eq!(t.index(1, 1), 0x001);
+        // The high 4 bits of each field above a 6-bit index, as vptq's
+        // residual mask drops them.
+        let high = Term {
+            bits: 6,
+            at: 4,
+            ..t.clone()
+        };
+        assert_eq!(high.index(0, 0), 0x3F);
+        assert_eq!(high.index(0, 1), 0x155 >> 4);
+        // Past the data: zero, never a panic.
+        assert_eq!(t.index(100, 0), 0);
+    }
+}

@@ -127,6 +127,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("mxfp4") => "gpt-oss",
             Some("bitsandbytes") => "bitsandbytes",
             Some("bitnet") => "bitnet",
+            Some("vptq") => "vptq",
             Some("quark") => "quark",
             _ => "compressed-tensors",
         }

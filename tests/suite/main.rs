@@ -40,4 +40,5 @@ mod svdquant;
 mod synthetic;
 mod transform;
 mod upload;
+mod vptq;
 mod writers;

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{gpu_err, GpuDecoder, OUTPUT_USAGE};
+use super::{gpu_err, GpuDecoder};
 use crate::error::Result;
 use crate::job::{Codebook, DecodeJob, Values, MAX_TERMS};
 use crate::numerics::OutDtype;
@@ -239,6 +239,7 @@ impl GpuDecoder {
             return Ok(None);
         }
         let dest = self.output_buffer(out_bytes)?;
+        self.dispatched[4].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (layout, pipeline) = self.codebook.get(&self.device);
         let buffer = self
             .scoped(async {

@@ -108,8 +108,11 @@ pub struct Dispatches {
     /// dimension, one output tile per workgroup).
     pub tiled: u64,
     /// Calls decoded on the CPU instead, where a subnormal could be
-    /// flushed ([`DecodeJob::stays_normal`]).
+    /// flushed ([`DecodeJob::stays_normal`]), or a codebook job the
+    /// codebook kernel does not take.
     pub cpu: u64,
+    /// Calls run by the codebook kernel ([`crate::job::Codebook`]).
+    pub codebook: u64,
 }
 
 /// Decodes on a wgpu device: the app's own ([`GpuDecoder::new`]), or one
@@ -134,7 +137,7 @@ pub struct GpuDecoder {
     /// (any but a CPU adapter: WGSL allows it, and NVIDIA's Vulkan driver
     /// does): jobs that could compute one are decoded on the CPU.
     flushes: bool,
-    dispatched: [AtomicU64; 4],
+    dispatched: [AtomicU64; 5],
     limits: Limits,
     /// Idle pairs of slots; each call takes one, so calls from several
     /// threads run at once and keep the queue full between them.
@@ -263,6 +266,7 @@ impl GpuDecoder {
             generic: self.dispatched[1].load(Ordering::Relaxed),
             tiled: self.dispatched[2].load(Ordering::Relaxed),
             cpu: self.dispatched[3].load(Ordering::Relaxed),
+            codebook: self.dispatched[4].load(Ordering::Relaxed),
         }
     }
 
