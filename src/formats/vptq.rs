@@ -505,11 +505,11 @@ fn fault(ckpt: &Checkpoint, module: &str, outliers: bool, f: Fault) -> Error {
         _ => format!("{module}.indices"),
     };
     match f {
-        Fault::Geometry(why) => Error::tensor(Rule::TensorShape, ckpt.display_path(), &format!("{module}.centroids.weight"), why),
+        Fault::Geometry(why) => Error::tensor(Rule::TensorShape, ckpt.display_path(), format!("{module}.centroids.weight"), why),
         Fault::Short { region, .. } => Error::tensor(
             Rule::TensorShape,
             ckpt.display_path(),
-            &tensor(region),
+            tensor(region),
             "too few bytes for the indices the config describes",
         ),
         Fault::Past {
@@ -521,7 +521,7 @@ fn fault(ckpt: &Checkpoint, module: &str, outliers: bool, f: Fault) -> Error {
         } => Error::tensor(
             Rule::TensorValue,
             ckpt.display_path(),
-            &tensor(region),
+            tensor(region),
             format!("index {index} (codebook {term}, vector row {ti}, column {tj}) is past its codebook"),
         ),
     }

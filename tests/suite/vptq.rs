@@ -272,7 +272,9 @@ fn products_of_vptq_weights() {
     gpu_test(|adapter| {
         let decoder = wgpu_dequant::backend::gpu::GpuDecoder::open(&adapter).unwrap();
         for name in &names {
-            let e = model.upload_packed(name, &decoder).err().expect("refused");
+            let Err(e) = model.upload_packed(name, &decoder) else {
+                panic!("{name}: multiplied packed on the GPU");
+            };
             let line = e.to_string();
             assert!(
                 e.rule == Rule::Argument && line.contains(name.as_str()) && !line.contains('\n'),
