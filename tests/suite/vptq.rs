@@ -1,5 +1,5 @@
-//! VPTQ (`quant_method: "vptq"`): the fixture that tests/vptq/make_fixture.py
-//! wrote (indices packed by vptq 0.0.5.post1's `pack_index`, every module
+//! VPTQ (`quant_method: "vptq"`): the fixtures that tests/vptq/make_fixture.py
+//! wrote (f16 and bf16) (indices packed by vptq 0.0.5.post1's `pack_index`, every module
 //! loaded into vptq's own `VQuantLinear`) decodes to the digests of vptq's
 //! `dequant` in f16, and that result cast to bf16 and f32, on each backend;
 //! its layers cover residual codebooks wider than the main index (masked
@@ -30,25 +30,32 @@ fn fixture_matches_vptq_on_gpu() {
     gpu_test(|_| fixture_matches_vptq(BackendChoice::Gpu));
 }
 
+/// Both fixtures (the same draws in f16 and in bf16, every step rounded
+/// in that dtype) in their own dtype and the two others.
 fn fixture_matches_vptq(backend: BackendChoice) {
-    check_case(
-        CASE,
-        DtypeChoice::Auto,
-        backend,
-        "expected-f16.digests.json",
-        false,
-    );
-    for (out, digests) in [
-        (OutDtype::Bf16, "expected-bf16.digests.json"),
-        (OutDtype::F32, "expected-f32.digests.json"),
-    ] {
-        check_case(CASE, DtypeChoice::Fixed(out), backend, digests, false);
+    for (case, own) in [(CASE, "f16"), ("vptq-llama-bf16", "bf16")] {
+        check_case(
+            case,
+            DtypeChoice::Auto,
+            backend,
+            &format!("expected-{own}.digests.json"),
+            false,
+        );
+        for out in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32] {
+            let digests = format!("expected-{out}.digests.json");
+            check_case(case, DtypeChoice::Fixed(out), backend, &digests, false);
+        }
     }
 }
 
-/// The fixture's tensors and config.json.
+/// The f16 fixture's tensors and config.json.
 fn fixture() -> (Vec<Tensor>, Value) {
-    let dir = fixtures().join(CASE).join("model");
+    fixture_of(CASE)
+}
+
+/// Fixture `case`'s tensors and config.json.
+fn fixture_of(case: &str) -> (Vec<Tensor>, Value) {
+    let dir = fixtures().join(case).join("model");
     let tensors = read_tensors(&dir.join("model.safetensors"))
         .into_iter()
         .map(|(name, (dtype, shape, data))| {
@@ -309,5 +316,50 @@ fn codebook_kernel_splits_outputs_and_hands_over_what_does_not_fit() {
                 false => assert!(codebook == 0 && cpu == 1, "cap {cap}: {after:?}"),
             }
         }
+    });
+}
+
+/// On a device that may flush f32 subnormals (any but a CPU adapter), the
+/// fixtures' values (none under 2^-50, so no sum or product subnormal)
+/// still take the codebook kernel, f16 and bf16 alike; a table holding a
+/// value under 2^-50 goes to the CPU.
+#[test]
+fn flushing_devices_take_codebooks_whose_values_stay_normal() {
+    use wgpu_dequant::backend::gpu::GpuDecoder;
+    use wgpu_dequant::Model;
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap().flushing_subnormals();
+        for case in [CASE, "vptq-llama-bf16"] {
+            let model =
+                Model::open(fixtures().join(case).join("model"), DtypeChoice::Auto).unwrap();
+            let before = decoder.dispatches();
+            let name = format!("{Q}.weight");
+            let got = model.decode_on(&name, &decoder).unwrap();
+            assert!(
+                got == model.decode(&name, BackendChoice::Cpu).unwrap(),
+                "{case}"
+            );
+            let after = decoder.dispatches();
+            assert!(
+                after.codebook == before.codebook + 1 && after.cpu == before.cpu,
+                "{case}: {after:?}"
+            );
+        }
+        // A centroid of 2^-60 in the bf16 model.
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut tensors, cfg) = fixture_of("vptq-llama-bf16");
+        let c = tensor(&mut tensors, &format!("{Q}.centroids.weight"));
+        c.data[0..2].copy_from_slice(&(((2f32.powi(-60)).to_bits() >> 16) as u16).to_le_bytes());
+        write(tmp.path(), &tensors, &cfg);
+        let model = Model::open(tmp.path(), DtypeChoice::Auto).unwrap();
+        let before = decoder.dispatches();
+        let name = format!("{Q}.weight");
+        let got = model.decode_on(&name, &decoder).unwrap();
+        assert!(got == model.decode(&name, BackendChoice::Cpu).unwrap());
+        let after = decoder.dispatches();
+        assert!(
+            after.codebook == before.codebook && after.cpu == before.cpu + 1,
+            "{after:?}"
+        );
     });
 }

@@ -1,10 +1,10 @@
-"""Writes tests/fixtures/vptq-llama-f16: a tiny Llama whose seven Linears are
+"""Writes tests/fixtures/vptq-llama-f16 (and -bf16, the same draws in bf16): a tiny Llama whose seven Linears are
 VPTQ `VQuantLinear`s laid out as the VPTQ-community checkpoints are
 (`quant_method: vptq`, `config_for_layers`, indices packed into int32 by
 vptq's own `pack_index`), and the reference digests: each layer's weight as
 vptq 0.0.5.post1's `vptq.ops.quant_gemm.dequant` computes it (the torch path
-`quant_gemm` takes without CUDA kernels), in the centroids' fp16, and that
-value cast to bf16 and f32.
+`quant_gemm` takes without CUDA kernels), in the centroids' dtype, and that
+value cast to the other dtypes.
 
 The layers cover: residual codebooks with res_bits > index_bits (vptq's
 `unpack_index_tensor` masks the residual index with index_bits), res_bits <
@@ -48,7 +48,7 @@ from vptq.ops.quant_gemm import dequant  # noqa: E402
 from vptq.utils.pack import pack_index  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "..", "fixtures", "vptq-llama-f16")
+FIXTURES = os.path.join(HERE, "..", "fixtures")
 
 # (module, v, K, res K, group_num, outlier_size, outlier v, outlier K, perm, norm)
 LAYERS = {
@@ -87,7 +87,7 @@ def pack_bits(idx, ib, ridx, rb):
     return torch.bitwise_left_shift(out, wf1).sum(dim=-1).to(torch.uint32).view(torch.int32)
 
 
-def layer(name, lin, spec, g):
+def layer(name, lin, spec, g, dtype):
     v, k, rk, groups, osz, ov, ok, perm, norm = spec
     out_f, in_f = lin.out_features, lin.in_features
     gs = (in_f - osz) // groups
@@ -122,16 +122,16 @@ def layer(name, lin, spec, g):
         is_indice_packed=True,
         enable_proxy_error=False,
         bias=False,
-        dtype=torch.float16,
+        dtype=dtype,
     )
     n_idx = (out_f + (-out_f) % v) // v
     sd = {}
-    sd["centroids.weight"] = (torch.randn(groups, k * v, generator=g) * 0.05).half()
+    sd["centroids.weight"] = (torch.randn(groups, k * v, generator=g) * 0.05).to(dtype)
     idx = torch.randint(0, k, (groups, n_idx, gs), generator=g, dtype=torch.int64)
     ib = int(math.log2(k))
     if rk > 0:
         rb = int(math.log2(rk))
-        sd["res_centroids.weight"] = (torch.randn(groups, rk * v, generator=g) * 0.01).half()
+        sd["res_centroids.weight"] = (torch.randn(groups, rk * v, generator=g) * 0.01).to(dtype)
         ridx = torch.randint(0, rk, (groups, n_idx, gs), generator=g, dtype=torch.int64)
         if rb <= ib:
             packed = pack_index(
@@ -151,13 +151,13 @@ def layer(name, lin, spec, g):
     sd["indices"] = packed
     if osz > 0:
         o_n = (out_f + (-out_f) % ov) // ov
-        sd["outlier_centroids.weight"] = (torch.randn(1, ok * ov, generator=g) * 0.2).half()
+        sd["outlier_centroids.weight"] = (torch.randn(1, ok * ov, generator=g) * 0.2).to(dtype)
         sd["outlier_indices"] = torch.randint(0, ok, (1, o_n, osz), generator=g).to(torch.int16)
     if perm:
         sd["perm"] = torch.randperm(in_f, generator=g).to(torch.int16)
     if norm:
-        sd["weight_scale"] = (1.0 + 0.3 * torch.randn(in_f, generator=g)).half()
-        sd["weight_bias"] = (0.01 * torch.randn(in_f, generator=g)).half()
+        sd["weight_scale"] = (1.0 + 0.3 * torch.randn(in_f, generator=g)).to(dtype)
+        sd["weight_bias"] = (0.01 * torch.randn(in_f, generator=g)).to(dtype)
     m.load_state_dict(sd, strict=True, assign=True)
     for key, t in m.state_dict().items():
         assert key in sd and t.dtype == sd[key].dtype and t.shape == sd[key].shape, key
@@ -192,11 +192,18 @@ def layer(name, lin, spec, g):
         outlier_vector_len=ov,
         vector_quant_dim="out",
     )
-    assert w.dtype == torch.float16 and tuple(w.shape) == (out_f, in_f), (w.dtype, w.shape)
+    assert w.dtype == dtype and tuple(w.shape) == (out_f, in_f), (w.dtype, w.shape)
     return conf, sd, w
 
 
 def main():
+    # vptq-llama-f16, and the same draws in bf16 (every step rounded in bf16).
+    write(torch.float16, "f16", "float16")
+    write(torch.bfloat16, "bf16", "bfloat16")
+
+
+def write(dtype, short, torch_name):
+    out_dir = os.path.join(FIXTURES, f"vptq-llama-{short}")
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -211,40 +218,40 @@ def main():
         bos_token_id=1,
         eos_token_id=2,
     )
-    model = LlamaForCausalLM(config).to(torch.float16)
+    model = LlamaForCausalLM(config).to(dtype)
     state, layers, weights = {}, {}, {}
     for name, t in model.state_dict().items():
         module = name.rsplit(".", 1)[0]
         tail = module.split(".", 3)[-1] if module.startswith("model.layers.") else None
         if tail in LAYERS:
-            conf, sd, w = layer(module, model.get_submodule(module), LAYERS[tail], g)
+            conf, sd, w = layer(module, model.get_submodule(module), LAYERS[tail], g, dtype)
             layers[module] = conf
             weights[name] = w
             for key, p in sd.items():
                 state[f"{module}.{key}"] = p.contiguous()
         else:
             state[name] = t.contiguous()
-    os.makedirs(os.path.join(OUT, "model"), exist_ok=True)
-    save_file(state, os.path.join(OUT, "model", "model.safetensors"), metadata={"format": "pt"})
+    os.makedirs(os.path.join(out_dir, "model"), exist_ok=True)
+    save_file(state, os.path.join(out_dir, "model", "model.safetensors"), metadata={"format": "pt"})
     cfg = config.to_dict()
     cfg["architectures"] = ["LlamaForCausalLM"]
-    cfg["torch_dtype"] = "float16"
+    cfg["torch_dtype"] = torch_name
     cfg.pop("dtype", None)
     cfg["quantization_config"] = {
         "quant_method": "vptq",
         "config_for_layers": layers,
         "shared_layer_config": {},
     }
-    with open(os.path.join(OUT, "model", "config.json"), "w") as f:
+    with open(os.path.join(out_dir, "model", "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
     for out, dtype in (("f16", torch.float16), ("bf16", torch.bfloat16), ("f32", torch.float32)):
         want = {}
         for name, t in model.state_dict().items():
             # Copies are cast to the output dtype as the tool writes them.
             want[name] = entry((weights[name] if name in weights else state[name]).to(dtype))
-        with open(os.path.join(OUT, f"expected-{out}.digests.json"), "w") as f:
+        with open(os.path.join(out_dir, f"expected-{out}.digests.json"), "w") as f:
             json.dump(want, f, indent=1, sort_keys=True)
-    print("wrote", OUT, file=sys.stderr)
+    print("wrote", out_dir, file=sys.stderr)
 
 
 if __name__ == "__main__":

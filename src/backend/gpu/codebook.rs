@@ -99,15 +99,27 @@ fn out_kind(d: OutDtype) -> u32 {
 
 /// The words of `src` for `job`, or `None` where the kernel does not take
 /// it (slices, g_idx, positions past u32) or `cb` could compute an f32
-/// subnormal on a device that flushes them (`flushes`).
+/// subnormal on a device that flushes them (`flushes`: values under 2^-50).
 fn src_words(job: &DecodeJob<'_>, cb: &Codebook<'_>, flushes: bool) -> Option<Vec<u32>> {
     let rows = job.dims.rows;
     if job.dims.slices != 1 || job.g_idx.is_some() || job.transposed || cb.regions.is_empty() {
         return None;
     }
-    // 16-bit values and their f16 sums and products stay f32-normal;
-    // bf16's and f32's may not.
-    if flushes && cb.arith != Some(OutDtype::F16) {
+    // A device that may flush f32 subnormals gets the job only where none
+    // can arise: every value 0, not finite, or at least 2^-50 in magnitude
+    // makes every sum or difference (a multiple of 2^-73) and every
+    // product (2^-123 or more) normal.
+    let normal = |x: f32| x == 0.0 || !x.is_finite() || x.abs() >= 2f32.powi(-50);
+    let values_normal = |v: &Option<Values<'_>>| {
+        v.as_ref().is_none_or(|v| {
+            entries(v, rows, job.dims.cols).is_some_and(|n| (0..n).all(|i| normal(v.get(i))))
+        })
+    };
+    if flushes
+        && !(cb.table.iter().all(|&x| normal(x))
+            && values_normal(&job.scale)
+            && values_normal(&job.offset))
+    {
         return None;
     }
     let u = |x: usize| u32::try_from(x).ok();

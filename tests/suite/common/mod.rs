@@ -460,6 +460,7 @@ pub const CASES: &[&str] = &[
     "quark-mixed-exclude",
     "quark-mxfp4",
     "sharded-nvfp4a16",
+    "vptq-llama-bf16",
     "vptq-llama-f16",
     "w3a16-g16",
     "w4a16-asym-g128",
