@@ -398,6 +398,9 @@ fn plan_module<'c>(
         expect_dtype(&oi, &[Dtype::I16])?;
         let o_n = rows.div_ceil(ov);
         expect_shape(&oi, &[1, o_n, osz], "1 x ceil(out/vector_lens[0]) x outlier_size")?;
+        // Read now (a streamed checkpoint loads them first): every index
+        // is checked against the codebook.
+        oi.data()?;
         let base = table.len();
         table.extend(oc.floats()?);
         regions.push(Region {
@@ -483,7 +486,7 @@ fn inverse_perm(perm: &TensorRef<'_>, cols: usize) -> Result<std::sync::Arc<[u32
     expect_dtype(perm, &[Dtype::I16])?;
     expect_shape(perm, &[cols], "in_features")?;
     let mut inv = vec![u32::MAX; cols];
-    for (s, b) in perm.stored().chunks_exact(2).enumerate() {
+    for (s, b) in perm.data()?.chunks_exact(2).enumerate() {
         let c = u16::from_le_bytes([b[0], b[1]]) as usize;
         match inv.get_mut(c) {
             Some(slot) if *slot == u32::MAX => *slot = s as u32,

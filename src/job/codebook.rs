@@ -200,8 +200,10 @@ impl<'a> Codebook<'a> {
         acc
     }
 
-    /// Checks the geometry against `rows × cols` stored elements and
-    /// every index against its codebook and the table.
+    /// Checks the geometry against `rows × cols` stored elements and the
+    /// stored lengths, and every index of a term whose codebook holds fewer
+    /// than `2^bits` entries against it (its bytes must be loaded: a
+    /// planner reads them first, [`TensorRef::data`](crate::checkpoint::TensorRef::data)).
     pub fn check(&self, rows: usize, cols: usize) -> Result<(), Fault> {
         let geo = |s: &str| Err(Fault::Geometry(s.to_string()));
         let mut next = 0usize;
@@ -243,24 +245,34 @@ impl<'a> Codebook<'a> {
                 if last.is_none_or(|l| l > self.table.len()) {
                     return geo("a codebook lies past the table");
                 }
+                // The stored length (a streamed checkpoint's bytes may not
+                // be loaded yet).
+                let stored = match &t.data {
+                    Bytes::Stored(tr) => tr.len(),
+                    other => other.len(),
+                };
                 let end = t.end_bit(tiles_r, tiles_c);
-                if end.is_none_or(|e| e.div_ceil(8) > t.data.len() as u64) {
+                if end.is_none_or(|e| e.div_ceil(8) > stored as u64) {
                     return Err(Fault::Short {
                         region: ri,
                         term: ti_,
                     });
                 }
-                for ti in 0..tiles_r {
-                    for tj in 0..tiles_c {
-                        let index = t.index(ti, tj);
-                        if index as usize >= t.entries {
-                            return Err(Fault::Past {
-                                region: ri,
-                                term: ti_,
-                                ti,
-                                tj,
-                                index,
-                            });
+                // Indices of `bits` bits cannot pass a codebook of 2^bits
+                // entries or more: only smaller ones are read through.
+                if (t.entries as u64) < 1u64 << t.bits {
+                    for ti in 0..tiles_r {
+                        for tj in 0..tiles_c {
+                            let index = t.index(ti, tj);
+                            if index as usize >= t.entries {
+                                return Err(Fault::Past {
+                                    region: ri,
+                                    term: ti_,
+                                    ti,
+                                    tj,
+                                    index,
+                                });
+                            }
                         }
                     }
                 }

@@ -594,7 +594,7 @@ fn shaders_translate_for_every_backend() {
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
     // The decode module's fragments, in the order the host puts them
     // together (src/backend/gpu/shader.rs).
-    let fragments = ["protocol", "reads", "generic", "fast", "tile"];
+    let fragments = ["protocol", "numbers", "reads", "generic", "fast", "tile"];
     let decode_source = || {
         fragments
             .map(|f| read(&format!("decode/{f}.wgsl")))
@@ -632,6 +632,14 @@ fn shaders_translate_for_every_backend() {
             Capabilities::default(),
             &["copy_rows"],
         ),
+        // Vector codebooks (src/backend/gpu/codebook.rs): the encodings,
+        // then the kernel.
+        (
+            "codebook",
+            read("decode/numbers.wgsl") + &read("codebook.wgsl"),
+            Capabilities::default(),
+            &["codebook"],
+        ),
     ];
     // Every file is part of a module.
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -642,7 +650,8 @@ fn shaders_translate_for_every_backend() {
                 "matmul",
                 "no_subgroups.wgsl",
                 "subgroups.wgsl",
-                "gather.wgsl"
+                "gather.wgsl",
+                "codebook.wgsl"
             ]
             .contains(&file.as_str()),
             "shaders/{file} is in no module this test builds"
@@ -685,6 +694,11 @@ fn shaders_translate_for_every_backend() {
             // Routed experts' copies of rows: no constants.
             (
                 "copy_rows".to_string(),
+                naga::back::PipelineConstants::default(),
+            ),
+            // The codebook kernel: no constants.
+            (
+                "codebook".to_string(),
                 naga::back::PipelineConstants::default(),
             ),
         ];

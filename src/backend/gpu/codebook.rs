@@ -225,8 +225,10 @@ fn entries(v: &Values<'_>, rows: usize, cols: usize) -> Option<usize> {
 }
 
 impl GpuDecoder {
-    /// Rows `rows` of codebook job `job` in a new buffer of [`OUTPUT_USAGE`]
-    /// on this device; `None` where the kernel does not take the job.
+    /// Rows `rows` of codebook job `job` in a new buffer of
+    /// [`OUTPUT_USAGE`](super::OUTPUT_USAGE) on this device; `None` where the
+    /// kernel does not take the job (the CPU decodes it), a GPU-001 error
+    /// where it does not fit the device's bindings.
     pub(super) async fn codebook_buffer(
         &self,
         job: &DecodeJob<'_>,
@@ -248,7 +250,9 @@ impl GpuDecoder {
         let unit = align / gcd(row_bytes.max(1), align);
         let step = ((cap / row_bytes.max(1)) / unit * unit) as usize;
         if src_bytes > cap || step == 0 {
-            return Ok(None);
+            return Err(gpu_err(format!(
+                "a codebook job needs {src_bytes} bytes of description, table and indices in one binding and a row of {row_bytes} output bytes, beyond this device's {cap}-byte bindings"
+            )));
         }
         let dest = self.output_buffer(out_bytes)?;
         self.dispatched[4].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
