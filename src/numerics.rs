@@ -216,7 +216,7 @@ pub(crate) fn f32_bits(x: f32) -> u32 {
 #[inline]
 pub(crate) fn f32_to_bf16(x: f32) -> u16 {
     // Round to nearest even on the bits, as the shaders do
-    // (shaders/decode/generic.wgsl's bf16_carry); without a branch, so
+    // (shaders/decode/numbers.wgsl's bf16_carry); without a branch, so
     // loops of it vectorize.
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;

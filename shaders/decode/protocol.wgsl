@@ -19,9 +19,9 @@
 // The module is these fragments of shaders/decode/, put together in this
 // order by the host (src/backend/gpu/shader.rs):
 // protocol.wgsl (this file: the values, structs and bindings the host
-// writes), reads.wgsl (fields and grid entries read from `src`),
-// generic.wgsl (DecodeJob::value step by step, the output dtypes and the
-// generic kernel), fast.wgsl (the fast kernel) and tile.wgsl (the tile
+// writes), numbers.wgsl (f16 widened, f32 rounded to the output dtypes),
+// reads.wgsl (fields and grid entries read from `src`),
+// generic.wgsl (DecodeJob::value step by step and the generic kernel), fast.wgsl (the fast kernel) and tile.wgsl (the tile
 // kernel). The products (shaders/matmul/) append themselves to the same
 // module.
 

@@ -67,19 +67,6 @@ fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
     return v;
 }
 
-// IEEE half bits -> f32, exact (job::f16_to_f32). Without branches, which
-// llvmpipe would run all of for every lane: a subnormal m · 2^-24 is exact
-// in f32, and infinities and NaNs keep their payload.
-fn f16_to_f32(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    let normal = ((e + 112u) << 23u) | (m << 13u);
-    let special = select(normal, 0x7f800000u | (m << 13u), e == 0x1fu);
-    let sub = bitcast<u32>(f32(m) * 5.9604644775390625e-8);
-    return bitcast<f32>(sign | select(special, sub, e == 0u));
-}
-
 fn group_of(g: Grid, col: u32) -> u32 {
     if (p.gidx != NO_G_IDX) {
         return src[p.gidx + col];

@@ -267,6 +267,7 @@ impl Weight {
             },
             sparse: None,
             transposed: false,
+            codebook: None,
             out,
         }
     }

@@ -60,6 +60,8 @@ formats! {
     Gemma(gemma) by "gemma",
     /// SINQ (`quant_method: "sinq"`): sinq's SINQLinear state dicts.
     Sinq(sinq) by "sinq",
+    /// VPTQ vector codebooks (`quant_method: "vptq"`).
+    Vptq(vptq) by "vptq",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

@@ -35,12 +35,14 @@ use crate::numerics::OutDtype;
 /// and scale tables: E2M1 (FP4), FP8 E4M3 (fn), E8M0.
 pub use crate::numerics::{e2m1, e4m3, e8m0};
 
+mod codebook;
 mod fields;
 mod low_rank;
 mod normal;
 mod sparse;
 mod values;
 
+pub use codebook::{Codebook, Fault, Region, Term, MAX_INDEX_BITS, MAX_TERMS};
 use fields::div;
 #[cfg(test)]
 pub(crate) use fields::AWQ_SLOT;
@@ -197,6 +199,10 @@ pub struct DecodeJob<'a> {
     /// ([`DecodeJob::stored_dims`]). AutoAWQ stores `[in, out]`, GPT-OSS's
     /// experts `[E, out, in]` of a dense `[E, in, out]`.
     pub transposed: bool,
+    /// The values are vectors gathered from a codebook table ([`Codebook`]):
+    /// `codes`, `code_values`, `zero` and the rest of the code path are
+    /// not read; `scale` and `offset` are, in the codebook's arithmetic.
+    pub codebook: Option<Codebook<'a>>,
 }
 
 /// A job starts as codes read through `code_values`; the `with_…` methods
@@ -225,7 +231,16 @@ impl<'a> DecodeJob<'a> {
             out,
             sparse: None,
             transposed: false,
+            codebook: None,
         }
+    }
+
+    /// A job whose values are gathered from `codebook` (see [`Codebook`]):
+    /// no codes are read.
+    pub fn with_codebook(dims: Dims, codebook: Codebook<'a>, out: OutDtype) -> Self {
+        let mut job = DecodeJob::new(dims, Fields::dense(Vec::new(), 1, 0), vec![0.0f32; 2], out);
+        job.codebook = Some(codebook);
+        job
     }
 
     /// Reads the codes through a bitmask (see [`Sparse`]): `codes` then holds
@@ -319,7 +334,7 @@ impl<'a> DecodeJob<'a> {
             5..=8 => 8,
             _ => return None,
         };
-        if self.g_idx.is_some() {
+        if self.g_idx.is_some() || self.codebook.is_some() {
             return None;
         }
         if !self.transposed {
@@ -416,6 +431,7 @@ impl<'a> DecodeJob<'a> {
             out: self.out,
             sparse: None,
             transposed: false,
+            codebook: None,
         })
     }
 
@@ -452,7 +468,7 @@ impl<'a> DecodeJob<'a> {
             && self.low_rank.is_none();
         let total = slices.checked_mul(rows)?.checked_mul(cols)?;
         let view = (slices, rows, cols) != (1, n, k) && total == n.checked_mul(k)?;
-        if !view || !plain || self.transposed || k == 0 {
+        if !view || !plain || self.transposed || k == 0 || self.codebook.is_some() {
             return None;
         }
         if !stream {
@@ -537,6 +553,9 @@ impl<'a> DecodeJob<'a> {
     /// rounding.
     #[inline]
     pub fn value(&self, slice: usize, row: usize, col: usize) -> f32 {
+        if let Some(cb) = &self.codebook {
+            return self.codebook_value(cb, slice, row, col);
+        }
         let (row, col) = if self.transposed {
             (col, row)
         } else {

@@ -142,6 +142,15 @@ impl<'a> Output<'a> {
                 Some(ZeroPoint::Plain(z)) => add(&z.data),
                 None => {}
             }
+            // A codebook's indices (its table is made on the host); terms
+            // that share a tensor (VPTQ's main and residual) list it once.
+            for r in job.codebook.iter().flat_map(|c| &c.regions) {
+                for t in r.terms.iter().filter_map(|t| t.data.tensor()) {
+                    if !v.iter().any(|x| x.name == t.name) {
+                        v.push(t);
+                    }
+                }
+            }
         }
         let mut v = Vec::new();
         match &self.source {

@@ -130,6 +130,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("hqq") => "hqq",
             Some("gemma") => "gemma",
             Some("sinq") => "sinq",
+            Some("vptq") => "vptq",
             Some("quark") => "quark",
             _ => "compressed-tensors",
         }

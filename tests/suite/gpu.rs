@@ -95,6 +95,12 @@ fn fixtures_take_the_fast_kernels() {
                     ran.0 > 0 && ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the fast and the generic kernels"
                 );
+            } else if case.starts_with("vptq") {
+                let codebook = after.codebook - before.codebook;
+                assert!(
+                    ran == (0, 0, 0) && codebook > 0 && after.cpu == before.cpu,
+                    "{case}: ran {ran:?}, {codebook} codebook calls, wanted the codebook kernel alone"
+                );
             } else if generic || case.starts_with("modelopt") && case.ends_with("awq") {
                 assert!(
                     ran.0 == 0 && ran.1 > 0 && ran.2 == 0,
@@ -453,6 +459,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
         sparse: None,
         transposed: false,
         out,
+        codebook: None,
     }
 }
 
@@ -572,6 +579,7 @@ fn decode_to_buffer_matches_cpu() {
                 sparse: None,
                 transposed: false,
                 out,
+                codebook: None,
             };
             let decoder = GpuDecoder::open(&adapter)
                 .unwrap()
@@ -608,7 +616,7 @@ fn shaders_translate_for_every_backend() {
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
     // The decode module's fragments, in the order the host puts them
     // together (src/backend/gpu/shader.rs).
-    let fragments = ["protocol", "reads", "generic", "fast", "tile"];
+    let fragments = ["protocol", "numbers", "reads", "generic", "fast", "tile"];
     let decode_source = || {
         fragments
             .map(|f| read(&format!("decode/{f}.wgsl")))
@@ -646,6 +654,14 @@ fn shaders_translate_for_every_backend() {
             Capabilities::default(),
             &["copy_rows"],
         ),
+        // Vector codebooks (src/backend/gpu/codebook.rs): the encodings,
+        // then the kernel.
+        (
+            "codebook",
+            read("decode/numbers.wgsl") + &read("codebook.wgsl"),
+            Capabilities::default(),
+            &["codebook"],
+        ),
     ];
     // Every file is part of a module.
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -656,7 +672,8 @@ fn shaders_translate_for_every_backend() {
                 "matmul",
                 "no_subgroups.wgsl",
                 "subgroups.wgsl",
-                "gather.wgsl"
+                "gather.wgsl",
+                "codebook.wgsl"
             ]
             .contains(&file.as_str()),
             "shaders/{file} is in no module this test builds"
@@ -699,6 +716,11 @@ fn shaders_translate_for_every_backend() {
             // Routed experts' copies of rows: no constants.
             (
                 "copy_rows".to_string(),
+                naga::back::PipelineConstants::default(),
+            ),
+            // The codebook kernel: no constants.
+            (
+                "codebook".to_string(),
                 naga::back::PipelineConstants::default(),
             ),
         ];

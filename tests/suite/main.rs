@@ -44,4 +44,5 @@ mod svdquant;
 mod synthetic;
 mod transform;
 mod upload;
+mod vptq;
 mod writers;

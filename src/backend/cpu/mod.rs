@@ -62,6 +62,9 @@ pub enum Way {
 pub fn way(job: &DecodeJob<'_>) -> Way {
     // The way does not depend on the instructions.
     let isa = simd::Isa::detect();
+    if job.codebook.is_some() {
+        return Way::Elements;
+    }
     match (
         rows_of(job, isa),
         job.transposed || job.codes.word_bits != 32,
@@ -116,7 +119,9 @@ impl Backend for Cpu {
         }
         // Read once for the whole call: every kernel of it agrees.
         let isa = simd::Isa::of(self.kernels);
-        if let Some(plan) = rows_of(job, isa) {
+        // Codebook jobs gather vectors: element by element.
+        let coded = job.codebook.is_none();
+        if let Some(plan) = rows_of(job, isa).filter(|_| coded) {
             let plan = plan.streaming(out.len() >= STREAM_BYTES);
             let rows_per_task = plan.rows_per_task(job.dims.cols, TASK_ELEMENTS);
             out.par_chunks_mut(rows_per_task * row_bytes)
@@ -129,7 +134,7 @@ impl Backend for Cpu {
                 });
             return Ok(());
         }
-        if let Some(tiles) = tiles::Tiles::of(job, isa) {
+        if let Some(tiles) = tiles::Tiles::of(job, isa).filter(|_| coded) {
             let rows_per_task = tiles.rows_per_task(job.dims.cols);
             out.par_chunks_mut(rows_per_task * row_bytes)
                 .enumerate()

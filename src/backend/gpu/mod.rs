@@ -10,6 +10,7 @@
 //! and `matmul` multiplies with packed weights.
 
 mod adapter;
+mod codebook;
 mod layout;
 mod matmul;
 mod shader;
@@ -107,8 +108,11 @@ pub struct Dispatches {
     /// dimension, one output tile per workgroup).
     pub tiled: u64,
     /// Calls decoded on the CPU instead, where a subnormal could be
-    /// flushed ([`DecodeJob::stays_normal`]).
+    /// flushed ([`DecodeJob::stays_normal`]), or a codebook job the
+    /// codebook kernel does not take.
     pub cpu: u64,
+    /// Calls run by the codebook kernel ([`crate::job::Codebook`]).
+    pub codebook: u64,
 }
 
 /// Decodes on a wgpu device: the app's own ([`GpuDecoder::new`]), or one
@@ -133,13 +137,15 @@ pub struct GpuDecoder {
     /// (any but a CPU adapter: WGSL allows it, and NVIDIA's Vulkan driver
     /// does): jobs that could compute one are decoded on the CPU.
     flushes: bool,
-    dispatched: [AtomicU64; 4],
+    dispatched: [AtomicU64; 5],
     limits: Limits,
     /// Idle pairs of slots; each call takes one, so calls from several
     /// threads run at once and keep the queue full between them.
     slots: std::sync::Mutex<Vec<[Slot; 2]>>,
     /// The products with packed weights' layouts and pipelines.
     gemv: matmul::Pipelines,
+    /// The codebook kernel, built on first use.
+    codebook: codebook::Kernel,
 }
 
 impl GpuDecoder {
@@ -167,6 +173,7 @@ impl GpuDecoder {
             dispatched: Default::default(),
             slots: Default::default(),
             gemv: matmul::Pipelines::new(device),
+            codebook: codebook::Kernel::new(),
         }
     }
 
@@ -259,6 +266,7 @@ impl GpuDecoder {
             generic: self.dispatched[1].load(Ordering::Relaxed),
             tiled: self.dispatched[2].load(Ordering::Relaxed),
             cpu: self.dispatched[3].load(Ordering::Relaxed),
+            codebook: self.dispatched[4].load(Ordering::Relaxed),
         }
     }
 
@@ -552,6 +560,22 @@ impl GpuDecoder {
         out: &mut [u8],
     ) -> Result<()> {
         crate::backend::check_rows(job, &rows, out)?;
+        if let Some(cb) = &job.codebook {
+            return match self.codebook_buffer(job, cb, rows.clone()).await? {
+                Some(buffer) => {
+                    let bytes = self.read_back_async(&buffer).await?;
+                    let got = bytes
+                        .get(..out.len())
+                        .ok_or_else(|| gpu_err("readback shorter than its destination"))?;
+                    out.copy_from_slice(got);
+                    Ok(())
+                }
+                None => {
+                    self.dispatched[3].fetch_add(1, Ordering::Relaxed);
+                    crate::backend::Cpu::new().decode_rows(job, rows, out)
+                }
+            };
+        }
         if self.on_cpu(job, rows.clone()) {
             return crate::backend::Cpu::new().decode_rows(job, rows, out);
         }
@@ -672,6 +696,17 @@ impl GpuDecoder {
     /// [`OUTPUT_USAGE`]: bind it as a storage buffer, or copy from it.
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) async fn decode_to_buffer_async(&self, job: &DecodeJob<'_>) -> Result<wgpu::Buffer> {
+        if let Some(cb) = &job.codebook {
+            if let Some(buffer) = self
+                .codebook_buffer(job, cb, 0..job.dims.total_rows())
+                .await?
+            {
+                return Ok(buffer);
+            }
+            self.dispatched[3].fetch_add(1, Ordering::Relaxed);
+            let bytes = crate::backend::Cpu::new().decode(job)?;
+            return self.upload_async(&bytes).await;
+        }
         if self.on_cpu(job, 0..job.dims.total_rows()) {
             let bytes = crate::backend::Cpu::new().decode(job)?;
             return self.upload_async(&bytes).await;
@@ -810,6 +845,9 @@ impl GpuDecoder {
 /// The fast kernel that takes `job`: the straight one, or the tile kernel
 /// for codes packed along the input dimension; `None` for the generic one.
 fn fast_kernel(job: &DecodeJob<'_>) -> Option<Kernel> {
+    if job.codebook.is_some() {
+        return None;
+    }
     Fast::for_job(job)
         .map(Kernel::Fast)
         .or_else(|| Tile::for_job(job).map(Kernel::Tile))

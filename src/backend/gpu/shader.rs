@@ -10,6 +10,7 @@ use super::layout;
 /// keeps it one `&'static str` built at compile time, on the web too.
 pub(super) const SHADER: &str = concat!(
     include_str!("../../../shaders/decode/protocol.wgsl"),
+    include_str!("../../../shaders/decode/numbers.wgsl"),
     include_str!("../../../shaders/decode/reads.wgsl"),
     include_str!("../../../shaders/decode/generic.wgsl"),
     include_str!("../../../shaders/decode/fast.wgsl"),

@@ -668,6 +668,7 @@ impl RandomJob {
             sparse: None,
             transposed: false,
             out: self.out,
+            codebook: None,
         };
         if self.transposed {
             job.transpose()

@@ -467,6 +467,8 @@ pub const CASES: &[&str] = &[
     "quark-mxfp4",
     "sharded-nvfp4a16",
     "sinq-mixed-bf16",
+    "vptq-llama-bf16",
+    "vptq-llama-f16",
     "w3a16-g16",
     "w4a16-asym-g128",
     "w4a16-g128",
