@@ -5,7 +5,11 @@
 //! points stored as they are: AutoRound's asymmetric default) and
 //! `auto_round:auto_awq` (AutoAWQ's GEMM layout: the AWQ format's job).
 //! AutoRound's `extra_config` gives modules their own scheme or leaves them
-//! dense (module gptq_dynamic).
+//! dense (module gptq_dynamic). AutoRound's FP exports
+//! (`auto_round:llm_compressor`: NVFP4, MXFP4, MXFP8;
+//! `auto_round:llm_compressor_nvfp4_e5m3`: NVFP4 with E5M3 scales) store
+//! compressed-tensors-style tensors and map onto the FP4 / FP8 jobs
+//! (`fp_job`).
 //!
 //! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8), `in` inputs,
 //! `out` outputs and `G` groups stores:
@@ -54,13 +58,15 @@ use serde_json::Value;
 
 use super::gptq_dynamic::{self, DynamicRule};
 use super::{
-    check_extent, decoded_output, expect_dtype, expect_shape, float_kind, matrix_dims,
-    modules_with, only_setting, plan_each, require, Modules, QuantConfig,
+    byte_table, check_extent, decoded_output, e2m1_values, expect_dtype, expect_shape, float_kind,
+    fp4_codes, fp8_job,
+    grid_values, matrix_dims, modules_with, only_setting, plan_each, require, scalar_f32, Modules,
+    QuantConfig, ScaleLayout,
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule, Warning};
 use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, ValueKind, Values, ZeroPoint};
-use crate::numerics::OutDtype;
+use crate::numerics::{self, OutDtype};
 use crate::output::Output;
 
 /// What this format module reads (`wgpu-dequant formats`).
@@ -71,7 +77,7 @@ pub const SUPPORT: super::Support = super::Support {
     modes: &[
         "gptq (v1)",
         "gptq_v2",
-        "auto-round (auto_gptq, auto_round, auto_awq packing)",
+        "auto-round (auto_gptq, auto_round, auto_awq packing; llm_compressor NVFP4, MXFP4, MXFP8, NVFP4 E5M3)",
     ],
 };
 
@@ -98,6 +104,21 @@ pub enum Packing {
     /// AutoAWQ's GEMM layout (`qweight` `[in, out/8]`), AutoRound's
     /// `auto_round:auto_awq`.
     Awq,
+    /// AutoRound's NVFP4 (`data_type: "nv_fp"`, packing
+    /// `auto_round:llm_compressor`): `weight_packed` E2M1 nibbles,
+    /// `weight_scale` E4M3 per 16 columns, `weight_global_scale` f32.
+    Nvfp4,
+    /// AutoRound's MXFP4 (`data_type: "mx_fp"`, 4 bits): `weight_packed`
+    /// E2M1 nibbles, `weight_scale` E8M0 per 32 columns.
+    Mxfp4,
+    /// AutoRound's MXFP8 (`data_type: "mx_fp"`, 8 bits): `weight` E4M3,
+    /// `weight_scale` E8M0 per 32 columns.
+    Mxfp8,
+    /// AutoRound's NVFP4 with E5M3 scales (`data_type: "nvfp4_v2"`, packing
+    /// `auto_round:llm_compressor_nvfp4_e5m3`): `weight_packed` E2M1
+    /// nibbles, `weight_scale` unsigned E5M3 bytes per 16 columns, no
+    /// global scale.
+    Nvfp4E5m3,
 }
 
 /// A GPTQ quantization config.
@@ -140,12 +161,95 @@ struct Raw {
     checkpoint_format: Option<String>,
     format: Option<String>,
     packing_format: Option<String>,
+    data_type: Option<String>,
     pack_dtype: Option<String>,
     dynamic: Option<Value>,
     extra_config: Option<Value>,
     block_name_to_quantize: Option<Value>,
     meta: Option<Value>,
 }
+
+/// AutoRound's FP export (`packing_format: "auto_round:llm_compressor"`):
+/// NVFP4 (`data_type: "nv_fp"`, 4 bits, group 16), MXFP4 and MXFP8
+/// (`mx_fp`, 4 or 8 bits, group 32); `e5m3_packing`: packing
+/// `auto_round:llm_compressor_nvfp4_e5m3`, NVFP4 with E5M3 scales
+/// (`nvfp4_v2`), which the data type must agree with.
+/// The activation settings (`act_bits` 4, `input_global_scale`) belong to
+/// the activations, which a dense checkpoint does not quantize.
+fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Config> {
+    let path = q.path;
+    let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, what));
+    let data_type = raw.data_type.as_deref().unwrap_or("int").to_ascii_lowercase();
+    let bits = raw.bits.unwrap_or(4);
+    if e5m3_packing != (data_type == "nvfp4_v2") {
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            format!(
+                "packing_format {:?} and data_type {data_type:?} disagree (nvfp4_v2 is packed auto_round:llm_compressor_nvfp4_e5m3)",
+                raw.packing_format.as_deref().unwrap_or_default()
+            ),
+        ));
+    }
+    let (packing, group) = match (data_type.as_str(), bits) {
+        ("nv_fp" | "nv_fp4", 4) => (Packing::Nvfp4, NVFP4_GROUP),
+        ("nvfp4_v2", 4) => (Packing::Nvfp4E5m3, NVFP4_GROUP),
+        ("mx_fp" | "mx_fp4", 4) => (Packing::Mxfp4, MX_GROUP),
+        ("mx_fp" | "mx_fp8" | "mx_fp8e4m3", 8) => (Packing::Mxfp8, MX_GROUP),
+        (t @ ("nv_fp" | "nv_fp4" | "nvfp4_v2" | "mx_fp" | "mx_fp4" | "mx_fp8" | "mx_fp8e4m3"), b) => {
+            return unsupported(format!(
+                "AutoRound data_type {t:?} at {b} bits is not decoded (only nv_fp and nvfp4_v2 at 4 bits, mx_fp at 4 and 8)"
+            ))
+        }
+        (other, _) => {
+            return unsupported(format!(
+                "AutoRound data_type {other:?} in packing auto_round:llm_compressor is not decoded (only nv_fp NVFP4, nvfp4_v2 and mx_fp MXFP4/MXFP8)"
+            ))
+        }
+    };
+    let group_size = super::group_size(raw.group_size, path)?;
+    if group_size != Some(group) {
+        return unsupported(format!(
+            "AutoRound {data_type} group_size {} is not decoded ({data_type} scales groups of {group})",
+            raw.group_size.unwrap_or(-1)
+        ));
+    }
+    if raw.sym == Some(false) {
+        return unsupported(format!(
+            "AutoRound {data_type} with sym false is not decoded (FP codes have no zero point)"
+        ));
+    }
+    if is_set(&raw.extra_config) || is_set(&raw.dynamic) {
+        return unsupported(
+            "`extra_config` in an AutoRound FP (llm_compressor packing) config is not decoded".into(),
+        );
+    }
+    if let Some(v) = ["super_bits", "super_group_size", "rotation_config"]
+        .iter()
+        .find_map(|k| q.value.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
+    {
+        return unsupported(format!("AutoRound config gives {} {}, which is not decoded", v.0, v.1));
+    }
+    Ok(Config {
+        path: path.to_path_buf(),
+        producer: Producer::AutoRound,
+        bits,
+        group_size,
+        desc_act: false,
+        sym: true,
+        v1: false,
+        packing,
+        quantizer: Vec::new(),
+        dynamic: Vec::new(),
+        blocks: None,
+    })
+}
+
+/// Columns per NVFP4 scale.
+const NVFP4_GROUP: usize = 16;
+
+/// Columns per MX scale (the MX block).
+const MX_GROUP: usize = 32;
 
 /// Whether a config value is set to something (not absent, null or empty).
 fn is_set(v: &Option<Value>) -> bool {
@@ -210,9 +314,11 @@ impl Config {
                     // qlinear_torch: zero points as they are.
                     "auto_round" => false,
                     "auto_round:auto_awq" => false,
+                    "auto_round:llm_compressor" => return fp_config(q, &raw, false),
+                    "auto_round:llm_compressor_nvfp4_e5m3" => return fp_config(q, &raw, true),
                     other => {
                         return unsupported(format!(
-                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round and auto_round:auto_awq)"
+                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round, auto_round:auto_awq, auto_round:llm_compressor and auto_round:llm_compressor_nvfp4_e5m3)"
                         ))
                     }
                 }
@@ -381,6 +487,13 @@ impl Config {
     /// For people: `int4 group 128 sym v1` (AWQ packing: `int4 group 32
     /// asym`).
     pub fn describe(&self) -> String {
+        match self.packing {
+            Packing::Nvfp4 => return "nvfp4 fp4 e4m3-scale/global group 16".into(),
+            Packing::Mxfp4 => return "mxfp4 fp4 e8m0-scale group 32".into(),
+            Packing::Mxfp8 => return "mxfp8 fp8 e8m0-scale group 32".into(),
+            Packing::Nvfp4E5m3 => return "nvfp4_v2 fp4 e5m3-scale group 16".into(),
+            _ => {}
+        }
         if self.packing == Packing::Awq {
             return format!(
                 "int{} {} {}",
@@ -410,6 +523,12 @@ impl Config {
         match (self.producer, self.packing, self.v1) {
             (Producer::Gptq, _, _) => "gptq",
             (Producer::AutoRound, Packing::Awq, _) => "auto-round (auto_awq packing)",
+            (Producer::AutoRound, Packing::Nvfp4E5m3, _) => {
+                "auto-round (llm_compressor_nvfp4_e5m3 packing)"
+            }
+            (Producer::AutoRound, Packing::Nvfp4 | Packing::Mxfp4 | Packing::Mxfp8, _) => {
+                "auto-round (llm_compressor packing)"
+            }
             (Producer::AutoRound, _, true) => "auto-round (auto_gptq packing)",
             (Producer::AutoRound, _, false) => "auto-round (auto_round packing)",
         }
@@ -426,6 +545,26 @@ impl Config {
 
 /// The decoded modules: every module with a `qweight`.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
+    if let Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 = cfg.packing {
+        let (holder, params): (&str, &[&str]) = match cfg.packing {
+            Packing::Mxfp8 => ("weight_scale", &["weight", "weight_scale"]),
+            _ => (
+                "weight_packed",
+                &["weight_packed", "weight_scale", "weight_global_scale"],
+            ),
+        };
+        return plan_each(
+            ckpt,
+            modules_with(ckpt, holder),
+            params,
+            |_| None,
+            |m, _| {
+                let (job, shard) = fp_job(cfg.packing, ckpt, m, dtype)?;
+                let shape = vec![job.dims.rows, job.dims.cols];
+                Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
+            },
+        );
+    }
     let mut found = plan_each(
         ckpt,
         modules_with(ckpt, "qweight"),
@@ -438,6 +577,9 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             let (job, shard) = match cfg.packing {
                 Packing::Gptq => module_job(&cfg, ckpt, m, dtype)?,
                 Packing::Awq => awq_job(&cfg, ckpt, m, dtype)?,
+                Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 => {
+                    fp_job(cfg.packing, ckpt, m, dtype)?
+                }
             };
             let shape = vec![job.dims.rows, job.dims.cols];
             Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
@@ -459,6 +601,89 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
         }
     }
     found
+}
+
+/// An AutoRound FP module. NVFP4: `weight_packed` U8 `[out, in/2]` (E2M1
+/// nibbles, low first), `weight_scale` F8_E4M3 `[out, in/16]`,
+/// `weight_global_scale` F32 `[1]`; AutoRound's `NVFP4QuantLinear`
+/// computes `(q · g⁻¹) · s` in f32 with `g⁻¹ = 1/g` (0 where g is 0): the
+/// reciprocal goes into the code table, so the job's one f32 product with
+/// the E4M3 scale is the second multiply. MXFP4 (`weight_packed`) and
+/// MXFP8 (`weight` F8_E4M3): `weight_scale` U8 E8M0 `[out, in/32]`;
+/// `MXQuantLinearBase.dequant_mx_tensor` multiplies `q · 2^(e − 127)` in
+/// f32. Each value is rounded once to the output.
+fn fp_job<'c>(
+    packing: Packing,
+    ckpt: &'c Checkpoint,
+    module: &str,
+    out: OutDtype,
+) -> Result<(DecodeJob<'c>, usize)> {
+    let weight = match packing {
+        Packing::Mxfp8 => "weight",
+        _ => "weight_packed",
+    };
+    let w = require(ckpt, module, weight)?;
+    let scale_t = require(ckpt, module, "weight_scale")?;
+    if packing == Packing::Mxfp8 {
+        expect_dtype(&w, &[Dtype::F8_E4M3])?;
+        expect_dtype(&scale_t, &[Dtype::U8])?;
+        let (rows, cols) = matrix_dims(&w, "a [out, in] matrix is expected")?;
+        let dims = Dims {
+            slices: 1,
+            rows,
+            cols,
+        };
+        let scale = grid_values(
+            scale_t,
+            byte_table(numerics::e8m0),
+            ScaleLayout::Group(MX_GROUP),
+            dims,
+        )?;
+        return Ok((fp8_job(&w, dims, out).with_scale(scale), w.shard));
+    }
+    expect_dtype(&w, &[Dtype::U8])?;
+    let (rows, width) = matrix_dims(&w, "a [out, in/2] matrix is expected")?;
+    let dims = Dims {
+        slices: 1,
+        rows,
+        cols: width.saturating_mul(2),
+    };
+    let codes = fp4_codes(&w, dims)?;
+    let (values, table, group) = if packing == Packing::Nvfp4 {
+        expect_dtype(&scale_t, &[Dtype::F8_E4M3])?;
+        let global_t = require(ckpt, module, "weight_global_scale")?;
+        let global = scalar_f32(&global_t)?;
+        if !global.is_finite() {
+            return Err(global_t.error(
+                Rule::TensorValue,
+                format!("global scale {global} is not finite"),
+            ));
+        }
+        let inv = if global == 0.0 { 0.0 } else { 1.0 / global };
+        let values: Vec<f32> = (0..16u8).map(|c| numerics::e2m1(c) * inv).collect();
+        (values, byte_table(numerics::e4m3), NVFP4_GROUP)
+    } else if packing == Packing::Nvfp4E5m3 {
+        expect_dtype(&scale_t, &[Dtype::U8])?;
+        (e2m1_values(), byte_table(ue5m3), NVFP4_GROUP)
+    } else {
+        expect_dtype(&scale_t, &[Dtype::U8])?;
+        (e2m1_values(), byte_table(numerics::e8m0), MX_GROUP)
+    };
+    let scale = grid_values(scale_t, table, ScaleLayout::Group(group), dims)?;
+    Ok((DecodeJob::new(dims, codes, values, out).with_scale(scale), w.shard))
+}
+
+/// An unsigned E5M3 byte as auto-round's `e5m3_to_float_tensor` reads it:
+/// 0x00 is 0, exponent 0 subnormal (`m/8 · 2^−14`), `0xFF` NaN, otherwise
+/// `(1 + m/8) · 2^(e − 15)`. Every value is exact in f32.
+fn ue5m3(b: u8) -> f32 {
+    let e = i32::from(b >> 3);
+    let m = f32::from(b & 7);
+    match (e, b & 7) {
+        (31, 7) => f32::NAN,
+        (0, _) => m / 8.0 * 2f32.powi(-14),
+        _ => (1.0 + m / 8.0) * 2f32.powi(e - 15),
+    }
 }
 
 /// A module a `-:` rule (an `extra_config` entry of bits 16) says is
@@ -706,6 +931,21 @@ fn module_job<'c>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every E5M3 byte reads as auto-round 0.16.1's `e5m3_to_float_tensor`
+    /// reads it: the sha256 of its 256 f32 values (little-endian), and a few
+    /// of them.
+    #[test]
+    fn ue5m3_is_autorounds_table() {
+        use sha2::{Digest, Sha256};
+        let bytes: Vec<u8> = (0..=255u8).flat_map(|b| ue5m3(b).to_le_bytes()).collect();
+        let hex: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "c0bfcd164f069816b06dfac48bb282b465760b55080c35c3ab5d0a1aebc06124");
+        assert_eq!(ue5m3(1), 7.629_394_5e-6);
+        assert_eq!(ue5m3(0x78), 1.0);
+        assert_eq!(ue5m3(0xFE), 114_688.0);
+        assert!(ue5m3(0xFF).is_nan());
+    }
 
     /// A true zero point of 0 stored by GPTQModel's writer (one 32-bit
     /// subtraction, borrowing from the next field) comes back as 0 and the

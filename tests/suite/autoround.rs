@@ -251,3 +251,207 @@ fn autoround_malformed_refused() {
         assert!(!e.to_string().contains('\n'), "{what}: {e}");
     }
 }
+
+/// AutoRound's FP exports (`packing_format: "auto_round:llm_compressor"`),
+/// made by auto-round 0.16.1 itself (tests/autoround/make_fp_fixture.py);
+/// the reference bytes are its `NVFP4QuantLinear` / `MXFP4QuantLinear` /
+/// `MXFP8QuantLinear` / `NVFP4E5M3QuantLinear` `dequant_weight_online()` of
+/// what it wrote.
+const FP_CASES: [(&str, &str); 4] = [
+    (
+        "autoround-nvfp4-bf16",
+        "(llm_compressor packing) nvfp4 fp4 e4m3-scale/global group 16",
+    ),
+    (
+        "autoround-mxfp4-bf16",
+        "(llm_compressor packing) mxfp4 fp4 e8m0-scale group 32",
+    ),
+    (
+        "autoround-mxfp8-bf16",
+        "(llm_compressor packing) mxfp8 fp8 e8m0-scale group 32",
+    ),
+    (
+        "autoround-nvfp4e5m3-bf16",
+        "(llm_compressor_nvfp4_e5m3 packing) nvfp4_v2 fp4 e5m3-scale group 16",
+    ),
+];
+const NVFP4: &str = "autoround-nvfp4-bf16";
+
+#[test]
+fn autoround_fp_matches_its_dequantizer_on_cpu() {
+    for (case, _) in FP_CASES {
+        matches_autoround(case, BackendChoice::Cpu);
+    }
+}
+
+#[test]
+fn autoround_fp_matches_its_dequantizer_on_gpu() {
+    gpu_test(|_| {
+        for (case, _) in FP_CASES {
+            matches_autoround(case, BackendChoice::Gpu);
+        }
+    });
+}
+
+/// Every quantized module has the export's scheme, named with its packing;
+/// nothing is warned of.
+#[test]
+fn autoround_fp_scheme() {
+    for (case, scheme) in FP_CASES {
+        let dir = fixtures().join(case).join("model");
+        let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+        let plan =
+            wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+        let plan_json: Value = serde_json::from_slice(
+            &std::fs::read(fixtures().join(case).join("plan.json")).unwrap(),
+        )
+        .unwrap();
+        let modules = plan_json.as_object().unwrap();
+        assert_eq!(modules.len(), 14, "{case}");
+        let want = format!("auto-round {scheme}");
+        for module in modules.keys() {
+            let out = plan
+                .outputs
+                .iter()
+                .find(|o| o.name == format!("{module}.weight"))
+                .unwrap_or_else(|| panic!("{case}: {module}"));
+            assert_eq!(
+                out.scheme.as_deref(),
+                Some(want.as_str()),
+                "{case}: {module}"
+            );
+        }
+        assert!(plan.warnings.is_empty(), "{case}: {:?}", plan.warnings);
+    }
+}
+
+/// Malformed FP exports, and the FP exports not decoded: each refused
+/// by its rule, nothing written.
+#[test]
+fn autoround_fp_malformed_refused() {
+    type Edit = (
+        &'static str,
+        &'static str,
+        Rule,
+        Option<&'static str>,
+        fn(&mut Value),
+    );
+    let cases: [Edit; 13] = [
+        (
+            "autoround-mxfp4-bf16",
+            "mx_fp at 8 bits over MXFP4's packs",
+            Rule::MissingTensor,
+            None,
+            |q| {
+                q["bits"] = json!(8);
+            },
+        ),
+        (
+            "autoround-mxfp8-bf16",
+            "mx_fp at 4 bits over MXFP8's weights",
+            Rule::Config,
+            None,
+            |q| {
+                q["bits"] = json!(4);
+            },
+        ),
+        (
+            NVFP4,
+            "MXFP6 (mx_fp at 6 bits)",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["data_type"] = json!("mx_fp");
+                q["bits"] = json!(6);
+                q["group_size"] = json!(32);
+            },
+        ),
+        (
+            NVFP4,
+            "mx_fp in groups of 16 over NVFP4 tensors",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["data_type"] = json!("mx_fp");
+            },
+        ),
+        (
+            NVFP4,
+            "nvfp4_v2 over NVFP4's E4M3 scales",
+            Rule::TensorDtype,
+            None,
+            |q| {
+                q["data_type"] = json!("nvfp4_v2");
+                q["packing_format"] = json!("auto_round:llm_compressor_nvfp4_e5m3");
+            },
+        ),
+        (
+            NVFP4,
+            "nvfp4_v2 in auto_round:llm_compressor packing",
+            Rule::Config,
+            None,
+            |q| {
+                q["data_type"] = json!("nvfp4_v2");
+            },
+        ),
+        (
+            "autoround-nvfp4e5m3-bf16",
+            "nvfp4_v2 in groups of 32",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["group_size"] = json!(32);
+            },
+        ),
+        (NVFP4, "nv_fp at 8 bits", Rule::Unsupported, None, |q| {
+            q["bits"] = json!(8);
+        }),
+        (
+            NVFP4,
+            "nv_fp in groups of 32",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["group_size"] = json!(32);
+            },
+        ),
+        (
+            NVFP4,
+            "an extra_config in the FP export",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"] = json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}});
+            },
+        ),
+        (
+            NVFP4,
+            "an int data_type in llm_compressor packing",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["data_type"] = json!("int");
+            },
+        ),
+        (NVFP4, "a group_size of 0", Rule::Config, None, |q| {
+            q["group_size"] = json!(0);
+        }),
+        (NVFP4, "asymmetric nv_fp", Rule::Unsupported, None, |q| {
+            q["sym"] = json!(false);
+        }),
+    ];
+    for (case, what, rule, tensor, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        copy_dir(&fixtures().join(case).join("model"), tmp.path());
+        let path = tmp.path().join("config.json");
+        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut cfg["quantization_config"]);
+        write_json(&path, &cfg);
+        let e = dequantize_err(tmp.path());
+        assert_eq!(e.rule, rule, "{case}: {what}: {e}");
+        if let Some(t) = tensor {
+            assert_eq!(e.tensor.as_deref(), Some(t), "{what}: {e}");
+        }
+        assert!(!e.to_string().contains('\n'), "{what}: {e}");
+    }
+}
