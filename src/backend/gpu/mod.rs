@@ -134,8 +134,8 @@ pub struct GpuDecoder {
     pipelines: std::sync::Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
     fast: bool,
     /// The device may flush subnormal f32 operands and results to zero
-    /// (any but a CPU adapter: WGSL allows it, and NVIDIA's Vulkan driver
-    /// does): jobs that could compute one are decoded on the CPU.
+    /// ([`flushes_subnormals`]): jobs that could compute one are decoded on
+    /// the CPU.
     flushes: bool,
     dispatched: [AtomicU64; 5],
     limits: Limits,
@@ -146,6 +146,69 @@ pub struct GpuDecoder {
     gemv: matmul::Pipelines,
     /// The codebook kernel, built on first use.
     codebook: codebook::Kernel,
+}
+
+/// Whether a device may flush subnormal f32 operands and results to zero.
+/// WGSL allows it, and most do: NVIDIA's Vulkan driver (an H200 decoded
+/// such values as zeros), Direct3D's rules (WARP too), and SwiftShader,
+/// Chromium's fallback adapter. Only llvmpipe, the software Vulkan the
+/// tests run on, is known to keep them, so that its runs take the GPU
+/// kernels through subnormal values.
+fn flushes_subnormals(info: &wgpu::AdapterInfo) -> bool {
+    let llvmpipe = info.device_type == wgpu::DeviceType::Cpu
+        && info.backend != wgpu::Backend::BrowserWebGpu
+        && (info.name.contains("llvmpipe") || info.driver.contains("llvmpipe"));
+    !llvmpipe
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use wgpu::{AdapterInfo, Backend, DeviceType};
+
+    use super::flushes_subnormals;
+
+    fn info(device_type: DeviceType, backend: Backend, name: &str) -> AdapterInfo {
+        AdapterInfo {
+            name: name.into(),
+            ..AdapterInfo::new(device_type, backend)
+        }
+    }
+
+    #[test]
+    fn only_llvmpipe_keeps_subnormals() {
+        let llvmpipe = "llvmpipe (LLVM 19.1.7, 256 bits)";
+        assert!(!flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::Vulkan,
+            llvmpipe
+        )));
+        // Chromium's fallback adapter (SwiftShader) is a CPU adapter too.
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::BrowserWebGpu,
+            ""
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::BrowserWebGpu,
+            llvmpipe
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::Dx12,
+            "Microsoft Basic Render Driver"
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::Vulkan,
+            "SwiftShader Device"
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::DiscreteGpu,
+            Backend::Vulkan,
+            "NVIDIA H100"
+        )));
+    }
 }
 
 impl GpuDecoder {
@@ -169,7 +232,7 @@ impl GpuDecoder {
             pipeline_layout,
             pipelines: Default::default(),
             fast: true,
-            flushes: device.adapter_info().device_type != wgpu::DeviceType::Cpu,
+            flushes: flushes_subnormals(&device.adapter_info()),
             dispatched: Default::default(),
             slots: Default::default(),
             gemv: matmul::Pipelines::new(device),
