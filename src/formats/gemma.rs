@@ -43,6 +43,7 @@ use super::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule, Warning};
+use crate::hf::config::Sizes;
 use crate::job::{DecodeJob, Dims, Fields, Product};
 use crate::numerics::OutDtype;
 use crate::output::Output;
@@ -80,8 +81,10 @@ pub struct Config {
     matcher: Option<Regex>,
     #[serde(skip)]
     skip: Vec<(String, Regex)>,
+    /// The text model's sizes by config.json (`text_config` when there is
+    /// one).
     #[serde(skip)]
-    shapes: Option<Shapes>,
+    shapes: Option<Sizes>,
 }
 
 #[derive(serde::Deserialize)]
@@ -174,7 +177,7 @@ impl Config {
             .ckpt
             .config
             .as_ref()
-            .and_then(|c| Shapes::of(c.value.get("text_config").unwrap_or(&c.value)));
+            .and_then(|c| Sizes::of(c.value.get("text_config").unwrap_or(&c.value)));
         Ok(Config {
             path: path.to_path_buf(),
             num_bits,
@@ -244,45 +247,13 @@ impl Config {
     }
 }
 
-/// The text model's sizes by config.json (`text_config` when there is one).
-#[derive(Debug, Clone, Copy)]
-struct Shapes {
-    hidden: usize,
-    intermediate: Option<usize>,
-    q: Option<usize>,
-    kv: Option<usize>,
-    vocab: Option<usize>,
-    /// Gemma 3n/4's per-layer embeddings: vocabulary and width.
-    per_layer: Option<(usize, usize)>,
-    per_layer_hidden: Option<usize>,
+/// What Gemma reads of its text model's sizes.
+trait Shapes {
+    fn embed_scale(self, module: &str) -> Option<f32>;
+    fn of_module(self, module: &str) -> Option<(Option<usize>, usize)>;
 }
 
-impl Shapes {
-    fn of(cfg: &Value) -> Option<Shapes> {
-        let get = |k: &str| {
-            cfg.get(k)
-                .and_then(Value::as_u64)
-                .and_then(|v| usize::try_from(v).ok())
-        };
-        let hidden = get("hidden_size")?;
-        let heads = get("num_attention_heads").filter(|&h| h > 0);
-        let head_dim = get("head_dim").or_else(|| heads.map(|h| hidden / h));
-        let kv_heads = get("num_key_value_heads").or(heads);
-        Some(Shapes {
-            hidden,
-            intermediate: get("intermediate_size"),
-            q: heads.zip(head_dim).and_then(|(h, d)| h.checked_mul(d)),
-            kv: kv_heads.zip(head_dim).and_then(|(h, d)| h.checked_mul(d)),
-            vocab: get("vocab_size"),
-            per_layer: get("vocab_size_per_layer_input").zip(
-                get("hidden_size_per_layer_input")
-                    .zip(get("num_hidden_layers"))
-                    .and_then(|(h, l)| h.checked_mul(l)),
-            ),
-            per_layer_hidden: get("hidden_size_per_layer_input"),
-        })
-    }
-
+impl Shapes for Sizes {
     /// The `embed_scale` Gemma's text models give embedding `module`
     /// (`√hidden_size`; per-layer embeddings `√hidden_size_per_layer_input`).
     fn embed_scale(self, module: &str) -> Option<f32> {
