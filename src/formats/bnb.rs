@@ -264,11 +264,7 @@ impl Config {
             format!(
                 "4-bit {}{}",
                 self.quant_type,
-                if self.double_quant {
-                    " double-quant"
-                } else {
-                    ""
-                }
+                super::when(self.double_quant, " double-quant")
             )
         }
     }

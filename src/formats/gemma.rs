@@ -219,11 +219,7 @@ impl Config {
         format!(
             "gemma int{} (f32 scale per row{})",
             self.num_bits,
-            if self.quantize_embeddings {
-                "; embeddings per row block"
-            } else {
-                ""
-            }
+            super::when(self.quantize_embeddings, "; embeddings per row block")
         )
     }
 

@@ -79,6 +79,16 @@ fn list_or_dash<S: AsRef<str>>(v: &[S]) -> String {
     }
 }
 
+/// `text` when `on`, else nothing: an optional part of a format or report
+/// line.
+fn when(on: bool, text: &str) -> &str {
+    if on {
+        text
+    } else {
+        ""
+    }
+}
+
 /// Reads a config object into its serde type; a mismatch names the key's
 /// path (`config_groups.group_0.weights.num_bits: invalid type: …`).
 fn from_value<T: serde::de::DeserializeOwned>(path: &Path, v: &Value) -> Result<T> {
