@@ -541,6 +541,12 @@ impl ScaleLayout {
         }
     }
 
+    /// Scales per `group` input columns, or one a row (`None`: a config's
+    /// group size of -1).
+    pub(crate) fn of_group(group: Option<usize>) -> ScaleLayout {
+        group.map_or(ScaleLayout::Channel, ScaleLayout::Group)
+    }
+
     /// For people.
     pub fn describe(self) -> String {
         match self {
