@@ -80,7 +80,7 @@ pub struct Config {
     #[serde(skip)]
     matcher: Option<Regex>,
     #[serde(skip)]
-    skip: Vec<(String, Regex)>,
+    skip: super::ModuleKeys,
     /// The text model's sizes by config.json (`text_config` when there is
     /// one).
     #[serde(skip)]
@@ -157,22 +157,11 @@ impl Config {
                 })?)
             }
         };
-        let skip = raw
-            .modules_to_not_convert
-            .iter()
-            .flatten()
-            .map(|k| {
-                Regex::new(&format!(r"^(?:{k})(?:(?<=\.)|(?=\.|$))"))
-                    .map(|re| (k.clone(), re))
-                    .map_err(|e| {
-                        Error::new(
-                            Rule::Config,
-                            path,
-                            format!("modules_to_not_convert: bad pattern {k:?}: {e}"),
-                        )
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let skip = super::ModuleKeys::new(
+            path,
+            "modules_to_not_convert",
+            raw.modules_to_not_convert.iter().flatten(),
+        )?;
         let shapes = q
             .ckpt
             .config
@@ -209,9 +198,7 @@ impl Config {
     /// Whether `modules_to_not_convert` leaves `module` dense
     /// (transformers' `should_convert_module`).
     pub fn skipped(&self, module: &str) -> bool {
-        self.skip
-            .iter()
-            .any(|(k, re)| re.is_match(module).unwrap_or(false) || module.ends_with(k.as_str()))
+        self.skip.matches(module)
     }
 
     /// inspect's format line.
