@@ -101,10 +101,7 @@ impl Config {
     pub fn describe(&self) -> String {
         format!(
             "int4 {} {}",
-            match self.group_size {
-                Some(g) => format!("group {g}"),
-                None => "per-channel".into(),
-            },
+            ScaleLayout::of_group(self.group_size).describe(),
             if self.zero_point { "asym" } else { "sym" }
         )
     }

@@ -28,6 +28,7 @@ use super::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule, Warning};
+use crate::hf::config::Sizes;
 use crate::job::{Bytes, DecodeJob, Dims, Fields, ValueKind, Values};
 use crate::numerics::OutDtype;
 use crate::output::Output;
@@ -155,21 +156,14 @@ struct Shapes {
 }
 
 impl Shapes {
+    /// config.json's sizes, when it gives all four (else no check).
     fn of(cfg: &Value) -> Option<Shapes> {
-        let get = |k: &str| {
-            cfg.get(k)
-                .and_then(Value::as_u64)
-                .and_then(|v| usize::try_from(v).ok())
-        };
-        let hidden = get("hidden_size")?;
-        let heads = get("num_attention_heads").filter(|&h| h > 0)?;
-        let kv_heads = get("num_key_value_heads").unwrap_or(heads);
-        let head_dim = get("head_dim").unwrap_or(hidden / heads);
+        let s = Sizes::of(cfg)?;
         Some(Shapes {
-            hidden,
-            intermediate: get("intermediate_size")?,
-            q: heads.checked_mul(head_dim)?,
-            kv: kv_heads.checked_mul(head_dim)?,
+            hidden: s.hidden,
+            intermediate: s.intermediate?,
+            q: s.q?,
+            kv: s.kv?,
         })
     }
 

@@ -43,7 +43,6 @@
 
 use std::path::PathBuf;
 
-use fancy_regex::Regex;
 use safetensors::Dtype;
 use serde_json::Value;
 
@@ -148,7 +147,7 @@ pub struct Config {
     pub skip_modules: Vec<String>,
     /// The skip patterns as transformers matches them.
     #[serde(skip)]
-    skip: Vec<(String, Regex)>,
+    skip: super::ModuleKeys,
 }
 
 #[derive(serde::Deserialize)]
@@ -213,23 +212,11 @@ impl Config {
             ));
         }
         let skip_modules = raw.llm_int8_skip_modules.unwrap_or_default();
-        let skip = skip_modules
-            .iter()
-            .filter(|k| !k.is_empty())
-            .map(|k| {
-                // transformers' should_convert_module: the key as a regex
-                // from the start up to a module boundary, or a suffix.
-                Regex::new(&format!(r"^(?:{k})(?:(?<=\.)|(?=\.|$))"))
-                    .map(|re| (k.clone(), re))
-                    .map_err(|e| {
-                        Error::new(
-                            Rule::Config,
-                            path,
-                            format!("llm_int8_skip_modules: bad pattern {k:?}: {e}"),
-                        )
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let skip = super::ModuleKeys::new(
+            path,
+            "llm_int8_skip_modules",
+            skip_modules.iter().filter(|k| !k.is_empty()),
+        )?;
         Ok(Config {
             path: path.to_path_buf(),
             load_in_4bit,
@@ -246,9 +233,7 @@ impl Config {
     /// (`llm_int8_skip_modules`: a prefix up to a module boundary, a regex
     /// with the same boundary, or a suffix).
     pub fn skipped(&self, module: &str) -> bool {
-        self.skip
-            .iter()
-            .any(|(k, re)| re.is_match(module).unwrap_or(false) || module.ends_with(k.as_str()))
+        self.skip.matches(module)
     }
 
     /// inspect's format line: `bitsandbytes 4-bit nf4`.
@@ -264,11 +249,7 @@ impl Config {
             format!(
                 "4-bit {}{}",
                 self.quant_type,
-                if self.double_quant {
-                    " double-quant"
-                } else {
-                    ""
-                }
+                super::when(self.double_quant, " double-quant")
             )
         }
     }

@@ -43,6 +43,7 @@ use super::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Rule, Warning};
+use crate::hf::config::Sizes;
 use crate::job::{DecodeJob, Dims, Fields, Product};
 use crate::numerics::OutDtype;
 use crate::output::Output;
@@ -79,9 +80,11 @@ pub struct Config {
     #[serde(skip)]
     matcher: Option<Regex>,
     #[serde(skip)]
-    skip: Vec<(String, Regex)>,
+    skip: super::ModuleKeys,
+    /// The text model's sizes by config.json (`text_config` when there is
+    /// one).
     #[serde(skip)]
-    shapes: Option<Shapes>,
+    shapes: Option<Sizes>,
 }
 
 #[derive(serde::Deserialize)]
@@ -154,27 +157,16 @@ impl Config {
                 })?)
             }
         };
-        let skip = raw
-            .modules_to_not_convert
-            .iter()
-            .flatten()
-            .map(|k| {
-                Regex::new(&format!(r"^(?:{k})(?:(?<=\.)|(?=\.|$))"))
-                    .map(|re| (k.clone(), re))
-                    .map_err(|e| {
-                        Error::new(
-                            Rule::Config,
-                            path,
-                            format!("modules_to_not_convert: bad pattern {k:?}: {e}"),
-                        )
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let skip = super::ModuleKeys::new(
+            path,
+            "modules_to_not_convert",
+            raw.modules_to_not_convert.iter().flatten(),
+        )?;
         let shapes = q
             .ckpt
             .config
             .as_ref()
-            .and_then(|c| Shapes::of(c.value.get("text_config").unwrap_or(&c.value)));
+            .and_then(|c| Sizes::of(c.value.get("text_config").unwrap_or(&c.value)));
         Ok(Config {
             path: path.to_path_buf(),
             num_bits,
@@ -206,9 +198,7 @@ impl Config {
     /// Whether `modules_to_not_convert` leaves `module` dense
     /// (transformers' `should_convert_module`).
     pub fn skipped(&self, module: &str) -> bool {
-        self.skip
-            .iter()
-            .any(|(k, re)| re.is_match(module).unwrap_or(false) || module.ends_with(k.as_str()))
+        self.skip.matches(module)
     }
 
     /// inspect's format line.
@@ -216,11 +206,7 @@ impl Config {
         format!(
             "gemma int{} (f32 scale per row{})",
             self.num_bits,
-            if self.quantize_embeddings {
-                "; embeddings per row block"
-            } else {
-                ""
-            }
+            super::when(self.quantize_embeddings, "; embeddings per row block")
         )
     }
 
@@ -244,45 +230,13 @@ impl Config {
     }
 }
 
-/// The text model's sizes by config.json (`text_config` when there is one).
-#[derive(Debug, Clone, Copy)]
-struct Shapes {
-    hidden: usize,
-    intermediate: Option<usize>,
-    q: Option<usize>,
-    kv: Option<usize>,
-    vocab: Option<usize>,
-    /// Gemma 3n/4's per-layer embeddings: vocabulary and width.
-    per_layer: Option<(usize, usize)>,
-    per_layer_hidden: Option<usize>,
+/// What Gemma reads of its text model's sizes.
+trait Shapes {
+    fn embed_scale(self, module: &str) -> Option<f32>;
+    fn of_module(self, module: &str) -> Option<(Option<usize>, usize)>;
 }
 
-impl Shapes {
-    fn of(cfg: &Value) -> Option<Shapes> {
-        let get = |k: &str| {
-            cfg.get(k)
-                .and_then(Value::as_u64)
-                .and_then(|v| usize::try_from(v).ok())
-        };
-        let hidden = get("hidden_size")?;
-        let heads = get("num_attention_heads").filter(|&h| h > 0);
-        let head_dim = get("head_dim").or_else(|| heads.map(|h| hidden / h));
-        let kv_heads = get("num_key_value_heads").or(heads);
-        Some(Shapes {
-            hidden,
-            intermediate: get("intermediate_size"),
-            q: heads.zip(head_dim).and_then(|(h, d)| h.checked_mul(d)),
-            kv: kv_heads.zip(head_dim).and_then(|(h, d)| h.checked_mul(d)),
-            vocab: get("vocab_size"),
-            per_layer: get("vocab_size_per_layer_input").zip(
-                get("hidden_size_per_layer_input")
-                    .zip(get("num_hidden_layers"))
-                    .and_then(|(h, l)| h.checked_mul(l)),
-            ),
-            per_layer_hidden: get("hidden_size_per_layer_input"),
-        })
-    }
-
+impl Shapes for Sizes {
     /// The `embed_scale` Gemma's text models give embedding `module`
     /// (`√hidden_size`; per-layer embeddings `√hidden_size_per_layer_input`).
     fn embed_scale(self, module: &str) -> Option<f32> {

@@ -494,27 +494,19 @@ impl Config {
             Packing::Nvfp4E5m3 => return "nvfp4_v2 fp4 e5m3-scale group 16".into(),
             _ => {}
         }
+        let scheme = format!(
+            "int{} {} {}",
+            self.bits,
+            ScaleLayout::of_group(self.group_size).describe(),
+            if self.sym { "sym" } else { "asym" },
+        );
         if self.packing == Packing::Awq {
-            return format!(
-                "int{} {} {}",
-                self.bits,
-                match self.group_size {
-                    Some(g) => format!("group {g}"),
-                    None => "per-channel".into(),
-                },
-                if self.sym { "sym" } else { "asym" },
-            );
+            return scheme;
         }
         format!(
-            "int{} {} {} {}{}",
-            self.bits,
-            match self.group_size {
-                Some(g) => format!("group {g}"),
-                None => "per-channel".into(),
-            },
-            if self.sym { "sym" } else { "asym" },
+            "{scheme} {}{}",
             if self.v1 { "v1" } else { "v2" },
-            if self.desc_act { " desc_act" } else { "" },
+            super::when(self.desc_act, " desc_act"),
         )
     }
 

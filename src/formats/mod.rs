@@ -79,6 +79,55 @@ fn list_or_dash<S: AsRef<str>>(v: &[S]) -> String {
     }
 }
 
+/// Module keys as transformers' `should_convert_module` matches them
+/// (`modules_to_not_convert`, bnb's `llm_int8_skip_modules`): a key is a
+/// regex from the start of the name up to a module boundary, or a suffix
+/// of the name.
+#[derive(Debug, Clone)]
+struct ModuleKeys(Vec<(String, fancy_regex::Regex)>);
+
+impl ModuleKeys {
+    /// `keys`, config.json's `what` in `path`; a key that is no regex this
+    /// tool reads is an error.
+    fn new<'k>(
+        path: &Path,
+        what: &str,
+        keys: impl IntoIterator<Item = &'k String>,
+    ) -> Result<ModuleKeys> {
+        keys.into_iter()
+            .map(|k| {
+                fancy_regex::Regex::new(&format!(r"^(?:{k})(?:(?<=\.)|(?=\.|$))"))
+                    .map(|re| (k.clone(), re))
+                    .map_err(|e| {
+                        Error::new(
+                            Rule::Config,
+                            path,
+                            format!("{what}: bad pattern {k:?}: {e}"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(ModuleKeys)
+    }
+
+    /// Whether a key matches `module`.
+    fn matches(&self, module: &str) -> bool {
+        self.0
+            .iter()
+            .any(|(k, re)| re.is_match(module).unwrap_or(false) || module.ends_with(k.as_str()))
+    }
+}
+
+/// `text` when `on`, else nothing: an optional part of a format or report
+/// line.
+fn when(on: bool, text: &str) -> &str {
+    if on {
+        text
+    } else {
+        ""
+    }
+}
+
 /// Reads a config object into its serde type; a mismatch names the key's
 /// path (`config_groups.group_0.weights.num_bits: invalid type: …`).
 fn from_value<T: serde::de::DeserializeOwned>(path: &Path, v: &Value) -> Result<T> {
@@ -529,6 +578,12 @@ impl ScaleLayout {
             ScaleLayout::Group(g) => cols.div_ceil(g),
             ScaleLayout::Block(_, bw) => cols.div_ceil(bw),
         }
+    }
+
+    /// Scales per `group` input columns, or one a row (`None`: a config's
+    /// group size of -1).
+    pub(crate) fn of_group(group: Option<usize>) -> ScaleLayout {
+        group.map_or(ScaleLayout::Channel, ScaleLayout::Group)
     }
 
     /// For people.

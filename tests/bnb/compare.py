@@ -23,6 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from timing import in_turns, read_dir  # noqa: E402
+
 HIDDEN, HEADS, KV_HEADS, MLP, VOCAB, LAYERS = 2048, 32, 4, 5632, 1280, 4
 
 GENERATE = """
@@ -52,30 +55,6 @@ m.save_pretrained(sys.argv[2])
 """
 
 
-def read_dir(path: Path):
-    """name -> (dtype, shape, bytes) of every safetensors file in `path`."""
-    tensors = {}
-    for f in sorted(path.glob("*.safetensors")):
-        data = f.read_bytes()
-        n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + n])
-        header.pop("__metadata__", None)
-        body = data[8 + n :]
-        for name, info in header.items():
-            a, b = info["data_offsets"]
-            tensors[name] = (info["dtype"], info["shape"], body[a:b])
-    return tensors
-
-
-def timed(cmd):
-    """Seconds and peak RSS (MB) of `cmd`, through GNU time."""
-    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{cmd[0]} failed:\n{out.stdout}\n{out.stderr}")
-    secs, kb = out.stderr.strip().splitlines()[-1].split()
-    return float(secs), int(kb) / 1024
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True, help="the wgpu-dequant binary")
@@ -90,17 +69,15 @@ def main():
     ckpt = work / "model"
     subprocess.run([sys.executable, "-c", GENERATE, str(work / "dense"), str(ckpt)], check=True)
     shutil.rmtree(work / "dense")
-    best = {"ours": (1e9, 0.0), "transformers": (1e9, 0.0)}
-    for _ in range(args.runs):
-        for who in best:
-            out = work / who
-            shutil.rmtree(out, ignore_errors=True)
-            if who == "ours":
-                cmd = [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", args.backend, "--quiet"]
-            else:
-                cmd = [sys.executable, "-c", TRANSFORMERS, str(ckpt), str(out)]
-            s, m = timed(cmd)
-            best[who] = (min(best[who][0], s), max(best[who][1], m))
+
+    def command(who, out):
+        if who == "ours":
+            return [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", args.backend, "--quiet"]
+        return [sys.executable, "-c", TRANSFORMERS, str(ckpt), str(out)]
+
+    runs = in_turns(work, ["ours", "transformers"], args.runs, command, say=False)
+    best = {who: (min((s for s, _ in t), default=1e9), max((m for _, m in t), default=0.0))
+            for who, t in runs.items()}
     ours, theirs = read_dir(work / "ours"), read_dir(work / "transformers")
     differ = [n for n in sorted(theirs) if n not in ours or ours[n] != theirs[n]]
     extra = sorted(set(ours) - set(theirs))

@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "common"))
+from timing import in_turns, ranges, ratios, read_dir  # noqa: E402
 
 GENERATE = r"""
 import importlib.util, json, sys, tempfile, shutil
@@ -109,42 +111,11 @@ def native(name: str) -> str:
     return name
 
 
-def read_dir(path: Path):
-    """name -> (dtype, shape, bytes) of every safetensors file in `path`."""
-    tensors = {}
-    for f in sorted(path.glob("*.safetensors")):
-        data = f.read_bytes()
-        n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + n])
-        header.pop("__metadata__", None)
-        body = data[8 + n :]
-        for name, info in header.items():
-            a, b = info["data_offsets"]
-            tensors[name] = (info["dtype"], info["shape"], body[a:b])
-    return tensors
-
-
 def widen(bf16: bytes) -> bytes:
     """bf16 bytes as the f32 bytes of the same values (little-endian)."""
     out = bytearray(len(bf16) * 2)
     out[2::4], out[3::4] = bf16[0::2], bf16[1::2]
     return bytes(out)
-
-
-def timed(cmd):
-    """Seconds and peak RSS (MB) of `cmd`, through GNU time, and the
-    `phases:` line it printed (or "")."""
-    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{cmd[0]} failed:\n{out.stdout}\n{out.stderr[-3000:]}")
-    secs, kb = out.stderr.strip().splitlines()[-1].split()
-    phases = [ln for ln in out.stderr.splitlines() if ln.startswith("phases:")]
-    return float(secs), int(kb) / 1024, phases[-1] if phases else ""
-
-
-def span(xs, unit, fmt="{:.2f}"):
-    lo, hi = min(xs), max(xs)
-    return (fmt.format(lo) if lo == hi else f"{fmt.format(lo)}–{fmt.format(hi)}") + unit
 
 
 def main():
@@ -163,18 +134,13 @@ def main():
     ckpt = work / "model"
     subprocess.run([sys.executable, "-c", GENERATE, str(HERE / "make_fixture.py"), str(ckpt),
                     str(args.layers), str(args.experts)], check=True)
-    runs = {"ours": [], "transformers": []}
-    for i in range(args.runs):
-        for who in runs:
-            out = work / who
-            shutil.rmtree(out, ignore_errors=True)
-            if who == "ours":
-                cmd = [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", args.backend, "--quiet"]
-            else:
-                cmd = [sys.executable, "-c", TRANSFORMERS, str(ckpt), str(out)]
-            s, m, phases = timed(cmd)
-            runs[who].append((s, m))
-            print(f"run {i + 1} {who}: {s:.2f} s, {m:.0f} MB {phases}", flush=True)
+
+    def command(who, out):
+        if who == "ours":
+            return [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", args.backend, "--quiet"]
+        return [sys.executable, "-c", TRANSFORMERS, str(ckpt), str(out)]
+
+    runs = in_turns(work, ["ours", "transformers"], args.runs, command, tail=3000)
     ours = read_dir(work / "ours")
     theirs = {native(k): v for k, v in read_dir(work / "transformers").items()}
     differ = [n for n in sorted(theirs) if n not in ours or ours[n] != theirs[n]]
@@ -186,16 +152,12 @@ def main():
     missing = sorted(set(ours) - set(theirs))
     size = sum(len(t[2]) for t in ours.values()) / 1e6
     inp = sum(f.stat().st_size for f in ckpt.glob("*.safetensors")) / 1e6
-    s1, m1 = [r[0] for r in runs["ours"]], [r[1] for r in runs["ours"]]
-    s2, m2 = [r[0] for r in runs["transformers"]], [r[1] for r in runs["transformers"]]
     print(f"checkpoint: {args.layers} layers, {args.experts} FP4 experts a layer, {inp:.0f} MB in, "
           f"{size:.0f} MB of output; {args.runs} runs each, in turns")
-    print(f"wgpu-dequant ({args.backend}): {span(s1, ' s')}, peak RSS {span(m1, ' MB', '{:.0f}')}")
+    print(f"wgpu-dequant ({args.backend}): {ranges(runs['ours'])}")
     print(f"transformers (from_pretrained FineGrainedFP8Config(dequantize=True), save_pretrained): "
-          f"{span(s2, ' s')}, peak RSS {span(m2, ' MB', '{:.0f}')}")
-    print(f"{min(s2) / max(s1):.1f}–{max(s2) / min(s1):.1f}x faster (worst–best pairing), "
-          f"median {sorted(s2)[len(s2) // 2] / sorted(s1)[len(s1) // 2]:.1f}x; "
-          f"{min(m1) / max(m2):.2f}–{max(m1) / min(m2):.2f} of the memory")
+          f"{ranges(runs['transformers'])}")
+    print(ratios(runs["ours"], runs["transformers"]))
     print(f"tensors: {len(theirs)}; differing or missing: {differ or 'none'}; only ours: {missing or 'none'}")
     print(f"bf16 copies transformers writes widened to f32 (the same values): {len(widened)} "
           f"({', '.join(sorted({n.split('.')[-2] + '.' + n.split('.')[-1] for n in widened}))})")

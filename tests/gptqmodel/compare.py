@@ -45,6 +45,8 @@ import numpy as np
 from safetensors.numpy import save_file, load_file
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "common"))
+from timing import in_turns, ranges, ratios  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, MLP, VOCAB, LAYERS, GROUP = 896, 14, 2, 4864, 151936, 4, 128
 # --dynamic: a smaller model (~100 MB of f16 output) and GPTQModel rules. The
@@ -243,22 +245,6 @@ print(json.dumps(sorted(k for k, v in sys.modules.items() if isinstance(v, mdf._
     return lines[-2]
 
 
-def timed(cmd, env=None):
-    """Seconds and peak RSS (MB) of `cmd`, through GNU time, and the
-    `phases:` line it printed (or "")."""
-    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        sys.exit(f"{cmd[0]} failed:\n{out.stdout}\n{out.stderr}")
-    secs, kb = out.stderr.strip().splitlines()[-1].split()
-    phases = [ln for ln in out.stderr.splitlines() if ln.startswith("phases:")]
-    return float(secs), int(kb) / 1024, phases[-1] if phases else ""
-
-
-def span(xs, unit, fmt="{:.2f}"):
-    lo, hi = min(xs), max(xs)
-    return (fmt.format(lo) if lo == hi else f"{fmt.format(lo)}–{fmt.format(hi)}") + unit
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True, help="the wgpu-dequant binary")
@@ -279,32 +265,25 @@ def main():
         find_stubs(args.gptqmodel_src)
     env = dict(os.environ)
     theirs_name = "GPTQModel runtime (TorchLinear.dequantize_weight)" if args.dynamic else "GPTQModel dequantize_model"
-    runs = {"ours": [], "gptqmodel": []}
-    for i in range(args.runs):
-        for who in runs:
-            out = work / who
-            shutil.rmtree(out, ignore_errors=True)
-            if who == "ours":
-                cmd = [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", "cpu", "--quiet"]
-            elif args.dynamic:
-                cmd = [sys.executable, "-c", RUNTIME, str(HERE / "make_dynamic_fixture.py"),
-                       args.gptqmodel_src, str(ckpt), str(out)]
-            elif args.gptqmodel_src:
-                cmd = [sys.executable, "-c", DEQUANTIZE_MODEL_STUBBED, str(HERE / "make_dynamic_fixture.py"),
-                       args.gptqmodel_src, str(ckpt), str(out)]
-            else:
-                cmd = [sys.executable, "-c", DEQUANTIZE_MODEL, str(ckpt), str(out)]
-            s, m, phases = timed(cmd, env)
-            runs[who].append((s, m))
-            print(f"run {i + 1} {who}: {s:.2f} s, {m:.0f} MB {phases}", flush=True)
+
+    def command(who, out):
+        if who == "ours":
+            return [args.tool, "dequantize", str(ckpt), "-o", str(out), "--backend", "cpu", "--quiet"]
+        if args.dynamic:
+            return [sys.executable, "-c", RUNTIME, str(HERE / "make_dynamic_fixture.py"),
+                    args.gptqmodel_src, str(ckpt), str(out)]
+        if args.gptqmodel_src:
+            return [sys.executable, "-c", DEQUANTIZE_MODEL_STUBBED, str(HERE / "make_dynamic_fixture.py"),
+                    args.gptqmodel_src, str(ckpt), str(out)]
+        return [sys.executable, "-c", DEQUANTIZE_MODEL, str(ckpt), str(out)]
+
+    runs = in_turns(work, ["ours", "gptqmodel"], args.runs, command, env)
     ours, theirs = load_file(str(work / "ours" / "model.safetensors")), load_file(str(work / "gptqmodel" / "model.safetensors"))
     names = sorted(theirs)
     differ = [n for n in names if n not in ours or ours[n].dtype != theirs[n].dtype
               or ours[n].tobytes() != theirs[n].tobytes()]
     extra = sorted(set(ours) - set(theirs))
     size = sum(a.nbytes for a in ours.values()) / 1e6
-    s1, m1 = [r[0] for r in runs["ours"]], [r[1] for r in runs["ours"]]
-    s2, m2 = [r[0] for r in runs["gptqmodel"]], [r[1] for r in runs["gptqmodel"]]
     layers = DYN_LAYERS if args.dynamic else LAYERS
     if args.dynamic:
         kinds = {}
@@ -313,11 +292,9 @@ def main():
             kinds[k] = kinds.get(k, 0) + 1
         print(f"dynamic plan (GPTQModel's dynamic_get): {kinds}")
     print(f"checkpoint: {layers} layers, {size:.0f} MB of f16 output; {args.runs} runs each, in turns")
-    print(f"wgpu-dequant (CPU): {span(s1, ' s')}, peak RSS {span(m1, ' MB', '{:.0f}')}")
-    print(f"{theirs_name}: {span(s2, ' s')}, peak RSS {span(m2, ' MB', '{:.0f}')}")
-    print(f"{min(s2) / max(s1):.1f}–{max(s2) / min(s1):.1f}x faster (worst–best pairing), "
-          f"median {sorted(s2)[len(s2) // 2] / sorted(s1)[len(s1) // 2]:.1f}x; "
-          f"{min(m1) / max(m2):.2f}–{max(m1) / min(m2):.2f} of the memory")
+    print(f"wgpu-dequant (CPU): {ranges(runs['ours'])}")
+    print(f"{theirs_name}: {ranges(runs['gptqmodel'])}")
+    print(ratios(runs["ours"], runs["gptqmodel"]))
     print(f"tensors: {len(names)}; differing or missing: {differ or 'none'}; extra: {extra or 'none'}")
     if args.dynamic:
         # What GPTQModel's checkpoint-level dequantizer makes of the same checkpoint.

@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, OutDtype, Rule};
 
 use crate::common::cli::{self, error_line, run};
-use crate::common::producer::{decode_with, expect_decodes, Want, OUTS};
+use crate::common::producer::{expect_decodes, gpu_gives_the_cpus_bytes, Want};
 use crate::common::{
-    check_case, dequantize_err, gpu_test, write_json, write_safetensors, Rng, Tensor,
+    check_digests, gpu_test, refused_by_rule, tensor_named as tensor, write_model, Rng, Tensor,
 };
 
 const CASE: &str = "bitnet-b158-bf16";
@@ -33,19 +33,16 @@ fn fixture_matches_transformers_on_gpu() {
 }
 
 fn fixture_matches_transformers(backend: BackendChoice) {
-    check_case(
+    check_digests(
         CASE,
-        DtypeChoice::Auto,
         backend,
-        "expected-bf16.digests.json",
-        false,
-    );
-    check_case(
-        CASE,
-        DtypeChoice::Fixed(OutDtype::F32),
-        backend,
-        "expected-f32.digests.json",
-        false,
+        &[
+            (DtypeChoice::Auto, "expected-bf16.digests.json"),
+            (
+                DtypeChoice::Fixed(OutDtype::F32),
+                "expected-f32.digests.json",
+            ),
+        ],
     );
 }
 
@@ -135,9 +132,7 @@ fn held_out_with(
     };
     let mut cfg = config(qc);
     edit(&mut tensors, &mut cfg);
-    std::fs::create_dir_all(dir).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), &tensors);
-    write_json(&dir.join("config.json"), &cfg);
+    write_model(dir, &tensors, &cfg);
     (wants, vec![tensors.swap_remove(0)])
 }
 
@@ -161,11 +156,7 @@ fn held_out_gpu_gives_the_cpus_bytes() {
         for auto in [false, true] {
             let tmp = tempfile::tempdir().unwrap();
             held_out(tmp.path(), auto);
-            for out in OUTS {
-                let cpu = decode_with(tmp.path(), out, BackendChoice::Cpu);
-                let gpu = decode_with(tmp.path(), out, BackendChoice::Gpu);
-                assert!(gpu == cpu, "autobitlinear {auto} {out}: GPU bytes differ");
-            }
+            gpu_gives_the_cpus_bytes(&format!("autobitlinear {auto}"), tmp.path());
         }
     });
 }
@@ -225,20 +216,16 @@ fn activation_quantization_is_a_finding_strict_refuses() {
 /// A valid held-out checkpoint broken one way: refused with `rule`, the
 /// message naming `tensor`, nothing written.
 fn refused(edit: impl FnOnce(&mut Vec<Tensor>, &mut Value), rule: Rule, tensor: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    held_out_with(dir, false, edit);
-    let e = dequantize_err(dir);
-    assert_eq!(e.rule, rule, "{e}");
-    let line = e.to_string();
-    assert!(!line.contains('\n') && line.contains(tensor), "{line}");
+    refused_by_rule(
+        |dir| {
+            held_out_with(dir, false, edit);
+        },
+        rule,
+        tensor,
+    );
 }
 
 const K: &str = "model.layers.0.self_attn.k_proj";
-
-fn tensor<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
-    tensors.iter_mut().find(|t| t.name == name).unwrap()
-}
 
 #[test]
 fn malformed_checkpoints_are_refused_by_rule() {

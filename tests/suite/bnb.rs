@@ -20,7 +20,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, Checkpoint, DtypeChoice, Names, OutDtype, Plan};
 
-use crate::common::producer::{check_output, decode, decode_with, expect_decodes, Want};
+use crate::common::producer::{check_output, decode, expect_decodes, gpu_equals_cpu, Want};
 use crate::common::{
     gpu_test, read_dir_tensors, write_json, write_safetensors, write_two_shards, Rng, Tensor,
 };
@@ -228,22 +228,6 @@ fn write_config(dir: &Path, qc: Value, dtype: &str) {
     );
 }
 
-/// The GPU gives the CPU's bytes on `dir` in every dtype.
-fn gpu_equals_cpu(ctx: &str, dir: &Path, cpu: &[crate::common::producer::Tensors]) {
-    gpu_test(|_| {
-        for (out, cpu) in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32]
-            .into_iter()
-            .zip(cpu)
-        {
-            let gpu = decode_with(dir, out, BackendChoice::Gpu);
-            assert!(
-                &gpu == cpu,
-                "{ctx} -> {out}: GPU bytes differ from the CPU's"
-            );
-        }
-    });
-}
-
 /// Writes one checkpoint of `s` (two 4-bit modules and a norm), decodes it
 /// to every dtype on the CPU, checks the GPU's bytes against the CPU's,
 /// and multiplies by both modules.
@@ -265,7 +249,7 @@ fn run(ctx: &str, s: Spec, seed: u64) {
     write_safetensors(&dir.path().join("model.safetensors"), &tensors);
     write_config(dir.path(), quant_config(true, s, Value::Null), s.dtype);
     let cpu = expect_decodes(ctx, dir.path(), &[a, b], &[norm]);
-    gpu_equals_cpu(ctx, dir.path(), &cpu);
+    gpu_test(|_| gpu_equals_cpu(ctx, dir.path(), &cpu));
     crate::matmul::products_keep_to_the_bound(ctx, dir.path());
 }
 
@@ -422,7 +406,7 @@ fn bnb_int8_and_skipped_modules() {
     let skip = json!(["lm_head", "mlp.down_proj"]);
     write_config(dir.path(), quant_config(false, BASE, skip), "bfloat16");
     let cpu = expect_decodes("int8", dir.path(), &[a, b], &[dense, head]);
-    gpu_equals_cpu("int8", dir.path(), &cpu);
+    gpu_test(|_| gpu_equals_cpu("int8", dir.path(), &cpu));
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub).unwrap();
     assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);

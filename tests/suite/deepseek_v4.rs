@@ -22,26 +22,23 @@ use wgpu_dequant::{
 
 use crate::common::producer::e4m3_ref;
 use crate::common::{
-    caught, check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors, write_json,
-    write_safetensors, Rng, Tensor,
+    caught, check_digests, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors,
+    write_json, write_model, Rng, Tensor,
 };
 
 const CASE: &str = "deepseek-v4-fp8-fp4";
 
 fn fixture_matches_transformers(backend: BackendChoice) {
-    check_case(
+    check_digests(
         CASE,
-        DtypeChoice::Auto,
         backend,
-        "expected-bf16.digests.json",
-        false,
-    );
-    check_case(
-        CASE,
-        DtypeChoice::Fixed(OutDtype::F32),
-        backend,
-        "expected-f32.digests.json",
-        false,
+        &[
+            (DtypeChoice::Auto, "expected-bf16.digests.json"),
+            (
+                DtypeChoice::Fixed(OutDtype::F32),
+                "expected-f32.digests.json",
+            ),
+        ],
     );
 }
 
@@ -208,12 +205,6 @@ fn config() -> Value {
     })
 }
 
-fn write(dir: &Path, tensors: &[Tensor], config: &Value) {
-    std::fs::create_dir_all(dir).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), tensors);
-    write_json(&dir.join("config.json"), config);
-}
-
 /// bf16 bits of `x`, rounded once, NaN canonical (0x7FC0) as every output.
 fn bf16_bits(x: f32) -> u16 {
     if x.is_nan() {
@@ -227,7 +218,7 @@ fn check_values(planted: &[u8], backend: BackendChoice) {
     let c = ckpt(planted);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("v4");
-    write(&dir, &c.tensors, &config());
+    write_model(&dir, &c.tensors, &config());
     for out in [OutDtype::Bf16, OutDtype::F32] {
         let got = crate::common::producer::decode_with(&dir, out, backend);
         assert_eq!(got.len(), 4, "three decoded, one copied");
@@ -281,7 +272,7 @@ fn products_with_the_packs() {
     let c = ckpt(&[]);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("v4");
-    write(&dir, &c.tensors, &config());
+    write_model(&dir, &c.tensors, &config());
     let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
     let mut quantized: Vec<String> = model.quantized().map(|t| t.name).collect();
     quantized.sort();
@@ -338,7 +329,7 @@ fn refused(
     edit_config(&mut cfg);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("bad");
-    write(&dir, &c.tensors, &cfg);
+    write_model(&dir, &c.tensors, &cfg);
     let planned = caught(|| -> Result<(), Error> {
         let ckpt = Checkpoint::open(&dir)?;
         let plan = Plan::build(&ckpt, DtypeChoice::Auto, Names::Hub)?;
@@ -481,7 +472,7 @@ fn truncated_data_is_refused() {
     let c = ckpt(&[]);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cut");
-    write(&dir, &c.tensors, &config());
+    write_model(&dir, &c.tensors, &config());
     let file = dir.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();

@@ -18,9 +18,9 @@ use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, Dequantize, DtypeChoice, OutDtype, Rule};
 
 use crate::common::cli::{self, error_line, run};
-use crate::common::producer::{decode_with, expect_decodes, Want, OUTS};
+use crate::common::producer::{expect_decodes, gpu_gives_the_cpus_bytes, Want};
 use crate::common::{
-    check_case, dequantize_err, gpu_test, write_json, write_safetensors, Rng, Tensor,
+    check_digests, gpu_test, refused_by_rule, tensor_named as tensor, write_model, Rng, Tensor,
 };
 
 const CASE: &str = "gemma-w4-int2-int8-bf16";
@@ -36,26 +36,20 @@ fn fixture_matches_transformers_on_gpu() {
 }
 
 fn fixture_matches_transformers(backend: BackendChoice) {
-    check_case(
+    check_digests(
         CASE,
-        DtypeChoice::Auto,
         backend,
-        "expected-bf16.digests.json",
-        false,
-    );
-    check_case(
-        CASE,
-        DtypeChoice::Fixed(OutDtype::F16),
-        backend,
-        "expected-f16.digests.json",
-        false,
-    );
-    check_case(
-        CASE,
-        DtypeChoice::Fixed(OutDtype::F32),
-        backend,
-        "expected-f32.digests.json",
-        false,
+        &[
+            (DtypeChoice::Auto, "expected-bf16.digests.json"),
+            (
+                DtypeChoice::Fixed(OutDtype::F16),
+                "expected-f16.digests.json",
+            ),
+            (
+                DtypeChoice::Fixed(OutDtype::F32),
+                "expected-f32.digests.json",
+            ),
+        ],
     );
 }
 
@@ -209,9 +203,7 @@ fn held_out_with(
     ));
     let mut cfg = config(gemma());
     edit(&mut tensors, &mut cfg);
-    std::fs::create_dir_all(dir).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), &tensors);
-    write_json(&dir.join("config.json"), &cfg);
+    write_model(dir, &tensors, &cfg);
     let copies = tensors
         .iter()
         .filter(|t| t.name.ends_with("norm.weight") || t.name == "lm_head.weight")
@@ -232,11 +224,7 @@ fn held_out_gpu_gives_the_cpus_bytes() {
     gpu_test(|_| {
         let tmp = tempfile::tempdir().unwrap();
         held_out(tmp.path());
-        for out in OUTS {
-            let cpu = decode_with(tmp.path(), out, BackendChoice::Cpu);
-            let gpu = decode_with(tmp.path(), out, BackendChoice::Gpu);
-            assert!(gpu == cpu, "{out}: GPU bytes differ");
-        }
+        gpu_gives_the_cpus_bytes("gemma held-out", tmp.path());
     });
 }
 
@@ -324,17 +312,13 @@ fn held_out_warnings_name_only_what_changes_the_model() {
 /// A valid held-out checkpoint broken one way: refused with `rule`, the
 /// message naming `tensor`, nothing written.
 fn refused(edit: impl FnOnce(&mut Vec<Tensor>, &mut Value), rule: Rule, tensor: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    held_out_with(dir, edit);
-    let e = dequantize_err(dir);
-    assert_eq!(e.rule, rule, "{e}");
-    let line = e.to_string();
-    assert!(!line.contains('\n') && line.contains(tensor), "{line}");
-}
-
-fn tensor<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
-    tensors.iter_mut().find(|t| t.name == name).unwrap()
+    refused_by_rule(
+        |dir| {
+            held_out_with(dir, edit);
+        },
+        rule,
+        tensor,
+    );
 }
 
 #[test]

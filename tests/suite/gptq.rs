@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype};
 
-use crate::common::producer::{check_output, decode, decode_with, expect_decodes, Want};
+use crate::common::producer::{check_output, decode, expect_decodes, gpu_equals_cpu, Want};
 use crate::common::{
     gpu_test, read_dir_tensors, write_json, write_safetensors, write_two_shards, Rng, Tensor,
 };
@@ -219,18 +219,7 @@ fn run(ctx: &str, s: Spec, seed: u64) {
     write_safetensors(&dir.path().join("model.safetensors"), &tensors);
     write_config(dir.path(), s, "float16");
     let cpu = expect_decodes(ctx, dir.path(), &[a, b], &[norm]);
-    gpu_test(|_| {
-        for (out, cpu) in [OutDtype::Bf16, OutDtype::F16, OutDtype::F32]
-            .into_iter()
-            .zip(&cpu)
-        {
-            let gpu = decode_with(dir.path(), out, BackendChoice::Gpu);
-            assert!(
-                &gpu == cpu,
-                "{ctx} -> {out}: GPU bytes differ from the CPU's"
-            );
-        }
-    });
+    gpu_test(|_| gpu_equals_cpu(ctx, dir.path(), &cpu));
 }
 
 #[test]

@@ -507,11 +507,7 @@ impl Config {
             self.weight_dtype,
             self.weight_group_size.map_or("-".into(), |g| g.to_string()),
             self.activation_dtype,
-            if self.activation_enabled {
-                ""
-            } else {
-                " (disabled)"
-            },
+            crate::formats::when(!self.activation_enabled, " (disabled)"),
             if self.gptq_enabled { "on" } else { "off" },
         )];
         lines.extend(self.targets.iter().map(TargetSpec::report_line));

@@ -19,7 +19,7 @@ use std::sync::Once;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Error, Options};
+use wgpu_dequant::{dequantize, BackendChoice, DtypeChoice, Error, Options, Rule};
 
 /// One stored tensor: name, safetensors dtype string, shape, raw bytes.
 #[derive(Clone, Debug)]
@@ -154,16 +154,42 @@ pub fn write_json(path: &Path, v: &Value) {
     std::fs::write(path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
 }
 
+/// A checkpoint directory (made when missing) with `model.safetensors`
+/// holding `tensors` and `config` as its `config.json`.
+pub fn write_model(dir: &Path, tensors: &[Tensor], config: &Value) {
+    std::fs::create_dir_all(dir).unwrap();
+    write_safetensors(&dir.join("model.safetensors"), tensors);
+    write_json(&dir.join("config.json"), config);
+}
+
 /// A checkpoint directory with `model.safetensors` and a `config.json`
 /// whose `quantization_config` is `qc` (none when `Value::Null`).
 pub fn write_checkpoint(dir: &Path, tensors: &[Tensor], qc: Value) {
-    std::fs::create_dir_all(dir).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), tensors);
     let mut cfg = json!({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"});
     if !qc.is_null() {
         cfg["quantization_config"] = qc;
     }
-    write_json(&dir.join("config.json"), &cfg);
+    write_model(dir, tensors, &cfg);
+}
+
+/// The tensor called `name` among `tensors`, to break it in place.
+pub fn tensor_named<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
+    tensors
+        .iter_mut()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no tensor {name}"))
+}
+
+/// A malformed checkpoint, which `write` puts in a fresh directory:
+/// refused with `rule`, the one-line message naming `needle`, nothing
+/// written.
+pub fn refused_by_rule(write: impl FnOnce(&Path), rule: Rule, needle: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path());
+    let e = dequantize_err(tmp.path());
+    assert_eq!(e.rule, rule, "{e}");
+    let line = e.to_string();
+    assert!(!line.contains('\n') && line.contains(needle), "{line}");
 }
 
 /// A compressed-tensors quantization_config with `groups` as its
@@ -612,6 +638,13 @@ pub fn check_case(
             w["sha256"].as_str().unwrap(),
             "{case}: {name} bytes"
         );
+    }
+}
+
+/// [`check_case`] (not widened) for each dtype choice and its digests file.
+pub fn check_digests(case: &str, backend: BackendChoice, runs: &[(DtypeChoice, &str)]) {
+    for &(dtype, digests) in runs {
+        check_case(case, dtype, backend, digests, false);
     }
 }
 

@@ -273,6 +273,25 @@ pub fn decode_with(input: &Path, out: OutDtype, backend: BackendChoice) -> Tenso
     }
 }
 
+/// The GPU decodes `input` in each of [`OUTS`] to `cpu`, the CPU's outputs
+/// in that order. Call it inside `gpu_test`.
+pub fn gpu_equals_cpu(ctx: &str, input: &Path, cpu: &[Tensors]) {
+    for (out, cpu) in OUTS.into_iter().zip(cpu) {
+        let gpu = decode_with(input, out, BackendChoice::Gpu);
+        assert!(
+            &gpu == cpu,
+            "{ctx} -> {out}: GPU bytes differ from the CPU's"
+        );
+    }
+}
+
+/// The GPU gives the CPU's bytes on `input` in each of [`OUTS`]. Call it
+/// inside `gpu_test`.
+pub fn gpu_gives_the_cpus_bytes(ctx: &str, input: &Path) {
+    let cpu = OUTS.map(|out| decode_with(input, out, BackendChoice::Cpu));
+    gpu_equals_cpu(ctx, input, &cpu);
+}
+
 /// `decode_with` on the CPU.
 pub fn decode(input: &Path, out: OutDtype) -> Tensors {
     decode_with(input, out, BackendChoice::Cpu)
