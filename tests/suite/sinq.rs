@@ -424,3 +424,13 @@ fn malformed_quant_aux_is_refused_by_rule() {
         "2D",
     );
 }
+
+/// Products straight from the packs (`Model::matmul_cpu`, and the GPU's
+/// `matmul`) keep to the bound around the dense weight, for the plain,
+/// quantAux and NF4 fixtures alike.
+#[test]
+fn products_of_packed_sinq_weights() {
+    for case in [CASE, AUX, AUX2, NF4] {
+        crate::matmul::products_keep_to_the_bound(case, &fixtures().join(case).join("model"));
+    }
+}
