@@ -357,6 +357,19 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     }
     let r = numel / group;
     let step = r / per_byte;
+    // dq8 views x·s + m as the sidecar's `<p>.shape`: [R, 1] as sinq's
+    // dequantize reads it.
+    for p in ["scale", "zero"] {
+        if let Some(v) = meta.get(format!("{p}.shape")) {
+            let dims: Option<Vec<u64>> = v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect());
+            if dims.as_deref() != Some(&[r as u64, 1][..]) {
+                return Err(bad(
+                    Rule::Config,
+                    format!("{p}.shape {v}: groups of {group} make it [{r}, 1]"),
+                ));
+            }
+        }
+    }
     let groups = format!("groups of {group}");
     let scale = entries(ckpt, scale_s, r, &groups)?;
     let zero = entries(ckpt, zero_s, r, &groups)?;

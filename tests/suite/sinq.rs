@@ -416,6 +416,13 @@ fn malformed_quant_aux_is_refused_by_rule() {
         Rule::Config,
         &sx,
     );
+    // A zero shape in the sidecar that is not one a group.
+    refused_in(
+        AUX,
+        |_, s, _| s[Q]["meta"]["zero.shape"] = json!([1, 64]),
+        Rule::Config,
+        "zero.shape",
+    );
     // The blocked (2D) tiling's 3-D scale shape in the sidecar.
     refused_in(
         AUX,
