@@ -36,7 +36,7 @@ const GRID_F32: u32 = 2u;
 const GRID_I8: u32 = 3u;
 const GRID_I32: u32 = 4u;
 const GRID_TABLE: u32 = 5u;   // one byte indexing a 256-entry f32 table
-const GRID_NESTED: u32 = 6u;  // the same, times outer[idx / per_outer], plus offset
+const GRID_NESTED: u32 = 6u;  // the same, times outer[k], plus offset or adds[k] (job::Nested)
 const GRID_E8M0: u32 = 7u;    // a GRID_TABLE that is numerics::e8m0's: 2^(byte - 127) by formula
 
 // Params::out_kind and OUT: the output dtype.
@@ -110,7 +110,11 @@ struct Grid {
     table: u32,       // word index of the 256-entry table (GRID_TABLE, GRID_NESTED)
     outer: u32,       // GRID_NESTED: word index of entry 0's outer factor (mod 2^32)
     per_outer: u32,   // GRID_NESTED: entries per outer factor
-    offset: f32,      // GRID_NESTED: added last
+    offset: f32,      // GRID_NESTED: added last, where adds is NO_G_IDX
+    cycle: u32,       // GRID_NESTED: outer factors before they repeat, 0: never
+    adds: u32,        // GRID_NESTED: word index of entry 0's addend (mod 2^32), or NO_G_IDX
+    round: u32,       // GRID_NESTED: OUT_* each step rounds to
+    spare: u32,       // the grid 16-byte sized (uniform layout)
     _pad1: u32,
 }
 

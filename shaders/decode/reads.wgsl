@@ -108,10 +108,20 @@ fn value_as(g: Grid, idx: u32, kind: u32) -> f32 {
             return f32(bitcast<i32>(word));
         }
         case GRID_NESTED: {
-            // job::Nested::get: two f32 operations, each rounded.
+            // job::Nested::get: two operations, each rounded (to f32, or
+            // to round's 16-bit dtype).
             let b = (word >> ((pos & 3u) * 8u)) & 0xffu;
             let t = bitcast<f32>(src[g.table + b]);
-            return opaque(t * bitcast<f32>(src[g.outer + idx / g.per_outer])) + g.offset;
+            var k = idx / g.per_outer;
+            if (g.cycle != 0u) {
+                k = k % g.cycle;
+            }
+            var add = g.offset;
+            if (g.adds != NO_G_IDX) {
+                add = bitcast<f32>(src[g.adds + k]);
+            }
+            let prod = in_product_as(opaque(t * bitcast<f32>(src[g.outer + k])), g.round);
+            return in_product_as(opaque(prod + add), g.round);
         }
         case GRID_E8M0: {
             // One load instead of two (SKIND, ZKIND only: the host checks the

@@ -208,12 +208,12 @@ impl Weight {
                 for (i, v) in table.iter_mut().enumerate() {
                     *v = (i as f32 - 127.5) / 128.0;
                 }
-                let nested = crate::job::Nested {
+                let nested = crate::job::Nested::blockwise(
                     table,
-                    outer: vec![0.0625f32; (rows * cols / 64).div_ceil(256)].into(),
-                    per_outer: 256,
-                    offset: 0.125,
-                };
+                    vec![0.0625f32; (rows * cols / 64).div_ceil(256)].into(),
+                    256,
+                    0.125,
+                );
                 (ValueKind::Nested(Box::new(nested)), grid(1, 64))
             }
             Layout::BnbInt8 => (ValueKind::F32, grid(1, cols)),

@@ -567,12 +567,12 @@ fn four_bit<'c>(ckpt: &'c Checkpoint, module: &str, dtype: OutDtype) -> Result<O
             expect_len(&qmap, &[Dtype::F32], 256, "one value per absmax code")?;
             let mut table = [0f32; 256];
             table.copy_from_slice(&qmap.floats()?);
-            ValueKind::Nested(Box::new(Nested {
+            ValueKind::Nested(Box::new(Nested::blockwise(
                 table,
-                outer: nested.floats()?.into(),
-                per_outer: nbs,
+                nested.floats()?.into(),
+                nbs,
                 offset,
-            }))
+            )))
         }
         (None, Some(nested)) => {
             return Err(nested.error(

@@ -328,12 +328,12 @@ fn global_scales(g: TensorRef<'_>, dims: Dims, group: usize) -> Result<ValueKind
     }
     let table = std::array::from_fn(|b| numerics::e4m3(b as u8));
     let outer: Vec<f32> = g.floats()?.iter().map(|gs| gs / NVFP4_GLOBAL).collect();
-    Ok(ValueKind::Nested(Box::new(Nested {
+    Ok(ValueKind::Nested(Box::new(Nested::blockwise(
         table,
-        outer: outer.into(),
-        per_outer: (dims.rows * dims.cols.div_ceil(group)).max(1),
-        offset: -0.0,
-    })))
+        outer.into(),
+        (dims.rows * dims.cols.div_ceil(group)).max(1),
+        -0.0,
+    ))))
 }
 
 /// The divisor of nvfp4's global scale: E2M1's largest value (6) times

@@ -20,6 +20,19 @@
 //! weight, the group entry of (row, column) `k·R/P + row·in/G + column/G`,
 //! and `scale2` a rank-0 [`LowRank`] smoothing (a factor a column).
 //!
+//! quantAux methods (`sinq_quantAux`: what `sinq_base_quant_config`, and so
+//! transformers' `SinqConfig`, makes of `method="sinq"`) store `scale` and
+//! `zero` quantized to 8 bits by sinq's `rtn8`: `meta.<p>.x` uint8
+//! `[tile, K]` (the `R` values viewed so: tile 32 for the scale, `R` for
+//! the zero), `meta.<p>.s` and `.m` `[1, K]`; `dq8` reads them back as
+//! `(x · s + m).view(R, 1)` in the dtype of `s` (f16), each step rounded
+//! to it: a [`Nested`] scale (and zero point) whose factor and addend are
+//! column `i mod K`'s. The rest is the plain method's arithmetic.
+//!
+//! NF4 methods index sinq's `NF4_CODEBOOK` with the 4-bit codes: the
+//! codebook cast to the scales' dtype, the value computed in it and
+//! returned so ([`Product::F16`]), whatever the compute dtype.
+//!
 //! torch promotes: codes in bf16 less an f16 zero compute in f32, so a bf16
 //! (or f32) output of f16 scales is the f32 value rounded once
 //! ([`Product::F32`]); in f16 every step rounds to f16
@@ -36,7 +49,9 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{DecodeJob, Dims, Fields, Grid, LowRank, Product, Values, ZeroPoint};
+use crate::job::{
+    Bytes, DecodeJob, Dims, Fields, Grid, LowRank, Nested, Product, ValueKind, Values, ZeroPoint,
+};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
@@ -47,7 +62,9 @@ pub const SUPPORT: super::Support = super::Support {
     bits: &[1, 2, 4],
     modes: &[
         "asymmetric groups along rows (float zero and scale) times a per-column scale2",
-        "packings 4bit_u8, 2bit_u8, 1bit_u8; not yet: quantAux int8 scales, NF3/NF4, 2D tiling, 3/5/6/8-bit",
+        "scales and zeros as floats or 8-bit quantized (quantAux: transformers' method \"sinq\")",
+        "NF4 codebook (sinq_nf4, sinq_nf4_quantAux), computed in the scales' f16",
+        "packings 4bit_u8, 2bit_u8, 1bit_u8; not yet: NF3, 2D tiling, 3/5/6/8-bit",
     ],
 };
 
@@ -195,21 +212,13 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     let bad = |rule: Rule, detail: String| Error::tensor(rule, side, module, detail);
     let text = |k: &str| meta.get(k).and_then(Value::as_str);
     let method = text("method").unwrap_or("").to_ascii_lowercase();
-    let quant_aux = ["scale.x", "zero.x"]
-        .iter()
-        .any(|p| ckpt.get(&format!("{module}.meta.{p}")).is_some());
-    if method.contains("quantaux") || quant_aux {
+    if method.contains("nf3") {
         return Err(bad(
             Rule::Unsupported,
-            format!("method {method:?}: 8-bit quantized scales and zeros (quantAux; transformers' method \"sinq\") are not decoded yet"),
+            format!("method {method:?}: the NF3 codebook is not decoded yet (NF4 is)"),
         ));
     }
-    if method.contains("nf4") || method.contains("nf3") {
-        return Err(bad(
-            Rule::Unsupported,
-            format!("method {method:?}: NF3/NF4 codebooks are not decoded yet"),
-        ));
-    }
+    let nf4 = method.contains("nf4");
     if meta.get("view_as_float").and_then(Value::as_bool) == Some(true) {
         return Err(bad(
             Rule::Unsupported,
@@ -264,14 +273,54 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| bad(Rule::Config, format!("shape {shape:?} is too large")))?;
     let (rows, cols) = (rows as usize, cols as usize);
-    let scale_t = require(ckpt, module, "meta.scale")?;
-    if scale_t.shape.len() == 3 {
-        return Err(scale_t.error(
-            Rule::Unsupported,
-            "a 3-D scale (SINQ's blocked 2D tiling) is not decoded yet",
-        ));
+    // quantAux (`method` naming it): `scale` and `zero` stored as
+    // `{x, s, m}`; else (and where a quantAux method left a plain tensor,
+    // which sinq's `dq8` passes through) as tensors.
+    let aux = method.contains("quantaux");
+    let stored = |p: &str| -> Result<Stored<'c>> {
+        let x = ckpt.get(&format!("{module}.meta.{p}.x"));
+        let plain = ckpt.get(&format!("{module}.meta.{p}"));
+        match (x, plain) {
+            (Some(x), None) if aux => Ok(Stored::Aux(x)),
+            (Some(x), _) => Err(x.error(
+                Rule::Config,
+                match aux {
+                    true => format!("beside meta.{p}: one of the two, not both"),
+                    false => format!(
+                        "8-bit quantized meta.{p} (quantAux), but method {method:?} does not name quantAux: sinq would not read it"
+                    ),
+                },
+            )),
+            (None, Some(t)) => Ok(Stored::Plain(t)),
+            (None, None) => Err(Error::tensor(
+                Rule::MissingTensor,
+                ckpt.display_path(),
+                format!("{module}.meta.{p}"),
+                match aux {
+                    true => format!("missing: quantAux stores meta.{p}.x, .s and .m"),
+                    false => "missing".into(),
+                },
+            )),
+        }
+    };
+    let scale_s = stored("scale")?;
+    let zero_s = stored("zero")?;
+    if let Stored::Plain(t) = &scale_s {
+        if t.shape.len() == 3 {
+            return Err(t.error(
+                Rule::Unsupported,
+                "a 3-D scale (SINQ's blocked 2D tiling) is not decoded yet",
+            ));
+        }
     }
-    let kind = float_kind(&scale_t)?;
+    if let Some(Value::Array(a)) = meta.get("scale.shape") {
+        if a.len() == 3 {
+            return Err(bad(
+                Rule::Unsupported,
+                "scale.shape of 3 dimensions (SINQ's blocked 2D tiling) is not decoded yet".into(),
+            ));
+        }
+    }
     // W_q: [R/P, G] bytes.
     expect_dtype(&w, &[Dtype::U8])?;
     let per_byte = (8 / bits) as usize;
@@ -293,37 +342,53 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         ));
     }
     if let Some(g) = meta.get("group_size").and_then(Value::as_u64) {
-        if g as usize != group {
+        // sinq halves a tile that does not divide the row (down to 16) and
+        // keeps the group_size asked for.
+        let mut tile = g;
+        while tile >= 16 && !(cols as u64).is_multiple_of(tile) {
+            tile /= 2;
+        }
+        if tile != group as u64 {
             return Err(bad(
                 Rule::Config,
-                format!("group_size {g}, but W_q holds groups of {group}"),
+                format!("group_size {g} (tiles of {tile} along rows of {cols}), but W_q holds groups of {group}"),
             ));
         }
     }
     let r = numel / group;
     let step = r / per_byte;
-    let entries = |t: &TensorRef<'c>, want: [usize; 2], what: &str| -> Result<()> {
-        if t.dtype != scale_t.dtype {
-            return Err(t.error(
-                Rule::TensorDtype,
-                format!("dtype {}, but meta.scale is {}", t.dtype, scale_t.dtype),
-            ));
+    // dq8 views x·s + m as the sidecar's `<p>.shape`: [R, 1] as sinq's
+    // dequantize reads it.
+    for p in ["scale", "zero"] {
+        if let Some(v) = meta.get(format!("{p}.shape")) {
+            let dims: Option<Vec<u64>> = v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect());
+            if dims.as_deref() != Some(&[r as u64, 1][..]) {
+                return Err(bad(
+                    Rule::Config,
+                    format!("{p}.shape {v}: groups of {group} make it [{r}, 1]"),
+                ));
+            }
         }
-        if t.shape != want {
-            return Err(t.error(
-                Rule::TensorShape,
-                format!("shape {:?}; {what} make it {want:?}", t.shape),
-            ));
-        }
-        Ok(())
-    };
-    entries(&scale_t, [r, 1], &format!("groups of {group}"))?;
-    let zero_t = require(ckpt, module, "meta.zero")?;
-    entries(&zero_t, [r, 1], &format!("groups of {group}"))?;
+    }
+    let groups = format!("groups of {group}");
+    let scale = entries(ckpt, scale_s, r, &groups)?;
+    let zero = entries(ckpt, zero_s, r, &groups)?;
+    if zero.dtype != scale.dtype {
+        return Err(zero.tensor.error(
+            Rule::TensorDtype,
+            format!("dtype {}, but the scale is {}", zero.dtype, scale.dtype),
+        ));
+    }
     let scale2 = match ckpt.get(&format!("{module}.meta.scale2")) {
         None => None,
         Some(t) => {
-            entries(&t, [1, cols], "a factor a column of the weight")?;
+            expect_dtype(&t, &[scale.dtype])?;
+            if t.shape != [1, cols] {
+                return Err(t.error(
+                    Rule::TensorShape,
+                    format!("shape {:?}; a factor a column of the weight make it {:?}", t.shape, [1, cols]),
+                ));
+            }
             Some(t.floats()?)
         }
     };
@@ -346,21 +411,43 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         row_stride: cols / group,
         slice_stride: step,
     };
+    // NF4: each code's codebook value in the scales' dtype, the whole
+    // value computed in it and returned so (not cast to the compute dtype).
+    let (values, product): (Vec<f32>, Product) = match nf4 {
+        true => {
+            if bits != 4 {
+                return Err(bad(
+                    Rule::Config,
+                    format!("method {method:?} with packing {name}: NF4 codes are 4-bit"),
+                ));
+            }
+            let d = dtype_of(scale.dtype);
+            let product = match d {
+                OutDtype::F16 => Product::F16,
+                OutDtype::Bf16 => Product::Bf16,
+                OutDtype::F32 => Product::F32,
+            };
+            (NF4.iter().map(|&v| d.round(v)).collect(), product)
+        }
+        false => (
+            (0..1u32 << bits).map(|q| q as f32).collect(),
+            product(out, scale.dtype),
+        ),
+    };
     let scale = Values {
-        data: scale_t.into(),
-        kind: kind.clone(),
+        data: scale.data,
+        kind: scale.kind,
         grid,
     };
     let zero = Values {
-        data: zero_t.into(),
-        kind,
+        data: zero.data,
+        kind: zero.kind,
         grid,
     };
-    let values: Vec<f32> = (0..1u32 << bits).map(|q| q as f32).collect();
     let mut job = DecodeJob::new(dims, codes, values, out)
         .with_scale(scale)
         .with_zero(ZeroPoint::Plain(zero))
-        .with_product(product(out, scale_t.dtype));
+        .with_product(product);
     if let Some(s2) = scale2 {
         job = job.with_low_rank(LowRank {
             rank: 0,
@@ -373,4 +460,123 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     }
     let scheme = format!("sinq {method} {name}, group {group}");
     Ok(decoded_output(module, w.shard, vec![rows, cols], job, scheme))
+}
+
+/// sinq's `NF4_CODEBOOK` (f32; cast to the scales' dtype before use): the
+/// same f32 values as bitsandbytes' NF4 table.
+const NF4: [f32; 16] = super::bnb::NF4;
+
+/// The arithmetic of a float dtype (one of BF16, F16, F32: checked).
+fn dtype_of(d: Dtype) -> OutDtype {
+    match d {
+        Dtype::BF16 => OutDtype::Bf16,
+        Dtype::F16 => OutDtype::F16,
+        _ => OutDtype::F32,
+    }
+}
+
+/// How a module stores its `scale` or `zero`.
+enum Stored<'c> {
+    /// A float tensor, one value a group.
+    Plain(TensorRef<'c>),
+    /// quantAux's `x` (the `.s` and `.m` beside it).
+    Aux(TensorRef<'c>),
+}
+
+/// A scale's or zero's entries, one a group, as the job reads them.
+struct Entries<'c> {
+    data: Bytes<'c>,
+    kind: ValueKind,
+    /// The dtype of the values sinq computes with.
+    dtype: Dtype,
+    /// The tensor named in errors.
+    tensor: TensorRef<'c>,
+}
+
+/// The `r` entries of a stored scale or zero. quantAux's are sinq's
+/// `rtn8`: `x` uint8 `[tile, K]` (`tile·K = r`), `s` and `m` `[1, K]` in
+/// one float dtype; `dq8` computes `(x · s + m).view(r, 1)` in that dtype,
+/// so entry `i` is `d(d(x[i] · s[i mod K]) + m[i mod K])`: a
+/// [`Nested`] entry whose byte is its own value, a factor and an addend a
+/// column of the `[tile, K]` matrix, each step rounded to the dtype.
+fn entries<'c>(
+    ckpt: &'c Checkpoint,
+    stored: Stored<'c>,
+    r: usize,
+    what: &str,
+) -> Result<Entries<'c>> {
+    let x = match stored {
+        Stored::Plain(t) => {
+            let kind = float_kind(&t)?;
+            if t.shape != [r, 1] {
+                return Err(t.error(
+                    Rule::TensorShape,
+                    format!("shape {:?}; {what} make it {:?}", t.shape, [r, 1]),
+                ));
+            }
+            return Ok(Entries {
+                data: t.into(),
+                kind,
+                dtype: t.dtype,
+                tensor: t,
+            });
+        }
+        Stored::Aux(x) => x,
+    };
+    expect_dtype(&x, &[Dtype::U8])?;
+    let (tile, k) = match *x.shape {
+        [t, k] if t > 0 && k > 0 && t.checked_mul(k) == Some(r) => (t, k),
+        _ => {
+            return Err(x.error(
+                Rule::TensorShape,
+                format!("shape {:?}; the {r} entries of {what} as [tile, K] bytes, tile·K = {r}", x.shape),
+            ))
+        }
+    };
+    let base = x.name.strip_suffix(".x").unwrap_or(x.name);
+    let side = |p: &str| -> Result<TensorRef<'c>> {
+        let t = ckpt.get(&format!("{base}.{p}")).ok_or_else(|| {
+            Error::tensor(
+                Rule::MissingTensor,
+                x.file,
+                format!("{base}.{p}"),
+                format!("missing: quantAux's {p} beside {base}.x"),
+            )
+        })?;
+        float_kind(&t)?;
+        if t.shape != [1, k] {
+            return Err(t.error(
+                Rule::TensorShape,
+                format!("shape {:?}; {base}.x's {k} columns ({tile} rows) make it {:?}", t.shape, [1, k]),
+            ));
+        }
+        Ok(t)
+    };
+    let (s, m) = (side("s")?, side("m")?);
+    if m.dtype != s.dtype {
+        return Err(m.error(
+            Rule::TensorDtype,
+            format!("dtype {}, but {base}.s is {}", m.dtype, s.dtype),
+        ));
+    }
+    let round = dtype_of(s.dtype);
+    let mut table = [0f32; 256];
+    for (b, v) in table.iter_mut().enumerate() {
+        *v = b as f32;
+    }
+    let nested = Nested {
+        table,
+        outer: s.floats()?.into(),
+        per_outer: 1,
+        offset: 0.0,
+        cycle: k,
+        adds: m.floats()?.into(),
+        round,
+    };
+    Ok(Entries {
+        data: x.into(),
+        kind: ValueKind::Nested(Box::new(nested)),
+        dtype: s.dtype,
+        tensor: x,
+    })
 }

@@ -158,6 +158,10 @@ pub enum Product {
     /// `mxfp8-quantized`: a bf16 `2^(e−127)` scale times bf16 codes; an f16
     /// or f32 output is that bf16 value cast).
     Bf16,
+    /// In f16 whatever the output, then cast (SINQ's NF4 path: codebook
+    /// values, zero, scale and `scale2` in the f16 of its scales, the f16
+    /// result returned as is).
+    F16,
 }
 
 /// Everything needed to produce one dense tensor.
@@ -585,6 +589,7 @@ impl<'a> DecodeJob<'a> {
             (Product::F32, _) | (Product::OutDtype, OutDtype::F32) => None,
             (Product::OutDtype, d) => Some(d),
             (Product::Bf16, _) => Some(OutDtype::Bf16),
+            (Product::F16, _) => Some(OutDtype::F16),
         }
     }
 

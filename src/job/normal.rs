@@ -74,10 +74,13 @@ impl DecodeJob<'_> {
         };
         if let Some(s) = &self.scale {
             if let ValueKind::Nested(n) = &s.kind {
-                // f32(table · outer) + offset: the product and the offset
-                // are summands.
+                // r(table · outer) + offset (or addend): the product and
+                // the offset are summands.
                 let product = tiniest(n.table)? * tiniest(n.outer.iter().copied())?;
-                let offset = tiniest([n.offset])?;
+                let offset = match n.adds.is_empty() {
+                    true => tiniest([n.offset])?,
+                    false => tiniest(n.adds.iter().copied())?,
+                };
                 if product.min(offset) < SUMMAND {
                     return None;
                 }

@@ -199,12 +199,7 @@ fn packs_in_output_order_decode_as_stored() {
     let stream = straight.in_output_order().unwrap();
     same_values(&straight, &stream, "8-bit, padded");
     assert!(stream.in_output_order().is_none());
-    let nested = Nested {
-        table: [1.0; 256],
-        outer: vec![2.0; 4].into(),
-        per_outer: 8,
-        offset: 0.0,
-    };
+    let nested = Nested::blockwise([1.0; 256], vec![2.0; 4].into(), 8, 0.0);
     let mut job = job;
     job.scale.as_mut().unwrap().kind = ValueKind::Nested(Box::new(nested));
     assert!(job.in_output_order().is_none());

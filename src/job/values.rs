@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::{div, Bytes, Dims, Fields};
+use crate::numerics::OutDtype;
 
 /// How the stored elements of a scale or plain zero-point tensor read as f32.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,27 +28,81 @@ pub enum ValueKind {
     Nested(Box<Nested>),
 }
 
-/// Scales stored as bytes quantized blockwise: entry `i` is
-/// `f32(table[byte[i]] · outer[i div per_outer]) + offset`, two f32
-/// operations rounded on their own, in that order (bitsandbytes'
-/// `dequantize_blockwise` of its absmax, then `+= offset`).
+/// Scales stored as bytes quantized themselves: entry `i`, byte `b`, is
+///
+/// ```text
+/// r( r(table[b] · outer[k]) + add[k] ),   k = (i div per_outer) mod cycle
+/// ```
+///
+/// two operations rounded on their own, in that order, each to `round`
+/// (`r`: f32, or a 16-bit dtype where the producer computes in one); `add[k]`
+/// is `adds[k]` where the job has them, else `offset`, and the `mod cycle`
+/// is left out where `cycle` is 0. bitsandbytes' `dequantize_blockwise` of
+/// its absmax, then `+= offset`: f32, one outer factor per `per_outer`
+/// entries, no cycle. SINQ's quantAux `x · s + m`: the bytes read as a
+/// `[tile, cycle]` matrix, a factor and an addend a column (`per_outer` 1),
+/// in the dtype of `s` and `m`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Nested {
-    /// The value of each byte (`nested_quant_map`).
+    /// The value of each byte (`nested_quant_map`; the byte itself for SINQ).
     pub table: [f32; 256],
-    /// One factor per `per_outer` entries (`nested_absmax`).
+    /// One factor per `per_outer` entries (`nested_absmax`), or per column
+    /// of the cycle.
     pub outer: Arc<[f32]>,
     /// Entries sharing one outer factor (`nested_blocksize`), at least 1.
     pub per_outer: usize,
-    /// Added last (`nested_offset`).
+    /// Added last where `adds` is empty (`nested_offset`).
     pub offset: f32,
+    /// Outer factors before they repeat (0: they do not); nonzero, at most
+    /// `outer.len()`.
+    pub cycle: usize,
+    /// One addend per outer factor, added in place of `offset` (empty:
+    /// none); as long as `outer` where there are any.
+    pub adds: Arc<[f32]>,
+    /// The dtype each of the two operations rounds to (f32: none more).
+    pub round: OutDtype,
 }
 
 impl Nested {
+    /// bitsandbytes' form: `f32(table[b] · outer[i div per_outer]) + offset`
+    /// in f32, no cycle, no addends.
+    pub fn blockwise(
+        table: [f32; 256],
+        outer: Arc<[f32]>,
+        per_outer: usize,
+        offset: f32,
+    ) -> Nested {
+        Nested {
+            table,
+            outer,
+            per_outer,
+            offset,
+            cycle: 0,
+            adds: Vec::new().into(),
+            round: OutDtype::F32,
+        }
+    }
+
+    /// The outer factor's (and addend's) number for entry `i`.
+    #[inline]
+    pub fn outer_index(&self, i: usize) -> usize {
+        let k = i / self.per_outer;
+        match self.cycle {
+            0 => k,
+            c => k % c,
+        }
+    }
+
     /// Entry `i` whose byte is `b` (Rust never fuses the two operations).
     #[inline]
     pub fn get(&self, i: usize, b: u8) -> f32 {
-        self.table[b as usize] * self.outer[i / self.per_outer] + self.offset
+        let k = self.outer_index(i);
+        let add = match self.adds.is_empty() {
+            true => self.offset,
+            false => self.adds[k],
+        };
+        let r = self.round;
+        r.round(r.round(self.table[b as usize] * self.outer[k]) + add)
     }
 }
 

@@ -13,7 +13,23 @@ with `meta["compute_dtype"]` set to that dtype.
 config.json gets the `quantization_config` transformers' `SinqConfig` writes
 (`quant_method: sinq`, nbits, group_size, tiling_mode, method), `method` the
 one used (sinq's own API; transformers' `method: "sinq"` is the 8-bit
-quantized-scale `sinq_quantAux`, not decoded yet).
+quantized-scale `sinq_quantAux`).
+
+tests/fixtures/sinq-nf4-bf16: the same model through sinq's own API with
+the NF4 codebook methods (`sinq_nf4`, `sinq_nf4_quantAux`); sinq's NF path
+returns its scales' f16 whatever the compute dtype, so each output's
+reference is that tensor cast.
+
+tests/fixtures/sinq-aux-*: the same tiny Llama quantized the way transformers
+does it (`from_pretrained(dense, quantization_config=SinqConfig(...))` on the
+CPU, `save_pretrained`, which sinq's hf_io routes to the same writer):
+`method: "sinq"` becomes `sinq_quantAux`, whose scales and zeros are stored
+8-bit (`meta.scale.x` uint8 `[32, R/32]` with `.s`, `.m` f16 `[1, R/32]`;
+`meta.zero.x` uint8 `[R, 1]` with `.s`, `.m` f16 `[1, 1]`). config.json is
+transformers' own. References: `sinq.sinqlinear_hf.SINQLinear` (the class
+transformers uses) rebuilt from sinq's loader, `dequantize()` on the CPU in
+each output dtype; in the model's own dtype it equals what the quantized
+model computed before it was saved.
 
     SINQ_AUTO_PATCH=0 /work/pyenv/sinq/bin/python tests/sinq/make_fixture.py
 (sinq==0.2.0 from PyPI with termcolor, without its datasets/torchvision
@@ -98,7 +114,69 @@ def make(case, dtype, quant_config, outs):
             m = SINQLinear(None, None, compute_dtype=d, device="cpu")
             m.load_state_dict(state)
             w = m.dequantize()
+            if "nf4" in state["meta"]["method"].lower():
+                # The NF path returns the scales' dtype (f16) whatever the
+                # compute dtype: the output in d is that tensor cast.
+                assert w.dtype == torch.float16, w.dtype
+                w = w.to(d)
             assert w.dtype == d, (w.dtype, d)
+            want[f"{leaf}.weight"] = entry(w)
+        with open(os.path.join(out, f"expected-{label}.digests.json"), "w") as f:
+            json.dump(want, f, indent=1, sort_keys=True)
+    print("wrote", out, file=sys.stderr)
+
+
+def make_transformers(case, dtype, sinq_config, outs):
+    """A tiny Llama quantized the way transformers does it: the dense model
+    saved, loaded back with `SinqConfig` (quantized on the CPU by
+    sinq.sinqlinear_hf.SINQLinear as the weights load) and saved with
+    `save_pretrained` (which sinq's hf_io patches onto sinq's own writer)."""
+    import tempfile
+    from transformers import AutoModelForCausalLM, SinqConfig
+    from sinq.sinqlinear_hf import SINQLinear as HFSINQLinear
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )
+    out = os.path.join(FIXTURES, case)
+    shutil.rmtree(out, ignore_errors=True)
+    model_dir = os.path.join(out, "model")
+    with tempfile.TemporaryDirectory() as dense:
+        LlamaForCausalLM(config).to(dtype).save_pretrained(dense)
+        model = AutoModelForCausalLM.from_pretrained(
+            dense, quantization_config=SinqConfig(**sinq_config), dtype=dtype, device_map="cpu")
+    live = {name: m.dequantize() for name, m in model.named_modules()
+            if isinstance(m, HFSINQLinear)}
+    model.save_pretrained(model_dir)
+
+    weights = AutoSINQHFModel.load_weights_safetensors(model_dir, map_location="cpu")
+    for label, d in outs:
+        want = {}
+        for leaf, sd in sorted(weights.items()):
+            if "W_q" not in sd:
+                if leaf.endswith("rotary_emb"):
+                    continue
+                for k, t in sd.items():
+                    # An f16 model's copies loaded in bf16 (what a bf16
+                    # output holds); a bf16 model's stay bf16 in each.
+                    if t.dtype == torch.float16 and d == torch.bfloat16:
+                        t = t.to(d)
+                    want[f"{leaf}.{k}"] = entry(t)
+                continue
+            state = copy.deepcopy(sd)
+            assert "quantAux" in state["meta"]["method"], state["meta"]["method"]
+            state["meta"]["compute_dtype"] = d
+            m = HFSINQLinear(quant_config=None, compute_dtype=d, device="cpu")
+            m.load_state_dict(state)
+            w = m.dequantize()
+            assert w.dtype == d, (w.dtype, d)
+            if d == dtype:
+                # What the model transformers quantized computes, before it
+                # was saved: the same bytes.
+                assert torch.equal(live[leaf].view(torch.uint8), w.view(torch.uint8)), leaf
             want[f"{leaf}.weight"] = entry(w)
         with open(os.path.join(out, f"expected-{label}.digests.json"), "w") as f:
             json.dump(want, f, indent=1, sort_keys=True)
@@ -128,6 +206,32 @@ def main():
     mixed["weight_quant_params"] = {"method": "sinq"}
     make("sinq-mixed-bf16", torch.bfloat16, mixed,
          [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+    # NF4 codebooks (sinq's own API; SinqConfig has no such method), plain
+    # and with quantAux scales and zeros.
+    def nf(method, **kw):
+        c = sinq_base_quant_config(**kw)
+        c["weight_quant_params"]["method"] = method
+        return c
+
+    nf4 = {
+        "self_attn.q_proj": nf("sinq_nf4", nbits=4, group_size=64),
+        "self_attn.k_proj": nf("sinq_nf4_quantAux", nbits=4, group_size=32),
+        "self_attn.v_proj": nf("sinq_nf4", nbits=4, group_size=32),
+        "self_attn.o_proj": nf("sinq_nf4_quantAux", nbits=4, group_size=64),
+        "mlp.gate_proj": nf("sinq_nf4", nbits=4, group_size=128),
+        "mlp.up_proj": nf("sinq_nf4_quantAux", nbits=4, group_size=64),
+        "mlp.down_proj": nf("sinq_nf4", nbits=4, group_size=64),
+    }
+    nf4["weight_quant_params"] = {"method": "sinq_nf4"}
+    make("sinq-nf4-bf16", torch.bfloat16, nf4,
+         [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+    # transformers' SinqConfig (method "sinq", which sinq maps to
+    # sinq_quantAux: 8-bit scales and zeros), as most Hub SINQ models are.
+    outs = [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)]
+    make_transformers("sinq-aux-bf16", torch.bfloat16,
+                      dict(nbits=4, group_size=64, modules_to_not_convert=["lm_head"]), outs)
+    make_transformers("sinq-aux-2bit-f16", torch.float16,
+                      dict(nbits=2, group_size=32, modules_to_not_convert=["lm_head"]), outs)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,14 @@ use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::producer::{decode_with, OUTS};
 use crate::common::{
-    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors, write_json,
-    write_safetensors, Tensor,
+    auto_digests, check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors,
+    write_json, write_safetensors, Tensor,
 };
 
 const CASE: &str = "sinq-mixed-bf16";
+const AUX: &str = "sinq-aux-bf16";
+const AUX2: &str = "sinq-aux-2bit-f16";
+const NF4: &str = "sinq-nf4-bf16";
 const SHARD: &str = "model-00001-of-00001.safetensors";
 const SIDECAR: &str = "model.safetensors.index.json.meta.json";
 
@@ -33,33 +36,102 @@ fn fixture_matches_sinq_on_gpu() {
 }
 
 fn fixture_matches_sinq(backend: BackendChoice) {
-    check_case(
-        CASE,
-        DtypeChoice::Auto,
-        backend,
-        "expected-bf16.digests.json",
-        false,
-    );
+    matches_in_each_dtype(CASE, backend);
+}
+
+/// `case` decodes to sinq's digests in its own dtype and in each output
+/// dtype.
+fn matches_in_each_dtype(case: &str, backend: BackendChoice) {
+    // The model's own dtype (config.json's) by default.
+    check_case(case, DtypeChoice::Auto, backend, auto_digests(case), false);
     for (out, name) in [
         (OutDtype::Bf16, "bf16"),
         (OutDtype::F16, "f16"),
         (OutDtype::F32, "f32"),
     ] {
         let digests = format!("expected-{name}.digests.json");
-        check_case(CASE, DtypeChoice::Fixed(out), backend, &digests, false);
+        check_case(case, DtypeChoice::Fixed(out), backend, &digests, false);
     }
 }
 
 #[test]
 fn gpu_gives_the_cpus_bytes() {
     gpu_test(|_| {
-        let model = fixtures().join(CASE).join("model");
-        for out in OUTS {
-            let cpu = decode_with(&model, out, BackendChoice::Cpu);
-            let gpu = decode_with(&model, out, BackendChoice::Gpu);
-            assert!(gpu == cpu, "{out}: GPU bytes differ");
+        for case in [CASE, AUX, AUX2, NF4] {
+            let model = fixtures().join(case).join("model");
+            for out in OUTS {
+                let cpu = decode_with(&model, out, BackendChoice::Cpu);
+                let gpu = decode_with(&model, out, BackendChoice::Gpu);
+                assert!(gpu == cpu, "{case} {out}: GPU bytes differ");
+            }
         }
     });
+}
+
+/// transformers' `SinqConfig(method="sinq")` (sinq's `sinq_quantAux`:
+/// scales and zeros stored 8-bit as `{x, s, m}`), 4-bit groups of 64 in
+/// bf16 and 2-bit groups of 32 in f16, as transformers saves it.
+#[test]
+fn quant_aux_fixtures_match_sinq_on_cpu() {
+    for case in [AUX, AUX2] {
+        matches_in_each_dtype(case, BackendChoice::Cpu);
+    }
+}
+
+#[test]
+fn quant_aux_fixtures_match_sinq_on_gpu() {
+    gpu_test(|_| {
+        for case in [AUX, AUX2] {
+            matches_in_each_dtype(case, BackendChoice::Gpu);
+        }
+    });
+}
+
+/// sinq's NF4 codebook methods (`sinq_nf4`, and `sinq_nf4_quantAux` with
+/// 8-bit scales and zeros), groups of 32, 64 and 128: computed in the
+/// scales' f16 and returned so, then cast.
+#[test]
+fn nf4_fixture_matches_sinq_on_cpu() {
+    matches_in_each_dtype(NF4, BackendChoice::Cpu);
+}
+
+#[test]
+fn nf4_fixture_matches_sinq_on_gpu() {
+    gpu_test(|_| matches_in_each_dtype(NF4, BackendChoice::Gpu));
+}
+
+/// NF4 codes in a packing other than 4 bits: refused.
+#[test]
+fn nf4_in_other_packings_is_refused() {
+    refused_in(
+        NF4,
+        |t, s, _| {
+            s[Q]["meta"]["packing"] = json!("2bit_u8");
+            s[Q]["meta"]["nbits"] = json!(2);
+            let w = tensor(t, &format!("{Q}.W_q"));
+            w.shape = vec![16, 64];
+            w.data.truncate(16 * 64);
+        },
+        Rule::Config,
+        "NF4",
+    );
+}
+
+/// The quantAux output holds the Linear weights and none of the `x`, `s`,
+/// `m` tensors.
+#[test]
+fn quant_aux_output_has_hf_names_and_no_meta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("dense");
+    let input = fixtures().join(AUX).join("model");
+    wgpu_dequant::dequantize(&input, &out, &crate::common::CPU_AUTO).unwrap();
+    let got = read_dir_tensors(&out);
+    for (name, (dtype, _, _)) in &got {
+        assert!(name.ends_with(".weight"), "{name}");
+        assert_eq!(dtype, "BF16", "{name}");
+    }
+    assert_eq!(got.len(), 7 + 3 + 2, "{:?}", got.keys());
+    assert!(!out.join(SIDECAR).exists());
 }
 
 /// The dense output holds each Linear's `weight` under transformers' names
@@ -85,8 +157,8 @@ fn output_has_hf_names_and_no_meta() {
 
 /// The fixture copied, its tensors, sidecar and config.json changed by
 /// `edit` (the index rewritten to the tensors left).
-fn broken(dir: &Path, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value, &mut Value)) {
-    copy_dir(&fixtures().join(CASE).join("model"), dir);
+fn broken(case: &str, dir: &Path, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value, &mut Value)) {
+    copy_dir(&fixtures().join(case).join("model"), dir);
     let mut tensors: Vec<Tensor> = read_dir_tensors(dir)
         .into_iter()
         .map(|(n, (dtype, shape, data))| {
@@ -127,9 +199,19 @@ fn broken(dir: &Path, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value, &mut Value
 /// The fixture broken one way: refused with `rule`, the one-line message
 /// naming `what`, nothing written.
 fn refused(edit: impl FnOnce(&mut Vec<Tensor>, &mut Value, &mut Value), rule: Rule, what: &str) {
+    refused_in(CASE, edit, rule, what)
+}
+
+/// [`refused`], fixture `case` broken.
+fn refused_in(
+    case: &str,
+    edit: impl FnOnce(&mut Vec<Tensor>, &mut Value, &mut Value),
+    rule: Rule,
+    what: &str,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("model");
-    broken(&dir, edit);
+    broken(case, &dir, edit);
     let e = dequantize_err(&dir);
     assert_eq!(e.rule, rule, "{e}");
     let line = e.to_string();
@@ -220,11 +302,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
 #[test]
 fn variants_not_decoded_yet_are_refused() {
     let scale = format!("{Q}.meta.scale");
-    for (method, what) in [
-        ("sinq_quantAux", "quantAux"),
-        ("sinq_nf4", "NF3/NF4"),
-        ("sinq_nf3", "NF3/NF4"),
-    ] {
+    for (method, what) in [("sinq_nf3", "NF3"), ("sinq_nf3_quantAux", "NF3")] {
         refused(
             |_, s, _| s[Q]["meta"]["method"] = json!(method),
             Rule::Unsupported,
@@ -238,16 +316,6 @@ fn variants_not_decoded_yet_are_refused() {
             packing,
         );
     }
-    // quantAux's scales: {x, s, m} tensors.
-    refused(
-        |t, _, _| {
-            t.retain(|x| x.name != scale);
-            let x = format!("{scale}.x");
-            t.push(Tensor::u8(&x, "U8", &[64, 1], &[1; 64]));
-        },
-        Rule::Unsupported,
-        "quantAux",
-    );
     // The blocked (2D tiling) path's 3-D scales.
     refused(
         |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[4, 16, 1], &[1.0; 64]),
@@ -259,4 +327,117 @@ fn variants_not_decoded_yet_are_refused() {
         Rule::Unsupported,
         "2D",
     );
+}
+
+/// quantAux checkpoints broken one way each: refused by rule, nothing
+/// written.
+#[test]
+fn malformed_quant_aux_is_refused_by_rule() {
+    let sx = format!("{Q}.meta.scale.x");
+    let ss = format!("{Q}.meta.scale.s");
+    let sm = format!("{Q}.meta.scale.m");
+    let zx = format!("{Q}.meta.zero.x");
+    let zs = format!("{Q}.meta.zero.s");
+    // The scale bytes stored as int8.
+    refused_in(
+        AUX,
+        |t, _, _| tensor(t, &sx).dtype = "I8",
+        Rule::TensorDtype,
+        &sx,
+    );
+    // The scale bytes truncated: half the groups.
+    refused_in(
+        AUX,
+        |t, _, _| {
+            let x = tensor(t, &sx);
+            x.shape = vec![16, 2];
+            x.data.truncate(32);
+        },
+        Rule::TensorShape,
+        &sx,
+    );
+    // A factor for one column of two.
+    refused_in(
+        AUX,
+        |t, _, _| *tensor(t, &ss) = Tensor::f16(&ss, &[1, 1], &[1.0]),
+        Rule::TensorShape,
+        &ss,
+    );
+    // The minimum stored as an integer.
+    refused_in(
+        AUX,
+        |t, _, _| *tensor(t, &sm) = Tensor::i32(&sm, &[1, 2], &[0, 0]),
+        Rule::TensorDtype,
+        &sm,
+    );
+    // The minimum in another float dtype than the factor.
+    refused_in(
+        AUX,
+        |t, _, _| *tensor(t, &sm) = Tensor::f32(&sm, &[1, 2], &[0.0, 0.0]),
+        Rule::TensorDtype,
+        &sm,
+    );
+    // No factor for the zero points.
+    refused_in(
+        AUX,
+        |t, _, _| t.retain(|x| x.name != zs),
+        Rule::MissingTensor,
+        &zs,
+    );
+    // No zero point at all.
+    refused_in(
+        AUX,
+        |t, _, _| t.retain(|x| !x.name.starts_with(&format!("{Q}.meta.zero"))),
+        Rule::MissingTensor,
+        &format!("{Q}.meta.zero"),
+    );
+    // Zero-point bytes for a different number of groups.
+    refused_in(
+        AUX,
+        |t, _, _| *tensor(t, &zx) = Tensor::u8(&zx, "U8", &[32, 1], &[1; 32]),
+        Rule::TensorShape,
+        &zx,
+    );
+    // 8-bit scales under a method that does not name quantAux: sinq would
+    // not read them.
+    refused_in(
+        AUX,
+        |_, s, _| s[Q]["meta"]["method"] = json!("sinq"),
+        Rule::Config,
+        &sx,
+    );
+    // Both a plain and an 8-bit scale.
+    refused_in(
+        AUX,
+        |t, _, _| {
+            let plain = format!("{Q}.meta.scale");
+            t.push(Tensor::f16(&plain, &[64, 1], &[1.0; 64]));
+        },
+        Rule::Config,
+        &sx,
+    );
+    // A zero shape in the sidecar that is not one a group.
+    refused_in(
+        AUX,
+        |_, s, _| s[Q]["meta"]["zero.shape"] = json!([1, 64]),
+        Rule::Config,
+        "zero.shape",
+    );
+    // The blocked (2D) tiling's 3-D scale shape in the sidecar.
+    refused_in(
+        AUX,
+        |_, s, _| s[Q]["meta"]["scale.shape"] = json!([1, 64, 1]),
+        Rule::Unsupported,
+        "2D",
+    );
+}
+
+/// Products straight from the packs (`Model::matmul_cpu`, and the GPU's
+/// `matmul`) keep to the bound around the dense weight, for the plain,
+/// quantAux and NF4 fixtures alike.
+#[test]
+fn products_of_packed_sinq_weights() {
+    for case in [CASE, AUX, AUX2, NF4] {
+        crate::matmul::products_keep_to_the_bound(case, &fixtures().join(case).join("model"));
+    }
 }

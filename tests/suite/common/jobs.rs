@@ -129,14 +129,35 @@ pub fn random_kind(rng: &mut Rng, allow_int: bool) -> ValueKind {
             for v in table.iter_mut() {
                 *v = normal(rng, 6);
             }
+            if rng.below(2) == 0 {
+                // SINQ's quantAux: the bytes a [tile, cycle] matrix, a
+                // factor and an addend a column, each step rounded to a
+                // 16-bit dtype (or f32).
+                let cycle = [1usize, 2, 7, 64][rng.below(4) as usize];
+                let outer: Vec<f32> = (0..cycle).map(|_| normal(rng, 4)).collect();
+                let adds: Vec<f32> = (0..cycle).map(|_| normal(rng, 6)).collect();
+                let round = [OutDtype::F32, OutDtype::Bf16, OutDtype::F16][rng.below(3) as usize];
+                for (b, v) in table.iter_mut().enumerate() {
+                    *v = b as f32;
+                }
+                return ValueKind::Nested(Box::new(Nested {
+                    table,
+                    outer: outer.into(),
+                    per_outer: 1,
+                    offset: 0.0,
+                    cycle,
+                    adds: adds.into(),
+                    round,
+                }));
+            }
             let per_outer = [64usize, 256][rng.below(2) as usize];
             let outer: Vec<f32> = (0..(1 << 18) / per_outer).map(|_| normal(rng, 4)).collect();
-            ValueKind::Nested(Box::new(Nested {
+            ValueKind::Nested(Box::new(Nested::blockwise(
                 table,
-                outer: outer.into(),
+                outer.into(),
                 per_outer,
-                offset: normal(rng, 6),
-            }))
+                normal(rng, 6),
+            )))
         }
         4 => ValueKind::I8,
         _ => ValueKind::I32,

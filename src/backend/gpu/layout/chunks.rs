@@ -151,13 +151,26 @@ impl<'a> Src<'a> {
         let end = (hi as u64 * size).min(v.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&v.data[start as usize..end as usize]));
         let kind = GridKind::of(v);
+        let mut nested = (0, NO_G_IDX, OutKind::F32);
         let (table, outer, per_outer, add) = match &v.kind {
             ValueKind::Table(t) => (self.push_f32(&t[..]), 0, 0, 0.0),
             ValueKind::Nested(n) => {
                 let per = n.per_outer.max(1);
-                let (first, last) = (lo / per, hi.div_ceil(per).min(n.outer.len()));
+                // The factors entries lo..hi read; all of them where they
+                // cycle or come with addends (whose word index is then
+                // never the sentinel).
+                let whole = n.cycle != 0 || !n.adds.is_empty();
+                let first = if whole { 0 } else { lo / per };
+                let last = hi.div_ceil(per).min(n.outer.len());
+                let last = if whole { n.outer.len() } else { last };
                 let table = self.push_f32(&n.table[..]);
                 let at = self.push_f32(n.outer.get(first..last.max(first)).unwrap_or(&[]));
+                if !n.adds.is_empty() {
+                    let adds = n.adds.get(first..last.max(first)).unwrap_or(&[]);
+                    nested.1 = self.push_f32(adds).wrapping_sub(first as u32);
+                }
+                nested.0 = n.cycle as u32;
+                nested.2 = OutKind::of(n.round);
                 (table, at.wrapping_sub(first as u32), per as u32, n.offset)
             }
             _ => (0, 0, 0, 0.0),
@@ -176,6 +189,10 @@ impl<'a> Src<'a> {
             outer,
             per_outer,
             offset: add,
+            cycle: nested.0,
+            adds: nested.1,
+            round: nested.2 as u32,
+            spare: 0,
             _pad: 0,
         }
     }

@@ -250,6 +250,16 @@ pub(in crate::backend::gpu) struct GridParams {
     pub(super) outer: u32,
     pub(super) per_outer: u32,
     pub(super) offset: f32,
+    /// [`GridKind::Nested`]: outer factors before they repeat (0: never;
+    /// [`crate::job::Nested::cycle`]).
+    pub(super) cycle: u32,
+    /// [`GridKind::Nested`]: word index in `src` of entry 0's addend
+    /// (wrapping, as `outer`), or [`NO_G_IDX`] where `offset` is added.
+    pub(super) adds: u32,
+    /// [`GridKind::Nested`]: the [`OutKind`] each step rounds to.
+    pub(super) round: u32,
+    /// Keeps the grid 16-byte sized, as a uniform's structs must be.
+    pub(super) spare: u32,
     pub(super) _pad: u32,
 }
 
@@ -539,7 +549,7 @@ mod tests {
         ] {
             host.extend(
                 fields![GridParams, name, at; kind, size, row_div, col_div, row_stride,
-                slice_stride, base, table, outer, per_outer, offset],
+                slice_stride, base, table, outer, per_outer, offset, cycle, adds, round, spare],
             );
             let pad = (at + offset_of!(GridParams, _pad)) as u32;
             host.push((format!("{name}_pad1"), pad));
