@@ -161,56 +161,6 @@ fn flushes_subnormals(info: &wgpu::AdapterInfo) -> bool {
     !llvmpipe
 }
 
-#[cfg(test)]
-mod flush_tests {
-    use wgpu::{AdapterInfo, Backend, DeviceType};
-
-    use super::flushes_subnormals;
-
-    fn info(device_type: DeviceType, backend: Backend, name: &str) -> AdapterInfo {
-        AdapterInfo {
-            name: name.into(),
-            ..AdapterInfo::new(device_type, backend)
-        }
-    }
-
-    #[test]
-    fn only_llvmpipe_keeps_subnormals() {
-        let llvmpipe = "llvmpipe (LLVM 19.1.7, 256 bits)";
-        assert!(!flushes_subnormals(&info(
-            DeviceType::Cpu,
-            Backend::Vulkan,
-            llvmpipe
-        )));
-        // Chromium's fallback adapter (SwiftShader) is a CPU adapter too.
-        assert!(flushes_subnormals(&info(
-            DeviceType::Cpu,
-            Backend::BrowserWebGpu,
-            ""
-        )));
-        assert!(flushes_subnormals(&info(
-            DeviceType::Cpu,
-            Backend::BrowserWebGpu,
-            llvmpipe
-        )));
-        assert!(flushes_subnormals(&info(
-            DeviceType::Cpu,
-            Backend::Dx12,
-            "Microsoft Basic Render Driver"
-        )));
-        assert!(flushes_subnormals(&info(
-            DeviceType::Cpu,
-            Backend::Vulkan,
-            "SwiftShader Device"
-        )));
-        assert!(flushes_subnormals(&info(
-            DeviceType::DiscreteGpu,
-            Backend::Vulkan,
-            "NVIDIA H100"
-        )));
-    }
-}
-
 impl GpuDecoder {
     /// A decoder on `device`. Chunks are planned within the device's own
     /// limits; device errors are caught in error scopes around each call, so
@@ -1004,5 +954,55 @@ impl Backend for Gpu {
 
     fn gpu(&self) -> Option<&GpuDecoder> {
         Some(&self.decoder)
+    }
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use wgpu::{AdapterInfo, Backend, DeviceType};
+
+    use super::flushes_subnormals;
+
+    fn info(device_type: DeviceType, backend: Backend, name: &str) -> AdapterInfo {
+        AdapterInfo {
+            name: name.into(),
+            ..AdapterInfo::new(device_type, backend)
+        }
+    }
+
+    #[test]
+    fn only_llvmpipe_keeps_subnormals() {
+        let llvmpipe = "llvmpipe (LLVM 19.1.7, 256 bits)";
+        assert!(!flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::Vulkan,
+            llvmpipe
+        )));
+        // Chromium's fallback adapter (SwiftShader) is a CPU adapter too.
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::BrowserWebGpu,
+            ""
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::BrowserWebGpu,
+            llvmpipe
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::Dx12,
+            "Microsoft Basic Render Driver"
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::Cpu,
+            Backend::Vulkan,
+            "SwiftShader Device"
+        )));
+        assert!(flushes_subnormals(&info(
+            DeviceType::DiscreteGpu,
+            Backend::Vulkan,
+            "NVIDIA H100"
+        )));
     }
 }
