@@ -40,6 +40,7 @@ const H_TABLE: u32 = 4u;     // word of the table
 const H_REGIONS: u32 = 5u;   // regions
 const H_SCALE: u32 = 6u;     // word of the scale's entries, or NONE; then row_div, row_stride, col_div
 const H_OFFSET: u32 = 10u;   // the same for the offset
+const H_SUM: u32 = 14u;      // Sum: 0 stepwise, 1 embedding bag
 const H_REGION0: u32 = 16u;
 const MAX_TERMS: u32 = 8u;
 const TERM_WORDS: u32 = 10u;
@@ -59,6 +60,16 @@ fn cb_round(x: f32) -> f32 {
         return f16_to_f32(to_f16(x));
     }
     return cb_opaque(x);
+}
+
+// Codebook::round_bag: Sum::EmbeddingBag's one rounding, bf16 with ties
+// away from zero (fbgemm's), else cb_round.
+fn cb_round_bag(x: f32) -> f32 {
+    let b = bitcast<u32>(x);
+    if (src[H_ARITH] == 1u && (b & 0x7fffffffu) <= 0x7f800000u) {
+        return bitcast<f32>((b + 0x8000u) & 0xffff0000u);
+    }
+    return cb_round(x);
 }
 
 // `bits` bits (at most 24) from bit `pos` of the words from `data` on.
@@ -101,6 +112,7 @@ fn cb_value(row: u32, col: u32) -> f32 {
     let p = (row % tr) * tc + lc % tc;
     let table = src[H_TABLE];
     var acc = 0.0;
+    let bag = src[H_SUM] == 1u;
     for (var t = 0u; t < src[rb + 4u]; t = t + 1u) {
         let tb = rb + 8u + t * TERM_WORDS;
         let group = src[tb + 4u];
@@ -110,9 +122,14 @@ fn cb_value(row: u32, col: u32) -> f32 {
         let x = bitcast<f32>(src[table + src[tb + 7u] + (g * src[tb + 8u] + index) * len + p]);
         if (t == 0u) {
             acc = x;
+        } else if (bag) {
+            acc = cb_opaque(acc + x);
         } else {
             acc = cb_round(acc + x);
         }
+    }
+    if (bag) {
+        acc = cb_round_bag(acc);
     }
     if (src[H_SCALE] != NONE) {
         acc = cb_round(acc * cb_grid(H_SCALE, row, col));

@@ -62,6 +62,8 @@ formats! {
     Sinq(sinq) by "sinq",
     /// VPTQ vector codebooks (`quant_method: "vptq"`).
     Vptq(vptq) by "vptq",
+    /// AQLM additive codebooks (`quant_method: "aqlm"`).
+    Aqlm(aqlm) by "aqlm",
     /// An SVDQuant checkpoint written by diffuse_compressor.
     Svdquant(svdquant),
     /// An MLX checkpoint (mlx-lm: config.json's `quantization`).

@@ -32,7 +32,9 @@ use serde_json::Value;
 use super::{decoded_output, expect_dtype, plan_each, require, Modules, QuantConfig};
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule, Warning};
-use crate::job::{Codebook, DecodeJob, Dims, Fault, Grid, Region, Term, ValueKind, Values};
+use crate::job::{
+    Codebook, DecodeJob, Dims, Fault, Grid, Region, Sum, Term, ValueKind, Values,
+};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
@@ -443,6 +445,7 @@ fn plan_module<'c>(
         regions,
         col_map,
         arith,
+        sum: Sum::Stepwise,
     };
     if let Err(f) = book.check(rows, cols) {
         return Err(fault(ckpt, module, osz > 0, f));

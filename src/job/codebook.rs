@@ -20,7 +20,8 @@ pub const MAX_INDEX_BITS: u32 = 24;
 ///
 /// ```text
 /// acc = table[at(term 0)]
-/// acc = round_a(acc + table[at(term t)])      t = 1, 2, …
+/// acc = round_a(acc + table[at(term t)])      t = 1, 2, …  (Sum::Stepwise)
+/// acc = bag_a(Σ_t table[at(term t)])          in f32, in term order (Sum::EmbeddingBag)
 /// v   = round_a(acc · scale)   (with a scale)
 /// v   = round_a(v + offset)    (with an offset)
 /// ```
@@ -29,14 +30,15 @@ pub const MAX_INDEX_BITS: u32 = 24;
 /// `(ti, tj)` the element's tile, `p` its place in the tile (row-major),
 /// `len` the tile's elements, a term's
 /// `at = base + ((tj div group) · book + index(ti, tj)) · len + p`, and
-/// `round_a` rounds to [`Codebook::arith`] (no rounding without it). The
+/// `round_a` rounds to [`Codebook::arith`] (no rounding without it) and
+/// `bag_a` as [`Sum::EmbeddingBag`] says. The
 /// output column `c` is stored column `col_map[c]` (identity without one);
 /// scale and offset are the job's [`DecodeJob::scale`] and
 /// [`DecodeJob::offset`], read at the output (row, column). This is
 /// VPTQ's (vectors along the outputs, residual codebooks summed, outlier
 /// columns a region of their own, `perm`, `weight_scale`/`weight_bias`)
-/// and AQLM's (tiles of `out_group × in_group`, codebooks summed, a scale
-/// per output group).
+/// and AQLM's (tiles of `out_group × in_group`, codebooks summed as
+/// torch's `F.embedding_bag` sums them, a scale per output group).
 #[derive(Debug, Clone)]
 pub struct Codebook<'a> {
     /// Every codebook's values, each entry's `len` values one after
@@ -49,6 +51,34 @@ pub struct Codebook<'a> {
     /// The dtype the sums, the scale and the offset round to (the
     /// producer's arithmetic); `None` computes in f32.
     pub arith: Option<OutDtype>,
+    /// How the terms' vectors are summed.
+    pub sum: Sum,
+}
+
+/// How a [`Codebook`]'s terms are summed before the scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sum {
+    /// Each partial sum rounded to [`Codebook::arith`] (torch adding
+    /// tensors of the model's dtype, one codebook after another: VPTQ).
+    #[default]
+    Stepwise,
+    /// Summed in f32 in term order, rounded once to [`Codebook::arith`]
+    /// as torch's CPU `F.embedding_bag(mode="sum")` rounds its f32 sums
+    /// (fbgemm's conversions): f16 to nearest even, bf16 to nearest with
+    /// ties away from zero (`(bits + 0x8000) >> 16`; a NaN as
+    /// [`OutDtype::round`] writes it). AQLM's `_dequantize_weight`.
+    EmbeddingBag,
+}
+
+/// `x` rounded to bf16 with ties away from zero (fbgemm's f32 → bf16,
+/// `(bits + 0x8000) >> 16`), as an f32 again; a NaN as
+/// [`OutDtype::round`] rounds it.
+#[inline]
+pub fn bf16_ties_away(x: f32) -> f32 {
+    if x.is_nan() {
+        return OutDtype::Bf16.round(x);
+    }
+    f32::from_bits(x.to_bits().wrapping_add(0x8000) & 0xffff_0000)
 }
 
 /// Stored columns `start..start + cols`, read through their own tiles and
@@ -181,6 +211,15 @@ impl<'a> Codebook<'a> {
         self.arith.map_or(x, |d| d.round(x))
     }
 
+    /// [`Sum::EmbeddingBag`]'s one rounding of an f32 sum.
+    #[inline]
+    pub fn round_bag(&self, x: f32) -> f32 {
+        match self.arith {
+            Some(OutDtype::Bf16) => bf16_ties_away(x),
+            _ => self.round(x),
+        }
+    }
+
     /// The sum of the terms' vectors at stored (row, col), before scale
     /// and offset.
     #[inline]
@@ -193,11 +232,19 @@ impl<'a> Codebook<'a> {
         let p = (row % tr) * tc + lc % tc;
         let len = tr * tc;
         let mut acc = 0.0f32;
+        let bag = self.sum == Sum::EmbeddingBag;
         for (k, t) in r.terms.iter().enumerate() {
             let x = self.table.get(t.at(ti, tj, len, p)).copied().unwrap_or(0.0);
-            acc = if k == 0 { x } else { self.round(acc + x) };
+            acc = match (k, bag) {
+                (0, _) => x,
+                (_, true) => acc + x,
+                (_, false) => self.round(acc + x),
+            };
         }
-        acc
+        match bag {
+            true => self.round_bag(acc),
+            false => acc,
+        }
     }
 
     /// Checks the geometry against `rows × cols` stored elements and the
@@ -346,5 +393,19 @@ mod tests {
         assert_eq!(high.index(0, 1), 0x155 >> 4);
         // Past the data: zero, never a panic.
         assert_eq!(t.index(100, 0), 0);
+    }
+
+    /// fbgemm's bf16 rounding: a tie goes away from zero (to even would
+    /// go down here), other values to nearest.
+    #[test]
+    fn bf16_ties_away_from_zero() {
+        // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
+        let tie = 1.0 + 2f32.powi(-8);
+        assert_eq!(bf16_ties_away(tie), 1.0 + 2f32.powi(-7));
+        assert_eq!(bf16_ties_away(-tie), -(1.0 + 2f32.powi(-7)));
+        assert_eq!(OutDtype::Bf16.round(tie), 1.0);
+        assert_eq!(bf16_ties_away(1.0 + 2f32.powi(-9)), 1.0);
+        assert_eq!(bf16_ties_away(f32::MAX), f32::INFINITY);
+        assert!(bf16_ties_away(f32::NAN).is_nan());
     }
 }

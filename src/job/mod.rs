@@ -42,7 +42,7 @@ mod normal;
 mod sparse;
 mod values;
 
-pub use codebook::{Codebook, Fault, Region, Term, MAX_INDEX_BITS, MAX_TERMS};
+pub use codebook::{bf16_ties_away, Codebook, Fault, Region, Sum, Term, MAX_INDEX_BITS, MAX_TERMS};
 use fields::div;
 #[cfg(test)]
 pub(crate) use fields::AWQ_SLOT;

@@ -131,6 +131,7 @@ fn format_name(model: &Path) -> &'static str {
             Some("gemma") => "gemma",
             Some("sinq") => "sinq",
             Some("vptq") => "vptq",
+            Some("aqlm") => "aqlm",
             Some("quark") => "quark",
             _ => "compressed-tensors",
         }

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod aqlm;
 mod architecture;
 mod autoround;
 mod bitnet;

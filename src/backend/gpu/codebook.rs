@@ -11,7 +11,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::{gpu_err, GpuDecoder};
 use crate::error::Result;
-use crate::job::{Codebook, DecodeJob, Values, MAX_TERMS};
+use crate::job::{Codebook, DecodeJob, Sum, Values, MAX_TERMS};
 use crate::numerics::OutDtype;
 
 /// The module: the encodings, then the kernel.
@@ -128,6 +128,10 @@ fn src_words(job: &DecodeJob<'_>, cb: &Codebook<'_>, flushes: bool) -> Option<Ve
     w[0] = u(job.dims.cols)?;
     w[1] = out_kind(job.out);
     w[2] = cb.arith.map_or(0, out_kind);
+    w[14] = match cb.sum {
+        Sum::Stepwise => 0,
+        Sum::EmbeddingBag => 1,
+    };
     w[5] = u(cb.regions.len())?;
     w[4] = u(w.len())?;
     w.extend(cb.table.iter().map(|x| x.to_bits()));

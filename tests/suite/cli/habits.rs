@@ -203,6 +203,8 @@ fn formats_lists_formats_types_and_architectures() {
         "hqq",
         "gemma",
         "sinq",
+        "vptq",
+        "aqlm",
         "compressed-tensors",
     ] {
         assert!(formats.iter().any(|n| n == f), "{f}: {formats:?}");

@@ -454,6 +454,9 @@ impl Rng {
 
 /// The reference checkpoints in tests/fixtures.
 pub const CASES: &[&str] = &[
+    "aqlm-1x16-f16",
+    "aqlm-2x8-bf16",
+    "aqlm-4x6-f16",
     "autoround-asym-mix",
     "autoround-awq-mix",
     "autoround-gptq-mix",

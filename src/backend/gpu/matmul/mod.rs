@@ -322,7 +322,7 @@ impl GpuDecoder {
     ) -> Result<PackedLinear> {
         let refuse = |detail: &str| Err(Error::new(Rule::Argument, what, detail.to_string()));
         if job.codebook.is_some() {
-            return refuse("vector codebooks (VPTQ) are not multiplied packed on the GPU (yet): decode the weight, or multiply on the CPU (Model::matmul_cpu)");
+            return refuse("vector codebooks (VPTQ, AQLM) are not multiplied packed on the GPU (yet): decode the weight, or multiply on the CPU (Model::matmul_cpu)");
         }
         // Transposed packs (AutoAWQ's) and strided ones (GPTQ's, but with
         // act order) are rewritten once, here, so that their products read
