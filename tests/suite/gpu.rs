@@ -438,6 +438,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
             slice_bits: (d.rows * d.cols) as u64 * 4,
             high_first: false,
             blocks: None,
+            parts: None,
         },
         code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
         zero: None,
@@ -558,6 +559,7 @@ fn decode_to_buffer_matches_cpu() {
                     slice_bits: (d.rows * lane_words) as u64 * 32,
                     high_first: false,
                     blocks: None,
+                    parts: None,
                 },
                 code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
                 zero: None,
@@ -1144,6 +1146,7 @@ fn every_code_by_formula_equals_the_cpu_table() {
                         slice_bits: (d.rows * d.cols) as u64 * bits as u64,
                         high_first: false,
                         blocks: None,
+                        parts: None,
                     },
                     code_values: (0..1u32 << bits).map(|k| value(k as u8)).collect(),
                     scale: Some(Values {
