@@ -108,7 +108,8 @@ fn fixtures_take_the_fast_kernels() {
                 );
             } else if case.starts_with("hqq") || case.starts_with("sinq") {
                 // HQQ's (and SINQ's) packs put P rows in a byte, high bits
-                // first: the generic kernel; its 8-bit packs are plain bytes.
+                // first, and 3bit_32 ten rows an int32 (lanes in parts):
+                // the generic kernel; its 8-bit packs are plain bytes.
                 assert!(
                     ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"

@@ -356,3 +356,94 @@ fn truncated_3bit_checkpoint_is_refused() {
         "{line}"
     );
 }
+
+/// HQQ's layouts whose lanes share words — `3bit_32`'s rows in ten parts of
+/// an int32 (1003 rows: parts of 101, the last of 94) and `4bit_u8`'s two
+/// slices of a byte — decoded on a GPU with tiny limits, so that chunks
+/// (and a writer's row range) start and end inside parts and slices: each
+/// chunk binds the words all its rows read, and gives the CPU's bytes.
+#[test]
+fn shared_words_in_small_chunks_give_the_cpus_bytes() {
+    use wgpu_dequant::backend::gpu::GpuDecoder;
+    use wgpu_dequant::backend::{Backend, Cpu};
+    use wgpu_dequant::job::{DecodeJob, Dims, Fields, Grid, Parts, ValueKind, Values, ZeroPoint};
+    gpu_test(|adapter| {
+        let cramped = GpuDecoder::open(&adapter).unwrap().with_limits(4 << 10, 2);
+        let mut rng = crate::common::Rng::new(0x3B17_0032);
+        let (r, c) = (1003usize, 37usize);
+        let step = r.div_ceil(10);
+        let grid = Grid {
+            row_div: 1,
+            col_div: c,
+            row_stride: 1,
+            slice_stride: 0,
+        };
+        let f32s = |n: usize, rng: &mut crate::common::Rng| -> Vec<u8> {
+            (0..n)
+                .map(|_| (rng.next() as u32 % 1000) as f32 / 256.0)
+                .flat_map(f32::to_le_bytes)
+                .collect()
+        };
+        let words: Vec<u8> = (0..step * c)
+            .flat_map(|_| (rng.next() as u32 & 0x3fff_ffff).to_le_bytes())
+            .collect();
+        let bytes: Vec<u8> = (0..r / 2 * c).map(|_| rng.next() as u8).collect();
+        let (scale, zero) = (f32s(r, &mut rng), f32s(r, &mut rng));
+        let values = |b: &[u8], grid: Grid| Values {
+            data: b.to_vec().into(),
+            kind: ValueKind::F32,
+            grid,
+        };
+        let parts = Parts {
+            lanes: step,
+            top: 27,
+            down: 3,
+        };
+        let three = DecodeJob::new(
+            Dims {
+                slices: 1,
+                rows: r,
+                cols: c,
+            },
+            Fields::new(&words[..], 3, 1, c as u64 * 32).with_parts(parts),
+            (0..8).map(|q| q as f32).collect::<Vec<_>>(),
+            OutDtype::F32,
+        );
+        let half = r / 2;
+        let four = DecodeJob::new(
+            Dims {
+                slices: 2,
+                rows: half,
+                cols: c,
+            },
+            Fields::new(&bytes[..], 4, 1, c as u64 * 8)
+                .with_word_bits(8)
+                .with_slice_bits(4)
+                .high_first(),
+            (0..16).map(|q| q as f32).collect::<Vec<_>>(),
+            OutDtype::F32,
+        );
+        let slices_grid = Grid {
+            slice_stride: half,
+            ..grid
+        };
+        for (job, grid) in [(three, grid), (four, slices_grid)] {
+            let job = job
+                .with_scale(values(&scale, grid))
+                .with_zero(ZeroPoint::Plain(values(&zero, grid)));
+            let d = job.dims;
+            let want = Cpu::new().decode(&job).unwrap();
+            let row_bytes = d.cols * 4;
+            for rows in [0..d.total_rows(), 5..d.total_rows() - 3] {
+                let mut got = vec![0u8; rows.len() * row_bytes];
+                cramped.decode_rows(&job, rows.clone(), &mut got).unwrap();
+                assert!(
+                    got[..] == want[rows.start * row_bytes..rows.end * row_bytes],
+                    "{d:?} rows {rows:?}: GPU bytes differ"
+                );
+            }
+        }
+        let ran = cramped.dispatches();
+        assert!(ran.fast == 0 && ran.generic > 4, "ran {ran:?}");
+    });
+}
