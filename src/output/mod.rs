@@ -194,7 +194,8 @@ impl<'a> Output<'a> {
                 let t = job.codes.data.tensor()?;
                 // Lanes that share bytes (HQQ's parts and slices) are
                 // released with the tensor.
-                if !job.codes.in_order(job.dims.slices, job.dims.rows) {
+                let stored = job.stored_dims();
+                if !job.codes.in_order(stored.slices, stored.rows) {
                     return None;
                 }
                 let total = job.dims.total_rows();
