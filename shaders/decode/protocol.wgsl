@@ -93,8 +93,11 @@ struct Stream {
     // its high plane's above it. block_len 0: not in blocks.
     block_len: u32,
     block_bits: u32,
-    pad0: u32,
-    pad1: u32,
+    // Lanes in parts sharing their words (job::Parts, hqq's 3bit_32): lane
+    // j is lane j % part_lanes of part j / part_lanes, part_down bits below
+    // the one before (the first part's top is in base). 0: no parts.
+    part_lanes: u32,
+    part_down: u32,
     low: vec4<u32>,   // the low plane: first byte in the block, bits, span (job::Plane), 0
     high: vec4<u32>,  // the high plane; bits 0: none
 }

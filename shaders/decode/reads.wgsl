@@ -56,7 +56,11 @@ fn field(st: Stream, slice: u32, lane: u32, i: u32) -> u32 {
         }
         off = m * st.bits;
     }
-    let base = st.base + slice * st.slice_bits + lane * st.lane_bits;
+    var base = st.base + slice * st.slice_bits + lane * st.lane_bits;
+    if (st.part_lanes != 0u) {
+        let k = lane / st.part_lanes;
+        base = st.base + slice * st.slice_bits + (lane - k * st.part_lanes) * st.lane_bits - k * st.part_down;
+    }
     let lo_n = min(32u - off, st.bits);
     // High-first fields never cross a byte (the host's rule), so only the
     // first read is swapped; base is a multiple of 8, so XOR commutes with it.

@@ -20,6 +20,14 @@
 //! stores the same bytes as a float tensor. The job reads part `k` as
 //! slice `k` of `R/P` lanes, a field a byte apart, high bits first.
 //!
+//! `3bit_32` pads the R rows with zeros to a multiple of ten, splits them
+//! in ten parts of `S = ⌈R/10⌉` rows and puts part `k` in bits
+//! `27 − 3k .. 30 − 3k` of an int32 (bits 30 and 31 unused): `W_q` is
+//! `[S, C]` int32, and `dequantize` crops the unpacked `[10·S, C]` to its
+//! first R rows. The job reads the R rows in place as lanes in parts of S
+//! ([`Parts`]), a field a word apart: the last part holding rows may be
+//! partial, the parts after it (all padding) are never read.
+//!
 //! `Quantizer.dequantize` computes `(W_r − zero) · scale` in the layer's
 //! compute dtype, which transformers' loader sets to the dtype the model is
 //! loaded in (`HQQLinear(..., compute_dtype=torch_dtype)` casts `scale` and
@@ -39,7 +47,9 @@ use super::{
 };
 use crate::checkpoint::{Checkpoint, TensorRef};
 use crate::error::{Error, Result, Rule};
-use crate::job::{Bytes, DecodeJob, Dims, Fields, Grid, Product, ValueKind, Values, ZeroPoint};
+use crate::job::{
+    Bytes, DecodeJob, Dims, Fields, Grid, Parts, Product, ValueKind, Values, ZeroPoint,
+};
 use crate::numerics::OutDtype;
 use crate::output::Output;
 
@@ -47,10 +57,10 @@ use crate::output::Output;
 pub const SUPPORT: super::Support = super::Support {
     name: "hqq",
     producers: "HQQ (hqq 0.2.x; transformers' HqqConfig)",
-    bits: &[1, 2, 4, 5, 6, 8],
+    bits: &[1, 2, 3, 4, 5, 6, 8],
     modes: &[
         "asymmetric groups along axis 1 or 0 (float zero and scale)",
-        "packings 8bit_u8, 4bit_u8, 2bit_u8, 1bit_u8 (view_as_float too)",
+        "packings 8bit_u8, 4bit_u8, 3bit_32, 2bit_u8, 1bit_u8 (view_as_float too)",
     ],
 };
 
@@ -225,13 +235,15 @@ fn meta_str(t: &TensorRef<'_>) -> Result<String> {
     Ok(t.data()?.iter().map(|&b| b as char).collect())
 }
 
-/// The packings hqq 0.2 writes: bits a field and fields a byte.
-fn packing(name: &str) -> Option<u32> {
+/// The packings hqq 0.2 writes: bits a field and bytes a word (whose
+/// fields hold that many parts of the rows).
+fn packing(name: &str) -> Option<(u32, usize)> {
     match name {
-        "8bit_u8" => Some(8),
-        "4bit_u8" => Some(4),
-        "2bit_u8" => Some(2),
-        "1bit_u8" => Some(1),
+        "8bit_u8" => Some((8, 1)),
+        "4bit_u8" => Some((4, 1)),
+        "3bit_32" => Some((3, 4)),
+        "2bit_u8" => Some((2, 1)),
+        "1bit_u8" => Some((1, 1)),
         _ => None,
     }
 }
@@ -264,14 +276,8 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     }
     let packing_t = require(ckpt, module, "packing")?;
     let name = meta_str(&packing_t)?;
-    let bits = match packing(&name) {
+    let (bits, word_bytes) = match packing(&name) {
         Some(b) => b,
-        None if name == "3bit_32" => {
-            return Err(packing_t.error(
-                Rule::Unsupported,
-                "packing 3bit_32 (ten 3-bit codes an int32) is not decoded yet",
-            ))
-        }
         None => {
             return Err(packing_t.error(
                 Rule::TensorValue,
@@ -319,65 +325,108 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
             ))
         }
     };
-    let per_byte = (8 / bits) as usize;
-    if !r.is_multiple_of(per_byte) {
+    // Parts of the rows a word holds.
+    let per_word = (8 * word_bytes as u32 / bits) as usize;
+    let three = word_bytes == 4;
+    if !three && !r.is_multiple_of(per_word) {
         return Err(group_t.error(
             Rule::TensorValue,
-            format!("{name} packs {per_byte} rows a byte; the {r} rows of the {r}x{c} grouped weight are not a multiple of it"),
+            format!("{name} packs {per_word} rows a byte; the {r} rows of the {r}x{c} grouped weight are not a multiple of it"),
         ));
     }
-    let step = r / per_byte;
-    // W_q: the [step, c] bytes, or (view_as_float) the same bytes as floats.
+    // 3bit_32 pads the rows to a multiple of ten.
+    let step = r.div_ceil(per_word);
+    // W_q: the [step, c] words, or (view_as_float) the same bytes as floats.
     let view_as_float = meta_flag(ckpt, module, "view_as_float")?;
-    let allowed: &[Dtype] = match view_as_float {
-        false => &[Dtype::U8],
-        true => &[Dtype::F16, Dtype::BF16, Dtype::F32],
+    let allowed: &[Dtype] = match (view_as_float, three) {
+        (false, false) => &[Dtype::U8],
+        (false, true) => &[Dtype::I32],
+        (true, _) => &[Dtype::F16, Dtype::BF16, Dtype::F32],
     };
     expect_dtype(&w, allowed)?;
     let size = w.dtype.bitsize() / 8;
+    let row_bytes = c.checked_mul(word_bytes);
     let fits = match *w.shape {
-        [a, b] => a == step && b.checked_mul(size) == Some(c),
+        [a, b] => a == step && b.checked_mul(size) == row_bytes,
         _ => false,
     };
-    if !fits || w.len() != step * c {
+    if !fits || Some(w.len()) != row_bytes.and_then(|b| b.checked_mul(step)) {
+        let what = if three { "int32 words" } else { "bytes" };
         return Err(w.error(
             Rule::TensorShape,
             format!(
-                "shape {:?} ({}) does not hold the [{step}, {c}] bytes of a {}x{} weight in groups of {group} along axis {axis}, {name}",
+                "shape {:?} ({}) does not hold the [{step}, {c}] {what} of a {}x{} weight in groups of {group} along axis {axis}, {name}",
                 w.shape, w.dtype, rows, cols
             ),
         ));
     }
-    let dims = Dims {
-        slices: per_byte,
-        rows: step,
-        cols: c,
+    let (dims, codes, grid) = match three {
+        // The R rows in place, lanes in parts of `step` (part k in bits
+        // 27 − 3k ..), a field an int32 apart.
+        true => {
+            let parts = Parts {
+                lanes: step,
+                top: 27,
+                down: 3,
+            };
+            let dims = Dims {
+                slices: 1,
+                rows: r,
+                cols: c,
+            };
+            let codes = Fields::new(w, bits, 1, c as u64 * 32).with_parts(parts);
+            let grid = match axis {
+                // Entry = row of the grouped matrix.
+                1 => Grid {
+                    row_div: 1,
+                    col_div: c,
+                    row_stride: 1,
+                    slice_stride: 0,
+                },
+                // Entry = column.
+                _ => Grid {
+                    row_div: r,
+                    col_div: 1,
+                    row_stride: 0,
+                    slice_stride: 0,
+                },
+            };
+            (dims, codes, grid)
+        }
+        false => {
+            let dims = Dims {
+                slices: per_word,
+                rows: step,
+                cols: c,
+            };
+            let codes = match bits {
+                8 => Fields::dense(w, 8, c as u64 * 8),
+                // Part k of a byte is slice k, from the high bits down.
+                _ => Fields::new(w, bits, 1, c as u64 * 8)
+                    .with_word_bits(8)
+                    .with_slice_bits(bits as u64)
+                    .high_first(),
+            };
+            let grid = match axis {
+                // Entry = row of the grouped matrix, slice k's rows after k·step.
+                1 => Grid {
+                    row_div: 1,
+                    col_div: c,
+                    row_stride: 1,
+                    slice_stride: step,
+                },
+                // Entry = column.
+                _ => Grid {
+                    row_div: step,
+                    col_div: 1,
+                    row_stride: 0,
+                    slice_stride: 0,
+                },
+            };
+            (dims, codes, grid)
+        }
     };
-    let codes = match bits {
-        8 => Fields::dense(w, 8, c as u64 * 8),
-        // Part k of a byte is slice k, from the high bits down.
-        _ => Fields::new(w, bits, 1, c as u64 * 8)
-            .with_word_bits(8)
-            .with_slice_bits(bits as u64)
-            .high_first(),
-    };
-    super::check_extent(&w, &codes, per_byte, step, c)?;
-    let grid = match axis {
-        // Entry = row of the grouped matrix, slice k's rows after k·step.
-        1 => Grid {
-            row_div: 1,
-            col_div: c,
-            row_stride: 1,
-            slice_stride: step,
-        },
-        // Entry = column.
-        _ => Grid {
-            row_div: step,
-            col_div: 1,
-            row_stride: 0,
-            slice_stride: 0,
-        },
-    };
+    super::check_extent(&w, &codes, dims.slices, dims.rows, c)?;
     let (groups, want_shape) = match axis {
         1 => (r, [r, 1]),
         _ => (c, [1, c]),

@@ -42,6 +42,39 @@ pub struct Fields<'a> {
     /// whose blocks carry their own scales): see [`InBlocks`]. The layout
     /// fields above then only give where lanes and slices start.
     pub blocks: Option<InBlocks>,
+    /// The lanes come in parts that share their words, each part in its
+    /// own fields of them (see [`Parts`]); `None`: lane `j` starts
+    /// `j·lane_bits` in.
+    pub parts: Option<Parts>,
+}
+
+/// Lanes in parts of `lanes` lanes that share the same words, each part at
+/// its own bits of them, from the top down: lane `j` is lane `j mod lanes`
+/// of part `k = j div lanes`, which starts at bit `top − k·down` of the
+/// lane's words (hqq's `3bit_32`: the grouped weight's rows in ten parts of
+/// `lanes` rows, part k in bits `27 − 3k .. 30 − 3k` of each int32; the last
+/// part may hold fewer lanes, or none). Parts past `top / down` do not
+/// exist: [`Fields::lane_start`] is `None` there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts {
+    /// Lanes a part (at least 1).
+    pub lanes: usize,
+    /// The first part's offset in bits.
+    pub top: u64,
+    /// Bits from one part down to the next.
+    pub down: u64,
+}
+
+impl Parts {
+    /// Lane `lane`'s offset from lane 0 of part 0's start shifted by `top`:
+    /// `(lane mod lanes)·lane_bits + top − (lane div lanes)·down`.
+    #[inline]
+    fn offset(&self, lane: usize, lane_bits: u64) -> Option<u64> {
+        let (k, j) = (div(lane, self.lanes.max(1)), rem(lane, self.lanes.max(1)));
+        (j as u64)
+            .checked_mul(lane_bits)?
+            .checked_add(self.top.checked_sub((k as u64).checked_mul(self.down)?)?)
+    }
 }
 
 /// Fields inside a lane's blocks: a lane is a run of blocks `bytes` long,
@@ -171,6 +204,7 @@ impl<'a> Fields<'a> {
             slice_bits: 0,
             high_first: false,
             blocks: None,
+            parts: None,
         }
     }
 
@@ -217,6 +251,12 @@ impl<'a> Fields<'a> {
     /// byte k holds field 2k in its high nibble).
     pub fn high_first(mut self) -> Self {
         self.high_first = true;
+        self
+    }
+
+    /// Lanes in parts sharing their words (see [`Parts`]).
+    pub fn with_parts(mut self, parts: Parts) -> Self {
+        self.parts = Some(parts);
         self
     }
 }
@@ -298,6 +338,7 @@ impl Fields<'_> {
     ) -> Option<Fields<'static>> {
         let words_whole = width == self.bits
             && self.blocks.is_none()
+            && self.parts.is_none()
             && self.per_word == 0
             && 32 % self.bits == 0
             && !self.high_first
@@ -347,6 +388,7 @@ impl Fields<'_> {
     ) -> Option<Fields<'static>> {
         let awq = self.bits == 4
             && self.blocks.is_none()
+            && self.parts.is_none()
             && self.per_word == 8
             && self.interleaved
             && !self.high_first
@@ -439,9 +481,13 @@ impl Fields<'_> {
 
     /// First bit of `lane` in `slice`.
     pub fn lane_start(&self, slice: usize, lane: usize) -> Option<u64> {
+        let lane = match &self.parts {
+            None => (lane as u64).checked_mul(self.lane_bits)?,
+            Some(p) => p.offset(lane, self.lane_bits)?,
+        };
         (slice as u64)
             .checked_mul(self.slice_bits)?
-            .checked_add((lane as u64).checked_mul(self.lane_bits)?)
+            .checked_add(lane)
     }
 
     /// One past the last bit that fields `0..len` of `lane` in `slice` touch.
@@ -482,7 +528,49 @@ impl Fields<'_> {
         if slices == 0 || lanes == 0 || len == 0 {
             return Some(0);
         }
-        self.lane_end(slices - 1, lanes - 1, len)
+        let last = (slices - 1, lanes - 1);
+        Some(self.span((0, 0), last, lanes, len)?.1)
+    }
+
+    /// The bits fields `0..len` of the lanes from `first` to `last`
+    /// (inclusive, as (slice, lane) of slices of `lanes` lanes) touch, from
+    /// the first to one past the last: where lanes do not advance through
+    /// the stream (slices or [`Parts`] sharing words, HQQ's packs), the
+    /// lowest start and highest end of each run of lanes that does.
+    pub fn span(
+        &self,
+        first: (usize, usize),
+        last: (usize, usize),
+        lanes: usize,
+        len: usize,
+    ) -> Option<(u64, u64)> {
+        let (mut lo, mut hi) = (u64::MAX, 0);
+        for s in first.0..=last.0 {
+            let a = if s == first.0 { first.1 } else { 0 };
+            let b = if s == last.0 {
+                last.1
+            } else {
+                lanes.checked_sub(1)?
+            };
+            // Runs of lanes inside one part.
+            let per = self.parts.map_or(usize::MAX, |p| p.lanes.max(1));
+            let mut j = a;
+            while j <= b {
+                let end = b.min((j / per).saturating_add(1).saturating_mul(per) - 1);
+                lo = lo.min(self.lane_start(s, j)?);
+                hi = hi.max(self.lane_end(s, end, len)?);
+                j = end + 1;
+            }
+        }
+        Some((lo.min(hi), hi))
+    }
+
+    /// Whether the lanes of `slices` slices of `rows` lanes follow one
+    /// another through the stream (each starting past the one before):
+    /// what a reader that releases bytes behind it needs.
+    pub fn in_order(&self, slices: usize, rows: usize) -> bool {
+        self.parts.is_none()
+            && (slices <= 1 || self.slice_bits >= self.lane_bits.saturating_mul(rows as u64))
     }
 
     /// Whether no field crosses a word: each is read whole at its
@@ -501,10 +589,15 @@ impl Fields<'_> {
     /// The bit at offset `off` of word `w` of `lane` in `slice`.
     #[inline]
     pub(super) fn bit(&self, slice: usize, lane: usize, (w, off): (u64, u32)) -> u64 {
-        slice as u64 * self.slice_bits
-            + lane as u64 * self.lane_bits
-            + w * self.word_bits
-            + off as u64
+        let lane = match &self.parts {
+            None => lane as u64 * self.lane_bits,
+            Some(p) => {
+                let per = p.lanes.max(1);
+                let (k, j) = (div(lane, per), rem(lane, per));
+                (j as u64 * self.lane_bits + p.top).wrapping_sub(k as u64 * p.down)
+            }
+        };
+        slice as u64 * self.slice_bits + lane + w * self.word_bits + off as u64
     }
 
     /// The field at bit `pos` of a [`Fields::position`]: what `get` reads.

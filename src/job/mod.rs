@@ -47,7 +47,7 @@ use fields::div;
 #[cfg(test)]
 pub(crate) use fields::AWQ_SLOT;
 pub(crate) use fields::{awq_transposed, gcd};
-pub use fields::{Fields, InBlocks, Plane};
+pub use fields::{Fields, InBlocks, Parts, Plane};
 pub use low_rank::LowRank;
 pub use sparse::{Sparse, Starts};
 pub(crate) use values::Source;
@@ -457,6 +457,7 @@ impl<'a> DecodeJob<'a> {
         let c = &self.codes;
         let lane_bits = (cols as u64).checked_mul(c.bits as u64)?;
         let stream = c.blocks.is_none()
+            && c.parts.is_none()
             && c.per_word == 0
             && c.word_bits == 32
             && c.lane_bits == lane_bits

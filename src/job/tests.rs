@@ -627,3 +627,82 @@ fn stays_normal_bounds_every_step() {
     subnormal[7] = tiny / 4.0;
     assert_eq!(check(&subnormal, &[1.0, 1.0], None, None), (false, false));
 }
+
+/// HQQ's `3bit_32`: R rows (no multiple of ten) padded to ten parts of
+/// S = ⌈R/10⌉, part k in bits 27 − 3k .. 30 − 3k of each int32, read in
+/// place as lanes in parts ([`Parts`]): every code where hqq puts it, the
+/// extent and each run's span the words the lanes read, the padding
+/// parts' words past the last lane never needed; read as `n` rows of `k`
+/// (codes rewritten in output order), every element the same.
+#[test]
+fn lanes_in_parts_read_hqqs_3bit_words() {
+    for (r, c) in [(23usize, 5usize), (64, 16), (8, 3), (30, 4)] {
+        let step = r.div_ceil(10);
+        let q = codes(r * c, 3, r as u32);
+        let mut words = vec![0u32; step * c];
+        for (i, &v) in q.iter().enumerate() {
+            let (row, col) = (i / c, i % c);
+            let part = (row / step) as u32;
+            words[(row % step) * c + col] |= v << (27 - 3 * part);
+        }
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let parts = Parts {
+            lanes: step,
+            top: 27,
+            down: 3,
+        };
+        let fields = Fields::new(bytes, 3, 1, c as u64 * 32).with_parts(parts);
+        for (i, &v) in q.iter().enumerate() {
+            assert_eq!(fields.get(0, i / c, i % c), v, "{r}x{c}: code {i}");
+        }
+        // The highest end: part 0's last lane (its field at bit 27 of the
+        // last word it reads), the lowest start part 0's first lane's.
+        let last = (step - 1) * c * 32 + (c - 1) * 32 + 30;
+        assert_eq!(fields.extent_bits(1, r, c), Some(last as u64));
+        // The last part holding rows, alone: its lanes' words, from bit
+        // 27 − 3k of its first lane's.
+        let k = (r - 1) / step;
+        let (lo, hi) = fields.span((0, k * step), (0, r - 1), r, c).unwrap();
+        assert_eq!(lo, (27 - 3 * k) as u64);
+        let end = ((r - 1) % step * c + c - 1) * 32 + 30 - 3 * k;
+        assert_eq!(hi, end as u64);
+        assert!(!fields.in_order(1, r));
+        let grid = Grid {
+            row_div: 1,
+            col_div: c,
+            row_stride: 1,
+            slice_stride: 0,
+        };
+        let scale: Vec<u8> = (0..r)
+            .flat_map(|i| (0.125 * (i + 1) as f32).to_le_bytes())
+            .collect();
+        let zero: Vec<u8> = (0..r)
+            .flat_map(|i| (1.5 + i as f32 / 4.0).to_le_bytes())
+            .collect();
+        let values = |b: Vec<u8>| Values {
+            data: b.into(),
+            kind: ValueKind::F32,
+            grid,
+        };
+        let dims = Dims {
+            slices: 1,
+            rows: r,
+            cols: c,
+        };
+        let table: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        let job = DecodeJob::new(dims, fields, table, OutDtype::Bf16)
+            .with_scale(values(scale))
+            .with_zero(ZeroPoint::Plain(values(zero)));
+        for (i, &v) in q.iter().enumerate() {
+            let (row, col) = (i / c, i % c);
+            let want = (v as f32 - (1.5 + row as f32 / 4.0)) * (0.125 * (row + 1) as f32);
+            assert_eq!(job.value(0, row, col), want, "{r}x{c}: element {i}");
+        }
+        let rewritten = job.in_output_order().unwrap();
+        assert!(rewritten.codes.parts.is_none());
+        for i in 0..r * c {
+            let (x, y) = (job.value(0, i / c, i % c), rewritten.value(0, i / c, i % c));
+            assert_eq!(x.to_bits(), y.to_bits(), "{r}x{c}: element {i}");
+        }
+    }
+}

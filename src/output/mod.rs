@@ -192,6 +192,12 @@ impl<'a> Output<'a> {
         let (data, lo, hi) = match &self.source {
             Source::Decode(job) => {
                 let t = job.codes.data.tensor()?;
+                // Lanes that share bytes (HQQ's parts and slices) are
+                // released with the tensor.
+                let stored = job.stored_dims();
+                if !job.codes.in_order(stored.slices, stored.rows) {
+                    return None;
+                }
                 let total = job.dims.total_rows();
                 // The byte where the codes of flat output row `r` start; a
                 // transposed job reads whole stored slices.

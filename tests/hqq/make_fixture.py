@@ -113,6 +113,10 @@ def make(case, dtype, quant_config, dynamic, outs, layers=1):
 
 
 def main():
+    only = set(sys.argv[1:])
+    global make
+    full = make
+    make = lambda case, *a, **kw: (not only or case in only) and full(case, *a, **kw)
     q = lambda **kw: BaseQuantizeConfig(**kw)
     # One model, every packing hqq writes but 3-bit, both axes, several groups.
     mixed = {
@@ -128,6 +132,25 @@ def main():
          [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
     # HqqConfig(nbits=4, group_size=64, view_as_float=True): W_q stored as f16 bytes.
     make("hqq-4bit-g64-f16", torch.float16, q(nbits=4, group_size=64, view_as_float=True), False,
+         [("f16", torch.float16), ("f32", torch.float32)])
+    # 3bit_32: ten rows of the grouped weight an int32, padded to a multiple
+    # of ten rows. Row counts R (numel / group for axis 1, group for axis 0)
+    # that are no multiple of ten, so the last part holding rows is partial
+    # (R = 64: parts of 7, the tenth holds one row; R = 128: parts of 13, the
+    # tenth holds 11) or the last parts are padding alone (R = 32, 16, 8).
+    three = {
+        "self_attn.q_proj": q(nbits=3, group_size=64, axis=1),
+        "self_attn.k_proj": q(nbits=3, group_size=32, axis=0),
+        "self_attn.v_proj": q(nbits=3, group_size=16, axis=1),
+        "self_attn.o_proj": q(nbits=3, group_size=64, axis=0),
+        "mlp.gate_proj": q(nbits=3, group_size=128, axis=1),
+        "mlp.up_proj": q(nbits=3, group_size=8, axis=0),
+        "mlp.down_proj": q(nbits=3, group_size=64, axis=1),
+    }
+    make("hqq-3bit-bf16", torch.bfloat16, three, True,
+         [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+    # HqqConfig(nbits=3, group_size=64, view_as_float=True): the int32 words as f16 pairs.
+    make("hqq-3bit-g64-f16", torch.float16, q(nbits=3, group_size=64, view_as_float=True), False,
          [("f16", torch.float16), ("f32", torch.float32)])
 
 

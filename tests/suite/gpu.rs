@@ -108,7 +108,8 @@ fn fixtures_take_the_fast_kernels() {
                 );
             } else if case.starts_with("hqq") || case.starts_with("sinq") {
                 // HQQ's (and SINQ's) packs put P rows in a byte, high bits
-                // first: the generic kernel; its 8-bit packs are plain bytes.
+                // first, and 3bit_32 ten rows an int32 (lanes in parts):
+                // the generic kernel; its 8-bit packs are plain bytes.
                 assert!(
                     ran.1 > 0 && ran.2 == 0,
                     "{case}: ran {ran:?}, wanted the generic kernel"
@@ -438,6 +439,7 @@ fn int4_job<'a>(d: Dims, codes: &'a [u8], scale: &'a [u8], out: OutDtype) -> Dec
             slice_bits: (d.rows * d.cols) as u64 * 4,
             high_first: false,
             blocks: None,
+            parts: None,
         },
         code_values: (0..16).map(|v| v as f32 - 8.0).collect(),
         zero: None,
@@ -558,6 +560,7 @@ fn decode_to_buffer_matches_cpu() {
                     slice_bits: (d.rows * lane_words) as u64 * 32,
                     high_first: false,
                     blocks: None,
+                    parts: None,
                 },
                 code_values: (0..8).map(|v| v as f32 - 4.0).collect(),
                 zero: None,
@@ -1144,6 +1147,7 @@ fn every_code_by_formula_equals_the_cpu_table() {
                         slice_bits: (d.rows * d.cols) as u64 * bits as u64,
                         high_first: false,
                         blocks: None,
+                        parts: None,
                     },
                     code_values: (0..1u32 << bits).map(|k| value(k as u8)).collect(),
                     scale: Some(Values {

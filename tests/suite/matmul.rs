@@ -101,8 +101,7 @@ fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
         // each element of a row), and an odd number of columns in a 16-bit
         // dtype (Gemma's fixture, whose rows end in padding fields: the fast
         // kernels write 16-bit values in pairs).
-        let hqq_axis0 = dir.to_string_lossy().contains("hqq-mixed")
-            && (name.contains("k_proj") || name.contains("gate_proj"));
+        let hqq_axis0 = hqq_axis0(dir, name);
         let packs: Vec<_> = match model.upload_packed(name, &decoders[0]) {
             Err(e) if hqq_axis0 || k % 2 == 1 => {
                 let line = e.to_string();
@@ -165,6 +164,18 @@ fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
 /// width off 8); else a one-line error naming the weight.
 pub(crate) fn products_keep_to_the_bound(ctx: &str, dir: &Path) {
     products_keep_to_the_bound_but(ctx, dir, |_, k| !k.is_multiple_of(8));
+}
+
+/// Whether weight `name` of the HQQ checkpoint at `dir` is grouped along
+/// axis 0 (its `axis` meta tensor 0): the GPU's products refuse it.
+pub(crate) fn hqq_axis0(dir: &Path, name: &str) -> bool {
+    if !dir.to_string_lossy().contains("hqq") {
+        return false;
+    }
+    let axis = format!("{}.axis", name.trim_end_matches(".weight"));
+    crate::common::read_dir_tensors(dir)
+        .get(&axis)
+        .is_some_and(|(_, _, data)| data.iter().all(|&b| b == 0))
 }
 
 /// [`products_keep_to_the_bound`], the GPU refusing (with a one-line

@@ -140,6 +140,12 @@ impl Rows {
             && !f.interleaved
             && (f.per_word == 0 || f.per_word * f.bits == 32);
         let gather = match (job.transposed, f.word_bits == 32) {
+            // Lanes in parts (HQQ's 3-bit words) are read field by field,
+            // in place.
+            _ if f.parts.is_some() => {
+                let plain = !job.transposed && job.sparse.is_none() && f.blocks.is_none();
+                (plain && f.word_bits == 32).then_some(Gather::InPlace)?
+            }
             _ if f.blocks.is_some() => {
                 let b = f.blocks?;
                 let whole = f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8);
@@ -225,6 +231,7 @@ impl Rows {
             .filter(|_| !job.transposed && job.g_idx.is_none() && job.offset.is_none());
         let entries = groups.checked_mul(job.code_values.len())?;
         let byte_packed = matches!(f.bits, 1 | 2 | 4 | 8)
+            && f.parts.is_none()
             && (f.per_word == 0 || f.per_word * f.bits == 32 && !f.interleaved)
             && f.lane_bits.is_multiple_of(8)
             && f.slice_bits.is_multiple_of(8);

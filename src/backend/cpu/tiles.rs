@@ -131,8 +131,10 @@ impl Tiles {
             return None;
         }
         // High-first bytes are read field by field.
-        let whole_bytes =
-            f.lane_bits.is_multiple_of(8) && f.slice_bits.is_multiple_of(8) && !f.high_first;
+        let whole_bytes = f.lane_bits.is_multiple_of(8)
+            && f.slice_bits.is_multiple_of(8)
+            && !f.high_first
+            && f.parts.is_none();
         let dense4 = f.bits == 4 && (f.per_word == 0 || f.per_word == 8 && !f.interleaved);
         let fill = if job.transposed && f.word_bits == 32 && whole_bytes && dense4 {
             Fill::Nibbles

@@ -632,6 +632,7 @@ impl RandomJob {
                 slice_bits: self.slice_bits,
                 high_first: self.high_first,
                 blocks: self.blocks,
+                parts: None,
             },
             code_values: self.code_values.clone().into(),
             zero: match &self.zero {
@@ -647,6 +648,7 @@ impl RandomJob {
                         slice_bits: (zrows * groups) as u64 * 32,
                         high_first: false,
                         blocks: None,
+                        parts: None,
                     },
                 }),
                 ZeroSpec::Plain { kind, grid } => Some(ZeroPoint::Plain(Values {
@@ -665,6 +667,7 @@ impl RandomJob {
                         slice_bits: *lanes as u64 * lane_bits,
                         high_first: false,
                         blocks: None,
+                        parts: None,
                     },
                 }),
                 ZeroSpec::None => None,

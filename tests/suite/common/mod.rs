@@ -485,6 +485,8 @@ pub const CASES: &[&str] = &[
     "gptq-dynamic-mix",
     "gptq-w4-g128",
     "gptq-w4-g128-actorder",
+    "hqq-3bit-bf16",
+    "hqq-3bit-g64-f16",
     "hqq-4bit-g64-f16",
     "hqq-mixed-bf16",
     "legacy-w3a16-g16",

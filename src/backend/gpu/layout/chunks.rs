@@ -129,6 +129,9 @@ impl<'a> Src<'a> {
         let start = (lo / 8) & !3;
         let end = hi.div_ceil(8).min(f.data.len() as u64).max(start);
         let offset = self.push(Cow::Borrowed(&f.data[start as usize..end as usize]));
+        let (part_lanes, part_down, top) = f
+            .parts
+            .map_or((0, 0, 0), |p| (p.lanes as u32, p.down as u32, p.top as u32));
         StreamParams {
             bits: f.bits,
             per_word: f.per_word,
@@ -137,7 +140,9 @@ impl<'a> Src<'a> {
             lane_bits: f.lane_bits as u32,
             word_bits: f.word_bits as u32,
             slice_bits: f.slice_bits as u32,
-            base: (offset * 8).wrapping_sub(start * 8) as u32,
+            base: ((offset * 8).wrapping_sub(start * 8) as u32).wrapping_add(top),
+            part_lanes,
+            part_down,
             interleave: f.interleaved as u32,
             swap: f.swap_mask() as u32,
             ..StreamParams::in_blocks(f.blocks.as_ref())
@@ -264,8 +269,9 @@ fn chunk<'a>(
     };
     let (codes, mask, sparse) = match &job.sparse {
         None => {
-            let lo = job.codes.lane_start(first.0, first.1)?;
-            let hi = job.codes.lane_end(last.0, last.1, sd.cols)?;
+            // Lowest start to highest end: lanes sharing words (HQQ's
+            // slices and parts) do not advance through the stream.
+            let (lo, hi) = job.codes.span(first, last, sd.rows, sd.cols)?;
             let none = SparseParams {
                 mode: SparseMode::None as u32,
                 ..Default::default()

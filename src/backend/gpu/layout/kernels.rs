@@ -198,6 +198,7 @@ impl Fast {
         };
         if !matches!(bits, 4 | 8)
             || c.per_word != 0
+            || c.parts.is_some()
             || c.word_bits != 32
             || job.g_idx.is_some()
             || job.transposed
@@ -381,6 +382,7 @@ impl Tile {
         // the fast kernel takes.
         if !matches!(c.bits, 4 | 8)
             || c.blocks.is_some()
+            || c.parts.is_some()
             || job.low_rank.is_some()
             || job.sparse.is_some()
             || c.high_first

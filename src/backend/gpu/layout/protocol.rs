@@ -207,8 +207,11 @@ pub(in crate::backend::gpu) struct StreamParams {
     /// Fields per block ([`crate::job::InBlocks`]); 0: not in blocks.
     pub(super) block_len: u32,
     pub(super) block_bits: u32,
-    pub(super) pad0: u32,
-    pub(super) pad1: u32,
+    /// Lanes a part ([`crate::job::Parts`]); 0: no parts. The parts' `top`
+    /// is in `base`.
+    pub(super) part_lanes: u32,
+    /// Bits from one part down to the next.
+    pub(super) part_down: u32,
     /// The low plane: its first byte in the block, bits, span, 0.
     pub(super) low: [u32; 4],
     /// The high plane; bits 0: none.
@@ -540,7 +543,7 @@ mod tests {
         ] {
             host.extend(
                 fields![StreamParams, name, at; bits, per_word, lane_bits, word_bits,
-                slice_bits, base, interleave, swap, block_len, block_bits, pad0, pad1, low, high],
+                slice_bits, base, interleave, swap, block_len, block_bits, part_lanes, part_down, low, high],
             );
         }
         for (name, at) in [
