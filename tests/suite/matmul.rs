@@ -166,6 +166,42 @@ pub(crate) fn products_keep_to_the_bound(ctx: &str, dir: &Path) {
     products_keep_to_the_bound_but(ctx, dir, |_, k| !k.is_multiple_of(8));
 }
 
+/// For the formats whose weights the GPU does not multiply packed
+/// (codebooks: VPTQ, AQLM): every quantized Linear of the checkpoint at
+/// `dir` has 7 of them, whose products on the CPU (`Model::matmul_cpu`),
+/// one row of x and 5, keep to the bound around the dense weight, and
+/// `upload_packed` refuses each in one line naming it (`ARG-001`).
+pub(crate) fn cpu_products_keep_to_the_bound_gpu_refuses(dir: &Path, seed: u64) {
+    let model = Model::open(dir, DtypeChoice::Auto).unwrap();
+    let mut rng = Rng::new(seed);
+    let names = linears(&model);
+    assert_eq!(names.len(), 7);
+    for name in &names {
+        let info = model.info(name).unwrap();
+        let (n, k) = (info.shape[0], info.shape[1]);
+        let w = model.decode_f32(name, BackendChoice::Cpu).unwrap();
+        for m in [1, 5] {
+            let x = random_x(&mut rng, m, k, 1.0);
+            let want = reference(&w, &x, None, (m, n, k));
+            let got = model.matmul_cpu(name, &x, m).unwrap();
+            assert_within(&got, &want, &format!("{name} m={m} on the CPU"));
+        }
+    }
+    gpu_test(|adapter| {
+        let decoder = GpuDecoder::open(&adapter).unwrap();
+        for name in &names {
+            let Err(e) = model.upload_packed(name, &decoder) else {
+                panic!("{name}: multiplied packed on the GPU");
+            };
+            let line = e.to_string();
+            assert!(
+                e.rule == Rule::Argument && line.contains(name.as_str()) && !line.contains('\n'),
+                "{line}"
+            );
+        }
+    });
+}
+
 /// Whether weight `name` of the HQQ checkpoint at `dir` is grouped along
 /// axis 0 (its `axis` meta tensor 0): the GPU's products refuse it.
 pub(crate) fn hqq_axis0(dir: &Path, name: &str) -> bool {

@@ -257,38 +257,8 @@ fn held_out_without_perm_gives_the_same_columns_unpermuted() {
 /// packed, in one line naming the weight (`ARG-001`).
 #[test]
 fn products_of_vptq_weights() {
-    use crate::common::Rng;
-    use crate::matmul::{assert_within, linears, random_x, reference};
-    use wgpu_dequant::Model;
     let dir = fixtures().join(CASE).join("model");
-    let model = Model::open(&dir, DtypeChoice::Auto).unwrap();
-    let mut rng = Rng::new(0x5EED_7017);
-    let names = linears(&model);
-    assert_eq!(names.len(), 7);
-    for name in &names {
-        let info = model.info(name).unwrap();
-        let (n, k) = (info.shape[0], info.shape[1]);
-        let w = model.decode_f32(name, BackendChoice::Cpu).unwrap();
-        for m in [1, 5] {
-            let x = random_x(&mut rng, m, k, 1.0);
-            let want = reference(&w, &x, None, (m, n, k));
-            let got = model.matmul_cpu(name, &x, m).unwrap();
-            assert_within(&got, &want, &format!("{name} m={m} on the CPU"));
-        }
-    }
-    gpu_test(|adapter| {
-        let decoder = wgpu_dequant::backend::gpu::GpuDecoder::open(&adapter).unwrap();
-        for name in &names {
-            let Err(e) = model.upload_packed(name, &decoder) else {
-                panic!("{name}: multiplied packed on the GPU");
-            };
-            let line = e.to_string();
-            assert!(
-                e.rule == Rule::Argument && line.contains(name.as_str()) && !line.contains('\n'),
-                "{line}"
-            );
-        }
-    });
+    crate::matmul::cpu_products_keep_to_the_bound_gpu_refuses(&dir, 0x5EED_7017);
 }
 
 /// On a device whose bindings hold less than a weight's output, the
