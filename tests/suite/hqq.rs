@@ -12,7 +12,6 @@ use std::path::Path;
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
-use crate::common::producer::{decode_with, OUTS};
 use crate::common::{
     check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors, write_json,
     write_safetensors, Tensor,
@@ -68,12 +67,10 @@ fn name(out: OutDtype) -> &'static str {
 fn gpu_gives_the_cpus_bytes() {
     gpu_test(|_| {
         for case in ALL {
-            let model = fixtures().join(case).join("model");
-            for out in OUTS {
-                let cpu = decode_with(&model, out, BackendChoice::Cpu);
-                let gpu = decode_with(&model, out, BackendChoice::Gpu);
-                assert!(gpu == cpu, "{case} {out}: GPU bytes differ");
-            }
+            crate::common::producer::gpu_gives_the_cpus_bytes(
+                case,
+                &fixtures().join(case).join("model"),
+            );
         }
     });
 }
