@@ -7,13 +7,11 @@
 //! and 4x6 (more than two codebooks: the sum in f32, rounded once).
 //! Malformed checkpoints are refused by rule with nothing written.
 
-use std::path::Path;
-
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::{
-    check_case, dequantize_err, fixtures, gpu_test, read_tensors, write_json, write_safetensors,
+    check_case, fixture_model, fixtures, gpu_test, refused_by_rule, tensor_named, write_model,
     Tensor,
 };
 
@@ -51,49 +49,12 @@ fn fixtures_match_aqlm(backend: BackendChoice) {
     }
 }
 
-/// Fixture `case`'s tensors and config.json.
-fn fixture_of(case: &str) -> (Vec<Tensor>, Value) {
-    let dir = fixtures().join(case).join("model");
-    let tensors = read_tensors(&dir.join("model.safetensors"))
-        .into_iter()
-        .map(|(name, (dtype, shape, data))| {
-            let dtype: &'static str = match dtype.as_str() {
-                "F16" => "F16",
-                "BF16" => "BF16",
-                "F32" => "F32",
-                "I8" => "I8",
-                "I16" => "I16",
-                "I32" => "I32",
-                other => panic!("{name}: dtype {other}"),
-            };
-            Tensor::new(name, dtype, &shape, data)
-        })
-        .collect();
-    let cfg = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    (tensors, cfg)
-}
-
-fn write(dir: &Path, tensors: &[Tensor], cfg: &Value) {
-    std::fs::create_dir_all(dir).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), tensors);
-    write_json(&dir.join("config.json"), cfg);
-}
-
 /// Fixture `case` broken one way: refused with `rule`, the one-line
 /// message naming `what`, nothing written.
 fn refused(case: &str, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value), rule: Rule, what: &str) {
-    let tmp = tempfile::tempdir().unwrap();
-    let (mut tensors, mut cfg) = fixture_of(case);
+    let (mut tensors, mut cfg) = fixture_model(case);
     edit(&mut tensors, &mut cfg);
-    write(tmp.path(), &tensors, &cfg);
-    let e = dequantize_err(tmp.path());
-    assert_eq!(e.rule, rule, "{e}");
-    let line = e.to_string();
-    assert!(!line.contains('\n') && line.contains(what), "{line}");
-}
-
-fn tensor<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
-    tensors.iter_mut().find(|t| t.name == name).unwrap()
+    refused_by_rule(|dir| write_model(dir, &tensors, &cfg), rule, what);
 }
 
 fn qc(cfg: &mut Value) -> &mut Value {
@@ -114,7 +75,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(
         X8,
         |t, _| {
-            let x = tensor(t, &codes);
+            let x = tensor_named(t, &codes);
             x.dtype = "I16";
             x.shape[2] /= 2;
         },
@@ -136,7 +97,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(
         X8,
         |t, _| {
-            let x = tensor(t, &books);
+            let x = tensor_named(t, &books);
             x.shape[1] /= 2;
             let n = x.data.len() / 2;
             x.data.truncate(n);
@@ -162,7 +123,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(
         X8,
         |t, _| {
-            let x = tensor(t, &scales);
+            let x = tensor_named(t, &scales);
             let n = x.shape[0];
             x.shape = vec![1, n, 1, 1];
         },
@@ -173,7 +134,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(
         X8,
         |t, _| {
-            let x = tensor(t, &scales);
+            let x = tensor_named(t, &scales);
             let n = x.shape[0];
             *x = Tensor::f32(&scales, &[n, 1, 1, 1], &vec![1.0; n]);
         },
@@ -183,7 +144,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     // Integer codebooks.
     refused(
         X8,
-        |t, _| tensor(t, &books).dtype = "I16",
+        |t, _| tensor_named(t, &books).dtype = "I16",
         Rule::TensorDtype,
         &books,
     );
@@ -191,7 +152,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(
         X16,
         |t, _| {
-            let x = tensor(t, &codes);
+            let x = tensor_named(t, &codes);
             x.data.truncate(x.data.len() - 2);
         },
         Rule::Container,
@@ -247,12 +208,18 @@ fn malformed_checkpoints_are_refused_by_rule() {
 #[test]
 fn negative_codes_read_as_unsigned() {
     use wgpu_dequant::Model;
-    let (mut tensors, _) = fixture_of(X16);
-    let codes = tensor(&mut tensors, &format!("{Q}.codes")).data.clone();
+    let (mut tensors, _) = fixture_model(X16);
+    let codes = tensor_named(&mut tensors, &format!("{Q}.codes"))
+        .data
+        .clone();
     assert_eq!(i16::from_le_bytes([codes[0], codes[1]]), -1);
     assert_eq!(i16::from_le_bytes([codes[2], codes[3]]), i16::MIN);
-    let books = tensor(&mut tensors, &format!("{Q}.codebooks")).data.clone();
-    let scales = tensor(&mut tensors, &format!("{Q}.scales")).data.clone();
+    let books = tensor_named(&mut tensors, &format!("{Q}.codebooks"))
+        .data
+        .clone();
+    let scales = tensor_named(&mut tensors, &format!("{Q}.scales"))
+        .data
+        .clone();
     let f16 = |b: &[u8], i: usize| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
     let model = Model::open(fixtures().join(X16).join("model"), DtypeChoice::Auto).unwrap();
     let w = model

@@ -7,14 +7,12 @@
 //! columns, perm and weight_scale/weight_bias. Malformed checkpoints are
 //! refused by rule with nothing written.
 
-use std::path::Path;
-
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::producer::{decode_with, OUTS};
 use crate::common::{
-    check_case, dequantize_err, fixtures, gpu_test, read_tensors, write_json, write_safetensors,
+    check_case, fixture_model, fixtures, gpu_test, refused_by_rule, tensor_named, write_model,
     Tensor,
 };
 
@@ -50,51 +48,15 @@ fn fixture_matches_vptq(backend: BackendChoice) {
 
 /// The f16 fixture's tensors and config.json.
 fn fixture() -> (Vec<Tensor>, Value) {
-    fixture_of(CASE)
-}
-
-/// Fixture `case`'s tensors and config.json.
-fn fixture_of(case: &str) -> (Vec<Tensor>, Value) {
-    let dir = fixtures().join(case).join("model");
-    let tensors = read_tensors(&dir.join("model.safetensors"))
-        .into_iter()
-        .map(|(name, (dtype, shape, data))| {
-            let dtype: &'static str = match dtype.as_str() {
-                "F16" => "F16",
-                "BF16" => "BF16",
-                "F32" => "F32",
-                "I16" => "I16",
-                "I32" => "I32",
-                other => panic!("{name}: dtype {other}"),
-            };
-            Tensor::new(name, dtype, &shape, data)
-        })
-        .collect();
-    let cfg = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    (tensors, cfg)
-}
-
-fn write(dir: &Path, tensors: &[Tensor], cfg: &Value) {
-    std::fs::create_dir_all(dir).unwrap();
-    write_safetensors(&dir.join("model.safetensors"), tensors);
-    write_json(&dir.join("config.json"), cfg);
+    fixture_model(CASE)
 }
 
 /// The fixture broken one way: refused with `rule`, the message naming
 /// `tensor`, nothing written.
 fn refused(edit: impl FnOnce(&mut Vec<Tensor>, &mut Value), rule: Rule, tensor: &str) {
-    let tmp = tempfile::tempdir().unwrap();
     let (mut tensors, mut cfg) = fixture();
     edit(&mut tensors, &mut cfg);
-    write(tmp.path(), &tensors, &cfg);
-    let e = dequantize_err(tmp.path());
-    assert_eq!(e.rule, rule, "{e}");
-    let line = e.to_string();
-    assert!(!line.contains('\n') && line.contains(tensor), "{line}");
-}
-
-fn tensor<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
-    tensors.iter_mut().find(|t| t.name == name).unwrap()
+    refused_by_rule(|dir| write_model(dir, &tensors, &cfg), rule, tensor);
 }
 
 const Q: &str = "model.layers.0.self_attn.q_proj";
@@ -110,20 +72,28 @@ fn malformed_checkpoints_are_refused_by_rule() {
     // An outlier index past its codebook (4 entries).
     refused(
         |t, _| {
-            let x = tensor(t, &oi);
+            let x = tensor_named(t, &oi);
             x.data[6..8].copy_from_slice(&4u16.to_le_bytes());
         },
         Rule::TensorValue,
         &oi,
     );
     // Outlier indices stored as uint8 bytes.
-    refused(|t, _| tensor(t, &oi).dtype = "U8", Rule::Container, "");
+    refused(
+        |t, _| tensor_named(t, &oi).dtype = "U8",
+        Rule::Container,
+        "",
+    );
     // Packed indices stored as int16 (the unpacked layout transformers never loads).
     let idx = format!("{Q}.indices");
-    refused(|t, _| tensor(t, &idx).dtype = "I16", Rule::Container, "");
+    refused(
+        |t, _| tensor_named(t, &idx).dtype = "I16",
+        Rule::Container,
+        "",
+    );
     refused(
         |t, _| {
-            let x = tensor(t, &idx);
+            let x = tensor_named(t, &idx);
             x.dtype = "I16";
             x.shape[2] *= 2;
         },
@@ -150,7 +120,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     let perm = format!("{Q}.perm");
     refused(
         |t, _| {
-            let x = tensor(t, &perm);
+            let x = tensor_named(t, &perm);
             let first = [x.data[0], x.data[1]];
             x.data[2..4].copy_from_slice(&first);
         },
@@ -160,7 +130,7 @@ fn malformed_checkpoints_are_refused_by_rule() {
     // weight_scale in f32 beside f16 centroids (vptq computes in one dtype).
     let ws = format!("{Q}.weight_scale");
     refused(
-        |t, _| *tensor(t, &ws) = Tensor::f32(&ws, &[64], &[1.0; 64]),
+        |t, _| *tensor_named(t, &ws) = Tensor::f32(&ws, &[64], &[1.0; 64]),
         Rule::TensorDtype,
         &ws,
     );
@@ -208,7 +178,7 @@ fn held_out_without_perm_gives_the_same_columns_unpermuted() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut tensors, mut cfg) = fixture();
     let perm = format!("{Q}.perm");
-    let p: Vec<usize> = tensor(&mut tensors, &perm)
+    let p: Vec<usize> = tensor_named(&mut tensors, &perm)
         .data
         .chunks(2)
         .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
@@ -216,14 +186,14 @@ fn held_out_without_perm_gives_the_same_columns_unpermuted() {
     tensors.retain(|t| t.name != perm);
     // Without perm, weight_scale/bias apply to stored columns: move them there.
     for n in ["weight_scale", "weight_bias"] {
-        let x = tensor(&mut tensors, &format!("{Q}.{n}"));
+        let x = tensor_named(&mut tensors, &format!("{Q}.{n}"));
         let old = x.data.clone();
         for (s, &c) in p.iter().enumerate() {
             x.data[2 * s..2 * s + 2].copy_from_slice(&old[2 * c..2 * c + 2]);
         }
     }
     layer(&mut cfg, Q)["enable_perm"] = json!(false);
-    write(tmp.path(), &tensors, &cfg);
+    write_model(tmp.path(), &tensors, &cfg);
     let name = format!("{Q}.weight");
     let fixture = fixtures().join(CASE).join("model");
     for out in OUTS {
@@ -318,10 +288,10 @@ fn flushing_devices_take_codebooks_whose_values_stay_normal() {
         }
         // A centroid of 2^-60 in the bf16 model.
         let tmp = tempfile::tempdir().unwrap();
-        let (mut tensors, cfg) = fixture_of("vptq-llama-bf16");
-        let c = tensor(&mut tensors, &format!("{Q}.centroids.weight"));
+        let (mut tensors, cfg) = fixture_model("vptq-llama-bf16");
+        let c = tensor_named(&mut tensors, &format!("{Q}.centroids.weight"));
         c.data[0..2].copy_from_slice(&(((2f32.powi(-60)).to_bits() >> 16) as u16).to_le_bytes());
-        write(tmp.path(), &tensors, &cfg);
+        write_model(tmp.path(), &tensors, &cfg);
         let model = Model::open(tmp.path(), DtypeChoice::Auto).unwrap();
         let before = decoder.dispatches();
         let name = format!("{Q}.weight");

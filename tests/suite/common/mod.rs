@@ -172,6 +172,31 @@ pub fn write_checkpoint(dir: &Path, tensors: &[Tensor], qc: Value) {
     write_model(dir, tensors, &cfg);
 }
 
+/// Fixture `case`'s one-file model (`<case>/model/model.safetensors` and
+/// its `config.json`), to break and write again ([`write_model`]).
+pub fn fixture_model(case: &str) -> (Vec<Tensor>, Value) {
+    let dir = fixtures().join(case).join("model");
+    let tensors = read_tensors(&dir.join("model.safetensors"))
+        .into_iter()
+        .map(|(name, (dtype, shape, data))| {
+            let dtype: &'static str = match dtype.as_str() {
+                "F16" => "F16",
+                "BF16" => "BF16",
+                "F32" => "F32",
+                "I8" => "I8",
+                "U8" => "U8",
+                "I16" => "I16",
+                "I32" => "I32",
+                "I64" => "I64",
+                other => panic!("{case}: {name}'s dtype {other}"),
+            };
+            Tensor::new(name, dtype, &shape, data)
+        })
+        .collect();
+    let cfg = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    (tensors, cfg)
+}
+
 /// The tensor called `name` among `tensors`, to break it in place.
 pub fn tensor_named<'a>(tensors: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
     tensors
