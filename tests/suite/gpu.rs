@@ -200,7 +200,10 @@ fn randomized_jobs_gpu_equals_cpu() {
             .with_workgroup_size(64);
         for (decoder, cases) in [(&roomy, 300), (&cramped, 150), (&generic, 150)] {
             for_random_jobs(cases, &[300], |d, rng| {
-                let mut r = RandomJob::new(rng, d, &GRID_SIZES);
+                let mut r = match rng.below(6) {
+                    0 => RandomJob::in_parts(rng, d, &GRID_SIZES),
+                    _ => RandomJob::new(rng, d, &GRID_SIZES),
+                };
                 // A transposed chunk binds whole stored slices, more than 16 KiB
                 // for the largest random ones.
                 r.transposed &= !std::ptr::eq(decoder, &cramped);

@@ -131,6 +131,9 @@ fn variants(job: &DecodeJob<'_>) -> Vec<String> {
     if job.codes.high_first {
         v.push("high-first bytes".into());
     }
+    if job.codes.parts.is_some() {
+        v.push("lanes in parts".into());
+    }
     if job.post_scale.is_some() {
         v.push("post scale".into());
     }
@@ -195,7 +198,10 @@ fn table_rows_equal_reference_on_random_jobs(cpu: Cpu) {
     let jobs = 640;
     // Wide rows too: 8-bit codes need 512 columns per group for tables.
     for_random_jobs(jobs, &[300, 1100, 2100], |d, rng| {
-        let mut r = RandomJob::new(rng, d, &TABLE_SIZES);
+        let mut r = match rng.below(8) {
+            0 => RandomJob::in_parts(rng, d, &TABLE_SIZES),
+            _ => RandomJob::new(rng, d, &TABLE_SIZES),
+        };
         // Straight rows here; transposed and strided jobs, and zero points
         // along columns, are the tests of 1b and 1c below.
         r.transposed = false;
@@ -253,6 +259,10 @@ fn table_rows_equal_reference_on_random_jobs(cpu: Cpu) {
     assert!(
         seen.contains_key("group smaller than 2^bits"),
         "no random job had groups narrower than 2^bits: {seen:?}"
+    );
+    assert!(
+        seen.contains_key("lanes in parts"),
+        "no random job had its lanes in parts: {seen:?}"
     );
 }
 

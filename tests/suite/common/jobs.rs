@@ -7,8 +7,8 @@
 #![allow(dead_code)]
 
 use wgpu_dequant::job::{
-    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, InBlocks, Nested, Plane, Product, ValueKind, Values,
-    ZeroPoint,
+    e2m1, e4m3, DecodeJob, Dims, Fields, Grid, InBlocks, Nested, Parts, Plane, Product, ValueKind,
+    Values, ZeroPoint,
 };
 use wgpu_dequant::OutDtype;
 
@@ -282,6 +282,8 @@ pub struct RandomJob {
     pub out: OutDtype,
     /// The codes lie inside blocks (GGUF's).
     pub blocks: Option<InBlocks>,
+    /// The lanes come in parts sharing their words (hqq's `3bit_32`).
+    pub parts: Option<Parts>,
 }
 
 impl RandomJob {
@@ -407,6 +409,46 @@ impl RandomJob {
             product,
             out,
             blocks: None,
+            parts: None,
+        }
+    }
+
+    /// A random job whose lanes come in parts that share their words
+    /// ([`Parts`]: hqq's and sinq's `3bit_32`): one field a 32-bit word,
+    /// part k at bit `top − k·down` of it, parts as far apart as their
+    /// fields or further, the last holding fewer lanes or none; scales,
+    /// plain zero points or an offset, g_idx and outputs as [`RandomJob::new`]
+    /// draws them.
+    pub fn in_parts(rng: &mut Rng, d: Dims, sizes: &GridSizes) -> RandomJob {
+        let r = RandomJob::new(rng, d, sizes);
+        let down = r.bits + rng.below(3) as u32;
+        let count = 1 + rng.below(((32 - r.bits) / down + 1) as u64) as usize;
+        let parts = Parts {
+            lanes: d.rows.div_ceil(count) + rng.below(2) as usize,
+            top: ((count - 1) * down as usize) as u64,
+            down: down as u64,
+        };
+        let lane_bits = d.cols as u64 * 32;
+        let slice_bits = parts.lanes as u64 * lane_bits;
+        let code_len = (d.slices as u64 * slice_bits).div_ceil(8) as usize + 4;
+        // Packed zero points follow the codes' layout, which this is not.
+        let (zero, zero_mode) = match r.zero {
+            ZeroSpec::Packed { .. } | ZeroSpec::AlongCols { .. } => (ZeroSpec::None, 0),
+            zero => (zero, r.zero_mode),
+        };
+        RandomJob {
+            padded: true,
+            per_word: 1,
+            interleaved: false,
+            high_first: false,
+            lane_bits,
+            word_bits: 32,
+            slice_bits,
+            codes: (0..code_len).map(|_| rng.next() as u8).collect(),
+            zero,
+            zero_mode,
+            parts: Some(parts),
+            ..r
         }
     }
 
@@ -632,7 +674,7 @@ impl RandomJob {
                 slice_bits: self.slice_bits,
                 high_first: self.high_first,
                 blocks: self.blocks,
-                parts: None,
+                parts: self.parts,
             },
             code_values: self.code_values.clone().into(),
             zero: match &self.zero {
@@ -709,7 +751,7 @@ impl RandomJob {
             k => format!("{k:?}"),
         };
         format!(
-            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} {} {} g_idx {} post {:?} product {:?} out {} blocks {:?}",
+            "{:?}{} bits {} padded {}{}{} lane_bits {} word_bits {} scale {:?} {} {} g_idx {} post {:?} product {:?} out {} blocks {:?} parts {:?}",
             self.dims,
             if self.transposed { " transposed" } else { "" },
             self.bits,
@@ -730,7 +772,8 @@ impl RandomJob {
             self.post_scale,
             self.product,
             self.out,
-            self.blocks
+            self.blocks,
+            self.parts
         )
     }
 }
