@@ -118,6 +118,8 @@ pub use backend::gpu::{GpuDecoder, PackedLinear};
 pub use backend::{BackendChoice, GpuApi};
 pub use convert::ConvertTo;
 pub use error::{Cause, Error, Result, Rule};
+#[cfg(not(target_arch = "wasm32"))]
+pub use model::Products;
 pub use model::{Linears, Model, TensorInfo};
 pub use numerics::{DtypeChoice, OutDtype};
 pub use plan::Warning;

@@ -28,8 +28,13 @@ mod assembled;
 mod experts;
 mod held;
 mod in_blocks;
+#[cfg(not(target_arch = "wasm32"))]
+mod products;
+
 use held::Held;
 use in_blocks::InBlocks;
+#[cfg(not(target_arch = "wasm32"))]
+pub use products::Products;
 
 self_cell::self_cell!(
     /// The checkpoint and the plan that borrows its mapped bytes.

@@ -930,6 +930,7 @@ fn gguf_weights_multiply_as_dequantize_writes_them() {
 }
 
 mod experts;
+mod products;
 
 /// SVDQuant's modules whole: every Linear of both fixtures (fused targets'
 /// modules, bands of two targets' rows, two targets' inputs side by side,

@@ -1,166 +1,25 @@
 //! Products with packed weights (`wdq_linears_*`): a checkpoint's quantized
-//! Linears multiplied straight from their packs, on the GPU through
-//! `GpuDecoder::matmul` with each weight uploaded once, or on the CPU
-//! through `Model::matmul_cpu`; rows routed to the experts of one stack
-//! through `GpuDecoder::matmul_experts` (the stack uploaded once) or
-//! `Model::matmul_cpu_experts`.
+//! Linears multiplied straight from their packs through the crate's
+//! `Products` (on the GPU each weight, and each stack of experts routed
+//! to, uploaded once; or on the CPU), its arguments checked as C hands
+//! them.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CString};
-use std::sync::{Arc, Mutex, MutexGuard};
 
-use wgpu_dequant::{
-    BackendChoice, DtypeChoice, Error, GpuDecoder, Model, PackedLinear, Result, Rule,
-};
+use wgpu_dequant::{BackendChoice, DtypeChoice, Error, Products, Result, Rule};
 
 use crate::{argument, call, text};
 
 /// A checkpoint's quantized Linears, for products with their packed
 /// weights ([`wdq_linears_open`] … [`wdq_linears_close`]).
 pub struct WdqLinears {
-    model: Model,
+    // The crate's products, with their names as C strings.
+    products: Products,
     /// The checkpoint as given, for errors that name it.
     path: String,
     names: Vec<CString>,
-    gpu: Option<GpuDecoder>,
-    /// Each weight (or expert) uploaded once.
-    packed: Mutex<Uploads>,
     /// The stacks of experts (`Model::expert_stacks`): name, experts.
     stacks: Vec<(CString, usize)>,
-    /// Each stack of experts uploaded once, whole.
-    packed_stacks: Mutex<HashMap<String, Arc<PackedLinear>>>,
-}
-
-/// The weights uploaded, by name and expert.
-type Uploads = HashMap<(String, Option<usize>), Arc<PackedLinear>>;
-
-impl WdqLinears {
-    /// Weight `name` (expert `expert` of it) on `gpu`, uploaded the first
-    /// time it is used.
-    fn packed(
-        &self,
-        gpu: &GpuDecoder,
-        name: &str,
-        expert: Option<usize>,
-    ) -> Result<Arc<PackedLinear>> {
-        let key = (name.to_string(), expert);
-        let cached = self.uploads().get(&key).cloned();
-        if let Some(p) = cached {
-            return Ok(p);
-        }
-        let w = match expert {
-            None => self.model.upload_packed(name, gpu)?,
-            Some(e) => self.model.upload_expert(name, e, gpu)?,
-        };
-        Ok(self.uploads().entry(key).or_insert(Arc::new(w)).clone())
-    }
-
-    fn uploads(&self) -> MutexGuard<'_, Uploads> {
-        self.packed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Every expert of `stack` on `gpu`, uploaded the first time it is used.
-    fn packed_stack(&self, gpu: &GpuDecoder, stack: &str) -> Result<Arc<PackedLinear>> {
-        let lock = || self.packed_stacks.lock().unwrap_or_else(|p| p.into_inner());
-        let cached = lock().get(stack).cloned();
-        if let Some(p) = cached {
-            return Ok(p);
-        }
-        let w = Arc::new(self.model.upload_experts(stack, gpu)?);
-        Ok(lock().entry(stack.to_string()).or_insert(w).clone())
-    }
-
-    /// `y[r] = x[r]·W[ids[r]]ᵀ (+ bias)` for the `m` rows of `x` (`k`
-    /// values each), W[e] expert `e` of `stack`: `(y, n)`.
-    fn routed(
-        &self,
-        stack: &str,
-        x: &[f32],
-        (m, k): (usize, usize),
-        ids: &[u32],
-    ) -> Result<(Vec<f32>, usize)> {
-        let refuse = |detail: String| Error::tensor(Rule::Argument, &self.path, stack, detail);
-        let Some(gpu) = &self.gpu else {
-            // Its width from one row of zeros when x has none.
-            let (zeros, one) = (vec![0.0; k], [0]);
-            let (x1, m1, ids1) = match m {
-                0 => (&zeros[..], 1, &one[..]),
-                _ => (x, m, ids),
-            };
-            let y = self.model.matmul_cpu_experts(stack, x1, m1, ids1)?;
-            let n = y.len() / m1;
-            return Ok((if m == 0 { Vec::new() } else { y }, n));
-        };
-        let w = self.packed_stack(gpu, stack)?;
-        if k != w.k {
-            return Err(refuse(format!("x has rows of {k} values, not {}", w.k)));
-        }
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.experts) {
-            let detail = format!("has {} experts, not {}", w.experts, id as u64 + 1);
-            return Err(refuse(detail));
-        }
-        match m {
-            0 => Ok((Vec::new(), w.n)),
-            _ => Ok((gpu.matmul_experts(&w, x, m, ids)?, w.n)),
-        }
-    }
-
-    /// `x·Wᵀ (+ bias)` for the `m` rows of `x`.
-    fn product(&self, name: &str, expert: Option<usize>, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        self.whole_stack(name, expert)?;
-        if let Some(gpu) = &self.gpu {
-            let w = self.packed(gpu, name, expert)?;
-            if m.checked_mul(w.k) != Some(x.len()) {
-                let detail = format!("x holds {} values, not {m} rows of {}", x.len(), w.k);
-                return Err(Error::tensor(Rule::Argument, &self.path, name, detail));
-            }
-            return gpu.matmul(&w, x, m);
-        }
-        match expert {
-            None => self.model.matmul_cpu(name, x, m),
-            Some(e) => self.model.matmul_cpu_expert(name, e, x, m),
-        }
-    }
-
-    /// A stack of experts needs an expert's index.
-    fn whole_stack(&self, name: &str, expert: Option<usize>) -> Result<()> {
-        match self.model.info(name)?.shape[..] {
-            [e, _, _] if expert.is_none() => {
-                let detail = format!("is a stack of {e} experts: pass an expert's index");
-                Err(Error::tensor(Rule::Argument, &self.path, name, detail))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// `(n, k)` of the product: the uploaded weight's, a 2-D weight's
-    /// shape, or found by multiplying one row of zeros on the CPU (an
-    /// expert's inputs are the ones its codes are packed along, its dense
-    /// rows or its columns).
-    fn dims(&self, name: &str, expert: Option<usize>) -> Result<(usize, usize)> {
-        self.whole_stack(name, expert)?;
-        if let Some(gpu) = &self.gpu {
-            let w = self.packed(gpu, name, expert)?;
-            return Ok((w.n, w.k));
-        }
-        let shape = self.model.info(name)?.shape;
-        let quantized = self.names.iter().any(|n| n.as_bytes() == name.as_bytes());
-        if let (&[n, k], true, None) = (shape.as_slice(), quantized, expert) {
-            return Ok((n, k));
-        }
-        let widths = match shape[..] {
-            [_, a, b] => vec![a, b],
-            _ => vec![shape.iter().skip(1).product()],
-        };
-        let mut last = None;
-        for k in widths {
-            match self.product(name, expert, &vec![0.0; k], 1) {
-                Ok(y) => return Ok((y.len(), k)),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::bare(Rule::Internal, "no width to try")))
-    }
 }
 
 /// `expert` as the library takes it: -1 is none.
@@ -198,12 +57,16 @@ pub unsafe extern "C" fn wdq_linears_open(
         let path = text(path, "path")?;
         let dtype: DtypeChoice = text(dtype, "dtype")?.parse()?;
         let choice: BackendChoice = text(backend, "backend")?.parse()?;
-        let model = Model::open(path, dtype)?;
-        let names = model
+        let products = Products::open(path, dtype, choice)?;
+        let names = products
             .quantized()
-            .map(|t| CString::new(t.name).map_err(|_| argument("a tensor name holds NUL".into())))
+            .iter()
+            .map(|t| {
+                CString::new(t.as_str()).map_err(|_| argument("a tensor name holds NUL".into()))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let stacks = model
+        let stacks = products
+            .model()
             .expert_stacks()
             .into_iter()
             .map(|(s, experts)| {
@@ -212,13 +75,10 @@ pub unsafe extern "C" fn wdq_linears_open(
             })
             .collect::<Result<Vec<_>>>()?;
         let l = WdqLinears {
-            model,
+            products,
             path: path.to_string(),
             names,
-            gpu: GpuDecoder::for_backend(choice)?,
-            packed: Mutex::default(),
             stacks,
-            packed_stacks: Mutex::default(),
         };
         *out = Box::into_raw(Box::new(l));
         Ok(())
@@ -254,7 +114,7 @@ pub unsafe extern "C" fn wdq_linears_name(l: *const WdqLinears, i: usize) -> *co
 /// `l` is NULL or from [`wdq_linears_open`] and not closed.
 #[no_mangle]
 pub unsafe extern "C" fn wdq_linears_backend(l: *const WdqLinears) -> *const c_char {
-    match l.as_ref().map(|l| l.gpu.is_some()) {
+    match l.as_ref().map(|l| l.products.gpu().is_some()) {
         Some(true) => c"gpu".as_ptr(),
         Some(false) => c"cpu".as_ptr(),
         None => std::ptr::null(),
@@ -286,7 +146,9 @@ pub unsafe extern "C" fn wdq_linears_dims(
             (Some(n), Some(k)) => (n, k),
             _ => return Err(argument("n or k is NULL".into())),
         };
-        (*n, *k) = l.dims(text(name, "name")?, expert_index(expert)?)?;
+        (*n, *k) = l
+            .products
+            .dims(text(name, "name")?, expert_index(expert)?)?;
         Ok(())
     })
 }
@@ -330,13 +192,15 @@ pub unsafe extern "C" fn wdq_linears_matmul(
             _ => return Err(argument(format!("{m} rows of {k} or {n} overflow"))),
         };
         let (want_n, want_k) = match m {
-            0 => l.dims(name, expert)?,
+            0 => l.products.dims(name, expert)?,
             _ => (n, k),
         };
         let y_all = match m {
             0 => Vec::new(),
             // SAFETY: the caller hands `m * k` floats at `x`.
-            _ => l.product(name, expert, std::slice::from_raw_parts(x, x_len), m)?,
+            _ => l
+                .products
+                .matmul(name, expert, std::slice::from_raw_parts(x, x_len), m)?,
         };
         let got_n = y_all.len().checked_div(m).unwrap_or(want_n);
         if (k, n) != (want_k, got_n) {
@@ -431,7 +295,7 @@ pub unsafe extern "C" fn wdq_linears_matmul_experts(
             std::slice::from_raw_parts(x, x_len),
             std::slice::from_raw_parts(ids, m),
         );
-        let (y_all, got_n) = l.routed(stack, x, (m, k), ids)?;
+        let (y_all, got_n) = l.products.matmul_experts(stack, x, (m, k), ids)?;
         if got_n != n {
             let detail = format!("y has rows of {n} values; the product gives {got_n}");
             return Err(Error::tensor(Rule::Argument, &l.path, stack, detail));

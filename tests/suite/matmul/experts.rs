@@ -13,7 +13,7 @@ use wgpu_dequant::{BackendChoice, DtypeChoice, GpuDecoder, Model, Rule};
 
 /// The MoE checkpoints: GPT-OSS's, Mixtral's, mlx-lm's Qwen3-MoE and a
 /// GGUF Qwen3-MoE (Q2_K and Q3_K experts).
-fn cases() -> [PathBuf; 4] {
+pub(super) fn cases() -> [PathBuf; 4] {
     let ours = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     [
         fixtures().join("gpt-oss-mxfp4/model"),
