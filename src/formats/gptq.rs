@@ -11,7 +11,8 @@
 //! compressed-tensors-style tensors and map onto the FP4 / FP8 jobs
 //! (`fp_job`).
 //!
-//! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8), `in` inputs,
+//! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8; AutoRound also
+//! 5, 6 and 7), `in` inputs,
 //! `out` outputs and `G` groups stores:
 //!
 //! | tensor | dtype | shape | holds |
@@ -24,7 +25,9 @@
 //! Fields are LSB first: bits `[b·k, b·k+b)` of `qweight[r, j]` hold input
 //! row `r·32/b + k` of output j; of `qzeros[g, c]`, output `c·32/b + k`. At 3
 //! bits each run of three words is one little-endian 96-bit stream of 32
-//! codes. The value is `(q − z[g]) · s[g]` with `g = g_idx[i]` (as stored:
+//! codes; at 5, 6 and 7 bits (AutoRound's `auto_round.utils.bit_packing`)
+//! each run of `b` words one `32·b`-bit stream of 32 codes, fields
+//! straddling words the same way: the whole column is one dense stream. The value is `(q − z[g]) · s[g]` with `g = g_idx[i]` (as stored:
 //! with `desc_act` it is not monotone), else `i div group_size`, written
 //! `[out, in]`.
 //!
@@ -73,7 +76,7 @@ use crate::output::Output;
 pub const SUPPORT: super::Support = super::Support {
     name: "gptq",
     producers: "GPTQModel, AutoGPTQ, AutoRound",
-    bits: &BITS,
+    bits: &AUTOROUND_BITS,
     modes: &[
         "gptq (v1)",
         "gptq_v2",
@@ -83,6 +86,11 @@ pub const SUPPORT: super::Support = super::Support {
 
 /// The code widths GPTQ packs this way.
 pub const BITS: [u32; 4] = [2, 3, 4, 8];
+
+/// The code widths AutoRound's GPTQ-style packings write: GPTQ's, and 5, 6
+/// and 7 in the same bit stream (`auto_round.utils.bit_packing`: blocks of
+/// 32 fields, `b` words each, fields straddling words).
+pub const AUTOROUND_BITS: [u32; 7] = [2, 3, 4, 5, 6, 7, 8];
 
 /// Who wrote the checkpoint (they share the tensor layout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -395,10 +403,18 @@ impl Config {
         };
         only_setting(path, "GPTQ pack_dtype", raw.pack_dtype.as_deref(), "int32")?;
         let bits = raw.bits.unwrap_or(4);
-        if !BITS.contains(&bits) {
-            return unsupported(format!(
-                "GPTQ bits {bits} is not decoded (only 2, 3, 4 and 8)"
-            ));
+        match producer {
+            Producer::Gptq if !BITS.contains(&bits) => {
+                return unsupported(format!(
+                    "GPTQ bits {bits} is not decoded (only 2, 3, 4 and 8)"
+                ))
+            }
+            Producer::AutoRound if !AUTOROUND_BITS.contains(&bits) => {
+                return unsupported(format!(
+                    "AutoRound bits {bits} is not decoded (only 2 to 8)"
+                ))
+            }
+            _ => {}
         }
         let group_size = super::group_size(raw.group_size, path)?;
         let quantizer = match raw.meta.as_ref().and_then(|m| m.get("quantizer")) {
@@ -982,5 +998,20 @@ mod tests {
         assert_eq!(z, [4, 16, 1, 1, 1, 1, 1, 1]);
         let z3 = group_zeros(&[u32::MAX; 3], 3, true, true, 32);
         assert_eq!(z3, vec![8; 32]);
+    }
+
+    /// At 5, 6 and 7 bits AutoRound stores `z − 1` masked, unclamped: a
+    /// true zero point of 0 is all ones, read back as `2^b`; fields
+    /// straddle words (field 6 of 5 bits: bits 30..35).
+    #[test]
+    fn autoround_wide_zero_points_straddle_words() {
+        for b in [5u32, 6, 7] {
+            let z = group_zeros(&vec![u32::MAX; b as usize], b, true, true, 32);
+            assert_eq!(z, vec![1 << b; 32], "{b} bits");
+        }
+        // Field 6 at 5 bits = 0b10101: bits 30, 31 of word 0, 32..35 next.
+        let words = [0b01u32 << 30, 0b101];
+        assert_eq!(field(&words, 5, 6), 0b10101);
+        assert_eq!(group_zeros(&words, 5, false, true, 7)[6], 0b10101);
     }
 }

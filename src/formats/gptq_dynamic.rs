@@ -33,7 +33,7 @@ use std::path::Path;
 use fancy_regex::Regex;
 use serde_json::{Map, Value};
 
-use super::gptq::BITS;
+use super::gptq::{AUTOROUND_BITS, BITS};
 use crate::error::{Error, Result, Rule};
 
 /// How a rule's key is matched against a module's name.
@@ -115,7 +115,13 @@ fn settings(
         _ if dense => None,
         None => None,
         Some(b) => match u32::try_from(b) {
-            Ok(b) if BITS.contains(&b) => Some(b),
+            Ok(b) if !autoround && BITS.contains(&b) => Some(b),
+            Ok(b) if autoround && AUTOROUND_BITS.contains(&b) => Some(b),
+            _ if autoround => {
+                return Err(unsupported(format!(
+                    "gives bits {b}; AutoRound's packings decode only 2 to 8"
+                )))
+            }
             _ => {
                 return Err(unsupported(format!(
                     "gives bits {b}; GPTQ packing decodes only 2, 3, 4 and 8"

@@ -12,16 +12,23 @@
 //!   `qlinear_torch`)
 //! - `autoround-awq-mix`: `auto_round:auto_awq` (AWQ GEMM packing,
 //!   `dequantize_gemm`)
+//! - `autoround-w567-gptq`: `auto_round:auto_gptq` at 4 bits with modules at
+//!   5, 6 and 7 bits (`auto_round.utils.bit_packing`'s stream, fields
+//!   straddling words; `qlinear_torch_zp`)
+//! - `autoround-w567-asym`: `auto_round` at 5 bits with modules at 6 and 7
+//!   (`qlinear_torch`)
 
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::{check_case, copy_dir, dequantize_err, fixtures, gpu_test, write_json};
 
-const CASES: [&str; 3] = [
+const CASES: [&str; 5] = [
     "autoround-gptq-mix",
     "autoround-asym-mix",
     "autoround-awq-mix",
+    "autoround-w567-gptq",
+    "autoround-w567-asym",
 ];
 
 fn matches_autoround(case: &str, backend: BackendChoice) {
@@ -62,6 +69,16 @@ fn autoround_schemes_per_module() {
             "v2",
         ),
         ("autoround-awq-mix", "auto-round (auto_awq packing)", ""),
+        (
+            "autoround-w567-gptq",
+            "auto-round (auto_gptq packing)",
+            "v1",
+        ),
+        (
+            "autoround-w567-asym",
+            "auto-round (auto_round packing)",
+            "v2",
+        ),
     ] {
         let dir = fixtures().join(case).join("model");
         let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
@@ -150,7 +167,70 @@ fn autoround_malformed_refused() {
         Option<&'static str>,
         fn(&mut Value),
     );
-    let cases: [Edit; 9] = [
+    let cases: [Edit; 16] = [
+        (
+            "autoround-w567-gptq",
+            "k_proj packed at 7 bits, the config says 6",
+            Rule::TensorShape,
+            Some("model.layers.0.self_attn.k_proj.qweight"),
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"]["bits"] = json!(6);
+            },
+        ),
+        (
+            "autoround-w567-gptq",
+            "lm_head packed at 5 bits, the config says 7",
+            Rule::TensorShape,
+            Some("lm_head.qweight"),
+            |q| {
+                q["extra_config"]["lm_head"]["bits"] = json!(7);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "base bits 9",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["bits"] = json!(9);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "packed at 5 bits, the config says 6",
+            Rule::TensorShape,
+            None,
+            |q| {
+                q["bits"] = json!(6);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "5-bit scales in groups of 32, the config says 64",
+            Rule::TensorShape,
+            Some("model.layers.0.mlp.gate_proj.scales"),
+            |q| {
+                q["group_size"] = json!(64);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "auto_awq packing at 5 bits",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["packing_format"] = json!("auto_round:auto_awq");
+            },
+        ),
+        (
+            "autoround-w567-gptq",
+            "extra_config bits 0",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(0);
+            },
+        ),
         (
             "autoround-gptq-mix",
             "an extra_config key that is not a regex",
@@ -162,11 +242,11 @@ fn autoround_malformed_refused() {
         ),
         (
             "autoround-gptq-mix",
-            "extra_config bits 5",
+            "extra_config bits 1",
             Rule::Unsupported,
             None,
             |q| {
-                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(5);
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(1);
             },
         ),
         (

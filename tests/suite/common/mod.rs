@@ -464,6 +464,8 @@ pub const CASES: &[&str] = &[
     "autoround-mxfp8-bf16",
     "autoround-nvfp4-bf16",
     "autoround-nvfp4e5m3-bf16",
+    "autoround-w567-asym",
+    "autoround-w567-gptq",
     "awq-gemm-w4-g128",
     "bitnet-b158-bf16",
     "bnb-fp4-bf16",
