@@ -2,7 +2,8 @@
 //! and AutoRound's integer exports (`quant_method: "auto-round"`), whose
 //! `packing_format` names the layout: `auto_round:auto_gptq` (this GPTQ
 //! layout, zero points stored `z − 1`), `auto_round` (the same layout, zero
-//! points stored as they are: AutoRound's asymmetric default) and
+//! points stored as they are: AutoRound's asymmetric default),
+//! `auto_round:gptqmodel` (the same with `g_idx`: GPTQModel's v2) and
 //! `auto_round:auto_awq` (AutoAWQ's GEMM layout: the AWQ format's job).
 //! AutoRound's `extra_config` gives modules their own scheme or leaves them
 //! dense (module gptq_dynamic). AutoRound's FP exports
@@ -20,7 +21,7 @@
 //! | `qweight` | int32 | `[in·b/32, out]` | codes q, packed down the input rows |
 //! | `qzeros` | int32 | `[G, out·b/32]` | zero points, packed across the output columns |
 //! | `scales` | f16 | `[G, out]` | one scale per group and output |
-//! | `g_idx` | int32 | `[in]` | the group of each input row (not in AutoRound's export) |
+//! | `g_idx` | int32 | `[in]` | the group of each input row (in AutoRound's exports only with `auto_round:gptqmodel` packing) |
 //!
 //! Fields are LSB first: bits `[b·k, b·k+b)` of `qweight[r, j]` hold input
 //! row `r·32/b + k` of output j; of `qzeros[g, c]`, output `c·32/b + k`. At 3
@@ -80,7 +81,7 @@ pub const SUPPORT: super::Support = super::Support {
     modes: &[
         "gptq (v1)",
         "gptq_v2",
-        "auto-round (auto_gptq, auto_round, auto_awq packing; llm_compressor NVFP4, MXFP4, MXFP8, NVFP4 E5M3)",
+        "auto-round (auto_gptq, auto_round, gptqmodel, auto_awq packing; llm_compressor NVFP4, MXFP4, MXFP8, NVFP4 E5M3)",
     ],
 };
 
@@ -109,6 +110,10 @@ pub enum Producer {
 pub enum Packing {
     /// GPTQ's layout (`qweight` `[in·b/32, out]`).
     Gptq,
+    /// AutoRound's `auto_round:gptqmodel`: GPTQ's layout with `g_idx`, zero
+    /// points stored as they are (GPTQModel's v2; `qlinear_torch` built
+    /// with `g_idx`).
+    GptqModel,
     /// AutoAWQ's GEMM layout (`qweight` `[in, out/8]`), AutoRound's
     /// `auto_round:auto_awq`.
     Awq,
@@ -321,12 +326,14 @@ impl Config {
                     "auto_round:auto_gptq" => true,
                     // qlinear_torch: zero points as they are.
                     "auto_round" => false,
+                    // qlinear_torch with g_idx: zero points as they are.
+                    "auto_round:gptqmodel" => false,
                     "auto_round:auto_awq" => false,
                     "auto_round:llm_compressor" => return fp_config(q, &raw, false),
                     "auto_round:llm_compressor_nvfp4_e5m3" => return fp_config(q, &raw, true),
                     other => {
                         return unsupported(format!(
-                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round, auto_round:auto_awq, auto_round:llm_compressor and auto_round:llm_compressor_nvfp4_e5m3)"
+                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round, auto_round:gptqmodel, auto_round:auto_awq, auto_round:llm_compressor and auto_round:llm_compressor_nvfp4_e5m3)"
                         ))
                     }
                 }
@@ -335,6 +342,9 @@ impl Config {
         let packing = match raw.packing_format.as_deref() {
             Some(p) if producer == Producer::AutoRound && p.eq_ignore_ascii_case("auto_round:auto_awq") => {
                 Packing::Awq
+            }
+            Some(p) if producer == Producer::AutoRound && p.eq_ignore_ascii_case("auto_round:gptqmodel") => {
+                Packing::GptqModel
             }
             _ => Packing::Gptq,
         };
@@ -531,6 +541,7 @@ impl Config {
         match (self.producer, self.packing, self.v1) {
             (Producer::Gptq, _, _) => "gptq",
             (Producer::AutoRound, Packing::Awq, _) => "auto-round (auto_awq packing)",
+            (Producer::AutoRound, Packing::GptqModel, _) => "auto-round (gptqmodel packing)",
             (Producer::AutoRound, Packing::Nvfp4E5m3, _) => {
                 "auto-round (llm_compressor_nvfp4_e5m3 packing)"
             }
@@ -583,7 +594,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
                 return Err(dense_but_packed(cfg, ckpt, m));
             };
             let (job, shard) = match cfg.packing {
-                Packing::Gptq => module_job(&cfg, ckpt, m, dtype)?,
+                Packing::Gptq | Packing::GptqModel => module_job(&cfg, ckpt, m, dtype)?,
                 Packing::Awq => awq_job(&cfg, ckpt, m, dtype)?,
                 Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 => {
                     fp_job(cfg.packing, ckpt, m, dtype)?

@@ -13,6 +13,9 @@ AutoRound's own `quantize_and_save` in three packings:
 - autoround-w567-gptq: format "auto_round", sym, 4 bits with 5/6/7-bit modules
   (auto_round.utils.bit_packing's stream, fields straddling int32 words)
 - autoround-w567-asym: format "auto_round", asym, 5 bits with 6/7-bit modules
+- autoround-gptqmodel-mix: format "auto_round:gptqmodel" -> qlinear_torch with
+  g_idx (zero points stored as they are); its reference is qlinear_torch
+  without g_idx (see `reference`)
 
 The reference bytes are AutoRound's own dequantization of what it wrote:
 each layer's scheme from `auto_round.inference.convert_model.get_layer_config`

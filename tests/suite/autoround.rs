@@ -17,18 +17,25 @@
 //!   straddling words; `qlinear_torch_zp`)
 //! - `autoround-w567-asym`: `auto_round` at 5 bits with modules at 6 and 7
 //!   (`qlinear_torch`)
+//! - `autoround-gptqmodel-mix`: `auto_round:gptqmodel` (GPTQ's layout with
+//!   `g_idx`, zero points stored as they are; `qlinear_torch`) at 4 bits
+//!   with modules at 8, 5 and 3 bits
 
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
-use crate::common::{check_case, copy_dir, dequantize_err, fixtures, gpu_test, write_json};
+use crate::common::{
+    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_tensors, write_json,
+    write_safetensors, Tensor,
+};
 
-const CASES: [&str; 5] = [
+const CASES: [&str; 6] = [
     "autoround-gptq-mix",
     "autoround-asym-mix",
     "autoround-awq-mix",
     "autoround-w567-gptq",
     "autoround-w567-asym",
+    "autoround-gptqmodel-mix",
 ];
 
 fn matches_autoround(case: &str, backend: BackendChoice) {
@@ -77,6 +84,11 @@ fn autoround_schemes_per_module() {
         (
             "autoround-w567-asym",
             "auto-round (auto_round packing)",
+            "v2",
+        ),
+        (
+            "autoround-gptqmodel-mix",
+            "auto-round (gptqmodel packing)",
             "v2",
         ),
     ] {
@@ -532,6 +544,94 @@ fn autoround_fp_malformed_refused() {
         if let Some(t) = tensor {
             assert_eq!(e.tensor.as_deref(), Some(t), "{what}: {e}");
         }
+        assert!(!e.to_string().contains('\n'), "{what}: {e}");
+    }
+}
+
+/// The `auto_round:gptqmodel` export's tensors broken one at a time (its
+/// `g_idx` and packs): each refused by its rule, nothing written.
+#[test]
+fn autoround_gptqmodel_malformed_refused() {
+    const CASE: &str = "autoround-gptqmodel-mix";
+    const K: &str = "model.layers.0.self_attn.k_proj";
+    type Edit = (&'static str, Rule, fn(&mut Vec<Tensor>));
+    let cases: [Edit; 6] = [
+        ("g_idx one short", Rule::TensorShape, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.shape = vec![63];
+            t.data.truncate(63 * 4);
+        }),
+        ("g_idx past the groups", Rule::TensorValue, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.data[..4].copy_from_slice(&4i32.to_le_bytes());
+        }),
+        ("g_idx negative", Rule::TensorValue, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.data[8..12].copy_from_slice(&(-1i32).to_le_bytes());
+        }),
+        ("g_idx as f32", Rule::TensorDtype, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.dtype = "F32";
+        }),
+        ("qzeros a word short", Rule::TensorShape, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.qzeros"))
+                .unwrap();
+            let (g, w) = (t.shape[0], t.shape[1]);
+            let data: Vec<u8> = t
+                .data
+                .chunks_exact(w * 4)
+                .flat_map(|r| r[..(w - 1) * 4].to_vec())
+                .collect();
+            t.shape = vec![g, w - 1];
+            t.data = data;
+        }),
+        ("5-bit qweight a row short", Rule::TensorShape, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.qweight"))
+                .unwrap();
+            let (r, c) = (t.shape[0], t.shape[1]);
+            t.shape = vec![r - 1, c];
+            t.data.truncate((r - 1) * c * 4);
+        }),
+    ];
+    for (what, rule, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = fixtures().join(CASE).join("model");
+        copy_dir(&model, tmp.path());
+        let file = tmp.path().join("model.safetensors");
+        let mut ts: Vec<Tensor> = read_tensors(&file)
+            .into_iter()
+            .map(|(name, (dtype, shape, data))| {
+                let dtype = match dtype.as_str() {
+                    "I32" => "I32",
+                    "F16" => "F16",
+                    "BF16" => "BF16",
+                    "F32" => "F32",
+                    other => panic!("{other}"),
+                };
+                Tensor::new(name, dtype, &shape, data)
+            })
+            .collect();
+        edit(&mut ts);
+        write_safetensors(&file, &ts);
+        let e = dequantize_err(tmp.path());
+        assert_eq!(e.rule, rule, "{what}: {e}");
+        assert!(e.to_string().contains(K), "{what}: {e}");
         assert!(!e.to_string().contains('\n'), "{what}: {e}");
     }
 }

@@ -460,6 +460,7 @@ pub const CASES: &[&str] = &[
     "autoround-asym-mix",
     "autoround-awq-mix",
     "autoround-gptq-mix",
+    "autoround-gptqmodel-mix",
     "autoround-mxfp4-bf16",
     "autoround-mxfp8-bf16",
     "autoround-nvfp4-bf16",
