@@ -10,7 +10,8 @@
 //! (`auto_round:llm_compressor`: NVFP4, MXFP4, MXFP8;
 //! `auto_round:llm_compressor_nvfp4_e5m3`: NVFP4 with E5M3 scales) store
 //! compressed-tensors-style tensors and map onto the FP4 / FP8 jobs
-//! (`fp_job`).
+//! (`fp_job`); their `extra_config` gives each module its own FP layout
+//! (`Config::fp_module`) or leaves it dense.
 //!
 //! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8; AutoRound also
 //! 5, 6 and 7), `in` inputs,
@@ -163,6 +164,13 @@ pub struct Config {
     /// AutoRound's `block_name_to_quantize` prefixes, where it names them.
     #[serde(skip)]
     blocks: Option<Vec<String>>,
+    /// AutoRound's base `data_type` (lowercase; FP exports' per-module
+    /// schemes start from it).
+    #[serde(skip)]
+    data_type: String,
+    /// AutoRound's `auto_round:llm_compressor_nvfp4_e5m3` packing.
+    #[serde(skip)]
+    e5m3_packing: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -194,48 +202,18 @@ fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Confi
     let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, what));
     let data_type = raw.data_type.as_deref().unwrap_or("int").to_ascii_lowercase();
     let bits = raw.bits.unwrap_or(4);
-    if e5m3_packing != (data_type == "nvfp4_v2") {
-        return Err(Error::new(
-            Rule::Config,
-            path,
-            format!(
-                "packing_format {:?} and data_type {data_type:?} disagree (nvfp4_v2 is packed auto_round:llm_compressor_nvfp4_e5m3)",
-                raw.packing_format.as_deref().unwrap_or_default()
-            ),
-        ));
-    }
-    let (packing, group) = match (data_type.as_str(), bits) {
-        ("nv_fp" | "nv_fp4", 4) => (Packing::Nvfp4, NVFP4_GROUP),
-        ("nvfp4_v2", 4) => (Packing::Nvfp4E5m3, NVFP4_GROUP),
-        ("mx_fp" | "mx_fp4", 4) => (Packing::Mxfp4, MX_GROUP),
-        ("mx_fp" | "mx_fp8" | "mx_fp8e4m3", 8) => (Packing::Mxfp8, MX_GROUP),
-        (t @ ("nv_fp" | "nv_fp4" | "nvfp4_v2" | "mx_fp" | "mx_fp4" | "mx_fp8" | "mx_fp8e4m3"), b) => {
-            return unsupported(format!(
-                "AutoRound data_type {t:?} at {b} bits is not decoded (only nv_fp and nvfp4_v2 at 4 bits, mx_fp at 4 and 8)"
-            ))
-        }
-        (other, _) => {
-            return unsupported(format!(
-                "AutoRound data_type {other:?} in packing auto_round:llm_compressor is not decoded (only nv_fp NVFP4, nvfp4_v2 and mx_fp MXFP4/MXFP8)"
-            ))
-        }
-    };
     let group_size = super::group_size(raw.group_size, path)?;
-    if group_size != Some(group) {
-        return unsupported(format!(
-            "AutoRound {data_type} group_size {} is not decoded ({data_type} scales groups of {group})",
-            raw.group_size.unwrap_or(-1)
-        ));
-    }
-    if raw.sym == Some(false) {
-        return unsupported(format!(
-            "AutoRound {data_type} with sym false is not decoded (FP codes have no zero point)"
-        ));
-    }
-    if is_set(&raw.extra_config) || is_set(&raw.dynamic) {
-        return unsupported(
-            "`extra_config` in an AutoRound FP (llm_compressor packing) config is not decoded".into(),
-        );
+    let packing = fp_packing(
+        path,
+        "",
+        &data_type,
+        bits,
+        group_size,
+        raw.sym.unwrap_or(true),
+        e5m3_packing,
+    )?;
+    if is_set(&raw.dynamic) {
+        return unsupported("`dynamic` in an AutoRound FP (llm_compressor packing) config is not decoded".into());
     }
     if let Some(v) = ["super_bits", "super_group_size", "rotation_config"]
         .iter()
@@ -243,7 +221,8 @@ fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Confi
     {
         return unsupported(format!("AutoRound config gives {} {}, which is not decoded", v.0, v.1));
     }
-    Ok(Config {
+    let blocks = autoround_blocks(raw, path)?;
+    let mut cfg = Config {
         path: path.to_path_buf(),
         producer: Producer::AutoRound,
         bits,
@@ -254,8 +233,120 @@ fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Confi
         packing,
         quantizer: Vec::new(),
         dynamic: Vec::new(),
-        blocks: None,
-    })
+        blocks,
+        data_type,
+        e5m3_packing,
+    };
+    if let Some(e) = raw.extra_config.as_ref().filter(|_| is_set(&raw.extra_config)) {
+        // Stored modules: an FP Linear keeps `weight_scale` (and
+        // `weight_packed`, or an FP8 `weight`), a dense one `weight`.
+        let mut modules = modules_with(q.ckpt, "weight_scale");
+        modules.extend(modules_with(q.ckpt, "weight_packed"));
+        modules.extend(modules_with(q.ckpt, "weight"));
+        cfg.dynamic =
+            gptq_dynamic::parse_extra_config(path, e, &modules, cfg.blocks.as_deref(), true)?;
+        // Every entry's scheme, checked whatever it matches.
+        for r in cfg.dynamic.iter().filter(|r| !r.dense) {
+            cfg.fp_rule_packing(r)?;
+        }
+    }
+    Ok(cfg)
+}
+
+/// The FP layout of a scheme in AutoRound's FP exports; `key`: the
+/// `extra_config` entry it comes from ("" for the base config).
+fn fp_packing(
+    path: &std::path::Path,
+    key: &str,
+    data_type: &str,
+    bits: u32,
+    group_size: Option<usize>,
+    sym: bool,
+    e5m3_packing: bool,
+) -> Result<Packing> {
+    let at = if key.is_empty() {
+        String::new()
+    } else {
+        format!("extra_config {key:?}: ")
+    };
+    let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, format!("{at}{what}")));
+    if e5m3_packing != (data_type == "nvfp4_v2") {
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            format!(
+                "{at}packing_format {:?} and data_type {data_type:?} disagree (nvfp4_v2 is packed auto_round:llm_compressor_nvfp4_e5m3)",
+                if e5m3_packing { "auto_round:llm_compressor_nvfp4_e5m3" } else { "auto_round:llm_compressor" }
+            ),
+        ));
+    }
+    let (packing, group) = match (data_type, bits) {
+        ("nv_fp" | "nv_fp4", 4) => (Packing::Nvfp4, NVFP4_GROUP),
+        ("nvfp4_v2", 4) => (Packing::Nvfp4E5m3, NVFP4_GROUP),
+        ("mx_fp" | "mx_fp4", 4) => (Packing::Mxfp4, MX_GROUP),
+        ("mx_fp" | "mx_fp8" | "mx_fp8e4m3", 8) => (Packing::Mxfp8, MX_GROUP),
+        (t @ ("nv_fp" | "nv_fp4" | "nvfp4_v2" | "mx_fp" | "mx_fp4" | "mx_fp8" | "mx_fp8e4m3"), b) => {
+            return unsupported(format!(
+                "AutoRound data_type {t:?} at {b} bits is not decoded (only nv_fp and nvfp4_v2 at 4 bits, mx_fp at 4 and 8)"
+            ))
+        }
+        ("int", b) if !key.is_empty() => {
+            return unsupported(format!(
+                "an int{b} module in AutoRound's FP export (its IntQuantLinear packing) is not decoded"
+            ))
+        }
+        (other, _) => {
+            return unsupported(format!(
+                "AutoRound data_type {other:?} in packing auto_round:llm_compressor is not decoded (only nv_fp NVFP4, nvfp4_v2 and mx_fp MXFP4/MXFP8)"
+            ))
+        }
+    };
+    if group_size != Some(group) {
+        return unsupported(format!(
+            "AutoRound {data_type} group_size {} is not decoded ({data_type} scales groups of {group})",
+            group_size.map_or(-1, |g| g as i64)
+        ));
+    }
+    if !sym {
+        return unsupported(format!(
+            "AutoRound {data_type} with sym false is not decoded (FP codes have no zero point)"
+        ));
+    }
+    Ok(packing)
+}
+
+/// AutoRound's `block_name_to_quantize` prefixes (a comma-separated
+/// string or a list), where it names them.
+fn autoround_blocks(raw: &Raw, path: &std::path::Path) -> Result<Option<Vec<String>>> {
+    Ok(match &raw.block_name_to_quantize {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(
+                s.split(',')
+                    .map(|b| b.trim().to_string())
+                    .filter(|b| !b.is_empty())
+                    .collect(),
+            ),
+            Some(Value::Array(a)) => Some(
+                a.iter()
+                    .map(|v| {
+                        v.as_str().map(str::to_string).ok_or_else(|| {
+                            Error::new(
+                                Rule::Config,
+                                path,
+                                format!("block_name_to_quantize entry {v} is not a string"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<String>>>()?,
+            ),
+            Some(v) => {
+                return Err(Error::new(
+                    Rule::Config,
+                    path,
+                    format!("block_name_to_quantize {v} is not a string or a list of strings"),
+                ))
+            }
+        })
 }
 
 /// Columns per NVFP4 scale.
@@ -354,34 +445,9 @@ impl Config {
                     .map_err(|e| Error::new(Rule::Unsupported, path, format!("AutoRound config {e}")))?;
             }
         }
-        let blocks = match (&raw.block_name_to_quantize, producer) {
-            (_, Producer::Gptq) | (None | Some(Value::Null), _) => None,
-            (Some(Value::String(s)), _) => Some(
-                s.split(',')
-                    .map(|b| b.trim().to_string())
-                    .filter(|b| !b.is_empty())
-                    .collect(),
-            ),
-            (Some(Value::Array(a)), _) => Some(
-                a.iter()
-                    .map(|v| {
-                        v.as_str().map(str::to_string).ok_or_else(|| {
-                            Error::new(
-                                Rule::Config,
-                                path,
-                                format!("block_name_to_quantize entry {v} is not a string"),
-                            )
-                        })
-                    })
-                    .collect::<Result<Vec<String>>>()?,
-            ),
-            (Some(v), _) => {
-                return Err(Error::new(
-                    Rule::Config,
-                    path,
-                    format!("block_name_to_quantize {v} is not a string or a list of strings"),
-                ))
-            }
+        let blocks = match producer {
+            Producer::Gptq => None,
+            Producer::AutoRound => autoround_blocks(&raw, path)?,
         };
         let dynamic = match producer {
             Producer::Gptq => {
@@ -405,7 +471,7 @@ impl Config {
                         // Stored modules: a Linear keeps `weight` or `qweight`.
                         let mut modules = modules_with(q.ckpt, "qweight");
                         modules.extend(modules_with(q.ckpt, "weight"));
-                        gptq_dynamic::parse_extra_config(path, e, &modules, blocks.as_deref())?
+                        gptq_dynamic::parse_extra_config(path, e, &modules, blocks.as_deref(), false)?
                     }
                     _ => Vec::new(),
                 }
@@ -447,6 +513,8 @@ impl Config {
             quantizer,
             dynamic,
             blocks,
+            data_type: raw.data_type.as_deref().unwrap_or("int").to_ascii_lowercase(),
+            e5m3_packing: false,
         })
     }
 
@@ -477,6 +545,43 @@ impl Config {
             group_size: rule.group_size.unwrap_or(self.group_size),
             desc_act: rule.desc_act.unwrap_or(self.desc_act),
             sym: rule.sym.unwrap_or(self.sym),
+            dynamic: Vec::new(),
+            ..self.clone()
+        }))
+    }
+
+    /// The FP layout an FP export's `extra_config` entry gives (its
+    /// settings over the base config's).
+    fn fp_rule_packing(&self, r: &DynamicRule) -> Result<Packing> {
+        fp_packing(
+            &self.path,
+            &r.key,
+            r.data_type.as_deref().unwrap_or(&self.data_type),
+            r.bits.unwrap_or(self.bits),
+            r.group_size.unwrap_or(self.group_size),
+            r.sym.unwrap_or(self.sym),
+            self.e5m3_packing,
+        )
+    }
+
+    /// An FP export's scheme of `module` once `extra_config` is applied;
+    /// `None`: the entry leaves it dense.
+    fn fp_module(&self, module: &str) -> Result<Option<Config>> {
+        let in_block = self.in_block(module);
+        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module, in_block)? else {
+            return Ok(Some(Config {
+                dynamic: Vec::new(),
+                ..self.clone()
+            }));
+        };
+        if rule.dense {
+            return Ok(None);
+        }
+        Ok(Some(Config {
+            packing: self.fp_rule_packing(rule)?,
+            bits: rule.bits.unwrap_or(self.bits),
+            group_size: rule.group_size.unwrap_or(self.group_size),
+            data_type: rule.data_type.clone().unwrap_or_else(|| self.data_type.clone()),
             dynamic: Vec::new(),
             ..self.clone()
         }))
@@ -564,27 +669,31 @@ impl Config {
 
 /// The decoded modules: every module with a `qweight`.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    if let Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 = cfg.packing {
-        let (holder, params): (&str, &[&str]) = match cfg.packing {
-            Packing::Mxfp8 => ("weight_scale", &["weight", "weight_scale"]),
-            _ => (
-                "weight_packed",
-                &["weight_packed", "weight_scale", "weight_global_scale"],
-            ),
-        };
-        return plan_each(
+    let mut found = if let Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 =
+        cfg.packing
+    {
+        // Each module's layout is its scheme's (`extra_config` may mix
+        // NVFP4, MXFP4 and MXFP8): every module with FP tensors.
+        let mut modules = modules_with(ckpt, "weight_packed");
+        modules.extend(modules_with(ckpt, "weight_scale"));
+        modules.sort_unstable();
+        modules.dedup();
+        plan_each(
             ckpt,
-            modules_with(ckpt, holder),
-            params,
+            modules,
+            &["weight_packed", "weight_scale", "weight_global_scale", "weight"],
             |_| None,
             |m, _| {
-                let (job, shard) = fp_job(cfg.packing, ckpt, m, dtype)?;
+                let Some(mc) = cfg.fp_module(m)? else {
+                    return Err(dense_but_packed(cfg, ckpt, m));
+                };
+                let (job, shard) = fp_job(mc.packing, ckpt, m, dtype)?;
                 let shape = vec![job.dims.rows, job.dims.cols];
-                Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
+                Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, mc.format_line()))
             },
-        );
-    }
-    let mut found = plan_each(
+        )
+    } else {
+        plan_each(
         ckpt,
         modules_with(ckpt, "qweight"),
         &["qweight", "qzeros", "scales", "g_idx"],
@@ -603,13 +712,15 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             let shape = vec![job.dims.rows, job.dims.cols];
             Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
-    );
+    )
+    };
     // An `extra_config` entry that names a module to quantize which is
     // stored dense (auto-round 0.16.1's layer-by-layer AWQ packing leaves
     // `lm_head` so): copied as stored, which AutoRound's loader would not
     // load.
     for r in cfg.dynamic.iter().filter(|r| r.is_exact() && !r.dense) {
         if ckpt.get(&format!("{}.qweight", r.key)).is_none()
+            && ckpt.get(&format!("{}.weight_scale", r.key)).is_none()
             && ckpt.get(&format!("{}.weight", r.key)).is_some()
         {
             found.warnings.push(Warning::new(
@@ -717,7 +828,10 @@ fn dense_but_packed(cfg: &Config, ckpt: &Checkpoint, module: &str) -> Error {
         "{} rule {rule:?} says this module is stored dense (not quantized), but it is packed",
         cfg.rules_name()
     );
-    match ckpt.get(&format!("{module}.qweight")) {
+    let packed = ["qweight", "weight_packed", "weight_scale"]
+        .iter()
+        .find_map(|p| ckpt.get(&format!("{module}.{p}")));
+    match packed {
         Some(q) => q.error(Rule::Config, why),
         None => Error::new(Rule::Config, &cfg.path, format!("{module}: {why}")),
     }

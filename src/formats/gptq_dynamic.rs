@@ -66,6 +66,8 @@ pub(crate) struct DynamicRule {
     pub(crate) group_size: Option<Option<usize>>,
     pub(crate) desc_act: Option<bool>,
     pub(crate) sym: Option<bool>,
+    /// AutoRound's FP exports: the entry's `data_type` (lowercase).
+    pub(crate) data_type: Option<String>,
 }
 
 /// A setting read as `T` (absent or null: not overridden).
@@ -93,6 +95,7 @@ fn settings(
     how: KeyMatch,
     pattern: Option<Regex>,
     gptqmodel_dense: bool,
+    fp: bool,
 ) -> Result<DynamicRule> {
     let bad = |e: String| Error::new(Rule::Config, path, format!("{what}: {key:?}: {e}"));
     let unsupported =
@@ -155,8 +158,18 @@ fn settings(
             )));
         }
     }
-    if autoround && !dense {
-        autoround_scheme(o).map_err(unsupported)?;
+    let data_type = match o.get("data_type") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.to_ascii_lowercase()),
+        Some(v) => return Err(bad(format!("data_type {v} is not a string"))),
+    };
+    match (autoround && !dense, fp) {
+        (true, false) => autoround_scheme(o).map_err(unsupported)?,
+        // An FP export's entries carry their activation settings (which a
+        // dense checkpoint does not quantize); the weight's data type is
+        // checked with the module's whole scheme.
+        (true, true) => autoround_unsupported_keys(o).map_err(unsupported)?,
+        _ => {}
     }
     Ok(DynamicRule {
         key: key.to_string(),
@@ -168,6 +181,7 @@ fn settings(
         group_size,
         desc_act: flag("desc_act")?,
         sym: flag("sym")?,
+        data_type,
     })
 }
 
@@ -193,6 +207,14 @@ pub(crate) fn autoround_scheme(o: &Map<String, Value>) -> std::result::Result<()
             ))
         }
     }
+    autoround_unsupported_keys(o)
+}
+
+/// AutoRound settings never decoded, whatever the packing: double
+/// quantization and rotations.
+pub(crate) fn autoround_unsupported_keys(
+    o: &Map<String, Value>,
+) -> std::result::Result<(), String> {
     for name in ["super_bits", "super_group_size", "rotation_config"] {
         if let Some(v) = o.get(name).filter(|v| !v.is_null()) {
             return Err(format!("gives {name} {v}, which is not decoded"));
@@ -234,6 +256,7 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
                 KeyMatch::Start,
                 Some(pattern),
                 dense,
+                false,
             )
         })
         .collect()
@@ -242,12 +265,15 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
 /// Reads AutoRound's `extra_config`. `modules` are the stored modules'
 /// names (a key among them is exact); `blocks` the config's
 /// `block_name_to_quantize` prefixes, when it names them. Exact keys come
-/// first, then the regex keys in the file's order.
+/// first, then the regex keys in the file's order. `fp`: the config is an
+/// FP export's (`auto_round:llm_compressor`), whose entries may name FP
+/// data types and activation settings.
 pub(crate) fn parse_extra_config(
     path: &Path,
     extra: &Value,
     modules: &[&str],
     blocks: Option<&[String]>,
+    fp: bool,
 ) -> Result<Vec<DynamicRule>> {
     let Value::Object(map) = extra else {
         return Err(Error::new(
@@ -269,6 +295,7 @@ pub(crate) fn parse_extra_config(
                 KeyMatch::Exact,
                 None,
                 false,
+                fp,
             )?);
             continue;
         }
@@ -287,6 +314,7 @@ pub(crate) fn parse_extra_config(
             KeyMatch::Search,
             Some(pattern),
             false,
+            fp,
         )?;
         if blocks.is_some() {
             for m in modules.iter().filter(|m| in_block(m)) {
@@ -418,6 +446,7 @@ mod tests {
             }),
             &modules,
             Some(&blocks),
+            false,
         )
         .unwrap();
         let at = |m: &str, in_block: bool| {
@@ -447,6 +476,7 @@ mod tests {
             &json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}}),
             &modules,
             None,
+            false,
         )
         .unwrap_err();
         assert_eq!(e.rule, Rule::Unsupported, "{e}");
@@ -455,6 +485,7 @@ mod tests {
             &json!({"lm_head": {"bits": 4, "act_bits": 8}}),
             &modules,
             None,
+            false,
         )
         .unwrap_err();
         assert_eq!(e.rule, Rule::Unsupported, "{e}");

@@ -368,10 +368,14 @@ const FP_CASES: [(&str, &str); 4] = [
     ),
 ];
 const NVFP4: &str = "autoround-nvfp4-bf16";
+/// An MXFP4 export with an `extra_config`: layer 0's down_proj in MXFP8,
+/// the k/v projections (regex key) in NVFP4, layer 1's o_proj dense
+/// (`bits` and `act_bits` 16).
+const FP_MIX: &str = "autoround-mxfp4-mix";
 
 #[test]
 fn autoround_fp_matches_its_dequantizer_on_cpu() {
-    for (case, _) in FP_CASES {
+    for case in FP_CASES.map(|c| c.0).into_iter().chain([FP_MIX]) {
         matches_autoround(case, BackendChoice::Cpu);
     }
 }
@@ -379,7 +383,7 @@ fn autoround_fp_matches_its_dequantizer_on_cpu() {
 #[test]
 fn autoround_fp_matches_its_dequantizer_on_gpu() {
     gpu_test(|_| {
-        for (case, _) in FP_CASES {
+        for case in FP_CASES.map(|c| c.0).into_iter().chain([FP_MIX]) {
             matches_autoround(case, BackendChoice::Gpu);
         }
     });
@@ -428,7 +432,7 @@ fn autoround_fp_malformed_refused() {
         Option<&'static str>,
         fn(&mut Value),
     );
-    let cases: [Edit; 13] = [
+    let cases: [Edit; 20] = [
         (
             "autoround-mxfp4-bf16",
             "mx_fp at 8 bits over MXFP4's packs",
@@ -441,7 +445,7 @@ fn autoround_fp_malformed_refused() {
         (
             "autoround-mxfp8-bf16",
             "mx_fp at 4 bits over MXFP8's weights",
-            Rule::Config,
+            Rule::MissingTensor,
             None,
             |q| {
                 q["bits"] = json!(4);
@@ -509,11 +513,76 @@ fn autoround_fp_malformed_refused() {
         ),
         (
             NVFP4,
-            "an extra_config in the FP export",
+            "an int module in the FP export's extra_config",
             Rule::Unsupported,
             None,
             |q| {
-                q["extra_config"] = json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}});
+                q["extra_config"] = json!({"lm_head": {"bits": 4, "data_type": "int"}});
+            },
+        ),
+        (
+            FP_MIX,
+            "k_proj int4 in the FP export (IntQuantLinear)",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"]["data_type"] = json!("int");
+            },
+        ),
+        (
+            FP_MIX,
+            "down_proj said MXFP4, stored MXFP8",
+            Rule::MissingTensor,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(4);
+            },
+        ),
+        (
+            FP_MIX,
+            "nv_fp in groups of 32 by the regex key",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"][".*self_attn\\.[kv]_proj.*"]["group_size"] = json!(32);
+            },
+        ),
+        (
+            FP_MIX,
+            "a packed module said dense (bits 16)",
+            Rule::Config,
+            Some("model.layers.0.self_attn.q_proj.weight_packed"),
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.q_proj"] = json!({"bits": 16});
+            },
+        ),
+        (
+            FP_MIX,
+            "k_proj said MXFP4 over NVFP4's E4M3 scales",
+            Rule::TensorDtype,
+            Some("model.layers.0.self_attn.k_proj.weight_scale"),
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"] =
+                    json!({"data_type": "mx_fp", "group_size": 32});
+            },
+        ),
+        (
+            FP_MIX,
+            "an entry with super_bits",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["super_bits"] = json!(6);
+            },
+        ),
+        (
+            FP_MIX,
+            "an nvfp4_v2 entry in llm_compressor packing",
+            Rule::Config,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"]["data_type"] =
+                    json!("nvfp4_v2");
             },
         ),
         (
@@ -634,4 +703,45 @@ fn autoround_gptqmodel_malformed_refused() {
         assert!(e.to_string().contains(K), "{what}: {e}");
         assert!(!e.to_string().contains('\n'), "{what}: {e}");
     }
+}
+
+/// The mixed FP export: each module has the scheme AutoRound's loader gave
+/// it (plan.json: its QuantLinear class), layer 1's o_proj is copied as
+/// stored, nothing is warned of.
+#[test]
+fn autoround_fp_extra_config_schemes() {
+    let dir = fixtures().join(FP_MIX).join("model");
+    let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+    let plan =
+        wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+    let plan_json: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(FP_MIX).join("plan.json")).unwrap())
+            .unwrap();
+    let modules = plan_json.as_object().unwrap();
+    assert_eq!(modules.len(), 13);
+    for (module, class) in modules {
+        let want = match class.as_str().unwrap() {
+            "MXFP4QuantLinear" => FP_CASES[1].1,
+            "MXFP8QuantLinear" => FP_CASES[2].1,
+            "NVFP4QuantLinear" => FP_CASES[0].1,
+            other => panic!("{other}"),
+        };
+        let out = plan
+            .outputs
+            .iter()
+            .find(|o| o.name == format!("{module}.weight"))
+            .unwrap_or_else(|| panic!("{module}"));
+        assert_eq!(
+            out.scheme.as_deref(),
+            Some(format!("auto-round {want}").as_str()),
+            "{module}"
+        );
+    }
+    let dense = plan
+        .outputs
+        .iter()
+        .find(|o| o.name == "model.layers.1.self_attn.o_proj.weight")
+        .unwrap();
+    assert_eq!(dense.scheme, None);
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
 }

@@ -462,6 +462,7 @@ pub const CASES: &[&str] = &[
     "autoround-gptq-mix",
     "autoround-gptqmodel-mix",
     "autoround-mxfp4-bf16",
+    "autoround-mxfp4-mix",
     "autoround-mxfp8-bf16",
     "autoround-nvfp4-bf16",
     "autoround-nvfp4e5m3-bf16",
