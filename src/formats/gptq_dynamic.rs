@@ -47,6 +47,19 @@ pub(crate) enum KeyMatch {
     Search,
 }
 
+/// What kind of entry `settings` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// Integer settings (GPTQModel's `+:` or plain keys, AutoRound's
+    /// integer exports).
+    Int,
+    /// GPTQModel's `-:` key: the module is stored dense.
+    Dense,
+    /// An entry of AutoRound's FP exports: FP data types and activation
+    /// settings allowed.
+    Fp,
+}
+
 /// One `dynamic` / `extra_config` entry.
 #[derive(Debug, Clone)]
 pub(crate) struct DynamicRule {
@@ -94,9 +107,9 @@ fn settings(
     over: &Value,
     how: KeyMatch,
     pattern: Option<Regex>,
-    gptqmodel_dense: bool,
-    fp: bool,
+    entry: Entry,
 ) -> Result<DynamicRule> {
+    let (gptqmodel_dense, fp) = (entry == Entry::Dense, entry == Entry::Fp);
     let bad = |e: String| Error::new(Rule::Config, path, format!("{what}: {key:?}: {e}"));
     let unsupported =
         |e: String| Error::new(Rule::Unsupported, path, format!("{what}: {key:?} {e}"));
@@ -255,8 +268,7 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
                 over,
                 KeyMatch::Start,
                 Some(pattern),
-                dense,
-                false,
+                if dense { Entry::Dense } else { Entry::Int },
             )
         })
         .collect()
@@ -282,6 +294,7 @@ pub(crate) fn parse_extra_config(
             "extra_config: expected an object from module name or regex to settings",
         ));
     };
+    let entry = if fp { Entry::Fp } else { Entry::Int };
     let in_block = |m: &str| blocks.is_none_or(|b| b.iter().any(|p| m.starts_with(p.as_str())));
     let mut exact = Vec::new();
     let mut regex = Vec::new();
@@ -294,8 +307,7 @@ pub(crate) fn parse_extra_config(
                 over,
                 KeyMatch::Exact,
                 None,
-                false,
-                fp,
+                entry,
             )?);
             continue;
         }
@@ -313,8 +325,7 @@ pub(crate) fn parse_extra_config(
             over,
             KeyMatch::Search,
             Some(pattern),
-            false,
-            fp,
+            entry,
         )?;
         if blocks.is_some() {
             for m in modules.iter().filter(|m| in_block(m)) {
