@@ -2,16 +2,19 @@
 //! and AutoRound's integer exports (`quant_method: "auto-round"`), whose
 //! `packing_format` names the layout: `auto_round:auto_gptq` (this GPTQ
 //! layout, zero points stored `z − 1`), `auto_round` (the same layout, zero
-//! points stored as they are: AutoRound's asymmetric default) and
+//! points stored as they are: AutoRound's asymmetric default),
+//! `auto_round:gptqmodel` (the same with `g_idx`: GPTQModel's v2) and
 //! `auto_round:auto_awq` (AutoAWQ's GEMM layout: the AWQ format's job).
 //! AutoRound's `extra_config` gives modules their own scheme or leaves them
 //! dense (module gptq_dynamic). AutoRound's FP exports
 //! (`auto_round:llm_compressor`: NVFP4, MXFP4, MXFP8;
 //! `auto_round:llm_compressor_nvfp4_e5m3`: NVFP4 with E5M3 scales) store
 //! compressed-tensors-style tensors and map onto the FP4 / FP8 jobs
-//! (`fp_job`).
+//! (`fp_job`); their `extra_config` gives each module its own FP layout
+//! (`Config::fp_module`) or leaves it dense.
 //!
-//! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8), `in` inputs,
+//! A quantized Linear `m` with `b`-bit codes (2, 3, 4 or 8; AutoRound also
+//! 5, 6 and 7), `in` inputs,
 //! `out` outputs and `G` groups stores:
 //!
 //! | tensor | dtype | shape | holds |
@@ -19,12 +22,14 @@
 //! | `qweight` | int32 | `[in·b/32, out]` | codes q, packed down the input rows |
 //! | `qzeros` | int32 | `[G, out·b/32]` | zero points, packed across the output columns |
 //! | `scales` | f16 | `[G, out]` | one scale per group and output |
-//! | `g_idx` | int32 | `[in]` | the group of each input row (not in AutoRound's export) |
+//! | `g_idx` | int32 | `[in]` | the group of each input row (in AutoRound's exports only with `auto_round:gptqmodel` packing) |
 //!
 //! Fields are LSB first: bits `[b·k, b·k+b)` of `qweight[r, j]` hold input
 //! row `r·32/b + k` of output j; of `qzeros[g, c]`, output `c·32/b + k`. At 3
 //! bits each run of three words is one little-endian 96-bit stream of 32
-//! codes. The value is `(q − z[g]) · s[g]` with `g = g_idx[i]` (as stored:
+//! codes; at 5, 6 and 7 bits (AutoRound's `auto_round.utils.bit_packing`)
+//! each run of `b` words one `32·b`-bit stream of 32 codes, fields
+//! straddling words the same way: the whole column is one dense stream. The value is `(q − z[g]) · s[g]` with `g = g_idx[i]` (as stored:
 //! with `desc_act` it is not monotone), else `i div group_size`, written
 //! `[out, in]`.
 //!
@@ -73,16 +78,21 @@ use crate::output::Output;
 pub const SUPPORT: super::Support = super::Support {
     name: "gptq",
     producers: "GPTQModel, AutoGPTQ, AutoRound",
-    bits: &BITS,
+    bits: &AUTOROUND_BITS,
     modes: &[
         "gptq (v1)",
         "gptq_v2",
-        "auto-round (auto_gptq, auto_round, auto_awq packing; llm_compressor NVFP4, MXFP4, MXFP8, NVFP4 E5M3)",
+        "auto-round (auto_gptq, auto_round, gptqmodel, auto_awq packing; llm_compressor NVFP4, MXFP4, MXFP8, NVFP4 E5M3)",
     ],
 };
 
 /// The code widths GPTQ packs this way.
 pub const BITS: [u32; 4] = [2, 3, 4, 8];
+
+/// The code widths AutoRound's GPTQ-style packings write: GPTQ's, and 5, 6
+/// and 7 in the same bit stream (`auto_round.utils.bit_packing`: blocks of
+/// 32 fields, `b` words each, fields straddling words).
+pub const AUTOROUND_BITS: [u32; 7] = [2, 3, 4, 5, 6, 7, 8];
 
 /// Who wrote the checkpoint (they share the tensor layout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -101,6 +111,10 @@ pub enum Producer {
 pub enum Packing {
     /// GPTQ's layout (`qweight` `[in·b/32, out]`).
     Gptq,
+    /// AutoRound's `auto_round:gptqmodel`: GPTQ's layout with `g_idx`, zero
+    /// points stored as they are (GPTQModel's v2; `qlinear_torch` built
+    /// with `g_idx`).
+    GptqModel,
     /// AutoAWQ's GEMM layout (`qweight` `[in, out/8]`), AutoRound's
     /// `auto_round:auto_awq`.
     Awq,
@@ -150,6 +164,13 @@ pub struct Config {
     /// AutoRound's `block_name_to_quantize` prefixes, where it names them.
     #[serde(skip)]
     blocks: Option<Vec<String>>,
+    /// AutoRound's base `data_type` (lowercase; FP exports' per-module
+    /// schemes start from it).
+    #[serde(skip)]
+    data_type: String,
+    /// AutoRound's `auto_round:llm_compressor_nvfp4_e5m3` packing.
+    #[serde(skip)]
+    e5m3_packing: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -181,48 +202,18 @@ fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Confi
     let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, what));
     let data_type = raw.data_type.as_deref().unwrap_or("int").to_ascii_lowercase();
     let bits = raw.bits.unwrap_or(4);
-    if e5m3_packing != (data_type == "nvfp4_v2") {
-        return Err(Error::new(
-            Rule::Config,
-            path,
-            format!(
-                "packing_format {:?} and data_type {data_type:?} disagree (nvfp4_v2 is packed auto_round:llm_compressor_nvfp4_e5m3)",
-                raw.packing_format.as_deref().unwrap_or_default()
-            ),
-        ));
-    }
-    let (packing, group) = match (data_type.as_str(), bits) {
-        ("nv_fp" | "nv_fp4", 4) => (Packing::Nvfp4, NVFP4_GROUP),
-        ("nvfp4_v2", 4) => (Packing::Nvfp4E5m3, NVFP4_GROUP),
-        ("mx_fp" | "mx_fp4", 4) => (Packing::Mxfp4, MX_GROUP),
-        ("mx_fp" | "mx_fp8" | "mx_fp8e4m3", 8) => (Packing::Mxfp8, MX_GROUP),
-        (t @ ("nv_fp" | "nv_fp4" | "nvfp4_v2" | "mx_fp" | "mx_fp4" | "mx_fp8" | "mx_fp8e4m3"), b) => {
-            return unsupported(format!(
-                "AutoRound data_type {t:?} at {b} bits is not decoded (only nv_fp and nvfp4_v2 at 4 bits, mx_fp at 4 and 8)"
-            ))
-        }
-        (other, _) => {
-            return unsupported(format!(
-                "AutoRound data_type {other:?} in packing auto_round:llm_compressor is not decoded (only nv_fp NVFP4, nvfp4_v2 and mx_fp MXFP4/MXFP8)"
-            ))
-        }
-    };
     let group_size = super::group_size(raw.group_size, path)?;
-    if group_size != Some(group) {
-        return unsupported(format!(
-            "AutoRound {data_type} group_size {} is not decoded ({data_type} scales groups of {group})",
-            raw.group_size.unwrap_or(-1)
-        ));
-    }
-    if raw.sym == Some(false) {
-        return unsupported(format!(
-            "AutoRound {data_type} with sym false is not decoded (FP codes have no zero point)"
-        ));
-    }
-    if is_set(&raw.extra_config) || is_set(&raw.dynamic) {
-        return unsupported(
-            "`extra_config` in an AutoRound FP (llm_compressor packing) config is not decoded".into(),
-        );
+    let packing = fp_packing(
+        path,
+        "",
+        &data_type,
+        bits,
+        group_size,
+        raw.sym.unwrap_or(true),
+        e5m3_packing,
+    )?;
+    if is_set(&raw.dynamic) {
+        return unsupported("`dynamic` in an AutoRound FP (llm_compressor packing) config is not decoded".into());
     }
     if let Some(v) = ["super_bits", "super_group_size", "rotation_config"]
         .iter()
@@ -230,7 +221,8 @@ fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Confi
     {
         return unsupported(format!("AutoRound config gives {} {}, which is not decoded", v.0, v.1));
     }
-    Ok(Config {
+    let blocks = autoround_blocks(raw, path)?;
+    let mut cfg = Config {
         path: path.to_path_buf(),
         producer: Producer::AutoRound,
         bits,
@@ -241,8 +233,120 @@ fn fp_config(q: &QuantConfig<'_>, raw: &Raw, e5m3_packing: bool) -> Result<Confi
         packing,
         quantizer: Vec::new(),
         dynamic: Vec::new(),
-        blocks: None,
-    })
+        blocks,
+        data_type,
+        e5m3_packing,
+    };
+    if let Some(e) = raw.extra_config.as_ref().filter(|_| is_set(&raw.extra_config)) {
+        // Stored modules: an FP Linear keeps `weight_scale` (and
+        // `weight_packed`, or an FP8 `weight`), a dense one `weight`.
+        let mut modules = modules_with(q.ckpt, "weight_scale");
+        modules.extend(modules_with(q.ckpt, "weight_packed"));
+        modules.extend(modules_with(q.ckpt, "weight"));
+        cfg.dynamic =
+            gptq_dynamic::parse_extra_config(path, e, &modules, cfg.blocks.as_deref(), true)?;
+        // Every entry's scheme, checked whatever it matches.
+        for r in cfg.dynamic.iter().filter(|r| !r.dense) {
+            cfg.fp_rule_packing(r)?;
+        }
+    }
+    Ok(cfg)
+}
+
+/// The FP layout of a scheme in AutoRound's FP exports; `key`: the
+/// `extra_config` entry it comes from ("" for the base config).
+fn fp_packing(
+    path: &std::path::Path,
+    key: &str,
+    data_type: &str,
+    bits: u32,
+    group_size: Option<usize>,
+    sym: bool,
+    e5m3_packing: bool,
+) -> Result<Packing> {
+    let at = if key.is_empty() {
+        String::new()
+    } else {
+        format!("extra_config {key:?}: ")
+    };
+    let unsupported = |what: String| Err(Error::new(Rule::Unsupported, path, format!("{at}{what}")));
+    if e5m3_packing != (data_type == "nvfp4_v2") {
+        return Err(Error::new(
+            Rule::Config,
+            path,
+            format!(
+                "{at}packing_format {:?} and data_type {data_type:?} disagree (nvfp4_v2 is packed auto_round:llm_compressor_nvfp4_e5m3)",
+                if e5m3_packing { "auto_round:llm_compressor_nvfp4_e5m3" } else { "auto_round:llm_compressor" }
+            ),
+        ));
+    }
+    let (packing, group) = match (data_type, bits) {
+        ("nv_fp" | "nv_fp4", 4) => (Packing::Nvfp4, NVFP4_GROUP),
+        ("nvfp4_v2", 4) => (Packing::Nvfp4E5m3, NVFP4_GROUP),
+        ("mx_fp" | "mx_fp4", 4) => (Packing::Mxfp4, MX_GROUP),
+        ("mx_fp" | "mx_fp8" | "mx_fp8e4m3", 8) => (Packing::Mxfp8, MX_GROUP),
+        (t @ ("nv_fp" | "nv_fp4" | "nvfp4_v2" | "mx_fp" | "mx_fp4" | "mx_fp8" | "mx_fp8e4m3"), b) => {
+            return unsupported(format!(
+                "AutoRound data_type {t:?} at {b} bits is not decoded (only nv_fp and nvfp4_v2 at 4 bits, mx_fp at 4 and 8)"
+            ))
+        }
+        ("int", b) if !key.is_empty() => {
+            return unsupported(format!(
+                "an int{b} module in AutoRound's FP export (its IntQuantLinear packing) is not decoded"
+            ))
+        }
+        (other, _) => {
+            return unsupported(format!(
+                "AutoRound data_type {other:?} in packing auto_round:llm_compressor is not decoded (only nv_fp NVFP4, nvfp4_v2 and mx_fp MXFP4/MXFP8)"
+            ))
+        }
+    };
+    if group_size != Some(group) {
+        return unsupported(format!(
+            "AutoRound {data_type} group_size {} is not decoded ({data_type} scales groups of {group})",
+            group_size.map_or(-1, |g| g as i64)
+        ));
+    }
+    if !sym {
+        return unsupported(format!(
+            "AutoRound {data_type} with sym false is not decoded (FP codes have no zero point)"
+        ));
+    }
+    Ok(packing)
+}
+
+/// AutoRound's `block_name_to_quantize` prefixes (a comma-separated
+/// string or a list), where it names them.
+fn autoround_blocks(raw: &Raw, path: &std::path::Path) -> Result<Option<Vec<String>>> {
+    Ok(match &raw.block_name_to_quantize {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(
+                s.split(',')
+                    .map(|b| b.trim().to_string())
+                    .filter(|b| !b.is_empty())
+                    .collect(),
+            ),
+            Some(Value::Array(a)) => Some(
+                a.iter()
+                    .map(|v| {
+                        v.as_str().map(str::to_string).ok_or_else(|| {
+                            Error::new(
+                                Rule::Config,
+                                path,
+                                format!("block_name_to_quantize entry {v} is not a string"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<String>>>()?,
+            ),
+            Some(v) => {
+                return Err(Error::new(
+                    Rule::Config,
+                    path,
+                    format!("block_name_to_quantize {v} is not a string or a list of strings"),
+                ))
+            }
+        })
 }
 
 /// Columns per NVFP4 scale.
@@ -313,12 +417,14 @@ impl Config {
                     "auto_round:auto_gptq" => true,
                     // qlinear_torch: zero points as they are.
                     "auto_round" => false,
+                    // qlinear_torch with g_idx: zero points as they are.
+                    "auto_round:gptqmodel" => false,
                     "auto_round:auto_awq" => false,
                     "auto_round:llm_compressor" => return fp_config(q, &raw, false),
                     "auto_round:llm_compressor_nvfp4_e5m3" => return fp_config(q, &raw, true),
                     other => {
                         return unsupported(format!(
-                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round, auto_round:auto_awq, auto_round:llm_compressor and auto_round:llm_compressor_nvfp4_e5m3)"
+                            "AutoRound packing_format {other:?} is not decoded (only auto_round:auto_gptq, auto_round, auto_round:gptqmodel, auto_round:auto_awq, auto_round:llm_compressor and auto_round:llm_compressor_nvfp4_e5m3)"
                         ))
                     }
                 }
@@ -328,6 +434,9 @@ impl Config {
             Some(p) if producer == Producer::AutoRound && p.eq_ignore_ascii_case("auto_round:auto_awq") => {
                 Packing::Awq
             }
+            Some(p) if producer == Producer::AutoRound && p.eq_ignore_ascii_case("auto_round:gptqmodel") => {
+                Packing::GptqModel
+            }
             _ => Packing::Gptq,
         };
         if producer == Producer::AutoRound {
@@ -336,34 +445,9 @@ impl Config {
                     .map_err(|e| Error::new(Rule::Unsupported, path, format!("AutoRound config {e}")))?;
             }
         }
-        let blocks = match (&raw.block_name_to_quantize, producer) {
-            (_, Producer::Gptq) | (None | Some(Value::Null), _) => None,
-            (Some(Value::String(s)), _) => Some(
-                s.split(',')
-                    .map(|b| b.trim().to_string())
-                    .filter(|b| !b.is_empty())
-                    .collect(),
-            ),
-            (Some(Value::Array(a)), _) => Some(
-                a.iter()
-                    .map(|v| {
-                        v.as_str().map(str::to_string).ok_or_else(|| {
-                            Error::new(
-                                Rule::Config,
-                                path,
-                                format!("block_name_to_quantize entry {v} is not a string"),
-                            )
-                        })
-                    })
-                    .collect::<Result<Vec<String>>>()?,
-            ),
-            (Some(v), _) => {
-                return Err(Error::new(
-                    Rule::Config,
-                    path,
-                    format!("block_name_to_quantize {v} is not a string or a list of strings"),
-                ))
-            }
+        let blocks = match producer {
+            Producer::Gptq => None,
+            Producer::AutoRound => autoround_blocks(&raw, path)?,
         };
         let dynamic = match producer {
             Producer::Gptq => {
@@ -387,7 +471,7 @@ impl Config {
                         // Stored modules: a Linear keeps `weight` or `qweight`.
                         let mut modules = modules_with(q.ckpt, "qweight");
                         modules.extend(modules_with(q.ckpt, "weight"));
-                        gptq_dynamic::parse_extra_config(path, e, &modules, blocks.as_deref())?
+                        gptq_dynamic::parse_extra_config(path, e, &modules, blocks.as_deref(), false)?
                     }
                     _ => Vec::new(),
                 }
@@ -395,10 +479,18 @@ impl Config {
         };
         only_setting(path, "GPTQ pack_dtype", raw.pack_dtype.as_deref(), "int32")?;
         let bits = raw.bits.unwrap_or(4);
-        if !BITS.contains(&bits) {
-            return unsupported(format!(
-                "GPTQ bits {bits} is not decoded (only 2, 3, 4 and 8)"
-            ));
+        match producer {
+            Producer::Gptq if !BITS.contains(&bits) => {
+                return unsupported(format!(
+                    "GPTQ bits {bits} is not decoded (only 2, 3, 4 and 8)"
+                ))
+            }
+            Producer::AutoRound if !AUTOROUND_BITS.contains(&bits) => {
+                return unsupported(format!(
+                    "AutoRound bits {bits} is not decoded (only 2 to 8)"
+                ))
+            }
+            _ => {}
         }
         let group_size = super::group_size(raw.group_size, path)?;
         let quantizer = match raw.meta.as_ref().and_then(|m| m.get("quantizer")) {
@@ -421,6 +513,8 @@ impl Config {
             quantizer,
             dynamic,
             blocks,
+            data_type: raw.data_type.as_deref().unwrap_or("int").to_ascii_lowercase(),
+            e5m3_packing: false,
         })
     }
 
@@ -451,6 +545,43 @@ impl Config {
             group_size: rule.group_size.unwrap_or(self.group_size),
             desc_act: rule.desc_act.unwrap_or(self.desc_act),
             sym: rule.sym.unwrap_or(self.sym),
+            dynamic: Vec::new(),
+            ..self.clone()
+        }))
+    }
+
+    /// The FP layout an FP export's `extra_config` entry gives (its
+    /// settings over the base config's).
+    fn fp_rule_packing(&self, r: &DynamicRule) -> Result<Packing> {
+        fp_packing(
+            &self.path,
+            &r.key,
+            r.data_type.as_deref().unwrap_or(&self.data_type),
+            r.bits.unwrap_or(self.bits),
+            r.group_size.unwrap_or(self.group_size),
+            r.sym.unwrap_or(self.sym),
+            self.e5m3_packing,
+        )
+    }
+
+    /// An FP export's scheme of `module` once `extra_config` is applied;
+    /// `None`: the entry leaves it dense.
+    fn fp_module(&self, module: &str) -> Result<Option<Config>> {
+        let in_block = self.in_block(module);
+        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module, in_block)? else {
+            return Ok(Some(Config {
+                dynamic: Vec::new(),
+                ..self.clone()
+            }));
+        };
+        if rule.dense {
+            return Ok(None);
+        }
+        Ok(Some(Config {
+            packing: self.fp_rule_packing(rule)?,
+            bits: rule.bits.unwrap_or(self.bits),
+            group_size: rule.group_size.unwrap_or(self.group_size),
+            data_type: rule.data_type.clone().unwrap_or_else(|| self.data_type.clone()),
             dynamic: Vec::new(),
             ..self.clone()
         }))
@@ -515,6 +646,7 @@ impl Config {
         match (self.producer, self.packing, self.v1) {
             (Producer::Gptq, _, _) => "gptq",
             (Producer::AutoRound, Packing::Awq, _) => "auto-round (auto_awq packing)",
+            (Producer::AutoRound, Packing::GptqModel, _) => "auto-round (gptqmodel packing)",
             (Producer::AutoRound, Packing::Nvfp4E5m3, _) => {
                 "auto-round (llm_compressor_nvfp4_e5m3 packing)"
             }
@@ -537,27 +669,31 @@ impl Config {
 
 /// The decoded modules: every module with a `qweight`.
 pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<'c> {
-    if let Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 = cfg.packing {
-        let (holder, params): (&str, &[&str]) = match cfg.packing {
-            Packing::Mxfp8 => ("weight_scale", &["weight", "weight_scale"]),
-            _ => (
-                "weight_packed",
-                &["weight_packed", "weight_scale", "weight_global_scale"],
-            ),
-        };
-        return plan_each(
+    let mut found = if let Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 =
+        cfg.packing
+    {
+        // Each module's layout is its scheme's (`extra_config` may mix
+        // NVFP4, MXFP4 and MXFP8): every module with FP tensors.
+        let mut modules = modules_with(ckpt, "weight_packed");
+        modules.extend(modules_with(ckpt, "weight_scale"));
+        modules.sort_unstable();
+        modules.dedup();
+        plan_each(
             ckpt,
-            modules_with(ckpt, holder),
-            params,
+            modules,
+            &["weight_packed", "weight_scale", "weight_global_scale", "weight"],
             |_| None,
             |m, _| {
-                let (job, shard) = fp_job(cfg.packing, ckpt, m, dtype)?;
+                let Some(mc) = cfg.fp_module(m)? else {
+                    return Err(dense_but_packed(cfg, ckpt, m));
+                };
+                let (job, shard) = fp_job(mc.packing, ckpt, m, dtype)?;
                 let shape = vec![job.dims.rows, job.dims.cols];
-                Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
+                Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, mc.format_line()))
             },
-        );
-    }
-    let mut found = plan_each(
+        )
+    } else {
+        plan_each(
         ckpt,
         modules_with(ckpt, "qweight"),
         &["qweight", "qzeros", "scales", "g_idx"],
@@ -567,7 +703,7 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
                 return Err(dense_but_packed(cfg, ckpt, m));
             };
             let (job, shard) = match cfg.packing {
-                Packing::Gptq => module_job(&cfg, ckpt, m, dtype)?,
+                Packing::Gptq | Packing::GptqModel => module_job(&cfg, ckpt, m, dtype)?,
                 Packing::Awq => awq_job(&cfg, ckpt, m, dtype)?,
                 Packing::Nvfp4 | Packing::Nvfp4E5m3 | Packing::Mxfp4 | Packing::Mxfp8 => {
                     fp_job(cfg.packing, ckpt, m, dtype)?
@@ -576,13 +712,15 @@ pub fn plan<'c>(cfg: &Config, ckpt: &'c Checkpoint, dtype: OutDtype) -> Modules<
             let shape = vec![job.dims.rows, job.dims.cols];
             Ok::<Output<'c>, Error>(decoded_output(m, shard, shape, job, cfg.format_line()))
         },
-    );
+    )
+    };
     // An `extra_config` entry that names a module to quantize which is
     // stored dense (auto-round 0.16.1's layer-by-layer AWQ packing leaves
     // `lm_head` so): copied as stored, which AutoRound's loader would not
     // load.
     for r in cfg.dynamic.iter().filter(|r| r.is_exact() && !r.dense) {
         if ckpt.get(&format!("{}.qweight", r.key)).is_none()
+            && ckpt.get(&format!("{}.weight_scale", r.key)).is_none()
             && ckpt.get(&format!("{}.weight", r.key)).is_some()
         {
             found.warnings.push(Warning::new(
@@ -690,7 +828,10 @@ fn dense_but_packed(cfg: &Config, ckpt: &Checkpoint, module: &str) -> Error {
         "{} rule {rule:?} says this module is stored dense (not quantized), but it is packed",
         cfg.rules_name()
     );
-    match ckpt.get(&format!("{module}.qweight")) {
+    let packed = ["qweight", "weight_packed", "weight_scale"]
+        .iter()
+        .find_map(|p| ckpt.get(&format!("{module}.{p}")));
+    match packed {
         Some(q) => q.error(Rule::Config, why),
         None => Error::new(Rule::Config, &cfg.path, format!("{module}: {why}")),
     }
@@ -982,5 +1123,20 @@ mod tests {
         assert_eq!(z, [4, 16, 1, 1, 1, 1, 1, 1]);
         let z3 = group_zeros(&[u32::MAX; 3], 3, true, true, 32);
         assert_eq!(z3, vec![8; 32]);
+    }
+
+    /// At 5, 6 and 7 bits AutoRound stores `z − 1` masked, unclamped: a
+    /// true zero point of 0 is all ones, read back as `2^b`; fields
+    /// straddle words (field 6 of 5 bits: bits 30..35).
+    #[test]
+    fn autoround_wide_zero_points_straddle_words() {
+        for b in [5u32, 6, 7] {
+            let z = group_zeros(&vec![u32::MAX; b as usize], b, true, true, 32);
+            assert_eq!(z, vec![1 << b; 32], "{b} bits");
+        }
+        // Field 6 at 5 bits = 0b10101: bits 30, 31 of word 0, 32..35 next.
+        let words = [0b01u32 << 30, 0b101];
+        assert_eq!(field(&words, 5, 6), 0b10101);
+        assert_eq!(group_zeros(&words, 5, false, true, 7)[6], 0b10101);
     }
 }

@@ -33,7 +33,7 @@ use std::path::Path;
 use fancy_regex::Regex;
 use serde_json::{Map, Value};
 
-use super::gptq::BITS;
+use super::gptq::{AUTOROUND_BITS, BITS};
 use crate::error::{Error, Result, Rule};
 
 /// How a rule's key is matched against a module's name.
@@ -45,6 +45,19 @@ pub(crate) enum KeyMatch {
     Exact,
     /// AutoRound: a regex found anywhere in the name (`re.search`).
     Search,
+}
+
+/// What kind of entry `settings` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// Integer settings (GPTQModel's `+:` or plain keys, AutoRound's
+    /// integer exports).
+    Int,
+    /// GPTQModel's `-:` key: the module is stored dense.
+    Dense,
+    /// An entry of AutoRound's FP exports: FP data types and activation
+    /// settings allowed.
+    Fp,
 }
 
 /// One `dynamic` / `extra_config` entry.
@@ -66,6 +79,8 @@ pub(crate) struct DynamicRule {
     pub(crate) group_size: Option<Option<usize>>,
     pub(crate) desc_act: Option<bool>,
     pub(crate) sym: Option<bool>,
+    /// AutoRound's FP exports: the entry's `data_type` (lowercase).
+    pub(crate) data_type: Option<String>,
 }
 
 /// A setting read as `T` (absent or null: not overridden).
@@ -92,8 +107,9 @@ fn settings(
     over: &Value,
     how: KeyMatch,
     pattern: Option<Regex>,
-    gptqmodel_dense: bool,
+    entry: Entry,
 ) -> Result<DynamicRule> {
+    let (gptqmodel_dense, fp) = (entry == Entry::Dense, entry == Entry::Fp);
     let bad = |e: String| Error::new(Rule::Config, path, format!("{what}: {key:?}: {e}"));
     let unsupported =
         |e: String| Error::new(Rule::Unsupported, path, format!("{what}: {key:?} {e}"));
@@ -115,7 +131,13 @@ fn settings(
         _ if dense => None,
         None => None,
         Some(b) => match u32::try_from(b) {
-            Ok(b) if BITS.contains(&b) => Some(b),
+            Ok(b) if !autoround && BITS.contains(&b) => Some(b),
+            Ok(b) if autoround && AUTOROUND_BITS.contains(&b) => Some(b),
+            _ if autoround => {
+                return Err(unsupported(format!(
+                    "gives bits {b}; AutoRound's packings decode only 2 to 8"
+                )))
+            }
             _ => {
                 return Err(unsupported(format!(
                     "gives bits {b}; GPTQ packing decodes only 2, 3, 4 and 8"
@@ -149,8 +171,18 @@ fn settings(
             )));
         }
     }
-    if autoround && !dense {
-        autoround_scheme(o).map_err(unsupported)?;
+    let data_type = match o.get("data_type") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.to_ascii_lowercase()),
+        Some(v) => return Err(bad(format!("data_type {v} is not a string"))),
+    };
+    match (autoround && !dense, fp) {
+        (true, false) => autoround_scheme(o).map_err(unsupported)?,
+        // An FP export's entries carry their activation settings (which a
+        // dense checkpoint does not quantize); the weight's data type is
+        // checked with the module's whole scheme.
+        (true, true) => autoround_unsupported_keys(o).map_err(unsupported)?,
+        _ => {}
     }
     Ok(DynamicRule {
         key: key.to_string(),
@@ -162,6 +194,7 @@ fn settings(
         group_size,
         desc_act: flag("desc_act")?,
         sym: flag("sym")?,
+        data_type,
     })
 }
 
@@ -187,6 +220,14 @@ pub(crate) fn autoround_scheme(o: &Map<String, Value>) -> std::result::Result<()
             ))
         }
     }
+    autoround_unsupported_keys(o)
+}
+
+/// AutoRound settings never decoded, whatever the packing: double
+/// quantization and rotations.
+pub(crate) fn autoround_unsupported_keys(
+    o: &Map<String, Value>,
+) -> std::result::Result<(), String> {
     for name in ["super_bits", "super_group_size", "rotation_config"] {
         if let Some(v) = o.get(name).filter(|v| !v.is_null()) {
             return Err(format!("gives {name} {v}, which is not decoded"));
@@ -227,7 +268,7 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
                 over,
                 KeyMatch::Start,
                 Some(pattern),
-                dense,
+                if dense { Entry::Dense } else { Entry::Int },
             )
         })
         .collect()
@@ -236,12 +277,15 @@ pub(crate) fn parse(path: &Path, dynamic: &Value) -> Result<Vec<DynamicRule>> {
 /// Reads AutoRound's `extra_config`. `modules` are the stored modules'
 /// names (a key among them is exact); `blocks` the config's
 /// `block_name_to_quantize` prefixes, when it names them. Exact keys come
-/// first, then the regex keys in the file's order.
+/// first, then the regex keys in the file's order. `fp`: the config is an
+/// FP export's (`auto_round:llm_compressor`), whose entries may name FP
+/// data types and activation settings.
 pub(crate) fn parse_extra_config(
     path: &Path,
     extra: &Value,
     modules: &[&str],
     blocks: Option<&[String]>,
+    fp: bool,
 ) -> Result<Vec<DynamicRule>> {
     let Value::Object(map) = extra else {
         return Err(Error::new(
@@ -250,6 +294,7 @@ pub(crate) fn parse_extra_config(
             "extra_config: expected an object from module name or regex to settings",
         ));
     };
+    let entry = if fp { Entry::Fp } else { Entry::Int };
     let in_block = |m: &str| blocks.is_none_or(|b| b.iter().any(|p| m.starts_with(p.as_str())));
     let mut exact = Vec::new();
     let mut regex = Vec::new();
@@ -262,7 +307,7 @@ pub(crate) fn parse_extra_config(
                 over,
                 KeyMatch::Exact,
                 None,
-                false,
+                entry,
             )?);
             continue;
         }
@@ -280,7 +325,7 @@ pub(crate) fn parse_extra_config(
             over,
             KeyMatch::Search,
             Some(pattern),
-            false,
+            entry,
         )?;
         if blocks.is_some() {
             for m in modules.iter().filter(|m| in_block(m)) {
@@ -412,6 +457,7 @@ mod tests {
             }),
             &modules,
             Some(&blocks),
+            false,
         )
         .unwrap();
         let at = |m: &str, in_block: bool| {
@@ -441,6 +487,7 @@ mod tests {
             &json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}}),
             &modules,
             None,
+            false,
         )
         .unwrap_err();
         assert_eq!(e.rule, Rule::Unsupported, "{e}");
@@ -449,6 +496,7 @@ mod tests {
             &json!({"lm_head": {"bits": 4, "act_bits": 8}}),
             &modules,
             None,
+            false,
         )
         .unwrap_err();
         assert_eq!(e.rule, Rule::Unsupported, "{e}");

@@ -10,6 +10,12 @@ AutoRound's own `quantize_and_save` in three packings:
 - autoround-asym-mix:  format "auto_round", asym   -> packing_format
   "auto_round" (qlinear_torch: zero points stored as they are)
 - autoround-awq-mix:   format "auto_round:auto_awq", asym (WQLinear_GEMM)
+- autoround-w567-gptq: format "auto_round", sym, 4 bits with 5/6/7-bit modules
+  (auto_round.utils.bit_packing's stream, fields straddling int32 words)
+- autoround-w567-asym: format "auto_round", asym, 5 bits with 6/7-bit modules
+- autoround-gptqmodel-mix: format "auto_round:gptqmodel" -> qlinear_torch with
+  g_idx (zero points stored as they are); its reference is qlinear_torch
+  without g_idx (see `reference`)
 
 The reference bytes are AutoRound's own dequantization of what it wrote:
 each layer's scheme from `auto_round.inference.convert_model.get_layer_config`
@@ -53,19 +59,28 @@ CASES = {
     # `WQLinear_GEMM.from_linear`): 0.16.1's packing at save time passes
     # WQLinear_GEMM arguments it does not take.
     "autoround-awq-mix": dict(fmt="auto_round:auto_awq", sym=False, kv_bits=4, low_cpu_mem_usage=True),
+    # 5/6/7 bits (auto_round.utils.bit_packing's bit stream, fields
+    # straddling int32 words). Symmetric (auto_gptq packing): 0.16.1's
+    # AutoGPTQFormat refuses a 5-bit base scheme, so base 4 bits with
+    # down_proj 6, k/v 7, lm_head 5; asymmetric: base 5 bits.
+    "autoround-w567-gptq": dict(fmt="auto_round", sym=True, kv_bits=7, down_bits=6, head_bits=5),
+    "autoround-w567-asym": dict(fmt="auto_round", sym=False, bits=5, kv_bits=7, down_bits=6, head_bits=6),
+    # packing_format "auto_round:gptqmodel": qlinear_torch with g_idx (zero
+    # points stored as they are), at 4 bits with 8-, 5- and 3-bit modules.
+    "autoround-gptqmodel-mix": dict(fmt="auto_round:gptqmodel", sym=True, kv_bits=5, head_bits=3),
 }
 
 
 def layer_config(case):
     cfg = {
         # One module by name with its own bits and group size.
-        "model.layers.0.mlp.down_proj": {"bits": 8, "group_size": 64},
+        "model.layers.0.mlp.down_proj": {"bits": case.get("down_bits", 8), "group_size": 64},
         # A module left dense.
         "model.layers.1.self_attn.o_proj": {"bits": 16},
         # A regex key: the k and v projections of every layer.
         "self_attn.[kv]_proj": {"bits": case["kv_bits"], "group_size": 16},
         # The lm_head quantized (outside the blocks).
-        "lm_head": {"bits": 4, "group_size": 32},
+        "lm_head": {"bits": case.get("head_bits", 4), "group_size": 32},
     }
     if case["fmt"].endswith("auto_awq"):
         # WQLinear_GEMM packs 4..7 bits only.
@@ -109,7 +124,16 @@ def reference(name, st, scheme, packing, out_f, in_f):
         w16 = dequantize_gemm(qw, qz, sc, bits, g).T.contiguous()
         w32 = dequantize_gemm(qw, qz, sc.float(), bits, g).T.contiguous()
         return w16, w32
-    mod = {"auto_round:auto_gptq": qlinear_torch_zp, "auto_round": qlinear_torch}[packing]
+    mod = {"auto_round:auto_gptq": qlinear_torch_zp, "auto_round": qlinear_torch,
+           "auto_round:gptqmodel": qlinear_torch}[packing]
+    if packing == "auto_round:gptqmodel":
+        # The stored g_idx is the plain grid (i // group_size), the only one
+        # AutoRound's loader takes ("non-dummy g_idx ... not yet supported");
+        # its CPU backend (auto_round:torch) is qlinear_torch, built without
+        # g_idx: qlinear_torch's g_idx branch of `forward` slices the [in,
+        # out] weight's columns by `in` and breaks where out > in.
+        g = gs if gs != -1 else in_f
+        assert torch.equal(st[f"{name}.g_idx"], torch.arange(in_f, dtype=torch.int32) // g), name
     layer = mod.QuantLinear(bits, gs, in_f, out_f, bias=False)
     for t, v in [("qweight", qw), ("qzeros", qz), ("scales", sc)]:
         assert getattr(layer, t).shape == v.shape, (name, t, v.shape)
@@ -144,7 +168,7 @@ def make(name, case):
             if p.dim() == 2:
                 p.copy_(torch.randn_like(p, dtype=torch.float32).half() * 0.05)
     shapes = {n: tuple(m.weight.shape) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    ar = AutoRound(model, tokenizer=tiny_tokenizer(), bits=4, group_size=32, sym=case["sym"], iters=0,
+    ar = AutoRound(model, tokenizer=tiny_tokenizer(), bits=case.get("bits", 4), group_size=32, sym=case["sym"], iters=0,
                    layer_config=layer_config(case), device_map="cpu", disable_opt_rtn=True,
                    low_cpu_mem_usage=case.get("low_cpu_mem_usage", False))
     tmp = Path(tempfile.mkdtemp())

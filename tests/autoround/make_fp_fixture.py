@@ -9,6 +9,10 @@ global scale needs), exported by AutoRound's own `quantize_and_save` in its
 `weight_packed`, `weight_scale` (E8M0 bytes, group 32); MXFP8: `weight`
 (E4M3), `weight_scale` (E8M0 bytes, group 32).
 
+autoround-mxfp4-mix: MXFP4 with a `layer_config` (MIX_LAYERS): a module in
+MXFP8, the k/v projections in NVFP4, one module dense; written into the
+config's `extra_config`.
+
 The reference bytes are AutoRound's own dequantization of what it wrote:
 the checkpoint loaded back by transformers with AutoRound's quantizer (its
 `NVFP4QuantLinear`, `MXFP4QuantLinear`, `MXFP8QuantLinear`), each module's
@@ -42,6 +46,16 @@ CASES = {
     "autoround-mxfp4-bf16": ("MXFP4", "MXFP4QuantLinear"),
     "autoround-mxfp8-bf16": ("MXFP8", "MXFP8QuantLinear"),
     "autoround-nvfp4e5m3-bf16": ("NVFP4_E5M3", "NVFP4E5M3QuantLinear"),
+    # MXFP4 with an `extra_config`: down_proj of layer 0 in MXFP8, the k/v
+    # projections (regex key) in NVFP4, layer 1's o_proj left dense.
+    "autoround-mxfp4-mix": ("MXFP4", None),
+}
+
+MIX_LAYERS = {
+    "model.layers.0.mlp.down_proj": {"bits": 8, "data_type": "mx_fp", "group_size": 32, "act_bits": 8},
+    "self_attn.[kv]_proj": {"bits": 4, "data_type": "nv_fp", "group_size": 16, "act_bits": 4,
+                            "act_data_type": "nv_fp4_with_static_gs", "act_group_size": 16},
+    "model.layers.1.self_attn.o_proj": {"bits": 16, "act_bits": 16},
 }
 
 
@@ -56,8 +70,9 @@ def make(name, scheme, qlinear):
             if p.dim() == 2:
                 p.copy_(torch.randn_like(p, dtype=torch.float32) * 0.05)
     text = [" ".join(f"t{(i * 7 + j) % 60}" for j in range(40)) for i in range(8)]
+    extra = dict(layer_config=MIX_LAYERS) if qlinear is None else {}
     ar = AutoRound(model, tokenizer=tiny_tokenizer(), scheme=scheme, iters=0, device_map="cpu",
-                   disable_opt_rtn=True, dataset=text, seqlen=16, nsamples=4, batch_size=1)
+                   disable_opt_rtn=True, dataset=text, seqlen=16, nsamples=4, batch_size=1, **extra)
     tmp = Path(tempfile.mkdtemp())
     ar.quantize_and_save(str(tmp / "q"), format="auto_round")
     saved = next((tmp / "q").rglob("config.json")).parent
@@ -79,7 +94,7 @@ def make(name, scheme, qlinear):
     for mod_name, mod in loaded.named_modules():
         if not hasattr(mod, "dequant_weight_online"):
             continue
-        assert type(mod).__name__ == qlinear, (mod_name, type(mod))
+        assert qlinear is None or type(mod).__name__ == qlinear, (mod_name, type(mod))
         assert f"{mod_name}.weight_scale" in st, mod_name
         w = mod.dequant_weight_online()
         assert w.dtype == torch.float32
@@ -87,7 +102,7 @@ def make(name, scheme, qlinear):
         ref16[f"{mod_name}.weight"] = w.half().contiguous()
         ref_bf[f"{mod_name}.weight"] = w.bfloat16().contiguous()
         plan[mod_name] = type(mod).__name__
-    assert len(plan) == 7 * LAYERS, plan
+    assert len(plan) == 7 * LAYERS - (qlinear is None), plan
 
     out = FIXTURES / name
     if out.exists():

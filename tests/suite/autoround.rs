@@ -12,16 +12,30 @@
 //!   `qlinear_torch`)
 //! - `autoround-awq-mix`: `auto_round:auto_awq` (AWQ GEMM packing,
 //!   `dequantize_gemm`)
+//! - `autoround-w567-gptq`: `auto_round:auto_gptq` at 4 bits with modules at
+//!   5, 6 and 7 bits (`auto_round.utils.bit_packing`'s stream, fields
+//!   straddling words; `qlinear_torch_zp`)
+//! - `autoround-w567-asym`: `auto_round` at 5 bits with modules at 6 and 7
+//!   (`qlinear_torch`)
+//! - `autoround-gptqmodel-mix`: `auto_round:gptqmodel` (GPTQ's layout with
+//!   `g_idx`, zero points stored as they are; `qlinear_torch`) at 4 bits
+//!   with modules at 8, 5 and 3 bits
 
 use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
-use crate::common::{check_case, copy_dir, dequantize_err, fixtures, gpu_test, write_json};
+use crate::common::{
+    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_tensors, write_json,
+    write_safetensors, Tensor,
+};
 
-const CASES: [&str; 3] = [
+const CASES: [&str; 6] = [
     "autoround-gptq-mix",
     "autoround-asym-mix",
     "autoround-awq-mix",
+    "autoround-w567-gptq",
+    "autoround-w567-asym",
+    "autoround-gptqmodel-mix",
 ];
 
 fn matches_autoround(case: &str, backend: BackendChoice) {
@@ -62,6 +76,21 @@ fn autoround_schemes_per_module() {
             "v2",
         ),
         ("autoround-awq-mix", "auto-round (auto_awq packing)", ""),
+        (
+            "autoround-w567-gptq",
+            "auto-round (auto_gptq packing)",
+            "v1",
+        ),
+        (
+            "autoround-w567-asym",
+            "auto-round (auto_round packing)",
+            "v2",
+        ),
+        (
+            "autoround-gptqmodel-mix",
+            "auto-round (gptqmodel packing)",
+            "v2",
+        ),
     ] {
         let dir = fixtures().join(case).join("model");
         let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
@@ -150,7 +179,70 @@ fn autoround_malformed_refused() {
         Option<&'static str>,
         fn(&mut Value),
     );
-    let cases: [Edit; 9] = [
+    let cases: [Edit; 16] = [
+        (
+            "autoround-w567-gptq",
+            "k_proj packed at 7 bits, the config says 6",
+            Rule::TensorShape,
+            Some("model.layers.0.self_attn.k_proj.qweight"),
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"]["bits"] = json!(6);
+            },
+        ),
+        (
+            "autoround-w567-gptq",
+            "lm_head packed at 5 bits, the config says 7",
+            Rule::TensorShape,
+            Some("lm_head.qweight"),
+            |q| {
+                q["extra_config"]["lm_head"]["bits"] = json!(7);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "base bits 9",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["bits"] = json!(9);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "packed at 5 bits, the config says 6",
+            Rule::TensorShape,
+            None,
+            |q| {
+                q["bits"] = json!(6);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "5-bit scales in groups of 32, the config says 64",
+            Rule::TensorShape,
+            Some("model.layers.0.mlp.gate_proj.scales"),
+            |q| {
+                q["group_size"] = json!(64);
+            },
+        ),
+        (
+            "autoround-w567-asym",
+            "auto_awq packing at 5 bits",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["packing_format"] = json!("auto_round:auto_awq");
+            },
+        ),
+        (
+            "autoround-w567-gptq",
+            "extra_config bits 0",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(0);
+            },
+        ),
         (
             "autoround-gptq-mix",
             "an extra_config key that is not a regex",
@@ -162,11 +254,11 @@ fn autoround_malformed_refused() {
         ),
         (
             "autoround-gptq-mix",
-            "extra_config bits 5",
+            "extra_config bits 1",
             Rule::Unsupported,
             None,
             |q| {
-                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(5);
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(1);
             },
         ),
         (
@@ -276,10 +368,14 @@ const FP_CASES: [(&str, &str); 4] = [
     ),
 ];
 const NVFP4: &str = "autoround-nvfp4-bf16";
+/// An MXFP4 export with an `extra_config`: layer 0's down_proj in MXFP8,
+/// the k/v projections (regex key) in NVFP4, layer 1's o_proj dense
+/// (`bits` and `act_bits` 16).
+const FP_MIX: &str = "autoround-mxfp4-mix";
 
 #[test]
 fn autoround_fp_matches_its_dequantizer_on_cpu() {
-    for (case, _) in FP_CASES {
+    for case in FP_CASES.map(|c| c.0).into_iter().chain([FP_MIX]) {
         matches_autoround(case, BackendChoice::Cpu);
     }
 }
@@ -287,7 +383,7 @@ fn autoround_fp_matches_its_dequantizer_on_cpu() {
 #[test]
 fn autoround_fp_matches_its_dequantizer_on_gpu() {
     gpu_test(|_| {
-        for (case, _) in FP_CASES {
+        for case in FP_CASES.map(|c| c.0).into_iter().chain([FP_MIX]) {
             matches_autoround(case, BackendChoice::Gpu);
         }
     });
@@ -336,7 +432,7 @@ fn autoround_fp_malformed_refused() {
         Option<&'static str>,
         fn(&mut Value),
     );
-    let cases: [Edit; 13] = [
+    let cases: [Edit; 20] = [
         (
             "autoround-mxfp4-bf16",
             "mx_fp at 8 bits over MXFP4's packs",
@@ -349,7 +445,7 @@ fn autoround_fp_malformed_refused() {
         (
             "autoround-mxfp8-bf16",
             "mx_fp at 4 bits over MXFP8's weights",
-            Rule::Config,
+            Rule::MissingTensor,
             None,
             |q| {
                 q["bits"] = json!(4);
@@ -417,11 +513,76 @@ fn autoround_fp_malformed_refused() {
         ),
         (
             NVFP4,
-            "an extra_config in the FP export",
+            "an int module in the FP export's extra_config",
             Rule::Unsupported,
             None,
             |q| {
-                q["extra_config"] = json!({"lm_head": {"bits": 4, "data_type": "nv_fp"}});
+                q["extra_config"] = json!({"lm_head": {"bits": 4, "data_type": "int"}});
+            },
+        ),
+        (
+            FP_MIX,
+            "k_proj int4 in the FP export (IntQuantLinear)",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"]["data_type"] = json!("int");
+            },
+        ),
+        (
+            FP_MIX,
+            "down_proj said MXFP4, stored MXFP8",
+            Rule::MissingTensor,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["bits"] = json!(4);
+            },
+        ),
+        (
+            FP_MIX,
+            "nv_fp in groups of 32 by the regex key",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"][".*self_attn\\.[kv]_proj.*"]["group_size"] = json!(32);
+            },
+        ),
+        (
+            FP_MIX,
+            "a packed module said dense (bits 16)",
+            Rule::Config,
+            Some("model.layers.0.self_attn.q_proj.weight_packed"),
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.q_proj"] = json!({"bits": 16});
+            },
+        ),
+        (
+            FP_MIX,
+            "k_proj said MXFP4 over NVFP4's E4M3 scales",
+            Rule::TensorDtype,
+            Some("model.layers.0.self_attn.k_proj.weight_scale"),
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"] =
+                    json!({"data_type": "mx_fp", "group_size": 32});
+            },
+        ),
+        (
+            FP_MIX,
+            "an entry with super_bits",
+            Rule::Unsupported,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.mlp.down_proj"]["super_bits"] = json!(6);
+            },
+        ),
+        (
+            FP_MIX,
+            "an nvfp4_v2 entry in llm_compressor packing",
+            Rule::Config,
+            None,
+            |q| {
+                q["extra_config"]["model.layers.0.self_attn.k_proj"]["data_type"] =
+                    json!("nvfp4_v2");
             },
         ),
         (
@@ -454,4 +615,133 @@ fn autoround_fp_malformed_refused() {
         }
         assert!(!e.to_string().contains('\n'), "{what}: {e}");
     }
+}
+
+/// The `auto_round:gptqmodel` export's tensors broken one at a time (its
+/// `g_idx` and packs): each refused by its rule, nothing written.
+#[test]
+fn autoround_gptqmodel_malformed_refused() {
+    const CASE: &str = "autoround-gptqmodel-mix";
+    const K: &str = "model.layers.0.self_attn.k_proj";
+    type Edit = (&'static str, Rule, fn(&mut Vec<Tensor>));
+    let cases: [Edit; 6] = [
+        ("g_idx one short", Rule::TensorShape, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.shape = vec![63];
+            t.data.truncate(63 * 4);
+        }),
+        ("g_idx past the groups", Rule::TensorValue, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.data[..4].copy_from_slice(&4i32.to_le_bytes());
+        }),
+        ("g_idx negative", Rule::TensorValue, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.data[8..12].copy_from_slice(&(-1i32).to_le_bytes());
+        }),
+        ("g_idx as f32", Rule::TensorDtype, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.g_idx"))
+                .unwrap();
+            t.dtype = "F32";
+        }),
+        ("qzeros a word short", Rule::TensorShape, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.qzeros"))
+                .unwrap();
+            let (g, w) = (t.shape[0], t.shape[1]);
+            let data: Vec<u8> = t
+                .data
+                .chunks_exact(w * 4)
+                .flat_map(|r| r[..(w - 1) * 4].to_vec())
+                .collect();
+            t.shape = vec![g, w - 1];
+            t.data = data;
+        }),
+        ("5-bit qweight a row short", Rule::TensorShape, |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == format!("{K}.qweight"))
+                .unwrap();
+            let (r, c) = (t.shape[0], t.shape[1]);
+            t.shape = vec![r - 1, c];
+            t.data.truncate((r - 1) * c * 4);
+        }),
+    ];
+    for (what, rule, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = fixtures().join(CASE).join("model");
+        copy_dir(&model, tmp.path());
+        let file = tmp.path().join("model.safetensors");
+        let mut ts: Vec<Tensor> = read_tensors(&file)
+            .into_iter()
+            .map(|(name, (dtype, shape, data))| {
+                let dtype = match dtype.as_str() {
+                    "I32" => "I32",
+                    "F16" => "F16",
+                    "BF16" => "BF16",
+                    "F32" => "F32",
+                    other => panic!("{other}"),
+                };
+                Tensor::new(name, dtype, &shape, data)
+            })
+            .collect();
+        edit(&mut ts);
+        write_safetensors(&file, &ts);
+        let e = dequantize_err(tmp.path());
+        assert_eq!(e.rule, rule, "{what}: {e}");
+        assert!(e.to_string().contains(K), "{what}: {e}");
+        assert!(!e.to_string().contains('\n'), "{what}: {e}");
+    }
+}
+
+/// The mixed FP export: each module has the scheme AutoRound's loader gave
+/// it (plan.json: its QuantLinear class), layer 1's o_proj is copied as
+/// stored, nothing is warned of.
+#[test]
+fn autoround_fp_extra_config_schemes() {
+    let dir = fixtures().join(FP_MIX).join("model");
+    let ckpt = wgpu_dequant::Checkpoint::open(&dir).unwrap();
+    let plan =
+        wgpu_dequant::Plan::build(&ckpt, DtypeChoice::Auto, wgpu_dequant::Names::Hub).unwrap();
+    let plan_json: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(FP_MIX).join("plan.json")).unwrap())
+            .unwrap();
+    let modules = plan_json.as_object().unwrap();
+    assert_eq!(modules.len(), 13);
+    for (module, class) in modules {
+        let want = match class.as_str().unwrap() {
+            "MXFP4QuantLinear" => FP_CASES[1].1,
+            "MXFP8QuantLinear" => FP_CASES[2].1,
+            "NVFP4QuantLinear" => FP_CASES[0].1,
+            other => panic!("{other}"),
+        };
+        let out = plan
+            .outputs
+            .iter()
+            .find(|o| o.name == format!("{module}.weight"))
+            .unwrap_or_else(|| panic!("{module}"));
+        assert_eq!(
+            out.scheme.as_deref(),
+            Some(format!("auto-round {want}").as_str()),
+            "{module}"
+        );
+    }
+    let dense = plan
+        .outputs
+        .iter()
+        .find(|o| o.name == "model.layers.1.self_attn.o_proj.weight")
+        .unwrap();
+    assert_eq!(dense.scheme, None);
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
 }

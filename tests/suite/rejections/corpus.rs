@@ -1881,17 +1881,17 @@ fn gptq_cases() -> Vec<Case> {
             |e| qc(e, &[("dynamic", json!({"+:.*down_proj": {"bits": 5}}))]),
         ),
         case(
-            "auto-round gptqmodel packing",
+            "auto-round fp8 packing",
             GPTQ,
             Build,
             UNSUPPORTED,
-            "auto_round:gptqmodel",
+            "auto_round:fp8",
             |e| {
                 qc(
                     e,
                     &[
                         ("quant_method", json!("auto-round")),
-                        ("packing_format", json!("auto_round:gptqmodel")),
+                        ("packing_format", json!("auto_round:fp8")),
                     ],
                 )
             },
