@@ -450,6 +450,7 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         .with_product(product);
     if let Some(s2) = scale2 {
         job = job.with_low_rank(LowRank {
+            period: 1,
             rank: 0,
             up: Vec::new().into(),
             down: Vec::new().into(),

@@ -569,7 +569,7 @@ impl<'a> DecodeJob<'a> {
         let (q, s) = self.code_and_scale(slice, row, col);
         let v = match &self.low_rank {
             Some(lr) if lr.in_product && lr.rank == 0 => match self.product_dtype() {
-                Some(d) => d.round(self.scaled(q, s) * d.round(lr.inv_smooth[col])),
+                Some(d) => d.round(self.scaled(q, s) * d.round(lr.factor(row, col))),
                 None => lr.apply(q, s.unwrap_or(1.0), row, col),
             },
             Some(lr) => lr.apply(q, s.unwrap_or(1.0), row, col),
@@ -624,7 +624,7 @@ impl<'a> DecodeJob<'a> {
         match &self.low_rank {
             Some(lr) if lr.smooth_first => {
                 let (q, s) = self.code_and_scale(0, row, col);
-                q * s.unwrap_or(1.0) * lr.inv_smooth[col]
+                q * s.unwrap_or(1.0) * lr.factor(row, col)
             }
             _ => self.value(0, row, col),
         }

@@ -1772,6 +1772,7 @@ fn smoothed_rows_equal_reference(cpu: Cpu) {
                         grid,
                     })
                     .with_low_rank(LowRank {
+                        period: 1,
                         rank: 0,
                         up: Vec::new().into(),
                         down: Vec::new().into(),
