@@ -503,6 +503,7 @@ pub const CASES: &[&str] = &[
     "sharded-nvfp4a16",
     "sinq-aux-2bit-f16",
     "sinq-aux-bf16",
+    "sinq-bits-f16",
     "sinq-mixed-bf16",
     "sinq-nf4-bf16",
     "vptq-llama-bf16",
