@@ -16,9 +16,10 @@ fn opaque(x: f32) -> f32 {
 fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
     var at = p.lr_smooth + col;
     if (p.lr_period > 1u) {
-        // LowRank::factor: the stored row's factors, repeating every
-        // lr_period rows (SINQ's grouped rows).
-        at = at + ((flat % p.rows) % p.lr_period) * p.cols;
+        // LowRank::factor: the row's (over slices) row of factors, each
+        // lr_row_div rows, repeating every lr_period of them (SINQ's
+        // grouped rows, its 2D tiles).
+        at = at + ((flat / p.lr_row_div) % p.lr_period) * p.cols;
     }
     let rs = bitcast<f32>(src[at]);
     let qs = opaque(q * s);

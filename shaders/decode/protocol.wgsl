@@ -153,8 +153,11 @@ struct Params {
     sp_per_block: u32, // SPARSE_FIXED: kept codes per block
     sp_starts: u32,   // SPARSE_TABLE: word index of row sp_row0's block starts
     sp_row0: u32,
-    lr_period: u32,   // rows after which 1/smooth repeats (LowRank::period; 1: [cols]);
-                      // also the streams below start 16-byte aligned (uniform layout)
+    lr_period: u32,   // rows of 1/smooth before they repeat (LowRank::period; 1: [cols])
+    lr_row_div: u32,  // rows sharing one row of 1/smooth (LowRank::row_div)
+    pad0: u32,        // the streams below start 16-byte aligned (uniform layout)
+    pad1: u32,
+    pad2: u32,
     codes: Stream,
     zero: Stream,
     mask: Stream,     // a sparse job's bitmask: 1-bit fields, lane = row

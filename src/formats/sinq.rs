@@ -38,6 +38,16 @@
 //! to it: a [`Nested`] scale (and zero point) whose factor and addend are
 //! column `i mod K`'s. The rest is the plain method's arithmetic.
 //!
+//! The blocked 2D tiling (`tiling_mode: "2D"`; sinq's dequantize takes it
+//! where the scale is 3-D) quantizes square tiles of G: the codes are the
+//! same row-major `[R, G]` matrix, `scale` and `zero` `[tiles, G, 1]` (tile
+//! `(a, c)`'s row `b` at `(a·in/G + c)·G + b`) and `scale2` `[tiles, 1, G]`,
+//! a factor a column of each row of tiles. The job reads the byte packings
+//! as in 1D: the scale and zero put in the weight's row-major group order
+//! on the host (as f32 values, quantAux's computed as `dq8` does), and
+//! `scale2` as `[out/G, in]` factors, a row of them each G rows
+//! ([`LowRank::row_div`]). With an int32 packing it is refused.
+//!
 //! NF4 methods index sinq's `NF4_CODEBOOK` with the 4-bit codes, NF3
 //! methods its `NF3_CODEBOOK` with the 3-bit ones (a method naming both is
 //! NF3, as sinq decides): the codebook cast to the scales' dtype, the value
@@ -76,7 +86,8 @@ pub const SUPPORT: super::Support = super::Support {
         "scales and zeros as floats or 8-bit quantized (quantAux: transformers' method \"sinq\")",
         "NF4 and NF3 codebooks (sinq_nf4, sinq_nf3, and quantAux), computed in the scales' f16",
         "packings 8bit_u8, 4bit_u8, 2bit_u8, 1bit_u8 and the int32 6bit_32, 5bit_32, 3bit_32",
-        "not yet: 2D tiling (3-D scales), view_as_float",
+        "tiling 1D, and 2D (square tiles, 3-D scales) with the byte packings",
+        "not yet: 2D tiling with the int32 packings, view_as_float, unpacked codes",
     ],
 };
 
@@ -121,11 +132,11 @@ impl Config {
         let raw: Raw = q.read()?;
         let path = q.path.to_path_buf();
         if let Some(t) = raw.tiling_mode.as_deref() {
-            if !t.eq_ignore_ascii_case("1D") {
+            if !t.eq_ignore_ascii_case("1D") && !t.eq_ignore_ascii_case("2D") {
                 return Err(Error::new(
-                    Rule::Unsupported,
+                    Rule::Config,
                     &path,
-                    format!("tiling_mode {t:?}: SINQ's blocked (2D) scales are not decoded yet (only 1D)"),
+                    format!("tiling_mode {t:?}: sinq tiles 1D or 2D"),
                 ));
             }
         }
@@ -345,22 +356,12 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
     };
     let scale_s = stored("scale")?;
     let zero_s = stored("zero")?;
-    if let Stored::Plain(t) = &scale_s {
-        if t.shape.len() == 3 {
-            return Err(t.error(
-                Rule::Unsupported,
-                "a 3-D scale (SINQ's blocked 2D tiling) is not decoded yet",
-            ));
-        }
-    }
-    if let Some(Value::Array(a)) = meta.get("scale.shape") {
-        if a.len() == 3 {
-            return Err(bad(
-                Rule::Unsupported,
-                "scale.shape of 3 dimensions (SINQ's blocked 2D tiling) is not decoded yet".into(),
-            ));
-        }
-    }
+    // sinq's dequantize takes the blocked (2D) path where the scale is
+    // 3-D: a plain tensor's own shape, quantAux's `scale.shape`.
+    let tiled = match &scale_s {
+        Stored::Plain(t) => t.shape.len() == 3,
+        Stored::Aux(_) => matches!(meta.get("scale.shape"), Some(Value::Array(a)) if a.len() == 3),
+    };
     // W_q: [R/P, G] bytes, or the [⌈R/P⌉, G] int32 words.
     let pack = Pack::of(bits);
     expect_dtype(&w, &[pack.dtype()])?;
@@ -401,7 +402,27 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
             ),
         ));
     }
-    if let Some(g) = meta.get("group_size").and_then(Value::as_u64) {
+    // 2D: square tiles of G, each of G rows' scale and zero (`[tiles, G,
+    // 1]`, tile-major) and G columns' scale2 (`[tiles, 1, G]`).
+    let tiles = match tiled {
+        false => None,
+        true if matches!(pack, Pack::Words(_)) => {
+            return Err(bad(
+                Rule::Unsupported,
+                format!("2D tiling (3-D scales) with packing {name}: its scale2 over the grouped rows is not decoded yet (the byte packings are)"),
+            ))
+        }
+        true if rows.is_multiple_of(group) && cols.is_multiple_of(group) => {
+            Some((rows / group, cols / group))
+        }
+        true => {
+            return Err(bad(
+                Rule::Config,
+                format!("2D tiling (3-D scales) in tiles of {group}, which do not divide the {rows}x{cols} weight"),
+            ))
+        }
+    };
+    if let Some(g) = meta.get("group_size").and_then(Value::as_u64).filter(|_| !tiled) {
         // sinq halves a tile that does not divide the row (down to 16) and
         // keeps the group_size asked for.
         let mut tile = g;
@@ -416,35 +437,58 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         }
     }
     // dq8 views x·s + m as the sidecar's `<p>.shape`: [R, 1] as sinq's
-    // dequantize reads it.
+    // dequantize reads it (2D: [tiles, G, 1]).
+    let want: Vec<usize> = match tiles {
+        None => vec![r, 1],
+        Some((th, tw)) => vec![th * tw, group, 1],
+    };
     for p in ["scale", "zero"] {
         if let Some(v) = meta.get(format!("{p}.shape")) {
-            let dims: Option<Vec<u64>> = v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect());
-            if dims.as_deref() != Some(&[r as u64, 1][..]) {
+            let dims: Option<Vec<usize>> = v
+                .as_array()
+                .map(|a| a.iter().filter_map(|d| d.as_u64().map(|d| d as usize)).collect());
+            if dims.as_deref() != Some(&want[..]) {
                 return Err(bad(
                     Rule::Config,
-                    format!("{p}.shape {v}: groups of {group} make it [{r}, 1]"),
+                    format!("{p}.shape {v}: groups of {group} make it {want:?}"),
                 ));
             }
         }
     }
-    let groups = format!("groups of {group}");
-    let scale = entries(ckpt, scale_s, r, &groups)?;
-    let zero = entries(ckpt, zero_s, r, &groups)?;
+    let groups = match tiles {
+        None => format!("groups of {group}"),
+        Some(_) => format!("2D tiles of {group}"),
+    };
+    let scale = entries(ckpt, scale_s, &want, &groups)?;
+    let zero = entries(ckpt, zero_s, &want, &groups)?;
     if zero.dtype != scale.dtype {
         return Err(zero.tensor.error(
             Rule::TensorDtype,
             format!("dtype {}, but the scale is {}", zero.dtype, scale.dtype),
         ));
     }
+    // 2D: the entries from tile-major (tile, row in tile) to the weight's
+    // row-major (row, tile column), as 1D groups of G would hold them.
+    let (scale, zero) = match tiles {
+        None => (scale, zero),
+        Some((_, tw)) => (scale.tile_rows(tw, group)?, zero.tile_rows(tw, group)?),
+    };
+    // 1D: a factor a column; 2D: one a column of each row of tiles.
+    let want2 = match tiles {
+        None => vec![1, cols],
+        Some((th, tw)) => vec![th * tw, 1, group],
+    };
     let scale2 = match ckpt.get(&format!("{module}.meta.scale2")) {
         None => None,
         Some(t) => {
             expect_dtype(&t, &[scale.dtype])?;
-            if t.shape != [1, cols] {
+            if t.shape != want2 {
                 return Err(t.error(
                     Rule::TensorShape,
-                    format!("shape {:?}; a factor a column of the weight make it {:?}", t.shape, [1, cols]),
+                    format!("shape {:?}; a factor a column of the weight{} make it {want2:?}", t.shape, match tiles {
+                        None => "",
+                        Some(_) => " in each row of tiles",
+                    }),
                 ));
             }
             Some(t.floats()?)
@@ -474,7 +518,13 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
                 row_stride: cols / group,
                 slice_stride: r / per_byte,
             };
-            (dims, codes, grid, 1)
+            // 2D: scale2 [rows/G, in] (tile-major [tiles, 1, G] is that
+            // order), the weight row's row of tiles its row.
+            let period = match tiles {
+                None => (1, 1),
+                Some((th, _)) => (th, group),
+            };
+            (dims, codes, grid, period)
         }
         Pack::Words(parts) => {
             // The grouped [R, G] rows as hqq's int32 packs hold them, a
@@ -487,7 +537,7 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
                 row_stride: 1,
                 slice_stride: 0,
             };
-            (dims, codes, grid, cols / group)
+            (dims, codes, grid, (cols / group, 1))
         }
     };
     super::check_extent(&w, &codes, dims.slices, dims.rows, dims.cols)?;
@@ -531,7 +581,8 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         .with_product(product);
     if let Some(s2) = scale2 {
         job = job.with_low_rank(LowRank {
-            period,
+            period: period.0,
+            row_div: period.1,
             rank: 0,
             up: Vec::new().into(),
             down: Vec::new().into(),
@@ -540,7 +591,10 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
             in_product: true,
         });
     }
-    let scheme = format!("sinq {method} {name}, group {group}");
+    let scheme = match tiles {
+        None => format!("sinq {method} {name}, group {group}"),
+        Some(_) => format!("sinq {method} {name}, 2D tiles of {group}"),
+    };
     Ok(decoded_output(module, w.shard, vec![rows, cols], job, scheme))
 }
 
@@ -589,6 +643,51 @@ struct Entries<'c> {
     tensor: TensorRef<'c>,
 }
 
+impl<'c> Entries<'c> {
+    /// 2D tiling's entries (`[th·tw, g, 1]`: tile `(a, c)`'s row `b` at
+    /// `(a·tw + c)·g + b`) in the weight's row-major order (row `a·g + b`,
+    /// tile column `c` at `(a·g + b)·tw + c`), as f32 values (each is a
+    /// value of the stored dtype, quantAux's computed as `dq8` does).
+    fn tile_rows(self, tw: usize, g: usize) -> Result<Entries<'c>> {
+        let n = self.tensor_entries();
+        let unit = Grid {
+            row_div: 1,
+            col_div: 1,
+            row_stride: 0,
+            slice_stride: 0,
+        };
+        // The stored bytes, read now (a checkpoint in memory loads them).
+        let v = Values {
+            data: Bytes::Borrowed(self.tensor.data()?),
+            kind: self.kind,
+            grid: unit,
+        };
+        let th = n / (tw * g).max(1);
+        let mut out = Vec::with_capacity(n * 4);
+        for a in 0..th {
+            for b in 0..g {
+                for c in 0..tw {
+                    out.extend_from_slice(&v.get((a * tw + c) * g + b).to_le_bytes());
+                }
+            }
+        }
+        Ok(Entries {
+            data: Bytes::Owned(out.into()),
+            kind: ValueKind::F32,
+            dtype: self.dtype,
+            tensor: self.tensor,
+        })
+    }
+
+    /// How many entries there are (checked against the weight's groups).
+    fn tensor_entries(&self) -> usize {
+        match &self.kind {
+            ValueKind::Nested(_) => self.tensor.len(),
+            _ => self.tensor.len() / (self.tensor.dtype.bitsize() / 8).max(1),
+        }
+    }
+}
+
 /// The `r` entries of a stored scale or zero. quantAux's are sinq's
 /// `rtn8`: `x` uint8 `[tile, K]` (`tile·K = r`), `s` and `m` `[1, K]` in
 /// one float dtype; `dq8` computes `(x · s + m).view(r, 1)` in that dtype,
@@ -598,16 +697,17 @@ struct Entries<'c> {
 fn entries<'c>(
     ckpt: &'c Checkpoint,
     stored: Stored<'c>,
-    r: usize,
+    want: &[usize],
     what: &str,
 ) -> Result<Entries<'c>> {
+    let r: usize = want.iter().product();
     let x = match stored {
         Stored::Plain(t) => {
             let kind = float_kind(&t)?;
-            if t.shape != [r, 1] {
+            if t.shape != want {
                 return Err(t.error(
                     Rule::TensorShape,
-                    format!("shape {:?}; {what} make it {:?}", t.shape, [r, 1]),
+                    format!("shape {:?}; {what} make it {want:?}", t.shape),
                 ));
             }
             return Ok(Entries {

@@ -720,6 +720,7 @@ fn smoothing_factors_repeat_every_period_rows() {
         smooth_first: true,
         in_product: true,
         period,
+        row_div: 1,
     };
     // [out 3, in 4] in groups of 2: the grouped [6, 2] rows, 2 a weight row.
     let grouped = lr(2, vec![1.0, 2.0, 3.0, 4.0]);
@@ -731,4 +732,13 @@ fn smoothing_factors_repeat_every_period_rows() {
     }
     let plain = lr(1, vec![5.0, 6.0]);
     assert_eq!((plain.factor(7, 0), plain.factor(7, 1)), (5.0, 6.0));
+    // 2D tiles of 2 on a [4, 2] weight: a row of factors each 2 rows.
+    let tiled = LowRank {
+        row_div: 2,
+        ..lr(2, vec![1.0, 2.0, 3.0, 4.0])
+    };
+    let got: Vec<f32> = (0..4)
+        .flat_map(|r| [tiled.factor(r, 0), tiled.factor(r, 1)])
+        .collect();
+    assert_eq!(got, [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
 }

@@ -31,8 +31,14 @@ transformers uses) rebuilt from sinq's loader, `dequantize()` on the CPU in
 each output dtype; in the model's own dtype it equals what the quantized
 model computed before it was saved.
 
+tests/fixtures/sinq-bits-f16: the int32 packings 3bit_32, 5bit_32, 6bit_32,
+8bit_u8 and the NF3 codebook methods (sinq_nf3, sinq_nf3_quantAux) on an f16
+model; tests/fixtures/sinq-2d-bf16: the blocked 2D tiling in the byte
+packings (plain, quantAux, NF4). sinq 0.2.0's loader drops an 8-bit layer's
+packing and its dequantize then fails; the references put it back.
+
     SINQ_AUTO_PATCH=0 /work/pyenv/sinq/bin/python tests/sinq/make_fixture.py
-(SINQ_CASES=sinq-bits-f16 to write that fixture alone.)
+(SINQ_CASES=sinq-bits-f16,sinq-2d-bf16 to write those fixtures alone.)
 (sinq==0.2.0 from PyPI with termcolor, without its datasets/torchvision
 extras, which the plain method never uses; torch and transformers from /work/venv.)
 """
@@ -262,6 +268,24 @@ def main():
     }
     bits["weight_quant_params"] = {"method": "sinq"}
     make("sinq-bits-f16", torch.float16, bits,
+         [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+    # The blocked 2D tiling (square tiles of G: 3-D scales, zeros and
+    # scale2) in the byte packings, plain, quantAux and NF4.
+    def tiled(method, **kw):
+        c = nf(method, tiling_mode="2D", **kw)
+        return c
+
+    two_d = {
+        "self_attn.q_proj": tiled("sinq", nbits=4, group_size=32),
+        "self_attn.k_proj": tiled("sinq_quantAux", nbits=2, group_size=16),
+        "self_attn.v_proj": tiled("sinq_nf4", nbits=4, group_size=32),
+        "self_attn.o_proj": tiled("sinq", nbits=8, group_size=64),
+        "mlp.gate_proj": tiled("sinq", nbits=1, group_size=32),
+        "mlp.up_proj": tiled("sinq_nf4_quantAux", nbits=4, group_size=64),
+        "mlp.down_proj": tiled("sinq_quantAux", nbits=4, group_size=64),
+    }
+    two_d["weight_quant_params"] = {"method": "sinq"}
+    make("sinq-2d-bf16", torch.bfloat16, two_d,
          [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
     # transformers' SinqConfig (method "sinq", which sinq maps to
     # sinq_quantAux: 8-bit scales and zeros), as most Hub SINQ models are.

@@ -23,6 +23,7 @@ const AUX: &str = "sinq-aux-bf16";
 const AUX2: &str = "sinq-aux-2bit-f16";
 const NF4: &str = "sinq-nf4-bf16";
 const BITS: &str = "sinq-bits-f16";
+const TILED: &str = "sinq-2d-bf16";
 const SHARD: &str = "model-00001-of-00001.safetensors";
 const SIDECAR: &str = "model.safetensors.index.json.meta.json";
 
@@ -58,7 +59,7 @@ fn matches_in_each_dtype(case: &str, backend: BackendChoice) {
 #[test]
 fn gpu_gives_the_cpus_bytes() {
     gpu_test(|_| {
-        for case in [CASE, AUX, AUX2, NF4, BITS] {
+        for case in [CASE, AUX, AUX2, NF4, BITS, TILED] {
             crate::common::producer::gpu_gives_the_cpus_bytes(
                 case,
                 &fixtures().join(case).join("model"),
@@ -111,6 +112,68 @@ fn bits_fixture_matches_sinq_on_cpu() {
 #[test]
 fn bits_fixture_matches_sinq_on_gpu() {
     gpu_test(|_| matches_in_each_dtype(BITS, BackendChoice::Gpu));
+}
+
+/// The blocked 2D tiling (`tiling_mode: "2D"`: square tiles of G, scale
+/// and zero `[tiles, G, 1]`, scale2 `[tiles, 1, G]`) in the byte packings:
+/// plain, quantAux and NF4 methods, 8, 4, 2 and 1 bit.
+#[test]
+fn tiled_fixture_matches_sinq_on_cpu() {
+    matches_in_each_dtype(TILED, BackendChoice::Cpu);
+}
+
+#[test]
+fn tiled_fixture_matches_sinq_on_gpu() {
+    gpu_test(|_| matches_in_each_dtype(TILED, BackendChoice::Gpu));
+}
+
+/// 2D checkpoints broken one way each: refused by rule, nothing written.
+#[test]
+fn malformed_2d_is_refused_by_rule() {
+    let scale = format!("{Q}.meta.scale");
+    let scale2 = format!("{Q}.meta.scale2");
+    // q_proj: [64, 64] in tiles of 32, four tiles. The scale for one
+    // column of tiles.
+    refused_in(
+        TILED,
+        |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[2, 32, 1], &[1.0; 64]),
+        Rule::TensorShape,
+        &scale,
+    );
+    // scale2 as 1D's one factor a column.
+    refused_in(
+        TILED,
+        |t, _, _| *tensor(t, &scale2) = Tensor::f16(&scale2, &[1, 64], &[1.0; 64]),
+        Rule::TensorShape,
+        &scale2,
+    );
+    // The zero still 1D's [R, 1] beside a 3-D scale.
+    let zero = format!("{Q}.meta.zero");
+    refused_in(
+        TILED,
+        |t, _, _| *tensor(t, &zero) = Tensor::f16(&zero, &[128, 1], &[1.0; 128]),
+        Rule::TensorShape,
+        &zero,
+    );
+    // quantAux: a sidecar zero.shape that is not [tiles, G, 1].
+    refused_in(
+        TILED,
+        |_, s, _| s[K]["meta"]["zero.shape"] = json!([128, 1]),
+        Rule::Config,
+        "zero.shape",
+    );
+    // Tiles of 64 on a weight 32 rows tall (k_proj's codes read as groups
+    // of 64: a 2D tile that does not divide the weight).
+    let kw = format!("{K}.W_q");
+    refused_in(
+        TILED,
+        |t, _, _| {
+            let x = tensor(t, &kw);
+            x.shape = vec![8, 64];
+        },
+        Rule::Config,
+        "2D",
+    );
 }
 
 /// The int32 packings and NF3 broken one way each: refused by rule,
@@ -386,21 +449,24 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(|_, s, _| *s = Value::Null, Rule::Config, SIDECAR);
 }
 
-/// The variant not decoded yet (SINQ's blocked 2D tiling): refused as
-/// unsupported (CFG-002), naming what it is.
+/// The variant not decoded yet (SINQ's blocked 2D tiling with an int32
+/// packing): refused as unsupported (CFG-002), naming what it is.
 #[test]
 fn variants_not_decoded_yet_are_refused() {
     let scale = format!("{Q}.meta.scale");
-    // The blocked (2D tiling) path's 3-D scales.
-    refused(
-        |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[4, 16, 1], &[1.0; 64]),
-        Rule::Unsupported,
-        &scale,
-    );
-    refused(
-        |_, _, c| c["quantization_config"]["tiling_mode"] = json!("2D"),
+    // The blocked (2D tiling) path's 3-D scales with an int32 packing
+    // (q_proj: 3bit_32, [64, 64] in tiles of 32).
+    refused_in(
+        BITS,
+        |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[4, 32, 1], &[1.0; 128]),
         Rule::Unsupported,
         "2D",
+    );
+    // A tiling sinq does not make.
+    refused(
+        |_, _, c| c["quantization_config"]["tiling_mode"] = json!("3D"),
+        Rule::Config,
+        "3D",
     );
 }
 
@@ -498,12 +564,13 @@ fn malformed_quant_aux_is_refused_by_rule() {
         Rule::Config,
         "zero.shape",
     );
-    // The blocked (2D) tiling's 3-D scale shape in the sidecar.
+    // The blocked (2D) tiling's 3-D scale shape in the sidecar, the zero
+    // left 1D's.
     refused_in(
         AUX,
         |_, s, _| s[Q]["meta"]["scale.shape"] = json!([1, 64, 1]),
-        Rule::Unsupported,
-        "2D",
+        Rule::Config,
+        "zero.shape",
     );
 }
 
@@ -512,7 +579,7 @@ fn malformed_quant_aux_is_refused_by_rule() {
 /// quantAux and NF4 fixtures alike.
 #[test]
 fn products_of_packed_sinq_weights() {
-    for case in [CASE, AUX, AUX2, NF4] {
+    for case in [CASE, AUX, AUX2, NF4, TILED] {
         crate::matmul::products_keep_to_the_bound(case, &fixtures().join(case).join("model"));
     }
     // The int32 packings decode the grouped [R, G] rows (groups smaller

@@ -501,6 +501,7 @@ pub const CASES: &[&str] = &[
     "quark-mixed-exclude",
     "quark-mxfp4",
     "sharded-nvfp4a16",
+    "sinq-2d-bf16",
     "sinq-aux-2bit-f16",
     "sinq-aux-bf16",
     "sinq-bits-f16",

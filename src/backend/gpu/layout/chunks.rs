@@ -439,6 +439,13 @@ fn chunk<'a>(
             .low_rank
             .as_ref()
             .map_or(1, |lr| lr.period.max(1) as u32),
+        lr_row_div: job
+            .low_rank
+            .as_ref()
+            .map_or(1, |lr| lr.row_div.max(1) as u32),
+        pad0: 0,
+        pad1: 0,
+        pad2: 0,
         codes,
         zero,
         mask,
