@@ -14,7 +14,14 @@ fn opaque(x: f32) -> f32 {
 // LowRank::apply: the low-rank branch summed in order, then the smoothing
 // reciprocal in the job's order; every operation rounds on its own.
 fn low_rank(q: f32, s: f32, flat: u32, col: u32) -> f32 {
-    let rs = bitcast<f32>(src[p.lr_smooth + col]);
+    var at = p.lr_smooth + col;
+    if (p.lr_period > 1u) {
+        // LowRank::factor: the row's (over slices) row of factors, each
+        // lr_row_div rows, repeating every lr_period of them (SINQ's
+        // grouped rows, its 2D tiles).
+        at = at + ((flat / p.lr_row_div) % p.lr_period) * p.cols;
+    }
+    let rs = bitcast<f32>(src[at]);
     let qs = opaque(q * s);
     // Rank 0: the smoothing alone, nothing added (LowRank::apply).
     if (p.lr_rank == 0u) {

@@ -136,7 +136,7 @@ struct Params {
     lr_rank: u32,
     lr_up: u32,       // word index of this chunk's rows of up [rows, rank]
     lr_down: u32,     // word index of down [cols, rank]
-    lr_smooth: u32,   // word index of 1/smooth [cols]
+    lr_smooth: u32,   // word index of 1/smooth [cols], or [lr_period, cols]
     zero_bits: u32,   // always 0; see opaque()
     words_per_row: u32, // fast kernel: invocations per row (one code word each)
     fast_rows: u32,   // fast kernel: rows in this chunk
@@ -153,7 +153,11 @@ struct Params {
     sp_per_block: u32, // SPARSE_FIXED: kept codes per block
     sp_starts: u32,   // SPARSE_TABLE: word index of row sp_row0's block starts
     sp_row0: u32,
-    pad: u32,         // the streams below start 16-byte aligned (uniform layout)
+    lr_period: u32,   // rows of 1/smooth before they repeat (LowRank::period; 1: [cols])
+    lr_row_div: u32,  // rows sharing one row of 1/smooth (LowRank::row_div)
+    pad0: u32,        // the streams below start 16-byte aligned (uniform layout)
+    pad1: u32,
+    pad2: u32,
     codes: Stream,
     zero: Stream,
     mask: Stream,     // a sparse job's bitmask: 1-bit fields, lane = row

@@ -248,6 +248,33 @@ fn packing(name: &str) -> Option<(u32, usize)> {
     }
 }
 
+/// The R rows of a `[R, C]` grouped matrix as hqq's int32 packings (and
+/// sinq's, which adds `5bit_32` and `6bit_32`) store them: padded with
+/// zeros to a multiple of P, split in P parts of `S = ⌈R/P⌉` rows, part `k`
+/// in bits `(P − 1 − k)·b ..` of each int32 of the `[S, C]` words (`3bit_32`:
+/// P 10, b 3; `5bit_32`: 6, 5; `6bit_32`: 5, 6). Read in place as lanes in
+/// parts of S ([`Parts`]), a field a word apart; the parts after the last
+/// that holds rows (all padding) are never read.
+pub(super) fn rows_in_words<'c>(
+    w: TensorRef<'c>,
+    bits: u32,
+    parts: usize,
+    r: usize,
+    c: usize,
+) -> (Dims, Fields<'c>) {
+    let parts = Parts {
+        lanes: r.div_ceil(parts),
+        top: (parts as u64 - 1) * bits as u64,
+        down: bits as u64,
+    };
+    let dims = Dims {
+        slices: 1,
+        rows: r,
+        cols: c,
+    };
+    (dims, Fields::new(w, bits, 1, c as u64 * 32).with_parts(parts))
+}
+
 fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<Output<'c>> {
     let w = require(ckpt, module, "W_q")?;
     for flag in ["quant_scale", "quant_zero"] {
@@ -364,17 +391,7 @@ fn plan_module<'c>(ckpt: &'c Checkpoint, module: &str, out: OutDtype) -> Result<
         // The R rows in place, lanes in parts of `step` (part k in bits
         // 27 − 3k ..), a field an int32 apart.
         true => {
-            let parts = Parts {
-                lanes: step,
-                top: 27,
-                down: 3,
-            };
-            let dims = Dims {
-                slices: 1,
-                rows: r,
-                cols: c,
-            };
-            let codes = Fields::new(w, bits, 1, c as u64 * 32).with_parts(parts);
+            let (dims, codes) = rows_in_words(w, bits, per_word, r, c);
             let grid = match axis {
                 // Entry = row of the grouped matrix.
                 1 => Grid {

@@ -388,6 +388,8 @@ fn with_pre_quant_scale<'c>(ckpt: &'c Checkpoint, module: &str, job: DecodeJob<'
     }
     let factors = t.floats()?;
     Ok(job.with_low_rank(LowRank {
+        period: 1,
+        row_div: 1,
         rank: 0,
         up: Vec::new().into(),
         down: Vec::new().into(),

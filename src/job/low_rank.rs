@@ -23,8 +23,21 @@ pub struct LowRank {
     pub up: Arc<[f32]>,
     /// `[cols, r]`, row-major.
     pub down: Arc<[f32]>,
-    /// `1 / smooth_factor`, one per column.
+    /// `1 / smooth_factor`, one per column; with a [`LowRank::period`]
+    /// above 1, `period` rows of them (`period · cols` values).
     pub inv_smooth: Arc<[f32]>,
+    /// Rows of factors before they repeat: row `r` (over slices) of the
+    /// output's column `c` takes `inv_smooth[(r div row_div mod period) ·
+    /// cols + c]`. 1 (a factor a column) unless the job reads the weight in
+    /// another view of its elements (SINQ's int32 packs decode the grouped
+    /// `[out·in/G, G]` rows, each weight row `in/G` of them, so `scale2`,
+    /// a factor a weight column, repeats every `in/G` rows) or the factors
+    /// change down the rows (SINQ's 2D tiles: a row of factors for each
+    /// `G` rows). Rank 0 only.
+    pub period: usize,
+    /// Rows sharing one row of factors (at least 1; see
+    /// [`LowRank::period`]).
+    pub row_div: usize,
     /// Smoothing applies to the residual only (the packed layout's
     /// `proj_down` is stored already divided by the smoothing factor).
     pub smooth_first: bool,
@@ -44,10 +57,22 @@ impl LowRank {
         up.iter().zip(down).fold(0.0f32, |acc, (u, d)| acc + u * d)
     }
 
+    /// The smoothing reciprocal of (row, col) (see [`LowRank::period`]).
+    #[inline]
+    pub fn factor(&self, row: usize, col: usize) -> f32 {
+        match self.period {
+            0 | 1 => self.inv_smooth[col],
+            p => {
+                let r = row / self.row_div.max(1) % p;
+                self.inv_smooth[r * (self.inv_smooth.len() / p) + col]
+            }
+        }
+    }
+
     /// The dense value of scaled code `q·s` at (row, col).
     #[inline]
     pub fn apply(&self, q: f32, s: f32, row: usize, col: usize) -> f32 {
-        let rs = self.inv_smooth[col];
+        let rs = self.factor(row, col);
         // Rank 0 is the smoothing alone (ModelOpt's pre-quant scale): nothing
         // is added, not even an empty sum's +0.0, which turns −0.0 into +0.0.
         if self.rank == 0 {

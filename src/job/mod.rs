@@ -568,10 +568,14 @@ impl<'a> DecodeJob<'a> {
         };
         let (q, s) = self.code_and_scale(slice, row, col);
         let v = match &self.low_rank {
-            Some(lr) if lr.in_product && lr.rank == 0 => match self.product_dtype() {
-                Some(d) => d.round(self.scaled(q, s) * d.round(lr.inv_smooth[col])),
-                None => lr.apply(q, s.unwrap_or(1.0), row, col),
-            },
+            Some(lr) if lr.in_product && lr.rank == 0 => {
+                // The factors of the row over slices (LowRank::period).
+                let flat = slice * self.stored_dims().rows + row;
+                match self.product_dtype() {
+                    Some(d) => d.round(self.scaled(q, s) * d.round(lr.factor(flat, col))),
+                    None => lr.apply(q, s.unwrap_or(1.0), flat, col),
+                }
+            }
             Some(lr) => lr.apply(q, s.unwrap_or(1.0), row, col),
             None => self.scaled(q, s),
         };
@@ -624,7 +628,7 @@ impl<'a> DecodeJob<'a> {
         match &self.low_rank {
             Some(lr) if lr.smooth_first => {
                 let (q, s) = self.code_and_scale(0, row, col);
-                q * s.unwrap_or(1.0) * lr.inv_smooth[col]
+                q * s.unwrap_or(1.0) * lr.factor(row, col)
             }
             _ => self.value(0, row, col),
         }

@@ -706,3 +706,39 @@ fn lanes_in_parts_read_hqqs_3bit_words() {
         }
     }
 }
+
+/// A rank-0 smoothing with a period (SINQ's `scale2` over the grouped
+/// rows): row `r`'s column `c` takes factor `(r mod period)·cols + c`, and
+/// a period of 1 is one factor a column.
+#[test]
+fn smoothing_factors_repeat_every_period_rows() {
+    let lr = |period: usize, inv: Vec<f32>| LowRank {
+        rank: 0,
+        up: Vec::new().into(),
+        down: Vec::new().into(),
+        inv_smooth: inv.into(),
+        smooth_first: true,
+        in_product: true,
+        period,
+        row_div: 1,
+    };
+    // [out 3, in 4] in groups of 2: the grouped [6, 2] rows, 2 a weight row.
+    let grouped = lr(2, vec![1.0, 2.0, 3.0, 4.0]);
+    for r in 0..6 {
+        for c in 0..2 {
+            let col = (r % 2) * 2 + c;
+            assert_eq!(grouped.factor(r, c), (col + 1) as f32, "({r}, {c})");
+        }
+    }
+    let plain = lr(1, vec![5.0, 6.0]);
+    assert_eq!((plain.factor(7, 0), plain.factor(7, 1)), (5.0, 6.0));
+    // 2D tiles of 2 on a [4, 2] weight: a row of factors each 2 rows.
+    let tiled = LowRank {
+        row_div: 2,
+        ..lr(2, vec![1.0, 2.0, 3.0, 4.0])
+    };
+    let got: Vec<f32> = (0..4)
+        .flat_map(|r| [tiled.factor(r, 0), tiled.factor(r, 1)])
+        .collect();
+    assert_eq!(got, [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
+}

@@ -31,7 +31,14 @@ transformers uses) rebuilt from sinq's loader, `dequantize()` on the CPU in
 each output dtype; in the model's own dtype it equals what the quantized
 model computed before it was saved.
 
+tests/fixtures/sinq-bits-f16: the int32 packings 3bit_32, 5bit_32, 6bit_32,
+8bit_u8 and the NF3 codebook methods (sinq_nf3, sinq_nf3_quantAux) on an f16
+model; tests/fixtures/sinq-2d-bf16: the blocked 2D tiling in the byte
+packings (plain, quantAux, NF4). sinq 0.2.0's loader drops an 8-bit layer's
+packing and its dequantize then fails; the references put it back.
+
     SINQ_AUTO_PATCH=0 /work/pyenv/sinq/bin/python tests/sinq/make_fixture.py
+(SINQ_CASES=sinq-bits-f16,sinq-2d-bf16 to write those fixtures alone.)
 (sinq==0.2.0 from PyPI with termcolor, without its datasets/torchvision
 extras, which the plain method never uses; torch and transformers from /work/venv.)
 """
@@ -69,7 +76,15 @@ def entry(t):
     return {"dtype": NAMES[t.dtype], "shape": list(t.shape), "sha256": digest(t)}
 
 
+def wanted(case):
+    """SINQ_CASES=a,b: write only those fixtures (all by default)."""
+    only = os.environ.get("SINQ_CASES")
+    return not only or case in only.split(",")
+
+
 def make(case, dtype, quant_config, outs):
+    if not wanted(case):
+        return
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -107,14 +122,25 @@ def make(case, dtype, quant_config, outs):
                     # recomputes them (the output drops them).
                     continue
                 for k, t in sd.items():
+                    # An f16 model's copies loaded in bf16 (what a bf16
+                    # output holds).
+                    if t.dtype == torch.float16 and d == torch.bfloat16:
+                        t = t.to(d)
                     want[f"{leaf}.{k}"] = entry(t)
                 continue
             state = copy.deepcopy(sd)
             state["meta"]["compute_dtype"] = d
             m = SINQLinear(None, None, compute_dtype=d, device="cpu")
             m.load_state_dict(state)
+            if "packing" not in m.meta:
+                # sinq 0.2.0's load_state_dict drops the packing of a W_q
+                # with one element per weight element (8bit_u8), and its
+                # dequantize then fails (KeyError); put it back: unpacking
+                # 8bit_u8 is the cast the unpacked path does.
+                m.meta["packing"] = sd["meta"]["packing"]
             w = m.dequantize()
-            if "nf4" in state["meta"]["method"].lower():
+            method = state["meta"]["method"].lower()
+            if "nf4" in method or "nf3" in method:
                 # The NF path returns the scales' dtype (f16) whatever the
                 # compute dtype: the output in d is that tensor cast.
                 assert w.dtype == torch.float16, w.dtype
@@ -131,6 +157,8 @@ def make_transformers(case, dtype, sinq_config, outs):
     saved, loaded back with `SinqConfig` (quantized on the CPU by
     sinq.sinqlinear_hf.SINQLinear as the weights load) and saved with
     `save_pretrained` (which sinq's hf_io patches onto sinq's own writer)."""
+    if not wanted(case):
+        return
     import tempfile
     from transformers import AutoModelForCausalLM, SinqConfig
     from sinq.sinqlinear_hf import SINQLinear as HFSINQLinear
@@ -224,6 +252,40 @@ def main():
     }
     nf4["weight_quant_params"] = {"method": "sinq_nf4"}
     make("sinq-nf4-bf16", torch.bfloat16, nf4,
+         [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+    # The other packings (3bit_32, 5bit_32 and 6bit_32 pad the grouped
+    # rows to a multiple of 10, 6 and 5 ints; groups smaller than a row so
+    # that a part ends inside one) and 8bit_u8, and the NF3 codebook, plain
+    # and quantAux; an f16 model.
+    bits = {
+        "self_attn.q_proj": nf("sinq", nbits=3, group_size=32),
+        "self_attn.k_proj": nf("sinq", nbits=5, group_size=16),
+        "self_attn.v_proj": nf("sinq", nbits=6, group_size=32),
+        "self_attn.o_proj": nf("sinq_quantAux", nbits=3, group_size=64),
+        "mlp.gate_proj": nf("sinq_nf3", nbits=3, group_size=32),
+        "mlp.up_proj": nf("sinq_nf3_quantAux", nbits=3, group_size=64),
+        "mlp.down_proj": nf("sinq", nbits=8, group_size=64),
+    }
+    bits["weight_quant_params"] = {"method": "sinq"}
+    make("sinq-bits-f16", torch.float16, bits,
+         [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
+    # The blocked 2D tiling (square tiles of G: 3-D scales, zeros and
+    # scale2) in the byte packings, plain, quantAux and NF4.
+    def tiled(method, **kw):
+        c = nf(method, tiling_mode="2D", **kw)
+        return c
+
+    two_d = {
+        "self_attn.q_proj": tiled("sinq", nbits=4, group_size=32),
+        "self_attn.k_proj": tiled("sinq_quantAux", nbits=2, group_size=16),
+        "self_attn.v_proj": tiled("sinq_nf4", nbits=4, group_size=32),
+        "self_attn.o_proj": tiled("sinq", nbits=8, group_size=64),
+        "mlp.gate_proj": tiled("sinq", nbits=1, group_size=32),
+        "mlp.up_proj": tiled("sinq_nf4_quantAux", nbits=4, group_size=64),
+        "mlp.down_proj": tiled("sinq_quantAux", nbits=4, group_size=64),
+    }
+    two_d["weight_quant_params"] = {"method": "sinq"}
+    make("sinq-2d-bf16", torch.bfloat16, two_d,
          [("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)])
     # transformers' SinqConfig (method "sinq", which sinq maps to
     # sinq_quantAux: 8-bit scales and zeros), as most Hub SINQ models are.

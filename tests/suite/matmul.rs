@@ -100,10 +100,11 @@ fn check_model(dir: &Path, decoders: &[GpuDecoder], rng: &mut Rng) -> usize {
         // groups along axis 0, columns of the reshaped weight (a scale for
         // each element of a row), and an odd number of columns in a 16-bit
         // dtype (Gemma's fixture, whose rows end in padding fields: the fast
-        // kernels write 16-bit values in pairs).
+        // kernels write 16-bit values in pairs), and SINQ's int32 packs
+        // (the grouped weight's rows, read in its own view).
         let hqq_axis0 = hqq_axis0(dir, name);
         let packs: Vec<_> = match model.upload_packed(name, &decoders[0]) {
-            Err(e) if hqq_axis0 || k % 2 == 1 => {
+            Err(e) if hqq_axis0 || k % 2 == 1 || sinq_words(dir, name) => {
                 let line = e.to_string();
                 assert!(
                     e.rule == Rule::Argument
@@ -212,6 +213,20 @@ pub(crate) fn hqq_axis0(dir: &Path, name: &str) -> bool {
     crate::common::read_dir_tensors(dir)
         .get(&axis)
         .is_some_and(|(_, _, data)| data.iter().all(|&b| b == 0))
+}
+
+/// Whether weight `name` of the SINQ checkpoint at `dir` is packed in
+/// int32 words (`3bit_32`, `5bit_32`, `6bit_32`), decoded as the grouped
+/// `[out·in/G, G]` rows whose parts end inside the weight's rows: the
+/// GPU's products refuse it.
+pub(crate) fn sinq_words(dir: &Path, name: &str) -> bool {
+    let Ok(bytes) = std::fs::read(dir.join("model.safetensors.index.json.meta.json")) else {
+        return false;
+    };
+    let side: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    side[name.trim_end_matches(".weight")]["meta"]["packing"]
+        .as_str()
+        .is_some_and(|p| p.ends_with("_32"))
 }
 
 /// [`products_keep_to_the_bound`], the GPU refusing (with a one-line

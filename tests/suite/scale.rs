@@ -1782,6 +1782,8 @@ fn smoothed_rows_equal_reference(cpu: Cpu) {
                         grid,
                     })
                     .with_low_rank(LowRank {
+                        period: 1,
+                        row_div: 1,
                         rank: 0,
                         up: Vec::new().into(),
                         down: Vec::new().into(),

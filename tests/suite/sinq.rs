@@ -1,6 +1,7 @@
 //! SINQ (`quant_method: "sinq"`): the fixture tests/sinq/make_fixture.py
 //! wrote with sinq 0.2.0 itself (the plain `sinq` method: 4-bit groups of
-//! 32, 64 and 128, 2-bit and 1-bit, each with its Sinkhorn `scale2`)
+//! 32, 64 and 128, 2-bit and 1-bit, each with its Sinkhorn `scale2`; and
+//! the other packings, NF4, NF3 and quantAux fixtures)
 //! decodes to the digests of `SINQLinear.dequantize()` in each output
 //! dtype, on each backend; the output loads in transformers with no missing
 //! or unexpected keys (the meta tensors, the sidecar and the rotary
@@ -21,6 +22,8 @@ const CASE: &str = "sinq-mixed-bf16";
 const AUX: &str = "sinq-aux-bf16";
 const AUX2: &str = "sinq-aux-2bit-f16";
 const NF4: &str = "sinq-nf4-bf16";
+const BITS: &str = "sinq-bits-f16";
+const TILED: &str = "sinq-2d-bf16";
 const SHARD: &str = "model-00001-of-00001.safetensors";
 const SIDECAR: &str = "model.safetensors.index.json.meta.json";
 
@@ -56,7 +59,7 @@ fn matches_in_each_dtype(case: &str, backend: BackendChoice) {
 #[test]
 fn gpu_gives_the_cpus_bytes() {
     gpu_test(|_| {
-        for case in [CASE, AUX, AUX2, NF4] {
+        for case in [CASE, AUX, AUX2, NF4, BITS, TILED] {
             crate::common::producer::gpu_gives_the_cpus_bytes(
                 case,
                 &fixtures().join(case).join("model"),
@@ -95,6 +98,156 @@ fn nf4_fixture_matches_sinq_on_cpu() {
 #[test]
 fn nf4_fixture_matches_sinq_on_gpu() {
     gpu_test(|_| matches_in_each_dtype(NF4, BackendChoice::Gpu));
+}
+
+/// The int32 packings (`3bit_32`, `5bit_32`, `6bit_32`: the grouped rows
+/// padded to 10, 6 and 5 parts, groups smaller than a row so that parts end
+/// inside one), `8bit_u8`, and the NF3 codebook methods (`sinq_nf3`,
+/// `sinq_nf3_quantAux`), plain and quantAux scales, in an f16 model.
+#[test]
+fn bits_fixture_matches_sinq_on_cpu() {
+    matches_in_each_dtype(BITS, BackendChoice::Cpu);
+}
+
+#[test]
+fn bits_fixture_matches_sinq_on_gpu() {
+    gpu_test(|_| matches_in_each_dtype(BITS, BackendChoice::Gpu));
+}
+
+/// The blocked 2D tiling (`tiling_mode: "2D"`: square tiles of G, scale
+/// and zero `[tiles, G, 1]`, scale2 `[tiles, 1, G]`) in the byte packings:
+/// plain, quantAux and NF4 methods, 8, 4, 2 and 1 bit.
+#[test]
+fn tiled_fixture_matches_sinq_on_cpu() {
+    matches_in_each_dtype(TILED, BackendChoice::Cpu);
+}
+
+#[test]
+fn tiled_fixture_matches_sinq_on_gpu() {
+    gpu_test(|_| matches_in_each_dtype(TILED, BackendChoice::Gpu));
+}
+
+/// 2D checkpoints broken one way each: refused by rule, nothing written.
+#[test]
+fn malformed_2d_is_refused_by_rule() {
+    let scale = format!("{Q}.meta.scale");
+    let scale2 = format!("{Q}.meta.scale2");
+    // q_proj: [64, 64] in tiles of 32, four tiles. The scale for one
+    // column of tiles.
+    refused_in(
+        TILED,
+        |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[2, 32, 1], &[1.0; 64]),
+        Rule::TensorShape,
+        &scale,
+    );
+    // scale2 as 1D's one factor a column.
+    refused_in(
+        TILED,
+        |t, _, _| *tensor(t, &scale2) = Tensor::f16(&scale2, &[1, 64], &[1.0; 64]),
+        Rule::TensorShape,
+        &scale2,
+    );
+    // The zero still 1D's [R, 1] beside a 3-D scale.
+    let zero = format!("{Q}.meta.zero");
+    refused_in(
+        TILED,
+        |t, _, _| *tensor(t, &zero) = Tensor::f16(&zero, &[128, 1], &[1.0; 128]),
+        Rule::TensorShape,
+        &zero,
+    );
+    // quantAux: a sidecar zero.shape that is not [tiles, G, 1].
+    refused_in(
+        TILED,
+        |_, s, _| s[K]["meta"]["zero.shape"] = json!([128, 1]),
+        Rule::Config,
+        "zero.shape",
+    );
+    // Tiles of 64 on a weight 32 rows tall (k_proj's codes read as groups
+    // of 64: a 2D tile that does not divide the weight).
+    let kw = format!("{K}.W_q");
+    refused_in(
+        TILED,
+        |t, _, _| {
+            let x = tensor(t, &kw);
+            x.shape = vec![8, 64];
+        },
+        Rule::Config,
+        "2D",
+    );
+}
+
+/// The int32 packings and NF3 broken one way each: refused by rule,
+/// nothing written.
+#[test]
+fn malformed_int32_packings_are_refused_by_rule() {
+    // q_proj: 3bit_32, [64, 64] in groups of 32: 128 rows, 13 rows of words.
+    let w = format!("{Q}.W_q");
+    let kw = format!("{K}.W_q");
+    // One row of words short (the padded parts' count).
+    refused_in(
+        BITS,
+        |t, _, _| {
+            let x = tensor(t, &w);
+            x.shape = vec![12, 32];
+            x.data.truncate(12 * 32 * 4);
+        },
+        Rule::TensorShape,
+        &w,
+    );
+    // The words stored as bytes.
+    refused_in(
+        BITS,
+        |t, _, _| {
+            let x = tensor(t, &w);
+            x.dtype = "U8";
+            x.shape = vec![13, 128];
+        },
+        Rule::TensorDtype,
+        &w,
+    );
+    // 5bit_32's words read as 6bit_32 (5 parts: 26 rows of words, not 22).
+    refused_in(
+        BITS,
+        |_, s, _| {
+            s[K]["meta"]["packing"] = json!("6bit_32");
+            s[K]["meta"]["nbits"] = json!(6);
+        },
+        Rule::TensorShape,
+        &kw,
+    );
+    // Words in groups of 8 where sinq made groups of 16.
+    refused_in(
+        BITS,
+        |t, _, _| {
+            let x = tensor(t, &kw);
+            x.shape = vec![22, 8];
+            x.data.truncate(22 * 8 * 4);
+        },
+        Rule::TensorShape,
+        &kw,
+    );
+    // A packing name sinq does not write.
+    refused_in(
+        BITS,
+        |_, s, _| s[Q]["meta"]["packing"] = json!("3bit_u8"),
+        Rule::Config,
+        Q,
+    );
+    // NF3 codes in a 5-bit packing.
+    refused_in(
+        BITS,
+        |_, s, _| s[K]["meta"]["method"] = json!("sinq_nf3"),
+        Rule::Config,
+        "NF3",
+    );
+    // 8bit_u8's bytes under a 4-bit packing: half the codes.
+    let dw = "model.layers.0.mlp.down_proj";
+    refused_in(
+        BITS,
+        |_, s, _| s[dw]["meta"]["packing"] = json!("4bit_u8"),
+        Rule::TensorShape,
+        &format!("{dw}.W_q"),
+    );
 }
 
 /// NF4 codes in a packing other than 4 bits: refused.
@@ -136,20 +289,22 @@ fn quant_aux_output_has_hf_names_and_no_meta() {
 /// `quantization_config` and the sidecar is not copied.
 #[test]
 fn output_has_hf_names_and_no_meta() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("dense");
-    let input = fixtures().join(CASE).join("model");
-    wgpu_dequant::dequantize(&input, &out, &crate::common::CPU_AUTO).unwrap();
-    let got = read_dir_tensors(&out);
-    for (name, (dtype, _, _)) in &got {
-        assert!(name.ends_with(".weight"), "{name}");
-        assert_eq!(dtype, "BF16", "{name}");
+    for (case, want) in [(CASE, "BF16"), (BITS, "F16")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("dense");
+        let input = fixtures().join(case).join("model");
+        wgpu_dequant::dequantize(&input, &out, &crate::common::CPU_AUTO).unwrap();
+        let got = read_dir_tensors(&out);
+        for (name, (dtype, _, _)) in &got {
+            assert!(name.ends_with(".weight"), "{case} {name}");
+            assert_eq!(dtype, want, "{case} {name}");
+        }
+        assert_eq!(got.len(), 7 + 3 + 2, "{case} {:?}", got.keys());
+        let cfg: Value =
+            serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+        assert!(cfg.get("quantization_config").is_none());
+        assert!(!out.join(SIDECAR).exists());
     }
-    assert_eq!(got.len(), 7 + 3 + 2, "{:?}", got.keys());
-    let cfg: Value =
-        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
-    assert!(cfg.get("quantization_config").is_none());
-    assert!(!out.join(SIDECAR).exists());
 }
 
 /// The fixture copied, its tensors, sidecar and config.json changed by
@@ -294,35 +449,24 @@ fn malformed_checkpoints_are_refused_by_rule() {
     refused(|_, s, _| *s = Value::Null, Rule::Config, SIDECAR);
 }
 
-/// The variants not decoded yet: refused as unsupported (CFG-002), naming
-/// what they are.
+/// The variant not decoded yet (SINQ's blocked 2D tiling with an int32
+/// packing): refused as unsupported (CFG-002), naming what it is.
 #[test]
 fn variants_not_decoded_yet_are_refused() {
     let scale = format!("{Q}.meta.scale");
-    for (method, what) in [("sinq_nf3", "NF3"), ("sinq_nf3_quantAux", "NF3")] {
-        refused(
-            |_, s, _| s[Q]["meta"]["method"] = json!(method),
-            Rule::Unsupported,
-            what,
-        );
-    }
-    for packing in ["3bit_32", "8bit_u8", "6bit_32"] {
-        refused(
-            |_, s, _| s[Q]["meta"]["packing"] = json!(packing),
-            Rule::Unsupported,
-            packing,
-        );
-    }
-    // The blocked (2D tiling) path's 3-D scales.
-    refused(
-        |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[4, 16, 1], &[1.0; 64]),
-        Rule::Unsupported,
-        &scale,
-    );
-    refused(
-        |_, _, c| c["quantization_config"]["tiling_mode"] = json!("2D"),
+    // The blocked (2D tiling) path's 3-D scales with an int32 packing
+    // (q_proj: 3bit_32, [64, 64] in tiles of 32).
+    refused_in(
+        BITS,
+        |t, _, _| *tensor(t, &scale) = Tensor::f16(&scale, &[4, 32, 1], &[1.0; 128]),
         Rule::Unsupported,
         "2D",
+    );
+    // A tiling sinq does not make.
+    refused(
+        |_, _, c| c["quantization_config"]["tiling_mode"] = json!("3D"),
+        Rule::Config,
+        "3D",
     );
 }
 
@@ -420,12 +564,13 @@ fn malformed_quant_aux_is_refused_by_rule() {
         Rule::Config,
         "zero.shape",
     );
-    // The blocked (2D) tiling's 3-D scale shape in the sidecar.
+    // The blocked (2D) tiling's 3-D scale shape in the sidecar, the zero
+    // left 1D's.
     refused_in(
         AUX,
         |_, s, _| s[Q]["meta"]["scale.shape"] = json!([1, 64, 1]),
-        Rule::Unsupported,
-        "2D",
+        Rule::Config,
+        "zero.shape",
     );
 }
 
@@ -434,7 +579,15 @@ fn malformed_quant_aux_is_refused_by_rule() {
 /// quantAux and NF4 fixtures alike.
 #[test]
 fn products_of_packed_sinq_weights() {
-    for case in [CASE, AUX, AUX2, NF4] {
+    for case in [CASE, AUX, AUX2, NF4, TILED] {
         crate::matmul::products_keep_to_the_bound(case, &fixtures().join(case).join("model"));
     }
+    // The int32 packings decode the grouped [R, G] rows (groups smaller
+    // than a row here), which the GPU's products do not read as the
+    // weight's rows: refused there in one line, kept to the bound on the
+    // CPU.
+    let dir = fixtures().join(BITS).join("model");
+    crate::matmul::products_keep_to_the_bound_but(BITS, &dir, |name, _| {
+        crate::matmul::sinq_words(&dir, name)
+    });
 }

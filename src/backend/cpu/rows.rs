@@ -127,7 +127,12 @@ impl Rows {
                 let simple =
                     job.product_dtype().is_none() && job.post_scale.is_none() && !job.transposed;
                 let nibbles = f.bits == 4 && job.code_values.len() == 16;
-                if lr.rank != 0 || !simple || !nibbles || lr.inv_smooth.len() != job.dims.cols {
+                if lr.rank != 0
+                    || lr.period > 1
+                    || !simple
+                    || !nibbles
+                    || lr.inv_smooth.len() != job.dims.cols
+                {
                     return None;
                 }
                 true

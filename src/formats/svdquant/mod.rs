@@ -281,6 +281,8 @@ fn target_job<'c>(ckpt: &'c Checkpoint, t: &TargetSpec, out: OutDtype) -> Result
         },
     };
     let low_rank = LowRank {
+        period: 1,
+        row_div: 1,
         rank,
         up: up.into(),
         down: down.into(),

@@ -435,7 +435,17 @@ fn chunk<'a>(
         sp_per_block: sparse.per_block,
         sp_starts: sparse.starts,
         sp_row0: sparse.row0,
-        pad: 0,
+        lr_period: job
+            .low_rank
+            .as_ref()
+            .map_or(1, |lr| lr.period.max(1) as u32),
+        lr_row_div: job
+            .low_rank
+            .as_ref()
+            .map_or(1, |lr| lr.row_div.max(1) as u32),
+        pad0: 0,
+        pad1: 0,
+        pad2: 0,
         codes,
         zero,
         mask,

@@ -317,8 +317,16 @@ pub(in crate::backend::gpu) struct Params {
     pub(super) sp_starts: u32,
     /// [`Starts::Table`](crate::job::Starts::Table): the stored row those are of.
     pub(super) sp_row0: u32,
+    /// [`LowRank::period`](crate::job::LowRank::period): rows of smoothing
+    /// reciprocals before they repeat (1: one a column).
+    pub(super) lr_period: u32,
+    /// [`LowRank::row_div`](crate::job::LowRank::row_div): rows sharing
+    /// one row of them.
+    pub(super) lr_row_div: u32,
     /// Keep `codes` 16-byte aligned, as a uniform's structs must be.
-    pub(super) pad: u32,
+    pub(super) pad0: u32,
+    pub(super) pad1: u32,
+    pub(super) pad2: u32,
     pub(super) codes: StreamParams,
     pub(super) zero: StreamParams,
     /// The bitmask of a sparse job.
@@ -535,7 +543,7 @@ mod tests {
             zero_mode, has_scale, gidx, code_table, row_threads, lr_mode, lr_rank, lr_up,
             lr_down, lr_smooth, zero_bits, words_per_row, fast_rows, code_offset, slice0,
             row0, out_base, transposed, post_scale, product, sp_mode, sp_block, sp_step,
-            sp_per_block, sp_starts, sp_row0, pad];
+            sp_per_block, sp_starts, sp_row0, lr_period, lr_row_div, pad0, pad1, pad2];
         for (name, at) in [
             ("codes.", offset_of!(Params, codes)),
             ("zero.", offset_of!(Params, zero)),
