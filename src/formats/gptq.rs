@@ -94,6 +94,16 @@ pub const BITS: [u32; 4] = [2, 3, 4, 8];
 /// 32 fields, `b` words each, fields straddling words).
 pub const AUTOROUND_BITS: [u32; 7] = [2, 3, 4, 5, 6, 7, 8];
 
+/// How `dynamic` (or `extra_config`) decides a module.
+enum Resolved<'r> {
+    /// No rule matches: the base scheme.
+    Base,
+    /// A `-:` rule (or an entry that leaves it dense): stored dense.
+    Dense,
+    /// This rule's overrides of the base scheme.
+    By(&'r DynamicRule),
+}
+
 /// Who wrote the checkpoint (they share the tensor layout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -526,20 +536,35 @@ impl Config {
             .is_none_or(|b| b.iter().any(|p| module.starts_with(p.as_str())))
     }
 
+    /// The rule of `dynamic` (or `extra_config`) that decides `module`.
+    fn rule(&self, module: &str) -> Result<Resolved<'_>> {
+        let in_block = self.in_block(module);
+        Ok(
+            match gptq_dynamic::decide(&self.dynamic, &self.path, module, in_block)? {
+                None => Resolved::Base,
+                Some(rule) if rule.dense => Resolved::Dense,
+                Some(rule) => Resolved::By(rule),
+            },
+        )
+    }
+
+    /// The base scheme, for a module no rule matches.
+    fn base(&self) -> Config {
+        Config {
+            dynamic: Vec::new(),
+            ..self.clone()
+        }
+    }
+
     /// The scheme of `module` once `dynamic` is applied: the first rule
     /// that matches overrides the base settings; `None` when it is a `-:`
     /// rule (the module is stored dense).
     pub(crate) fn for_module(&self, module: &str) -> Result<Option<Config>> {
-        let in_block = self.in_block(module);
-        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module, in_block)? else {
-            return Ok(Some(Config {
-                dynamic: Vec::new(),
-                ..self.clone()
-            }));
+        let rule = match self.rule(module)? {
+            Resolved::Dense => return Ok(None),
+            Resolved::Base => return Ok(Some(self.base())),
+            Resolved::By(rule) => rule,
         };
-        if rule.dense {
-            return Ok(None);
-        }
         Ok(Some(Config {
             bits: rule.bits.unwrap_or(self.bits),
             group_size: rule.group_size.unwrap_or(self.group_size),
@@ -567,16 +592,11 @@ impl Config {
     /// An FP export's scheme of `module` once `extra_config` is applied;
     /// `None`: the entry leaves it dense.
     fn fp_module(&self, module: &str) -> Result<Option<Config>> {
-        let in_block = self.in_block(module);
-        let Some(rule) = gptq_dynamic::decide(&self.dynamic, &self.path, module, in_block)? else {
-            return Ok(Some(Config {
-                dynamic: Vec::new(),
-                ..self.clone()
-            }));
+        let rule = match self.rule(module)? {
+            Resolved::Dense => return Ok(None),
+            Resolved::Base => return Ok(Some(self.base())),
+            Resolved::By(rule) => rule,
         };
-        if rule.dense {
-            return Ok(None);
-        }
         Ok(Some(Config {
             packing: self.fp_rule_packing(rule)?,
             bits: rule.bits.unwrap_or(self.bits),
