@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::{
-    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_tensors, write_json,
+    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_tensors, tensors_of, write_json,
     write_safetensors, Tensor,
 };
 
@@ -683,19 +683,7 @@ fn autoround_gptqmodel_malformed_refused() {
         let model = fixtures().join(CASE).join("model");
         copy_dir(&model, tmp.path());
         let file = tmp.path().join("model.safetensors");
-        let mut ts: Vec<Tensor> = read_tensors(&file)
-            .into_iter()
-            .map(|(name, (dtype, shape, data))| {
-                let dtype = match dtype.as_str() {
-                    "I32" => "I32",
-                    "F16" => "F16",
-                    "BF16" => "BF16",
-                    "F32" => "F32",
-                    other => panic!("{other}"),
-                };
-                Tensor::new(name, dtype, &shape, data)
-            })
-            .collect();
+        let mut ts = tensors_of(read_tensors(&file));
         edit(&mut ts);
         write_safetensors(&file, &ts);
         let e = dequantize_err(tmp.path());

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::{
-    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors, write_json,
-    write_safetensors, Tensor,
+    check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors, tensors_of,
+    write_json, write_safetensors, Tensor,
 };
 
 const MIXED: &str = "hqq-mixed-bf16";
@@ -99,21 +99,7 @@ fn output_has_hf_names_and_no_meta() {
 /// The fixture `case` copied, its tensors and config.json changed by `edit`.
 fn broken(case: &str, dir: &Path, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value)) {
     copy_dir(&fixtures().join(case).join("model"), dir);
-    let mut tensors: Vec<Tensor> = read_dir_tensors(dir)
-        .into_iter()
-        .map(|(n, (dtype, shape, data))| {
-            let dtype: &'static str = match dtype.as_str() {
-                "BF16" => "BF16",
-                "F16" => "F16",
-                "F32" => "F32",
-                "U8" => "U8",
-                "I32" => "I32",
-                "I64" => "I64",
-                other => panic!("{other}"),
-            };
-            Tensor::new(n, dtype, &shape, data)
-        })
-        .collect();
+    let mut tensors = tensors_of(read_dir_tensors(dir));
     let mut cfg: Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     edit(&mut tensors, &mut cfg);

@@ -15,7 +15,7 @@ use wgpu_dequant::{BackendChoice, DtypeChoice, OutDtype, Rule};
 
 use crate::common::{
     auto_digests, check_case, copy_dir, dequantize_err, fixtures, gpu_test, read_dir_tensors,
-    write_json, write_safetensors, Tensor,
+    tensors_of, write_json, write_safetensors, Tensor,
 };
 
 const CASE: &str = "sinq-mixed-bf16";
@@ -311,20 +311,7 @@ fn output_has_hf_names_and_no_meta() {
 /// `edit` (the index rewritten to the tensors left).
 fn broken(case: &str, dir: &Path, edit: impl FnOnce(&mut Vec<Tensor>, &mut Value, &mut Value)) {
     copy_dir(&fixtures().join(case).join("model"), dir);
-    let mut tensors: Vec<Tensor> = read_dir_tensors(dir)
-        .into_iter()
-        .map(|(n, (dtype, shape, data))| {
-            let dtype: &'static str = match dtype.as_str() {
-                "BF16" => "BF16",
-                "F16" => "F16",
-                "F32" => "F32",
-                "U8" => "U8",
-                "I32" => "I32",
-                other => panic!("{other}"),
-            };
-            Tensor::new(n, dtype, &shape, data)
-        })
-        .collect();
+    let mut tensors = tensors_of(read_dir_tensors(dir));
     let read = |name: &str| -> Value {
         serde_json::from_slice(&std::fs::read(dir.join(name)).unwrap()).unwrap()
     };

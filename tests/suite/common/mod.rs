@@ -172,12 +172,10 @@ pub fn write_checkpoint(dir: &Path, tensors: &[Tensor], qc: Value) {
     write_model(dir, tensors, &cfg);
 }
 
-/// Fixture `case`'s one-file model (`<case>/model/model.safetensors` and
-/// its `config.json`), to break and write again ([`write_model`]).
-pub fn fixture_model(case: &str) -> (Vec<Tensor>, Value) {
-    let dir = fixtures().join(case).join("model");
-    let tensors = read_tensors(&dir.join("model.safetensors"))
-        .into_iter()
+/// Tensors as [`read_tensors`] or [`read_dir_tensors`] read them, to break
+/// and write again.
+pub fn tensors_of(read: BTreeMap<String, (String, Vec<usize>, Vec<u8>)>) -> Vec<Tensor> {
+    read.into_iter()
         .map(|(name, (dtype, shape, data))| {
             let dtype: &'static str = match dtype.as_str() {
                 "F16" => "F16",
@@ -188,11 +186,18 @@ pub fn fixture_model(case: &str) -> (Vec<Tensor>, Value) {
                 "I16" => "I16",
                 "I32" => "I32",
                 "I64" => "I64",
-                other => panic!("{case}: {name}'s dtype {other}"),
+                other => panic!("{name}: dtype {other}"),
             };
             Tensor::new(name, dtype, &shape, data)
         })
-        .collect();
+        .collect()
+}
+
+/// Fixture `case`'s one-file model (`<case>/model/model.safetensors` and
+/// its `config.json`), to break and write again ([`write_model`]).
+pub fn fixture_model(case: &str) -> (Vec<Tensor>, Value) {
+    let dir = fixtures().join(case).join("model");
+    let tensors = tensors_of(read_tensors(&dir.join("model.safetensors")));
     let cfg = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     (tensors, cfg)
 }
